@@ -1,0 +1,112 @@
+r"""Exact attention and the front door to every approximation.
+
+Shapes: ``q: (*batch, n, p)``, ``k: (*batch, m, p)``, ``v: (*batch, m, p_v)``; ``*batch``
+is typically ``(sequences, heads)``. Works on any device, in float32 or float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+from ._validation import as_generator, check_choice, check_int, check_qkv
+from .methods import registry
+from .methods._base import Approximation
+
+__all__ = ["exact_attention", "attention_matrix", "approximate"]
+
+_KINDS = {
+    "softmax": kernels.softmax_matrix,
+    "scores": kernels.score_matrix,
+    "kernelized": kernels.kernelized_matrix,
+}
+
+
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    r"""Softmax attention :math:`\operatorname{softmax}(QK^\top/\sqrt p)\,V`, ``(*batch, n, p_v)``.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> q = k = v = torch.zeros(2, 3, 4, dtype=torch.float64)
+    >>> approxlab.exact_attention(q, k, v).shape
+    torch.Size([2, 3, 4])
+    """
+    check_qkv(q, k, v)
+    return kernels.softmax_matrix(q, k) @ v
+
+
+def attention_matrix(q: torch.Tensor, k: torch.Tensor, kind: str = "softmax") -> torch.Tensor:
+    r"""An exact ``(*batch, n, m)`` attention matrix.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` and ``(*batch, m, p)``.
+    kind : {"softmax", "scores", "kernelized"}
+        ``"softmax"``: :math:`D^{-1}A` (log domain, never overflows);
+        ``"scores"``: :math:`A = \exp(QK^\top/\sqrt p)` (raises ``OverflowError`` rather than
+        returning ``inf``); ``"kernelized"``: :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})`
+        (Skyformer Eq. (3)).
+    """
+    check_qkv(q, k)
+    check_choice(kind, "kind", _KINDS)
+    return _KINDS[kind](q, k)
+
+
+def approximate(
+    method: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    num_features: int,
+    generator: torch.Generator | None = None,
+    **options,
+) -> Approximation:
+    """Approximate attention with a registered method.
+
+    Parameters
+    ----------
+    method : str
+        A name from :func:`approxlab.methods.available`.
+    q, k, v : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``.
+    num_features : int
+        The method's budget (columns, landmarks, random features, hashes, projected
+        length; see the table in :mod:`approxlab.methods`), ``1 <= num_features <= max``.
+    generator : torch.Generator, optional
+        A **CPU** generator; every random draw comes from it (then moves to ``q.device``),
+        so a seed gives the same samples on CPU and GPU. ``None``: a fresh, OS-seeded one.
+    **options
+        Method-specific keywords (see each method's docstring).
+
+    Returns
+    -------
+    Approximation
+        ``.output`` ``(*batch, n, p_v)``, ``.operator()``, ``.matrix()``, ``.info``.
+
+    Raises
+    ------
+    FloatingPointError
+        If the approximate output has non-finite entries (e.g. an approximate row sum
+        of zero); the message names the method and the count.
+    """
+    spec = registry.get(method)
+    check_qkv(q, k, v)
+    n = k.shape[-2]
+    num_features = check_int(num_features, "num_features", low=1, high=spec.max_features(n))
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(
+            f"`generator` must be a CPU torch.Generator (draws are moved to q.device); "
+            f"got one on {generator.device}."
+        )
+    generator = as_generator(generator)
+    result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
+    bad = int((~torch.isfinite(result.output)).sum())
+    if bad:
+        raise FloatingPointError(
+            f"method {method!r} produced {bad} non-finite output entries "
+            f"(num_features={num_features}, dtype={q.dtype}); see its docstring for the failure mode."
+        )
+    return result

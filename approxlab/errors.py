@@ -1,0 +1,35 @@
+"""Domain errors and warnings raised by approxlab.
+
+Every numerical failure mode the library can detect is one of these; nothing
+fails silently (STYLE.md, convention 4).
+"""
+
+from __future__ import annotations
+
+__all__ = ["NotPSDError", "NumericalWarning", "ConvergenceWarning", "SingularMatrixWarning"]
+
+
+class NotPSDError(ValueError):
+    """A matrix that must be positive semidefinite is not (to the stated tolerance)."""
+
+
+class NumericalWarning(RuntimeWarning):
+    """A result is valid but numerically delicate (near-singular core, lost precision)."""
+
+
+class SingularMatrixWarning(NumericalWarning):
+    """A matrix is numerically singular: its condition number is reported as ``inf``."""
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """An iteration stopped at its cap before reaching its tolerance.
+
+    Attributes
+    ----------
+    residual : float
+        The last residual (largest over the batch) when the iteration stopped.
+    """
+
+    def __init__(self, message: str, residual: float = float("nan")):
+        super().__init__(message)
+        self.residual = residual

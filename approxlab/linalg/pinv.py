@@ -1,0 +1,146 @@
+r"""Third-order iterative Moore--Penrose pseudo-inverse (Razavi et al., 2014).
+
+Implements Eq. (5) of Nystromformer (Lemma 1 of its supplement), also used by
+Skyformer's practical core (Skyformer Section 4.4, Lemma 3):
+
+.. math::
+
+    Z_{j+1} = \tfrac14 Z_j\bigl(13I - MZ_j(15I - MZ_j(7I - MZ_j))\bigr),
+
+which converges in third order to :math:`M^+` whenever :math:`\|MM^+ - MZ_0\| < 1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+
+from .._validation import check_int, check_positive_float, check_square
+from ..errors import ConvergenceWarning
+
+__all__ = ["PinvResult", "iterative_pinv", "INITS"]
+
+INITS = ("nystromformer", "official", "identity")
+
+
+@dataclasses.dataclass
+class PinvResult:
+    """Result of :func:`iterative_pinv`.
+
+    Attributes
+    ----------
+    inverse : torch.Tensor
+        ``(*batch, m, m)``, the last iterate :math:`Z_J`.
+    residuals : torch.Tensor
+        ``(num_iter + 1, *batch)``, :math:`\\|I - MZ_j\\|_2` for ``j = 0..num_iter``. For a singular
+        ``M`` it tends to 1, not 0 (:math:`I - MM^+` is a projector).
+    penrose_residuals : torch.Tensor
+        ``(num_iter + 1, *batch)``, :math:`\\|MZ_jM - M\\|_2 / \\|M\\|_2`, which tends to 0 for any
+        ``M`` once the iteration converges (first Penrose condition).
+    """
+
+    inverse: torch.Tensor
+    residuals: torch.Tensor
+    penrose_residuals: torch.Tensor
+
+
+def _initial(m: torch.Tensor, init) -> torch.Tensor:
+    mt = m.transpose(-1, -2)
+    if isinstance(init, torch.Tensor):
+        if init.shape[-2:] != m.shape[-2:]:
+            raise ValueError(
+                f"`init` as a tensor must have shape (*batch, {m.shape[-1]}, {m.shape[-1]}); "
+                f"got {tuple(init.shape)}."
+            )
+        return init.to(m)
+    if init == "nystromformer":
+        # Z0 = M^T / (||M||_1 ||M||_inf), per matrix: guarantees ||I - M Z0|| < 1 on range(M).
+        col = m.abs().sum(-2).amax(-1)
+        row = m.abs().sum(-1).amax(-1)
+        return mt / (col * row)[..., None, None]
+    if init == "official":
+        # Nystromformer's released code: M^T / (largest column sum over the whole batch).
+        return mt / m.sum(-2).amax()
+    if init == "identity":
+        # Valid when ||I - M|| < 1, e.g. Skyformer's scaled core (Lemma 3).
+        return torch.eye(m.shape[-1], dtype=m.dtype, device=m.device).expand_as(m).clone()
+    raise ValueError(f"`init` must be one of {INITS} or a tensor; got {init!r}.")
+
+
+def iterative_pinv(
+    m: torch.Tensor,
+    num_iter: int = 6,
+    *,
+    init="nystromformer",
+    tol: float | None = None,
+) -> PinvResult:
+    r"""Approximate :math:`M^+` by ``num_iter`` steps of Nystromformer Eq. (5).
+
+    Parameters
+    ----------
+    m : torch.Tensor
+        ``(*batch, k, k)`` square matrices.
+    num_iter : int
+        Iterations (Nystromformer uses 6), ``>= 0``.
+    init : {"nystromformer", "official", "identity"} or torch.Tensor
+        :math:`Z_0`. ``"nystromformer"``: :math:`M^\top/(\|M\|_1\|M\|_\infty)` per matrix (the
+        published choice); ``"official"``: :math:`M^\top/\max_j \sum_i M_{ij}` with the maximum
+        taken over the whole batch (the released code); ``"identity"``: :math:`I`, valid when
+        :math:`\|I - M\| < 1` (Skyformer Lemma 3); or an explicit ``(*batch, k, k)`` tensor.
+    tol : float, optional
+        If given, a :class:`~approxlab.errors.ConvergenceWarning` is issued when the final
+        Penrose residual exceeds ``tol``. Without it, the warning is issued only if the
+        iteration diverged (final Penrose residual above the initial one, or non-finite).
+
+    Returns
+    -------
+    PinvResult
+
+    References
+    ----------
+    Razavi, Kerayechian, Gachpazan, Shateyi (2014), "A new iterative method for finding
+    approximate inverses of complex matrices". Xiong et al. (2021), Nystromformer, Eq. (5)
+    and supplement Lemma 1.
+    """
+    check_square(m, "m")
+    num_iter = check_int(num_iter, "num_iter", low=0)
+    if tol is not None:
+        tol = check_positive_float(tol, "tol")
+
+    eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+    m_norm = torch.linalg.matrix_norm(m, ord=2).clamp_min(torch.finfo(m.dtype).tiny)
+
+    def residuals(z):
+        mz = m @ z
+        return (
+            torch.linalg.matrix_norm(eye - mz, ord=2),
+            torch.linalg.matrix_norm(mz @ m - m, ord=2) / m_norm,
+        )
+
+    z = _initial(m, init)
+    history = [residuals(z)]
+    for _ in range(num_iter):
+        mz = m @ z
+        z = 0.25 * z @ (13 * eye - mz @ (15 * eye - mz @ (7 * eye - mz)))
+        history.append(residuals(z))
+
+    res = torch.stack([h[0] for h in history])
+    pen = torch.stack([h[1] for h in history])
+    final = pen[-1]
+    worst = float(final.max()) if final.numel() else 0.0
+    if not bool(torch.isfinite(final).all()) or (tol is not None and worst > tol) or (
+        tol is None and bool((final > pen[0]).any())
+    ):
+        warnings.warn(
+            ConvergenceWarning(
+                f"iterative_pinv did not converge in num_iter={num_iter} iterations: largest final "
+                f"Penrose residual ||MZM - M||/||M|| = {worst:.3e}"
+                + (f" > tol={tol:.1e}" if tol is not None else " (diverged)")
+                + ".",
+                residual=worst,
+            ),
+            stacklevel=2,
+        )
+    return PinvResult(z, res, pen)

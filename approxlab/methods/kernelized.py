@@ -1,0 +1,21 @@
+r"""Kernelized attention :math:`CV`, :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Skyformer Eq. (3)).
+
+Exact (no approximation): the target that ``skyformer`` approximates.
+``num_features`` is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from ..kernels import kernelized_matrix
+from ..operators import DenseOperator
+from ._base import Approximation, method
+
+
+@method("kernelized", target="kernelized", features="ignored (exact)", randomized=False)
+def kernelized(q, k, v, *, num_features=None, generator=None):
+    """Kernelized attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``."""
+    matrix = kernelized_matrix(q, k)
+    return Approximation("kernelized", "kernelized", matrix @ v, DenseOperator(matrix))
+
+
+KERNELIZED = kernelized

@@ -1,0 +1,72 @@
+r"""Test and study matrices with a prescribed spectrum, and synthetic Q/K/V.
+
+Shared by the theorem tests and the studies (matfree's habit: build the matrix whose
+answer you know). All randomness comes from a CPU ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validation import as_generator, check_int
+
+__all__ = ["random_orthogonal", "psd_matrix", "synthetic_qkv", "matrix_with_singular_values"]
+
+
+def random_orthogonal(n: int, *, batch_shape=(), generator=None, dtype=torch.float64) -> torch.Tensor:
+    """Haar-distributed orthogonal matrices ``(*batch_shape, n, n)`` (QR with sign fix)."""
+    n = check_int(n, "n", low=1)
+    g = as_generator(generator)
+    x = torch.randn(*batch_shape, n, n, generator=g, dtype=torch.float64)
+    qmat, r = torch.linalg.qr(x)
+    qmat = qmat * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    return qmat.to(dtype)
+
+
+def psd_matrix(eigenvalues: torch.Tensor, *, generator=None) -> torch.Tensor:
+    r"""Symmetric PSD :math:`U\operatorname{diag}(\lambda)U^\top` with Haar :math:`U`.
+
+    Parameters
+    ----------
+    eigenvalues : torch.Tensor
+        ``(*batch, n)``, non-negative.
+    """
+    if bool((eigenvalues < 0).any()):
+        raise ValueError(
+            f"`eigenvalues` must be >= 0 for a PSD matrix; got min {float(eigenvalues.min()):.3e}."
+        )
+    n = eigenvalues.shape[-1]
+    u = random_orthogonal(n, batch_shape=eigenvalues.shape[:-1], generator=generator, dtype=eigenvalues.dtype)
+    k = (u * eigenvalues.unsqueeze(-2)) @ u.transpose(-1, -2)
+    return 0.5 * (k + k.transpose(-1, -2))
+
+
+def matrix_with_singular_values(singular_values: torch.Tensor, m: int | None = None, *, generator=None):
+    r""":math:`U\operatorname{diag}(\sigma)V^\top`, ``(*batch, n, m)`` with ``n = len(sigma)``."""
+    n = singular_values.shape[-1]
+    m = n if m is None else check_int(m, "m", low=n)
+    g = as_generator(generator)
+    batch = singular_values.shape[:-1]
+    u = random_orthogonal(n, batch_shape=batch, generator=g, dtype=singular_values.dtype)
+    v = random_orthogonal(m, batch_shape=batch, generator=g, dtype=singular_values.dtype)[..., :n]
+    return (u * singular_values.unsqueeze(-2)) @ v.transpose(-1, -2)
+
+
+def synthetic_qkv(
+    batch_shape=(2, 3),
+    n: int = 64,
+    p: int = 16,
+    *,
+    scale: float = 1.0,
+    generator=None,
+    dtype=torch.float64,
+):
+    r"""Gaussian ``q, k, v`` of shape ``(*batch_shape, n, p)``.
+
+    Entries are :math:`\mathcal N(0, \text{scale}^2)`, so logits :math:`q^\top k/\sqrt p` have
+    standard deviation about ``scale**2``.
+    """
+    g = as_generator(generator)
+    shape = (*batch_shape, n, p)
+    q, k, v = (scale * torch.randn(*shape, generator=g, dtype=torch.float64) for _ in range(3))
+    return q.to(dtype), k.to(dtype), v.to(dtype)
