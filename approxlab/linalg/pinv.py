@@ -98,6 +98,15 @@ def iterative_pinv(
     -------
     PinvResult
 
+    Notes
+    -----
+    On an eigenvalue :math:`\lambda` of a symmetric ``M`` the iteration maps
+    :math:`\lambda z \mapsto \lambda z(13 - \lambda z(15 - \lambda z(7 - \lambda z)))/4`, which
+    multiplies a small :math:`\lambda z` by about 13/4 per step. For a numerically singular
+    ``M`` that includes round-off eigenvalues (:math:`\sim 10^{-16}\|M\|`): iterating far past
+    convergence on the true range slowly inverts them too, and the iterate drifts away from
+    :math:`M^+`. Use the ``penrose_residuals`` history to choose ``num_iter``.
+
     References
     ----------
     Razavi, Kerayechian, Gachpazan, Shateyi (2014), "A new iterative method for finding

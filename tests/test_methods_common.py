@@ -1,0 +1,130 @@
+"""Checks every registered method inherits (GPyTorch's shared-mixin habit).
+
+A new method is one file plus one registry line; it is picked up here automatically.
+"""
+
+import pytest
+import torch
+
+import approxlab
+from approxlab.methods import available, get
+from approxlab.synthetic import synthetic_qkv
+
+METHODS = available()
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _budget(name, n, wanted):
+    return min(wanted, get(name).max_features(n))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", METHODS)
+def test_batched_bert_shape_float32(name, device):
+    """Issue 'Done means': every method runs batched on (2, 12, 512, 64) float32 inputs."""
+    q, k, v = synthetic_qkv((2, 12), 512, 64, scale=0.7, generator=_gen(0), dtype=torch.float32)
+    q, k, v = q.to(device), k.to(device), v.to(device)
+    result = approxlab.approximate(name, q, k, v, num_features=64, generator=_gen(1))
+    assert result.output.shape == (2, 12, 512, 64)
+    assert result.output.dtype == torch.float32
+    assert result.output.device.type == device
+    assert bool(torch.isfinite(result.output).all())
+    assert result.method == name
+    assert result.target == get(name).target
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_operator_matches_output_and_adjoint(name):
+    """The operator is the matrix behind the output: op @ v == output, op.T == dense^T."""
+    q, k, v = synthetic_qkv((2, 3), 40, 8, generator=_gen(2))
+    result = approxlab.approximate(name, q, k, v, num_features=_budget(name, 40, 12), generator=_gen(3))
+    op = result.operator()
+    assert op.shape == (2, 3, 40, 40)
+    dense = result.matrix()
+    torch.testing.assert_close(op.matmat(v), result.output, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(dense @ v, result.output, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(op.T.to_dense(), dense.transpose(-1, -2), rtol=1e-9, atol=1e-9)
+    y = torch.randn(2, 3, 40, 2, generator=_gen(4), dtype=torch.float64)
+    torch.testing.assert_close(op.rmatmat(y), dense.transpose(-1, -2) @ y, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_float32_logits_80_do_not_overflow(name):
+    """Issue: float32 attention logits up to +-80 must not overflow in any method."""
+    g = _gen(5)
+    p = 16
+    direction = torch.randn(p, generator=g)
+    direction = direction / direction.norm()
+    # q, k near +-direction with |q||k|/sqrt(p) ~ 80 -> logits reach +-80.
+    radius = (80.0 * p**0.5) ** 0.5
+    signs = torch.where(torch.rand(2, 64, 1, generator=g) < 0.5, -1.0, 1.0)
+    q = radius * (signs * direction + 0.01 * torch.randn(2, 64, p, generator=g))
+    k = radius * (-signs * direction + 0.01 * torch.randn(2, 64, p, generator=g))
+    v = torch.randn(2, 64, p, generator=g)
+    logits = approxlab.kernels.scaled_logits(q, k)
+    assert 75 < float(logits.abs().max()) < 90
+    result = approxlab.approximate(name, q, k, v, num_features=_budget(name, 64, 16), generator=_gen(6))
+    assert bool(torch.isfinite(result.output).all())
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_same_generator_seed_same_result(name):
+    """STYLE convention 1: the generator reaches every random draw."""
+    q, k, v = synthetic_qkv((2,), 48, 8, generator=_gen(7))
+    first = approxlab.approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(11))
+    second = approxlab.approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(11))
+    torch.testing.assert_close(first.output, second.output, rtol=0, atol=0)
+    if get(name).randomized:
+        other = approxlab.approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(12))
+        assert not torch.equal(first.output, other.output)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_no_global_rng_use(name):
+    """The library never touches the global RNG state."""
+    q, k, v = synthetic_qkv((2,), 32, 8, generator=_gen(8))
+    state = torch.get_rng_state()
+    approxlab.approximate(name, q, k, v, num_features=_budget(name, 32, 8), generator=_gen(9))
+    assert torch.equal(state, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_num_features_out_of_range(name):
+    q, k, v = synthetic_qkv((2,), 16, 4, generator=_gen(10))
+    with pytest.raises(ValueError, match=r"`num_features` must be an integer with 1 <= num_features <= \d+; got 0"):
+        approxlab.approximate(name, q, k, v, num_features=0)
+    too_many = get(name).max_features(16) + 1
+    with pytest.raises(ValueError, match=f"got {too_many}"):
+        approxlab.approximate(name, q, k, v, num_features=too_many)
+    with pytest.raises(TypeError, match="`num_features` must be an integer"):
+        approxlab.approximate(name, q, k, v, num_features=4.5)
+
+
+def test_unknown_method_lists_available():
+    q, k, v = synthetic_qkv((1,), 8, 4, generator=_gen(0))
+    with pytest.raises(ValueError, match=r"`method` must be one of \[.*'skyformer'.*\]; got 'bogus'"):
+        approxlab.approximate("bogus", q, k, v, num_features=2)
+
+
+def test_bad_qkv_messages():
+    q, k, v = synthetic_qkv((1,), 8, 4, generator=_gen(0))
+    with pytest.raises(ValueError, match="`q` and `k` must share the feature dimension p"):
+        approxlab.approximate("exact", q, k[..., :3], v, num_features=2)
+    with pytest.raises(ValueError, match=r"`v` must have shape \(\*batch, n_k, p_v\)"):
+        approxlab.approximate("exact", q, k, v[..., :5, :], num_features=2)
+    bad = q.clone()
+    bad[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="`q` must be finite; got 1 non-finite"):
+        approxlab.approximate("exact", bad, k, v, num_features=2)
+    with pytest.raises(TypeError, match="`generator` must be a torch.Generator"):
+        approxlab.approximate("performer", q, k, v, num_features=2, generator=0)
+
+
+def test_registry_modules_declare_their_name():
+    for name in METHODS:
+        assert get(name).name == name
+        assert get(name).features
