@@ -81,8 +81,21 @@ def test_iterative_pinv_converges_to_moore_penrose(seed):
     result = iterative_pinv(m, num_iter=12)
     torch.testing.assert_close(result.inverse, torch.linalg.pinv(m, hermitian=True), rtol=1e-6, atol=1e-6)
     assert float(result.penrose_residuals[-1].max()) < 1e-10
+    assert float(result.inverse_residuals[-1].max()) < 1e-5
     # ||I - M Z|| -> ||I - M M^+|| = 1 for a singular M: the Penrose residual is the one to watch.
     torch.testing.assert_close(result.residuals[-1], torch.ones(2, dtype=torch.float64), rtol=1e-8, atol=1e-8)
+
+
+def test_iterative_pinv_drift_past_convergence_is_caught_by_tol():
+    """Singular M: iterating long after convergence inverts round-off (pinv Notes)."""
+    eig = torch.logspace(0, -2, 12, dtype=torch.float64)
+    eig[-3:] = 0.0
+    m = psd_matrix(eig, generator=_gen(0))
+    long_run = iterative_pinv(m, num_iter=40)
+    assert float(long_run.penrose_residuals[-1]) < 1e-8  # the first Penrose condition is blind
+    assert float(long_run.inverse_residuals[-1]) > 1e3 * float(long_run.inverse_residuals.min())
+    with pytest.warns(ConvergenceWarning, match="did not converge in num_iter=40"):
+        iterative_pinv(m, num_iter=40, tol=1e-6)
 
 
 def test_iterative_pinv_warns_when_not_converged():

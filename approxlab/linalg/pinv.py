@@ -39,11 +39,16 @@ class PinvResult:
     penrose_residuals : torch.Tensor
         ``(num_iter + 1, *batch)``, :math:`\\|MZ_jM - M\\|_2 / \\|M\\|_2`, which tends to 0 for any
         ``M`` once the iteration converges (first Penrose condition).
+    inverse_residuals : torch.Tensor
+        ``(num_iter + 1, *batch)``, :math:`\\|Z_jMZ_j - Z_j\\|_2 / \\|Z_j\\|_2` (second Penrose
+        condition). It exposes the null-space drift described in :func:`iterative_pinv`'s
+        Notes, which the first condition cannot see.
     """
 
     inverse: torch.Tensor
     residuals: torch.Tensor
     penrose_residuals: torch.Tensor
+    inverse_residuals: torch.Tensor
 
 
 def _initial(m: torch.Tensor, init) -> torch.Tensor:
@@ -90,8 +95,8 @@ def iterative_pinv(
         taken over the whole batch (the released code); ``"identity"``: :math:`I`, valid when
         :math:`\|I - M\| < 1` (Skyformer Lemma 3); or an explicit ``(*batch, k, k)`` tensor.
     tol : float, optional
-        If given, a :class:`~approxlab.errors.ConvergenceWarning` is issued when the final
-        Penrose residual exceeds ``tol``. Without it, the warning is issued only if the
+        If given, a :class:`~approxlab.errors.ConvergenceWarning` is issued when either final
+        Penrose residual (``penrose_residuals`` or ``inverse_residuals``) exceeds ``tol``. Without it, the warning is issued only if the
         iteration diverged (final Penrose residual above the initial one, or non-finite).
 
     Returns
@@ -121,11 +126,15 @@ def iterative_pinv(
     eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
     m_norm = torch.linalg.matrix_norm(m, ord=2).clamp_min(torch.finfo(m.dtype).tiny)
 
+    tiny = torch.finfo(m.dtype).tiny
+
     def residuals(z):
         mz = m @ z
         return (
             torch.linalg.matrix_norm(eye - mz, ord=2),
             torch.linalg.matrix_norm(mz @ m - m, ord=2) / m_norm,
+            torch.linalg.matrix_norm(z @ mz - z, ord=2)
+            / torch.linalg.matrix_norm(z, ord=2).clamp_min(tiny),
         )
 
     z = _initial(m, init)
@@ -137,7 +146,8 @@ def iterative_pinv(
 
     res = torch.stack([h[0] for h in history])
     pen = torch.stack([h[1] for h in history])
-    final = pen[-1]
+    inv = torch.stack([h[2] for h in history])
+    final = torch.maximum(pen[-1], inv[-1]) if tol is not None else pen[-1]
     worst = float(final.max()) if final.numel() else 0.0
     if not bool(torch.isfinite(final).all()) or (tol is not None and worst > tol) or (
         tol is None and bool((final > pen[0]).any())
@@ -145,11 +155,11 @@ def iterative_pinv(
         warnings.warn(
             ConvergenceWarning(
                 f"iterative_pinv did not converge in num_iter={num_iter} iterations: largest final "
-                f"Penrose residual ||MZM - M||/||M|| = {worst:.3e}"
+                f"Penrose residual (||MZM - M||/||M||, ||ZMZ - Z||/||Z||) = {worst:.3e}"
                 + (f" > tol={tol:.1e}" if tol is not None else " (diverged)")
                 + ".",
                 residual=worst,
             ),
             stacklevel=2,
         )
-    return PinvResult(z, res, pen)
+    return PinvResult(z, res, pen, inv)
