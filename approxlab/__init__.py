@@ -2,15 +2,35 @@
 
 Public API::
 
-    approxlab.exact_attention(q, k, v)
-    approxlab.attention_matrix(q, k, kind)
+    approxlab.exact_attention(q, k, v)                      # softmax(QK^T/sqrt p) V
+    approxlab.attention_matrix(q, k, kind)                  # "softmax" | "scores" | "kernelized"
     approxlab.approximate(method, q, k, v, *, num_features, generator=None, **options)
-    approxlab.methods.available()
-    approxlab.metrics, approxlab.linalg, approxlab.sketch, approxlab.errors
+    approxlab.methods.available()                           # registered method names
+    approxlab.metrics      spectral_norm, spectral_error, ridge_leverage_scores, ...
+    approxlab.linalg       iterative_pinv, golub_kahan, condition_number
+    approxlab.sketch       nystrom(K, columns), column sampling
+    approxlab.operators    LinearOperator, ExactAttentionOperator, ...
+    approxlab.synthetic    matrices with a prescribed spectrum, synthetic Q/K/V
+    approxlab.errors       NotPSDError, NumericalWarning, ConvergenceWarning, ...
+
+Shapes are ``(*batch, n, p)`` with ``*batch`` = (sequences, heads); randomness only
+through a keyword ``generator`` (a CPU ``torch.Generator``).
 """
 
-from . import errors, methods
+from . import errors, kernels, linalg, methods, metrics, operators, sketch, synthetic
 from .attention import approximate, attention_matrix, exact_attention
 
-__all__ = ["approximate", "attention_matrix", "exact_attention", "errors", "methods"]
+__all__ = [
+    "approximate",
+    "attention_matrix",
+    "exact_attention",
+    "errors",
+    "kernels",
+    "linalg",
+    "methods",
+    "metrics",
+    "operators",
+    "sketch",
+    "synthetic",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,542 @@
+"""Tests for approxlab.data: WikiText-2 (find, verify, tokenise, windows) and BERT Q/K/V + cache.
+
+Models are tiny (BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+intermediate_size=64)) with the BERT uncased tokenizer; the pretrained MiniLM checkpoint is
+loaded once. Every test runs with ``$APPROXLAB_CACHE`` in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+import types
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import BertConfig
+
+from approxlab.data import (
+    MINILM_CHECKPOINT,
+    WIKITEXT_RELPATH,
+    CacheWarning,
+    CorpusChecksumError,
+    QKVCache,
+    QKVKey,
+    clear_model_memo,
+    extract_qkv,
+    find_wikitext,
+    get_qkv,
+    load_model,
+    load_wikitext,
+    minilm_path,
+    pick_windows,
+    tokenize,
+    tokenizer_fingerprint,
+    wikitext_token_ids,
+    windows,
+)
+from approxlab.data import qkv as qkv_module
+from approxlab.data import wikitext as wikitext_module
+
+SHARED_CORPUS = wikitext_module._project_root().parent / "shared" / "data" / WIKITEXT_RELPATH
+
+
+def tiny_config(**overrides):
+    options = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
+    options.update(overrides)
+    return BertConfig(**options)
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    """No user data/cache: cache in tmp, no $APPROXLAB_DATA, cwd an empty folder."""
+    monkeypatch.setenv("APPROXLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("APPROXLAB_DATA", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return qkv_module._load_tokenizer(qkv_module._resolve_source("initialized", None, tiny_config(), None))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("initialized", config=tiny_config(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """A cache root reused by the get_qkv tests so the corpus is tokenised once per module."""
+    return tmp_path_factory.mktemp("shared_cache")
+
+
+def _fake_corpus(folder, text="Hello world.\nA second line.\n"):
+    path = folder / WIKITEXT_RELPATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# find_wikitext / load_wikitext
+# --------------------------------------------------------------------------------------
+
+
+def test_find_wikitext_search_order(isolated, monkeypatch):
+    explicit = _fake_corpus(isolated / "explicit")
+    env = _fake_corpus(isolated / "env")
+    local = _fake_corpus(isolated / "cwd" / "data")
+    # ./data is found when nothing is given ...
+    assert find_wikitext() == local
+    # ... $APPROXLAB_DATA beats ./data, as a folder or as the file itself ...
+    monkeypatch.setenv("APPROXLAB_DATA", str(isolated / "env"))
+    assert find_wikitext() == env
+    monkeypatch.setenv("APPROXLAB_DATA", str(env))
+    assert find_wikitext() == env
+    # ... and an explicit data_dir beats both: a data folder, the corpus folder or the file.
+    assert find_wikitext(isolated / "explicit") == explicit
+    assert find_wikitext(explicit.parent) == explicit
+    assert find_wikitext(str(explicit)) == explicit
+    # A data_dir without the corpus falls through to the next place.
+    assert find_wikitext(isolated / "nothing-here") == env
+
+
+def test_find_wikitext_project_root_shared_data():
+    """With nothing else configured, ../shared/data next to the project root is used."""
+    assert SHARED_CORPUS.is_file(), "the shared corpus must exist for the real-data tests"
+    assert find_wikitext() == SHARED_CORPUS
+
+
+def test_find_wikitext_not_found_lists_every_place(isolated, monkeypatch):
+    monkeypatch.setattr(wikitext_module, "_project_root", lambda: isolated / "project" / "main")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
+    with pytest.raises(FileNotFoundError) as info:
+        find_wikitext(isolated / "given")
+    message = str(info.value)
+    for expected in (
+        str(isolated / "given" / WIKITEXT_RELPATH),
+        str(isolated / "cwd" / "data" / WIKITEXT_RELPATH),
+        str(isolated / "project" / "shared" / "data" / WIKITEXT_RELPATH),
+        str(isolated / "shared" / "data" / WIKITEXT_RELPATH),
+        str(isolated / "cache" / "wikitext" / WIKITEXT_RELPATH),
+        "$APPROXLAB_DATA: (not set)",
+        "--data-dir",
+        "APPROXLAB_DATA=DIR",
+        "pip install datasets",
+        "`datasets` is not importable",
+    ):
+        assert expected in message
+
+
+def test_find_wikitext_datasets_fallback(isolated, monkeypatch):
+    """The `datasets` path: rows joined with newlines, blank rows dropped, checksum verified."""
+    lines = SHARED_CORPUS.read_bytes().decode("utf-8").replace("\r\n", "\n").split("\n")[:-1]
+    rows = []
+    for line in lines:  # the Hub's layout: blank rows between text rows, each with its "\n"
+        rows += ["", line + "\n"]
+    calls = []
+
+    def load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return {"text": rows}
+
+    monkeypatch.setattr(wikitext_module, "_project_root", lambda: isolated / "project" / "main")
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    path = find_wikitext()
+    assert path == isolated / "cache" / "wikitext" / WIKITEXT_RELPATH
+    assert calls == [(("wikitext", "wikitext-2-raw-v1"), {"split": "test"})]
+    text = load_wikitext()  # verify=True: the LF checksum matches
+    assert text == load_wikitext(SHARED_CORPUS)
+    assert len(calls) == 1  # the download is reused from the cache, not repeated
+
+    def failing(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=failing))
+    with pytest.raises(FileNotFoundError, match="Downloading it with Hugging Face `datasets` failed"):
+        find_wikitext(cache_dir=isolated / "other-cache")
+
+
+def test_load_wikitext_verifies_checksum(isolated):
+    text = load_wikitext()
+    assert len(text.split("\n")) == 2891 + 1 and text.endswith("\n") and "\r" not in text
+    assert len(text.split()) == 241_211
+    fake = _fake_corpus(isolated / "bad")
+    with pytest.raises(CorpusChecksumError, match=r"sha256 is [0-9a-f]{64}, expected 4f3e427e.*verify=False"):
+        load_wikitext(isolated / "bad")
+    assert load_wikitext(fake, verify=False) == "Hello world.\nA second line.\n"
+    with pytest.raises(TypeError, match="`verify` must be a bool"):
+        load_wikitext(verify="yes")
+
+
+# --------------------------------------------------------------------------------------
+# tokenize / windows / pick_windows
+# --------------------------------------------------------------------------------------
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_tokenize_no_special_tokens_and_no_length_warning(tokenizer):
+    text = "The Tower of London .\n\n  \nIt was built in 1078 by William the Conqueror .\n"
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    ids = tokenize(text, tokenizer)
+    assert tokenizer_fingerprint(tokenizer) == fingerprint  # using a tokenizer does not change its key
+    expected = tokenizer("The Tower of London . It was built in 1078 by William the Conqueror .",
+                         add_special_tokens=False)["input_ids"]
+    assert ids.dtype == torch.long and ids.tolist() == expected
+    assert tokenizer.cls_token_id not in ids.tolist() and tokenizer.sep_token_id not in ids.tolist()
+
+    fresh = qkv_module._load_tokenizer(qkv_module._resolve_source("initialized", None, None, None))
+    long_line = "word " * 600  # 600 tokens > model_max_length = 512
+    handler = _Records()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        assert tokenize(long_line, fresh).numel() == 600
+        assert handler.records == []
+        fresh(long_line, add_special_tokens=False)  # positive control: this one does warn
+        assert any("longer than the specified maximum" in r.getMessage() for r in handler.records)
+    finally:
+        logger.removeHandler(handler)
+
+    with pytest.raises(TypeError, match="`text` must be a str"):
+        tokenize(["a"], tokenizer)
+    with pytest.raises(TypeError, match="`tokenizer` must be a Hugging Face tokenizer"):
+        tokenize("a", "bert")
+
+
+def test_corpus_token_count_and_token_cache(tokenizer, isolated, monkeypatch):
+    """README claim: 273,178 BERT-uncased tokens, 66 disjoint windows of 4,096."""
+    ids = wikitext_token_ids(tokenizer)
+    assert ids.shape == (273_178,) and ids.dtype == torch.long
+    assert windows(ids, 4096).shape == (66, 4096)
+    files = list((isolated / "cache" / "tokens").glob("*.safetensors"))
+    assert len(files) == 1
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the token cache was not used")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(wikitext_module, "tokenize", must_not_run)
+        assert torch.equal(wikitext_token_ids(tokenizer), ids)
+
+    files[0].write_bytes(files[0].read_bytes()[:-100])
+    with pytest.warns(CacheWarning, match="unreadable or truncated"):
+        again = wikitext_token_ids(tokenizer)
+    assert torch.equal(again, ids)
+    assert torch.equal(wikitext_token_ids(tokenizer), ids)  # rewritten: no warning now
+
+
+def test_windows_disjoint_and_validated():
+    ids = torch.arange(10)
+    w = windows(ids, 3)
+    assert w.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert windows(ids, 10).shape == (1, 10)
+    with pytest.raises(ValueError, match=r"`n` must be an integer with 1 <= n <= 10; got 11"):
+        windows(ids, 11)
+    with pytest.raises(ValueError, match="`n` must be an integer with 1 <= n"):
+        windows(ids, 0)
+    with pytest.raises(TypeError, match="`ids` must be a 1-D integer torch.Tensor"):
+        windows(ids.float(), 2)
+    with pytest.raises(TypeError, match="`ids` must be a 1-D integer torch.Tensor"):
+        windows(ids.view(2, 5), 2)
+
+
+def test_pick_windows_reproducible_distinct():
+    state = torch.get_rng_state()
+    for seed in range(20):
+        picked = pick_windows(66, 8, seed=seed)
+        assert picked == pick_windows(66, 8, seed=seed)
+        assert len(set(picked)) == 8 and all(0 <= i < 66 for i in picked)
+        assert pick_windows(66, 4, seed=seed) == picked[:4]
+    assert len({tuple(pick_windows(66, 4, seed=s)) for s in range(20)}) > 1
+    assert sorted(pick_windows(5, 5, seed=0)) == [0, 1, 2, 3, 4]
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError, match=r"`count` must be an integer with 1 <= count <= 66; got 67"):
+        pick_windows(66, 67, seed=0)
+    with pytest.raises(ValueError, match="`seed` must be an integer with 0 <= seed"):
+        pick_windows(66, 2, seed=-1)
+    with pytest.raises(TypeError, match="`num_available` must be an integer"):
+        pick_windows(6.0, 2, seed=0)
+
+
+# --------------------------------------------------------------------------------------
+# Models and extraction
+# --------------------------------------------------------------------------------------
+
+
+def test_initialized_model_reproducible_and_global_rng_untouched():
+    state = torch.get_rng_state()
+    first = load_model("initialized", config=tiny_config(), seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    second = load_model("initialized", config=tiny_config(), seed=3)
+    other = load_model("initialized", config=tiny_config(), seed=4)
+    a, b, c = (m.model.state_dict() for m in (first, second, other))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert not torch.equal(a["encoder.layer.0.attention.self.query.weight"],
+                           c["encoder.layer.0.attention.self.query.weight"])
+    assert (first.num_heads, first.head_dim, first.max_positions, first.num_layers) == (4, 8, 32, 2)
+    assert first.condition == "initialized" and first.seed == 3 and not first.model.training
+    assert first.checkpoint.startswith("init:bert-") and first.checkpoint != "init:bert-base"
+    assert len(first.tokenizer) == 30_522
+
+
+def test_initialized_default_is_bert_base_geometry():
+    source = qkv_module._resolve_source("initialized", None, None, None)
+    config = source.config
+    assert source.checkpoint == "init:bert-base"
+    assert (config.num_attention_heads, config.hidden_size // config.num_attention_heads) == (12, 64)
+    assert (config.num_hidden_layers, config.vocab_size, config.max_position_embeddings) == (12, 30_522, 512)
+
+
+def test_load_model_validation():
+    with pytest.raises(ValueError, match=r"`condition` must be one of \['initialized', 'pretrained'\]; got 'rand"):
+        load_model("random")
+    with pytest.raises(ValueError, match="`checkpoint` applies only to condition='pretrained'"):
+        load_model("initialized", checkpoint="bert-base-uncased")
+    with pytest.raises(ValueError, match="`config` applies only to condition='initialized'"):
+        load_model("pretrained", config=tiny_config())
+    with pytest.raises(ValueError, match="`seed` must be an integer with 0 <= seed"):
+        load_model("initialized", config=tiny_config(), seed=-1)
+    with pytest.raises(ValueError, match="`config.vocab_size` must be >= 30522"):
+        load_model("initialized", config=tiny_config(vocab_size=100))
+    with pytest.raises(TypeError, match="`local_files_only` must be a bool or None"):
+        load_model("pretrained", local_files_only="no")
+
+
+def test_unavailable_checkpoint_offline_error():
+    """bert-base-cased is not shipped: offline, the error says so and how to provide it."""
+    message = r"Could not load checkpoint 'bert-base-cased'.*local_files_only=True.*network"
+    with pytest.raises(OSError, match=message):
+        load_model("pretrained", checkpoint="bert-base-cased", local_files_only=True)
+
+
+def test_extract_shapes_both_modes(tiny):
+    ids = torch.randint(0, 30_522, (3, 40), generator=torch.Generator().manual_seed(0))
+    q, k, v = extract_qkv(tiny, ids)  # embedding mode: n = 40 > max_positions = 32 is fine
+    assert q.shape == k.shape == v.shape == (3, 4, 40, 8) and q.dtype == torch.float32
+    assert torch.isfinite(q).all() and not torch.equal(q, k)
+    q64, _, _ = extract_qkv(tiny, ids, dtype=torch.float64, chunk_size=1, device="cpu")
+    assert q64.dtype == torch.float64 and torch.allclose(q64, q.double(), atol=1e-6)
+    qh, kh, vh = extract_qkv(tiny, ids[:, :32], mode="hidden", layer=1)
+    assert qh.shape == kh.shape == vh.shape == (3, 4, 32, 8)
+    with pytest.raises(ValueError, match=r"`n` must be <= max_positions=32 for this model; got n=40"):
+        extract_qkv(tiny, ids, mode="hidden")
+
+
+def test_extract_validation(tiny):
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"`mode` must be one of \['embedding', 'hidden'\]; got 'output'"):
+        extract_qkv(tiny, ids, mode="output")
+    with pytest.raises(ValueError, match=r"`layer` must be an integer with 0 <= layer <= 1; got 2"):
+        extract_qkv(tiny, ids, layer=2)
+    with pytest.raises(TypeError, match="`input_ids` must be an integer torch.Tensor"):
+        extract_qkv(tiny, ids.float())
+    with pytest.raises(ValueError, match=r"`input_ids` must have shape \(S, n\)"):
+        extract_qkv(tiny, ids[0])
+    with pytest.raises(ValueError, match=r"`input_ids` must lie in \[0, 30521\]"):
+        extract_qkv(tiny, ids + 30_522)
+    with pytest.raises(ValueError, match="`dtype` must be one of torch.float32, torch.float64"):
+        extract_qkv(tiny, ids, dtype=torch.float16)
+    with pytest.raises(TypeError, match="`loaded` must be a LoadedModel"):
+        extract_qkv(tiny.model, ids)
+    with pytest.raises(ValueError, match="`chunk_size` must be an integer with 1 <= chunk_size"):
+        extract_qkv(tiny, ids, chunk_size=0)
+
+
+def test_hidden_mode_reproduces_model_attention(tiny):
+    """Q/K/V of layer l reproduce the model's own attention probabilities and context."""
+    ids = torch.randint(0, 30_522, (2, 16), generator=torch.Generator().manual_seed(1))
+    contexts = {}
+    hooks = [
+        layer.attention.self.register_forward_hook(
+            lambda module, args, output, i=i: contexts.__setitem__(i, output[0])
+        )
+        for i, layer in enumerate(tiny.model.encoder.layer)
+    ]
+    try:
+        with torch.no_grad():
+            out = tiny.model(input_ids=ids, output_attentions=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for layer in range(2):
+        q, k, v = extract_qkv(tiny, ids, mode="hidden", layer=layer)
+        probs = torch.softmax(q @ k.transpose(-1, -2) / tiny.head_dim**0.5, dim=-1)
+        torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
+        context = (probs @ v).transpose(1, 2).reshape(2, 16, -1)
+        torch.testing.assert_close(context, contexts[layer], rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_mode_is_input_embedding_without_positions(tiny):
+    """Embedding mode equals hidden mode (layer 0) of the same model with zero position embeddings."""
+    ids = torch.randint(0, 30_522, (2, 16), generator=torch.Generator().manual_seed(2))
+    no_positions = load_model("initialized", config=tiny_config(), seed=0)
+    with torch.no_grad():
+        no_positions.model.embeddings.position_embeddings.weight.zero_()
+    for a, b in zip(extract_qkv(tiny, ids), extract_qkv(no_positions, ids, mode="hidden")):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # ...and differs from hidden mode with the positions in place.
+    assert not torch.allclose(extract_qkv(tiny, ids)[0], extract_qkv(tiny, ids, mode="hidden")[0])
+
+
+def test_pretrained_minilm_loads_offline():
+    loaded = load_model("pretrained")
+    assert loaded.checkpoint == MINILM_CHECKPOINT and loaded.seed is None
+    assert (loaded.num_heads, loaded.head_dim, loaded.max_positions, loaded.num_layers) == (12, 32, 512, 6)
+    assert len(loaded.tokenizer) == 30_522 and minilm_path().is_dir()
+    ids = torch.tensor([loaded.tokenizer("the tower of london", add_special_tokens=False)["input_ids"]])
+    q, k, v = extract_qkv(loaded, ids, mode="hidden", layer=5)
+    assert q.shape == (1, 12, ids.shape[1], 32) and torch.isfinite(torch.stack([q, k, v])).all()
+
+
+# --------------------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------------------
+
+
+def _key(**overrides):
+    fields = dict(checkpoint="init:bert-test", condition="initialized", seed=0, mode="embedding", layer=0,
+                  n=6, window=3, dtype="float32", corpus="0" * 64)
+    fields.update(overrides)
+    return QKVKey(**fields)
+
+
+def _tensors(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, 6, 4, generator=g) for _ in range(3))
+
+
+def test_cache_round_trip_atomic(isolated):
+    cache = QKVCache()
+    assert cache.root == isolated / "cache"
+    key = _key()
+    assert cache.load(key) is None
+    path = cache.save(key, *_tensors())
+    assert path == cache.path(key) and path.is_file()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+    for got, want in zip(cache.load(key), _tensors()):
+        assert torch.equal(got, want)
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    assert json.loads(metadata["key"]) == key.as_dict() and len(metadata["checksum"]) == 64
+    assert cache.path(_key(window=4)).parent == path.parent
+    assert cache.path(_key(seed=1)).parent != path.parent
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda b: b[:-20], "unreadable or truncated"),
+        (lambda b: b"garbage", "unreadable or truncated"),
+        (lambda b: b[:-5] + bytes(x ^ 0xFF for x in b[-5:]), "checksum mismatch"),
+    ],
+)
+def test_cache_detects_corrupt_file(isolated, damage, match):
+    cache = QKVCache(isolated / "c")
+    path = cache.save(_key(), *_tensors())
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.warns(CacheWarning, match=match):
+        assert cache.load(_key()) is None
+
+
+def test_cache_detects_mismatched_key(isolated):
+    cache = QKVCache(isolated / "c")
+    source = cache.save(_key(), *_tensors())
+    other = cache.path(_key(layer=1))
+    other.parent.mkdir(parents=True)
+    shutil.copy(source, other)
+    with pytest.warns(CacheWarning, match="stored under another key"):
+        assert cache.load(_key(layer=1)) is None
+    wrong_n = cache.save(_key(window=7), *_tensors())
+    shutil.copy(wrong_n, cache.path(_key(window=8)))
+    with pytest.warns(CacheWarning, match="another key"):
+        assert cache.load(_key(window=8)) is None
+
+
+def test_get_qkv_uses_cache_and_recomputes_corrupt(shared_cache):
+    config = tiny_config()
+    state = torch.get_rng_state()
+    first = get_qkv("initialized", 64, [5, 2, 5], config=config, seed=7, cache_dir=shared_cache)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first.q.shape == first.k.shape == first.v.shape == (3, 4, 64, 8)
+    assert first.from_cache == (False, False, False) and first.window_ids == (5, 2, 5)
+    assert torch.equal(first.q[0], first.q[2]) and not torch.equal(first.q[0], first.q[1])
+    assert (first.condition, first.seed, first.mode) == ("initialized", 7, "embedding")
+    assert (first.layer, first.n) == (0, 64)
+
+    # Same windows straight from the model.
+    loaded = load_model("initialized", config=config, seed=7)
+    token_ids = wikitext_token_ids(loaded.tokenizer, cache_dir=shared_cache)
+    direct = extract_qkv(loaded, windows(token_ids, 64)[[5, 2, 5]])
+    for got, want in zip((first.q, first.k, first.v), direct):
+        torch.testing.assert_close(got, want)
+
+    second = get_qkv("initialized", 64, [2, 5], config=config, seed=7, cache_dir=shared_cache)
+    assert second.from_cache == (True, True)
+    assert torch.equal(second.q, first.q[[1, 0]]) and torch.equal(second.v, first.v[[1, 0]])
+
+    group = "initialized-seed7-embedding-layer0-n64-float32-*"
+    (path,) = shared_cache.glob(f"qkv/*/{group}/window00002.safetensors")
+    path.write_bytes(path.read_bytes()[:-50])
+    with pytest.warns(CacheWarning, match="truncated"):
+        third = get_qkv("initialized", 64, [2, 5], config=config, seed=7, cache_dir=shared_cache)
+    assert third.from_cache == (False, True)
+    assert torch.equal(third.k, second.k)
+    fourth = get_qkv("initialized", 64, [2], config=config, seed=7, cache_dir=shared_cache)
+    assert fourth.from_cache == (True,)  # the recomputed file was rewritten
+
+    other_seed = get_qkv("initialized", 64, [2], config=config, seed=8, cache_dir=shared_cache)
+    assert other_seed.from_cache == (False,) and not torch.equal(other_seed.q[0], first.q[1])
+
+    def must_not_build(*args, **kwargs):
+        raise AssertionError("the model built by an earlier call was not reused")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qkv_module, "_build", must_not_build)
+        new_window = get_qkv("initialized", 64, [9], config=config, seed=7, cache_dir=shared_cache)
+    assert new_window.from_cache == (False,)
+    torch.testing.assert_close(new_window.q, extract_qkv(loaded, windows(token_ids, 64)[[9]])[0])
+    clear_model_memo()
+    assert not qkv_module._BUILT_MODELS
+
+
+def test_get_qkv_hidden_mode_and_validation(shared_cache):
+    config = tiny_config()
+    hidden = get_qkv("initialized", 32, [0, 1], mode="hidden", layer=1, config=config,
+                     dtype=torch.float64, cache_dir=shared_cache)
+    assert hidden.q.shape == (2, 4, 32, 8) and hidden.q.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"`n` must be <= max_positions=32 for this model; got n=64"):
+        get_qkv("initialized", 64, [0], mode="hidden", config=config, cache_dir=shared_cache)
+    message = r"`window_ids` must lie in 0\.\.65 \(the corpus has 66 windows of n=4096 tokens\); got \[66\]"
+    with pytest.raises(ValueError, match=message):
+        get_qkv("initialized", 4096, [3, 66], config=config, cache_dir=shared_cache)
+    with pytest.raises(TypeError, match="`window_ids` must be a non-empty sequence of integers"):
+        get_qkv("initialized", 64, [], config=config, cache_dir=shared_cache)
+    with pytest.raises(ValueError, match=r"`layer` must be an integer with 0 <= layer <= 1; got 5"):
+        get_qkv("initialized", 64, [0], layer=5, config=config, cache_dir=shared_cache)
+    with pytest.raises(ValueError, match=r"`condition` must be one of"):
+        get_qkv("trained", 64, [0], cache_dir=shared_cache)
+    assert not any(shared_cache.glob("**/*.tmp"))
+
