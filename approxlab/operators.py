@@ -14,7 +14,12 @@ estimated by Golub--Kahan bidiagonalisation (``approxlab.metrics.spectral_norm``
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from . import kernels
+from ._validation import check_choice, check_int, check_qkv
 
 __all__ = [
     "LinearOperator",
@@ -24,6 +29,7 @@ __all__ = [
     "SumOperator",
     "AdjointOperator",
     "aslinearoperator",
+    "ExactAttentionOperator",
 ]
 
 
@@ -248,3 +254,109 @@ def aslinearoperator(x) -> LinearOperator:
     if isinstance(x, torch.Tensor):
         return DenseOperator(x)
     raise TypeError(f"expected a LinearOperator or torch.Tensor; got {type(x).__name__}.")
+
+
+# -- row-blocked exact attention (appended) ---------------------------------------------
+
+EXACT_KINDS = ("softmax", "scores", "kernelized")
+
+
+class ExactAttentionOperator(LinearOperator):
+    r"""An exact attention matrix applied in blocks of query rows, never formed ``n x m``.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(*batch, n, p)`` queries.
+    k : torch.Tensor
+        ``(*batch, m, p)`` keys (same batch dims, dtype and device as ``q``).
+    kind : {"softmax", "scores", "kernelized"}
+        Which matrix (the kinds of :func:`approxlab.attention_matrix`):
+
+        * ``"softmax"``: :math:`D^{-1}A = \operatorname{softmax}(QK^\top/\sqrt p)`, each row
+          block computed in the log domain (max-subtracted), so it never overflows;
+        * ``"scores"``: :math:`A = \exp(QK^\top/\sqrt p)`; raises ``OverflowError`` (as
+          :func:`approxlab.kernels.score_matrix` does) when an entry exceeds the dtype's range;
+        * ``"kernelized"``: :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Eq. (3) of Skyformer),
+          entries in ``(0, 1]``.
+    block_size : int
+        Query rows per block, ``>= 1``. Memory is ``O(block_size * m)`` per batch element;
+        the last block may be shorter (``block_size`` need not divide ``n``).
+
+    Notes
+    -----
+    ``matmat(x)`` for ``x: (*batch, m, k)`` computes, for each row block
+    :math:`I`, the block's logits :math:`Q_I K^\top/\sqrt p` (``block x m``), its exact
+    rows :math:`M_{I,:}` and the product :math:`M_{I,:}x`; ``rmatmat(y)`` accumulates
+    :math:`\sum_I M_{I,:}^\top y_I`. Each product costs :math:`O(nmp + nmk)` time. Block rows
+    are computed with the same functions as the dense matrices of :mod:`approxlab.kernels`,
+    so :meth:`to_dense` agrees with :func:`approxlab.attention_matrix` to rounding.
+
+    ``to(dtype)`` recomputes from ``q`` and ``k`` cast to ``dtype`` (it does not cast the
+    float32 matrix), so ``op.to(torch.float64)`` is the float64 exact matrix of the same
+    (rounded) inputs. This is what lets
+    ``spectral_error(approx.operator(), ExactAttentionOperator(q, k))`` run at ``n = 32768``.
+
+    References
+    ----------
+    Chen et al. (2021), Skyformer, Section 4.1 and Eq. (3); Vaswani et al. (2017),
+    scaled dot-product attention.
+    """
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, kind: str = "softmax", block_size: int = 1024):
+        check_qkv(q, k)
+        check_choice(kind, "kind", EXACT_KINDS)
+        block_size = check_int(block_size, "block_size", low=1)
+        self.q = q
+        self.k = k
+        self.kind = kind
+        self.block_size = block_size
+        self.shape = (*q.shape[:-2], q.shape[-2], k.shape[-2])
+        self.dtype = q.dtype
+        self.device = q.device
+
+    def _ranges(self):
+        n = self.shape[-2]
+        return [(start, min(start + self.block_size, n)) for start in range(0, n, self.block_size)]
+
+    def _block(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the matrix, ``(*batch, stop - start, m)``."""
+        q_block = self.q[..., start:stop, :]
+        if self.kind == "softmax":
+            return kernels.softmax_matrix(q_block, self.k)
+        if self.kind == "kernelized":
+            return kernels.kernelized_matrix(q_block, self.k)
+        logits = kernels.scaled_logits(q_block, self.k)
+        block = torch.exp(logits)
+        if not bool(torch.isfinite(block).all()):
+            raise OverflowError(
+                f"ExactAttentionOperator(kind='scores') overflows {self.dtype}: a logit in query rows "
+                f"{start}:{stop} is {float(logits.max()):.1f}, above "
+                f"log(finfo.max)={math.log(torch.finfo(self.dtype).max):.1f}. Use .to(torch.float64) "
+                "or kind='softmax' (computed in the log domain)."
+            )
+        return block
+
+    def _matmat(self, x):
+        return torch.cat([self._block(a, b) @ x for a, b in self._ranges()], dim=-2)
+
+    def _rmatmat(self, y):
+        out = None
+        for a, b in self._ranges():
+            part = self._block(a, b).transpose(-1, -2) @ y[..., a:b, :]
+            out = part if out is None else out + part
+        return out
+
+    def to_dense(self) -> torch.Tensor:
+        """The ``(*batch, n, m)`` matrix, assembled from its row blocks."""
+        return torch.cat([self._block(a, b) for a, b in self._ranges()], dim=-2)
+
+    def to(self, dtype: torch.dtype) -> "ExactAttentionOperator":
+        """The same matrix recomputed from ``q`` and ``k`` cast to ``dtype``."""
+        return ExactAttentionOperator(self.q.to(dtype), self.k.to(dtype), self.kind, self.block_size)
+
+    def __repr__(self) -> str:
+        return (
+            f"ExactAttentionOperator(kind={self.kind!r}, shape={tuple(self.shape)}, dtype={self.dtype}, "
+            f"block_size={self.block_size})"
+        )

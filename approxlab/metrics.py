@@ -1,0 +1,430 @@
+r"""Every metric of the spectral-error studies, in one place.
+
+* spectral norms and errors: :func:`spectral_norm`, :func:`spectral_error` (dense: exact SVD;
+  operators: Golub--Kahan bidiagonalisation, :func:`approxlab.linalg.golub_kahan`);
+* conditioning: :func:`condition_number` (``inf`` when numerically singular),
+  :func:`is_numerically_singular`;
+* the singular-value study (Skyformer Appendix B): :func:`stable_rank`,
+  :func:`numerical_rank`, :func:`effective_rank`, :func:`singular_value_decay_rate`;
+* Loewner order: :func:`loewner_min_eig`;
+* ridge leverage (Skyformer Theorem 2), re-exported from :mod:`approxlab.leverage`:
+  ``ridge_leverage_scores``, ``statistical_dimension``, ``coherence``,
+  ``approximate_ridge_leverage_scores``.
+
+Conventions: inputs are batched ``(*batch, n, m)``; computations are in float64; results
+are float64 tensors of shape ``(*batch,)``, or Python scalars for a single matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validation import as_generator, check_int, check_positive_float, check_square, check_tensor
+from .leverage import (
+    approximate_ridge_leverage_scores,
+    coherence,
+    ridge_leverage_scores,
+    statistical_dimension,
+)
+from .linalg.conditioning import condition_number, is_numerically_singular, singular_values
+from .linalg.lanczos import SpectralNormEstimate, golub_kahan
+from .operators import LinearOperator, aslinearoperator
+
+__all__ = [
+    "spectral_norm",
+    "spectral_error",
+    "SpectralNormEstimate",
+    "condition_number",
+    "is_numerically_singular",
+    "stable_rank",
+    "numerical_rank",
+    "effective_rank",
+    "singular_value_decay_rate",
+    "loewner_min_eig",
+    "ridge_leverage_scores",
+    "statistical_dimension",
+    "coherence",
+    "approximate_ridge_leverage_scores",
+]
+
+
+def _as_result(x: torch.Tensor):
+    """A 0-dimensional result as a Python scalar; a batched one as a tensor ``(*batch,)``."""
+    return x.item() if x.ndim == 0 else x
+
+
+def _matrix_like(x, name: str):
+    """A tensor (checked), a LinearOperator, or an ``Approximation`` (its ``.operator()``)."""
+    if isinstance(x, torch.Tensor):
+        return check_tensor(x, name)
+    if isinstance(x, LinearOperator):
+        return x
+    operator = getattr(x, "operator", None)
+    if callable(operator):  # approxlab.methods.Approximation (duck-typed: no import cycle)
+        op = operator()
+        if isinstance(op, LinearOperator):
+            return op
+    raise TypeError(
+        f"`{name}` must be a torch.Tensor, a LinearOperator or an Approximation; got {type(x).__name__}."
+    )
+
+
+def _check_generator(generator):
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"`generator` must be a torch.Generator or None; got {type(generator).__name__}."
+            )
+        if generator.device.type != "cpu":
+            raise ValueError(f"`generator` must be a CPU torch.Generator; got one on {generator.device}.")
+    return as_generator(generator)
+
+
+def _dense_estimate(value: torch.Tensor) -> SpectralNormEstimate:
+    zero = torch.zeros_like(value)
+    return SpectralNormEstimate(
+        estimate=value,
+        lower_bound=value.clone(),
+        residual=zero,
+        distance_bound=zero.clone(),
+        num_matvecs=0,
+        converged=torch.ones(value.shape, dtype=torch.bool, device=value.device),
+    )
+
+
+def spectral_norm(
+    x,
+    *,
+    tol: float = 1e-10,
+    max_iter: int = 300,
+    generator: torch.Generator | None = None,
+    return_info: bool = False,
+):
+    r"""Spectral norm :math:`\|X\|_2 = \sigma_{\max}(X)` of a batch of matrices or an operator.
+
+    Parameters
+    ----------
+    x : torch.Tensor or LinearOperator or Approximation
+        ``(*batch, n, m)``. A tensor: exact, from the SVD in float64. An operator (or an
+        :class:`~approxlab.methods.Approximation`, via ``.operator()``): Golub--Kahan
+        bidiagonalisation of ``x.to(torch.float64)``, matrix-free.
+    tol : float
+        Relative tolerance of the operator path, ``> 0`` (see
+        :func:`approxlab.linalg.golub_kahan`). Ignored for tensors.
+    max_iter : int
+        Most bidiagonalisation steps, ``>= 1``. Ignored for tensors.
+    generator : torch.Generator, optional
+        CPU generator for the start vector of the operator path.
+    return_info : bool
+        Return the full :class:`~approxlab.linalg.SpectralNormEstimate` (estimate, certified
+        lower bound, residual, distance bound, matvecs, converged) instead of the estimate.
+        For a tensor it holds the exact value, residual 0 and 0 matvecs.
+
+    Returns
+    -------
+    float or torch.Tensor or SpectralNormEstimate
+        float64, ``(*batch,)`` (a ``float`` for one matrix).
+
+    Warns
+    -----
+    ConvergenceWarning
+        Operator path, if some element has not converged in ``max_iter`` steps.
+
+    Notes
+    -----
+    The operator estimate is the largest Ritz singular value, a certified lower bound on
+    :math:`\|X\|_2`; the returned ``residual`` certifies that a singular value lies within
+    ``residual / sqrt(2)`` of it (Golub and Kahan, 1965; see
+    :class:`~approxlab.linalg.SpectralNormEstimate`).
+
+    References
+    ----------
+    G. Golub and W. Kahan (1965), "Calculating the singular values and pseudo-inverse of a
+    matrix", SIAM J. Numer. Anal. Ser. B 2(2).
+    """
+    x = _matrix_like(x, "x")
+    tol = check_positive_float(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter", low=1)
+    generator = _check_generator(generator)
+    if not isinstance(return_info, bool):
+        raise TypeError(f"`return_info` must be a bool; got {return_info!r}.")
+
+    if isinstance(x, torch.Tensor):
+        value = torch.linalg.matrix_norm(x.to(torch.float64), ord=2)
+        if return_info:
+            return _dense_estimate(value)
+        return _as_result(value)
+    info = golub_kahan(x.to(torch.float64), tol=tol, max_iter=max_iter, generator=generator)
+    if return_info:
+        return info
+    return _as_result(info.estimate)
+
+
+def spectral_error(
+    approx,
+    exact,
+    *,
+    relative: bool = False,
+    tol: float = 1e-10,
+    max_iter: int = 300,
+    generator: torch.Generator | None = None,
+):
+    r"""Spectral-norm error :math:`\|\tilde M - M\|_2` (divided by :math:`\|M\|_2` if ``relative``).
+
+    Parameters
+    ----------
+    approx, exact : torch.Tensor or LinearOperator or Approximation
+        ``(*batch, n, m)`` each (batch dimensions broadcast; the matrix shapes must agree).
+        An ``Approximation`` contributes its ``.operator()``, e.g.
+        ``spectral_error(approximate(...), ExactAttentionOperator(q, k))``.
+    relative : bool
+        Divide by :math:`\|M\|_2` of ``exact`` (which must be nonzero).
+    tol, max_iter, generator
+        For the operator path, as in :func:`spectral_norm`.
+
+    Returns
+    -------
+    float or torch.Tensor
+        float64, ``(*batch,)`` (a ``float`` for one matrix).
+
+    Notes
+    -----
+    Both tensors: the difference is formed in float64 and its norm taken by SVD (exact).
+    Otherwise the difference is the lazy operator ``approx.to(float64) - exact.to(float64)``
+    and its norm is estimated by Golub--Kahan bidiagonalisation (a certified lower bound,
+    converged to ``tol``), at the cost of two products with each operand per step: with an
+    :class:`~approxlab.operators.ExactAttentionOperator` nothing ``n x n`` is formed. This is
+    the error measure of Skyformer's Figure 1.
+
+    References
+    ----------
+    Chen et al. (2021), Skyformer, Section 5.1 / Figure 1 (spectral-norm approximation error).
+    Golub and Kahan (1965).
+    """
+    approx = _matrix_like(approx, "approx")
+    exact = _matrix_like(exact, "exact")
+    if not isinstance(relative, bool):
+        raise TypeError(f"`relative` must be a bool; got {relative!r}.")
+    tol = check_positive_float(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter", low=1)
+    generator = _check_generator(generator)
+    shape_a, shape_e = tuple(approx.shape), tuple(exact.shape)
+    try:
+        torch.broadcast_shapes(shape_a[:-2], shape_e[:-2])
+        compatible = shape_a[-2:] == shape_e[-2:]
+    except RuntimeError:
+        compatible = False
+    if not compatible:
+        raise ValueError(
+            f"`approx` and `exact` must have the same shape (*batch, n, m) (batch dims may "
+            f"broadcast); got {shape_a} and {shape_e}."
+        )
+
+    if isinstance(approx, torch.Tensor) and isinstance(exact, torch.Tensor):
+        error = torch.linalg.matrix_norm(approx.to(torch.float64) - exact.to(torch.float64), ord=2)
+        scale = torch.linalg.matrix_norm(exact.to(torch.float64), ord=2) if relative else None
+    else:
+        difference = aslinearoperator(approx).to(torch.float64) - aslinearoperator(exact).to(torch.float64)
+        error = golub_kahan(difference, tol=tol, max_iter=max_iter, generator=generator).estimate
+        scale = None
+        if relative:
+            scale = spectral_norm(exact, tol=tol, max_iter=max_iter, generator=generator, return_info=True).estimate
+    if relative:
+        scale = scale.to(error.device)
+        if bool((scale == 0).any()):
+            raise ValueError(
+                f"`exact` has spectral norm 0 in {int((scale == 0).sum())} batch element(s): the "
+                "relative error is undefined; use relative=False."
+            )
+        error = error / scale
+    return _as_result(error)
+
+
+def stable_rank(m: torch.Tensor):
+    r"""Stable rank :math:`\|M\|_F^2 / \|M\|_2^2 = \sum_i \sigma_i^2/\sigma_1^2`.
+
+    Parameters
+    ----------
+    m : torch.Tensor
+        ``(*batch, n, k)``, finite, nonzero.
+
+    Returns
+    -------
+    float or torch.Tensor
+        In :math:`[1, \operatorname{rank} M]`; ``(*batch,)`` float64.
+
+    Notes
+    -----
+    The quantity ``s`` of Skyformer's Lemma C.2 (:math:`d \ge \tfrac{28}{3}\tfrac{s}{\beta}
+    \log\tfrac{2n}{\delta}`), where :math:`s \le 2 d_{\text{stat}}`.
+
+    References
+    ----------
+    Rudelson and Vershynin (2007), "Sampling from large matrices"; Chen et al. (2021),
+    Skyformer, Lemma C.2.
+    """
+    sigma = singular_values(m)
+    _check_nonzero(sigma, "stable rank")
+    return _as_result((sigma**2).sum(-1) / sigma[..., 0] ** 2)
+
+
+def _check_nonzero(sigma, what):
+    zero = sigma[..., 0] == 0
+    if bool(zero.any()):
+        raise ValueError(f"`M` must be nonzero: the {what} of a zero matrix is undefined; got "
+                         f"{int(zero.sum())} zero matrices.")
+
+
+def numerical_rank(m: torch.Tensor, rtol: float = 1e-6):
+    r"""Number of singular values above ``rtol`` times the largest: :math:`\#\{i:\sigma_i > \text{rtol}\,\sigma_1\}`.
+
+    Parameters
+    ----------
+    m : torch.Tensor
+        ``(*batch, n, k)``, finite.
+    rtol : float
+        Relative threshold, ``0 <= rtol < 1`` (Skyformer Appendix B uses 1e-6).
+
+    Returns
+    -------
+    int or torch.Tensor
+        int64, ``(*batch,)`` (an ``int`` for one matrix); 0 for a zero matrix.
+
+    References
+    ----------
+    Golub and Van Loan, *Matrix Computations*, 4th ed., Section 5.4.1.
+    """
+    check_tensor(m, "M")
+    rtol = check_positive_float(rtol, "rtol", allow_zero=True)
+    if rtol >= 1:
+        raise ValueError(f"`rtol` must satisfy 0 <= rtol < 1; got {rtol}.")
+    sigma = singular_values(m)
+    return _as_result((sigma > rtol * sigma[..., :1]).sum(-1))
+
+
+def effective_rank(m: torch.Tensor):
+    r"""Effective rank of Roy and Vetterli (2007): :math:`\exp(H(p))`, :math:`p_i = \sigma_i/\sum_j\sigma_j`.
+
+    Parameters
+    ----------
+    m : torch.Tensor
+        ``(*batch, n, k)``, finite, nonzero.
+
+    Returns
+    -------
+    float or torch.Tensor
+        In :math:`[1, \operatorname{rank} M]`; ``(*batch,)`` float64.
+
+    Notes
+    -----
+    :math:`H(p) = -\sum_i p_i \log p_i` with :math:`0\log 0 = 0` (Definition 1 of Roy and
+    Vetterli). Equals :math:`r` for :math:`r` equal nonzero singular values.
+
+    References
+    ----------
+    O. Roy and M. Vetterli (2007), "The effective rank: a measure of effective
+    dimensionality", EUSIPCO, Definition 1.
+    """
+    sigma = singular_values(m)
+    _check_nonzero(sigma, "effective rank")
+    p = sigma / sigma.sum(-1, keepdim=True)
+    entropy = -torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros_like(p)).sum(-1)
+    return _as_result(torch.exp(entropy))
+
+
+def singular_value_decay_rate(m: torch.Tensor, num: int = 64):
+    r"""Least-squares slope of :math:`\log\sigma_i` against :math:`i` over the first ``num`` indices.
+
+    Parameters
+    ----------
+    m : torch.Tensor
+        ``(*batch, n, k)``, finite.
+    num : int
+        Number of leading singular values, ``>= 2``; ``min(num, min(n, k))`` are used.
+
+    Returns
+    -------
+    float or torch.Tensor
+        The slope :math:`c` in :math:`\sigma_i \approx C e^{c i}` (natural log, per index);
+        negative for a decaying spectrum, 0 for a flat one. ``(*batch,)`` float64.
+
+    Raises
+    ------
+    ValueError
+        If fewer than 2 of the leading singular values are above the numerical-zero level
+        :math:`\max(n,k)\,\varepsilon\,\sigma_1` (with :math:`\varepsilon` of ``m.dtype``).
+
+    Notes
+    -----
+    Singular values at or below the numerical-zero level (whose logarithm is rounding noise
+    or :math:`-\infty`) are left out of the fit, per matrix. The fit is ordinary least squares
+    of :math:`y_i = \log \sigma_i` on :math:`i = 0, \dots, \text{num}-1`:
+    :math:`c = \sum_i (i-\bar i)(y_i-\bar y)/\sum_i (i-\bar i)^2`. Used for the singular-value
+    decay study of Skyformer Appendix B.
+
+    References
+    ----------
+    Chen et al. (2021), Skyformer, Appendix B (singular-value decay of attention matrices).
+    """
+    check_tensor(m, "M")
+    num = check_int(num, "num", low=2)
+    sigma = singular_values(m)[..., :num]
+    level = max(m.shape[-2], m.shape[-1]) * torch.finfo(m.dtype).eps
+    weight = (sigma > level * sigma[..., :1]).to(torch.float64)
+    count = weight.sum(-1)
+    if bool((count < 2).any()):
+        raise ValueError(
+            f"`M` must have at least 2 singular values above the numerical-zero level "
+            f"{level:.1e} * sigma_1 among the first num={num}; got {int(count.min())}."
+        )
+    index = torch.arange(sigma.shape[-1], dtype=torch.float64, device=sigma.device)
+    y = torch.log(torch.where(weight > 0, sigma, torch.ones_like(sigma)))
+    index_mean = (weight * index).sum(-1, keepdim=True) / count.unsqueeze(-1)
+    y_mean = (weight * y).sum(-1, keepdim=True) / count.unsqueeze(-1)
+    centred = weight * (index - index_mean)
+    slope = (centred * (y - y_mean)).sum(-1) / (centred * (index - index_mean)).sum(-1)
+    return _as_result(slope)
+
+
+def loewner_min_eig(a: torch.Tensor, b: torch.Tensor):
+    r"""Smallest eigenvalue of the symmetric part of :math:`A - B`.
+
+    Parameters
+    ----------
+    a, b : torch.Tensor
+        ``(*batch, n, n)`` each (batch dims broadcast), finite.
+
+    Returns
+    -------
+    float or torch.Tensor
+        :math:`\lambda_{\min}\bigl(\tfrac12[(A-B) + (A-B)^\top]\bigr)` in float64,
+        ``(*batch,)``. :math:`A \succeq B` in the Loewner order iff it is :math:`\ge 0`;
+        compare with ``-tol * max(||A||_2, ||B||_2)`` to allow for rounding.
+
+    Notes
+    -----
+    For symmetric :math:`A, B` the symmetric part is :math:`A - B` itself; symmetrising only
+    removes rounding asymmetry. Used to check :math:`\tilde{\bar B} \preceq \bar B` for the
+    Nyström approximation of the PSD completion (Skyformer Section 4.3, Eqs. (4)-(6)).
+
+    References
+    ----------
+    R. A. Horn and C. R. Johnson, *Matrix Analysis*, 2nd ed. (2013), Section 7.7 (Loewner
+    order). Chen et al. (2021), Skyformer, Section 4.3.
+    """
+    check_square(a, "A")
+    check_square(b, "B")
+    try:
+        torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        compatible = a.shape[-1] == b.shape[-1]
+    except RuntimeError:
+        compatible = False
+    if not compatible:
+        raise ValueError(
+            f"`A` and `B` must have the same shape (*batch, n, n) (batch dims may broadcast); got "
+            f"{tuple(a.shape)} and {tuple(b.shape)}."
+        )
+    difference = a.to(torch.float64) - b.to(torch.float64).to(a.device)
+    symmetric = 0.5 * (difference + difference.transpose(-1, -2))
+    return _as_result(torch.linalg.eigvalsh(symmetric)[..., 0])
+

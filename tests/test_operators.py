@@ -1,0 +1,182 @@
+"""Operators against their dense references (GPyTorch's shared-check habit), and the
+row-blocked ExactAttentionOperator against approxlab.kernels."""
+
+import math
+
+import pytest
+import torch
+
+from approxlab import kernels
+from approxlab.operators import (
+    AdjointOperator,
+    DenseOperator,
+    DiagonalOperator,
+    ExactAttentionOperator,
+    LinearOperator,
+    ProductOperator,
+    SumOperator,
+    aslinearoperator,
+)
+from approxlab.synthetic import synthetic_qkv
+
+REFERENCE = {
+    "softmax": kernels.softmax_matrix,
+    "scores": kernels.score_matrix,
+    "kernelized": kernels.kernelized_matrix,
+}
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=_gen(seed), dtype=torch.float64)
+
+
+def _qk(n=23, m=17, p=8, batch=(2, 3), seed=0, scale=1.0):
+    g = _gen(seed)
+    q = scale * torch.randn(*batch, n, p, generator=g, dtype=torch.float64)
+    k = scale * torch.randn(*batch, m, p, generator=g, dtype=torch.float64)
+    return q, k
+
+
+def _cases():
+    """(operator, dense reference) pairs; every operator inherits the same checks."""
+    a, b = _randn(2, 5, 7, seed=1), _randn(2, 7, 4, seed=2)
+    d = _randn(2, 5, seed=3)
+    q, k = _qk(n=5, m=7, batch=(2,), seed=4)
+    return {
+        "dense": (DenseOperator(a), a),
+        "diagonal": (DiagonalOperator(d), torch.diag_embed(d)),
+        "product": (ProductOperator(a, b), a @ b),
+        "sum": (SumOperator([a, DenseOperator(2 * a)], [1.0, -0.5]), a - a),
+        "difference": (DenseOperator(a) - 3.0 * DenseOperator(a), -2 * a),
+        "adjoint": (DenseOperator(a).T, a.transpose(-1, -2)),
+        "exact-softmax": (ExactAttentionOperator(q, k, block_size=2), kernels.softmax_matrix(q, k)),
+        "exact-kernelized": (ExactAttentionOperator(q, k, "kernelized", 3), kernels.kernelized_matrix(q, k)),
+        "exact-scores": (ExactAttentionOperator(q, k, "scores", 4), kernels.score_matrix(q, k)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_operator_matches_dense_reference(name):
+    """matmat, rmatmat, matvec, rmatvec, to_dense and the adjoint identity <Ax, y> = <x, A^T y>."""
+    op, dense = _cases()[name]
+    assert isinstance(op, LinearOperator)
+    assert tuple(op.shape) == tuple(dense.shape)
+    n, m = dense.shape[-2:]
+    x, y = _randn(*dense.shape[:-2], m, 3, seed=10), _randn(*dense.shape[:-2], n, 3, seed=11)
+    torch.testing.assert_close(op.matmat(x), dense @ x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op.rmatmat(y), dense.transpose(-1, -2) @ y, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op.matvec(x[..., 0]), (dense @ x)[..., 0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op.rmatvec(y[..., 0]), (dense.transpose(-1, -2) @ y)[..., 0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op.to_dense(), dense, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op.T.to_dense(), dense.transpose(-1, -2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close((op.matmat(x) * y).sum(), (x * op.rmatmat(y)).sum(), rtol=1e-12, atol=1e-12)
+    op32 = op.to(torch.float32)
+    assert op32.dtype == torch.float32
+    torch.testing.assert_close(op32.matmat(x.float()), (dense @ x).float(), rtol=1e-4, atol=1e-4)
+
+
+def test_operator_shape_errors():
+    op = DenseOperator(_randn(4, 3))
+    with pytest.raises(ValueError, match=r"`x` must have shape \(\*batch, 3, k\)"):
+        op.matmat(_randn(4, 1))
+    with pytest.raises(ValueError, match=r"`y` must have shape \(\*batch, 4, k\)"):
+        op.rmatmat(_randn(3, 1))
+    with pytest.raises(TypeError, match=r"expected a LinearOperator or torch.Tensor; got list"):
+        aslinearoperator([1.0])
+    assert isinstance(AdjointOperator(op), LinearOperator)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "scores", "kernelized"])
+@pytest.mark.parametrize("block_size", [1, 5, 8, 24, 1000])
+def test_exact_attention_operator_blocks(kind, block_size):
+    """Block sizes that divide n = 24 (1, 8, 24), that do not (5), and larger than n (1000):
+    every product equals the dense matrix of approxlab.kernels."""
+    q, k = _qk(n=24, m=19, seed=block_size)
+    dense = REFERENCE[kind](q, k)
+    op = ExactAttentionOperator(q, k, kind=kind, block_size=block_size)
+    assert op.shape == (2, 3, 24, 19)
+    x, y = _randn(2, 3, 19, 4, seed=1), _randn(2, 3, 24, 4, seed=2)
+    torch.testing.assert_close(op.to_dense(), dense, rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(op.matmat(x), dense @ x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op.rmatmat(y), dense.transpose(-1, -2) @ y, rtol=1e-12, atol=1e-12)
+    # the base class's to_dense (m products with unit vectors) agrees with the blocked one
+    torch.testing.assert_close(LinearOperator.to_dense(op), dense, rtol=1e-12, atol=1e-12)
+
+
+def test_exact_attention_float32_logits_80():
+    """Issue: float32 logits reaching +-80 give finite softmax / kernelized operators equal to the
+    float64 reference; kind='scores' refuses to return inf (OverflowError names the fix)."""
+    p = 16
+    g = _gen(5)
+    direction = torch.randn(p, generator=g, dtype=torch.float64)
+    direction = direction / direction.norm()
+    # logits q_i . k_j / sqrt(p) = +-80 for aligned / anti-aligned rows
+    scale = math.sqrt(80 * math.sqrt(p))
+    q = torch.stack([scale * direction, -scale * direction, torch.zeros(p, dtype=torch.float64)])
+    k = torch.stack([scale * direction, torch.randn(p, generator=g, dtype=torch.float64)])
+    assert float(kernels.scaled_logits(q, k).abs().max()) == pytest.approx(80.0)
+    x = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    for kind in ("softmax", "kernelized"):
+        op32 = ExactAttentionOperator(q.float(), k.float(), kind=kind, block_size=2)
+        out = op32.matmat(x.float())
+        assert bool(torch.isfinite(out).all())
+        reference = REFERENCE[kind](q.float().double(), k.float().double()) @ x
+        torch.testing.assert_close(out.double(), reference, rtol=1e-4, atol=1e-5)
+    # exp(80) ~ 5.5e34 still fits float32 (log finfo.max = 88.7); logits of 95 do not.
+    q95 = q * math.sqrt(95 / 80)
+    k95 = k * math.sqrt(95 / 80)
+    op32 = ExactAttentionOperator(q95.float(), k95.float(), kind="scores", block_size=2)
+    with pytest.raises(OverflowError, match=r"kind='scores'\) overflows torch.float32.*rows 0:2 is 95.0"):
+        op32.matmat(x.float())
+    with pytest.raises(OverflowError, match=r"overflows"):
+        op32.rmatmat(torch.ones(3, 1))
+    finite = op32.to(torch.float64).matmat(x)  # float64 range exp(709) suffices
+    torch.testing.assert_close(finite, kernels.score_matrix(q95.float().double(), k95.float().double()) @ x)
+    for kind in ("softmax", "kernelized"):  # and the log-domain kinds stay finite at 95 too
+        assert bool(torch.isfinite(ExactAttentionOperator(q95.float(), k95.float(), kind).to_dense()).all())
+
+
+def test_exact_attention_to_recomputes_in_the_new_dtype():
+    """`to(float64)` recomputes from q, k (cast), not a cast of the float32 matrix: it equals the
+    float64 reference of the rounded inputs to float64 precision."""
+    q, k, _ = synthetic_qkv((2,), 16, 8, scale=1.5, generator=_gen(6), dtype=torch.float32)
+    op = ExactAttentionOperator(q, k, "softmax", 5).to(torch.float64)
+    assert op.dtype == torch.float64 and isinstance(op, ExactAttentionOperator)
+    torch.testing.assert_close(op.to_dense(), kernels.softmax_matrix(q.double(), k.double()), rtol=1e-14, atol=1e-16)
+
+
+def test_exact_attention_memory_is_row_blocked():
+    """The n x m matrix is never materialised by matmat/rmatmat: each block is (block, m)."""
+    q, k = _qk(n=10, m=12, batch=(), seed=7)
+    seen = []
+
+    class Spy(ExactAttentionOperator):
+        def _block(self, start, stop):
+            block = super()._block(start, stop)
+            seen.append(tuple(block.shape))
+            return block
+
+    op = Spy(q, k, block_size=4)
+    op.matmat(_randn(12, 2))
+    op.rmatmat(_randn(10, 2))
+    assert seen == [(4, 12), (4, 12), (2, 12)] * 2
+
+
+def test_exact_attention_validation():
+    q, k = _qk()
+    with pytest.raises(ValueError, match=r"`kind` must be one of \['kernelized', 'scores', 'softmax'\]; got 'yoso'"):
+        ExactAttentionOperator(q, k, kind="yoso")
+    with pytest.raises(ValueError, match=r"`block_size` must be an integer with 1 <= block_size <= inf; got 0"):
+        ExactAttentionOperator(q, k, block_size=0)
+    with pytest.raises(TypeError, match=r"`block_size` must be an integer; got 2.5"):
+        ExactAttentionOperator(q, k, block_size=2.5)
+    with pytest.raises(ValueError, match=r"`q` and `k` must share the feature dimension p"):
+        ExactAttentionOperator(q, k[..., :3])
+    with pytest.raises(ValueError, match=r"`q` must be finite"):
+        ExactAttentionOperator(q * float("nan"), k)
+    with pytest.raises(TypeError, match=r"`k` must be a torch.Tensor; got list"):
+        ExactAttentionOperator(q, [1.0])
