@@ -19,6 +19,7 @@ __all__ = [
     "check_int",
     "check_positive_float",
     "check_choice",
+    "check_bool",
 ]
 
 
@@ -130,4 +131,13 @@ def check_choice(value, name: str, choices) -> str:
     """Check that ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"`{name}` must be one of {sorted(choices)}; got {value!r}.")
+    return value
+
+
+def check_bool(value, name: str) -> bool:
+    """Check that ``value`` is a real ``bool`` (``0``/``1`` are rejected, unlike ``check_choice``)."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"`{name}` must be a bool (True or False); got {value!r} ({type(value).__name__})."
+        )
     return value

@@ -6,7 +6,14 @@ fails silently (STYLE.md, convention 4).
 
 from __future__ import annotations
 
-__all__ = ["NotPSDError", "NumericalWarning", "ConvergenceWarning", "SingularMatrixWarning"]
+__all__ = [
+    "NotPSDError",
+    "NumericalWarning",
+    "ConvergenceWarning",
+    "SingularMatrixWarning",
+    "CacheWarning",
+    "CorpusChecksumError",
+]
 
 
 class NotPSDError(ValueError):
@@ -33,3 +40,14 @@ class ConvergenceWarning(RuntimeWarning):
     def __init__(self, message: str, residual: float = float("nan")):
         super().__init__(message)
         self.residual = residual
+
+
+class CacheWarning(RuntimeWarning):
+    """A cache file was unreadable, truncated, failed its checksum or holds another key.
+
+    The file is ignored and its content recomputed (and rewritten); it is never used.
+    """
+
+
+class CorpusChecksumError(ValueError):
+    """The corpus file found is not the expected WikiText-2 test split (sha256 mismatch)."""

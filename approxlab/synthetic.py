@@ -10,7 +10,13 @@ import torch
 
 from ._validation import as_generator, check_int
 
-__all__ = ["random_orthogonal", "psd_matrix", "synthetic_qkv", "matrix_with_singular_values"]
+__all__ = [
+    "random_orthogonal",
+    "psd_matrix",
+    "synthetic_qkv",
+    "large_logit_qkv",
+    "matrix_with_singular_values",
+]
 
 
 def random_orthogonal(n: int, *, batch_shape=(), generator=None, dtype=torch.float64) -> torch.Tensor:
@@ -70,3 +76,16 @@ def synthetic_qkv(
     shape = (*batch_shape, n, p)
     q, k, v = (scale * torch.randn(*shape, generator=g, dtype=torch.float64) for _ in range(3))
     return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def large_logit_qkv(batch_shape=(2, 3), n: int = 24, p: int = 16, *, max_logit: float = 80.0, generator=None):
+    r"""float32 ``q, k, v`` whose logits :math:`|q^\top k|/\sqrt p` reach exactly ``max_logit``.
+
+    The overflow check of the issue: every method must return finite outputs for
+    float32 logits up to :math:`\pm 80` (``exp(80)`` is within float32, sums of it are not).
+    """
+    from .kernels import scaled_logits
+
+    q, k, v = synthetic_qkv(batch_shape, n, p, generator=generator)
+    scale = (max_logit / float(scaled_logits(q, k).abs().max())) ** 0.5
+    return (q * scale).float(), (k * scale).float(), v.float()

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from .._validation import as_generator, check_int
+from ..errors import CacheWarning, CorpusChecksumError
 
 __all__ = [
     "WIKITEXT_SHA256",
@@ -64,17 +65,6 @@ _CACHE_FORMAT = "approxlab-cache-1"
 _ENV_DATA = "APPROXLAB_DATA"
 _ENV_CACHE = "APPROXLAB_CACHE"
 _LINES_PER_BATCH = 1024
-
-
-class CacheWarning(RuntimeWarning):
-    """A cache file was unreadable, truncated, failed its checksum or holds another key.
-
-    The file is ignored and its content recomputed (and rewritten); it is never used.
-    """
-
-
-class CorpusChecksumError(ValueError):
-    """The corpus file found is not the expected WikiText-2 test split (sha256 mismatch)."""
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,287 @@
+r"""Random-hyperplane locality-sensitive hashing and LSH-based Bernoulli sampling (YOSO).
+
+Shared by :mod:`approxlab.methods.yoso` (YOSO-m) and :mod:`approxlab.methods.yoso_e`
+(YOSO-E). Notation follows YOSO (Zeng et al., 2021), Section 3:
+
+* a hash :math:`f` concatenates :math:`\tau` random-hyperplane (SimHash) bits,
+  :math:`f(x) = \sum_{t=0}^{\tau-1} 2^t\,\mathbb 1[\langle w_t, x\rangle > 0]`,
+  :math:`w_t \sim \mathcal N(0, I_p)` i.i.d., so :math:`f(x) \in \{0, \dots, 2^\tau - 1\}`;
+* the Bernoulli matrix of one hash is :math:`\mathcal B(Q, K)_{ij} = \mathbb 1[f(Q_i) = f(K_j)]`
+  (the display after YOSO Eq. (2)); YOSO-m averages it over :math:`m` independent hashes;
+* its expectation is the collision probability
+  :math:`\mathbb E[\mathcal B(Q,K)_{ij}] = (1 - \arccos(\hat Q_i^\top \hat K_j)/\pi)^\tau`
+  (Charikar, 2002; YOSO Section 3.1), with :math:`\hat x = x/\|x\|`.
+
+:func:`bucket_attention` computes :math:`\mathcal B(Q,K)V` by the hash-table accumulation of
+YOSO Section 3.2 (Figure 3): values are summed into :math:`2^\tau` buckets per hash and read back
+by the query's code, in :math:`O(nmd)` time, never forming the :math:`n \times n` matrix.
+
+References
+----------
+.. [1] Z. Zeng, Y. Xiong, S. N. Ravi, S. Acharya, G. Fung, V. Singh. "You Only Sample (Almost)
+   Once: Linear Cost Self-Attention Via Bernoulli Sampling." ICML 2021.
+.. [2] M. S. Charikar. "Similarity estimation techniques from rounding algorithms." STOC 2002.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._validation import as_generator, check_int, check_tensor
+from .operators import LinearOperator
+
+__all__ = [
+    "MAX_TAU",
+    "draw_hyperplanes",
+    "hash_codes",
+    "collision_probability",
+    "collision_matrix",
+    "bucket_attention",
+    "CollisionOperator",
+]
+
+MAX_TAU = 30
+"""Largest number of concatenated hyperplanes per hash (codes must fit below ``2**30``)."""
+
+# Elements (of the batch x hashes x buckets x value-dimension work arrays) processed per chunk
+# of hashes in :func:`bucket_attention`; bounds its memory independently of ``m``.
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def draw_hyperplanes(
+    batch_shape,
+    num_hashes: int,
+    tau: int,
+    p: int,
+    *,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+    device="cpu",
+) -> torch.Tensor:
+    r"""Independent Gaussian hyperplane normals for ``num_hashes`` hashes of ``tau`` bits each.
+
+    Parameters
+    ----------
+    batch_shape : tuple of int
+        Leading batch dimensions; every batch element gets its own hyperplanes (as in the
+        official YOSO code, which draws one projection per sequence and head).
+    num_hashes : int
+        :math:`m \ge 1`.
+    tau : int
+        Hyperplanes concatenated per hash, ``1 <= tau <= MAX_TAU``.
+    p : int
+        Feature dimension.
+    generator : torch.Generator, optional
+        CPU generator; draws are made on CPU in float64, then cast to ``dtype`` and moved to
+        ``device``, so a seed gives the same hyperplanes in every dtype and on every device.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch_shape, num_hashes, tau, p)`` with i.i.d. :math:`\mathcal N(0, 1)` entries.
+    """
+    num_hashes = check_int(num_hashes, "num_hashes", low=1)
+    tau = check_int(tau, "tau", low=1, high=MAX_TAU)
+    p = check_int(p, "p", low=1)
+    g = as_generator(generator)
+    planes = torch.randn(*batch_shape, num_hashes, tau, p, generator=g, dtype=torch.float64)
+    return planes.to(device=device, dtype=dtype)
+
+
+def hash_codes(x: torch.Tensor, hyperplanes: torch.Tensor) -> torch.Tensor:
+    r"""Hash codes :math:`f_h(x_i) = \sum_t 2^t\,\mathbb 1[\langle w_{h,t}, x_i\rangle > 0]` of ``tau`` hyperplanes.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``(*batch, n, p)``. The codes are invariant to positive rescaling of the rows, so
+        hashing ``x`` and its row-wise :math:`\ell_2` normalisation gives the same codes. A zero row
+        gets code 0 (every bit is ``0 > 0 = False``), which collides with any vector with probability
+        :math:`2^{-\tau}` -- the collision probability of an angle of :math:`\pi/2`.
+    hyperplanes : torch.Tensor
+        ``(*batch, m, tau, p)`` from :func:`draw_hyperplanes`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch, m, n)`` int64 codes in ``[0, 2**tau)``.
+    """
+    check_tensor(x, "x")
+    check_tensor(hyperplanes, "hyperplanes", min_ndim=3)
+    if hyperplanes.shape[-1] != x.shape[-1]:
+        raise ValueError(
+            f"`hyperplanes` must have shape (*batch, m, tau, {x.shape[-1]}) to hash `x` of shape "
+            f"{tuple(x.shape)}; got {tuple(hyperplanes.shape)}."
+        )
+    m, tau, p = hyperplanes.shape[-3:]
+    if tau > MAX_TAU:
+        raise ValueError(f"`hyperplanes` must have tau <= {MAX_TAU} bits per hash; got tau={tau}.")
+    planes = hyperplanes.to(x.dtype).reshape(*hyperplanes.shape[:-3], m * tau, p)
+    bits = (x @ planes.transpose(-1, -2)) > 0  # (*batch, n, m * tau)
+    bits = bits.reshape(*bits.shape[:-1], m, tau).to(torch.int64)
+    weights = 2 ** torch.arange(tau, device=x.device, dtype=torch.int64)
+    codes = (bits * weights).sum(-1)  # (*batch, n, m)
+    return codes.transpose(-1, -2)
+
+
+def collision_probability(cosine: torch.Tensor, tau: int) -> torch.Tensor:
+    r"""Collision probability of ``tau`` concatenated hyperplane hashes, :math:`(1 - \arccos(c)/\pi)^\tau`.
+
+    The expectation of the Bernoulli matrix (YOSO Section 3.1, the display after Eq. (2);
+    Charikar, 2002). ``cosine`` is clamped to ``[-1, 1]`` first, so rounding in
+    :math:`\hat q^\top \hat k` never produces NaN.
+
+    Parameters
+    ----------
+    cosine : torch.Tensor
+        Cosines of the angles between unit vectors, any shape.
+    tau : int
+        ``1 <= tau <= MAX_TAU``.
+    """
+    check_tensor(cosine, "cosine", min_ndim=0)
+    tau = check_int(tau, "tau", low=1, high=MAX_TAU)
+    return (1.0 - torch.arccos(cosine.clamp(-1.0, 1.0)) / math.pi) ** tau
+
+
+def collision_matrix(codes_q: torch.Tensor, codes_k: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    r"""Dense YOSO-m matrix :math:`\frac1m\sum_{h=1}^m \mathbb 1[f_h(Q_i) = f_h(K_j)]`, ``(*batch, n, n_k)``.
+
+    A reference for tests: :math:`O(mn n_k)` time and memory. :func:`bucket_attention` applies the
+    same matrix without forming it.
+
+    Parameters
+    ----------
+    codes_q, codes_k : torch.Tensor
+        ``(*batch, m, n)`` and ``(*batch, m, n_k)`` from :func:`hash_codes` (same hashes).
+    dtype : torch.dtype, default float64
+        Dtype of the returned matrix.
+    """
+    _check_codes(codes_q, codes_k)
+    hits = codes_q.unsqueeze(-1) == codes_k.unsqueeze(-2)  # (*batch, m, n, n_k)
+    return hits.to(dtype).mean(-3)
+
+
+def bucket_attention(codes_q: torch.Tensor, codes_k: torch.Tensor, v: torch.Tensor, *, tau: int) -> torch.Tensor:
+    r"""YOSO-m output :math:`\frac1m\sum_h \mathcal B_h(Q,K)V` by hash-table accumulation.
+
+    Implements YOSO Section 3.2 (Figure 3): for each hash :math:`h`, a table
+    :math:`H \in \mathbb R^{2^\tau \times d}` receives :math:`H_{f_h(K_j)} \mathrel{+}= V_j`, and query
+    :math:`i` reads :math:`H_{f_h(Q_i)} = \sum_j \mathbb 1[f_h(Q_i) = f_h(K_j)]V_j` (YOSO Eq. (1)-(2)).
+
+    Parameters
+    ----------
+    codes_q, codes_k : torch.Tensor
+        ``(*batch, m, n)`` and ``(*batch, m, n_k)`` int64 codes in ``[0, 2**tau)``.
+    v : torch.Tensor
+        ``(*batch, n_k, d)``.
+    tau : int
+        Bits per hash.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch, n, d)``.
+
+    Notes
+    -----
+    Time :math:`O(m(n + n_k)d)`; memory per chunk of hashes :math:`O(2^\tau d)` per hash (YOSO
+    Remark 3). Hashes are processed in chunks so memory stays bounded for any ``m``. When
+    :math:`2^\tau > n + n_k` the table would be mostly empty, so the occupied buckets are first
+    renumbered (``torch.unique``) and the table has one row per occupied bucket instead; the
+    result is the same sum.
+    """
+    _check_codes(codes_q, codes_k)
+    check_tensor(v, "v")
+    tau = check_int(tau, "tau", low=1, high=MAX_TAU)
+    if v.shape[-2] != codes_k.shape[-1]:
+        raise ValueError(
+            f"`v` must have shape (*batch, {codes_k.shape[-1]}, d) to match `codes_k`; got {tuple(v.shape)}."
+        )
+    batch = torch.broadcast_shapes(codes_q.shape[:-2], codes_k.shape[:-2], v.shape[:-2])
+    m, n = codes_q.shape[-2:]
+    n_k, d = v.shape[-2:]
+    codes_q = codes_q.expand(*batch, m, n)
+    codes_k = codes_k.expand(*batch, m, n_k)
+    v = v.expand(*batch, n_k, d)
+    num_buckets = 2**tau
+    direct = num_buckets <= n + n_k
+    per_hash = math.prod(batch) * ((num_buckets if direct else 0) + 2 * (n + n_k)) * max(d, 1)
+    chunk = max(1, _CHUNK_ELEMENTS // max(per_hash, 1))
+    out = v.new_zeros(*batch, n, d)
+    for start in range(0, m, chunk):
+        cq = codes_q[..., start : start + chunk, :]
+        ck = codes_k[..., start : start + chunk, :]
+        h = cq.shape[-2]
+        values = v.unsqueeze(-3).expand(*batch, h, n_k, d)
+        if direct:
+            table = v.new_zeros(*batch, h, num_buckets, d)
+            table.scatter_add_(-2, ck.unsqueeze(-1).expand(*batch, h, n_k, d), values)
+            out = out + table.gather(-2, cq.unsqueeze(-1).expand(*batch, h, n, d)).sum(-3)
+        else:
+            # One id per (batch element, hash, code): offsets keep groups apart (< 2**63 for tau <= 30).
+            group = torch.arange(math.prod(batch) * h, device=v.device, dtype=torch.int64)
+            group = group.reshape(*batch, h, 1) * num_buckets
+            ids = torch.cat([(ck + group).reshape(-1), (cq + group).reshape(-1)])
+            _, inverse = torch.unique(ids, return_inverse=True)
+            inverse_k, inverse_q = inverse[: ck.numel()], inverse[ck.numel() :]
+            table = v.new_zeros(int(inverse.max()) + 1, d)
+            table.index_add_(0, inverse_k, values.reshape(-1, d))
+            out = out + table[inverse_q].reshape(*batch, h, n, d).sum(-3)
+    return out / m
+
+
+class CollisionOperator(LinearOperator):
+    r"""The YOSO-m matrix :math:`\frac1m\sum_h \mathcal B_h(Q,K)`, ``(*batch, n, n_k)``, as an operator.
+
+    ``matmat`` is :func:`bucket_attention`; ``rmatmat`` is the same accumulation with the roles of
+    queries and keys swapped, since :math:`\mathcal B(Q,K)^\top = \mathcal B(K,Q)` (YOSO Section 3.3).
+
+    Parameters
+    ----------
+    codes_q, codes_k : torch.Tensor
+        ``(*batch, m, n)`` and ``(*batch, m, n_k)`` codes of the same hashes.
+    tau : int
+        Bits per hash.
+    dtype : torch.dtype
+        Dtype of the vectors it acts on.
+    """
+
+    def __init__(self, codes_q: torch.Tensor, codes_k: torch.Tensor, *, tau: int, dtype: torch.dtype):
+        _check_codes(codes_q, codes_k)
+        self.codes_q = codes_q
+        self.codes_k = codes_k
+        self.tau = check_int(tau, "tau", low=1, high=MAX_TAU)
+        batch = torch.broadcast_shapes(codes_q.shape[:-2], codes_k.shape[:-2])
+        self.shape = (*batch, codes_q.shape[-1], codes_k.shape[-1])
+        self.dtype = dtype
+        self.device = codes_q.device
+
+    @property
+    def num_hashes(self) -> int:
+        return self.codes_q.shape[-2]
+
+    def _matmat(self, x):
+        return bucket_attention(self.codes_q, self.codes_k, x, tau=self.tau)
+
+    def _rmatmat(self, y):
+        return bucket_attention(self.codes_k, self.codes_q, y, tau=self.tau)
+
+    def to(self, dtype):
+        return CollisionOperator(self.codes_q, self.codes_k, tau=self.tau, dtype=dtype)
+
+
+def _check_codes(codes_q, codes_k):
+    for name, codes in (("codes_q", codes_q), ("codes_k", codes_k)):
+        if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int64 or codes.ndim < 2:
+            if isinstance(codes, torch.Tensor):
+                got = f"{codes.dtype} tensor of shape {tuple(codes.shape)}"
+            else:
+                got = type(codes).__name__
+            raise TypeError(f"`{name}` must be an int64 tensor (*batch, m, n) from hash_codes; got {got}.")
+    if codes_q.shape[-2] != codes_k.shape[-2]:
+        raise ValueError(
+            f"`codes_q` and `codes_k` must come from the same m hashes; got m={codes_q.shape[-2]} and "
+            f"m={codes_k.shape[-2]}."
+        )

@@ -1,0 +1,201 @@
+r"""Informer's ProbSparse self-attention (Zhou et al., 2021).
+
+``num_features`` is the number :math:`u` of "active" queries that get exact softmax rows; the
+other ("lazy") queries output the mean of the values, as in Informer's encoder (no mask).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._validation import as_generator, check_choice, check_int
+from ..kernels import scaled_logits, softmax_matrix
+from ..operators import LinearOperator
+from ._base import Approximation, method
+
+__all__ = ["informer", "INFORMER", "ProbSparseOperator", "sparsity_measurement", "default_sample_size"]
+
+MEASURE_KEYS = ("sampled", "all")
+
+SAMPLING_FACTOR = 5
+"""Informer's constant ``c`` (``factor`` in the official code): ``c * ceil(ln n_k)`` sampled keys."""
+
+
+def default_sample_size(n_k: int) -> int:
+    r"""Informer's key-sample size :math:`\min(n_k, c\lceil\ln n_k\rceil)` with :math:`c = 5` (at least 1)."""
+    n_k = check_int(n_k, "n_k", low=1)
+    return max(1, min(n_k, SAMPLING_FACTOR * math.ceil(math.log(n_k))))
+
+
+def sparsity_measurement(q, k, *, key_indices=None):
+    r"""Max-mean query sparsity measurement :math:`\bar M(q_i, K) = \max_j s_{ij} - \frac1{n_k}\sum_j s_{ij}`.
+
+    Informer Eq. (4) (the bound of Lemma 1 on the KL-based measurement of Eq. (2)), with
+    :math:`s_{ij} = q_i^\top k_j/\sqrt p`.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` and ``(*batch, n_k, p)``.
+    key_indices : torch.Tensor, optional
+        ``(*batch, n, s)`` int64: for each query, the keys (with repetition) on which the max and the
+        mean are taken -- the sampled estimate used in practice. ``None``: all keys (cost
+        :math:`O(n n_k p)`).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch, n)``.
+    """
+    if key_indices is None:
+        logits = scaled_logits(q, k)
+    else:
+        *batch, n, s = key_indices.shape
+        p = k.shape[-1]
+        k_expanded = k.unsqueeze(-3).expand(*batch, n, k.shape[-2], p)
+        sampled = k_expanded.gather(-2, key_indices.unsqueeze(-1).expand(*batch, n, s, p))  # (*batch, n, s, p)
+        logits = (sampled @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(p)  # (*batch, n, s)
+    return logits.amax(-1) - logits.mean(-1)
+
+
+class ProbSparseOperator(LinearOperator):
+    r"""Row-blocked ProbSparse attention matrix, ``(*batch, n, n_k)``, never formed densely.
+
+    Rows ``selected`` are the dense softmax rows ``rows``; every other row is
+    :math:`\mathbf 1^\top/n_k` (mean of the values).
+
+    Parameters
+    ----------
+    rows : torch.Tensor
+        ``(*batch, u, n_k)``, the exact softmax rows of the selected queries.
+    selected : torch.Tensor
+        ``(*batch, u)`` int64 distinct row indices in ``[0, n)``.
+    n : int
+        Number of queries (rows).
+    """
+
+    def __init__(self, rows: torch.Tensor, selected: torch.Tensor, n: int):
+        self.rows = rows
+        self.selected = selected
+        self.shape = (*rows.shape[:-2], n, rows.shape[-1])
+        self.dtype = rows.dtype
+        self.device = rows.device
+        lazy = torch.ones(*selected.shape[:-1], n, dtype=rows.dtype, device=rows.device)
+        self._lazy = lazy.scatter(-1, selected, 0.0)  # (*batch, n): 1 for mean-of-values rows
+
+    def _index(self, c):
+        return self.selected.unsqueeze(-1).expand(*self.selected.shape, c)
+
+    def _matmat(self, x):
+        n, n_k = self.shape[-2:]
+        c = x.shape[-1]
+        batch = torch.broadcast_shapes(self.shape[:-2], x.shape[:-2])
+        out = x.mean(-2, keepdim=True).expand(*batch, n, c).clone()
+        return out.scatter(-2, self._index(c).expand(*batch, -1, c), self.rows @ x)
+
+    def _rmatmat(self, y):
+        c = y.shape[-1]
+        n_k = self.shape[-1]
+        batch = torch.broadcast_shapes(self.shape[:-2], y.shape[:-2])
+        y_selected = y.gather(-2, self._index(c).expand(*batch, -1, c))
+        lazy_sum = (self._lazy.unsqueeze(-1) * y).sum(-2, keepdim=True)  # (*batch, 1, c)
+        return self.rows.transpose(-1, -2) @ y_selected + lazy_sum / n_k
+
+    def to(self, dtype):
+        return ProbSparseOperator(self.rows.to(dtype), self.selected, self.shape[-2])
+
+
+@method(
+    "informer",
+    target="softmax",
+    features='selected "active" queries u',
+    max_features=lambda n: n,
+    randomized=True,
+)
+def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", sample_size=None):
+    r"""ProbSparse self-attention: exact softmax rows for the top-:math:`u` queries, mean of V elsewhere.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` and ``(*batch, n_k, p)``.
+    v : torch.Tensor
+        ``(*batch, n_k, p_v)``.
+    num_features : int
+        Number :math:`u` of active queries, ``1 <= u <= n`` (Informer uses :math:`c\ln n`);
+        ``u = n`` gives exact softmax attention.
+    generator : torch.Generator, optional
+        CPU generator for the key samples (only used with ``measure_keys="sampled"``).
+    measure_keys : {"sampled", "all"}, default "sampled"
+        Keys on which the sparsity measurement :math:`\bar M` is evaluated. ``"sampled"``: for each
+        query, ``sample_size`` keys drawn uniformly with replacement, independently per query and per
+        batch element (Informer's ProbSparse sampling, as in its official code), cost :math:`O(n\,s\,p)`.
+        ``"all"``: every key, exact :math:`\bar M` (cost :math:`O(n n_k p)`; isolates the effect of
+        the top-:math:`u` selection from that of the sampling).
+    sample_size : int, optional
+        Keys sampled per query, ``1 <= sample_size <= n_k``. Default :func:`default_sample_size`,
+        :math:`\min(n_k, 5\lceil\ln n_k\rceil)` (Informer's ``factor = 5``). Only valid with
+        ``measure_keys="sampled"``.
+
+    Returns
+    -------
+    Approximation
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`ProbSparseOperator`
+        ``(*batch, n, n_k)``; ``info``: ``selected`` ``(*batch, u)`` sorted indices of the active
+        queries, ``sparsity`` ``(*batch, n)`` the measurement used, ``measure_keys``, ``sample_size``
+        (``None`` with ``"all"``).
+
+    Notes
+    -----
+    ProbSparse attention (Informer Eq. (3)) is :math:`\operatorname{softmax}(\bar Q K^\top/\sqrt p)V`
+    where :math:`\bar Q` keeps the :math:`u` queries with the largest max-mean measurement
+    :math:`\bar M(q_i, K) = \max_j s_{ij} - \operatorname{mean}_j s_{ij}` (Informer Eq. (4)), and the
+    remaining queries output :math:`\operatorname{mean}(V)` (self-attention in the encoder). The
+    approximate matrix therefore has :math:`u` exact softmax rows and :math:`n-u` uniform rows
+    :math:`\mathbf 1^\top/n_k`; it is row-stochastic.
+
+    Two deliberate deviations from the official code, both documented choices: the mean in
+    :math:`\bar M` is over the sampled keys (the official code divides the sampled sum by
+    :math:`n_k`), and the measurement includes the :math:`1/\sqrt p` scale (a common positive factor
+    that does not change the ranking). Softmax rows are computed in the log domain, so large logits
+    never overflow.
+
+    References
+    ----------
+    .. [1] H. Zhou, S. Zhang, J. Peng, S. Zhang, J. Li, H. Xiong, W. Zhang. "Informer: Beyond
+       Efficient Transformer for Long Sequence Time-Series Forecasting." AAAI 2021.
+    """
+    n, n_k = q.shape[-2], k.shape[-2]
+    num_features = check_int(num_features, "num_features", low=1, high=n)
+    check_choice(measure_keys, "measure_keys", MEASURE_KEYS)
+    if measure_keys == "all":
+        if sample_size is not None:
+            raise ValueError(
+                f"`sample_size` must be None when measure_keys='all' (no keys are sampled); got {sample_size!r}."
+            )
+        key_indices = None
+    else:
+        sample_size = default_sample_size(n_k) if sample_size is None else sample_size
+        sample_size = check_int(sample_size, "sample_size", low=1, high=n_k)
+        generator = as_generator(generator)
+        key_indices = torch.randint(n_k, (*q.shape[:-2], n, sample_size), generator=generator).to(q.device)
+
+    sparsity = sparsity_measurement(q, k, key_indices=key_indices)
+    selected = torch.topk(sparsity, num_features, dim=-1).indices.sort(dim=-1).values  # (*batch, u)
+    p = q.shape[-1]
+    q_selected = q.gather(-2, selected.unsqueeze(-1).expand(*selected.shape, p))
+    rows = softmax_matrix(q_selected, k)  # (*batch, u, n_k)
+    operator = ProbSparseOperator(rows, selected, n)
+    output = operator.matmat(v)
+    info = {
+        "selected": selected,
+        "sparsity": sparsity,
+        "measure_keys": measure_keys,
+        "sample_size": sample_size,
+    }
+    return Approximation("informer", "softmax", output, operator, info)
+
+
+INFORMER = informer

@@ -1,0 +1,127 @@
+r"""Linformer with random Johnson--Lindenstrauss projections (Wang et al., 2020).
+
+``num_features`` is the projected length :math:`k` of keys and values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._validation import as_generator, check_bool, check_int
+from ..kernels import softmax_matrix
+from ..operators import ProductOperator
+from ._base import Approximation, method
+
+__all__ = ["linformer", "LINFORMER", "gaussian_projection"]
+
+
+def gaussian_projection(
+    num_features: int,
+    n: int,
+    *,
+    batch_shape=(),
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float64,
+    device="cpu",
+) -> torch.Tensor:
+    r"""Random JL projection :math:`R \in \mathbb R^{k\times n}` with i.i.d. :math:`\mathcal N(0, 1/k)` entries.
+
+    Then :math:`\mathbb E[R^\top R] = I_n` and :math:`\|Rx\| \approx \|x\|` (Linformer Theorems 1-2
+    take their projections of this form).
+
+    Parameters
+    ----------
+    num_features : int
+        Projected length :math:`k \ge 1`.
+    n : int
+        Sequence length projected from.
+    batch_shape : tuple of int
+        Leading batch dimensions; each batch element gets its own draw.
+    generator : torch.Generator, optional
+        CPU generator; drawn on CPU in float64, then cast to ``dtype`` and moved to ``device``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch_shape, k, n)``.
+    """
+    num_features = check_int(num_features, "num_features", low=1)
+    n = check_int(n, "n", low=1)
+    g = as_generator(generator)
+    r = torch.randn(*tuple(batch_shape), num_features, n, generator=g, dtype=torch.float64)
+    return (r / math.sqrt(num_features)).to(device=device, dtype=dtype)
+
+
+@method(
+    "linformer",
+    target="softmax",
+    features="projected length k of keys and values",
+    max_features=lambda n: n,
+    randomized=True,
+)
+def linformer(q, k, v, *, num_features, generator=None, share_projection=False):
+    r"""Linformer attention :math:`\operatorname{softmax}\bigl(Q(EK)^\top/\sqrt p\bigr)(FV)`.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` and ``(*batch, n_k, p)``.
+    v : torch.Tensor
+        ``(*batch, n_k, p_v)``.
+    num_features : int
+        Projected length :math:`k`, ``1 <= k <= n_k``.
+    generator : torch.Generator, optional
+        CPU generator for :math:`E` (drawn first) and :math:`F`; each batch element gets its own.
+    share_projection : bool, default False
+        If True, :math:`F = E` (one projection for keys and values; Linformer's "key-value sharing",
+        and the setting of its Theorem 2, where both are multiples of one JL matrix). If False, two
+        independent draws.
+
+    Returns
+    -------
+    Approximation
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` the ``(*batch, n, n_k)`` product
+        :math:`P F` of ``P`` ``(*batch, n, k)`` and ``F`` ``(*batch, k, n_k)``; ``info``:
+        ``projection_keys`` (E), ``projection_values`` (F), ``share_projection``, ``context``
+        (``P``).
+
+    Notes
+    -----
+    Linformer Eq. (7) with fixed random (not learned) projections :math:`E, F \in \mathbb R^{k\times n_k}`,
+    entries :math:`\mathcal N(0, 1/k)`: the context mapping
+    :math:`P = \operatorname{softmax}(Q(EK)^\top/\sqrt p)` is ``n x k`` and the output is
+    :math:`P(FV)`, in :math:`O(n_k k p + n k p)` time. The implied ``n x n_k`` "attention matrix"
+    :math:`PF` is what the operator represents; unlike softmax attention its rows do not sum to 1
+    (and its entries can be negative), so it approximates :math:`D^{-1}A` only through
+    :math:`\mathbb E[F^\top F] = I`. :math:`P` is a softmax computed in the log domain, so large
+    logits never overflow.
+
+    References
+    ----------
+    .. [1] S. Wang, B. Z. Li, M. Khabsa, H. Fang, H. Ma. "Linformer: Self-Attention with Linear
+       Complexity." arXiv:2006.04768, 2020.
+    """
+    n_k = k.shape[-2]
+    num_features = check_int(num_features, "num_features", low=1, high=n_k)
+    check_bool(share_projection, "share_projection")
+    generator = as_generator(generator)
+    batch_shape = q.shape[:-2]
+    draw = dict(batch_shape=batch_shape, generator=generator, dtype=q.dtype, device=q.device)
+    projection_keys = gaussian_projection(num_features, n_k, **draw)
+    projection_values = projection_keys if share_projection else gaussian_projection(num_features, n_k, **draw)
+    context = softmax_matrix(q, projection_keys @ k)  # (*batch, n, k)
+    output = context @ (projection_values @ v)
+    info = {
+        "projection_keys": projection_keys,
+        "projection_values": projection_values,
+        "share_projection": share_projection,
+        "context": context,
+    }
+    return Approximation(
+        "linformer", "softmax", output, lambda: ProductOperator(context, projection_values), info
+    )
+
+
+LINFORMER = linformer

@@ -1,0 +1,108 @@
+r"""YOSO-m: attention by LSH-based Bernoulli sampling (Zeng et al., 2021).
+
+``num_features`` is the number of hashes :math:`m`; each hash concatenates ``tau`` random
+hyperplanes. The target is YOSO-E (:mod:`approxlab.methods.yoso_e`), the expectation over hashes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import lsh
+from .._validation import as_generator, check_bool, check_int
+from ._base import Approximation, method
+
+__all__ = ["yoso", "YOSO", "MAX_HASHES"]
+
+MAX_HASHES = 4096
+"""Largest number of hashes ``m`` accepted (the paper uses at most 128; Fig. 8 of YOSO)."""
+
+
+@method(
+    "yoso",
+    target="yoso",
+    features="hashes m (each of tau concatenated hyperplanes)",
+    max_features=lambda n: MAX_HASHES,
+    randomized=True,
+)
+def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False):
+    r"""YOSO-m attention :math:`\frac1m\sum_{h=1}^m \mathcal B_h(\hat Q, \hat K)\,V` without an ``n x n`` matrix.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` and ``(*batch, n_k, p)``; rows are :math:`\ell_2`-normalised first
+        (YOSO Section 4: "simply applying a :math:`\ell_2` normalization on queries and keys").
+    v : torch.Tensor
+        ``(*batch, n_k, p_v)``.
+    num_features : int
+        Number of hashes :math:`m`, ``1 <= m <= MAX_HASHES``.
+    generator : torch.Generator, optional
+        CPU generator for the hyperplanes (drawn on CPU in float64, then cast and moved to
+        ``q.device``); each batch element gets its own hashes.
+    tau : int, default 8
+        Hyperplanes concatenated per hash, ``1 <= tau <= 30``; 8 is the value of YOSO Figure 2.
+        Larger ``tau`` makes the weights decay faster with the angle between query and key.
+    normalize_output : bool, default False
+        If True, return N-YOSO, :math:`\ell_2(\mathcal B V)`: each output row divided by its
+        Euclidean norm (YOSO Section 3.1, "Normalizing Attention"); all-zero rows (a query that
+        collides with no key in any hash) stay zero. This is how YOSO is used in the paper, which
+        then measures errors as angles (YOSO Figure 8). The operator is :math:`\mathcal B` either way.
+
+    Returns
+    -------
+    Approximation
+        ``output``: ``(*batch, n, p_v)``; ``operator()``: the ``(*batch, n, n_k)`` matrix
+        :math:`\frac1m\sum_h \mathcal B_h` as a :class:`approxlab.lsh.CollisionOperator`;
+        ``info``: ``tau``, ``num_hashes``, ``normalize_output``, ``hyperplanes``
+        ``(*batch, m, tau, p)``, ``codes_q`` ``(*batch, m, n)``, ``codes_k`` ``(*batch, m, n_k)``.
+
+    Notes
+    -----
+    For a hash :math:`f` of ``tau`` concatenated hyperplanes,
+    :math:`\mathcal B(Q,K)_{ij} = \mathbb 1[f(\hat Q_i) = f(\hat K_j)]` is a Bernoulli variable with
+    success probability :math:`(1 - \arccos(\hat Q_i^\top\hat K_j)/\pi)^\tau` (YOSO Eqs. (1)-(2) and the
+    expectation after them). Averaging ``m`` independent hashes gives an unbiased estimate of YOSO-E
+    whose standard deviation falls like :math:`m^{-1/2}`.
+
+    The product :math:`\mathcal B V` is computed by the hash-table accumulation of YOSO Section 3.2
+    (:func:`approxlab.lsh.bucket_attention`): :math:`O(nmp)` time, no ``n x n`` matrix; the adjoint
+    uses :math:`\mathcal B(Q,K)^\top = \mathcal B(K,Q)`. Unlike softmax attention, rows are not
+    normalised to sum to 1 (the paper replaces that by the optional :math:`\ell_2` normalisation).
+    Weights are in ``[0, 1]`` and the inputs are normalised, so nothing can overflow.
+
+    References
+    ----------
+    .. [1] Z. Zeng, Y. Xiong, S. N. Ravi, S. Acharya, G. Fung, V. Singh. "You Only Sample (Almost)
+       Once: Linear Cost Self-Attention Via Bernoulli Sampling." ICML 2021.
+    .. [2] M. S. Charikar. "Similarity estimation techniques from rounding algorithms." STOC 2002.
+    """
+    num_features = check_int(num_features, "num_features", low=1, high=MAX_HASHES)
+    tau = check_int(tau, "tau", low=1, high=lsh.MAX_TAU)
+    check_bool(normalize_output, "normalize_output")
+    generator = as_generator(generator)
+
+    q_unit = F.normalize(q, dim=-1)
+    k_unit = F.normalize(k, dim=-1)
+    hyperplanes = lsh.draw_hyperplanes(
+        q.shape[:-2], num_features, tau, q.shape[-1], generator=generator, dtype=q.dtype, device=q.device
+    )
+    codes_q = lsh.hash_codes(q_unit, hyperplanes)
+    codes_k = lsh.hash_codes(k_unit, hyperplanes)
+    operator = lsh.CollisionOperator(codes_q, codes_k, tau=tau, dtype=q.dtype)
+    output = operator.matmat(v)
+    if normalize_output:
+        output = F.normalize(output, dim=-1)
+    info = {
+        "tau": tau,
+        "num_hashes": num_features,
+        "normalize_output": normalize_output,
+        "hyperplanes": hyperplanes,
+        "codes_q": codes_q,
+        "codes_k": codes_k,
+    }
+    return Approximation("yoso", "yoso", output, operator, info)
+
+
+YOSO = yoso
