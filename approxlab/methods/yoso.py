@@ -6,7 +6,6 @@ hyperplanes. The target is YOSO-E (:mod:`approxlab.methods.yoso_e`), the expecta
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from .. import lsh
