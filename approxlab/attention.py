@@ -96,12 +96,12 @@ def approximate(
     check_qkv(q, k, v)
     n = k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=spec.max_features(n))
-    if generator is not None and generator.device.type != "cpu":
+    generator = as_generator(generator)
+    if generator.device.type != "cpu":
         raise ValueError(
             f"`generator` must be a CPU torch.Generator (draws are moved to q.device); "
             f"got one on {generator.device}."
         )
-    generator = as_generator(generator)
     result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
     bad = int((~torch.isfinite(result.output)).sum())
     if bad:

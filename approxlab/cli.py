@@ -1,0 +1,161 @@
+"""``approxlab <study> [options]``: the command line of every study.
+
+Subcommands are dispatched lazily from :data:`approxlab.studies.STUDIES`: only the
+chosen study's module is imported, so a study that is missing (not written yet) or
+fails to import does not break the others. A study module exposes
+
+* ``add_arguments(parser)``: its own options (grid overrides, ...);
+* ``run(args) -> int``: compute (resumable) and/or plot; the exit status.
+
+Every study also gets the common options below (added here, before the study's own),
+available on ``args`` as ``out`` (``pathlib.Path`` or None: the study picks its
+default, see :func:`approxlab.studies.default_output_dir`), ``quick``, ``device``,
+``data_dir``, ``cache_dir``, ``restart``, ``progress`` (False with ``--no-progress``),
+``scheduler``, ``workers``, ``plot_only``, plus ``study`` and ``command`` (the command
+line, for the record in ``config.json``/``summary.md``).
+
+Errors a user can fix (:class:`approxlab.studies.runner.StudyError`: mismatched saved
+results, CUDA requested but unavailable, nothing to plot) print one line and exit 2;
+Ctrl-C exits 130 with a note that rerunning the same command resumes.
+
+Examples
+--------
+::
+
+    approxlab figure1 --quick
+    approxlab figure1 --workers 2          # local Dask cluster
+    approxlab figure1 --plot-only          # redraw from figures/figure1/results.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import pathlib
+import shlex
+import sys
+
+from .studies import STUDIES
+from .studies.runner import StudyError
+
+__all__ = ["main", "build_parser", "add_common_arguments", "check_device", "load_study"]
+
+_DESCRIPTIONS = {
+    "figure1": "Skyformer Figure 1: spectral-norm error of approximate attention outputs (BERT Q/K/V, Wikitext-2).",
+    "sv-decay": "Singular-value decay of attention matrices (Skyformer Appendix B).",
+    "instability": "Instability score of the approximations (Skyformer Appendix F / Table 3).",
+    "bench": "Time and memory benchmark of the approximations.",
+}
+
+
+def _available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(STUDIES[name]) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def load_study(name: str):
+    """Import the module of study ``name``; :class:`StudyError` if it does not exist."""
+    if name not in STUDIES:
+        raise StudyError(f"unknown study {name!r}; available: {sorted(STUDIES)}.")
+    module = STUDIES[name]
+    if not _available(name):
+        raise StudyError(f"study {name!r} is not available: module {module!r} does not exist (yet).")
+    return importlib.import_module(module)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {value}")
+    return value
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options every study shares (see the module docstring)."""
+    group = parser.add_argument_group("common study options")
+    group.add_argument("--out", type=pathlib.Path, default=None, metavar="DIR",
+                       help="output directory (results.csv, config.json, figures, summary.md); "
+                            "default: figures/<study>/ in the project (a separate one with --quick)")
+    group.add_argument("--quick", action="store_true", help="small grid for a smoke run (minutes)")
+    group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="device for the computation (default: cpu)")
+    group.add_argument("--data-dir", type=pathlib.Path, default=None, metavar="DIR",
+                       help="directory with wikitext-2-raw/ (default: the shared data directory)")
+    group.add_argument("--cache-dir", type=pathlib.Path, default=None, metavar="DIR",
+                       help="cache for extracted Q/K/V (default: the data module's cache)")
+    group.add_argument("--restart", action="store_true",
+                       help="discard saved results in --out instead of resuming")
+    group.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress bar")
+    group.add_argument("--plot-only", action="store_true",
+                       help="do not compute: redraw the figure and summary from the saved CSV")
+    executor = group.add_mutually_exclusive_group()
+    executor.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                          help="run cells on a Dask scheduler, e.g. tcp://host:8786")
+    executor.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                          help="run cells on a local Dask cluster of N single-threaded processes")
+
+
+def build_parser(study: str | None = None) -> argparse.ArgumentParser:
+    """The ``approxlab`` parser; only ``study``'s module is imported (for its options)."""
+    parser = argparse.ArgumentParser(
+        prog="approxlab",
+        description="Spectral-error studies of attention approximations.",
+    )
+    subparsers = parser.add_subparsers(dest="study", metavar="<study>", required=True)
+    for name in STUDIES:
+        available = name == study or _available(name)
+        help_text = _DESCRIPTIONS.get(name, name) + ("" if available else " [not available]")
+        sub = subparsers.add_parser(name, help=help_text, description=_DESCRIPTIONS.get(name))
+        if name == study:
+            add_common_arguments(sub)
+            load_study(name).add_arguments(sub)
+    return parser
+
+
+def check_device(device: str) -> str:
+    """Return ``device`` if usable; :class:`StudyError` (clear message) if CUDA is missing."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise StudyError(
+                "--device cuda was requested but CUDA is not available on this machine "
+                f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}); use --device cpu."
+            )
+    return device
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``approxlab`` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    study = next((a for a in argv if not a.startswith("-")), None)
+    if study not in STUDIES:
+        study = None
+    try:
+        parser = build_parser(study)
+    except StudyError as error:
+        print(f"approxlab: error: {error}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    args.command = shlex.join(["approxlab", *argv])
+    try:
+        check_device(args.device)
+        return int(load_study(args.study).run(args) or 0)
+    except StudyError as error:
+        print(f"approxlab {args.study}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\napproxlab {args.study}: interrupted; finished cells are saved. Rerun the same "
+              "command to resume.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

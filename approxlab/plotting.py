@@ -1,0 +1,182 @@
+"""One figure style for every approxlab study; plots read saved tables only.
+
+Public API::
+
+    METHOD_STYLES                      # name -> dict(color, marker, linestyle, label)
+    PAPER_METHODS                      # the four methods of Skyformer's Figure 1
+    method_style(name, *, secondary=False) -> dict   # kwargs for Axes.plot
+    style()                            # context manager: the house rc settings
+    figure(nrows=1, ncols=1, *, panel_size=(3.2, 2.6), **kwargs) -> (Figure, axes)
+    save_figure(fig, path_without_suffix, *, dpi=150, formats=("png", "pdf")) -> list[Path]
+
+Every registered method name has a fixed colour and marker (so a method looks the
+same in every figure); unknown names get a deterministic fallback colour. The
+matplotlib backend is Agg (no display needed); importing this module selects it
+unless a backend was already chosen explicitly by the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .studies.io import atomic_write_bytes  # noqa: E402
+
+__all__ = ["METHOD_STYLES", "PAPER_METHODS", "method_style", "style", "figure", "save_figure", "RC_PARAMS"]
+
+RC_PARAMS = {
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 7,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "lines.linewidth": 1.4,
+    "lines.markersize": 4,
+    "savefig.bbox": "tight",
+    "pdf.fonttype": 42,
+}
+"""matplotlib rc settings applied inside :func:`figure` and :func:`save_figure`."""
+
+# Colours: the four methods of Skyformer Figure 1 get strong, distinct colours
+# (Okabe-Ito palette); the extra methods get muted ones.
+METHOD_STYLES = {
+    "skyformer-softmax": {"color": "#D55E00", "marker": "o", "label": "Skyformer (Eq. 5 on A)"},
+    "skyformer": {"color": "#E69F00", "marker": "o", "label": "Skyformer (kernelized)"},
+    "nystromformer": {"color": "#0072B2", "marker": "s", "label": "Nystromformer"},
+    "performer": {"color": "#009E73", "marker": "^", "label": "Performer"},
+    "informer": {"color": "#CC79A7", "marker": "D", "label": "Informer"},
+    "yoso": {"color": "#56B4E9", "marker": "v", "label": "YOSO"},
+    "yoso-e": {"color": "#8FCBEA", "marker": "<", "label": "YOSO-E"},
+    "spectral-shifting": {"color": "#7F6A93", "marker": "P", "label": "Spectral shifting"},
+    "nystrom": {"color": "#8C6D31", "marker": "X", "label": "Nystrom (uniform)"},
+    "linformer": {"color": "#6B6B6B", "marker": "*", "label": "Linformer"},
+    "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
+    "kernelized": {"color": "#444444", "marker": "+", "label": "Kernelized (exact)"},
+}
+for _style in METHOD_STYLES.values():
+    _style.setdefault("linestyle", "-")
+
+PAPER_METHODS = ("skyformer-softmax", "nystromformer", "performer", "informer")
+"""The methods Skyformer's Figure 1 compares (the others are drawn as secondary)."""
+
+_FALLBACK_COLORS = ["#999933", "#882255", "#44AA99", "#117733", "#332288", "#AA4499"]
+_FALLBACK_MARKERS = ["h", "p", "d", "1", "2", "3"]
+
+
+def method_style(name: str, *, secondary: bool = False) -> dict:
+    """Keyword arguments for ``Axes.plot`` that draw method ``name`` in the house style.
+
+    Parameters
+    ----------
+    name : str
+        A registry name (:func:`approxlab.methods.available`); other names get a
+        deterministic fallback style (derived from a hash of the name).
+    secondary : bool
+        Draw as a secondary curve: thinner, dashed, translucent, smaller markers.
+
+    Returns
+    -------
+    dict
+        ``color``, ``marker``, ``linestyle``, ``label``, ``linewidth``, ``markersize``,
+        ``alpha``, ``zorder``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"`name` must be a method name (str); got {type(name).__name__}.")
+    if name in METHOD_STYLES:
+        style = dict(METHOD_STYLES[name])
+    else:
+        index = int(hashlib.sha256(name.encode()).hexdigest(), 16)
+        style = {
+            "color": _FALLBACK_COLORS[index % len(_FALLBACK_COLORS)],
+            "marker": _FALLBACK_MARKERS[index % len(_FALLBACK_MARKERS)],
+            "linestyle": "-",
+            "label": name,
+        }
+    if secondary:
+        style.update(linestyle="--", linewidth=0.9, markersize=3, alpha=0.75, zorder=2)
+    else:
+        style.update(linewidth=1.6, markersize=4.5, alpha=1.0, zorder=3)
+    return style
+
+
+def style():
+    """Context manager applying :data:`RC_PARAMS`; draw a whole figure inside it::
+
+        with plotting.style():
+            fig, axes = plotting.figure(1, 2)
+            ...
+            plotting.save_figure(fig, out / "name")
+
+    (Text sizes are fixed when an artist is created, so titles and labels must be made
+    inside the context.) Global matplotlib settings are left untouched.
+    """
+    return plt.rc_context(RC_PARAMS)
+
+
+def figure(nrows: int = 1, ncols: int = 1, *, panel_size=(3.2, 2.6), **kwargs):
+    """A new figure in the house style: ``(fig, axes)`` as from ``plt.subplots(squeeze=False)``.
+
+    Parameters
+    ----------
+    nrows, ncols : int
+        Panel grid.
+    panel_size : (float, float)
+        Width and height of one panel, inches.
+    **kwargs
+        Passed to :func:`matplotlib.pyplot.subplots` (e.g. ``sharex``).
+    """
+    with plt.rc_context(RC_PARAMS):
+        kwargs.setdefault("figsize", (panel_size[0] * ncols, panel_size[1] * nrows))
+        kwargs.setdefault("squeeze", False)
+        kwargs.setdefault("layout", "constrained")
+        fig, axes = plt.subplots(nrows, ncols, **kwargs)
+    return fig, axes
+
+
+def save_figure(fig, path_without_suffix, *, dpi: int = 150, formats=("png", "pdf"), close: bool = True):
+    """Save ``fig`` as ``<path>.png`` and ``<path>.pdf``, each written atomically.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+    path_without_suffix : str or os.PathLike
+        E.g. ``figures/figure1/figure1``; a suffix among ``formats`` is stripped.
+    dpi : int
+        Resolution of raster formats.
+    formats : sequence of str
+        File formats (matplotlib names).
+    close : bool
+        Close the figure afterwards (frees memory in long sweeps).
+
+    Returns
+    -------
+    list of pathlib.Path
+        The written files.
+    """
+    base = pathlib.Path(path_without_suffix)
+    if base.suffix.lstrip(".") in formats:
+        base = base.with_suffix("")
+    written = []
+    with plt.rc_context(RC_PARAMS):
+        for fmt in formats:
+            buffer = io.BytesIO()
+            # Fixed metadata so re-rendering identical data gives identical PDFs.
+            metadata = {"CreationDate": None} if fmt == "pdf" else ({"Software": None} if fmt == "png" else None)
+            fig.savefig(buffer, format=fmt, dpi=dpi, metadata=metadata)
+            written.append(atomic_write_bytes(base.with_name(f"{base.name}.{fmt}"), buffer.getvalue()))
+    if close:
+        plt.close(fig)
+    return written

@@ -1,0 +1,39 @@
+"""Studies: declared grids, a resumable runner, atomic I/O, one CLI.
+
+Each study is a module exposing ``add_arguments(parser)`` and ``run(args) -> int``,
+registered (lazily, by module path) in :data:`STUDIES`; ``approxlab <study>`` imports
+only the module it runs, so a missing or broken study never breaks the others.
+
+See :mod:`approxlab.studies.runner` (``run_cells``), :mod:`approxlab.studies.io`
+(atomic writes) and :mod:`approxlab.plotting` (figure style).
+"""
+
+STUDIES = {
+    "figure1": "approxlab.studies.figure1",
+    "sv-decay": "approxlab.studies.sv_decay",
+    "instability": "approxlab.studies.instability",
+    "bench": "approxlab.studies.bench",
+}
+"""CLI subcommand -> module implementing it (imported only when needed)."""
+
+__all__ = ["STUDIES"]
+
+
+def project_root():
+    """The source checkout holding ``approxlab`` (with ``pyproject.toml``), else the CWD.
+
+    Default output directories are resolved against it, so a study writes to the same
+    ``figures/<study>/`` wherever it is started from.
+    """
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() else pathlib.Path.cwd()
+
+
+def default_output_dir(name: str):
+    """``<project root>/figures/<name>``: where a study writes unless ``--out`` is given."""
+    return project_root() / "figures" / name
+
+
+__all__ += ["project_root", "default_output_dir"]

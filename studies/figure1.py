@@ -1,0 +1,17 @@
+"""Regenerate Figure 1 of Skyformer (Chen et al., NeurIPS 2021, Section 4.5).
+
+Spectral-norm error of approximate attention outputs on Q/K/V from initialized and
+pretrained BERT-style models on Wikitext-2. Same as ``approxlab figure1 [options]``;
+see :mod:`approxlab.studies.figure1` for the grid, the tables and the plot.
+
+    python studies/figure1.py --quick          # -> figures/figure1-quick/
+    python studies/figure1.py                  # full grid -> figures/figure1/ (resumable)
+    python studies/figure1.py --plot-only      # redraw from figures/figure1/results.csv
+"""
+
+import sys
+
+from approxlab.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main(["figure1", *sys.argv[1:]]))

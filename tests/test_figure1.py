@@ -1,0 +1,151 @@
+"""The Figure 1 study (Skyformer Sec. 4.5) on a tiny grid with synthetic Q/K/V."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from approxlab.cli import main
+from approxlab.studies import figure1
+from approxlab.studies.io import read_json, read_results
+from approxlab.studies.runner import StudyError
+from approxlab.synthetic import synthetic_qkv
+
+METHODS = ["skyformer-softmax", "nystromformer", "performer"]
+TINY = ["--n", "32,48", "--num-features", "4,8", "--methods", ",".join(METHODS), "--windows", "1",
+        "--seeds", "2", "--no-progress"]
+
+
+def synthetic_loader(condition, n, window, *, mode, layer, model_seed, data_dir, cache_dir, device):
+    """Stand-in for approxlab.data.get_qkv: 2 heads, head dim 8, float32."""
+    generator = torch.Generator().manual_seed(10_000 * n + 100 * window + (condition == "pretrained"))
+    q, k, v = synthetic_qkv((2,), n, 8, generator=generator)
+    return q.float(), k.float(), v.float(), f"synthetic-{condition}"
+
+
+def failing_loader(*args, **kwargs):
+    raise AssertionError("the data must not be touched")
+
+
+@pytest.fixture
+def synthetic_data(monkeypatch):
+    figure1.reference.cache_clear()
+    monkeypatch.setattr(figure1, "load_qkv", synthetic_loader)
+    yield
+    figure1.reference.cache_clear()
+
+
+def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, monkeypatch):
+    out = tmp_path / "fig1"
+    assert main(["figure1", "--out", str(out), *TINY]) == 0
+    for name in ("results.csv", "panel_stats.csv", "config.json", "figure1.png", "figure1.pdf", "summary.md"):
+        assert (out / name).is_file(), name
+
+    results = read_results(out / "results.csv")
+    # 2 conditions x 2 n x 1 window x 2 d x (2 randomized methods x 2 seeds + nystromformer x 1 seed)
+    assert len(results) == 2 * 2 * 1 * 2 * (2 * 2 + 1)
+    assert not results.isna().any().any()
+    assert (results["status"] == "ok").all()
+    assert set(results.loc[results["method"] == "nystromformer", "seed"]) == {0}
+    assert set(results["checkpoint"]) == {"synthetic-initialized", "synthetic-pretrained"}
+    assert (results["error_min"] <= results["error_mean"]).all()
+    assert (results["error_mean"] <= results["error_max"]).all()
+    assert not results.duplicated(["condition", "n", "window", "method", "num_features", "seed"]).any()
+
+    stats = read_results(out / "panel_stats.csv")
+    assert len(stats) == 2 * 2 * 2
+    assert (stats["statistical_dimension_mean"] > 0).all()
+    assert (stats["statistical_dimension_mean"] <= 2 * stats["n"]).all()
+    assert (stats["core_condition_number_median"] >= 1).all()
+
+    config = read_json(out / "config.json")
+    assert config["config"]["methods"] == METHODS and config["config"]["n"] == [32, 48]
+    assert "approxlab figure1" in config["run"]["command"]
+    summary = (out / "summary.md").read_text()
+    assert "synthetic-pretrained" in summary and "(a)" in summary and "(d)" in summary
+
+    # --plot-only redraws from the CSVs alone (the data loader must not be called).
+    monkeypatch.setattr(figure1, "load_qkv", failing_loader)
+    figure1.reference.cache_clear()
+    for name in ("figure1.png", "figure1.pdf", "summary.md"):
+        (out / name).unlink()
+    assert main(["figure1", "--out", str(out), "--plot-only"]) == 0
+    assert (out / "figure1.png").stat().st_size > 0 and (out / "figure1.pdf").stat().st_size > 0
+    assert (out / "summary.md").read_text() == summary
+
+    # Computing the same grid again resumes: nothing left to compute, nothing loaded.
+    again, _ = figure1.compute(config["config"], out, progress=False)
+    pd.testing.assert_frame_equal(again, results)
+
+    # A different grid in the same directory is refused with a clear message.
+    assert main(["figure1", "--out", str(out), *TINY[:-1], "--seeds", "1", "--no-progress"]) == 2
+
+
+def test_results_are_reproducible(tmp_path, synthetic_data):
+    """Per-cell seeds: two runs (in different directories) give identical errors."""
+    config = figure1.build_config(n=[32], num_features=[4], methods=["performer", "linformer"], windows=1,
+                                  seeds=2, conditions=["pretrained"], stat_heads=1)
+    a, _ = figure1.compute(config, tmp_path / "a", progress=False)
+    figure1.reference.cache_clear()
+    b, _ = figure1.compute(config, tmp_path / "b", progress=False)
+    columns = [c for c in a.columns if c != "seconds"]
+    pd.testing.assert_frame_equal(a[columns], b[columns])
+    # different seeds give different draws
+    performer = a[a["method"] == "performer"]
+    assert performer["error_mean"].nunique() == 2
+
+
+def test_plot_only_without_results_is_a_clear_error(tmp_path, capsys):
+    assert main(["figure1", "--out", str(tmp_path / "none"), "--plot-only"]) == 2
+    assert "run the compute step first" in capsys.readouterr().err
+
+
+def test_grids_and_windows():
+    full = figure1.build_config()
+    assert full["n"] == [512, 1024, 2048, 4096] and full["num_features"] == [16, 32, 64, 128, 256]
+    assert full["methods"][:4] == list(figure1.PAPER_METHODS) and len(full["methods"]) == 8
+    assert full["windows"] >= 4 and full["seeds"] >= 3 and full["mode"] == "embedding" and full["layer"] == 0
+    quick = figure1.build_config(quick=True)
+    assert quick["n"] == [512, 1024] and quick["num_features"] == [16, 64, 256]
+    assert quick["windows"] == 1 and quick["seeds"] == 1
+    ids = figure1.window_ids(full)
+    assert ids == figure1.window_ids(figure1.build_config()) and len(set(ids)) == 4
+    assert all(0 <= i < full["window_pool"] for i in ids)
+    cells = figure1.make_cells(full)
+    assert len(cells) == 2 * 4 * 4 * 8
+    assert {c["seeds"] == [0] for c in cells if c["method"] in ("nystromformer", "spectral-shifting")} == {True}
+    with pytest.raises(StudyError, match="not a registered method"):
+        figure1.build_config(methods=["nope"])
+    with pytest.raises(StudyError, match="--conditions"):
+        figure1.build_config(conditions=["finetuned"])
+    with pytest.raises(StudyError, match="--windows must be an integer >= 1"):
+        figure1.build_config(windows=0)
+
+
+def _table(sky, others, ns=(512, 1024)):
+    """Hand-made results: error(d) per method given as {n: (err at d=16, err at d=256)}."""
+    rows = []
+    for n in ns:
+        for method, errors in [("skyformer-softmax", sky), *others.items()]:
+            for d, e in zip((16, 256), errors[n]):
+                rows.append({"condition": "pretrained", "n": n, "window": 0, "method": method, "num_features": d,
+                             "seed": 0, "checkpoint": "ckpt", "error_mean": e, "relative_error_mean": e,
+                             "status": "ok"})
+    return pd.DataFrame(rows)
+
+
+def test_summary_verdicts_follow_the_fixed_thresholds():
+    config = {**figure1.build_config(conditions=["pretrained"], n=[512, 1024], num_features=[16, 256]),
+              "_command": "approxlab figure1 --test"}
+    flat = {512: (1.0, 0.95), 1024: (1.0, 0.95)}
+    good = _table({512: (1.0, 0.4), 1024: (1.0, 0.2)}, {m: flat for m in figure1.PAPER_METHODS[1:]})
+    text = figure1.summarize(config, good, pd.DataFrame())
+    assert text.count("**reproduced**") == 4, text
+    assert "approxlab figure1 --test" in text
+    bad = _table({512: (1.0, 0.99), 1024: (1.0, 0.99)},
+                 {m: {512: (1.0, 0.1), 1024: (1.0, 0.1)} for m in figure1.PAPER_METHODS[1:]})
+    text = figure1.summarize(config, bad, pd.DataFrame())
+    assert text.count("**not reproduced**") == 4, text
+    # the gap numbers are in the table: (0.95 - 0.2) / 0.95 at n = 1024
+    assert f"{(0.95 - 0.2) / 0.95:.3g}" in figure1.summarize(config, good, pd.DataFrame())

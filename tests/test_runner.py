@@ -1,0 +1,188 @@
+"""Study runner: resume, config hash, atomic writes, per-cell seeds, Dask executor."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pandas as pd
+import pytest
+import torch
+
+from approxlab.studies import io as study_io
+from approxlab.studies.runner import StudyError, cell_key, cell_seed, config_hash, run_cells
+
+KEYS = ("a", "b")
+CONFIG = {"grid": "toy", "a": [0, 1, 2], "b": ["x", "y"]}
+
+
+def toy_cells(marker_dir=None):
+    cells = [{"a": a, "b": b} for a in CONFIG["a"] for b in CONFIG["b"]]
+    if marker_dir is not None:
+        for cell in cells:
+            cell["marker_dir"] = str(marker_dir)
+    return cells
+
+
+def toy_compute(cell):
+    """Two rows per cell, random values drawn from the cell's own seed."""
+    generator = torch.Generator().manual_seed(cell_seed(cell["a"], cell["b"]))
+    values = torch.randn(2, generator=generator, dtype=torch.float64)
+    return [{"rep": rep, "value": float(values[rep])} for rep in range(2)]
+
+
+def killing_compute(cell):
+    """Like toy_compute, but the first attempt at cell (1, "y") kills its worker process."""
+    marker = pathlib.Path(cell["marker_dir"]) / "killed"
+    if (cell["a"], cell["b"]) == (1, "y") and not marker.exists():
+        marker.write_text("killed once")
+        os._exit(1)
+    return toy_compute(cell)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def interrupted_compute(limit):
+    calls = {"n": 0}
+
+    def compute(cell):
+        if calls["n"] >= limit:
+            raise Interrupt("simulated Ctrl-C")
+        calls["n"] += 1
+        return toy_compute(cell)
+
+    return compute
+
+
+def run(tmp_path, compute=toy_compute, **kwargs):
+    kwargs.setdefault("config", CONFIG)
+    kwargs.setdefault("cells", toy_cells())
+    return run_cells(compute=compute, results_path=tmp_path / "results.csv", key_columns=KEYS,
+                     progress=False, flush_every_seconds=0.0, **kwargs)
+
+
+def no_temp_files(directory):
+    return not any(p.name.startswith(study_io.TEMP_PREFIX) for p in pathlib.Path(directory).iterdir())
+
+
+def test_run_writes_table_and_config(tmp_path):
+    df = run(tmp_path)
+    assert len(df) == 12 and list(df.columns[:2]) == ["a", "b"]
+    saved = study_io.read_json(tmp_path / "config.json")
+    assert saved["config_hash"] == config_hash(CONFIG)
+    assert saved["config"] == CONFIG and saved["tables"] == ["results.csv"]
+    assert {"approxlab_version", "created", "updated"} <= set(saved)
+    pd.testing.assert_frame_equal(df, study_io.read_results(tmp_path / "results.csv"))
+    assert no_temp_files(tmp_path)
+
+
+def test_resume_after_interruption_has_no_duplicates_or_gaps(tmp_path):
+    reference = run(tmp_path / "clean")
+    with pytest.raises(Interrupt):
+        run(tmp_path / "resumed", compute=interrupted_compute(limit=4))
+    partial = study_io.read_results(tmp_path / "resumed" / "results.csv")
+    assert len(partial) == 8  # the 4 finished cells, 2 rows each, were saved
+    assert no_temp_files(tmp_path / "resumed")
+    calls = []
+
+    def counting(cell):
+        calls.append(cell_key(cell, KEYS))
+        return toy_compute(cell)
+
+    resumed = run(tmp_path / "resumed", compute=counting)
+    assert len(calls) == 2  # only the missing cells were computed
+    assert not resumed.duplicated(["a", "b", "rep"]).any()
+    pd.testing.assert_frame_equal(resumed, reference)
+    # A third run computes nothing.
+    calls.clear()
+    run(tmp_path / "resumed", compute=counting)
+    assert calls == []
+
+
+def test_changed_config_is_refused_unless_restart(tmp_path):
+    run(tmp_path)
+    with pytest.raises(StudyError, match="different configuration.*--out.*--restart"):
+        run(tmp_path, config={**CONFIG, "grid": "other"})
+    df = run(tmp_path, config={**CONFIG, "grid": "other"}, restart=True)
+    assert len(df) == 12
+    assert study_io.read_json(tmp_path / "config.json")["config_hash"] == config_hash({**CONFIG, "grid": "other"})
+
+
+def test_results_without_config_are_refused(tmp_path):
+    run(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(StudyError, match="cannot be resumed safely"):
+        run(tmp_path)
+
+
+def test_config_hash_ignores_key_order_and_sees_values():
+    assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
+    assert config_hash({"a": 1}) != config_hash({"a": 2})
+
+
+def test_cell_seed_is_deterministic_and_distinct():
+    assert cell_seed("pretrained", 512, 3) == cell_seed("pretrained", 512, 3)
+    seeds = {cell_seed(a, b) for a in range(10) for b in "xyz"}
+    assert len(seeds) == 30
+    assert cell_seed(1, base_seed=0) != cell_seed(1, base_seed=1)
+    assert 0 <= cell_seed("a") < 2**63
+
+
+def test_rows_do_not_depend_on_cell_order(tmp_path):
+    forward = run(tmp_path / "forward")
+    backward = run(tmp_path / "backward", cells=toy_cells()[::-1])
+    key = ["a", "b", "rep"]
+    pd.testing.assert_frame_equal(forward.sort_values(key).reset_index(drop=True),
+                                  backward.sort_values(key).reset_index(drop=True))
+
+
+def test_input_validation(tmp_path):
+    with pytest.raises(TypeError, match="non-empty list of dicts"):
+        run(tmp_path / "empty", compute=lambda cell: [])
+    with pytest.raises(ValueError, match="share the key"):
+        run(tmp_path / "dup", cells=toy_cells() + toy_cells()[:1])
+    with pytest.raises(ValueError, match="at most one of `scheduler` and `workers`"):
+        run(tmp_path / "both", scheduler="tcp://localhost:1", workers=2)
+    with pytest.raises(ValueError, match="`workers` must be an integer >= 1"):
+        run(tmp_path / "zero", workers=0)
+    with pytest.raises(KeyError, match="lacks key column"):
+        run(tmp_path / "nokey", cells=[{"a": 1}])
+    with pytest.raises(ValueError, match="rows must belong to their cell"):
+        run(tmp_path / "wrong", compute=lambda cell: [{"a": 99, "value": 1.0}])
+
+
+def test_atomic_write_leaves_no_temp_file_and_keeps_old_content(tmp_path, monkeypatch):
+    target = tmp_path / "file.txt"
+    study_io.atomic_write_text(target, "old")
+
+    def failing_replace(src, dst):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(study_io.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="simulated"):
+        study_io.atomic_write_text(target, "new")
+    monkeypatch.undo()
+    assert target.read_text() == "old"
+    assert no_temp_files(tmp_path)
+    with pytest.raises(TypeError, match="`data` must be bytes"):
+        study_io.atomic_write_bytes(target, "text")
+    with pytest.raises(FileNotFoundError, match="run the study's compute step first"):
+        study_io.read_results(tmp_path / "missing.csv")
+
+
+def test_csv_round_trip_is_exact(tmp_path):
+    df = pd.DataFrame({"x": [0.1, 1 / 3, 2.0**-40], "name": ["a", "b", "c"], "n": [1, 2, 3]})
+    study_io.write_csv_atomic(df, tmp_path / "t.csv")
+    pd.testing.assert_frame_equal(study_io.read_results(tmp_path / "t.csv"), df)
+
+
+def test_dask_local_cluster_matches_in_process_and_survives_a_killed_worker(tmp_path):
+    """Two single-threaded worker processes: the CSV equals the in-process one byte for byte,
+    even when a worker dies mid-sweep (Dask reschedules its cell; no duplicates, no gaps)."""
+    reference = run(tmp_path / "inprocess", cells=toy_cells(tmp_path))
+    run(tmp_path / "dask", compute=killing_compute, cells=toy_cells(tmp_path), workers=2)
+    assert (tmp_path / "killed").exists()  # a worker really died
+    assert (tmp_path / "dask" / "results.csv").read_bytes() == (tmp_path / "inprocess" / "results.csv").read_bytes()
+    assert len(reference) == 12 and not reference.duplicated(["a", "b", "rep"]).any()
