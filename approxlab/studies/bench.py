@@ -1,0 +1,986 @@
+r"""``approxlab bench``: time and memory of matrix-free spectral errors and of the approximations.
+
+The benchmark of the issue "Spectral errors at scale". One command, run in **one process**
+(so that time ratios compare like with like), that measures for one attention head of BERT
+on Wikitext-2 (Q/K/V from :func:`approxlab.data.get_qkv`, ``"embedding"`` mode, layer 0,
+head 0, one contiguous window of ``n`` tokens):
+
+1. ``accuracy`` part, n in {1024, 2048, 4096}: the spectral error
+   :math:`\|\tilde D^{-1}\tilde A - D^{-1}A\|_2` of one approximation (default
+   ``nystromformer`` with 64 landmarks), computed four ways:
+
+   * ``dense``: both matrices formed in float64, ``torch.linalg.matrix_norm(., ord=2)``
+     of the difference (full SVD; the reference);
+   * ``golub-kahan``: the library path :func:`approxlab.metrics.spectral_error`, i.e.
+     :func:`approxlab.linalg.golub_kahan` on ``approx.to(float64) - ExactAttentionOperator(q, k).to(float64)``
+     (two products with the exact operator per step, float64);
+   * ``block-lanczos``: the fast path of this module, :func:`normal_block_lanczos` (below);
+   * ``scipy``: :func:`scipy.linalg.interpolative.estimate_spectral_norm_diff` (randomized
+     power method, ``its=20``) on the same two operators wrapped as SciPy ``LinearOperator``.
+
+   Recorded: wall and CPU time, time ratio to ``dense``, relative disagreement with
+   ``dense``, products with the exact operator, peak RSS.
+2. ``scale`` part, n in {8192, 16384, 32768}: ``block-lanczos`` alone (dense is infeasible):
+   time, passes, matvecs, certified lower bound, residual bound, peak RSS.
+3. ``forward`` part, n in {1024, ..., 32768}: forward time and memory of each approximation
+   (``approximate(...).output``) against exact attention, dense (``exact_attention``, up to
+   ``--dense-max-n``) and row-blocked (``ExactAttentionOperator(q, k).matmat(v)``, any n):
+   the "linear cost" claim, measured.
+
+The fast path
+-------------
+An exact-operator product costs :math:`O(n^2 p)` (logits and their ``exp``), the
+approximation's :math:`O(nd)`, so the cost of a spectral error is the number of times the
+logits are computed. :func:`normal_block_lanczos` lowers it in three ways, each measured
+(see ``benchmarks/README.md``):
+
+* **one pass per step**: with :math:`M = \tilde S - S` (:math:`S = D^{-1}A`), the normal
+  product :math:`M^\top M X = \tilde S^\top R - S^\top R`, :math:`R = \tilde S X - S X`, needs
+  each row block :math:`S_I` once: :math:`R_I = (\tilde S X)_I - S_I X` is known as soon as
+  :math:`S_I` is, and :math:`S_I^\top R_I` is accumulated in the same pass
+  (:func:`fused_normal_pass`). Golub--Kahan needs :math:`S` twice per step (``matmat``, then
+  ``rmatmat`` on a vector that depends on the whole ``matmat``);
+* **a block of vectors per pass** (block Lanczos, Rayleigh--Ritz on the block Krylov space of
+  :math:`M^\top M`), which amortises the logits over ``block`` vectors and converges in
+  fewer passes for clustered top singular values (Musco and Musco, 2015);
+* **float32 logits and softmax in row blocks of at most ~16 MB** (reused buffers: larger
+  blocks are served by ``mmap`` and page-faulted afresh on every allocation), with the
+  Krylov basis, the products' accumulation across blocks and the Rayleigh--Ritz step in
+  float64. The ``accuracy`` part checks the result against the dense float64 reference.
+
+It returns the same certificates as :func:`approxlab.linalg.golub_kahan`: the estimate is a
+Ritz value, hence a certified lower bound on :math:`\|M\|_2` (up to rounding of the
+products), and the residual certifies that some singular value lies within
+``distance_bound`` of it. Like any Krylov method it cannot certify an upper bound; it adds
+the probabilistic bound of Kuczyński and Woźniakowski (1992) for a random start.
+
+Peak memory
+-----------
+``peak_rss_mb`` is the peak resident set size of the whole process during one measurement,
+sampled every 2 ms by a background thread (``psutil``); ``rss_before_mb`` is the RSS just
+before it, so ``peak_rss_mb - rss_before_mb`` is what the measurement added (torch's CPU
+allocations are invisible to ``tracemalloc``). ``ru_maxrss_mb`` is the process high-water
+mark from ``getrusage`` (monotone over the run; sampling can miss a spike shorter than 2 ms).
+
+Timing
+------
+``wall_s`` (``time.perf_counter``) and ``cpu_s`` (``time.process_time``, all threads of the
+process) are recorded for every measurement, with the 1-minute load average; on a machine
+shared with other jobs ``cpu_s`` ratios are the more robust comparison.
+
+Outputs (``figures/bench/``; ``--quick``: ``figures/bench-quick/``)
+------------------------------------------------------------------
+``results.csv`` (tidy: one row per part x n x method x algorithm), ``config.json``,
+``bench.png``/``bench.pdf`` and ``summary.md``; ``--plot-only`` redraws the last two from
+the CSV.
+
+References
+----------
+G. Golub and W. Kahan (1965), "Calculating the singular values and pseudo-inverse of a matrix".
+G. Golub and R. Underwood (1977), "The block Lanczos method for computing eigenvalues".
+C. Musco and C. Musco (2015), "Randomized block Krylov methods for stronger and faster
+approximate singular value decomposition", NeurIPS.
+J. Kuczyński and H. Woźniakowski (1992), "Estimating the largest eigenvalue by the power and
+Lanczos algorithms with a random start", SIAM J. Matrix Anal. Appl. 13(4), Theorem 4.2.
+B. N. Parlett, *The Symmetric Eigenvalue Problem* (1998), Theorem 4.5.1 (residual bound).
+Chen et al. (2021), Skyformer, Figure 1 (the spectral-norm error this benchmark computes at scale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+import resource
+import sys
+import threading
+import time
+import warnings
+
+import torch
+
+from . import default_output_dir
+from .io import atomic_write_text, read_results
+from .runner import StudyError, cell_seed, run_cells
+
+__all__ = [
+    "FULL_GRID",
+    "QUICK_GRID",
+    "add_arguments",
+    "run",
+    "build_config",
+    "build_cells",
+    "compute",
+    "plot",
+    "write_summary",
+    "fused_normal_pass",
+    "normal_block_lanczos",
+    "BlockLanczosResult",
+    "Measurement",
+    "measure",
+    "default_row_block",
+]
+
+FULL_GRID = {
+    "accuracy_n": [1024, 2048, 4096],
+    "scale_n": [8192, 16384, 32768],
+    "forward_n": [1024, 2048, 4096, 8192, 16384, 32768],
+    "error_method": "nystromformer",
+    "num_features": 64,
+    "forward_methods": [
+        "skyformer",
+        "skyformer-softmax",
+        "nystromformer",
+        "nystrom",
+        "spectral-shifting",
+        "performer",
+        "informer",
+        "linformer",
+        "yoso",
+    ],
+    "dense_max_n": 8192,
+    "source": "bert",
+    "condition": "pretrained",
+    "layer": 0,
+    "head": 0,
+    "window": 0,
+    "mode": "embedding",
+    "model_seed": 0,
+    "tol": 1e-6,
+    "max_iter": 300,
+    "lanczos_block": 4,
+    "compute_dtype": "float32",
+    "scipy_its": 20,
+    "parts": ["accuracy", "scale", "forward"],
+    "seed": 0,
+}
+"""The full benchmark (about 10 minutes on 2 CPU cores; see ``benchmarks/README.md``)."""
+
+QUICK_GRID = {
+    **FULL_GRID,
+    "accuracy_n": [256, 512],
+    "scale_n": [1024],
+    "forward_n": [256, 512, 1024],
+    "dense_max_n": 1024,
+    "num_features": 32,
+}
+"""``--quick``: the same measurements at small n (seconds)."""
+
+KEY_COLUMNS = ("part", "n", "method")
+PARTS = ("accuracy", "scale", "forward")
+_GRID_OPTIONS = {
+    "accuracy_n": "accuracy_n",
+    "scale_n": "scale_n",
+    "forward_n": "forward_n",
+    "error_method": "error_method",
+    "num_features": "num_features",
+    "forward_methods": "forward_methods",
+    "dense_max_n": "dense_max_n",
+    "source": "source",
+    "condition": "condition",
+    "head": "head",
+    "tol": "tol",
+    "lanczos_block": "lanczos_block",
+    "compute_dtype": "compute_dtype",
+    "parts": "parts",
+}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+# ----------------------------------------------------------------------------------------
+# Measurement
+# ----------------------------------------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _ru_maxrss_bytes() -> int:
+    # Linux reports kilobytes, macOS bytes.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Time and memory of one call (see the module docstring, "Peak memory" and "Timing").
+
+    Attributes
+    ----------
+    wall_s, cpu_s : float
+        Wall-clock and process CPU seconds.
+    rss_before_mb, peak_rss_mb, ru_maxrss_mb : float
+        RSS before the call, sampled peak RSS during it, process high-water mark after it (MiB).
+    load_average : float
+        1-minute load average of the machine when the call ended.
+    """
+
+    wall_s: float
+    cpu_s: float
+    rss_before_mb: float
+    peak_rss_mb: float
+    ru_maxrss_mb: float
+    load_average: float
+
+    def as_row(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def measure(function, *args, interval: float = 0.002, **kwargs):
+    """Run ``function(*args, **kwargs)``; return ``(result, Measurement)``.
+
+    The peak RSS is sampled every ``interval`` seconds by a daemon thread (``psutil``).
+    """
+    import gc
+
+    gc.collect()
+    before = _rss_bytes()
+    peak = [before]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            stop.wait(interval)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        result = function(*args, **kwargs)
+    finally:
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        stop.set()
+        thread.join()
+    peak[0] = max(peak[0], _rss_bytes())
+    mib = 2.0**20
+    return result, Measurement(
+        wall_s=wall,
+        cpu_s=cpu,
+        rss_before_mb=before / mib,
+        peak_rss_mb=peak[0] / mib,
+        ru_maxrss_mb=_ru_maxrss_bytes() / mib,
+        load_average=os.getloadavg()[0],
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# The fast path: fused normal products and block Lanczos on M^T M
+# ----------------------------------------------------------------------------------------
+
+
+def default_row_block(n: int, batch: int = 1, *, max_elements: int = 1 << 22) -> int:
+    """Query rows per block so that one ``(batch, rows, n)`` block holds at most ``max_elements``.
+
+    The default (``2**22`` entries, 16 MiB in float32) keeps each block below glibc's
+    largest ``mmap`` threshold (32 MiB), so the buffers are reused from the heap instead of
+    being mapped and page-faulted afresh; rows are a power of two in ``[8, 1024]``.
+    """
+    rows = max(1, max_elements // max(1, n * batch))
+    rows = 1 << (rows.bit_length() - 1)
+    return int(min(1024, max(8, rows), n))
+
+
+def fused_normal_pass(q, k, approx_op, x, *, row_block=None, compute_dtype=torch.float32):
+    r"""One pass over the exact softmax matrix: ``(M^T M x, M x)`` for :math:`M = \tilde S - S`.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` queries and keys; :math:`S = \operatorname{softmax}(QK^\top/\sqrt p)`.
+    approx_op : LinearOperator
+        :math:`\tilde S`, ``(*batch, n, n)`` (e.g. ``approximate(...).operator()``).
+    x : torch.Tensor
+        ``(*batch, n, b)`` block of vectors (any float dtype; results are float64).
+    row_block : int, optional
+        Query rows per block (default :func:`default_row_block`).
+    compute_dtype : torch.dtype
+        dtype of the logits, the softmax and the per-block products (float32: twice the
+        GEMM rate; the accumulation over blocks is float64).
+
+    Returns
+    -------
+    normal : torch.Tensor
+        ``(*batch, n, b)`` float64, :math:`M^\top M x`.
+    residual : torch.Tensor
+        ``(*batch, n, b)`` float64, :math:`M x`.
+
+    Notes
+    -----
+    For each row block :math:`I`, :math:`S_I = \operatorname{softmax}(Q_I K^\top/\sqrt p)`
+    (max-subtracted, so any logits are safe) is formed once (``rows x n``), then
+    :math:`R_I = (\tilde S x)_I - S_I x` and :math:`Z \mathrel{+}= S_I^\top R_I`; finally
+    :math:`M^\top M x = \tilde S^\top R - Z`. Cost :math:`O(n^2(p + 2b))` time and
+    :math:`O(n \cdot \text{rows})` memory, against :math:`O(2 n^2 (p + b))` for a ``matmat``
+    followed by a ``rmatmat`` of :class:`~approxlab.operators.ExactAttentionOperator`.
+    """
+    n = q.shape[-2]
+    batch = tuple(torch.broadcast_shapes(q.shape[:-2], x.shape[:-2]))
+    rows = row_block or default_row_block(n, math.prod(batch) if batch else 1)
+    scale = q.shape[-1] ** -0.5
+    qs = (q * scale).to(compute_dtype)
+    kt = k.to(compute_dtype).transpose(-1, -2)
+    x64 = x.to(torch.float64)
+    xc = x.to(compute_dtype)
+    approx_x = approx_op.matmat(x.to(approx_op.dtype)).to(torch.float64)
+    residual = torch.empty(*batch, n, x.shape[-1], dtype=torch.float64, device=x.device)
+    accumulated = torch.zeros(*batch, n, x.shape[-1], dtype=torch.float64, device=x.device)
+    logits = torch.empty(*batch, rows, n, dtype=compute_dtype, device=x.device)
+    probabilities = torch.empty_like(logits)
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        block_logits = logits[..., : stop - start, :]
+        block = probabilities[..., : stop - start, :]
+        torch.matmul(qs[..., start:stop, :], kt, out=block_logits)
+        torch.softmax(block_logits, dim=-1, out=block)
+        exact_rows = (block @ xc).to(torch.float64)
+        r_block = approx_x[..., start:stop, :] - exact_rows
+        residual[..., start:stop, :] = r_block
+        accumulated += (block.transpose(-1, -2) @ r_block.to(compute_dtype)).to(torch.float64)
+    del x64
+    normal = approx_op.rmatmat(residual.to(approx_op.dtype)).to(torch.float64) - accumulated
+    return normal, residual
+
+
+@dataclasses.dataclass
+class BlockLanczosResult:
+    r"""What :func:`normal_block_lanczos` returns; tensors have shape ``(*batch,)``, float64.
+
+    Attributes
+    ----------
+    estimate : torch.Tensor
+        :math:`\sqrt{\theta_1}`, :math:`\theta_1` the largest Ritz value of :math:`M^\top M`.
+    lower_bound : torch.Tensor
+        Certified lower bound on :math:`\|M\|_2` (= ``estimate``: a Ritz value of
+        :math:`M^\top M` on an orthonormal basis never exceeds :math:`\|M\|_2^2`), up to the
+        rounding of the products.
+    residual : torch.Tensor
+        :math:`\|M^\top M y - \theta_1 y\|` for the unit Ritz vector :math:`y`.
+    distance_bound : torch.Tensor
+        ``residual / estimate``: some singular value :math:`\sigma` of :math:`M` satisfies
+        :math:`|\sigma - \text{estimate}| \le` ``distance_bound`` (Parlett, Theorem 4.5.1,
+        applied to :math:`M^\top M`, and :math:`|\sigma^2-\theta| = |\sigma-\sqrt\theta|(\sigma+\sqrt\theta)`).
+    probabilistic_upper_bound : torch.Tensor
+        :math:`\sqrt{\theta_1/(1-\varepsilon)}` with :math:`\varepsilon` such that the
+        Kuczyński--Woźniakowski bound :math:`1.648\sqrt n\, e^{-\sqrt\varepsilon(2k-1)}` equals
+        ``failure_probability`` (``k`` = Krylov dimension of one start column): an upper bound
+        on :math:`\|M\|_2` except with at most that probability over the random start.
+    failure_probability : float
+    num_passes : int
+        Passes over the exact matrix (each computes all ``n^2`` logits once).
+    num_matvecs : int
+        Exact-operator vector products: ``2 * block`` per pass (one product and one adjoint
+        product per vector of the block).
+    converged : torch.Tensor
+        Bool, ``(*batch,)``.
+    """
+
+    estimate: torch.Tensor
+    lower_bound: torch.Tensor
+    residual: torch.Tensor
+    distance_bound: torch.Tensor
+    probabilistic_upper_bound: torch.Tensor
+    failure_probability: float
+    num_passes: int
+    num_matvecs: int
+    converged: torch.Tensor
+
+
+def normal_block_lanczos(
+    q,
+    k,
+    approx_op,
+    *,
+    block: int = 4,
+    tol: float = 1e-6,
+    max_iter: int = 300,
+    generator=None,
+    row_block=None,
+    compute_dtype=torch.float32,
+    failure_probability: float = 1e-3,
+) -> BlockLanczosResult:
+    r""":math:`\|\tilde S - S\|_2`, :math:`S = \operatorname{softmax}(QK^\top/\sqrt p)`, by block Lanczos on :math:`M^\top M`.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` each.
+    approx_op : LinearOperator
+        :math:`\tilde S`, ``(*batch, n, n)``.
+    block : int
+        Vectors per block, ``>= 1``.
+    tol : float
+        Stop when ``distance_bound <= tol * estimate`` (certified), or when the estimate
+        moved by at most ``tol * estimate`` in the last pass while
+        ``distance_bound <= sqrt(tol) * estimate`` (the rule of :func:`approxlab.linalg.golub_kahan`).
+    max_iter : int
+        Most passes, ``>= 1``; capped where the Krylov space fills :math:`\mathbb R^n`.
+    generator : torch.Generator, optional
+        CPU generator of the Gaussian start block.
+    row_block, compute_dtype
+        See :func:`fused_normal_pass`.
+    failure_probability : float
+        For ``probabilistic_upper_bound``, in ``(0, 1)``.
+
+    Returns
+    -------
+    BlockLanczosResult
+
+    Warns
+    -----
+    ConvergenceWarning
+        If some batch element has not converged in ``max_iter`` passes.
+
+    Notes
+    -----
+    After ``j`` passes the basis :math:`Q_j = [X_0, \dots, X_{j-1}]` (orthonormal, float64,
+    reorthogonalised twice against all previous blocks) spans the block Krylov space
+    :math:`\mathcal K_j(M^\top M, X_0)`, and :math:`W_j = M^\top M Q_j` is known from the
+    passes. Rayleigh--Ritz: the top eigenpair :math:`(\theta_1, s)` of
+    :math:`T = \operatorname{sym}(Q_j^\top W_j)`, Ritz vector :math:`y = Q_j s`, residual
+    :math:`\|W_j s - \theta_1 Q_j s\|`. The next block is the orthonormalised part of
+    :math:`M^\top M X_{j-1}` outside :math:`Q_j` (random columns replace a breakdown).
+    Mathematically the space of Golub--Kahan with ``block`` start vectors; it is used
+    here because the normal product needs one pass over :math:`S` per block instead of two
+    (:func:`fused_normal_pass`).
+
+    References
+    ----------
+    Golub and Underwood (1977); Musco and Musco (2015); Kuczyński and Woźniakowski (1992),
+    Theorem 4.2; Parlett (1998), Theorem 4.5.1.
+    """
+    from .._validation import as_generator, check_int, check_positive_float, check_qkv
+    from ..errors import ConvergenceWarning
+
+    check_qkv(q, k)
+    block = check_int(block, "block", low=1)
+    tol = check_positive_float(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter", low=1)
+    failure_probability = check_positive_float(failure_probability, "failure_probability")
+    if failure_probability >= 1:
+        raise ValueError(f"`failure_probability` must be in (0, 1); got {failure_probability}.")
+    n = q.shape[-2]
+    if tuple(approx_op.shape[-2:]) != (n, n):
+        raise ValueError(f"`approx_op` must have shape (*batch, {n}, {n}); got {tuple(approx_op.shape)}.")
+    generator = as_generator(generator)
+    batch = tuple(torch.broadcast_shapes(q.shape[:-2], approx_op.shape[:-2]))
+    device = q.device
+    block = min(block, n)
+
+    def orthonormal(y, basis):
+        """Orthonormal columns spanning the part of ``y`` outside ``basis`` (CGS twice + QR)."""
+        for _ in range(2):
+            if basis is not None:
+                y = y - basis @ (basis.transpose(-1, -2) @ y)
+        qmat, r = torch.linalg.qr(y)
+        diagonal = torch.diagonal(r, dim1=-2, dim2=-1).abs()
+        small = diagonal <= 1e-12 * diagonal.amax(-1, keepdim=True).clamp_min(1e-300)
+        if bool(small.any()):  # breakdown (an invariant subspace): continue with random columns
+            fresh = torch.randn(*batch, n, y.shape[-1], generator=generator, dtype=torch.float64).to(device)
+            y = torch.where(small.unsqueeze(-2), fresh, qmat)
+            for _ in range(2):
+                if basis is not None:
+                    y = y - basis @ (basis.transpose(-1, -2) @ y)
+            qmat, _ = torch.linalg.qr(y)
+        return qmat
+
+    start = torch.randn(*batch, n, block, generator=generator, dtype=torch.float64).to(device)
+    current = orthonormal(start, None)
+    basis = None
+    images = None
+    steps = min(max_iter, max(1, n // block))
+    done = torch.zeros(batch, dtype=torch.bool)
+    theta_prev = None
+    out = {}
+    passes = 0
+    for j in range(1, steps + 1):
+        image, _ = fused_normal_pass(q, k, approx_op, current, row_block=row_block, compute_dtype=compute_dtype)
+        passes += 1
+        basis = current if basis is None else torch.cat([basis, current], dim=-1)
+        images = image if images is None else torch.cat([images, image], dim=-1)
+        t = basis.transpose(-1, -2) @ images
+        t = 0.5 * (t + t.transpose(-1, -2))
+        values, vectors = torch.linalg.eigh(t.cpu())
+        theta = values[..., -1].clamp_min(0.0)
+        s = vectors[..., -1:].to(device)
+        ritz_residual = torch.linalg.vector_norm(images @ s - theta.to(device)[..., None, None] * (basis @ s),
+                                                 dim=(-2, -1)).cpu()
+        estimate = theta.sqrt()
+        distance = ritz_residual / estimate.clamp_min(torch.finfo(torch.float64).tiny)
+        now = distance <= tol * estimate
+        if theta_prev is not None:
+            moved = (estimate - theta_prev).abs() <= tol * estimate
+            now = now | (moved & (distance <= math.sqrt(tol) * estimate))
+        full = basis.shape[-1] + block > n
+        update = ~done
+        for name, value in (("estimate", estimate), ("residual", ritz_residual), ("distance", distance)):
+            out[name] = value if name not in out else torch.where(update, value, out[name])
+        out.setdefault("dimension", torch.zeros(batch, dtype=torch.float64))
+        out["dimension"] = torch.where(update, torch.full(batch, float(j)), out["dimension"])
+        done = done | now | full
+        theta_prev = estimate
+        if bool(done.all()):
+            break
+        current = orthonormal(image, basis)
+
+    if not bool(done.all()):
+        worst = float((out["distance"] / out["estimate"].clamp_min(1e-300))[~done].max())
+        warnings.warn(
+            ConvergenceWarning(
+                f"normal_block_lanczos did not converge in max_iter={max_iter} passes for "
+                f"{int((~done).sum())} of {done.numel()} batch elements: largest relative distance bound "
+                f"{worst:.3e} > tol={tol:.1e}; `estimate` is still a certified lower bound.",
+                residual=worst,
+            ),
+            stacklevel=2,
+        )
+    # Kuczynski-Wozniakowski (1992), Theorem 4.2(a), for the Krylov space of one start column.
+    epsilon = (math.log(1.648 * math.sqrt(n) / failure_probability) / (2.0 * out["dimension"] - 1.0)) ** 2
+    upper = torch.where(epsilon < 1, out["estimate"] / (1.0 - epsilon.clamp_max(0.999999)).sqrt(),
+                        torch.full_like(epsilon, float("inf")))
+    return BlockLanczosResult(
+        estimate=out["estimate"],
+        lower_bound=out["estimate"].clone(),
+        residual=out["residual"],
+        distance_bound=out["distance"],
+        probabilistic_upper_bound=upper,
+        failure_probability=failure_probability,
+        num_passes=passes,
+        num_matvecs=2 * block * passes,
+        converged=done,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Grid, data, the four routes
+# ----------------------------------------------------------------------------------------
+
+
+def build_config(*, quick: bool = False, **overrides) -> dict:
+    """The benchmark grid: :data:`FULL_GRID` (or :data:`QUICK_GRID`) with ``overrides`` (None: keep)."""
+    config = dict(QUICK_GRID if quick else FULL_GRID)
+    for key, value in overrides.items():
+        if key not in config:
+            raise StudyError(f"unknown bench setting {key!r}; known: {sorted(config)}.")
+        if value is not None:
+            config[key] = list(value) if isinstance(value, (list, tuple)) else value
+    for part in config["parts"]:
+        if part not in PARTS:
+            raise StudyError(f"--parts must be among {list(PARTS)}; got {part!r}.")
+    if config["source"] not in ("bert", "synthetic"):
+        raise StudyError(f"--source must be 'bert' or 'synthetic'; got {config['source']!r}.")
+    if config["compute_dtype"] not in _DTYPES:
+        raise StudyError(f"--compute-dtype must be one of {sorted(_DTYPES)}; got {config['compute_dtype']!r}.")
+    for key in ("accuracy_n", "scale_n", "forward_n"):
+        bad = [n for n in config[key] if int(n) < 2]
+        if bad:
+            raise StudyError(f"--{key.replace('_', '-')} values must be integers >= 2; got {bad}.")
+    return config
+
+
+def build_cells(config: dict, *, data_dir=None, cache_dir=None, device="cpu") -> list[dict]:
+    """One cell per (part, n, method), in the order they run (small n first)."""
+    common = {"config": config, "data_dir": None if data_dir is None else str(data_dir),
+              "cache_dir": None if cache_dir is None else str(cache_dir), "device": device}
+    cells = []
+    if "accuracy" in config["parts"]:
+        cells += [{"part": "accuracy", "n": int(n), "method": config["error_method"], **common}
+                  for n in config["accuracy_n"]]
+    if "scale" in config["parts"]:
+        cells += [{"part": "scale", "n": int(n), "method": config["error_method"], **common}
+                  for n in config["scale_n"]]
+    if "forward" in config["parts"]:
+        for n in config["forward_n"]:
+            for method in ["exact", *config["forward_methods"]]:
+                cells.append({"part": "forward", "n": int(n), "method": method, **common})
+    return cells
+
+
+def load_head(config: dict, n: int, *, data_dir=None, cache_dir=None, device="cpu"):
+    """``q, k, v: (1, n, p)``: one head of one contiguous window of ``n`` tokens.
+
+    ``source="bert"``: :func:`approxlab.data.get_qkv` (``config["condition"]``, ``"embedding"``
+    mode, so any ``n`` works: the corpus's first ``n`` tokens for window 0); head
+    ``config["head"]``. ``source="synthetic"``: :func:`approxlab.synthetic.synthetic_qkv` with
+    ``p = 32`` and unit-scale entries (tests).
+    """
+    if config["source"] == "synthetic":
+        from ..synthetic import synthetic_qkv
+
+        generator = torch.Generator().manual_seed(cell_seed("qkv", n, base_seed=config["seed"]))
+        q, k, v = synthetic_qkv((1,), n, 32, generator=generator, dtype=torch.float32)
+        return q.to(device), k.to(device), v.to(device)
+    from ..data import get_qkv
+
+    qkv = get_qkv(config["condition"], n, [config["window"]], mode=config["mode"], layer=config["layer"],
+                  seed=config["model_seed"], data_dir=data_dir, cache_dir=cache_dir, device=device)
+    head = config["head"]
+    return tuple(x[0, head : head + 1].contiguous() for x in (qkv.q, qkv.k, qkv.v))
+
+
+def _approximation(config, method, q, k, v, n):
+    from ..attention import approximate
+
+    generator = torch.Generator().manual_seed(cell_seed(method, n, base_seed=config["seed"]))
+    return approximate(method, q, k, v, num_features=min(config["num_features"], n), generator=generator)
+
+
+def _dense_error(q, k, approx_op):
+    from ..kernels import softmax_matrix
+
+    exact = softmax_matrix(q.to(torch.float64), k.to(torch.float64))
+    difference = approx_op.to(torch.float64).to_dense() - exact
+    del exact
+    return float(torch.linalg.matrix_norm(difference, ord=2).max())
+
+
+def _golub_kahan_error(q, k, approx_op, tol, max_iter, generator):
+    """What :func:`approxlab.metrics.spectral_error` does on operators, keeping the diagnostics."""
+    from ..linalg.lanczos import golub_kahan
+    from ..operators import ExactAttentionOperator
+
+    exact = ExactAttentionOperator(q, k, "softmax", block_size=default_row_block(q.shape[-2]))
+    difference = approx_op.to(torch.float64) - exact.to(torch.float64)
+    return golub_kahan(difference, tol=tol, max_iter=max_iter, generator=generator)
+
+
+def _scipy_error(q, k, approx_op, its, seed):
+    """:func:`scipy.linalg.interpolative.estimate_spectral_norm_diff` on the two operators."""
+    import numpy as np
+    import scipy.linalg.interpolative as interpolative
+    from scipy.sparse.linalg import LinearOperator as ScipyOperator
+
+    from ..operators import ExactAttentionOperator
+
+    n = q.shape[-2]
+    exact = ExactAttentionOperator(q, k, "softmax", block_size=default_row_block(n))
+
+    def wrap(op):
+        def apply(f):
+            def call(x):
+                x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).reshape(1, n, -1)
+                return f(x.to(op.dtype).to(op.device)).to("cpu", torch.float64).reshape(n, -1).numpy().squeeze(-1)
+            return call
+
+        return ScipyOperator((n, n), matvec=apply(op.matmat), rmatvec=apply(op.rmatmat), dtype=np.float64)
+
+    counter = {"matvecs": 0}
+
+    def counted(op):
+        inner = wrap(op)
+
+        def matvec(x):
+            counter["matvecs"] += 1
+            return inner.matvec(x)
+
+        def rmatvec(x):
+            counter["matvecs"] += 1
+            return inner.rmatvec(x)
+
+        return ScipyOperator((n, n), matvec=matvec, rmatvec=rmatvec, dtype=np.float64)
+
+    value = interpolative.estimate_spectral_norm_diff(wrap(approx_op), counted(exact), its=its,
+                                                      rng=np.random.default_rng(seed))
+    return float(value), counter["matvecs"]
+
+
+def _row(algorithm, measurement, **values) -> dict:
+    return {"algorithm": algorithm, **values, **measurement.as_row()}
+
+
+def compute(cell: dict) -> list[dict]:
+    """Rows of one (part, n, method) cell (see the module docstring)."""
+    config = cell["config"]
+    n, method, part = cell["n"], cell["method"], cell["part"]
+    q, k, v = load_head(config, n, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"], device=cell["device"])
+    p = int(q.shape[-1])
+    compute_dtype = _DTYPES[config["compute_dtype"]]
+    seed = cell_seed(part, n, method, base_seed=config["seed"])
+    common = {"p": p, "num_features": min(config["num_features"], n), "dtype": str(q.dtype).replace("torch.", "")}
+    if part == "forward":
+        return _tidy(_forward_rows(config, method, q, k, v, n, common))
+
+    approx = _approximation(config, method, q, k, v, n)
+    approx_op = approx.operator()
+    rows = []
+    fast, m = measure(normal_block_lanczos, q, k, approx_op, block=config["lanczos_block"], tol=config["tol"],
+                      max_iter=config["max_iter"], generator=torch.Generator().manual_seed(seed),
+                      compute_dtype=compute_dtype)
+    fast_row = _row("block-lanczos", m, estimate=float(fast.estimate.max()), lower_bound=float(fast.lower_bound.max()),
+                    distance_bound=float(fast.distance_bound.max()),
+                    probabilistic_upper_bound=float(fast.probabilistic_upper_bound.max()),
+                    passes=fast.num_passes, matvecs=fast.num_matvecs, converged=bool(fast.converged.all()),
+                    compute_dtype=config["compute_dtype"], **common)
+    rows.append(fast_row)
+    if part == "accuracy":
+        dense, m = measure(_dense_error, q, k, approx_op)
+        dense_row = _row("dense", m, estimate=dense, lower_bound=dense, distance_bound=0.0, passes=0, matvecs=0,
+                         converged=True, compute_dtype="float64", **common)
+        gk, m = measure(_golub_kahan_error, q, k, approx_op, config["tol"], config["max_iter"],
+                        torch.Generator().manual_seed(seed))
+        gk_row = _row("golub-kahan", m, estimate=float(gk.estimate.max()), lower_bound=float(gk.lower_bound.max()),
+                      distance_bound=float(gk.distance_bound.max()), passes=gk.num_matvecs, matvecs=gk.num_matvecs,
+                      converged=bool(gk.converged.all()), compute_dtype="float64", **common)
+        (scipy_value, scipy_matvecs), m = measure(_scipy_error, q, k, approx_op, config["scipy_its"], seed)
+        scipy_row = _row("scipy", m, estimate=scipy_value, passes=scipy_matvecs, matvecs=scipy_matvecs,
+                         compute_dtype=str(q.dtype).replace("torch.", ""), **common)
+        rows = [dense_row, gk_row, fast_row, scipy_row]
+        for row in rows:
+            row["relative_disagreement"] = abs(row["estimate"] - dense) / dense
+            row["time_ratio_vs_dense"] = dense_row["wall_s"] / row["wall_s"]
+            row["cpu_ratio_vs_dense"] = dense_row["cpu_s"] / row["cpu_s"]
+    return _tidy(rows)
+
+
+def _tidy(rows: list[dict]) -> list[dict]:
+    """Wide measurement dicts -> tidy rows ``(algorithm, compute_dtype, quantity, value)``.
+
+    Every row of ``results.csv`` then holds a number, and no row carries a NaN for a quantity
+    that does not apply to its algorithm.
+    """
+    tidy = []
+    for row in rows:
+        row = dict(row)
+        algorithm = row.pop("algorithm")
+        compute_dtype = row.pop("compute_dtype", row.get("dtype"))
+        row.pop("dtype", None)
+        for quantity, value in row.items():
+            tidy.append({"algorithm": algorithm, "compute_dtype": compute_dtype, "quantity": quantity,
+                         "value": float(value)})
+    return tidy
+
+
+def _forward_rows(config, method, q, k, v, n, common):
+    from ..attention import exact_attention
+    from ..operators import ExactAttentionOperator
+
+    rows = []
+    if method == "exact":
+        block = default_row_block(n)
+        blocked = ExactAttentionOperator(q, k, "softmax", block_size=block)
+        out, m = measure(blocked.matmat, v)
+        rows.append(_row("exact-blocked", m, row_block=block, compute_dtype=common["dtype"], **common))
+        if n <= config["dense_max_n"]:
+            dense, m = measure(exact_attention, q, k, v)
+            rows.append(_row("exact-dense", m, row_block=n, max_abs_difference=float((dense - out).abs().max()),
+                             compute_dtype=common["dtype"], **common))
+        return rows
+    try:
+        approx, m = measure(_approximation, config, method, q, k, v, n)
+    except (ImportError, ValueError, FloatingPointError, RuntimeError, MemoryError) as error:
+        # Recorded, not hidden: the row says the method failed at this n and why (stderr).
+        print(f"approxlab bench: {method} failed at n={n}: {type(error).__name__}: {error}", file=sys.stderr)
+        return [{"algorithm": "approximation-failed", "compute_dtype": common["dtype"], "failed": 1.0, **common}]
+    rows.append(_row("approximation", m, compute_dtype=common["dtype"], **common))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# Plot and summary (read only the saved table)
+# ----------------------------------------------------------------------------------------
+
+
+def _wide(results):
+    """``results.csv`` pivoted to one row per (part, n, method, algorithm)."""
+    index = ["part", "n", "method", "algorithm", "compute_dtype"]
+    wide = results.pivot_table(index=index, columns="quantity", values="value", aggfunc="first")
+    return wide.reset_index()
+
+
+def plot(results, path_without_suffix):
+    """Four panels from the saved table: spectral-error time, disagreement, memory, forward time."""
+    from ..plotting import figure, method_style, save_figure
+
+    wide = _wide(results)
+    fig, axes = figure(2, 2, panel_size=(3.6, 2.8))
+    styles = {
+        "dense": {"color": "#000000", "marker": "s", "label": "dense SVD (float64)"},
+        "golub-kahan": {"color": "#0072B2", "marker": "^", "label": "Golub-Kahan (metrics.spectral_error)"},
+        "block-lanczos": {"color": "#D55E00", "marker": "o", "label": "fused block Lanczos (this bench)"},
+        "scipy": {"color": "#009E73", "marker": "D", "label": "SciPy estimate_spectral_norm_diff"},
+    }
+    errors = wide[wide["part"].isin(["accuracy", "scale"])]
+    ax = axes[0, 0]
+    for algorithm, style in styles.items():
+        sub = errors[errors["algorithm"] == algorithm].sort_values("n")
+        if len(sub):
+            ax.plot(sub["n"], sub["wall_s"], **style)
+    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="wall time (s)",
+           title=r"$\|\tilde D^{-1}\tilde A - D^{-1}A\|_2$ of one head")
+    ax.legend(frameon=False)
+    ax = axes[0, 1]
+    accuracy = wide[(wide["part"] == "accuracy") & (wide["algorithm"] != "dense")]
+    for algorithm, style in styles.items():
+        sub = accuracy[accuracy["algorithm"] == algorithm].sort_values("n")
+        if len(sub):
+            ax.plot(sub["n"], sub["relative_disagreement"].clip(lower=1e-17), **style)
+    ax.axhline(1e-4, color="#999999", linestyle=":", linewidth=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="|estimate - dense| / dense",
+           title="agreement with the dense reference")
+    ax = axes[1, 0]
+    for algorithm, style in styles.items():
+        sub = errors[errors["algorithm"] == algorithm].sort_values("n")
+        if len(sub):
+            ax.plot(sub["n"], sub["peak_rss_mb"] / 1024, **style)
+    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="peak RSS of the process (GiB)",
+           title="memory of the spectral error")
+    ax = axes[1, 1]
+    forward = wide[wide["part"] == "forward"]
+    for (method, algorithm), sub in forward.groupby(["method", "algorithm"]):
+        sub = sub.sort_values("n")
+        if algorithm == "approximation":
+            style = method_style(method, secondary=True)
+        else:
+            style = {"color": "#000000", "marker": "s" if algorithm == "exact-dense" else ".",
+                     "linestyle": "-" if algorithm == "exact-dense" else "--", "label": algorithm}
+        ax.plot(sub["n"], sub["wall_s"], **style)
+    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="forward wall time (s)",
+           title="approximations vs exact attention")
+    ax.legend(frameon=False, fontsize=5, ncol=2)
+    return save_figure(fig, path_without_suffix)
+
+
+def _markdown_table(frame, columns, formats) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for _, row in frame.iterrows():
+        cells = []
+        for column in columns:
+            value = row.get(column)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                cells.append("—")
+            else:
+                cells.append(formats.get(column, "{}").format(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_summary(results, config_record: dict, path) -> pathlib.Path:
+    """``summary.md``: the command, the machine, and the three tables, from the saved files."""
+    wide = _wide(results)
+    config = config_record.get("config", {})
+    run_info = config_record.get("run", {})
+    fmt = {"n": "{:.0f}", "estimate": "{:.10g}", "relative_disagreement": "{:.2e}", "wall_s": "{:.3f}",
+           "cpu_s": "{:.3f}", "time_ratio_vs_dense": "{:.1f}", "cpu_ratio_vs_dense": "{:.1f}",
+           "passes": "{:.0f}", "matvecs": "{:.0f}", "peak_rss_mb": "{:.0f}", "rss_before_mb": "{:.0f}",
+           "distance_bound": "{:.1e}", "load_average": "{:.1f}", "p": "{:.0f}", "row_block": "{:.0f}"}
+    lines = [
+        "# approxlab bench",
+        "",
+        f"Command: `{run_info.get('command', 'approxlab bench')}`",
+        "",
+        f"Machine: {run_info.get('machine', 'unknown')}. Q/K/V: {config.get('source')} "
+        f"({config.get('condition')}, {config.get('mode')} mode, layer {config.get('layer')}, head "
+        f"{config.get('head')}, window {config.get('window')}); error of `{config.get('error_method')}` with "
+        f"num_features={config.get('num_features')}; tol={config.get('tol')}, Lanczos block "
+        f"{config.get('lanczos_block')}, compute dtype {config.get('compute_dtype')}.",
+        "",
+        "Times are wall seconds (and process CPU seconds) measured in one process; the machine is "
+        "shared, so the 1-minute load average is recorded per measurement. Peak RSS is of the whole "
+        "process, sampled every 2 ms during the measurement.",
+        "",
+    ]
+    accuracy = wide[wide["part"] == "accuracy"].sort_values(["n", "algorithm"])
+    if len(accuracy):
+        lines += ["## Spectral error vs dense and SciPy", "",
+                  _markdown_table(accuracy, ["n", "p", "algorithm", "estimate", "relative_disagreement", "wall_s",
+                                             "cpu_s", "time_ratio_vs_dense", "cpu_ratio_vs_dense", "passes",
+                                             "matvecs", "distance_bound", "peak_rss_mb", "rss_before_mb",
+                                             "load_average"], fmt), ""]
+    scale = wide[wide["part"] == "scale"].sort_values("n")
+    if len(scale):
+        lines += ["## Matrix-free path at scale", "",
+                  _markdown_table(scale, ["n", "p", "algorithm", "estimate", "distance_bound", "wall_s", "cpu_s",
+                                          "passes", "matvecs", "peak_rss_mb", "rss_before_mb", "load_average"],
+                                  fmt), ""]
+    forward = wide[wide["part"] == "forward"].sort_values(["n", "method", "algorithm"])
+    if len(forward):
+        lines += ["## Forward time and memory", "",
+                  _markdown_table(forward, ["n", "method", "algorithm", "wall_s", "cpu_s", "peak_rss_mb",
+                                            "rss_before_mb", "load_average"], fmt), ""]
+    return atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+# ----------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------
+
+
+def _int_list(text):
+    return [int(t) for t in text.split(",") if t]
+
+
+def add_arguments(parser) -> None:
+    """The bench's own options (the common ones come from :mod:`approxlab.cli`)."""
+    group = parser.add_argument_group("bench options (default: the full grid, see FULL_GRID)")
+    group.add_argument("--parts", nargs="+", choices=PARTS, default=None, help="which parts to run")
+    group.add_argument("--accuracy-n", type=int, nargs="+", default=None, help="n of the accuracy part")
+    group.add_argument("--scale-n", type=int, nargs="+", default=None, help="n of the scale part")
+    group.add_argument("--forward-n", type=int, nargs="+", default=None, help="n of the forward part")
+    group.add_argument("--error-method", default=None, help="approximation whose spectral error is computed")
+    group.add_argument("--num-features", type=int, default=None, help="num_features of every approximation")
+    group.add_argument("--forward-methods", nargs="+", default=None, help="methods of the forward part")
+    group.add_argument("--dense-max-n", type=int, default=None, help="largest n for dense exact attention")
+    group.add_argument("--source", choices=("bert", "synthetic"), default=None, help="Q/K/V source")
+    group.add_argument("--condition", choices=("initialized", "pretrained"), default=None, help="BERT condition")
+    group.add_argument("--head", type=int, default=None, help="attention head")
+    group.add_argument("--tol", type=float, default=None, help="relative tolerance of the matrix-free routes")
+    group.add_argument("--lanczos-block", type=int, default=None, help="vectors per block Lanczos pass")
+    group.add_argument("--compute-dtype", choices=sorted(_DTYPES), default=None,
+                       help="dtype of the logits in the fused passes")
+
+
+def _output_dir(args) -> pathlib.Path:
+    if args.out is not None:
+        return pathlib.Path(args.out)
+    return default_output_dir("bench-quick" if args.quick else "bench")
+
+
+def _machine() -> str:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} with "
+            f"{torch.get_num_threads()} threads, Python {platform.python_version()}")
+
+
+def run(args) -> int:
+    """Compute (resumable, in-process only) and/or redraw; returns the exit status."""
+    from .io import read_json
+
+    out = _output_dir(args)
+    results_path = out / "results.csv"
+    if getattr(args, "scheduler", None) is not None or getattr(args, "workers", None) is not None:
+        raise StudyError("bench runs in one process so that its time ratios are fair; drop --workers/--scheduler.")
+    if not args.plot_only:
+        overrides = {key: getattr(args, option, None) for key, option in _GRID_OPTIONS.items()}
+        config = build_config(quick=args.quick, **overrides)
+        cells = build_cells(config, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)
+        run_info = {"command": getattr(args, "command", "approxlab bench"), "machine": _machine(),
+                    "device": args.device}
+        results = run_cells(cells, compute, results_path=results_path, key_columns=KEY_COLUMNS, config=config,
+                            run_info=run_info, progress=args.progress, flush_every_seconds=0.0,
+                            restart=args.restart)
+    else:
+        try:
+            results = read_results(results_path)
+        except FileNotFoundError as error:
+            raise StudyError(str(error)) from None
+    if results.empty:
+        raise StudyError(f"{str(results_path)!r} holds no rows; nothing to plot.")
+    record = read_json(out / "config.json")
+    plot(results, out / "bench")
+    summary = write_summary(results, record, out / "summary.md")
+    print(summary.read_text(encoding="utf-8"))
+    return 0
