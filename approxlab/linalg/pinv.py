@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from .._validation import check_int, check_positive_float, check_square
+from .._validation import check_bool, check_int, check_positive_float, check_square
 from ..errors import ConvergenceWarning
 
 __all__ = ["PinvResult", "iterative_pinv", "INITS"]
@@ -80,6 +80,7 @@ def iterative_pinv(
     *,
     init="nystromformer",
     tol: float | None = None,
+    history: bool = True,
 ) -> PinvResult:
     r"""Approximate :math:`M^+` by ``num_iter`` steps of Nystromformer Eq. (5).
 
@@ -96,7 +97,12 @@ def iterative_pinv(
         :math:`\|I - M\| < 1` (Skyformer Lemma 3); or an explicit ``(*batch, k, k)`` tensor.
     tol : float, optional
         If given, a :class:`~approxlab.errors.ConvergenceWarning` is issued when either final
-        Penrose residual (``penrose_residuals`` or ``inverse_residuals``) exceeds ``tol``. Without it, the warning is issued only if the
+        Penrose residual (``penrose_residuals`` or ``inverse_residuals``) exceeds ``tol``.
+    history : bool
+        ``True`` (default): residuals of every iterate, ``(num_iter + 1, *batch)``. ``False``:
+        only of :math:`Z_0` and the last iterate, ``(2, *batch)``. Each residual costs three
+        ``k x k`` SVDs, far more than an iteration itself, so methods that call this inside
+        attention (Nystromformer, Skyformer's Schulz core) default to ``False``. Without it, the warning is issued only if the
         iteration diverged (final Penrose residual above the initial one, or non-finite).
 
     Returns
@@ -122,13 +128,20 @@ def iterative_pinv(
     num_iter = check_int(num_iter, "num_iter", low=0)
     if tol is not None:
         tol = check_positive_float(tol, "tol")
+    check_bool(history, "history")
 
     eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
-    m_norm = torch.linalg.matrix_norm(m, ord=2).clamp_min(torch.finfo(m.dtype).tiny)
+    m_norm = torch.linalg.matrix_norm(m.detach(), ord=2).clamp_min(torch.finfo(m.dtype).tiny)
 
     tiny = torch.finfo(m.dtype).tiny
 
+    m_detached = m.detach()
+
+    @torch.no_grad()
     def residuals(z):
+        # Diagnostics only: never part of the autograd graph (they are SVDs, whose
+        # backward is expensive and undefined at repeated singular values).
+        m, z = m_detached, z.detach()
         mz = m @ z
         return (
             torch.linalg.matrix_norm(eye - mz, ord=2),
@@ -138,15 +151,16 @@ def iterative_pinv(
         )
 
     z = _initial(m, init)
-    history = [residuals(z)]
-    for _ in range(num_iter):
+    records = [residuals(z)]
+    for step in range(num_iter):
         mz = m @ z
         z = 0.25 * z @ (13 * eye - mz @ (15 * eye - mz @ (7 * eye - mz)))
-        history.append(residuals(z))
+        if history or step == num_iter - 1:
+            records.append(residuals(z))
 
-    res = torch.stack([h[0] for h in history])
-    pen = torch.stack([h[1] for h in history])
-    inv = torch.stack([h[2] for h in history])
+    res = torch.stack([r[0] for r in records])
+    pen = torch.stack([r[1] for r in records])
+    inv = torch.stack([r[2] for r in records])
     final = torch.maximum(pen[-1], inv[-1]) if tol is not None else pen[-1]
     worst = float(final.max()) if final.numel() else 0.0
     if not bool(torch.isfinite(final).all()) or (tol is not None and worst > tol) or (

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_choice, check_int, check_qkv, check_tensor
+from .._validation import check_bool, check_choice, check_int, check_qkv, check_tensor
 from ..kernels import softmax_matrix
+from ..linalg.conditioning import condition_number
 from ..linalg.pinv import INITS, iterative_pinv
 from ..operators import ProductOperator
 from ._base import Approximation, method
@@ -139,17 +140,6 @@ def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int):
     )
 
 
-def _condition_number(matrix: torch.Tensor) -> torch.Tensor:
-    """2-norm condition number, ``inf`` where the smallest singular value is 0."""
-    singular_values = torch.linalg.svdvals(matrix)
-    smallest = singular_values[..., -1]
-    return torch.where(
-        smallest > 0,
-        singular_values[..., 0] / smallest.clamp_min(torch.finfo(matrix.dtype).tiny),
-        torch.full_like(smallest, float("inf")),
-    )
-
-
 @method(
     "nystromformer",
     target="softmax",
@@ -167,6 +157,7 @@ def nystromformer(
     pinv: str = "iterative",
     num_iter: int = 6,
     init="nystromformer",
+    residual_history: bool = False,
 ) -> Approximation:
     r"""Nyströmformer attention with ``num_features`` segment-means landmarks.
 
@@ -194,6 +185,9 @@ def nystromformer(
         released code's :math:`A_S^\top/\max_j\sum_i (A_S)_{ij}` with the maximum taken over the
         **whole batch** (so a head's result depends on the other heads in the batch). Used with
         ``pinv="iterative"``.
+    residual_history : bool
+        Record the pseudo-inverse residuals of every iterate (``True``) or only of
+        :math:`Z_0` and the last one (``False``, default: each residual is an SVD).
 
     Returns
     -------
@@ -204,7 +198,8 @@ def nystromformer(
         ``(*batch, m, m)``), ``"core_condition_number"`` (``(*batch,)``, ``inf`` if singular),
         ``"pinv_inverse"`` (:math:`Z^\star`) and, for ``pinv="iterative"``,
         ``"pinv_residuals"`` :math:`\|I - A_SZ_j\|_2` and ``"penrose_residuals"``
-        :math:`\|A_SZ_jA_S - A_S\|_2/\|A_S\|_2`, each ``(num_iter + 1, *batch)``.
+        :math:`\|A_SZ_jA_S - A_S\|_2/\|A_S\|_2`, each ``(num_iter + 1, *batch)`` with
+        ``residual_history=True``, else ``(2, *batch)`` (first and last iterate).
 
     Warns
     -----
@@ -235,6 +230,7 @@ def nystromformer(
     num_features = check_int(num_features, "num_features", low=1, high=n)
     check_choice(pinv, "pinv", PINV_CHOICES)
     num_iter = check_int(num_iter, "num_iter", low=0)
+    check_bool(residual_history, "residual_history")
     if isinstance(init, str):
         check_choice(init, "init", INITS)
     elif not isinstance(init, torch.Tensor):
@@ -246,11 +242,11 @@ def nystromformer(
         "segment_sizes_q": segment_sizes(q.shape[-2], num_features),
         "segment_sizes_k": segment_sizes(k.shape[-2], num_features),
         "core": core,
-        "core_condition_number": _condition_number(core),
+        "core_condition_number": torch.as_tensor(condition_number(core.detach()), dtype=torch.float64),
         "pinv": pinv,
     }
     if pinv == "iterative":
-        result = iterative_pinv(core, num_iter, init=init)
+        result = iterative_pinv(core, num_iter, init=init, history=residual_history)
         z = result.inverse
         info["pinv_residuals"] = result.residuals
         info["penrose_residuals"] = result.penrose_residuals
