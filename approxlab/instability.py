@@ -1,0 +1,449 @@
+r"""Skyformer's instability score and the tiny encoder it is measured on (Appendix F, Table 3).
+
+Skyformer argues that kernelized attention (and Skyformer, its Nyström approximation)
+trains more stably than softmax attention, because a parameter change moves the output
+less. Appendix F makes this a number, the *instability score* of training step ``i``,
+
+.. math::
+
+    \tau_i = \frac{\|f(x_i, W_i) - f(x_i, W_{i-1})\|_F^2}{\|W_i - W_{i-1}\|_F^2},
+    \qquad i = 1, \dots, 20,
+
+where :math:`f` gives the embedding after the two encoder layers, :math:`x_i` is the
+``i``-th batch, :math:`W_0` the initial and :math:`W_i` the parameters after step ``i``.
+Table 3 reports, per task, the mean over the 20 steps of
+:math:`\tau_i(\text{method}) / \tau_i(\text{self-attention})`; a ratio below 1 means
+the method is more stable than softmax attention.
+
+This module provides
+
+* :func:`instability_score` -- one :math:`\tau_i` from outputs and parameters;
+* :func:`instability_trace` -- train a model for a few Adam steps and record every
+  :math:`\tau_i` (any model following the small protocol below);
+* :func:`instability_ratio` -- the mean over steps of :math:`\tau_i / \tau_i^{\text{ref}}`;
+* :class:`TinyEncoder` -- the 2-layer encoder of Skyformer Section 5 (embedding 64,
+  feed-forward 128, 2 heads) whose attention is any approxlab method
+  (:data:`ATTENTIONS`), with a mean-pooling classifier or a masked-LM head.
+
+Model protocol for :func:`instability_trace`: ``model(batch, *, seed) -> (embedding, loss)``
+where ``embedding`` is :math:`f(x, W)` and ``seed`` fixes every random draw of the
+forward pass, and ``model.embedding_parameters()`` lists the parameters :math:`W` that
+:math:`f` depends on.
+
+References
+----------
+Chen, Y., Zeng, Q., Ji, H. and Yang, Y. (2021). Skyformer: Remodel self-attention with
+Gaussian kernel and Nyström method. NeurIPS. Section 5 (model), Appendix F and Table 3.
+
+Liu, L., Liu, X., Gao, J., Chen, W. and Han, J. (2020). Understanding the difficulty of
+training transformers. EMNLP. Figure 4 (output change for a parameter change).
+
+Xiong, Y. et al. (2021). Nyströmformer. AAAI. (The PyTorch LRA code Skyformer trains with:
+pre-LayerNorm blocks, learned position embeddings, final LayerNorm, mean pooling.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ._validation import as_generator, check_choice, check_int, check_positive_float
+from .attention import approximate
+from .tasks._base import IGNORE_INDEX
+
+__all__ = [
+    "ATTENTIONS",
+    "TRAINING_OPTIONS",
+    "instability_score",
+    "instability_trace",
+    "instability_ratio",
+    "TinyEncoder",
+]
+
+ATTENTIONS = {
+    "softmax": "exact",
+    "kernelized": "kernelized",
+    "skyformer": "skyformer",
+    "nystromformer": "nystromformer",
+    "spectral-shifting": "spectral-shifting",
+    "yoso": "yoso-e",
+}
+"""Attention name in the instability table -> approxlab method that computes it.
+
+``"softmax"`` is exact self-attention (the reference of Table 3); ``"kernelized"`` is exact
+kernelized attention :math:`CV` (Skyformer Eq. (3)); ``"yoso"`` trains with YOSO-E, the
+expectation of YOSO's Bernoulli sampling, because YOSO-m's hashing has no gradient (the
+YOSO paper trains YOSO-m with a separate gradient estimate; YOSO-E is its differentiable,
+deterministic limit)."""
+
+TRAINING_OPTIONS = {"skyformer": {"core": "schulz"}}
+"""Default method options in training: Skyformer trains with its practical core, the Schulz
+iteration on the scaled, regularised core (Skyformer Section 4.4, Lemma 3), as in the paper."""
+
+
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+
+
+def instability_score(output_after, output_before, parameters_after, parameters_before) -> float:
+    r"""One instability score :math:`\tau_i` (Skyformer Appendix F).
+
+    Parameters
+    ----------
+    output_after, output_before : torch.Tensor
+        :math:`f(x_i, W_i)` and :math:`f(x_i, W_{i-1})`, same shape (any).
+    parameters_after, parameters_before : sequence of torch.Tensor
+        :math:`W_i` and :math:`W_{i-1}`, matching lists of tensors.
+
+    Returns
+    -------
+    float
+        :math:`\|f(x_i,W_i)-f(x_i,W_{i-1})\|_F^2 / \|W_i-W_{i-1}\|_F^2`, computed in float64.
+
+    Raises
+    ------
+    ValueError
+        If shapes do not match, or the parameters did not change (the score is 0/0).
+
+    Notes
+    -----
+    The norm of the parameter change is the Frobenius norm of all listed tensors together
+    (the Euclidean norm of the flattened parameter vector).
+
+    References
+    ----------
+    Skyformer Appendix F (the definition) and Table 3.
+    """
+    if not isinstance(output_after, torch.Tensor) or not isinstance(output_before, torch.Tensor):
+        raise TypeError(
+            "`output_after` and `output_before` must be torch.Tensors; got "
+            f"{type(output_after).__name__} and {type(output_before).__name__}."
+        )
+    if output_after.shape != output_before.shape:
+        raise ValueError(
+            f"`output_after` and `output_before` must have the same shape; got "
+            f"{tuple(output_after.shape)} and {tuple(output_before.shape)}."
+        )
+    parameters_after, parameters_before = list(parameters_after), list(parameters_before)
+    if len(parameters_after) != len(parameters_before) or any(
+        a.shape != b.shape for a, b in zip(parameters_after, parameters_before)
+    ):
+        raise ValueError(
+            "`parameters_after` and `parameters_before` must be matching lists of tensors; got "
+            f"{[tuple(a.shape) for a in parameters_after]} and {[tuple(b.shape) for b in parameters_before]}."
+        )
+    delta_w = float((_flat(parameters_after) - _flat(parameters_before)).square().sum())
+    if delta_w == 0.0:
+        raise ValueError("`parameters_after` equals `parameters_before`: the instability score is 0/0.")
+    delta_f = float((output_after.detach().to(torch.float64) - output_before.detach().to(torch.float64)).square().sum())
+    return delta_f / delta_w
+
+
+def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int = 0) -> dict:
+    r"""Train ``model`` with Adam, one step per batch, and record :math:`\tau_i` at every step.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Follows the protocol in the module docstring: ``model(batch, *, seed) ->
+        (embedding, loss)`` and ``model.embedding_parameters()``. Trained in place.
+    batches : sequence
+        ``x_1, ..., x_T``, passed to ``model`` as is (Skyformer: 20 steps).
+    lr : float
+        Adam learning rate (Skyformer Section 5: ``1e-4`` for ListOps and Text).
+    seed : int
+        Seeds the per-step random draws of randomized attentions. Step ``i`` uses the
+        same seed for :math:`f(x_i, W_{i-1})` (the training forward) and
+        :math:`f(x_i, W_i)` (after the update), so :math:`\tau_i` measures the parameter
+        change only, not a change of landmarks or hashes.
+
+    Returns
+    -------
+    dict
+        ``"tau"``: ``(T,)`` float64 instability scores; ``"loss"``: ``(T,)`` training losses;
+        ``"output_change"`` and ``"parameter_change"``: ``(T,)`` the squared norms
+        :math:`\|\Delta f\|_F^2` and :math:`\|\Delta W\|_F^2`.
+
+    Raises
+    ------
+    FloatingPointError
+        If a loss or a gradient is not finite (the step and the first offending parameter
+        are named); nothing is recorded for such a step.
+
+    Notes
+    -----
+    At step ``i``: forward on :math:`x_i` at :math:`W_{i-1}` (keeping :math:`f(x_i, W_{i-1})`
+    and the loss), backward, one Adam step to :math:`W_i`, then a gradient-free forward on
+    :math:`x_i` at :math:`W_i`; :math:`\tau_i` is :func:`instability_score` of the two.
+    Only :math:`W` (``embedding_parameters``) enters the denominator: a task head that
+    :math:`f` does not use is trained but not counted.
+
+    References
+    ----------
+    Skyformer Appendix F; Liu et al. (2020), Figure 4.
+    """
+    lr = check_positive_float(lr, "lr")
+    seed = check_int(seed, "seed", low=0)
+    if len(batches) < 1:
+        raise ValueError(f"`batches` must hold at least one batch; got {len(batches)}.")
+    g = as_generator(seed=seed)
+    step_seeds = torch.randint(0, 2**62, (len(batches),), generator=g).tolist()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    params = list(model.embedding_parameters())
+    out = {key: torch.zeros(len(batches), dtype=torch.float64) for key in ("tau", "loss", "output_change", "parameter_change")}
+    model.train()
+    for i, (batch, step_seed) in enumerate(zip(batches, step_seeds)):
+        optimizer.zero_grad(set_to_none=True)
+        before, loss = model(batch, seed=step_seed)
+        if not bool(torch.isfinite(loss)):
+            raise FloatingPointError(f"the training loss is not finite at step {i + 1}: {float(loss.detach())}.")
+        before = before.detach()
+        loss.backward()
+        bad = [name for name, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        if bad:
+            raise FloatingPointError(
+                f"non-finite gradient at step {i + 1} in {len(bad)} parameter(s) (first: {bad[0]}); "
+                "the attention's backward pass is not numerically safe here."
+            )
+        params_before = [p.detach().clone() for p in params]
+        optimizer.step()
+        with torch.no_grad():
+            after, _ = model(batch, seed=step_seed)
+        delta_f = float((after.to(torch.float64) - before.to(torch.float64)).square().sum())
+        delta_w = float((_flat(params) - _flat(params_before)).square().sum())
+        out["tau"][i] = instability_score(after, before, params, params_before)
+        out["loss"][i] = float(loss.detach())
+        out["output_change"][i] = delta_f
+        out["parameter_change"][i] = delta_w
+    return out
+
+
+def instability_ratio(tau: torch.Tensor, tau_reference: torch.Tensor) -> float:
+    r"""Mean over steps of :math:`\tau_i / \tau_i^{\text{ref}}` (one entry of Skyformer Table 3).
+
+    Parameters
+    ----------
+    tau, tau_reference : torch.Tensor
+        ``(T,)`` scores of a method and of softmax attention on the same batches.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ or a reference score is not positive and finite.
+    """
+    tau = torch.as_tensor(tau, dtype=torch.float64)
+    tau_reference = torch.as_tensor(tau_reference, dtype=torch.float64)
+    if tau.shape != tau_reference.shape or tau.ndim != 1 or tau.numel() == 0:
+        raise ValueError(
+            f"`tau` and `tau_reference` must be non-empty 1-d tensors of the same length; got "
+            f"{tuple(tau.shape)} and {tuple(tau_reference.shape)}."
+        )
+    if not bool((tau_reference > 0).all() and torch.isfinite(tau_reference).all()):
+        raise ValueError(f"`tau_reference` must be positive and finite; got {tau_reference.tolist()}.")
+    return float((tau / tau_reference).mean())
+
+
+def _linear_init(weight, bias, generator):
+    """PyTorch's default ``nn.Linear`` init, drawn from ``generator``."""
+    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
+    bound = 1.0 / math.sqrt(weight.shape[1])
+    torch.nn.init.uniform_(bias, -bound, bound, generator=generator)
+
+
+class _Block(torch.nn.Module):
+    """Pre-LayerNorm transformer block: ``x + Attn(LN(x))``, then ``x + FF(LN(x))``."""
+
+    def __init__(self, embedding_dim, hidden_dim, num_heads, dtype):
+        super().__init__()
+        kw = {"dtype": dtype}
+        self.num_heads = num_heads
+        self.norm1 = torch.nn.LayerNorm(embedding_dim, **kw)
+        self.qkv = torch.nn.Linear(embedding_dim, 3 * embedding_dim, **kw)
+        self.out = torch.nn.Linear(embedding_dim, embedding_dim, **kw)
+        self.norm2 = torch.nn.LayerNorm(embedding_dim, **kw)
+        self.ff1 = torch.nn.Linear(embedding_dim, hidden_dim, **kw)
+        self.ff2 = torch.nn.Linear(hidden_dim, embedding_dim, **kw)
+
+    def reset_parameters(self, generator):
+        for linear in (self.qkv, self.out, self.ff1, self.ff2):
+            _linear_init(linear.weight, linear.bias, generator)
+        for norm in (self.norm1, self.norm2):
+            torch.nn.init.ones_(norm.weight)
+            torch.nn.init.zeros_(norm.bias)
+
+    def forward(self, x, attend):
+        b, n, e = x.shape
+        h = self.num_heads
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, h, e // h).permute(2, 0, 3, 1, 4)
+        a = attend(q, k, v)  # (b, h, n, e // h)
+        x = x + self.out(a.transpose(1, 2).reshape(b, n, e))
+        return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
+
+
+class TinyEncoder(torch.nn.Module):
+    r"""The 2-layer encoder of Skyformer Section 5 with a pluggable attention.
+
+    Token + learned position embeddings (``N(0, 0.02^2)``), ``num_layers`` pre-LayerNorm
+    blocks (attention with ``num_heads`` heads, GELU feed-forward ``embedding_dim ->
+    hidden_dim -> embedding_dim``), a final LayerNorm, and a head: mean pooling over real
+    tokens + a 2-layer classifier (``kind="classification"``), or a masked-LM decoder tied
+    to the token embeddings (``kind="mlm"``). No dropout (the score compares two
+    deterministic forward passes).
+
+    Parameters
+    ----------
+    vocab_size : int
+    n : int
+        Maximum sequence length (size of the position table).
+    attention : str
+        A key of :data:`ATTENTIONS`.
+    num_features : int
+        The approximation's budget (landmarks / features; Skyformer Section 5 uses 128);
+        capped at the sequence length. Ignored by exact attentions.
+    kind : {"classification", "mlm"}
+    num_classes : int, optional
+        Required for ``kind="classification"``.
+    embedding_dim, hidden_dim, num_heads, num_layers : int
+        Skyformer: 64, 128, 2, 2.
+    attention_options : dict, optional
+        Passed to :func:`approxlab.approximate` as method options; default
+        :data:`TRAINING_OPTIONS` for the attention (Skyformer: ``core="schulz"``).
+    generator : torch.Generator, optional
+        Initial weights are drawn from it (CPU); two encoders built from the same
+        generator state have the same weights, whatever their attention.
+    dtype : torch.dtype
+        Parameter dtype (float32 default).
+
+    Notes
+    -----
+    :math:`f(x, W)` of Skyformer Appendix F is :meth:`embed`: the ``(batch, n,
+    embedding_dim)`` output of the final LayerNorm, i.e. the token embeddings after the two
+    layers as returned by the encoder of the LRA code Skyformer trains with. Padding tokens
+    are ordinary tokens inside attention (approxlab's methods take no key mask; all
+    attentions see the same input) and are left out of the mean pooling.
+
+    References
+    ----------
+    Skyformer Section 5 ("Implementation Details") and Appendix F.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        n: int,
+        attention: str = "softmax",
+        num_features: int = 128,
+        kind: str = "classification",
+        num_classes: int | None = None,
+        embedding_dim: int = 64,
+        hidden_dim: int = 128,
+        num_heads: int = 2,
+        num_layers: int = 2,
+        attention_options: dict | None = None,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        vocab_size = check_int(vocab_size, "vocab_size", low=2)
+        n = check_int(n, "n", low=1)
+        check_choice(attention, "attention", ATTENTIONS)
+        num_features = check_int(num_features, "num_features", low=1)
+        check_choice(kind, "kind", ("classification", "mlm"))
+        if kind == "classification":
+            num_classes = check_int(num_classes, "num_classes", low=2)
+        embedding_dim = check_int(embedding_dim, "embedding_dim", low=1)
+        hidden_dim = check_int(hidden_dim, "hidden_dim", low=1)
+        num_heads = check_int(num_heads, "num_heads", low=1)
+        num_layers = check_int(num_layers, "num_layers", low=1)
+        if embedding_dim % num_heads:
+            raise ValueError(
+                f"`embedding_dim` must be divisible by `num_heads`; got {embedding_dim} and {num_heads}."
+            )
+        check_choice(dtype, "dtype", (torch.float32, torch.float64))
+        self.attention = attention
+        self.method = ATTENTIONS[attention]
+        self.num_features = num_features
+        self.kind = kind
+        if attention_options is None:
+            attention_options = TRAINING_OPTIONS.get(attention, {})
+        self.attention_options = dict(attention_options)
+        kw = {"dtype": dtype}
+        # torch's modules initialise themselves from the global generator on construction;
+        # fork_rng restores its state, and reset_parameters then redraws every weight from
+        # `generator`.
+        with torch.random.fork_rng(devices=[]):
+            self.token_embedding = torch.nn.Embedding(vocab_size, embedding_dim, **kw)
+            self.position_embedding = torch.nn.Embedding(n, embedding_dim, **kw)
+            self.blocks = torch.nn.ModuleList(
+                _Block(embedding_dim, hidden_dim, num_heads, dtype) for _ in range(num_layers)
+            )
+            self.norm = torch.nn.LayerNorm(embedding_dim, **kw)
+            if kind == "classification":
+                self.head = torch.nn.Sequential(
+                    torch.nn.Linear(embedding_dim, hidden_dim, **kw),
+                    torch.nn.ReLU(),
+                    torch.nn.Linear(hidden_dim, num_classes, **kw),
+                )
+            else:
+                self.head = torch.nn.ParameterDict({"bias": torch.nn.Parameter(torch.zeros(vocab_size, **kw))})
+        self.reset_parameters(as_generator(generator))
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        """Draw every initial weight from ``generator`` (never from global RNG)."""
+        torch.nn.init.normal_(self.token_embedding.weight, std=0.02, generator=generator)
+        torch.nn.init.normal_(self.position_embedding.weight, std=0.02, generator=generator)
+        for block in self.blocks:
+            block.reset_parameters(generator)
+        torch.nn.init.ones_(self.norm.weight)
+        torch.nn.init.zeros_(self.norm.bias)
+        if self.kind == "classification":
+            _linear_init(self.head[0].weight, self.head[0].bias, generator)
+            _linear_init(self.head[2].weight, self.head[2].bias, generator)
+        else:
+            torch.nn.init.zeros_(self.head["bias"])
+
+    def embedding_parameters(self) -> list:
+        """The parameters :math:`W` that :math:`f` (:meth:`embed`) depends on (not the head)."""
+        return [p for name, p in self.named_parameters() if not name.startswith("head.")]
+
+    def _attend(self, seed):
+        def attend(q, k, v):
+            n = k.shape[-2]
+            g = as_generator(seed=seed)
+            return approximate(
+                self.method, q, k, v, num_features=min(self.num_features, n), generator=g, **self.attention_options
+            ).output
+
+        return attend
+
+    def embed(self, input_ids: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
+        """:math:`f(x, W)`: ``input_ids (batch, n) -> (batch, n, embedding_dim)``.
+
+        ``seed`` fixes the random draws of randomized attentions (layer ``l`` uses
+        ``seed + l``).
+        """
+        n = input_ids.shape[-1]
+        positions = torch.arange(n, device=input_ids.device)
+        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, self._attend(seed + layer))
+        return self.norm(x)
+
+    def forward(self, batch, *, seed: int = 0):
+        """``(f(x, W), loss)`` for an :class:`approxlab.tasks.Batch` (cross-entropy loss)."""
+        embedding = self.embed(batch.input_ids, seed=seed)
+        if self.kind == "classification":
+            mask = batch.mask.to(embedding.dtype).unsqueeze(-1)
+            pooled = (embedding * mask).sum(-2) / mask.sum(-2).clamp_min(1.0)
+            loss = F.cross_entropy(self.head(pooled), batch.labels)
+        else:
+            selected = batch.labels != IGNORE_INDEX
+            hidden = embedding[selected]  # only masked positions reach the vocabulary
+            logits = hidden @ self.token_embedding.weight.T + self.head["bias"]
+            loss = F.cross_entropy(logits, batch.labels[selected])
+        return embedding, loss

@@ -1,0 +1,152 @@
+"""Instability score (Skyformer Appendix F / Table 3), the tiny encoder and the study."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from approxlab import tasks
+from approxlab.instability import TinyEncoder, instability_ratio, instability_score, instability_trace
+from approxlab.studies import instability as study
+from approxlab.tasks.mlm import mask_tokens
+
+
+class LinearModel(torch.nn.Module):
+    """f(x, W) = c * x W with a loss linear in f: <f, G>. Follows the trainer's protocol."""
+
+    def __init__(self, w0, scale=1.0):
+        super().__init__()
+        self.w = torch.nn.Parameter(w0.clone())
+        self.scale = scale
+
+    def embedding_parameters(self):
+        return [self.w]
+
+    def forward(self, batch, *, seed=0):
+        x, g = batch
+        f = self.scale * x @ self.w
+        return f, (f * g).sum()
+
+
+def _linear_problem(seed, steps=6, b=5, p=4, q=3):
+    gen = torch.Generator().manual_seed(seed)
+    w0 = torch.randn(p, q, generator=gen, dtype=torch.float64)
+    batches = [(torch.randn(b, p, generator=gen, dtype=torch.float64),
+                torch.randn(b, q, generator=gen, dtype=torch.float64)) for _ in range(steps)]
+    return w0, batches
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_linear_model_tau_by_hand(seed):
+    """Skyformer App. F definition on f(x, W) = xW: tau_i = ||x_i dW_i||^2 / ||dW_i||^2, with dW_i
+    the Adam update replayed by hand (gradient x_i^T G_i of the loss <x_i W, G_i>)."""
+    w0, batches = _linear_problem(seed)
+    lr = 1e-3
+    trace = instability_trace(LinearModel(w0), batches, lr=lr)
+    m = torch.zeros_like(w0)
+    v = torch.zeros_like(w0)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for i, (x, g) in enumerate(batches, start=1):
+        grad = x.T @ g
+        m = b1 * m + (1 - b1) * grad
+        v = b2 * v + (1 - b2) * grad**2
+        dw = -lr * (m / (1 - b1**i)) / ((v / (1 - b2**i)).sqrt() + eps)
+        expected = float((x @ dw).square().sum() / dw.square().sum())
+        assert trace["tau"][i - 1].item() == pytest.approx(expected, rel=1e-9)
+        assert trace["parameter_change"][i - 1].item() == pytest.approx(float(dw.square().sum()), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("scale", [0.5, 3.0])
+def test_known_ratio_of_scaled_linear_model(seed, scale):
+    """f = c xW vs f = xW from the same W_0 and batches: Adam's update is invariant to the
+    gradient scale c (up to eps), so dW is the same and every tau ratio is c^2."""
+    w0, batches = _linear_problem(seed)
+    ref = instability_trace(LinearModel(w0), batches, lr=1e-4)
+    scaled = instability_trace(LinearModel(w0, scale), batches, lr=1e-4)
+    assert instability_ratio(scaled["tau"], ref["tau"]) == pytest.approx(scale**2, rel=1e-6)
+
+
+def test_instability_score_validation():
+    a = torch.ones(2, 3)
+    w = [torch.ones(2)]
+    assert instability_score(a * 3, a, [w[0] * 2], w) == pytest.approx(6 * 4 / 2)
+    with pytest.raises(ValueError, match="0/0"):
+        instability_score(a, a, w, w)
+    with pytest.raises(ValueError, match="same shape"):
+        instability_score(a, torch.ones(3, 2), w, w)
+    with pytest.raises(ValueError, match="matching lists"):
+        instability_score(a, a, w, [torch.ones(3)])
+    with pytest.raises(ValueError, match="positive and finite"):
+        instability_ratio(torch.ones(2), torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="lr"):
+        instability_trace(LinearModel(torch.ones(2, 2)), [], lr=0.0)
+
+
+def test_encoder_same_initial_weights_and_no_global_rng():
+    """Shared parameters start equal for every attention; global RNG state is untouched."""
+    state = torch.random.get_rng_state()
+    models = [TinyEncoder(vocab_size=16, n=32, attention=a, num_classes=10, generator=torch.Generator().manual_seed(7))
+              for a in ("softmax", "kernelized", "yoso")]
+    assert torch.equal(state, torch.random.get_rng_state())
+    ref = models[0].state_dict()
+    for model in models[1:]:
+        assert all(torch.equal(ref[k], t) for k, t in model.state_dict().items())
+    with pytest.raises(ValueError, match="`attention` must be one of"):
+        TinyEncoder(vocab_size=16, n=32, attention="bogus", num_classes=10)
+    with pytest.raises(ValueError, match="divisible"):
+        TinyEncoder(vocab_size=16, n=32, num_classes=10, embedding_dim=10, num_heads=3)
+
+
+def test_encoder_trace_reproducible_and_finite():
+    task = tasks.make_task("listops", n=32, batch_size=2, num_batches=3, generator=torch.Generator().manual_seed(0))
+    traces = []
+    for _ in range(2):
+        model = TinyEncoder(vocab_size=task.vocab_size, n=32, attention="kernelized", num_classes=10,
+                            num_features=8, generator=torch.Generator().manual_seed(1))
+        traces.append(instability_trace(model, task.batches, seed=5))
+    assert torch.equal(traces[0]["tau"], traces[1]["tau"])
+    assert bool((traces[0]["tau"] > 0).all()) and bool(torch.isfinite(traces[0]["tau"]).all())
+    assert model.embed(task.batches[0].input_ids).shape == (2, 32, 64)
+
+
+def test_mlm_head_and_masking():
+    """BERT masking: selected positions carry labels, others IGNORE; about 15% selected."""
+    ids = torch.randint(5, 100, (4, 256), generator=torch.Generator().manual_seed(0))
+    corrupted, labels = mask_tokens(ids, mask_token_id=1, vocab_size=100, generator=torch.Generator().manual_seed(2))
+    selected = labels != tasks.IGNORE_INDEX
+    assert torch.equal(labels[selected], ids[selected])
+    assert torch.equal(corrupted[~selected], ids[~selected])
+    assert 0.10 < selected.float().mean().item() < 0.20
+    assert (corrupted[selected] == 1).float().mean().item() > 0.6
+    again, _ = mask_tokens(ids, mask_token_id=1, vocab_size=100, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(again, corrupted)
+    batch = tasks.Batch(corrupted, torch.ones_like(ids, dtype=torch.bool), labels)
+    model = TinyEncoder(vocab_size=100, n=256, kind="mlm", generator=torch.Generator().manual_seed(0))
+    f, loss = model(batch)
+    assert f.shape == (4, 256, 64) and math.isfinite(float(loss.detach()))
+    with pytest.raises(ValueError, match="mask_rate"):
+        mask_tokens(ids, mask_token_id=1, vocab_size=100, mask_rate=1.5)
+
+
+def test_study_end_to_end_tiny(tmp_path):
+    """A tiny grid writes results.csv, ratios.csv, table.md, config.json and the figure."""
+    config = study.build_config(tasks=["listops:32:2"], attentions=["kernelized"], seeds=2, steps=2,
+                                num_features=8)
+    results = study.compute(config, tmp_path, progress=False)
+    assert set(results["attention"]) == {"softmax", "kernelized"}
+    assert (results["status"] == "ok").all() and len(results) == 2 * 2 * 2
+    written = study.write_table(tmp_path)
+    names = {p.name for p in written}
+    assert {"ratios.csv", "table.md", "instability.png", "instability.pdf"} <= names
+    assert (tmp_path / "config.json").is_file()
+    ratios = pd.read_csv(tmp_path / "ratios.csv")
+    assert (ratios.loc[ratios["attention"] == "softmax", "ratio"] == 1.0).all()
+    table = (tmp_path / "table.md").read_text()
+    assert "| kernelized |" in table and "ListOps (n=32)" in table and "±" in table
+    # a resumed run computes nothing new and gives the same table
+    again = study.compute(config, tmp_path, progress=False)
+    pd.testing.assert_frame_equal(again, results)
+    with pytest.raises(study.StudyError, match="--tasks"):
+        study.build_config(tasks=["listops:32"])

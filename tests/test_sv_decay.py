@@ -1,0 +1,128 @@
+"""Rank / decay / conditioning measures of the singular-value decay study (Skyformer App. B)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from approxlab import metrics
+from approxlab.studies import sv_decay
+from approxlab.synthetic import matrix_with_singular_values, synthetic_qkv
+
+
+def _g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_geometric_spectrum_by_hand():
+    """sigma_i = r^i: the decay rate is ln r exactly, ranks and d_stat follow by hand."""
+    r, n = 0.5, 40
+    sigma = r ** torch.arange(n, dtype=torch.float64)
+    out = sv_decay.spectrum_measures(sigma.unsqueeze(0), (n, n), num=16)
+    assert out["decay_rate"].item() == pytest.approx(math.log(r), rel=1e-12)
+    # r^i > 1e-6  <=>  i < 6 / log10(2) = 19.93  ->  20 values
+    assert out["numerical_rank"].item() == 20
+    assert out["stable_rank"].item() == pytest.approx(float((sigma**2).sum()), rel=1e-12)
+    p = sigma / sigma.sum()
+    assert out["effective_rank"].item() == pytest.approx(math.exp(float(-(p * p.log()).sum())), rel=1e-12)
+    assert out["statistical_dimension_0.1"].item() == pytest.approx(float((sigma / (sigma + 0.1)).sum()), rel=1e-12)
+    # sigma_min = 2^-39 ~ 1.8e-12 > 40 * eps64 ~ 8.9e-15: finite, equal to 2^39
+    assert out["condition_number"].item() == pytest.approx(2.0**39, rel=1e-12)
+
+
+def test_equal_singular_values():
+    """r equal singular values: every rank measure is r, the decay rate 0, kappa 1."""
+    out = sv_decay.spectrum_measures(torch.full((1, 7), 3.0, dtype=torch.float64), (7, 7))
+    for key in ("numerical_rank", "stable_rank", "effective_rank"):
+        assert out[key].item() == pytest.approx(7.0)
+    assert out["decay_rate"].item() == pytest.approx(0.0, abs=1e-14)
+    assert out["condition_number"].item() == pytest.approx(1.0)
+
+
+def test_singular_reported_as_inf_not_noise():
+    """A rank-deficient matrix gets kappa = inf, never a rounding-noise number like 1e+81."""
+    sigma = torch.tensor([[1.0, 1e-3, 1e-20]], dtype=torch.float64)
+    assert math.isinf(sv_decay.spectrum_measures(sigma, (3, 3))["condition_number"].item())
+    m = matrix_with_singular_values(torch.tensor([1.0, 0.5, 0.0], dtype=torch.float64), generator=_g(0))
+    sig = torch.linalg.svdvals(m).unsqueeze(0)
+    assert math.isinf(sv_decay.spectrum_measures(sig, (3, 3))["condition_number"].item())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_measures_match_approxlab_metrics(seed):
+    """On matrices with a prescribed spectrum (approxlab.synthetic), the one-SVD measures equal
+    approxlab.metrics' numerical_rank, stable_rank, effective_rank, singular_value_decay_rate,
+    condition_number and leverage.statistical_dimension (PSD case)."""
+    gen = _g(seed)
+    n = 24
+    decay = 0.3 + 0.6 * torch.rand(1, generator=gen, dtype=torch.float64)
+    spectrum = decay ** torch.arange(n, dtype=torch.float64)
+    m = matrix_with_singular_values(spectrum, generator=gen)
+    sigma = torch.linalg.svdvals(m).unsqueeze(0)
+    out = sv_decay.spectrum_measures(sigma, (n, n), num=16)
+    assert out["numerical_rank"].item() == metrics.numerical_rank(m, 1e-6)
+    assert out["stable_rank"].item() == pytest.approx(metrics.stable_rank(m), rel=1e-9)
+    assert out["effective_rank"].item() == pytest.approx(metrics.effective_rank(m), rel=1e-9)
+    assert out["decay_rate"].item() == pytest.approx(metrics.singular_value_decay_rate(m, num=16), rel=1e-6)
+    kappa = metrics.condition_number(m)
+    assert (math.isinf(kappa) and math.isinf(out["condition_number"].item())) or \
+        out["condition_number"].item() == pytest.approx(kappa, rel=1e-6)
+    from approxlab.synthetic import psd_matrix
+
+    k = psd_matrix(spectrum, generator=gen)
+    eig = torch.linalg.eigvalsh(k).flip(-1).clamp_min(0).unsqueeze(0)
+    lam = 0.1 * float(eig[0, 0])
+    expected = float(metrics.statistical_dimension(k, lam))
+    assert sv_decay.spectrum_measures(eig, (n, n))["statistical_dimension_0.1"].item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_attention_spectra_properties():
+    """D^-1 A is row-stochastic, so ||D^-1 A||_2 >= 1; the completion is PSD (eigenvalues >= 0,
+    descending); A rescaled by its max keeps sigma_i/sigma_1; approximations have rank <= d-ish."""
+    q, k, v = synthetic_qkv((2,), 48, 8, generator=_g(0))
+    spectra = sv_decay.attention_spectra(q, k, v, approximations=("nystromformer",), num_features=8)
+    assert set(spectra) == {"scores", "softmax", "kernelized", "completion", "output", "nystromformer"}
+    assert bool((spectra["softmax"][0][:, 0] >= 1 - 1e-12).all())
+    eig = spectra["completion"][0]
+    assert eig.shape == (2, 96) and bool((eig >= 0).all()) and bool((eig[:, :-1] >= eig[:, 1:]).all())
+    a = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(8))
+    ref = torch.linalg.svdvals(a)
+    torch.testing.assert_close(spectra["scores"][0] / spectra["scores"][0][:, :1], ref / ref[:, :1])
+    ranks = sv_decay.spectrum_measures(spectra["nystromformer"][0], (48, 48))["numerical_rank"]
+    assert bool((ranks <= 8).all())
+
+
+def test_layer_index():
+    assert [sv_decay.layer_index(x, 12) for x in ("first", "middle", "last")] == [0, 6, 11]
+    assert [sv_decay.layer_index(x, 6) for x in ("first", "middle", "last")] == [0, 3, 5]
+    with pytest.raises(ValueError, match="`layer` must be one of"):
+        sv_decay.layer_index("second", 6)
+
+
+def test_study_end_to_end_tiny(tmp_path, monkeypatch):
+    """A tiny grid on synthetic Q/K/V writes results.csv, spectra.csv, config.json, the figure
+    and summary.md; the summary states the condition-number comparison with numbers."""
+
+    def fake_qkv(condition, n, window, *, layer, mode, model_seed, data_dir, cache_dir, device):
+        q, k, v = synthetic_qkv((3,), n, 8, scale=1.5 if condition == "pretrained" else 0.5,
+                                generator=_g(window + n))
+        return q, k, v, sv_decay.layer_index(layer, 6), f"synthetic-{condition}"
+
+    monkeypatch.setattr(sv_decay, "load_qkv", fake_qkv)
+    config = sv_decay.build_config(quick=True, n=[32, 64], heads=2, num_features=8,
+                                   approximations=["nystromformer", "spectral-shifting"])
+    assert config["modes"] == {"32": "hidden", "64": "hidden"}
+    results, spectra = sv_decay.compute(config, tmp_path, progress=False)
+    assert len(results) == 2 * 2 * 2 * 7  # conditions x n x heads x matrices
+    assert np.isfinite(results["stable_rank"]).all()
+    assert set(spectra["matrix"]) == set(results["matrix"])
+    paths = sv_decay.plot(tmp_path)
+    assert {p.name for p in paths} == {"sv_decay.png", "sv_decay.pdf"}
+    summary = sv_decay.write_summary(tmp_path).read_text()
+    assert "kappa_2" in summary and "Verdict" in summary and "numerical rank" in summary.lower()
+    saved = pd.read_csv(tmp_path / "results.csv")
+    assert set(saved["checkpoint"]) == {"synthetic-initialized", "synthetic-pretrained"}
+    with pytest.raises(sv_decay.StudyError, match="--layers"):
+        sv_decay.build_config(layers=["second"])
