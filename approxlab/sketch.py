@@ -520,7 +520,7 @@ def nystrom_core(
     }
     if core == "schulz":
         x, inv_sqrt = scaled_core(block, gamma)
-        result = iterative_pinv(x, num_iter, init=init, history=False)
+        result = iterative_pinv(x, num_iter, init=init, history=False, norm="frobenius")
         factors = CoreFactors(inv_sqrt.unsqueeze(-1) * result.inverse * inv_sqrt.unsqueeze(-2), None)
         info["gamma"] = gamma
         info["pinv_residuals"] = result.residuals

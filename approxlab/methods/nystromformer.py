@@ -158,6 +158,7 @@ def nystromformer(
     num_iter: int = 6,
     init="nystromformer",
     residual_history: bool = False,
+    residual_norm: str = "frobenius",
 ) -> Approximation:
     r"""Nyströmformer attention with ``num_features`` segment-means landmarks.
 
@@ -187,7 +188,10 @@ def nystromformer(
         ``pinv="iterative"``.
     residual_history : bool
         Record the pseudo-inverse residuals of every iterate (``True``) or only of
-        :math:`Z_0` and the last one (``False``, default: each residual is an SVD).
+        :math:`Z_0` and the last one (``False``, default).
+    residual_norm : {"frobenius", "spectral"}
+        Norm of those residuals (``"spectral"``: the 2-norm of Lemma 1, one SVD each;
+        ``"frobenius"``, default: cheap, within a factor :math:`\sqrt m` of it).
 
     Returns
     -------
@@ -197,8 +201,8 @@ def nystromformer(
         ``"segment_sizes_q"``, ``"segment_sizes_k"`` (tuples of int), ``"core"`` (:math:`A_S`,
         ``(*batch, m, m)``), ``"core_condition_number"`` (``(*batch,)``, ``inf`` if singular),
         ``"pinv_inverse"`` (:math:`Z^\star`) and, for ``pinv="iterative"``,
-        ``"pinv_residuals"`` :math:`\|I - A_SZ_j\|_2` and ``"penrose_residuals"``
-        :math:`\|A_SZ_jA_S - A_S\|_2/\|A_S\|_2`, each ``(num_iter + 1, *batch)`` with
+        ``"pinv_residuals"`` :math:`\|I - A_SZ_j\|` and ``"penrose_residuals"``
+        :math:`\|A_SZ_jA_S - A_S\|/\|A_S\|` (in the norm ``residual_norm``), each ``(num_iter + 1, *batch)`` with
         ``residual_history=True``, else ``(2, *batch)`` (first and last iterate).
 
     Warns
@@ -231,6 +235,7 @@ def nystromformer(
     check_choice(pinv, "pinv", PINV_CHOICES)
     num_iter = check_int(num_iter, "num_iter", low=0)
     check_bool(residual_history, "residual_history")
+    check_choice(residual_norm, "residual_norm", ("frobenius", "spectral"))
     if isinstance(init, str):
         check_choice(init, "init", INITS)
     elif not isinstance(init, torch.Tensor):
@@ -246,7 +251,7 @@ def nystromformer(
         "pinv": pinv,
     }
     if pinv == "iterative":
-        result = iterative_pinv(core, num_iter, init=init, history=residual_history)
+        result = iterative_pinv(core, num_iter, init=init, history=residual_history, norm=residual_norm)
         z = result.inverse
         info["pinv_residuals"] = result.residuals
         info["penrose_residuals"] = result.penrose_residuals
