@@ -149,3 +149,19 @@ def test_summary_verdicts_follow_the_fixed_thresholds():
     assert text.count("**not reproduced**") == 4, text
     # the gap numbers are in the table: (0.95 - 0.2) / 0.95 at n = 1024
     assert f"{(0.95 - 0.2) / 0.95:.3g}" in figure1.summarize(config, good, pd.DataFrame())
+
+
+def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
+    """Issue 5: above ``--matrix-free-above`` the exact output is applied in row blocks; the
+    errors are the same numbers, and the 2n x 2n statistical dimension is skipped."""
+    grid = ["--n", "32", "48", "--num-features", "4", "8", "--methods", "skyformer-softmax", "nystromformer",
+            "--windows", "1", "--seeds", "1", "--no-progress", "--conditions", "initialized"]
+    assert main(["figure1", "--out", str(tmp_path / "dense"), *grid]) == 0
+    figure1.reference.cache_clear()
+    assert main(["figure1", "--out", str(tmp_path / "free"), "--matrix-free-above", "40", *grid]) == 0
+    dense = read_results(tmp_path / "dense" / "results.csv")
+    free = read_results(tmp_path / "free" / "results.csv")
+    columns = ["error_mean", "error_max", "relative_error_mean"]
+    pd.testing.assert_frame_equal(free[columns], dense[columns], rtol=1e-10, atol=0)
+    stats = read_results(tmp_path / "free" / "panel_stats.csv").set_index("n")
+    assert stats.loc[48, "stat_heads"].max() == 0 and stats.loc[32, "stat_heads"].min() == 2

@@ -65,6 +65,7 @@ Method*. NeurIPS 2021. Section 4.5 and Figure 1; Eqs. (3)-(5); Theorem 2.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import pathlib
@@ -120,6 +121,8 @@ QUICK_GRID = {**FULL_GRID, "n": [512, 1024], "num_features": [16, 64, 256], "win
 RESULTS = "results.csv"
 PANEL_STATS = "panel_stats.csv"
 KEY_COLUMNS = ("condition", "n", "window", "method")
+DENSE_MAX_N = 4096
+"""Above this n: exact attention in row blocks, no 2n x 2n statistical dimension (``--matrix-free-above``)."""
 PANEL_KEY_COLUMNS = ("condition", "n")
 
 
@@ -210,7 +213,8 @@ def _seeds(config: dict, method: str) -> list[int]:
     return list(range(config["seeds"])) if get(method).randomized else [0]
 
 
-def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cpu") -> list[dict]:
+def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cpu",
+               dense_max_n: int | None = None) -> list[dict]:
     """Runner cells, one per (condition, n, window, method), adjacent per window.
 
     The data location and device travel in the cells (they are not part of the grid).
@@ -229,13 +233,14 @@ def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cp
                     cells.append({
                         "condition": condition, "n": n, "window": window, "method": method,
                         "num_features": features, "seeds": _seeds(config, method),
-                        **_data_settings(config, data_dir, cache_dir, device),
+                        **_data_settings(config, data_dir, cache_dir, device, dense_max_n),
                     })
     return cells
 
 
-def _data_settings(config, data_dir, cache_dir, device):
+def _data_settings(config, data_dir, cache_dir, device, dense_max_n=None):
     return {
+        "dense_max_n": DENSE_MAX_N if dense_max_n is None else int(dense_max_n),
         "mode": config["mode"], "layer": config["layer"], "model_seed": config["model_seed"],
         "dtype": config["dtype"], "base_seed": config["base_seed"],
         "data_dir": None if data_dir is None else str(data_dir),
@@ -257,26 +262,35 @@ def load_qkv(condition, n, window, *, mode, layer, model_seed, data_dir, cache_d
 
 
 @functools.lru_cache(maxsize=2)
-def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir, device, dtype):
+def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir, device, dtype,
+              dense_max_n=DENSE_MAX_N):
     """Per-process cache of one window: ``dict(q, k, v, output, output_norm, checkpoint)``.
 
     ``output`` is exact softmax attention ``(heads, n, p_v)`` in ``dtype`` (computed head by
-    head to bound memory), ``output_norm`` its spectral norm per head (float64).
+    head to bound memory), ``output_norm`` its spectral norm per head (float64). Above
+    ``n = dense_max_n`` each head is applied as an
+    :class:`~approxlab.operators.ExactAttentionOperator` in row blocks, so memory stays
+    O(n * block) instead of O(n^2) (the same numbers up to rounding).
     """
     from ..attention import exact_attention
+    from ..operators import ExactAttentionOperator
 
     q, k, v, checkpoint = load_qkv(condition, n, window, mode=mode, layer=layer, model_seed=model_seed,
                                    data_dir=data_dir, cache_dir=cache_dir, device=device)
     dt = getattr(torch, dtype)
     q, k, v = (x.to(dt) for x in (q, k, v))
-    output = torch.stack([exact_attention(q[h], k[h], v[h]) for h in range(q.shape[0])])
+    if n > dense_max_n:
+        output = torch.stack([ExactAttentionOperator(q[h], k[h], "softmax").matmat(v[h]) for h in range(q.shape[0])])
+    else:
+        output = torch.stack([exact_attention(q[h], k[h], v[h]) for h in range(q.shape[0])])
     return {"q": q, "k": k, "v": v, "output": output, "output_norm": _spectral_norm(output),
             "checkpoint": checkpoint}
 
 
 def _reference(cell):
     return reference(cell["condition"], cell["n"], cell["window"], cell["mode"], cell["layer"],
-                     cell["model_seed"], cell["data_dir"], cell["cache_dir"], cell["device"], cell["dtype"])
+                     cell["model_seed"], cell["data_dir"], cell["cache_dir"], cell["device"], cell["dtype"],
+                     cell.get("dense_max_n", DENSE_MAX_N))
 
 
 def _spectral_norm(x: torch.Tensor) -> torch.Tensor:
@@ -361,6 +375,8 @@ def compute_panel(cell: dict) -> list[dict]:
 
     ref = _reference(cell)
     heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
+    if cell["n"] > cell.get("dense_max_n", DENSE_MAX_N):
+        heads = []  # a 2n x 2n eigendecomposition at this n is hours of CPU: not computed
     dstats, lambdas = [], []
     for h in heads:
         z = torch.cat([ref["q"][h], ref["k"][h]]).to(torch.float64)
@@ -369,13 +385,13 @@ def compute_panel(cell: dict) -> list[dict]:
         lam = cell["lambda_scale"] * float(eigenvalues.max())
         dstats.append(float((eigenvalues / (eigenvalues + lam)).sum()))
         lambdas.append(lam)
-    dstats = torch.tensor(dstats, dtype=torch.float64)
+    dstats = torch.tensor(dstats or [float("nan")], dtype=torch.float64)
     rows = []
     method = cell["core_method"]
     for d in cell["num_features"]:
         row = {
             "num_features": d, "window": cell["window"], "checkpoint": ref["checkpoint"],
-            "stat_heads": len(heads), "lambda_mean": float(np.mean(lambdas)),
+            "stat_heads": len(heads), "lambda_mean": float(np.mean(lambdas)) if lambdas else float("nan"),
             "statistical_dimension_mean": float(dstats.mean()),
             "statistical_dimension_min": float(dstats.min()),
             "statistical_dimension_max": float(dstats.max()),
@@ -399,7 +415,8 @@ def _run_info(args_like: dict) -> dict:
 
 
 def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", scheduler=None, workers=None,
-            progress=True, restart=False, run_info=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+            progress=True, restart=False, run_info=None,
+            dense_max_n: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run (or resume) the grid; write ``results.csv``, ``panel_stats.csv``, ``config.json``.
 
     Returns
@@ -409,14 +426,15 @@ def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", s
     out = pathlib.Path(out)
     common = dict(config=config, run_info=run_info, scheduler=scheduler, workers=workers, progress=progress,
                   restart=restart)
-    results = run_cells(make_cells(config, data_dir=data_dir, cache_dir=cache_dir, device=device), compute_cell,
+    cells = make_cells(config, data_dir=data_dir, cache_dir=cache_dir, device=device, dense_max_n=dense_max_n)
+    results = run_cells(cells, compute_cell,
                         results_path=out / RESULTS, key_columns=KEY_COLUMNS, **common)
     first = window_ids(config)[0]
     panels = [
         {"condition": c, "n": n, "window": first, "num_features": config["num_features"],
          "stat_heads": config["panel_stats"]["heads"], "lambda_scale": config["panel_stats"]["lambda_scale"],
          "core_method": "skyformer-softmax" if "skyformer-softmax" in config["methods"] else None,
-         **_data_settings(config, data_dir, cache_dir, device)}
+         **_data_settings(config, data_dir, cache_dir, device, dense_max_n)}
         for c in config["conditions"] for n in config["n"]
     ]
     stats = run_cells(panels, compute_panel, results_path=out / PANEL_STATS, key_columns=PANEL_KEY_COLUMNS,
@@ -670,17 +688,27 @@ def _str_list(text: str) -> list[str]:
     return [x for x in text.replace(",", " ").split() if x]
 
 
+class _Flatten(argparse.Action):
+    """``--n 512 1024`` and ``--n 512,1024`` both give ``[512, 1024]``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [x for chunk in values for x in chunk])
+
+
 def add_arguments(parser) -> None:
     """Options of ``approxlab figure1`` (besides the common ones)."""
     group = parser.add_argument_group("figure1 grid (defaults: the full grid, or the --quick one)")
-    group.add_argument("--methods", type=_str_list, default=None, help="comma-separated method names")
-    group.add_argument("--conditions", type=_str_list, default=None, help="initialized,pretrained")
-    group.add_argument("--n", type=_int_list, default=None, help="comma-separated sequence lengths")
-    group.add_argument("--num-features", type=_int_list, default=None, help="comma-separated d values")
+    group.add_argument("--methods", type=_str_list, nargs="+", action=_Flatten, default=None, help="comma-separated method names")
+    group.add_argument("--conditions", type=_str_list, nargs="+", action=_Flatten, default=None, help="initialized,pretrained")
+    group.add_argument("--n", type=_int_list, nargs="+", action=_Flatten, default=None, help="comma-separated sequence lengths")
+    group.add_argument("--num-features", type=_int_list, nargs="+", action=_Flatten, default=None, help="comma-separated d values")
     group.add_argument("--windows", type=int, default=None, help="number of Wikitext-2 windows")
     group.add_argument("--seeds", type=int, default=None, help="seeds per randomized method")
     group.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                        help="precision of the approximations (default float64)")
+    group.add_argument("--matrix-free-above", type=int, default=DENSE_MAX_N,
+                       help="n above which exact attention is applied in row blocks (never n x n in memory) "
+                            f"and the 2n x 2n statistical dimension is skipped (default {DENSE_MAX_N})")
     group.add_argument("--stat-heads", type=int, default=2,
                        help="heads whose statistical dimension is computed (default 2)")
 
@@ -694,11 +722,12 @@ def run(args) -> int:
                               seeds=args.seeds, dtype=args.dtype, stat_heads=args.stat_heads)
         run_info = _run_info({"command": getattr(args, "command", "approxlab figure1"), "device": args.device,
                               "scheduler": args.scheduler, "workers": args.workers,
-                              "torch": torch.__version__, "threads": torch.get_num_threads()})
+                              "torch": torch.__version__, "threads": torch.get_num_threads(),
+                              "matrix_free_above": args.matrix_free_above})
         start = time.perf_counter()
         compute(config, out, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
                 scheduler=args.scheduler, workers=args.workers, progress=args.progress,
-                restart=args.restart, run_info=run_info)
+                restart=args.restart, run_info=run_info, dense_max_n=args.matrix_free_above)
         print(f"figure1: computed in {time.perf_counter() - start:.1f} s -> {out}")
     paths = plot(out)
     summary = write_summary(out)
