@@ -23,7 +23,8 @@ performer, informer; four extra: yoso, spectral-shifting, nystrom, linformer) x 
 x 3 seeds. Deterministic methods (``MethodSpec.randomized`` False) run once, with seed 0.
 Windows are drawn once, reproducibly (``window_seed``), from the first ``window_pool``
 windows of each length (Wikitext-2 test has 66 disjoint windows of 4096 tokens, so every
-id is valid for every n <= 4096), the same ids for every n and condition. Q/K/V come
+id is valid for every n <= 4096), the same ids for every n <= 4096 and condition; longer n
+draw from the windows that fit in the same 262,144 tokens (:func:`window_ids`). Q/K/V come
 from :func:`approxlab.data.get_qkv` in ``"embedding"`` mode at layer 0.
 
 ``--quick``: n {512, 1024}, d {16, 64, 256}, 1 window, 1 seed; written to
@@ -199,11 +200,19 @@ def build_config(
     }
 
 
-def window_ids(config: dict) -> list[int]:
-    """The windows of the grid: ``config["windows"]`` ids drawn without replacement from
-    ``range(config["window_pool"])`` with a generator seeded by ``config["window_seed"]``, sorted."""
+def window_ids(config: dict, n: int | None = None) -> list[int]:
+    """The windows of the grid at length ``n``: ``config["windows"]`` ids drawn without
+    replacement with a generator seeded by ``config["window_seed"]``, sorted.
+
+    The pool is the first ``window_pool * 4096`` tokens (262,144 of Wikitext-2's 273,178):
+    ``window_pool`` windows for every ``n <= 4096`` (the same ids for all of them), and the
+    ``window_pool * 4096 // n`` windows that fit in it for longer ``n`` (16 at n = 16384).
+    """
+    pool = config["window_pool"]
+    if n is not None and n > 4096:
+        pool = max(1, pool * 4096 // n)
     generator = torch.Generator().manual_seed(config["window_seed"])
-    chosen = torch.randperm(config["window_pool"], generator=generator)[: config["windows"]]
+    chosen = torch.randperm(pool, generator=generator)[: config["windows"]]
     return sorted(int(i) for i in chosen)
 
 
@@ -221,11 +230,10 @@ def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cp
     """
     from ..methods import get
 
-    windows = window_ids(config)
     cells = []
     for condition in config["conditions"]:
         for n in config["n"]:
-            for window in windows:
+            for window in window_ids(config, n):
                 for method in config["methods"]:
                     features = [d for d in config["num_features"] if d <= get(method).max_features(n)]
                     if not features:
@@ -429,9 +437,8 @@ def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", s
     cells = make_cells(config, data_dir=data_dir, cache_dir=cache_dir, device=device, dense_max_n=dense_max_n)
     results = run_cells(cells, compute_cell,
                         results_path=out / RESULTS, key_columns=KEY_COLUMNS, **common)
-    first = window_ids(config)[0]
     panels = [
-        {"condition": c, "n": n, "window": first, "num_features": config["num_features"],
+        {"condition": c, "n": n, "window": window_ids(config, n)[0], "num_features": config["num_features"],
          "stat_heads": config["panel_stats"]["heads"], "lambda_scale": config["panel_stats"]["lambda_scale"],
          "core_method": "skyformer-softmax" if "skyformer-softmax" in config["methods"] else None,
          **_data_settings(config, data_dir, cache_dir, device, dense_max_n)}
@@ -609,7 +616,7 @@ def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame) -> str:
         "## Conditions",
         "",
         f"- Command: `{config.get('_command', 'approxlab figure1')}`",
-        f"- Checkpoints: " + "; ".join(f"{c}: `{k}`" for c, k in checkpoints.items()) + ".",
+        "- Checkpoints: " + "; ".join(f"{c}: `{k}`" for c, k in checkpoints.items()) + ".",
         "- The paper uses an initialized and a pretrained `bert-base-cased` (Huggingface). Without hub access "
         "the real-data run uses what `approxlab.data.get_qkv` provides offline: `init:bert-base` is a "
         f"randomly initialized bert-base (12 heads of width 64, seed {config.get('model_seed', 0)}) and the "
@@ -618,7 +625,7 @@ def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame) -> str:
         f"Q, K, V are the layer-{config.get('layer', 0)} projections in `{config.get('mode', 'embedding')}` "
         "mode (token + segment embeddings, no positions, so n up to 4096 works) of Wikitext-2 test windows.",
         f"- Grid: n = {config['n']}, d = {config['num_features']}, methods = {config['methods']}, "
-        f"{config['windows']} window(s) (ids {window_ids(config)}), {config['seeds']} seed(s) for randomized "
+        f"{config['windows']} window(s) (ids {window_ids(config)} for n <= 4096), {config['seeds']} seed(s) for randomized "
         "methods; deterministic methods (nystromformer, spectral-shifting) run once with seed 0.",
         f"- Error: {config['error']}; computation in {config['dtype']}.",
         f"- Rows: {len(results)}; failed approximations: {len(failures)}"
