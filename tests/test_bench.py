@@ -9,7 +9,7 @@ import torch
 from approxlab import approximate
 from approxlab.cli import main
 from approxlab.kernels import softmax_matrix
-from approxlab.studies.bench import fused_normal_pass, normal_block_lanczos
+from approxlab.linalg import fused_normal_pass, normal_block_lanczos
 from approxlab.synthetic import synthetic_qkv
 
 
