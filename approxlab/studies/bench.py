@@ -529,7 +529,7 @@ def plot(results, path_without_suffix):
             ax.plot(sub["n"], sub["wall_s"], **style)
     ax.set(xscale="log", yscale="log", xlabel="n", ylabel="wall time (s)",
            title=r"$\|\tilde D^{-1}\tilde A - D^{-1}A\|_2$ of one head")
-    ax.legend(frameon=False)
+    ax.legend(frameon=False, loc="lower right", fontsize=6)
     ax = axes[0, 1]
     accuracy = wide[(wide["part"] == "accuracy") & (wide["algorithm"] != "dense")]
     for algorithm, style in styles.items():
