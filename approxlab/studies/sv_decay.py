@@ -389,20 +389,24 @@ def compute_cell(cell: dict) -> dict:
 _CELL_CACHE: dict = {}
 
 
-def _results_rows(cell):
+def _cell_tables(cell) -> dict:
+    """``compute_cell`` once per cell and process: both passes of :func:`compute` read it.
+
+    Every cell's (small) tables stay in memory until :func:`compute` returns, so an
+    in-process run decomposes each matrix once, not once per table.
+    """
     key = tuple(cell[c] for c in KEY_COLUMNS)
     if key not in _CELL_CACHE:
-        _CELL_CACHE.clear()
         _CELL_CACHE[key] = compute_cell(cell)
-    return _CELL_CACHE[key]["results"]
+    return _CELL_CACHE[key]
+
+
+def _results_rows(cell):
+    return _cell_tables(cell)["results"]
 
 
 def _spectra_rows(cell):
-    key = tuple(cell[c] for c in KEY_COLUMNS)
-    if key not in _CELL_CACHE:
-        _CELL_CACHE.clear()
-        _CELL_CACHE[key] = compute_cell(cell)
-    return _CELL_CACHE[key]["spectra"]
+    return _cell_tables(cell)["spectra"]
 
 
 def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", scheduler=None, workers=None,
