@@ -476,7 +476,7 @@ def plot(out) -> list[pathlib.Path]:
             ax.set_yscale("log")
             ax.set_ylim(10.0**LOG10_FLOOR / 10, 3.0)
             mode = config["modes"][str(n)]
-            ax.set_title(f"{condition}, {layer} layer, n={n} ({mode})")
+            ax.set_title(f"{condition}, {layer} layer\nn={n} ({mode})", fontsize=9)
             ax.set_xlabel("index i")
             if col == 0:
                 ax.set_ylabel("sigma_i / sigma_1")
