@@ -8,19 +8,10 @@ import torch.nn.functional as F
 
 import approxlab
 from approxlab import lsh
-from approxlab.kernels import scaled_logits
-from approxlab.synthetic import large_logit_qkv, synthetic_qkv
+from approxlab.synthetic import synthetic_qkv
+from _helpers import gen as _gen, logits_80_qkv as _large_logit_qkv
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _large_logit_qkv(n=24, p=16, seed=0):
-    """float32 q, k, v whose logits q k^T / sqrt(p) reach +-80 in absolute value."""
-    q, k, v = large_logit_qkv((2, 3), n, p, generator=_gen(seed))
-    assert float(scaled_logits(q.double(), k.double()).abs().max()) == pytest.approx(80.0, rel=1e-5)
-    return q, k, v
 
 
 def _unit_pair(theta, p):
