@@ -28,7 +28,7 @@ Theorem 2 with :math:`\lambda = \epsilon\|\bar C\|`), the 2-norm condition numbe
 where numerically singular: :math:`\sigma_{\min} \le \max(n,k)\,\varepsilon_{64}\,\sigma_1`,
 never a rounding-noise number like 1e+81) and the decay rate (least-squares slope of
 :math:`\ln\sigma_i` over the first 64 indices). All measures come from one SVD per matrix
-(:func:`spectrum_measures`; the tests check it against :mod:`approxlab.metrics`).
+(:func:`approxlab.metrics.spectrum_measures`, one SVD per matrix).
 
 Q/K/V. ``n = 512``: ``mode="hidden"`` (the hidden state entering the layer, with position
 embeddings; BERT's position table stops at 512). ``n = 2048``: ``mode="embedding"``: the
@@ -71,6 +71,7 @@ import torch
 
 from . import default_output_dir
 from .io import atomic_write_text, read_json, read_results
+from ..metrics import spectrum_measures
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -121,75 +122,6 @@ SPECTRUM_POINTS = 192
 
 
 # ------------------------------------------------------------------------ measures
-
-
-def spectrum_measures(sigma: torch.Tensor, shape, *, rtol: float = 1e-6, num: int = 64,
-                      eps=(0.1, 0.01), dtype=torch.float64) -> dict:
-    r"""Rank, conditioning and decay measures of one matrix from its singular values.
-
-    Parameters
-    ----------
-    sigma : torch.Tensor
-        ``(*batch, r)`` singular values (or eigenvalues of a PSD matrix), descending, >= 0.
-    shape : tuple of int
-        ``(n, k)`` of the matrix (for the singularity threshold).
-    rtol : float
-        Relative threshold of the numerical rank (Skyformer Appendix B: 1e-6).
-    num : int
-        Leading singular values in the decay fit.
-    eps : sequence of float
-        :math:`\lambda = \epsilon\sigma_1` of the statistical dimensions.
-    dtype : torch.dtype
-        Precision the matrix was formed in (the singularity threshold is
-        :math:`\max(n,k)\,\varepsilon_{dtype}`, as :func:`approxlab.metrics.condition_number`).
-
-    Returns
-    -------
-    dict of str -> torch.Tensor ``(*batch,)``
-        ``numerical_rank``, ``stable_rank``, ``effective_rank``, ``decay_rate``,
-        ``condition_number`` (``inf`` if singular), ``statistical_dimension_<eps>``.
-
-    Notes
-    -----
-    The same definitions as :mod:`approxlab.metrics` (``numerical_rank``, ``stable_rank``
-    :math:`\sum\sigma_i^2/\sigma_1^2`, ``effective_rank`` :math:`\exp H(\sigma/\sum\sigma)`,
-    ``singular_value_decay_rate``, ``condition_number``) and
-    :math:`d_{stat}(\lambda) = \sum_i \sigma_i/(\sigma_i+\lambda)` (Skyformer Theorem 2; for
-    a non-PSD matrix this is the statistical dimension of :math:`(M^\top M)^{1/2}`), computed
-    from one SVD instead of one per measure.
-
-    References
-    ----------
-    Skyformer Theorem 2 and Appendix B; Roy and Vetterli (2007); Golub and Van Loan 5.4.1.
-    """
-    sigma = sigma.to(torch.float64).clamp_min(0.0)
-    s1 = sigma[..., :1]
-    if bool((s1 == 0).any()):
-        raise ValueError("`sigma` must belong to nonzero matrices; got a zero largest singular value.")
-    out = {"numerical_rank": (sigma > rtol * s1).sum(-1).to(torch.float64)}
-    out["stable_rank"] = (sigma**2).sum(-1) / s1[..., 0] ** 2
-    p = sigma / sigma.sum(-1, keepdim=True)
-    entropy = -torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(torch.float64).tiny)),
-                           torch.zeros_like(p)).sum(-1)
-    out["effective_rank"] = torch.exp(entropy)
-    level = max(shape) * torch.finfo(dtype).eps
-    lead = sigma[..., :num]
-    weight = (lead > level * s1).to(torch.float64)
-    count = weight.sum(-1)
-    index = torch.arange(lead.shape[-1], dtype=torch.float64)
-    y = torch.log(torch.where(weight > 0, lead, torch.ones_like(lead)))
-    i_mean = (weight * index).sum(-1, keepdim=True) / count.clamp_min(1).unsqueeze(-1)
-    y_mean = (weight * y).sum(-1, keepdim=True) / count.clamp_min(1).unsqueeze(-1)
-    centred = weight * (index - i_mean)
-    slope = (centred * (y - y_mean)).sum(-1) / (centred * (index - i_mean)).sum(-1).clamp_min(1e-300)
-    out["decay_rate"] = torch.where(count >= 2, slope, torch.zeros_like(slope))
-    singular = sigma[..., -1] <= level * s1[..., 0]
-    kappa = s1[..., 0] / sigma[..., -1].clamp_min(torch.finfo(torch.float64).tiny)
-    out["condition_number"] = torch.where(singular, torch.full_like(kappa, math.inf), kappa)
-    for e in eps:
-        lam = e * s1
-        out[f"statistical_dimension_{e:g}"] = (sigma / (sigma + lam)).sum(-1)
-    return out
 
 
 def layer_index(layer: str, num_layers: int) -> int:
