@@ -17,3 +17,18 @@ def logits_80_qkv(n: int = 24, p: int = 16, seed: int = 0):
     q, k, v = large_logit_qkv((2, 3), n, p, generator=gen(seed))
     assert float(scaled_logits(q.double(), k.double()).abs().max()) == pytest.approx(80.0, rel=1e-5)
     return q, k, v
+
+
+def opposed_logits_80_qkv(n: int, p: int = 16, seed: int = 0):
+    """float32 ``(2, n, p)`` q, k, v with q, k near +-one direction and |q||k|/sqrt(p) ~ 80, so
+    many logits sit near +80 and -80 at once (the harshest case for max-subtraction)."""
+    g = gen(seed)
+    direction = torch.randn(p, generator=g)
+    direction = direction / direction.norm()
+    radius = (80.0 * p**0.5) ** 0.5
+    signs = torch.where(torch.rand(2, n, 1, generator=g) < 0.5, -1.0, 1.0)
+    q = radius * (signs * direction + 0.01 * torch.randn(2, n, p, generator=g))
+    k = radius * (-signs * direction + 0.01 * torch.randn(2, n, p, generator=g))
+    v = torch.randn(2, n, p, generator=g)
+    assert 75 < float(scaled_logits(q, k).abs().max()) < 90
+    return q, k, v

@@ -9,6 +9,7 @@ import torch
 import approxlab
 from approxlab.methods import available, get
 from approxlab.synthetic import synthetic_qkv
+from _helpers import opposed_logits_80_qkv
 
 METHODS = available()
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -55,18 +56,7 @@ def test_operator_matches_output_and_adjoint(name):
 @pytest.mark.parametrize("name", METHODS)
 def test_float32_logits_80_do_not_overflow(name):
     """Issue: float32 attention logits up to +-80 must not overflow in any method."""
-    g = _gen(5)
-    p = 16
-    direction = torch.randn(p, generator=g)
-    direction = direction / direction.norm()
-    # q, k near +-direction with |q||k|/sqrt(p) ~ 80 -> logits reach +-80.
-    radius = (80.0 * p**0.5) ** 0.5
-    signs = torch.where(torch.rand(2, 64, 1, generator=g) < 0.5, -1.0, 1.0)
-    q = radius * (signs * direction + 0.01 * torch.randn(2, 64, p, generator=g))
-    k = radius * (-signs * direction + 0.01 * torch.randn(2, 64, p, generator=g))
-    v = torch.randn(2, 64, p, generator=g)
-    logits = approxlab.kernels.scaled_logits(q, k)
-    assert 75 < float(logits.abs().max()) < 90
+    q, k, v = opposed_logits_80_qkv(64, seed=5)
     result = approxlab.approximate(name, q, k, v, num_features=_budget(name, 64, 16), generator=_gen(6))
     assert bool(torch.isfinite(result.output).all())
 

@@ -79,6 +79,7 @@ import torch
 
 from . import default_output_dir
 from .io import atomic_write_text, read_json, read_results
+from ..metrics import spectral_norm
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -302,8 +303,8 @@ def _reference(cell):
 
 
 def _spectral_norm(x: torch.Tensor) -> torch.Tensor:
-    """Largest singular value of each ``(*batch, n, m)`` matrix, in float64 (dense SVD), on CPU."""
-    return torch.linalg.matrix_norm(x.detach().to("cpu", torch.float64), ord=2)
+    """Largest singular value of each ``(heads, n, m)`` matrix (float64 dense SVD, on CPU)."""
+    return spectral_norm(x.detach().cpu())
 
 
 def _generator(cell, method, d, seed):
