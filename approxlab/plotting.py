@@ -27,7 +27,7 @@ matplotlib.use("Agg", force=False)
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .studies.io import atomic_write_bytes  # noqa: E402
+from ._io import atomic_write_bytes  # noqa: E402
 
 __all__ = ["METHOD_STYLES", "PAPER_METHODS", "method_style", "style", "figure", "save_figure", "RC_PARAMS"]
 

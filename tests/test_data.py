@@ -41,7 +41,7 @@ from approxlab.data import (
 from approxlab.data import qkv as qkv_module
 from approxlab.data import wikitext as wikitext_module
 
-SHARED_CORPUS = wikitext_module._project_root().parent / "shared" / "data" / WIKITEXT_RELPATH
+SHARED_CORPUS = wikitext_module.project_root().parent / "shared" / "data" / WIKITEXT_RELPATH
 
 
 def tiny_config(**overrides):
@@ -122,7 +122,7 @@ def test_find_wikitext_project_root_shared_data():
 
 
 def test_find_wikitext_not_found_lists_every_place(isolated, monkeypatch):
-    monkeypatch.setattr(wikitext_module, "_project_root", lambda: isolated / "project" / "main")
+    monkeypatch.setattr(wikitext_module, "project_root", lambda: isolated / "project" / "main")
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
     with pytest.raises(FileNotFoundError) as info:
         find_wikitext(isolated / "given")
@@ -154,7 +154,7 @@ def test_find_wikitext_datasets_fallback(isolated, monkeypatch):
         calls.append((args, kwargs))
         return {"text": rows}
 
-    monkeypatch.setattr(wikitext_module, "_project_root", lambda: isolated / "project" / "main")
+    monkeypatch.setattr(wikitext_module, "project_root", lambda: isolated / "project" / "main")
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     path = find_wikitext()
     assert path == isolated / "cache" / "wikitext" / WIKITEXT_RELPATH

@@ -8,7 +8,7 @@ import torch
 
 from approxlab.cli import main
 from approxlab.studies import figure1
-from approxlab.studies.io import read_json, read_results
+from approxlab._io import read_json, read_results
 from approxlab.studies.runner import StudyError
 from approxlab.synthetic import synthetic_qkv
 

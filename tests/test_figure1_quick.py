@@ -5,7 +5,7 @@ import pandas as pd
 
 from approxlab.cli import main
 from approxlab.studies import figure1
-from approxlab.studies.io import read_results
+from approxlab._io import read_results
 
 # Columns that legitimately differ between two runs: timings and the process-local warning log.
 VOLATILE = ["seconds"]

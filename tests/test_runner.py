@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from approxlab.studies import io as study_io
+from approxlab import _io as study_io
 from approxlab.studies.runner import StudyError, cell_key, cell_seed, config_hash, run_cells
 
 KEYS = ("a", "b")

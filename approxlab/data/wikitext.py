@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from .._io import atomic_write_bytes, project_root
 from .._validation import as_generator, check_int
 from ..errors import CacheWarning, CorpusChecksumError
 
@@ -80,11 +81,6 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "approxlab"
 
 
-def _project_root() -> Path:
-    """The folder holding ``pyproject.toml`` (``Path(approxlab.__file__).parents[1]``)."""
-    return Path(__file__).resolve().parents[2]
-
-
 def _corpus_candidates(location: Path) -> list[Path]:
     """Where the corpus may lie below ``location`` (a data dir, the corpus folder, or the file)."""
     if location.is_file() or location.suffix == ".raw":
@@ -104,7 +100,7 @@ def _search_places(data_dir, cache_dir) -> list[tuple[str, Path]]:
             places.append((f"${_ENV_DATA}", path))
     places.append(("./data (current directory)", Path.cwd() / "data" / WIKITEXT_RELPATH))
     places.append(
-        ("../shared/data (project root)", _project_root().parent / "shared" / "data" / WIKITEXT_RELPATH)
+        ("../shared/data (project root)", project_root().parent / "shared" / "data" / WIKITEXT_RELPATH)
     )
     places.append(
         ("../shared/data (current directory)", Path.cwd().parent / "shared" / "data" / WIKITEXT_RELPATH)
@@ -128,7 +124,7 @@ def _download_with_datasets(datasets_module, target: Path) -> Path:
     split = datasets_module.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")
     rows = [str(row).rstrip("\r\n") for row in split["text"]]
     text = "\n".join(row for row in rows if row.strip()) + "\n"
-    _atomic_write_bytes(target, text.encode("utf-8"))
+    atomic_write_bytes(target, text.encode("utf-8"))
     return target
 
 
@@ -382,18 +378,6 @@ def tensors_checksum(tensors: dict) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_cache_file(path, tensors: dict, key: dict) -> Path:

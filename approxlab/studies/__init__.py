@@ -4,7 +4,7 @@ Each study is a module exposing ``add_arguments(parser)`` and ``run(args) -> int
 registered (lazily, by module path) in :data:`STUDIES`; ``approxlab <study>`` imports
 only the module it runs, so a missing or broken study never breaks the others.
 
-See :mod:`approxlab.studies.runner` (``run_cells``), :mod:`approxlab.studies.io`
+See :mod:`approxlab.studies.runner` (``run_cells``), :mod:`approxlab._io`
 (atomic writes) and :mod:`approxlab.plotting` (figure style).
 """
 
@@ -16,19 +16,9 @@ STUDIES = {
 }
 """CLI subcommand -> module implementing it (imported only when needed)."""
 
+from .._io import project_root
+
 __all__ = ["STUDIES"]
-
-
-def project_root():
-    """The source checkout holding ``approxlab`` (with ``pyproject.toml``), else the CWD.
-
-    Default output directories are resolved against it, so a study writes to the same
-    ``figures/<study>/`` wherever it is started from.
-    """
-    import pathlib
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() else pathlib.Path.cwd()
 
 
 def default_output_dir(name: str):

@@ -100,7 +100,7 @@ import time
 import torch
 
 from . import default_output_dir
-from .io import atomic_write_text, read_results
+from .._io import atomic_write_text, read_results
 from .runner import StudyError, cell_seed, run_cells
 from ..linalg.normal_lanczos import (  # noqa: F401  (re-exported for the bench's users)
     BlockLanczosResult,
@@ -675,7 +675,7 @@ def _machine() -> str:
 
 def run(args) -> int:
     """Compute (resumable, in-process only) and/or redraw; returns the exit status."""
-    from .io import read_json
+    from .._io import read_json
 
     out = _output_dir(args)
     results_path = out / "results.csv"

@@ -78,7 +78,7 @@ import pandas as pd
 import torch
 
 from . import default_output_dir
-from .io import atomic_write_text, read_json, read_results
+from .._io import atomic_write_text, read_json, read_results
 from ..metrics import spectral_norm
 from .runner import StudyError, cell_seed, run_cells
 

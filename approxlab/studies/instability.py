@@ -70,7 +70,7 @@ import pandas as pd
 import torch
 
 from . import default_output_dir
-from .io import atomic_write_text, read_json, read_results, write_csv_atomic
+from .._io import atomic_write_text, read_json, read_results, write_csv_atomic
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [

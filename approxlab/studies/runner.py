@@ -10,7 +10,7 @@ that turns one cell into result rows. The runner
   whose key (the values of ``key_columns``) already appear in it are skipped; when
   the hash differs it refuses (:class:`StudyError`) and tells the user to pass a new
   ``--out`` directory or ``--restart``;
-* appends rows and rewrites the CSV atomically (:mod:`approxlab.studies.io`) after
+* appends rows and rewrites the CSV atomically (:mod:`approxlab._io`) after
   finished cells, at most every ``flush_every_seconds`` and always on exit (including
   Ctrl-C), so an interruption loses at most the cells in flight;
 * runs cells in-process (default) or on Dask (``scheduler="tcp://..."`` or a local
@@ -58,7 +58,7 @@ from typing import Callable, Iterable, Sequence
 
 import pandas as pd
 
-from .io import read_json, read_results, write_csv_atomic, write_json_atomic
+from .._io import read_json, read_results, write_csv_atomic, write_json_atomic
 
 __all__ = ["run_cells", "cell_key", "cell_seed", "config_hash", "StudyError"]
 

@@ -70,7 +70,7 @@ import pandas as pd
 import torch
 
 from . import default_output_dir
-from .io import atomic_write_text, read_json, read_results
+from .._io import atomic_write_text, read_json, read_results
 from ..metrics import spectrum_measures
 from .runner import StudyError, cell_seed, run_cells
 

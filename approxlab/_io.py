@@ -1,4 +1,4 @@
-"""Atomic file writes and result-table reads for studies.
+"""File I/O below every other layer: atomic writes, result-table reads, project paths.
 
 Every file a study writes goes through one of these helpers: the bytes go to a
 temporary file in the *same directory*, are flushed and ``fsync``-ed, and the
@@ -15,6 +15,10 @@ Public API::
     write_json_atomic(obj, path) -> pathlib.Path
     read_results(path) -> pandas.DataFrame
     read_json(path) -> dict
+    project_root() -> pathlib.Path
+
+Used by :mod:`approxlab.data` (cache files), :mod:`approxlab.plotting` (figures) and
+:mod:`approxlab.studies` (results); it imports nothing from approxlab.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "read_results",
     "read_json",
     "TEMP_PREFIX",
+    "project_root",
 ]
 
 TEMP_PREFIX = ".approxlab-tmp-"
@@ -147,3 +152,13 @@ def read_json(path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} does not exist; run the study's compute step first.")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def project_root() -> pathlib.Path:
+    """The source checkout holding ``approxlab`` (with ``pyproject.toml``), else the CWD.
+
+    Default output directories are resolved against it, so a study writes to the same
+    ``figures/<study>/`` wherever it is started from.
+    """
+    root = pathlib.Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() else pathlib.Path.cwd()
