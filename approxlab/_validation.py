@@ -18,56 +18,112 @@ __all__ = [
     "check_square",
     "check_int",
     "check_positive_float",
+    "check_rtol",
     "check_choice",
     "check_bool",
 ]
 
 
-def as_generator(generator=None, *, seed=None, device="cpu") -> torch.Generator:
-    """Return a ``torch.Generator``; the library never touches global RNG state.
+FLOAT_DTYPES = (torch.float32, torch.float64)
+"""The dtypes approxlab computes in. Half precision is refused: eigh, svd and matrix norms
+have no float16/bfloat16 kernels on CPU, and 3 significant digits cannot resolve the
+spectral errors the studies measure."""
+
+_MAX_SEED = 2**64 - 1
+
+
+def as_generator(generator=None, *, seed=None) -> torch.Generator:
+    """Return a CPU ``torch.Generator``; the library never touches global RNG state.
 
     Parameters
     ----------
     generator : torch.Generator or None
-        Used as is when given.
+        Used as is when given; it must live on the CPU (every draw is made there and then
+        moved to the data's device, so a seed gives the same samples on CPU and GPU).
     seed : int or None
-        Seed for a fresh generator when ``generator`` is None. With neither, a fresh
-        generator is seeded from OS entropy (non-reproducible, but still not global).
-    device : str or torch.device
-        Device of a freshly made generator.
+        Seed, ``0 <= seed < 2**64``, for a fresh generator when ``generator`` is None. With
+        neither, a fresh generator is seeded from OS entropy (non-reproducible, but still not
+        global).
     """
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(
                 f"`generator` must be a torch.Generator or None; got {type(generator).__name__}."
             )
+        if generator.device.type != "cpu":
+            raise ValueError(
+                "`generator` must be a CPU torch.Generator (draws are made on the CPU, then moved "
+                f"to the data's device); got one on {generator.device}."
+            )
         return generator
-    g = torch.Generator(device=device)
+    g = torch.Generator()
     if seed is None:
         g.seed()
     else:
-        g.manual_seed(int(seed))
+        g.manual_seed(check_int(seed, "seed", low=0, high=_MAX_SEED))
     return g
 
 
 def check_tensor(x, name: str, *, min_ndim: int = 2, finite: bool = True) -> torch.Tensor:
-    """Check that ``x`` is a floating tensor with at least ``min_ndim`` dims and finite entries."""
+    """Check that ``x`` is a non-empty dense float32/float64 tensor with ``>= min_ndim`` dims.
+
+    With ``finite`` (default) its entries must also be finite. Every dimension must be
+    ``>= 1``: an empty tensor has no attention matrix (a softmax over zero keys, a
+    ``p = 0`` scale :math:`1/\\sqrt p`) and no spectrum.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor; got {type(x).__name__}.")
-    if not x.is_floating_point():
-        raise TypeError(f"`{name}` must have a floating dtype (float32 or float64); got {x.dtype}.")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"`{name}` must have dtype float32 or float64; got {x.dtype}.")
+    if x.layout != torch.strided:
+        raise TypeError(f"`{name}` must be a dense (strided) tensor; got layout {x.layout}.")
+    if x.is_meta:
+        raise ValueError(f"`{name}` must hold data (a CPU or accelerator tensor); got a tensor on the meta device.")
     if x.ndim < min_ndim:
         raise ValueError(
             f"`{name}` must have at least {min_ndim} dimensions (*batch, n, p); got shape {tuple(x.shape)}."
         )
-    if finite and not bool(torch.isfinite(x).all()):
+    if x.numel() == 0:
+        raise ValueError(f"`{name}` must be non-empty (every dimension >= 1); got shape {tuple(x.shape)}.")
+    if finite and not bool(torch.isfinite(x.detach().abs().amax())):  # amax propagates NaN
         bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"`{name}` must be finite; got {bad} non-finite entries (NaN or inf).")
     return x
 
 
-def check_qkv(q, k, v=None):
-    """Validate ``q: (*batch, n, p)``, ``k: (*batch, n_k, p)``, ``v: (*batch, n_k, p_v)``."""
+def _check_magnitude(x: torch.Tensor, name: str) -> None:
+    """Refuse entries so large that :math:`\\|x_i\\|^2` (hence a logit) would overflow ``x.dtype``."""
+    p = x.shape[-1]
+    limit = torch.finfo(x.dtype).max / 4
+    peak = float(x.detach().abs().amax())
+    if p * peak * peak > limit:
+        raise ValueError(
+            f"`{name}` must have entries small enough that p * max|{name}|^2 <= finfo({x.dtype}).max / 4 = "
+            f"{limit:.2e} (else logits and squared norms overflow); got p * max|{name}|^2 = "
+            f"{p * peak * peak:.2e}. Rescale `{name}`."
+        )
+
+
+def _check_same_dtype_device(x, name: str, ref, ref_name: str) -> None:
+    if x.dtype != ref.dtype or x.device != ref.device:
+        raise ValueError(
+            f"`{ref_name}` and `{name}` must share dtype and device; got {ref.dtype}/{ref.device} and "
+            f"{x.dtype}/{x.device}."
+        )
+
+
+_NO_V = object()
+
+
+def check_qkv(q, k, v=_NO_V):
+    """Validate ``q: (*batch, n, p)``, ``k: (*batch, n_k, p)`` and, when passed, ``v: (*batch, n_k, p_v)``.
+
+    Besides the checks of :func:`check_tensor` (float32/float64, non-empty, finite): ``q``
+    and ``k`` share batch dimensions, ``p``, dtype and device; ``v`` matches ``k`` in all but
+    its last dimension; and ``p * max|x|^2 <= finfo.max / 4`` for ``x`` in ``q``, ``k``, so no
+    logit :math:`q_i^\\top k_j` or squared norm overflows (Cauchy--Schwarz). ``v`` is
+    required wherever it is passed: ``v=None`` is an error.
+    """
     check_tensor(q, "q")
     check_tensor(k, "k")
     if q.shape[-1] != k.shape[-1]:
@@ -79,19 +135,18 @@ def check_qkv(q, k, v=None):
         raise ValueError(
             f"`q` and `k` must share batch dimensions; got {tuple(q.shape[:-2])} and {tuple(k.shape[:-2])}."
         )
-    if q.dtype != k.dtype or q.device != k.device:
+    _check_same_dtype_device(k, "k", q, "q")
+    _check_magnitude(q, "q")
+    _check_magnitude(k, "k")
+    if v is _NO_V:
+        return q, k, None
+    check_tensor(v, "v")
+    if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(
-            f"`q` and `k` must share dtype and device; got {q.dtype}/{q.device} and {k.dtype}/{k.device}."
+            f"`v` must have shape (*batch, n_k, p_v) matching k.shape[:-1]={tuple(k.shape[:-1])}; "
+            f"got v.shape={tuple(v.shape)}."
         )
-    if v is not None:
-        check_tensor(v, "v")
-        if v.shape[:-1] != k.shape[:-1]:
-            raise ValueError(
-                f"`v` must have shape (*batch, n_k, p_v) matching k.shape[:-1]={tuple(k.shape[:-1])}; "
-                f"got v.shape={tuple(v.shape)}."
-            )
-        if v.dtype != q.dtype or v.device != q.device:
-            raise ValueError(f"`v` must share dtype and device with `q`; got {v.dtype}/{v.device}.")
+    _check_same_dtype_device(v, "v", q, "q")
     return q, k, v
 
 
@@ -127,10 +182,22 @@ def check_positive_float(value, name: str, *, allow_zero: bool = False) -> float
     return value
 
 
+def check_rtol(value, name: str = "rtol") -> float:
+    """Check that ``value`` is a relative threshold: a real number with ``0 <= value < 1``."""
+    value = check_positive_float(value, name, allow_zero=True)
+    if value >= 1:
+        raise ValueError(f"`{name}` must satisfy 0 <= {name} < 1; got {value}.")
+    return value
+
+
 def check_choice(value, name: str, choices) -> str:
-    """Check that ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"`{name}` must be one of {sorted(choices)}; got {value!r}.")
+    """Check that ``value`` is one of ``choices`` (an unhashable ``value`` is simply not one)."""
+    try:
+        allowed = value in choices
+    except TypeError:  # e.g. a list looked up in a dict of choices
+        allowed = False
+    if not allowed:
+        raise ValueError(f"`{name}` must be one of {sorted(choices, key=str)}; got {value!r}.")
     return value
 
 

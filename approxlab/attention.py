@@ -6,6 +6,8 @@ is typically ``(sequences, heads)``. Works on any device, in float32 or float64.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from . import kernels
@@ -20,6 +22,7 @@ _KINDS = {
     "scores": kernels.score_matrix,
     "kernelized": kernels.kernelized_matrix,
 }
+_COMMON = ("q", "k", "v", "num_features", "generator")
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -97,11 +100,7 @@ def approximate(
     n = k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=spec.max_features(n))
     generator = as_generator(generator)
-    if generator.device.type != "cpu":
-        raise ValueError(
-            f"`generator` must be a CPU torch.Generator (draws are moved to q.device); "
-            f"got one on {generator.device}."
-        )
+    _check_options(spec, options)
     result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
     bad = int((~torch.isfinite(result.output)).sum())
     if bad:
@@ -110,3 +109,20 @@ def approximate(
             f"(num_features={num_features}, dtype={q.dtype}); see its docstring for the failure mode."
         )
     return result
+
+
+def _check_options(spec, options: dict) -> None:
+    """Every key of ``options`` must be a keyword of ``spec.function`` other than the common ones."""
+    parameters = inspect.signature(spec.function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    allowed = sorted(
+        name for name, p in parameters.items()
+        if name not in _COMMON and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
+    for name, value in options.items():
+        if name not in allowed:
+            raise TypeError(
+                f"`{name}` is not an option of method {spec.name!r} (unexpected keyword argument "
+                f"{name!r}); its options are {allowed}; got {name}={value!r}."
+            )

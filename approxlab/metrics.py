@@ -21,7 +21,16 @@ import math
 
 import torch
 
-from ._validation import as_generator, check_int, check_positive_float, check_square, check_tensor
+from ._validation import (
+    FLOAT_DTYPES,
+    as_generator,
+    check_choice,
+    check_int,
+    check_positive_float,
+    check_rtol,
+    check_square,
+    check_tensor,
+)
 from .leverage import (
     approximate_ridge_leverage_scores,
     coherence,
@@ -56,14 +65,21 @@ def _as_result(x: torch.Tensor):
     return x.item() if x.ndim == 0 else x
 
 
+def _relative(sigma: torch.Tensor) -> torch.Tensor:
+    """:math:`\\sigma_i/\\sigma_1` (a zero ``sigma_1`` is refused by the callers): squares and sums
+    of the relative values cannot overflow, those of ``sigma`` itself can (``1e200**2``)."""
+    return sigma / sigma[..., :1].clamp_min(torch.finfo(sigma.dtype).tiny)
+
+
 def _stable_rank_of(sigma: torch.Tensor) -> torch.Tensor:
     """:math:`\\sum_i\\sigma_i^2/\\sigma_1^2` of descending singular values ``(*batch, r)``."""
-    return (sigma**2).sum(-1) / sigma[..., 0] ** 2
+    return (_relative(sigma) ** 2).sum(-1)
 
 
 def _effective_rank_of(sigma: torch.Tensor) -> torch.Tensor:
     """Roy--Vetterli :math:`\\exp H(\\sigma/\\sum\\sigma)` with :math:`0\\log 0 = 0`."""
-    p = sigma / sigma.sum(-1, keepdim=True)
+    relative = _relative(sigma)
+    p = relative / relative.sum(-1, keepdim=True)
     entropy = -torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros_like(p)).sum(-1)
     return torch.exp(entropy)
 
@@ -97,17 +113,6 @@ def _matrix_like(x, name: str):
     raise TypeError(
         f"`{name}` must be a torch.Tensor, a LinearOperator or an Approximation; got {type(x).__name__}."
     )
-
-
-def _check_generator(generator):
-    if generator is not None:
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"`generator` must be a torch.Generator or None; got {type(generator).__name__}."
-            )
-        if generator.device.type != "cpu":
-            raise ValueError(f"`generator` must be a CPU torch.Generator; got one on {generator.device}.")
-    return as_generator(generator)
 
 
 def _dense_estimate(value: torch.Tensor) -> SpectralNormEstimate:
@@ -175,7 +180,7 @@ def spectral_norm(
     x = _matrix_like(x, "x")
     tol = check_positive_float(tol, "tol")
     max_iter = check_int(max_iter, "max_iter", low=1)
-    generator = _check_generator(generator)
+    generator = as_generator(generator)
     if not isinstance(return_info, bool):
         raise TypeError(f"`return_info` must be a bool; got {return_info!r}.")
 
@@ -237,7 +242,7 @@ def spectral_error(
         raise TypeError(f"`relative` must be a bool; got {relative!r}.")
     tol = check_positive_float(tol, "tol")
     max_iter = check_int(max_iter, "max_iter", low=1)
-    generator = _check_generator(generator)
+    generator = as_generator(generator)
     shape_a, shape_e = tuple(approx.shape), tuple(exact.shape)
     try:
         torch.broadcast_shapes(shape_a[:-2], shape_e[:-2])
@@ -249,6 +254,8 @@ def spectral_error(
             f"`approx` and `exact` must have the same shape (*batch, n, m) (batch dims may "
             f"broadcast); got {shape_a} and {shape_e}."
         )
+    if approx.device != exact.device:
+        raise ValueError(f"`approx` and `exact` must be on one device; got {approx.device} and {exact.device}.")
 
     if isinstance(approx, torch.Tensor) and isinstance(exact, torch.Tensor):
         error = torch.linalg.matrix_norm(approx.to(torch.float64) - exact.to(torch.float64), ord=2)
@@ -325,9 +332,7 @@ def numerical_rank(m: torch.Tensor, rtol: float = 1e-6):
     Golub and Van Loan, *Matrix Computations*, 4th ed., Section 5.4.1.
     """
     check_tensor(m, "M")
-    rtol = check_positive_float(rtol, "rtol", allow_zero=True)
-    if rtol >= 1:
-        raise ValueError(f"`rtol` must satisfy 0 <= rtol < 1; got {rtol}.")
+    rtol = check_rtol(rtol)
     sigma = singular_values(m)
     return _as_result((sigma > rtol * sigma[..., :1]).sum(-1))
 
@@ -490,6 +495,14 @@ def spectrum_measures(sigma: torch.Tensor, shape, *, rtol: float = 1e-6, num: in
     ----------
     Skyformer Theorem 2 and Appendix B; Roy and Vetterli (2007); Golub and Van Loan 5.4.1.
     """
+    check_tensor(sigma, "sigma", min_ndim=1)
+    if not (isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 2):
+        raise ValueError(f"`shape` must be a pair (n, k); got {shape!r}.")
+    shape = tuple(check_int(size, "shape", low=1) for size in shape)
+    rtol = check_rtol(rtol)
+    num = check_int(num, "num", low=2)
+    eps = [check_positive_float(e, "eps") for e in (eps if isinstance(eps, (tuple, list)) else [eps])]
+    check_choice(dtype, "dtype", FLOAT_DTYPES)
     sigma = sigma.to(torch.float64).clamp_min(0.0)
     s1 = sigma[..., :1]
     if bool((s1 == 0).any()):

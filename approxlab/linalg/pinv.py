@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from .._validation import check_bool, check_choice, check_int, check_positive_float, check_square
+from .._validation import check_bool, check_choice, check_int, check_positive_float, check_square, check_tensor
 from ..errors import ConvergenceWarning
 
 __all__ = ["PinvResult", "iterative_pinv", "INITS"]
@@ -53,26 +53,54 @@ class PinvResult:
 
 
 def _initial(m: torch.Tensor, init) -> torch.Tensor:
+    """:math:`Z_0` for ``init``; exactly 0 for every zero matrix of the batch (whose ``M^+`` is 0)."""
     mt = m.transpose(-1, -2)
+    tiny = torch.finfo(m.dtype).tiny
     if isinstance(init, torch.Tensor):
-        if init.shape[-2:] != m.shape[-2:]:
+        check_tensor(init, "init")
+        if init.shape[-2:] != m.shape[-2:] or _broadcasts(init.shape[:-2], m.shape[:-2]) != tuple(m.shape[:-2]):
             raise ValueError(
-                f"`init` as a tensor must have shape (*batch, {m.shape[-1]}, {m.shape[-1]}); "
-                f"got {tuple(init.shape)}."
+                f"`init` as a tensor must have shape (*batch, {m.shape[-1]}, {m.shape[-1]}) broadcasting "
+                f"to m.shape={tuple(m.shape)}; got {tuple(init.shape)}."
             )
-        return init.to(m)
-    if init == "nystromformer":
+        z0 = init.to(m).expand_as(m)
+    elif not isinstance(init, str) or init not in INITS:
+        raise ValueError(f"`init` must be one of {INITS} or a tensor; got {init!r}.")
+    elif init == "nystromformer":
         # Z0 = M^T / (||M||_1 ||M||_inf), per matrix: guarantees ||I - M Z0|| < 1 on range(M).
-        col = m.abs().sum(-2).amax(-1)
-        row = m.abs().sum(-1).amax(-1)
-        return mt / (col * row)[..., None, None]
-    if init == "official":
+        # Divided one norm at a time (their product can underflow); a zero norm means M = 0.
+        col = m.abs().sum(-2).amax(-1).clamp_min(tiny)[..., None, None]
+        row = m.abs().sum(-1).amax(-1).clamp_min(tiny)[..., None, None]
+        z0 = mt / col / row
+    elif init == "official":
         # Nystromformer's released code: M^T / (largest column sum over the whole batch).
-        return mt / m.sum(-2).amax()
-    if init == "identity":
-        # Valid when ||I - M|| < 1, e.g. Skyformer's scaled core (Lemma 3).
-        return torch.eye(m.shape[-1], dtype=m.dtype, device=m.device).expand_as(m).clone()
-    raise ValueError(f"`init` must be one of {INITS} or a tensor; got {init!r}.")
+        largest = m.sum(-2).amax()
+        if not bool(largest > 0) and bool(m.ne(0).any()):
+            raise ValueError(
+                "`init`='official' divides M^T by the largest column sum of `m` over the batch, which "
+                f"must be > 0 (it is for softmax matrices); got {float(largest):.3e}. Use init='nystromformer'."
+            )
+        z0 = mt / largest.clamp_min(tiny)
+    else:
+        # "identity": valid when ||I - M|| < 1, e.g. Skyformer's scaled core (Lemma 3).
+        z0 = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device).expand_as(m)
+    zero = (m == 0).all(-1).all(-1)[..., None, None]
+    return torch.where(zero, torch.zeros_like(z0), z0)
+
+
+def _matrix_norm(x: torch.Tensor, ord_) -> torch.Tensor:
+    """``matrix_norm`` per matrix, ``inf`` for a matrix with a non-finite entry (where the SVD
+    of the spectral norm would fail): the residual of an iterate that overflowed."""
+    finite = torch.isfinite(x).all(-1).all(-1)
+    norm = torch.linalg.matrix_norm(torch.where(finite[..., None, None], x, torch.zeros_like(x)), ord=ord_)
+    return torch.where(finite, norm, torch.full_like(norm, float("inf")))
+
+
+def _broadcasts(shape, target) -> tuple | None:
+    try:
+        return tuple(torch.broadcast_shapes(shape, target))
+    except RuntimeError:
+        return None
 
 
 def iterative_pinv(
@@ -95,11 +123,16 @@ def iterative_pinv(
     init : {"nystromformer", "official", "identity"} or torch.Tensor
         :math:`Z_0`. ``"nystromformer"``: :math:`M^\top/(\|M\|_1\|M\|_\infty)` per matrix (the
         published choice); ``"official"``: :math:`M^\top/\max_j \sum_i M_{ij}` with the maximum
-        taken over the whole batch (the released code); ``"identity"``: :math:`I`, valid when
-        :math:`\|I - M\| < 1` (Skyformer Lemma 3); or an explicit ``(*batch, k, k)`` tensor.
+        taken over the whole batch (the released code; that maximum must be positive, as it is
+        for softmax matrices); ``"identity"``: :math:`I`, valid when :math:`\|I - M\| < 1`
+        (Skyformer Lemma 3); or an explicit finite ``(*batch, k, k)`` tensor (batch dimensions
+        broadcasting to those of ``m``). Whatever ``init``, a zero matrix starts (and stays) at
+        :math:`Z = 0`, its pseudo-inverse.
     tol : float, optional
         If given, a :class:`~approxlab.errors.ConvergenceWarning` is issued when either final
         Penrose residual (``penrose_residuals`` or ``inverse_residuals``) exceeds ``tol``.
+        Without it, the warning is issued only if the iteration diverged (final Penrose
+        residual above both the initial one and :math:`\sqrt{\varepsilon}`, or non-finite).
     history : bool
         ``True`` (default): residuals of every iterate, ``(num_iter + 1, *batch)``. ``False``:
         only of :math:`Z_0` and the last iterate, ``(2, *batch)``. Each residual costs three
@@ -108,12 +141,19 @@ def iterative_pinv(
     norm : {"spectral", "frobenius"}
         Norm of the residuals. ``"spectral"`` (default) is the 2-norm of Lemma 1 (an SVD per
         residual); ``"frobenius"`` costs one pass over the entries and is what the methods
-        use for their diagnostics (it bounds the 2-norm within a factor :math:`\sqrt k`). Without it, the warning is issued only if the
-        iteration diverged (final Penrose residual above the initial one, or non-finite).
+        use for their diagnostics (it bounds the 2-norm within a factor :math:`\sqrt k`).
 
     Returns
     -------
     PinvResult
+        For a zero ``M`` (in any batch element): ``inverse`` 0, ``residuals`` 1
+        (:math:`I - MM^+ = I`), ``penrose_residuals`` and ``inverse_residuals`` 0. Residuals
+        of an iterate that overflowed (a divergent ``init``) are ``inf``, with the warning.
+
+    Raises
+    ------
+    ValueError
+        If ``init='official'`` and the largest column sum of a nonzero ``m`` is not positive.
 
     Notes
     -----
@@ -139,11 +179,9 @@ def iterative_pinv(
     ord_ = _NORMS[norm]
 
     eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
-    m_norm = torch.linalg.matrix_norm(m.detach(), ord=ord_).clamp_min(torch.finfo(m.dtype).tiny)
-
     tiny = torch.finfo(m.dtype).tiny
-
     m_detached = m.detach()
+    m_norm = _matrix_norm(m_detached, ord_).clamp_min(tiny)
 
     @torch.no_grad()
     def residuals(z):
@@ -152,10 +190,10 @@ def iterative_pinv(
         m, z = m_detached, z.detach()
         mz = m @ z
         return (
-            torch.linalg.matrix_norm(eye - mz, ord=ord_),
-            torch.linalg.matrix_norm(mz @ m - m, ord=ord_) / m_norm,
-            torch.linalg.matrix_norm(z @ mz - z, ord=ord_)
-            / torch.linalg.matrix_norm(z, ord=ord_).clamp_min(tiny),
+            _matrix_norm(eye - mz, ord_),
+            _matrix_norm(mz @ m - m, ord_) / m_norm,
+            # inf / inf (an overflowed iterate) is reported as inf, not NaN
+            (_matrix_norm(z @ mz - z, ord_) / _matrix_norm(z, ord_).clamp_min(tiny)).nan_to_num(nan=float("inf")),
         )
 
     z = _initial(m, init)
@@ -171,8 +209,10 @@ def iterative_pinv(
     inv = torch.stack([r[2] for r in records])
     final = torch.maximum(pen[-1], inv[-1]) if tol is not None else pen[-1]
     worst = float(final.max()) if final.numel() else 0.0
+    # Diverged: the final residual grew beyond the initial one and beyond rounding level.
+    diverged = (final > pen[0]) & (final > torch.finfo(m.dtype).eps ** 0.5)
     if not bool(torch.isfinite(final).all()) or (tol is not None and worst > tol) or (
-        tol is None and bool((final > pen[0]).any())
+        tol is None and bool(diverged.any())
     ):
         warnings.warn(
             ConvergenceWarning(

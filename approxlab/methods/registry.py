@@ -35,7 +35,7 @@ def available() -> list[str]:
 
 def get(name: str) -> MethodSpec:
     """The :class:`MethodSpec` registered as ``name``."""
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"`method` must be one of {available()}; got {name!r}.")
     module, attribute = _REGISTRY[name].split(":")
     return getattr(importlib.import_module(f"{__package__}.{module}"), attribute)
