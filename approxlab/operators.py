@@ -19,7 +19,7 @@ import math
 import torch
 
 from . import kernels
-from ._validation import check_choice, check_int, check_qkv
+from ._validation import check_choice, check_int, check_qkv, check_tensor
 
 __all__ = [
     "LinearOperator",
@@ -55,6 +55,7 @@ class LinearOperator:
 
     def matmat(self, x: torch.Tensor) -> torch.Tensor:
         """``self @ x`` for ``x: (*batch, m, k)``; returns ``(*batch, n, k)``."""
+        self._check_block(x, "x")
         if x.shape[-2] != self.shape[-1]:
             raise ValueError(
                 f"`x` must have shape (*batch, {self.shape[-1]}, k) to multiply an operator of shape "
@@ -64,12 +65,21 @@ class LinearOperator:
 
     def rmatmat(self, y: torch.Tensor) -> torch.Tensor:
         """``self^T @ y`` for ``y: (*batch, n, k)``; returns ``(*batch, m, k)``."""
+        self._check_block(y, "y")
         if y.shape[-2] != self.shape[-2]:
             raise ValueError(
                 f"`y` must have shape (*batch, {self.shape[-2]}, k) for the adjoint of an operator of "
                 f"shape {tuple(self.shape)}; got {tuple(y.shape)}."
             )
         return self._rmatmat(y)
+
+    def _check_block(self, x, name: str) -> None:
+        check_tensor(x, name, finite=False)
+        if x.dtype != self.dtype or x.device != self.device:
+            raise ValueError(
+                f"`{name}` must have the operator's dtype and device ({self.dtype}/{self.device}); "
+                f"got {x.dtype}/{x.device}. Use .to(dtype) on the operator or the block."
+            )
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """``self @ x`` for ``x: (*batch, m)``."""
@@ -116,7 +126,7 @@ class DenseOperator(LinearOperator):
     """Wrap an explicit ``(*batch, n, m)`` tensor."""
 
     def __init__(self, matrix: torch.Tensor):
-        self.matrix = matrix
+        self.matrix = check_tensor(matrix, "matrix", finite=False)
         self.shape = tuple(matrix.shape)
         self.dtype = matrix.dtype
         self.device = matrix.device
@@ -138,7 +148,7 @@ class DiagonalOperator(LinearOperator):
     """``diag(d)`` for ``d: (*batch, n)``."""
 
     def __init__(self, diag: torch.Tensor):
-        self.diag = diag
+        self.diag = check_tensor(diag, "diag", min_ndim=1, finite=False)
         n = diag.shape[-1]
         self.shape = (*diag.shape[:-1], n, n)
         self.dtype = diag.dtype
