@@ -7,6 +7,7 @@ Messages name the parameter, what is allowed and what was received, e.g.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -16,7 +17,10 @@ __all__ = [
     "check_tensor",
     "check_qkv",
     "check_square",
+    "check_shape",
+    "check_dtype",
     "check_int",
+    "check_real",
     "check_positive_float",
     "check_rtol",
     "check_choice",
@@ -150,6 +154,23 @@ def check_qkv(q, k, v=_NO_V):
     return q, k, v
 
 
+def check_shape(value, name: str = "batch_shape") -> tuple:
+    """Check that ``value`` is a sequence of integers ``>= 1`` (a batch shape); return it as a tuple."""
+    if isinstance(value, torch.Size):
+        value = tuple(value)
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"`{name}` must be a tuple of integers; got {value!r} ({type(value).__name__}).")
+    for size in value:
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+            raise ValueError(f"`{name}` must be a tuple of integers >= 1; got {tuple(value)!r}.")
+    return tuple(int(size) for size in value)
+
+
+def check_dtype(value, name: str = "dtype") -> torch.dtype:
+    """Check that ``value`` is ``torch.float32`` or ``torch.float64``."""
+    return check_choice(value, name, FLOAT_DTYPES)
+
+
 def check_square(x, name: str, *, finite: bool = True) -> torch.Tensor:
     """Check that ``x`` is a batch of square matrices ``(*batch, n, n)``."""
     check_tensor(x, name, finite=finite)
@@ -170,23 +191,36 @@ def check_int(value, name: str, *, low: int | None = None, high: int | None = No
     return value
 
 
+def check_real(value, name: str) -> float:
+    """Check that ``value`` is a finite real number (bools are rejected)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number; got {value!r} ({type(value).__name__}).")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"`{name}` must be a finite number; got {value}.")
+    return value
+
+
 def check_positive_float(value, name: str, *, allow_zero: bool = False) -> float:
     """Check that ``value`` is a finite real number > 0 (>= 0 with ``allow_zero``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"`{name}` must be a real number; got {value!r} ({type(value).__name__}).")
     value = float(value)
     ok = value >= 0 if allow_zero else value > 0
-    if not ok or value != value or value == float("inf"):
+    if not ok or not math.isfinite(value):
         rel = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"`{name}` must be a finite number {rel}; got {value}.")
     return value
 
 
-def check_rtol(value, name: str = "rtol") -> float:
-    """Check that ``value`` is a relative threshold: a real number with ``0 <= value < 1``."""
-    value = check_positive_float(value, name, allow_zero=True)
+def check_rtol(value, name: str = "rtol", *, allow_zero: bool = True) -> float:
+    """Check that ``value`` is a relative threshold: a real number with ``0 <= value < 1``
+    (``0 < value < 1`` without ``allow_zero``). A threshold of 1 or more would cut every
+    singular value, leaving a silent zero matrix."""
+    value = check_positive_float(value, name, allow_zero=allow_zero)
     if value >= 1:
-        raise ValueError(f"`{name}` must satisfy 0 <= {name} < 1; got {value}.")
+        low = "0 <=" if allow_zero else "0 <"
+        raise ValueError(f"`{name}` must satisfy {low} {name} < 1; got {value}.")
     return value
 
 

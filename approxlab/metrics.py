@@ -22,9 +22,8 @@ import math
 import torch
 
 from ._validation import (
-    FLOAT_DTYPES,
     as_generator,
-    check_choice,
+    check_dtype,
     check_int,
     check_positive_float,
     check_rtol,
@@ -502,7 +501,7 @@ def spectrum_measures(sigma: torch.Tensor, shape, *, rtol: float = 1e-6, num: in
     rtol = check_rtol(rtol)
     num = check_int(num, "num", low=2)
     eps = [check_positive_float(e, "eps") for e in (eps if isinstance(eps, (tuple, list)) else [eps])]
-    check_choice(dtype, "dtype", FLOAT_DTYPES)
+    check_dtype(dtype)
     sigma = sigma.to(torch.float64).clamp_min(0.0)
     s1 = sigma[..., :1]
     if bool((s1 == 0).any()):

@@ -19,7 +19,7 @@ import math
 import torch
 
 from . import kernels
-from ._validation import check_choice, check_int, check_qkv, check_tensor
+from ._validation import check_choice, check_int, check_qkv, check_real, check_tensor
 
 __all__ = [
     "LinearOperator",
@@ -74,7 +74,7 @@ class LinearOperator:
         return self._rmatmat(y)
 
     def _check_block(self, x, name: str) -> None:
-        check_tensor(x, name, finite=False)
+        check_tensor(x, name)
         if x.dtype != self.dtype or x.device != self.device:
             raise ValueError(
                 f"`{name}` must have the operator's dtype and device ({self.dtype}/{self.device}); "
@@ -83,10 +83,12 @@ class LinearOperator:
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """``self @ x`` for ``x: (*batch, m)``."""
+        check_tensor(x, "x", min_ndim=1)
         return self.matmat(x.unsqueeze(-1)).squeeze(-1)
 
     def rmatvec(self, y: torch.Tensor) -> torch.Tensor:
         """``self^T @ y`` for ``y: (*batch, n)``."""
+        check_tensor(y, "y", min_ndim=1)
         return self.rmatmat(y.unsqueeze(-1)).squeeze(-1)
 
     def to_dense(self) -> torch.Tensor:
@@ -114,7 +116,7 @@ class LinearOperator:
         return SumOperator([self, aslinearoperator(other)], [1.0, -1.0])
 
     def __mul__(self, c):
-        return SumOperator([self], [float(c)])
+        return SumOperator([self], [check_real(c, "c")])
 
     __rmul__ = __mul__
 

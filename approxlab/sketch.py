@@ -31,9 +31,13 @@ import torch
 from . import kernels
 from ._validation import (
     as_generator,
+    check_bool,
     check_choice,
     check_int,
     check_positive_float,
+    check_qkv,
+    check_rtol,
+    check_shape,
     check_square,
     check_tensor,
 )
@@ -83,7 +87,8 @@ def check_columns(columns, num_columns: int, *, batch_shape=(), name: str = "col
         raise TypeError(f"`{name}` must be an integer torch.Tensor; got {type(columns).__name__}.")
     if columns.dtype.is_floating_point or columns.dtype.is_complex or columns.dtype == torch.bool:
         raise TypeError(f"`{name}` must have an integer dtype (e.g. torch.long); got {columns.dtype}.")
-    batch_shape = tuple(batch_shape)
+    num_columns = check_int(num_columns, "num_columns", low=1)
+    batch_shape = check_shape(batch_shape)
     if columns.ndim == 0 or columns.shape[-1] == 0:
         raise ValueError(f"`{name}` must have shape (d,) or (*batch, d) with d >= 1; got {tuple(columns.shape)}.")
     if columns.ndim > 1 and tuple(columns.shape[:-1]) != batch_shape:
@@ -142,8 +147,9 @@ def uniform_columns(
     """
     num_columns = check_int(num_columns, "num_columns", low=1)
     d = check_int(d, "d", low=1, high=None if replace else num_columns)
+    check_bool(replace, "replace")
     g = as_generator(generator)
-    batch_shape = tuple(batch_shape)
+    batch_shape = check_shape(batch_shape)
     if replace:
         idx = torch.randint(0, num_columns, (*batch_shape, d), generator=g)
     else:
@@ -177,6 +183,7 @@ def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
     -----
     Row ``i < n`` of :math:`X` is query ``i``; row ``n + j`` is key ``j`` (Eq. (4) of Skyformer).
     """
+    check_qkv(q, k)
     x = torch.cat([q, k], dim=-2)
     total = x.shape[-2]
     batch = tuple(x.shape[:-2])
@@ -225,6 +232,7 @@ def ridge_leverage_columns(
     """
     check_tensor(scores, "scores", min_ndim=1)
     d = check_int(d, "d", low=1)
+    check_bool(replace, "replace")
     if bool((scores < 0).any()):
         raise ValueError(f"`scores` must be >= 0; got min {float(scores.min()):.3e}.")
     positive = (scores > 0).sum(-1)
@@ -332,8 +340,9 @@ def stable_pinv(m: torch.Tensor, *, hermitian: bool = True, rcond: float | None 
     small ones.
     """
     check_square(m, "m")
+    check_bool(hermitian, "hermitian")
     if rcond is not None:
-        rcond = check_positive_float(rcond, "rcond")
+        rcond = check_rtol(rcond, "rcond", allow_zero=False)
     return _pinv_factors(m, hermitian=hermitian, rcond=rcond)[0].matrix()
 
 
@@ -375,7 +384,7 @@ def nystrom(K: torch.Tensor, columns: torch.Tensor, *, rcond: float | None = Non
     check_square(K, "K")
     columns = check_columns(columns, K.shape[-1], batch_shape=K.shape[:-2])
     if rcond is not None:
-        rcond = check_positive_float(rcond, "rcond")
+        rcond = check_rtol(rcond, "rcond", allow_zero=False)
     scale = K.abs().amax((-1, -2)).clamp_min(torch.finfo(K.dtype).tiny)
     asym = ((K - K.transpose(-1, -2)).abs().amax((-1, -2)) / scale).max()
     if float(asym) > math.sqrt(torch.finfo(K.dtype).eps):
@@ -501,8 +510,9 @@ def nystrom_core(
     """
     check_square(block, "block")
     check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
+    check_bool(hermitian, "hermitian")
     if rcond is not None:
-        rcond = check_positive_float(rcond, "rcond")
+        rcond = check_rtol(rcond, "rcond", allow_zero=False)
     if core == "schulz" and not hermitian:
         raise ValueError(
             "`core` must be 'pinv' for a non-symmetric core block (Lemma 3 of Skyformer needs a "

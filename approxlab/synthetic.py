@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import as_generator, check_int
+from ._validation import as_generator, check_dtype, check_int, check_positive_float, check_shape, check_tensor
 
 __all__ = [
     "random_orthogonal",
@@ -22,6 +22,7 @@ __all__ = [
 def random_orthogonal(n: int, *, batch_shape=(), generator=None, dtype=torch.float64) -> torch.Tensor:
     """Haar-distributed orthogonal matrices ``(*batch_shape, n, n)`` (QR with sign fix)."""
     n = check_int(n, "n", low=1)
+    batch_shape, dtype = check_shape(batch_shape), check_dtype(dtype)
     g = as_generator(generator)
     x = torch.randn(*batch_shape, n, n, generator=g, dtype=torch.float64)
     qmat, r = torch.linalg.qr(x)
@@ -37,6 +38,7 @@ def psd_matrix(eigenvalues: torch.Tensor, *, generator=None) -> torch.Tensor:
     eigenvalues : torch.Tensor
         ``(*batch, n)``, non-negative.
     """
+    check_tensor(eigenvalues, "eigenvalues", min_ndim=1)
     if bool((eigenvalues < 0).any()):
         raise ValueError(
             f"`eigenvalues` must be >= 0 for a PSD matrix; got min {float(eigenvalues.min()):.3e}."
@@ -49,7 +51,7 @@ def psd_matrix(eigenvalues: torch.Tensor, *, generator=None) -> torch.Tensor:
 
 def matrix_with_singular_values(singular_values: torch.Tensor, m: int | None = None, *, generator=None):
     r""":math:`U\operatorname{diag}(\sigma)V^\top`, ``(*batch, n, m)`` with ``n = len(sigma)``."""
-    n = singular_values.shape[-1]
+    n = check_tensor(singular_values, "singular_values", min_ndim=1).shape[-1]
     m = n if m is None else check_int(m, "m", low=n)
     g = as_generator(generator)
     batch = singular_values.shape[:-1]
@@ -72,8 +74,10 @@ def synthetic_qkv(
     Entries are :math:`\mathcal N(0, \text{scale}^2)`, so logits :math:`q^\top k/\sqrt p` have
     standard deviation about ``scale**2``.
     """
+    n, p = check_int(n, "n", low=1), check_int(p, "p", low=1)
+    scale, dtype = check_positive_float(scale, "scale", allow_zero=True), check_dtype(dtype)
     g = as_generator(generator)
-    shape = (*batch_shape, n, p)
+    shape = (*check_shape(batch_shape), n, p)
     q, k, v = (scale * torch.randn(*shape, generator=g, dtype=torch.float64) for _ in range(3))
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
@@ -86,6 +90,7 @@ def large_logit_qkv(batch_shape=(2, 3), n: int = 24, p: int = 16, *, max_logit: 
     """
     from .kernels import scaled_logits
 
+    max_logit = check_positive_float(max_logit, "max_logit")
     q, k, v = synthetic_qkv(batch_shape, n, p, generator=generator)
     scale = (max_logit / float(scaled_logits(q, k).abs().max())) ** 0.5
     return (q * scale).float(), (k * scale).float(), v.float()

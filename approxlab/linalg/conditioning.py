@@ -34,6 +34,7 @@ def default_rtol(m: torch.Tensor) -> float:
     given in; a float32 matrix cannot resolve singular values below
     :math:`\approx \max(n,k)\,\varepsilon_{32}\,\sigma_{\max}`), as in NumPy's ``matrix_rank``.
     """
+    check_tensor(m, "M", finite=False)
     return max(m.shape[-2], m.shape[-1]) * torch.finfo(m.dtype).eps
 
 

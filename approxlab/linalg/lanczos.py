@@ -275,6 +275,11 @@ def golub_kahan(
         bidiagonal = torch.diag_embed(diag)
         if j > 1:
             bidiagonal = bidiagonal + torch.diag_embed(torch.stack(betas[:-1], -1).to("cpu", torch.float64), offset=1)
+        if not bool(torch.isfinite(bidiagonal).all()):
+            raise FloatingPointError(
+                f"`op` produced non-finite values (NaN or inf) in its products at step {j}: its spectral "
+                f"norm is undefined (non-finite entries, or entries beyond the range of {dtype})."
+            )
         left_vectors, singular, _ = torch.linalg.svd(bidiagonal)
         theta = singular[..., 0]
         residual = beta.to("cpu", torch.float64) * left_vectors[..., -1, 0].abs()

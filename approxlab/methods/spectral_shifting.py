@@ -27,7 +27,7 @@ import numbers
 
 import torch
 
-from .._validation import check_choice, check_int, check_positive_float, check_qkv, check_square
+from .._validation import check_choice, check_int, check_positive_float, check_qkv, check_rtol, check_square
 from ..operators import DiagonalOperator, LinearOperator, ProductOperator, SumOperator
 from ._base import Approximation, method
 from .nystromformer import landmark_kernels, segment_sizes
@@ -231,7 +231,7 @@ def spectral_shifting_psd(
     if target_rank is not None:
         target_rank = check_int(target_rank, "target_rank", low=1, high=n - 1)
     c = index.shape[-1]
-    rtol = _default_rtol(n, c, K.dtype) if rtol is None else check_positive_float(rtol, "rtol")
+    rtol = _default_rtol(n, c, K.dtype) if rtol is None else check_rtol(rtol, "rtol", allow_zero=False)
 
     trace_k = _trace(K)
     if target_rank is not None:
@@ -339,7 +339,7 @@ def modified_spectral_shifting_core(
     """
     check_square(core, "core")
     c = core.shape[-1]
-    rtol = _default_rtol(c, c, core.dtype) if rtol is None else check_positive_float(rtol, "rtol")
+    rtol = _default_rtol(c, c, core.dtype) if rtol is None else check_rtol(rtol, "rtol", allow_zero=False)
     check_choice(form, "form", CORE_FORMS)
 
     w, sigma_pinv, r, rank = _truncated_svd(core, rtol)
@@ -432,7 +432,7 @@ def spectral_shifting(
     n = min(q.shape[-2], k.shape[-2])
     num_features = check_int(num_features, "num_features", low=1, high=n)
     if rtol is not None:
-        rtol = check_positive_float(rtol, "rtol")
+        rtol = check_rtol(rtol, "rtol", allow_zero=False)
     check_choice(form, "form", CORE_FORMS)
     if not isinstance(identity_shift, bool):
         raise TypeError(f"`identity_shift` must be a bool; got {identity_shift!r} ({type(identity_shift).__name__}).")
