@@ -126,6 +126,15 @@ def _normalize_or_restart(w, basis, scale, generator, threshold):
     return w, norm
 
 
+def _finite_product(x: torch.Tensor, step: int) -> torch.Tensor:
+    if not bool(torch.isfinite(x).all()):
+        raise FloatingPointError(
+            f"`op` produced non-finite values (NaN or inf) in its products at step {step}: its spectral "
+            f"norm is undefined (non-finite entries, or entries beyond the range of {x.dtype})."
+        )
+    return x
+
+
 def golub_kahan(
     op,
     *,
@@ -245,7 +254,7 @@ def golub_kahan(
     out_residual = torch.zeros(batch, dtype=torch.float64)
     num_matvecs = 0
     for j in range(1, steps + 1):
-        w = a.matmat(v)
+        w = _finite_product(a.matmat(v), j)
         if w.shape[:-2] != batch:
             w = w.expand(*batch, *w.shape[-2:])
         if u_prev is not None:
@@ -255,7 +264,7 @@ def golub_kahan(
         u, alpha = _normalize_or_restart(w, left, scale, generator, threshold)
         left.append(u)
 
-        z = a.rmatmat(u)
+        z = _finite_product(a.rmatmat(u), j)
         if z.shape[:-2] != batch:
             z = z.expand(*batch, *z.shape[-2:])
         z = right.orthogonalize(z - alpha[..., None, None] * v)
@@ -275,11 +284,6 @@ def golub_kahan(
         bidiagonal = torch.diag_embed(diag)
         if j > 1:
             bidiagonal = bidiagonal + torch.diag_embed(torch.stack(betas[:-1], -1).to("cpu", torch.float64), offset=1)
-        if not bool(torch.isfinite(bidiagonal).all()):
-            raise FloatingPointError(
-                f"`op` produced non-finite values (NaN or inf) in its products at step {j}: its spectral "
-                f"norm is undefined (non-finite entries, or entries beyond the range of {dtype})."
-            )
         left_vectors, singular, _ = torch.linalg.svd(bidiagonal)
         theta = singular[..., 0]
         residual = beta.to("cpu", torch.float64) * left_vectors[..., -1, 0].abs()
