@@ -2,6 +2,15 @@ r"""Exact attention and the front door to every approximation.
 
 Shapes: ``q: (*batch, n, p)``, ``k: (*batch, m, p)``, ``v: (*batch, m, p_v)``; ``*batch``
 is typically ``(sequences, heads)``. Works on any device, in float32 or float64.
+
+Every function here refuses, with a ``TypeError``/``ValueError`` naming the parameter (see
+:func:`approxlab._validation.check_qkv`): non-tensors; dtypes other than float32/float64
+(float16/bfloat16 have no CPU ``eigh``/``svd`` and too few digits for spectral errors;
+integer, bool and complex tensors); sparse or meta tensors; empty tensors (``p = 0``, no
+keys, no queries, an empty batch: a softmax over nothing is undefined, not 0); NaN/inf
+entries; ``q``, ``k`` with different batch dimensions or ``p``; a ``v`` whose ``(*batch, m)``
+differs from ``k``'s; mixed dtypes or devices; and entries so large that a logit would
+overflow (``p * max|q|^2 > finfo.max / 4``).
 """
 
 from __future__ import annotations
@@ -28,6 +37,11 @@ _COMMON = ("q", "k", "v", "num_features", "generator")
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     r"""Softmax attention :math:`\operatorname{softmax}(QK^\top/\sqrt p)\,V`, ``(*batch, n, p_v)``.
 
+    Raises
+    ------
+    TypeError, ValueError
+        For the inputs listed in the module docstring (``v`` is required).
+
     Examples
     --------
     >>> import torch, approxlab
@@ -51,6 +65,13 @@ def attention_matrix(q: torch.Tensor, k: torch.Tensor, kind: str = "softmax") ->
         ``"scores"``: :math:`A = \exp(QK^\top/\sqrt p)` (raises ``OverflowError`` rather than
         returning ``inf``); ``"kernelized"``: :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})`
         (Skyformer Eq. (3)).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For the inputs listed in the module docstring, or a ``kind`` not among the three.
+    OverflowError
+        ``kind="scores"`` with a logit beyond ``log(finfo(q.dtype).max)``.
     """
     check_qkv(q, k)
     check_choice(kind, "kind", _KINDS)
@@ -91,6 +112,11 @@ def approximate(
 
     Raises
     ------
+    TypeError, ValueError
+        For the inputs listed in the module docstring; an unknown ``method``; ``num_features``
+        not an integer in ``[1, max]`` (bools and floats included); a ``generator`` that is
+        not a CPU ``torch.Generator``; an option the method does not take (the message lists
+        those it does); or a bad option value (the method's own validation).
     FloatingPointError
         If the approximate output has non-finite entries (e.g. an approximate row sum
         of zero); the message names the method and the count.
