@@ -41,7 +41,9 @@ __all__ = [
 # -- columns -----------------------------------------------------------------------------
 
 
-def check_columns(columns, num_columns: int, *, batch_shape=(), name: str = "columns") -> torch.Tensor:
+def check_columns(
+    columns, num_columns: int, *, batch_shape=(), name: str = "columns", num_features: int | None = None
+) -> torch.Tensor:
     """Validate column indices and return them as ``(*batch_shape, d)`` ``int64``.
 
     Parameters
@@ -54,6 +56,8 @@ def check_columns(columns, num_columns: int, *, batch_shape=(), name: str = "col
         ``N``, the number of columns to choose from.
     batch_shape : tuple
         The batch dimensions the indices must broadcast to.
+    num_features : int, optional
+        When given, ``d`` must equal it (a method's budget passed beside explicit columns).
     """
     if not isinstance(columns, torch.Tensor):
         raise TypeError(f"`{name}` must be an integer torch.Tensor; got {type(columns).__name__}.")
@@ -71,6 +75,10 @@ def check_columns(columns, num_columns: int, *, batch_shape=(), name: str = "col
     if low < 0 or high >= num_columns:
         raise ValueError(
             f"`{name}` must hold indices in [0, {num_columns}); got values in [{low}, {high}]."
+        )
+    if num_features is not None and columns.shape[-1] != num_features:
+        raise ValueError(
+            f"`{name}` must hold num_features={num_features} indices when given; got {columns.shape[-1]}."
         )
     return columns.to(torch.long).expand(*batch_shape, columns.shape[-1])
 
@@ -125,49 +133,6 @@ def uniform_columns(
     else:
         idx = torch.rand(*batch_shape, num_columns, generator=g).argsort(-1)[..., :d]
     return idx if device is None else idx.to(device)
-
-
-def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
-    r"""Landmark rows :math:`X_S` of the completion's :math:`X = [Q; K]`, and their indices ``S``.
-
-    Parameters
-    ----------
-    q, k : torch.Tensor
-        ``(*batch, n, p)``, ``(*batch, m, p)`` raw queries and keys.
-    num_features : int or None
-        ``d``, ``1 <= d <= n + m``; may be ``None`` when ``columns`` is given.
-    generator : torch.Generator, optional
-        CPU generator for :func:`uniform_columns` (``d`` distinct indices per batch element).
-    columns : torch.Tensor, optional
-        Explicit ``(d,)`` or ``(*batch, d)`` indices into ``range(n + m)`` (validated with
-        :func:`check_columns`; ``d`` must equal ``num_features`` when both are given).
-
-    Returns
-    -------
-    landmarks : torch.Tensor
-        ``(*batch, d, p)``, raw (unscaled) rows of :math:`[Q; K]`.
-    columns : torch.Tensor
-        ``(*batch, d)`` ``int64`` on ``q.device``.
-
-    Notes
-    -----
-    Row ``i < n`` of :math:`X` is query ``i``; row ``n + j`` is key ``j`` (Eq. (4) of Skyformer).
-    """
-    x = torch.cat([q, k], dim=-2)
-    total = x.shape[-2]
-    batch = tuple(x.shape[:-2])
-    if columns is None:
-        num_features = check_int(num_features, "num_features", low=1, high=total)
-        columns = uniform_columns(total, num_features, batch_shape=batch, generator=generator)
-    else:
-        columns = check_columns(columns, total, batch_shape=batch)
-        if num_features is not None and columns.shape[-1] != num_features:
-            raise ValueError(
-                f"`columns` must hold num_features={num_features} indices when given; "
-                f"got {columns.shape[-1]}."
-            )
-    columns = columns.to(x.device)
-    return gather_rows(x, columns), columns
 
 
 def ridge_leverage_columns(

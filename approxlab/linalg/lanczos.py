@@ -162,14 +162,15 @@ def _top_ritz_triple(alphas, betas):
     return singular[..., 0], betas[-1].to("cpu", torch.float64) * left_vectors[..., -1, 0].abs()
 
 
-def _warn_not_converged(relative, done, max_iter, tol):
+def _warn_not_converged(relative, done, *, method, budget, measure, tol, note):
+    """A :class:`ConvergenceWarning` naming the batch elements not ``done`` and the worst ``relative``
+    residual among them (shared by :func:`golub_kahan` and ``normal_block_lanczos``); it points
+    at the caller of ``method``."""
     worst = float(relative[~done].max())
     warnings.warn(
         ConvergenceWarning(
-            f"golub_kahan did not converge in max_iter={max_iter} steps for "
-            f"{int((~done).sum())} of {done.numel()} batch elements: largest relative residual "
-            f"residual/estimate = {worst:.3e} > tol={tol:.1e}. `estimate` is still a certified "
-            "lower bound on the spectral norm; raise `max_iter` for a converged value.",
+            f"{method} did not converge in {budget} for {int((~done).sum())} of {done.numel()} batch "
+            f"elements: largest {measure} {worst:.3e} > tol={tol:.1e}{note}",
             residual=worst,
         ),
         stacklevel=3,
@@ -314,7 +315,12 @@ def golub_kahan(
         v, u_prev, beta_prev = v_next, u, beta
 
     if not bool(done.all()):
-        _warn_not_converged(out_residual / out_theta.clamp_min(torch.finfo(torch.float64).tiny), done, max_iter, tol)
+        _warn_not_converged(
+            out_residual / out_theta.clamp_min(torch.finfo(torch.float64).tiny), done, method="golub_kahan",
+            budget=f"max_iter={max_iter} steps", measure="relative residual residual/estimate =", tol=tol,
+            note=". `estimate` is still a certified lower bound on the spectral norm; raise `max_iter` for a "
+            "converged value.",
+        )
 
     estimate = out_theta.to(device=device, dtype=dtype)
     residual = out_residual.to(device=device, dtype=dtype)

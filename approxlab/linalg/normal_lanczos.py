@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 import torch
 
 from .._validation import as_generator, check_int, check_positive_float, check_qkv
-from ..errors import ConvergenceWarning
+from .lanczos import _warn_not_converged
 
 __all__ = ["default_row_block", "fused_normal_pass", "BlockLanczosResult", "normal_block_lanczos"]
 
@@ -179,19 +178,6 @@ def _top_ritz_pair(basis, images):
     return estimate, ritz_residual, ritz_residual / estimate.clamp_min(torch.finfo(torch.float64).tiny)
 
 
-def _warn_not_converged(relative, done, max_iter, tol):
-    worst = float(relative[~done].max())
-    warnings.warn(
-        ConvergenceWarning(
-            f"normal_block_lanczos did not converge in max_iter={max_iter} passes for "
-            f"{int((~done).sum())} of {done.numel()} batch elements: largest relative distance bound "
-            f"{worst:.3e} > tol={tol:.1e}; `estimate` is still a certified lower bound.",
-            residual=worst,
-        ),
-        stacklevel=3,
-    )
-
-
 def _probabilistic_upper_bound(estimate, dimension, n, failure_probability):
     """Kuczynski-Wozniakowski (1992), Theorem 4.2(a), for the Krylov space of one start column."""
     epsilon = (math.log(1.648 * math.sqrt(n) / failure_probability) / (2.0 * dimension - 1.0)) ** 2
@@ -309,7 +295,11 @@ def normal_block_lanczos(
         current = _orthonormal_complement(image, basis, generator)
 
     if not bool(done.all()):
-        _warn_not_converged(out["distance"] / out["estimate"].clamp_min(1e-300), done, max_iter, tol)
+        _warn_not_converged(
+            out["distance"] / out["estimate"].clamp_min(1e-300), done, method="normal_block_lanczos",
+            budget=f"max_iter={max_iter} passes", measure="relative distance bound", tol=tol,
+            note="; `estimate` is still a certified lower bound.",
+        )
     upper = _probabilistic_upper_bound(out["estimate"], out["dimension"], n, failure_probability)
     return BlockLanczosResult(
         estimate=out["estimate"],

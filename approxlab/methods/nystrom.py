@@ -116,11 +116,7 @@ def nystrom(
         ridge_lambda = check_positive_float(ridge_lambda, "ridge_lambda")
     extra_info: dict = {}
     if columns is not None:
-        columns = sketch.check_columns(columns, n, batch_shape=batch).to(k.device)
-        if num_features is not None and columns.shape[-1] != num_features:
-            raise ValueError(
-                f"`columns` must hold num_features={num_features} indices when given; got {columns.shape[-1]}."
-            )
+        columns = sketch.check_columns(columns, n, batch_shape=batch, num_features=num_features).to(k.device)
     else:
         num_features = check_int(num_features, "num_features", low=1, high=n)
         if sampling == "uniform":

@@ -72,12 +72,7 @@ def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
         num_features = check_int(num_features, "num_features", low=1, high=total)
         columns = sketch.uniform_columns(total, num_features, batch_shape=batch, generator=generator)
     else:
-        columns = sketch.check_columns(columns, total, batch_shape=batch)
-        if num_features is not None and columns.shape[-1] != num_features:
-            raise ValueError(
-                f"`columns` must hold num_features={num_features} indices when given; "
-                f"got {columns.shape[-1]}."
-            )
+        columns = sketch.check_columns(columns, total, batch_shape=batch, num_features=num_features)
     columns = columns.to(x.device)
     return sketch.gather_rows(x, columns), columns
 
@@ -258,15 +253,7 @@ def completion_nystrom(
     features="sampled columns d of the 2n x 2n completion (Eq. (5))",
     max_features=lambda n: 2 * n,
 )
-def skyformer(
-    q,
-    k,
-    v,
-    *,
-    num_features,
-    generator=None,
-    **options,
-):
+def skyformer(q, k, v, *, num_features, generator=None, **options):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
     Parameters

@@ -18,15 +18,7 @@ from .skyformer import completion_nystrom
     features="sampled columns d of the completion of [Q; K]",
     max_features=lambda n: 2 * n,
 )
-def skyformer_softmax(
-    q,
-    k,
-    v,
-    *,
-    num_features,
-    generator=None,
-    **options,
-):
+def skyformer_softmax(q, k, v, *, num_features, generator=None, **options):
     r"""Eq. (5) of Skyformer on the completion :math:`\bar A` of the raw scores, row-normalised.
 
     Parameters
