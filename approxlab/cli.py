@@ -150,16 +150,22 @@ def main(argv=None) -> int:
     except StudyError as error:
         print(f"approxlab: error: {error}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the study's name, like its other option errors
+        parser.exit(2, f"approxlab {args.study}: error: unrecognized arguments: {' '.join(unknown)}\n")
     args.command = shlex.join(["approxlab", *argv])
+    existed = True
     try:
         check_device(args.device)
         module = load_study(args.study)
         args.out = _cli.output_dir(args, module.__name__.rsplit(".", 1)[-1])
+        existed = args.out.exists()
         _cli.check_common(args)
         with _cli.locked_output(args):
             return int(module.run(args) or 0)
     except StudyError as error:
+        if args.out is not None and not existed:
+            _cli.discard_output(args.out)
         print(f"approxlab {args.study}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

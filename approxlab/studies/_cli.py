@@ -22,6 +22,7 @@ Public API::
     output_dir(args, name) -> pathlib.Path
     check_common(args)                               # --out, --data-dir, --cache-dir, --scheduler
     locked_output(args)                              # context manager: the --out lock, one-line error
+    discard_output(out)                              # remove a folder created for a refused run
     corpus_tokens(data_dir, cache_dir) -> int
     model_heads(condition) -> int
     check_windows(args, ids_by_n, *, windows=None, n_option="--n")
@@ -40,7 +41,7 @@ import socket
 import sys
 import urllib.parse
 
-from .._io import OutputLockedError, output_lock
+from .._io import LOCK_NAME, OutputLockedError, output_lock
 from . import default_output_dir
 from .runner import StudyError
 
@@ -59,6 +60,7 @@ __all__ = [
     "check_cache_dir",
     "check_scheduler",
     "locked_output",
+    "discard_output",
     "corpus_tokens",
     "model_heads",
     "check_windows",
@@ -239,6 +241,14 @@ def locked_output(args):
                          f"{str(args.out)!r} (locked by {error.describe_owner()})") from None
 
 
+def discard_output(out) -> None:
+    """Remove ``out`` if it holds nothing but its lock file (a run refused before writing anything)."""
+    out = pathlib.Path(out)
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_NAME}:
+        (out / LOCK_NAME).unlink(missing_ok=True)
+        out.rmdir()
+
+
 # --------------------------------------------------------- checks against the data
 
 
@@ -290,7 +300,7 @@ def check_windows(args, ids_by_n: dict, *, windows: int | None = None, n_option:
             raise UsageError("--windows", f"at most {len(ids)} (the windows available at n={n})", windows)
         last = max(ids, default=0)
         if (last + 1) * n > tokens:
-            raise UsageError(n_option, f"at most {tokens // (last + 1):,} tokens so that window {last} fits in "
+            raise UsageError(n_option, f"at most {tokens // (last + 1):,} tokens so that {last + 1} windows fit in "
                                        f"the corpus's {tokens:,}", f"{n:,}")
 
 
