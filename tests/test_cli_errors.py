@@ -52,8 +52,10 @@ CASES = [
     ("figure1", ["--device", "tpu"], "--device"),
     ("figure1", ["--out", "/proc/approxlab-cannot-be-here"], "--out"),
     ("figure1", ["--out", "{file}"], "--out"),
-    ("figure1", ["--plot-only", "--out", "{missing}"], "--out"),
+    ("figure1", ["--plot-only", "--out", "{missing}"], "--plot-only"),
+    ("bench", ["--plot-only", "--out", "{missing}"], "--plot-only"),
     ("figure1", ["--data-dir", "/nonexistent/approxlab-data"], "--data-dir"),
+    ("figure1", ["--data-dir", "{empty}"], "--data-dir"),
     ("figure1", ["--cache-dir", "/proc/approxlab-cannot-be-here"], "--cache-dir"),
     ("figure1", ["--scheduler", "tcp://127.0.0.1:{port}"], "--scheduler"),
     ("figure1", ["--scheduler", "tcp://localhost:notaport"], "--scheduler"),
@@ -129,8 +131,10 @@ def test_the_table_is_large_and_covers_every_study():
 @pytest.mark.parametrize(("study", "arguments", "parameter"), CASES,
                          ids=[f"{s}{' '.join([''] + a)}" for s, a, _ in CASES])
 def test_bad_invocation_is_one_line(study, arguments, parameter, no_compute, capsys, tmp_path):
-    places = {"file": tmp_path / "a-file", "missing": tmp_path / "missing", "port": _closed_port()}
+    places = {"file": tmp_path / "a-file", "missing": tmp_path / "missing", "empty": tmp_path / "empty",
+              "port": _closed_port()}
     places["file"].write_text("not a folder")
+    places["empty"].mkdir()
     arguments = [a.format(**places) for a in arguments]
     if "--out" not in arguments:
         arguments += ["--out", str(tmp_path / "out")]

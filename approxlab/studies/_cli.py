@@ -152,11 +152,9 @@ def _reason(error: OSError) -> str:
 
 
 def check_output_dir(out, *, plot_only: bool = False) -> pathlib.Path:
-    """``out`` exists or can be created, and this user can write to it (``--out``)."""
+    """``out`` exists or can be created, and this user can write to it (``--out``; not with ``plot_only``)."""
     out = pathlib.Path(out)
-    if plot_only:
-        if not out.is_dir():
-            raise UsageError("--out", "with --plot-only, a folder holding saved results", f"{str(out)!r} (no such folder)")
+    if plot_only:  # nothing is created; a folder without results is the study's one-line error
         return out
     allowed = "a folder this user can create and write to"
     if out.exists() and not out.is_dir():
@@ -171,10 +169,17 @@ def check_output_dir(out, *, plot_only: bool = False) -> pathlib.Path:
 
 
 def check_data_dir(data_dir) -> None:
-    """A given ``--data-dir`` must exist: it is never skipped for another location."""
-    if data_dir is not None and not pathlib.Path(data_dir).expanduser().exists():
-        raise UsageError("--data-dir", "an existing folder holding wikitext-2-raw/wiki.test.raw (or the file)",
-                         f"{str(data_dir)!r} (no such file or folder)")
+    """A given ``--data-dir`` must hold the corpus: it is never skipped for another location."""
+    if data_dir is None:
+        return
+    from ..data import WIKITEXT_RELPATH
+
+    path = pathlib.Path(data_dir).expanduser()
+    allowed = f"a folder holding {WIKITEXT_RELPATH.as_posix()} (or the file itself)"
+    if not path.exists():
+        raise UsageError("--data-dir", allowed, f"{str(data_dir)!r} (no such file or folder)")
+    if path.is_dir() and not any((path / p).is_file() for p in (WIKITEXT_RELPATH, WIKITEXT_RELPATH.name)):
+        raise UsageError("--data-dir", allowed, f"{str(data_dir)!r} (no {WIKITEXT_RELPATH.name} in it)")
 
 
 def check_cache_dir(cache_dir) -> None:
@@ -229,7 +234,13 @@ def check_common(args) -> None:
 
 @contextlib.contextmanager
 def locked_output(args):
-    """Hold the lock of ``args.out`` (:func:`approxlab._io.output_lock`); a held lock is a :class:`UsageError`."""
+    """Hold the lock of ``args.out`` (:func:`approxlab._io.output_lock`); a held lock is a :class:`UsageError`.
+
+    With ``--plot-only`` and no such folder there is nothing to lock (the study reports it).
+    """
+    if args.plot_only and not pathlib.Path(args.out).is_dir():
+        yield
+        return
     try:
         with output_lock(args.out, command=getattr(args, "command", None)) as removed:
             for path in removed:

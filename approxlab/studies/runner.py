@@ -330,7 +330,8 @@ def run_cells(
         _prepare_config(config_path, results_path, config, run_info, restart)
         table = _Table(results_path, key_columns, {key: i for i, key in enumerate(keys)})
         todo = [(key, cell) for key, cell in zip(keys, cells) if key not in table.done]
-        bar = _progress_bar(len(cells), len(cells) - len(todo), progress, results_path.parent.name)
+        bar = _progress_bar(len(cells), len(cells) - len(todo), progress,
+                            f"{results_path.parent.name}/{results_path.name}")
         _run_todo(todo, compute, table, key_columns, bar, scheduler, workers, flush_every_seconds)
         if not results_path.exists():
             write_csv_atomic(table.frame(), results_path)
@@ -377,7 +378,7 @@ def _clock(seconds: float) -> str:
 class ProgressLog:
     """Progress for a stderr that is not a terminal: one line at every tenth of the cells.
 
-    ``figure1: 12/120 cells (10%), elapsed 0:00:31, remaining ~0:04:39`` -- the remaining
+    ``figure1/results.csv: 12/120 cells (10%), elapsed 0:00:31, remaining ~0:04:39``: the remaining
     time extrapolates the mean time of the cells finished in this run. A line is written
     when the run starts, whenever the count of finished cells crosses a multiple of
     ``ceil(total / 10)``, and at the end. Same ``update``/``close`` interface as tqdm.
@@ -389,7 +390,7 @@ class ProgressLog:
     initial : int
         Cells already done (resumed).
     description : str
-        Prefix of every line (the output folder's name).
+        Prefix of every line (``<output folder>/<table>``).
     stream : file, optional
         Where to write (default ``sys.stderr`` at the time of each line).
     """
