@@ -151,21 +151,25 @@ def _reason(error: OSError) -> str:
     return error.strerror or type(error).__name__
 
 
+def _writable_folder(option: str, path: pathlib.Path) -> pathlib.Path:
+    """Create ``path`` (and parents) unless it exists; a :class:`UsageError` if this user cannot write there."""
+    allowed = "a folder this user can create and write to"
+    if path.exists() and not path.is_dir():
+        raise UsageError(option, allowed, f"{str(path)!r} (not a folder)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(option, allowed, f"{str(path)!r} ({_reason(error)})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(option, allowed, f"{str(path)!r} (not writable)")
+    return path
+
+
 def check_output_dir(out, *, plot_only: bool = False) -> pathlib.Path:
     """``out`` exists or can be created, and this user can write to it (``--out``; not with ``plot_only``)."""
-    out = pathlib.Path(out)
     if plot_only:  # nothing is created; a folder without results is the study's one-line error
-        return out
-    allowed = "a folder this user can create and write to"
-    if out.exists() and not out.is_dir():
-        raise UsageError("--out", allowed, f"{str(out)!r} (not a folder)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError("--out", allowed, f"{str(out)!r} ({_reason(error)})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise UsageError("--out", allowed, f"{str(out)!r} (not writable)")
-    return out
+        return pathlib.Path(out)
+    return _writable_folder("--out", pathlib.Path(out))
 
 
 def check_data_dir(data_dir) -> None:
@@ -184,16 +188,8 @@ def check_data_dir(data_dir) -> None:
 
 def check_cache_dir(cache_dir) -> None:
     """A given ``--cache-dir`` must be a folder this user can create and write to."""
-    if cache_dir is None:
-        return
-    path = pathlib.Path(cache_dir).expanduser()
-    allowed = "a folder this user can create and write to"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError("--cache-dir", allowed, f"{str(cache_dir)!r} ({_reason(error)})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError("--cache-dir", allowed, f"{str(cache_dir)!r} (not writable)")
+    if cache_dir is not None:
+        _writable_folder("--cache-dir", pathlib.Path(cache_dir).expanduser())
 
 
 def check_scheduler(address, timeout: float = SCHEDULER_TIMEOUT):
