@@ -172,18 +172,21 @@ def check_output_dir(out, *, plot_only: bool = False) -> pathlib.Path:
     return _writable_folder("--out", pathlib.Path(out))
 
 
-def check_data_dir(data_dir) -> None:
+def _corpus_error(error: Exception) -> StudyError:
+    """The data layer's message (it names ``--data-dir`` or ``$APPROXLAB_DATA``) as one CLI line."""
+    return StudyError(" ".join(str(error).split()))
+
+
+def check_data_dir(data_dir, cache_dir=None) -> None:
     """A given ``--data-dir`` must hold the corpus: it is never skipped for another location."""
     if data_dir is None:
         return
-    from ..data import WIKITEXT_RELPATH
+    from ..data import CorpusNotFoundError, find_wikitext
 
-    path = pathlib.Path(data_dir).expanduser()
-    allowed = f"a folder holding {WIKITEXT_RELPATH.as_posix()} (or the file itself)"
-    if not path.exists():
-        raise UsageError("--data-dir", allowed, f"{str(data_dir)!r} (no such file or folder)")
-    if path.is_dir() and not any((path / p).is_file() for p in (WIKITEXT_RELPATH, WIKITEXT_RELPATH.name)):
-        raise UsageError("--data-dir", allowed, f"{str(data_dir)!r} (no {WIKITEXT_RELPATH.name} in it)")
+    try:
+        find_wikitext(data_dir, cache_dir=cache_dir)
+    except CorpusNotFoundError as error:
+        raise _corpus_error(error) from None
 
 
 def check_cache_dir(cache_dir) -> None:
@@ -223,7 +226,7 @@ def check_common(args) -> None:
     """The checks of every study (``args.out`` already resolved); ``args.scheduler`` normalised."""
     check_output_dir(args.out, plot_only=args.plot_only)
     if not args.plot_only:
-        check_data_dir(args.data_dir)
+        check_data_dir(args.data_dir, args.cache_dir)
         check_cache_dir(args.cache_dir)
         args.scheduler = check_scheduler(args.scheduler)
 
@@ -261,21 +264,20 @@ def discard_output(out) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _token_count(data_dir, cache_dir) -> int:
-    from ..data import CorpusChecksumError, wikitext_token_ids
+    from ..data import CorpusChecksumError, CorpusNotFoundError, wikitext_token_ids
     from ..tasks.mlm import load_tokenizer
 
     try:
         return int(wikitext_token_ids(load_tokenizer(), data_dir=data_dir, cache_dir=cache_dir).numel())
-    except (FileNotFoundError, CorpusChecksumError) as error:
-        first = str(error).splitlines()[0].rstrip(".:")
-        raise UsageError("--data-dir", "a folder holding the WikiText-2 test split (or $APPROXLAB_DATA set to one)",
-                         f"none usable ({first})") from None
+    except (CorpusNotFoundError, CorpusChecksumError) as error:
+        raise _corpus_error(error) from None
 
 
 def corpus_tokens(data_dir=None, cache_dir=None) -> int:
     """Tokens of the WikiText-2 test split (273,178 with the MiniLM/BERT uncased tokenizer).
 
-    A missing or corrupt corpus is a :class:`UsageError` naming ``--data-dir``.
+    A missing or corrupt corpus is a :class:`StudyError` (the data layer's message, which
+    names ``--data-dir`` or ``$APPROXLAB_DATA``).
     """
     as_key = (lambda p: None if p is None else str(p))
     return _token_count(as_key(data_dir), as_key(cache_dir))
