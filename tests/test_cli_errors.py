@@ -151,6 +151,27 @@ def test_scheduler_error_names_the_address_and_comes_fast(no_compute, capsys, tm
     assert_one_line_error(status, err, "figure1", address)
 
 
+def test_a_port_where_no_dask_scheduler_answers_is_refused(no_compute, capsys, tmp_path):
+    """Something listens (the TCP connect succeeds) but never speaks Dask: refused, not a hang."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        start = time.monotonic()
+        status, err = run_main(["figure1", "--scheduler", address, "--out", str(tmp_path)], capsys)
+    assert time.monotonic() - start < 2 * _cli.SCHEDULER_TIMEOUT + 5
+    assert_one_line_error(status, err, "figure1", address)
+    assert "no Dask scheduler answered" in err
+
+
+def test_a_running_dask_scheduler_passes_the_check():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+        assert _cli.check_scheduler(cluster.scheduler_address) == cluster.scheduler_address
+        assert _cli.check_scheduler(cluster.scheduler_address.removeprefix("tcp://")) == cluster.scheduler_address
+
+
 def test_windows_beyond_the_pool_are_refused_not_truncated(no_compute, capsys, tmp_path):
     status, err = run_main(["figure1", "--windows", "1000", "--out", str(tmp_path)], capsys)
     assert_one_line_error(status, err, "figure1", "--windows")

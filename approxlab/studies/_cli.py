@@ -33,6 +33,7 @@ Public API::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import functools
 import os
@@ -196,7 +197,10 @@ def check_cache_dir(cache_dir) -> None:
 
 
 def check_scheduler(address, timeout: float = SCHEDULER_TIMEOUT):
-    """Return ``address`` as a URL (``tcp://`` added) after a TCP connect within ``timeout`` s.
+    """Return ``address`` as a URL (``tcp://`` added) once a Dask scheduler answered there.
+
+    A TCP connect, then Dask's ``identity`` call, each within ``timeout`` seconds (a Dask
+    client would otherwise wait 30 s or more, or forever on a port where something else listens).
 
     Addresses of other protocols (``inproc://``, ``ucx://``, ...) are returned unchecked.
     """
@@ -219,7 +223,24 @@ def check_scheduler(address, timeout: float = SCHEDULER_TIMEOUT):
     except OSError as error:
         reason = "no answer" if isinstance(error, TimeoutError) else _reason(error)
         raise UsageError("--scheduler", allowed, f"{address!r} ({reason} within {timeout:g} s)") from None
+    try:  # something listens there; is it a Dask scheduler?
+        kind = asyncio.run(_identity(url, timeout)).get("type")
+    except (OSError, asyncio.TimeoutError, TimeoutError) as error:
+        kind = f"{type(error).__name__}"
+    if kind != "Scheduler":
+        raise UsageError("--scheduler", allowed, f"{address!r} (no Dask scheduler answered within {timeout:g} s)")
     return url
+
+
+async def _identity(url: str, timeout: float) -> dict:
+    """The ``identity`` of the Dask server at ``url`` (``{"type": "Scheduler", ...}``), within ``timeout`` s."""
+    from distributed.core import rpc
+
+    remote = rpc(url, timeout=timeout)
+    try:
+        return await asyncio.wait_for(remote.identity(), timeout)
+    finally:
+        await remote.close_rpc()
 
 
 def check_common(args) -> None:
