@@ -25,7 +25,8 @@ rerunning the same command resumes.
 
 Before the study runs, ``--out`` (default: the study's folder) is created and locked
 (:func:`approxlab._io.output_lock`): a second run into the same folder exits 2 at once,
-naming the process that holds it.
+naming the process that holds it. Progress goes to stderr: a tqdm bar on a terminal,
+otherwise a line at every tenth of the cells (done/total, elapsed, estimated remaining).
 
 Examples
 --------
