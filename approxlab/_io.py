@@ -15,7 +15,7 @@ Public API::
     write_json_atomic(obj, path) -> pathlib.Path
     read_results(path) -> pandas.DataFrame
     read_json(path) -> dict
-    output_lock(directory, *, command=None, timeout=1.0)   # context manager
+    output_lock(directory, *, command=None, timeout=0.2)   # context manager
     remove_stale_temp_files(directory) -> list[pathlib.Path]
     OutputLockedError
     project_root() -> pathlib.Path
@@ -252,7 +252,7 @@ def remove_stale_temp_files(directory) -> list[pathlib.Path]:
 
 
 @contextlib.contextmanager
-def output_lock(directory, *, command: str | None = None, timeout: float = 1.0):
+def output_lock(directory, *, command: str | None = None, timeout: float = 0.2):
     """Hold the lock of output folder ``directory`` for the duration of a ``with`` block.
 
     Creates ``directory`` (and parents), takes the lock within ``timeout`` seconds, writes
