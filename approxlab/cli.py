@@ -14,9 +14,19 @@ default, see :func:`approxlab.studies.default_output_dir`), ``quick``, ``device`
 ``scheduler``, ``workers``, ``plot_only``, plus ``study`` and ``command`` (the command
 line, for the record in ``config.json``/``summary.md``).
 
-Errors a user can fix (:class:`approxlab.studies.runner.StudyError`: mismatched saved
-results, CUDA requested but unavailable, nothing to plot) print one line and exit 2;
-Ctrl-C exits 130 with a note that rerunning the same command resumes.
+Errors a user can fix print one line on stderr and exit with status 2, in argparse's
+form ``approxlab <study>: error: <what>: <what is allowed>, got <what came in>``:
+bad option values (argparse, without its usage block), and every
+:class:`approxlab.studies.runner.StudyError` (mismatched saved results, CUDA requested
+but unavailable, a corpus or windows too small for ``--n``/``--windows``, an unwritable
+or locked ``--out``, an unreachable ``--scheduler``; see :mod:`approxlab.studies._cli`).
+A bug in approxlab itself still shows its traceback. Ctrl-C exits 130 with a note that
+rerunning the same command resumes.
+
+Before the study runs, ``--out`` (default: the study's folder) is created and locked
+(:func:`approxlab._io.output_lock`): a second run into the same folder exits 2 at once,
+naming the process that holds it. Progress goes to stderr: a tqdm bar on a terminal,
+otherwise a line at every tenth of the cells (done/total, elapsed, estimated remaining).
 
 Examples
 --------
@@ -37,6 +47,7 @@ import shlex
 import sys
 
 from .studies import STUDIES
+from .studies import _cli
 from .studies.runner import StudyError
 
 __all__ = ["main", "build_parser", "add_common_arguments", "check_device", "load_study"]
@@ -66,14 +77,11 @@ def load_study(name: str):
     return importlib.import_module(module)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {value}")
-    return value
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``<prog>: error: <message>``), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,13 +106,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     executor = group.add_mutually_exclusive_group()
     executor.add_argument("--scheduler", default=None, metavar="ADDRESS",
                           help="run cells on a Dask scheduler, e.g. tcp://host:8786")
-    executor.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+    executor.add_argument("--workers", type=_cli.positive_int, default=None, metavar="N",
                           help="run cells on a local Dask cluster of N single-threaded processes")
 
 
 def build_parser(study: str | None = None) -> argparse.ArgumentParser:
     """The ``approxlab`` parser; only ``study``'s module is imported (for its options)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="approxlab",
         description="Spectral-error studies of attention approximations.",
     )
@@ -143,13 +151,23 @@ def main(argv=None) -> int:
     except StudyError as error:
         print(f"approxlab: error: {error}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the study's name, like its other option errors
+        parser.exit(2, f"approxlab {args.study}: error: unrecognized arguments: {' '.join(unknown)}\n")
     args.command = shlex.join(["approxlab", *argv])
+    existed = True
     try:
         check_device(args.device)
-        return int(load_study(args.study).run(args) or 0)
+        module = load_study(args.study)
+        args.out = _cli.output_dir(args, module.__name__.rsplit(".", 1)[-1])
+        existed = args.out.exists()
+        _cli.check_common(args)
+        with _cli.locked_output(args):
+            return int(module.run(args) or 0)
     except StudyError as error:
-        print(f"approxlab {args.study}: error: {error}", file=sys.stderr)
+        if args.out is not None and not existed:
+            _cli.discard_output(args.out)
+        print(f"approxlab {args.study}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\napproxlab {args.study}: interrupted; finished cells are saved. Rerun the same "

@@ -186,3 +186,101 @@ def test_dask_local_cluster_matches_in_process_and_survives_a_killed_worker(tmp_
     assert (tmp_path / "killed").exists()  # a worker really died
     assert (tmp_path / "dask" / "results.csv").read_bytes() == (tmp_path / "inprocess" / "results.csv").read_bytes()
     assert len(reference) == 12 and not reference.duplicated(["a", "b", "rep"]).any()
+
+
+# ------------------------------------------------------------- lock and stale files
+
+HOLD_LOCK = """
+import sys, time
+from approxlab._io import output_lock
+with output_lock(sys.argv[1], command="holder"):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def _hold_lock(directory):
+    """A separate process holding the lock of ``directory``; returns it once the lock is taken."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory)], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_folder_locked_by_another_process_is_refused_naming_it(tmp_path):
+    holder = _hold_lock(tmp_path)
+    try:
+        with pytest.raises(study_io.OutputLockedError, match=f"process {holder.pid} on .*`holder`") as info:
+            run(tmp_path)
+        assert info.value.owner["pid"] == holder.pid
+        assert not (tmp_path / "results.csv").exists()  # nothing was computed or written
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert len(run(tmp_path)) == 12  # the OS dropped the lock with its process
+
+
+def test_the_lock_is_reentrant_and_released(tmp_path):
+    with study_io.output_lock(tmp_path, command="outer"):
+        assert study_io.read_json(tmp_path / (study_io.LOCK_NAME + ".json"))["pid"] == os.getpid()
+        assert len(run(tmp_path)) == 12  # run_cells inside a held lock (as under the CLI)
+        assert (tmp_path / (study_io.LOCK_NAME + ".json")).exists()  # the inner release kept the outer lock
+    assert not (tmp_path / (study_io.LOCK_NAME + ".json")).exists()
+    with study_io.output_lock(tmp_path, timeout=0):  # free again
+        pass
+
+
+def test_stale_temporary_files_are_removed_when_a_run_starts(tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    stale = tmp_path / f"{study_io.TEMP_PREFIX}killed.csv"
+    stale.write_text("a,b\n0,")  # what a run killed mid-write leaves
+    other = tmp_path / "notes.txt"
+    other.write_text("keep me")
+    run(tmp_path)
+    assert not stale.exists() and other.exists()
+    assert no_temp_files(tmp_path)
+
+
+# ------------------------------------------------------------------------ progress
+
+
+def test_progress_without_a_terminal_logs_every_tenth(tmp_path, capsys):
+    cells = [{"a": a, "b": "x"} for a in range(20)]
+    run_cells(cells, toy_compute, results_path=tmp_path / "results.csv", key_columns=KEYS, config=CONFIG,
+              progress=True)  # capsys: stderr is not a terminal
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"{tmp_path.name}/results.csv: 0/20 cells to compute"
+    done = [int(line.split(": ")[1].split("/")[0]) for line in lines[1:]]
+    assert done == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]  # every 10% of the cells
+    assert all("elapsed 0:00:" in line for line in lines[1:])
+    assert all("remaining ~" in line for line in lines[1:-1]) and "remaining" not in lines[-1]
+    assert "(10%)" in lines[1] and "(100%)" in lines[-1]
+
+
+def test_progress_counts_resumed_cells_and_reports_a_stop(tmp_path, capsys):
+    cells = [{"a": a, "b": "x"} for a in range(7)]
+    common = dict(results_path=tmp_path / "results.csv", key_columns=KEYS, config=CONFIG, progress=True,
+                  flush_every_seconds=0.0)
+    with pytest.raises(Interrupt):
+        run_cells(cells, interrupted_compute(limit=3), **common)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 3/7 cells (42%)") and lines[-1].endswith("(stopped)")
+    run_cells(cells, toy_compute, **common)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"{tmp_path.name}/results.csv: 3/7 cells to compute (3 already done)"
+    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 7/7 cells (100%)")
+
+
+def test_no_progress_and_terminals_get_no_log_lines(tmp_path, capsys, monkeypatch):
+    run(tmp_path / "quiet")  # progress=False
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)  # a terminal: tqdm's bar, not log lines
+    from approxlab.studies.runner import ProgressLog, _progress_bar
+
+    assert not isinstance(_progress_bar(10, 0, True, "x"), ProgressLog)

@@ -4,8 +4,10 @@ Each study is a module exposing ``add_arguments(parser)`` and ``run(args) -> int
 registered (lazily, by module path) in :data:`STUDIES`; ``approxlab <study>`` imports
 only the module it runs, so a missing or broken study never breaks the others.
 
-See :mod:`approxlab.studies.runner` (``run_cells``), :mod:`approxlab._io`
-(atomic writes) and :mod:`approxlab.plotting` (figure style).
+See :mod:`approxlab.studies.runner` (``run_cells``: resume, output-folder lock, progress),
+:mod:`approxlab.studies._cli` (the options, one-line errors and pre-run checks every study
+shares), :mod:`approxlab._io` (atomic writes, the lock) and :mod:`approxlab.plotting`
+(figure style).
 """
 
 STUDIES = {

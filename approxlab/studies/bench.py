@@ -99,7 +99,7 @@ import time
 
 import torch
 
-from . import default_output_dir
+from . import _cli, default_output_dir
 from .._io import atomic_write_text, read_results
 from .runner import StudyError, cell_seed, run_cells
 from ..linalg.normal_lanczos import (  # noqa: F401  (re-exported for the bench's users)
@@ -627,28 +627,46 @@ def write_summary(results, config_record: dict, path) -> pathlib.Path:
 # ----------------------------------------------------------------------------------------
 
 
-def _int_list(text):
-    return [int(t) for t in text.split(",") if t]
-
-
 def add_arguments(parser) -> None:
     """The bench's own options (the common ones come from :mod:`approxlab.cli`)."""
+    from ..methods import available
+
     group = parser.add_argument_group("bench options (default: the full grid, see FULL_GRID)")
     group.add_argument("--parts", nargs="+", choices=PARTS, default=None, help="which parts to run")
-    group.add_argument("--accuracy-n", type=int, nargs="+", default=None, help="n of the accuracy part")
-    group.add_argument("--scale-n", type=int, nargs="+", default=None, help="n of the scale part")
-    group.add_argument("--forward-n", type=int, nargs="+", default=None, help="n of the forward part")
-    group.add_argument("--error-method", default=None, help="approximation whose spectral error is computed")
-    group.add_argument("--num-features", type=int, default=None, help="num_features of every approximation")
-    group.add_argument("--forward-methods", nargs="+", default=None, help="methods of the forward part")
-    group.add_argument("--dense-max-n", type=int, default=None, help="largest n for dense exact attention")
+    group.add_argument("--accuracy-n", type=_cli.int_list, nargs="+", action=_cli.Flatten, default=None,
+                       help="n of the accuracy part")
+    group.add_argument("--scale-n", type=_cli.int_list, nargs="+", action=_cli.Flatten, default=None,
+                       help="n of the scale part")
+    group.add_argument("--forward-n", type=_cli.int_list, nargs="+", action=_cli.Flatten, default=None,
+                       help="n of the forward part")
+    group.add_argument("--error-method", choices=available(), default=None,
+                       help="approximation whose spectral error is computed")
+    group.add_argument("--num-features", type=_cli.positive_int, default=None, help="num_features of every approximation")
+    group.add_argument("--forward-methods", nargs="+", choices=[m for m in available() if m != "exact"],
+                       default=None, help="methods of the forward part (exact is always run)")
+    group.add_argument("--dense-max-n", type=_cli.positive_int, default=None, help="largest n for dense exact attention")
     group.add_argument("--source", choices=("bert", "synthetic"), default=None, help="Q/K/V source")
     group.add_argument("--condition", choices=("initialized", "pretrained"), default=None, help="BERT condition")
-    group.add_argument("--head", type=int, default=None, help="attention head")
-    group.add_argument("--tol", type=float, default=None, help="relative tolerance of the matrix-free routes")
-    group.add_argument("--lanczos-block", type=int, default=None, help="vectors per block Lanczos pass")
+    group.add_argument("--head", type=_cli.nonnegative_int, default=None, help="attention head")
+    group.add_argument("--tol", type=_cli.positive_float, default=None,
+                       help="relative tolerance of the matrix-free routes")
+    group.add_argument("--lanczos-block", type=_cli.positive_int, default=None, help="vectors per block Lanczos pass")
     group.add_argument("--compute-dtype", choices=sorted(_DTYPES), default=None,
                        help="dtype of the logits in the fused passes")
+
+
+def _check_grid(args, config) -> None:
+    """Lengths, head and num_features of ``config`` fit the data and the methods (before computing)."""
+    if config["source"] == "bert":
+        for option in ("--accuracy-n", "--scale-n", "--forward-n"):
+            ns = config[option[2:].replace("-", "_")]
+            _cli.check_windows(args, {int(n): [config["window"]] for n in ns}, n_option=option)
+        _cli.check_heads("--head", config["head"], [config["condition"]], index=True)
+    elif config["head"] != 0:
+        raise _cli.UsageError("--head", "0 (the synthetic source has one head)", config["head"])
+    _cli.check_num_features("--num-features", config["num_features"], [config["error_method"]],
+                            [*config["accuracy_n"], *config["scale_n"]])
+    _cli.check_num_features("--num-features", config["num_features"], config["forward_methods"], config["forward_n"])
 
 
 def _output_dir(args) -> pathlib.Path:
@@ -684,6 +702,7 @@ def run(args) -> int:
     if not args.plot_only:
         overrides = {key: getattr(args, option, None) for key, option in _GRID_OPTIONS.items()}
         config = build_config(quick=args.quick, **overrides)
+        _check_grid(args, config)
         cells = build_cells(config, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)
         run_info = {"command": getattr(args, "command", "approxlab bench"), "machine": _machine(),
                     "device": args.device}

@@ -66,7 +66,6 @@ Method*. NeurIPS 2021. Section 4.5 and Figure 1; Eqs. (3)-(5); Theorem 2.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import pathlib
@@ -80,6 +79,7 @@ import torch
 from . import default_output_dir
 from .._io import atomic_write_text, read_json, read_results
 from ..metrics import spectral_norm
+from . import _cli
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -691,36 +691,21 @@ def write_summary(out) -> pathlib.Path:
 # ------------------------------------------------------------------------------- CLI
 
 
-def _int_list(text: str) -> list[int]:
-    return [int(x) for x in text.replace(",", " ").split()]
-
-
-def _str_list(text: str) -> list[str]:
-    return [x for x in text.replace(",", " ").split() if x]
-
-
-class _Flatten(argparse.Action):
-    """``--n 512 1024`` and ``--n 512,1024`` both give ``[512, 1024]``."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, [x for chunk in values for x in chunk])
-
-
 def add_arguments(parser) -> None:
     """Options of ``approxlab figure1`` (besides the common ones)."""
     group = parser.add_argument_group("figure1 grid (defaults: the full grid, or the --quick one)")
-    group.add_argument("--methods", type=_str_list, nargs="+", action=_Flatten, default=None, help="comma-separated method names")
-    group.add_argument("--conditions", type=_str_list, nargs="+", action=_Flatten, default=None, help="initialized,pretrained")
-    group.add_argument("--n", type=_int_list, nargs="+", action=_Flatten, default=None, help="comma-separated sequence lengths")
-    group.add_argument("--num-features", type=_int_list, nargs="+", action=_Flatten, default=None, help="comma-separated d values")
-    group.add_argument("--windows", type=int, default=None, help="number of Wikitext-2 windows")
-    group.add_argument("--seeds", type=int, default=None, help="seeds per randomized method")
+    group.add_argument("--methods", type=_cli.str_list, nargs="+", action=_cli.Flatten, default=None, help="comma-separated method names")
+    group.add_argument("--conditions", type=_cli.str_list, nargs="+", action=_cli.Flatten, default=None, help="initialized,pretrained")
+    group.add_argument("--n", type=_cli.int_list, nargs="+", action=_cli.Flatten, default=None, help="comma-separated sequence lengths")
+    group.add_argument("--num-features", type=_cli.int_list, nargs="+", action=_cli.Flatten, default=None, help="comma-separated d values")
+    group.add_argument("--windows", type=_cli.positive_int, default=None, help="number of Wikitext-2 windows")
+    group.add_argument("--seeds", type=_cli.positive_int, default=None, help="seeds per randomized method")
     group.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                        help="precision of the approximations (default float64)")
-    group.add_argument("--matrix-free-above", type=int, default=DENSE_MAX_N,
+    group.add_argument("--matrix-free-above", type=_cli.positive_int, default=DENSE_MAX_N,
                        help="n above which exact attention is applied in row blocks (never n x n in memory) "
                             f"and the 2n x 2n statistical dimension is skipped (default {DENSE_MAX_N})")
-    group.add_argument("--stat-heads", type=int, default=2,
+    group.add_argument("--stat-heads", type=_cli.positive_int, default=2,
                        help="heads whose statistical dimension is computed (default 2)")
 
 
@@ -731,6 +716,8 @@ def run(args) -> int:
         config = build_config(quick=args.quick, conditions=args.conditions, n=args.n,
                               num_features=args.num_features, methods=args.methods, windows=args.windows,
                               seeds=args.seeds, dtype=args.dtype, stat_heads=args.stat_heads)
+        _cli.check_windows(args, {n: window_ids(config, n) for n in config["n"]}, windows=config["windows"])
+        _cli.check_heads("--stat-heads", args.stat_heads, config["conditions"])
         run_info = _run_info({"command": getattr(args, "command", "approxlab figure1"), "device": args.device,
                               "scheduler": args.scheduler, "workers": args.workers,
                               "torch": torch.__version__, "threads": torch.get_num_threads(),

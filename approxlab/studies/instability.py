@@ -71,6 +71,7 @@ import torch
 
 from . import default_output_dir
 from .._io import atomic_write_text, read_json, read_results, write_csv_atomic
+from . import _cli
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -465,21 +466,17 @@ def write_table(out) -> list[pathlib.Path]:
 # ------------------------------------------------------------------------------- CLI
 
 
-def _str_list(text: str) -> list[str]:
-    return [x for x in text.replace(",", " ").split() if x]
-
-
 def add_arguments(parser) -> None:
     """Options of ``approxlab instability`` (besides the common ones)."""
     group = parser.add_argument_group("instability grid (defaults: the full grid, or the --quick one)")
-    group.add_argument("--tasks", type=_str_list, default=None,
+    group.add_argument("--tasks", type=_cli.str_list, default=None,
                        help="comma-separated NAME:N:BATCH entries, e.g. listops:1000:4,wikitext-mlm:512:2")
-    group.add_argument("--attentions", type=_str_list, default=None,
+    group.add_argument("--attentions", type=_cli.str_list, default=None,
                        help="comma-separated attentions (softmax is always included)")
-    group.add_argument("--seeds", type=int, default=None, help="number of seeds")
-    group.add_argument("--steps", type=int, default=None, help="Adam steps per run (paper: 20)")
-    group.add_argument("--num-features", type=int, default=128, help="landmarks/features (paper: 128)")
-    group.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (paper: 1e-4)")
+    group.add_argument("--seeds", type=_cli.positive_int, default=None, help="number of seeds")
+    group.add_argument("--steps", type=_cli.positive_int, default=None, help="Adam steps per run (paper: 20)")
+    group.add_argument("--num-features", type=_cli.positive_int, default=128, help="landmarks/features (paper: 128)")
+    group.add_argument("--lr", type=_cli.positive_float, default=1e-4, help="Adam learning rate (paper: 1e-4)")
     group.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="model precision")
 
 
@@ -489,6 +486,8 @@ def run(args) -> int:
     if not args.plot_only:
         config = build_config(quick=args.quick, tasks=args.tasks, attentions=args.attentions, seeds=args.seeds,
                               steps=args.steps, num_features=args.num_features, lr=args.lr, dtype=args.dtype)
+        _cli.check_windows(args, {t["n"]: range(t["batch_size"] * config["steps"]) for t in config["tasks"]
+                                  if t["task"] == "wikitext-mlm"}, n_option="--tasks")
         run_info = {"command": getattr(args, "command", "approxlab instability"), "device": args.device,
                     "scheduler": args.scheduler, "workers": args.workers, "torch": torch.__version__,
                     "threads": torch.get_num_threads()}

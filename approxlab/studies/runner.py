@@ -15,7 +15,13 @@ that turns one cell into result rows. The runner
   Ctrl-C), so an interruption loses at most the cells in flight;
 * runs cells in-process (default) or on Dask (``scheduler="tcp://..."`` or a local
   cluster of ``workers`` single-threaded processes); only the driver writes files, and
-  rows are ordered by the cell list, so both executors produce the same CSV.
+  rows are ordered by the cell list, so both executors produce the same CSV;
+* holds the lock of the output folder while it runs (:func:`approxlab._io.output_lock`,
+  reentrant, so the CLI's lock around the whole study covers it) and removes the
+  temporary files a killed run left there;
+* reports progress on stderr: a tqdm bar on a terminal, otherwise (a log file, a batch
+  job) a line at every tenth of the cells with done/total, elapsed and estimated
+  remaining time (:class:`ProgressLog`).
 
 Cell granularity and shared intermediates
 -----------------------------------------
@@ -58,9 +64,9 @@ from typing import Callable, Iterable, Sequence
 
 import pandas as pd
 
-from .._io import read_json, read_results, write_csv_atomic, write_json_atomic
+from .._io import output_lock, read_json, read_results, write_csv_atomic, write_json_atomic
 
-__all__ = ["run_cells", "cell_key", "cell_seed", "config_hash", "StudyError"]
+__all__ = ["run_cells", "cell_key", "cell_seed", "config_hash", "StudyError", "ProgressLog"]
 
 
 class StudyError(RuntimeError):
@@ -271,7 +277,8 @@ def run_cells(
     workers : int, optional
         Start a local Dask cluster with this many single-threaded worker processes.
     progress : bool
-        Show a tqdm bar (only when stderr is a terminal).
+        Report progress on stderr: a tqdm bar when stderr is a terminal, else a
+        :class:`ProgressLog` line at every tenth of the cells.
     flush_every_seconds : float
         Rewrite the CSV after a finished cell when at least this long has passed since
         the last write (``0``: after every cell). It is always written on exit.
@@ -288,6 +295,8 @@ def run_cells(
     StudyError
         If ``results_path`` was made with a different config (pass a new output directory
         or ``restart=True``), or exists without its ``config.json``.
+    approxlab._io.OutputLockedError
+        If another process holds the lock of ``results_path``'s folder.
     """
     cells = list(cells)
     key_columns = list(key_columns)
@@ -317,12 +326,20 @@ def run_cells(
 
     results_path = pathlib.Path(results_path)
     config_path = pathlib.Path(config_path) if config_path is not None else results_path.parent / "config.json"
-    results_path.parent.mkdir(parents=True, exist_ok=True)
-    _prepare_config(config_path, results_path, config, run_info, restart)
+    with output_lock(results_path.parent, command=(run_info or {}).get("command")):
+        _prepare_config(config_path, results_path, config, run_info, restart)
+        table = _Table(results_path, key_columns, {key: i for i, key in enumerate(keys)})
+        todo = [(key, cell) for key, cell in zip(keys, cells) if key not in table.done]
+        bar = _progress_bar(len(cells), len(cells) - len(todo), progress,
+                            f"{results_path.parent.name}/{results_path.name}")
+        _run_todo(todo, compute, table, key_columns, bar, scheduler, workers, flush_every_seconds)
+        if not results_path.exists():
+            write_csv_atomic(table.frame(), results_path)
+        return read_results(results_path)
 
-    table = _Table(results_path, key_columns, {key: i for i, key in enumerate(keys)})
-    todo = [(key, cell) for key, cell in zip(keys, cells) if key not in table.done]
-    bar = _progress_bar(len(cells), len(cells) - len(todo), progress, results_path.parent.name)
+
+def _run_todo(todo, compute, table, key_columns, bar, scheduler, workers, flush_every_seconds):
+    """Compute the cells of ``todo`` into ``table``; flush it every so often and always at the end."""
     last_flush = time.monotonic()
 
     def finished(key, cell, rows):
@@ -342,16 +359,79 @@ def run_cells(
     finally:
         bar.close()
         table.flush()
-    if not results_path.exists():
-        write_csv_atomic(table.frame(), results_path)
-    return read_results(results_path)
 
 
 def _progress_bar(total, initial, progress, description):
+    """A tqdm bar on a terminal, a :class:`ProgressLog` otherwise, nothing without ``progress``."""
     from tqdm.auto import tqdm
 
-    enabled = bool(progress) and sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, disable=not enabled, desc=description, unit="cell")
+    if progress and not sys.stderr.isatty():
+        return ProgressLog(total, initial, description)
+    return tqdm(total=total, initial=initial, disable=not progress, desc=description, unit="cell")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressLog:
+    """Progress for a stderr that is not a terminal: one line at every tenth of the cells.
+
+    ``figure1/results.csv: 12/120 cells (10%), elapsed 0:00:31, remaining ~0:04:39``: the remaining
+    time extrapolates the mean time of the cells finished in this run. A line is written
+    when the run starts, whenever the count of finished cells crosses a multiple of
+    ``ceil(total / 10)``, and at the end. Same ``update``/``close`` interface as tqdm.
+
+    Parameters
+    ----------
+    total : int
+        Cells of the grid.
+    initial : int
+        Cells already done (resumed).
+    description : str
+        Prefix of every line (``<output folder>/<table>``).
+    stream : file, optional
+        Where to write (default ``sys.stderr`` at the time of each line).
+    """
+
+    def __init__(self, total: int, initial: int = 0, description: str = "", stream=None):
+        self.total, self.initial, self.done = int(total), int(initial), int(initial)
+        self.description = description
+        self.stream = stream
+        self.step = max(1, -(-self.total // 10))
+        self.start = time.monotonic()
+        self.closed = False
+        resumed = f" ({self.initial} already done)" if self.initial else ""
+        self._write(f"{self.done}/{self.total} cells to compute{resumed}")
+
+    def _write(self, text: str) -> None:
+        print(f"{self.description}: {text}" if self.description else text, file=self.stream or sys.stderr,
+              flush=True)
+
+    def line(self) -> str:
+        """The current state: done/total, percentage, elapsed and estimated remaining time."""
+        elapsed = time.monotonic() - self.start
+        percent = 100 * self.done // self.total if self.total else 100
+        text = f"{self.done}/{self.total} cells ({percent}%), elapsed {_clock(elapsed)}"
+        if self.done > self.initial and self.done < self.total:
+            remaining = elapsed / (self.done - self.initial) * (self.total - self.done)
+            text += f", remaining ~{_clock(remaining)}"
+        return text
+
+    def update(self, count: int = 1) -> None:
+        before, self.done = self.done, self.done + count
+        if self.done // self.step > before // self.step or self.done == self.total:
+            self._write(self.line())
+
+    def close(self) -> None:
+        if not self.closed and self.done < self.total and self.done > self.initial:
+            self._write(self.line() + " (stopped)")
+        self.closed = True
+
+
+SCHEDULER_TIMEOUT = "10s"
+"""How long :func:`run_cells` waits for a Dask scheduler to answer."""
 
 
 def _run_dask(todo, compute, finished, scheduler, workers, max_resubmits: int = 2):
@@ -360,7 +440,11 @@ def _run_dask(todo, compute, finished, scheduler, workers, max_resubmits: int = 
 
     cluster = None
     if scheduler is not None:
-        client = Client(scheduler)
+        try:
+            client = Client(scheduler, timeout=SCHEDULER_TIMEOUT)
+        except (OSError, TimeoutError) as error:  # reachable port, but no Dask scheduler answering
+            raise StudyError(f"--scheduler: the address of a running Dask scheduler, got {scheduler!r} "
+                             f"({type(error).__name__}: {error})") from None
     else:
         cluster = LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None

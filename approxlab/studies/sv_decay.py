@@ -72,6 +72,7 @@ import torch
 from . import default_output_dir
 from .._io import atomic_write_text, read_json, read_results
 from ..metrics import spectrum_measures
+from . import _cli
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -489,24 +490,16 @@ def write_summary(out) -> pathlib.Path:
 # ------------------------------------------------------------------------------- CLI
 
 
-def _str_list(text: str) -> list[str]:
-    return [x for x in text.replace(",", " ").split() if x]
-
-
-def _int_list(text: str) -> list[int]:
-    return [int(x) for x in _str_list(text)]
-
-
 def add_arguments(parser) -> None:
     """Options of ``approxlab sv-decay`` (besides the common ones)."""
     group = parser.add_argument_group("sv-decay grid (defaults: the full grid, or the --quick one)")
-    group.add_argument("--conditions", type=_str_list, default=None, help="initialized,pretrained")
-    group.add_argument("--layers", type=_str_list, default=None, help="first,middle,last")
-    group.add_argument("--n", type=_int_list, default=None, help="comma-separated sequence lengths")
-    group.add_argument("--windows", type=int, default=None, help="number of WikiText-2 windows")
-    group.add_argument("--heads", type=int, default=None, help="first H heads (default: 12 at 512, 3 at 2048)")
-    group.add_argument("--approximations", type=_str_list, default=None, help="method names")
-    group.add_argument("--num-features", type=int, default=None, help="d of the approximations (default 64)")
+    group.add_argument("--conditions", type=_cli.str_list, default=None, help="initialized,pretrained")
+    group.add_argument("--layers", type=_cli.str_list, default=None, help="first,middle,last")
+    group.add_argument("--n", type=_cli.int_list, default=None, help="comma-separated sequence lengths")
+    group.add_argument("--windows", type=_cli.positive_int, default=None, help="number of WikiText-2 windows")
+    group.add_argument("--heads", type=_cli.positive_int, default=None, help="first H heads (default: 12 at 512, 3 at 2048)")
+    group.add_argument("--approximations", type=_cli.str_list, default=None, help="method names")
+    group.add_argument("--num-features", type=_cli.positive_int, default=None, help="d of the approximations (default 64)")
 
 
 def run(args) -> int:
@@ -516,6 +509,8 @@ def run(args) -> int:
         config = build_config(quick=args.quick, conditions=args.conditions, layers=args.layers, n=args.n,
                               windows=args.windows, heads=args.heads, approximations=args.approximations,
                               num_features=args.num_features)
+        _cli.check_windows(args, {n: _window_ids(config) for n in config["n"]}, windows=config["windows"])
+        _cli.check_heads("--heads", max(config["heads"].values()), config["conditions"])
         run_info = {"command": getattr(args, "command", "approxlab sv-decay"), "device": args.device,
                     "torch": torch.__version__, "threads": torch.get_num_threads()}
         start = time.perf_counter()

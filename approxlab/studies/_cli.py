@@ -1,0 +1,355 @@
+"""The study command line shared by every study: option parsers, one-line errors, checks.
+
+A user error on the command line is one line on stderr and exit status 2, in argparse's
+form (no traceback; a bug in approxlab itself still shows its traceback)::
+
+    approxlab figure1: error: --windows: at most 64 (the windows available at n=512), got 1000
+
+Everything that can be checked is checked before a cell is computed:
+
+* here, by :mod:`approxlab.cli` for every study: ``--out`` creatable and writable (then
+  locked, :func:`approxlab._io.output_lock`), ``--data-dir`` given but missing,
+  ``--cache-dir`` writable, ``--scheduler`` reachable (a short TCP connect);
+* by each study's ``run`` through the helpers below once its grid is known: sequence
+  lengths and windows against the corpus (:func:`check_windows`), head indices against
+  the model (:func:`check_heads`), ``num_features`` against the methods
+  (:func:`check_num_features`).
+
+Public API::
+
+    UsageError(option, allowed, got)                # a StudyError; message "<option>: <allowed>, got <got>"
+    str_list, int_list, positive_int, nonnegative_int, positive_float, Flatten   # argparse types/action
+    output_dir(args, name) -> pathlib.Path
+    check_common(args)                               # --out, --data-dir, --cache-dir, --scheduler
+    locked_output(args)                              # context manager: the --out lock, one-line error
+    discard_output(out)                              # remove a folder created for a refused run
+    corpus_tokens(data_dir, cache_dir) -> int
+    model_heads(condition) -> int
+    check_windows(args, ids_by_n, *, windows=None, n_option="--n")
+    check_heads(option, heads, conditions, *, index=False)
+    check_num_features(option, num_features, methods, lengths)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import os
+import pathlib
+import socket
+import sys
+import urllib.parse
+
+from .._io import LOCK_NAME, OutputLockedError, output_lock
+from . import default_output_dir
+from .runner import StudyError
+
+__all__ = [
+    "UsageError",
+    "str_list",
+    "int_list",
+    "positive_int",
+    "nonnegative_int",
+    "positive_float",
+    "Flatten",
+    "output_dir",
+    "check_common",
+    "check_output_dir",
+    "check_data_dir",
+    "check_cache_dir",
+    "check_scheduler",
+    "locked_output",
+    "discard_output",
+    "corpus_tokens",
+    "model_heads",
+    "check_windows",
+    "check_heads",
+    "check_num_features",
+]
+
+SCHEDULER_TIMEOUT = 5.0
+"""Seconds a ``--scheduler`` address gets to accept a TCP connection."""
+
+
+class UsageError(StudyError):
+    """A command-line value the study cannot use: ``"<option>: <allowed>, got <got>"``.
+
+    The CLI prints it as ``approxlab <study>: error: <message>`` and exits with status 2.
+    """
+
+    def __init__(self, option: str, allowed: str, got):
+        self.option = option
+        super().__init__(f"{option}: {allowed}, got {got}")
+
+
+# ---------------------------------------------------------------- option parsers
+
+
+def str_list(text: str) -> list[str]:
+    """``"a,b c"`` -> ``["a", "b", "c"]`` (commas or spaces)."""
+    items = [x for x in str(text).replace(",", " ").split() if x]
+    if not items:
+        raise argparse.ArgumentTypeError(f"one or more comma-separated names, got {text!r}")
+    return items
+
+
+def int_list(text: str) -> list[int]:
+    """``"512,1024"`` -> ``[512, 1024]``; every entry an integer >= 1."""
+    try:
+        values = [int(x) for x in str_list(text)]
+    except (ValueError, argparse.ArgumentTypeError):
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def _number(text: str, kind, allowed: str, ok):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{allowed}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{allowed}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (argparse ``type=``)."""
+    return _number(text, int, "an integer >= 1", lambda v: v >= 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0 (argparse ``type=``)."""
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (argparse ``type=``)."""
+    return _number(text, float, "a finite number > 0", lambda v: 0 < v < float("inf"))
+
+
+class Flatten(argparse.Action):
+    """``--n 512 1024`` and ``--n 512,1024`` both give ``[512, 1024]`` (with ``nargs="+"``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [x for chunk in values for x in chunk])
+
+
+# ------------------------------------------------------------ checks of every study
+
+
+def output_dir(args, name: str) -> pathlib.Path:
+    """``--out``, else :func:`~approxlab.studies.default_output_dir` of ``name`` (``-quick`` with --quick)."""
+    if args.out is not None:
+        return pathlib.Path(args.out)
+    return default_output_dir(f"{name}-quick" if args.quick else name)
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or type(error).__name__
+
+
+def _writable_folder(option: str, path: pathlib.Path) -> pathlib.Path:
+    """Create ``path`` (and parents) unless it exists; a :class:`UsageError` if this user cannot write there."""
+    allowed = "a folder this user can create and write to"
+    if path.exists() and not path.is_dir():
+        raise UsageError(option, allowed, f"{str(path)!r} (not a folder)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(option, allowed, f"{str(path)!r} ({_reason(error)})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(option, allowed, f"{str(path)!r} (not writable)")
+    return path
+
+
+def check_output_dir(out, *, plot_only: bool = False) -> pathlib.Path:
+    """``out`` exists or can be created, and this user can write to it (``--out``; not with ``plot_only``)."""
+    if plot_only:  # nothing is created; a folder without results is the study's one-line error
+        return pathlib.Path(out)
+    return _writable_folder("--out", pathlib.Path(out))
+
+
+def _corpus_error(error: Exception) -> StudyError:
+    """The data layer's message (it names ``--data-dir`` or ``$APPROXLAB_DATA``) as one CLI line."""
+    return StudyError(" ".join(str(error).split()))
+
+
+def check_data_dir(data_dir, cache_dir=None) -> None:
+    """A given ``--data-dir`` must hold the corpus: it is never skipped for another location."""
+    if data_dir is None:
+        return
+    from ..data import CorpusNotFoundError, find_wikitext
+
+    try:
+        find_wikitext(data_dir, cache_dir=cache_dir)
+    except CorpusNotFoundError as error:
+        raise _corpus_error(error) from None
+
+
+def check_cache_dir(cache_dir) -> None:
+    """A given ``--cache-dir`` must be a folder this user can create and write to."""
+    if cache_dir is not None:
+        _writable_folder("--cache-dir", pathlib.Path(cache_dir).expanduser())
+
+
+def check_scheduler(address, timeout: float = SCHEDULER_TIMEOUT):
+    """Return ``address`` as a URL (``tcp://`` added) once a Dask scheduler answered there.
+
+    A TCP connect, then Dask's ``identity`` call, each within ``timeout`` seconds (a Dask
+    client would otherwise wait 30 s or more, or forever on a port where something else listens).
+
+    Addresses of other protocols (``inproc://``, ``ucx://``, ...) are returned unchecked.
+    """
+    if address is None:
+        return None
+    url = address if "://" in address else f"tcp://{address}"
+    parts = urllib.parse.urlsplit(url)
+    allowed = "the address of a running Dask scheduler, e.g. tcp://host:8786"
+    if parts.scheme not in ("tcp", "tls"):
+        return url
+    try:
+        host, port = parts.hostname, parts.port or 8786
+    except ValueError:  # a port that is not a number
+        host = port = None
+    if not host:
+        raise UsageError("--scheduler", allowed, repr(address))
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as error:
+        reason = "no answer" if isinstance(error, TimeoutError) else _reason(error)
+        raise UsageError("--scheduler", allowed, f"{address!r} ({reason} within {timeout:g} s)") from None
+    try:  # something listens there; is it a Dask scheduler?
+        kind = asyncio.run(_identity(url, timeout)).get("type")
+    except (OSError, asyncio.TimeoutError, TimeoutError) as error:
+        kind = f"{type(error).__name__}"
+    if kind != "Scheduler":
+        raise UsageError("--scheduler", allowed, f"{address!r} (no Dask scheduler answered within {timeout:g} s)")
+    return url
+
+
+async def _identity(url: str, timeout: float) -> dict:
+    """The ``identity`` of the Dask server at ``url`` (``{"type": "Scheduler", ...}``), within ``timeout`` s."""
+    from distributed.core import rpc
+
+    remote = rpc(url, timeout=timeout)
+    try:
+        return await asyncio.wait_for(remote.identity(), timeout)
+    finally:
+        await remote.close_rpc()
+
+
+def check_common(args) -> None:
+    """The checks of every study (``args.out`` already resolved); ``args.scheduler`` normalised."""
+    check_output_dir(args.out, plot_only=args.plot_only)
+    if not args.plot_only:
+        check_data_dir(args.data_dir, args.cache_dir)
+        check_cache_dir(args.cache_dir)
+        args.scheduler = check_scheduler(args.scheduler)
+
+
+@contextlib.contextmanager
+def locked_output(args):
+    """Hold the lock of ``args.out`` (:func:`approxlab._io.output_lock`); a held lock is a :class:`UsageError`.
+
+    With ``--plot-only`` and no such folder there is nothing to lock (the study reports it).
+    """
+    if args.plot_only and not pathlib.Path(args.out).is_dir():
+        yield
+        return
+    try:
+        with output_lock(args.out, command=getattr(args, "command", None)) as removed:
+            for path in removed:
+                print(f"approxlab: removed {path.name}, a temporary file left by an interrupted run",
+                      file=sys.stderr)
+            yield
+    except OutputLockedError as error:
+        raise UsageError("--out", "a folder no other run is writing to",
+                         f"{str(args.out)!r} (locked by {error.describe_owner()})") from None
+
+
+def discard_output(out) -> None:
+    """Remove ``out`` if it holds nothing but its lock file (a run refused before writing anything)."""
+    out = pathlib.Path(out)
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_NAME}:
+        (out / LOCK_NAME).unlink(missing_ok=True)
+        out.rmdir()
+
+
+# --------------------------------------------------------- checks against the data
+
+
+@functools.lru_cache(maxsize=4)
+def _token_count(data_dir, cache_dir) -> int:
+    from ..data import CorpusChecksumError, CorpusNotFoundError, wikitext_token_ids
+    from ..tasks.mlm import load_tokenizer
+
+    try:
+        return int(wikitext_token_ids(load_tokenizer(), data_dir=data_dir, cache_dir=cache_dir).numel())
+    except (CorpusNotFoundError, CorpusChecksumError) as error:
+        raise _corpus_error(error) from None
+
+
+def corpus_tokens(data_dir=None, cache_dir=None) -> int:
+    """Tokens of the WikiText-2 test split (273,178 with the MiniLM/BERT uncased tokenizer).
+
+    A missing or corrupt corpus is a :class:`StudyError` (the data layer's message, which
+    names ``--data-dir`` or ``$APPROXLAB_DATA``).
+    """
+    as_key = (lambda p: None if p is None else str(p))
+    return _token_count(as_key(data_dir), as_key(cache_dir))
+
+
+@functools.lru_cache(maxsize=2)
+def model_heads(condition: str) -> int:
+    """Attention heads per layer of the model of ``condition`` (see :func:`approxlab.data.load_model`)."""
+    from transformers import BertConfig
+
+    from ..data import minilm_path
+
+    config = BertConfig() if condition == "initialized" else BertConfig.from_pretrained(str(minilm_path()))
+    return int(config.num_attention_heads)
+
+
+def check_windows(args, ids_by_n: dict, *, windows: int | None = None, n_option: str = "--n") -> None:
+    """Every window ``ids_by_n[n]`` (indices of disjoint ``n``-token windows) lies in the corpus.
+
+    ``windows``: the count asked for (``--windows``); the study drew ``ids_by_n[n]`` from
+    its pool, so fewer ids than asked means the pool is too small.
+    """
+    tokens = corpus_tokens(args.data_dir, args.cache_dir)
+    for n, ids in ids_by_n.items():
+        ids = list(ids)
+        if n > tokens:
+            raise UsageError(n_option, f"at most {tokens:,} tokens (the WikiText-2 test split)", f"{n:,}")
+        if windows is not None and len(ids) < windows:
+            raise UsageError("--windows", f"at most {len(ids)} (the windows available at n={n})", windows)
+        last = max(ids, default=0)
+        if (last + 1) * n > tokens:
+            raise UsageError(n_option, f"at most {tokens // (last + 1):,} tokens so that {last + 1} windows fit in "
+                                       f"the corpus's {tokens:,}", f"{n:,}")
+
+
+def check_heads(option: str, heads: int, conditions, *, index: bool = False) -> None:
+    """``heads`` heads (``index``: a head index) exist in the model of every condition."""
+    for condition in conditions:
+        count = model_heads(condition)
+        if index and not 0 <= heads < count:
+            raise UsageError(option, f"a head index in 0..{count - 1} (the {condition} model has {count} heads)", heads)
+        if not index and not 1 <= heads <= count:
+            raise UsageError(option, f"between 1 and {count} (the {condition} model has {count} heads)", heads)
+
+
+def check_num_features(option: str, num_features: int, methods, lengths) -> None:
+    """``num_features`` is allowed for every method at every length (``MethodSpec.max_features``)."""
+    from ..methods import get
+
+    for method in methods:
+        for n in lengths:
+            limit = get(method).max_features(n)
+            if num_features > limit:
+                raise UsageError(option, f"at most {limit} for {method} at n={n}", num_features)

@@ -1,0 +1,214 @@
+"""Bad command lines: one stderr line naming the parameter, exit status 2, never a traceback.
+
+The table runs in-process (``approxlab.cli.main``) with every study's ``run_cells``
+replaced by a function that fails the test: a check that does not fire shows up as
+"computation started", never as a long run. The corpus's token count is pinned to the
+real 273,178 (MiniLM/BERT uncased tokenizer) so the table does not read the corpus;
+``test_corpus_tokens_is_the_real_count`` checks that number against the corpus. A few
+invocations run as real processes (``python -m approxlab``) to check the real exit path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from approxlab import cli
+from approxlab.studies import STUDIES, _cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CORPUS_TOKENS = 273_178
+
+
+def _closed_port() -> int:
+    """A local TCP port with nothing listening (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# (study, arguments, the parameter the error line must name)
+CASES = [
+    ("figure1", ["--windows", "1000"], "--windows"),
+    ("figure1", ["--windows", "0"], "--windows"),
+    ("figure1", ["--n", "100000000"], "--n"),
+    ("figure1", ["--n", "0"], "--n"),
+    ("figure1", ["--n", "abc"], "--n"),
+    ("figure1", ["--num-features", "-4"], "--num-features"),
+    ("figure1", ["--methods", "nope"], "--methods"),
+    ("figure1", ["--conditions", "warm"], "--conditions"),
+    ("figure1", ["--seeds", "-1"], "--seeds"),
+    ("figure1", ["--stat-heads", "99"], "--stat-heads"),
+    ("figure1", ["--matrix-free-above", "0"], "--matrix-free-above"),
+    ("figure1", ["--dtype", "float16"], "--dtype"),
+    ("figure1", ["--workers", "0"], "--workers"),
+    ("figure1", ["--device", "tpu"], "--device"),
+    ("figure1", ["--out", "/proc/approxlab-cannot-be-here"], "--out"),
+    ("figure1", ["--out", "{file}"], "--out"),
+    ("figure1", ["--plot-only", "--out", "{missing}"], "--plot-only"),
+    ("bench", ["--plot-only", "--out", "{missing}"], "--plot-only"),
+    ("figure1", ["--data-dir", "/nonexistent/approxlab-data"], "--data-dir"),
+    ("figure1", ["--data-dir", "{empty}"], "--data-dir"),
+    ("figure1", ["--cache-dir", "/proc/approxlab-cannot-be-here"], "--cache-dir"),
+    ("figure1", ["--scheduler", "tcp://127.0.0.1:{port}"], "--scheduler"),
+    ("figure1", ["--scheduler", "tcp://localhost:notaport"], "--scheduler"),
+    ("figure1", ["--no-such-option"], "--no-such-option"),
+    ("sv-decay", ["--n", "8192", "--windows", "64"], "--n"),
+    ("sv-decay", ["--windows", "100"], "--windows"),
+    ("sv-decay", ["--heads", "99"], "--heads"),
+    ("sv-decay", ["--heads", "0"], "--heads"),
+    ("sv-decay", ["--layers", "top"], "--layers"),
+    ("sv-decay", ["--n", "1"], "--n"),
+    ("sv-decay", ["--approximations", "nope"], "--approximations"),
+    ("sv-decay", ["--num-features", "0"], "--num-features"),
+    ("sv-decay", ["--data-dir", "/nonexistent/approxlab-data"], "--data-dir"),
+    ("instability", ["--tasks", "listops:abc:4"], "--tasks"),
+    ("instability", ["--tasks", "nope:100:2"], "--tasks"),
+    ("instability", ["--tasks", "wikitext-mlm:300000:2"], "--tasks"),
+    ("instability", ["--tasks", "wikitext-mlm:4096:8", "--steps", "20"], "--tasks"),
+    ("instability", ["--attentions", "nope"], "--attentions"),
+    ("instability", ["--lr", "0"], "--lr"),
+    ("instability", ["--lr", "nan"], "--lr"),
+    ("instability", ["--steps", "0"], "--steps"),
+    ("instability", ["--seeds", "x"], "--seeds"),
+    ("instability", ["--dtype", "float16"], "--dtype"),
+    ("bench", ["--head", "99"], "--head"),
+    ("bench", ["--head", "-1"], "--head"),
+    ("bench", ["--source", "synthetic", "--head", "99"], "--head"),
+    ("bench", ["--error-method", "nope"], "--error-method"),
+    ("bench", ["--forward-methods", "exact"], "--forward-methods"),
+    ("bench", ["--source", "synthetic", "--num-features", "100000"], "--num-features"),
+    ("bench", ["--scale-n", "300000"], "--scale-n"),
+    ("bench", ["--accuracy-n", "1"], "--accuracy-n"),
+    ("bench", ["--tol", "0"], "--tol"),
+    ("bench", ["--parts", "speed"], "--parts"),
+    ("bench", ["--workers", "2"], "--workers"),
+]
+
+
+@pytest.fixture
+def no_compute(monkeypatch):
+    """Every study's ``run_cells`` fails the test; the corpus count is pinned (see the module docstring)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("computation started: the bad option was not caught before computing")
+
+    for module in STUDIES.values():
+        monkeypatch.setattr(importlib.import_module(module), "run_cells", refuse)
+    monkeypatch.setattr(_cli, "_token_count", lambda data_dir, cache_dir: CORPUS_TOKENS)
+
+
+def run_main(argv, capsys):
+    """``approxlab <argv>`` in-process: (exit status, stderr)."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as exit_info:  # argparse exits; main returns for everything else
+        status = exit_info.code
+    return status, capsys.readouterr().err
+
+
+def assert_one_line_error(status, err, study, parameter):
+    assert status == 2, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"approxlab {study}: error: "), err
+    assert parameter in lines[0], err
+
+
+def test_the_table_is_large_and_covers_every_study():
+    assert len(CASES) >= 30
+    assert {study for study, _, _ in CASES} == set(STUDIES)
+
+
+@pytest.mark.parametrize(("study", "arguments", "parameter"), CASES,
+                         ids=[f"{s}{' '.join([''] + a)}" for s, a, _ in CASES])
+def test_bad_invocation_is_one_line(study, arguments, parameter, no_compute, capsys, tmp_path):
+    places = {"file": tmp_path / "a-file", "missing": tmp_path / "missing", "empty": tmp_path / "empty",
+              "port": _closed_port()}
+    places["file"].write_text("not a folder")
+    places["empty"].mkdir()
+    arguments = [a.format(**places) for a in arguments]
+    if "--out" not in arguments:
+        arguments += ["--out", str(tmp_path / "out")]
+    status, err = run_main([study, *arguments], capsys)
+    assert_one_line_error(status, err, study, parameter)
+    assert not (tmp_path / "out").exists()  # a refused run leaves no folder behind
+
+
+def test_scheduler_error_names_the_address_and_comes_fast(no_compute, capsys, tmp_path):
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    start = time.monotonic()
+    status, err = run_main(["figure1", "--scheduler", address, "--out", str(tmp_path)], capsys)
+    assert time.monotonic() - start < _cli.SCHEDULER_TIMEOUT + 5
+    assert_one_line_error(status, err, "figure1", address)
+
+
+def test_a_port_where_no_dask_scheduler_answers_is_refused(no_compute, capsys, tmp_path):
+    """Something listens (the TCP connect succeeds) but never speaks Dask: refused, not a hang."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        start = time.monotonic()
+        status, err = run_main(["figure1", "--scheduler", address, "--out", str(tmp_path)], capsys)
+    assert time.monotonic() - start < 2 * _cli.SCHEDULER_TIMEOUT + 5
+    assert_one_line_error(status, err, "figure1", address)
+    assert "no Dask scheduler answered" in err
+
+
+def test_a_running_dask_scheduler_passes_the_check():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+        assert _cli.check_scheduler(cluster.scheduler_address) == cluster.scheduler_address
+        assert _cli.check_scheduler(cluster.scheduler_address.removeprefix("tcp://")) == cluster.scheduler_address
+
+
+def test_windows_beyond_the_pool_are_refused_not_truncated(no_compute, capsys, tmp_path):
+    status, err = run_main(["figure1", "--windows", "1000", "--out", str(tmp_path)], capsys)
+    assert_one_line_error(status, err, "figure1", "--windows")
+    assert "at most 64" in err and "got 1000" in err
+
+
+def test_a_bug_in_approxlab_still_shows_its_traceback(monkeypatch, tmp_path):
+    import approxlab.studies.bench as bench
+
+    def broken(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(bench, "run", broken)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["bench", "--source", "synthetic", "--out", str(tmp_path)])
+
+
+def test_corpus_tokens_is_the_real_count():
+    # Either the corpus is found and has the documented 273,178 tokens, or its absence is a
+    # one-line error naming --data-dir (never a traceback from inside the data module).
+    try:
+        assert _cli.corpus_tokens() == CORPUS_TOKENS
+    except _cli.StudyError as error:
+        assert "--data-dir" in str(error) or "APPROXLAB_DATA" in str(error)
+        assert "\n" not in str(error)
+
+
+def _subprocess_env():
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.parametrize("arguments", [
+    ["bench", "--source", "synthetic", "--head", "99"],
+    ["figure1", "--windows", "0"],
+])
+def test_real_exit_path(arguments, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "approxlab", *arguments, "--out", str(tmp_path)], cwd=ROOT,
+                            env=_subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert_one_line_error(result.returncode, result.stderr, arguments[0], arguments[-2])
+    assert result.stdout == ""
