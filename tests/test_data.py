@@ -313,8 +313,8 @@ def test_initialized_default_is_bert_base_geometry():
 def test_load_model_validation():
     with pytest.raises(ValueError, match=r"`condition` must be one of \['initialized', 'pretrained'\]; got 'rand"):
         load_model("random")
-    with pytest.raises(ValueError, match="`checkpoint` applies only to condition='pretrained'"):
-        load_model("initialized", checkpoint="bert-base-uncased")
+    with pytest.raises(ValueError, match="pass either `checkpoint`.*or `config`"):
+        load_model("initialized", checkpoint="bert-base-uncased", config=tiny_config())
     with pytest.raises(ValueError, match="`config` applies only to condition='initialized'"):
         load_model("pretrained", config=tiny_config())
     with pytest.raises(ValueError, match="`seed` must be an integer with 0 <= seed"):
