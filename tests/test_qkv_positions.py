@@ -89,3 +89,30 @@ def test_get_qkv_initialized_4096_has_distinct_rows():
     assert torch.unique(qkv.q[0, 0], dim=0).shape[0] == 4096
     none = get_qkv("initialized", 4096, window_ids=[0], positions="none")
     assert torch.unique(none.q[0, 0], dim=0).shape[0] == qkv.input_ids[0].unique().numel() < 4096
+
+
+def test_studies_take_a_local_checkpoint(tiny_checkpoint, tmp_path, monkeypatch):
+    """Issue 12, item 2: ``--checkpoint DIR`` offline, for both conditions and both BERT studies."""
+    from approxlab._io import read_json, read_results
+    from approxlab.cli import main
+    from approxlab.studies import figure1
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    figure1.reference.cache_clear()
+    out = tmp_path / "fig1"
+    assert main(["figure1", "--checkpoint", str(tiny_checkpoint), "--n", "64", "--num-features", "4",
+                 "--methods", "performer", "--windows", "1", "--seeds", "1", "--dtypes", "float64",
+                 "--positions", "interpolate", "--out", str(out), "--no-progress"]) == 0
+    figure1.reference.cache_clear()
+    label = str(tiny_checkpoint.resolve())
+    checkpoints = set(read_results(out / "results.csv")["checkpoint"])
+    assert label in checkpoints and any(c.startswith(f"init:{label}#") for c in checkpoints)
+    config = read_json(out / "config.json")["config"]
+    assert config["checkpoint"] == str(tiny_checkpoint) and config["positions"] == "interpolate"
+    windows = read_results(out / "windows.csv")
+    assert (windows["distinct_q_rows"] == 64).all() and (windows["distinct_tokens"] < 64).all()
+    svd = tmp_path / "svd"
+    assert main(["sv-decay", "--checkpoint", str(tiny_checkpoint), "--n", "32", "--heads", "1", "--windows", "1",
+                 "--conditions", "pretrained", "--num-features", "4", "--approximations", "nystromformer",
+                 "--out", str(svd), "--no-progress"]) == 0
+    assert set(read_results(svd / "results.csv")["checkpoint"]) == {label}
