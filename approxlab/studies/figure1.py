@@ -660,6 +660,8 @@ def _draw_method(ax, curve_64, curve_32, method, extra):
 
 
 def _draw(config, stats, methods, base, label):
+    from matplotlib.ticker import NullLocator
+
     from ..plotting import figure, save_figure
 
     conditions = [c for c in config["conditions"] if c in set(stats["condition"])]
@@ -676,7 +678,7 @@ def _draw(config, stats, methods, base, label):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(config["num_features"], [str(d) for d in config["num_features"]])
-            ax.minorticks_off()
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.set_title(f"{condition}, n = {n}")
             if j == 0:
                 ax.set_ylabel(r"$\|\tilde O - O\|_2$")
