@@ -205,3 +205,19 @@ def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
     pd.testing.assert_frame_equal(free[columns], dense[columns], rtol=1e-10, atol=0)
     stats = read_results(tmp_path / "free" / "conditioning.csv").set_index("n")
     assert stats.loc[48, "stat_heads"].max() == 0 and stats.loc[32, "stat_heads"].min() == 2
+
+
+def test_every_method_visible_on_a_log_axis():
+    """Issue 12, item 3: log y axis; a median that is not finite is marked at the top edge."""
+    import matplotlib.pyplot as plt
+
+    curve = pd.DataFrame({"num_features": [4, 8, 16], "median": [1.0, float("inf"), 1e-3],
+                          "q25": [0.5, 1.0, 5e-4], "q75": [2.0, float("inf"), 2e-3]})
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    figure1._draw_method(ax, curve, curve.iloc[:0], "performer", extra=False)
+    lines = ax.get_lines()
+    assert list(lines[0].get_xdata()) == [4, 16]
+    (marker,) = [line for line in lines if line.get_marker() == "^" and line.get_linestyle() == "None"]
+    assert list(marker.get_xdata()) == [8] and not marker.get_clip_on()
+    plt.close(fig)
