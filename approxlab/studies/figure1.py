@@ -689,7 +689,8 @@ def _draw(config, stats, methods, base, label):
     fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error of the attention output "
                  f"(positions: {config.get('positions', 'none')})\n"
                  "line: median over heads, windows and seeds (float64), band: interquartile range; "
-                 "dotted: float32 median; ▲ at the top: not finite")
+                 + ("dotted: float32 median; " if "float32" in set(stats["dtype"]) else "")
+                 + "▲ at the top: not finite")
     return save_figure(fig, base)
 
 
