@@ -3,7 +3,6 @@
 Public API::
 
     METHOD_STYLES                      # name -> dict(color, marker, linestyle, label)
-    PAPER_METHODS                      # the four methods of Skyformer's Figure 1
     method_style(name, *, secondary=False) -> dict   # kwargs for Axes.plot
     style()                            # context manager: the house rc settings
     figure(nrows=1, ncols=1, *, panel_size=(3.2, 2.6), **kwargs) -> (Figure, axes)
@@ -29,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["METHOD_STYLES", "PAPER_METHODS", "method_style", "style", "figure", "save_figure", "RC_PARAMS"]
+__all__ = ["METHOD_STYLES", "method_style", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
     "font.size": 8,
@@ -68,9 +67,6 @@ METHOD_STYLES = {
 }
 for _style in METHOD_STYLES.values():
     _style.setdefault("linestyle", "-")
-
-PAPER_METHODS = ("skyformer-softmax", "nystromformer", "performer", "informer")
-"""The methods Skyformer's Figure 1 compares (the others are drawn as secondary)."""
 
 _FALLBACK_COLORS = ["#999933", "#882255", "#44AA99", "#117733", "#332288", "#AA4499"]
 _FALLBACK_MARKERS = ["h", "p", "d", "1", "2", "3"]

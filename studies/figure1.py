@@ -7,6 +7,8 @@ see :mod:`approxlab.studies.figure1` for the grid, the tables and the plot.
     python studies/figure1.py --quick          # -> figures/figure1-quick/
     python studies/figure1.py                  # full grid -> figures/figure1/ (resumable)
     python studies/figure1.py --plot-only      # redraw from figures/figure1/results.csv
+    python studies/figure1.py --positions none --out figures/figure1-no-positions   # previous inputs
+    python studies/figure1.py --checkpoint bert-base-cased   # the paper's model (needs the Hub once)
 """
 
 import sys

@@ -47,7 +47,7 @@ CASES = [
     ("figure1", ["--seeds", "-1"], "--seeds"),
     ("figure1", ["--stat-heads", "99"], "--stat-heads"),
     ("figure1", ["--matrix-free-above", "0"], "--matrix-free-above"),
-    ("figure1", ["--dtype", "float16"], "--dtype"),
+    ("figure1", ["--dtypes", "float16"], "--dtypes"),
     ("figure1", ["--workers", "0"], "--workers"),
     ("figure1", ["--device", "tpu"], "--device"),
     ("figure1", ["--out", "/proc/approxlab-cannot-be-here"], "--out"),

@@ -386,8 +386,8 @@ def test_initialized_default_is_bert_base_geometry():
 def test_load_model_validation():
     with pytest.raises(ValueError, match=r"`condition` must be one of \['initialized', 'pretrained'\]; got 'rand"):
         load_model("random")
-    with pytest.raises(ValueError, match="`checkpoint` applies only to condition='pretrained'"):
-        load_model("initialized", checkpoint="bert-base-uncased")
+    with pytest.raises(ValueError, match="pass either `checkpoint`.*or `config`"):
+        load_model("initialized", checkpoint="bert-base-uncased", config=tiny_config())
     with pytest.raises(ValueError, match="`config` applies only to condition='initialized'"):
         load_model("pretrained", config=tiny_config())
     with pytest.raises(ValueError, match="`seed` must be an integer with 0 <= seed"):
@@ -468,10 +468,13 @@ def test_embedding_mode_is_input_embedding_without_positions(tiny):
     no_positions = load_model("initialized", config=tiny_config(), seed=0)
     with torch.no_grad():
         no_positions.model.embeddings.position_embeddings.weight.zero_()
-    for a, b in zip(extract_qkv(tiny, ids), extract_qkv(no_positions, ids, mode="hidden")):
+    for a, b in zip(extract_qkv(tiny, ids, positions="none"), extract_qkv(no_positions, ids, mode="hidden")):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # ...and differs from hidden mode with the positions in place.
-    assert not torch.allclose(extract_qkv(tiny, ids)[0], extract_qkv(tiny, ids, mode="hidden")[0])
+    assert not torch.allclose(extract_qkv(tiny, ids, positions="none")[0], extract_qkv(tiny, ids, mode="hidden")[0])
+    # With positions (the default, n <= 512: BERT's own table) embedding mode IS hidden mode's layer 0.
+    for a, b in zip(extract_qkv(tiny, ids), extract_qkv(tiny, ids, mode="hidden")):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_pretrained_minilm_loads_offline():
@@ -589,7 +592,7 @@ def test_get_qkv_uses_cache_and_recomputes_corrupt(shared_cache):
     assert second.from_cache == (True, True)
     assert torch.equal(second.q, first.q[[1, 0]]) and torch.equal(second.v, first.v[[1, 0]])
 
-    group = "initialized-seed7-embedding-layer0-n64-float32-*"
+    group = "initialized-seed7-embedding-interpolate-layer0-n64-float32-*"
     (path,) = shared_cache.glob(f"qkv/*/{group}/window00002.safetensors")
     path.write_bytes(path.read_bytes()[:-50])
     with pytest.warns(CacheWarning, match="truncated"):

@@ -14,14 +14,19 @@ from approxlab.synthetic import synthetic_qkv
 
 METHODS = ["skyformer-softmax", "nystromformer", "performer"]
 TINY = ["--n", "32,48", "--num-features", "4,8", "--methods", ",".join(METHODS), "--windows", "1",
-        "--seeds", "2", "--no-progress"]
+        "--seeds", "2", "--dtypes", "float64", "--no-progress"]
 
 
-def synthetic_loader(condition, n, window, *, mode, layer, model_seed, data_dir, cache_dir, device):
+def synthetic_loader(condition, n, window, *, mode, layer, model_seed, data_dir, cache_dir, device, **inputs):
     """Stand-in for approxlab.data.get_qkv: 2 heads, head dim 8, float32."""
     generator = torch.Generator().manual_seed(10_000 * n + 100 * window + (condition == "pretrained"))
     q, k, v = synthetic_qkv((2,), n, 8, generator=generator)
     return q.float(), k.float(), v.float(), f"synthetic-{condition}"
+
+
+def synthetic_window(condition, n, window, **kwargs):
+    q, k, _, _ = synthetic_loader(condition, n, window, **kwargs)
+    return torch.arange(n) % 7, q, k
 
 
 def failing_loader(*args, **kwargs):
@@ -32,6 +37,7 @@ def failing_loader(*args, **kwargs):
 def synthetic_data(monkeypatch):
     figure1.reference.cache_clear()
     monkeypatch.setattr(figure1, "load_qkv", synthetic_loader)
+    monkeypatch.setattr(figure1, "load_window", synthetic_window)
     yield
     figure1.reference.cache_clear()
 
@@ -39,7 +45,8 @@ def synthetic_data(monkeypatch):
 def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, monkeypatch):
     out = tmp_path / "fig1"
     assert main(["figure1", "--out", str(out), *TINY]) == 0
-    for name in ("results.csv", "panel_stats.csv", "config.json", "figure1.png", "figure1.pdf", "summary.md"):
+    for name in ("results.csv", "panel_stats.csv", "conditioning.csv", "windows.csv", "verdicts.csv",
+                 "config.json", "figure1.png", "figure1.pdf", "summary.md"):
         assert (out / name).is_file(), name
 
     results = read_results(out / "results.csv")
@@ -53,7 +60,7 @@ def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, mo
     assert (results["error_mean"] <= results["error_max"]).all()
     assert not results.duplicated(["condition", "n", "window", "method", "num_features", "seed"]).any()
 
-    stats = read_results(out / "panel_stats.csv")
+    stats = read_results(out / "conditioning.csv")
     assert len(stats) == 2 * 2 * 2
     assert (stats["statistical_dimension_mean"] > 0).all()
     assert (stats["statistical_dimension_mean"] <= 2 * stats["n"]).all()
@@ -64,10 +71,21 @@ def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, mo
     assert "approxlab figure1" in config["run"]["command"]
     summary = (out / "summary.md").read_text()
     assert "synthetic-pretrained" in summary and "(a)" in summary and "(d)" in summary
+    windows = read_results(out / "windows.csv")
+    assert (windows["distinct_tokens"] == 7).all() and (windows["distinct_q_rows"] == windows["n"]).all()
+    assert (windows["rank_a"] <= windows["n"]).all() and (windows["rank_a"] >= 1).all()
+    panel = read_results(out / "panel_stats.csv")
+    assert len(panel) == 2 * 2 * 3 * 2 and (panel["samples"] == panel["method"].map(
+        {"skyformer-softmax": 4, "performer": 4, "nystromformer": 2})).all()
+    assert ((panel["q25"] <= panel["median"]) & (panel["median"] <= panel["q75"]) & (panel["q75"] <= panel["max"])).all()
+    verdicts = read_results(out / "verdicts.csv")
+    assert list(verdicts.columns) == figure1.VERDICT_COLUMNS
+    assert ((verdicts["ci_low"] <= verdicts["estimate"]) & (verdicts["estimate"] <= verdicts["ci_high"])).all()
 
     # --plot-only redraws from the CSVs alone (the data loader must not be called).
     monkeypatch.setattr(figure1, "load_qkv", failing_loader)
     figure1.reference.cache_clear()
+    monkeypatch.setattr(figure1, "load_window", failing_loader)
     for name in ("figure1.png", "figure1.pdf", "summary.md"):
         (out / name).unlink()
     assert main(["figure1", "--out", str(out), "--plot-only"]) == 0
@@ -79,13 +97,13 @@ def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, mo
     pd.testing.assert_frame_equal(again, results)
 
     # A different grid in the same directory is refused with a clear message.
-    assert main(["figure1", "--out", str(out), *TINY[:-1], "--seeds", "1", "--no-progress"]) == 2
+    assert main(["figure1", "--out", str(out), *TINY[:-3], "--seeds", "1", "--no-progress"]) == 2
 
 
 def test_results_are_reproducible(tmp_path, synthetic_data):
     """Per-cell seeds: two runs (in different directories) give identical errors."""
     config = figure1.build_config(n=[32], num_features=[4], methods=["performer", "linformer"], windows=1,
-                                  seeds=2, conditions=["pretrained"], stat_heads=1)
+                                  seeds=2, conditions=["pretrained"], stat_heads=1, dtypes=["float64"])
     a, _ = figure1.compute(config, tmp_path / "a", progress=False)
     figure1.reference.cache_clear()
     b, _ = figure1.compute(config, tmp_path / "b", progress=False)
@@ -106,6 +124,7 @@ def test_grids_and_windows():
     assert full["n"] == [512, 1024, 2048, 4096] and full["num_features"] == [16, 32, 64, 128, 256]
     assert full["methods"][:4] == list(figure1.PAPER_METHODS) and len(full["methods"]) == 8
     assert full["windows"] >= 4 and full["seeds"] >= 3 and full["mode"] == "embedding" and full["layer"] == 0
+    assert full["dtypes"] == ["float64", "float32"] and full["positions"] == "interpolate"
     quick = figure1.build_config(quick=True)
     assert quick["n"] == [512, 1024] and quick["num_features"] == [16, 64, 256]
     assert quick["windows"] == 1 and quick["seeds"] == 1
@@ -113,7 +132,7 @@ def test_grids_and_windows():
     assert ids == figure1.window_ids(figure1.build_config()) and len(set(ids)) == 4
     assert all(0 <= i < full["window_pool"] for i in ids)
     cells = figure1.make_cells(full)
-    assert len(cells) == 2 * 4 * 4 * 8
+    assert len(cells) == 2 * 4 * 2 * 4 * 8
     assert {c["seeds"] == [0] for c in cells if c["method"] in ("nystromformer", "spectral-shifting")} == {True}
     with pytest.raises(StudyError, match="not a registered method"):
         figure1.build_config(methods=["nope"])
@@ -121,34 +140,55 @@ def test_grids_and_windows():
         figure1.build_config(conditions=["finetuned"])
     with pytest.raises(StudyError, match="--windows must be an integer >= 1"):
         figure1.build_config(windows=0)
+    with pytest.raises(StudyError, match="--positions must be one of"):
+        figure1.build_config(positions="rope")
+    with pytest.raises(StudyError, match="--dtypes must be among"):
+        figure1.build_config(dtypes=["float16"])
 
 
-def _table(sky, others, ns=(512, 1024)):
-    """Hand-made results: error(d) per method given as {n: (err at d=16, err at d=256)}."""
+def _table(sky, others, ns=(512, 1024), windows=(0, 1, 2), spread=0.02):
+    """Hand-made results: error(d) per method given as {n: (err at d=16, err at d=256)}, 3 windows
+    whose errors at d=256 differ by a factor ``1 +- spread``."""
     rows = []
     for n in ns:
-        for method, errors in [("skyformer-softmax", sky), *others.items()]:
+        for method, errors in [(figure1.PAPER_METHODS[0], sky), *others.items()]:
             for d, e in zip((16, 256), errors[n]):
-                rows.append({"condition": "pretrained", "n": n, "window": 0, "method": method, "num_features": d,
-                             "seed": 0, "checkpoint": "ckpt", "error_mean": e, "relative_error_mean": e,
-                             "status": "ok"})
+                for i, w in enumerate(windows):
+                    value = e * (1 + spread * (i - 1) * (d == 256))
+                    rows.append({"condition": "pretrained", "n": n, "dtype": "float64", "window": w,
+                                 "method": method, "num_features": d, "seed": 0, "checkpoint": "ckpt",
+                                 "error_mean": value, "error_heads": f"{value!r} {value!r}",
+                                 "relative_error_mean": value, "status": "ok"})
     return pd.DataFrame(rows)
 
 
-def test_summary_verdicts_follow_the_fixed_thresholds():
+def _verdicts(results):
     config = {**figure1.build_config(conditions=["pretrained"], n=[512, 1024], num_features=[16, 256]),
               "_command": "approxlab figure1 --test"}
+    return config, figure1.verdicts(config, results)
+
+
+def test_verdicts_follow_the_fixed_thresholds_with_intervals():
     flat = {512: (1.0, 0.95), 1024: (1.0, 0.95)}
-    good = _table({512: (1.0, 0.4), 1024: (1.0, 0.2)}, {m: flat for m in figure1.PAPER_METHODS[1:]})
-    text = figure1.summarize(config, good, pd.DataFrame())
-    assert text.count("**reproduced**") == 4, text
-    assert "approxlab figure1 --test" in text
-    bad = _table({512: (1.0, 0.99), 1024: (1.0, 0.99)},
-                 {m: {512: (1.0, 0.1), 1024: (1.0, 0.1)} for m in figure1.PAPER_METHODS[1:]})
-    text = figure1.summarize(config, bad, pd.DataFrame())
-    assert text.count("**not reproduced**") == 4, text
-    # the gap numbers are in the table: (0.95 - 0.2) / 0.95 at n = 1024
-    assert f"{(0.95 - 0.2) / 0.95:.3g}" in figure1.summarize(config, good, pd.DataFrame())
+    baselines = figure1.PAPER_METHODS[1:]
+    config, good = _verdicts(_table({512: (1.0, 0.4), 1024: (1.0, 0.2)}, {m: flat for m in baselines}))
+    assert list(good.columns) == figure1.VERDICT_COLUMNS
+    assert len(good) == 2 + 2 * 3 + 2 + 1 and set(good["verdict"]) == {"reproduced"}, good
+    assert ((good["ci_low"] <= good["estimate"]) & (good["estimate"] <= good["ci_high"])).all()
+    ratios = good[good["claim"].isin(["a", "b"])]
+    assert (ratios["ci_high"] > ratios["ci_low"]).all()  # windows differ: a real interval
+    gap = good[(good["claim"] == "c") & (good["n"] == 1024)]["estimate"].iloc[0]
+    assert gap == pytest.approx((0.95 - 0.2) / 0.95)
+    _, bad = _verdicts(_table({512: (1.0, 0.99), 1024: (1.0, 0.99)},
+                              {m: {512: (1.0, 0.1), 1024: (1.0, 0.1)} for m in baselines}))
+    assert set(bad["verdict"]) == {"not reproduced"}, bad
+    # Skyformer's ratio 0.5 +- 2 % across windows: the interval straddles the 0.5 bar.
+    _, edge = _verdicts(_table({512: (1.0, 0.5), 1024: (1.0, 0.5)}, {m: flat for m in baselines}, spread=0.05))
+    assert set(edge[edge["claim"] == "a"]["verdict"]) == {"inconclusive"}, edge
+    text = figure1.summarize(config, _table({512: (1.0, 0.4), 1024: (1.0, 0.2)}, {m: flat for m in baselines}),
+                             figure1.panel_statistics(_table({512: (1.0, 0.4), 1024: (1.0, 0.2)},
+                                                             {m: flat for m in baselines})))
+    assert "approxlab figure1 --test" in text and "| reproduced |" in text
 
 
 def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
@@ -163,5 +203,21 @@ def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
     free = read_results(tmp_path / "free" / "results.csv")
     columns = ["error_mean", "error_max", "relative_error_mean"]
     pd.testing.assert_frame_equal(free[columns], dense[columns], rtol=1e-10, atol=0)
-    stats = read_results(tmp_path / "free" / "panel_stats.csv").set_index("n")
+    stats = read_results(tmp_path / "free" / "conditioning.csv").set_index("n")
     assert stats.loc[48, "stat_heads"].max() == 0 and stats.loc[32, "stat_heads"].min() == 2
+
+
+def test_every_method_visible_on_a_log_axis():
+    """Issue 12, item 3: log y axis; a median that is not finite is marked at the top edge."""
+    import matplotlib.pyplot as plt
+
+    curve = pd.DataFrame({"num_features": [4, 8, 16], "median": [1.0, float("inf"), 1e-3],
+                          "q25": [0.5, 1.0, 5e-4], "q75": [2.0, float("inf"), 2e-3]})
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    figure1._draw_method(ax, curve, curve.iloc[:0], "performer", extra=False)
+    lines = ax.get_lines()
+    assert list(lines[0].get_xdata()) == [4, 16]
+    (marker,) = [line for line in lines if line.get_marker() == "^" and line.get_linestyle() == "None"]
+    assert list(marker.get_xdata()) == [8] and not marker.get_clip_on()
+    plt.close(fig)

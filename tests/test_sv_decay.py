@@ -105,7 +105,7 @@ def test_study_end_to_end_tiny(tmp_path, monkeypatch):
     """A tiny grid on synthetic Q/K/V writes results.csv, spectra.csv, config.json, the figure
     and summary.md; the summary states the condition-number comparison with numbers."""
 
-    def fake_qkv(condition, n, window, *, layer, mode, model_seed, data_dir, cache_dir, device):
+    def fake_qkv(condition, n, window, *, layer, mode, model_seed, data_dir, cache_dir, device, **inputs):
         q, k, v = synthetic_qkv((3,), n, 8, scale=1.5 if condition == "pretrained" else 0.5,
                                 generator=_g(window + n))
         return q, k, v, sv_decay.layer_index(layer, 6), f"synthetic-{condition}"
@@ -126,3 +126,21 @@ def test_study_end_to_end_tiny(tmp_path, monkeypatch):
     assert set(saved["checkpoint"]) == {"synthetic-initialized", "synthetic-pretrained"}
     with pytest.raises(sv_decay.StudyError, match="--layers"):
         sv_decay.build_config(layers=["second"])
+
+
+def test_nothing_drawn_below_the_noise_floor():
+    """Issue 12, item 6: ratios below 2 n eps64 are rounding noise and are not drawn."""
+    import matplotlib.pyplot as plt
+
+    n = 64
+    floor = sv_decay.noise_floor(n)
+    assert floor == 2 * n * torch.finfo(torch.float64).eps
+    logs = np.linspace(0, -20, 40)
+    curve = pd.DataFrame({"index": np.arange(40), "log10_mean": logs, "log10_min": logs - 1, "log10_max": logs + 1})
+    fig, ax = plt.subplots()
+    sv_decay._draw_curve(ax, curve, {"color": "k"}, np.log10(floor))
+    (line,) = ax.get_lines()
+    assert line.get_ydata().min() >= floor and len(line.get_ydata()) < 40
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() >= floor * (1 - 1e-12)
+    plt.close(fig)

