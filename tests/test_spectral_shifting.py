@@ -12,9 +12,8 @@ from approxlab.methods.spectral_shifting import (
     spectral_shifting_psd,
 )
 from approxlab.synthetic import matrix_with_singular_values, psd_matrix, synthetic_qkv
-from _helpers import opposed_logits_80_qkv
+from _helpers import DEVICES, opposed_logits_80_qkv
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _gen(seed):
