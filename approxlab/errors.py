@@ -13,6 +13,8 @@ __all__ = [
     "SingularMatrixWarning",
     "CacheWarning",
     "CorpusChecksumError",
+    "CorpusNotFoundError",
+    "CachePathError",
 ]
 
 
@@ -51,3 +53,11 @@ class CacheWarning(RuntimeWarning):
 
 class CorpusChecksumError(ValueError):
     """The corpus file found is not the expected WikiText-2 test split (sha256 mismatch)."""
+
+
+class CorpusNotFoundError(FileNotFoundError):
+    """The corpus is not where the user said it is (``data_dir``/``--data-dir``, ``$APPROXLAB_DATA``)."""
+
+
+class CachePathError(OSError):
+    """Something other than a file (a directory) is where a cache file must go."""

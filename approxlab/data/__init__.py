@@ -1,7 +1,8 @@
 """Data for the real-data studies: WikiText-2 and BERT queries/keys/values.
 
-- :mod:`approxlab.data.wikitext`: find and verify the corpus, tokenise it (cached), cut it into
-  disjoint windows, pick windows reproducibly.
+- :mod:`approxlab.data.wikitext`: find and verify the corpus (WikiText-2 raw test split, shipped
+  with approxlab under CC BY-SA 3.0: :func:`wikitext_attribution`), tokenise it (cached), cut it
+  into disjoint windows, pick windows reproducibly.
 - :mod:`approxlab.data.qkv`: the ``"initialized"`` / ``"pretrained"`` BERT conditions, Q/K/V
   extraction (``"embedding"`` or ``"hidden"`` mode) and a safetensors cache; :func:`get_qkv` is
   the entry point the studies use.
@@ -28,18 +29,23 @@ from .qkv import (
     minilm_path,
 )
 from .wikitext import (
+    WIKITEXT_DOWNLOAD,
     WIKITEXT_LF_SHA256,
     WIKITEXT_RELPATH,
     WIKITEXT_SHA256,
+    CachePathError,
     CacheWarning,
     CorpusChecksumError,
+    CorpusNotFoundError,
     corpus_sha256,
     default_cache_dir,
     find_wikitext,
     load_wikitext,
+    packaged_wikitext,
     pick_windows,
     tokenize,
     tokenizer_fingerprint,
+    wikitext_attribution,
     wikitext_token_ids,
     windows,
 )
@@ -57,18 +63,23 @@ __all__ = [
     "get_qkv",
     "load_model",
     "minilm_path",
+    "WIKITEXT_DOWNLOAD",
     "WIKITEXT_LF_SHA256",
     "WIKITEXT_RELPATH",
     "WIKITEXT_SHA256",
+    "CachePathError",
     "CacheWarning",
     "CorpusChecksumError",
+    "CorpusNotFoundError",
     "corpus_sha256",
     "default_cache_dir",
     "find_wikitext",
     "load_wikitext",
+    "packaged_wikitext",
     "pick_windows",
     "tokenize",
     "tokenizer_fingerprint",
     "wikitext_token_ids",
+    "wikitext_attribution",
     "windows",
 ]

@@ -4,15 +4,21 @@ The Skyformer spectral-norm study (Skyformer Section 5 / Figure 1) embeds WikiTe
 BERT's query/key/value space. This module supplies the token stream; :mod:`approxlab.data.qkv`
 turns windows of it into Q/K/V.
 
-The corpus is never shipped with approxlab. :func:`find_wikitext` looks for
-``wikitext-2-raw/wiki.test.raw`` in a fixed order (see its docstring) and, only if
-Hugging Face ``datasets`` is importable, downloads it as a last resort.
+The corpus ships with approxlab: ``approxlab/data/wikitext-2-raw/wiki.test.raw.xz`` (xz,
+368 KB; 1,290,547 bytes once decompressed), with its attribution and licence (CC BY-SA 3.0,
+like the Wikipedia text it comes from) beside it in ``LICENSE.txt``
+(:func:`wikitext_attribution`). :func:`find_wikitext` takes ``data_dir``, then
+``$APPROXLAB_DATA``, then this packaged copy; a ``data_dir`` or ``$APPROXLAB_DATA`` that is
+given but holds no corpus is an error, never skipped. The Hugging Face ``datasets`` download
+happens only when asked for with ``data_dir=WIKITEXT_DOWNLOAD`` (``"hf:wikitext"``).
+:func:`load_wikitext` checks the sha256 of the text after decompression.
 
 Token ids take seconds to compute, so :func:`wikitext_token_ids` caches them under the cache
 directory (``$APPROXLAB_CACHE`` or ``~/.cache/approxlab``), keyed by the corpus checksum and
 the tokenizer. Cache files are safetensors with the key and a content checksum in their
 metadata; a corrupt or mismatched file is reported with :class:`CacheWarning` and recomputed,
-never silently used. Writes are atomic (temporary file + ``os.replace``).
+never silently used; a directory where a cache file must go is a :class:`CachePathError`.
+Writes are atomic (temporary file + ``os.replace``).
 
 References
 ----------
@@ -26,25 +32,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 import re
 import tempfile
 import warnings
+from importlib import resources
 from pathlib import Path
 
 import torch
 
-from .._io import atomic_write_bytes, project_root
+from .._io import atomic_write_bytes
 from .._validation import as_generator, check_int
-from ..errors import CacheWarning, CorpusChecksumError
+from ..errors import CachePathError, CacheWarning, CorpusChecksumError, CorpusNotFoundError
 
 __all__ = [
     "WIKITEXT_SHA256",
     "WIKITEXT_LF_SHA256",
     "WIKITEXT_RELPATH",
+    "WIKITEXT_DOWNLOAD",
+    "CachePathError",
     "CacheWarning",
     "CorpusChecksumError",
+    "CorpusNotFoundError",
     "default_cache_dir",
+    "packaged_wikitext",
+    "wikitext_attribution",
     "find_wikitext",
     "load_wikitext",
     "tokenize",
@@ -55,17 +68,28 @@ __all__ = [
     "pick_windows",
 ]
 
-#: sha256 of ``wiki.test.raw`` as distributed in ``../shared/data`` (CRLF line ends, blank lines removed).
+#: sha256 of ``wiki.test.raw`` as distributed (CRLF line ends, blank lines removed); the packaged
+#: copy decompresses to exactly these bytes.
 WIKITEXT_SHA256 = "4f3e427e4aff23acff917a8a51aeae21bf12832256e26914c8fc250dcef4103c"
 #: sha256 of the same bytes with CRLF normalised to LF (what a Hugging Face ``datasets`` download writes).
 WIKITEXT_LF_SHA256 = "bbf94c53a05abe9ee670d3b6343608095822c85e26de37c70b24fc571964574a"
 #: Location of the corpus below a data directory.
 WIKITEXT_RELPATH = Path("wikitext-2-raw") / "wiki.test.raw"
+#: The ``data_dir`` (``--data-dir``, ``$APPROXLAB_DATA``) value that asks for a download with
+#: Hugging Face ``datasets`` instead of a local file.
+WIKITEXT_DOWNLOAD = "hf:wikitext"
 
+_PACKAGED_FOLDER = "wikitext-2-raw"
+_PACKAGED_NAME = "wiki.test.raw.xz"
+_ATTRIBUTION_NAME = "LICENSE.txt"
 _CACHE_FORMAT = "approxlab-cache-1"
 _ENV_DATA = "APPROXLAB_DATA"
 _ENV_CACHE = "APPROXLAB_CACHE"
 _LINES_PER_BATCH = 1024
+_ALLOWED_LOCATIONS = (
+    f"a folder containing {WIKITEXT_RELPATH.as_posix()}, the wikitext-2-raw folder, the corpus file "
+    f"itself (.raw, or .xz-compressed), or {WIKITEXT_DOWNLOAD!r} for a Hugging Face `datasets` download"
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -81,33 +105,47 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "approxlab"
 
 
+def packaged_wikitext():
+    """The xz-compressed corpus shipped inside approxlab (``approxlab/data/wikitext-2-raw/``).
+
+    Returns
+    -------
+    importlib.resources.abc.Traversable
+        A :class:`pathlib.Path` for an ordinary (wheel or editable) install.
+    """
+    return resources.files(__package__).joinpath(_PACKAGED_FOLDER, _PACKAGED_NAME)
+
+
+def wikitext_attribution() -> str:
+    """Attribution and licence (CC BY-SA 3.0) of the packaged corpus, as shipped beside it."""
+    return resources.files(__package__).joinpath(_PACKAGED_FOLDER, _ATTRIBUTION_NAME).read_text("utf-8")
+
+
 def _corpus_candidates(location: Path) -> list[Path]:
     """Where the corpus may lie below ``location`` (a data dir, the corpus folder, or the file)."""
-    if location.is_file() or location.suffix == ".raw":
+    if location.is_file():
         return [location]
     return [location / WIKITEXT_RELPATH, location / WIKITEXT_RELPATH.name]
 
 
-def _search_places(data_dir, cache_dir) -> list[tuple[str, Path]]:
-    """The search order of :func:`find_wikitext` as ``(label, candidate file)`` pairs."""
-    places: list[tuple[str, Path]] = []
-    if data_dir is not None:
-        for path in _corpus_candidates(Path(data_dir).expanduser()):
-            places.append(("data_dir argument (--data-dir)", path))
-    env = os.environ.get(_ENV_DATA)
-    if env:
-        for path in _corpus_candidates(Path(env).expanduser()):
-            places.append((f"${_ENV_DATA}", path))
-    places.append(("./data (current directory)", Path.cwd() / "data" / WIKITEXT_RELPATH))
-    places.append(
-        ("../shared/data (project root)", project_root().parent / "shared" / "data" / WIKITEXT_RELPATH)
-    )
-    places.append(
-        ("../shared/data (current directory)", Path.cwd().parent / "shared" / "data" / WIKITEXT_RELPATH)
-    )
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    places.append(("earlier `datasets` download (cache)", root / "wikitext" / WIKITEXT_RELPATH))
-    return places
+def _given_location(location, label: str, cache_dir) -> Path:
+    """The corpus at a location the user gave, or :class:`CorpusNotFoundError` naming ``label``."""
+    given = os.fspath(location)
+    if given == WIKITEXT_DOWNLOAD:
+        return _datasets_copy(label, cache_dir)
+    path = Path(given).expanduser()
+    for candidate in _corpus_candidates(path):
+        if candidate.is_file():
+            return candidate
+    if not given:
+        found = "an empty path"
+    elif not path.exists():
+        found = f"{given!r}, which does not exist"
+    elif path.is_dir():
+        found = f"{given!r}, a folder with neither {WIKITEXT_RELPATH.as_posix()} nor {WIKITEXT_RELPATH.name}"
+    else:
+        found = f"{given!r}, which is not a regular file"
+    raise CorpusNotFoundError(f"{label} must be {_ALLOWED_LOCATIONS}; got {found}.")
 
 
 def _import_datasets():
@@ -119,87 +157,113 @@ def _import_datasets():
     return datasets
 
 
-def _download_with_datasets(datasets_module, target: Path) -> Path:
-    """Fetch the split with ``datasets`` and write it (LF line ends, blank rows dropped) to ``target``."""
-    split = datasets_module.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")
+def _datasets_copy(label: str, cache_dir) -> Path:
+    """The split from Hugging Face ``datasets``, downloaded once into ``<cache_dir>/wikitext``.
+
+    Rows are joined with newlines (LF) and blank rows dropped, which gives the text of
+    :data:`WIKITEXT_LF_SHA256`.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = _cache_target(root / "wikitext" / WIKITEXT_RELPATH)
+    if target.is_file():
+        return target
+    asked = f"{label}={WIKITEXT_DOWNLOAD!r} asks for a download with Hugging Face `datasets`"
+    datasets_module = _import_datasets()
+    if datasets_module is None:
+        raise CorpusNotFoundError(
+            f"{asked}, which is not importable: `pip install datasets`, or leave {label} unset to "
+            "use the copy shipped with approxlab."
+        )
+    try:
+        split = datasets_module.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")
+    except Exception as exc:  # network and hub errors come in many types; re-raised, not swallowed
+        raise CorpusNotFoundError(
+            f"{asked}; the download failed ({type(exc).__name__}: {exc}). Leave {label} unset to use "
+            "the copy shipped with approxlab."
+        ) from exc
     rows = [str(row).rstrip("\r\n") for row in split["text"]]
     text = "\n".join(row for row in rows if row.strip()) + "\n"
     atomic_write_bytes(target, text.encode("utf-8"))
     return target
 
 
-def find_wikitext(data_dir=None, *, cache_dir=None) -> Path:
-    """Locate ``wikitext-2-raw/wiki.test.raw``, the WikiText-2 raw test split.
+def find_wikitext(data_dir=None, *, cache_dir=None):
+    """Locate the WikiText-2 raw test split (``wikitext-2-raw/wiki.test.raw``).
 
     Parameters
     ----------
     data_dir : str or os.PathLike, optional
-        A directory containing ``wikitext-2-raw/wiki.test.raw`` (or the ``wikitext-2-raw``
-        folder itself), or the file itself. Searched first.
+        A folder containing ``wikitext-2-raw/wiki.test.raw``, the ``wikitext-2-raw`` folder,
+        the file itself (``.xz``-compressed is fine), or :data:`WIKITEXT_DOWNLOAD`
+        (``"hf:wikitext"``) to download the split with Hugging Face ``datasets``.
     cache_dir : str or os.PathLike, optional
-        Cache root where a ``datasets`` download is stored (default :func:`default_cache_dir`).
+        Cache root where a ``datasets`` download is kept (default :func:`default_cache_dir`).
 
     Returns
     -------
-    pathlib.Path
-        Path of the first existing candidate file. The content is not verified here; see
-        :func:`load_wikitext`.
+    pathlib.Path or importlib.resources.abc.Traversable
+        The corpus file: the one found at ``data_dir`` or ``$APPROXLAB_DATA``, or the packaged
+        copy (:func:`packaged_wikitext`). The content is not verified here; see :func:`load_wikitext`.
 
     Raises
     ------
-    FileNotFoundError
-        If no candidate exists and ``datasets`` is not importable (or its download fails).
-        The message lists every place searched and how to provide the file.
+    CorpusNotFoundError
+        If ``data_dir`` is given, or ``$APPROXLAB_DATA`` is set, and holds no corpus; or a
+        requested ``datasets`` download is impossible. The message names the parameter, the
+        forms allowed and the value given. A location that is given is never skipped.
+    TypeError
+        If ``data_dir`` is neither None, a str nor an ``os.PathLike``.
 
     Notes
     -----
-    Search order:
+    Lookup order, first match wins:
 
-    1. ``data_dir`` (argument; the CLI's ``--data-dir``);
-    2. ``$APPROXLAB_DATA`` (same forms as ``data_dir``);
-    3. ``./data`` relative to the current working directory;
-    4. ``../shared/data`` relative to the project root (the folder holding ``pyproject.toml``),
-       then relative to the current working directory;
-    5. a previous ``datasets`` download under ``<cache_dir>/wikitext``;
-    6. Hugging Face ``datasets``: ``load_dataset("wikitext", "wikitext-2-raw-v1", split="test")``,
-       rows joined with newlines and blank rows dropped, written to the cache of step 5.
-       Only if ``datasets`` is importable (it is not an approxlab dependency).
+    1. ``data_dir`` (the CLI's ``--data-dir``);
+    2. ``$APPROXLAB_DATA`` (same forms as ``data_dir``; unset or empty means not given);
+    3. the copy shipped inside approxlab (``approxlab/data/wikitext-2-raw/wiki.test.raw.xz``).
+
+    With :data:`WIKITEXT_DOWNLOAD` in step 1 or 2: a previous download under
+    ``<cache_dir>/wikitext/wikitext-2-raw/wiki.test.raw``, else
+    ``load_dataset("wikitext", "wikitext-2-raw-v1", split="test")`` (``pip install datasets``
+    and network access needed), rows joined with newlines and blank rows dropped, saved there.
 
     References
     ----------
     .. [1] Merity et al., "Pointer Sentinel Mixture Models", ICLR 2017.
     """
-    places = _search_places(data_dir, cache_dir)
-    for _, path in places:
-        if path.is_file():
-            return path
+    if data_dir is not None:
+        if not isinstance(data_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"`data_dir` must be None, a str or an os.PathLike; got {type(data_dir).__name__}."
+            )
+        return _given_location(data_dir, "`data_dir` (CLI: --data-dir)", cache_dir)
+    env = os.environ.get(_ENV_DATA)
+    if env:
+        return _given_location(env, f"${_ENV_DATA}", cache_dir)
+    return packaged_wikitext()
 
-    looked = "\n".join(f"  - {label}: {path}" for label, path in places)
-    if not os.environ.get(_ENV_DATA):
-        looked += f"\n  - ${_ENV_DATA}: (not set)"
-    how = (
-        "Provide the file in one of these ways:\n"
-        "  - pass data_dir=DIR (CLI: --data-dir DIR), where DIR contains wikitext-2-raw/wiki.test.raw, "
-        "or pass the file itself;\n"
-        f"  - set the environment variable {_ENV_DATA}=DIR;\n"
-        "  - put it at ./data/wikitext-2-raw/wiki.test.raw;\n"
-        "  - or `pip install datasets` to download it from the Hugging Face Hub "
-        '(load_dataset("wikitext", "wikitext-2-raw-v1", split="test")).'
-    )
-    datasets_module = _import_datasets()
-    if datasets_module is None:
-        raise FileNotFoundError(
-            f"WikiText-2 test split ({WIKITEXT_RELPATH.as_posix()}) not found. Looked in:\n{looked}\n"
-            f"Hugging Face `datasets` is not importable, so it was not downloaded.\n{how}"
-        )
-    target = places[-1][1]
+
+def _corpus_bytes(path) -> bytes:
+    """The bytes of the corpus file ``path``, decompressed when its name ends in ``.xz``."""
+    raw = path.read_bytes()
+    if not path.name.endswith(".xz"):
+        return raw
     try:
-        return _download_with_datasets(datasets_module, target)
-    except Exception as exc:  # network and hub errors come in many types; re-raised, not swallowed
-        raise FileNotFoundError(
-            f"WikiText-2 test split ({WIKITEXT_RELPATH.as_posix()}) not found. Looked in:\n{looked}\n"
-            f"Downloading it with Hugging Face `datasets` failed: {type(exc).__name__}: {exc}\n{how}"
+        return lzma.decompress(raw, format=lzma.FORMAT_XZ)
+    except (lzma.LZMAError, EOFError) as exc:
+        raise CorpusChecksumError(
+            f"{path} is not a valid xz file ({exc}): the compressed corpus is corrupt or truncated."
+            f"{_repair_hint(path)}"
         ) from exc
+
+
+def _repair_hint(path) -> str:
+    if path == packaged_wikitext():
+        return " It is the copy shipped with approxlab: reinstall approxlab."
+    return (
+        " It is another version of the corpus or is corrupt: replace it, or pass verify=False to "
+        "use it anyway (results are then not comparable)."
+    )
 
 
 def load_wikitext(data_dir=None, *, verify=True, cache_dir=None) -> str:
@@ -208,13 +272,15 @@ def load_wikitext(data_dir=None, *, verify=True, cache_dir=None) -> str:
     Parameters
     ----------
     data_dir : str or os.PathLike, optional
-        Where to look first; see :func:`find_wikitext`.
+        Where the corpus is; see :func:`find_wikitext` (default: ``$APPROXLAB_DATA``, else the
+        copy shipped with approxlab).
     verify : bool, default True
-        Check the file's sha256 against :data:`WIKITEXT_SHA256` (bytes as distributed) or
-        :data:`WIKITEXT_LF_SHA256` (the same with LF line ends). ``False`` skips the check
-        (results are then not comparable with the reference numbers).
+        Check the sha256 of the (decompressed) bytes against :data:`WIKITEXT_SHA256` (bytes as
+        distributed, and as packaged) or :data:`WIKITEXT_LF_SHA256` (the same with LF line
+        ends). ``False`` skips the check (results are then not comparable with the reference
+        numbers).
     cache_dir : str or os.PathLike, optional
-        Cache root, used only by the ``datasets`` fallback.
+        Cache root, used only by the ``datasets`` download.
 
     Returns
     -------
@@ -224,8 +290,8 @@ def load_wikitext(data_dir=None, *, verify=True, cache_dir=None) -> str:
     Raises
     ------
     CorpusChecksumError
-        If ``verify`` and the sha256 matches neither reference.
-    FileNotFoundError
+        If ``verify`` and the sha256 matches neither reference, or a ``.xz`` file is corrupt.
+    CorpusNotFoundError
         See :func:`find_wikitext`.
 
     References
@@ -235,16 +301,15 @@ def load_wikitext(data_dir=None, *, verify=True, cache_dir=None) -> str:
     if not isinstance(verify, bool):
         raise TypeError(f"`verify` must be a bool; got {verify!r} ({type(verify).__name__}).")
     path = find_wikitext(data_dir, cache_dir=cache_dir)
-    raw = path.read_bytes()
+    raw = _corpus_bytes(path)
     normalised = raw.replace(b"\r\n", b"\n")
     if verify:
         digest = hashlib.sha256(raw).hexdigest()
         if digest != WIKITEXT_SHA256 and hashlib.sha256(normalised).hexdigest() != WIKITEXT_LF_SHA256:
             raise CorpusChecksumError(
                 f"{path} is not the expected WikiText-2 raw test split: its sha256 is {digest}, "
-                f"expected {WIKITEXT_SHA256} (or {WIKITEXT_LF_SHA256} with LF line ends). "
-                "The file is another version of the corpus or is corrupt: replace it, or pass "
-                "verify=False to use it anyway (results are then not comparable)."
+                f"expected {WIKITEXT_SHA256} (or {WIKITEXT_LF_SHA256} with LF line ends)."
+                f"{_repair_hint(path)}"
             )
     return normalised.decode("utf-8")
 
@@ -380,11 +445,44 @@ def tensors_checksum(tensors: dict) -> str:
     return digest.hexdigest()
 
 
+def _cache_target(path) -> Path:
+    """``path`` as a Path, after checking that a cache file can live there.
+
+    Raises
+    ------
+    CachePathError
+        If ``path`` is a directory (or another non-file), or one of its parent folders is a file.
+    """
+    path = Path(path)
+    how = (
+        "remove or rename it, or choose another cache root with cache_dir= (CLI: --cache-dir) "
+        "or $APPROXLAB_CACHE"
+    )
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise CachePathError(f"cache file {str(path)!r} is {kind}, so it cannot be read or written: {how}.")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CachePathError(
+                    f"cache file {str(path)!r} cannot be created: {str(parent)!r} is a file, "
+                    f"not a folder: {how}."
+                )
+            break
+    return path
+
+
 def save_cache_file(path, tensors: dict, key: dict) -> Path:
-    """Write ``tensors`` to ``path`` (safetensors) atomically, with ``key`` and a checksum as metadata."""
+    """Write ``tensors`` to ``path`` (safetensors) atomically, with ``key`` and a checksum as metadata.
+
+    Raises
+    ------
+    CachePathError
+        If a directory is where the file must go (see :func:`_cache_target`).
+    """
     from safetensors.torch import save_file
 
-    path = Path(path)
+    path = _cache_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     metadata = {
@@ -408,10 +506,12 @@ def load_cache_file(path, key: dict, names) -> dict | None:
 
     A file that cannot be read, lacks a tensor in ``names``, holds another key, or fails its
     checksum triggers a :class:`CacheWarning` and None is returned: the caller recomputes.
+    A directory where the file should be raises :class:`CachePathError` (it could not be
+    rewritten either).
     """
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
+    path = _cache_target(path)
     if not path.is_file():
         return None
     expected = json.dumps(key, sort_keys=True)

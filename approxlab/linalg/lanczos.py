@@ -126,6 +126,57 @@ def _normalize_or_restart(w, basis, scale, generator, threshold):
     return w, norm
 
 
+def _check_inputs(op, tol, max_iter, generator):
+    """The validation block of :func:`golub_kahan`: ``(operator, tol, max_iter, generator)``."""
+    if isinstance(op, torch.Tensor):
+        check_tensor(op, "op")
+        op = DenseOperator(op)
+    elif not isinstance(op, LinearOperator):
+        raise TypeError(f"`op` must be a LinearOperator or torch.Tensor; got {type(op).__name__}.")
+    tol = check_positive_float(tol, "tol")
+    max_iter = check_int(max_iter, "max_iter", low=1)
+    if generator is not None and isinstance(generator, torch.Generator) and generator.device.type != "cpu":
+        raise ValueError(
+            f"`generator` must be a CPU torch.Generator (draws are moved to the operator's device); "
+            f"got one on {generator.device}."
+        )
+    generator = as_generator(generator)
+    if not op.dtype.is_floating_point:
+        raise TypeError(f"`op` must have a floating dtype (float32 or float64); got {op.dtype}.")
+    if min(op.shape[-2:]) < 1:
+        raise ValueError(f"`op` must have n >= 1 and m >= 1; got shape {tuple(op.shape)}.")
+    return op, tol, max_iter, generator
+
+
+def _top_ritz_triple(alphas, betas):
+    r"""Top Ritz value :math:`\theta_1` of :math:`B_j` and its residual :math:`\beta_j|e_j^\top y_1|`.
+
+    ``alphas``/``betas``: the ``j`` coefficients so far, each ``(*batch,)``; ``betas[-1]`` is
+    :math:`\beta_j`. The ``j x j`` upper bidiagonal is small: its SVD runs on CPU in float64.
+    """
+    diag = torch.stack(alphas, -1).to("cpu", torch.float64)
+    bidiagonal = torch.diag_embed(diag)
+    if len(alphas) > 1:
+        bidiagonal = bidiagonal + torch.diag_embed(torch.stack(betas[:-1], -1).to("cpu", torch.float64), offset=1)
+    left_vectors, singular, _ = torch.linalg.svd(bidiagonal)
+    return singular[..., 0], betas[-1].to("cpu", torch.float64) * left_vectors[..., -1, 0].abs()
+
+
+def _warn_not_converged(relative, done, *, method, budget, measure, tol, note):
+    """A :class:`ConvergenceWarning` naming the batch elements not ``done`` and the worst ``relative``
+    residual among them (shared by :func:`golub_kahan` and ``normal_block_lanczos``); it points
+    at the caller of ``method``."""
+    worst = float(relative[~done].max())
+    warnings.warn(
+        ConvergenceWarning(
+            f"{method} did not converge in {budget} for {int((~done).sum())} of {done.numel()} batch "
+            f"elements: largest {measure} {worst:.3e} > tol={tol:.1e}{note}",
+            residual=worst,
+        ),
+        stacklevel=3,
+    )
+
+
 def golub_kahan(
     op,
     *,
@@ -206,24 +257,7 @@ def golub_kahan(
     (2005), "Augmented implicitly restarted Lanczos bidiagonalization methods" (residual of
     a Ritz triple).
     """
-    if isinstance(op, torch.Tensor):
-        check_tensor(op, "op")
-        op = DenseOperator(op)
-    elif not isinstance(op, LinearOperator):
-        raise TypeError(f"`op` must be a LinearOperator or torch.Tensor; got {type(op).__name__}.")
-    tol = check_positive_float(tol, "tol")
-    max_iter = check_int(max_iter, "max_iter", low=1)
-    if generator is not None and isinstance(generator, torch.Generator) and generator.device.type != "cpu":
-        raise ValueError(
-            f"`generator` must be a CPU torch.Generator (draws are moved to the operator's device); "
-            f"got one on {generator.device}."
-        )
-    generator = as_generator(generator)
-    if not op.dtype.is_floating_point:
-        raise TypeError(f"`op` must have a floating dtype (float32 or float64); got {op.dtype}.")
-    if min(op.shape[-2:]) < 1:
-        raise ValueError(f"`op` must have n >= 1 and m >= 1; got shape {tuple(op.shape)}.")
-
+    op, tol, max_iter, generator = _check_inputs(op, tol, max_iter, generator)
     a = op.T if op.shape[-2] < op.shape[-1] else op  # iterate with n_rows >= n_cols
     batch = tuple(a.shape[:-2])
     n_rows, n_cols = a.shape[-2], a.shape[-1]
@@ -270,14 +304,7 @@ def golub_kahan(
         alphas.append(alpha)
         betas.append(beta)
 
-        # Ritz values: SVD of the j x j upper bidiagonal B_j (small; on CPU in float64).
-        diag = torch.stack(alphas, -1).to("cpu", torch.float64)
-        bidiagonal = torch.diag_embed(diag)
-        if j > 1:
-            bidiagonal = bidiagonal + torch.diag_embed(torch.stack(betas[:-1], -1).to("cpu", torch.float64), offset=1)
-        left_vectors, singular, _ = torch.linalg.svd(bidiagonal)
-        theta = singular[..., 0]
-        residual = beta.to("cpu", torch.float64) * left_vectors[..., -1, 0].abs()
+        theta, residual = _top_ritz_triple(alphas, betas)
         now = residual <= tol * theta
         update = ~done
         out_theta = torch.where(update, theta, out_theta)
@@ -288,17 +315,11 @@ def golub_kahan(
         v, u_prev, beta_prev = v_next, u, beta
 
     if not bool(done.all()):
-        relative = out_residual / out_theta.clamp_min(torch.finfo(torch.float64).tiny)
-        worst = float(relative[~done].max())
-        warnings.warn(
-            ConvergenceWarning(
-                f"golub_kahan did not converge in max_iter={max_iter} steps for "
-                f"{int((~done).sum())} of {done.numel()} batch elements: largest relative residual "
-                f"residual/estimate = {worst:.3e} > tol={tol:.1e}. `estimate` is still a certified "
-                "lower bound on the spectral norm; raise `max_iter` for a converged value.",
-                residual=worst,
-            ),
-            stacklevel=2,
+        _warn_not_converged(
+            out_residual / out_theta.clamp_min(torch.finfo(torch.float64).tiny), done, method="golub_kahan",
+            budget=f"max_iter={max_iter} steps", measure="relative residual residual/estimate =", tol=tol,
+            note=". `estimate` is still a certified lower bound on the spectral norm; raise `max_iter` for a "
+            "converged value.",
         )
 
     estimate = out_theta.to(device=device, dtype=dtype)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 import torch
+
+from .._validation import as_generator, check_int, check_positive_float, check_qkv
+from .lanczos import _warn_not_converged
 
 __all__ = ["default_row_block", "fused_normal_pass", "BlockLanczosResult", "normal_block_lanczos"]
 
@@ -137,6 +139,52 @@ class BlockLanczosResult:
     converged: torch.Tensor
 
 
+def _orthonormal_complement(y, basis, generator):
+    """Orthonormal columns spanning the part of ``y: (*batch, n, b)`` outside ``basis`` (CGS twice + QR).
+
+    A breakdown (an invariant subspace: a tiny diagonal entry of ``R``) is continued with
+    Gaussian columns drawn on CPU from ``generator``.
+    """
+    for _ in range(2):
+        if basis is not None:
+            y = y - basis @ (basis.transpose(-1, -2) @ y)
+    qmat, r = torch.linalg.qr(y)
+    diagonal = torch.diagonal(r, dim1=-2, dim2=-1).abs()
+    small = diagonal <= 1e-12 * diagonal.amax(-1, keepdim=True).clamp_min(1e-300)
+    if bool(small.any()):  # breakdown (an invariant subspace): continue with random columns
+        fresh = torch.randn(*y.shape, generator=generator, dtype=torch.float64).to(y.device)
+        y = torch.where(small.unsqueeze(-2), fresh, qmat)
+        for _ in range(2):
+            if basis is not None:
+                y = y - basis @ (basis.transpose(-1, -2) @ y)
+        qmat, _ = torch.linalg.qr(y)
+    return qmat
+
+
+def _top_ritz_pair(basis, images):
+    r"""Rayleigh--Ritz on :math:`T = \operatorname{sym}(Q^\top W)`: ``(estimate, residual, distance)``.
+
+    ``basis`` :math:`Q` and ``images`` :math:`W = M^\top MQ` are ``(*batch, n, j)`` float64;
+    returns :math:`\sqrt{\theta_1}`, :math:`\|Ws - \theta_1Qs\|` and their ratio (on CPU).
+    """
+    t = basis.transpose(-1, -2) @ images
+    t = 0.5 * (t + t.transpose(-1, -2))
+    values, vectors = torch.linalg.eigh(t.cpu())
+    theta = values[..., -1].clamp_min(0.0)
+    s = vectors[..., -1:].to(basis.device)
+    ritz_residual = torch.linalg.vector_norm(images @ s - theta.to(basis.device)[..., None, None] * (basis @ s),
+                                             dim=(-2, -1)).cpu()
+    estimate = theta.sqrt()
+    return estimate, ritz_residual, ritz_residual / estimate.clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def _probabilistic_upper_bound(estimate, dimension, n, failure_probability):
+    """Kuczynski-Wozniakowski (1992), Theorem 4.2(a), for the Krylov space of one start column."""
+    epsilon = (math.log(1.648 * math.sqrt(n) / failure_probability) / (2.0 * dimension - 1.0)) ** 2
+    return torch.where(epsilon < 1, estimate / (1.0 - epsilon.clamp_max(0.999999)).sqrt(),
+                       torch.full_like(epsilon, float("inf")))
+
+
 def normal_block_lanczos(
     q,
     k,
@@ -200,9 +248,6 @@ def normal_block_lanczos(
     Golub and Underwood (1977); Musco and Musco (2015); Kuczyński and Woźniakowski (1992),
     Theorem 4.2; Parlett (1998), Theorem 4.5.1.
     """
-    from .._validation import as_generator, check_int, check_positive_float, check_qkv
-    from ..errors import ConvergenceWarning
-
     check_qkv(q, k)
     block = check_int(block, "block", low=1)
     tol = check_positive_float(tol, "tol")
@@ -218,25 +263,8 @@ def normal_block_lanczos(
     device = q.device
     block = min(block, n)
 
-    def orthonormal(y, basis):
-        """Orthonormal columns spanning the part of ``y`` outside ``basis`` (CGS twice + QR)."""
-        for _ in range(2):
-            if basis is not None:
-                y = y - basis @ (basis.transpose(-1, -2) @ y)
-        qmat, r = torch.linalg.qr(y)
-        diagonal = torch.diagonal(r, dim1=-2, dim2=-1).abs()
-        small = diagonal <= 1e-12 * diagonal.amax(-1, keepdim=True).clamp_min(1e-300)
-        if bool(small.any()):  # breakdown (an invariant subspace): continue with random columns
-            fresh = torch.randn(*batch, n, y.shape[-1], generator=generator, dtype=torch.float64).to(device)
-            y = torch.where(small.unsqueeze(-2), fresh, qmat)
-            for _ in range(2):
-                if basis is not None:
-                    y = y - basis @ (basis.transpose(-1, -2) @ y)
-            qmat, _ = torch.linalg.qr(y)
-        return qmat
-
     start = torch.randn(*batch, n, block, generator=generator, dtype=torch.float64).to(device)
-    current = orthonormal(start, None)
+    current = _orthonormal_complement(start, None, generator)
     basis = None
     images = None
     steps = min(max_iter, max(1, n // block))
@@ -249,15 +277,7 @@ def normal_block_lanczos(
         passes += 1
         basis = current if basis is None else torch.cat([basis, current], dim=-1)
         images = image if images is None else torch.cat([images, image], dim=-1)
-        t = basis.transpose(-1, -2) @ images
-        t = 0.5 * (t + t.transpose(-1, -2))
-        values, vectors = torch.linalg.eigh(t.cpu())
-        theta = values[..., -1].clamp_min(0.0)
-        s = vectors[..., -1:].to(device)
-        ritz_residual = torch.linalg.vector_norm(images @ s - theta.to(device)[..., None, None] * (basis @ s),
-                                                 dim=(-2, -1)).cpu()
-        estimate = theta.sqrt()
-        distance = ritz_residual / estimate.clamp_min(torch.finfo(torch.float64).tiny)
+        estimate, ritz_residual, distance = _top_ritz_pair(basis, images)
         now = distance <= tol * estimate
         if theta_prev is not None:
             moved = (estimate - theta_prev).abs() <= tol * estimate
@@ -272,23 +292,15 @@ def normal_block_lanczos(
         theta_prev = estimate
         if bool(done.all()):
             break
-        current = orthonormal(image, basis)
+        current = _orthonormal_complement(image, basis, generator)
 
     if not bool(done.all()):
-        worst = float((out["distance"] / out["estimate"].clamp_min(1e-300))[~done].max())
-        warnings.warn(
-            ConvergenceWarning(
-                f"normal_block_lanczos did not converge in max_iter={max_iter} passes for "
-                f"{int((~done).sum())} of {done.numel()} batch elements: largest relative distance bound "
-                f"{worst:.3e} > tol={tol:.1e}; `estimate` is still a certified lower bound.",
-                residual=worst,
-            ),
-            stacklevel=2,
+        _warn_not_converged(
+            out["distance"] / out["estimate"].clamp_min(1e-300), done, method="normal_block_lanczos",
+            budget=f"max_iter={max_iter} passes", measure="relative distance bound", tol=tol,
+            note="; `estimate` is still a certified lower bound.",
         )
-    # Kuczynski-Wozniakowski (1992), Theorem 4.2(a), for the Krylov space of one start column.
-    epsilon = (math.log(1.648 * math.sqrt(n) / failure_probability) / (2.0 * out["dimension"] - 1.0)) ** 2
-    upper = torch.where(epsilon < 1, out["estimate"] / (1.0 - epsilon.clamp_max(0.999999)).sqrt(),
-                        torch.full_like(epsilon, float("inf")))
+    upper = _probabilistic_upper_bound(out["estimate"], out["dimension"], n, failure_probability)
     return BlockLanczosResult(
         estimate=out["estimate"],
         lower_bound=out["estimate"].clone(),
@@ -300,8 +312,3 @@ def normal_block_lanczos(
         num_matvecs=2 * block * passes,
         converged=done,
     )
-
-
-# ----------------------------------------------------------------------------------------
-# Grid, data, the four routes
-# ----------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import numbers
 import torch
 
 from .._validation import check_choice, check_int, check_positive_float, check_qkv, check_square
+from ..linalg.conditioning import default_rtol_for_shape as _default_rtol
 from ..operators import DiagonalOperator, LinearOperator, ProductOperator, SumOperator
 from ._base import Approximation, method
 from .nystromformer import landmark_kernels, segment_sizes
@@ -41,11 +42,6 @@ __all__ = [
 ]
 
 CORE_FORMS = ("eq8", "section4")
-
-
-def _default_rtol(rows: int, cols: int, dtype: torch.dtype) -> float:
-    """``max(rows, cols) * eps``, the cut-off ``torch.linalg.pinv`` uses by default."""
-    return max(rows, cols) * torch.finfo(dtype).eps
 
 
 def _truncated_svd(matrix: torch.Tensor, rtol: float):
