@@ -7,6 +7,16 @@ from approxlab.kernels import scaled_logits
 from approxlab.synthetic import large_logit_qkv
 
 
+# CUDA cases are always collected and reported as skipped, with the reason, on a machine without a GPU.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine"),
+    ),
+]
+
+
 def gen(seed: int) -> torch.Generator:
     """A fresh CPU generator seeded with ``seed``."""
     return torch.Generator().manual_seed(seed)

@@ -1,8 +1,7 @@
-"""Shared test configuration: deterministic Hypothesis profile, small thread count."""
+"""Shared test configuration: the deterministic Hypothesis profile (torch keeps its default threads)."""
 
 import os
 
-import torch
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -13,8 +12,3 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("approxlab")
-# One intra-op thread: with two, a float64 identity check (Skyformer Lemma 1) intermittently
-# disagreed at 3e-9 relative when run after other test files (2 of ~10 runs; 0 of 16 with one
-# thread). Under investigation -- see the issue notes; one thread also keeps the suite's
-# timing stable on a shared 2-core machine.
-torch.set_num_threads(1)

@@ -9,10 +9,9 @@ import torch
 import approxlab
 from approxlab.methods import available, get
 from approxlab.synthetic import synthetic_qkv
-from _helpers import opposed_logits_80_qkv
+from _helpers import DEVICES, opposed_logits_80_qkv
 
 METHODS = available()
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _gen(seed):

@@ -1,0 +1,245 @@
+"""Mutation check: every theorem, lemma and proposition the suite checks has a test that can fail.
+
+Usage (from the repository root)::
+
+    python3 tests/mutation_check.py            # all mutations
+    python3 tests/mutation_check.py --list     # print the table and exit
+    python3 tests/mutation_check.py --baseline # first run the named tests unmutated
+
+For each row of ``MUTATIONS`` below -- (statement, file, exact old text, new text, tests) -- the
+check copies ``approxlab/``, ``tests/`` and ``pyproject.toml`` into a temporary directory,
+replaces the old text (which must occur exactly once) by the new text in that copy, and runs
+only the named tests there with pytest (cwd = the copy, so the copy is what is imported). A
+mutation is *caught* when pytest reports failed tests (exit status 1); a collection or usage
+error (a renamed test, a mutation that does not import) is not a catch. Before any mutation
+every named test must be collected from the unmutated copy (``--baseline`` also runs them; CI
+runs the whole suite first anyway). The last line printed is ``N caught, M missed``; the exit
+status is non-zero if any mutation is missed, if an old text is not found exactly once (a
+stale row must not pass silently) or if the baseline fails.
+
+The table is plain data so that moving code (e.g. ``approxlab/sketch.py`` into
+``approxlab/linalg/``) only means editing a path here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# (statement, file relative to the repository root, exact old text, new text, tests to run)
+MUTATIONS = [
+    (
+        "Nystromformer Eq. (5) / supplement Lemma 1: iteration coefficients (7I -> 6I)",
+        "approxlab/linalg/pinv.py",
+        "mz @ (7 * eye - mz)",
+        "mz @ (6 * eye - mz)",
+        ["tests/test_nystromformer.py::test_lemma1_third_order_convergence_to_moore_penrose"],
+    ),
+    (
+        "Nystromformer Eq. (5) / Lemma 1 hypothesis: initial scaling ||M||_1 ||M||_inf -> ||M||_inf^2",
+        "approxlab/linalg/pinv.py",
+        "return mt / (col * row)[..., None, None]",
+        "return mt / (row * row)[..., None, None]",
+        ["tests/test_nystromformer.py::test_lemma1_initial_scaling_on_column_heavy_cores"],
+    ),
+    (
+        "Nystromformer supplement Lemma 2: segment means (all landmarks -> exact attention)",
+        "approxlab/methods/nystromformer.py",
+        "reshape(*batch, num_landmarks - remainder, length, p).mean(-2)",
+        "reshape(*batch, num_landmarks - remainder, length, p).sum(-2) / (length + 1)",
+        ["tests/test_nystromformer.py::test_lemma2_all_landmarks_recover_softmax_attention"],
+    ),
+    (
+        "Nystromformer supplement Proposition 1: F row-stochastic (softmax over keys)",
+        "approxlab/methods/nystromformer.py",
+        "softmax_matrix(q, k_landmarks),",
+        "softmax_matrix(k_landmarks, q).transpose(-1, -2),",
+        ["tests/test_nystromformer.py::test_proposition1_linf_error_bound"],
+    ),
+    (
+        "Skyformer Lemma 1 / Eq. (1): diagonal scaling exp(|x|^2 / (2 sqrt p)) (2 -> 2.000001)",
+        "approxlab/kernels.py",
+        "return (x * x).sum(-1) / (2.0 * math.sqrt(x.shape[-1]))",
+        "return (x * x).sum(-1) / (2.000001 * math.sqrt(x.shape[-1]))",
+        ["tests/test_skyformer.py::test_lemma1_softmax_kernel_is_psd"],
+    ),
+    (
+        "Skyformer Lemma 3: D_M = diag((M + gamma I) 1) (gamma dropped from D_M)",
+        "approxlab/linalg/cores.py",
+        "inv_sqrt = w.sum(-1).rsqrt()",
+        "inv_sqrt = (w.sum(-1) - gamma).rsqrt()",
+        ["tests/test_skyformer.py::test_lemma3_scaled_core_singular_values_in_unit_interval"],
+    ),
+    (
+        "Skyformer Sec. 4.2 / Appendix D: completion inequality and C~_bar <= C_bar (Nystrom scaled by 1.001)",
+        "approxlab/sketch.py",
+        "return half.transpose(-1, -2) @ half",
+        "return 1.001 * (half.transpose(-1, -2) @ half)",
+        ["tests/test_skyformer.py::test_completion_inequality_and_loewner_order"],
+    ),
+    (
+        "Skyformer Theorem 2 / Lemma C.2: sample size (28/3)(s/beta) log(2N/delta) divided by 8",
+        "tests/test_skyformer.py",
+        "28 / 3 * stable_rank / beta",
+        "28 / 3 / 8 * stable_rank / beta",
+        [
+            "tests/test_skyformer.py::test_theorem2_lemma_c2_sample_size_bites",
+            "tests/test_skyformer.py::test_theorem2_conclusion_fails_below_lemma_c2_size_coupon_collector",
+        ],
+    ),
+    (
+        "Skyformer Theorem 2: ridge leverage scores l_i = [K (K + lam I)^{-1}]_ii (lam -> 2 lam)",
+        "approxlab/leverage.py",
+        "return evals / (evals + lam), evecs, lam",
+        "return evals / (evals + 2 * lam), evecs, lam",
+        ["tests/test_leverage.py::test_exact_scores_in_unit_interval_and_sum_to_statistical_dimension"],
+    ),
+    (
+        "Skyformer Sec. 4.5 remark: Lemma 3's gamma keeps the core's gradients bounded (gamma dropped)",
+        "approxlab/linalg/cores.py",
+        "w = 0.5 * (m + m.transpose(-1, -2)) + gamma * eye",
+        "w = 0.5 * (m + m.transpose(-1, -2)) + 0.0 * gamma * eye",
+        ["tests/test_skyformer.py::test_section45_unscaled_core_gradients_explode_lemma3_scaling_keeps_them_bounded"],
+    ),
+    (
+        "Verma Eqs. (7)-(8), (10): core A_s^+ (I - delta A_s^+) (sign of delta)",
+        "approxlab/methods/spectral_shifting.py",
+        "u = pinv - delta[..., None, None] * squared_inverse",
+        "u = pinv + delta[..., None, None] * squared_inverse",
+        ["tests/test_spectral_shifting.py::test_eq8_core_minimises_landmark_objective_for_its_delta"],
+    ),
+    (
+        "Verma Sec. 7, Eq. (12): B row-stochastic (softmax over keys)",
+        "approxlab/methods/nystromformer.py",
+        "softmax_matrix(q_landmarks, k),",
+        "softmax_matrix(k, q_landmarks).transpose(-1, -2),",
+        ["tests/test_spectral_shifting.py::test_section7_error_bound"],
+    ),
+    (
+        "Wang, Luo & Zhang closed form / Verma Lemma 1: delta^ss = (tr K - tr(C^+ K C)) / (n - rank C)",
+        "approxlab/methods/spectral_shifting.py",
+        "(trace_k - trace_projected) / deficiency.clamp_min(1.0)",
+        "(trace_k - trace_projected) / (deficiency + 1).clamp_min(1.0)",
+        ["tests/test_spectral_shifting.py::test_lemma1_shifted_low_rank_recovered_exactly"],
+    ),
+    (
+        "YOSO Eq. (2): collision probability (1 - arccos(c)/pi)^tau (exponent tau -> tau + 1)",
+        "approxlab/lsh.py",
+        "/ math.pi) ** tau",
+        "/ math.pi) ** (tau + 1)",
+        ["tests/test_yoso.py::test_collision_probability_of_tau_hyperplanes_monte_carlo"],
+    ),
+    (
+        "Performer Lemma 1: positive random features exp(w^T x - |x|^2 / 2) are unbiased (1/2 -> 0.45)",
+        "approxlab/methods/performer.py",
+        "- 0.5 * (x * x).sum(-1, keepdim=True)",
+        "- 0.45 * (x * x).sum(-1, keepdim=True)",
+        ["tests/test_performer.py::test_random_features_are_unbiased_for_the_softmax_kernel"],
+    ),
+    (
+        "Linformer: E[P^T P] = I for the random projection (scale 1/sqrt(k) -> 1/k)",
+        "approxlab/methods/linformer.py",
+        "(r / math.sqrt(num_features))",
+        "(r / num_features)",
+        ["tests/test_informer_linformer.py::test_linformer_projection_is_isotropic_in_expectation"],
+    ),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("approxlab", "tests", "pyproject.toml")
+TIMEOUT_S = 600
+
+
+def _copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def _pytest(copy: Path, tests: list[str], *options: str) -> tuple[int, str]:
+    """Run pytest on ``tests`` inside ``copy`` (imports the copy); return (status, output tail)."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *options, *tests]
+    try:
+        done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {TIMEOUT_S} s"
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode, lines[-1] if lines else ""
+
+
+def _check_imports_copy(copy: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import approxlab; print(approxlab.__file__)"],
+        cwd=copy, capture_output=True, text=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+    )
+    imported = Path(done.stdout.strip()).resolve()
+    if copy.resolve() not in imported.parents:
+        sys.exit(f"mutation_check: the copy in {copy} does not import its own approxlab (got {imported})")
+
+
+def _baseline(copy: Path, mutations, run_tests: bool) -> bool:
+    """Every named test is collected (and, with ``run_tests``, passes) on the unmutated copy."""
+    every_test = sorted({test for *_, tests in mutations for test in tests})
+    status, tail = _pytest(copy, every_test, *(() if run_tests else ("--collect-only",)))
+    what = "pass" if run_tests else "are collected"
+    print(f"baseline: {len(every_test)} named tests {what} unmutated: {'yes' if status == 0 else 'NO'} ({tail})", flush=True)
+    return status == 0
+
+
+def _run(mutations, run_baseline: bool) -> int:
+    caught = missed = 0
+    with tempfile.TemporaryDirectory(prefix="approxlab-mutation-") as tmp:
+        copy = Path(tmp)
+        _copy_tree(copy)
+        _check_imports_copy(copy)
+        if not _baseline(copy, mutations, run_baseline):
+            print(f"0 caught, {len(mutations)} missed")
+            return 1
+        for statement, path, old, new, tests in mutations:
+            target = copy / path
+            original = target.read_text() if target.exists() else ""
+            count = original.count(old)
+            if count != 1:
+                missed += 1
+                print(f"STALE   {statement}: old text found {count} times in {path} (must be exactly once)")
+                continue
+            target.write_text(original.replace(old, new))
+            start = time.monotonic()
+            try:
+                status, tail = _pytest(copy, tests)
+            finally:
+                target.write_text(original)
+            verdict = "caught" if status == 1 else "MISSED" if status == 0 else f"ERROR {status}"
+            caught += status == 1
+            missed += status != 1
+            print(f"{verdict:7s} {statement} [{path}] ({time.monotonic() - start:.0f} s: {tail})", flush=True)
+    print(f"{caught} caught, {missed} missed")
+    return 1 if missed else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print the mutation table and exit")
+    parser.add_argument("--baseline", action="store_true", help="also run the named tests unmutated first")
+    args = parser.parse_args(argv)
+    if args.list:
+        for statement, path, old, new, tests in MUTATIONS:
+            print(f"{statement}\n    {path}: {old!r} -> {new!r}\n    tests: {' '.join(tests)}")
+        return 0
+    return _run(MUTATIONS, args.baseline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
