@@ -381,10 +381,9 @@ def _check_estimator_inputs(operator, diagonal, lam, lambda_scale, block, depth,
                          f"got {tuple(diagonal.shape)}.")
     for value, name in ((block, "block"), (depth, "depth"), (probes, "probes"), (max_iter, "max_iter")):
         check_int(value, name, low=1)
-    if block * depth > n:
-        raise ValueError(f"`block * depth` must be <= N = {n}; got {block} * {depth} = {block * depth}.")
     check_positive_float(tol, "tol")
-    return diagonal.expand(*batch, n)
+    block = min(block, n)
+    return diagonal.expand(*batch, n), block, min(depth, n // block)
 
 
 def estimate_ridge_quantities(
@@ -414,7 +413,8 @@ def estimate_ridge_quantities(
         ``s = lambda_scale`` and :math:`\|K\|_2` the largest Ritz value (Figure 1 uses 0.1).
     block, depth : int
         The block Krylov space :math:`\mathcal K_{depth}(K, \Omega)`, :math:`\Omega` Gaussian
-        ``N x block``; rank ``r = block * depth <= N``.
+        ``N x block``; rank ``r = block * depth``, reduced to at most ``N`` (then the
+        space is all of :math:`\mathbb R^N` and the result is exact up to rounding).
     probes : int
         Rademacher probes of the tail correction.
     tol, max_iter : float, int
@@ -467,7 +467,7 @@ def estimate_ridge_quantities(
     Hansen and Pedersen (2003), "Jensen's operator inequality", Bull. LMS 35;
     Bekas, Kokiopoulou, Saad (2007), "An estimator for the diagonal of a matrix", APNUM 57.
     """
-    diagonal = _check_estimator_inputs(operator, diagonal, lam, lambda_scale, block, depth, probes, tol, max_iter)
+    diagonal, block, depth = _check_estimator_inputs(operator, diagonal, lam, lambda_scale, block, depth, probes, tol, max_iter)
     generator = as_generator(generator)
     batch, n, device = tuple(operator.shape[:-2]), operator.shape[-1], operator.device
     start = torch.randn(*batch, n, block, generator=generator, dtype=torch.float64).to(device)

@@ -210,8 +210,10 @@ def test_estimate_ridge_quantities_validation():
     op = completion_operator(q, q)
     with pytest.raises(ValueError, match=r"give exactly one of `lam` and `lambda_scale`; got lam=None"):
         estimate_ridge_quantities(op)
-    with pytest.raises(ValueError, match=r"`block \* depth` must be <= N = 16; got 32 \* 8 = 256"):
-        estimate_ridge_quantities(op, lam=1.0)
+    small = estimate_ridge_quantities(op, lam=1.0)  # block * depth > N: the whole space, exact
+    assert small.rank == 16
+    torch.testing.assert_close(small.statistical_dimension, statistical_dimension(op.to_dense(), 1.0),
+                               rtol=1e-10, atol=0)
     with pytest.raises(ValueError, match=r"`diagonal` must be a number or have shape \(\*batch, N\) = \(16,\); got \(3,\)"):
         estimate_ridge_quantities(op, lam=1.0, block=2, depth=2, diagonal=torch.ones(3))
     with pytest.raises(ValueError, match=r"`operator` must be a square LinearOperator"):

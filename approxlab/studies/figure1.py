@@ -124,8 +124,12 @@ RESULTS = "results.csv"
 PANEL_STATS = "panel_stats.csv"
 KEY_COLUMNS = ("condition", "n", "window", "method")
 DENSE_MAX_N = 4096
-"""Above this n: exact attention in row blocks, no 2n x 2n statistical dimension (``--matrix-free-above``)."""
+"""Above this n: exact attention without n x n memory, d_stat estimated matrix-free (``--matrix-free-above``)."""
 PANEL_KEY_COLUMNS = ("condition", "n")
+ESTIMATE_DSTAT_FROM_N = 4096
+"""From this n (and above ``--matrix-free-above``), d_stat is the matrix-free estimate of
+:func:`approxlab.leverage.estimate_ridge_quantities` (float32 products, within 1 % of the
+eigendecomposition) instead of a float64 ``eigvalsh`` of the 2n x 2n completion."""
 
 
 def build_config(
@@ -375,19 +379,26 @@ def compute_panel(cell: dict) -> list[dict]:
     The statistical dimension (Skyformer Theorem 2) of the completion
     :math:`\bar C = \kappa([Q;K]/p^{1/4})` (Eq. (4)) at :math:`\lambda = s\,\|\bar C\|_2`
     (``s = lambda_scale``), :math:`d_{stat} = \sum_i \mu_i/(\mu_i+\lambda)` over the
-    eigenvalues :math:`\mu_i \ge 0` of :math:`\bar C`, for ``cell["stat_heads"]``; and the
+    eigenvalues :math:`\mu_i \ge 0` of :math:`\bar C`, for ``cell["stat_heads"]`` (from
+    :data:`ESTIMATE_DSTAT_FROM_N` on, the matrix-free estimate; column
+    ``statistical_dimension_method``); and the
     sampled-core condition number that ``skyformer-softmax`` reports in ``info`` (seed 0).
     """
     from ..attention import approximate
     from ..kernels import kernelized_matrix
+    from ..leverage import completion_operator, estimate_ridge_quantities
     from ..methods import get
 
     ref = _reference(cell)
     heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
-    if cell["n"] > cell.get("dense_max_n", DENSE_MAX_N):
-        heads = []  # a 2n x 2n eigendecomposition at this n is hours of CPU: not computed
     dstats, lambdas = [], []
-    for h in heads:
+    estimated = cell["n"] >= ESTIMATE_DSTAT_FROM_N or cell["n"] > cell.get("dense_max_n", DENSE_MAX_N)
+    if estimated and heads:  # matrix-free: within 1 % of the eigendecomposition (leverage.py)
+        q, k = (ref[x][heads].to(torch.float32) for x in ("q", "k"))
+        est = estimate_ridge_quantities(completion_operator(q, k), lambda_scale=cell["lambda_scale"],
+                                        generator=_generator(cell, "statistical-dimension", 0, 0))
+        dstats, lambdas = est.statistical_dimension.tolist(), est.lam.tolist()
+    for h in [] if estimated else heads:
         z = torch.cat([ref["q"][h], ref["k"][h]]).to(torch.float64)
         completion = kernelized_matrix(z, z)
         eigenvalues = torch.linalg.eigvalsh(completion).clamp_min(0.0)
@@ -405,6 +416,7 @@ def compute_panel(cell: dict) -> list[dict]:
             "statistical_dimension_min": float(dstats.min()),
             "statistical_dimension_max": float(dstats.max()),
             "statistical_dimension_fraction": float(dstats.mean()) / (2 * cell["n"]),
+            "statistical_dimension_method": "estimate" if estimated else "eigvalsh",
         }
         if method is not None and d <= get(method).max_features(cell["n"]):
             with warnings.catch_warnings(record=True):
@@ -719,7 +731,7 @@ def add_arguments(parser) -> None:
                        help="precision of the approximations (default float64)")
     group.add_argument("--matrix-free-above", type=int, default=DENSE_MAX_N,
                        help="n above which exact attention is applied in row blocks (never n x n in memory) "
-                            f"and the 2n x 2n statistical dimension is skipped (default {DENSE_MAX_N})")
+                            f"and the statistical dimension is estimated matrix-free (default {DENSE_MAX_N})")
     group.add_argument("--stat-heads", type=int, default=2,
                        help="heads whose statistical dimension is computed (default 2)")
 
