@@ -79,7 +79,12 @@ import torch
 
 from . import default_output_dir
 from .._io import atomic_write_text, read_json, read_results
+from ..attention import approximate, exact_attention
+from ..kernels import kernelized_matrix
+from ..leverage import completion_operator, estimate_ridge_quantities
+from ..methods import get
 from ..metrics import spectral_norm
+from ..operators import ExactAttentionOperator
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -222,8 +227,6 @@ def window_ids(config: dict, n: int | None = None) -> list[int]:
 
 
 def _seeds(config: dict, method: str) -> list[int]:
-    from ..methods import get
-
     return list(range(config["seeds"])) if get(method).randomized else [0]
 
 
@@ -233,8 +236,6 @@ def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cp
 
     The data location and device travel in the cells (they are not part of the grid).
     """
-    from ..methods import get
-
     cells = []
     for condition in config["conditions"]:
         for n in config["n"]:
@@ -279,15 +280,12 @@ def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir
               dense_max_n=DENSE_MAX_N):
     """Per-process cache of one window: ``dict(q, k, v, output, output_norm, checkpoint)``.
 
-    ``output`` is exact softmax attention ``(heads, n, p_v)`` in ``dtype`` (computed head by
-    head to bound memory), ``output_norm`` its spectral norm per head (float64). Above
+    ``output`` is exact softmax attention ``(heads, n, p_v)`` in ``dtype`` (all heads in one
+    call of the fused kernel, head by head above ``dense_max_n``), ``output_norm`` its spectral norm per head (float64). Above
     ``n = dense_max_n`` each head is applied as an
     :class:`~approxlab.operators.ExactAttentionOperator` in row blocks, so memory stays
     O(n * block) instead of O(n^2) (the same numbers up to rounding).
     """
-    from ..attention import exact_attention
-    from ..operators import ExactAttentionOperator
-
     q, k, v, checkpoint = load_qkv(condition, n, window, mode=mode, layer=layer, model_seed=model_seed,
                                    data_dir=data_dir, cache_dir=cache_dir, device=device)
     dt = getattr(torch, dtype)
@@ -295,7 +293,7 @@ def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir
     if n > dense_max_n:
         output = torch.stack([ExactAttentionOperator(q[h], k[h], "softmax").matmat(v[h]) for h in range(q.shape[0])])
     else:
-        output = torch.stack([exact_attention(q[h], k[h], v[h]) for h in range(q.shape[0])])
+        output = exact_attention(q, k, v)  # all heads in one fused-kernel call
     return {"q": q, "k": k, "v": v, "output": output, "output_norm": _spectral_norm(output),
             "checkpoint": checkpoint}
 
@@ -334,8 +332,6 @@ def compute_cell(cell: dict) -> list[dict]:
     ``ArithmeticError``, ``torch.linalg.LinAlgError``) gives a row with ``status`` naming
     the error and ``inf`` errors, so the sweep goes on and the failure is visible.
     """
-    from ..attention import approximate
-
     ref = _reference(cell)
     heads = ref["q"].shape[0]
     rows = []
@@ -384,11 +380,6 @@ def compute_panel(cell: dict) -> list[dict]:
     ``statistical_dimension_method``); and the
     sampled-core condition number that ``skyformer-softmax`` reports in ``info`` (seed 0).
     """
-    from ..attention import approximate
-    from ..kernels import kernelized_matrix
-    from ..leverage import completion_operator, estimate_ridge_quantities
-    from ..methods import get
-
     ref = _reference(cell)
     heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
     dstats, lambdas = [], []
