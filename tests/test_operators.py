@@ -279,3 +279,17 @@ def test_the_public_fallback_matches_the_flash_kernel(monkeypatch):
     for kind in ("softmax", "scores", "kernelized"):
         for a, b in zip(results["flash", kind], results["public", kind]):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_block_lanczos_on_the_sdpa_operator_matches_dense():
+    """normal_block_lanczos(exact_operator=ExactAttentionOperator) (two kernel calls per pass)
+    gives the dense float64 spectral error, like the fused blocked pass."""
+    from approxlab import approximate
+    from approxlab.linalg.normal_lanczos import normal_block_lanczos
+
+    q, k, v = synthetic_qkv((1,), 256, 16, scale=0.8, generator=_gen(20), dtype=torch.float32)
+    approx = approximate("nystromformer", q, k, v, num_features=16, generator=_gen(21)).operator()
+    dense = torch.linalg.matrix_norm(approx.to(torch.float64).to_dense() - kernels.softmax_matrix(q.double(), k.double()), ord=2)
+    result = normal_block_lanczos(q, k, approx, block=16, exact_operator=ExactAttentionOperator(q, k),
+                                  generator=_gen(22))
+    torch.testing.assert_close(result.estimate, dense, rtol=1e-5, atol=0)
