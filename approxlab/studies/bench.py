@@ -168,7 +168,7 @@ FULL_GRID = {
     "spectral_ratio_n": 32768,
     "figure1_ratio_n": 4096,
 }
-"""The full benchmark (about 10 minutes on 2 CPU cores; see ``benchmarks/README.md``)."""
+"""The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
 
 QUICK_GRID = {
     **FULL_GRID,
