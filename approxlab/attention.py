@@ -23,6 +23,7 @@ from . import kernels
 from ._validation import as_generator, check_choice, check_int, check_qkv
 from .methods import registry
 from .methods._base import Approximation
+from .operators import softmax_attention
 
 __all__ = ["exact_attention", "attention_matrix", "approximate"]
 
@@ -37,6 +38,9 @@ _COMMON = ("q", "k", "v", "num_features", "generator")
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     r"""Softmax attention :math:`\operatorname{softmax}(QK^\top/\sqrt p)\,V`, ``(*batch, n, p_v)``.
 
+    Through torch's fused attention kernel (:func:`approxlab.operators.softmax_attention`):
+    the ``n x m`` matrix is not formed on CPU.
+
     Raises
     ------
     TypeError, ValueError
@@ -50,7 +54,7 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     torch.Size([2, 3, 4])
     """
     check_qkv(q, k, v)
-    return kernels.softmax_matrix(q, k) @ v
+    return softmax_attention(q, k, v)
 
 
 def attention_matrix(q: torch.Tensor, k: torch.Tensor, kind: str = "softmax") -> torch.Tensor:

@@ -30,6 +30,7 @@ __all__ = [
     "AdjointOperator",
     "aslinearoperator",
     "ExactAttentionOperator",
+    "softmax_attention",
 ]
 
 
@@ -268,13 +269,99 @@ def aslinearoperator(x) -> LinearOperator:
     raise TypeError(f"expected a LinearOperator or torch.Tensor; got {type(x).__name__}.")
 
 
-# -- row-blocked exact attention (appended) ---------------------------------------------
+# -- exact attention through torch's fused attention kernel -----------------------------
+
+
+def _flash_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """torch's private CPU flash-attention op: ``(out, lse)`` on ``(B, H, T, h)``, or ``None``.
+
+    The only call of ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` in
+    approxlab: a private op that can change between torch releases, so any absence or
+    refusal (missing op, other device or dtype, changed signature) sends the caller to the
+    public fallback in :func:`_attention_with_lse`.
+    """
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
+        return None
+    try:
+        out, lse = op(q, k, v, scale=scale)
+    except (RuntimeError, TypeError):
+        return None
+    return out, lse
+
+
+def _blocked_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``logsumexp_j(scale * q_i . k_j)`` for ``(B, H, n, h)`` inputs, in row blocks of ~2**22 entries."""
+    rows = max(1, (1 << 22) // max(1, k.shape[-2] * q.shape[0] * q.shape[1]))
+    return torch.cat([torch.logsumexp(scale * (q[..., a : a + rows, :] @ k.transpose(-1, -2)), dim=-1)
+                      for a in range(0, q.shape[-2], rows)], dim=-1)
+
+
+def _attention_with_lse(q, k, v, scale: float, need_lse: bool):
+    """Fused softmax attention on ``(B, H, T, h)`` (equal head sizes): ``(out, lse or None)``.
+
+    The private CPU flash kernel returns the row log-sum-exps beside the output; elsewhere
+    (GPU, or a torch without the op) the public
+    :func:`torch.nn.functional.scaled_dot_product_attention` gives the output and, when
+    asked, the log-sum-exps come from a row-blocked ``logsumexp`` of the logits.
+    """
+    fused = _flash_attention_cpu(q, k, v, scale)
+    if fused is not None:
+        return fused[0], (fused[1] if need_lse else None)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out, (_blocked_logsumexp(q, k, scale) if need_lse else None)
+
+
+def _attend(q, k, x, scale: float, key_bias=None, need_lse: bool = True):
+    r"""``(softmax_j(s_ij + b_j) x_j, logsumexp_j(s_ij + b_j))`` with :math:`s_{ij} = \text{scale}\,q_i\cdot k_j`.
+
+    ``q: (B, n, p)``, ``k: (B, m, p)``, ``x: (B, m, c)``, ``key_bias: (B, m)`` or ``None``;
+    returns ``(B, n, c)`` and ``(B, n)`` (``None`` unless ``need_lse``). A key bias rides in one extra coordinate
+    (queries ``[scale q_i, 1]``, keys ``[k_j, b_j]``, scale 1). The kernel wants values of
+    the head size ``h``: ``x`` is zero-padded to a multiple of ``h`` and its column chunks
+    become heads of one call (``ceil(c / h)`` products with ``h`` columns each).
+    """
+    if key_bias is not None:
+        q = torch.cat([q * scale, torch.ones_like(q[..., :1])], dim=-1)
+        k = torch.cat([k, key_bias.unsqueeze(-1)], dim=-1)
+        scale = 1.0
+    h, c = q.shape[-1], x.shape[-1]
+    chunks = -(-c // h)
+    x = torch.nn.functional.pad(x, (0, chunks * h - c))
+    values = x.reshape(*x.shape[:-1], chunks, h).transpose(-2, -3).contiguous()  # (B, chunks, m, h)
+    queries = q.unsqueeze(1).expand(-1, chunks, -1, -1)
+    keys = k.unsqueeze(1).expand(-1, chunks, -1, -1)
+    if chunks > 1:
+        queries, keys = queries.contiguous(), keys.contiguous()
+    out, lse = _attention_with_lse(queries, keys, values, scale, need_lse)
+    out = out.transpose(-2, -3).reshape(q.shape[0], q.shape[-2], chunks * h)[..., :c]
+    return out, (None if lse is None else lse[:, 0])
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    r"""Exact :math:`\operatorname{softmax}(QK^\top/\sqrt p)\,V` through torch's fused attention kernel.
+
+    ``q: (*batch, n, p)``, ``k: (*batch, m, p)``, ``v: (*batch, m, p_v)`` (batch dims
+    broadcast); returns ``(*batch, n, p_v)``. Never forms the ``n x m`` matrix on the flash
+    path; agrees with ``kernels.softmax_matrix(q, k) @ v`` to rounding (tests compare both).
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
+    if v.shape[-1] == p:  # one plain call, no padding
+        flat = [x.expand(*batch, *x.shape[-2:]).reshape(1, -1, *x.shape[-2:]) for x in (q, k, v)]
+        out, _ = _attention_with_lse(*flat, p**-0.5, need_lse=False)
+        return out.reshape(*batch, n, p)
+    flat = [x.expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+    out, _ = _attend(*flat, p**-0.5, need_lse=False)
+    return out.reshape(*batch, n, v.shape[-1])
+
 
 EXACT_KINDS = ("softmax", "scores", "kernelized")
+EXACT_ALGORITHMS = ("sdpa", "blocked")
 
 
 class ExactAttentionOperator(LinearOperator):
-    r"""An exact attention matrix applied in blocks of query rows, never formed ``n x m``.
+    r"""An exact attention matrix applied without forming it ``n x m``.
 
     Parameters
     ----------
@@ -285,24 +372,43 @@ class ExactAttentionOperator(LinearOperator):
     kind : {"softmax", "scores", "kernelized"}
         Which matrix (the kinds of :func:`approxlab.attention_matrix`):
 
-        * ``"softmax"``: :math:`D^{-1}A = \operatorname{softmax}(QK^\top/\sqrt p)`, each row
-          block computed in the log domain (max-subtracted), so it never overflows;
+        * ``"softmax"``: :math:`D^{-1}A = \operatorname{softmax}(QK^\top/\sqrt p)`, in the log
+          domain (max-subtracted), so it never overflows;
         * ``"scores"``: :math:`A = \exp(QK^\top/\sqrt p)`; raises ``OverflowError`` (as
-          :func:`approxlab.kernels.score_matrix` does) when an entry exceeds the dtype's range;
+          :func:`approxlab.kernels.score_matrix` does) when it leaves the dtype's range;
         * ``"kernelized"``: :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Eq. (3) of Skyformer),
           entries in ``(0, 1]``.
     block_size : int
-        Query rows per block, ``>= 1``. Memory is ``O(block_size * m)`` per batch element;
-        the last block may be shorter (``block_size`` need not divide ``n``).
+        Query rows per block of the ``"blocked"`` algorithm and of :meth:`to_dense`, ``>= 1``;
+        memory ``O(block_size * m)`` per batch element (the last block may be shorter).
+    algorithm : {"sdpa", "blocked"}
+        ``"sdpa"`` (default): products through torch's fused attention kernel (flash
+        attention on CPU; :func:`torch.nn.functional.scaled_dot_product_attention` elsewhere),
+        memory ``O((n + m)(p + k))``. ``"blocked"``: row blocks of the explicit matrix (the
+        reference the tests compare with).
 
     Notes
     -----
-    ``matmat(x)`` for ``x: (*batch, m, k)`` computes, for each row block
-    :math:`I`, the block's logits :math:`Q_I K^\top/\sqrt p` (``block x m``), its exact
-    rows :math:`M_{I,:}` and the product :math:`M_{I,:}x`; ``rmatmat(y)`` accumulates
-    :math:`\sum_I M_{I,:}^\top y_I`. Each product costs :math:`O(nmp + nmk)` time. Block rows
-    are computed with the same functions as the dense matrices of :mod:`approxlab.kernels`,
-    so :meth:`to_dense` agrees with :func:`approxlab.attention_matrix` to rounding.
+    With :math:`s_{ij} = q_i\cdot k_j/\sqrt p`, :math:`\ell_i = \log D_{ii} = \log\sum_j e^{s_{ij}}`
+    (row log-sum-exps, returned by the kernel beside its output) and
+    :math:`a_i = \|q_i\|^2/(2\sqrt p)`, :math:`b_j = \|k_j\|^2/(2\sqrt p)` (so that
+    :math:`C_{ij} = e^{s_{ij} - a_i - b_j}`, Skyformer Section 4.1 and Eq. (3)), every product
+    is one attention call ``attend(queries, keys, values, bias)`` =
+    :math:`\operatorname{softmax}_j(s_{ij} + \beta_j)\,x_j`, whose log-normaliser
+    :math:`L_i = \log\sum_j e^{s_{ij}+\beta_j}` restores the scale in the log domain:
+
+    * softmax: :math:`D^{-1}AX` = attend(Q, K, X); :math:`(D^{-1}A)^\top Y` =
+      :math:`e^{L}\odot` attend(K, Q, Y, bias :math:`-\ell`) -- the keys play the queries and
+      :math:`\ell` (computed once, then cached) enters as a bias;
+    * scores: :math:`AX = e^{\ell}\odot` attend(Q, K, X); :math:`A^\top Y = e^{L}\odot` attend(K, Q, Y);
+    * kernelized: :math:`CX = e^{L - a}\odot` attend(Q, K, X, bias :math:`-b`) and
+      :math:`C^\top Y = e^{L - b}\odot` attend(K, Q, Y, bias :math:`-a`).
+
+    Each exponent is at most :math:`\log m` (or :math:`\log n`) for softmax and kernelized,
+    so nothing overflows; for scores the exponent is the log row (column) sum of ``A``, and
+    ``OverflowError`` is raised when that sum leaves the dtype's range (the blocked
+    algorithm raises when an entry does, a subset of these cases). Each product costs
+    :math:`O(nm(p + k))` time, as the blocked one, at the kernel's speed.
 
     ``to(dtype)`` recomputes from ``q`` and ``k`` cast to ``dtype`` (it does not cast the
     float32 matrix), so ``op.to(torch.float64)`` is the float64 exact matrix of the same
@@ -312,21 +418,27 @@ class ExactAttentionOperator(LinearOperator):
     References
     ----------
     Chen et al. (2021), Skyformer, Section 4.1 and Eq. (3); Vaswani et al. (2017),
-    scaled dot-product attention.
+    scaled dot-product attention; Dao et al. (2022), FlashAttention (the log-sum-exp trick
+    the kernel uses).
     """
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, kind: str = "softmax", block_size: int = 1024):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, kind: str = "softmax", block_size: int = 1024,
+                 *, algorithm: str = "sdpa"):
         check_qkv(q, k)
         check_choice(kind, "kind", EXACT_KINDS)
         block_size = check_int(block_size, "block_size", low=1)
+        check_choice(algorithm, "algorithm", EXACT_ALGORITHMS)
         self.q = q
         self.k = k
         self.kind = kind
         self.block_size = block_size
+        self.algorithm = algorithm
         self.shape = (*q.shape[:-2], q.shape[-2], k.shape[-2])
         self.dtype = q.dtype
         self.device = q.device
+        self._row_lse = None
 
+    # -- the blocked reference ----------------------------------------------------------
     def _ranges(self):
         n = self.shape[-2]
         return [(start, min(start + self.block_size, n)) for start in range(0, n, self.block_size)]
@@ -349,10 +461,55 @@ class ExactAttentionOperator(LinearOperator):
             )
         return block
 
+    # -- the fused-kernel products ------------------------------------------------------
+    def _flat(self, x):
+        """``q, k, x`` broadcast to one batch and flattened to ``(B, ., .)``; and that batch."""
+        batch = torch.broadcast_shapes(self.batch_shape, x.shape[:-2])
+        return [t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:]) for t in (self.q, self.k, x)], batch
+
+    def _row_log_sums(self, q, k, batch):
+        r""":math:`\ell_i = \log D_{ii}` ``(B, n)``, from one attention call, cached per batch shape."""
+        if self._row_lse is None or self._row_lse[0] != tuple(batch):
+            _, lse = _attend(q, k, q.new_zeros(*k.shape[:-1], 1), q.shape[-1] ** -0.5)
+            self._row_lse = (tuple(batch), lse)
+        return self._row_lse[1]
+
+    def _sdpa_product(self, x, adjoint: bool):
+        (q, k, x), batch = self._flat(x)
+        scale = q.shape[-1] ** -0.5
+        first, second = (k, q) if adjoint else (q, k)
+        if self.kind == "softmax":
+            if not adjoint:
+                out, _ = _attend(q, k, x, scale, need_lse=False)
+                return out.reshape(*batch, *out.shape[-2:])
+            out, log_scale = _attend(k, q, x, scale, key_bias=-self._row_log_sums(q, k, batch))
+        elif self.kind == "scores":
+            out, log_scale = _attend(first, second, x, scale)
+            self._check_scores(log_scale, "column" if adjoint else "row")
+        else:
+            first_log, second_log = kernels.log_diag_scale(first), kernels.log_diag_scale(second)
+            out, log_scale = _attend(first, second, x, scale, key_bias=-second_log)
+            log_scale = log_scale - first_log
+        out = out * torch.exp(log_scale).unsqueeze(-1)
+        return out.reshape(*batch, *out.shape[-2:])
+
+    def _check_scores(self, log_sums, what):
+        limit = math.log(torch.finfo(self.dtype).max)
+        if bool((log_sums > limit).any()):
+            raise OverflowError(
+                f"ExactAttentionOperator(kind='scores') overflows {self.dtype}: the largest {what} sum of "
+                f"A is exp({float(log_sums.max()):.1f}), above exp(log(finfo.max)) = exp({limit:.1f}). "
+                "Use .to(torch.float64) or kind='softmax' (computed in the log domain)."
+            )
+
     def _matmat(self, x):
+        if self.algorithm == "sdpa":
+            return self._sdpa_product(x, adjoint=False)
         return torch.cat([self._block(a, b) @ x for a, b in self._ranges()], dim=-2)
 
     def _rmatmat(self, y):
+        if self.algorithm == "sdpa":
+            return self._sdpa_product(y, adjoint=True)
         out = None
         for a, b in self._ranges():
             part = self._block(a, b).transpose(-1, -2) @ y[..., a:b, :]
@@ -365,10 +522,11 @@ class ExactAttentionOperator(LinearOperator):
 
     def to(self, dtype: torch.dtype) -> "ExactAttentionOperator":
         """The same matrix recomputed from ``q`` and ``k`` cast to ``dtype``."""
-        return ExactAttentionOperator(self.q.to(dtype), self.k.to(dtype), self.kind, self.block_size)
+        return ExactAttentionOperator(self.q.to(dtype), self.k.to(dtype), self.kind, self.block_size,
+                                      algorithm=self.algorithm)
 
     def __repr__(self) -> str:
         return (
             f"ExactAttentionOperator(kind={self.kind!r}, shape={tuple(self.shape)}, dtype={self.dtype}, "
-            f"block_size={self.block_size})"
+            f"block_size={self.block_size}, algorithm={self.algorithm!r})"
         )

@@ -18,18 +18,25 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert main(argv) == 0
     results = pd.read_csv(out / "results.csv")
     assert not results.isna().any().any()
-    assert set(results["part"]) == {"accuracy", "scale", "forward"}
+    assert set(results["part"]) == {"accuracy", "scale", "forward", "ratios"}
     wide = results.pivot_table(index=["part", "n", "algorithm"], columns="quantity", values="value").reset_index()
     accuracy = wide[wide["part"] == "accuracy"].set_index("algorithm")
     assert set(accuracy.index) == {"dense", "golub-kahan", "block-lanczos", "scipy"}
     assert accuracy.loc["block-lanczos", "relative_disagreement"] <= 1e-4
     assert accuracy.loc["golub-kahan", "relative_disagreement"] <= 1e-4
     assert (wide["peak_rss_mb"] >= wide["rss_before_mb"]).all()
-    assert {"exact-blocked", "exact-dense", "approximation"} <= set(wide[wide["part"] == "forward"]["algorithm"])
+    assert {"exact-blocked", "exact-sdpa", "torch-sdpa", "approximation"} <= set(wide[wide["part"] == "forward"]["algorithm"])
+    forward = wide[wide["part"] == "forward"]
+    assert (forward["repeats"] >= 5).all() and (forward["warmup"] == 1).all()
+    assert (forward["wall_min_s"] <= forward["wall_s"]).all() and (forward["wall_s"] <= forward["wall_max_s"]).all()
+    ratios = wide[wide["part"] == "ratios"].set_index("algorithm")
+    assert {"operator-matmat", "operator-rmatmat", "spectral-error-sdpa-lanczos"} <= set(ratios.index)
+    assert (ratios["ratio_vs_sdpa"].dropna() > 0).all()
     for name in ("bench.png", "bench.pdf", "summary.md", "config.json"):
         assert (out / name).is_file()
     summary = (out / "summary.md").read_text()
     assert "block-lanczos" in summary and "approxlab bench --quick" in summary
+    assert "## Ratios of the issue" in summary and "ExactAttentionOperator.rmatmat / SDPA forward" in summary
     before = (out / "results.csv").read_bytes()
     assert main(["bench", "--out", str(out), "--plot-only", "--no-progress"]) == 0
     assert (out / "results.csv").read_bytes() == before

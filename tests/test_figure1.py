@@ -193,7 +193,7 @@ def test_verdicts_follow_the_fixed_thresholds_with_intervals():
 
 def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
     """Issue 5: above ``--matrix-free-above`` the exact output is applied in row blocks; the
-    errors are the same numbers, and the 2n x 2n statistical dimension is skipped."""
+    errors are the same numbers, and the statistical dimension is the matrix-free estimate."""
     grid = ["--n", "32", "48", "--num-features", "4", "8", "--methods", "skyformer-softmax", "nystromformer",
             "--windows", "1", "--seeds", "1", "--no-progress", "--conditions", "initialized"]
     assert main(["figure1", "--out", str(tmp_path / "dense"), *grid]) == 0
@@ -204,7 +204,11 @@ def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
     columns = ["error_mean", "error_max", "relative_error_mean"]
     pd.testing.assert_frame_equal(free[columns], dense[columns], rtol=1e-10, atol=0)
     stats = read_results(tmp_path / "free" / "conditioning.csv").set_index("n")
-    assert stats.loc[48, "stat_heads"].max() == 0 and stats.loc[32, "stat_heads"].min() == 2
+    assert stats.loc[48, "stat_heads"].min() == 2 and stats.loc[32, "stat_heads"].min() == 2
+    assert set(stats.loc[48, "statistical_dimension_method"]) == {"estimate"}
+    assert set(stats.loc[32, "statistical_dimension_method"]) == {"eigvalsh"}
+    assert stats["statistical_dimension_mean"].notna().all()
+
 
 
 def test_every_method_visible_on_a_log_axis():

@@ -19,6 +19,8 @@ from approxlab.operators import (
 )
 from approxlab.synthetic import synthetic_qkv
 
+from _helpers import logits_80_qkv, opposed_logits_80_qkv
+
 REFERENCE = {
     "softmax": kernels.softmax_matrix,
     "scores": kernels.score_matrix,
@@ -129,11 +131,16 @@ def test_exact_attention_float32_logits_80():
     # exp(80) ~ 5.5e34 still fits float32 (log finfo.max = 88.7); logits of 95 do not.
     q95 = q * math.sqrt(95 / 80)
     k95 = k * math.sqrt(95 / 80)
-    op32 = ExactAttentionOperator(q95.float(), k95.float(), kind="scores", block_size=2)
+    op32 = ExactAttentionOperator(q95.float(), k95.float(), kind="scores", block_size=2, algorithm="blocked")
     with pytest.raises(OverflowError, match=r"kind='scores'\) overflows torch.float32.*rows 0:2 is 95.0"):
         op32.matmat(x.float())
     with pytest.raises(OverflowError, match=r"overflows"):
         op32.rmatmat(torch.ones(3, 1))
+    sdpa32 = ExactAttentionOperator(q95.float(), k95.float(), kind="scores")
+    with pytest.raises(OverflowError, match=r"kind='scores'\) overflows torch.float32: the largest row sum of A is exp\(95"):
+        sdpa32.matmat(x.float())
+    with pytest.raises(OverflowError, match=r"largest column sum of A is exp\(95"):
+        sdpa32.rmatmat(torch.ones(3, 1))
     finite = op32.to(torch.float64).matmat(x)  # float64 range exp(709) suffices
     torch.testing.assert_close(finite, kernels.score_matrix(q95.float().double(), k95.float().double()) @ x)
     for kind in ("softmax", "kernelized"):  # and the log-domain kinds stay finite at 95 too
@@ -160,7 +167,7 @@ def test_exact_attention_memory_is_row_blocked():
             seen.append(tuple(block.shape))
             return block
 
-    op = Spy(q, k, block_size=4)
+    op = Spy(q, k, block_size=4, algorithm="blocked")
     op.matmat(_randn(12, 2))
     op.rmatmat(_randn(10, 2))
     assert seen == [(4, 12), (4, 12), (2, 12)] * 2
@@ -180,3 +187,109 @@ def test_exact_attention_validation():
         ExactAttentionOperator(q * float("nan"), k)
     with pytest.raises(TypeError, match=r"`k` must be a torch.Tensor; got list"):
         ExactAttentionOperator(q, [1.0])
+    with pytest.raises(ValueError, match=r"`algorithm` must be one of \['blocked', 'sdpa'\]; got 'dense'"):
+        ExactAttentionOperator(q, k, algorithm="dense")
+
+
+# -- the fused-kernel (SDPA) products against the blocked reference ------------------------
+
+
+def _sdpa_vs_blocked(q, k, kind, widths, rtol):
+    """matmat/rmatmat of algorithm='sdpa' equal the blocked reference, relative to the result's size."""
+    fast = ExactAttentionOperator(q, k, kind)
+    reference = ExactAttentionOperator(q.double(), k.double(), kind, block_size=7, algorithm="blocked")
+    n, m = fast.shape[-2:]
+    for width in widths:  # below, at and above the head size p (padding and column chunks)
+        x = _randn(*fast.batch_shape, m, width, seed=width)
+        y = _randn(*fast.batch_shape, n, width, seed=width + 100)
+        for got, want in ((fast.matmat(x.to(q.dtype)), reference.matmat(x)),
+                          (fast.rmatmat(y.to(q.dtype)), reference.rmatmat(y))):
+            assert got.dtype == q.dtype
+            error = float((got.double() - want).abs().max() / want.abs().max())
+            assert error <= rtol, (kind, width, error)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "scores", "kernelized"])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-13), (torch.float32, 2e-6)])
+def test_sdpa_products_match_blocked(kind, dtype, rtol):
+    """Both algorithms, float32 and float64, n != m, batch (2, 3), value widths 1, p, 2p + 3."""
+    q, k = _qk(n=37, m=29, p=8, seed=11)
+    _sdpa_vs_blocked(q.to(dtype), k.to(dtype), kind, widths=(1, 8, 19), rtol=rtol)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "kernelized"])
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 5e-5)])
+def test_sdpa_products_at_logits_80(kind, dtype, rtol):
+    """Logits near +80 and -80 at once (the harshest case for the log-domain rescaling):
+    finite, and equal to the float64 blocked reference of the same rounded inputs. In float32 a
+    logit of 80 carries a relative rounding of 80 * eps = 5e-6 into exp; the float32 blocked
+    algorithm is off by 1.6e-5 here, the fused kernel by 1.9e-5."""
+    q, k, _ = opposed_logits_80_qkv(64)
+    _sdpa_vs_blocked(q.to(dtype), k.to(dtype), kind, widths=(3, 16), rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sdpa_scores_at_logits_80(dtype):
+    """A = exp(logits) itself at logits up to 80 (5.5e34 fits float32): sdpa equals blocked."""
+    q, k, _ = logits_80_qkv(n=24)
+    _sdpa_vs_blocked(q.to(dtype), k.to(dtype), "scores", widths=(2, 16), rtol=1e-5 if dtype == torch.float32 else 1e-12)
+
+
+def test_sdpa_broadcasts_and_caches_the_row_normalisers():
+    """x with fewer batch dims broadcasts; the adjoint's row log-sum-exps are computed once."""
+    q, k = _qk(n=12, m=12, p=4, batch=(3,), seed=12)
+    op = ExactAttentionOperator(q, k)
+    dense = kernels.softmax_matrix(q, k)
+    x = _randn(12, 2, seed=13)
+    torch.testing.assert_close(op.matmat(x), dense @ x, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(op.rmatmat(x), dense.transpose(-1, -2) @ x, rtol=1e-12, atol=1e-14)
+    cached = op._row_lse[1]
+    op.rmatmat(x)
+    assert op._row_lse[1] is cached
+    torch.testing.assert_close(cached.reshape(3, 12), torch.logsumexp(kernels.scaled_logits(q, k), -1))
+
+
+def test_softmax_attention_and_exact_attention_use_the_kernel():
+    """approxlab.exact_attention = operators.softmax_attention = softmax(QK^T/sqrt p) V, any p_v."""
+    from approxlab import exact_attention
+    from approxlab.operators import softmax_attention
+
+    q, k = _qk(n=9, m=11, p=4, batch=(2,), seed=14)
+    for width in (4, 3, 9):
+        v = _randn(2, 11, width, seed=width)
+        expected = kernels.softmax_matrix(q, k) @ v
+        torch.testing.assert_close(softmax_attention(q, k, v), expected, rtol=1e-13, atol=1e-15)
+        torch.testing.assert_close(exact_attention(q, k, v), expected, rtol=1e-13, atol=1e-15)
+
+
+def test_the_public_fallback_matches_the_flash_kernel(monkeypatch):
+    """Without the private op (another torch, another device) the public SDPA and a blocked
+    logsumexp give the same products."""
+    import approxlab.operators as operators
+
+    q, k = _qk(n=20, m=16, p=4, batch=(2,), seed=15)
+    x, y = _randn(2, 16, 3, seed=16), _randn(2, 20, 3, seed=17)
+    results = {}
+    for name in ("flash", "public"):
+        if name == "public":
+            monkeypatch.setattr(operators, "_flash_attention_cpu", lambda *args: None)
+        for kind in ("softmax", "scores", "kernelized"):
+            op = ExactAttentionOperator(q, k, kind)
+            results[name, kind] = (op.matmat(x), op.rmatmat(y))
+    for kind in ("softmax", "scores", "kernelized"):
+        for a, b in zip(results["flash", kind], results["public", kind]):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_block_lanczos_on_the_sdpa_operator_matches_dense():
+    """normal_block_lanczos(exact_operator=ExactAttentionOperator) (two kernel calls per pass)
+    gives the dense float64 spectral error, like the fused blocked pass."""
+    from approxlab import approximate
+    from approxlab.linalg.normal_lanczos import normal_block_lanczos
+
+    q, k, v = synthetic_qkv((1,), 256, 16, scale=0.8, generator=_gen(20), dtype=torch.float32)
+    approx = approximate("nystromformer", q, k, v, num_features=16, generator=_gen(21)).operator()
+    dense = torch.linalg.matrix_norm(approx.to(torch.float64).to_dense() - kernels.softmax_matrix(q.double(), k.double()), ord=2)
+    result = normal_block_lanczos(q, k, approx, block=16, exact_operator=ExactAttentionOperator(q, k),
+                                  generator=_gen(22))
+    torch.testing.assert_close(result.estimate, dense, rtol=1e-5, atol=0)

@@ -95,6 +95,15 @@ def fused_normal_pass(q, k, approx_op, x, *, row_block=None, compute_dtype=torch
     return normal, residual
 
 
+def _operator_normal_pass(exact_op, approx_op, x):
+    r""":math:`M^\top M x` with :math:`M = \tilde S - S` from products of two operators (float64)."""
+    def apply(op, y, adjoint=False):
+        return (op.rmatmat if adjoint else op.matmat)(y.to(op.dtype)).to(torch.float64)
+
+    residual = apply(approx_op, x) - apply(exact_op, x)
+    return apply(approx_op, residual, True) - apply(exact_op, residual, True)
+
+
 @dataclasses.dataclass
 class BlockLanczosResult:
     r"""What :func:`normal_block_lanczos` returns; tensors have shape ``(*batch,)``, float64.
@@ -197,6 +206,7 @@ def normal_block_lanczos(
     row_block=None,
     compute_dtype=torch.float32,
     failure_probability: float = 1e-3,
+    exact_operator=None,
 ) -> BlockLanczosResult:
     r""":math:`\|\tilde S - S\|_2`, :math:`S = \operatorname{softmax}(QK^\top/\sqrt p)`, by block Lanczos on :math:`M^\top M`.
 
@@ -220,6 +230,11 @@ def normal_block_lanczos(
         See :func:`fused_normal_pass`.
     failure_probability : float
         For ``probabilistic_upper_bound``, in ``(0, 1)``.
+    exact_operator : LinearOperator, optional
+        :math:`S` as an operator (e.g. :class:`~approxlab.operators.ExactAttentionOperator`,
+        whose products run through the fused attention kernel): each pass is then
+        ``R = approx_op X - S X`` and ``approx_op^T R - S^T R`` (two kernel calls) instead of
+        :func:`fused_normal_pass`; ``q``, ``k``, ``row_block`` and ``compute_dtype`` are unused.
 
     Returns
     -------
@@ -273,7 +288,10 @@ def normal_block_lanczos(
     out = {}
     passes = 0
     for j in range(1, steps + 1):
-        image, _ = fused_normal_pass(q, k, approx_op, current, row_block=row_block, compute_dtype=compute_dtype)
+        if exact_operator is None:
+            image, _ = fused_normal_pass(q, k, approx_op, current, row_block=row_block, compute_dtype=compute_dtype)
+        else:
+            image = _operator_normal_pass(exact_operator, approx_op, current)
         passes += 1
         basis = current if basis is None else torch.cat([basis, current], dim=-1)
         images = image if images is None else torch.cat([images, image], dim=-1)

@@ -23,12 +23,21 @@ head 0, one contiguous window of ``n`` tokens):
 2. ``scale`` part, n in {8192, 16384, 32768}: ``block-lanczos`` alone (dense is infeasible):
    time, passes, matvecs, certified lower bound, residual bound, peak RSS.
 3. ``forward`` part, n in {1024, ..., 32768}: forward time and memory of each approximation
-   (``approximate(...).output``) against exact attention, dense (``exact_attention``, up to
-   ``--dense-max-n``) and row-blocked (``ExactAttentionOperator(q, k).matmat(v)``, any n):
+   (``approximate(...).output``) against exact attention through the fused kernel
+   (``exact-sdpa``: ``ExactAttentionOperator(q, k).matmat(v)``, the kernel of
+   ``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention``
+   (``torch-sdpa``) and the row-blocked reference (``exact-blocked``, up to ``--dense-max-n``):
    the "linear cost" claim, measured.
+4. ``ratios`` part: the ratios of the performance issue's "Done means", printed in
+   ``summary.md`` with their targets: ``ExactAttentionOperator`` matmat and rmatmat against one
+   SDPA forward at n = 16384 in float32 and float64; the matrix-free spectral error (block
+   Lanczos through the SDPA operator, block = p) at n = 32768 against one SDPA forward of the
+   same head; the n = 4096 Figure-1 cell (:func:`approxlab.studies.figure1.compute` on the
+   initialized condition, one window, d in {64, 256}, one seed, all eight methods) against
+   float64 exact attention of its 12 heads.
 
-The fast path
--------------
+The fused blocked path (``block-lanczos``)
+-------------------------------------------
 An exact-operator product costs :math:`O(n^2 p)` (logits and their ``exp``), the
 approximation's :math:`O(nd)`, so the cost of a spectral error is the number of times the
 logits are computed. :func:`normal_block_lanczos` lowers it in three ways, each measured
@@ -56,17 +65,20 @@ the probabilistic bound of Kuczyński and Woźniakowski (1992) for a random star
 
 Peak memory
 -----------
-``peak_rss_mb`` is the peak resident set size of the whole process during one measurement,
-sampled every 2 ms by a background thread (``psutil``); ``rss_before_mb`` is the RSS just
-before it, so ``peak_rss_mb - rss_before_mb`` is what the measurement added (torch's CPU
-allocations are invisible to ``tracemalloc``). ``ru_maxrss_mb`` is the process high-water
-mark from ``getrusage`` (monotone over the run; sampling can miss a spike shorter than 2 ms).
+On CPU, ``peak_rss_mb`` is the peak resident set size of the whole process during the timed
+calls, sampled every 2 ms by a background thread (``psutil``); ``rss_before_mb`` is the RSS
+just before them, so ``peak_rss_mb - rss_before_mb`` is what the measurement added (torch's
+CPU allocations are invisible to ``tracemalloc``). ``ru_maxrss_mb`` is the process high-water
+mark from ``getrusage``. On a GPU, ``gpu_peak_mb`` is ``torch.cuda.max_memory_allocated``
+after ``torch.cuda.reset_peak_memory_stats``.
 
 Timing
 ------
-``wall_s`` (``time.perf_counter``) and ``cpu_s`` (``time.process_time``, all threads of the
-process) are recorded for every measurement, with the 1-minute load average; on a machine
-shared with other jobs ``cpu_s`` ratios are the more robust comparison.
+:func:`measure`: forward-type timings make one untimed warm-up call and report the median
+``wall_s`` (``time.perf_counter``) and ``cpu_s`` (``time.process_time``) of ``repeats >= 5``
+calls (``wall_min_s``, ``wall_max_s`` beside them); on a GPU each timed call is bracketed by
+``torch.cuda.synchronize()``, so kernels are timed, not their launches. The spectral-error
+routes and the Figure-1 cell run once. The 1-minute load average is recorded per measurement.
 
 Outputs (``figures/bench/``; ``--quick``: ``figures/bench-quick/``)
 ------------------------------------------------------------------
@@ -102,12 +114,7 @@ import torch
 from . import _cli, default_output_dir
 from .._io import atomic_write_text, read_results
 from .runner import StudyError, cell_seed, run_cells
-from ..linalg.normal_lanczos import (  # noqa: F401  (re-exported for the bench's users)
-    BlockLanczosResult,
-    default_row_block,
-    fused_normal_pass,
-    normal_block_lanczos,
-)
+from ..linalg.normal_lanczos import default_row_block, normal_block_lanczos
 
 __all__ = [
     "FULL_GRID",
@@ -119,12 +126,9 @@ __all__ = [
     "compute",
     "plot",
     "write_summary",
-    "fused_normal_pass",
-    "normal_block_lanczos",
-    "BlockLanczosResult",
     "Measurement",
     "measure",
-    "default_row_block",
+    "ratio_rows",
 ]
 
 FULL_GRID = {
@@ -157,10 +161,14 @@ FULL_GRID = {
     "lanczos_block": 4,
     "compute_dtype": "float32",
     "scipy_its": 20,
-    "parts": ["accuracy", "scale", "forward"],
+    "parts": ["accuracy", "scale", "forward", "ratios"],
     "seed": 0,
+    "repeats": 5,
+    "ratio_n": 16384,
+    "spectral_ratio_n": 32768,
+    "figure1_ratio_n": 4096,
 }
-"""The full benchmark (about 10 minutes on 2 CPU cores; see ``benchmarks/README.md``)."""
+"""The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
 
 QUICK_GRID = {
     **FULL_GRID,
@@ -169,11 +177,15 @@ QUICK_GRID = {
     "forward_n": [256, 512, 1024],
     "dense_max_n": 1024,
     "num_features": 32,
+    "repeats": 5,
+    "ratio_n": 1024,
+    "spectral_ratio_n": 2048,
+    "figure1_ratio_n": 256,
 }
 """``--quick``: the same measurements at small n (seconds)."""
 
 KEY_COLUMNS = ("part", "n", "method")
-PARTS = ("accuracy", "scale", "forward")
+PARTS = ("accuracy", "scale", "forward", "ratios")
 _GRID_OPTIONS = {
     "accuracy_n": "accuracy_n",
     "scale_n": "scale_n",
@@ -189,6 +201,7 @@ _GRID_OPTIONS = {
     "lanczos_block": "lanczos_block",
     "compute_dtype": "compute_dtype",
     "parts": "parts",
+    "repeats": "repeats",
 }
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -212,37 +225,67 @@ def _ru_maxrss_bytes() -> int:
 
 @dataclasses.dataclass
 class Measurement:
-    """Time and memory of one call (see the module docstring, "Peak memory" and "Timing").
+    """Time and memory of one measured call (see the module docstring, "Timing" and "Peak memory").
 
     Attributes
     ----------
     wall_s, cpu_s : float
-        Wall-clock and process CPU seconds.
+        Median wall-clock and process CPU seconds over ``repeats`` timed calls (after
+        ``warmup`` untimed ones); on a GPU each timed call is bracketed by
+        ``torch.cuda.synchronize()``.
+    wall_min_s, wall_max_s : float
+        Fastest and slowest timed call.
+    repeats, warmup : int
     rss_before_mb, peak_rss_mb, ru_maxrss_mb : float
-        RSS before the call, sampled peak RSS during it, process high-water mark after it (MiB).
+        Process RSS before the timed calls, sampled peak RSS during them, high-water mark (MiB).
+    gpu_peak_mb : float or None
+        ``torch.cuda.max_memory_allocated`` over the timed calls (MiB); ``None`` on CPU.
     load_average : float
-        1-minute load average of the machine when the call ended.
+        1-minute load average of the machine when the calls ended.
     """
 
     wall_s: float
     cpu_s: float
+    wall_min_s: float
+    wall_max_s: float
+    repeats: int
+    warmup: int
     rss_before_mb: float
     peak_rss_mb: float
     ru_maxrss_mb: float
+    gpu_peak_mb: float | None
     load_average: float
 
     def as_row(self) -> dict:
-        return dataclasses.asdict(self)
+        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
 
 
-def measure(function, *args, interval: float = 0.002, **kwargs):
-    """Run ``function(*args, **kwargs)``; return ``(result, Measurement)``.
+def _synchronize(device) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
-    The peak RSS is sampled every ``interval`` seconds by a daemon thread (``psutil``).
+
+def measure(function, *args, repeats: int = 1, warmup: int = 0, device=None, interval: float = 0.002, **kwargs):
+    """Run ``function(*args, **kwargs)`` ``warmup`` times untimed, then ``repeats`` times timed;
+    return ``(last result, Measurement)`` with median times.
+
+    ``device``: where the work runs; for CUDA every timed call is preceded and followed by
+    ``torch.cuda.synchronize()`` (kernel launches are asynchronous, so without it a timer
+    measures launches), and the peak GPU memory is ``torch.cuda.max_memory_allocated``
+    after ``reset_peak_memory_stats``. The process RSS is sampled every ``interval`` seconds
+    by a daemon thread (``psutil``) on every device.
     """
     import gc
+    import statistics
 
+    cuda = device is not None and torch.device(device).type == "cuda"
+    result = None
+    for _ in range(warmup):
+        result = function(*args, **kwargs)
+    _synchronize(device)
     gc.collect()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     before = _rss_bytes()
     peak = [before]
     stop = threading.Event()
@@ -254,27 +297,31 @@ def measure(function, *args, interval: float = 0.002, **kwargs):
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    wall, cpu = time.perf_counter(), time.process_time()
+    walls, cpus = [], []
     try:
-        result = function(*args, **kwargs)
+        for _ in range(max(1, repeats)):
+            _synchronize(device)
+            wall, cpu = time.perf_counter(), time.process_time()
+            result = function(*args, **kwargs)
+            _synchronize(device)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
     finally:
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         stop.set()
         thread.join()
     peak[0] = max(peak[0], _rss_bytes())
     mib = 2.0**20
     return result, Measurement(
-        wall_s=wall,
-        cpu_s=cpu,
-        rss_before_mb=before / mib,
-        peak_rss_mb=peak[0] / mib,
-        ru_maxrss_mb=_ru_maxrss_bytes() / mib,
+        wall_s=statistics.median(walls), cpu_s=statistics.median(cpus), wall_min_s=min(walls),
+        wall_max_s=max(walls), repeats=len(walls), warmup=warmup, rss_before_mb=before / mib,
+        peak_rss_mb=peak[0] / mib, ru_maxrss_mb=_ru_maxrss_bytes() / mib,
+        gpu_peak_mb=torch.cuda.max_memory_allocated(device) / mib if cuda else None,
         load_average=os.getloadavg()[0],
     )
 
 
 # ----------------------------------------------------------------------------------------
-# The fast path: fused normal products and block Lanczos on M^T M
+# Grid and cells
 # ----------------------------------------------------------------------------------------
 
 
@@ -315,6 +362,10 @@ def build_cells(config: dict, *, data_dir=None, cache_dir=None, device="cpu") ->
         for n in config["forward_n"]:
             for method in ["exact", *config["forward_methods"]]:
                 cells.append({"part": "forward", "n": int(n), "method": method, **common})
+    if "ratios" in config["parts"]:
+        cells += [{"part": "ratios", "n": int(config[key]), "method": name, **common}
+                  for name, key in RATIOS.items()
+                  if not (name == "figure1-cell" and config["source"] == "synthetic")]
     return cells
 
 
@@ -420,7 +471,9 @@ def compute(cell: dict) -> list[dict]:
     seed = cell_seed(part, n, method, base_seed=config["seed"])
     common = {"p": p, "num_features": min(config["num_features"], n), "dtype": str(q.dtype).replace("torch.", "")}
     if part == "forward":
-        return _tidy(_forward_rows(config, method, q, k, v, n, common))
+        return _tidy(_forward_rows(config, method, q, k, v, n, common, cell["device"]))
+    if part == "ratios":
+        return _tidy(ratio_rows(cell, q, k, v, common))
 
     approx = _approximation(config, method, q, k, v, n)
     approx_op = approx.operator()
@@ -472,29 +525,121 @@ def _tidy(rows: list[dict]) -> list[dict]:
     return tidy
 
 
-def _forward_rows(config, method, q, k, v, n, common):
-    from ..attention import exact_attention
+def _timed(config, device):
+    """Keyword arguments of :func:`measure` for a forward-type timing: warm-up, then the median."""
+    return {"repeats": max(5, int(config["repeats"])), "warmup": 1, "device": device}
+
+
+def _forward_rows(config, method, q, k, v, n, common, device):
     from ..operators import ExactAttentionOperator
 
     rows = []
+    timed = _timed(config, device)
     if method == "exact":
-        block = default_row_block(n)
-        blocked = ExactAttentionOperator(q, k, "softmax", block_size=block)
-        out, m = measure(blocked.matmat, v)
-        rows.append(_row("exact-blocked", m, row_block=block, compute_dtype=common["dtype"], **common))
+        sdpa = ExactAttentionOperator(q, k, "softmax")  # approxlab.exact_attention's kernel
+        out, m = measure(sdpa.matmat, v, **timed)
+        rows.append(_row("exact-sdpa", m, compute_dtype=common["dtype"], **common))
+        _, m = measure(torch.nn.functional.scaled_dot_product_attention, q[None], k[None], v[None], **timed)
+        rows.append(_row("torch-sdpa", m, compute_dtype=common["dtype"], **common))
         if n <= config["dense_max_n"]:
-            dense, m = measure(exact_attention, q, k, v)
-            rows.append(_row("exact-dense", m, row_block=n, max_abs_difference=float((dense - out).abs().max()),
-                             compute_dtype=common["dtype"], **common))
+            block = default_row_block(n)
+            blocked = ExactAttentionOperator(q, k, "softmax", block_size=block, algorithm="blocked")
+            reference, m = measure(blocked.matmat, v, **timed)
+            rows.append(_row("exact-blocked", m, row_block=block, compute_dtype=common["dtype"],
+                             max_abs_difference=float((reference - out).abs().max()), **common))
         return rows
     try:
-        approx, m = measure(_approximation, config, method, q, k, v, n)
+        approx, m = measure(_approximation, config, method, q, k, v, n, **timed)
     except (ImportError, ValueError, FloatingPointError, RuntimeError, MemoryError) as error:
         # Recorded, not hidden: the row says the method failed at this n and why (stderr).
         print(f"approxlab bench: {method} failed at n={n}: {type(error).__name__}: {error}", file=sys.stderr)
         return [{"algorithm": "approximation-failed", "compute_dtype": common["dtype"], "failed": 1.0, **common}]
     rows.append(_row("approximation", m, compute_dtype=common["dtype"], **common))
     return rows
+
+
+# ----------------------------------------------------------------------------------------
+# The issue's ratios
+# ----------------------------------------------------------------------------------------
+
+RATIOS = {"operator-products": "ratio_n", "spectral-error": "spectral_ratio_n", "figure1-cell": "figure1_ratio_n"}
+"""The ratio cells of the ``ratios`` part and the config key of their n."""
+
+
+def _sdpa_forward(q, k, v):
+    """One head through :func:`torch.nn.functional.scaled_dot_product_attention`, ``(1, n, p)``."""
+    return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None])[0]
+
+
+def _operator_ratio_rows(config, q, k, v, common, device):
+    """ExactAttentionOperator matmat and rmatmat against one SDPA forward, float32 and float64.
+
+    The adjoint's row log-sum-exps are computed once per operator (in the warm-up call) and
+    cached, as in any sequence of products with one operator."""
+    from ..operators import ExactAttentionOperator
+
+    rows, timed = [], _timed(config, device)
+    for dtype in (torch.float32, torch.float64):
+        q_, k_, v_ = (x.to(dtype) for x in (q, k, v))
+        name = str(dtype).replace("torch.", "")
+        _, base = measure(_sdpa_forward, q_, k_, v_, **timed)
+        rows.append(_row("torch-sdpa", base, compute_dtype=name, **common))
+        op = ExactAttentionOperator(q_, k_)
+        for algorithm, function in (("operator-matmat", op.matmat), ("operator-rmatmat", op.rmatmat)):
+            _, m = measure(function, v_, **timed)
+            rows.append(_row(algorithm, m, compute_dtype=name, ratio_vs_sdpa=m.wall_s / base.wall_s, **common))
+    return rows
+
+
+def _spectral_ratio_rows(config, q, k, v, n, common, device, seed):
+    """Matrix-free ||S~ - S||_2 (block Lanczos through the SDPA operator) against one SDPA forward."""
+    from ..operators import ExactAttentionOperator
+
+    _, base = measure(_sdpa_forward, q, k, v, **_timed(config, device))
+    approx_op = _approximation(config, config["error_method"], q, k, v, n).operator()
+    result, m = measure(normal_block_lanczos, q, k, approx_op, block=int(q.shape[-1]), tol=config["tol"],
+                        max_iter=config["max_iter"], generator=torch.Generator().manual_seed(seed),
+                        exact_operator=ExactAttentionOperator(q, k), device=device)
+    return [_row("torch-sdpa", base, compute_dtype=common["dtype"], **common),
+            _row("spectral-error-sdpa-lanczos", m, compute_dtype=common["dtype"], estimate=float(result.estimate.max()),
+                 distance_bound=float(result.distance_bound.max()), passes=result.num_passes,
+                 ratio_vs_sdpa=m.wall_s / base.wall_s, **common)]
+
+
+def _figure1_ratio_rows(cell, n, common):
+    """The Figure-1 cell (initialized, one window, d in {64, 256}, one seed, all methods): its
+    compute as ``approxlab figure1`` runs it (exact references, every method, panel statistics),
+    against float64 SDPA exact attention of the same window's heads."""
+    import tempfile
+
+    from ..attention import exact_attention
+    from . import figure1
+
+    config, device = cell["config"], cell["device"]
+    grid = figure1.build_config(conditions=["initialized"], n=[n], num_features=[64, 256], windows=1, seeds=1)
+    window = figure1.window_ids(grid, n)[0]
+    q, k, v, _ = figure1.load_qkv("initialized", n, window, mode=grid["mode"], layer=grid["layer"],
+                                  model_seed=grid["model_seed"], data_dir=cell["data_dir"],
+                                  cache_dir=cell["cache_dir"], device=device)
+    q, k, v = (x.to(torch.float64) for x in (q, k, v))
+    _, base = measure(exact_attention, q, k, v, **_timed(config, device))
+    figure1.reference.cache_clear()
+    with tempfile.TemporaryDirectory() as out:
+        _, m = measure(figure1.compute, grid, out, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
+                       device=device, progress=False)
+    heads = {**common, "p": int(q.shape[-1]), "heads": int(q.shape[0]), "dtype": "float64"}
+    return [_row("exact-attention-sdpa-all-heads", base, compute_dtype="float64", **heads),
+            _row("figure1-cell-compute", m, compute_dtype="float64", ratio_vs_sdpa=m.wall_s / base.wall_s, **heads)]
+
+
+def ratio_rows(cell: dict, q, k, v, common: dict) -> list[dict]:
+    """Rows of one ``ratios`` cell (see :data:`RATIOS`); each carries ``ratio_vs_sdpa``."""
+    config, n, device = cell["config"], cell["n"], cell["device"]
+    if cell["method"] == "operator-products":
+        return _operator_ratio_rows(config, q, k, v, common, device)
+    if cell["method"] == "spectral-error":
+        return _spectral_ratio_rows(config, q, k, v, n, common, device, cell_seed("ratios", n, base_seed=config["seed"]))
+    return _figure1_ratio_rows(cell, n, common)
 
 
 # ----------------------------------------------------------------------------------------
@@ -509,6 +654,14 @@ def _wide(results):
     return wide.reset_index()
 
 
+def _n_ticks(ax, ns) -> None:
+    """Log-2 n axis with a labelled tick at every measured n (1k = 1024)."""
+    ns = sorted({int(n) for n in ns})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n) for n in ns])
+    ax.minorticks_off()
+
+
 def plot(results, path_without_suffix):
     """Four panels from the saved table: spectral-error time, disagreement, memory, forward time."""
     from ..plotting import figure, method_style, save_figure
@@ -518,18 +671,20 @@ def plot(results, path_without_suffix):
     styles = {
         "dense": {"color": "#000000", "marker": "s", "label": "dense SVD (float64)"},
         "golub-kahan": {"color": "#0072B2", "marker": "^", "label": "Golub-Kahan (metrics.spectral_error)"},
-        "block-lanczos": {"color": "#D55E00", "marker": "o", "label": "fused block Lanczos (this bench)"},
+        "block-lanczos": {"color": "#D55E00", "marker": "o", "label": "fused block Lanczos"},
         "scipy": {"color": "#009E73", "marker": "D", "label": "SciPy estimate_spectral_norm_diff"},
+        "spectral-error-sdpa-lanczos": {"color": "#CC79A7", "marker": "*", "label": "block Lanczos via SDPA operator"},
     }
-    errors = wide[wide["part"].isin(["accuracy", "scale"])]
+    errors = wide[wide["part"].isin(["accuracy", "scale", "ratios"]) & wide["algorithm"].isin(list(styles))]
     ax = axes[0, 0]
     for algorithm, style in styles.items():
         sub = errors[errors["algorithm"] == algorithm].sort_values("n")
         if len(sub):
             ax.plot(sub["n"], sub["wall_s"], **style)
-    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="wall time (s)",
-           title=r"$\|\tilde D^{-1}\tilde A - D^{-1}A\|_2$ of one head")
-    ax.legend(frameon=False, loc="lower right", fontsize=6)
+    ax.set(yscale="log", xlabel="n", ylabel="wall time (s)",
+           title=r"time to compute $\|\tilde D^{-1}\tilde A - D^{-1}A\|_2$ (one head)")
+    _n_ticks(ax, errors["n"])
+    ax.legend(frameon=False, loc="upper left", fontsize=5)
     ax = axes[0, 1]
     accuracy = wide[(wide["part"] == "accuracy") & (wide["algorithm"] != "dense")]
     for algorithm, style in styles.items():
@@ -537,27 +692,35 @@ def plot(results, path_without_suffix):
         if len(sub):
             ax.plot(sub["n"], sub["relative_disagreement"].clip(lower=1e-17), **style)
     ax.axhline(1e-4, color="#999999", linestyle=":", linewidth=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="|estimate - dense| / dense",
-           title="agreement with the dense reference")
+    ax.set(yscale="log", xlabel="n", ylabel="|estimate - dense| / dense", title="agreement with the dense reference")
+    _n_ticks(ax, accuracy["n"] if len(accuracy) else errors["n"])
     ax = axes[1, 0]
+    gpu = "gpu_peak_mb" in errors and errors["gpu_peak_mb"].notna().any()
     for algorithm, style in styles.items():
         sub = errors[errors["algorithm"] == algorithm].sort_values("n")
         if len(sub):
-            ax.plot(sub["n"], sub["peak_rss_mb"] / 1024, **style)
-    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="peak RSS of the process (GiB)",
+            added = sub["gpu_peak_mb"] if gpu else (sub["peak_rss_mb"] - sub["rss_before_mb"]).clip(lower=0)
+            ax.plot(sub["n"], added / 1024, **style)
+    ax.set(xlabel="n", ylabel="peak GPU memory (GiB)" if gpu else "RSS added during the call (GiB)",
            title="memory of the spectral error")
+    ax.set_ylim(bottom=0)
+    _n_ticks(ax, errors["n"])
     ax = axes[1, 1]
     forward = wide[wide["part"] == "forward"]
+    exact_styles = {"exact-sdpa": ("s", "-"), "torch-sdpa": ("x", ":"), "exact-blocked": (".", "--")}
     for (method, algorithm), sub in forward.groupby(["method", "algorithm"]):
         sub = sub.sort_values("n")
         if algorithm == "approximation":
             style = method_style(method, secondary=True)
+        elif algorithm in exact_styles:
+            marker, line = exact_styles[algorithm]
+            style = {"color": "#000000", "marker": marker, "linestyle": line, "label": algorithm}
         else:
-            style = {"color": "#000000", "marker": "s" if algorithm == "exact-dense" else ".",
-                     "linestyle": "-" if algorithm == "exact-dense" else "--", "label": algorithm}
+            continue
         ax.plot(sub["n"], sub["wall_s"], **style)
-    ax.set(xscale="log", yscale="log", xlabel="n", ylabel="forward wall time (s)",
+    ax.set(yscale="log", xlabel="n", ylabel="forward wall time (s, median)",
            title="approximations vs exact attention")
+    _n_ticks(ax, forward["n"] if len(forward) else errors["n"])
     ax.legend(frameon=False, fontsize=5, ncol=2)
     return save_figure(fig, path_without_suffix)
 
@@ -574,6 +737,32 @@ def _markdown_table(frame, columns, formats) -> str:
                 cells.append(formats.get(column, "{}").format(value))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+TARGETS = {"operator-matmat": 1.3, "operator-rmatmat": 1.3, "spectral-error-sdpa-lanczos": 12.0,
+           "figure1-cell-compute": 10.0}
+"""The issue's "Done means" bounds on ``ratio_vs_sdpa``."""
+
+
+def _ratio_lines(wide) -> list[str]:
+    """The "Ratios of the issue" section: each measured ratio, its target and whether it is met."""
+    rows = wide[(wide["part"] == "ratios") & wide["algorithm"].isin(list(TARGETS))]
+    if rows.empty:
+        return []
+    what = {"operator-matmat": "ExactAttentionOperator.matmat / SDPA forward (one head)",
+            "operator-rmatmat": "ExactAttentionOperator.rmatmat / SDPA forward (one head)",
+            "spectral-error-sdpa-lanczos": "matrix-free spectral error / one SDPA forward (same head)",
+            "figure1-cell-compute": "Figure-1 cell compute (initialized, d in {64, 256}, 1 window, 1 seed, "
+                                    "8 methods, d_stat) / float64 SDPA exact attention of its heads"}
+    lines = ["## Ratios of the issue", "", "| ratio | n | dtype | seconds | baseline seconds | ratio | target | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    base = wide[wide["part"] == "ratios"]
+    for _, row in rows.sort_values(["algorithm", "compute_dtype"]).iterrows():
+        ratio, target = float(row["ratio_vs_sdpa"]), TARGETS[row["algorithm"]]
+        lines.append(f"| {what[row['algorithm']]} | {int(row['n'])} | {row['compute_dtype']} | {row['wall_s']:.3f} | "
+                     f"{row['wall_s'] / ratio:.3f} | {ratio:.2f} | <= {target:g} | {'yes' if ratio <= target else 'no'} |")
+    load = base["load_average"].agg(["min", "max"])
+    return lines + ["", f"1-minute load average during these measurements: {load['min']:.1f} to {load['max']:.1f}.", ""]
 
 
 def write_summary(results, config_record: dict, path) -> pathlib.Path:
@@ -596,11 +785,15 @@ def write_summary(results, config_record: dict, path) -> pathlib.Path:
         f"num_features={config.get('num_features')}; tol={config.get('tol')}, Lanczos block "
         f"{config.get('lanczos_block')}, compute dtype {config.get('compute_dtype')}.",
         "",
-        "Times are wall seconds (and process CPU seconds) measured in one process; the machine is "
-        "shared, so the 1-minute load average is recorded per measurement. Peak RSS is of the whole "
-        "process, sampled every 2 ms during the measurement.",
+        "Times are wall seconds (and process CPU seconds) measured in one process. Forward-type timings "
+        "(the forward and ratios parts) are the median of `repeats` calls after one warm-up call "
+        "(`wall_min_s`/`wall_max_s` in results.csv); the spectral-error routes and the Figure-1 cell run "
+        "once. On a GPU every timed call is bracketed by `torch.cuda.synchronize()` and the memory is "
+        "`torch.cuda.max_memory_allocated`; on CPU, the process RSS sampled every 2 ms. The machine may be "
+        "shared: the 1-minute load average is recorded per measurement.",
         "",
     ]
+    lines += _ratio_lines(wide)
     accuracy = wide[wide["part"] == "accuracy"].sort_values(["n", "algorithm"])
     if len(accuracy):
         lines += ["## Spectral error vs dense and SciPy", "",
@@ -653,6 +846,8 @@ def add_arguments(parser) -> None:
     group.add_argument("--lanczos-block", type=_cli.positive_int, default=None, help="vectors per block Lanczos pass")
     group.add_argument("--compute-dtype", choices=sorted(_DTYPES), default=None,
                        help="dtype of the logits in the fused passes")
+    group.add_argument("--repeats", type=int, default=None,
+                       help="timed calls per forward-type measurement (median; at least 5), after one warm-up")
 
 
 def _check_grid(args, config) -> None:

@@ -97,8 +97,13 @@ import torch
 
 from . import default_output_dir
 from .._io import atomic_write_text, read_json, read_results
+from ..attention import approximate, exact_attention
+from ..kernels import kernelized_matrix
+from ..leverage import completion_operator, estimate_ridge_quantities
+from ..methods import get
 from ..metrics import spectral_norm
 from . import _cli
+from ..operators import ExactAttentionOperator
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -156,8 +161,12 @@ NEAR_ZERO_ROW = 1e-3
 """A row of the approximate ``A~ 1`` is near zero when ``|(A~ 1)_i| <= NEAR_ZERO_ROW * median_j |(A~ 1)_j|``
 (per head): its normalisation ``1 / (A~ 1)_i`` then amplifies that row by 1e3 or more."""
 DENSE_MAX_N = 4096
-"""Above this n: exact attention in row blocks, no 2n x 2n statistical dimension (``--matrix-free-above``)."""
+"""Above this n: exact attention without n x n memory, d_stat estimated matrix-free (``--matrix-free-above``)."""
 PANEL_KEY_COLUMNS = ("condition", "n")
+ESTIMATE_DSTAT_FROM_N = 4096
+"""From this n (and above ``--matrix-free-above``), d_stat is the matrix-free estimate of
+:func:`approxlab.leverage.estimate_ridge_quantities` (float32 products, within 1 % of the
+eigendecomposition) instead of a float64 ``eigvalsh`` of the 2n x 2n completion."""
 
 
 def build_config(
@@ -262,8 +271,6 @@ def window_ids(config: dict, n: int | None = None) -> list[int]:
 
 
 def _seeds(config: dict, method: str) -> list[int]:
-    from ..methods import get
-
     return list(range(config["seeds"])) if get(method).randomized else [0]
 
 
@@ -273,8 +280,6 @@ def make_cells(config: dict, *, data_dir=None, cache_dir=None, device: str = "cp
 
     The data location and device travel in the cells (they are not part of the grid).
     """
-    from ..methods import get
-
     cells = []
     for condition in config["conditions"]:
         for n in config["n"]:
@@ -336,15 +341,12 @@ def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir
               dense_max_n=DENSE_MAX_N, positions="interpolate", checkpoint=None):
     """Per-process cache of one window: ``dict(q, k, v, output, output_norm, checkpoint)``.
 
-    ``output`` is exact softmax attention ``(heads, n, p_v)`` in ``dtype`` (computed head by
-    head to bound memory), ``output_norm`` its spectral norm per head (float64). Above
+    ``output`` is exact softmax attention ``(heads, n, p_v)`` in ``dtype`` (all heads in one
+    call of the fused kernel, head by head above ``dense_max_n``), ``output_norm`` its spectral norm per head (float64). Above
     ``n = dense_max_n`` each head is applied as an
     :class:`~approxlab.operators.ExactAttentionOperator` in row blocks, so memory stays
     O(n * block) instead of O(n^2) (the same numbers up to rounding).
     """
-    from ..attention import exact_attention
-    from ..operators import ExactAttentionOperator
-
     q, k, v, checkpoint = load_qkv(condition, n, window, mode=mode, layer=layer, model_seed=model_seed,
                                    data_dir=data_dir, cache_dir=cache_dir, device=device, positions=positions,
                                    checkpoint=checkpoint)
@@ -353,7 +355,7 @@ def reference(condition, n, window, mode, layer, model_seed, data_dir, cache_dir
     if n > dense_max_n:
         output = torch.stack([ExactAttentionOperator(q[h], k[h], "softmax").matmat(v[h]) for h in range(q.shape[0])])
     else:
-        output = torch.stack([exact_attention(q[h], k[h], v[h]) for h in range(q.shape[0])])
+        output = exact_attention(q, k, v)  # all heads in one fused-kernel call
     return {"q": q, "k": k, "v": v, "output": output, "output_norm": _spectral_norm(output),
             "checkpoint": checkpoint}
 
@@ -408,8 +410,6 @@ def compute_cell(cell: dict) -> list[dict]:
     ``ArithmeticError``, ``torch.linalg.LinAlgError``) gives a row with ``status`` naming
     the error and ``inf`` errors, so the sweep goes on and the failure is visible.
     """
-    from ..attention import approximate
-
     ref = _reference(cell)
     heads = ref["q"].shape[0]
     rows = []
@@ -455,19 +455,21 @@ def compute_panel(cell: dict) -> list[dict]:
     The statistical dimension (Skyformer Theorem 2) of the completion
     :math:`\bar C = \kappa([Q;K]/p^{1/4})` (Eq. (4)) at :math:`\lambda = s\,\|\bar C\|_2`
     (``s = lambda_scale``), :math:`d_{stat} = \sum_i \mu_i/(\mu_i+\lambda)` over the
-    eigenvalues :math:`\mu_i \ge 0` of :math:`\bar C`, for ``cell["stat_heads"]``; and the
+    eigenvalues :math:`\mu_i \ge 0` of :math:`\bar C`, for ``cell["stat_heads"]`` (from
+    :data:`ESTIMATE_DSTAT_FROM_N` on, the matrix-free estimate; column
+    ``statistical_dimension_method``); and the
     sampled-core condition number that ``skyformer-softmax`` reports in ``info`` (seed 0).
     """
-    from ..attention import approximate
-    from ..kernels import kernelized_matrix
-    from ..methods import get
-
     ref = _reference(cell)
     heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
-    if cell["n"] > cell.get("dense_max_n", DENSE_MAX_N):
-        heads = []  # a 2n x 2n eigendecomposition at this n is hours of CPU: not computed
     dstats, lambdas = [], []
-    for h in heads:
+    estimated = cell["n"] >= ESTIMATE_DSTAT_FROM_N or cell["n"] > cell.get("dense_max_n", DENSE_MAX_N)
+    if estimated and heads:  # matrix-free: within 1 % of the eigendecomposition (leverage.py)
+        q, k = (ref[x][heads].to(torch.float32) for x in ("q", "k"))
+        est = estimate_ridge_quantities(completion_operator(q, k), lambda_scale=cell["lambda_scale"],
+                                        generator=_generator(cell, "statistical-dimension", 0, 0))
+        dstats, lambdas = est.statistical_dimension.tolist(), est.lam.tolist()
+    for h in [] if estimated else heads:
         z = torch.cat([ref["q"][h], ref["k"][h]]).to(torch.float64)
         completion = kernelized_matrix(z, z)
         eigenvalues = torch.linalg.eigvalsh(completion).clamp_min(0.0)
@@ -485,6 +487,7 @@ def compute_panel(cell: dict) -> list[dict]:
             "statistical_dimension_min": float(dstats.min()),
             "statistical_dimension_max": float(dstats.max()),
             "statistical_dimension_fraction": float(dstats.mean()) / (2 * cell["n"]),
+            "statistical_dimension_method": "estimate" if estimated else "eigvalsh",
         }
         if method is not None and d <= get(method).max_features(cell["n"]):
             with warnings.catch_warnings(record=True):
@@ -974,7 +977,7 @@ def add_arguments(parser) -> None:
                             "(default: bert-base config / all-MiniLM-L6-v2, offline)")
     group.add_argument("--matrix-free-above", type=_cli.positive_int, default=DENSE_MAX_N,
                        help="n above which exact attention is applied in row blocks (never n x n in memory) "
-                            f"and the 2n x 2n statistical dimension is skipped (default {DENSE_MAX_N})")
+                            f"and the statistical dimension is estimated matrix-free (default {DENSE_MAX_N})")
     group.add_argument("--stat-heads", type=_cli.positive_int, default=2,
                        help="heads whose statistical dimension is computed (default 2)")
 
