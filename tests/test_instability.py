@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from approxlab import tasks
-from approxlab.instability import TinyEncoder, instability_ratio, instability_score, instability_trace
+from approxlab.training import TinyEncoder, instability_ratio, instability_score, instability_trace
 from approxlab.studies import instability as study
 from approxlab.tasks.mlm import mask_tokens
 

@@ -1,7 +1,7 @@
 r"""Skyformer Table 3: instability scores of attention approximations during training.
 
 Regenerates Table 3 of Skyformer (Chen et al., NeurIPS 2021, Appendix F). A 2-layer encoder
-(:class:`approxlab.instability.TinyEncoder`: embedding 64, feed-forward 128, 2 heads) is
+(:class:`approxlab.training.TinyEncoder`: embedding 64, feed-forward 128, 2 heads) is
 trained for a few Adam steps (lr ``1e-4``) with each attention in turn; every model starts
 from the same weights (one draw from a seeded generator; attentions have no parameters of
 their own) and sees the same batches. At step ``i`` the instability score is
@@ -31,7 +31,7 @@ Grid (full run)
 tasks: ListOps (generated, LRA settings, :mod:`approxlab.tasks.listops`) at ``n = 1000``,
 and WikiText-2 masked LM (:mod:`approxlab.tasks.mlm`) at ``n = 512`` and ``n = 1024``;
 attentions: softmax (reference), kernelized, skyformer, nystromformer, spectral-shifting,
-yoso (YOSO-E, see :data:`approxlab.instability.ATTENTIONS`); ``num_features = 128``
+yoso (YOSO-E, see :data:`approxlab.training.ATTENTIONS`); ``num_features = 128``
 (Skyformer Section 5); 5 seeds; 20 steps; batch size 4 (ListOps) and 2 (MLM). LRA's ListOps
 pads to 2000 tokens with batch 32 and Skyformer trains on a V100: the lengths and batch
 sizes here are scaled down so that the whole table fits in about 30 minutes on 2 CPU cores
@@ -171,7 +171,7 @@ def build_config(
     tasks : list of str or dict, optional
         ``"name:n:batch_size"`` entries (names from :data:`approxlab.tasks.TASKS`).
     attentions : list of str, optional
-        Keys of :data:`approxlab.instability.ATTENTIONS`; ``"softmax"`` is always added
+        Keys of :data:`approxlab.training.ATTENTIONS`; ``"softmax"`` is always added
         (it is the reference of every ratio).
     seeds, steps : int, optional
         Seeds (table: mean ± std over them) and Adam steps (Skyformer: 20).
@@ -184,7 +184,7 @@ def build_config(
     base_seed : int
         Base of every :func:`~approxlab.studies.runner.cell_seed`.
     """
-    from ..instability import ATTENTIONS
+    from ..training import ATTENTIONS
 
     grid = dict(QUICK_GRID if quick else FULL_GRID)
     if tasks is not None:
@@ -264,7 +264,7 @@ def _to_device(batch, device):
 
 def compute_cell(cell: dict) -> list[dict]:
     """Train one attention on one (task, n, seed) and return one row per step."""
-    from ..instability import TinyEncoder, instability_trace
+    from ..training import TinyEncoder, instability_trace
 
     start = time.perf_counter()
     task = task_batches(cell["task"], cell["n"], cell["seed"], cell["batch_size"], cell["steps"],

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from ._validation import as_generator, check_choice, check_int, check_positive_float
 from .attention import approximate
-from .tasks._base import IGNORE_INDEX
+from .tasks import IGNORE_INDEX
 
 __all__ = [
     "ATTENTIONS",
