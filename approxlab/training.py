@@ -74,14 +74,15 @@ ATTENTIONS = {
 """Attention name in the instability table -> approxlab method that computes it.
 
 ``"softmax"`` is exact self-attention (the reference of Table 3); ``"kernelized"`` is exact
-kernelized attention :math:`CV` (Skyformer Eq. (3)); ``"yoso"`` trains with YOSO-E, the
-expectation of YOSO's Bernoulli sampling, because YOSO-m's hashing has no gradient (the
-YOSO paper trains YOSO-m with a separate gradient estimate; YOSO-E is its differentiable,
-deterministic limit)."""
+kernelized attention :math:`CV` (Skyformer Eq. (3)); ``"yoso"`` is YOSO-E, the expectation of
+YOSO's Bernoulli sampling (YOSO-m's hashing has no gradient), trained with the gradient YOSO
+trains with: the lower bound of its Eq. (4) (:data:`TRAINING_OPTIONS`)."""
 
-TRAINING_OPTIONS = {"skyformer": {"core": "schulz"}}
-"""Default method options in training: Skyformer trains with its practical core, the Schulz
-iteration on the scaled, regularised core (Skyformer Section 4.4, Lemma 3), as in the paper."""
+TRAINING_OPTIONS = {"skyformer": {"core": "schulz"}, "yoso": {"gradient": "lower-bound"}}
+"""Default method options in training, as in the papers: Skyformer trains with its practical
+core, the Schulz iteration on the scaled, regularised core (Skyformer Section 4.4, Lemma 3);
+YOSO backpropagates the lower bound of YOSO Eq. (4), not the true derivative of Eq. (3), which
+is unbounded as the cosine of query and key tends to 1 (:func:`approxlab.methods.yoso_e.collision_probability`)."""
 
 
 def _flat(tensors) -> torch.Tensor:
@@ -205,8 +206,8 @@ def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int =
         bad = [name for name, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
         if bad:
             raise FloatingPointError(
-                f"non-finite gradient at step {i + 1} in {len(bad)} parameter(s) (first: {bad[0]}); "
-                "the attention's backward pass is not numerically safe here."
+                f"non-finite gradient at step {i + 1} in {len(bad)} parameter(s) (first: {bad[0]}) "
+                "with a finite loss."
             )
         params_before = [p.detach().clone() for p in params]
         optimizer.step()
@@ -275,6 +276,7 @@ class _Block(torch.nn.Module):
             torch.nn.init.zeros_(norm.bias)
 
     def forward(self, x, attend):
+        """``x: (b, n, e)``; ``attend(q, k, v)`` on ``(b, heads, n, e // heads)``."""
         b, n, e = x.shape
         h = self.num_heads
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, h, e // h).permute(2, 0, 3, 1, 4)
@@ -322,8 +324,8 @@ class TinyEncoder(torch.nn.Module):
     :math:`f(x, W)` of Skyformer Appendix F is :meth:`embed`: the ``(batch, n,
     embedding_dim)`` output of the final LayerNorm, i.e. the token embeddings after the two
     layers as returned by the encoder of the LRA code Skyformer trains with. Padding tokens
-    are ordinary tokens inside attention (approxlab's methods take no key mask; all
-    attentions see the same input) and are left out of the mean pooling.
+    are masked inside attention (``key_mask``: they get zero weight as keys; every method in
+    :data:`ATTENTIONS` honours it) and left out of the mean pooling.
 
     References
     ----------
@@ -411,32 +413,35 @@ class TinyEncoder(torch.nn.Module):
         """The parameters :math:`W` that :math:`f` (:meth:`embed`) depends on (not the head)."""
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
 
-    def _attend(self, seed):
+    def _attend(self, seed, key_mask):
         def attend(q, k, v):
             n = k.shape[-2]
             g = as_generator(seed=seed)
             return approximate(
-                self.method, q, k, v, num_features=min(self.num_features, n), generator=g, **self.attention_options
+                self.method, q, k, v, num_features=min(self.num_features, n), generator=g, key_mask=key_mask,
+                **self.attention_options,
             ).output
 
         return attend
 
-    def embed(self, input_ids: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, *, seed: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
         """:math:`f(x, W)`: ``input_ids (batch, n) -> (batch, n, embedding_dim)``.
 
         ``seed`` fixes the random draws of randomized attentions (layer ``l`` uses
-        ``seed + l``).
+        ``seed + l``); ``mask`` ``(batch, n)`` bool, True on real tokens, masks padding keys
+        in every attention (``None`` or all True: no mask).
         """
         n = input_ids.shape[-1]
+        key_mask = None if mask is None or bool(mask.all()) else mask.unsqueeze(-2)  # (batch, 1, n): all heads
         positions = torch.arange(n, device=input_ids.device)
         x = self.token_embedding(input_ids) + self.position_embedding(positions)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self._attend(seed + layer))
+            x = block(x, self._attend(seed + layer, key_mask))
         return self.norm(x)
 
     def forward(self, batch, *, seed: int = 0):
         """``(f(x, W), loss)`` for an :class:`approxlab.tasks.Batch` (cross-entropy loss)."""
-        embedding = self.embed(batch.input_ids, seed=seed)
+        embedding = self.embed(batch.input_ids, seed=seed, mask=batch.mask)
         if self.kind == "classification":
             mask = batch.mask.to(embedding.dtype).unsqueeze(-1)
             pooled = (embedding * mask).sum(-2) / mask.sum(-2).clamp_min(1.0)
