@@ -7,7 +7,7 @@ Public API::
     approxlab.approximate(method, q, k, v, *, num_features, generator=None, **options)
     approxlab.methods.available()                           # registered method names
     approxlab.metrics      spectral_norm, spectral_error, ridge_leverage_scores, ...
-    approxlab.linalg       iterative_pinv, golub_kahan, condition_number
+    approxlab.linalg       iterative_pinv, stable_pinv, nystrom_core, golub_kahan, condition_number
     approxlab.sketch       nystrom(K, columns), column sampling
     approxlab.operators    LinearOperator, ExactAttentionOperator, ...
     approxlab.synthetic    matrices with a prescribed spectrum, synthetic Q/K/V

@@ -1,11 +1,10 @@
-r"""Column sampling and the Nyström method, shared by every Nyström-type approximation.
+r"""Column sampling and the Nyström method :math:`KS(S^\top KS)^+S^\top K`.
 
-One module, one concept: choosing columns (uniform or by ridge leverage scores), the
-Nyström approximation :math:`KS(S^\top KS)^+S^\top K` of a PSD matrix, the stable
-pseudo-inverse of its sampled core, and the *skeleton* (left block, core block, right
-block) of an attention score matrix from which ``skyformer``, ``skyformer-softmax`` and
-``nystrom`` are all assembled. The method files only choose landmarks; everything they
-compute lives here once.
+One module, one concept: choosing columns (uniform or by ridge leverage scores) and the
+Nyström approximation of a PSD matrix from them. The pseudo-inverse of the sampled core
+lives in :mod:`approxlab.linalg.cores`; the attention skeletons that ``skyformer``,
+``skyformer-softmax`` and ``nystrom`` assemble live with those methods
+(:mod:`approxlab.methods.skyformer`).
 
 Conventions: ``(*batch)`` leading dimensions everywhere; column indices are
 ``LongTensor`` of shape ``(*batch, d)`` or ``(d,)`` (the same columns for every batch
@@ -15,51 +14,28 @@ device afterwards.
 References
 ----------
 Chen, Zeng, Ji, Yang (2021), "Skyformer: Remodel Self-Attention with Gaussian Kernel and
-Nyström Method", NeurIPS: Definition 1 (uniform sub-sampling), Eqs. (4)-(6), Lemma 3.
+Nyström Method", NeurIPS: Definition 1 (uniform sub-sampling), Eq. (5), Appendix D.
 Williams & Seeger (2001), "Using the Nyström method to speed up kernel machines".
 Musco & Musco (2017), "Recursive sampling for the Nyström method", NeurIPS.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import NamedTuple
 
 import torch
 
-from . import kernels
-from ._validation import (
-    as_generator,
-    check_choice,
-    check_int,
-    check_positive_float,
-    check_square,
-    check_tensor,
-)
+from ._validation import as_generator, check_int, check_positive_float, check_square, check_tensor
 from .errors import NotPSDError
-from .linalg.pinv import INITS, iterative_pinv
-from .operators import DiagonalOperator, ProductOperator
+from .linalg.cores import pinv_factors
 
 __all__ = [
     "check_columns",
     "gather_rows",
     "uniform_columns",
-    "completion_landmarks",
     "ridge_leverage_columns",
-    "stable_pinv",
     "nystrom",
-    "scaled_core",
-    "check_core_options",
-    "CoreFactors",
-    "nystrom_core",
-    "Skeleton",
-    "gaussian_skeleton",
-    "skeleton_attention",
-    "CORES",
 ]
-
-CORES = ("pinv", "schulz")
 
 
 # -- columns -----------------------------------------------------------------------------
@@ -240,102 +216,6 @@ def ridge_leverage_columns(
     return idx.reshape(*scores.shape[:-1], d).to(scores.device)
 
 
-# -- the Nyström core ----------------------------------------------------------------------
-
-
-def _default_rcond(m: torch.Tensor) -> float:
-    return m.shape[-1] * torch.finfo(m.dtype).eps
-
-
-class CoreFactors(NamedTuple):
-    r"""The middle factor of a Nyström approximation as ``first @ second`` (``second`` may be None).
-
-    For a pseudo-inverse, ``first = V|\Lambda|^{+1/2}`` and ``second = \pm|\Lambda|^{+1/2}U^\top``, so
-    ``left @ first`` projects onto the core's eigen/singular vectors *before* dividing by
-    the small eigenvalues; forming :math:`M^+` and then ``left @ M^+`` would instead add up
-    entries of size :math:`1/\lambda_{\min}` that cancel (a loss of every digit for a
-    Gaussian-kernel core with :math:`\kappa(M) \sim 10^{13}`).
-    """
-
-    first: torch.Tensor
-    second: torch.Tensor | None
-
-    def matrix(self) -> torch.Tensor:
-        """The ``(*batch, d, d)`` core, formed densely."""
-        return self.first if self.second is None else self.first @ self.second
-
-
-def _pinv_factors(m: torch.Tensor, *, hermitian: bool, rcond: float | None):
-    """Factored thresholded pseudo-inverse, spectrum (descending) and kept rank (see :func:`stable_pinv`)."""
-    rcond = _default_rcond(m) if rcond is None else rcond
-    if hermitian:
-        sym = 0.5 * (m + m.transpose(-1, -2))
-        evals, evecs = torch.linalg.eigh(sym)
-        top = evals.abs().amax(-1, keepdim=True)
-        floor = -math.sqrt(torch.finfo(m.dtype).eps) * top
-        if bool((evals < floor).any()):
-            worst = float((evals / top.clamp_min(torch.finfo(m.dtype).tiny)).min())
-            raise NotPSDError(
-                "the sampled Nyström core S^T K S must be positive semidefinite: its smallest "
-                f"eigenvalue is {worst:.3e} x its largest, below the tolerance "
-                f"-sqrt(eps)={-math.sqrt(torch.finfo(m.dtype).eps):.1e}. Is `K` PSD?"
-            )
-        keep = evals > rcond * top
-        scale = torch.where(keep, torch.where(keep, evals, torch.ones_like(evals)).rsqrt(), torch.zeros_like(evals))
-        first = evecs * scale.unsqueeze(-2)
-        return CoreFactors(first, first.transpose(-1, -2)), evals.clamp_min(0.0).flip(-1), keep.sum(-1)
-    u, s, vh = torch.linalg.svd(m)
-    keep = s > rcond * s[..., :1]
-    scale = torch.where(keep, torch.where(keep, s, torch.ones_like(s)).rsqrt(), torch.zeros_like(s))
-    first = vh.transpose(-1, -2) * scale.unsqueeze(-2)
-    second = scale.unsqueeze(-1) * u.transpose(-1, -2)
-    return CoreFactors(first, second), s, keep.sum(-1)
-
-
-def stable_pinv(m: torch.Tensor, *, hermitian: bool = True, rcond: float | None = None) -> torch.Tensor:
-    r"""Moore--Penrose pseudo-inverse of a small core matrix, with a rank threshold.
-
-    Parameters
-    ----------
-    m : torch.Tensor
-        ``(*batch, d, d)``. With ``hermitian=True`` it must be symmetric PSD up to rounding
-        (it is symmetrised first).
-    hermitian : bool
-        ``True``: eigendecomposition of the symmetric PSD core (Nyström cores
-        :math:`S^\top K S`); ``False``: SVD (the non-symmetric core :math:`A_{SS}` of plain
-        Nyström on a score matrix).
-    rcond : float, optional
-        Relative threshold; default ``d * eps(dtype)``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``(*batch, d, d)``.
-
-    Raises
-    ------
-    NotPSDError
-        With ``hermitian=True``, if an eigenvalue is below :math:`-\sqrt{\epsilon}\,\lambda_{\max}`.
-
-    Notes
-    -----
-    Eigenvalues (singular values) :math:`\le \text{rcond}\cdot\lambda_{\max}` are treated as
-    exact zeros and dropped; the rest are inverted. With ``rcond = d * eps`` this is the
-    rank convention of NumPy's ``matrix_rank``: anything smaller is indistinguishable from
-    rounding noise in a ``d x d`` matrix. scikit-learn's ``Nystroem`` instead *floors*
-    singular values at ``1e-12`` and inverts all of them; for a Gaussian-kernel core, whose
-    spectrum decays to rounding level, that inverts noise of size ``1e-16`` into ``1e12``.
-    Dropping them instead keeps the result a pseudo-inverse of the numerically-rank-
-    revealed core, so :math:`KS(S^\top KS)^+S^\top K` stays within
-    :math:`O(\text{rcond}\,\|K\|)` of its exact-arithmetic value. Negative eigenvalues of a
-    PSD core (rounding, :math:`\ge -\sqrt\epsilon\lambda_{\max}`) are dropped with the
-    small ones.
-    """
-    check_square(m, "m")
-    if rcond is not None:
-        rcond = check_positive_float(rcond, "rcond")
-    return _pinv_factors(m, hermitian=hermitian, rcond=rcond)[0].matrix()
-
 
 def nystrom(K: torch.Tensor, columns: torch.Tensor, *, rcond: float | None = None) -> torch.Tensor:
     r"""The Nyström approximation :math:`KS(S^\top KS)^+S^\top K` of a symmetric PSD ``K``.
@@ -348,7 +228,7 @@ def nystrom(K: torch.Tensor, columns: torch.Tensor, *, rcond: float | None = Non
         ``(d,)`` or ``(*batch, d)`` integer indices in ``[0, N)``; repeats allowed (they
         change nothing: :math:`S` and :math:`SW` span the same columns).
     rcond : float, optional
-        Rank threshold of the core pseudo-inverse (:func:`stable_pinv`).
+        Rank threshold of the core pseudo-inverse (:func:`approxlab.linalg.stable_pinv`).
 
     Returns
     -------
@@ -385,293 +265,8 @@ def nystrom(K: torch.Tensor, columns: torch.Tensor, *, rcond: float | None = Non
         )
     rows = gather_rows(K, columns)  # S^T K: (*batch, d, N)
     core = gather_rows(rows.transpose(-1, -2), columns)  # S^T K S: (*batch, d, d)
-    factors = _pinv_factors(core, hermitian=True, rcond=rcond)[0]
+    factors = pinv_factors(core, hermitian=True, rcond=rcond)[0]
     half = factors.second @ rows  # Lambda^{+1/2} V^T S^T K: project, then scale
     return half.transpose(-1, -2) @ half
 
 
-def scaled_core(m: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Skyformer's scaled core :math:`D_M^{-1/2}(M+\gamma I)D_M^{-1/2}` (Section 4.4, Lemma 3).
-
-    Parameters
-    ----------
-    m : torch.Tensor
-        ``(*batch, d, d)`` symmetric PSD with non-negative entries (a sampled Gaussian-kernel
-        core :math:`M = S^\top\bar C S`).
-    gamma : float
-        :math:`\gamma > 0`.
-
-    Returns
-    -------
-    scaled : torch.Tensor
-        ``(*batch, d, d)``, :math:`X = D_M^{-1/2}(M+\gamma I)D_M^{-1/2}`.
-    inv_sqrt_row_sums : torch.Tensor
-        ``(*batch, d)``, the diagonal of :math:`D_M^{-1/2}`, :math:`D_M = \operatorname{diag}((M+\gamma I)\mathbf 1)`.
-
-    Notes
-    -----
-    Lemma 3 of Skyformer: :math:`D_M - (M+\gamma I)` is a graph Laplacian of the
-    non-negative weights :math:`M+\gamma I`, hence PSD, so every eigenvalue of :math:`X`
-    lies in :math:`(0, 1]` and :math:`\|I - X\| < 1`: the Schulz iteration converges from
-    :math:`Z_0 = I`. (The paper writes :math:`(0, 1)`; the value 1 is attained, with
-    eigenvector :math:`D_M^{1/2}\mathbf 1`.) The smallest eigenvalue is at least
-    :math:`\gamma / \max_i (D_M)_{ii}`.
-    """
-    check_square(m, "m")
-    gamma = check_positive_float(gamma, "gamma")
-    if bool((m < 0).any()):
-        raise ValueError(
-            "`m` must have non-negative entries for Skyformer's scaled core (Lemma 3); "
-            f"got min entry {float(m.min()):.3e}."
-        )
-    eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
-    w = 0.5 * (m + m.transpose(-1, -2)) + gamma * eye
-    inv_sqrt = w.sum(-1).rsqrt()
-    return inv_sqrt.unsqueeze(-1) * w * inv_sqrt.unsqueeze(-2), inv_sqrt
-
-
-def _condition_number(spectrum: torch.Tensor) -> torch.Tensor:
-    top, bottom = spectrum[..., 0], spectrum[..., -1]
-    return torch.where(bottom > 0, top / torch.where(bottom > 0, bottom, torch.ones_like(bottom)),
-                       torch.full_like(top, float("inf")))
-
-
-def check_core_options(*, core="pinv", gamma=0.1, num_iter=6, init="identity") -> None:
-    """Validate the ``core``/``gamma``/``num_iter``/``init`` options of :func:`nystrom_core`."""
-    check_choice(core, "core", CORES)
-    check_positive_float(gamma, "gamma")
-    check_int(num_iter, "num_iter", low=0)
-    if not isinstance(init, torch.Tensor):
-        check_choice(init, "init", INITS)
-
-
-def nystrom_core(
-    block: torch.Tensor,
-    *,
-    core: str = "pinv",
-    gamma: float = 0.1,
-    num_iter: int = 6,
-    init="identity",
-    hermitian: bool = True,
-    rcond: float | None = None,
-) -> tuple[torch.Tensor, dict]:
-    r"""The middle factor of a Nyström approximation from its sampled core block.
-
-    Parameters
-    ----------
-    block : torch.Tensor
-        ``(*batch, d, d)``, the sampled core :math:`M` (:math:`S^\top\bar CS` for Skyformer,
-        :math:`C_{SS}` for plain Nyström).
-    core : {"pinv", "schulz"}
-        ``"pinv"``: :math:`M^+` by :func:`stable_pinv` (what Eq. (5) and Theorem 2 of
-        Skyformer analyse). ``"schulz"``: Skyformer's practical core (Section 4.4):
-        :math:`(M+\gamma I)^{-1} \approx D_M^{-1/2} Z D_M^{-1/2}` where :math:`Z` is
-        ``num_iter`` steps of Nystromformer Eq. (5) on the scaled core of
-        :func:`scaled_core` (symmetric, non-negative ``block`` only).
-    gamma : float
-        :math:`\gamma > 0` for ``"schulz"`` (default 0.1).
-    num_iter : int
-        Schulz iterations for ``"schulz"`` (default 6, as Nystromformer).
-    init : {"identity", "nystromformer", "official"} or torch.Tensor
-        :math:`Z_0` for ``"schulz"``; ``"identity"`` (default) is justified by Lemma 3.
-    hermitian : bool
-        Whether ``block`` is symmetric PSD (eigendecomposition) or general (SVD).
-    rcond : float, optional
-        Rank threshold for ``"pinv"``.
-
-    Returns
-    -------
-    factors : CoreFactors
-        The core as ``first @ second`` (``(*batch, d, d)`` each; ``second`` is None for
-        ``"schulz"``); ``factors.matrix()`` forms it.
-    info : dict
-        ``core_block`` (:math:`M`), ``core_condition_number`` (``(*batch,)``,
-        :math:`\sigma_{\max}/\sigma_{\min}` of :math:`M`, ``inf`` if singular), ``core_rank``
-        (eigenvalues kept by the threshold), and for ``"schulz"`` ``pinv_residuals`` /
-        ``pinv_penrose_residuals`` (``(num_iter + 1, *batch)``, see
-        :func:`approxlab.linalg.iterative_pinv`).
-
-    Notes
-    -----
-    From :math:`Z_0 = I` the Schulz residual on an eigenvalue :math:`x` of the scaled core is
-    :math:`(1-x)^{3^j}` after :math:`j` steps, and :math:`x \ge \gamma/(d+\gamma)` only: with
-    6 steps, directions with :math:`x \lesssim 10^{-2}` are *not* inverted. The practical
-    core is therefore a strongly regularised inverse, not :math:`M^+`; ``"pinv"`` is the
-    default of the methods for that reason.
-    """
-    check_square(block, "block")
-    check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
-    if rcond is not None:
-        rcond = check_positive_float(rcond, "rcond")
-    if core == "schulz" and not hermitian:
-        raise ValueError(
-            "`core` must be 'pinv' for a non-symmetric core block (Lemma 3 of Skyformer needs a "
-            "symmetric PSD core); got core='schulz'."
-        )
-
-    if core == "pinv":
-        factors, spectrum, rank = _pinv_factors(block, hermitian=hermitian, rcond=rcond)
-    else:
-        spectrum, rank = _spectrum_only(block, hermitian=hermitian, rcond=rcond)
-    info = {
-        "core_block": block,
-        "core_condition_number": _condition_number(spectrum),
-        "core_rank": rank,
-    }
-    if core == "schulz":
-        x, inv_sqrt = scaled_core(block, gamma)
-        result = iterative_pinv(x, num_iter, init=init, history=False, norm="frobenius")
-        factors = CoreFactors(inv_sqrt.unsqueeze(-1) * result.inverse * inv_sqrt.unsqueeze(-2), None)
-        info["gamma"] = gamma
-        info["pinv_residuals"] = result.residuals
-        info["pinv_penrose_residuals"] = result.penrose_residuals
-    return factors, info
-
-
-def _spectrum_only(block, *, hermitian, rcond):
-    rcond = _default_rcond(block) if rcond is None else rcond
-    if hermitian:
-        s = torch.linalg.eigvalsh(0.5 * (block + block.transpose(-1, -2))).flip(-1)
-        top = s.abs()[..., :1]
-        return s.clamp_min(0.0), (s > rcond * top).sum(-1)
-    s = torch.linalg.svdvals(block)
-    return s, (s > rcond * s[..., :1]).sum(-1)
-
-
-# -- skeletons of attention score matrices -------------------------------------------------
-
-
-@dataclasses.dataclass
-class Skeleton:
-    r"""The three sampled blocks of a Nyström-type approximation ``left @ core^+ @ right``.
-
-    Attributes
-    ----------
-    left : torch.Tensor
-        ``(*batch, n, d)``.
-    block : torch.Tensor
-        ``(*batch, d, d)``, the sampled core (before any inversion).
-    right : torch.Tensor
-        ``(*batch, d, m)``.
-    normalized : bool
-        ``True`` when the blocks are the row- and key-rescaled ones of a softmax target (see
-        :func:`gaussian_skeleton`); the approximation is then only meaningful after row
-        normalisation.
-    """
-
-    left: torch.Tensor
-    block: torch.Tensor
-    right: torch.Tensor
-    normalized: bool
-
-
-def gaussian_skeleton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    left_landmarks: torch.Tensor,
-    right_landmarks: torch.Tensor,
-    *,
-    normalized: bool,
-) -> Skeleton:
-    r"""Blocks :math:`\kappa(Q', Y_L)`, :math:`\kappa(Y_R, Y_L)`, :math:`\kappa(Y_R, K')` of the Gaussian kernel.
-
-    Parameters
-    ----------
-    q, k : torch.Tensor
-        ``(*batch, n, p)`` queries, ``(*batch, m, p)`` keys (raw, not scaled).
-    left_landmarks : torch.Tensor
-        ``(*batch, d, p)`` rows :math:`Y_L` (raw): the columns of the left block.
-    right_landmarks : torch.Tensor
-        ``(*batch, d, p)`` rows :math:`Y_R` (raw): the rows of the right block.
-    normalized : bool
-        ``False``: the exact blocks of :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Skyformer
-        Eq. (3)), for a kernelized target. ``True``: blocks of the raw scores
-        :math:`A = D_Q^{1/2} C D_K^{1/2}` (Lemma 1 / Section 4.1) with every factor that
-        cancels in :math:`\tilde D^{-1}\tilde A` removed (see Notes), for a softmax target.
-
-    Returns
-    -------
-    Skeleton
-        The primes denote :math:`X' = X/p^{1/4}`; the core block is always
-        :math:`\kappa(Y_R', Y_L')`.
-
-    Notes
-    -----
-    With :math:`\ell(x) = \|x\|^2/(2\sqrt p)` (:func:`approxlab.kernels.log_diag_scale`),
-    :math:`\log\kappa(x', y') = x^\top y/\sqrt p - \ell(x) - \ell(y)`. For
-    ``normalized=True`` the approximation :math:`\tilde A = D_Q^{1/2}\,L\,M^+R\,D_K^{1/2}` is
-    only used through :math:`\tilde D^{-1}\tilde A`, :math:`\tilde D = \operatorname{diag}(\tilde A\mathbf 1)`,
-    which is unchanged by (i) any positive diagonal scaling of the rows of :math:`\tilde A`
-    and (ii) any positive scalar factor. So we return
-
-    * ``left`` :math:`= \exp(\log L_{is} + \ell(q_i) - \max_s(\log L_{is} + \ell(q_i)))`,
-      each row's largest entry 1 (removes :math:`D_Q^{1/2}` and prevents a query far from
-      every landmark from underflowing to a zero row);
-    * ``right`` :math:`= R\,D_K^{1/2}/\max_j (D_K^{1/2})_{jj}`, computed as one exponent
-      :math:`\exp(y^\top k_j/\sqrt p - \ell(y) - \max_j \ell(k_j)) \le 1`.
-
-    No factor exceeds 1, so nothing overflows even for float32 logits of :math:`\pm 80`.
-    """
-    if normalized:
-        log_left = kernels.scaled_logits(q, left_landmarks) - kernels.log_diag_scale(left_landmarks).unsqueeze(-2)
-        left = torch.exp(log_left - log_left.amax(-1, keepdim=True))
-        log_right = (
-            kernels.scaled_logits(right_landmarks, k)
-            - kernels.log_diag_scale(right_landmarks).unsqueeze(-1)
-            - kernels.log_diag_scale(k).amax(-1, keepdim=True).unsqueeze(-1)
-        )
-        right = torch.exp(log_right.clamp_max(0.0))
-    else:
-        left = kernels.kernelized_matrix(q, left_landmarks)
-        right = kernels.kernelized_matrix(right_landmarks, k)
-    block = kernels.kernelized_matrix(right_landmarks, left_landmarks)
-    return Skeleton(left, block, right, normalized)
-
-
-def skeleton_attention(skeleton: Skeleton, core: CoreFactors, v: torch.Tensor):
-    r"""Output, operator and row-sum diagnostics of ``left @ core @ right``, never ``n x m``.
-
-    Parameters
-    ----------
-    skeleton : Skeleton
-        From :func:`gaussian_skeleton`.
-    core : CoreFactors
-        From :func:`nystrom_core`.
-    v : torch.Tensor
-        ``(*batch, m, p_v)`` values.
-
-    Returns
-    -------
-    output : torch.Tensor
-        ``(*batch, n, p_v)``: ``(left @ first) @ ((second @ right) @ v)``, divided row-wise by
-        the approximate row sums :math:`\tilde A\mathbf 1` when ``skeleton.normalized``.
-    operator : LinearOperator
-        ``ProductOperator(left @ first, second @ right)`` (the core folded into the two
-        outer ``n x d`` / ``d x m`` factors, see :class:`CoreFactors`), preceded by
-        ``DiagonalOperator(1 / row_sums)`` when normalized.
-    info : dict
-        When normalized: ``row_sums`` ``(*batch, n)`` (in the rescaled units of
-        :func:`gaussian_skeleton`: each row of ``left`` has largest entry 1),
-        ``min_abs_row_sum`` ``(*batch,)`` and ``num_nonpositive_row_sums`` ``(*batch,)``.
-
-    Notes
-    -----
-    The approximate row sums :math:`\tilde D = \tilde A\mathbf 1` of a Nyström
-    approximation are *not* guaranteed positive: :math:`\tilde A` has negative entries in
-    general. They are used as they are, never clamped: a negative row sum flips the sign of
-    that output row, and a zero row sum makes it ``inf``/``NaN``, which
-    :func:`approxlab.approximate` reports as a ``FloatingPointError``. Studies read
-    ``min_abs_row_sum`` and ``num_nonpositive_row_sums`` to see how close a sample came.
-    """
-    left = skeleton.left @ core.first
-    right = skeleton.right if core.second is None else core.second @ skeleton.right
-    numerator = left @ (right @ v)
-    info: dict = {}
-    if not skeleton.normalized:
-        return numerator, ProductOperator(left, right), info
-    row_sums = (left @ right.sum(-1, keepdim=True)).squeeze(-1)
-    info["row_sums"] = row_sums
-    info["min_abs_row_sum"] = row_sums.abs().amin(-1)
-    info["num_nonpositive_row_sums"] = (row_sums <= 0).sum(-1)
-    operator = ProductOperator(DiagonalOperator(1.0 / row_sums), left, right)
-    return numerator / row_sums.unsqueeze(-1), operator, info

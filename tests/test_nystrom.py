@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import approxlab
-from approxlab import kernels, sketch
+from approxlab import kernels, linalg, sketch
 from approxlab.errors import NotPSDError
 from approxlab.synthetic import matrix_with_singular_values, psd_matrix, synthetic_qkv
 
@@ -53,7 +53,7 @@ def test_stable_pinv_penrose_conditions_and_threshold():
     torch.linalg.pinv on well-conditioned ones."""
     for seed in SEEDS:
         m = _psd(seed, n=12, rank=7)
-        z = sketch.stable_pinv(m)
+        z = linalg.stable_pinv(m)
         torch.testing.assert_close(m @ z @ m, m, rtol=0, atol=1e-12)
         torch.testing.assert_close(z @ m @ z, z, rtol=0, atol=1e-9)
         torch.testing.assert_close(m @ z, (m @ z).transpose(-1, -2), rtol=0, atol=1e-10)
@@ -61,14 +61,14 @@ def test_stable_pinv_penrose_conditions_and_threshold():
         s[:, 6:] = 0.0
         s[:, :6] = torch.linspace(1, 3, 6, dtype=torch.float64)
         a = matrix_with_singular_values(s, generator=_gen(seed))
-        za = sketch.stable_pinv(a, hermitian=False)
+        za = linalg.stable_pinv(a, hermitian=False)
         torch.testing.assert_close(a @ za @ a, a, rtol=0, atol=1e-12)
         torch.testing.assert_close(za @ a @ za, za, rtol=0, atol=1e-12)
         well = _psd(seed, n=8, rank=None)
-        torch.testing.assert_close(sketch.stable_pinv(well), torch.linalg.pinv(well), rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(linalg.stable_pinv(well), torch.linalg.pinv(well), rtol=1e-8, atol=1e-10)
     # Eigenvalues below rcond * max are dropped, not inverted (unlike flooring at 1e-12).
     tiny = torch.diag(torch.tensor([1.0, 1e-17], dtype=torch.float64))
-    torch.testing.assert_close(sketch.stable_pinv(tiny), torch.diag(torch.tensor([1.0, 0.0], dtype=torch.float64)))
+    torch.testing.assert_close(linalg.stable_pinv(tiny), torch.diag(torch.tensor([1.0, 0.0], dtype=torch.float64)))
 
 
 def test_uniform_columns_properties():
@@ -186,9 +186,9 @@ def test_validation_messages():
     with pytest.raises(NotPSDError, match=r"the sampled Nyström core S\^T K S must be positive semidefinite"):
         sketch.nystrom(-torch.eye(4, dtype=torch.float64), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match=r"`core` must be 'pinv' for a non-symmetric core block"):
-        sketch.nystrom_core(torch.eye(3, dtype=torch.float64), core="schulz", hermitian=False)
+        linalg.nystrom_core(torch.eye(3, dtype=torch.float64), core="schulz", hermitian=False)
     with pytest.raises(ValueError, match=r"`rcond` must be a finite number > 0"):
-        sketch.stable_pinv(torch.eye(3, dtype=torch.float64), rcond=0.0)
+        linalg.stable_pinv(torch.eye(3, dtype=torch.float64), rcond=0.0)
 
 
 def test_same_seed_same_output_and_operator_consistency():

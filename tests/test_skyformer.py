@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import approxlab
-from approxlab import kernels, sketch
+from approxlab import kernels, linalg, sketch
 from approxlab.leverage import ridge_leverage_scores
 from approxlab.synthetic import synthetic_qkv
 
@@ -114,7 +114,7 @@ def test_lemma3_scaled_core_singular_values_in_unit_interval():
         cols = sketch.uniform_columns(40, 4 + seed % 30, batch_shape=(3,), generator=_gen(seed), replace=True)
         m = torch.gather(sketch.gather_rows(c_bar, cols), -1, cols.unsqueeze(-2).expand(3, cols.shape[-1], cols.shape[-1]))
         for gamma in (1e-6, 1e-3, 0.1, 1.0, 10.0):
-            scaled, _ = sketch.scaled_core(m, gamma)
+            scaled, _ = linalg.scaled_core(m, gamma)
             sv = torch.linalg.svdvals(scaled)
             assert bool((sv > 0).all())
             assert bool((sv <= 1 + 1e-12).all())
@@ -220,4 +220,4 @@ def test_validation_messages():
         with pytest.raises(ValueError, match=r"`columns` must hold num_features=4 indices when given; got 2"):
             approxlab.approximate(name, q, k, v, num_features=4, columns=torch.tensor([1, 3]))
     with pytest.raises(ValueError, match=r"`m` must have non-negative entries for Skyformer's scaled core"):
-        sketch.scaled_core(-torch.eye(3, dtype=torch.float64), 0.1)
+        linalg.scaled_core(-torch.eye(3, dtype=torch.float64), 0.1)

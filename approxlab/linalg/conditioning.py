@@ -13,7 +13,13 @@ import torch
 
 from .._validation import check_positive_float, check_tensor
 
-__all__ = ["singular_values", "default_rtol", "is_numerically_singular", "condition_number"]
+__all__ = [
+    "singular_values",
+    "default_rtol",
+    "default_rtol_for_shape",
+    "is_numerically_singular",
+    "condition_number",
+]
 
 
 def _as_result(x: torch.Tensor):
@@ -32,9 +38,16 @@ def default_rtol(m: torch.Tensor) -> float:
 
     :math:`\varepsilon` is the machine epsilon of ``m.dtype`` (the precision the matrix was
     given in; a float32 matrix cannot resolve singular values below
-    :math:`\approx \max(n,k)\,\varepsilon_{32}\,\sigma_{\max}`), as in NumPy's ``matrix_rank``.
+    :math:`\approx \max(n,k)\,\varepsilon_{32}\,\sigma_{\max}`), as in NumPy's ``matrix_rank``
+    and ``torch.linalg.pinv``. This is the library's one tolerance rule: condition numbers,
+    the Nyström cores (:mod:`approxlab.linalg.cores`) and spectral shifting all use it.
     """
-    return max(m.shape[-2], m.shape[-1]) * torch.finfo(m.dtype).eps
+    return default_rtol_for_shape(m.shape[-2], m.shape[-1], m.dtype)
+
+
+def default_rtol_for_shape(rows: int, cols: int, dtype: torch.dtype) -> float:
+    """:func:`default_rtol` of a ``(*batch, rows, cols)`` matrix of ``dtype``, without the matrix."""
+    return max(rows, cols) * torch.finfo(dtype).eps
 
 
 def _check(m, rtol):

@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_positive_float, check_tensor
+from .conditioning import default_rtol_for_shape
 
 __all__ = ["pinv", "pinv_and_rank", "pinv_backward"]
 
@@ -124,7 +125,7 @@ def pinv_and_rank(a: torch.Tensor, *, rtol: float | None = None) -> tuple[torch.
     """
     check_tensor(a, "a")
     if rtol is None:
-        rtol = max(a.shape[-2], a.shape[-1]) * torch.finfo(a.dtype).eps
+        rtol = default_rtol_for_shape(a.shape[-2], a.shape[-1], a.dtype)
     else:
         rtol = check_positive_float(rtol, "rtol", allow_zero=True)
         if rtol >= 1:

@@ -15,7 +15,9 @@ import torch
 from .. import kernels, sketch
 from .._validation import check_choice, check_int, check_positive_float
 from ..leverage import approximate_ridge_leverage_scores
+from ..linalg.cores import nystrom_core
 from ._base import Approximation, method
+from .skyformer import gaussian_skeleton, skeleton_attention
 
 SAMPLINGS = ("uniform", "ridge-leverage")
 
@@ -93,8 +95,8 @@ def nystrom(
     core the two pseudo-inverses differ; this implementation thresholds the singular values
     of the well-scaled Gaussian core :math:`C_{SS}` (entries in ``(0, 1]``) rather than
     those of :math:`A_{SS}`, whose entries can span :math:`e^{\pm 80}`
-    (:func:`approxlab.sketch.stable_pinv`, SVD, ``rcond = d * eps``). Row sums are used
-    unclamped; see :func:`approxlab.sketch.skeleton_attention` for what a non-positive one
+    (:func:`approxlab.linalg.stable_pinv`, SVD, ``rcond = d * eps``). Row sums are used
+    unclamped; see :func:`approxlab.methods.skyformer.skeleton_attention` for what a non-positive one
     does.
 
     References
@@ -126,11 +128,9 @@ def nystrom(
         else:
             columns, extra_info = _ridge_leverage_sample(k, num_features, generator, ridge_lambda)
 
-    skeleton = sketch.gaussian_skeleton(
-        q, k, sketch.gather_rows(k, columns), sketch.gather_rows(q, columns), normalized=True
-    )
-    core_factors, info = sketch.nystrom_core(skeleton.block, core="pinv", hermitian=False)
-    output, operator, row_info = sketch.skeleton_attention(skeleton, core_factors, v)
+    skeleton = gaussian_skeleton(q, k, sketch.gather_rows(k, columns), sketch.gather_rows(q, columns), normalized=True)
+    core_factors, info = nystrom_core(skeleton.block, core="pinv", hermitian=False)
+    output, operator, row_info = skeleton_attention(skeleton, core_factors, v)
     info.update(row_info)
     info.update(extra_info)
     info["columns"] = columns

@@ -1,14 +1,255 @@
-r"""Skyformer: Nyström on the PSD completion of the kernelized scores (Skyformer Eqs. (4)-(6)).
+r"""Skyformer: Nyström on the PSD completion of the scores (Skyformer Eqs. (4)-(6)).
 
-Target: kernelized attention :math:`CV`, :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})`
-(Eq. (3) of Skyformer). ``num_features`` is the number ``d`` of sampled columns of the
-``2n x 2n`` completion, ``1 <= d <= 2n``.
+Both registry entries are this one computation on the completion :math:`X = [Q; K]`:
+
+* ``skyformer`` (here) approximates kernelized attention :math:`CV`,
+  :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Eq. (3) of Skyformer);
+* ``skyformer-softmax`` (:mod:`approxlab.methods.skyformer_softmax`) approximates softmax
+  attention from the same skeleton with the row and key rescaling of Lemma 1, then
+  normalises the rows (the "Skyformer" curve of Figure 1).
+
+``num_features`` is the number ``d`` of sampled columns of the ``2n x 2n`` completion,
+``1 <= d <= 2n``. The skeleton helpers here (:func:`gaussian_skeleton`,
+:func:`skeleton_attention`) are shared with :mod:`approxlab.methods.nystrom`.
 """
 
 from __future__ import annotations
 
-from .. import sketch
+import dataclasses
+
+import torch
+
+from .. import kernels, sketch
+from .._validation import check_int
+from ..linalg.cores import DEFAULT_GAMMA, DEFAULT_NUM_ITER, CoreFactors, check_core_options, nystrom_core
+from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
+
+__all__ = [
+    "completion_landmarks",
+    "Skeleton",
+    "gaussian_skeleton",
+    "skeleton_attention",
+    "completion_nystrom",
+    "skyformer",
+    "SKYFORMER",
+]
+
+
+# -- skeletons of attention score matrices -------------------------------------------------
+
+
+def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
+    r"""Landmark rows :math:`X_S` of the completion's :math:`X = [Q; K]`, and their indices ``S``.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, m, p)`` raw queries and keys.
+    num_features : int or None
+        ``d``, ``1 <= d <= n + m``; may be ``None`` when ``columns`` is given.
+    generator : torch.Generator, optional
+        CPU generator for :func:`approxlab.sketch.uniform_columns` (``d`` distinct indices per batch element).
+    columns : torch.Tensor, optional
+        Explicit ``(d,)`` or ``(*batch, d)`` indices into ``range(n + m)`` (validated with
+        :func:`approxlab.sketch.check_columns`; ``d`` must equal ``num_features`` when both are given).
+
+    Returns
+    -------
+    landmarks : torch.Tensor
+        ``(*batch, d, p)``, raw (unscaled) rows of :math:`[Q; K]`.
+    columns : torch.Tensor
+        ``(*batch, d)`` ``int64`` on ``q.device``.
+
+    Notes
+    -----
+    Row ``i < n`` of :math:`X` is query ``i``; row ``n + j`` is key ``j`` (Eq. (4) of Skyformer).
+    """
+    x = torch.cat([q, k], dim=-2)
+    total = x.shape[-2]
+    batch = tuple(x.shape[:-2])
+    if columns is None:
+        num_features = check_int(num_features, "num_features", low=1, high=total)
+        columns = sketch.uniform_columns(total, num_features, batch_shape=batch, generator=generator)
+    else:
+        columns = sketch.check_columns(columns, total, batch_shape=batch)
+        if num_features is not None and columns.shape[-1] != num_features:
+            raise ValueError(
+                f"`columns` must hold num_features={num_features} indices when given; "
+                f"got {columns.shape[-1]}."
+            )
+    columns = columns.to(x.device)
+    return sketch.gather_rows(x, columns), columns
+
+
+@dataclasses.dataclass
+class Skeleton:
+    r"""The three sampled blocks of a Nyström-type approximation ``left @ core^+ @ right``.
+
+    Attributes
+    ----------
+    left : torch.Tensor
+        ``(*batch, n, d)``.
+    block : torch.Tensor
+        ``(*batch, d, d)``, the sampled core (before any inversion).
+    right : torch.Tensor
+        ``(*batch, d, m)``.
+    normalized : bool
+        ``True`` when the blocks are the row- and key-rescaled ones of a softmax target (see
+        :func:`gaussian_skeleton`); the approximation is then only meaningful after row
+        normalisation.
+    """
+
+    left: torch.Tensor
+    block: torch.Tensor
+    right: torch.Tensor
+    normalized: bool
+
+
+def gaussian_skeleton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    left_landmarks: torch.Tensor,
+    right_landmarks: torch.Tensor,
+    *,
+    normalized: bool,
+) -> Skeleton:
+    r"""Blocks :math:`\kappa(Q', Y_L)`, :math:`\kappa(Y_R, Y_L)`, :math:`\kappa(Y_R, K')` of the Gaussian kernel.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` queries, ``(*batch, m, p)`` keys (raw, not scaled).
+    left_landmarks : torch.Tensor
+        ``(*batch, d, p)`` rows :math:`Y_L` (raw): the columns of the left block.
+    right_landmarks : torch.Tensor
+        ``(*batch, d, p)`` rows :math:`Y_R` (raw): the rows of the right block.
+    normalized : bool
+        ``False``: the exact blocks of :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Skyformer
+        Eq. (3)), for a kernelized target. ``True``: blocks of the raw scores
+        :math:`A = D_Q^{1/2} C D_K^{1/2}` (Lemma 1 / Section 4.1) with every factor that
+        cancels in :math:`\tilde D^{-1}\tilde A` removed (see Notes), for a softmax target.
+
+    Returns
+    -------
+    Skeleton
+        The primes denote :math:`X' = X/p^{1/4}`; the core block is always
+        :math:`\kappa(Y_R', Y_L')`.
+
+    Notes
+    -----
+    With :math:`\ell(x) = \|x\|^2/(2\sqrt p)` (:func:`approxlab.kernels.log_diag_scale`),
+    :math:`\log\kappa(x', y') = x^\top y/\sqrt p - \ell(x) - \ell(y)`. For
+    ``normalized=True`` the approximation :math:`\tilde A = D_Q^{1/2}\,L\,M^+R\,D_K^{1/2}` is
+    only used through :math:`\tilde D^{-1}\tilde A`, :math:`\tilde D = \operatorname{diag}(\tilde A\mathbf 1)`,
+    which is unchanged by (i) any positive diagonal scaling of the rows of :math:`\tilde A`
+    and (ii) any positive scalar factor. So we return
+
+    * ``left`` :math:`= \exp(\log L_{is} + \ell(q_i) - \max_s(\log L_{is} + \ell(q_i)))`,
+      each row's largest entry 1 (removes :math:`D_Q^{1/2}` and prevents a query far from
+      every landmark from underflowing to a zero row);
+    * ``right`` :math:`= R\,D_K^{1/2}/\max_j (D_K^{1/2})_{jj}`, computed as one exponent
+      :math:`\exp(y^\top k_j/\sqrt p - \ell(y) - \max_j \ell(k_j)) \le 1`.
+
+    No factor exceeds 1, so nothing overflows even for float32 logits of :math:`\pm 80`.
+    """
+    if normalized:
+        log_left = kernels.scaled_logits(q, left_landmarks) - kernels.log_diag_scale(left_landmarks).unsqueeze(-2)
+        left = torch.exp(log_left - log_left.amax(-1, keepdim=True))
+        log_right = (
+            kernels.scaled_logits(right_landmarks, k)
+            - kernels.log_diag_scale(right_landmarks).unsqueeze(-1)
+            - kernels.log_diag_scale(k).amax(-1, keepdim=True).unsqueeze(-1)
+        )
+        right = torch.exp(log_right.clamp_max(0.0))
+    else:
+        left = kernels.kernelized_matrix(q, left_landmarks)
+        right = kernels.kernelized_matrix(right_landmarks, k)
+    block = kernels.kernelized_matrix(right_landmarks, left_landmarks)
+    return Skeleton(left, block, right, normalized)
+
+
+def skeleton_attention(skeleton: Skeleton, core: CoreFactors, v: torch.Tensor):
+    r"""Output, operator and row-sum diagnostics of ``left @ core @ right``, never ``n x m``.
+
+    Parameters
+    ----------
+    skeleton : Skeleton
+        From :func:`gaussian_skeleton`.
+    core : CoreFactors
+        From :func:`approxlab.linalg.nystrom_core`.
+    v : torch.Tensor
+        ``(*batch, m, p_v)`` values.
+
+    Returns
+    -------
+    output : torch.Tensor
+        ``(*batch, n, p_v)``: ``(left @ first) @ ((second @ right) @ v)``, divided row-wise by
+        the approximate row sums :math:`\tilde A\mathbf 1` when ``skeleton.normalized``.
+    operator : LinearOperator
+        ``ProductOperator(left @ first, second @ right)`` (the core folded into the two
+        outer ``n x d`` / ``d x m`` factors, see :class:`CoreFactors`), preceded by
+        ``DiagonalOperator(1 / row_sums)`` when normalized.
+    info : dict
+        When normalized: ``row_sums`` ``(*batch, n)`` (in the rescaled units of
+        :func:`gaussian_skeleton`: each row of ``left`` has largest entry 1),
+        ``min_abs_row_sum`` ``(*batch,)`` and ``num_nonpositive_row_sums`` ``(*batch,)``.
+
+    Notes
+    -----
+    The approximate row sums :math:`\tilde D = \tilde A\mathbf 1` of a Nyström
+    approximation are *not* guaranteed positive: :math:`\tilde A` has negative entries in
+    general. They are used as they are, never clamped: a negative row sum flips the sign of
+    that output row, and a zero row sum makes it ``inf``/``NaN``, which
+    :func:`approxlab.approximate` reports as a ``FloatingPointError``. Studies read
+    ``min_abs_row_sum`` and ``num_nonpositive_row_sums`` to see how close a sample came.
+    """
+    left = skeleton.left @ core.first
+    right = skeleton.right if core.second is None else core.second @ skeleton.right
+    numerator = left @ (right @ v)
+    info: dict = {}
+    if not skeleton.normalized:
+        return numerator, ProductOperator(left, right), info
+    row_sums = (left @ right.sum(-1, keepdim=True)).squeeze(-1)
+    info["row_sums"] = row_sums
+    info["min_abs_row_sum"] = row_sums.abs().amin(-1)
+    info["num_nonpositive_row_sums"] = (row_sums <= 0).sum(-1)
+    operator = ProductOperator(DiagonalOperator(1.0 / row_sums), left, right)
+    return numerator / row_sums.unsqueeze(-1), operator, info
+
+
+# -- the method ----------------------------------------------------------------------------
+
+
+def completion_nystrom(
+    q,
+    k,
+    v,
+    *,
+    num_features,
+    normalized,
+    generator=None,
+    core="pinv",
+    gamma=DEFAULT_GAMMA,
+    num_iter=DEFAULT_NUM_ITER,
+    init="identity",
+    columns=None,
+):
+    r"""The one body of ``skyformer`` (``normalized=False``) and ``skyformer-softmax`` (``True``).
+
+    Parameters are those of :func:`skyformer`; ``normalized`` selects the skeleton of
+    :func:`gaussian_skeleton` (and with it the target and the registry name of the result).
+    """
+    check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
+    landmarks, columns = completion_landmarks(q, k, num_features, generator=generator, columns=columns)
+    skeleton = gaussian_skeleton(q, k, landmarks, landmarks, normalized=normalized)
+    core_factors, info = nystrom_core(skeleton.block, core=core, gamma=gamma, num_iter=num_iter, init=init)
+    output, operator, extra = skeleton_attention(skeleton, core_factors, v)
+    info.update(extra)
+    info["columns"] = columns
+    if normalized:
+        return Approximation("skyformer-softmax", "softmax", output, operator, info)
+    return Approximation("skyformer", "kernelized", output, operator, info)
 
 
 @method(
@@ -24,11 +265,7 @@ def skyformer(
     *,
     num_features,
     generator=None,
-    core="pinv",
-    gamma=0.1,
-    num_iter=6,
-    init="identity",
-    columns=None,
+    **options,
 ):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
@@ -45,7 +282,7 @@ def skyformer(
         :math:`M = S^\top\bar CS` (Eq. (5); what Theorem 2 bounds and what Figure 1 plots).
         ``"schulz"``: the paper's practical core (Section 4.4, Lemma 3),
         :math:`(M+\gamma I)^{-1}` by ``num_iter`` Schulz steps on
-        :math:`D_M^{-1/2}(M+\gamma I)D_M^{-1/2}`; see :func:`approxlab.sketch.nystrom_core`.
+        :math:`D_M^{-1/2}(M+\gamma I)D_M^{-1/2}`; see :func:`approxlab.linalg.nystrom_core`.
     gamma : float
         :math:`\gamma > 0` for ``core="schulz"`` (default 0.1).
     num_iter : int
@@ -60,7 +297,7 @@ def skyformer(
     -------
     Approximation
         ``output`` :math:`\tilde CV`, operator ``ProductOperator(left @ core, right)`` (see
-        :func:`approxlab.sketch.skeleton_attention`);
+        :func:`skeleton_attention`);
         ``info``: ``columns`` ``(*batch, d)``, ``core_block`` :math:`M`,
         ``core_condition_number``, ``core_rank`` (and Schulz residuals for ``"schulz"``).
 
@@ -85,16 +322,7 @@ def skyformer(
     ----------
     Chen et al. (2021), Skyformer, Eqs. (3)-(6), Theorem 2, Lemma 3, Section 4.4.
     """
-    sketch.check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
-    landmarks, columns = sketch.completion_landmarks(q, k, num_features, generator=generator, columns=columns)
-    skeleton = sketch.gaussian_skeleton(q, k, landmarks, landmarks, normalized=False)
-    core_factors, info = sketch.nystrom_core(
-        skeleton.block, core=core, gamma=gamma, num_iter=num_iter, init=init
-    )
-    output, operator, extra = sketch.skeleton_attention(skeleton, core_factors, v)
-    info.update(extra)
-    info["columns"] = columns
-    return Approximation("skyformer", "kernelized", output, operator, info)
+    return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator, **options)
 
 
 SKYFORMER = skyformer

@@ -8,8 +8,8 @@ Performer does". ``num_features`` is the number ``d`` of sampled columns of the
 
 from __future__ import annotations
 
-from .. import sketch
-from ._base import Approximation, method
+from ._base import method
+from .skyformer import completion_nystrom
 
 
 @method(
@@ -25,11 +25,7 @@ def skyformer_softmax(
     *,
     num_features,
     generator=None,
-    core="pinv",
-    gamma=0.1,
-    num_iter=6,
-    init="identity",
-    columns=None,
+    **options,
 ):
     r"""Eq. (5) of Skyformer on the completion :math:`\bar A` of the raw scores, row-normalised.
 
@@ -41,8 +37,9 @@ def skyformer_softmax(
         ``d``, sampled columns of the completion, ``1 <= d <= n + m``.
     generator : torch.Generator, optional
         CPU generator for the column sample.
-    core, gamma, num_iter, init, columns
-        As for :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``).
+    **options
+        ``core``, ``gamma``, ``num_iter``, ``init``, ``columns``: as for
+        :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``).
 
     Returns
     -------
@@ -70,7 +67,7 @@ def skyformer_softmax(
     :math:`\tilde D = \operatorname{diag}(\tilde A\mathbf 1)` (the Figure 1 caption). In
     :math:`\tilde D^{-1}\tilde A` the factor :math:`D_Q^{1/2}` cancels and
     :math:`D_K^{1/2}` may be divided by its largest entry, so every factor is computed
-    bounded by 1 (:func:`approxlab.sketch.gaussian_skeleton`): no ``exp`` of a positive
+    bounded by 1 (:func:`approxlab.methods.skyformer.gaussian_skeleton`): no ``exp`` of a positive
     number is ever formed, and float32 logits of :math:`\pm 80` stay finite.
 
     **Failure mode.** :math:`\tilde A` is not entrywise positive, so an approximate row sum
@@ -85,16 +82,7 @@ def skyformer_softmax(
     ----------
     Chen et al. (2021), Skyformer, Lemma 1, Eqs. (4)-(6), Section 4.1, Figure 1.
     """
-    sketch.check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
-    landmarks, columns = sketch.completion_landmarks(q, k, num_features, generator=generator, columns=columns)
-    skeleton = sketch.gaussian_skeleton(q, k, landmarks, landmarks, normalized=True)
-    core_factors, info = sketch.nystrom_core(
-        skeleton.block, core=core, gamma=gamma, num_iter=num_iter, init=init
-    )
-    output, operator, extra = sketch.skeleton_attention(skeleton, core_factors, v)
-    info.update(extra)
-    info["columns"] = columns
-    return Approximation("skyformer-softmax", "softmax", output, operator, info)
+    return completion_nystrom(q, k, v, num_features=num_features, normalized=True, generator=generator, **options)
 
 
 SKYFORMER_SOFTMAX = skyformer_softmax

@@ -28,6 +28,7 @@ import numbers
 import torch
 
 from .._validation import check_choice, check_int, check_positive_float, check_qkv, check_square
+from ..linalg.conditioning import default_rtol_for_shape as _default_rtol
 from ..linalg.pinv import iterative_pinv
 from ..linalg.pinv_autograd import pinv_and_rank
 from ..operators import DiagonalOperator, LinearOperator, ProductOperator, SumOperator
@@ -45,11 +46,6 @@ __all__ = [
 
 CORE_FORMS = ("eq8", "section4")
 PINV_CHOICES = ("exact", "iterative")
-
-
-def _default_rtol(rows: int, cols: int, dtype: torch.dtype) -> float:
-    """``max(rows, cols) * eps``, the cut-off ``torch.linalg.pinv`` uses by default."""
-    return max(rows, cols) * torch.finfo(dtype).eps
 
 
 def _truncated_svd(matrix: torch.Tensor, rtol: float):
