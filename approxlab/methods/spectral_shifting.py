@@ -33,8 +33,7 @@ from ..linalg.pinv import iterative_pinv
 from ..linalg.pinv_autograd import pinv_and_rank
 from ..operators import DiagonalOperator, LinearOperator, ProductOperator, SumOperator
 from ._base import Approximation, method
-from ._masking import check_key_mask, masked_softmax_matrix
-from .nystromformer import landmark_kernels, segment_means, segment_sizes
+from .nystromformer import landmark_kernels, segment_sizes
 
 __all__ = [
     "SpectralShiftingResult",
@@ -467,10 +466,7 @@ def spectral_shifting(
             f"n_k={k.shape[-2]}."
         )
 
-    key_mask = check_key_mask(key_mask, k)
-    f, core, b = landmark_kernels(q, k, num_features)
-    if key_mask is not None:
-        b = masked_softmax_matrix(segment_means(q, num_features), k, key_mask)
+    f, core, b = landmark_kernels(q, k, num_features, key_mask)
     u, delta, rank, inverse = modified_spectral_shifting_core(
         core, rtol=rtol, form=form, pinv=pinv, num_iter=num_iter
     )
