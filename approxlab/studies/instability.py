@@ -95,8 +95,8 @@ ATTENTION_ORDER = ("softmax", "kernelized", "skyformer", "nystromformer", "spect
 FULL_GRID = {
     "tasks": [
         {"task": "listops", "n": 1000, "batch_size": 4},
+        {"task": "pathfinder", "n": 1024, "batch_size": 4},
         {"task": "wikitext-mlm", "n": 512, "batch_size": 2},
-        {"task": "wikitext-mlm", "n": 1024, "batch_size": 2},
     ],
     "attentions": list(ATTENTION_ORDER),
     "seeds": 5,
@@ -184,7 +184,7 @@ def build_config(
     base_seed : int
         Base of every :func:`~approxlab.studies.runner.cell_seed`.
     """
-    from ..training import ATTENTIONS
+    from ..training import ATTENTIONS, TRAINING_OPTIONS
 
     grid = dict(QUICK_GRID if quick else FULL_GRID)
     if tasks is not None:
@@ -212,6 +212,8 @@ def build_config(
         "paper": "Skyformer (Chen et al., NeurIPS 2021), Appendix F, Table 3",
         **grid,
         "num_features": int(num_features),
+        "attention_options": {a: TRAINING_OPTIONS[a] for a in grid["attentions"] if a in TRAINING_OPTIONS},
+        "padding": "padding keys masked inside every attention (key_mask); padding left out of the mean pooling",
         "lr": float(lr),
         "optimizer": "Adam (betas 0.9, 0.999; eps 1e-8)",
         "dtype": dtype,
@@ -338,7 +340,7 @@ def ratios(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def _task_label(task: str, n: int) -> str:
-    return {"listops": "ListOps", "wikitext-mlm": "WikiText-2 MLM"}.get(task, task) + f" (n={n})"
+    return {"listops": "ListOps", "pathfinder": "Pathfinder", "wikitext-mlm": "WikiText-2 MLM"}.get(task, task) + f" (n={n})"
 
 
 def ratio_table(per_seed: pd.DataFrame) -> pd.DataFrame:
