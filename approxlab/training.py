@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -60,6 +61,8 @@ __all__ = [
     "instability_score",
     "instability_trace",
     "instability_ratio",
+    "accuracy",
+    "train_classifier",
     "TinyEncoder",
 ]
 
@@ -247,6 +250,88 @@ def instability_ratio(tau: torch.Tensor, tau_reference: torch.Tensor) -> float:
     return float((tau / tau_reference).mean())
 
 
+@torch.no_grad()
+def accuracy(model, batches, *, seed: int = 0) -> float:
+    """Fraction of correctly classified examples of ``batches`` (``model.predict``, eval mode)."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    for batch in batches:
+        correct += int((model.predict(batch, seed=seed).argmax(-1) == batch.labels).sum())
+        total += int(batch.labels.numel())
+    model.train(was_training)
+    return correct / max(total, 1)
+
+
+def train_classifier(model, train_batches, validation_batches, *, lr: float = 1e-3, eval_every: int = 25,
+                     patience: int = 3, seed: int = 0) -> dict:
+    r"""Adam on ``train_batches`` (one step each) until validation accuracy stops improving.
+
+    Every ``eval_every`` steps the accuracy on ``validation_batches`` is measured; training
+    stops after ``patience`` evaluations in a row without a new best, or when the batches run
+    out (the step budget). The best weights are restored at the end.
+
+    Parameters
+    ----------
+    model : TinyEncoder
+        A classification model; trained in place.
+    train_batches, validation_batches : sequence of approxlab.tasks.Batch
+    lr : float
+        Adam learning rate.
+    eval_every, patience : int
+        Evaluation period (steps) and early-stopping patience (evaluations).
+    seed : int
+        Seed of the attention's random draws (fixed for the whole run).
+
+    Returns
+    -------
+    dict
+        ``"history"``: list of ``{"step", "train_loss", "validation_accuracy"}`` (one per
+        evaluation; ``train_loss`` the mean over the steps since the last one);
+        ``"best_step"``, ``"best_accuracy"``, ``"steps"`` (taken), ``"stopped"``
+        (``"plateau"`` or ``"budget"``).
+
+    Raises
+    ------
+    FloatingPointError
+        If a training loss is not finite.
+    """
+    lr = check_positive_float(lr, "lr")
+    eval_every = check_int(eval_every, "eval_every", low=1)
+    patience = check_int(patience, "patience", low=1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    best = {"accuracy": accuracy(model, validation_batches, seed=seed), "step": 0,
+            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    history = [{"step": 0, "train_loss": float("nan"), "validation_accuracy": best["accuracy"]}]
+    losses, stale, stopped, step = [], 0, "budget", 0
+    model.train()
+    for step, batch in enumerate(train_batches, start=1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(batch, seed=seed)[1]
+        if not bool(torch.isfinite(loss)):
+            raise FloatingPointError(f"the training loss is not finite at step {step}: {float(loss.detach())}.")
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if step % eval_every:
+            continue
+        score = accuracy(model, validation_batches, seed=seed)
+        history.append({"step": step, "train_loss": float(np.mean(losses)), "validation_accuracy": score})
+        losses = []
+        if score > best["accuracy"]:
+            best = {"accuracy": score, "step": step,
+                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+            stale = 0
+        else:
+            stale += 1
+            if stale >= patience:
+                stopped = "plateau"
+                break
+    model.load_state_dict(best["state"])
+    return {"history": history, "best_step": best["step"], "best_accuracy": best["accuracy"], "steps": step,
+            "stopped": stopped}
+
+
 def _linear_init(weight, bias, generator):
     """PyTorch's default ``nn.Linear`` init, drawn from ``generator``."""
     torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
@@ -275,13 +360,16 @@ class _Block(torch.nn.Module):
             torch.nn.init.ones_(norm.weight)
             torch.nn.init.zeros_(norm.bias)
 
-    def forward(self, x, attend):
-        """``x: (b, n, e)``; ``attend(q, k, v)`` on ``(b, heads, n, e // heads)``."""
+    def forward(self, x, attend, capture=None):
+        """``x: (b, n, e)``; ``attend(q, k, v)`` on ``(b, heads, n, e // heads)``; ``capture``: a
+        list that receives the attention output ``(b, n, e)`` (heads concatenated, detached)."""
         b, n, e = x.shape
         h = self.num_heads
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, h, e // h).permute(2, 0, 3, 1, 4)
-        a = attend(q, k, v)  # (b, h, n, e // h)
-        x = x + self.out(a.transpose(1, 2).reshape(b, n, e))
+        a = attend(q, k, v).transpose(1, 2).reshape(b, n, e)  # heads concatenated
+        if capture is not None:
+            capture.append(a.detach())
+        x = x + self.out(a)
         return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
 
 
@@ -424,28 +512,44 @@ class TinyEncoder(torch.nn.Module):
 
         return attend
 
-    def embed(self, input_ids: torch.Tensor, *, seed: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, *, seed: int = 0, mask: torch.Tensor | None = None, attention_outputs=None
+    ) -> torch.Tensor:
         """:math:`f(x, W)`: ``input_ids (batch, n) -> (batch, n, embedding_dim)``.
 
         ``seed`` fixes the random draws of randomized attentions (layer ``l`` uses
         ``seed + l``); ``mask`` ``(batch, n)`` bool, True on real tokens, masks padding keys
-        in every attention (``None`` or all True: no mask).
+        in every attention (``None`` or all True: no mask). ``attention_outputs``: a list that
+        receives each layer's attention output ``(batch, n, embedding_dim)`` (the heads
+        concatenated, before the output projection; detached), first layer first.
         """
         n = input_ids.shape[-1]
         key_mask = None if mask is None or bool(mask.all()) else mask.unsqueeze(-2)  # (batch, 1, n): all heads
         positions = torch.arange(n, device=input_ids.device)
         x = self.token_embedding(input_ids) + self.position_embedding(positions)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self._attend(seed + layer, key_mask))
+            x = block(x, self._attend(seed + layer, key_mask), attention_outputs)
         return self.norm(x)
+
+    def _class_logits(self, embedding, mask):
+        """Mean pooling over real tokens, then the classifier: ``(batch, num_classes)``."""
+        weights = mask.to(embedding.dtype).unsqueeze(-1)
+        pooled = (embedding * weights).sum(-2) / weights.sum(-2).clamp_min(1.0)
+        return self.head(pooled)
+
+    def predict(self, batch, *, seed: int = 0, attention_outputs=None) -> torch.Tensor:
+        """Class logits ``(batch, num_classes)`` of a classification model (see :meth:`embed`
+        for ``attention_outputs``)."""
+        if self.kind != "classification":
+            raise ValueError(f"`predict` needs a classification model; this one has kind={self.kind!r}.")
+        embedding = self.embed(batch.input_ids, seed=seed, mask=batch.mask, attention_outputs=attention_outputs)
+        return self._class_logits(embedding, batch.mask)
 
     def forward(self, batch, *, seed: int = 0):
         """``(f(x, W), loss)`` for an :class:`approxlab.tasks.Batch` (cross-entropy loss)."""
         embedding = self.embed(batch.input_ids, seed=seed, mask=batch.mask)
         if self.kind == "classification":
-            mask = batch.mask.to(embedding.dtype).unsqueeze(-1)
-            pooled = (embedding * mask).sum(-2) / mask.sum(-2).clamp_min(1.0)
-            loss = F.cross_entropy(self.head(pooled), batch.labels)
+            loss = F.cross_entropy(self._class_logits(embedding, batch.mask), batch.labels)
         else:
             selected = batch.labels != IGNORE_INDEX
             hidden = embedding[selected]  # only masked positions reach the vocabulary
