@@ -40,17 +40,27 @@ import torch
 from .._validation import check_positive_float, check_tensor
 from .conditioning import default_rtol_for_shape
 
-__all__ = ["pinv", "pinv_and_rank", "pinv_backward"]
+__all__ = ["pinv", "pinv_and_rank", "pinv_backward", "truncated_svd"]
+
+
+def truncated_svd(matrix: torch.Tensor, rtol: float):
+    r"""Reduced SVD with singular values :math:`\le` ``rtol`` :math:`\sigma_1` treated as zero.
+
+    Returns ``(W, sigma_pinv, R, rank)`` with ``matrix ≈ W diag(sigma) R^T``,
+    ``sigma_pinv = 1/sigma`` on the kept values and ``0`` elsewhere, ``rank: (*batch,)`` int64.
+    Plain ``torch.linalg.svd`` (its autograd is *not* gap-free; :func:`pinv` does not use it).
+    """
+    w, sigma, rh = torch.linalg.svd(matrix, full_matrices=False)
+    keep = sigma > rtol * sigma[..., :1]
+    safe = torch.where(keep, sigma, torch.ones_like(sigma))
+    sigma_pinv = torch.where(keep, 1.0 / safe, torch.zeros_like(sigma))
+    return w, sigma_pinv, rh.transpose(-1, -2), keep.sum(-1)
 
 
 def _truncated_pinv(a: torch.Tensor, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(A_r^+, r)``: pseudo-inverse of the rank-``r`` truncation, ``r = #{sigma > rtol sigma_1}``."""
-    u, sigma, vh = torch.linalg.svd(a, full_matrices=False)
-    keep = sigma > rtol * sigma[..., :1]
-    safe = torch.where(keep, sigma, torch.ones_like(sigma))
-    sigma_pinv = torch.where(keep, 1.0 / safe, torch.zeros_like(sigma))
-    inverse = (vh.transpose(-1, -2) * sigma_pinv.unsqueeze(-2)) @ u.transpose(-1, -2)
-    return inverse, keep.sum(-1)
+    w, sigma_pinv, r, rank = truncated_svd(a, rtol)
+    return (r * sigma_pinv.unsqueeze(-2)) @ w.transpose(-1, -2), rank
 
 
 def pinv_backward(grad: torch.Tensor, a: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:

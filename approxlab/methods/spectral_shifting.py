@@ -30,7 +30,7 @@ import torch
 from .._validation import check_choice, check_int, check_positive_float, check_qkv, check_square
 from ..linalg.conditioning import default_rtol_for_shape as _default_rtol
 from ..linalg.pinv import iterative_pinv
-from ..linalg.pinv_autograd import pinv_and_rank
+from ..linalg.pinv_autograd import pinv_and_rank, truncated_svd
 from ..operators import DiagonalOperator, LinearOperator, ProductOperator, SumOperator
 from ._base import Approximation, method
 from .nystromformer import landmark_kernels, segment_sizes
@@ -45,19 +45,6 @@ __all__ = [
 
 CORE_FORMS = ("eq8", "section4")
 PINV_CHOICES = ("exact", "iterative")
-
-
-def _truncated_svd(matrix: torch.Tensor, rtol: float):
-    r"""Reduced SVD with singular values :math:`\le` ``rtol`` :math:`\sigma_1` zeroed.
-
-    Returns ``(W, sigma_pinv, R, rank)`` with ``matrix ≈ W diag(sigma) R^T`` and
-    ``sigma_pinv = 1/sigma`` on the kept values, ``0`` elsewhere; ``rank: (*batch,)`` int64.
-    """
-    w, sigma, rh = torch.linalg.svd(matrix, full_matrices=False)
-    keep = sigma > rtol * sigma[..., :1]
-    safe = torch.where(keep, sigma, torch.ones_like(sigma))
-    sigma_pinv = torch.where(keep, 1.0 / safe, torch.zeros_like(sigma))
-    return w, sigma_pinv, rh.transpose(-1, -2), keep.sum(-1)
 
 
 def _trace(matrix: torch.Tensor) -> torch.Tensor:
@@ -245,7 +232,7 @@ def spectral_shifting_psd(
     else:
         c_bar = torch.take_along_dim(shifted, index.unsqueeze(-2), dim=-1)
 
-    w, sigma_pinv, r, rank = _truncated_svd(c_bar, rtol)
+    w, sigma_pinv, r, rank = truncated_svd(c_bar, rtol)
     projected = w.transpose(-1, -2) @ K @ w  # (*batch, c, c) = W^T K W
     kept = (sigma_pinv > 0).to(K.dtype)
     trace_projected = (torch.diagonal(projected, dim1=-2, dim2=-1) * kept).sum(-1)  # tr(C^+ K C)
