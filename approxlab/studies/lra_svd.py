@@ -258,6 +258,8 @@ def run(args) -> int:
     """``approxlab lra-svd``: train and measure (resumable) unless ``--plot-only``, then plot and summarise."""
     if getattr(args, "workers", None) is not None or getattr(args, "scheduler", None) is not None:
         raise StudyError("lra-svd trains in one process; drop --workers/--scheduler.")
+    if getattr(args, "device", "cpu") != "cpu":
+        raise StudyError(f"lra-svd runs on the CPU only; got --device {args.device}.")
     out = args.out if args.out is not None else default_output_dir("lra_svd-quick" if args.quick else "lra_svd")
     if not args.plot_only:
         config = build_config(quick=args.quick, tasks=args.tasks, max_steps=args.max_steps)
