@@ -454,8 +454,8 @@ def _claim(summary: pd.DataFrame, attention: str, holds) -> str:
         return f"{attention}: no result (not run or failed)"
     answers = [holds(r) for r in rows.itertuples(index=False)]
     parts = [f"{_task_label(r.task, r.n)}: {_interval_cell(r)}, {r.verdict}" for r in rows.itertuples(index=False)]
-    word = ("yes" if all(a is True for a in answers) else "no" if all(a is False for a in answers)
-            else "inconclusive" if all(a is None for a in answers) else "mixed")
+    word = ("yes" if all(a is True for a in answers) else "no" if any(a is False for a in answers)
+            else "inconclusive" if all(a is None for a in answers) else "partly (the other tasks inconclusive)")
     return f"{attention}: {word} ({'; '.join(parts)})"
 
 
@@ -576,7 +576,7 @@ def _plot(per_step: pd.DataFrame, out: pathlib.Path) -> list:
         ax.set_title(_task_label(task, n))
         ax.set_xlabel("step i")
     axes[0][0].set_ylabel("tau_i / tau_i(softmax), mean over seeds")
-    axes[0][-1].legend(loc="best")
+    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5))  # outside the data
     return save_figure(fig, out / "instability")
 
 
