@@ -23,7 +23,10 @@ This module provides
 * :func:`instability_ratio` -- the mean over steps of :math:`\tau_i / \tau_i^{\text{ref}}`;
 * :class:`TinyEncoder` -- the 2-layer encoder of Skyformer Section 5 (embedding 64,
   feed-forward 128, 2 heads) whose attention is any approxlab method
-  (:data:`ATTENTIONS`), with a mean-pooling classifier or a masked-LM head.
+  (:data:`ATTENTIONS`, padding keys masked), with a mean-pooling classifier or a masked-LM
+  head, and access to each layer's attention output (Skyformer Appendix B);
+* :func:`train_classifier` and :func:`accuracy` -- Adam to a validation-accuracy plateau or a
+  step budget (the trained models of Skyformer's Figure 4).
 
 Model protocol for :func:`instability_trace`: ``model(batch, *, seed) -> (embedding, loss)``
 where ``embedding`` is :math:`f(x, W)` and ``seed`` fixes every random draw of the
