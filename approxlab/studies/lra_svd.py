@@ -76,7 +76,7 @@ _MODEL = {"embedding_dim": 64, "hidden_dim": 128, "num_heads": 2, "num_layers": 
 _LABELS = {"listops": "ListOps", "pathfinder": "Pathfinder"}
 
 
-def build_config(*, quick: bool = False, tasks=None, max_steps=None, base_seed: int = 0) -> dict:
+def build_config(*, quick: bool = False, tasks=None, max_steps=None, patience=None, base_seed: int = 0) -> dict:
     """The grid (saved and hashed in ``config.json``); ``tasks`` as ``"name:n"`` strings."""
     from ..tasks import available
 
@@ -89,10 +89,11 @@ def build_config(*, quick: bool = False, tasks=None, max_steps=None, base_seed: 
                 raise StudyError(f"--tasks entries must be NAME:N with NAME in {available()}; got {spec!r}.")
             parsed.append({"task": name, "n": int(n)})
         grid["tasks"] = parsed
-    if max_steps is not None:
-        if int(max_steps) < 1:
-            raise StudyError(f"--max-steps must be an integer >= 1; got {max_steps}.")
-        grid["max_steps"] = int(max_steps)
+    for name, value in (("max_steps", max_steps), ("patience", patience)):
+        if value is not None:
+            if int(value) < 1:
+                raise StudyError(f"--{name.replace('_', '-')} must be an integer >= 1; got {value}.")
+            grid[name] = int(value)
     return {"study": "lra-svd", "paper": "Skyformer (Chen et al., NeurIPS 2021), Appendix B, Figure 4",
             **grid, "model": dict(_MODEL), "attention": "softmax", "layer": 2,
             "matrix": "attention output of layer 2 (heads concatenated, before the output projection), real tokens",
@@ -279,6 +280,8 @@ def add_arguments(parser) -> None:
     group = parser.add_argument_group("lra-svd grid (defaults: the full grid, or the --quick one)")
     group.add_argument("--tasks", type=_str_list, default=None, help="comma-separated NAME:N, e.g. listops:1000")
     group.add_argument("--max-steps", type=int, default=None, help="step budget per task (default 200)")
+    group.add_argument("--patience", type=int, default=None,
+                       help="evaluations without improvement before stopping (default 3)")
 
 
 def run(args) -> int:
@@ -289,7 +292,7 @@ def run(args) -> int:
         raise StudyError(f"lra-svd runs on the CPU only; got --device {args.device}.")
     out = args.out if args.out is not None else default_output_dir("lra_svd-quick" if args.quick else "lra_svd")
     if not args.plot_only:
-        config = build_config(quick=args.quick, tasks=args.tasks, max_steps=args.max_steps)
+        config = build_config(quick=args.quick, tasks=args.tasks, max_steps=args.max_steps, patience=args.patience)
         run_info = {"command": getattr(args, "command", "approxlab lra-svd"), "torch": torch.__version__,
                     "threads": torch.get_num_threads()}
         start = time.perf_counter()
