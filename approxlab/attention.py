@@ -90,6 +90,7 @@ def approximate(
     *,
     num_features: int,
     generator: torch.Generator | None = None,
+    key_mask: torch.Tensor | None = None,
     **options,
 ) -> Approximation:
     """Approximate attention with a registered method.
@@ -106,6 +107,10 @@ def approximate(
     generator : torch.Generator, optional
         A **CPU** generator; every random draw comes from it (then moves to ``q.device``),
         so a seed gives the same samples on CPU and GPU. ``None``: a fresh, OS-seeded one.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n)`` bool, True on keys that may be attended, False on padding; masked keys
+        get zero weight (:mod:`approxlab.methods._masking`). Only for methods whose function
+        takes ``key_mask`` (those used in training); others raise ``ValueError``.
     **options
         Method-specific keywords (see each method's docstring).
 
@@ -131,6 +136,10 @@ def approximate(
     num_features = check_int(num_features, "num_features", low=1, high=spec.max_features(n))
     generator = as_generator(generator)
     _check_options(spec, options)
+    if key_mask is not None:
+        if "key_mask" not in inspect.signature(spec.function).parameters:
+            raise ValueError(f"`key_mask` is not supported by method {method!r}; got a mask for it.")
+        options["key_mask"] = key_mask
     result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
     bad = int((~torch.isfinite(result.output)).sum())
     if bad:

@@ -2,12 +2,13 @@
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from approxlab import tasks
-from approxlab.instability import TinyEncoder, instability_ratio, instability_score, instability_trace
+from approxlab.training import TinyEncoder, instability_ratio, instability_score, instability_trace
 from approxlab.studies import instability as study
 from approxlab.tasks.mlm import mask_tokens
 
@@ -139,14 +140,47 @@ def test_study_end_to_end_tiny(tmp_path):
     assert (results["status"] == "ok").all() and len(results) == 2 * 2 * 2
     written = study.write_table(tmp_path)
     names = {p.name for p in written}
-    assert {"ratios.csv", "table.md", "instability.png", "instability.pdf"} <= names
+    assert {"ratios.csv", "intervals.csv", "table.md", "instability.png", "instability.pdf"} <= names
     assert (tmp_path / "config.json").is_file()
     ratios = pd.read_csv(tmp_path / "ratios.csv")
     assert (ratios.loc[ratios["attention"] == "softmax", "ratio"] == 1.0).all()
     table = (tmp_path / "table.md").read_text()
-    assert "| kernelized |" in table and "ListOps (n=32)" in table and "±" in table
+    assert "| kernelized |" in table and "ListOps (n=32)" in table and "[" in table and "inconclusive" in table
+    assert "## Entry by entry against Table 3" in table
     # a resumed run computes nothing new and gives the same table
     again = study.compute(config, tmp_path, progress=False)
     pd.testing.assert_frame_equal(again, results)
     with pytest.raises(study.StudyError, match="--tasks"):
         study.build_config(tasks=["listops:32"])
+
+
+def test_ratio_interval_is_the_student_t_interval():
+    """mean ± t_{0.975, s-1} sd / sqrt(s); t_{0.975, 4} = 2.776."""
+    values = [0.8, 0.9, 1.0, 0.7, 0.6]
+    mean, low, high = study.ratio_interval(values)
+    half = 2.7764451051977987 * float(np.std(values, ddof=1)) / math.sqrt(5)
+    assert mean == pytest.approx(0.8) and low == pytest.approx(0.8 - half) and high == pytest.approx(0.8 + half)
+    assert math.isnan(study.ratio_interval([0.5])[1])
+
+
+@pytest.mark.parametrize("low,high,word", [(0.5, 0.99, "below 1"), (1.01, 2.0, "above 1"), (0.9, 1.1, "inconclusive"),
+                                           (0.5, 1.0, "inconclusive")])
+def test_verdict_needs_the_whole_interval(low, high, word):
+    assert study.verdict(low, high) == word
+
+
+def test_intervals_verdicts_and_paper_comparison():
+    rows = [{"task": "listops", "n": 100, "seed": s, "attention": a, "steps": 2, "ratio": r, "status": "ok"}
+            for s in range(5) for a, r in (("softmax", 1.0), ("kernelized", 0.70 + 0.01 * s),
+                                           ("nystromformer", 0.9 + 0.05 * s))]
+    rows.append({"task": "listops", "n": 100, "seed": 0, "attention": "yoso", "steps": 0, "ratio": None,
+                 "status": "failed: boom"})
+    summary = study.intervals(pd.DataFrame(rows)).set_index("attention")
+    assert summary.loc["kernelized", "verdict"] == "below 1"
+    assert summary.loc["nystromformer", "verdict"] == "inconclusive"
+    assert summary.loc["softmax", "verdict"] == "reference" and summary.loc["yoso", "verdict"] == "failed"
+    comparison = study.paper_comparison(summary.reset_index()).set_index("attention")
+    assert comparison.loc["kernelized", "paper"] == "0.77"
+    assert comparison.loc["kernelized", "paper inside our CI"] == "no"  # ours: 0.72 [0.70, 0.74]
+    assert comparison.loc["kernelized", "same side of 1"] == "yes"
+    assert comparison.loc["nystromformer", "paper inside our CI"] == "yes"

@@ -10,7 +10,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "approxlab"
 MAX_CODE_LINES = 80
 # Not yet checked: modules being rewritten on other branches (widen after merging).
-NOT_YET_CHECKED = ("studies/", "instability.py", "training.py")
+NOT_YET_CHECKED: tuple[str, ...] = ()  # every module of the package is checked
 
 
 def code_lines(function: ast.FunctionDef | ast.AsyncFunctionDef, source_lines: list[str]) -> int:

@@ -322,8 +322,11 @@ def test_method_validation_messages():
         spectral_shifting(q, k[..., :10, :], v[..., :10, :], num_features=4, identity_shift=True)
     with pytest.raises(ValueError, match=r"`core` must be square"):
         modified_spectral_shifting_core(torch.ones(3, 4, dtype=torch.float64))
-    with pytest.raises(TypeError, match="unexpected keyword argument 'pinv'"):
-        approxlab.approximate("spectral-shifting", q, k, v, num_features=4, pinv="exact")
+    with pytest.raises(ValueError, match=r"`pinv` must be one of \['exact', 'iterative'\]; got 'svd'"):
+        approxlab.approximate("spectral-shifting", q, k, v, num_features=4, pinv="svd")
+    with pytest.raises(ValueError, match=r"`key_mask` must keep at least one key"):
+        approxlab.approximate("spectral-shifting", q, k, v, num_features=4,
+                              key_mask=torch.zeros(k.shape[:-1], dtype=torch.bool))
 
 
 def _inf_norm(x):

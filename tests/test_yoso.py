@@ -157,7 +157,7 @@ def test_yoso_e_equals_collision_probability_formula():
     expected = (1 - torch.arccos((qn @ kn.transpose(-1, -2)).clamp(-1, 1)) / math.pi) ** 5
     torch.testing.assert_close(result.matrix(), expected, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(result.output, expected @ v)
-    assert result.info == {"tau": 5, "normalize_output": False}
+    assert result.info == {"tau": 5, "normalize_output": False, "gradient": "true"}
 
 
 def test_yoso_e_clamps_cosine_and_handles_zero_rows():

@@ -809,18 +809,7 @@ def get_qkv(
             found[w] = (q[i], k[i], v[i])
     q, k, v = (torch.stack([found[w][j].to(device) for w in window_ids]) for j in range(3))
     return QKV(
-        q=q,
-        k=k,
-        v=v,
-        checkpoint=source.checkpoint,
-        condition=condition,
-        seed=key_seed,
-        mode=mode,
-        layer=layer,
-        n=n,
-        window_ids=window_ids,
-        from_cache=tuple(w not in missing for w in window_ids),
-        corpus_sha256=corpus,
-        positions=positions,
-        input_ids=all_windows[list(window_ids)],
+        q=q, k=k, v=v, checkpoint=source.checkpoint, condition=condition, seed=key_seed, mode=mode,
+        layer=layer, n=n, window_ids=window_ids, from_cache=tuple(w not in missing for w in window_ids),
+        corpus_sha256=corpus, positions=positions, input_ids=all_windows[list(window_ids)],
     )

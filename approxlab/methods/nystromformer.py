@@ -26,6 +26,7 @@ from ..linalg.conditioning import condition_number
 from ..linalg.pinv import INITS, iterative_pinv
 from ..operators import ProductOperator
 from ._base import Approximation, method
+from ._masking import check_key_mask, masked_softmax_matrix
 
 __all__ = ["segment_sizes", "segment_means", "landmark_kernels", "nystromformer", "NYSTROMFORMER"]
 
@@ -104,7 +105,7 @@ def segment_means(x: torch.Tensor, num_landmarks: int) -> torch.Tensor:
     return torch.cat([long_means, short_means], dim=-2)
 
 
-def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int):
+def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int, key_mask=None):
     r"""The three softmax kernels of Nyströmformer Eq. (9) from segment-means landmarks.
 
     Parameters
@@ -113,6 +114,9 @@ def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int):
         ``(*batch, n, p)`` and ``(*batch, n_k, p)``.
     num_landmarks : int
         ``m`` with ``1 <= m <= min(n, n_k)``.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n_k)`` bool, True on keys to attend: :math:`B` is the softmax over kept keys
+        only (as the official code's :math:`-10^9` on padded keys), so masked keys get zero weight.
 
     Returns
     -------
@@ -136,7 +140,7 @@ def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int):
     return (
         softmax_matrix(q, k_landmarks),
         softmax_matrix(q_landmarks, k_landmarks),
-        softmax_matrix(q_landmarks, k),
+        masked_softmax_matrix(q_landmarks, k, check_key_mask(key_mask, k)),
     )
 
 
@@ -159,6 +163,7 @@ def nystromformer(
     init="nystromformer",
     residual_history: bool = False,
     residual_norm: str = "frobenius",
+    key_mask: torch.Tensor | None = None,
 ) -> Approximation:
     r"""Nyströmformer attention with ``num_features`` segment-means landmarks.
 
@@ -192,6 +197,8 @@ def nystromformer(
     residual_norm : {"frobenius", "spectral"}
         Norm of those residuals (``"spectral"``: the 2-norm of Lemma 1, one SVD each;
         ``"frobenius"``, default: cheap, within a factor :math:`\sqrt m` of it).
+    key_mask : torch.Tensor, optional
+        ``(*batch, n_k)`` bool, True on keys to attend; see :func:`landmark_kernels`.
 
     Returns
     -------
@@ -241,7 +248,7 @@ def nystromformer(
     elif not isinstance(init, torch.Tensor):
         raise TypeError(f"`init` must be one of {sorted(INITS)} or a torch.Tensor; got {type(init).__name__}.")
 
-    f, core, b = landmark_kernels(q, k, num_features)
+    f, core, b = landmark_kernels(q, k, num_features, key_mask)
     info = {
         "num_landmarks": num_features,
         "segment_sizes_q": segment_sizes(q.shape[-2], num_features),

@@ -24,6 +24,7 @@ from .._validation import check_int
 from ..linalg.cores import DEFAULT_GAMMA, DEFAULT_NUM_ITER, CoreFactors, check_core_options, nystrom_core
 from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
+from ._masking import check_key_mask, mask_columns
 
 __all__ = [
     "completion_landmarks",
@@ -229,15 +230,19 @@ def completion_nystrom(
     num_iter=DEFAULT_NUM_ITER,
     init="identity",
     columns=None,
+    key_mask=None,
 ):
     r"""The one body of ``skyformer`` (``normalized=False``) and ``skyformer-softmax`` (``True``).
 
     Parameters are those of :func:`skyformer`; ``normalized`` selects the skeleton of
     :func:`gaussian_skeleton` (and with it the target and the registry name of the result).
+    ``key_mask`` ``(*batch, m)`` bool (True on keys to attend) zeroes the masked keys' columns
+    of the right block, so they get zero weight (and, normalised, leave the row sums).
     """
     check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
     landmarks, columns = completion_landmarks(q, k, num_features, generator=generator, columns=columns)
     skeleton = gaussian_skeleton(q, k, landmarks, landmarks, normalized=normalized)
+    skeleton.right = mask_columns(skeleton.right, check_key_mask(key_mask, k))
     core_factors, info = nystrom_core(skeleton.block, core=core, gamma=gamma, num_iter=num_iter, init=init)
     output, operator, extra = skeleton_attention(skeleton, core_factors, v)
     info.update(extra)
@@ -253,7 +258,7 @@ def completion_nystrom(
     features="sampled columns d of the 2n x 2n completion (Eq. (5))",
     max_features=lambda n: 2 * n,
 )
-def skyformer(q, k, v, *, num_features, generator=None, **options):
+def skyformer(q, k, v, *, num_features, generator=None, key_mask=None, **options):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
     Parameters
@@ -279,6 +284,8 @@ def skyformer(q, k, v, *, num_features, generator=None, **options):
     columns : torch.Tensor, optional
         ``(d,)`` or ``(*batch, d)`` explicit indices into the ``n + m`` rows of
         :math:`[Q; K]` (``d`` must equal ``num_features``); no random draw then.
+    key_mask : torch.Tensor, optional
+        ``(*batch, m)`` bool, True on keys to attend: masked keys get zero weight.
 
     Returns
     -------
@@ -309,7 +316,8 @@ def skyformer(q, k, v, *, num_features, generator=None, **options):
     ----------
     Chen et al. (2021), Skyformer, Eqs. (3)-(6), Theorem 2, Lemma 3, Section 4.4.
     """
-    return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator, **options)
+    return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator,
+                              key_mask=key_mask, **options)
 
 
 SKYFORMER = skyformer

@@ -29,6 +29,8 @@ import torch
 
 from .._validation import check_choice, check_int, check_positive_float, check_qkv, check_rtol, check_square
 from ..linalg.conditioning import default_rtol_for_shape as _default_rtol
+from ..linalg.pinv import iterative_pinv
+from ..linalg.pinv_autograd import pinv_and_rank, truncated_svd
 from ..operators import DiagonalOperator, LinearOperator, ProductOperator, SumOperator
 from ._base import Approximation, method
 from .nystromformer import landmark_kernels, segment_sizes
@@ -42,19 +44,7 @@ __all__ = [
 ]
 
 CORE_FORMS = ("eq8", "section4")
-
-
-def _truncated_svd(matrix: torch.Tensor, rtol: float):
-    r"""Reduced SVD with singular values :math:`\le` ``rtol`` :math:`\sigma_1` zeroed.
-
-    Returns ``(W, sigma_pinv, R, rank)`` with ``matrix ≈ W diag(sigma) R^T`` and
-    ``sigma_pinv = 1/sigma`` on the kept values, ``0`` elsewhere; ``rank: (*batch,)`` int64.
-    """
-    w, sigma, rh = torch.linalg.svd(matrix, full_matrices=False)
-    keep = sigma > rtol * sigma[..., :1]
-    safe = torch.where(keep, sigma, torch.ones_like(sigma))
-    sigma_pinv = torch.where(keep, 1.0 / safe, torch.zeros_like(sigma))
-    return w, sigma_pinv, rh.transpose(-1, -2), keep.sum(-1)
+PINV_CHOICES = ("exact", "iterative")
 
 
 def _trace(matrix: torch.Tensor) -> torch.Tensor:
@@ -242,7 +232,7 @@ def spectral_shifting_psd(
     else:
         c_bar = torch.take_along_dim(shifted, index.unsqueeze(-2), dim=-1)
 
-    w, sigma_pinv, r, rank = _truncated_svd(c_bar, rtol)
+    w, sigma_pinv, r, rank = truncated_svd(c_bar, rtol)
     projected = w.transpose(-1, -2) @ K @ w  # (*batch, c, c) = W^T K W
     kept = (sigma_pinv > 0).to(K.dtype)
     trace_projected = (torch.diagonal(projected, dim1=-2, dim2=-1) * kept).sum(-1)  # tr(C^+ K C)
@@ -266,6 +256,8 @@ def modified_spectral_shifting_core(
     *,
     rtol: float | None = None,
     form: str = "eq8",
+    pinv: str = "exact",
+    num_iter: int = 6,
 ):
     r"""Core :math:`U^{SS}` and shift :math:`\delta^{SS}` of Verma's modified spectral shifting (Section 4).
 
@@ -284,6 +276,16 @@ def modified_spectral_shifting_core(
         :math:`U^{SS} = A_s^+ - \delta^{SS}(A_s^2)^+` (Section 4's closed form, derived for
         symmetric :math:`A_s`). They agree when :math:`\delta^{SS} = 0`, when :math:`A_s` is
         invertible, or when it is normal (e.g. symmetric).
+    pinv : {"exact", "iterative"}
+        ``"exact"`` (default): the truncated :math:`A_s^+` of
+        :func:`approxlab.linalg.pinv_autograd.pinv_and_rank`, whose backward pass (the
+        Golub--Pereyra formula) stays finite at repeated and zero singular values.
+        ``"iterative"``: Verma's :math:`Z^\star` (Section 7), ``num_iter`` steps of Nyströmformer's
+        Eq. (5) (:func:`approxlab.linalg.iterative_pinv`, per-matrix initialisation) in place of
+        :math:`A_s^+`; differentiated through its matrix products. The rank :math:`r` is the
+        numerical rank at ``rtol`` either way.
+    num_iter : int
+        Iterations for ``pinv="iterative"`` (default 6, as Nyströmformer).
 
     Returns
     -------
@@ -337,19 +339,22 @@ def modified_spectral_shifting_core(
     c = core.shape[-1]
     rtol = _default_rtol(c, c, core.dtype) if rtol is None else check_rtol(rtol, "rtol", allow_zero=False)
     check_choice(form, "form", CORE_FORMS)
+    check_choice(pinv, "pinv", PINV_CHOICES)
+    num_iter = check_int(num_iter, "num_iter", low=0)
 
-    w, sigma_pinv, r, rank = _truncated_svd(core, rtol)
-    pinv = (r * sigma_pinv.unsqueeze(-2)) @ w.transpose(-1, -2)
-    numerator = _trace(core) - _trace(pinv @ core @ core)
+    inverse, rank = pinv_and_rank(core, rtol=rtol)
+    if pinv == "iterative":
+        inverse = iterative_pinv(core, num_iter, history=False, norm="frobenius").inverse
+    numerator = _trace(core) - _trace(inverse @ core @ core)
     delta = torch.where(
         rank < c, numerator / (c - rank).to(core.dtype).clamp_min(1.0), torch.zeros_like(numerator)
     )
     if form == "eq8":
-        squared_inverse = pinv @ pinv
+        squared_inverse = inverse @ inverse
     else:
-        squared_inverse = torch.linalg.pinv(core @ core, rtol=rtol)
-    u = pinv - delta[..., None, None] * squared_inverse
-    return u, delta, rank, pinv
+        squared_inverse = pinv_and_rank(core @ core, rtol=rtol)[0]
+    u = inverse - delta[..., None, None] * squared_inverse
+    return u, delta, rank, inverse
 
 
 @method(
@@ -369,6 +374,9 @@ def spectral_shifting(
     rtol: float | None = None,
     form: str = "eq8",
     identity_shift: bool = False,
+    pinv: str = "exact",
+    num_iter: int = 6,
+    key_mask: torch.Tensor | None = None,
 ) -> Approximation:
     r"""Spectral-shifting attention with ``num_features`` segment-means landmarks (Verma, Eq. (10)).
 
@@ -391,6 +399,13 @@ def spectral_shifting(
     identity_shift : bool
         Add the :math:`\delta^{SS}I_n` term of the spectral-shifting model (Eqs. (2)-(3)), which
         Eq. (10) omits. Default ``False`` (Eq. (10) as published).
+    pinv, num_iter
+        :math:`A_s^+` exact (truncated SVD with a gap-free backward, default) or Verma's
+        iterative :math:`Z^\star` (Section 7); see :func:`modified_spectral_shifting_core`.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n_k)`` bool, True on keys to attend (:mod:`approxlab.methods._masking`):
+        :math:`B` is the softmax over kept keys only, so masked keys get zero weight (values
+        enter only through :math:`B`). The landmarks are segment means of all keys.
 
     Returns
     -------
@@ -438,8 +453,10 @@ def spectral_shifting(
             f"n_k={k.shape[-2]}."
         )
 
-    f, core, b = landmark_kernels(q, k, num_features)
-    u, delta, rank, pinv = modified_spectral_shifting_core(core, rtol=rtol, form=form)
+    f, core, b = landmark_kernels(q, k, num_features, key_mask)
+    u, delta, rank, inverse = modified_spectral_shifting_core(
+        core, rtol=rtol, form=form, pinv=pinv, num_iter=num_iter
+    )
     output = f @ (u @ (b @ v))
     operator: LinearOperator = ProductOperator(f, u, b)
     if identity_shift:
@@ -454,7 +471,8 @@ def spectral_shifting(
         "core_rank": rank,
         "delta": delta,
         "shift_core": u,
-        "pinv_inverse": pinv,
+        "pinv_inverse": inverse,
+        "pinv": pinv,
         "identity_shift": identity_shift,
     }
     return Approximation("spectral-shifting", "softmax", output, operator, info)

@@ -6,15 +6,81 @@ grows; target ``"yoso"``. ``num_features`` is accepted and ignored.
 
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.nn.functional as F
 
 from .. import lsh
-from .._validation import check_bool, check_int
+from .._validation import check_bool, check_choice, check_int
 from ..operators import DenseOperator
 from ._base import Approximation, method
+from ._masking import check_key_mask, mask_columns
 from .yoso import MAX_HASHES
 
-__all__ = ["yoso_e", "YOSO_E"]
+__all__ = ["GRADIENTS", "collision_probability", "yoso_e", "YOSO_E"]
+
+GRADIENTS = ("true", "lower-bound")
+"""Backward passes of the collision probability: its derivative, or YOSO's Eq. (4) lower bound."""
+
+
+class _CollisionProbability(torch.autograd.Function):
+    """YOSO-E weights (1 - arccos(c)/pi)^tau; backward pass chosen by ``gradient``."""
+
+    @staticmethod
+    def forward(ctx, cosine, tau, gradient):
+        clamped = cosine.clamp(-1.0, 1.0)
+        base = 1.0 - torch.arccos(clamped) / math.pi
+        ctx.save_for_backward(clamped, base)
+        ctx.tau, ctx.gradient = tau, gradient
+        return base**tau
+
+    @staticmethod
+    def backward(ctx, grad):
+        clamped, base = ctx.saved_tensors
+        tau = ctx.tau
+        if ctx.gradient == "lower-bound":
+            derivative = 0.5 * tau * base**tau
+        else:
+            sine = torch.sqrt((1.0 - clamped * clamped).clamp_min(torch.finfo(clamped.dtype).tiny))
+            derivative = tau * base ** (tau - 1) / (math.pi * sine)
+        return grad * derivative, None, None
+
+
+def collision_probability(cosine: torch.Tensor, tau: int, *, gradient: str = "true") -> torch.Tensor:
+    r"""YOSO-E's weights :math:`(1 - \arccos(c)/\pi)^\tau` with a choice of backward pass.
+
+    Parameters
+    ----------
+    cosine : torch.Tensor
+        Cosines :math:`c = \hat q^\top\hat k`, any shape; clamped to ``[-1, 1]`` (the forward
+        value is :func:`approxlab.lsh.collision_probability`'s).
+    tau : int
+        Hyperplanes per hash, ``1 <= tau <= 30``.
+    gradient : {"true", "lower-bound"}
+        ``"true"``: the derivative :math:`\tau(1 - \arccos(c)/\pi)^{\tau-1}/(\pi\sqrt{1 - c^2})`
+        (YOSO Eq. (3)), which grows without bound as :math:`c \to 1` (the square root is floored
+        at the dtype's smallest normal number, so it stays finite but huge). ``"lower-bound"``:
+        YOSO's Eq. (4), :math:`\tfrac{\tau}{2}(1 - \arccos(c)/\pi)^\tau`, bounded by
+        :math:`\tau/2`, the gradient YOSO trains with ("to avoid this numerical issue, we use a
+        lower bound of the actual derivative").
+
+    Notes
+    -----
+    Eq. (4) is a lower bound of Eq. (3)'s factor: with :math:`\theta = \arccos c`,
+    :math:`\tfrac12(1-\theta/\pi) \le 1/(\pi\sin\theta)` because
+    :math:`(\pi - \theta)\sin\theta \le 2` on :math:`[0, \pi]`. Both backward passes give the
+    gradient with respect to :math:`c`; autograd carries it through the normalisation of
+    :math:`q, k`. For ``"true"`` at :math:`c = -1` and ``tau = 1`` the derivative is infinite too
+    (floored as above).
+
+    References
+    ----------
+    Zeng et al. (2021), YOSO, Section 3.3, Eqs. (3)-(4) and Figure 2.
+    """
+    tau = check_int(tau, "tau", low=1, high=lsh.MAX_TAU)
+    check_choice(gradient, "gradient", GRADIENTS)
+    return _CollisionProbability.apply(cosine, tau, gradient)
 
 
 @method(
@@ -24,7 +90,8 @@ __all__ = ["yoso_e", "YOSO_E"]
     max_features=lambda n: MAX_HASHES,
     randomized=False,
 )
-def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_output=False):
+def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_output=False, gradient="true",
+           key_mask=None):
     r"""YOSO-E attention :math:`\bigl(1 - \arccos(\hat Q\hat K^\top)/\pi\bigr)^{\circ\tau} V`.
 
     Parameters
@@ -41,6 +108,12 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
     normalize_output : bool, default False
         If True, :math:`\ell_2`-normalise each output row (N-YOSO, YOSO Section 3.1); zero rows
         stay zero. The operator is the unnormalised matrix either way.
+    gradient : {"true", "lower-bound"}
+        Backward pass of the weights (:func:`collision_probability`): the true derivative
+        (default, YOSO Eq. (3)) or YOSO's Eq. (4) lower bound, the one YOSO trains with. The
+        forward value is the same.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n_k)`` bool, True on keys to attend; masked keys' columns are 0.
 
     Returns
     -------
@@ -65,12 +138,14 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
     """
     tau = check_int(tau, "tau", low=1, high=lsh.MAX_TAU)
     check_bool(normalize_output, "normalize_output")
+    check_choice(gradient, "gradient", GRADIENTS)
+    key_mask = check_key_mask(key_mask, k)
     cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-    matrix = lsh.collision_probability(cosine, tau)
+    matrix = mask_columns(collision_probability(cosine, tau, gradient=gradient), key_mask)
     output = matrix @ v
     if normalize_output:
         output = F.normalize(output, dim=-1)
-    info = {"tau": tau, "normalize_output": normalize_output}
+    info = {"tau": tau, "normalize_output": normalize_output, "gradient": gradient}
     return Approximation("yoso-e", "yoso", output, DenseOperator(matrix), info)
 
 

@@ -15,6 +15,7 @@ STUDIES = {
     "sv-decay": "approxlab.studies.sv_decay",
     "instability": "approxlab.studies.instability",
     "bench": "approxlab.studies.bench",
+    "lra-svd": "approxlab.studies.lra_svd",
 }
 """CLI subcommand -> module implementing it (imported only when needed)."""
 

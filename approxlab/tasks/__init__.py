@@ -3,7 +3,7 @@
 A task factory turns a sequence length, a batch shape and a generator into a
 :class:`Task`: padded ``(batch, n)`` token batches with labels. The registry
 :data:`TASKS` maps names to factories (``"module:function"``, imported lazily), so an LRA
-task whose data exists (Text/IMDb, Retrieval/AAN, Pathfinder, Image/CIFAR-10) is one new
+task whose data exists (Text/IMDb, Retrieval/AAN, Image/CIFAR-10) is one new
 module with a ``make_task`` and one line here.
 
 Every factory has the signature::
@@ -26,6 +26,7 @@ __all__ = ["TASKS", "available", "make_task", "Batch", "Task", "IGNORE_INDEX"]
 
 TASKS = {
     "listops": "listops:make_task",
+    "pathfinder": "pathfinder:make_task",
     "wikitext-mlm": "mlm:make_task",
 }
 """Task name -> ``module:function`` of its factory inside :mod:`approxlab.tasks`."""

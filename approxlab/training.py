@@ -23,7 +23,10 @@ This module provides
 * :func:`instability_ratio` -- the mean over steps of :math:`\tau_i / \tau_i^{\text{ref}}`;
 * :class:`TinyEncoder` -- the 2-layer encoder of Skyformer Section 5 (embedding 64,
   feed-forward 128, 2 heads) whose attention is any approxlab method
-  (:data:`ATTENTIONS`), with a mean-pooling classifier or a masked-LM head.
+  (:data:`ATTENTIONS`, padding keys masked), with a mean-pooling classifier or a masked-LM
+  head, and access to each layer's attention output (Skyformer Appendix B);
+* :func:`train_classifier` and :func:`accuracy` -- Adam to a validation-accuracy plateau or a
+  step budget (the trained models of Skyformer's Figure 4).
 
 Model protocol for :func:`instability_trace`: ``model(batch, *, seed) -> (embedding, loss)``
 where ``embedding`` is :math:`f(x, W)` and ``seed`` fixes every random draw of the
@@ -47,12 +50,13 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ._validation import as_generator, check_choice, check_int, check_positive_float
 from .attention import approximate
-from .tasks._base import IGNORE_INDEX
+from .tasks import IGNORE_INDEX
 
 __all__ = [
     "ATTENTIONS",
@@ -60,6 +64,8 @@ __all__ = [
     "instability_score",
     "instability_trace",
     "instability_ratio",
+    "accuracy",
+    "train_classifier",
     "TinyEncoder",
 ]
 
@@ -74,14 +80,15 @@ ATTENTIONS = {
 """Attention name in the instability table -> approxlab method that computes it.
 
 ``"softmax"`` is exact self-attention (the reference of Table 3); ``"kernelized"`` is exact
-kernelized attention :math:`CV` (Skyformer Eq. (3)); ``"yoso"`` trains with YOSO-E, the
-expectation of YOSO's Bernoulli sampling, because YOSO-m's hashing has no gradient (the
-YOSO paper trains YOSO-m with a separate gradient estimate; YOSO-E is its differentiable,
-deterministic limit)."""
+kernelized attention :math:`CV` (Skyformer Eq. (3)); ``"yoso"`` is YOSO-E, the expectation of
+YOSO's Bernoulli sampling (YOSO-m's hashing has no gradient), trained with the gradient YOSO
+trains with: the lower bound of its Eq. (4) (:data:`TRAINING_OPTIONS`)."""
 
-TRAINING_OPTIONS = {"skyformer": {"core": "schulz"}}
-"""Default method options in training: Skyformer trains with its practical core, the Schulz
-iteration on the scaled, regularised core (Skyformer Section 4.4, Lemma 3), as in the paper."""
+TRAINING_OPTIONS = {"skyformer": {"core": "schulz"}, "yoso": {"gradient": "lower-bound"}}
+"""Default method options in training, as in the papers: Skyformer trains with its practical
+core, the Schulz iteration on the scaled, regularised core (Skyformer Section 4.4, Lemma 3);
+YOSO backpropagates the lower bound of YOSO Eq. (4), not the true derivative of Eq. (3), which
+is unbounded as the cosine of query and key tends to 1 (:func:`approxlab.methods.yoso_e.collision_probability`)."""
 
 
 def _flat(tensors) -> torch.Tensor:
@@ -205,8 +212,8 @@ def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int =
         bad = [name for name, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
         if bad:
             raise FloatingPointError(
-                f"non-finite gradient at step {i + 1} in {len(bad)} parameter(s) (first: {bad[0]}); "
-                "the attention's backward pass is not numerically safe here."
+                f"non-finite gradient at step {i + 1} in {len(bad)} parameter(s) (first: {bad[0]}) "
+                "with a finite loss."
             )
         params_before = [p.detach().clone() for p in params]
         optimizer.step()
@@ -246,6 +253,88 @@ def instability_ratio(tau: torch.Tensor, tau_reference: torch.Tensor) -> float:
     return float((tau / tau_reference).mean())
 
 
+@torch.no_grad()
+def accuracy(model, batches, *, seed: int = 0) -> float:
+    """Fraction of correctly classified examples of ``batches`` (``model.predict``, eval mode)."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    for batch in batches:
+        correct += int((model.predict(batch, seed=seed).argmax(-1) == batch.labels).sum())
+        total += int(batch.labels.numel())
+    model.train(was_training)
+    return correct / max(total, 1)
+
+
+def train_classifier(model, train_batches, validation_batches, *, lr: float = 1e-3, eval_every: int = 25,
+                     patience: int = 3, seed: int = 0) -> dict:
+    r"""Adam on ``train_batches`` (one step each) until validation accuracy stops improving.
+
+    Every ``eval_every`` steps the accuracy on ``validation_batches`` is measured; training
+    stops after ``patience`` evaluations in a row without a new best, or when the batches run
+    out (the step budget). The best weights are restored at the end.
+
+    Parameters
+    ----------
+    model : TinyEncoder
+        A classification model; trained in place.
+    train_batches, validation_batches : sequence of approxlab.tasks.Batch
+    lr : float
+        Adam learning rate.
+    eval_every, patience : int
+        Evaluation period (steps) and early-stopping patience (evaluations).
+    seed : int
+        Seed of the attention's random draws (fixed for the whole run).
+
+    Returns
+    -------
+    dict
+        ``"history"``: list of ``{"step", "train_loss", "validation_accuracy"}`` (one per
+        evaluation; ``train_loss`` the mean over the steps since the last one);
+        ``"best_step"``, ``"best_accuracy"``, ``"steps"`` (taken), ``"stopped"``
+        (``"plateau"`` or ``"budget"``).
+
+    Raises
+    ------
+    FloatingPointError
+        If a training loss is not finite.
+    """
+    lr = check_positive_float(lr, "lr")
+    eval_every = check_int(eval_every, "eval_every", low=1)
+    patience = check_int(patience, "patience", low=1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    best = {"accuracy": accuracy(model, validation_batches, seed=seed), "step": 0,
+            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    history = [{"step": 0, "train_loss": float("nan"), "validation_accuracy": best["accuracy"]}]
+    losses, stale, stopped, step = [], 0, "budget", 0
+    model.train()
+    for step, batch in enumerate(train_batches, start=1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(batch, seed=seed)[1]
+        if not bool(torch.isfinite(loss)):
+            raise FloatingPointError(f"the training loss is not finite at step {step}: {float(loss.detach())}.")
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if step % eval_every:
+            continue
+        score = accuracy(model, validation_batches, seed=seed)
+        history.append({"step": step, "train_loss": float(np.mean(losses)), "validation_accuracy": score})
+        losses = []
+        if score > best["accuracy"]:
+            best = {"accuracy": score, "step": step,
+                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+            stale = 0
+        else:
+            stale += 1
+            if stale >= patience:
+                stopped = "plateau"
+                break
+    model.load_state_dict(best["state"])
+    return {"history": history, "best_step": best["step"], "best_accuracy": best["accuracy"], "steps": step,
+            "stopped": stopped}
+
+
 def _linear_init(weight, bias, generator):
     """PyTorch's default ``nn.Linear`` init, drawn from ``generator``."""
     torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
@@ -274,12 +363,16 @@ class _Block(torch.nn.Module):
             torch.nn.init.ones_(norm.weight)
             torch.nn.init.zeros_(norm.bias)
 
-    def forward(self, x, attend):
+    def forward(self, x, attend, capture=None):
+        """``x: (b, n, e)``; ``attend(q, k, v)`` on ``(b, heads, n, e // heads)``; ``capture``: a
+        list that receives the attention output ``(b, n, e)`` (heads concatenated, detached)."""
         b, n, e = x.shape
         h = self.num_heads
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, h, e // h).permute(2, 0, 3, 1, 4)
-        a = attend(q, k, v)  # (b, h, n, e // h)
-        x = x + self.out(a.transpose(1, 2).reshape(b, n, e))
+        a = attend(q, k, v).transpose(1, 2).reshape(b, n, e)  # heads concatenated
+        if capture is not None:
+            capture.append(a.detach())
+        x = x + self.out(a)
         return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
 
 
@@ -322,8 +415,8 @@ class TinyEncoder(torch.nn.Module):
     :math:`f(x, W)` of Skyformer Appendix F is :meth:`embed`: the ``(batch, n,
     embedding_dim)`` output of the final LayerNorm, i.e. the token embeddings after the two
     layers as returned by the encoder of the LRA code Skyformer trains with. Padding tokens
-    are ordinary tokens inside attention (approxlab's methods take no key mask; all
-    attentions see the same input) and are left out of the mean pooling.
+    are masked inside attention (``key_mask``: they get zero weight as keys; every method in
+    :data:`ATTENTIONS` honours it) and left out of the mean pooling.
 
     References
     ----------
@@ -411,36 +504,55 @@ class TinyEncoder(torch.nn.Module):
         """The parameters :math:`W` that :math:`f` (:meth:`embed`) depends on (not the head)."""
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
 
-    def _attend(self, seed):
+    def _attend(self, seed, key_mask):
         def attend(q, k, v):
             n = k.shape[-2]
             g = as_generator(seed=seed)
             return approximate(
-                self.method, q, k, v, num_features=min(self.num_features, n), generator=g, **self.attention_options
+                self.method, q, k, v, num_features=min(self.num_features, n), generator=g, key_mask=key_mask,
+                **self.attention_options,
             ).output
 
         return attend
 
-    def embed(self, input_ids: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, *, seed: int = 0, mask: torch.Tensor | None = None, attention_outputs=None
+    ) -> torch.Tensor:
         """:math:`f(x, W)`: ``input_ids (batch, n) -> (batch, n, embedding_dim)``.
 
         ``seed`` fixes the random draws of randomized attentions (layer ``l`` uses
-        ``seed + l``).
+        ``seed + l``); ``mask`` ``(batch, n)`` bool, True on real tokens, masks padding keys
+        in every attention (``None`` or all True: no mask). ``attention_outputs``: a list that
+        receives each layer's attention output ``(batch, n, embedding_dim)`` (the heads
+        concatenated, before the output projection; detached), first layer first.
         """
         n = input_ids.shape[-1]
+        key_mask = None if mask is None or bool(mask.all()) else mask.unsqueeze(-2)  # (batch, 1, n): all heads
         positions = torch.arange(n, device=input_ids.device)
         x = self.token_embedding(input_ids) + self.position_embedding(positions)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self._attend(seed + layer))
+            x = block(x, self._attend(seed + layer, key_mask), attention_outputs)
         return self.norm(x)
+
+    def _class_logits(self, embedding, mask):
+        """Mean pooling over real tokens, then the classifier: ``(batch, num_classes)``."""
+        weights = mask.to(embedding.dtype).unsqueeze(-1)
+        pooled = (embedding * weights).sum(-2) / weights.sum(-2).clamp_min(1.0)
+        return self.head(pooled)
+
+    def predict(self, batch, *, seed: int = 0, attention_outputs=None) -> torch.Tensor:
+        """Class logits ``(batch, num_classes)`` of a classification model (see :meth:`embed`
+        for ``attention_outputs``)."""
+        if self.kind != "classification":
+            raise ValueError(f"`predict` needs a classification model; this one has kind={self.kind!r}.")
+        embedding = self.embed(batch.input_ids, seed=seed, mask=batch.mask, attention_outputs=attention_outputs)
+        return self._class_logits(embedding, batch.mask)
 
     def forward(self, batch, *, seed: int = 0):
         """``(f(x, W), loss)`` for an :class:`approxlab.tasks.Batch` (cross-entropy loss)."""
-        embedding = self.embed(batch.input_ids, seed=seed)
+        embedding = self.embed(batch.input_ids, seed=seed, mask=batch.mask)
         if self.kind == "classification":
-            mask = batch.mask.to(embedding.dtype).unsqueeze(-1)
-            pooled = (embedding * mask).sum(-2) / mask.sum(-2).clamp_min(1.0)
-            loss = F.cross_entropy(self.head(pooled), batch.labels)
+            loss = F.cross_entropy(self._class_logits(embedding, batch.mask), batch.labels)
         else:
             selected = batch.labels != IGNORE_INDEX
             hidden = embedding[selected]  # only masked positions reach the vocabulary
