@@ -94,7 +94,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                        help="device for the computation (default: cpu)")
     group.add_argument("--data-dir", type=pathlib.Path, default=None, metavar="DIR",
-                       help="directory with wikitext-2-raw/ (default: the shared data directory)")
+                       help="the corpus: a folder with wikitext-2-raw/wiki.test.raw, the file itself, or 'hf:wikitext' "
+                            "to download it (default: $APPROXLAB_DATA, else the copy shipped with approxlab)")
     group.add_argument("--cache-dir", type=pathlib.Path, default=None, metavar="DIR",
                        help="cache for extracted Q/K/V (default: the data module's cache)")
     group.add_argument("--restart", action="store_true",

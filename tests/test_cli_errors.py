@@ -90,6 +90,11 @@ CASES = [
     ("bench", ["--tol", "0"], "--tol"),
     ("bench", ["--parts", "speed"], "--parts"),
     ("bench", ["--workers", "2"], "--workers"),
+    ("lra-svd", ["--tasks", "nope:1000"], "--tasks"),
+    ("lra-svd", ["--tasks", "listops:0"], "--tasks"),
+    ("lra-svd", ["--max-steps", "0"], "--max-steps"),
+    ("lra-svd", ["--patience", "x"], "--patience"),
+    ("lra-svd", ["--device", "cuda"], "--device"),
 ]
 
 
