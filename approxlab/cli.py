@@ -54,9 +54,10 @@ __all__ = ["main", "build_parser", "add_common_arguments", "check_device", "load
 
 _DESCRIPTIONS = {
     "figure1": "Skyformer Figure 1: spectral-norm error of approximate attention outputs (BERT Q/K/V, Wikitext-2).",
-    "sv-decay": "Singular-value decay of attention matrices (Skyformer Appendix B).",
+    "sv-decay": "Singular-value decay of BERT attention matrices on Wikitext-2 (companion to Skyformer Appendix B).",
     "instability": "Instability score of the approximations (Skyformer Appendix F / Table 3).",
     "bench": "Time and memory benchmark of the approximations.",
+    "lra-svd": "Singular values of a trained 2-layer model's attention output on generated LRA tasks (Skyformer Appendix B, Figure 4).",
 }
 
 
