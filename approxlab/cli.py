@@ -163,8 +163,9 @@ def main(argv=None) -> int:
         module = load_study(args.study)
         args.out = _cli.output_dir(args, module.__name__.rsplit(".", 1)[-1])
         existed = args.out.exists()
-        _cli.check_common(args)
-        with _cli.locked_output(args):
+        _cli.check_output_dir(args.out, plot_only=args.plot_only)
+        with _cli.locked_output(args):  # a second run into --out stops here, before the slower checks
+            _cli.check_common(args)
             return int(module.run(args) or 0)
     except StudyError as error:
         if args.out is not None and not existed:
