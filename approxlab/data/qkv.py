@@ -74,6 +74,7 @@ from .wikitext import (
 )
 
 __all__ = [
+    "resolve_checkpoint",
     "MINILM_CHECKPOINT",
     "CONDITIONS",
     "MODES",
@@ -258,6 +259,16 @@ def _resolve_source(condition, checkpoint, config, local_files_only) -> _Source:
         )
     label, source, local, config = _load_config(checkpoint, local_files_only)
     return _Source(condition, label, config, source, source, local)
+
+
+def resolve_checkpoint(condition, checkpoint=None, *, local_files_only=None) -> str:
+    """The checkpoint label a :func:`get_qkv` call with these arguments records.
+
+    ``"sentence-transformers/all-MiniLM-L6-v2"`` (or the given checkpoint) for ``"pretrained"``;
+    ``"init:<config label>"`` for ``"initialized"`` (a seeded ``BertModel`` from that config).
+    Only the config is read, no weights: studies write it into ``config.json``.
+    """
+    return _resolve_source(condition, checkpoint, None, local_files_only).checkpoint
 
 
 def _load_tokenizer(source: _Source):

@@ -97,6 +97,7 @@ import torch
 
 from . import default_output_dir
 from .._io import atomic_write_text, read_json, read_results
+from ..data.qkv import resolve_checkpoint
 from ..attention import approximate, exact_attention
 from ..kernels import kernelized_matrix
 from ..leverage import completion_operator, estimate_ridge_quantities
@@ -995,7 +996,8 @@ def run(args) -> int:
         run_info = _run_info({"command": getattr(args, "command", "approxlab figure1"), "device": args.device,
                               "scheduler": args.scheduler, "workers": args.workers,
                               "torch": torch.__version__, "threads": torch.get_num_threads(),
-                              "matrix_free_above": args.matrix_free_above})
+                              "matrix_free_above": args.matrix_free_above,
+                              "checkpoints": {c: resolve_checkpoint(c, args.checkpoint) for c in config["conditions"]}})
         start = time.perf_counter()
         compute(config, out, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
                 scheduler=args.scheduler, workers=args.workers, progress=args.progress,
