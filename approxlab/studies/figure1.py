@@ -632,6 +632,8 @@ def plot(out) -> list[pathlib.Path]:
     config, results, _ = _load(out)
     out = pathlib.Path(out)
     stats = panel_statistics(results)
+    over = ("heads, windows and seeds" if "error_heads" in results
+            else "windows and seeds of head means (no per-head errors saved)")
     atomic_write_text(out / PANEL_STATS, stats.to_csv(index=False))
     groups = (("figure1", PAPER_METHODS, "the paper's four methods"),
               ("figure1-extra", EXTRA_METHODS, "the four added methods"))
@@ -640,7 +642,7 @@ def plot(out) -> list[pathlib.Path]:
         for name, methods, label in groups:
             chosen = [m for m in config["methods"] if m in methods and m in set(stats["method"])]
             if chosen:
-                paths += _draw(config, stats, chosen, out / name, label)
+                paths += _draw(config, stats, chosen, out / name, label, over)
     return paths
 
 
@@ -663,7 +665,7 @@ def _draw_method(ax, curve_64, curve_32, method, extra):
                 marker=kwargs["marker"], markersize=2.5, markerfacecolor="none")
 
 
-def _draw(config, stats, methods, base, label):
+def _draw(config, stats, methods, base, label, over="heads, windows and seeds"):
     from matplotlib.ticker import NullLocator
 
     from ..plotting import figure, save_figure
@@ -692,7 +694,7 @@ def _draw(config, stats, methods, base, label):
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), frameon=False)
     fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error of the attention output "
                  f"(positions: {config.get('positions', 'none')})\n"
-                 "line: median over heads, windows and seeds (float64), band: interquartile range; "
+                 f"line: median over {over} (float64), band: interquartile range; "
                  + ("dotted: float32 median; " if "float32" in set(stats["dtype"]) else "")
                  + "▲ at the top: not finite")
     return save_figure(fig, base)
