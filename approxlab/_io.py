@@ -136,13 +136,14 @@ def atomic_write_text(path, text: str, encoding: str = "utf-8") -> pathlib.Path:
 def write_csv_atomic(df: pd.DataFrame, path) -> pathlib.Path:
     """Write a tidy table as CSV (no index column) atomically.
 
-    Floats are written with full round-trip precision so that a table re-read with
-    :func:`read_results` compares equal to the one written.
+    Floats are written as their shortest round-trip representation (``repr``), so a table
+    re-read with :func:`read_results` compares equal to the one written, and a value the
+    study rounded (e.g. to 6 decimals) is written with those digits only.
     """
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"`df` must be a pandas.DataFrame; got {type(df).__name__}.")
     buffer = io.StringIO()
-    df.to_csv(buffer, index=False, float_format="%.17g")
+    df.to_csv(buffer, index=False)
     return atomic_write_text(path, buffer.getvalue())
 
 

@@ -128,6 +128,9 @@ RESULTS = "results.csv"
 SPECTRA = "spectra.csv"
 KEY_COLUMNS = ("condition", "layer", "n", "window")
 LOG10_FLOOR = -20.0
+SPECTRUM_DECIMALS = 6
+"""log10 values in ``spectra.csv`` are rounded to this many decimals (1e-6 in log10 is a relative
+change of 2e-6 in sigma, far below what the figure resolves; it keeps the table under 4 MB)."""
 DENSE_PREFIX = 64
 """Spectra keep every index below this, then about :data:`SPECTRUM_POINTS` evenly spaced ones."""
 SPECTRUM_POINTS = 192
@@ -344,8 +347,9 @@ def compute_cell(cell: dict) -> dict:
         logs = torch.log10(ratio).numpy()
         for i in _spectrum_indices(sigma.shape[-1]):
             column = logs[:, i]
-            curves.append({"matrix": name, "index": int(i), "log10_mean": float(column.mean()),
-                           "log10_min": float(column.min()), "log10_max": float(column.max()), "heads": heads})
+            curves.append({"matrix": name, "index": int(i),
+                           **{f"log10_{stat}": round(float(getattr(column, stat)()), SPECTRUM_DECIMALS)
+                              for stat in ("mean", "min", "max")}, "heads": heads})
     seconds = time.perf_counter() - start
     for row in rows:
         row["seconds"] = seconds
