@@ -118,12 +118,21 @@ def hash_codes(x: torch.Tensor, hyperplanes: torch.Tensor) -> torch.Tensor:
     m, tau, p = hyperplanes.shape[-3:]
     if tau > MAX_TAU:
         raise ValueError(f"`hyperplanes` must have tau <= {MAX_TAU} bits per hash; got tau={tau}.")
-    planes = hyperplanes.to(x.dtype).reshape(*hyperplanes.shape[:-3], m * tau, p)
-    bits = (x @ planes.transpose(-1, -2)) > 0  # (*batch, n, m * tau)
-    bits = bits.reshape(*bits.shape[:-1], m, tau).to(torch.int64)
-    weights = 2 ** torch.arange(tau, device=x.device, dtype=torch.int64)
-    codes = (bits * weights).sum(-1)  # (*batch, n, m)
-    return codes.transpose(-1, -2)
+    planes = hyperplanes.to(x.dtype)
+    # Bits are packed by a product with the weights 2**t: float32 holds every integer below
+    # 2**24 exactly, float64 below 2**53, so the codes are exact. Hashes go in chunks so the
+    # (*batch, n, chunk * tau) projections stay within _CHUNK_ELEMENTS.
+    pack = torch.float32 if tau <= 24 else torch.float64
+    weights = 2.0 ** torch.arange(tau, device=x.device, dtype=pack)
+    per_hash = math.prod(torch.broadcast_shapes(x.shape[:-2], planes.shape[:-3])) * x.shape[-2] * tau
+    chunk = max(1, _CHUNK_ELEMENTS // max(per_hash, 1))
+    codes = []
+    for start in range(0, m, chunk):
+        block = planes[..., start : start + chunk, :, :]
+        h = block.shape[-3]
+        bits = (x @ block.reshape(*block.shape[:-3], h * tau, p).transpose(-1, -2)) > 0  # (*batch, n, h * tau)
+        codes.append((bits.reshape(*bits.shape[:-1], h, tau).to(pack) @ weights).to(torch.int64))
+    return torch.cat(codes, dim=-1).transpose(-1, -2)  # (*batch, m, n)
 
 
 def collision_probability(cosine: torch.Tensor, tau: int) -> torch.Tensor:

@@ -52,12 +52,30 @@ def sparsity_measurement(q, k, *, key_indices=None):
     if key_indices is None:
         logits = scaled_logits(q, k)
     else:
-        *batch, n, s = key_indices.shape
-        p = k.shape[-1]
-        k_expanded = k.unsqueeze(-3).expand(*batch, n, k.shape[-2], p)
-        sampled = k_expanded.gather(-2, key_indices.unsqueeze(-1).expand(*batch, n, s, p))  # (*batch, n, s, p)
-        logits = (sampled @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(p)  # (*batch, n, s)
+        logits = _sampled_logits(q, k, key_indices)
     return logits.amax(-1) - logits.mean(-1)
+
+
+_CHUNK_ELEMENTS = 1 << 22
+"""Sampled key rows ``(*batch, chunk, s, p)`` gathered at once by :func:`_sampled_logits`."""
+
+
+def _sampled_logits(q, k, key_indices):
+    r""":math:`s_{i,j} = q_i^\top k_{I_{ij}}/\sqrt p`, ``(*batch, n, s)``, for ``key_indices`` :math:`I`.
+
+    Queries go in chunks, so the gathered key rows stay within :data:`_CHUNK_ELEMENTS` whatever
+    ``n`` (gathering all ``n * s`` rows at once moved 1.1 GB at n = 4096, 12 heads, s = 45).
+    """
+    *batch, n, s = key_indices.shape
+    n_k, p = k.shape[-2:]
+    groups = math.prod(batch)
+    keys = k.expand(*batch, n_k, p).reshape(groups * n_k, p)
+    rows = key_indices + (torch.arange(groups, device=k.device) * n_k).reshape(*batch, 1, 1)
+    q = q.expand(*batch, n, p)
+    chunk = max(1, _CHUNK_ELEMENTS // max(groups * s * p, 1))
+    logits = [torch.einsum("...csp,...cp->...cs", keys[rows[..., i : i + chunk, :]], q[..., i : i + chunk, :])
+              for i in range(0, n, chunk)]
+    return torch.cat(logits, dim=-2) / math.sqrt(p)
 
 
 class ProbSparseOperator(LinearOperator):
