@@ -224,13 +224,13 @@ def completion_nystrom(
     *,
     num_features,
     normalized,
-    generator=None,
-    core="pinv",
-    gamma=DEFAULT_GAMMA,
-    num_iter=DEFAULT_NUM_ITER,
-    init="identity",
-    columns=None,
-    key_mask=None,
+    generator,
+    core,
+    gamma,
+    num_iter,
+    init,
+    columns,
+    key_mask,
 ):
     r"""The one body of ``skyformer`` (``normalized=False``) and ``skyformer-softmax`` (``True``).
 
@@ -258,7 +258,8 @@ def completion_nystrom(
     features="sampled columns d of the 2n x 2n completion (Eq. (5))",
     max_features=lambda n: 2 * n,
 )
-def skyformer(q, k, v, *, num_features, generator=None, key_mask=None, **options):
+def skyformer(q, k, v, *, num_features, generator=None, core="pinv", gamma=DEFAULT_GAMMA, num_iter=DEFAULT_NUM_ITER,
+              init="identity", columns=None, key_mask=None):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
     Parameters
@@ -316,8 +317,8 @@ def skyformer(q, k, v, *, num_features, generator=None, key_mask=None, **options
     ----------
     Chen et al. (2021), Skyformer, Eqs. (3)-(6), Theorem 2, Lemma 3, Section 4.4.
     """
-    return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator,
-                              key_mask=key_mask, **options)
+    return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator, core=core,
+                              gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask)
 
 
 SKYFORMER = skyformer

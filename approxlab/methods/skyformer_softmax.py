@@ -8,6 +8,7 @@ Performer does". ``num_features`` is the number ``d`` of sampled columns of the
 
 from __future__ import annotations
 
+from ..linalg.cores import DEFAULT_GAMMA, DEFAULT_NUM_ITER
 from ._base import method
 from .skyformer import completion_nystrom
 
@@ -18,7 +19,8 @@ from .skyformer import completion_nystrom
     features="sampled columns d of the completion of [Q; K]",
     max_features=lambda n: 2 * n,
 )
-def skyformer_softmax(q, k, v, *, num_features, generator=None, **options):
+def skyformer_softmax(q, k, v, *, num_features, generator=None, core="pinv", gamma=DEFAULT_GAMMA,
+                      num_iter=DEFAULT_NUM_ITER, init="identity", columns=None, key_mask=None):
     r"""Eq. (5) of Skyformer on the completion :math:`\bar A` of the raw scores, row-normalised.
 
     Parameters
@@ -29,9 +31,8 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, **options):
         ``d``, sampled columns of the completion, ``1 <= d <= n + m``.
     generator : torch.Generator, optional
         CPU generator for the column sample.
-    **options
-        ``core``, ``gamma``, ``num_iter``, ``init``, ``columns``: as for
-        :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``).
+    core, gamma, num_iter, init, columns, key_mask
+        As for :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``).
 
     Returns
     -------
@@ -74,7 +75,8 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, **options):
     ----------
     Chen et al. (2021), Skyformer, Lemma 1, Eqs. (4)-(6), Section 4.1, Figure 1.
     """
-    return completion_nystrom(q, k, v, num_features=num_features, normalized=True, generator=generator, **options)
+    return completion_nystrom(q, k, v, num_features=num_features, normalized=True, generator=generator, core=core,
+                              gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask)
 
 
 SKYFORMER_SOFTMAX = skyformer_softmax
