@@ -225,3 +225,13 @@ def test_every_method_visible_on_a_log_axis():
     (marker,) = [line for line in lines if line.get_marker() == "^" and line.get_linestyle() == "None"]
     assert list(marker.get_xdata()) == [8] and not marker.get_clip_on()
     plt.close(fig)
+
+
+def test_window_rank_needs_a_dense_svd_only_up_to_dense_max_n(synthetic_data):
+    cell = {"condition": "initialized", "n": 48, "window": 0, "mode": "embedding", "layer": 0, "model_seed": 0,
+            "data_dir": None, "cache_dir": None, "device": "cpu", "positions": "interpolate", "checkpoint": None}
+    dense = figure1.compute_window({**cell, "dense_max_n": 48})[0]
+    assert dense["rank_a"] == 48 and dense["distinct_q_rows"] == 48
+    above = figure1.compute_window({**cell, "dense_max_n": 32})[0]
+    assert above["rank_a"] != above["rank_a"]  # NaN: no O(n^3) SVD above --matrix-free-above
+    assert above["distinct_q_rows"] == 48

@@ -508,7 +508,9 @@ def compute_window(cell: dict) -> list[dict]:
 
     ``distinct_tokens``; ``distinct_q_rows`` of head 0 (at most the distinct tokens without
     positions); ``rank_a``: numerical rank of head 0's :math:`A = \exp(QK^\top/\sqrt p)`
-    (float64; singular values above ``n * eps64 * sigma_1``, the rounding level of an SVD).
+    (float64; singular values above ``n * eps64 * sigma_1``, the rounding level of an SVD). The
+    rank needs a dense SVD, :math:`O(n^3)` (24 s on one core at n = 4096, the largest single cost
+    of a Figure-1 window): above ``n = dense_max_n`` (``--matrix-free-above``) it is NaN.
     """
     from ..kernels import scaled_logits
 
@@ -516,13 +518,14 @@ def compute_window(cell: dict) -> list[dict]:
                             model_seed=cell["model_seed"], data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
                             device=cell["device"], positions=cell["positions"], checkpoint=cell["checkpoint"])
     q0, k0 = q[0].detach().cpu().to(torch.float64), k[0].detach().cpu().to(torch.float64)
-    logits = scaled_logits(q0, k0)
-    sigma = torch.linalg.svdvals(torch.exp(logits - logits.max()))
-    n = q0.shape[0]
+    n, rank = q0.shape[0], math.nan
+    if n <= cell.get("dense_max_n", DENSE_MAX_N):
+        logits = scaled_logits(q0, k0)
+        sigma = torch.linalg.svdvals(torch.exp(logits - logits.max()))
+        rank = int((sigma > n * torch.finfo(torch.float64).eps * sigma[0]).sum())
     return [{"distinct_tokens": int(torch.as_tensor(ids).unique().numel()),
              "distinct_q_rows": int(torch.unique(q0, dim=0).shape[0]),
-             "rank_a": int((sigma > n * torch.finfo(torch.float64).eps * sigma[0]).sum()),
-             "positions": cell["positions"]}]
+             "rank_a": rank, "positions": cell["positions"]}]
 
 
 def _run_info(args_like: dict) -> dict:
@@ -553,7 +556,8 @@ def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", s
     ]
     stats = run_cells(panels, compute_panel, results_path=out / CONDITIONING, key_columns=PANEL_KEY_COLUMNS,
                       **common)
-    window_cells = [{"condition": c, "n": n, "window": w, **_data_settings(config, data_dir, cache_dir, device)}
+    window_cells = [{"condition": c, "n": n, "window": w,
+                     **_data_settings(config, data_dir, cache_dir, device, dense_max_n)}
                     for c in config["conditions"] for n in config["n"] for w in window_ids(config, n)]
     run_cells(window_cells, compute_window, results_path=out / WINDOWS, key_columns=WINDOW_KEY_COLUMNS, **common)
     return results, stats
