@@ -4,6 +4,8 @@ The block Lanczos estimator it times is tested in ``tests/test_lanczos.py``."""
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 
 from approxlab.cli import main
@@ -52,3 +54,22 @@ def test_bench_cli_refuses_dask(tmp_path, capsys):
 def test_bench_plot_only_without_results(tmp_path, capsys):
     assert main(["bench", "--out", str(tmp_path / "none"), "--plot-only"]) == 2
     assert "run the study's compute step first" in capsys.readouterr().err
+
+
+def test_measure_interleaved_times_in_turn_and_takes_each_median():
+    from approxlab.studies.bench import measure_interleaved
+
+    calls, delays = [], {"a": [0.0, 0.03, 0.0], "b": [0.01, 0.01, 0.05]}
+
+    def make(name):
+        def function():
+            calls.append(name)
+            time.sleep(delays[name][sum(c == name for c in calls) - 2] if len(calls) > 2 else 0.0)
+        return function
+
+    a, b = measure_interleaved([make("a"), make("b")], repeats=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # warm-ups, then A, B, A, B, A, B
+    assert (a.repeats, b.repeats, a.warmup) == (3, 3, 1)
+    assert a.wall_min_s <= a.wall_s <= a.wall_max_s and b.wall_min_s <= b.wall_s <= b.wall_max_s
+    assert 0.0 <= a.wall_s < 0.02 and 0.02 <= a.wall_max_s  # median of (0, 0.03, 0), not the mean
+    assert 0.01 <= b.wall_s < 0.03 and 0.05 <= b.wall_max_s

@@ -77,8 +77,9 @@ Timing
 :func:`measure`: forward-type timings make one untimed warm-up call and report the median
 ``wall_s`` (``time.perf_counter``) and ``cpu_s`` (``time.process_time``) of ``repeats >= 5``
 calls (``wall_min_s``, ``wall_max_s`` beside them); on a GPU each timed call is bracketed by
-``torch.cuda.synchronize()``, so kernels are timed, not their launches. The spectral-error
-routes and the Figure-1 cell run once. The 1-minute load average is recorded per measurement.
+``torch.cuda.synchronize()``, so kernels are timed, not their launches. The operator-product
+ratios time SDPA, ``matmat`` and ``rmatmat`` in turn (:func:`measure_interleaved`), so a drift of
+the machine's speed reaches all three alike. The spectral-error routes and the Figure-1 cell run once. The 1-minute load average is recorded per measurement.
 
 Outputs (``figures/bench/``; ``--quick``: ``figures/bench-quick/``)
 ------------------------------------------------------------------
@@ -128,6 +129,7 @@ __all__ = [
     "write_summary",
     "Measurement",
     "measure",
+    "measure_interleaved",
     "ratio_rows",
 ]
 
@@ -318,6 +320,32 @@ def measure(function, *args, repeats: int = 1, warmup: int = 0, device=None, int
         gpu_peak_mb=torch.cuda.max_memory_allocated(device) / mib if cuda else None,
         load_average=os.getloadavg()[0],
     )
+
+
+def measure_interleaved(functions, *, repeats: int = 5, warmup: int = 1, device=None):
+    """:func:`measure` of several no-argument ``functions``, timed in turn (A, B, C, A, B, C, ...).
+
+    A drift of the machine's speed (another process, frequency, the RSS sampler) then reaches
+    every function alike, so the ratio of their medians is what it claims to be. Returns one
+    :class:`Measurement` per function: median, fastest and slowest of its ``repeats`` calls, the
+    RSS before its first timed call and the highest peak over its calls.
+    """
+    import statistics
+
+    for function in functions:
+        for _ in range(warmup):
+            function()
+    rounds = [[measure(function, device=device)[1] for function in functions] for _ in range(max(1, repeats))]
+    measurements = []
+    for calls in zip(*rounds):
+        walls = [m.wall_s for m in calls]
+        gpu = [m.gpu_peak_mb for m in calls if m.gpu_peak_mb is not None]
+        measurements.append(dataclasses.replace(
+            calls[-1], wall_s=statistics.median(walls), cpu_s=statistics.median(m.cpu_s for m in calls),
+            wall_min_s=min(walls), wall_max_s=max(walls), repeats=len(calls), warmup=warmup,
+            rss_before_mb=calls[0].rss_before_mb, peak_rss_mb=max(m.peak_rss_mb for m in calls),
+            gpu_peak_mb=max(gpu) if gpu else None))
+    return measurements
 
 
 # ----------------------------------------------------------------------------------------
@@ -574,19 +602,21 @@ def _sdpa_forward(q, k, v):
 def _operator_ratio_rows(config, q, k, v, common, device):
     """ExactAttentionOperator matmat and rmatmat against one SDPA forward, float32 and float64.
 
-    The adjoint's row log-sum-exps are computed once per operator (in the warm-up call) and
-    cached, as in any sequence of products with one operator."""
+    The three are timed in turn (:func:`measure_interleaved`). The adjoint's row
+    log-sum-exps are computed once per operator (in the warm-up call) and cached, as in any
+    sequence of products with one operator."""
     from ..operators import ExactAttentionOperator
 
     rows, timed = [], _timed(config, device)
     for dtype in (torch.float32, torch.float64):
         q_, k_, v_ = (x.to(dtype) for x in (q, k, v))
         name = str(dtype).replace("torch.", "")
-        _, base = measure(_sdpa_forward, q_, k_, v_, **timed)
-        rows.append(_row("torch-sdpa", base, compute_dtype=name, **common))
         op = ExactAttentionOperator(q_, k_)
-        for algorithm, function in (("operator-matmat", op.matmat), ("operator-rmatmat", op.rmatmat)):
-            _, m = measure(function, v_, **timed)
+        base, *products = measure_interleaved(
+            [lambda: _sdpa_forward(q_, k_, v_), lambda: op.matmat(v_), lambda: op.rmatmat(v_)],  # noqa: B023
+            repeats=timed["repeats"], warmup=timed["warmup"], device=device)
+        rows.append(_row("torch-sdpa", base, compute_dtype=name, **common))
+        for algorithm, m in zip(("operator-matmat", "operator-rmatmat"), products):
             rows.append(_row(algorithm, m, compute_dtype=name, ratio_vs_sdpa=m.wall_s / base.wall_s, **common))
     return rows
 
