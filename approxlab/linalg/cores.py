@@ -34,6 +34,8 @@ from .pinv import INITS, iterative_pinv
 
 __all__ = [
     "CORES",
+    "DEFAULT_CORE",
+    "DEFAULT_INIT",
     "DEFAULT_GAMMA",
     "DEFAULT_NUM_ITER",
     "CoreFactors",
@@ -45,6 +47,10 @@ __all__ = [
 ]
 
 CORES = ("pinv", "schulz")
+DEFAULT_CORE = "pinv"
+"""The core of Eq. (5) and Theorem 2 of Skyformer (what Figure 1 plots)."""
+DEFAULT_INIT = "identity"
+"""Schulz start :math:`Z_0` of the ``"schulz"`` core (converges by Skyformer's Lemma 3)."""
 DEFAULT_GAMMA = 0.1
 r"""Skyformer's regulariser :math:`\gamma` of the ``"schulz"`` core (Section 4.4)."""
 DEFAULT_NUM_ITER = 6
@@ -225,10 +231,10 @@ def check_core_options(*, core, gamma, num_iter, init) -> None:
 def nystrom_core(
     block: torch.Tensor,
     *,
-    core: str = "pinv",
+    core: str = DEFAULT_CORE,
     gamma: float = DEFAULT_GAMMA,
     num_iter: int = DEFAULT_NUM_ITER,
-    init="identity",
+    init=DEFAULT_INIT,
     hermitian: bool = True,
     rcond: float | None = None,
 ) -> tuple[torch.Tensor, dict]:

@@ -21,7 +21,8 @@ import torch
 
 from .. import kernels, sketch
 from .._validation import check_int
-from ..linalg.cores import DEFAULT_GAMMA, DEFAULT_NUM_ITER, CoreFactors, check_core_options, nystrom_core
+from ..linalg.cores import (DEFAULT_CORE, DEFAULT_GAMMA, DEFAULT_INIT, DEFAULT_NUM_ITER, CoreFactors,
+                            check_core_options, nystrom_core)
 from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask, mask_columns
@@ -258,8 +259,8 @@ def completion_nystrom(
     features="sampled columns d of the 2n x 2n completion (Eq. (5))",
     max_features=lambda n: 2 * n,
 )
-def skyformer(q, k, v, *, num_features, generator=None, core="pinv", gamma=DEFAULT_GAMMA, num_iter=DEFAULT_NUM_ITER,
-              init="identity", columns=None, key_mask=None):
+def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
+              num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
     Parameters

@@ -8,7 +8,7 @@ Performer does". ``num_features`` is the number ``d`` of sampled columns of the
 
 from __future__ import annotations
 
-from ..linalg.cores import DEFAULT_GAMMA, DEFAULT_NUM_ITER
+from ..linalg.cores import DEFAULT_CORE, DEFAULT_GAMMA, DEFAULT_INIT, DEFAULT_NUM_ITER
 from ._base import method
 from .skyformer import completion_nystrom
 
@@ -19,8 +19,8 @@ from .skyformer import completion_nystrom
     features="sampled columns d of the completion of [Q; K]",
     max_features=lambda n: 2 * n,
 )
-def skyformer_softmax(q, k, v, *, num_features, generator=None, core="pinv", gamma=DEFAULT_GAMMA,
-                      num_iter=DEFAULT_NUM_ITER, init="identity", columns=None, key_mask=None):
+def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
+                      num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None):
     r"""Eq. (5) of Skyformer on the completion :math:`\bar A` of the raw scores, row-normalised.
 
     Parameters

@@ -78,8 +78,9 @@ Timing
 ``wall_s`` (``time.perf_counter``) and ``cpu_s`` (``time.process_time``) of ``repeats >= 5``
 calls (``wall_min_s``, ``wall_max_s`` beside them); on a GPU each timed call is bracketed by
 ``torch.cuda.synchronize()``, so kernels are timed, not their launches. The operator-product
-ratios time SDPA, ``matmat`` and ``rmatmat`` in turn (:func:`measure_interleaved`), so a drift of
-the machine's speed reaches all three alike. The spectral-error routes and the Figure-1 cell run once. The 1-minute load average is recorded per measurement.
+ratios time SDPA, ``matmat`` and ``rmatmat`` in turn (:func:`measure_interleaved`), so a drift
+of the machine's speed reaches all three alike. The spectral-error routes and the Figure-1 cell
+run once. The 1-minute load average is recorded per measurement.
 
 Outputs (``figures/bench/``; ``--quick``: ``figures/bench-quick/``)
 ------------------------------------------------------------------
