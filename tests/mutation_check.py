@@ -149,6 +149,13 @@ MUTATIONS = [
         "(r / num_features)",
         ["tests/test_informer_linformer.py::test_linformer_projection_is_isotropic_in_expectation"],
     ),
+    (
+        "Higham Eq. (3.5): float32 dot-product rounding radius of YOSO's certified signs (radius / 100)",
+        "approxlab/lsh.py",
+        "radius = 1.01 * (x.shape[-1] + 2)",
+        "radius = 0.0101 * (x.shape[-1] + 2)",
+        ["tests/test_yoso.py::test_hash_codes_keep_float64_signs_below_float32_resolution"],
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

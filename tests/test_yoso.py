@@ -66,6 +66,43 @@ def test_hash_codes_range_scale_invariance_and_zero_vector():
     assert int(lsh.hash_codes(torch.zeros(3, 2, 5, dtype=torch.float64), planes).abs().max()) == 0
 
 
+def _float64_codes(x, planes):
+    """Codes straight from the definition: float64 projections, bits packed with weights 2**t."""
+    bits = torch.einsum("...np,...mtp->...mnt", x, planes) > 0
+    return (bits.to(torch.int64) * 2 ** torch.arange(planes.shape[-2])).sum(-1)
+
+
+def test_hash_codes_match_float64_projections():
+    """Float64 codes come from float32 products with the doubtful signs redone in float64
+    (``lsh._certified_signs``): on Gaussian inputs they equal the float64 definition exactly,
+    over several chunks of hashes and broadcast batch shapes."""
+    g = _gen(11)
+    x = torch.randn(3, 700, 64, generator=g, dtype=torch.float64)
+    planes = lsh.draw_hyperplanes((3,), 300, 8, 64, generator=g)
+    assert torch.equal(lsh.hash_codes(x, planes), _float64_codes(x, planes))
+    shared = lsh.draw_hyperplanes((), 40, 5, 64, generator=g)
+    assert torch.equal(lsh.hash_codes(x, shared), _float64_codes(x, shared))
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-300, 1e300])
+def test_hash_codes_keep_float64_signs_below_float32_resolution(scale):
+    """Projections of size 1e-9 (relative), far below float32's rounding of about 1e-6 but
+    clear in float64, keep their float64 sign -- also for rows scaled to 1e-300 or 1e300, which
+    float32 cannot hold. Each query lies within 1e-9 of the hyperplane of bit 0, on a random side."""
+    g = _gen(12)
+    p, n = 64, 400
+    planes = lsh.draw_hyperplanes((), 50, 3, p, generator=g)
+    w = planes[0, 0]
+    base = torch.randn(n, p, generator=g, dtype=torch.float64)
+    base = base - (base @ w)[:, None] * w / (w @ w)  # on the hyperplane of bit 0
+    base = F.normalize(base, dim=-1)
+    side = torch.randint(0, 2, (n,), generator=g).to(torch.float64) * 2 - 1
+    x = (base + side[:, None] * 1e-9 * w / w.norm()) * scale
+    codes = lsh.hash_codes(x, planes)
+    assert torch.equal(codes[0] % 2, (side > 0).to(torch.int64))  # bit 0 of hash 0
+    assert torch.equal(codes, _float64_codes(x / scale, planes))
+
+
 # ---------------------------------------------------------------- hash-table accumulation
 
 
