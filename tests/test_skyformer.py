@@ -257,6 +257,26 @@ def test_explicit_columns_and_info():
         assert bool((res.info["core_condition_number"] >= 1).all())
 
 
+@pytest.mark.parametrize("name", ["skyformer", "skyformer-softmax", "nystrom"])
+def test_core_condition_number_follows_the_library_rule(name):
+    """``info["core_condition_number"]`` is :func:`approxlab.linalg.condition_number` of the core
+    block: finite and equal for a well-conditioned core, ``inf`` (never ~1e16 of rounding noise)
+    when two landmarks coincide, so that the block is singular."""
+    q, k, v = synthetic_qkv((2,), 16, 4, generator=_gen(3))
+    q[:, 1] = q[:, 0]  # duplicated query row: a core with both as landmarks is singular
+    k[:, 1] = k[:, 0]
+    cols = torch.tensor([0, 1, 5, 16, 20, 21]) if name != "nystrom" else torch.tensor([0, 1, 5])
+    res = approxlab.approximate(name, q, k, v, num_features=len(cols), columns=cols)
+    expected = linalg.condition_number(res.info["core_block"])
+    assert bool(torch.isinf(expected).all())
+    assert torch.equal(res.info["core_condition_number"], expected)
+    cols = cols[1:]
+    res = approxlab.approximate(name, q, k, v, num_features=len(cols), columns=cols)
+    expected = linalg.condition_number(res.info["core_block"])
+    assert bool(torch.isfinite(expected).all())
+    torch.testing.assert_close(res.info["core_condition_number"], expected, rtol=1e-8, atol=0)
+
+
 @pytest.mark.parametrize("name", ["skyformer", "skyformer-softmax"])
 @pytest.mark.parametrize("core", ["pinv", "schulz"])
 def test_float32_large_logits_finite_and_reproducible(name, core):

@@ -213,9 +213,13 @@ def scaled_core(m: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tens
     return inv_sqrt.unsqueeze(-1) * w * inv_sqrt.unsqueeze(-2), inv_sqrt
 
 
-def _condition_number(spectrum: torch.Tensor) -> torch.Tensor:
+def _condition_number(spectrum: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sigma_{\max}/\sigma_{\min}` of a core whose ``rank`` is full, ``inf`` where the
+    threshold dropped a direction -- the rule of :func:`approxlab.linalg.condition_number`, so a
+    finite value is never made of rounding noise."""
     top, bottom = spectrum[..., 0], spectrum[..., -1]
-    return torch.where(bottom > 0, top / torch.where(bottom > 0, bottom, torch.ones_like(bottom)),
+    full = (rank == spectrum.shape[-1]) & (bottom > 0)
+    return torch.where(full, top / torch.where(full, bottom, torch.ones_like(bottom)),
                        torch.full_like(top, float("inf")))
 
 
@@ -269,8 +273,8 @@ def nystrom_core(
         ``"schulz"``); ``factors.matrix()`` forms it.
     info : dict
         ``core_block`` (:math:`M`), ``core_condition_number`` (``(*batch,)``,
-        :math:`\sigma_{\max}/\sigma_{\min}` of :math:`M`, ``inf`` if singular), ``core_rank``
-        (eigenvalues kept by the threshold), and for ``"schulz"`` ``pinv_residuals`` /
+        :math:`\sigma_{\max}/\sigma_{\min}` of :math:`M`, ``inf`` if the threshold drops a
+        direction, i.e. ``core_rank < d``), ``core_rank`` (eigenvalues kept by the threshold), and for ``"schulz"`` ``pinv_residuals`` /
         ``pinv_penrose_residuals`` (``(num_iter + 1, *batch)``, see
         :func:`approxlab.linalg.iterative_pinv`).
 
@@ -299,7 +303,7 @@ def nystrom_core(
         spectrum, rank = _spectrum_only(block, hermitian=hermitian, rcond=rcond)
     info = {
         "core_block": block,
-        "core_condition_number": _condition_number(spectrum),
+        "core_condition_number": _condition_number(spectrum, rank),
         "core_rank": rank,
     }
     if core == "schulz":
