@@ -132,8 +132,10 @@ def hash_codes(x: torch.Tensor, hyperplanes: torch.Tensor) -> torch.Tensor:
     weights = 2.0 ** torch.arange(tau, device=x.device, dtype=pack)
     per_hash = math.prod(torch.broadcast_shapes(x.shape[:-2], planes.shape[:-3])) * x.shape[-2] * tau
     chunk = max(1, _CHUNK_ELEMENTS // max(per_hash, 1))
-    # float64 on CPU: signs from float32 products, the doubtful ones redone in float64 (3x faster)
-    certify = x.dtype == torch.float64 and x.device.type == "cpu" and torch.get_float32_matmul_precision() == "highest"
+    # float64 on CPU: signs from float32 products (3x faster than float64's), the doubtful ones
+    # redone in float64; only while float32 matmuls are plain IEEE float32 (precision "highest")
+    certify = (x.dtype == torch.float64 and x.device.type == "cpu"
+               and torch.get_float32_matmul_precision() == "highest")
     if certify:
         x32 = _unit_rows(x).float()
         planes32 = _unit_rows(planes.reshape(*planes.shape[:-3], m * tau, p)).float()

@@ -274,9 +274,9 @@ def nystrom_core(
     info : dict
         ``core_block`` (:math:`M`), ``core_condition_number`` (``(*batch,)``,
         :math:`\sigma_{\max}/\sigma_{\min}` of :math:`M`, ``inf`` if the threshold drops a
-        direction, i.e. ``core_rank < d``), ``core_rank`` (eigenvalues kept by the threshold), and for ``"schulz"`` ``pinv_residuals`` /
-        ``pinv_penrose_residuals`` (``(num_iter + 1, *batch)``, see
-        :func:`approxlab.linalg.iterative_pinv`).
+        direction, i.e. ``core_rank < d``), ``core_rank`` (eigenvalues kept by the threshold),
+        and for ``"schulz"`` ``pinv_residuals`` / ``pinv_penrose_residuals``
+        (``(num_iter + 1, *batch)``, see :func:`approxlab.linalg.iterative_pinv`).
 
     Notes
     -----
