@@ -35,7 +35,7 @@ __all__ = [
 
 def scaled_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     r"""Logits :math:`QK^\top/\sqrt{p}`: ``(*batch, n, p), (*batch, m, p) -> (*batch, n, m)``."""
-    return (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return (q @ k.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))  # in place: no second n x m array
 
 
 def softmax_matrix(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -69,12 +69,11 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     Squared distances are formed as :math:`\|x\|^2 + \|y\|^2 - 2x^\top y` and clamped at 0,
     so rounding never produces an entry above 1.
     """
-    sq = (
-        (x * x).sum(-1, keepdim=True)
-        + (y * y).sum(-1).unsqueeze(-2)
-        - 2.0 * (x @ y.transpose(-1, -2))
-    ).clamp_min(0.0)
-    return torch.exp(-0.5 * sq)
+    # The same operations in the same order as exp(-0.5 * clamp(|x|^2 + |y|^2 - 2 x.y, 0)), done in
+    # place on the two n x m arrays (each new large array costs a page-faulting allocation).
+    sq = (x * x).sum(-1, keepdim=True) + (y * y).sum(-1).unsqueeze(-2)
+    sq = sq.sub_((x @ y.transpose(-1, -2)).mul_(2.0))
+    return sq.clamp_min_(0.0).mul_(-0.5).exp_()
 
 
 def kernelized_matrix(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -138,15 +138,15 @@ MUTATIONS = [
     (
         "Performer Lemma 1: positive random features exp(w^T x - |x|^2 / 2) are unbiased (1/2 -> 0.45)",
         "approxlab/methods/performer.py",
-        "- 0.5 * (x * x).sum(-1, keepdim=True)",
-        "- 0.45 * (x * x).sum(-1, keepdim=True)",
+        ".sub_(0.5 * (x * x).sum(-1, keepdim=True))",
+        ".sub_(0.45 * (x * x).sum(-1, keepdim=True))",
         ["tests/test_performer.py::test_random_features_are_unbiased_for_the_softmax_kernel"],
     ),
     (
         "Linformer: E[P^T P] = I for the random projection (scale 1/sqrt(k) -> 1/k)",
         "approxlab/methods/linformer.py",
-        "(r / math.sqrt(num_features))",
-        "(r / num_features)",
+        "r.div_(math.sqrt(num_features))",
+        "r.div_(num_features)",
         ["tests/test_informer_linformer.py::test_linformer_projection_is_isotropic_in_expectation"],
     ),
     (

@@ -51,7 +51,7 @@ def gaussian_projection(
     n = check_int(n, "n", low=1)
     g = as_generator(generator)
     r = torch.randn(*tuple(batch_shape), num_features, n, generator=g, dtype=torch.float64)
-    return (r / math.sqrt(num_features)).to(device=device, dtype=dtype)
+    return r.div_(math.sqrt(num_features)).to(device=device, dtype=dtype)
 
 
 @method(

@@ -117,9 +117,9 @@ def positive_random_features(x: torch.Tensor, projection: torch.Tensor, *, log: 
             f"{tuple(x.shape)}; got {tuple(projection.shape)}."
         )
     r = projection.shape[-2]
-    logits = x @ projection.to(x.dtype).transpose(-1, -2) - 0.5 * (x * x).sum(-1, keepdim=True)
-    logits = logits - 0.5 * math.log(r)
-    return logits if log else torch.exp(logits)
+    logits = (x @ projection.to(x.dtype).transpose(-1, -2)).sub_(0.5 * (x * x).sum(-1, keepdim=True))
+    logits = logits.sub_(0.5 * math.log(r))  # in place: no further (n, r) arrays
+    return logits if log else logits.exp_()
 
 
 @method(
@@ -194,9 +194,9 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True):
     log_q = positive_random_features(q * scale, projection, log=True)  # (*batch, n, r)
     log_k = positive_random_features(k * scale, projection, log=True)  # (*batch, n_k, r)
     column_log_sums = torch.logsumexp(log_k, dim=-2, keepdim=True)  # (*batch, 1, r)
-    key_features = torch.exp(log_k - column_log_sums)
-    shifted = log_q + column_log_sums
-    query_features = torch.exp(shifted - shifted.amax(-1, keepdim=True))
+    key_features = (log_k - column_log_sums).exp_()  # logsumexp keeps log_k for its gradient
+    shifted = log_q.add_(column_log_sums)
+    query_features = (shifted - shifted.amax(-1, keepdim=True)).exp_()
     normalizer = query_features.sum(-1)  # = Q' K'^T 1, since K'^T 1 = 1; >= 1
     output = (query_features @ (key_features.transpose(-1, -2) @ v)) / normalizer.unsqueeze(-1)
 

@@ -150,15 +150,15 @@ def gaussian_skeleton(
 
     No factor exceeds 1, so nothing overflows even for float32 logits of :math:`\pm 80`.
     """
-    if normalized:
-        log_left = kernels.scaled_logits(q, left_landmarks) - kernels.log_diag_scale(left_landmarks).unsqueeze(-2)
-        left = torch.exp(log_left - log_left.amax(-1, keepdim=True))
+    if normalized:  # in place where autograd allows: each new (n, d) array costs a page-faulting allocation
+        log_left = kernels.scaled_logits(q, left_landmarks).sub_(kernels.log_diag_scale(left_landmarks).unsqueeze(-2))
+        left = (log_left - log_left.amax(-1, keepdim=True)).exp_()  # amax keeps log_left for its gradient
         log_right = (
             kernels.scaled_logits(right_landmarks, k)
-            - kernels.log_diag_scale(right_landmarks).unsqueeze(-1)
-            - kernels.log_diag_scale(k).amax(-1, keepdim=True).unsqueeze(-1)
+            .sub_(kernels.log_diag_scale(right_landmarks).unsqueeze(-1))
+            .sub_(kernels.log_diag_scale(k).amax(-1, keepdim=True).unsqueeze(-1))
         )
-        right = torch.exp(log_right.clamp_max(0.0))
+        right = log_right.clamp_max_(0.0).exp_()
     else:
         left = kernels.kernelized_matrix(q, left_landmarks)
         right = kernels.kernelized_matrix(right_landmarks, k)
