@@ -52,7 +52,8 @@ std, min and max over the heads (``error_*``), the same for the relative error
 raised and a ``status`` ("ok", or the error that stopped the method, whose errors are then ``inf``).
 
 ``windows.csv``: one row per condition x n x window: distinct tokens, distinct rows of Q
-(head 0) and the numerical rank of A (head 0; singular values above ``n * eps64 * sigma_1``).
+(head 0), the numerical rank of A (head 0; singular values above ``n * eps64 * sigma_1``) and
+the wall time of these diagnostics (``seconds``; the dense SVD is nearly all of it).
 
 ``panel_stats.csv`` (written by the plot step from ``results.csv``): per condition x n x
 dtype x method x num_features, the mean, median, quartiles and max of the error over heads x
@@ -511,12 +512,14 @@ def compute_window(cell: dict) -> list[dict]:
     (float64; singular values above ``n * eps64 * sigma_1``, the rounding level of an SVD). The
     rank needs a dense SVD, :math:`O(n^3)` (24 s on one core at n = 4096, the largest single cost
     of a Figure-1 window): above ``n = dense_max_n`` (``--matrix-free-above``) it is NaN.
+    ``seconds``: the wall time of these diagnostics, the window's loading excluded.
     """
     from ..kernels import scaled_logits
 
     ids, q, k = load_window(cell["condition"], cell["n"], cell["window"], mode=cell["mode"], layer=cell["layer"],
                             model_seed=cell["model_seed"], data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
                             device=cell["device"], positions=cell["positions"], checkpoint=cell["checkpoint"])
+    start = time.perf_counter()
     q0, k0 = q[0].detach().cpu().to(torch.float64), k[0].detach().cpu().to(torch.float64)
     n, rank = q0.shape[0], math.nan
     if n <= cell.get("dense_max_n", DENSE_MAX_N):
@@ -525,7 +528,7 @@ def compute_window(cell: dict) -> list[dict]:
         rank = int((sigma > n * torch.finfo(torch.float64).eps * sigma[0]).sum())
     return [{"distinct_tokens": int(torch.as_tensor(ids).unique().numel()),
              "distinct_q_rows": int(torch.unique(q0, dim=0).shape[0]),
-             "rank_a": rank, "positions": cell["positions"]}]
+             "rank_a": rank, "positions": cell["positions"], "seconds": time.perf_counter() - start}]
 
 
 def _run_info(args_like: dict) -> dict:
