@@ -641,8 +641,11 @@ def _figure1_ratio_rows(cell, n, common):
     """The Figure-1 cell (initialized, one window, d in {64, 256}, one seed, all methods, float64,
     as the issue defines it): its compute as ``approxlab figure1`` runs it (window diagnostics,
     exact references, every method, panel statistics), against float64 SDPA exact attention of
-    the same window's heads. A second row, ``figure1-cell-methods``, is the part of it that
-    ``results.csv`` reports as the methods' own ``seconds`` (approximation and its error)."""
+    the same window's heads. Three more rows split it: ``figure1-cell-methods``, the methods' own
+    ``seconds`` in ``results.csv`` (approximation and its error); ``figure1-cell-window-rank``,
+    the window diagnostics' ``seconds`` in ``windows.csv`` (the dense SVD for the rank of A,
+    added by issue 12 after issue 11 defined the cell); and ``figure1-cell-without-window-rank``,
+    the compute less that, i.e. the cell as issue 11 defined it."""
     import tempfile
 
     from ..attention import exact_attention
@@ -662,11 +665,14 @@ def _figure1_ratio_rows(cell, n, common):
         _, m = measure(figure1.compute, grid, out, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
                        device=device, progress=False)
         methods_s = float(read_results(pathlib.Path(out) / figure1.RESULTS)["seconds"].sum())
+        rank_s = float(read_results(pathlib.Path(out) / figure1.WINDOWS)["seconds"].sum())
     heads = {**common, "p": int(q.shape[-1]), "heads": int(q.shape[0]), "dtype": "float64"}
+    parts = {"figure1-cell-methods": methods_s, "figure1-cell-window-rank": rank_s,
+             "figure1-cell-without-window-rank": m.wall_s - rank_s}
     return [_row("exact-attention-sdpa-all-heads", base, compute_dtype="float64", **heads),
             _row("figure1-cell-compute", m, compute_dtype="float64", ratio_vs_sdpa=m.wall_s / base.wall_s, **heads),
-            {"algorithm": "figure1-cell-methods", "compute_dtype": "float64", "wall_s": methods_s,
-             "ratio_vs_sdpa": methods_s / base.wall_s, **heads}]
+            *({"algorithm": name, "compute_dtype": "float64", "wall_s": seconds,
+               "ratio_vs_sdpa": seconds / base.wall_s, **heads} for name, seconds in parts.items())]
 
 
 def ratio_rows(cell: dict, q, k, v, common: dict) -> list[dict]:
@@ -787,9 +793,20 @@ TARGETS = {"operator-matmat": 1.3, "operator-rmatmat": 1.3, "spectral-error-sdpa
 """The issue's "Done means" bounds on ``ratio_vs_sdpa``."""
 
 
+CELL_PARTS = {
+    "figure1-cell-methods": "its methods' own seconds (approximations and their errors, as results.csv reports "
+                            "them) / the same",
+    "figure1-cell-window-rank": "its window diagnostics (the dense SVD for the rank of A, issue 12; windows.csv "
+                                "seconds) / the same",
+    "figure1-cell-without-window-rank": "its compute less the window diagnostics (the cell as issue 11 defined it) "
+                                        "/ the same",
+}
+"""Rows that split the Figure-1 cell's compute (no target of their own)."""
+
+
 def _ratio_lines(wide) -> list[str]:
     """The "Ratios of the issue" section: each measured ratio, its target and whether it is met."""
-    rows = wide[(wide["part"] == "ratios") & wide["algorithm"].isin([*TARGETS, "figure1-cell-methods"])]
+    rows = wide[(wide["part"] == "ratios") & wide["algorithm"].isin([*TARGETS, *CELL_PARTS])]
     if rows.empty:
         return []
     what = {"operator-matmat": "ExactAttentionOperator.matmat / SDPA forward (one head)",
@@ -797,8 +814,7 @@ def _ratio_lines(wide) -> list[str]:
             "spectral-error-sdpa-lanczos": "matrix-free spectral error / one SDPA forward (same head)",
             "figure1-cell-compute": "Figure-1 cell compute (initialized, float64, d in {64, 256}, 1 window, 1 seed, "
                                     "8 methods, d_stat, rank of A) / float64 SDPA exact attention of its heads",
-            "figure1-cell-methods": "its methods' own seconds (approximations and their errors, as results.csv "
-                                    "reports them) / the same"}
+            **CELL_PARTS}
     lines = ["## Ratios of the issue", "", "| ratio | n | dtype | seconds | baseline seconds | ratio | target | met |",
              "|---|---|---|---|---|---|---|---|"]
     base = wide[wide["part"] == "ratios"]
