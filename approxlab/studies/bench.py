@@ -749,10 +749,11 @@ def plot(results, path_without_suffix):
         sub = errors[errors["algorithm"] == algorithm].sort_values("n")
         if len(sub):
             added = sub["gpu_peak_mb"] if gpu else (sub["peak_rss_mb"] - sub["rss_before_mb"]).clip(lower=0)
-            ax.plot(sub["n"], added / 1024, **style)
+            ax.plot(sub["n"], added / 1024, **{**style, "markerfacecolor": "none"})  # hollow: series near 0 overlap
     ax.set(xlabel="n", ylabel="peak GPU memory (GiB)" if gpu else "RSS added during the call (GiB)",
            title="memory of the spectral error")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=-0.04 * ax.get_ylim()[1])  # room for whole markers at 0
+    ax.axhline(0.0, color="#999999", linewidth=0.6, zorder=0)
     _n_ticks(ax, errors["n"])
     ax = axes[1, 1]
     forward = wide[wide["part"] == "forward"]
