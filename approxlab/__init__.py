@@ -6,18 +6,21 @@ Public API::
     approxlab.attention_matrix(q, k, kind)                  # "softmax" | "scores" | "kernelized"
     approxlab.approximate(method, q, k, v, *, num_features, generator=None, **options)
     approxlab.methods.available()                           # registered method names
+    approxlab.methods.register(name, f, *, target, features, ...)   # your own method, in every study
+    approxlab.methods.draw(method, q, k, *, num_features, generator)  # a method's random draw, named tensors
     approxlab.metrics      spectral_norm, spectral_error, ridge_leverage_scores, ...
     approxlab.linalg       iterative_pinv, stable_pinv, nystrom_core, golub_kahan, condition_number
     approxlab.sketch       nystrom(K, columns), column sampling
     approxlab.operators    LinearOperator, ExactAttentionOperator, ...
     approxlab.synthetic    matrices with a prescribed spectrum, synthetic Q/K/V
     approxlab.errors       NotPSDError, NumericalWarning, ConvergenceWarning, ...
+    approxlab.stats        describe, bootstrap, verdict, win_rate, t_test_power, ... (the studies' statistics)
 
 Shapes are ``(*batch, n, p)`` with ``*batch`` = (sequences, heads); randomness only
 through a keyword ``generator`` (a CPU ``torch.Generator``).
 """
 
-from . import errors, kernels, linalg, methods, metrics, operators, sketch, synthetic
+from . import errors, kernels, linalg, methods, metrics, operators, sketch, stats, synthetic
 from .attention import approximate, attention_matrix, exact_attention
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "metrics",
     "operators",
     "sketch",
+    "stats",
     "synthetic",
 ]
 __version__ = "0.1.0"

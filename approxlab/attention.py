@@ -21,9 +21,9 @@ import math
 import torch
 
 from . import kernels
-from ._validation import as_generator, check_choice, check_int, check_qkv, peak_magnitude
+from ._validation import as_generator, check_choice, check_qkv, peak_magnitude
 from .methods import registry
-from .methods._base import Approximation
+from .methods import Approximation
 from .operators import softmax_attention
 
 __all__ = ["exact_attention", "attention_matrix", "approximate"]
@@ -33,7 +33,6 @@ _KINDS = {
     "scores": kernels.score_matrix,
     "kernelized": kernels.kernelized_matrix,
 }
-_COMMON = ("q", "k", "v", "num_features", "generator")
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -91,6 +90,7 @@ def approximate(
     *,
     num_features: int,
     generator: torch.Generator | None = None,
+    draw: dict | None = None,
     key_mask: torch.Tensor | None = None,
     **options,
 ) -> Approximation:
@@ -99,15 +99,22 @@ def approximate(
     Parameters
     ----------
     method : str
-        A name from :func:`approxlab.methods.available`.
+        A name from :func:`approxlab.methods.available` (built-in, registered with
+        :func:`approxlab.methods.register`, or installed as a plugin).
     q, k, v : torch.Tensor
-        ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``.
+        ``(*batch, n, p)``, ``(*batch, m, p)``, ``(*batch, m, p_v)``.
     num_features : int
         The method's budget (columns, landmarks, random features, hashes, projected
-        length; see the table in :mod:`approxlab.methods`), ``1 <= num_features <= max``.
+        length; see the table in :mod:`approxlab.methods`), ``1 <= num_features <= max``, where
+        ``max = get(method).max_features(n, m)`` (e.g. ``n + m`` for skyformer, ``n`` queries for
+        informer, ``m`` keys for most).
     generator : torch.Generator, optional
         A **CPU** generator; every random draw comes from it (then moves to ``q.device``),
         so a seed gives the same samples on CPU and GPU. ``None``: a fresh, OS-seeded one.
+    draw : dict, optional
+        The method's random draw as named tensors (:func:`approxlab.methods.draw`, or made by
+        hand in the documented shapes), used instead of ``generator`` (exclusive with it): the
+        same draw gives the same output bit for bit as the generator it came from.
     key_mask : torch.Tensor, optional
         ``(*batch, n)`` bool, True on keys that may be attended, False on padding; masked keys
         get zero weight (:mod:`approxlab.methods._masking`). Only for methods whose function
@@ -118,30 +125,41 @@ def approximate(
     Returns
     -------
     Approximation
-        ``.output`` ``(*batch, n, p_v)``, ``.operator()``, ``.matrix()``, ``.info``.
+        ``.output`` ``(*batch, n, p_v)``, ``.operator()``, ``.matrix()``, ``.info``. A method
+        function that returned only its output tensor gives an ``Approximation`` whose
+        ``.operator()``/``.matrix()`` raise ``NotImplementedError``.
 
     Raises
     ------
     TypeError, ValueError
         For the inputs listed in the module docstring; an unknown ``method``; ``num_features``
         not an integer in ``[1, max]`` (bools and floats included); a ``generator`` that is
-        not a CPU ``torch.Generator``; an option the method does not take (the message lists
-        those it does); or a bad option value (the method's own validation).
+        not a CPU ``torch.Generator``; both ``generator`` and ``draw``; a ``draw`` with a missing
+        or unknown key or a wrong shape (the message names ``draw``, the key, the shape expected
+        and the shape received); an option the method does not take (the message lists those it
+        does); a bad option value (the method's own validation); or a method function whose result
+        is not an ``Approximation`` or tensor of shape ``(*batch, n, p_v)``, ``q``'s dtype and
+        device (the message names the method, the expected and the received).
     FloatingPointError
         If the approximate output has non-finite entries (e.g. an approximate row sum
         of zero); the message names the method and the count.
     """
     spec = registry.get(method)
     check_qkv(q, k, v)
-    n = k.shape[-2]
-    num_features = check_int(num_features, "num_features", low=1, high=spec.max_features(n))
-    generator = as_generator(generator)
-    _check_options(spec, options)
+    num_features = spec.check_num_features(num_features, q.shape[-2], k.shape[-2])
+    spec.check_options(options)
+    if draw is not None:
+        _check_draw_accepted(spec, draw, generator)
+        if "draw" in inspect.signature(spec.function).parameters:
+            options["draw"] = draw
+    else:
+        generator = as_generator(generator)
     if key_mask is not None:
         if "key_mask" not in inspect.signature(spec.function).parameters:
             raise ValueError(f"`key_mask` is not supported by method {method!r}; got a mask for it.")
         options["key_mask"] = key_mask
     result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
+    result = _checked_result(spec, result, q, v)
     if not math.isfinite(peak_magnitude(result.output)):
         bad = int((~torch.isfinite(result.output)).sum())
         raise FloatingPointError(
@@ -151,18 +169,36 @@ def approximate(
     return result
 
 
-def _check_options(spec, options: dict) -> None:
-    """Every key of ``options`` must be a keyword of ``spec.function`` other than the common ones."""
-    parameters = inspect.signature(spec.function).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    allowed = sorted(
-        name for name, p in parameters.items()
-        if name not in _COMMON and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    )
-    for name, value in options.items():
-        if name not in allowed:
-            raise TypeError(
-                f"`{name}` is not an option of method {spec.name!r} (unexpected keyword argument "
-                f"{name!r}); its options are {allowed}; got {name}={value!r}."
-            )
+def _check_draw_accepted(spec, draw, generator) -> None:
+    """A draw goes to a method that takes one (a deterministic method takes the empty draw ``{}``), never
+    with a generator."""
+    if generator is not None:
+        raise ValueError("pass at most one of `generator` and `draw` (a draw replaces the generator); got both.")
+    if spec.draw is None and (spec.randomized or not isinstance(draw, dict) or draw):
+        reason = ("it draws nothing (deterministic)" if not spec.randomized
+                  else "it was registered without `draw=`")
+        raise ValueError(f"`draw` is not accepted by method {spec.name!r}: {reason}; got a draw with keys "
+                         f"{sorted(draw) if isinstance(draw, dict) else type(draw).__name__}.")
+
+
+def _checked_result(spec, result, q: torch.Tensor, v: torch.Tensor) -> Approximation:
+    """The method's result as an :class:`Approximation` whose output has ``q``'s batch, n, dtype, device and
+    ``v``'s p_v; a bare output tensor is wrapped (it then has no operator)."""
+    name = spec.name
+    if isinstance(result, torch.Tensor):
+        result = Approximation(name, spec.target, result)
+    elif not isinstance(result, Approximation):
+        raise TypeError(f"method {name!r} must return an approxlab.methods.Approximation or its output tensor "
+                        f"(*batch, n, p_v); got {type(result).__name__}.")
+    if (result.method, result.target) != (name, spec.target):
+        raise ValueError(f"method {name!r} must return an Approximation of method {name!r} with target "
+                         f"{spec.target!r} (as registered); got method {result.method!r}, target {result.target!r}.")
+    expected = (*q.shape[:-1], v.shape[-1])
+    output = result.output
+    if tuple(output.shape) != expected:
+        raise ValueError(f"method {name!r} must return an output of shape (*batch, n, p_v) = {expected}; got "
+                         f"{tuple(output.shape)}.")
+    if output.dtype != q.dtype or output.device != q.device:
+        raise ValueError(f"method {name!r} must return an output in the dtype and on the device of q "
+                         f"({q.dtype}, {q.device}); got {output.dtype}, {output.device}.")
+    return result

@@ -12,6 +12,7 @@ __all__ = [
     "ConvergenceWarning",
     "SingularMatrixWarning",
     "CacheWarning",
+    "PluginWarning",
     "CorpusChecksumError",
     "CorpusNotFoundError",
     "CachePathError",
@@ -49,6 +50,10 @@ class CacheWarning(RuntimeWarning):
 
     The file is ignored and its content recomputed (and rewritten); it is never used.
     """
+
+
+class PluginWarning(RuntimeWarning):
+    """An installed plugin (an ``approxlab.methods`` entry point) failed to load; its methods are missing."""
 
 
 class CorpusChecksumError(ValueError):

@@ -1,4 +1,4 @@
-"""Attention approximations, one per file, behind one registry.
+"""Attention approximations, one per file, behind one public registry.
 
 ``num_features`` is one budget with one meaning per method:
 
@@ -17,8 +17,60 @@ performer            positive orthogonal random features ``r``
 informer             selected "active" queries ``u``
 linformer            projected length ``k`` of keys and values
 ===================  ==========================================================
+
+Public API::
+
+    available() -> list[str]                     # every usable name: built-in, registered, installed
+    get(name) -> MethodSpec
+    register(name, function=None, *, target, features, max_features=None, randomized=True,
+             draw=None, overwrite=False)         # a call or a decorator
+    unregister(name) -> MethodSpec
+    load_plugin(module) -> module                # what `approxlab <study> --plugin MODULE` does
+    draw(method, q, k, *, num_features, generator=None, **options) -> dict[str, Tensor]
+    Approximation(method, target, output, operator=None, info=None, *, matrix=None)
+    MethodSpec, TARGETS, ENTRY_POINT_GROUP ("approxlab.methods")
+
+Evaluate your own attention against the built-ins (the README's example, tested)::
+
+    import torch, approxlab, approxlab.data
+    from approxlab.methods import Approximation, register
+    from approxlab.metrics import spectral_error
+
+    @register("top-k", target="softmax", features="kept keys per query", randomized=False)
+    def top_k(q, k, v, *, num_features, generator=None):      # softmax over each query's num_features largest logits
+        logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        kept = logits.topk(num_features, dim=-1)
+        weights = torch.zeros_like(logits).scatter(-1, kept.indices, kept.values.softmax(-1))
+        return Approximation("top-k", "softmax", weights @ v, matrix=weights)   # or only the output: weights @ v
+
+    data = approxlab.data.get_qkv("pretrained", 1024, window_ids=[0])        # 12 heads of MiniLM on Wikitext-2
+    q, k, v = (x[0].double() for x in (data.q, data.k, data.v))              # (12, 1024, 32), float64
+    exact = approxlab.exact_attention(q, k, v)
+    for name in ("top-k", "skyformer-softmax", "nystromformer", "performer"):
+        approx = approxlab.approximate(name, q, k, v, num_features=128, generator=torch.Generator().manual_seed(0))
+        error = spectral_error(approx.output, exact, relative=True)          # per head
+        print(f"{name:17} median relative spectral error over 12 heads {float(error.quantile(0.5)):.3f}")
+
+which prints, on the pretrained MiniLM's 12 heads of Wikitext-2 window 0 at n = 1024, the median
+relative spectral error of each method (top-k first; the numbers are in the README). The same
+method runs in every study: ``approxlab figure1 --quick --plugin my_attention --methods
+top-k,skyformer-softmax`` (``my_attention.py`` holding the function, on ``PYTHONPATH``).
 """
 
-from .registry import available, get
+from ._base import TARGETS, Approximation, MethodSpec
+from .draws import draw
+from .registry import ENTRY_POINT_GROUP, available, get, load_plugin, plugin_modules, register, unregister
 
-__all__ = ["available", "get"]
+__all__ = [
+    "available",
+    "get",
+    "register",
+    "unregister",
+    "load_plugin",
+    "plugin_modules",
+    "draw",
+    "Approximation",
+    "MethodSpec",
+    "TARGETS",
+    "ENTRY_POINT_GROUP",
+]

@@ -1,97 +1,271 @@
-"""What every approximation returns, and how a method declares itself."""
+"""What every approximation returns, and how a method declares itself.
+
+Public API (re-exported by :mod:`approxlab.methods`)::
+
+    Approximation(method, target, output, operator=None, info=None, *, matrix=None)
+    MethodSpec                     # what the registry holds for a name (built by method() / register())
+    TARGETS                        # ("softmax", "kernelized", "yoso")
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import numbers
+import re
 from typing import Any, Callable
 
 import torch
 
-from ..operators import LinearOperator
+from .._validation import check_int
+from ..operators import DenseOperator, LinearOperator
 
-__all__ = ["Approximation", "MethodSpec", "method"]
+__all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS"]
 
 TARGETS = ("softmax", "kernelized", "yoso")
+"""What a method approximates: softmax attention ``D^{-1}AV``, kernelized attention ``CV``
+(Skyformer Eq. (3)) or YOSO-E's expectation (YOSO Section 3)."""
+
+TARGET_NAMES = {"softmax": "softmax attention", "kernelized": "kernelized attention CV", "yoso": "YOSO-E"}
+"""How figures and summaries name each target."""
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_COMMON = ("q", "k", "v", "num_features", "generator", "draw")
 
 
-@dataclasses.dataclass
 class Approximation:
-    """The result of :func:`approxlab.approximate`.
+    r"""The result of :func:`approxlab.approximate`: an output and, when known, the matrix behind it.
 
-    Attributes
+    Parameters
     ----------
     method : str
         Registry name of the method.
-    target : str
+    target : {"softmax", "kernelized", "yoso"}
         Which exact attention it approximates: ``"softmax"`` (``D^{-1}A V``),
         ``"kernelized"`` (``C V``, Skyformer Eq. (3)) or ``"yoso"`` (YOSO-E's expectation).
     output : torch.Tensor
         ``(*batch, n, p_v)``, the approximate attention output.
-    info : dict
+    operator : LinearOperator or callable, optional
+        The approximate ``(*batch, n, m)`` attention matrix as an operator, or a function of no
+        argument that builds it on first use (:meth:`operator` calls it once).
+    info : dict, optional
         Method diagnostics (sampled columns, core condition number, residual history, ...).
+    matrix : torch.Tensor, optional
+        The approximate attention matrix ``(*batch, n, m)`` formed densely, instead of ``operator``.
+
+    Without ``operator`` and ``matrix`` only the output is known: :meth:`operator` and
+    :meth:`matrix` then raise ``NotImplementedError``. A registered method function may return
+    an ``Approximation`` built with this constructor or just its output tensor
+    (:func:`approxlab.methods.register`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> weights = torch.full((1, 2, 2), 0.5, dtype=torch.float64)
+    >>> v = torch.eye(2, dtype=torch.float64).unsqueeze(0)
+    >>> result = Approximation("uniform", "softmax", weights @ v, matrix=weights)
+    >>> result.matrix().shape
+    torch.Size([1, 2, 2])
     """
 
-    method: str
-    target: str
-    output: torch.Tensor
-    _operator: LinearOperator | Callable[[], LinearOperator]
-    info: dict = dataclasses.field(default_factory=dict)
+    def __init__(self, method: str, target: str, output: torch.Tensor, operator=None, info: dict | None = None,
+                 *, matrix: torch.Tensor | None = None):
+        if not isinstance(method, str):
+            raise TypeError(f"`method` must be a method name (str); got {type(method).__name__}.")
+        if target not in TARGETS:
+            raise ValueError(f"`target` must be one of {list(TARGETS)}; got {target!r}.")
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"`output` must be a torch.Tensor (*batch, n, p_v); got {type(output).__name__}.")
+        if operator is not None and matrix is not None:
+            raise ValueError("pass at most one of `operator` and `matrix`; got both.")
+        if operator is not None and not (isinstance(operator, LinearOperator) or callable(operator)):
+            raise TypeError(f"`operator` must be a LinearOperator or a function returning one; got "
+                            f"{type(operator).__name__}.")
+        if matrix is not None and not isinstance(matrix, torch.Tensor):
+            raise TypeError(f"`matrix` must be a torch.Tensor (*batch, n, m); got {type(matrix).__name__}.")
+        if info is not None and not isinstance(info, dict):
+            raise TypeError(f"`info` must be a dict or None; got {type(info).__name__}.")
+        self.method = method
+        self.target = target
+        self.output = output
+        self.info = {} if info is None else info
+        self._operator = operator if matrix is None else (lambda: DenseOperator(matrix))
+
+    def __repr__(self) -> str:
+        shape = tuple(self.output.shape)
+        return (f"Approximation(method={self.method!r}, target={self.target!r}, output={shape} "
+                f"{self.output.dtype}, operator={'yes' if self._operator is not None else 'no'}, "
+                f"info={sorted(self.info)})")
 
     def operator(self) -> LinearOperator:
-        """The approximate ``n x n`` attention matrix as an operator (``matmat``/``rmatmat``)."""
+        """The approximate ``(*batch, n, m)`` attention matrix as an operator (``matmat``/``rmatmat``).
+
+        Raises
+        ------
+        NotImplementedError
+            If the method gave only its output (no ``operator`` and no ``matrix``).
+        """
+        if self._operator is None:
+            raise NotImplementedError(
+                f"method {self.method!r} gave only its output: it has no operator and no matrix. Its function "
+                "can return approxlab.methods.Approximation(method, target, output, operator=...) or "
+                "(..., matrix=...) to provide one."
+            )
         if not isinstance(self._operator, LinearOperator):
-            self._operator = self._operator()
+            built = self._operator()
+            if not isinstance(built, LinearOperator):
+                raise TypeError(f"the operator function of method {self.method!r} must return a LinearOperator; "
+                                f"got {type(built).__name__}.")
+            self._operator = built
         return self._operator
 
     def matrix(self) -> torch.Tensor:
-        """The approximate attention matrix, formed densely: ``(*batch, n, n)``."""
+        """The approximate attention matrix, formed densely: ``(*batch, n, m)`` (see :meth:`operator`)."""
         return self.operator().to_dense()
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
-    """How a method is called and what its ``num_features`` means.
+    """How a method is called, what its ``num_features`` means and how it draws.
+
+    Built by :func:`method` (built-ins) and :func:`approxlab.methods.register` (everyone else);
+    :func:`approxlab.methods.get` returns it.
 
     Attributes
     ----------
     name : str
         Registry name.
     function : callable
-        ``function(q, k, v, *, num_features, generator, **options) -> Approximation``.
+        ``function(q, k, v, *, num_features, generator=None, **options)``, returning an
+        :class:`Approximation` or the output tensor ``(*batch, n, p_v)``.
     target : str
-        One of ``"softmax"``, ``"kernelized"``, ``"yoso"``.
+        One of :data:`TARGETS`.
     features : str
         What ``num_features`` counts (one row of the table in :mod:`approxlab.methods`).
-    max_features : callable
-        ``max_features(n) -> int``: the largest allowed ``num_features`` for ``n`` tokens.
+    feature_limit : callable
+        ``feature_limit(n, m) -> int``: the largest allowed ``num_features`` for ``n`` queries and
+        ``m`` keys (use :meth:`max_features`).
     randomized : bool
         Whether the method draws from ``generator``.
+    draw : callable or None
+        ``draw(q, k, *, num_features, generator, **options) -> dict`` of named tensors: the
+        method's random draw, which ``function(..., draw=...)`` accepts back
+        (:func:`approxlab.methods.draw`). ``None``: the draw is not exposed.
     """
 
     name: str
-    function: Callable[..., Approximation]
+    function: Callable[..., Any]
     target: str
     features: str
-    max_features: Callable[[int], int]
+    feature_limit: Callable[[int, int], int]
     randomized: bool
+    draw: Callable[..., dict] | None = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Approximation:
+    def __call__(self, *args: Any, **kwargs: Any):
         return self.function(*args, **kwargs)
 
+    def max_features(self, n: int, m: int | None = None) -> int:
+        """The largest ``num_features`` for ``n`` queries and ``m`` keys (``m = n``: self-attention)."""
+        return int(self.feature_limit(n, n if m is None else m))
 
-def method(
-    name: str,
-    *,
-    target: str,
-    features: str,
-    max_features: Callable[[int], int] = lambda n: n,
-    randomized: bool = True,
-):
-    """Decorator that turns a method function into a :class:`MethodSpec`."""
+    def options(self) -> list[str] | None:
+        """The method's own keywords (besides q, k, v, num_features, generator, draw); None if it takes ``**kwargs``."""
+        parameters = inspect.signature(self.function).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return None
+        return sorted(name for name, p in parameters.items() if name not in _COMMON
+                      and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+    def check_options(self, options: dict) -> None:
+        """Every key of ``options`` is one of :meth:`options`; a ``TypeError`` naming it otherwise."""
+        allowed = self.options()
+        if allowed is None:
+            return
+        for name, value in options.items():
+            if name not in allowed:
+                raise TypeError(
+                    f"`{name}` is not an option of method {self.name!r} (unexpected keyword argument "
+                    f"{name!r}); its options are {allowed}; got {name}={value!r}."
+                )
+
+    def check_num_features(self, num_features, n: int, m: int) -> int:
+        """``num_features`` as an int in ``[1, max_features(n, m)]``, else the usual ``TypeError``/``ValueError``."""
+        return check_int(num_features, "num_features", low=1, high=self.max_features(n, m))
+
+
+def _feature_limit(max_features) -> Callable[[int, int], int]:
+    """``max_features`` as a function of (queries n, keys m): None -> m; an int -> that constant;
+    ``f(n)`` of one argument -> ``f(m)`` (the number of keys); ``f(n, m)`` as given."""
+    if max_features is None:
+        return lambda n, m: m
+    if isinstance(max_features, numbers.Integral) and not isinstance(max_features, bool):
+        limit = check_int(max_features, "max_features", low=1)
+        return lambda n, m: limit
+    if not callable(max_features):
+        raise TypeError("`max_features` must be None, an integer >= 1, or a function of the number of keys "
+                        f"(f(m)) or of queries and keys (f(n, m)); got {type(max_features).__name__}.")
+    required = [p for p in inspect.signature(max_features).parameters.values()
+                if p.default is inspect.Parameter.empty
+                and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if len(required) == 1:
+        return lambda n, m: max_features(m)
+    if len(required) == 2:
+        return max_features
+    raise TypeError("`max_features` must take one argument (the number of keys m) or two (queries n, keys m); "
+                    f"got a function of {len(required)} required arguments.")
+
+
+def _check_signature(name: str, function, draw) -> None:
+    """``function`` can be called as ``function(q, k, v, num_features=..., generator=...)`` (and ``draw=``)."""
+    needs = "function(q, k, v, *, num_features, generator=None" + (", draw=None" if draw is not None else "")
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return
+    try:
+        signature.bind(None, None, None, num_features=1, generator=None, **({"draw": None} if draw else {}))
+    except TypeError as error:
+        raise TypeError(f"the function of method {name!r} must accept {needs}, **options); got a function with "
+                        f"signature {signature} ({error}).") from None
+
+
+def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None) -> MethodSpec:
+    """A validated :class:`MethodSpec` (the one validation block of :func:`method` and ``register``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A ``name`` that is not a word of letters, digits and ``_.+-`` (it goes into CSV tables and
+        comma-separated ``--methods`` lists); a ``function`` that is not callable as
+        ``function(q, k, v, *, num_features, generator=None, **options)``; a ``target`` not in
+        :data:`TARGETS`; an empty ``features``; a bad ``max_features``; a non-bool ``randomized``;
+        a ``draw`` that is not callable, or given for a method that is not randomized.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError("`name` must be a non-empty word of letters, digits and _.+- (no spaces or commas: it "
+                         f"names the method in tables and in --methods lists); got {name!r}.")
+    if not callable(function):
+        raise TypeError(f"`function` must be callable; got {type(function).__name__}.")
     if target not in TARGETS:
-        raise ValueError(f"`target` must be one of {TARGETS}; got {target!r}.")
+        raise ValueError(f"`target` must be one of {list(TARGETS)}; got {target!r}.")
+    if not isinstance(features, str) or not features.strip():
+        raise ValueError(f"`features` must say what num_features counts (a non-empty str); got {features!r}.")
+    if not isinstance(randomized, bool):
+        raise TypeError(f"`randomized` must be a bool; got {randomized!r}.")
+    if draw is not None and not callable(draw):
+        raise TypeError(f"`draw` must be None or a function(q, k, *, num_features, generator, **options); got "
+                        f"{type(draw).__name__}.")
+    if draw is not None and not randomized:
+        raise ValueError(f"`draw` is only for randomized methods; got a draw for {name!r} with randomized=False.")
+    _check_signature(name, function, draw)
+    return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw)
+
+
+def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None):
+    """Decorator that turns a built-in method function into a :class:`MethodSpec` (see :func:`make_spec`)."""
 
     def wrap(function):
-        return MethodSpec(name, function, target, features, max_features, randomized)
+        return make_spec(name, function, target=target, features=features, max_features=max_features,
+                         randomized=randomized, draw=draw)
 
     return wrap

@@ -14,8 +14,10 @@ from .._validation import as_generator, check_choice, check_int
 from ..kernels import scaled_logits, softmax_matrix
 from ..operators import LinearOperator
 from ._base import Approximation, method
+from .draws import DrawEntry, check_draw
 
-__all__ = ["informer", "INFORMER", "ProbSparseOperator", "sparsity_measurement", "default_sample_size"]
+__all__ = ["informer", "INFORMER", "ProbSparseOperator", "sparsity_measurement", "default_sample_size",
+           "draw_key_samples"]
 
 MEASURE_KEYS = ("sampled", "all")
 
@@ -132,14 +134,58 @@ class ProbSparseOperator(LinearOperator):
         return ProbSparseOperator(self.rows.to(dtype), self.selected, self.shape[-2])
 
 
+def _sample_size(n_k, measure_keys, sample_size):
+    """``sample_size`` checked against ``measure_keys`` (None with "all"), defaulted, in ``[1, n_k]``."""
+    check_choice(measure_keys, "measure_keys", MEASURE_KEYS)
+    if measure_keys == "all":
+        if sample_size is not None:
+            raise ValueError(
+                f"`sample_size` must be None when measure_keys='all' (no keys are sampled); got {sample_size!r}."
+            )
+        return None
+    sample_size = default_sample_size(n_k) if sample_size is None else sample_size
+    return check_int(sample_size, "sample_size", low=1, high=n_k)
+
+
+def draw_key_samples(q, k, *, num_features=None, generator=None, measure_keys="sampled", sample_size=None):
+    r"""The random draw of :func:`informer`: the keys each query's sparsity measurement is taken on.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, n_k, p)`` (only their shapes and device are used).
+    num_features : int, optional
+        :math:`u` (it does not shape the draw).
+    generator : torch.Generator, optional
+        CPU generator.
+    measure_keys, sample_size
+        As for :func:`informer`.
+
+    Returns
+    -------
+    dict
+        ``{"key_indices": (*batch, n, s) int64}`` in ``[0, n_k)`` on ``q.device``: ``s`` keys per
+        query drawn uniformly **with** replacement, independently per query and batch element
+        (Informer's ProbSparse sampling, as its official code draws it); ``{}`` with
+        ``measure_keys="all"`` (nothing is drawn).
+    """
+    n, n_k = q.shape[-2], k.shape[-2]
+    sample_size = _sample_size(n_k, measure_keys, sample_size)
+    if sample_size is None:
+        return {}
+    indices = torch.randint(n_k, (*q.shape[:-2], n, sample_size), generator=as_generator(generator))
+    return {"key_indices": indices.to(q.device)}
+
+
 @method(
     "informer",
     target="softmax",
     features='selected "active" queries u',
-    max_features=lambda n: n,
+    max_features=lambda n, m: n,
     randomized=True,
+    draw=draw_key_samples,
 )
-def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", sample_size=None):
+def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", sample_size=None, draw=None):
     r"""ProbSparse self-attention: exact softmax rows for the top-:math:`u` queries, mean of V elsewhere.
 
     Parameters
@@ -163,6 +209,10 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
         Keys sampled per query, ``1 <= sample_size <= n_k``. Default :func:`default_sample_size`,
         :math:`\min(n_k, 5\lceil\ln n_k\rceil)` (Informer's ``factor = 5``). Only valid with
         ``measure_keys="sampled"``.
+    draw : dict, optional
+        ``{"key_indices": (*batch, n, s)}`` int64 in ``[0, n_k)`` (``{}`` with
+        ``measure_keys="all"``), the draw of :func:`draw_key_samples` (``approxlab.methods.draw``),
+        used instead of ``generator``: the same draw gives the same output bit for bit.
 
     Returns
     -------
@@ -187,6 +237,12 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
     that does not change the ranking). Softmax rows are computed in the log domain, so large logits
     never overflow.
 
+    ``num_features`` counts queries, so it is bounded by ``n`` (not ``n_k``): cross-attention with
+    more active queries than keys is allowed.
+
+    **Draw.** ``s`` keys per query, uniformly with replacement (Informer's sampling,
+    ``torch.randint`` in its code), ``{"key_indices": (*batch, n, s)}`` (:func:`draw_key_samples`).
+
     References
     ----------
     .. [1] H. Zhou, S. Zhang, J. Peng, S. Zhang, J. Li, H. Xiong, W. Zhang. "Informer: Beyond
@@ -194,18 +250,14 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
     """
     n, n_k = q.shape[-2], k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=n)
-    check_choice(measure_keys, "measure_keys", MEASURE_KEYS)
-    if measure_keys == "all":
-        if sample_size is not None:
-            raise ValueError(
-                f"`sample_size` must be None when measure_keys='all' (no keys are sampled); got {sample_size!r}."
-            )
-        key_indices = None
+    sample_size = _sample_size(n_k, measure_keys, sample_size)
+    if draw is None:
+        draw = draw_key_samples(q, k, generator=generator, measure_keys=measure_keys, sample_size=sample_size)
     else:
-        sample_size = default_sample_size(n_k) if sample_size is None else sample_size
-        sample_size = check_int(sample_size, "sample_size", low=1, high=n_k)
-        generator = as_generator(generator)
-        key_indices = torch.randint(n_k, (*q.shape[:-2], n, sample_size), generator=generator).to(q.device)
+        layout = ({} if sample_size is None else
+                  {"key_indices": DrawEntry((*q.shape[:-2], n, sample_size), "(*batch, n, s)", high=n_k)})
+        draw = check_draw("informer", draw, layout, device=q.device)
+    key_indices = draw.get("key_indices")
 
     sparsity = sparsity_measurement(q, k, key_indices=key_indices)
     selected = torch.topk(sparsity, num_features, dim=-1).indices.sort(dim=-1).values  # (*batch, u)

@@ -13,8 +13,9 @@ from .._validation import as_generator, check_bool, check_int
 from ..kernels import softmax_matrix
 from ..operators import ProductOperator
 from ._base import Approximation, method
+from .draws import DrawEntry, check_draw
 
-__all__ = ["linformer", "LINFORMER", "gaussian_projection"]
+__all__ = ["linformer", "LINFORMER", "gaussian_projection", "draw_projections"]
 
 
 def gaussian_projection(
@@ -54,14 +55,46 @@ def gaussian_projection(
     return r.div_(math.sqrt(num_features)).to(device=device, dtype=dtype)
 
 
+def draw_projections(q, k, *, num_features, generator=None, share_projection=False):
+    r"""The random draw of :func:`linformer`: the projections :math:`E` (keys) and :math:`F` (values).
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, n_k, p)`` (only their shapes and device are used).
+    num_features : int
+        Projected length :math:`k`, ``1 <= k <= n_k``.
+    generator : torch.Generator, optional
+        CPU generator: :math:`E` is drawn first, then :math:`F` (float64 on the CPU).
+    share_projection : bool, default False
+        One projection for keys and values (:math:`F = E`): only :math:`E` is drawn.
+
+    Returns
+    -------
+    dict
+        ``{"projection_keys": E, "projection_values": F}``, each ``(*batch, k, n_k) float64`` on
+        ``q.device`` with i.i.d. :math:`\mathcal N(0, 1/k)` entries (:func:`gaussian_projection`);
+        only ``"projection_keys"`` with ``share_projection=True``.
+    """
+    n_k = k.shape[-2]
+    num_features = check_int(num_features, "num_features", low=1, high=n_k)
+    check_bool(share_projection, "share_projection")
+    generator = as_generator(generator)
+    options = dict(batch_shape=q.shape[:-2], generator=generator, dtype=torch.float64, device=q.device)
+    draw = {"projection_keys": gaussian_projection(num_features, n_k, **options)}
+    if not share_projection:
+        draw["projection_values"] = gaussian_projection(num_features, n_k, **options)
+    return draw
+
+
 @method(
     "linformer",
     target="softmax",
     features="projected length k of keys and values",
-    max_features=lambda n: n,
     randomized=True,
+    draw=draw_projections,
 )
-def linformer(q, k, v, *, num_features, generator=None, share_projection=False):
+def linformer(q, k, v, *, num_features, generator=None, share_projection=False, draw=None):
     r"""Linformer attention :math:`\operatorname{softmax}\bigl(Q(EK)^\top/\sqrt p\bigr)(FV)`.
 
     Parameters
@@ -78,6 +111,11 @@ def linformer(q, k, v, *, num_features, generator=None, share_projection=False):
         If True, :math:`F = E` (one projection for keys and values; Linformer's "key-value sharing",
         and the setting of its Theorem 2, where both are multiples of one JL matrix). If False, two
         independent draws.
+    draw : dict, optional
+        ``{"projection_keys": (*batch, k, n_k), "projection_values": (*batch, k, n_k)}`` (only the
+        first with ``share_projection=True``; float32 or float64), the draw of
+        :func:`draw_projections` (``approxlab.methods.draw``), used instead of ``generator`` (cast
+        to ``q``'s dtype): the same draw gives the same output bit for bit.
 
     Returns
     -------
@@ -98,6 +136,10 @@ def linformer(q, k, v, *, num_features, generator=None, share_projection=False):
     :math:`\mathbb E[F^\top F] = I`. :math:`P` is a softmax computed in the log domain, so large
     logits never overflow.
 
+    **Draw.** Linformer learns :math:`E, F`; its Theorems 1-2 take them random, as here: i.i.d.
+    :math:`\mathcal N(0, 1/k)` entries, one draw per batch element, :math:`E` first
+    (:func:`draw_projections`).
+
     References
     ----------
     .. [1] S. Wang, B. Z. Li, M. Khabsa, H. Fang, H. Ma. "Linformer: Self-Attention with Linear
@@ -106,11 +148,15 @@ def linformer(q, k, v, *, num_features, generator=None, share_projection=False):
     n_k = k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=n_k)
     check_bool(share_projection, "share_projection")
-    generator = as_generator(generator)
-    batch_shape = q.shape[:-2]
-    draw = dict(batch_shape=batch_shape, generator=generator, dtype=q.dtype, device=q.device)
-    projection_keys = gaussian_projection(num_features, n_k, **draw)
-    projection_values = projection_keys if share_projection else gaussian_projection(num_features, n_k, **draw)
+    if draw is None:
+        draw = draw_projections(q, k, num_features=num_features, generator=generator,
+                                share_projection=share_projection)
+    else:
+        entry = DrawEntry((*q.shape[:-2], num_features, n_k), "(*batch, k, n_k)")
+        keys = ("projection_keys",) if share_projection else ("projection_keys", "projection_values")
+        draw = check_draw("linformer", draw, dict.fromkeys(keys, entry), device=q.device)
+    projection_keys = draw["projection_keys"].to(q.dtype)
+    projection_values = projection_keys if share_projection else draw["projection_values"].to(q.dtype)
     context = softmax_matrix(q, projection_keys @ k)  # (*batch, n, k)
     output = context @ (projection_values @ v)
     info = {

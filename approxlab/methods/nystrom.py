@@ -17,25 +17,68 @@ from .._validation import check_choice, check_int, check_positive_float
 from ..leverage import approximate_ridge_leverage_scores
 from ..linalg.cores import nystrom_core
 from ._base import Approximation, method
+from .draws import DrawEntry, check_draw
 from .skyformer import gaussian_skeleton, skeleton_attention
+
+__all__ = ["nystrom", "NYSTROM", "draw_landmarks", "SAMPLINGS"]
 
 SAMPLINGS = ("uniform", "ridge-leverage")
 
 
-def _ridge_leverage_sample(k, d, generator, ridge_lambda):
-    """Columns sampled by approximate ridge leverage of the key kernel ``kappa(K', K')`` (see nystrom)."""
-    n = k.shape[-2]
+def _pilot_scores(k, pilot, ridge_lambda):
+    """Approximate ridge leverage of the key kernel ``kappa(K', K')`` from the pilot columns (see nystrom)."""
+    n, d = k.shape[-2], pilot.shape[-1]
     batch = tuple(k.shape[:-2])
     lam = n / d if ridge_lambda is None else ridge_lambda
-    pilot = sketch.uniform_columns(n, d, batch_shape=batch, generator=generator, device=k.device)
     key_columns = kernels.kernelized_matrix(k, sketch.gather_rows(k, pilot))  # (*batch, n, d)
     diag = torch.ones(*batch, n, dtype=k.dtype, device=k.device)  # kappa(x, x) = 1
-    scores = approximate_ridge_leverage_scores(key_columns, diag, pilot, lam)
-    columns = sketch.ridge_leverage_columns(scores, d, generator=generator, replace=False)
-    return columns, {"pilot_columns": pilot, "ridge_leverage_scores": scores, "ridge_lambda": lam}
+    return approximate_ridge_leverage_scores(key_columns, diag, pilot, lam), lam
 
 
-@method("nystrom", target="softmax", features="sampled columns (landmarks) d")
+def draw_landmarks(q, k, *, num_features, generator=None, sampling="uniform", ridge_lambda=None):
+    r"""The random draw of :func:`nystrom`: ``d`` distinct landmark tokens (and the pilot sample).
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` each (plain Nyström needs a square score matrix).
+    num_features : int
+        ``d``, ``1 <= d <= n``.
+    generator : torch.Generator, optional
+        CPU generator.
+    sampling, ridge_lambda
+        As for :func:`nystrom`.
+
+    Returns
+    -------
+    dict
+        ``{"columns": (*batch, d) int64}`` in ``[0, n)``, on ``k.device``: a uniformly random
+        ``d``-subset (``"uniform"``), or ``d`` distinct tokens drawn successively with probability
+        proportional to approximate ridge leverage scores (``"ridge-leverage"``, which also returns
+        the uniform pilot sample ``"pilot_columns"`` ``(*batch, d)`` the scores came from).
+    """
+    check_choice(sampling, "sampling", SAMPLINGS)
+    n, batch = k.shape[-2], tuple(k.shape[:-2])
+    num_features = check_int(num_features, "num_features", low=1, high=n)
+    if ridge_lambda is not None:
+        ridge_lambda = check_positive_float(ridge_lambda, "ridge_lambda")
+    pilot = sketch.uniform_columns(n, num_features, batch_shape=batch, generator=generator, device=k.device)
+    if sampling == "uniform":
+        return {"columns": pilot}
+    scores, _ = _pilot_scores(k, pilot, ridge_lambda)
+    columns = sketch.ridge_leverage_columns(scores, num_features, generator=generator, replace=False)
+    return {"pilot_columns": pilot, "columns": columns}
+
+
+def _landmark_layout(k, num_features, sampling) -> dict:
+    shape, n = (*k.shape[:-2], num_features), k.shape[-2]
+    layout = {"columns": DrawEntry(shape, "(*batch, d)", high=n)}
+    if sampling == "ridge-leverage":
+        layout["pilot_columns"] = DrawEntry(shape, "(*batch, d)", high=n)
+    return layout
+
+
+@method("nystrom", target="softmax", features="sampled columns (landmarks) d", draw=draw_landmarks)
 def nystrom(
     q,
     k,
@@ -46,6 +89,7 @@ def nystrom(
     sampling="uniform",
     columns=None,
     ridge_lambda=None,
+    draw=None,
 ):
     r"""Nyström approximation :math:`A_{:,S}A_{SS}^+A_{S,:}` of the raw scores, row-normalised.
 
@@ -70,6 +114,11 @@ def nystrom(
     ridge_lambda : float, optional
         :math:`\lambda` of the pilot scores, default :math:`\operatorname{Tr}G/d = n/d`, the
         ridge at which :math:`d_{stat}(G) \le \operatorname{Tr}G/\lambda = d`.
+    draw : dict, optional
+        The draw of :func:`draw_landmarks` (``approxlab.methods.draw``), used instead of
+        ``generator``: ``{"columns": (*batch, d)}`` int64 in ``[0, n)`` (plus ``"pilot_columns"``
+        ``(*batch, d)`` with ``"ridge-leverage"``). The same draw gives the same output bit for bit.
+        Exclusive with ``columns``.
 
     Returns
     -------
@@ -99,6 +148,9 @@ def nystrom(
     unclamped; see :func:`approxlab.methods.skyformer.skeleton_attention` for what a non-positive one
     does.
 
+    **Draw.** Williams & Seeger sample landmarks uniformly; here ``d`` distinct tokens, one set
+    for rows and columns (:func:`draw_landmarks`).
+
     References
     ----------
     Williams & Seeger (2001); Chen et al. (2021), Skyformer, Section 3.2 and Figure 1;
@@ -116,13 +168,20 @@ def nystrom(
         ridge_lambda = check_positive_float(ridge_lambda, "ridge_lambda")
     extra_info: dict = {}
     if columns is not None:
+        if draw is not None:
+            raise ValueError("pass at most one of `columns` and `draw`; got both.")
         columns = sketch.check_columns(columns, n, batch_shape=batch, num_features=num_features).to(k.device)
     else:
-        num_features = check_int(num_features, "num_features", low=1, high=n)
-        if sampling == "uniform":
-            columns = sketch.uniform_columns(n, num_features, batch_shape=batch, generator=generator, device=k.device)
+        if draw is None:
+            draw = draw_landmarks(q, k, num_features=num_features, generator=generator, sampling=sampling,
+                                  ridge_lambda=ridge_lambda)
         else:
-            columns, extra_info = _ridge_leverage_sample(k, num_features, generator, ridge_lambda)
+            draw = check_draw("nystrom", draw, _landmark_layout(k, num_features, sampling), device=k.device)
+        columns = draw["columns"]
+        if sampling == "ridge-leverage":
+            scores, lam = _pilot_scores(k, draw["pilot_columns"], ridge_lambda)
+            extra_info = {"pilot_columns": draw["pilot_columns"], "ridge_leverage_scores": scores,
+                          "ridge_lambda": lam}
 
     skeleton = gaussian_skeleton(q, k, sketch.gather_rows(k, columns), sketch.gather_rows(q, columns), normalized=True)
     core_factors, info = nystrom_core(skeleton.block, core="pinv", hermitian=False)

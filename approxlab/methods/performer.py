@@ -22,11 +22,13 @@ import torch
 from .._validation import as_generator, check_bool, check_int, check_tensor
 from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
+from .draws import DrawEntry, check_draw
 
 __all__ = [
     "performer",
     "PERFORMER",
     "MAX_RANDOM_FEATURES",
+    "draw_projection",
     "gaussian_random_features",
     "positive_random_features",
 ]
@@ -122,14 +124,40 @@ def positive_random_features(x: torch.Tensor, projection: torch.Tensor, *, log: 
     return logits if log else logits.exp_()
 
 
+def draw_projection(q, k, *, num_features, generator=None, orthogonal=True):
+    r"""The random draw of :func:`performer`: the projection :math:`W` of its random features.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, n_k, p)`` (only their shapes and device are used).
+    num_features : int
+        :math:`r`, ``1 <= r <= MAX_RANDOM_FEATURES``.
+    generator : torch.Generator, optional
+        CPU generator (draws in float64 on the CPU).
+    orthogonal : bool, default True
+        Orthogonal random features or i.i.d. Gaussian rows (:func:`gaussian_random_features`).
+
+    Returns
+    -------
+    dict
+        ``{"projection": (*batch, r, p) float64}`` on ``q.device``, one draw per batch element.
+    """
+    num_features = check_int(num_features, "num_features", low=1, high=MAX_RANDOM_FEATURES)
+    projection = gaussian_random_features(num_features, q.shape[-1], batch_shape=q.shape[:-2], orthogonal=orthogonal,
+                                          generator=generator, dtype=torch.float64, device=q.device)
+    return {"projection": projection}
+
+
 @method(
     "performer",
     target="softmax",
     features="positive orthogonal random features r",
-    max_features=lambda n: MAX_RANDOM_FEATURES,
+    max_features=MAX_RANDOM_FEATURES,
     randomized=True,
+    draw=draw_projection,
 )
-def performer(q, k, v, *, num_features, generator=None, orthogonal=True):
+def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=None):
     r"""FAVOR+ attention :math:`\tilde D^{-1}\phi(Q)\bigl(\phi(K)^\top V\bigr)`, overflow-safe.
 
     Parameters
@@ -146,6 +174,10 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True):
     orthogonal : bool, default True
         Orthogonal random features (FAVOR+) or i.i.d. Gaussian ones; see
         :func:`gaussian_random_features`.
+    draw : dict, optional
+        ``{"projection": (*batch, r, p)}`` (float32 or float64), the draw of
+        :func:`draw_projection` (``approxlab.methods.draw``), used instead of ``generator`` (cast
+        to ``q``'s dtype): the same draw gives the same output bit for bit.
 
     Returns
     -------
@@ -175,6 +207,10 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True):
     official implementation's stabiliser (row maxima for queries, one global maximum for keys), whose
     normaliser can underflow to zero at large logits; the two agree exactly in exact arithmetic.
 
+    **Draw.** As Performer's FAVOR+: one projection per batch element (sequence and head),
+    ``{"projection": (*batch, r, p)}``: blocks of ``p`` orthogonal rows (QR of a Gaussian matrix)
+    with independent :math:`\chi_p` lengths, or i.i.d. Gaussian rows (:func:`draw_projection`).
+
     References
     ----------
     .. [1] K. Choromanski, V. Likhosherstov, D. Dohan, X. Song, A. Gane, T. Sarlos, P. Hawkins,
@@ -183,13 +219,13 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True):
     """
     num_features = check_int(num_features, "num_features", low=1, high=MAX_RANDOM_FEATURES)
     check_bool(orthogonal, "orthogonal")
-    generator = as_generator(generator)
-
     p = q.shape[-1]
-    projection = gaussian_random_features(
-        num_features, p, batch_shape=q.shape[:-2], orthogonal=orthogonal,
-        generator=generator, dtype=q.dtype, device=q.device,
-    )
+    if draw is None:
+        draw = draw_projection(q, k, num_features=num_features, generator=generator, orthogonal=orthogonal)
+    else:
+        layout = {"projection": DrawEntry((*q.shape[:-2], num_features, p), "(*batch, r, p)")}
+        draw = check_draw("performer", draw, layout, device=q.device)
+    projection = draw["projection"].to(q.dtype)
     scale = p ** -0.25
     log_q = positive_random_features(q * scale, projection, log=True)  # (*batch, n, r)
     log_k = positive_random_features(k * scale, projection, log=True)  # (*batch, n_k, r)

@@ -1,18 +1,47 @@
-"""Registry: method name -> ``module:attribute`` of its :class:`MethodSpec`.
+r"""The method registry: names -> :class:`~approxlab.methods.MethodSpec`, built-in and registered.
 
-Adding an approximation is one new file in ``approxlab/methods/`` and one line here;
-it then appears in :func:`available`, in every study and in the common tests.
+Three ways a method gets a name:
+
+1. **Built-in**: one file in ``approxlab/methods/`` and one line in :data:`BUILTINS`
+   (``name: "module:attribute"`` of its :class:`MethodSpec`, imported on first use).
+2. **Registered**: :func:`register` (a call or a decorator), from any code, e.g. a module named
+   with ``approxlab <study> --plugin MODULE`` (:func:`load_plugin`; imported in the main process
+   and in every Dask worker).
+3. **Installed**: a distribution that declares entry points in the group ``approxlab.methods``
+   (:data:`ENTRY_POINT_GROUP`) is loaded on first use of the registry, without any import by
+   the user. Each entry point names a module (importing it registers its methods) or a
+   ``module:attribute`` holding a :class:`MethodSpec`::
+
+       # pyproject.toml of the distribution that ships the method
+       [project.entry-points."approxlab.methods"]
+       topk = "my_package.attention"
+
+   An entry point that fails to load gives a :class:`~approxlab.errors.PluginWarning` naming it;
+   every other method stays available.
+
+Every registered name is accepted by :func:`approxlab.approximate`, listed by :func:`available`,
+run by every study (``--methods``) and checked by the shared tests of every method.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import importlib.metadata
+import threading
+import warnings
+from types import ModuleType
 
-from ._base import MethodSpec
+from ..errors import PluginWarning
+from ._base import MethodSpec, make_spec
 
-__all__ = ["available", "get"]
+__all__ = ["available", "get", "register", "unregister", "load_plugin", "plugin_modules", "BUILTINS",
+           "ENTRY_POINT_GROUP"]
 
-_REGISTRY = {
+ENTRY_POINT_GROUP = "approxlab.methods"
+"""The ``importlib.metadata`` entry-point group that installed distributions declare methods in."""
+
+BUILTINS = {
     "exact": "exact:EXACT",
     "kernelized": "kernelized:KERNELIZED",
     "skyformer": "skyformer:SKYFORMER",
@@ -26,16 +55,188 @@ _REGISTRY = {
     "informer": "informer:INFORMER",
     "linformer": "linformer:LINFORMER",
 }
+"""The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
+
+
+@dataclasses.dataclass
+class _State:
+    """What was registered in this process (a fresh ``_State`` is a fresh registry)."""
+
+    registered: dict = dataclasses.field(default_factory=dict)  # name -> MethodSpec, in registration order
+    plugins: list = dataclasses.field(default_factory=list)  # modules loaded by load_plugin, in order
+    entry_points_loaded: bool = False
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
+
+
+_STATE = _State()
+
+
+def _load_entry_points() -> None:
+    """Load the :data:`ENTRY_POINT_GROUP` entry points, once per process (a broken one warns)."""
+    state = _STATE
+    with state.lock:
+        if state.entry_points_loaded:
+            return
+        state.entry_points_loaded = True  # first: a plugin that uses the registry while loading must not recurse
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                loaded = entry.load()
+                if isinstance(loaded, MethodSpec) and loaded.name not in _names():
+                    state.registered[loaded.name] = loaded
+            except Exception as error:  # noqa: BLE001 - third-party code: it must not break unrelated use
+                source = getattr(getattr(entry, "dist", None), "name", None)
+                warnings.warn(PluginWarning(
+                    f"approxlab: the entry point {entry.name!r} = {entry.value!r}"
+                    + (f" of distribution {source!r}" if source else "")
+                    + f" in group {ENTRY_POINT_GROUP!r} failed to load ({type(error).__name__}: {error}); "
+                      "its methods are not available, every other method is."), stacklevel=3)
+
+
+def _names() -> list[str]:
+    return list(BUILTINS) + [name for name in _STATE.registered if name not in BUILTINS]
 
 
 def available() -> list[str]:
-    """Names accepted by :func:`approxlab.approximate`, in registry order."""
-    return list(_REGISTRY)
+    """Names accepted by :func:`approxlab.approximate`: the built-ins in :data:`BUILTINS` order, then
+    registered and installed methods in the order they were registered."""
+    _load_entry_points()
+    return _names()
 
 
 def get(name: str) -> MethodSpec:
-    """The :class:`MethodSpec` registered as ``name``."""
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"`method` must be one of {available()}; got {name!r}.")
-    module, attribute = _REGISTRY[name].split(":")
+    """The :class:`MethodSpec` registered as ``name`` (a registration shadows a built-in of that name)."""
+    names = available()
+    if not isinstance(name, str) or name not in names:
+        raise ValueError(f"`method` must be one of {names}; got {name!r}.")
+    if name in _STATE.registered:
+        return _STATE.registered[name]
+    module, attribute = BUILTINS[name].split(":")
     return getattr(importlib.import_module(f"{__package__}.{module}"), attribute)
+
+
+def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
+             draw=None, overwrite: bool = False):
+    r"""Register ``function`` as method ``name``; usable as a decorator.
+
+    Parameters
+    ----------
+    name : str
+        The method's name in :func:`available`, tables and ``--methods``: letters, digits and
+        ``_.+-``.
+    function : callable, optional
+        ``function(q, k, v, *, num_features, generator=None, **options)`` with ``q: (*batch, n, p)``,
+        ``k: (*batch, m, p)``, ``v: (*batch, m, p_v)``. It returns the output tensor
+        ``(*batch, n, p_v)`` or an :class:`~approxlab.methods.Approximation` (which can carry an
+        operator or the dense matrix). :func:`approxlab.approximate` validates the inputs and the
+        budget before the call and the result after it (shape, dtype, device, finite), as for a
+        built-in. Omitted: ``register(...)`` returns a decorator.
+    target : {"softmax", "kernelized", "yoso"}
+        The exact attention the method approximates.
+    features : str
+        What ``num_features`` counts (e.g. ``"kept keys k per query"``).
+    max_features : None, int or callable, optional
+        The largest ``num_features``: None (default) the number of keys ``m``; an int; ``f(m)``
+        of the number of keys; or ``f(n, m)`` of the numbers of queries and keys.
+    randomized : bool, default True
+        Whether the method draws from ``generator`` (studies then run several seeds).
+    draw : callable, optional
+        ``draw(q, k, *, num_features, generator, **options) -> dict`` of named tensors, the
+        method's random draw; ``function`` must then accept ``draw=`` (None or such a dict) and
+        give the same output for a draw as for the generator it came from
+        (:func:`approxlab.methods.draw`).
+    overwrite : bool, default False
+        Replace an earlier registration of ``name`` (or shadow the built-in of that name); without
+        it a taken name is an error.
+
+    Returns
+    -------
+    callable
+        ``function`` itself (so the decorator leaves it callable as before).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For the arguments listed in :func:`approxlab.methods._base.make_spec`; a ``name`` already
+        taken without ``overwrite=True`` (the message names the method holding it).
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.methods import register, unregister
+    >>> @register("uniform", target="softmax", features="ignored", randomized=False)
+    ... def uniform(q, k, v, *, num_features, generator=None):
+    ...     return v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1])
+    >>> q = k = v = torch.ones(1, 4, 2, dtype=torch.float64)
+    >>> approxlab.approximate("uniform", q, k, v, num_features=1).output.shape
+    torch.Size([1, 4, 2])
+    >>> _ = unregister("uniform")
+    """
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"`overwrite` must be a bool; got {overwrite!r}.")
+
+    def add(function):
+        spec = make_spec(name, function, target=target, features=features, max_features=max_features,
+                         randomized=randomized, draw=draw)
+        with _STATE.lock:
+            taken = name in available()
+            if taken and not overwrite:
+                holder = get(name).function
+                where = f"{getattr(holder, '__module__', '?')}.{getattr(holder, '__qualname__', holder)}"
+                raise ValueError(f"`name` {name!r} is already registered (by {where}); pass overwrite=True to "
+                                 "replace it, or choose another name.")
+            _STATE.registered.pop(name, None)
+            _STATE.registered[name] = spec
+        return function
+
+    return add if function is None else add(function)
+
+
+def unregister(name: str) -> MethodSpec:
+    """Remove the registration of ``name`` and return its :class:`MethodSpec`.
+
+    A built-in that a registration shadowed comes back; a built-in itself cannot be removed.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is a built-in that is not shadowed, or not registered at all.
+    """
+    with _STATE.lock:
+        _load_entry_points()
+        if name in _STATE.registered:
+            return _STATE.registered.pop(name)
+    if name in BUILTINS:
+        raise ValueError(f"`name` {name!r} is a built-in method: it can be shadowed (register(..., overwrite=True)) "
+                         "but not unregistered.")
+    registered = [n for n in _STATE.registered]
+    raise ValueError(f"`name` must be a registered (not built-in) method, one of {registered}; got {name!r}.")
+
+
+def load_plugin(module: str) -> ModuleType:
+    """Import ``module`` (which registers methods when imported) and remember it for Dask workers.
+
+    The CLI's ``--plugin MODULE`` calls this in the main process, and the study runner again in
+    every Dask worker before its first cell (:func:`plugin_modules` lists what to import there).
+    Importing is idempotent: a module is executed once per process.
+
+    Raises
+    ------
+    TypeError
+        ``module`` is not a str.
+    ImportError
+        ``module`` cannot be imported (not on ``sys.path``: set ``PYTHONPATH``); errors raised while
+        the module runs propagate unchanged.
+    """
+    if not isinstance(module, str) or not module:
+        raise TypeError(f"`module` must be a module name (str), e.g. 'my_package.attention'; got {module!r}.")
+    _load_entry_points()
+    loaded = importlib.import_module(module)
+    with _STATE.lock:
+        if module not in _STATE.plugins:
+            _STATE.plugins.append(module)
+    return loaded
+
+
+def plugin_modules() -> tuple[str, ...]:
+    """The modules loaded by :func:`load_plugin` in this process, in order."""
+    return tuple(_STATE.plugins)

@@ -26,8 +26,10 @@ from ..linalg.cores import (DEFAULT_CORE, DEFAULT_GAMMA, DEFAULT_INIT, DEFAULT_N
 from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask, mask_columns
+from .draws import DrawEntry, check_draw
 
 __all__ = [
+    "draw_completion_columns",
     "completion_landmarks",
     "Skeleton",
     "gaussian_skeleton",
@@ -39,6 +41,43 @@ __all__ = [
 
 
 # -- skeletons of attention score matrices -------------------------------------------------
+
+
+def draw_completion_columns(q, k, *, num_features, generator=None):
+    r"""Skyformer's random draw: ``d`` distinct rows of the completion's :math:`X = [Q; K]`.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, m, p)``.
+    num_features : int
+        ``d``, ``1 <= d <= n + m``.
+    generator : torch.Generator, optional
+        CPU generator: one uniformly random ``d``-subset per batch element
+        (:func:`approxlab.sketch.uniform_columns`, without replacement).
+
+    Returns
+    -------
+    dict
+        ``{"columns": (*batch, d) int64}`` on ``q.device``, indices into ``range(n + m)``: row
+        ``i < n`` is query ``i``, row ``n + j`` key ``j``.
+
+    Notes
+    -----
+    Skyformer's analysis (Definition 1, Theorem 2) samples with replacement, with the weight
+    :math:`1/\sqrt d` that leaves a Nyström approximation unchanged; distinct columns waste
+    no budget on repeats. A draw with repeats can be handed back and changes nothing.
+    """
+    total = q.shape[-2] + k.shape[-2]
+    num_features = check_int(num_features, "num_features", low=1, high=total)
+    batch = tuple(q.shape[:-2])
+    return {"columns": sketch.uniform_columns(total, num_features, batch_shape=batch, generator=generator,
+                                              device=q.device)}
+
+
+def _completion_draw_layout(q, k, num_features) -> dict:
+    total = q.shape[-2] + k.shape[-2]
+    return {"columns": DrawEntry((*q.shape[:-2], num_features), "(*batch, d)", high=total)}
 
 
 def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
@@ -71,8 +110,7 @@ def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
     total = x.shape[-2]
     batch = tuple(x.shape[:-2])
     if columns is None:
-        num_features = check_int(num_features, "num_features", low=1, high=total)
-        columns = sketch.uniform_columns(total, num_features, batch_shape=batch, generator=generator)
+        columns = draw_completion_columns(q, k, num_features=num_features, generator=generator)["columns"]
     else:
         columns = sketch.check_columns(columns, total, batch_shape=batch, num_features=num_features)
     columns = columns.to(x.device)
@@ -232,15 +270,22 @@ def completion_nystrom(
     init,
     columns,
     key_mask,
+    draw=None,
 ):
     r"""The one body of ``skyformer`` (``normalized=False``) and ``skyformer-softmax`` (``True``).
 
     Parameters are those of :func:`skyformer`; ``normalized`` selects the skeleton of
     :func:`gaussian_skeleton` (and with it the target and the registry name of the result).
     ``key_mask`` ``(*batch, m)`` bool (True on keys to attend) zeroes the masked keys' columns
-    of the right block, so they get zero weight (and, normalised, leave the row sums).
+    of the right block, so they get zero weight (and, normalised, leave the row sums). ``draw``:
+    ``{"columns": (*batch, d)}`` from :func:`draw_completion_columns` (exclusive with ``columns``).
     """
     check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
+    if draw is not None:
+        if columns is not None:
+            raise ValueError("pass at most one of `columns` and `draw`; got both.")
+        name = "skyformer-softmax" if normalized else "skyformer"
+        columns = check_draw(name, draw, _completion_draw_layout(q, k, num_features), device=q.device)["columns"]
     landmarks, columns = completion_landmarks(q, k, num_features, generator=generator, columns=columns)
     skeleton = gaussian_skeleton(q, k, landmarks, landmarks, normalized=normalized)
     skeleton.right = mask_columns(skeleton.right, check_key_mask(key_mask, k))
@@ -257,10 +302,11 @@ def completion_nystrom(
     "skyformer",
     target="kernelized",
     features="sampled columns d of the 2n x 2n completion (Eq. (5))",
-    max_features=lambda n: 2 * n,
+    max_features=lambda n, m: n + m,
+    draw=draw_completion_columns,
 )
 def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
-              num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None):
+              num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
     Parameters
@@ -288,6 +334,10 @@ def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma
         :math:`[Q; K]` (``d`` must equal ``num_features``); no random draw then.
     key_mask : torch.Tensor, optional
         ``(*batch, m)`` bool, True on keys to attend: masked keys get zero weight.
+    draw : dict, optional
+        ``{"columns": (*batch, d) int64}`` in ``[0, n + m)``, the draw of
+        :func:`draw_completion_columns` (``approxlab.methods.draw``), used instead of ``generator``:
+        the same draw gives the same output bit for bit. Exclusive with ``columns``.
 
     Returns
     -------
@@ -311,15 +361,17 @@ def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma
     ``n x n``. By Appendix D, :math:`\|C - \tilde C\| \le \|\bar C - \tilde{\bar C}\|`, and
     Theorem 2 bounds the latter by :math:`\lambda` once ``d`` exceeds
     :math:`\tfrac{28}{3}\,\tfrac{2d_{stat}}{\beta}\log\tfrac{4n}{\delta}` (uniform columns).
-    Columns are sampled without replacement (distinct rows of :math:`[Q;K]`); repeats can
-    be passed explicitly and change nothing.
+    **Draw.** ``d`` distinct rows of :math:`[Q;K]`, uniformly (the paper's Definition 1 samples
+    with replacement; repeats waste budget and change nothing when passed explicitly):
+    ``{"columns": (*batch, d)}`` (:func:`draw_completion_columns`).
 
     References
     ----------
     Chen et al. (2021), Skyformer, Eqs. (3)-(6), Theorem 2, Lemma 3, Section 4.4.
     """
     return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator, core=core,
-                              gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask)
+                              gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask,
+                              draw=draw)
 
 
 SKYFORMER = skyformer

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from ..linalg.cores import DEFAULT_CORE, DEFAULT_GAMMA, DEFAULT_INIT, DEFAULT_NUM_ITER
 from ._base import method
-from .skyformer import completion_nystrom
+from .skyformer import completion_nystrom, draw_completion_columns
 
 
 @method(
     "skyformer-softmax",
     target="softmax",
     features="sampled columns d of the completion of [Q; K]",
-    max_features=lambda n: 2 * n,
+    max_features=lambda n, m: n + m,
+    draw=draw_completion_columns,
 )
 def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
-                      num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None):
+                      num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None):
     r"""Eq. (5) of Skyformer on the completion :math:`\bar A` of the raw scores, row-normalised.
 
     Parameters
@@ -31,8 +32,10 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_COR
         ``d``, sampled columns of the completion, ``1 <= d <= n + m``.
     generator : torch.Generator, optional
         CPU generator for the column sample.
-    core, gamma, num_iter, init, columns, key_mask
-        As for :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``).
+    core, gamma, num_iter, init, columns, key_mask, draw
+        As for :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``); the draw is
+        ``{"columns": (*batch, d)}``, ``d`` distinct rows of :math:`[Q; K]` drawn uniformly
+        (:func:`~approxlab.methods.skyformer.draw_completion_columns`).
 
     Returns
     -------
@@ -76,7 +79,8 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_COR
     Chen et al. (2021), Skyformer, Lemma 1, Eqs. (4)-(6), Section 4.1, Figure 1.
     """
     return completion_nystrom(q, k, v, num_features=num_features, normalized=True, generator=generator, core=core,
-                              gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask)
+                              gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask,
+                              draw=draw)
 
 
 SKYFORMER_SOFTMAX = skyformer_softmax

@@ -6,26 +6,56 @@ hyperplanes. The target is YOSO-E (:mod:`approxlab.methods.yoso_e`), the expecta
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from .. import lsh
 from .._validation import as_generator, check_bool, check_int
 from ._base import Approximation, method
+from .draws import DrawEntry, check_draw
 
-__all__ = ["yoso", "YOSO", "MAX_HASHES"]
+__all__ = ["yoso", "YOSO", "MAX_HASHES", "draw_hyperplanes"]
 
 MAX_HASHES = 4096
 """Largest number of hashes ``m`` accepted (the paper uses at most 128; Fig. 8 of YOSO)."""
+
+
+def draw_hyperplanes(q, k, *, num_features, generator=None, tau=8):
+    r"""The random draw of :func:`yoso`: ``m`` hashes of ``tau`` Gaussian hyperplanes each.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, n_k, p)`` (only their shapes and device are used).
+    num_features : int
+        Number of hashes :math:`m`, ``1 <= m <= MAX_HASHES``.
+    generator : torch.Generator, optional
+        CPU generator (:func:`approxlab.lsh.draw_hyperplanes`: float64 on the CPU).
+    tau : int, default 8
+        Hyperplanes per hash.
+
+    Returns
+    -------
+    dict
+        ``{"hyperplanes": (*batch, m, tau, p) float64}`` on ``q.device``, i.i.d. :math:`\mathcal N(0, 1)`
+        normals, one set per batch element (YOSO draws a fresh projection per sequence and head).
+    """
+    num_features = check_int(num_features, "num_features", low=1, high=MAX_HASHES)
+    tau = check_int(tau, "tau", low=1, high=lsh.MAX_TAU)
+    planes = lsh.draw_hyperplanes(q.shape[:-2], num_features, tau, q.shape[-1], generator=as_generator(generator),
+                                  dtype=torch.float64, device=q.device)
+    return {"hyperplanes": planes}
 
 
 @method(
     "yoso",
     target="yoso",
     features="hashes m (each of tau concatenated hyperplanes)",
-    max_features=lambda n: MAX_HASHES,
+    max_features=MAX_HASHES,
     randomized=True,
+    draw=draw_hyperplanes,
 )
-def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False):
+def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False, draw=None):
     r"""YOSO-m attention :math:`\frac1m\sum_{h=1}^m \mathcal B_h(\hat Q, \hat K)\,V` without an ``n x n`` matrix.
 
     Parameters
@@ -48,6 +78,10 @@ def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False
         Euclidean norm (YOSO Section 3.1, "Normalizing Attention"); all-zero rows (a query that
         collides with no key in any hash) stay zero. This is how YOSO is used in the paper, which
         then measures errors as angles (YOSO Figure 8). The operator is :math:`\mathcal B` either way.
+    draw : dict, optional
+        ``{"hyperplanes": (*batch, m, tau, p)}`` (float32 or float64), the draw of
+        :func:`draw_hyperplanes` (``approxlab.methods.draw``), used instead of ``generator``
+        (cast to ``q``'s dtype): the same draw gives the same output bit for bit.
 
     Returns
     -------
@@ -71,6 +105,9 @@ def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False
     normalised to sum to 1 (the paper replaces that by the optional :math:`\ell_2` normalisation).
     Weights are in ``[0, 1]`` and the inputs are normalised, so nothing can overflow.
 
+    **Draw.** As in YOSO's code, ``m * tau`` i.i.d. Gaussian hyperplane normals per batch element
+    (sequence and head), ``{"hyperplanes": (*batch, m, tau, p)}`` (:func:`draw_hyperplanes`).
+
     References
     ----------
     .. [1] Z. Zeng, Y. Xiong, S. N. Ravi, S. Acharya, G. Fung, V. Singh. "You Only Sample (Almost)
@@ -80,13 +117,15 @@ def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False
     num_features = check_int(num_features, "num_features", low=1, high=MAX_HASHES)
     tau = check_int(tau, "tau", low=1, high=lsh.MAX_TAU)
     check_bool(normalize_output, "normalize_output")
-    generator = as_generator(generator)
+    if draw is None:
+        draw = draw_hyperplanes(q, k, num_features=num_features, generator=generator, tau=tau)
+    else:
+        layout = {"hyperplanes": DrawEntry((*q.shape[:-2], num_features, tau, q.shape[-1]), "(*batch, m, tau, p)")}
+        draw = check_draw("yoso", draw, layout, device=q.device)
+    hyperplanes = draw["hyperplanes"].to(q.dtype)
 
     q_unit = F.normalize(q, dim=-1)
     k_unit = F.normalize(k, dim=-1)
-    hyperplanes = lsh.draw_hyperplanes(
-        q.shape[:-2], num_features, tau, q.shape[-1], generator=generator, dtype=q.dtype, device=q.device
-    )
     codes_q = lsh.hash_codes(q_unit, hyperplanes)
     codes_k = lsh.hash_codes(k_unit, hyperplanes)
     operator = lsh.CollisionOperator(codes_q, codes_k, tau=tau, dtype=q.dtype)
