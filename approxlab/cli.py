@@ -11,8 +11,9 @@ Every study also gets the common options below (added here, before the study's o
 available on ``args`` as ``out`` (``pathlib.Path`` or None: the study picks its
 default, see :func:`approxlab.studies.default_output_dir`), ``quick``, ``device``,
 ``data_dir``, ``cache_dir``, ``restart``, ``progress`` (False with ``--no-progress``),
-``scheduler``, ``workers``, ``plot_only``, plus ``study`` and ``command`` (the command
-line, for the record in ``config.json``/``summary.md``).
+``scheduler``, ``workers``, ``plot_only``, ``plugin`` (modules imported before the study's
+options are built, here and in every Dask worker: :func:`approxlab.methods.load_plugin`), plus
+``study`` and ``command`` (the command line, for the record in ``config.json``/``summary.md``).
 
 Errors a user can fix print one line on stderr and exit with status 2, in argparse's
 form ``approxlab <study>: error: <what>: <what is allowed>, got <what came in>``:
@@ -35,6 +36,7 @@ Examples
     approxlab figure1 --quick
     approxlab figure1 --workers 2          # local Dask cluster
     approxlab figure1 --plot-only          # redraw from figures/figure1/results.csv
+    approxlab figure1 --quick --plugin my_attention --methods top-k,skyformer-softmax
 """
 
 from __future__ import annotations
@@ -105,6 +107,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="no progress bar")
     group.add_argument("--plot-only", action="store_true",
                        help="do not compute: redraw the figure and summary from the saved CSV")
+    group.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                       help="import MODULE (repeatable), which registers methods with approxlab.methods.register, "
+                            "here and in every Dask worker; its methods can then be named in --methods")
     executor = group.add_mutually_exclusive_group()
     executor.add_argument("--scheduler", default=None, metavar="ADDRESS",
                           help="run cells on a Dask scheduler, e.g. tcp://host:8786")
@@ -149,9 +154,11 @@ def main(argv=None) -> int:
     if study not in STUDIES:
         study = None
     try:
+        _cli.load_plugins(argv)  # first: the study's options may list the plugins' methods
         parser = build_parser(study)
     except StudyError as error:
-        print(f"approxlab: error: {error}", file=sys.stderr)
+        print(f"approxlab{'' if study is None else ' ' + study}: error: {' '.join(str(error).split())}",
+              file=sys.stderr)
         return 2
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # reported by the study's name, like its other option errors

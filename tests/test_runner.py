@@ -188,6 +188,30 @@ def test_dask_local_cluster_matches_in_process_and_survives_a_killed_worker(tmp_
     assert len(reference) == 12 and not reference.duplicated(["a", "b", "rep"]).any()
 
 
+def plugin_compute(cell):
+    """A cell that needs ``top-k``, a method only a ``--plugin`` module registers (not this module)."""
+    import approxlab
+    from approxlab.synthetic import synthetic_qkv
+
+    q, k, v = synthetic_qkv((1,), 12, 4, generator=torch.Generator().manual_seed(cell_seed(cell["a"], cell["b"])))
+    return [{"value": float(approxlab.approximate("top-k", q, k, v, num_features=3).output.sum())}]
+
+
+def test_dask_workers_import_the_plugin_modules(tmp_path, top_k_plugin, monkeypatch):
+    """`--plugin` modules loaded in the main process are imported in every Dask worker before its
+    cells (without that, the workers do not know the method: the control below)."""
+    from approxlab.methods import load_plugin
+    from approxlab.studies import runner
+
+    load_plugin(top_k_plugin)
+    reference = run(tmp_path / "inprocess", compute=plugin_compute, cells=toy_cells())
+    on_dask = run(tmp_path / "dask", compute=plugin_compute, cells=toy_cells(), workers=2)
+    pd.testing.assert_frame_equal(on_dask, reference)
+    monkeypatch.setattr(runner, "_with_plugins", lambda compute: compute)
+    with pytest.raises(ValueError, match=r"`method` must be one of \[.*\]; got 'top-k'"):
+        run(tmp_path / "control", compute=plugin_compute, cells=toy_cells(), workers=2)
+
+
 # ------------------------------------------------------------- lock and stale files
 
 HOLD_LOCK = """

@@ -28,6 +28,7 @@ Public API::
     check_windows(args, ids_by_n, *, windows=None, n_option="--n")
     check_heads(option, heads, conditions, *, index=False)
     check_num_features(option, num_features, methods, lengths)
+    load_plugins(argv)                               # --plugin MODULE, before the parser is built
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import os
 import pathlib
 import socket
 import sys
+import traceback
 import urllib.parse
 
 from .._io import LOCK_NAME, OutputLockedError, output_lock
@@ -67,6 +69,7 @@ __all__ = [
     "check_windows",
     "check_heads",
     "check_num_features",
+    "load_plugins",
 ]
 
 SCHEDULER_TIMEOUT = 5.0
@@ -353,3 +356,42 @@ def check_num_features(option: str, num_features: int, methods, lengths) -> None
             limit = get(method).max_features(n)
             if num_features > limit:
                 raise UsageError(option, f"at most {limit} for {method} at n={n}", num_features)
+
+
+# ------------------------------------------------------------------ plugins
+
+
+def load_plugins(argv) -> list[str]:
+    """Import every ``--plugin MODULE`` of ``argv`` (:func:`approxlab.methods.load_plugin`), in order.
+
+    Done before the study's parser is built, so its options (``choices=available()``) and
+    ``--methods`` know the plugins' methods. A module that cannot be imported, or that raises
+    while it registers its methods, is a :class:`UsageError` naming it, the error and where it
+    happened (one line, no traceback).
+    """
+    from ..methods import load_plugin
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--plugin", action="append", default=[])
+    modules = pre.parse_known_args(list(argv))[0].plugin
+    for module in modules:
+        try:
+            load_plugin(module)
+        except ImportError as error:
+            missing = getattr(error, "name", None) or ""
+            if missing and (module == missing or module.startswith(missing + ".")):
+                raise UsageError("--plugin", "a module importable from Python's path (set PYTHONPATH to its "
+                                 "folder) that registers methods", f"{module!r} ({error})") from None
+            raise UsageError("--plugin", "a module that imports and registers its methods",
+                             f"{module!r} ({_failure(error)})") from None
+        except Exception as error:  # noqa: BLE001 - the user's module: one line naming it, not a traceback
+            raise UsageError("--plugin", "a module that imports and registers its methods",
+                             f"{module!r} ({_failure(error)})") from None
+    return modules
+
+
+def _failure(error: BaseException) -> str:
+    """``Type: message at file:line`` of the innermost frame of ``error``."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"

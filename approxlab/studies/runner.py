@@ -53,6 +53,7 @@ Public API::
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import numbers
@@ -352,13 +353,35 @@ def _run_todo(todo, compute, table, key_columns, bar, scheduler, workers, flush_
 
     try:
         if todo and (scheduler is not None or workers is not None):
-            _run_dask(todo, compute, finished, scheduler, workers)
+            _run_dask(todo, _with_plugins(compute), finished, scheduler, workers)
         else:
             for key, cell in todo:
                 finished(key, cell, compute(cell))
     finally:
         bar.close()
         table.flush()
+
+
+def _with_plugins(compute):
+    """``compute`` preceded, in whichever process runs it, by importing this process's plugin modules
+    (``--plugin``, :func:`approxlab.methods.plugin_modules`): how a Dask worker learns the user's methods."""
+    from ..methods import plugin_modules
+
+    modules = plugin_modules()
+    return functools.partial(_compute_with_plugins, modules, compute) if modules else compute
+
+
+def _compute_with_plugins(modules, compute, cell):
+    """Import ``modules`` (once per process: later imports are a dictionary lookup), then ``compute(cell)``."""
+    from ..methods import load_plugin
+
+    for module in modules:
+        try:
+            load_plugin(module)
+        except ImportError as error:
+            raise StudyError(f"--plugin: {module!r} could not be imported on a Dask worker ({error}); it must be "
+                             "importable there too (the workers' PYTHONPATH).") from None
+    return compute(cell)
 
 
 def _progress_bar(total, initial, progress, description):
