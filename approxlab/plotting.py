@@ -4,14 +4,24 @@ Public API::
 
     METHOD_STYLES                      # name -> dict(color, marker, linestyle, label)
     method_style(name, *, secondary=False) -> dict   # kwargs for Axes.plot
+    method_label(name) -> str          # legend name, with the target when it is not softmax attention
+    DTYPE_LINESTYLES                   # {"float64": "-", "float32": ":"}
+    method_curve(ax, curve, method, *, x="num_features", center="median", band=("q25", "q75"),
+                 dtype_column="dtype", dtypes=("float64", "float32"), secondary=False)
+    share_ylimits(*axes_grids)         # the same y-limits per panel across figures
+    figure_legend(fig, axes, *, ncol=4)   # one legend below the panels, every method once
     style()                            # context manager: the house rc settings
     figure(nrows=1, ncols=1, *, panel_size=(3.2, 2.6), **kwargs) -> (Figure, axes)
     save_figure(fig, path_without_suffix, *, dpi=150, formats=("png", "pdf")) -> list[Path]
 
 Every registered method name has a fixed colour and marker (so a method looks the
-same in every figure); unknown names get a deterministic fallback colour. The
-matplotlib backend is Agg (no display needed); importing this module selects it
-unless a backend was already chosen explicitly by the caller.
+same in every figure); unknown names (registered or plugin methods) get a deterministic
+fallback colour. The matplotlib backend is Agg (no display needed); importing this module
+selects it unless a backend was already chosen explicitly by the caller.
+
+A study draws its method curves (x = the budget ``d``, y = an error statistic with a band)
+through :func:`method_curve` from a table of per-point statistics, one figure per group of
+methods, and calls :func:`share_ylimits` so a companion figure can be read against the main one.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import io
 import pathlib
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg", force=False)
 
@@ -28,7 +39,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["METHOD_STYLES", "method_style", "style", "figure", "save_figure", "RC_PARAMS"]
+__all__ = ["METHOD_STYLES", "method_style", "method_label", "DTYPE_LINESTYLES", "method_curve", "share_ylimits",
+           "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
     "font.size": 8,
@@ -106,6 +118,108 @@ def method_style(name: str, *, secondary: bool = False) -> dict:
     else:
         style.update(linewidth=1.6, markersize=4.5, alpha=1.0, zorder=3)
     return style
+
+
+def method_label(name: str) -> str:
+    """The legend name of method ``name``: its house label, followed by its target when that is not
+    softmax attention (``"YOSO (target: YOSO-E)"``), from the registry; a name that is not
+    registered (a plugin not loaded) is shown as it is."""
+    from .methods import available, get
+    from .methods._base import TARGET_NAMES
+
+    label = method_style(name)["label"]
+    if name in available() and get(name).target != "softmax":
+        label += f" (target: {TARGET_NAMES[get(name).target]})"
+    return label
+
+
+DTYPE_LINESTYLES = {"float64": "-", "float32": ":"}
+"""Line style of each precision in a method's curves (the first precision present gets the band)."""
+
+
+def method_curve(ax, curve, method: str, *, x: str = "num_features", center: str = "median",
+                 band=("q25", "q75"), dtype_column: str = "dtype", dtypes=("float64", "float32"),
+                 secondary: bool = False) -> None:
+    """Draw one method's error curves on ``ax`` from a table of per-point statistics.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    curve : pandas.DataFrame
+        One row per (precision, x) of ``method``: columns ``x``, ``center``, ``band`` and
+        ``dtype_column`` (absent: one precision).
+    method : str
+        The method: its colour and marker (:func:`method_style`) and legend label
+        (:func:`method_label`).
+    x, center : str
+        The columns of the x and y values.
+    band : (str, str) or None
+        The columns of the band's lower and upper edges (e.g. the quartiles), or None.
+    dtypes : sequence of str
+        Precisions in drawing order; the first present in ``curve`` is the main line (solid, with
+        the band and the label); the others are thin lines in :data:`DTYPE_LINESTYLES` with hollow
+        markers.
+    secondary : bool
+        Smaller markers and a thinner line (:func:`method_style`), for methods added beside a
+        paper's.
+
+    Notes
+    -----
+    Points whose ``center`` is not finite (a failed approximation counts as ``inf``) are left out
+    of the line and marked by a triangle at the top edge of the panel, so a failure is never
+    hidden off-scale.
+    """
+    kwargs = method_style(method, secondary=secondary)
+    kwargs.update(linestyle="-", alpha=1.0, label=method_label(method))
+    present = [d for d in dtypes if dtype_column not in curve or d in set(curve[dtype_column])]
+    for index, dtype in enumerate(present):
+        rows = curve if dtype_column not in curve else curve[curve[dtype_column] == dtype]
+        finite = rows[np.isfinite(rows[center])]
+        if index > 0:
+            ax.plot(finite[x], finite[center], color=kwargs["color"], linestyle=DTYPE_LINESTYLES.get(dtype, "--"),
+                    linewidth=1.0, marker=kwargs["marker"], markersize=2.5, markerfacecolor="none")
+            continue
+        ax.plot(finite[x], finite[center], **{**kwargs, "linestyle": DTYPE_LINESTYLES.get(dtype, "-")})
+        if band is not None:
+            edges = finite[np.isfinite(finite[band[1]])]
+            ax.fill_between(edges[x], edges[band[0]], edges[band[1]], color=kwargs["color"], alpha=0.15,
+                            linewidth=0)
+        failed = rows[~np.isfinite(rows[center])]
+        if len(failed):  # off the range: marked at the top edge
+            ax.plot(failed[x], [1.0] * len(failed), transform=ax.get_xaxis_transform(), clip_on=False,
+                    marker="^", linestyle="none", color=kwargs["color"], markersize=6)
+
+
+def share_ylimits(*axes_grids) -> None:
+    """Give the panels at the same position of every grid the same y-limits: the union of their own.
+
+    Parameters
+    ----------
+    *axes_grids : arrays of Axes
+        Grids of the same shape (e.g. the ``axes`` of a main figure and of its companion), drawn
+        already (their autoscaled limits cover their data).
+    """
+    grids = [np.asarray(grid, dtype=object) for grid in axes_grids]
+    if not grids:
+        return
+    shape = grids[0].shape
+    if any(grid.shape != shape for grid in grids):
+        raise ValueError(f"`axes_grids` must have one shape; got {[grid.shape for grid in grids]}.")
+    for index in np.ndindex(shape):
+        limits = [grid[index].get_ylim() for grid in grids]
+        low, high = min(lim[0] for lim in limits), max(lim[1] for lim in limits)
+        for grid in grids:
+            grid[index].set_ylim(low, high)
+
+
+def figure_legend(fig, axes, *, ncol: int = 4):
+    """One legend below the panels with every labelled line of ``axes`` once (first label wins)."""
+    handles = {}
+    for ax in np.asarray(axes, dtype=object).ravel():
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    return fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                      ncol=max(1, min(len(handles), ncol)), frameon=False)
 
 
 def style():

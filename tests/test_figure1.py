@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from approxlab.cli import main
+from approxlab.plotting import method_curve
 from approxlab.studies import figure1
 from approxlab._io import read_json, read_results
 from approxlab.studies.runner import StudyError
@@ -219,7 +220,7 @@ def test_every_method_visible_on_a_log_axis():
                           "q25": [0.5, 1.0, 5e-4], "q75": [2.0, float("inf"), 2e-3]})
     fig, ax = plt.subplots()
     ax.set_yscale("log")
-    figure1._draw_method(ax, curve, curve.iloc[:0], "performer", extra=False)
+    method_curve(ax, curve, "performer")
     lines = ax.get_lines()
     assert list(lines[0].get_xdata()) == [4, 16]
     (marker,) = [line for line in lines if line.get_marker() == "^" and line.get_linestyle() == "None"]
@@ -235,3 +236,52 @@ def test_window_rank_needs_a_dense_svd_only_up_to_dense_max_n(synthetic_data):
     above = figure1.compute_window({**cell, "dense_max_n": 32})[0]
     assert above["rank_a"] != above["rank_a"]  # NaN: no O(n^3) SVD above --matrix-free-above
     assert above["distinct_q_rows"] == 48
+
+
+def test_method_labels_shared_limits_and_one_legend():
+    """The plotting path every study shares: the target in the legend when it is not softmax
+    attention, the same y-limits per panel across figures, every method once in the legend."""
+    import matplotlib.pyplot as plt
+
+    from approxlab.plotting import figure_legend, method_label, share_ylimits
+
+    assert method_label("yoso") == "YOSO (target: YOSO-E)"
+    assert method_label("skyformer") == "Skyformer (kernelized) (target: kernelized attention CV)"
+    assert method_label("performer") == "Performer" and method_label("not-registered") == "not-registered"
+    curve = pd.DataFrame({"num_features": [4, 8, 4, 8], "dtype": ["float64", "float64", "float32", "float32"],
+                          "median": [1.0, 0.5, 1.1, 0.4], "q25": [0.8, 0.4, 0.9, 0.3], "q75": [1.2, 0.6, 1.3, 0.5]})
+    main_fig, main_axes = plt.subplots(1, 2, squeeze=False)
+    extra_fig, extra_axes = plt.subplots(1, 2, squeeze=False)
+    for ax, scale in zip(main_axes[0], (1.0, 1e3)):
+        method_curve(ax, curve.assign(median=curve["median"] * scale), "performer")
+    for ax in extra_axes[0]:
+        method_curve(ax, curve.assign(median=curve["median"] * 1e-2), "yoso", secondary=True)
+    solid, dotted = main_axes[0][0].get_lines()
+    assert solid.get_linestyle() == "-" and dotted.get_linestyle() == ":" and solid.get_label() == "Performer"
+    share_ylimits(main_axes, extra_axes)
+    for j in range(2):
+        assert main_axes[0][j].get_ylim() == extra_axes[0][j].get_ylim()
+    low, high = main_axes[0][1].get_ylim()
+    assert low <= 0.004 and high >= 1100  # both figures' data stay in view
+    legend = figure_legend(main_fig, main_axes)
+    assert [t.get_text() for t in legend.get_texts()] == ["Performer"]
+    with pytest.raises(ValueError, match="`axes_grids` must have one shape"):
+        share_ylimits(main_axes, extra_axes[:, :1])
+    plt.close(main_fig)
+    plt.close(extra_fig)
+
+
+def test_a_plugin_method_is_computed_summarised_and_drawn(tmp_path, synthetic_data, top_k_plugin):
+    """Issue 'Done means' (in-process): `--plugin MODULE --methods top-k,skyformer-softmax` computes the
+    user's method, names it in summary.md and draws it in the companion figure."""
+    out = tmp_path / "fig1"
+    assert main(["figure1", "--out", str(out), "--plugin", top_k_plugin, "--methods", "top-k,skyformer-softmax",
+                 *TINY[:4], *TINY[6:]]) == 0
+    results = read_results(out / "results.csv")
+    top_k = results[results["method"] == "top-k"]
+    assert len(top_k) == 2 * 2 * 2 and (top_k["status"] == "ok").all() and set(top_k["seed"]) == {0}
+    summary = (out / "summary.md").read_text()
+    assert "`figure1-extra.png`: top-k" in summary and "| top-k |" in summary
+    assert (out / "figure1-extra.png").stat().st_size > 0 and (out / "figure1.png").stat().st_size > 0
+    assert figure1.figure_groups({"methods": ["top-k", "skyformer-softmax"]}, {"top-k", "skyformer-softmax"}) == {
+        "figure1": ["skyformer-softmax"], "figure1-extra": ["top-k"]}

@@ -1,5 +1,6 @@
 """`approxlab figure1 --quick` on the real data (Wikitext-2, initialized BERT and MiniLM), as
-CI runs it, and the same grid on a 2-worker Dask LocalCluster giving the same table."""
+CI runs it, and the same grid on a 2-worker Dask LocalCluster giving the same table; both with a
+user's method from a module outside the package (``--plugin``)."""
 
 import pandas as pd
 import pytest
@@ -25,11 +26,13 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_quick_figure1_in_process_and_on_dask_give_the_same_table(tmp_path, one_thread):
+def test_quick_figure1_in_process_and_on_dask_give_the_same_table(tmp_path, one_thread, top_k_plugin):
     """Issue 3: --quick produces the figure, CSV and summary offline. Issue 5: the Dask
-    path (2 workers) writes the same tidy CSV as the in-process run for the same seeds."""
+    path (2 workers) writes the same tidy CSV as the in-process run for the same seeds. A method
+    registered by a --plugin module (top-k) runs in both: the workers import the module too."""
     inline, dask = tmp_path / "inline", tmp_path / "dask"
-    assert main(["figure1", "--quick", "--out", str(inline), "--no-progress"]) == 0
+    methods = ["--plugin", top_k_plugin, "--methods", ",".join([*figure1.QUICK_GRID["methods"], "top-k"])]
+    assert main(["figure1", "--quick", "--out", str(inline), "--no-progress", *methods]) == 0
     for name in ("results.csv", "panel_stats.csv", "config.json", "figure1.png", "figure1.pdf", "summary.md"):
         assert (inline / name).is_file(), name
     results = read_results(inline / "results.csv")
@@ -38,8 +41,10 @@ def test_quick_figure1_in_process_and_on_dask_give_the_same_table(tmp_path, one_
     assert (results["status"] == "ok").all(), results.loc[results["status"] != "ok", ["method", "status"]]
     assert {"initialized", "pretrained"} == set(results["condition"])
     assert "sentence-transformers/all-MiniLM-L6-v2" in set(results["checkpoint"])
+    assert len(results[results["method"] == "top-k"]) == 2 * 2 * 3
+    assert "`figure1-extra.png`: yoso, spectral-shifting, nystrom, linformer, top-k" in (inline / "summary.md").read_text()
 
     figure1.reference.cache_clear()
-    assert main(["figure1", "--quick", "--out", str(dask), "--no-progress", "--workers", "2"]) == 0
+    assert main(["figure1", "--quick", "--out", str(dask), "--no-progress", "--workers", "2", *methods]) == 0
     on_dask = read_results(dask / "results.csv")
     pd.testing.assert_frame_equal(on_dask.drop(columns=VOLATILE), results.drop(columns=VOLATILE))

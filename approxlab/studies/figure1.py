@@ -11,9 +11,14 @@ Three steps (STYLE.md convention 9), all behind ``approxlab figure1``:
 1. **grid** -- :func:`build_config` declares it; it is saved in ``config.json`` (hashed).
 2. **compute** -- :func:`compute` runs the cells through
    :func:`approxlab.studies.runner.run_cells` (resumable, optional Dask) and writes the
-   tidy tables ``results.csv`` and ``panel_stats.csv``.
-3. **plot** -- :func:`plot` and :func:`write_summary` read only those files and write
-   ``figure1.png``, ``figure1.pdf`` and ``summary.md`` (``--plot-only`` redraws them).
+   tidy tables ``results.csv``, ``conditioning.csv`` and ``windows.csv``.
+3. **plot** -- :func:`~approxlab.studies.figure1_report.plot` and
+   :func:`~approxlab.studies.figure1_report.write_summary` read only those files and write
+   ``panel_stats.csv`` and ``verdicts.csv`` (:mod:`approxlab.studies.figure1_stats`, on
+   :mod:`approxlab.stats`), ``figure1.png/.pdf`` (the paper's four methods),
+   ``figure1-extra.png/.pdf`` (every other method of the run, built-in or registered with
+   :func:`approxlab.methods.register` / ``--plugin``, with the same y-limits per panel) and
+   ``summary.md`` (``--plot-only`` redraws them).
 
 Grid (full run)
 ---------------
@@ -55,10 +60,8 @@ raised and a ``status`` ("ok", or the error that stopped the method, whose error
 (head 0), the numerical rank of A (head 0; singular values above ``n * eps64 * sigma_1``) and
 the wall time of these diagnostics (``seconds``; the dense SVD is nearly all of it).
 
-``panel_stats.csv`` (written by the plot step from ``results.csv``): per condition x n x
-dtype x method x num_features, the mean, median, quartiles and max of the error over heads x
-windows x seeds, the counts of blow-ups and of failures. ``verdicts.csv``: each claim's
-statistic with a bootstrap 95% interval over windows and its verdict (:func:`verdicts`).
+``panel_stats.csv`` and ``verdicts.csv``: written by the plot step from ``results.csv``
+(:mod:`approxlab.studies.figure1_stats`).
 
 ``conditioning.csv``: one row per condition x n x num_features, on the first window:
 the statistical dimension :math:`d_{stat}(\lambda) = \operatorname{tr}\bar C(\bar C+\lambda I)^{-1}`
@@ -97,7 +100,6 @@ import pandas as pd
 import torch
 
 from . import default_output_dir
-from .._io import atomic_write_text, read_json, read_results
 from ..data.qkv import resolve_checkpoint
 from ..attention import approximate, exact_attention
 from ..kernels import kernelized_matrix
@@ -106,30 +108,18 @@ from ..methods import get
 from ..metrics import spectral_norm
 from . import _cli
 from ..operators import ExactAttentionOperator
+from .figure1_report import CONDITIONING, RESULTS, WINDOWS, figure_groups, plot, summarize, write_summary
+from .figure1_stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, THRESHOLDS,
+                            VERDICT_COLUMNS, head_errors, panel_statistics, precision_table, verdicts)
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
-    "PAPER_METHODS",
-    "EXTRA_METHODS",
-    "FULL_GRID",
-    "QUICK_GRID",
-    "build_config",
-    "window_ids",
-    "make_cells",
-    "load_qkv",
-    "reference",
-    "compute_cell",
-    "compute_panel",
-    "compute",
-    "plot",
-    "write_summary",
-    "add_arguments",
-    "run",
+    "PAPER_METHODS", "EXTRA_METHODS", "FULL_GRID", "QUICK_GRID", "build_config", "window_ids", "make_cells",
+    "load_qkv", "reference", "compute_cell", "compute_panel", "compute_window", "compute", "add_arguments", "run",
+    # the plot step, from figure1_report / figure1_stats
+    "plot", "figure_groups", "write_summary", "summarize", "panel_statistics", "head_errors", "precision_table",
+    "verdicts", "CLAIMS", "THRESHOLDS", "BOOTSTRAP", "VERDICT_COLUMNS", "BLOWUP_FACTOR", "NEAR_ZERO_ROW",
 ]
-
-PAPER_METHODS = ("skyformer-softmax", "nystromformer", "performer", "informer")
-"""The four methods of Skyformer's Figure 1 (its own figure); the first is Skyformer, the others
-are the baselines of its claims."""
 
 EXTRA_METHODS = ("yoso", "spectral-shifting", "nystrom", "linformer")
 """Methods added to the comparison (drawn as secondary curves)."""
@@ -149,19 +139,9 @@ QUICK_GRID = {**FULL_GRID, "n": [512, 1024], "num_features": [16, 64, 256], "dty
               "seeds": 1}
 """``--quick``: a smoke run of a few minutes on 2 CPU cores (float64 only; ``--dtypes`` adds float32)."""
 
-RESULTS = "results.csv"
-PANEL_STATS = "panel_stats.csv"
-CONDITIONING = "conditioning.csv"
-WINDOWS = "windows.csv"
-VERDICTS = "verdicts.csv"
 KEY_COLUMNS = ("condition", "n", "dtype", "window", "method")
 WINDOW_KEY_COLUMNS = ("condition", "n", "window")
 POSITIONS = ("interpolate", "copy", "none")
-BLOWUP_FACTOR = 10.0
-"""A head's error is a blow-up when it exceeds this multiple of the exact output's ``||O||_2``."""
-NEAR_ZERO_ROW = 1e-3
-"""A row of the approximate ``A~ 1`` is near zero when ``|(A~ 1)_i| <= NEAR_ZERO_ROW * median_j |(A~ 1)_j|``
-(per head): its normalisation ``1 / (A~ 1)_i`` then amplifies that row by 1e3 or more."""
 DENSE_MAX_N = 4096
 """Above this n: exact attention without n x n memory, d_stat estimated matrix-free (``--matrix-free-above``)."""
 PANEL_KEY_COLUMNS = ("condition", "n")
@@ -564,404 +544,6 @@ def compute(config: dict, out, *, data_dir=None, cache_dir=None, device="cpu", s
                     for c in config["conditions"] for n in config["n"] for w in window_ids(config, n)]
     run_cells(window_cells, compute_window, results_path=out / WINDOWS, key_columns=WINDOW_KEY_COLUMNS, **common)
     return results, stats
-
-
-# ----------------------------------------------------------------------------- plot step
-
-
-def _load(out):
-    out = pathlib.Path(out)
-    if not (out / RESULTS).is_file():
-        raise StudyError(f"no {RESULTS} in {str(out)!r}: run the compute step first (without --plot-only).")
-    config = read_json(out / "config.json")["config"]
-    results = read_results(out / RESULTS)
-    stats = read_results(out / CONDITIONING) if (out / CONDITIONING).is_file() else pd.DataFrame()
-    return config, results, stats
-
-
-def _read_optional(path) -> pd.DataFrame:
-    return read_results(path) if pathlib.Path(path).is_file() else pd.DataFrame()
-
-
-GROUP = ["condition", "n", "dtype", "method", "num_features"]
-"""The columns of one curve point (a panel x dtype x method x d)."""
-
-
-def head_errors(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per head x window x seed x grid point: ``GROUP + [window, seed, error]``.
-
-    Failed approximations count with error ``inf`` (they are medians' worst case, not dropped).
-    """
-    frame = results.copy()
-    if "dtype" not in frame:
-        frame["dtype"] = "float64"
-    if "error_heads" not in frame:  # results from before per-head errors: the head mean
-        frame["error_heads"] = frame["error_mean"].map(repr)
-    frame["error"] = frame["error_heads"].astype(str).str.split()
-    long = frame[[*GROUP, "window", "seed", "error"]].explode("error")
-    long["error"] = long["error"].astype(float)
-    return long.reset_index(drop=True)
-
-
-def panel_statistics(results: pd.DataFrame) -> pd.DataFrame:
-    """``panel_stats.csv``: per grid point, error statistics over heads x windows x seeds.
-
-    Columns: ``samples``, ``mean``, ``median``, ``q25``, ``q75``, ``max``, ``failures`` (rows
-    whose method raised), ``error_blowups`` (errors above ``BLOWUP_FACTOR * ||O||_2``),
-    ``near_zero_rows`` (rows of A~1 near zero, see :data:`NEAR_ZERO_ROW`).
-    """
-    errors = head_errors(results)
-    grouped = errors.groupby(GROUP, sort=True)["error"]
-    stats = pd.DataFrame({
-        "samples": grouped.size(), "mean": grouped.mean(), "median": grouped.median(),
-        "q25": grouped.quantile(0.25), "q75": grouped.quantile(0.75), "max": grouped.max(),
-    })
-    frame = results.assign(dtype=results["dtype"] if "dtype" in results else "float64")
-    counts = frame.assign(failures=(frame["status"] != "ok").astype(int))
-    for column in ("error_blowups", "near_zero_rows"):
-        if column not in counts:
-            counts[column] = 0
-    totals = counts.groupby(GROUP, sort=True)[["failures", "error_blowups", "near_zero_rows"]].sum()
-    return stats.join(totals).reset_index()
-
-
-def plot(out) -> list[pathlib.Path]:
-    """Draw ``figure1.png/.pdf`` (the paper's four methods) and ``figure1-extra.png/.pdf`` (the
-    others) in ``out`` from ``results.csv`` only; also (re)writes ``panel_stats.csv``.
-
-    Rows: conditions; columns: n. x: number of features d (log2 axis); y: the error
-    :math:`\\|\\tilde O - O\\|_2` on a log axis. Solid line: median over heads x windows x seeds
-    in float64, band: its interquartile range; dotted line: the float32 median. A method
-    whose median is not finite at some d (failures) is marked by a triangle at the top edge.
-    """
-    from ..plotting import style
-
-    config, results, _ = _load(out)
-    out = pathlib.Path(out)
-    stats = panel_statistics(results)
-    over = ("heads, windows and seeds" if "error_heads" in results
-            else "windows and seeds of head means (no per-head errors saved)")
-    atomic_write_text(out / PANEL_STATS, stats.to_csv(index=False))
-    groups = (("figure1", PAPER_METHODS, "the paper's four methods"),
-              ("figure1-extra", EXTRA_METHODS, "the four added methods"))
-    paths = []
-    with style():
-        for name, methods, label in groups:
-            chosen = [m for m in config["methods"] if m in methods and m in set(stats["method"])]
-            if chosen:
-                paths += _draw(config, stats, chosen, out / name, label, over)
-    return paths
-
-
-def _draw_method(ax, curve_64, curve_32, method, extra):
-    from ..plotting import method_style
-
-    kwargs = method_style(method, secondary=extra)
-    kwargs.update(linestyle="-", alpha=1.0)
-    finite = curve_64[np.isfinite(curve_64["median"])]
-    ax.plot(finite["num_features"], finite["median"], **kwargs)
-    band = finite[np.isfinite(finite["q75"])]
-    ax.fill_between(band["num_features"], band["q25"], band["q75"], color=kwargs["color"], alpha=0.15, linewidth=0)
-    failed = curve_64[~np.isfinite(curve_64["median"])]
-    if len(failed):  # off the range: marked at the top edge
-        ax.plot(failed["num_features"], [1.0] * len(failed), transform=ax.get_xaxis_transform(), clip_on=False,
-                marker="^", linestyle="none", color=kwargs["color"], markersize=6)
-    single = curve_32[np.isfinite(curve_32["median"])]
-    if len(single):
-        ax.plot(single["num_features"], single["median"], color=kwargs["color"], linestyle=":", linewidth=1.0,
-                marker=kwargs["marker"], markersize=2.5, markerfacecolor="none")
-
-
-def _draw(config, stats, methods, base, label, over="heads, windows and seeds"):
-    from matplotlib.ticker import NullLocator
-
-    from ..plotting import figure, save_figure
-
-    conditions = [c for c in config["conditions"] if c in set(stats["condition"])]
-    ns = [n for n in config["n"] if n in set(stats["n"])]
-    fig, axes = figure(len(conditions), len(ns), panel_size=(2.9, 2.4), sharex=True)
-    for i, condition in enumerate(conditions):
-        for j, n in enumerate(ns):
-            ax = axes[i][j]
-            panel = stats[(stats["condition"] == condition) & (stats["n"] == n)]
-            for method in methods:
-                curve = panel[panel["method"] == method]
-                _draw_method(ax, curve[curve["dtype"] == "float64"], curve[curve["dtype"] == "float32"],
-                             method, method in EXTRA_METHODS)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xticks(config["num_features"], [str(d) for d in config["num_features"]])
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.set_title(f"{condition}, n = {n}")
-            if j == 0:
-                ax.set_ylabel(r"$\|\tilde O - O\|_2$")
-            if i == len(conditions) - 1:
-                ax.set_xlabel("number of features d")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), frameon=False)
-    fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error of the attention output "
-                 f"(positions: {config.get('positions', 'none')})\n"
-                 f"line: median over {over} (float64), band: interquartile range; "
-                 + ("dotted: float32 median; " if "float32" in set(stats["dtype"]) else "")
-                 + "▲ at the top: not finite")
-    return save_figure(fig, base)
-
-
-# -------------------------------------------------------------------------- verdicts
-
-THRESHOLDS = {"a": 0.5, "b": 0.8, "c": 0.0, "d": 0.0}
-"""Verdict thresholds, fixed before any run (see :data:`CLAIMS`)."""
-
-CLAIMS = {
-    "a": ("{sky} error falls markedly as d grows", "median error ratio d_max/d_min", "at most"),
-    "b": ("{method} gains little as d grows", "median error ratio d_max/d_min", "at least"),
-    "c": ("{sky} beats {baselines} at d_max", "(best baseline - {sky}) / best baseline, medians at d_max",
-          "above"),
-    "d": ("the gap of (c) grows with n", "gap(n_max) - gap(n_min)", "above"),
-}
-"""Claim id -> (claim, statistic, side of the threshold on which the claim holds). Skyformer
-is ``PAPER_METHODS[0]``, its baselines ``PAPER_METHODS[1:]``."""
-
-BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95, "dtype": "float64"}
-"""Windows are resampled with replacement (they are the independent unit: heads and seeds
-share a window's text), the same draw for every n, with ``numpy.random.default_rng(seed)``."""
-
-
-def _verdict(low, high, threshold, side) -> str:
-    """Reproduced when the whole interval lies on the claim's side of the threshold (``side``:
-    "at least", "above" or "at most"), not reproduced when it lies wholly on the other side, else
-    inconclusive."""
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "inconclusive"
-    holds = {"at least": low >= threshold, "above": low > threshold, "at most": high <= threshold}[side]
-    fails = {"at least": high < threshold, "above": high <= threshold, "at most": low > threshold}[side]
-    return "reproduced" if holds else "not reproduced" if fails else "inconclusive"
-
-
-class _Medians:
-    """Median error of a grid point over the heads x seeds of a multiset of windows."""
-
-    def __init__(self, errors: pd.DataFrame):
-        self.arrays = {key: {w: g["error"].to_numpy() for w, g in group.groupby("window")}
-                       for key, group in errors.groupby(["condition", "n", "method", "num_features"])}
-
-    def __call__(self, windows, condition, n, method, d) -> float:
-        per_window = self.arrays.get((condition, n, method, d))
-        if not per_window:
-            return math.nan
-        parts = [per_window[w] for w in windows if w in per_window]
-        return float(np.median(np.concatenate(parts))) if parts else math.nan
-
-
-def _claim_statistics(config, med, windows, methods) -> dict:
-    """Every claim's statistic for one multiset of windows: ``{(claim, condition, n, method): value}``."""
-    sky, baselines = PAPER_METHODS[0], [m for m in PAPER_METHODS[1:] if m in methods]
-    d_lo, d_hi = min(config["num_features"]), max(config["num_features"])
-    out, gaps = {}, {}
-    for condition in config["conditions"]:
-        for n in config["n"]:
-            wins = windows[n]
-            ratio = {m: med(wins, condition, n, m, d_hi) / med(wins, condition, n, m, d_lo)
-                     for m in (sky, *baselines) if m in methods}
-            if sky in ratio:
-                out[("a", condition, n, sky)] = ratio[sky]
-            for m in baselines:
-                out[("b", condition, n, m)] = ratio[m]
-            if sky in methods and baselines:
-                best = min(med(wins, condition, n, m, d_hi) for m in baselines)
-                gaps[(condition, n)] = (best - med(wins, condition, n, sky, d_hi)) / best
-                out[("c", condition, n, sky)] = gaps[(condition, n)]
-        n_lo, n_hi = min(config["n"]), max(config["n"])
-        if n_lo != n_hi and (condition, n_hi) in gaps:
-            out[("d", condition, n_hi, sky)] = gaps[(condition, n_hi)] - gaps[(condition, n_lo)]
-    return out
-
-
-def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
-    """``verdicts.csv``: each claim's statistic, bootstrap 95% interval and verdict.
-
-    Columns: claim, condition, n, method, statistic, estimate, ci_low, ci_high, threshold,
-    verdict. Medians over heads x windows x seeds (float64 runs). The interval is the
-    percentile interval of :data:`BOOTSTRAP` resamples of the windows, widened to include
-    the estimate where it misses it; ``inconclusive`` when it reaches across the threshold.
-    """
-    errors = head_errors(results)
-    errors = errors[errors["dtype"] == BOOTSTRAP["dtype"]]
-    med, methods = _Medians(errors), set(errors["method"])
-    ns = [n for n in config["n"] if n in set(errors["n"])]
-    config = {**config, "n": ns, "conditions": [c for c in config["conditions"] if c in set(errors["condition"])]}
-    if not ns:
-        return pd.DataFrame(columns=VERDICT_COLUMNS)
-    windows = {n: sorted(set(errors.loc[errors["n"] == n, "window"])) for n in ns}
-    estimate = _claim_statistics(config, med, windows, methods)
-    rng = np.random.default_rng(BOOTSTRAP["seed"])
-    count = max(len(w) for w in windows.values())
-    draws = rng.integers(0, count, size=(BOOTSTRAP["resamples"], count))
-    samples = {key: [] for key in estimate}
-    for draw in draws:
-        resampled = {n: [w[i % len(w)] for i in draw] for n, w in windows.items()}
-        for key, value in _claim_statistics(config, med, resampled, methods).items():
-            samples[key].append(value)
-    alpha = (1 - BOOTSTRAP["level"]) / 2
-    rows = []
-    for (claim, condition, n, method), value in estimate.items():
-        values = np.asarray(samples[(claim, condition, n, method)], dtype=float)
-        low, high = (np.quantile(values, [alpha, 1 - alpha]) if np.isfinite(values).all() else (math.nan,) * 2)
-        low, high = min(float(low), value), max(float(high), value)
-        text, statistic, side = CLAIMS[claim]
-        rows.append({"claim": claim, "condition": condition, "n": n, "method": method,
-                     "statistic": statistic.format(sky=PAPER_METHODS[0]), "estimate": value, "ci_low": low,
-                     "ci_high": high, "threshold": THRESHOLDS[claim],
-                     "verdict": _verdict(low, high, THRESHOLDS[claim], side)})
-    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
-    table.attrs["windows"] = min(len(w) for w in windows.values())
-    return table
-
-
-VERDICT_COLUMNS = ["claim", "condition", "n", "method", "statistic", "estimate", "ci_low", "ci_high", "threshold",
-                   "verdict"]
-
-PRECISION_TOLERANCE = 0.01
-"""float32 and float64 "part" where their median errors differ by more than 1 %."""
-
-
-def precision_table(stats: pd.DataFrame) -> pd.DataFrame:
-    """Median error in float32 beside float64 per condition x n x method x d, and their relative
-    difference ``|m32 - m64| / m64``; rows where they part (above :data:`PRECISION_TOLERANCE`)."""
-    if "float32" not in set(stats["dtype"]) or "float64" not in set(stats["dtype"]):
-        return pd.DataFrame(columns=["condition", "n", "method", "num_features", "float64", "float32", "difference"])
-    wide = stats.pivot_table(index=["condition", "n", "method", "num_features"], columns="dtype",
-                             values="median").reset_index()
-    wide["difference"] = (wide["float32"] - wide["float64"]).abs() / wide["float64"]
-    return wide[wide["difference"] > PRECISION_TOLERANCE].reset_index(drop=True)
-
-
-# -------------------------------------------------------------------------- summary step
-
-
-def _fmt(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e7:
-        return str(int(x))
-    return f"{x:.3g}" if isinstance(x, float) else str(x)
-
-
-def _markdown(frame: pd.DataFrame) -> list[str]:
-    """A DataFrame as markdown table lines (numbers with 3 significant digits)."""
-    if frame.empty:
-        return ["(none)"]
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return lines
-
-
-def _conditions_text(config, results, windows) -> list[str]:
-    checkpoints = results.groupby("condition")["checkpoint"].agg(lambda s: ", ".join(sorted(set(s))))
-    failures = results[results["status"] != "ok"]
-    lines = [
-        "## Conditions", "",
-        f"- Command: `{config.get('_command', 'approxlab figure1')}`",
-        "- Checkpoints: " + "; ".join(f"{c}: `{k}`" for c, k in checkpoints.items())
-        + f" (requested: `{config.get('checkpoint')}`; None: the offline defaults, a seeded bert-base "
-          "BertConfig() and all-MiniLM-L6-v2; the paper uses bert-base-cased).",
-        f"- Inputs: {config.get('inputs', 'X = LayerNorm(word + type embedding), no positions')} "
-        f"(`--positions {config.get('positions', 'none')}`).",
-        f"- Grid: n = {config['n']}, d = {config['num_features']}, dtypes = {config.get('dtypes', ['float64'])}, "
-        f"{config['windows']} window(s) (ids {window_ids(config)} for n <= 4096), {config['seeds']} seed(s) "
-        "for randomized methods, deterministic methods once.",
-        f"- Error: {config['error']}. Rows: {len(results)}; failed approximations: {len(failures)}.",
-    ]
-    if len(windows):
-        table = windows.groupby(["condition", "n"]).agg(
-            distinct_tokens=("distinct_tokens", "median"), distinct_q_rows=("distinct_q_rows", "median"),
-            rank_a=("rank_a", "median")).reset_index()
-        lines += ["", "Per window (median over windows; Q and A of head 0): distinct tokens, distinct rows of Q, "
-                      "numerical rank of A (singular values above n eps64 sigma_1).", "", *_markdown(table)]
-    return lines
-
-
-def _panel_text(stats, conditioning) -> list[str]:
-    view = stats[stats["dtype"] == "float64"][["condition", "n", "method", "num_features", "median", "q25", "q75",
-                                               "max", "error_blowups", "near_zero_rows", "failures"]]
-    lines = ["", "## Errors (float64)", "",
-             f"Median and quartiles over heads x windows x seeds; blow-ups: errors above {BLOWUP_FACTOR:g} ||O||_2; "
-             f"near-zero rows: |(A~1)_i| <= {NEAR_ZERO_ROW:g} x the head's median (methods that report row sums). "
-             "All statistics in `panel_stats.csv`.", "", *_markdown(view)]
-    if len(conditioning):
-        cols = [c for c in ("condition", "n", "num_features", "statistical_dimension_mean",
-                            "core_condition_number_median") if c in conditioning]
-        lines += ["", f"Statistical dimension (lambda = 0.1 ||C_bar||_2, first window) and condition number of "
-                      f"{PAPER_METHODS[0]}'s sampled core (`conditioning.csv`):", "", *_markdown(conditioning[cols])]
-    return lines
-
-
-def _verdict_text(table: pd.DataFrame) -> list[str]:
-    sky = PAPER_METHODS[0]
-    lines = ["", "## Claims", "",
-             f"Thresholds fixed in code before the run (`THRESHOLDS`, `CLAIMS` in approxlab/studies/figure1.py); "
-             f"95% bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples, seed {BOOTSTRAP['seed']}, "
-             f"{BOOTSTRAP['dtype']}); inconclusive when the interval reaches across the threshold.", ""]
-    if table.attrs.get("windows", 2) < 2:
-        lines += ["With a single window there is nothing to resample: the intervals have no width and the "
-                  "verdicts carry no uncertainty (run more --windows).", ""]
-    for claim, (text, statistic, side) in CLAIMS.items():
-        rows = table[table["claim"] == claim]
-        counts = rows["verdict"].value_counts()
-        summary = ", ".join(f"{counts.get(v, 0)} {v}" for v in ("reproduced", "not reproduced", "inconclusive"))
-        described = text.format(sky=sky, method="each baseline", baselines=", ".join(PAPER_METHODS[1:]))
-        lines.append(f"- ({claim}) {described}: statistic {statistic.format(sky=sky)}, claim holds "
-                     f"{side} {THRESHOLDS[claim]:g}: {summary}.")
-    shown = table.drop(columns=["statistic"])
-    return lines + ["", *_markdown(shown)]
-
-
-def _precision_text(parted: pd.DataFrame) -> list[str]:
-    lines = ["", "## float32 beside float64", ""]
-    if parted.empty:
-        return lines + [f"float32 and float64 medians agree within {PRECISION_TOLERANCE:.0%} everywhere (or only "
-                        "one dtype was run)."]
-    methods = ", ".join(sorted(set(parted["method"])))
-    lower = int((parted["float32"] < parted["float64"]).sum())
-    lines += [f"They part (by more than {PRECISION_TOLERANCE:.0%}) for {methods}; float32 has the smaller error in "
-              f"{lower} of these {len(parted)} rows. Where a method inverts a sampled d x d core (Nystrom-type "
-              "methods), the pseudo-inverse drops the core's singular values below d eps sigma_1 (approxlab.sketch): "
-              "eps is 1.2e-7 in float32 and 2.2e-16 in float64, so an ill-conditioned core keeps directions in "
-              "float64 that float32 discards, which can act as a regularisation (smaller error) or lose signal "
-              "(larger error). Methods without an inverse (random features, hashing, projections) only see "
-              "rounding of order 1e-7.", "", *_markdown(parted)]
-    return lines
-
-
-def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, windows=None, conditioning=None,
-              verdict_table=None) -> str:
-    """The text of ``summary.md``, rendered from the tables (numbers are computed elsewhere).
-
-    ``stats``: :func:`panel_statistics`; ``verdict_table``: :func:`verdicts` (computed when None).
-    """
-    windows = pd.DataFrame() if windows is None else windows
-    conditioning = pd.DataFrame() if conditioning is None else conditioning
-    verdict_table = verdicts(config, results) if verdict_table is None else verdict_table
-    lines = ["# Skyformer Figure 1: reproduction summary", "",
-             "Generated from the tables in this folder by `approxlab figure1 --plot-only`; do not edit by hand.", "",
-             *_conditions_text(config, results, windows), *_panel_text(stats, conditioning),
-             *_verdict_text(verdict_table), *_precision_text(precision_table(stats)), ""]
-    return "\n".join(lines)
-
-
-def write_summary(out) -> pathlib.Path:
-    """Write ``verdicts.csv`` and ``summary.md`` in ``out`` from its saved tables only."""
-    out = pathlib.Path(out)
-    config, results, conditioning = _load(out)
-    record = read_json(out / "config.json")
-    grid = {**config, "_command": record.get("run", {}).get("command", "approxlab figure1")}
-    table = verdicts(grid, results)
-    atomic_write_text(out / VERDICTS, table.to_csv(index=False))
-    text = summarize(grid, results, panel_statistics(results), windows=_read_optional(out / WINDOWS),
-                     conditioning=conditioning, verdict_table=table)
-    return atomic_write_text(out / "summary.md", text)
 
 
 # ------------------------------------------------------------------------------- CLI
