@@ -14,11 +14,31 @@ def _block_after(marker: str, text: str) -> str:
     return match.group(1)
 
 
-def test_readme_example_output_matches():
+def _run_example(example: str, output: str) -> str:
+    """Run the README's code block after ``example`` and check it prints the block after ``output``;
+    returns the code."""
     text = README.read_text()
-    code = _block_after("<!-- readme-example", text)
-    expected = _block_after("<!-- readme-output -->", text).strip()
+    code = _block_after(example, text)
+    expected = _block_after(output, text).strip()
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
     assert buffer.getvalue().strip() == expected
+    return code
+
+
+def test_readme_example_output_matches():
+    _run_example("<!-- readme-example:", "<!-- readme-output -->")
+
+
+def test_readme_own_method_example_output_matches(monkeypatch):
+    """The "your own method" example registers top-k, runs it beside the built-ins and prints what
+    the README says; the same code is the example of :mod:`approxlab.methods` (so they cannot drift)."""
+    import approxlab.methods
+    from approxlab.methods import registry
+
+    monkeypatch.setattr(registry, "_STATE", registry._State())  # the example's registration stays in this test
+    code = _run_example("<!-- readme-example-method", "<!-- readme-output-method -->")
+    assert "top-k" in approxlab.methods.available()
+    docstring = "\n".join(line[4:] for line in approxlab.methods.__doc__.splitlines())
+    assert code.strip() in docstring
