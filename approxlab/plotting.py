@@ -166,28 +166,29 @@ def method_curve(ax, curve, method: str, *, x: str = "num_features", center: str
     Notes
     -----
     Points whose ``center`` is not finite (a failed approximation counts as ``inf``) are left out
-    of the line and marked by a triangle at the top edge of the panel, so a failure is never
-    hidden off-scale.
+    of the line and marked by a triangle at the top edge of the panel (hollow for the other
+    precisions), so a failure is never hidden off-scale.
     """
     kwargs = method_style(method, secondary=secondary)
     kwargs.update(linestyle="-", alpha=1.0, label=method_label(method))
-    present = [d for d in dtypes if dtype_column not in curve or d in set(curve[dtype_column])]
+    present = [d for d in dtypes if d in set(curve[dtype_column])] if dtype_column in curve else list(dtypes[:1])
     for index, dtype in enumerate(present):
         rows = curve if dtype_column not in curve else curve[curve[dtype_column] == dtype]
         finite = rows[np.isfinite(rows[center])]
-        if index > 0:
+        if index == 0:
+            ax.plot(finite[x], finite[center], **{**kwargs, "linestyle": DTYPE_LINESTYLES.get(dtype, "-")})
+            if band is not None:
+                edges = finite[np.isfinite(finite[band[1]])]
+                ax.fill_between(edges[x], edges[band[0]], edges[band[1]], color=kwargs["color"], alpha=0.15,
+                                linewidth=0)
+        else:
             ax.plot(finite[x], finite[center], color=kwargs["color"], linestyle=DTYPE_LINESTYLES.get(dtype, "--"),
                     linewidth=1.0, marker=kwargs["marker"], markersize=2.5, markerfacecolor="none")
-            continue
-        ax.plot(finite[x], finite[center], **{**kwargs, "linestyle": DTYPE_LINESTYLES.get(dtype, "-")})
-        if band is not None:
-            edges = finite[np.isfinite(finite[band[1]])]
-            ax.fill_between(edges[x], edges[band[0]], edges[band[1]], color=kwargs["color"], alpha=0.15,
-                            linewidth=0)
         failed = rows[~np.isfinite(rows[center])]
-        if len(failed):  # off the range: marked at the top edge
+        if len(failed):  # off the range: marked at the top edge (hollow for the other precisions)
             ax.plot(failed[x], [1.0] * len(failed), transform=ax.get_xaxis_transform(), clip_on=False,
-                    marker="^", linestyle="none", color=kwargs["color"], markersize=6)
+                    marker="^", linestyle="none", color=kwargs["color"], markersize=6,
+                    markerfacecolor=kwargs["color"] if index == 0 else "none")
 
 
 def share_ylimits(*axes_grids) -> None:

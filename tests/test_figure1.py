@@ -225,7 +225,13 @@ def test_every_method_visible_on_a_log_axis():
     assert list(lines[0].get_xdata()) == [4, 16]
     (marker,) = [line for line in lines if line.get_marker() == "^" and line.get_linestyle() == "None"]
     assert list(marker.get_xdata()) == [8] and not marker.get_clip_on()
-    plt.close(fig)
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    both = pd.concat([curve.assign(dtype="float64", median=[1.0, 2.0, 3.0]), curve.assign(dtype="float32")])
+    method_curve(ax, both, "performer")
+    (hollow,) = [line for line in ax.get_lines() if line.get_marker() == "^" and line.get_linestyle() == "None"]
+    assert list(hollow.get_xdata()) == [8] and hollow.get_markerfacecolor() == "none"  # float32's failure
+    plt.close("all")
 
 
 def test_window_rank_needs_a_dense_svd_only_up_to_dense_max_n(synthetic_data):

@@ -150,8 +150,8 @@ def _conditions_text(config, results, windows) -> list[str]:
         f"- Inputs: {config.get('inputs', 'X = LayerNorm(word + type embedding), no positions')} "
         f"(`--positions {config.get('positions', 'none')}`).",
         f"- Grid: n = {config['n']}, d = {config['num_features']}, dtypes = {config.get('dtypes', ['float64'])}, "
-        f"{config['windows']} window(s) (ids {sorted(set(results.loc[results['n'] <= 4096, 'window']))} for "
-        f"n <= 4096), {config['seeds']} seed(s) for randomized methods, deterministic methods once.",
+        f"{config['windows']} window(s) ({_window_text(results)}), {config['seeds']} seed(s) for randomized "
+        "methods, deterministic methods once.",
         f"- Error: {config['error']}. Rows: {len(results)}; failed approximations: {len(failures)}.",
         *_figures_text(config, results),
     ]
@@ -162,6 +162,15 @@ def _conditions_text(config, results, windows) -> list[str]:
         lines += ["", "Per window (median over windows; Q and A of head 0): distinct tokens, distinct rows of Q, "
                       "numerical rank of A (singular values above n eps64 sigma_1).", "", *_markdown(table)]
     return lines
+
+
+def _window_text(results) -> str:
+    """The window ids of the run: one list when every n has the same ones, else one per n."""
+    ids = {int(n): sorted(int(w) for w in set(group)) for n, group in results.groupby("n")["window"]}
+    lists = {str(w) for w in ids.values()}
+    if len(lists) == 1:
+        return f"ids {next(iter(ids.values()))}"
+    return "ids " + ", ".join(f"{w} at n = {n}" for n, w in ids.items())
 
 
 def _figures_text(config, results) -> list[str]:
