@@ -190,16 +190,19 @@ def test_installed_entry_points_appear_without_an_import(tmp_path, monkeypatch, 
     from conftest import TOP_K_SOURCE
 
     site = tmp_path / "site-packages"
-    spec_source = ("from approxlab.methods._base import make_spec\n"
-                   "SPEC = make_spec('mean-v', lambda q, k, v, *, num_features, generator=None: "
-                   "v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]), target='softmax', "
-                   "features='ignored', randomized=False)\n")
+    mean_source = textwrap.dedent("""\
+        from approxlab.methods import register
+
+        @register("mean-v", target="softmax", features="ignored", randomized=False)
+        def mean_v(q, k, v, *, num_features, generator=None):
+            return v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1])
+        """)
     _install_distribution(site, "approxlab-topk-plugin", """\
         [approxlab.methods]
         top-k = approxlab_topk_ep
-        mean-v = approxlab_meanv_ep:SPEC
+        mean-v = approxlab_meanv_ep:mean_v
         broken = approxlab_missing_ep_module
-        """, {"approxlab_topk_ep": TOP_K_SOURCE, "approxlab_meanv_ep": spec_source})
+        """, {"approxlab_topk_ep": TOP_K_SOURCE, "approxlab_meanv_ep": mean_source})
     monkeypatch.syspath_prepend(str(site))
     try:
         assert "approxlab_topk_ep" not in sys.modules

@@ -9,8 +9,8 @@ Three ways a method gets a name:
    and in every Dask worker).
 3. **Installed**: a distribution that declares entry points in the group ``approxlab.methods``
    (:data:`ENTRY_POINT_GROUP`) is loaded on first use of the registry, without any import by
-   the user. Each entry point names a module (importing it registers its methods) or a
-   ``module:attribute`` holding a :class:`MethodSpec`::
+   the user. Each entry point names a module (or a ``module:attribute`` in it) whose import
+   registers its methods with :func:`register`::
 
        # pyproject.toml of the distribution that ships the method
        [project.entry-points."approxlab.methods"]
@@ -19,8 +19,10 @@ Three ways a method gets a name:
    An entry point that fails to load gives a :class:`~approxlab.errors.PluginWarning` naming it;
    every other method stays available.
 
-Every registered name is accepted by :func:`approxlab.approximate`, listed by :func:`available`,
-run by every study (``--methods``) and checked by the shared tests of every method.
+Every registered name is accepted by :func:`approxlab.approximate` and :func:`approxlab.methods.draw`,
+listed by :func:`available` and run by the studies that take ``--methods`` (``figure1`` draws it in
+its companion figure); the shared tests of every method (``tests/test_methods_common.py``) check
+every name available when they are collected, installed plugins included.
 """
 
 from __future__ import annotations
@@ -80,9 +82,7 @@ def _load_entry_points() -> None:
         state.entry_points_loaded = True  # first: a plugin that uses the registry while loading must not recurse
         for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
-                loaded = entry.load()
-                if isinstance(loaded, MethodSpec) and loaded.name not in _names():
-                    state.registered[loaded.name] = loaded
+                entry.load()  # importing the module registers its methods
             except Exception as error:  # noqa: BLE001 - third-party code: it must not break unrelated use
                 source = getattr(getattr(entry, "dist", None), "name", None)
                 warnings.warn(PluginWarning(
