@@ -24,7 +24,7 @@ from . import kernels
 from ._validation import as_generator, check_choice, check_qkv, peak_magnitude
 from .methods import registry
 from .methods import Approximation
-from .operators import softmax_attention
+from .operators import check_causal, softmax_attention
 
 __all__ = ["exact_attention", "attention_matrix", "approximate"]
 
@@ -35,16 +35,27 @@ _KINDS = {
 }
 
 
-def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
     r"""Softmax attention :math:`\operatorname{softmax}(QK^\top/\sqrt p)\,V`, ``(*batch, n, p_v)``.
 
     Through torch's fused attention kernel (:func:`approxlab.operators.softmax_attention`):
     the ``n x m`` matrix is not formed on CPU.
 
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, m, p)``, ``(*batch, m, p_v)``.
+    causal : bool, default False
+        Decoder (causal) attention, ``n == m``: row :math:`i` is the softmax over keys
+        :math:`j \le i` only, :math:`\sum_{j \le i} e^{s_{ij}} v_j / \sum_{j \le i} e^{s_{ij}}`
+        (the kernel's ``is_causal``). Q/K/V of a decoder from :func:`approxlab.data.get_qkv`
+        say so in ``QKV.causal``.
+
     Raises
     ------
     TypeError, ValueError
-        For the inputs listed in the module docstring (``v`` is required).
+        For the inputs listed in the module docstring (``v`` is required); a non-bool
+        ``causal``; ``causal=True`` with ``n != m``.
 
     Examples
     --------
@@ -54,10 +65,11 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     torch.Size([2, 3, 4])
     """
     check_qkv(q, k, v)
-    return softmax_attention(q, k, v)
+    causal = check_causal(causal, q, k)
+    return softmax_attention(q, k, v, causal=causal)
 
 
-def attention_matrix(q: torch.Tensor, k: torch.Tensor, kind: str = "softmax") -> torch.Tensor:
+def attention_matrix(q: torch.Tensor, k: torch.Tensor, kind: str = "softmax", *, causal: bool = False) -> torch.Tensor:
     r"""An exact ``(*batch, n, m)`` attention matrix.
 
     Parameters
@@ -69,17 +81,23 @@ def attention_matrix(q: torch.Tensor, k: torch.Tensor, kind: str = "softmax") ->
         ``"scores"``: :math:`A = \exp(QK^\top/\sqrt p)` (raises ``OverflowError`` rather than
         returning ``inf``); ``"kernelized"``: :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})`
         (Skyformer Eq. (3)).
+    causal : bool, default False
+        The causal (lower-triangular) matrix, ``n == m``: entries with :math:`j > i` are 0;
+        for ``"softmax"`` each row is renormalised over :math:`j \le i`, so :math:`D^{-1}A` stays
+        row-stochastic (:func:`approxlab.kernels.causal_mask`).
 
     Raises
     ------
     TypeError, ValueError
-        For the inputs listed in the module docstring, or a ``kind`` not among the three.
+        For the inputs listed in the module docstring, a ``kind`` not among the three, a
+        non-bool ``causal``, or ``causal=True`` with ``n != m``.
     OverflowError
         ``kind="scores"`` with a logit beyond ``log(finfo(q.dtype).max)``.
     """
     check_qkv(q, k)
     check_choice(kind, "kind", _KINDS)
-    return _KINDS[kind](q, k)
+    mask = kernels.causal_mask(q.shape[-2], device=q.device) if check_causal(causal, q, k) else None
+    return _KINDS[kind](q, k, mask=mask)
 
 
 def approximate(

@@ -14,6 +14,12 @@ They are linked by :math:`A = D_Q^{1/2} C D_K^{1/2}` with
 The softmax matrix is computed in the log domain (max-subtracted), so it never
 overflows; the Gaussian kernel is bounded by 1 by construction. Only the raw scores
 ``A`` can exceed the floating range; :func:`score_matrix` refuses to return ``inf``.
+
+Masks. Each matrix takes an optional bool ``mask: (*, n, m)`` (True where query i may attend
+key j), applied as the attention of a decoder applies it: masked logits become
+:math:`-\infty` before the softmax (so each softmax row renormalises over its kept keys), and
+masked entries of ``A`` and ``C`` are exactly 0. :func:`causal_mask` is the causal (lower
+triangular) pattern :math:`j \le i`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 
 __all__ = [
     "scaled_logits",
+    "causal_mask",
     "softmax_matrix",
     "score_matrix",
     "gaussian_kernel",
@@ -38,13 +45,34 @@ def scaled_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return (q @ k.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))  # in place: no second n x m array
 
 
-def softmax_matrix(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    r"""Row-stochastic :math:`D^{-1}A = \operatorname{softmax}(QK^\top/\sqrt p)`, ``(*batch, n, m)``."""
-    return torch.softmax(scaled_logits(q, k), dim=-1)
+def causal_mask(n: int, m: int | None = None, *, row_offset: int = 0, device=None) -> torch.Tensor:
+    r"""The causal pattern, ``(n, m)`` bool: True where key :math:`j \le i + \text{row\_offset}`.
+
+    ``row_offset`` is the global index of the first query row, so that row blocks of a
+    causal matrix (``rows start:stop`` with ``row_offset=start``) are cut from the same
+    lower-triangular pattern. ``m`` defaults to ``n``.
+    """
+    m = n if m is None else m
+    rows = torch.arange(row_offset, row_offset + n, device=device).unsqueeze(-1)
+    return torch.arange(m, device=device) <= rows
 
 
-def score_matrix(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    r"""Raw scores :math:`A = \exp(QK^\top/\sqrt p)`, ``(*batch, n, m)``.
+def _masked_logits(q: torch.Tensor, k: torch.Tensor, mask) -> torch.Tensor:
+    logits = scaled_logits(q, k)
+    return logits if mask is None else logits.masked_fill_(~mask, float("-inf"))
+
+
+def softmax_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Row-stochastic :math:`D^{-1}A = \operatorname{softmax}(QK^\top/\sqrt p)`, ``(*batch, n, m)``.
+
+    With ``mask`` (True: attended), each row is the softmax over its kept keys; a row with
+    no kept key is NaN (callers keep at least one, e.g. the diagonal of :func:`causal_mask`).
+    """
+    return torch.softmax(_masked_logits(q, k, mask), dim=-1)
+
+
+def score_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Raw scores :math:`A = \exp(QK^\top/\sqrt p)`, ``(*batch, n, m)``; masked entries are 0.
 
     Raises
     ------
@@ -52,7 +80,7 @@ def score_matrix(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         If an entry exceeds the range of ``q.dtype``; the message says how large the
         largest logit was. Use float64 (range ``exp(709)``) or :func:`softmax_matrix`.
     """
-    logits = scaled_logits(q, k)
+    logits = _masked_logits(q, k, mask)
     a = torch.exp(logits)
     if not bool(torch.isfinite(a).all()):
         raise OverflowError(
@@ -76,10 +104,14 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return sq.clamp_min_(0.0).mul_(-0.5).exp_()
 
 
-def kernelized_matrix(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    r"""Kernelized attention scores :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Skyformer Eq. (3))."""
+def kernelized_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Kernelized attention scores :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Skyformer Eq. (3)).
+
+    Masked entries (``mask`` False) are 0.
+    """
     scale = q.shape[-1] ** -0.25
-    return gaussian_kernel(q * scale, k * scale)
+    c = gaussian_kernel(q * scale, k * scale)
+    return c if mask is None else c.masked_fill(~mask, 0.0)  # out of place: exp_ keeps its output for autograd
 
 
 def log_diag_scale(x: torch.Tensor) -> torch.Tensor:

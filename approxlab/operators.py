@@ -19,7 +19,7 @@ import math
 import torch
 
 from . import kernels
-from ._validation import check_choice, check_int, check_qkv, check_real, check_tensor
+from ._validation import check_bool, check_choice, check_int, check_qkv, check_real, check_tensor
 
 __all__ = [
     "LinearOperator",
@@ -31,6 +31,7 @@ __all__ = [
     "aslinearoperator",
     "ExactAttentionOperator",
     "softmax_attention",
+    "check_causal",
 ]
 
 
@@ -272,7 +273,22 @@ def aslinearoperator(x) -> LinearOperator:
 # -- exact attention through torch's fused attention kernel -----------------------------
 
 
-def _flash_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+def check_causal(causal, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Validate ``causal`` (a bool); causal attention needs as many keys as queries.
+
+    The causal pattern is query ``i`` attending keys ``j <= i`` (self-attention of a decoder),
+    so ``q: (*batch, n, p)`` and ``k: (*batch, m, p)`` must have ``n == m``.
+    """
+    causal = check_bool(causal, "causal")
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            "`causal=True` needs self-attention (as many keys as queries: query i attends keys j <= i); "
+            f"got {q.shape[-2]} queries and {k.shape[-2]} keys."
+        )
+    return causal
+
+
+def _flash_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = False):
     """torch's private CPU flash-attention op: ``(out, lse)`` on ``(B, H, T, h)``, or ``None``.
 
     The only call of ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` in
@@ -284,20 +300,27 @@ def _flash_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     if op is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
         return None
     try:
-        out, lse = op(q, k, v, scale=scale)
+        out, lse = op(q, k, v, is_causal=causal, scale=scale)
     except (RuntimeError, TypeError):
         return None
     return out, lse
 
 
-def _blocked_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """``logsumexp_j(scale * q_i . k_j)`` for ``(B, H, n, h)`` inputs, in row blocks of ~2**22 entries."""
+def _blocked_logsumexp(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = False) -> torch.Tensor:
+    """``logsumexp_j(scale * q_i . k_j)`` (over ``j <= i`` if ``causal``) for ``(B, H, n, h)`` inputs,
+    in row blocks of ~2**22 entries."""
     rows = max(1, (1 << 22) // max(1, k.shape[-2] * q.shape[0] * q.shape[1]))
-    return torch.cat([torch.logsumexp(scale * (q[..., a : a + rows, :] @ k.transpose(-1, -2)), dim=-1)
-                      for a in range(0, q.shape[-2], rows)], dim=-1)
+    blocks = []
+    for a in range(0, q.shape[-2], rows):
+        logits = scale * (q[..., a : a + rows, :] @ k.transpose(-1, -2))
+        if causal:
+            mask = kernels.causal_mask(logits.shape[-2], logits.shape[-1], row_offset=a, device=logits.device)
+            logits = logits.masked_fill(~mask, float("-inf"))
+        blocks.append(torch.logsumexp(logits, dim=-1))
+    return torch.cat(blocks, dim=-1)
 
 
-def _attention_with_lse(q, k, v, scale: float, need_lse: bool):
+def _attention_with_lse(q, k, v, scale: float, need_lse: bool, causal: bool = False):
     """Fused softmax attention on ``(B, H, T, h)`` (equal head sizes): ``(out, lse or None)``.
 
     The private CPU flash kernel returns the row log-sum-exps beside the output; elsewhere
@@ -305,14 +328,17 @@ def _attention_with_lse(q, k, v, scale: float, need_lse: bool):
     :func:`torch.nn.functional.scaled_dot_product_attention` gives the output and, when
     asked, the log-sum-exps come from a row-blocked ``logsumexp`` of the logits.
     """
-    fused = _flash_attention_cpu(q, k, v, scale)
+    fused = _flash_attention_cpu(q, k, v, scale, causal)
     if fused is not None:
         return fused[0], (fused[1] if need_lse else None)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
-    return out, (_blocked_logsumexp(q, k, scale) if need_lse else None)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
+    return out, (_blocked_logsumexp(q, k, scale, causal) if need_lse else None)
 
 
-def _attend(q, k, x, scale: float, key_bias=None, need_lse: bool = True):
+_MASKS = (None, "causal", "anticausal")
+
+
+def _attend(q, k, x, scale: float, key_bias=None, need_lse: bool = True, mask: str | None = None):
     r"""``(softmax_j(s_ij + b_j) x_j, logsumexp_j(s_ij + b_j))`` with :math:`s_{ij} = \text{scale}\,q_i\cdot k_j`.
 
     ``q: (B, n, p)``, ``k: (B, m, p)``, ``x: (B, m, c)``, ``key_bias: (B, m)`` or ``None``;
@@ -320,7 +346,17 @@ def _attend(q, k, x, scale: float, key_bias=None, need_lse: bool = True):
     (queries ``[scale q_i, 1]``, keys ``[k_j, b_j]``, scale 1). The kernel wants values of
     the head size ``h``: ``x`` is zero-padded to a multiple of ``h`` and its column chunks
     become heads of one call (``ceil(c / h)`` products with ``h`` columns each).
+
+    ``mask`` (``n == m``): ``"causal"`` sums over :math:`j \le i` (the kernel's ``is_causal``);
+    ``"anticausal"`` over :math:`j \ge i` -- the pattern of the transposed causal problem --
+    which is the causal problem on both sequences reversed (:math:`i' = n-1-i`:
+    :math:`j \ge i \iff j' \le i'`), so it runs on the same kernel.
     """
+    if mask == "anticausal":
+        flip = (lambda t: None if t is None else t.flip(-2 if t.ndim == 3 else -1))  # (B, T, c) rows, (B, T)
+        out, lse = _attend(flip(q), flip(k), flip(x), scale, flip(key_bias), need_lse, "causal")
+        return flip(out), flip(lse)
+    causal = mask == "causal"
     if key_bias is not None:
         q = torch.cat([q * scale, torch.ones_like(q[..., :1])], dim=-1)
         k = torch.cat([k, key_bias.unsqueeze(-1)], dim=-1)
@@ -333,26 +369,27 @@ def _attend(q, k, x, scale: float, key_bias=None, need_lse: bool = True):
     keys = k.unsqueeze(1).expand(-1, chunks, -1, -1)
     if chunks > 1:
         queries, keys = queries.contiguous(), keys.contiguous()
-    out, lse = _attention_with_lse(queries, keys, values, scale, need_lse)
+    out, lse = _attention_with_lse(queries, keys, values, scale, need_lse, causal)
     out = out.transpose(-2, -3).reshape(q.shape[0], q.shape[-2], chunks * h)[..., :c]
     return out, (None if lse is None else lse[:, 0])
 
 
-def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     r"""Exact :math:`\operatorname{softmax}(QK^\top/\sqrt p)\,V` through torch's fused attention kernel.
 
     ``q: (*batch, n, p)``, ``k: (*batch, m, p)``, ``v: (*batch, m, p_v)`` (batch dims
     broadcast); returns ``(*batch, n, p_v)``. Never forms the ``n x m`` matrix on the flash
     path; agrees with ``kernels.softmax_matrix(q, k) @ v`` to rounding (tests compare both).
+    ``causal=True`` (``n == m``): row i attends keys ``j <= i`` only (the kernel's ``is_causal``).
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
     if v.shape[-1] == p:  # one plain call, no padding
         flat = [x.expand(*batch, *x.shape[-2:]).reshape(1, -1, *x.shape[-2:]) for x in (q, k, v)]
-        out, _ = _attention_with_lse(*flat, p**-0.5, need_lse=False)
+        out, _ = _attention_with_lse(*flat, p**-0.5, need_lse=False, causal=causal)
         return out.reshape(*batch, n, p)
     flat = [x.expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
-    out, _ = _attend(*flat, p**-0.5, need_lse=False)
+    out, _ = _attend(*flat, p**-0.5, need_lse=False, mask="causal" if causal else None)
     return out.reshape(*batch, n, v.shape[-1])
 
 
@@ -386,6 +423,10 @@ class ExactAttentionOperator(LinearOperator):
         attention on CPU; :func:`torch.nn.functional.scaled_dot_product_attention` elsewhere),
         memory ``O((n + m)(p + k))``. ``"blocked"``: row blocks of the explicit matrix (the
         reference the tests compare with).
+    causal : bool, default False
+        The causal matrix of a decoder (``n == m``): entries with key :math:`j > i` are
+        masked -- :math:`-\infty` logits for ``"softmax"`` (each row renormalised over
+        :math:`j \le i`), exact zeros for ``"scores"`` and ``"kernelized"``.
 
     Notes
     -----
@@ -403,6 +444,12 @@ class ExactAttentionOperator(LinearOperator):
     * scores: :math:`AX = e^{\ell}\odot` attend(Q, K, X); :math:`A^\top Y = e^{L}\odot` attend(K, Q, Y);
     * kernelized: :math:`CX = e^{L - a}\odot` attend(Q, K, X, bias :math:`-b`) and
       :math:`C^\top Y = e^{L - b}\odot` attend(K, Q, Y, bias :math:`-a`).
+
+    Causal: every sum above runs over :math:`j \le i` for the products (the kernel's
+    ``is_causal``) and over :math:`i \ge j` for the adjoints -- the transposed matrix is upper
+    triangular, so the adjoint is *anti-causal*: it is computed as the causal problem on both
+    sequences reversed (index :math:`n-1-i`), on the same kernel. :math:`\ell_i` is then the
+    log-sum-exp of row :math:`i`'s kept logits.
 
     Each exponent is at most :math:`\log m` (or :math:`\log n`) for softmax and kernelized,
     so nothing overflows; for scores the exponent is the log row (column) sum of ``A``, and
@@ -423,11 +470,12 @@ class ExactAttentionOperator(LinearOperator):
     """
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, kind: str = "softmax", block_size: int = 1024,
-                 *, algorithm: str = "sdpa"):
+                 *, algorithm: str = "sdpa", causal: bool = False):
         check_qkv(q, k)
         check_choice(kind, "kind", EXACT_KINDS)
         block_size = check_int(block_size, "block_size", low=1)
         check_choice(algorithm, "algorithm", EXACT_ALGORITHMS)
+        self.causal = check_causal(causal, q, k)
         self.q = q
         self.k = k
         self.kind = kind
@@ -446,11 +494,16 @@ class ExactAttentionOperator(LinearOperator):
     def _block(self, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` of the matrix, ``(*batch, stop - start, m)``."""
         q_block = self.q[..., start:stop, :]
+        mask = None
+        if self.causal:
+            mask = kernels.causal_mask(stop - start, self.shape[-1], row_offset=start, device=self.device)
         if self.kind == "softmax":
-            return kernels.softmax_matrix(q_block, self.k)
+            return kernels.softmax_matrix(q_block, self.k, mask=mask)
         if self.kind == "kernelized":
-            return kernels.kernelized_matrix(q_block, self.k)
+            return kernels.kernelized_matrix(q_block, self.k, mask=mask)
         logits = kernels.scaled_logits(q_block, self.k)
+        if mask is not None:
+            logits = logits.masked_fill_(~mask, float("-inf"))
         block = torch.exp(logits)
         if not bool(torch.isfinite(block).all()):
             raise OverflowError(
@@ -470,25 +523,32 @@ class ExactAttentionOperator(LinearOperator):
     def _row_log_sums(self, q, k, batch):
         r""":math:`\ell_i = \log D_{ii}` ``(B, n)``, from one attention call, cached per batch shape."""
         if self._row_lse is None or self._row_lse[0] != tuple(batch):
-            _, lse = _attend(q, k, q.new_zeros(*k.shape[:-1], 1), q.shape[-1] ** -0.5)
+            _, lse = _attend(q, k, q.new_zeros(*k.shape[:-1], 1), q.shape[-1] ** -0.5, mask=self._mask(False))
             self._row_lse = (tuple(batch), lse)
         return self._row_lse[1]
+
+    def _mask(self, adjoint: bool):
+        """The :func:`_attend` mask of a product (``adjoint``: the transposed, anti-causal one)."""
+        if not self.causal:
+            return None
+        return "anticausal" if adjoint else "causal"
 
     def _sdpa_product(self, x, adjoint: bool):
         (q, k, x), batch = self._flat(x)
         scale = q.shape[-1] ** -0.5
         first, second = (k, q) if adjoint else (q, k)
+        mask = self._mask(adjoint)
         if self.kind == "softmax":
             if not adjoint:
-                out, _ = _attend(q, k, x, scale, need_lse=False)
+                out, _ = _attend(q, k, x, scale, need_lse=False, mask=mask)
                 return out.reshape(*batch, *out.shape[-2:])
-            out, log_scale = _attend(k, q, x, scale, key_bias=-self._row_log_sums(q, k, batch))
+            out, log_scale = _attend(k, q, x, scale, key_bias=-self._row_log_sums(q, k, batch), mask=mask)
         elif self.kind == "scores":
-            out, log_scale = _attend(first, second, x, scale)
+            out, log_scale = _attend(first, second, x, scale, mask=mask)
             self._check_scores(log_scale, "column" if adjoint else "row")
         else:
             first_log, second_log = kernels.log_diag_scale(first), kernels.log_diag_scale(second)
-            out, log_scale = _attend(first, second, x, scale, key_bias=-second_log)
+            out, log_scale = _attend(first, second, x, scale, key_bias=-second_log, mask=mask)
             log_scale = log_scale - first_log
         out = out * torch.exp(log_scale).unsqueeze(-1)
         return out.reshape(*batch, *out.shape[-2:])
@@ -523,10 +583,10 @@ class ExactAttentionOperator(LinearOperator):
     def to(self, dtype: torch.dtype) -> "ExactAttentionOperator":
         """The same matrix recomputed from ``q`` and ``k`` cast to ``dtype``."""
         return ExactAttentionOperator(self.q.to(dtype), self.k.to(dtype), self.kind, self.block_size,
-                                      algorithm=self.algorithm)
+                                      algorithm=self.algorithm, causal=self.causal)
 
     def __repr__(self) -> str:
         return (
             f"ExactAttentionOperator(kind={self.kind!r}, shape={tuple(self.shape)}, dtype={self.dtype}, "
-            f"block_size={self.block_size}, algorithm={self.algorithm!r})"
+            f"block_size={self.block_size}, algorithm={self.algorithm!r}, causal={self.causal})"
         )
