@@ -16,6 +16,7 @@ __all__ = [
     "CorpusChecksumError",
     "CorpusNotFoundError",
     "CachePathError",
+    "CheckpointError",
 ]
 
 
@@ -66,3 +67,22 @@ class CorpusNotFoundError(FileNotFoundError):
 
 class CachePathError(OSError):
     """Something other than a file (a directory) is where a cache file must go."""
+
+
+class CheckpointError(OSError, ValueError):
+    """A model checkpoint approxlab cannot use: missing, unreachable, foreign or broken.
+
+    Raised before any computation, with one line naming the parameter (``checkpoint``), what
+    is allowed and what came in. Both an ``OSError`` (a file or download problem) and a
+    ``ValueError`` (a checkpoint of the wrong kind).
+
+    Attributes
+    ----------
+    allowed, got : str
+        The two halves of the message, so the command line can say them about ``--checkpoint``.
+    """
+
+    def __init__(self, allowed: str, got: str, *, name: str = "checkpoint"):
+        self.allowed = allowed
+        self.got = got
+        super().__init__(f"`{name}` must be {allowed}; got {got}.")

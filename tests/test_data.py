@@ -51,7 +51,7 @@ from approxlab.data import (
     wikitext_token_ids,
     windows,
 )
-from approxlab.data import qkv as qkv_module
+from approxlab.data import models as models_module
 from approxlab.data import wikitext as wikitext_module
 
 def tiny_config(**overrides):
@@ -80,7 +80,7 @@ def isolated(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return qkv_module._load_tokenizer(qkv_module._resolve_source("initialized", None, tiny_config(), None))
+    return models_module._load_tokenizer(models_module._resolve_source("initialized", None, tiny_config(), None))
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +272,7 @@ def test_tokenize_no_special_tokens_and_no_length_warning(tokenizer):
     assert ids.dtype == torch.long and ids.tolist() == expected
     assert tokenizer.cls_token_id not in ids.tolist() and tokenizer.sep_token_id not in ids.tolist()
 
-    fresh = qkv_module._load_tokenizer(qkv_module._resolve_source("initialized", None, None, None))
+    fresh = models_module._load_tokenizer(models_module._resolve_source("initialized", None, None, None))
     long_line = "word " * 600  # 600 tokens > model_max_length = 512
     handler = _Records()
     logger = logging.getLogger("transformers")
@@ -376,7 +376,7 @@ def test_initialized_model_reproducible_and_global_rng_untouched():
 
 
 def test_initialized_default_is_bert_base_geometry():
-    source = qkv_module._resolve_source("initialized", None, None, None)
+    source = models_module._resolve_source("initialized", None, None, None)
     config = source.config
     assert source.checkpoint == "init:bert-base"
     assert (config.num_attention_heads, config.hidden_size // config.num_attention_heads) == (12, 64)
@@ -399,23 +399,26 @@ def test_load_model_validation():
 
 
 def test_unavailable_checkpoint_offline_error():
-    """bert-base-cased is not shipped: offline, the error says so and how to provide it."""
-    message = r"Could not load checkpoint 'bert-base-cased'.*local_files_only=True.*network"
+    """bert-base-cased is not shipped: offline, the error says so and how to provide it, in one line."""
+    message = (r"^`checkpoint` must be a local folder or \.gguf file, an offline default .* or a Hub id that is "
+               r"cached or can be downloaded; got 'bert-base-cased' \(not in the local Hugging Face cache, and "
+               r"downloading is not allowed with local_files_only=True; run once with network access")
     with pytest.raises(OSError, match=message):
         load_model("pretrained", checkpoint="bert-base-cased", local_files_only=True)
 
 
 def test_extract_shapes_both_modes(tiny):
     ids = torch.randint(0, 30_522, (3, 40), generator=torch.Generator().manual_seed(0))
-    q, k, v = extract_qkv(tiny, ids)  # embedding mode: n = 40 > max_positions = 32 is fine
+    q, k, v = extract_qkv(tiny, ids, mode="embedding")  # n = 40 > max_positions = 32: table resampled
     assert q.shape == k.shape == v.shape == (3, 4, 40, 8) and q.dtype == torch.float32
     assert torch.isfinite(q).all() and not torch.equal(q, k)
-    q64, _, _ = extract_qkv(tiny, ids, dtype=torch.float64, chunk_size=1, device="cpu")
+    q64, _, _ = extract_qkv(tiny, ids, mode="embedding", dtype=torch.float64, chunk_size=1, device="cpu")
     assert q64.dtype == torch.float64 and torch.allclose(q64, q.double(), atol=1e-6)
-    qh, kh, vh = extract_qkv(tiny, ids[:, :32], mode="hidden", layer=1)
-    assert qh.shape == kh.shape == vh.shape == (3, 4, 32, 8)
-    with pytest.raises(ValueError, match=r"`n` must be <= max_positions=32 for this model; got n=40"):
-        extract_qkv(tiny, ids, mode="hidden")
+    qh, kh, vh = extract_qkv(tiny, ids, mode="hidden", layer=1)  # real hidden states beyond the table too
+    assert qh.shape == kh.shape == vh.shape == (3, 4, 40, 8)
+    for a, b in zip(extract_qkv(tiny, ids), (q, k, v)):  # the default, hidden mode, is embedding mode at layer 0
+        assert torch.equal(a, b)
+    assert not torch.allclose(qh, extract_qkv(tiny, ids, mode="embedding", layer=1)[0])
 
 
 def test_extract_validation(tiny):
@@ -578,7 +581,7 @@ def test_get_qkv_uses_cache_and_recomputes_corrupt(shared_cache):
     assert first.q.shape == first.k.shape == first.v.shape == (3, 4, 64, 8)
     assert first.from_cache == (False, False, False) and first.window_ids == (5, 2, 5)
     assert torch.equal(first.q[0], first.q[2]) and not torch.equal(first.q[0], first.q[1])
-    assert (first.condition, first.seed, first.mode) == ("initialized", 7, "embedding")
+    assert (first.condition, first.seed, first.mode) == ("initialized", 7, "hidden")
     assert (first.layer, first.n) == (0, 64)
 
     # Same windows straight from the model.
@@ -592,7 +595,7 @@ def test_get_qkv_uses_cache_and_recomputes_corrupt(shared_cache):
     assert second.from_cache == (True, True)
     assert torch.equal(second.q, first.q[[1, 0]]) and torch.equal(second.v, first.v[[1, 0]])
 
-    group = "initialized-seed7-embedding-interpolate-layer0-n64-float32-*"
+    group = "initialized-seed7-hidden-interpolate-layer0-n64-float32-*"
     (path,) = shared_cache.glob(f"qkv/*/{group}/window00002.safetensors")
     path.write_bytes(path.read_bytes()[:-50])
     with pytest.warns(CacheWarning, match="truncated"):
@@ -609,12 +612,12 @@ def test_get_qkv_uses_cache_and_recomputes_corrupt(shared_cache):
         raise AssertionError("the model built by an earlier call was not reused")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(qkv_module, "_build", must_not_build)
+        patch.setattr(models_module, "_build", must_not_build)
         new_window = get_qkv("initialized", 64, [9], config=config, seed=7, cache_dir=shared_cache)
     assert new_window.from_cache == (False,)
     torch.testing.assert_close(new_window.q, extract_qkv(loaded, windows(token_ids, 64)[[9]])[0])
     clear_model_memo()
-    assert not qkv_module._BUILT_MODELS
+    assert not models_module._BUILT_MODELS
 
 
 def test_get_qkv_hidden_mode_and_validation(shared_cache):
@@ -622,8 +625,9 @@ def test_get_qkv_hidden_mode_and_validation(shared_cache):
     hidden = get_qkv("initialized", 32, [0, 1], mode="hidden", layer=1, config=config,
                      dtype=torch.float64, cache_dir=shared_cache)
     assert hidden.q.shape == (2, 4, 32, 8) and hidden.q.dtype == torch.float64
-    with pytest.raises(ValueError, match=r"`n` must be <= max_positions=32 for this model; got n=64"):
-        get_qkv("initialized", 64, [0], mode="hidden", config=config, cache_dir=shared_cache)
+    assert (hidden.causal, hidden.kv_heads, hidden.model_type, hidden.rotary) == (False, 4, "bert", False)
+    beyond = get_qkv("initialized", 64, [0], mode="hidden", layer=1, config=config, cache_dir=shared_cache)
+    assert beyond.q.shape == (1, 4, 64, 8)  # hidden states beyond the 32-row table (positions interpolated)
     message = r"`window_ids` must lie in 0\.\.65 \(the corpus has 66 windows of n=4096 tokens\); got \[66\]"
     with pytest.raises(ValueError, match=message):
         get_qkv("initialized", 4096, [3, 66], config=config, cache_dir=shared_cache)

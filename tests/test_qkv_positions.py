@@ -47,13 +47,14 @@ def test_extract_rows_distinct_only_with_positions():
     ids = torch.tensor([[5, 6, 7, 8] * 24])  # n = 96 > 32 positions, 4 distinct tokens
     distinct = {}
     for positions in ("interpolate", "copy", "none"):
-        q, _, _ = extract_qkv(tiny, ids, positions=positions, dtype=torch.float64)
+        q, _, _ = extract_qkv(tiny, ids, mode="embedding", positions=positions, dtype=torch.float64)
         distinct[positions] = torch.unique(q[0, 0], dim=0).shape[0]
     # copy: (token i mod 4, position i mod 32) repeats every 32 tokens.
     assert distinct == {"interpolate": 96, "copy": 32, "none": 4}
-    # hidden mode always has BERT's positions: "none" is refused there.
-    with pytest.raises(ValueError, match="mode='hidden' always runs the encoder with BERT's positions"):
-        extract_qkv(tiny, ids[:, :32], mode="hidden", positions="none")
+    # Hidden mode takes the same choice: at layer 1 the positions reach the input through layer 0.
+    hidden = {p: extract_qkv(tiny, ids, mode="hidden", layer=1, positions=p)[0] for p in ("interpolate", "none")}
+    assert torch.unique(hidden["none"][0, 0], dim=0).shape[0] == 4
+    assert torch.unique(hidden["interpolate"][0, 0], dim=0).shape[0] == 96
 
 
 @pytest.fixture(scope="module")

