@@ -11,7 +11,8 @@ Everything that can be checked is checked before a cell is computed:
   locked, :func:`approxlab._io.output_lock`), ``--data-dir`` given but missing,
   ``--cache-dir`` writable, ``--scheduler`` reachable (a short TCP connect);
 * by each study's ``run`` through the helpers below once its grid is known: sequence
-  lengths and windows against the corpus (:func:`check_windows`), head indices against
+  lengths and windows against the corpus (:func:`check_windows`), ``--checkpoint`` and
+  ``--layer`` against the supported models (:func:`check_model`), head indices against
   the model (:func:`check_heads`), ``num_features`` against the methods
   (:func:`check_num_features`).
 
@@ -24,9 +25,10 @@ Public API::
     locked_output(args)                              # context manager: the --out lock, one-line error
     discard_output(out)                              # remove a folder created for a refused run
     corpus_tokens(data_dir, cache_dir) -> int
-    model_heads(condition) -> int
+    model_heads(condition, checkpoint=None) -> int
     check_windows(args, ids_by_n, *, windows=None, n_option="--n")
-    check_heads(option, heads, conditions, *, index=False)
+    check_model(args, conditions, *, layer=None, encoder_only=False) -> {condition: ModelInfo}
+    check_heads(option, heads, conditions, *, index=False, checkpoint=None)
     check_num_features(option, num_features, methods, lengths)
     load_plugins(argv)                               # --plugin MODULE, before the parser is built
 """
@@ -67,6 +69,7 @@ __all__ = [
     "corpus_tokens",
     "model_heads",
     "check_windows",
+    "check_model",
     "check_heads",
     "check_num_features",
     "load_plugins",
@@ -307,15 +310,44 @@ def corpus_tokens(data_dir=None, cache_dir=None) -> int:
     return _token_count(as_key(data_dir), as_key(cache_dir))
 
 
-@functools.lru_cache(maxsize=2)
-def model_heads(condition: str) -> int:
+@functools.lru_cache(maxsize=8)
+def model_heads(condition: str, checkpoint=None) -> int:
     """Attention heads per layer of the model of ``condition`` (see :func:`approxlab.data.load_model`)."""
-    from transformers import BertConfig
+    from ..data import describe_model
 
-    from ..data import minilm_path
+    return describe_model(condition, checkpoint=checkpoint).num_heads
 
-    config = BertConfig() if condition == "initialized" else BertConfig.from_pretrained(str(minilm_path()))
-    return int(config.num_attention_heads)
+
+def check_model(args, conditions, *, layer=None, encoder_only: bool = False) -> dict:
+    """``--checkpoint`` (and ``layer``, from ``--layer``) name a usable model for every condition.
+
+    A missing, broken or unsupported checkpoint (tokenizer and weights included: see
+    :func:`approxlab.data.describe_model` with ``verify=True``) is the data layer's one-line
+    :class:`~approxlab.errors.CheckpointError` said about ``--checkpoint``; ``encoder_only``
+    refuses a causal decoder. Returns ``{condition: ModelInfo}``.
+    """
+    from huggingface_hub.utils import logging as hub_logging
+
+    from ..data import CheckpointError, describe_model
+
+    infos = {}
+    for condition in conditions:
+        level = hub_logging.get_verbosity()
+        hub_logging.set_verbosity_error()  # its retry warnings would add lines before the one error line
+        try:
+            info = describe_model(condition, checkpoint=args.checkpoint, cache_dir=args.cache_dir, verify=True)
+        except CheckpointError as error:
+            raise UsageError("--checkpoint", error.allowed, error.got) from None
+        finally:
+            hub_logging.set_verbosity(level)
+        if encoder_only and info.causal:
+            raise UsageError("--checkpoint", "a bidirectional encoder (bert, roberta, distilbert) for this study "
+                             "of non-causal attention", f"{args.checkpoint!r} (a causal {info.model_type} model)")
+        if layer is not None and not 0 <= layer < info.num_layers:
+            raise UsageError("--layer", f"a layer index in 0..{info.num_layers - 1} (the {condition} model "
+                             f"{info.checkpoint} has {info.num_layers} layers)", layer)
+        infos[condition] = info
+    return infos
 
 
 def check_windows(args, ids_by_n: dict, *, windows: int | None = None, n_option: str = "--n") -> None:
@@ -337,10 +369,10 @@ def check_windows(args, ids_by_n: dict, *, windows: int | None = None, n_option:
                                        f"the corpus's {tokens:,}", f"{n:,}")
 
 
-def check_heads(option: str, heads: int, conditions, *, index: bool = False) -> None:
+def check_heads(option: str, heads: int, conditions, *, index: bool = False, checkpoint=None) -> None:
     """``heads`` heads (``index``: a head index) exist in the model of every condition."""
     for condition in conditions:
-        count = model_heads(condition)
+        count = model_heads(condition, None if checkpoint is None else str(checkpoint))
         if index and not 0 <= heads < count:
             raise UsageError(option, f"a head index in 0..{count - 1} (the {condition} model has {count} heads)", heads)
         if not index and not 1 <= heads <= count:

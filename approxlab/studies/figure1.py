@@ -163,6 +163,7 @@ def build_config(
     dtypes=None,
     positions: str = "interpolate",
     checkpoint=None,
+    layer: int = 0,
     stat_heads: int = 2,
     window_seed: int = 0,
     base_seed: int = 0,
@@ -183,6 +184,9 @@ def build_config(
         How positions enter X beyond BERT's table (:func:`approxlab.data.qkv.position_embeddings`).
     checkpoint : str, optional
         BERT-family checkpoint (Hub id or local folder); None: the offline defaults.
+    layer : int
+        0 (the paper's setting): the input embedding projected by layer 0's W_Q, W_K, W_V;
+        ``layer > 0``: the model's real hidden states entering that layer (``"hidden"`` mode).
     stat_heads : int
         Number of heads (the first ones) whose statistical dimension is computed.
     window_seed, base_seed, model_seed : int
@@ -215,16 +219,17 @@ def build_config(
     grid["dtypes"] = sorted(set(grid["dtypes"]), reverse=True)  # float64 first
     if positions not in POSITIONS:
         raise StudyError(f"--positions must be one of {list(POSITIONS)}; got {positions!r}.")
+    inputs = ("X = LayerNorm(word + position + type embedding) of BERT, layer-0 W_Q, W_K, W_V" if layer == 0 else
+              f"X = the hidden states entering layer {layer} (the model run up to it), its W_Q, W_K, W_V")
     return {
         "study": "figure1",
         "paper": "Skyformer (Chen et al., NeurIPS 2021), Section 4.5, Figure 1",
         **grid,
-        "mode": "embedding",
+        "mode": "embedding" if layer == 0 else "hidden",
         "positions": positions,
         "checkpoint": None if checkpoint is None else str(checkpoint),
-        "inputs": "X = LayerNorm(word + position + type embedding) of BERT, layer-0 W_Q, W_K, W_V; positions "
-                  f"beyond the 512-row table: {positions}",
-        "layer": 0,
+        "inputs": f"{inputs}; positions beyond the 512-row table: {positions}",
+        "layer": int(layer),
         "window_pool": 64,
         "window_seed": int(window_seed),
         "base_seed": int(base_seed),
@@ -567,6 +572,9 @@ def add_arguments(parser) -> None:
                        help="BERT-family checkpoint (Hub id with network, local folder always), with its "
                             "tokenizer; the initialized condition takes its config and tokenizer "
                             "(default: bert-base config / all-MiniLM-L6-v2, offline)")
+    group.add_argument("--layer", type=_cli.nonnegative_int, default=0,
+                       help="attention layer: 0 (default, the paper's: the input embedding through layer 0's "
+                            "projections) or L > 0 (the real hidden states entering layer L)")
     group.add_argument("--matrix-free-above", type=_cli.positive_int, default=DENSE_MAX_N,
                        help="n above which exact attention is applied in row blocks (never n x n in memory) "
                             f"and the statistical dimension is estimated matrix-free (default {DENSE_MAX_N})")
@@ -581,9 +589,10 @@ def run(args) -> int:
         config = build_config(quick=args.quick, conditions=args.conditions, n=args.n,
                               num_features=args.num_features, methods=args.methods, windows=args.windows,
                               seeds=args.seeds, dtypes=args.dtypes, positions=args.positions,
-                              checkpoint=args.checkpoint, stat_heads=args.stat_heads)
+                              checkpoint=args.checkpoint, layer=args.layer, stat_heads=args.stat_heads)
+        _cli.check_model(args, config["conditions"], layer=args.layer, encoder_only=True)
         _cli.check_windows(args, {n: window_ids(config, n) for n in config["n"]}, windows=config["windows"])
-        _cli.check_heads("--stat-heads", args.stat_heads, config["conditions"])
+        _cli.check_heads("--stat-heads", args.stat_heads, config["conditions"], checkpoint=args.checkpoint)
         run_info = _run_info({"command": getattr(args, "command", "approxlab figure1"), "device": args.device,
                               "scheduler": args.scheduler, "workers": args.workers,
                               "torch": torch.__version__, "threads": torch.get_num_threads(),

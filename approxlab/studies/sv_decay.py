@@ -605,8 +605,9 @@ def run(args) -> int:
                               windows=args.windows, heads=args.heads, approximations=args.approximations,
                               num_features=args.num_features, positions=args.positions,
                               checkpoint=args.checkpoint)
+        _cli.check_model(args, config["conditions"], encoder_only=True)
         _cli.check_windows(args, {n: _window_ids(config) for n in config["n"]}, windows=config["windows"])
-        _cli.check_heads("--heads", max(config["heads"].values()), config["conditions"])
+        _cli.check_heads("--heads", max(config["heads"].values()), config["conditions"], checkpoint=args.checkpoint)
         run_info = {"command": getattr(args, "command", "approxlab sv-decay"), "device": args.device,
                     "torch": torch.__version__, "threads": torch.get_num_threads()}
         start = time.perf_counter()
