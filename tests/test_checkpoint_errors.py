@@ -306,7 +306,9 @@ def test_the_cli_table_is_large():
                          ids=[f"{s}{' '.join([''] + a)}" for s, a, _ in CLI_CASES])
 def test_bad_checkpoint_on_the_command_line_is_one_line(study, arguments, message, places, no_compute, capsys,
                                                         tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: no retries
     argv = [study, *(a.format(**places) for a in arguments), "--out", str(tmp_path / "out"),
             "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
     status, err = run_main(argv, capsys)

@@ -112,6 +112,13 @@ def test_studies_take_a_local_checkpoint(tiny_checkpoint, tmp_path, monkeypatch)
     assert config["checkpoint"] == str(tiny_checkpoint) and config["positions"] == "interpolate"
     windows = read_results(out / "windows.csv")
     assert (windows["distinct_q_rows"] == 64).all() and (windows["distinct_tokens"] < 64).all()
+    layer1 = tmp_path / "fig1-layer1"
+    assert main(["figure1", "--checkpoint", str(tiny_checkpoint), "--layer", "1", "--conditions", "pretrained",
+                 "--n", "64", "--num-features", "4", "--methods", "performer", "--windows", "1", "--seeds", "1",
+                 "--dtypes", "float64", "--out", str(layer1), "--no-progress"]) == 0
+    figure1.reference.cache_clear()
+    config = read_json(layer1 / "config.json")["config"]
+    assert (config["layer"], config["mode"]) == (1, "hidden") and "entering layer 1" in config["inputs"]
     svd = tmp_path / "svd"
     assert main(["sv-decay", "--checkpoint", str(tiny_checkpoint), "--n", "32", "--heads", "1", "--windows", "1",
                  "--conditions", "pretrained", "--num-features", "4", "--approximations", "nystromformer",

