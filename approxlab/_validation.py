@@ -25,6 +25,7 @@ __all__ = [
     "check_rtol",
     "check_choice",
     "check_bool",
+    "check_key_mask",
 ]
 
 
@@ -252,3 +253,61 @@ def check_bool(value, name: str) -> bool:
             f"`{name}` must be a bool (True or False); got {value!r} ({type(value).__name__})."
         )
     return value
+
+
+def check_key_mask(key_mask, k: torch.Tensor) -> torch.Tensor | None:
+    """Validate ``key_mask`` against keys ``k: (*batch, n_k, p)``; ``None`` passes through.
+
+    A key mask is a bool tensor ``(*mask_batch, n_k)`` that broadcasts **to** the keys'
+    ``(*batch, n_k)`` -- it may have fewer dimensions or size-1 ones (one mask for every head),
+    never more or larger ones: a mask that would widen the batch would silently give an output
+    of another shape than ``q``'s. True marks keys that may be attended.
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``key_mask`` on ``k``'s device.
+
+    Raises
+    ------
+    TypeError
+        If ``key_mask`` is not a bool tensor.
+    ValueError
+        If its last dimension is not ``n_k``, it does not broadcast to ``k.shape[:-1]`` (more
+        dimensions, or a size that is neither 1 nor the keys'), or some sequence has no kept key
+        (its softmax would be 0/0).
+    """
+    if key_mask is None:
+        return None
+    if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool:
+        got = key_mask.dtype if isinstance(key_mask, torch.Tensor) else type(key_mask).__name__
+        raise TypeError(f"`key_mask` must be a bool torch.Tensor (True on keys to attend); got {got}.")
+    target = tuple(k.shape[:-1])
+    _refuse_attention_mask(key_mask, k)
+    if key_mask.ndim < 1 or key_mask.shape[-1] != target[-1]:
+        raise ValueError(
+            f"`key_mask` must have shape (*batch, n_k) with n_k={target[-1]}; got {tuple(key_mask.shape)}."
+        )
+    shape = tuple(key_mask.shape)
+    fits = len(shape) <= len(target) and all(m in (1, t) for m, t in zip(reversed(shape), reversed(target)))
+    if not fits:
+        raise ValueError(
+            f"`key_mask` of shape {shape} does not broadcast to the keys' (*batch, n_k) = {target} without "
+            f"widening it: it must have at most {len(target)} dimensions, each 1 or the keys' size."
+        )
+    if not bool(key_mask.any(-1).all()):
+        raise ValueError("`key_mask` must keep at least one key in every sequence; got an all-False row.")
+    return key_mask.to(k.device)
+
+
+def _refuse_attention_mask(key_mask: torch.Tensor, k: torch.Tensor) -> None:
+    """A ``(..., n, n)`` query-by-key mask (e.g. a causal one) given as ``key_mask`` is refused:
+    broadcast as a key mask its row axis would become an extra batch dimension of the output."""
+    n_k = k.shape[-2]
+    if key_mask.ndim >= 2 and key_mask.ndim > k.ndim - 1 and tuple(key_mask.shape[-2:]) == (n_k, n_k):
+        raise ValueError(
+            f"`key_mask` must have shape (*batch, n_k) (one flag per key, like the keys' batch "
+            f"{tuple(k.shape[:-1])}); got {tuple(key_mask.shape)}, an (n, n) query-by-key mask, which "
+            "would be broadcast as an extra batch dimension. For causal attention pass causal=True "
+            "(approxlab.exact_attention, attention_matrix, ExactAttentionOperator) instead of a mask."
+        )

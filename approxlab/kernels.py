@@ -37,6 +37,7 @@ __all__ = [
     "kernelized_matrix",
     "log_diag_scale",
     "row_normalize",
+    "CANCELLATION_TOLERANCE",
 ]
 
 
@@ -91,17 +92,43 @@ def score_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None 
     return a
 
 
+CANCELLATION_TOLERANCE = 2.0**-10
+r"""Largest rounding error of a squared distance :math:`\|x-y\|^2` that :func:`gaussian_kernel`
+accepts from the expanded form: beyond it the doubtful entries are recomputed exactly."""
+
+
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     r"""Gaussian kernel matrix :math:`\kappa(x_i, y_j) = \exp(-\|x_i-y_j\|^2/2)`, ``(*batch, n, m)``.
 
     Squared distances are formed as :math:`\|x\|^2 + \|y\|^2 - 2x^\top y` and clamped at 0,
-    so rounding never produces an entry above 1.
+    so rounding never produces an entry above 1. That form cancels: its rounding error is up to
+    :math:`\delta_{ij} = (p+2)\,\varepsilon\,(\|x_i\|^2 + \|y_j\|^2)` (Higham (3.5)), and an
+    entry whose computed distance is below :math:`\delta_{ij}` may hold no correct digit (rows of
+    norm ``1e9`` three apart give 1.0 instead of 0.04). Wherever :math:`\delta_{ij}` exceeds
+    :data:`CANCELLATION_TOLERANCE` (an error of more than ~0.05 % in the kernel), such entries are
+    recomputed as :math:`\|x_i - y_j\|^2`; inputs of ordinary size (BERT's Q/K in float32 or
+    float64) never reach it, and keep the expanded form bit for bit.
     """
     # The same operations in the same order as exp(-0.5 * clamp(|x|^2 + |y|^2 - 2 x.y, 0)), done in
     # place on the two n x m arrays (each new large array costs a page-faulting allocation).
-    sq = (x * x).sum(-1, keepdim=True) + (y * y).sum(-1).unsqueeze(-2)
+    x_sq, y_sq = (x * x).sum(-1, keepdim=True), (y * y).sum(-1).unsqueeze(-2)
+    sq = x_sq + y_sq
     sq = sq.sub_((x @ y.transpose(-1, -2)).mul_(2.0))
+    level = (x.shape[-1] + 2) * torch.finfo(x.dtype).eps
+    if level * (float(x_sq.detach().max()) + float(y_sq.detach().max())) > CANCELLATION_TOLERANCE:
+        _recompute_cancelled(sq, x, y, level * (x_sq + y_sq))
     return sq.clamp_min_(0.0).mul_(-0.5).exp_()
+
+
+def _recompute_cancelled(sq: torch.Tensor, x: torch.Tensor, y: torch.Tensor, doubt: torch.Tensor) -> None:
+    """Entries of ``sq`` below their rounding bound ``doubt`` (and above the tolerance) set to
+    ``||x_i - y_j||^2``, in place (only those entries: the rest keep the expanded form)."""
+    where = torch.nonzero((sq <= doubt) & (doubt > CANCELLATION_TOLERANCE), as_tuple=True)
+    if where[0].numel():
+        shape = torch.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+        rows = x.expand(*shape, *x.shape[-2:])[where[:-1]]
+        cols = y.expand(*shape, *y.shape[-2:])[(*where[:-2], where[-1])]
+        sq[where] = ((rows - cols) ** 2).sum(-1).to(sq.dtype)
 
 
 def kernelized_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,7 +13,13 @@ uniform columns give :math:`\tilde{\bar C} \preceq \bar C \preceq \tilde{\bar C}
 probability :math:`1-\delta`.
 
 Exact quantities are computed from an eigendecomposition in float64 (a float32 ``eigh``
-loses the small eigenvalues that decide :math:`\ell_i`) and returned in ``K.dtype``.
+loses the small eigenvalues that decide :math:`\ell_i`). The scalar metrics
+(:func:`statistical_dimension`, :func:`coherence`) follow the rule of :mod:`approxlab.metrics`:
+a ``float`` for one matrix, a float64 tensor ``(*batch,)`` for a batch; the per-row leverage
+scores are tensors ``(*batch, N)`` in ``K.dtype`` (they are sampling probabilities for the
+methods). ``K`` and :math:`\lambda` are scaled together by a power of two when ``K`` is near
+the ends of the float range (the quantities depend only on :math:`K/\lambda`), so
+``1e-310 * K`` with ``1e-310 * lam`` gives the same answers as ``K`` with ``lam``.
 
 References
 ----------
@@ -32,6 +38,8 @@ import torch
 
 from ._validation import as_generator, check_int, check_positive_float, check_qkv, check_square, check_tensor
 from .errors import ConvergenceWarning, NotPSDError
+from .linalg.conditioning import as_result
+from .linalg.scaling import balancing_exponent, times_power_of_two
 from .operators import ExactAttentionOperator, LinearOperator
 from .sketch import check_columns, gather_rows
 
@@ -53,16 +61,20 @@ def _psd_ridge_ratios(K: torch.Tensor, lam, tol) -> tuple[torch.Tensor, torch.Te
     n = K.shape[-1]
     tol = 10.0 * n * torch.finfo(K.dtype).eps if tol is None else check_positive_float(tol, "tol")
     k64 = K.to(torch.float64)
-    norm = k64.abs().amax((-1, -2)).clamp_min(torch.finfo(torch.float64).tiny)
+    exponent = balancing_exponent(k64, tuple(range(k64.ndim)))  # one power of two for K and lam: exact
+    k64 = times_power_of_two(k64, -exponent)
+    lam = _scaled_ridge(lam, float(exponent.reshape(-1)[0]))
+    norm = k64.abs().amax((-1, -2))
+    norm = torch.where(norm > 0, norm, torch.ones_like(norm))
     asym = float(((k64 - k64.transpose(-1, -2)).abs().amax((-1, -2)) / norm).max())
     if asym > tol:
         raise NotPSDError(
             f"`K` must be symmetric positive semidefinite; got max |K - K^T| / max |K| = {asym:.3e} "
             f"> tol={tol:.1e}."
         )
-    evals, evecs = torch.linalg.eigh(0.5 * (k64 + k64.transpose(-1, -2)))
+    evals, evecs = torch.linalg.eigh(0.5 * k64 + 0.5 * k64.transpose(-1, -2))
     spectral = evals.abs().amax(-1)
-    ratio = evals[..., 0] / spectral.clamp_min(torch.finfo(torch.float64).tiny)
+    ratio = evals[..., 0] / torch.where(spectral > 0, spectral, torch.ones_like(spectral))
     if bool((ratio < -tol).any()):
         worst = int(ratio.argmin()) if ratio.ndim else 0
         raise NotPSDError(
@@ -72,6 +84,16 @@ def _psd_ridge_ratios(K: torch.Tensor, lam, tol) -> tuple[torch.Tensor, torch.Te
         )
     evals = evals.clamp_min(0.0)
     return evals / (evals + lam), evecs, lam
+
+
+def _scaled_ridge(lam: float, exponent: float) -> float:
+    """``lam * 2**-exponent`` kept inside the positive float64 range (a ridge that would underflow
+    or overflow beside the balanced ``K`` acts as the smallest or largest positive number)."""
+    try:
+        scaled = math.ldexp(lam, -int(exponent))
+    except OverflowError:
+        return torch.finfo(torch.float64).max
+    return max(scaled, math.ulp(0.0))
 
 
 def ridge_leverage_scores(K: torch.Tensor, lam: float, *, tol: float | None = None) -> torch.Tensor:
@@ -117,7 +139,8 @@ def ridge_leverage_scores(K: torch.Tensor, lam: float, *, tol: float | None = No
 def statistical_dimension(K: torch.Tensor, lam: float, *, tol: float | None = None) -> torch.Tensor:
     r"""Statistical dimension :math:`d_{stat} = \operatorname{Tr}K(K+\lambda I)^{-1} = \sum_i s_i/(s_i+\lambda)`.
 
-    Parameters and errors as :func:`ridge_leverage_scores`; returns ``(*batch,)``.
+    Parameters and errors as :func:`ridge_leverage_scores`; returns a ``float`` for one matrix,
+    a float64 tensor ``(*batch,)`` for a batch.
 
     Notes
     -----
@@ -130,14 +153,14 @@ def statistical_dimension(K: torch.Tensor, lam: float, *, tol: float | None = No
     Skyformer (Chen et al., 2021), Theorem 2 and Appendix D.
     """
     ratios, _, _ = _psd_ridge_ratios(K, lam, tol)
-    return ratios.sum(-1).to(K.dtype)
+    return as_result(ratios.sum(-1))
 
 
 def coherence(K: torch.Tensor, lam: float, *, tol: float | None = None) -> torch.Tensor:
     r"""Skyformer Theorem 2's :math:`\beta = \min_i d_{stat}/(N\ell_i) = d_{stat}/(N\max_i\ell_i)`.
 
-    Parameters and errors as :func:`ridge_leverage_scores`; returns ``(*batch,)`` in
-    :math:`(0, 1]`.
+    Parameters and errors as :func:`ridge_leverage_scores`; returns a value in :math:`(0, 1]`:
+    a ``float`` for one matrix, a float64 tensor ``(*batch,)`` for a batch.
 
     Notes
     -----
@@ -156,7 +179,7 @@ def coherence(K: torch.Tensor, lam: float, *, tol: float | None = None) -> torch
     top = scores.amax(-1)
     n = K.shape[-1]
     beta = torch.where(top > 0, d_stat / (n * torch.where(top > 0, top, torch.ones_like(top))), torch.ones_like(top))
-    return beta.clamp_max(1.0).to(K.dtype)
+    return as_result(beta.clamp_max(1.0))
 
 
 def approximate_ridge_leverage_scores(

@@ -11,8 +11,20 @@ r"""Every metric of the spectral-error studies, in one place.
   ``ridge_leverage_scores``, ``statistical_dimension``, ``coherence``,
   ``approximate_ridge_leverage_scores``.
 
-Conventions: inputs are batched ``(*batch, n, m)``; computations are in float64; results
-are float64 tensors of shape ``(*batch,)``, or Python scalars for a single matrix.
+Conventions
+-----------
+Inputs are batched ``(*batch, n, m)``; computations are in float64. **One return rule** for
+every scalar metric here and in :mod:`approxlab.leverage` (that of NumPy's ``linalg.cond`` and
+``matrix_rank``): for a single matrix ``(n, m)`` a Python scalar -- ``float``, ``int`` for
+:func:`numerical_rank`, ``bool`` for :func:`is_numerically_singular`; for a batch a tensor of
+shape ``(*batch,)`` -- float64, int64 or bool. Per-row quantities (leverage scores) are tensors
+``(*batch, N)``; ``return_info=True`` returns the :class:`SpectralNormEstimate` of tensors.
+
+Scale: the scale-invariant metrics (condition number, ranks, decay rate, relative errors) are
+computed from the input balanced by a power of two (:mod:`approxlab.linalg.scaling`), so
+``1e-310 * M`` and ``1e308 * M`` give the same answer as ``M``; a scale-dependent result
+(a norm, an error, :math:`\lambda_{\min}`) that lies beyond the float64 range is an
+``OverflowError``, never ``inf`` presented as a value.
 """
 
 from __future__ import annotations
@@ -36,8 +48,15 @@ from .leverage import (
     ridge_leverage_scores,
     statistical_dimension,
 )
-from .linalg.conditioning import condition_number, is_numerically_singular, singular_values
+from .linalg.conditioning import (
+    as_result,
+    condition_number,
+    is_numerically_singular,
+    ratio_or_inf,
+    relative_singular_values,
+)
 from .linalg.lanczos import SpectralNormEstimate, golub_kahan
+from .linalg.scaling import balance, balancing_exponent, log10_magnitude, times_power_of_two
 from .operators import LinearOperator, aslinearoperator
 
 __all__ = [
@@ -59,15 +78,11 @@ __all__ = [
 ]
 
 
-def _as_result(x: torch.Tensor):
-    """A 0-dimensional result as a Python scalar; a batched one as a tensor ``(*batch,)``."""
-    return x.item() if x.ndim == 0 else x
-
-
 def _relative(sigma: torch.Tensor) -> torch.Tensor:
     """:math:`\\sigma_i/\\sigma_1` (a zero ``sigma_1`` is refused by the callers): squares and sums
     of the relative values cannot overflow, those of ``sigma`` itself can (``1e200**2``)."""
-    return sigma / sigma[..., :1].clamp_min(torch.finfo(sigma.dtype).tiny)
+    top = sigma[..., :1]
+    return sigma / torch.where(top > 0, top, torch.ones_like(top))
 
 
 def _stable_rank_of(sigma: torch.Tensor) -> torch.Tensor:
@@ -79,7 +94,7 @@ def _effective_rank_of(sigma: torch.Tensor) -> torch.Tensor:
     """Roy--Vetterli :math:`\\exp H(\\sigma/\\sum\\sigma)` with :math:`0\\log 0 = 0`."""
     relative = _relative(sigma)
     p = relative / relative.sum(-1, keepdim=True)
-    entropy = -torch.where(p > 0, p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), torch.zeros_like(p)).sum(-1)
+    entropy = -torch.where(p > 0, p * torch.log(torch.where(p > 0, p, torch.ones_like(p))), torch.zeros_like(p)).sum(-1)
     return torch.exp(entropy)
 
 
@@ -96,6 +111,21 @@ def _decay_fit(lead: torch.Tensor, level: float):
     centred = weight * (index - index_mean)
     slope = (centred * (y - y_mean)).sum(-1) / (centred * (index - index_mean)).sum(-1).clamp_min(1e-300)
     return slope, count
+
+
+def _rescaled(value: torch.Tensor, exponent: torch.Tensor, what: str) -> torch.Tensor:
+    """``value * 2**exponent`` (shapes alike), or ``OverflowError`` naming ``what`` where that is
+    beyond the float64 range (rather than returning ``inf`` as if it were the answer)."""
+    result = times_power_of_two(value, exponent)
+    beyond = ~torch.isfinite(result)
+    if bool(beyond.any()):
+        size = max(log10_magnitude(float(v), float(e)) for v, e in
+                   zip(value[beyond].tolist(), exponent.expand_as(value)[beyond].tolist()))
+        raise OverflowError(
+            f"{what} is about 1e+{size:.0f}, beyond the largest float64 "
+            f"({torch.finfo(torch.float64).max:.3e}); rescale the input."
+        )
+    return result
 
 
 def _matrix_like(x, name: str):
@@ -184,14 +214,15 @@ def spectral_norm(
         raise TypeError(f"`return_info` must be a bool; got {return_info!r}.")
 
     if isinstance(x, torch.Tensor):
-        value = torch.linalg.matrix_norm(x.to(torch.float64), ord=2)
+        scaled, exponent = balance(x.to(torch.float64))
+        value = _rescaled(torch.linalg.matrix_norm(scaled, ord=2), exponent[..., 0, 0], "the spectral norm of `x`")
         if return_info:
             return _dense_estimate(value)
-        return _as_result(value)
+        return as_result(value)
     info = golub_kahan(x.to(torch.float64), tol=tol, max_iter=max_iter, generator=generator)
     if return_info:
         return info
-    return _as_result(info.estimate)
+    return as_result(info.estimate)
 
 
 def spectral_error(
@@ -257,8 +288,7 @@ def spectral_error(
         raise ValueError(f"`approx` and `exact` must be on one device; got {approx.device} and {exact.device}.")
 
     if isinstance(approx, torch.Tensor) and isinstance(exact, torch.Tensor):
-        error = torch.linalg.matrix_norm(approx.to(torch.float64) - exact.to(torch.float64), ord=2)
-        scale = torch.linalg.matrix_norm(exact.to(torch.float64), ord=2) if relative else None
+        error, scale = _dense_error(approx.to(torch.float64), exact.to(torch.float64), relative)
     else:
         difference = aslinearoperator(approx).to(torch.float64) - aslinearoperator(exact).to(torch.float64)
         error = golub_kahan(difference, tol=tol, max_iter=max_iter, generator=generator).estimate
@@ -273,7 +303,19 @@ def spectral_error(
                 "relative error is undefined; use relative=False."
             )
         error = error / scale
-    return _as_result(error)
+    return as_result(error)
+
+
+def _dense_error(approx: torch.Tensor, exact: torch.Tensor, relative: bool):
+    """``(||approx - exact||_2, ||exact||_2 or None)``; with ``relative``, both in the units of one
+    common power of two (their ratio is exact), else the error itself (``OverflowError`` when it
+    is beyond the float64 range)."""
+    exponent = torch.maximum(balancing_exponent(approx), balancing_exponent(exact))
+    approx, exact = times_power_of_two(approx, -exponent), times_power_of_two(exact, -exponent)
+    error = torch.linalg.matrix_norm(approx - exact, ord=2)
+    if relative:
+        return error, torch.linalg.matrix_norm(exact, ord=2)
+    return _rescaled(error, exponent[..., 0, 0].expand_as(error), "the spectral norm of `approx - exact`"), None
 
 
 def stable_rank(m: torch.Tensor):
@@ -299,9 +341,9 @@ def stable_rank(m: torch.Tensor):
     Rudelson and Vershynin (2007), "Sampling from large matrices"; Chen et al. (2021),
     Skyformer, Lemma C.2.
     """
-    sigma = singular_values(m)
+    sigma = relative_singular_values(m)
     _check_nonzero(sigma, "stable rank")
-    return _as_result(_stable_rank_of(sigma))
+    return as_result(_stable_rank_of(sigma))
 
 
 def _check_nonzero(sigma, what):
@@ -332,8 +374,8 @@ def numerical_rank(m: torch.Tensor, rtol: float = 1e-6):
     """
     check_tensor(m, "M")
     rtol = check_rtol(rtol)
-    sigma = singular_values(m)
-    return _as_result((sigma > rtol * sigma[..., :1]).sum(-1))
+    sigma = relative_singular_values(m)
+    return as_result((sigma > rtol * sigma[..., :1]).sum(-1))
 
 
 def effective_rank(m: torch.Tensor):
@@ -359,9 +401,9 @@ def effective_rank(m: torch.Tensor):
     O. Roy and M. Vetterli (2007), "The effective rank: a measure of effective
     dimensionality", EUSIPCO, Definition 1.
     """
-    sigma = singular_values(m)
+    sigma = relative_singular_values(m)
     _check_nonzero(sigma, "effective rank")
-    return _as_result(_effective_rank_of(sigma))
+    return as_result(_effective_rank_of(sigma))
 
 
 def singular_value_decay_rate(m: torch.Tensor, num: int = 64):
@@ -400,7 +442,7 @@ def singular_value_decay_rate(m: torch.Tensor, num: int = 64):
     """
     check_tensor(m, "M")
     num = check_int(num, "num", low=2)
-    sigma = singular_values(m)[..., :num]
+    sigma = relative_singular_values(m)[..., :num]
     level = max(m.shape[-2], m.shape[-1]) * torch.finfo(m.dtype).eps
     slope, count = _decay_fit(sigma, level)
     if bool((count < 2).any()):
@@ -408,7 +450,7 @@ def singular_value_decay_rate(m: torch.Tensor, num: int = 64):
             f"`M` must have at least 2 singular values above the numerical-zero level "
             f"{level:.1e} * sigma_1 among the first num={num}; got {int(count.min())}."
         )
-    return _as_result(slope)
+    return as_result(slope)
 
 
 def loewner_min_eig(a: torch.Tensor, b: torch.Tensor):
@@ -449,9 +491,12 @@ def loewner_min_eig(a: torch.Tensor, b: torch.Tensor):
             f"`A` and `B` must have the same shape (*batch, n, n) (batch dims may broadcast); got "
             f"{tuple(a.shape)} and {tuple(b.shape)}."
         )
-    difference = a.to(torch.float64) - b.to(torch.float64).to(a.device)
-    symmetric = 0.5 * (difference + difference.transpose(-1, -2))
-    return _as_result(torch.linalg.eigvalsh(symmetric)[..., 0])
+    a, b = a.to(torch.float64), b.to(torch.float64).to(a.device)
+    exponent = torch.maximum(balancing_exponent(a), balancing_exponent(b))  # one power of two: exact
+    difference = times_power_of_two(a, -exponent) - times_power_of_two(b, -exponent)
+    symmetric = 0.5 * difference + 0.5 * difference.transpose(-1, -2)
+    smallest = torch.linalg.eigvalsh(symmetric)[..., 0]
+    return as_result(_rescaled(smallest, exponent[..., 0, 0].expand_as(smallest), "lambda_min of `A - B`"))
 
 
 def spectrum_measures(sigma: torch.Tensor, shape, *, rtol: float = 1e-6, num: int = 64,
@@ -502,7 +547,7 @@ def spectrum_measures(sigma: torch.Tensor, shape, *, rtol: float = 1e-6, num: in
     num = check_int(num, "num", low=2)
     eps = [check_positive_float(e, "eps") for e in (eps if isinstance(eps, (tuple, list)) else [eps])]
     check_dtype(dtype)
-    sigma = sigma.to(torch.float64).clamp_min(0.0)
+    sigma = balance(sigma.to(torch.float64).clamp_min(0.0), dim=-1)[0]  # every measure is scale-invariant
     s1 = sigma[..., :1]
     if bool((s1 == 0).any()):
         raise ValueError("`sigma` must belong to nonzero matrices; got a zero largest singular value.")
@@ -513,7 +558,7 @@ def spectrum_measures(sigma: torch.Tensor, shape, *, rtol: float = 1e-6, num: in
     slope, count = _decay_fit(sigma[..., :num], level)
     out["decay_rate"] = torch.where(count >= 2, slope, torch.zeros_like(slope))
     singular = sigma[..., -1] <= level * s1[..., 0]
-    kappa = s1[..., 0] / sigma[..., -1].clamp_min(torch.finfo(torch.float64).tiny)
+    kappa = ratio_or_inf(s1[..., 0], sigma[..., -1])
     out["condition_number"] = torch.where(singular, torch.full_like(kappa, math.inf), kappa)
     for e in eps:
         lam = e * s1

@@ -160,7 +160,7 @@ def _exact_dstat(q, k, scale=0.1):
 
     dense = completion_operator(q, k).to_dense()
     lams = [scale * float(torch.linalg.eigvalsh(c).max()) for c in dense]
-    return dense, lams, torch.stack([statistical_dimension(c, lam) for c, lam in zip(dense, lams)])
+    return dense, lams, torch.tensor([statistical_dimension(c, lam) for c, lam in zip(dense, lams)], dtype=torch.float64)
 
 
 @pytest.mark.parametrize("n, p, scale, seed", [(256, 16, 0.6, 0), (256, 16, 1.0, 1), (512, 32, 0.8, 2),
@@ -212,7 +212,8 @@ def test_estimate_ridge_quantities_validation():
         estimate_ridge_quantities(op)
     small = estimate_ridge_quantities(op, lam=1.0)  # block * depth > N: the whole space, exact
     assert small.rank == 16
-    torch.testing.assert_close(small.statistical_dimension, statistical_dimension(op.to_dense(), 1.0),
+    torch.testing.assert_close(small.statistical_dimension,
+                               torch.tensor(statistical_dimension(op.to_dense(), 1.0), dtype=torch.float64),
                                rtol=1e-10, atol=0)
     with pytest.raises(ValueError, match=r"`diagonal` must be a number or have shape \(\*batch, N\) = \(16,\); got \(3,\)"):
         estimate_ridge_quantities(op, lam=1.0, block=2, depth=2, diagonal=torch.ones(3))

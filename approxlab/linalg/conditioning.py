@@ -12,18 +12,22 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_positive_float, check_tensor
+from .scaling import balance
 
 __all__ = [
     "singular_values",
+    "relative_singular_values",
     "default_rtol",
     "default_rtol_for_shape",
     "is_numerically_singular",
     "condition_number",
+    "as_result",
 ]
 
 
-def _as_result(x: torch.Tensor):
-    """A 0-dimensional result as a Python scalar; a batched one as a tensor ``(*batch,)``."""
+def as_result(x: torch.Tensor):
+    """The return convention of every scalar metric: a 0-dimensional result (one matrix) as a
+    Python scalar (``float``, ``int`` or ``bool``), a batched one as the tensor ``(*batch,)``."""
     return x.item() if x.ndim == 0 else x
 
 
@@ -31,6 +35,19 @@ def singular_values(m: torch.Tensor) -> torch.Tensor:
     """Singular values of ``m: (*batch, n, k)`` in float64, descending: ``(*batch, min(n, k))``."""
     check_tensor(m, "M")
     return torch.linalg.svdvals(m.to(torch.float64))
+
+
+def relative_singular_values(m: torch.Tensor) -> torch.Tensor:
+    r"""Singular values of ``m`` up to one power of two per matrix: :math:`2^{-e}\sigma_i(M)`, descending.
+
+    For the scale-invariant quantities (condition numbers, ranks): ``m`` is balanced first
+    (:func:`approxlab.linalg.scaling.balance`), so a matrix of subnormal (``1e-310``) or
+    near-overflow (``1e308``) entries has the same ratios :math:`\sigma_i/\sigma_1` as any
+    other multiple of it. Unchanged, bit for bit, for entries of magnitude in
+    the safe range of :mod:`approxlab.linalg.scaling`.
+    """
+    check_tensor(m, "M")
+    return torch.linalg.svdvals(balance(m.to(torch.float64))[0])
 
 
 def default_rtol(m: torch.Tensor) -> float:
@@ -67,6 +84,12 @@ def _singular(sigma: torch.Tensor, rtol: float) -> torch.Tensor:
     return sigma[..., -1] <= rtol * sigma[..., 0]
 
 
+def ratio_or_inf(top: torch.Tensor, bottom: torch.Tensor) -> torch.Tensor:
+    """``top / bottom``, ``inf`` where ``bottom`` is 0 (no floor that would turn a tiny ``bottom`` into another number)."""
+    safe = torch.where(bottom > 0, bottom, torch.ones_like(bottom))
+    return torch.where(bottom > 0, top / safe, torch.full_like(top, float("inf")))
+
+
 def is_numerically_singular(m: torch.Tensor, *, rtol: float | None = None):
     r"""Whether :math:`\sigma_{\min}(M) \le \text{rtol}\cdot\sigma_{\max}(M)`.
 
@@ -86,7 +109,7 @@ def is_numerically_singular(m: torch.Tensor, *, rtol: float | None = None):
         (rank deficiency).
     """
     rtol = _check(m, rtol)
-    return _as_result(_singular(singular_values(m), rtol))
+    return as_result(_singular(relative_singular_values(m), rtol))
 
 
 def condition_number(m: torch.Tensor, *, rtol: float | None = None):
@@ -108,7 +131,9 @@ def condition_number(m: torch.Tensor, *, rtol: float | None = None):
 
     Notes
     -----
-    :math:`\kappa_2(M) = \sigma_1/\sigma_{\min(n,k)}`. With the default ``rtol`` a finite value
+    :math:`\kappa_2(M) = \sigma_1/\sigma_{\min(n,k)}`, from the singular values of ``m`` balanced
+    by a power of two (:func:`relative_singular_values`), so it does not depend on the scale
+    of ``m``: ``1e-310 * I`` and ``1e308 * I`` have :math:`\kappa_2 = 1`. With the default ``rtol`` a finite value
     is at most :math:`1/(\max(n,k)\,\varepsilon)`, the largest condition number the input's
     precision can resolve.
 
@@ -118,7 +143,7 @@ def condition_number(m: torch.Tensor, *, rtol: float | None = None):
     and 5.4.1 (numerical rank).
     """
     rtol = _check(m, rtol)
-    sigma = singular_values(m)
-    ratio = sigma[..., 0] / sigma[..., -1].clamp_min(torch.finfo(torch.float64).tiny)
+    sigma = relative_singular_values(m)
+    ratio = ratio_or_inf(sigma[..., 0], sigma[..., -1])
     kappa = torch.where(_singular(sigma, rtol), torch.full_like(ratio, float("inf")), ratio)
-    return _as_result(kappa)
+    return as_result(kappa)

@@ -29,7 +29,9 @@ import torch
 
 from .._validation import check_bool, check_choice, check_int, check_positive_float, check_rtol, check_square
 from ..errors import NotPSDError
+from .._validation import peak_magnitude
 from .conditioning import default_rtol
+from .scaling import balance, times_power_of_two
 from .pinv import INITS, iterative_pinv
 
 __all__ = [
@@ -102,8 +104,9 @@ def pinv_factors(m: torch.Tensor, *, hermitian: bool, rcond: float | None = None
         With ``hermitian=True``, if an eigenvalue is below :math:`-\sqrt{\epsilon}\,\lambda_{\max}`.
     """
     rcond = default_rtol(m) if rcond is None else rcond
+    m, exponent = balance(m, even=True)  # M = 2^e M_b: the factors of M_b^+ scaled by 2^(-e/2), exactly
     if hermitian:
-        sym = 0.5 * (m + m.transpose(-1, -2))
+        sym = 0.5 * m + 0.5 * m.transpose(-1, -2)  # the same value as 0.5 (m + m^T), without overflow
         evals, evecs = torch.linalg.eigh(sym)
         top = evals.abs().amax(-1, keepdim=True)
         floor = -math.sqrt(torch.finfo(m.dtype).eps) * top
@@ -116,14 +119,15 @@ def pinv_factors(m: torch.Tensor, *, hermitian: bool, rcond: float | None = None
             )
         keep = evals > rcond * top
         scale = torch.where(keep, torch.where(keep, evals, torch.ones_like(evals)).rsqrt(), torch.zeros_like(evals))
-        first = evecs * scale.unsqueeze(-2)
-        return CoreFactors(first, first.transpose(-1, -2)), evals.clamp_min(0.0).flip(-1), keep.sum(-1)
+        first = times_power_of_two(evecs * scale.unsqueeze(-2), -exponent / 2)
+        spectrum = times_power_of_two(evals.clamp_min(0.0).flip(-1), exponent[..., 0])
+        return CoreFactors(first, first.transpose(-1, -2)), spectrum, keep.sum(-1)
     u, s, vh = torch.linalg.svd(m)
     keep = s > rcond * s[..., :1]
     scale = torch.where(keep, torch.where(keep, s, torch.ones_like(s)).rsqrt(), torch.zeros_like(s))
-    first = vh.transpose(-1, -2) * scale.unsqueeze(-2)
-    second = scale.unsqueeze(-1) * u.transpose(-1, -2)
-    return CoreFactors(first, second), s, keep.sum(-1)
+    first = times_power_of_two(vh.transpose(-1, -2) * scale.unsqueeze(-2), -exponent / 2)
+    second = times_power_of_two(scale.unsqueeze(-1) * u.transpose(-1, -2), -exponent / 2)
+    return CoreFactors(first, second), times_power_of_two(s, exponent[..., 0]), keep.sum(-1)
 
 
 def stable_pinv(m: torch.Tensor, *, hermitian: bool = True, rcond: float | None = None) -> torch.Tensor:
@@ -169,7 +173,16 @@ def stable_pinv(m: torch.Tensor, *, hermitian: bool = True, rcond: float | None 
     check_bool(hermitian, "hermitian")
     if rcond is not None:
         rcond = check_rtol(rcond, "rcond", allow_zero=False)
-    return pinv_factors(m, hermitian=hermitian, rcond=rcond)[0].matrix()
+    factors, spectrum, rank = pinv_factors(m, hermitian=hermitian, rcond=rcond)
+    result = factors.matrix()
+    if not math.isfinite(peak_magnitude(result)):
+        kept = spectrum.gather(-1, (rank - 1).clamp_min(0).unsqueeze(-1))
+        raise OverflowError(
+            f"`m` has a pseudo-inverse beyond the largest {m.dtype} ({torch.finfo(m.dtype).max:.3e}): its "
+            f"smallest kept {'eigenvalue' if hermitian else 'singular value'} is {float(kept.min()):.3e}, whose "
+            "reciprocal is not representable; rescale `m`."
+        )
+    return result
 
 
 
@@ -208,8 +221,14 @@ def scaled_core(m: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tens
             f"got min entry {float(m.min()):.3e}."
         )
     eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
-    w = 0.5 * (m + m.transpose(-1, -2)) + gamma * eye
-    inv_sqrt = w.sum(-1).rsqrt()
+    w = 0.5 * m + 0.5 * m.transpose(-1, -2) + gamma * eye
+    row_sums = w.sum(-1)
+    if not math.isfinite(peak_magnitude(row_sums)):
+        raise OverflowError(
+            f"`m` must have row sums within the range of {m.dtype} for Skyformer's scaled core; got a row sum "
+            f"beyond {torch.finfo(m.dtype).max:.3e}. Rescale `m` (and `gamma` with it)."
+        )
+    inv_sqrt = row_sums.rsqrt()
     return inv_sqrt.unsqueeze(-1) * w * inv_sqrt.unsqueeze(-2), inv_sqrt
 
 
@@ -217,6 +236,7 @@ def _condition_number(spectrum: torch.Tensor, rank: torch.Tensor) -> torch.Tenso
     r""":math:`\sigma_{\max}/\sigma_{\min}` of a core whose ``rank`` is full, ``inf`` where the
     threshold dropped a direction -- the rule of :func:`approxlab.linalg.condition_number`, so a
     finite value is never made of rounding noise."""
+    spectrum = balance(spectrum, dim=-1)[0]  # a ratio: the same for every power-of-two multiple
     top, bottom = spectrum[..., 0], spectrum[..., -1]
     full = (rank == spectrum.shape[-1]) & (bottom > 0)
     return torch.where(full, top / torch.where(full, bottom, torch.ones_like(bottom)),
@@ -317,9 +337,11 @@ def nystrom_core(
 
 
 def _spectrum_only(block, *, hermitian, rcond):
+    """Spectrum (balanced by a power of two: only its ratios are used) and numerical rank of ``block``."""
     rcond = default_rtol(block) if rcond is None else rcond
+    block = balance(block)[0]
     if hermitian:
-        s = torch.linalg.eigvalsh(0.5 * (block + block.transpose(-1, -2))).flip(-1)
+        s = torch.linalg.eigvalsh(0.5 * block + 0.5 * block.transpose(-1, -2)).flip(-1)
         top = s.abs()[..., :1]
         return s.clamp_min(0.0), (s > rcond * top).sum(-1)
     s = torch.linalg.svdvals(block)

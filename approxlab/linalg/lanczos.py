@@ -24,6 +24,7 @@ import warnings
 import torch
 
 from .._validation import as_generator, check_int, check_positive_float, check_tensor
+from .scaling import balance, safe_norm, times_power_of_two
 from ..errors import ConvergenceWarning
 from ..operators import DenseOperator, LinearOperator
 
@@ -112,17 +113,27 @@ def _random_column(batch, dim, generator, dtype, device):
 def _normalize_or_restart(w, basis, scale, generator, threshold):
     """Return ``(w / ||w||, ||w||)``; where ``||w|| <= threshold * scale`` (an invariant
     subspace was found), substitute a random unit vector orthogonal to ``basis`` and report
-    a norm of exactly 0, so the bidiagonal relations stay exact."""
-    norm = torch.linalg.vector_norm(w, dim=(-2, -1))
+    a norm of exactly 0, so the bidiagonal relations stay exact.
+
+    The norm and the division are scale-safe (:func:`approxlab.linalg.scaling.balance`): a
+    vector of entries ``1e-310`` or ``1e307`` is normalised like any other. A norm beyond the
+    dtype's range is an ``OverflowError`` (the operator's spectral norm is not representable)."""
+    scaled, exponent = balance(w, (-2, -1))
+    scaled_norm = torch.linalg.vector_norm(scaled, dim=(-2, -1))
+    norm = times_power_of_two(scaled_norm, exponent[..., 0, 0])
+    if not bool(torch.isfinite(norm).all()):
+        raise OverflowError(
+            f"`op` has a spectral norm beyond the largest {w.dtype} ({torch.finfo(w.dtype).max:.3e}): a "
+            "Golub--Kahan coefficient overflowed; rescale the operator."
+        )
     broke = norm <= threshold * scale
+    safe = torch.where(scaled_norm > 0, scaled_norm, torch.ones_like(scaled_norm))
+    w = scaled / safe[..., None, None]
     if bool(broke.any()):
         fresh = basis.orthogonalize(_random_column(basis.batch, basis.dim, generator, w.dtype, w.device))
         fresh = fresh / torch.linalg.vector_norm(fresh, dim=(-2, -1), keepdim=True)
-        safe = torch.where(broke, torch.ones_like(norm), norm)
-        w = torch.where(broke[..., None, None], fresh, w / safe[..., None, None])
+        w = torch.where(broke[..., None, None], fresh, w)
         norm = torch.where(broke, torch.zeros_like(norm), norm)
-    else:
-        w = w / norm[..., None, None]
     return w, norm
 
 
@@ -294,7 +305,7 @@ def golub_kahan(
         if u_prev is not None:
             w = w - beta_prev[..., None, None] * u_prev
         w = left.orthogonalize(w)
-        scale = torch.maximum(scale, torch.linalg.vector_norm(w, dim=(-2, -1)))
+        scale = torch.maximum(scale, safe_norm(w, dim=(-2, -1)))
         u, alpha = _normalize_or_restart(w, left, scale, generator, threshold)
         left.append(u)
 
@@ -307,7 +318,7 @@ def golub_kahan(
             beta = torch.zeros_like(alpha)
             v_next = None
         else:
-            scale = torch.maximum(scale, torch.linalg.vector_norm(z, dim=(-2, -1)))
+            scale = torch.maximum(scale, safe_norm(z, dim=(-2, -1)))
             v_next, beta = _normalize_or_restart(z, right, scale, generator, threshold)
             right.append(v_next)
         alphas.append(alpha)

@@ -13,12 +13,15 @@ which converges in third order to :math:`M^+` whenever :math:`\|MM^+ - MZ_0\| < 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 
 import torch
 
 from .._validation import check_bool, check_choice, check_int, check_positive_float, check_square, check_tensor
+from .._validation import peak_magnitude
 from ..errors import ConvergenceWarning
+from .scaling import balancing_exponent, times_power_of_two
 
 __all__ = ["PinvResult", "iterative_pinv", "INITS"]
 
@@ -178,6 +181,12 @@ def iterative_pinv(
     check_choice(norm, "norm", _NORMS)
     ord_ = _NORMS[norm]
 
+    # Z_j(2^-e M) = 2^e Z_j(M) for the norm-scaled starts: iterate on M balanced by a power of two
+    # (exact; per matrix, over the batch for "official"'s batch-wide maximum) and scale back.
+    exponent = torch.zeros((), dtype=torch.float64, device=m.device)
+    if isinstance(init, str) and init in ("nystromformer", "official"):
+        exponent = balancing_exponent(m, (-2, -1) if init == "nystromformer" else tuple(range(m.ndim)))
+        m = times_power_of_two(m, -exponent)
     eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
     tiny = torch.finfo(m.dtype).tiny
     m_detached = m.detach()
@@ -224,4 +233,10 @@ def iterative_pinv(
             ),
             stacklevel=2,
         )
-    return PinvResult(z, res, pen, inv)
+    inverse = times_power_of_two(z, -exponent)
+    if not math.isfinite(peak_magnitude(inverse)) and math.isfinite(peak_magnitude(z)):
+        raise OverflowError(
+            f"`m` has a pseudo-inverse beyond the largest {m.dtype} ({torch.finfo(m.dtype).max:.3e}): its entries "
+            f"are about 2^{int(-exponent.min())} times those of a matrix of norm 1; rescale `m`."
+        )
+    return PinvResult(inverse, res, pen, inv)

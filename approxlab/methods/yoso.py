@@ -7,10 +7,10 @@ hyperplanes. The target is YOSO-E (:mod:`approxlab.methods.yoso_e`), the expecta
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import lsh
 from .._validation import as_generator, check_bool, check_int
+from ..linalg.scaling import unit_rows
 from ._base import Approximation, method
 from .draws import DrawEntry, check_draw
 
@@ -124,14 +124,14 @@ def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False
         draw = check_draw("yoso", draw, layout, device=q.device)
     hyperplanes = draw["hyperplanes"].to(q.dtype)
 
-    q_unit = F.normalize(q, dim=-1)
-    k_unit = F.normalize(k, dim=-1)
+    q_unit = unit_rows(q)  # no floor: invariant to the scale of q and k
+    k_unit = unit_rows(k)
     codes_q = lsh.hash_codes(q_unit, hyperplanes)
     codes_k = lsh.hash_codes(k_unit, hyperplanes)
     operator = lsh.CollisionOperator(codes_q, codes_k, tau=tau, dtype=q.dtype)
     output = operator.matmat(v)
     if normalize_output:
-        output = F.normalize(output, dim=-1)
+        output = unit_rows(output)
     info = {
         "tau": tau,
         "num_hashes": num_features,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .. import lsh
 from .._validation import check_bool, check_choice, check_int
+from ..linalg.scaling import unit_rows
 from ..operators import DenseOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask, mask_columns
@@ -140,11 +140,11 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
     check_bool(normalize_output, "normalize_output")
     check_choice(gradient, "gradient", GRADIENTS)
     key_mask = check_key_mask(key_mask, k)
-    cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    cosine = unit_rows(q) @ unit_rows(k).transpose(-1, -2)  # no floor: invariant to the scale of q and k
     matrix = mask_columns(collision_probability(cosine, tau, gradient=gradient), key_mask)
     output = matrix @ v
     if normalize_output:
-        output = F.normalize(output, dim=-1)
+        output = unit_rows(output)
     info = {"tau": tau, "normalize_output": normalize_output, "gradient": gradient}
     return Approximation("yoso-e", "yoso", output, DenseOperator(matrix), info)
 
