@@ -21,8 +21,14 @@ bad option values (argparse, without its usage block), and every
 :class:`approxlab.studies.runner.StudyError` (mismatched saved results, CUDA requested
 but unavailable, a corpus or windows too small for ``--n``/``--windows``, an unwritable
 or locked ``--out``, an unreachable ``--scheduler``; see :mod:`approxlab.studies._cli`).
-A bug in approxlab itself still shows its traceback. Ctrl-C exits 130 with a note that
-rerunning the same command resumes.
+So are damaged result files (:class:`~approxlab.errors.CorruptResultsError`), options that
+contradict each other or are empty (``--out ""``, ``--plot-only`` with ``--restart`` or with a
+grid option it would ignore), and the environment refusing a write (a full disk, a read-only
+file system, a path too long: the ``OSError`` named, nothing half-written). A bug in approxlab
+itself still shows its traceback. ``SIGINT`` (Ctrl-C) and ``SIGTERM`` stop the run in order:
+the cells in flight are abandoned, every finished one is already on disk (see
+:mod:`approxlab.studies.runner`), and the command exits 130 or 143 with a one-line note that
+rerunning it resumes.
 
 Before the study runs, ``--out`` (default: the study's folder) is created and locked
 (:func:`approxlab._io.output_lock`): a second run into the same folder exits 2 at once,
@@ -44,12 +50,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import pathlib
 import shlex
+import signal
 import sys
 
 from .studies import STUDIES
 from .studies import _cli
+from .errors import CorruptResultsError
 from .studies.runner import StudyError
 
 __all__ = ["main", "build_parser", "add_common_arguments", "check_device", "load_study"]
@@ -84,22 +91,22 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``<prog>: error: <message>``), exit status 2."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+        self.exit(2, f"{self.prog}: error: {_cli.one_line(message)}\n")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options every study shares (see the module docstring)."""
     group = parser.add_argument_group("common study options")
-    group.add_argument("--out", type=pathlib.Path, default=None, metavar="DIR",
+    group.add_argument("--out", type=_cli.path_option, default=None, metavar="DIR",
                        help="output directory (results.csv, config.json, figures, summary.md); "
                             "default: figures/<study>/ in the project (a separate one with --quick)")
     group.add_argument("--quick", action="store_true", help="small grid for a smoke run (minutes)")
     group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                        help="device for the computation (default: cpu)")
-    group.add_argument("--data-dir", type=pathlib.Path, default=None, metavar="DIR",
+    group.add_argument("--data-dir", type=_cli.path_option, default=None, metavar="DIR",
                        help="the corpus: a folder with wikitext-2-raw/wiki.test.raw, the file itself, or 'hf:wikitext' "
                             "to download it (default: $APPROXLAB_DATA, else the copy shipped with approxlab)")
-    group.add_argument("--cache-dir", type=pathlib.Path, default=None, metavar="DIR",
+    group.add_argument("--cache-dir", type=_cli.path_option, default=None, metavar="DIR",
                        help="cache for extracted Q/K/V (default: the data module's cache)")
     group.add_argument("--restart", action="store_true",
                        help="discard saved results in --out instead of resuming")
@@ -131,6 +138,7 @@ def build_parser(study: str | None = None) -> argparse.ArgumentParser:
         if name == study:
             add_common_arguments(sub)
             load_study(name).add_arguments(sub)
+            parser.study_parser = sub
     return parser
 
 
@@ -166,23 +174,29 @@ def main(argv=None) -> int:
     args.command = shlex.join(["approxlab", *argv])
     existed = True
     try:
+        _cli.check_option_pairs(args, parser.study_parser)
         check_device(args.device)
         module = load_study(args.study)
         args.out = _cli.output_dir(args, module.__name__.rsplit(".", 1)[-1])
-        existed = args.out.exists()
+        existed = _cli.exists(args.out)
         _cli.check_output_dir(args.out, plot_only=args.plot_only)
-        with _cli.locked_output(args):  # a second run into --out stops here, before the slower checks
+        with _cli.locked_output(args), _cli.orderly_stop():  # a second run into --out stops at the lock
             _cli.check_common(args)
             return int(module.run(args) or 0)
-    except StudyError as error:
+    except (StudyError, CorruptResultsError, FileNotFoundError, OSError) as error:
+        message = _cli.error_line(error, plot_only=args.plot_only)
+        if message is None:  # not the user's environment: a bug in approxlab shows its traceback
+            raise
         if args.out is not None and not existed:
             _cli.discard_output(args.out)
-        print(f"approxlab {args.study}: error: {' '.join(str(error).split())}", file=sys.stderr)
+        print(f"approxlab {args.study}: error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\napproxlab {args.study}: interrupted; finished cells are saved. Rerun the same "
-              "command to resume.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"{chr(10) if sys.stderr.isatty() else ''}approxlab {args.study}: stopped by "
+              f"{signal.Signals(signum).name}; every finished cell is saved. Rerun the same command to resume.",
+              file=sys.stderr)
+        return 128 + int(signum)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ __all__ = [
     "CorpusNotFoundError",
     "CachePathError",
     "CheckpointError",
+    "CorruptResultsError",
 ]
 
 
@@ -86,3 +87,21 @@ class CheckpointError(OSError, ValueError):
         self.allowed = allowed
         self.got = got
         super().__init__(f"`{name}` must be {allowed}; got {got}.")
+
+
+class CorruptResultsError(ValueError):
+    """A saved results table or ``config.json`` cannot be read as one: empty, binary, cut short,
+    of another study, or not a file. Nothing is computed from it; the message names the file
+    and what is wrong with it.
+
+    Attributes
+    ----------
+    path : str
+        The file.
+    reason : str
+        What is wrong, e.g. ``"it is empty (0 bytes)"``.
+    """
+
+    def __init__(self, path, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{self.path!r} is not a readable approxlab result file: {reason}")

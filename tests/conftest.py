@@ -1,7 +1,10 @@
-"""Shared test configuration: the deterministic Hypothesis profile (torch keeps its default threads), and a
-fresh method registry with a user's plugin module for the tests of the public registry."""
+"""Shared test configuration: the deterministic Hypothesis profile (torch keeps its default threads), a
+fresh method registry with a user's plugin module for the tests of the public registry, and port 8787
+held for the whole session."""
 
+import contextlib
 import os
+import socket
 import sys
 
 import pytest
@@ -57,3 +60,31 @@ def top_k_plugin(tmp_path, monkeypatch, fresh_registry):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
     yield name
     sys.modules.pop(name, None)
+
+
+DASK_DEFAULT_DASHBOARD_PORT = 8787
+
+
+@contextlib.contextmanager
+def hold_port(port: int):
+    """Hold TCP ``port`` on all interfaces for the block, unless another program already holds it.
+    Yields whether this process holds it."""
+    holder = socket.socket()
+    try:
+        holder.bind(("0.0.0.0", port))
+        holder.listen(1)
+    except OSError:  # already taken by another program: the condition holds anyway
+        holder.close()
+        yield False
+        return
+    with contextlib.closing(holder):
+        yield True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dashboard_port_taken():
+    """Dask's default dashboard port is taken for the whole suite, as it is on a machine where
+    another Dask cluster or a notebook runs: no test (and no cluster approxlab starts) may depend
+    on it being free."""
+    with hold_port(DASK_DEFAULT_DASHBOARD_PORT) as held:
+        yield held

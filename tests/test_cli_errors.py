@@ -172,7 +172,9 @@ def test_a_port_where_no_dask_scheduler_answers_is_refused(no_compute, capsys, t
 def test_a_running_dask_scheduler_passes_the_check():
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+    from approxlab.studies.runner import DASHBOARD_ADDRESS
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=DASHBOARD_ADDRESS) as cluster:
         assert _cli.check_scheduler(cluster.scheduler_address) == cluster.scheduler_address
         assert _cli.check_scheduler(cluster.scheduler_address.removeprefix("tcp://")) == cluster.scheduler_address
 

@@ -38,15 +38,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import functools
 import os
 import pathlib
+import re
+import signal
 import socket
 import sys
+import threading
 import traceback
 import urllib.parse
 
 from .._io import LOCK_NAME, OutputLockedError, output_lock
+from ..errors import CheckpointError, CorruptResultsError
 from . import default_output_dir
 from .runner import StudyError
 
@@ -61,6 +66,11 @@ __all__ = [
     "output_dir",
     "check_common",
     "check_output_dir",
+    "path_option",
+    "Stopped",
+    "orderly_stop",
+    "error_line",
+    "check_option_pairs",
     "check_data_dir",
     "check_cache_dir",
     "check_scheduler",
@@ -147,6 +157,105 @@ class Flatten(argparse.Action):
 # ------------------------------------------------------------ checks of every study
 
 
+def path_option(text: str) -> pathlib.Path:
+    """A file or folder path (argparse ``type=``): an empty one would silently mean the current folder."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError(f"a file or folder path, got {text!r} (an empty path is the current folder)")
+    return pathlib.Path(text)
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was asked to stop by a signal (``SIGINT`` or ``SIGTERM``): ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def orderly_stop():
+    """Turn ``SIGINT`` and ``SIGTERM`` into :class:`Stopped` (a ``KeyboardInterrupt``) for the block.
+
+    The first signal stops the run like Ctrl-C: the exception unwinds through the runner, which
+    writes its table in its ``finally``. Signals that follow are ignored until the block ends, so a
+    second Ctrl-C or a supervisor's repeated ``SIGTERM`` cannot cut that write short (``SIGKILL``
+    still can; the journal keeps the finished cells then). Outside the main thread (where Python
+    cannot install handlers) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        for number in STOP_SIGNALS:
+            signal.signal(number, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
+                      errno.EIO, errno.EFBIG, errno.ENOTDIR, errno.EISDIR, errno.EMFILE, errno.ENFILE, errno.ENOENT}
+"""``OSError`` numbers that describe the machine (a full disk, a read-only or unreachable path), not
+approxlab: reported as one error line. Any other ``OSError`` shows its traceback."""
+
+
+def error_line(error: BaseException, *, plot_only: bool = False) -> str | None:
+    """The one-line message of an error the user can act on, or None for a bug (shown with its traceback)."""
+    if isinstance(error, (StudyError, CheckpointError)) or (
+            isinstance(error, FileNotFoundError) and error.filename is None):
+        return one_line(error)  # approxlab's own message (a missing results table, ...)
+    if isinstance(error, CorruptResultsError):
+        remedy = ("rerun without --plot-only to resume (damaged tables are refused) or with --restart to start over"
+                  if plot_only else "pass --restart to discard the saved results, or a new --out directory")
+        return one_line(f"{error}; {remedy}")
+    if isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS:
+        where = f" {str(error.filename)!r}" if error.filename else ""
+        name = errno.errorcode.get(error.errno, str(error.errno))
+        return (f"cannot write or read{where}: {error.strerror or error} ({name}); every cell finished before it "
+                "is saved, nothing is half-written. Fix this and rerun the same command to resume.")
+    return None
+
+
+PLOT_ONLY_OPTIONS = ("out", "quick", "progress", "plot_only")
+"""The options that mean something with ``--plot-only``: which folder to redraw, and progress."""
+
+
+def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
+    """Options that contradict each other, or that would be silently ignored, are a :class:`UsageError`.
+
+    * an empty string for any option (``--checkpoint ""``: not a name; paths use :func:`path_option`);
+    * ``--plot-only`` with ``--restart`` (one redraws the saved results, the other discards them);
+    * ``--plot-only`` with any option that only shapes the computation (``--n``, ``--workers``,
+      ``--device``, ...): the figure is redrawn from the saved results and their ``config.json``.
+    """
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    for dest, action in actions.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(action.option_strings[0], "a non-empty value", repr(value))
+    if not getattr(args, "plot_only", False):
+        return
+    if getattr(args, "restart", False):
+        raise UsageError("--restart", "not with --plot-only (it discards the saved results that --plot-only redraws; "
+                                      "use one of the two)", "both")
+    for dest, action in actions.items():
+        if dest in PLOT_ONLY_OPTIONS or dest == "restart" or action.default == argparse.SUPPRESS:
+            continue
+        if getattr(args, dest, None) != action.default:
+            raise UsageError(action.option_strings[0], "not with --plot-only (the figure is redrawn from the saved "
+                                                       "results and their config.json; drop one of the two)",
+                             repr(getattr(args, dest)))
+
+
 def output_dir(args, name: str) -> pathlib.Path:
     """``--out``, else :func:`~approxlab.studies.default_output_dir` of ``name`` (``-quick`` with --quick)."""
     if args.out is not None:
@@ -161,15 +270,28 @@ def _reason(error: OSError) -> str:
 def _writable_folder(option: str, path: pathlib.Path) -> pathlib.Path:
     """Create ``path`` (and parents) unless it exists; a :class:`UsageError` if this user cannot write there."""
     allowed = "a folder this user can create and write to"
-    if path.exists() and not path.is_dir():
-        raise UsageError(option, allowed, f"{str(path)!r} (not a folder)")
     try:
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
+    except FileExistsError:
+        raise UsageError(option, allowed, f"{str(path)!r} (not a folder)") from None
+    except OSError as error:  # no permission, a file among the parents, a name too long, ...
         raise UsageError(option, allowed, f"{str(path)!r} ({_reason(error)})") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(option, allowed, f"{str(path)!r} (not writable)")
     return path
+
+
+def exists(path) -> bool:
+    """``path.exists()``, False where the path cannot even be looked up (a name too long, ...)."""
+    try:
+        return pathlib.Path(path).exists()
+    except OSError:
+        return False
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks (and the blanks around them) made single spaces."""
+    return re.sub(r"\s*[\r\n]+\s*", " ", str(text)).strip()
 
 
 def check_output_dir(out, *, plot_only: bool = False) -> pathlib.Path:
@@ -197,9 +319,15 @@ def check_data_dir(data_dir, cache_dir=None) -> None:
 
 
 def check_cache_dir(cache_dir) -> None:
-    """A given ``--cache-dir`` must be a folder this user can create and write to."""
+    """A given ``--cache-dir``, else a set ``$APPROXLAB_CACHE``, must be a folder this user can create and write to."""
     if cache_dir is not None:
         _writable_folder("--cache-dir", pathlib.Path(cache_dir).expanduser())
+    elif os.environ.get(CACHE_VARIABLE):
+        _writable_folder(f"${CACHE_VARIABLE}", pathlib.Path(os.environ[CACHE_VARIABLE]).expanduser())
+
+
+CACHE_VARIABLE = "APPROXLAB_CACHE"
+"""The environment variable of the cache root (see :func:`approxlab.data.wikitext.default_cache_dir`)."""
 
 
 def check_scheduler(address, timeout: float = SCHEDULER_TIMEOUT):
@@ -281,7 +409,7 @@ def locked_output(args):
 def discard_output(out) -> None:
     """Remove ``out`` if it holds nothing but its lock file (a run refused before writing anything)."""
     out = pathlib.Path(out)
-    if out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_NAME}:
+    if exists(out) and out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_NAME}:
         (out / LOCK_NAME).unlink(missing_ok=True)
         out.rmdir()
 

@@ -969,7 +969,7 @@ def run(args) -> int:
                             restart=args.restart)
     else:
         try:
-            results = read_results(results_path)
+            results = read_results(results_path, required=KEY_COLUMNS)
         except FileNotFoundError as error:
             raise StudyError(str(error)) from None
     if results.empty:

@@ -593,6 +593,8 @@ def run(args) -> int:
         _cli.check_model(args, config["conditions"], layer=args.layer, encoder_only=True)
         _cli.check_windows(args, {n: window_ids(config, n) for n in config["n"]}, windows=config["windows"])
         _cli.check_heads("--stat-heads", args.stat_heads, config["conditions"], checkpoint=args.checkpoint)
+        # every method at every (n, d) of the grid, or a one-line refusal: never a thinner figure
+        _cli.check_num_features("--num-features", max(config["num_features"]), config["methods"], config["n"])
         run_info = _run_info({"command": getattr(args, "command", "approxlab figure1"), "device": args.device,
                               "scheduler": args.scheduler, "workers": args.workers,
                               "torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import pathlib
 
+import numpy as np
 import pandas as pd
 
-from .._io import atomic_write_text, read_json, read_results
+from .._io import atomic_write_text, has_results, read_json, read_results
 from .figure1_stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, PRECISION_TOLERANCE,
                             THRESHOLDS, panel_statistics, precision_table, verdicts)
-from .runner import StudyError
+from .runner import StudyError, saved_config
 
 __all__ = ["RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "FIGURES", "plot", "summarize",
            "write_summary"]
@@ -31,12 +32,18 @@ FIGURES = {"figure1": "the paper's methods", "figure1-extra": "the other methods
 """File name (without suffix) -> which methods it shows: :data:`PAPER_METHODS`, then every other method."""
 
 
+REQUIRED_COLUMNS = ("condition", "n", "window", "method", "num_features", "seed", "status", "error_mean")
+"""Columns of ``results.csv`` the plot step reads (``dtype`` and ``error_heads`` are optional)."""
+
+
 def _load(out):
     out = pathlib.Path(out)
-    if not (out / RESULTS).is_file():
+    if not has_results(out / RESULTS):
         raise StudyError(f"no {RESULTS} in {str(out)!r}: run the compute step first (without --plot-only).")
-    config = read_json(out / "config.json")["config"]
-    results = read_results(out / RESULTS)
+    config = saved_config(out / "config.json", RESULTS)
+    results = read_results(out / RESULTS, required=REQUIRED_COLUMNS)
+    if results.empty:
+        raise StudyError(f"{str(out / RESULTS)!r} holds no rows yet: nothing to plot; rerun without --plot-only.")
     stats = read_results(out / CONDITIONING) if (out / CONDITIONING).is_file() else pd.DataFrame()
     return config, results, stats
 
@@ -99,6 +106,8 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
             for method in methods:
                 method_curve(ax, cell[cell["method"] == method], method, secondary=method not in PAPER_METHODS)
             ax.set_xscale("log", base=2)
+            if not (np.isfinite(cell["median"]) & (cell["median"] > 0)).any():
+                ax.set_ylim(1e-3, 1.0)  # nothing finite and positive to scale (a partial or failed run)
             ax.set_yscale("log")
             ax.set_xticks(config["num_features"], [str(d) for d in config["num_features"]])
             ax.xaxis.set_minor_locator(NullLocator())

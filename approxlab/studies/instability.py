@@ -75,9 +75,9 @@ import pandas as pd
 import torch
 
 from . import default_output_dir
-from .._io import atomic_write_text, read_json, read_results, write_csv_atomic
+from .._io import atomic_write_text, read_results, write_csv_atomic
 from . import _cli
-from .runner import StudyError, cell_seed, run_cells
+from .runner import StudyError, cell_seed, run_cells, saved_config
 
 __all__ = [
     "FULL_GRID",
@@ -586,8 +586,8 @@ def write_table(out) -> list[pathlib.Path]:
     out = pathlib.Path(out)
     if not (out / RESULTS).is_file():
         raise StudyError(f"no {RESULTS} in {str(out)!r}: run the compute step first (without --plot-only).")
-    config = read_json(out / "config.json")["config"]
-    results = read_results(out / RESULTS)
+    config = saved_config(out / "config.json", RESULTS)
+    results = read_results(out / RESULTS, required=KEY_COLUMNS)
     per_seed = ratios(results)
     written = [write_csv_atomic(per_seed, out / RATIOS), write_csv_atomic(intervals(per_seed), out / INTERVALS)]
     written.append(atomic_write_text(out / "table.md", summarize(config, per_seed, results)))

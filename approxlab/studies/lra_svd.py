@@ -47,8 +47,8 @@ import pandas as pd
 import torch
 
 from . import default_output_dir
-from .._io import atomic_write_text, read_json, read_results
-from .runner import StudyError, cell_seed, run_cells
+from .._io import atomic_write_text, read_results
+from .runner import StudyError, cell_seed, run_cells, saved_config
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "build_config", "attention_output_spectrum", "compute_cell", "compute",
            "plot", "summarize", "add_arguments", "run"]
@@ -193,8 +193,8 @@ def _load(out):
     for name in (RESULTS, SPECTRA, TRAINING):
         if not (out / name).is_file():
             raise StudyError(f"no {name} in {str(out)!r}: run the compute step first (without --plot-only).")
-    return (read_json(out / "config.json")["config"], read_results(out / RESULTS), read_results(out / SPECTRA),
-            read_results(out / TRAINING))
+    return (saved_config(out / "config.json", RESULTS), read_results(out / RESULTS, required=KEY_COLUMNS),
+            read_results(out / SPECTRA), read_results(out / TRAINING))
 
 
 def _label(task, n):

@@ -10,9 +10,16 @@ that turns one cell into result rows. The runner
   whose key (the values of ``key_columns``) already appear in it are skipped; when
   the hash differs it refuses (:class:`StudyError`) and tells the user to pass a new
   ``--out`` directory or ``--restart``;
-* appends rows and rewrites the CSV atomically (:mod:`approxlab._io`) after
-  finished cells, at most every ``flush_every_seconds`` and always on exit (including
-  Ctrl-C), so an interruption loses at most the cells in flight;
+* makes every finished cell durable before it counts as done: its rows are appended to the
+  table's journal (``results.csv.journal``, one JSON line, ``fsync``-ed:
+  :func:`approxlab._io.append_journal`), and the CSV is rewritten atomically with its cell
+  manifest (``results.csv.cells``: the rows of each cell, :func:`approxlab._io.write_table`) at
+  most every ``flush_every_seconds`` and always on exit, after which the journal is dropped. A
+  kill of any kind (``SIGKILL`` and power loss included) therefore loses only the cells in
+  flight; resuming reads the table and its journal;
+* recomputes what an interrupted or damaged write left (a last row cut short, cells missing
+  rows that the manifest lists), with a note on stderr, and refuses in one line a table it
+  cannot read as one (empty, binary, another study's, a ``config.json`` that is not JSON);
 * runs cells in-process (default) or on Dask (``scheduler="tcp://..."`` or a local
   cluster of ``workers`` single-threaded processes); only the driver writes files, and
   rows are ordered by the cell list, so both executors produce the same CSV;
@@ -52,10 +59,12 @@ Public API::
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
 import json
+import logging
 import numbers
 import os
 import pathlib
@@ -65,9 +74,21 @@ from typing import Callable, Iterable, Sequence
 
 import pandas as pd
 
-from .._io import output_lock, read_json, read_results, write_csv_atomic, write_json_atomic
+from .._io import (
+    append_journal,
+    cells_path,
+    has_results,
+    journal_path,
+    output_lock,
+    read_json,
+    read_results,
+    remove_journal,
+    write_json_atomic,
+    write_table,
+)
+from ..errors import CorruptResultsError
 
-__all__ = ["run_cells", "cell_key", "cell_seed", "config_hash", "StudyError", "ProgressLog"]
+__all__ = ["run_cells", "cell_key", "cell_seed", "config_hash", "saved_config", "StudyError", "ProgressLog"]
 
 
 class StudyError(RuntimeError):
@@ -135,19 +156,47 @@ def _version() -> str:
     return __version__
 
 
-def _prepare_config(config_path, results_path, config, run_info, restart) -> str:
-    """Check the saved config against ``config``; write config.json; return the hash."""
+_REMEDY = "pass --restart to discard the saved results, or a new --out directory"
+
+
+def _saved_record(config_path, restart):
+    """The saved ``config.json`` record, None when there is none (or it is damaged and ``restart``)."""
+    if config_path.is_dir():
+        raise StudyError(f"{str(config_path)!r} is a directory where the study's config.json must go; "
+                         "remove it or pass a new --out directory.")
+    if not config_path.exists():
+        return None
+    try:
+        saved = read_json(config_path)
+    except CorruptResultsError as error:
+        if restart:
+            return None
+        raise StudyError(f"{error}, so the results beside it cannot be resumed safely; {_REMEDY}.") from None
+    if not isinstance(saved.get("config_hash"), str) and not restart:
+        raise StudyError(f"{str(config_path)!r} is not a config.json written by approxlab (it has no config_hash), "
+                         f"so the results beside it cannot be resumed safely; {_REMEDY}.")
+    return saved
+
+
+def _prepare_config(config_path, results_path, config, run_info, restart) -> dict:
+    """Check the saved config against ``config``; return the ``config.json`` record to write
+    (once the saved table, too, has been checked: a refused run changes nothing)."""
     digest = config_hash(config)
-    saved = read_json(config_path) if config_path.is_file() else None
-    if restart and results_path.exists():
-        results_path.unlink()
+    saved = _saved_record(config_path, restart)
+    if results_path.is_dir():
+        raise StudyError(f"{str(results_path)!r} is a directory where the results table must go; remove it or "
+                         "pass a new --out directory.")
+    if restart:
+        results_path.unlink(missing_ok=True)
+        cells_path(results_path).unlink(missing_ok=True)
+        remove_journal(results_path)
     if saved is not None and saved.get("config_hash") != digest and not restart:
         raise StudyError(
             f"{str(config_path.parent)!r} holds results of a different configuration "
             f"(config hash {saved.get('config_hash')!r}, this run {digest!r}); pass a new --out "
             "directory, or --restart to discard the saved results."
         )
-    if saved is None and results_path.exists() and not restart:
+    if saved is None and has_results(results_path) and not restart:
         raise StudyError(
             f"{str(results_path)!r} exists but {str(config_path)!r} does not, so it cannot be "
             "resumed safely; pass a new --out directory, or --restart to discard it."
@@ -163,22 +212,45 @@ def _prepare_config(config_path, results_path, config, run_info, restart) -> str
         "tables": tables,
         "run": _canonical(run_info or {}),
     }
-    write_json_atomic(record, config_path)
-    return digest
+    return record
+
+
+def saved_config(config_path, table: str = "results.csv") -> dict:
+    """The ``config`` of a study's saved ``config.json``, for its plot step.
+
+    Raises
+    ------
+    StudyError
+        If the file is missing (``table`` then has no config beside it), damaged, or not written
+        by approxlab; the message names the file.
+    """
+    config_path = pathlib.Path(config_path)
+    if not config_path.exists():
+        raise StudyError(f"{str(config_path)!r} does not exist, so {table} beside it cannot be read as a run of "
+                         "this study; rerun without --plot-only.")
+    try:
+        record = read_json(config_path)
+    except CorruptResultsError as error:
+        raise StudyError(f"{error}; rerun without --plot-only (with --restart to start over).") from None
+    if not isinstance(record.get("config"), dict):
+        raise StudyError(f"{str(config_path)!r} is not a config.json written by approxlab (no `config` object); "
+                         "rerun without --plot-only (with --restart to start over).")
+    return record["config"]
 
 
 class _Table:
-    """Rows of a results table, grouped by cell key, written in cell-list order."""
+    """Rows of a results table, grouped by cell key, written in cell-list order.
+
+    Each finished cell is appended to the table's journal (:func:`approxlab._io.append_journal`,
+    fsync-ed) before it counts as done; :meth:`flush` rewrites the CSV atomically and then drops
+    the journal, whose cells it now holds.
+    """
 
     def __init__(self, path, key_columns, order):
         self.path = path
         self.key_columns = list(key_columns)
         self.order = order  # key -> position in the cell list
-        self.existing = read_results(path) if path.exists() else pd.DataFrame()
-        if len(self.existing) and not set(self.key_columns) <= set(self.existing.columns):
-            raise StudyError(
-                f"{str(path)!r} lacks key columns {self.key_columns}; pass --restart or a new --out."
-            )
+        self.existing = self._read_existing()
         self.done = set()
         if len(self.existing):
             for values in self.existing[self.key_columns].itertuples(index=False, name=None):
@@ -186,7 +258,38 @@ class _Table:
         self.new = {}
         self.dirty = False
 
+    def _read_existing(self) -> pd.DataFrame:
+        if not has_results(self.path):
+            return pd.DataFrame()
+        try:
+            existing = read_results(self.path, partial="drop")
+        except CorruptResultsError as error:
+            raise StudyError(f"{error}; {_REMEDY}.") from None
+        if len(existing) and not set(self.key_columns) <= set(existing.columns):
+            raise StudyError(
+                f"{str(self.path)!r} lacks key columns {self.key_columns} (a table of another study?); {_REMEDY}."
+            )
+        damaged = [tuple(_canonical(v) for v in key) for key in existing.attrs.get("damaged_cells", [])]
+        if existing.attrs.get("dropped_partial_row") and len(existing):
+            last = tuple(_canonical(v) for v in existing[self.key_columns].iloc[-1])  # the cell it belonged to
+            damaged = damaged or [last]
+            self._note("its last row was cut short (an interrupted write)", damaged)
+        elif damaged:
+            self._note("cells lack rows the table was written with (cut short at a line end, or edited)", damaged)
+        if damaged:
+            keys = [tuple(_canonical(v) for v in values)
+                    for values in existing[self.key_columns].itertuples(index=False, name=None)]
+            existing = existing[[key not in set(damaged) for key in keys]].reset_index(drop=True)
+            self.dirty = True
+        return existing
+
+    def _note(self, what: str, keys) -> None:
+        cells = "; ".join(", ".join(f"{c}={v!r}" for c, v in zip(self.key_columns, key)) for key in keys[:3])
+        more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+        print(f"approxlab: {self.path}: {what}; recomputing {len(keys)} cell(s) ({cells}{more})", file=sys.stderr)
+
     def add(self, key, rows):
+        append_journal(self.path, {"key_columns": self.key_columns, "key": list(key), "rows": rows})
         self.new[key] = rows
         self.done.add(key)
         self.dirty = True
@@ -211,8 +314,9 @@ class _Table:
         return df[self.key_columns + others]
 
     def flush(self):
-        if self.dirty:
-            write_csv_atomic(self.frame(), self.path)
+        if self.dirty or journal_path(self.path).exists():
+            write_table(self.frame(), self.path, self.key_columns)
+            remove_journal(self.path)
             self.dirty = False
 
 
@@ -282,7 +386,8 @@ def run_cells(
         :class:`ProgressLog` line at every tenth of the cells.
     flush_every_seconds : float
         Rewrite the CSV after a finished cell when at least this long has passed since
-        the last write (``0``: after every cell). It is always written on exit.
+        the last write (``0``: after every cell). It is always written on exit. Finished
+        cells are durable in the journal in between, whatever this is.
     restart : bool
         Discard ``results_path`` (and accept a changed config) instead of resuming.
 
@@ -295,7 +400,8 @@ def run_cells(
     ------
     StudyError
         If ``results_path`` was made with a different config (pass a new output directory
-        or ``restart=True``), or exists without its ``config.json``.
+        or ``restart=True``), exists without its ``config.json``, or either of them cannot be
+        read as approxlab's (see :class:`approxlab.errors.CorruptResultsError`).
     approxlab._io.OutputLockedError
         If another process holds the lock of ``results_path``'s folder.
     """
@@ -328,14 +434,15 @@ def run_cells(
     results_path = pathlib.Path(results_path)
     config_path = pathlib.Path(config_path) if config_path is not None else results_path.parent / "config.json"
     with output_lock(results_path.parent, command=(run_info or {}).get("command")):
-        _prepare_config(config_path, results_path, config, run_info, restart)
+        record = _prepare_config(config_path, results_path, config, run_info, restart)
         table = _Table(results_path, key_columns, {key: i for i, key in enumerate(keys)})
+        write_json_atomic(record, config_path)
         todo = [(key, cell) for key, cell in zip(keys, cells) if key not in table.done]
         bar = _progress_bar(len(cells), len(cells) - len(todo), progress,
                             f"{results_path.parent.name}/{results_path.name}")
         _run_todo(todo, compute, table, key_columns, bar, scheduler, workers, flush_every_seconds)
         if not results_path.exists():
-            write_csv_atomic(table.frame(), results_path)
+            write_table(table.frame(), results_path, key_columns)
         return read_results(results_path)
 
 
@@ -453,6 +560,12 @@ class ProgressLog:
         self.closed = True
 
 
+DASHBOARD_ADDRESS = "127.0.0.1:0"
+"""Where the local cluster's scheduler serves its HTTP pages: a free port on the loopback
+interface. Dask's scheduler always starts this server (``dashboard_address=None`` still binds
+the fixed port 8787, and warns, or fails, when another program holds it); port 0 lets the
+operating system choose a free one, and 127.0.0.1 keeps it off the network."""
+
 SCHEDULER_TIMEOUT = "10s"
 """How long :func:`run_cells` waits for a Dask scheduler to answer."""
 
@@ -470,7 +583,7 @@ def _run_dask(todo, compute, finished, scheduler, workers, max_resubmits: int = 
                              f"({type(error).__name__}: {error})") from None
     else:
         cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=DASHBOARD_ADDRESS
         )
         client = Client(cluster)
     try:
@@ -495,6 +608,23 @@ def _run_dask(todo, compute, finished, scheduler, workers, max_resubmits: int = 
     finally:
         for future in list(pending):
             future.cancel()
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        with _quiet_teardown():
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+
+@contextlib.contextmanager
+def _quiet_teardown():
+    """Dask's log records below ERROR while the client and the local cluster shut down.
+
+    Every result is on disk by then; what Dask reports at that point is its own teardown
+    (``Worker process still alive after 4.0 seconds, killing`` when a loaded machine is slow to
+    stop a worker process), which a normal run must not print. Errors still show."""
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

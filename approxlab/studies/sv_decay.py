@@ -80,10 +80,10 @@ import pandas as pd
 import torch
 
 from . import default_output_dir
-from .._io import atomic_write_text, read_json, read_results
+from .._io import atomic_write_text, read_results
 from ..metrics import spectrum_measures
 from . import _cli
-from .runner import StudyError, cell_seed, run_cells
+from .runner import StudyError, cell_seed, run_cells, saved_config
 
 __all__ = [
     "FULL_GRID",
@@ -405,7 +405,8 @@ def _load(out):
     for name in (RESULTS, SPECTRA):
         if not (out / name).is_file():
             raise StudyError(f"no {name} in {str(out)!r}: run the compute step first (without --plot-only).")
-    return read_json(out / "config.json")["config"], read_results(out / RESULTS), read_results(out / SPECTRA)
+    return (saved_config(out / "config.json", RESULTS), read_results(out / RESULTS, required=KEY_COLUMNS),
+            read_results(out / SPECTRA))
 
 
 _STYLE = {

@@ -1,0 +1,401 @@
+"""Damaged result folders, contradictory or empty options, a failing disk, Dask's dashboard port.
+
+Each case runs ``approxlab figure1`` in-process on the synthetic Q/K/V of ``tests/test_figure1.py``
+(a tiny grid: 4 cells) against a folder copied from one good run and then damaged, and asserts
+either the one error line (exit 2, naming the file or option and what is wrong) or, where the
+damage is the kind an interrupted write leaves, a recomputed table equal to the good one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from approxlab import _io
+from approxlab.cli import main
+from approxlab.studies import _cli, figure1
+
+from conftest import DASK_DEFAULT_DASHBOARD_PORT, hold_port
+from test_cli_errors import assert_one_line_error, run_main
+from test_figure1 import synthetic_data  # noqa: F401,F811  (fixture)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GRID = ["--n", "32", "--num-features", "4,8", "--methods", "skyformer-softmax,nystromformer", "--windows", "1",
+        "--seeds", "1", "--dtypes", "float64", "--conditions", "initialized,pretrained", "--no-progress"]
+PLOT_ONLY = ["--plot-only", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    """One finished run of the tiny grid (its folder is copied, never changed)."""
+    out = tmp_path_factory.mktemp("good") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        from test_figure1 import synthetic_loader, synthetic_window
+
+        patch.setattr(figure1, "load_qkv", synthetic_loader)
+        patch.setattr(figure1, "load_window", synthetic_window)
+        figure1.reference.cache_clear()
+        assert main(["figure1", "--out", str(out), *GRID]) == 0
+    return out
+
+
+def _table(path) -> pd.DataFrame:
+    return _io.read_results(path).drop(columns="seconds")
+
+
+def _write(name, data):
+    def mutate(out):
+        target = out / name
+        if target.is_dir():
+            target.rmdir()
+        elif isinstance(data, bytes):
+            target.write_bytes(data)
+        else:
+            target.write_text(data)
+    return mutate
+
+
+def _cut(name, keep):
+    """Keep the first ``keep`` characters of ``name`` (negative: drop that many from the end)."""
+    def mutate(out):
+        text = (out / name).read_text()
+        (out / name).write_text(text[:keep])
+    return mutate
+
+
+def _rows(name, count):
+    def mutate(out):
+        lines = (out / name).read_text().splitlines(keepends=True)
+        (out / name).write_text("".join(lines[: 1 + count]))
+    return mutate
+
+
+def _directory(name):
+    def mutate(out):
+        (out / name).unlink()
+        (out / name).mkdir()
+    return mutate
+
+
+def _delete(name):
+    return lambda out: (out / name).unlink()
+
+
+def _all_failed(out):
+    table = pd.read_csv(out / "results.csv")
+    for column in table.columns:
+        if column.startswith(("error_", "relative_error_")) and column not in ("error_heads", "error_blowups"):
+            table[column] = float("inf")
+    table["error_heads"], table["status"] = "inf inf", "FloatingPointError: synthetic"
+    table.to_csv(out / "results.csv", index=False)
+
+
+FOREIGN = "condition,n,layer,head,window,sigma\ninitialized,512,0,0,0,1.0\n"
+BINARY = bytes(range(256)) * 2
+
+# (case, damage, extra arguments, the message the one error line must hold)
+REFUSED = [
+    ("config-cut-short", _write("config.json", '{"config": {"study": "fig'), GRID, r"config.json' .* not valid JSON"),
+    ("config-binary", _write("config.json", BINARY), GRID, r"config.json' .* not UTF-8 text \(byte 128 is 0x80\)"),
+    ("config-zero-bytes", _write("config.json", ""), GRID, r"config.json' .* it is empty \(0 bytes\)"),
+    ("config-a-list", _write("config.json", "[1, 2]"), GRID, r"config.json' .* holds a JSON list, not an object"),
+    ("config-foreign", _write("config.json", '{"config": {}}'), GRID,
+     r"config.json' is not a config.json written by approxlab \(it has no config_hash\)"),
+    ("config-a-directory", _directory("config.json"), GRID, r"config.json' is a directory where the study's config"),
+    ("results-zero-bytes", _write("results.csv", ""), GRID, r"results.csv' .* it is empty \(0 bytes\); pass --restart"),
+    ("results-binary", _write("results.csv", BINARY), GRID, r"results.csv' .* not UTF-8 text"),
+    ("results-foreign", _write("results.csv", FOREIGN), GRID,
+     r"results.csv' lacks key columns \['condition', 'n', 'dtype', 'window', 'method'\] \(a table of another study"),
+    ("results-cut-in-header", _cut("results.csv", 10), GRID, r"results.csv' .* first line is not a CSV header"),
+    ("results-a-directory", _directory("results.csv"), GRID, r"results.csv' is a directory where the results table"),
+    ("results-latin-1", _write("results.csv", "condition,n\n\xe9t\xe9,1\n".encode("latin-1")), GRID,
+     r"results.csv' .* not UTF-8 text \(byte 12 is 0xe9\)"),
+    ("results-ragged-middle-line", lambda out: (out / "results.csv").write_text(
+        (out / "results.csv").read_text().replace("\n", "\nx,y\n", 1)), GRID,
+     r"results.csv' .* line 2 has 2 fields where its header has"),
+    ("plot-only-half-written", _cut("results.csv", -40), PLOT_ONLY,
+     r"results.csv' .* its last row is cut short \(an interrupted write\).* rerun without --plot-only"),
+    ("plot-only-zero-bytes", _write("results.csv", ""), PLOT_ONLY, r"it is empty \(0 bytes\); rerun without --plot-only"),
+    ("plot-only-garbage-config", _write("config.json", "not json"), PLOT_ONLY, r"config.json' .* not valid JSON"),
+    ("plot-only-no-config", _delete("config.json"), PLOT_ONLY, r"config.json' does not exist, so results.csv beside"),
+    ("plot-only-config-without-config", _write("config.json", '{"config_hash": "x"}'), PLOT_ONLY,
+     r"config.json' is not a config.json written by approxlab \(no `config` object\)"),
+    ("plot-only-foreign-results", _write("results.csv", FOREIGN), PLOT_ONLY,
+     r"results.csv' .* it lacks the column\(s\) \['method', 'num_features', 'seed', 'status', 'error_mean'\]"),
+    ("plot-only-binary-results", _write("results.csv", BINARY), PLOT_ONLY, r"results.csv' .* not UTF-8 text"),
+    ("plot-only-conditioning-garbage", _write("conditioning.csv", BINARY), PLOT_ONLY,
+     r"conditioning.csv' .* not UTF-8 text"),
+    ("plot-only-windows-half-row", _cut("windows.csv", -5), PLOT_ONLY, r"windows.csv' .* last row is cut short"),
+    ("plot-only-header-only", _rows("results.csv", 0), PLOT_ONLY, r"results.csv' holds no rows yet: nothing to plot"),
+    ("plot-only-cut-at-a-line-end", _rows("results.csv", 3), PLOT_ONLY,
+     r"results.csv' .* 1 of its cells lack rows the table was written with \(cut short at a line end, or edited\)"),
+    ("manifest-garbage", _write("results.csv.cells", '{"cells": 3}'), GRID,
+     r"results.csv.cells' .* it is not a cell manifest written by approxlab"),
+    ("journal-damaged-inside", _write("results.csv.journal", "{}\n{}\n"), GRID,
+     r"results.csv.journal' .* line 1 is not a cell record"),
+]
+
+
+@pytest.mark.parametrize(("damage", "arguments", "message"), [case[1:] for case in REFUSED],
+                         ids=[case[0] for case in REFUSED])
+def test_a_damaged_folder_is_refused_in_one_line(damage, arguments, message, good_run, synthetic_data, tmp_path,
+                                                 capsys):
+    out = tmp_path / "run"
+    shutil.copytree(good_run, out)
+    damage(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    status, err = run_main(["figure1", "--out", str(out), *arguments], capsys)
+    assert_one_line_error(status, err, "figure1", "error")
+    assert re.search(message, err), err
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name in before}
+    assert after == before  # nothing rewritten, nothing discarded
+
+
+@pytest.mark.parametrize("damage", [_cut("results.csv", -40), _rows("results.csv", 0), _delete("results.csv"),
+                                    _rows("results.csv", 1)],
+                         ids=["half-written-last-row", "header-only", "results-missing", "one-row-left"])
+def test_damage_an_interrupted_write_leaves_is_recomputed(damage, good_run, synthetic_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(good_run, out)
+    damage(out)
+    assert main(["figure1", "--out", str(out), *GRID]) == 0
+    err = capsys.readouterr().err
+    pd.testing.assert_frame_equal(_table(out / "results.csv"), _table(good_run / "results.csv"))
+    if "half" in str(damage.__qualname__) or err:
+        assert "Traceback" not in err
+
+
+def test_a_half_written_last_row_is_named_and_its_cell_recomputed(good_run, synthetic_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(good_run, out)
+    _cut("results.csv", -40)(out)
+    assert main(["figure1", "--out", str(out), *GRID]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("approxlab:")]
+    assert len(notes) == 1 and "results.csv: its last row was cut short (an interrupted write); recomputing 1 " \
+                               "cell(s) (condition='pretrained', n=32, dtype='float64', window=" in notes[0]
+
+
+def test_plot_only_draws_a_run_where_every_method_failed(good_run, synthetic_data, tmp_path, capsys):
+    """A log axis with nothing finite and positive on it used to raise inside matplotlib."""
+    out = tmp_path / "run"
+    shutil.copytree(good_run, out)
+    (out / "figure1.png").unlink()
+    _all_failed(out)
+    (out / "results.csv.cells").unlink()  # rewritten by hand above
+    assert main(["figure1", "--out", str(out), *PLOT_ONLY]) == 0
+    assert (out / "figure1.png").stat().st_size > 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_plot_only_draws_a_stopped_run(synthetic_data, tmp_path, capsys, monkeypatch):
+    """A run stopped after 3 of its 8 cells (Ctrl-C): exit 130 with the note, then --plot-only draws
+    the 3 cells (from the table and its journal)."""
+    compute, calls = figure1.compute_cell, {"count": 0}
+
+    def stopped_after_three(cell):
+        calls["count"] += 1
+        if calls["count"] > 3:
+            raise _cli.Stopped(2)
+        return compute(cell)
+
+    monkeypatch.setattr(figure1, "compute_cell", stopped_after_three)
+    out = tmp_path / "run"
+    assert main(["figure1", "--out", str(out), *GRID]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "approxlab figure1: stopped by SIGINT; every finished cell is saved. Rerun the same command to resume.")
+    assert main(["figure1", "--out", str(out), *PLOT_ONLY]) == 0
+    assert (out / "figure1.png").stat().st_size > 0
+    assert len(_io.read_results(out / "results.csv")) == 3 * 2
+
+
+def test_plot_only_on_an_empty_folder(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    status, err = run_main(["figure1", "--out", str(tmp_path / "empty"), *PLOT_ONLY], capsys)
+    assert_one_line_error(status, err, "figure1", "no results.csv in")
+
+
+# ------------------------------------------------------------------ options
+
+OPTIONS = [
+    ("figure1", ["--out", ""], "argument --out: a file or folder path, got ''"),
+    ("figure1", ["--out", "  "], "argument --out: a file or folder path, got '  ' (an empty path is the current"),
+    ("figure1", ["--data-dir", ""], "argument --data-dir: a file or folder path, got ''"),
+    ("figure1", ["--cache-dir", ""], "argument --cache-dir: a file or folder path, got ''"),
+    ("figure1", ["--checkpoint", ""], "--checkpoint: a non-empty value, got ''"),
+    ("sv-decay", ["--checkpoint", " "], "--checkpoint: a non-empty value, got ' '"),
+    ("figure1", ["--plot-only", "--restart"], "--restart: not with --plot-only (it discards the saved results"),
+    ("figure1", ["--plot-only", "--n", "512"], "--n: not with --plot-only (the figure is redrawn from the saved"),
+    ("figure1", ["--plot-only", "--workers", "2"], "--workers: not with --plot-only"),
+    ("figure1", ["--plot-only", "--device", "cuda"], "--device: not with --plot-only"),
+    ("figure1", ["--plot-only", "--cache-dir", "{tmp}"], "--cache-dir: not with --plot-only"),
+    ("figure1", ["--plot-only", "--positions", "none"], "--positions: not with --plot-only"),
+    ("sv-decay", ["--plot-only", "--heads", "2"], "--heads: not with --plot-only"),
+    ("instability", ["--plot-only", "--lr", "0.1"], "--lr: not with --plot-only"),
+    ("bench", ["--plot-only", "--source", "synthetic"], "--source: not with --plot-only"),
+    ("lra-svd", ["--plot-only", "--max-steps", "3"], "--max-steps: not with --plot-only"),
+    ("figure1", ["--num-features", "100000"], "--num-features: at most 1024 for skyformer-softmax at n=512, "
+                                              "got 100000"),
+    ("figure1", ["--quick", "--n", "16", "--num-features", "256"], "--num-features: at most 32 for "
+                                                                   "skyformer-softmax at n=16, got 256"),
+    ("figure1", ["--n", "16", "--num-features", "4,20", "--methods", "nystromformer,performer"],
+     "--num-features: at most 16 for nystromformer at n=16, got 20"),
+]
+
+
+@pytest.mark.parametrize(("study", "arguments", "message"), OPTIONS,
+                         ids=[f"{s}{' '.join([''] + a)}" for s, a, _ in OPTIONS])
+def test_contradictory_or_empty_options_are_refused(study, arguments, message, capsys, tmp_path, monkeypatch):
+    from test_cli_errors import CORPUS_TOKENS
+
+    monkeypatch.setattr(_cli, "_token_count", lambda data_dir, cache_dir: CORPUS_TOKENS)
+    arguments = [a.format(tmp=tmp_path) for a in arguments]
+    out = tmp_path / "out"
+    (out if "--plot-only" in arguments else tmp_path).mkdir(exist_ok=True)
+    if "--out" not in arguments:
+        arguments += ["--out", str(out)]
+    status, err = run_main([study, *arguments], capsys)
+    assert_one_line_error(status, err, study, message)
+    assert not any(p.name.endswith(".csv") for p in tmp_path.rglob("*"))
+
+
+# ------------------------------------------------------------------- the disk
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(good_run, synthetic_data, tmp_path, capsys,
+                                                                 monkeypatch):
+    """ENOSPC from the fourth fsync on (a disk that fills mid-run): exit 2, no temporary file, every
+    table on disk readable, and the rerun resumes to the table of an uninterrupted run."""
+    out = tmp_path / "run"
+    calls = {"count": 0}
+    fsync = os.fsync
+
+    def filling(fd):
+        calls["count"] += 1
+        if calls["count"] > 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+
+    monkeypatch.setattr(_io.os, "fsync", filling)
+    status, err = run_main(["figure1", "--out", str(out), *GRID], capsys)
+    assert_one_line_error(status, err, "figure1", "No space left on device (ENOSPC); every cell finished before it is "
+                                                  "saved, nothing is half-written")
+    assert not [p for p in out.iterdir() if p.name.startswith(_io.TEMP_PREFIX)]
+    for table in out.glob("*.csv"):
+        _io.read_results(table)  # whole, or not there
+    monkeypatch.setattr(_io.os, "fsync", fsync)
+    assert main(["figure1", "--out", str(out), *GRID]) == 0
+    pd.testing.assert_frame_equal(_table(out / "results.csv"), _table(good_run / "results.csv"))
+
+
+def test_a_journal_append_that_fails_leaves_no_half_line(tmp_path, monkeypatch):
+    table = tmp_path / "results.csv"
+    _io.append_journal(table, {"key_columns": ["a"], "key": [1], "rows": [{"a": 1, "x": 0.5}]})
+    size = _io.journal_path(table).stat().st_size
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_io.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        _io.append_journal(table, {"key_columns": ["a"], "key": [2], "rows": [{"a": 2, "x": 1.5}]})
+    assert _io.journal_path(table).stat().st_size == size
+    assert _io.read_results(table).to_dict("records") == [{"a": 1, "x": 0.5}]
+
+
+@pytest.mark.parametrize("error", [errno.EROFS, errno.EDQUOT, errno.EIO])
+def test_the_environment_refusing_a_write_is_one_line(error, synthetic_data, tmp_path, capsys, monkeypatch):
+    def refuse(fd):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(_io.os, "fsync", refuse)
+    status, err = run_main(["figure1", "--out", str(tmp_path / "run"), *GRID], capsys)
+    assert_one_line_error(status, err, "figure1", f"{os.strerror(error)} ({errno.errorcode[error]})")
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("/proc/approxlab-cache", "$APPROXLAB_CACHE: a folder this user can create and write to, got '/proc/approxlab"),
+    ("{file}", "$APPROXLAB_CACHE: a folder this user can create and write to, got '{file}' (not a folder)"),
+    ("{tmp}/" + "c" * 300, "$APPROXLAB_CACHE: a folder this user can create and write to, got '{tmp}/ccc"),
+])
+def test_an_unusable_cache_from_the_environment_is_refused(setting, message, capsys, tmp_path, monkeypatch):
+    places = {"file": tmp_path / "a-file", "tmp": tmp_path}
+    places["file"].write_text("not a folder")
+    monkeypatch.setenv("APPROXLAB_CACHE", setting.format(**places))
+    status, err = run_main(["figure1", "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert_one_line_error(status, err, "figure1", message.format(**places))
+
+
+@pytest.mark.parametrize("where", ["component", "total"])
+def test_an_over_long_out_path_is_one_line(where, capsys, tmp_path):
+    long = tmp_path / ("o" * 300) if where == "component" else tmp_path.joinpath(*(["d" * 200] * 25))
+    status, err = run_main(["figure1", "--out", str(long), "--no-progress"], capsys)
+    assert_one_line_error(status, err, "figure1", "--out: a folder this user can create and write to")
+    assert "File name too long" in err
+
+
+# ------------------------------------------------------------------- Dask
+
+WORKERS_RUN = f"""
+import sys
+sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent)!r})
+from approxlab import cli
+from approxlab.studies import figure1
+from test_figure1 import synthetic_loader, synthetic_window
+
+figure1.load_qkv, figure1.load_window = synthetic_loader, synthetic_window
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_workers_run_with_the_dashboard_port_taken_is_quiet(tmp_path):
+    """Port 8787 is held: the local cluster picks a free loopback port, and a normal ``--workers``
+    run prints no warning, log record or traceback (it exits 0)."""
+    with hold_port(DASK_DEFAULT_DASHBOARD_PORT):
+        _quiet_workers_run(tmp_path)
+
+
+def _quiet_workers_run(tmp_path):
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.bind(("0.0.0.0", DASK_DEFAULT_DASHBOARD_PORT))  # taken
+    script = tmp_path / "run_study.py"
+    script.write_text(WORKERS_RUN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, str(script), "figure1", "--out", str(tmp_path / "out"), *GRID,
+                             "--workers", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+    assert len(_io.read_results(tmp_path / "out" / "results.csv")) == 2 * 2 * 2
+
+
+# ------------------------------------------------ the other studies' plot step
+
+OTHER_STUDIES = {"sv-decay": ("spectra.csv",), "instability": (), "lra-svd": ("spectra.csv", "training.csv"),
+                 "bench": ()}
+CONFIG = '{"config": {"study": "x"}, "config_hash": "0"}'
+
+
+@pytest.mark.parametrize("study", sorted(OTHER_STUDIES))
+@pytest.mark.parametrize(("results", "config", "message"), [
+    (FOREIGN.replace("condition", "unrelated"), CONFIG, r"results.csv' .* it lacks the column\(s\)"),
+    (BINARY, CONFIG, r"results.csv' .* not UTF-8 text"),
+    ("a,b\n1,2\n", '{"config_hash": "0"}', r"config.json' is not a config.json written by approxlab|lacks the column"),
+    ("a,b\n1,2\n3", CONFIG, r"results.csv' .* its last row is cut short"),
+], ids=["foreign-results", "binary-results", "config-without-config", "half-written-row"])
+def test_every_study_refuses_a_damaged_folder_to_plot(study, results, config, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text(config)
+    for name in ("results.csv", *OTHER_STUDIES[study]):
+        (out / name).write_bytes(results if isinstance(results, bytes) else results.encode())
+    status, err = run_main([study, "--out", str(out), *PLOT_ONLY], capsys)
+    assert_one_line_error(status, err, study, "error")
+    assert re.search(message, err), err

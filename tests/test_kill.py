@@ -1,0 +1,179 @@
+"""Kills at several moments of a run lose no finished cell, and the resumed table equals an uninterrupted one.
+
+``approxlab figure1`` runs in a subprocess on the tests' synthetic Q/K/V (the stand-ins of
+``tests/test_figure1.py``), each cell slowed by a short sleep so that there is time to aim. The
+test watches the progress lines on stderr (``<out>/<table>: k/N cells``: the runner prints one
+after each cell it has made durable) and sends ``SIGKILL``, ``SIGTERM`` or ``SIGINT`` after a
+chosen line of a chosen table. Then:
+
+* every cell reported done is on disk (the table plus its journal, as ``read_results`` reads them);
+* ``SIGTERM`` and ``SIGINT`` exit 143 and 130 with a one-line note that rerunning resumes;
+* rerunning the compute step of the same command finishes the run, and its tables equal those of
+  an uninterrupted run (wall times excepted), with no journal or temporary file left.
+
+The kills run concurrently (each in its own folder), so the whole test takes seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pandas as pd
+import pytest
+
+import test_figure1
+from approxlab import _io
+from approxlab.studies import figure1
+from test_figure1 import synthetic_data  # noqa: F401,F811  (fixture)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTS = pathlib.Path(__file__).resolve().parent
+TABLES = ("results.csv", "conditioning.csv", "windows.csv")
+KEYS = {"results.csv": ["condition", "n", "dtype", "window", "method"], "conditioning.csv": ["condition", "n"],
+        "windows.csv": ["condition", "n", "window"]}
+ARGUMENTS = ["--n", "32,48", "--num-features", "4,8", "--methods", "skyformer-softmax,nystromformer",
+             "--windows", "1", "--seeds", "2", "--dtypes", "float64"]  # 8 + 4 + 4 cells
+SECONDS_PER_CELL = 0.25
+
+SCRIPT = f"""
+import sys, time
+sys.path.insert(0, {str(TESTS)!r})
+from approxlab import cli
+from approxlab.studies import figure1
+from test_figure1 import synthetic_loader, synthetic_window
+
+figure1.load_qkv, figure1.load_window = synthetic_loader, synthetic_window
+
+def slowed(compute):
+    def run(cell):
+        time.sleep({SECONDS_PER_CELL})
+        return compute(cell)
+    return run
+
+for name in ("compute_cell", "compute_panel", "compute_window"):
+    setattr(figure1, name, slowed(getattr(figure1, name)))
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+# (signal, table, progress count after which it is sent)
+KILLS = [
+    (signal.SIGKILL, "results.csv", 0),
+    (signal.SIGKILL, "results.csv", 3),
+    (signal.SIGKILL, "conditioning.csv", 2),
+    (signal.SIGTERM, "results.csv", 1),
+    (signal.SIGTERM, "windows.csv", 2),
+    (signal.SIGINT, "results.csv", 5),
+    (signal.SIGINT, "conditioning.csv", 1),
+]
+PROGRESS = re.compile(r"^(?P<folder>[^:]+)/(?P<table>[a-z_]+\.csv): (?P<done>\d+)/(?P<total>\d+) cells")
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1"}
+
+
+def _kill_at(out: pathlib.Path, signum, table: str, count: int) -> dict:
+    """Run the study into ``out``; send ``signum`` after the progress line ``table: count/N``."""
+    process = subprocess.Popen([sys.executable, "-c", SCRIPT, "figure1", "--out", str(out), *ARGUMENTS],
+                               cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    lines, sent = [], False
+    with process:
+        for line in process.stderr:
+            lines.append(line.rstrip("\n"))
+            match = PROGRESS.match(line)
+            if not sent and match and match["table"] == table and int(match["done"]) >= count:
+                process.send_signal(signum)
+                sent = True
+        returncode = process.wait(timeout=120)
+    return {"returncode": returncode, "stderr": lines, "sent": sent}
+
+
+def _reported(lines) -> dict:
+    """The most cells each table reported done before the process ended."""
+    done = {table: 0 for table in TABLES}
+    for line in lines:
+        match = PROGRESS.match(line)
+        if match:
+            done[match["table"]] = max(done[match["table"]], int(match["done"]))
+    return done
+
+
+def _on_disk(out: pathlib.Path, table: str) -> int:
+    if not _io.has_results(out / table):
+        return 0
+    frame = _io.read_results(out / table, partial="drop")
+    return len(frame.drop_duplicates(KEYS[table])) if len(frame) else 0
+
+
+def _tables(out: pathlib.Path) -> dict:
+    return {table: _io.read_results(out / table).drop(columns="seconds", errors="ignore") for table in TABLES}
+
+
+def _compute(out: pathlib.Path) -> dict:
+    """The compute step of the same command, in-process (the plot step is not under test here)."""
+    config = figure1.build_config(n=[32, 48], num_features=[4, 8], methods=["skyformer-softmax", "nystromformer"],
+                                  windows=1, seeds=2, dtypes=["float64"])
+    figure1.compute(config, out, progress=False)
+    return _tables(out)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    figure1.reference.cache_clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figure1, "load_qkv", test_figure1.synthetic_loader)
+        patch.setattr(figure1, "load_window", test_figure1.synthetic_window)
+        yield _compute(tmp_path_factory.mktemp("uninterrupted"))
+    figure1.reference.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def killed_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("killed")
+    runs = {}
+
+    def one(index, kill):
+        runs[index] = _kill_at(base / f"run{index}", *kill)
+
+    threads = [threading.Thread(target=one, args=(i, kill)) for i, kill in enumerate(KILLS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    return base, runs
+
+
+@pytest.mark.parametrize("index", range(len(KILLS)),
+                         ids=[f"{signal.Signals(s).name}-after-{t}-{c}" for s, t, c in KILLS])
+def test_a_kill_loses_no_reported_cell_and_the_resumed_table_equals_an_uninterrupted_one(
+        index, killed_runs, uninterrupted, synthetic_data):
+    base, runs = killed_runs
+    signum, table, count = KILLS[index]
+    run, out = runs[index], base / f"run{index}"
+    assert run["sent"], "\n".join(run["stderr"])
+    if signum == signal.SIGKILL:
+        assert run["returncode"] == -signal.SIGKILL
+    else:
+        assert run["returncode"] == 128 + signum, "\n".join(run["stderr"])
+        assert run["stderr"][-1] == (f"approxlab figure1: stopped by {signal.Signals(signum).name}; every finished "
+                                     "cell is saved. Rerun the same command to resume.")
+        assert not any("Traceback" in line for line in run["stderr"])
+    reported = _reported(run["stderr"])
+    assert reported[table] >= count
+    for name in TABLES:
+        assert _on_disk(out, name) >= reported[name], (name, reported, run["stderr"])
+
+    resumed = _compute(out)
+    for name in TABLES:
+        pd.testing.assert_frame_equal(resumed[name], uninterrupted[name])
+    leftovers = [p.name for p in out.iterdir() if p.name.endswith(_io.JOURNAL_SUFFIX)
+                 or p.name.startswith(_io.TEMP_PREFIX)]
+    assert leftovers == []
