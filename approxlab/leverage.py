@@ -87,12 +87,13 @@ def _psd_ridge_ratios(K: torch.Tensor, lam, tol) -> tuple[torch.Tensor, torch.Te
 
 
 def _scaled_ridge(lam: float, exponent: float) -> float:
-    """``lam * 2**-exponent`` kept inside the positive float64 range (a ridge that would underflow
-    or overflow beside the balanced ``K`` acts as the smallest or largest positive number)."""
+    """``lam * 2**-exponent`` beside the balanced ``K``: a ridge that would underflow acts as the
+    smallest positive number (every ratio ``s/(s+lam)`` of a nonzero ``s`` rounds to 1), one that
+    would overflow as ``inf`` (every ratio is below the smallest float64, i.e. 0)."""
     try:
         scaled = math.ldexp(lam, -int(exponent))
     except OverflowError:
-        return torch.finfo(torch.float64).max
+        return math.inf
     return max(scaled, math.ulp(0.0))
 
 
@@ -377,13 +378,14 @@ def _tail_solve(apply_tail, rhs, lam, tol, max_iter):
     return x, max_iter
 
 
-def _tail_operator(operator, basis):
-    r"""``x -> B x`` with :math:`B = (I-P)K(I-P)`, :math:`P = UU^\top` (float64 in and out)."""
+def _tail_operator(operator, basis, exponent):
+    r"""``x -> B x`` with :math:`B = 2^{-e}(I-P)K(I-P)`, :math:`P = UU^\top` (float64 in and out)."""
     def project(x):
         return x - basis @ (basis.transpose(-1, -2) @ x)
 
     def apply(x):
-        return project(operator.matmat(project(x).to(operator.dtype)).to(torch.float64))
+        product = operator.matmat(project(x).to(operator.dtype)).to(torch.float64)
+        return project(times_power_of_two(product, -exponent[..., None, None]))
 
     return apply
 
@@ -495,19 +497,25 @@ def estimate_ridge_quantities(
     batch, n, device = tuple(operator.shape[:-2]), operator.shape[-1], operator.device
     start = torch.randn(*batch, n, block, generator=generator, dtype=torch.float64).to(device)
     basis, images = _block_krylov(operator, start, depth)
+    # Work with 2^-e K, its Krylov images balanced (exact): the squares of conjugate gradients stay
+    # representable for any scale of K, and d_stat and the scores depend on K / lambda only.
+    exponent = balancing_exponent(images, (-2, -1))[..., 0, 0]
+    images = times_power_of_two(images, -exponent[..., None, None])
+    diagonal = times_power_of_two(diagonal, -exponent[..., None])
     t = basis.transpose(-1, -2) @ images
     t = 0.5 * (t + t.transpose(-1, -2))
     theta, vectors = torch.linalg.eigh(t)
     theta = theta.clamp_min(0.0)
     norm = theta[..., -1]
-    lam_t = torch.full_like(norm, float(lam)) if lam is not None else float(lambda_scale) * norm
+    lam_t = (times_power_of_two(torch.full_like(norm, float(lam)), -exponent) if lam is not None
+             else float(lambda_scale) * norm)
     lam_t = lam_t.clamp_min(torch.finfo(torch.float64).tiny)
     f_theta = theta / (theta + lam_t.unsqueeze(-1))
     top = f_theta.sum(-1)
     trace_tail = (diagonal.sum(-1) - theta.sum(-1)).clamp_min(0.0)
     ritz = basis @ vectors
     b_diag = diagonal - 2.0 * (basis * images).sum(-1) + ((basis @ t) * basis).sum(-1)
-    apply_tail = _tail_operator(operator, basis)
+    apply_tail = _tail_operator(operator, basis, exponent)
     omega = torch.randint(0, 2, (*batch, n, probes), generator=generator).to(device, torch.float64) * 2 - 1
     b_omega = apply_tail(omega)
     solution, iterations = _tail_solve(apply_tail, b_omega, lam_t, tol, max_iter)
@@ -520,6 +528,7 @@ def estimate_ridge_quantities(
     scores = (scores - (omega * g_omega).mean(-1)).clamp(0.0, 1.0)
     return RidgeEstimate(
         statistical_dimension=top + tail, standard_error=standard_error, leverage_scores=scores,
-        lam=lam_t, spectral_norm=norm, top_part=top, tail_part=tail, rank=block * depth,
+        lam=times_power_of_two(lam_t, exponent), spectral_norm=times_power_of_two(norm, exponent), top_part=top,
+        tail_part=tail, rank=block * depth,
         num_products=block * depth + probes * (1 + iterations),
     )
