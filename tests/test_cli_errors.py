@@ -172,7 +172,7 @@ def test_a_port_where_no_dask_scheduler_answers_is_refused(no_compute, capsys, t
 def test_a_running_dask_scheduler_passes_the_check():
     from distributed import LocalCluster
 
-    from approxlab.studies.runner import DASHBOARD_ADDRESS
+    from approxlab.studies.dask_executor import DASHBOARD_ADDRESS
 
     with LocalCluster(n_workers=0, processes=False, dashboard_address=DASHBOARD_ADDRESS) as cluster:
         assert _cli.check_scheduler(cluster.scheduler_address) == cluster.scheduler_address

@@ -225,8 +225,9 @@ def error_line(error: BaseException, *, plot_only: bool = False) -> str | None:
     return None
 
 
-PLOT_ONLY_OPTIONS = ("out", "quick", "progress", "plot_only")
-"""The options that mean something with ``--plot-only``: which folder to redraw, and progress."""
+PLOT_ONLY_OPTIONS = ("out", "quick", "progress", "plot_only", "plugin")
+"""The options that mean something with ``--plot-only``: which folder to redraw, progress, and the
+plugins whose methods the figures and summary describe."""
 
 
 def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,8 @@ that turns one cell into result rows. The runner
   rows that the manifest lists), with a note on stderr, and refuses in one line a table it
   cannot read as one (empty, binary, another study's, a ``config.json`` that is not JSON);
 * runs cells in-process (default) or on Dask (``scheduler="tcp://..."`` or a local
-  cluster of ``workers`` single-threaded processes); only the driver writes files, and
+  cluster of ``workers`` single-threaded processes: :mod:`approxlab.studies.dask_executor`);
+  only the driver writes files, and
   rows are ordered by the cell list, so both executors produce the same CSV;
 * holds the lock of the output folder while it runs (:func:`approxlab._io.output_lock`,
   reentrant, so the CLI's lock around the whole study covers it) and removes the
@@ -59,12 +60,9 @@ Public API::
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import functools
 import hashlib
 import json
-import logging
 import numbers
 import os
 import pathlib
@@ -87,6 +85,8 @@ from .._io import (
     write_table,
 )
 from ..errors import CorruptResultsError
+from .dask_executor import run_dask as _run_dask
+from .dask_executor import with_plugins as _with_plugins
 
 __all__ = ["run_cells", "cell_key", "cell_seed", "config_hash", "saved_config", "StudyError", "ProgressLog"]
 
@@ -469,28 +469,6 @@ def _run_todo(todo, compute, table, key_columns, bar, scheduler, workers, flush_
         table.flush()
 
 
-def _with_plugins(compute):
-    """``compute`` preceded, in whichever process runs it, by importing this process's plugin modules
-    (``--plugin``, :func:`approxlab.methods.plugin_modules`): how a Dask worker learns the user's methods."""
-    from ..methods import plugin_modules
-
-    modules = plugin_modules()
-    return functools.partial(_compute_with_plugins, modules, compute) if modules else compute
-
-
-def _compute_with_plugins(modules, compute, cell):
-    """Import ``modules`` (once per process: later imports are a dictionary lookup), then ``compute(cell)``."""
-    from ..methods import load_plugin
-
-    for module in modules:
-        try:
-            load_plugin(module)
-        except ImportError as error:
-            raise StudyError(f"--plugin: {module!r} could not be imported on a Dask worker ({error}); it must be "
-                             "importable there too (the workers' PYTHONPATH).") from None
-    return compute(cell)
-
-
 def _progress_bar(total, initial, progress, description):
     """A tqdm bar on a terminal, a :class:`ProgressLog` otherwise, nothing without ``progress``."""
     from tqdm.auto import tqdm
@@ -558,73 +536,3 @@ class ProgressLog:
         if not self.closed and self.done < self.total and self.done > self.initial:
             self._write(self.line() + " (stopped)")
         self.closed = True
-
-
-DASHBOARD_ADDRESS = "127.0.0.1:0"
-"""Where the local cluster's scheduler serves its HTTP pages: a free port on the loopback
-interface. Dask's scheduler always starts this server (``dashboard_address=None`` still binds
-the fixed port 8787, and warns, or fails, when another program holds it); port 0 lets the
-operating system choose a free one, and 127.0.0.1 keeps it off the network."""
-
-SCHEDULER_TIMEOUT = "10s"
-"""How long :func:`run_cells` waits for a Dask scheduler to answer."""
-
-
-def _run_dask(todo, compute, finished, scheduler, workers, max_resubmits: int = 2):
-    """Submit the cells to Dask, gather as completed, resubmit cells of killed workers."""
-    from distributed import Client, KilledWorker, LocalCluster, as_completed
-
-    cluster = None
-    if scheduler is not None:
-        try:
-            client = Client(scheduler, timeout=SCHEDULER_TIMEOUT)
-        except (OSError, TimeoutError) as error:  # reachable port, but no Dask scheduler answering
-            raise StudyError(f"--scheduler: the address of a running Dask scheduler, got {scheduler!r} "
-                             f"({type(error).__name__}: {error})") from None
-    else:
-        cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=DASHBOARD_ADDRESS
-        )
-        client = Client(cluster)
-    try:
-        pending = {}
-        for key, cell in todo:
-            future = client.submit(compute, cell, pure=False)
-            pending[future] = (key, cell, 0)
-        completed = as_completed(list(pending))
-        for future in completed:
-            key, cell, attempts = pending.pop(future)
-            try:
-                rows = future.result()
-            except KilledWorker:
-                # Dask already retried on other workers; give the cell a few fresh chances.
-                if attempts >= max_resubmits:
-                    raise
-                retry = client.submit(compute, cell, pure=False)
-                pending[retry] = (key, cell, attempts + 1)
-                completed.add(retry)
-                continue
-            finished(key, cell, rows)
-    finally:
-        for future in list(pending):
-            future.cancel()
-        with _quiet_teardown():
-            client.close()
-            if cluster is not None:
-                cluster.close()
-
-
-@contextlib.contextmanager
-def _quiet_teardown():
-    """Dask's log records below ERROR while the client and the local cluster shut down.
-
-    Every result is on disk by then; what Dask reports at that point is its own teardown
-    (``Worker process still alive after 4.0 seconds, killing`` when a loaded machine is slow to
-    stop a worker process), which a normal run must not print. Errors still show."""
-    logger = logging.getLogger("distributed")
-    level = logger.level
-    logger.setLevel(max(level, logging.ERROR))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
