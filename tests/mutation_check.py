@@ -143,6 +143,13 @@ MUTATIONS = [
         ["tests/test_performer.py::test_random_features_are_unbiased_for_the_softmax_kernel"],
     ),
     (
+        "performer-lra: the authors' double scaling, FAVOR+ for exp(q^T k / p) (p^-1/2 -> p^-1/4)",
+        "approxlab/methods/performer_lra.py",
+        "scale = p ** -0.5",
+        "scale = p ** -0.25",
+        ["tests/test_performer_lra.py::test_it_estimates_softmax_of_qk_over_p_not_over_sqrt_p"],
+    ),
+    (
         "Linformer: E[P^T P] = I for the random projection (scale 1/sqrt(k) -> 1/k)",
         "approxlab/methods/linformer.py",
         "r.div_(math.sqrt(num_features))",

@@ -142,6 +142,8 @@ APPROXIMATE = [
     _case("skyformer-num-iter-float", lambda: _approx("skyformer", core="schulz", num_iter=1.5), TypeError, r"`num_iter` must be an integer; got 1.5"),
     _case("skyformer-softmax-init", lambda: _approx("skyformer-softmax", core="schulz", init="eye"), ValueError, r"`init` must be one of .*; got 'eye'"),
     _case("performer-orthogonal", lambda: _approx("performer", orthogonal=1), TypeError, r"`orthogonal` must be a bool \(True or False\); got 1"),
+    _case("performer-lra-epsilon", lambda: _approx("performer-lra", epsilon=-1e-4), ValueError, r"`epsilon` must be a finite number >= 0; got -0.0001"),
+    _case("performer-lra-shared-key-max", lambda: _approx("performer-lra", shared_key_max="yes"), TypeError, r"`shared_key_max` must be a bool \(True or False\); got 'yes'"),
     _case("yoso-tau-zero", lambda: _approx("yoso", tau=0), ValueError, r"`tau` must be an integer with 1 <= tau <= 30; got 0"),
     _case("yoso-normalize", lambda: _approx("yoso", normalize_output="yes"), TypeError, r"`normalize_output` must be a bool"),
     _case("yoso-e-tau-large", lambda: _approx("yoso-e", tau=1000), ValueError, r"`tau` must be an integer with 1 <= tau <= 30; got 1000"),

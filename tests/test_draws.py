@@ -21,6 +21,7 @@ OPTIONS = {  # the options that change what a method draws
     "nystrom": [{}, {"sampling": "ridge-leverage"}],
     "yoso": [{}, {"tau": 3}],
     "performer": [{}, {"orthogonal": False}],
+    "performer-lra": [{}, {"orthogonal": False}],
     "informer": [{}, {"measure_keys": "all"}, {"sample_size": 3}],
     "linformer": [{}, {"share_projection": True}],
 }
@@ -28,8 +29,8 @@ CASES = [(name, options) for name in RANDOMIZED for options in OPTIONS.get(name,
 
 
 def test_every_randomized_builtin_exposes_its_draw():
-    assert set(RANDOMIZED) == {"skyformer", "skyformer-softmax", "nystrom", "yoso", "performer", "informer",
-                               "linformer"}
+    assert set(RANDOMIZED) == {"skyformer", "skyformer-softmax", "nystrom", "yoso", "performer", "performer-lra",
+                               "informer", "linformer"}
     assert all(get(name).draw is not None for name in RANDOMIZED)
     assert all(draw(name, *synthetic_qkv((1,), 8, 4, generator=gen(0))[:2], num_features=2) == {}
                for name in available() if not get(name).randomized)

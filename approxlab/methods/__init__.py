@@ -14,6 +14,7 @@ spectral-shifting    segment-means landmarks ``c``
 yoso                 hashes ``m`` (each of ``tau`` concatenated hyperplanes)
 yoso-e               ignored (exact expectation)
 performer            positive orthogonal random features ``r``
+performer-lra        the same, fed as the Skyformer authors' code feeds them
 informer             selected "active" queries ``u``
 linformer            projected length ``k`` of keys and values
 ===================  ==========================================================

@@ -13,7 +13,7 @@ skyformer(-softmax)    ``columns`` ``(*batch, d)``: distinct rows of the complet
 nystrom                ``columns`` ``(*batch, d)``: distinct tokens in ``[0, n)``; with
                        ``sampling="ridge-leverage"`` also ``pilot_columns`` ``(*batch, d)``
 yoso                   ``hyperplanes`` ``(*batch, m, tau, p)``, i.i.d. N(0, 1)
-performer              ``projection`` ``(*batch, r, p)``, rows N(0, I_p) (orthogonal blocks by default)
+performer(-lra)        ``projection`` ``(*batch, r, p)``, rows N(0, I_p) (orthogonal blocks by default)
 informer               ``key_indices`` ``(*batch, n, s)``: sampled keys per query, with replacement, in
                        ``[0, m)``; nothing with ``measure_keys="all"``
 linformer              ``projection_keys`` (E) and ``projection_values`` (F) ``(*batch, k, m)``, i.i.d.

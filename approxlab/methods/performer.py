@@ -29,6 +29,7 @@ __all__ = [
     "PERFORMER",
     "MAX_RANDOM_FEATURES",
     "draw_projection",
+    "resolve_projection",
     "gaussian_random_features",
     "positive_random_features",
 ]
@@ -149,6 +150,24 @@ def draw_projection(q, k, *, num_features, generator=None, orthogonal=True):
     return {"projection": projection}
 
 
+def resolve_projection(name, q, k, *, num_features, generator, orthogonal, draw) -> torch.Tensor:
+    """The projection a FAVOR+ method uses: ``draw["projection"]`` checked against its layout
+    (:func:`approxlab.methods.draws.check_draw`, messages naming method ``name``), or a fresh
+    :func:`draw_projection` from ``generator`` when ``draw`` is None; cast to ``q``'s dtype.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch, r, p)`` on ``q.device``.
+    """
+    if draw is None:
+        draw = draw_projection(q, k, num_features=num_features, generator=generator, orthogonal=orthogonal)
+    else:
+        layout = {"projection": DrawEntry((*q.shape[:-2], num_features, q.shape[-1]), "(*batch, r, p)")}
+        draw = check_draw(name, draw, layout, device=q.device)
+    return draw["projection"].to(q.dtype)
+
+
 @method(
     "performer",
     target="softmax",
@@ -220,12 +239,8 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=No
     num_features = check_int(num_features, "num_features", low=1, high=MAX_RANDOM_FEATURES)
     check_bool(orthogonal, "orthogonal")
     p = q.shape[-1]
-    if draw is None:
-        draw = draw_projection(q, k, num_features=num_features, generator=generator, orthogonal=orthogonal)
-    else:
-        layout = {"projection": DrawEntry((*q.shape[:-2], num_features, p), "(*batch, r, p)")}
-        draw = check_draw("performer", draw, layout, device=q.device)
-    projection = draw["projection"].to(q.dtype)
+    projection = resolve_projection("performer", q, k, num_features=num_features, generator=generator,
+                                    orthogonal=orthogonal, draw=draw)
     scale = p ** -0.25
     log_q = positive_random_features(q * scale, projection, log=True)  # (*batch, n, r)
     log_k = positive_random_features(k * scale, projection, log=True)  # (*batch, n_k, r)

@@ -54,6 +54,7 @@ BUILTINS = {
     "yoso": "yoso:YOSO",
     "yoso-e": "yoso_e:YOSO_E",
     "performer": "performer:PERFORMER",
+    "performer-lra": "performer_lra:PERFORMER_LRA",
     "informer": "informer:INFORMER",
     "linformer": "linformer:LINFORMER",
 }
