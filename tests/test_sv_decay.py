@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from approxlab import metrics
-from approxlab.studies import sv_decay
+from approxlab.studies import sv_decay, sv_decay_figure
 from approxlab.synthetic import matrix_with_singular_values, synthetic_qkv
 
 
@@ -138,7 +138,7 @@ def test_nothing_drawn_below_the_noise_floor():
     logs = np.linspace(0, -20, 40)
     curve = pd.DataFrame({"index": np.arange(40), "log10_mean": logs, "log10_min": logs - 1, "log10_max": logs + 1})
     fig, ax = plt.subplots()
-    sv_decay._draw_curve(ax, curve, {"color": "k"}, np.log10(floor))
+    sv_decay_figure._draw_curve(ax, curve, {"color": "k"}, np.log10(floor))
     (line,) = ax.get_lines()
     assert line.get_ydata().min() >= floor and len(line.get_ydata()) < 40
     band = ax.collections[0].get_paths()[0].vertices[:, 1]

@@ -409,63 +409,11 @@ def _load(out):
             read_results(out / SPECTRA))
 
 
-_STYLE = {
-    "scores": {"color": "#B22222", "label": "A (scores)"},
-    "softmax": {"color": "#000000", "label": "D^-1 A (softmax)"},
-    "kernelized": {"color": "#444444", "linestyle": "--", "label": "C (kernelized)"},
-    "completion": {"color": "#888888", "linestyle": ":", "label": "C-bar (completion, eig.)"},
-    "output": {"color": "#2E8B57", "label": "D^-1 A V (output)"},
-}
-
-
-def _draw_curve(ax, curve, style, floor):
-    """One matrix's mean spectrum and min-max band, nothing below ``floor`` (log10 units)."""
-    agg = curve.groupby("index").agg(mean=("log10_mean", "mean"), low=("log10_min", "min"),
-                                     high=("log10_max", "max"))
-    x = agg.index.to_numpy()
-    mean = agg["mean"].to_numpy()
-    shown = mean >= floor
-    ax.plot(x[shown], 10.0 ** mean[shown], **style)
-    band = agg["high"].to_numpy() >= floor
-    ax.fill_between(x[band], 10.0 ** np.maximum(agg["low"].to_numpy()[band], floor),
-                    10.0 ** agg["high"].to_numpy()[band], color=style["color"], alpha=0.12, linewidth=0)
-
-
 def plot(out) -> list[pathlib.Path]:
-    """Draw ``sv_decay.png/.pdf`` from ``spectra.csv`` (mean over heads and windows, min-max band),
-    cut at the panel's :func:`noise_floor` (drawn as a dashed line; nothing is drawn below it)."""
-    from ..plotting import figure, method_style, save_figure
+    """Draw ``sv_decay.png/.pdf`` from the saved tables; see :func:`approxlab.studies.sv_decay_figure.plot`."""
+    from .sv_decay_figure import plot as draw
 
-    config, _, spectra = _load(out)
-    cases = [(c, n) for c in config["conditions"] for n in config["n"]]
-    layers = config["layers"]
-    fig, axes = figure(len(cases), len(layers), sharey=True, panel_size=(3.0, 2.4))
-    for row, (condition, n) in enumerate(cases):
-        for col, layer in enumerate(layers):
-            ax = axes[row][col]
-            data = spectra[(spectra["condition"] == condition) & (spectra["n"] == n) & (spectra["layer"] == layer)]
-            for name in MATRICES:
-                curve = data[data["matrix"] == name]
-                if not len(curve):
-                    continue
-                if name in _STYLE:
-                    style = {"linestyle": "-", **_STYLE[name], "linewidth": 1.2}
-                else:
-                    style = {k: v for k, v in method_style(name, secondary=True).items() if k != "marker"}
-                _draw_curve(ax, curve, style, math.log10(noise_floor(n)))
-            ax.axhline(noise_floor(n), color="#B0B0B0", linestyle="--", linewidth=0.8,
-                       label="noise floor 2n eps64")
-            ax.set_yscale("log")
-            ax.set_ylim(noise_floor(n) / 3, 3.0)
-            mode = config["modes"][str(n)]
-            inputs = "hidden, BERT positions" if mode == "hidden" else f"embedding, positions {config.get('positions', 'none')}"
-            ax.set_title(f"{condition}, {layer} layer\nn={n} ({inputs})", fontsize=9)
-            ax.set_xlabel("index i")
-            if col == 0:
-                ax.set_ylabel("sigma_i / sigma_1")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    axes[0][-1].legend(handles, labels, loc="upper right", fontsize=6)
-    return save_figure(fig, pathlib.Path(out) / "sv_decay")
+    return draw(out)
 
 
 def _fmt_kappa(values: pd.Series) -> str:
@@ -498,8 +446,8 @@ def _survival_text(config: dict, table: pd.DataFrame) -> list[str]:
     positions = config.get("positions", "none")
     lines = ["## Which rank/conditioning findings survive the inputs", "",
              f"Inputs: n <= 512 hidden states with BERT's positions; n > 512 the input embedding with positions "
-             f"`{positions}` (the previous results had none there, so a window's rows of Q were fixed by its "
-             "distinct tokens and A was rank-deficient by construction).", "",
+             f"`{positions}` (with `--positions none` a window's rows of Q would be fixed by its distinct "
+             "tokens and A rank-deficient by construction).", "",
              "| n | mode | matrix | heads | numerically singular | median finite kappa_2 | numerical rank |",
              "|---|---|---|---|---|---|---|"]
     for row in table.itertuples(index=False):
@@ -522,7 +470,9 @@ def summarize(config: dict, results: pd.DataFrame) -> str:
     lines = ["# Singular-value decay of attention matrices (Skyformer Appendix B; spectral shifting Fig. 2)", "",
              "Mean over heads and windows (condition number: median of the finite ones, and how many are "
              "numerically singular, i.e. sigma_min <= max(n,k) * eps64 * sigma_1). d_stat(eps) = "
-             "sum_i s_i/(s_i + eps*s_1); decay = slope of ln sigma_i over the first 64 indices.", ""]
+             "sum_i s_i/(s_i + eps*s_1); decay = least-squares slope of ln sigma_i over the first 64 indices, "
+             "leaving out those at or below max(n,k) * eps64 * sigma_1 (for a rank-d approximation the fit "
+             "includes the drop after its last nonzero sigma).", ""]
     cases = results.groupby(["condition", "n", "layer"], sort=False)
     for (condition, n, layer), group in cases:
         lines += [f"## {condition}, {layer} layer (index {int(group['layer_index'].iloc[0])}), n={n}, "
