@@ -68,6 +68,7 @@ METHOD_STYLES = {
     "skyformer": {"color": "#E69F00", "marker": "o", "label": "Skyformer (kernelized)"},
     "nystromformer": {"color": "#0072B2", "marker": "s", "label": "Nystromformer"},
     "performer": {"color": "#009E73", "marker": "^", "label": "Performer"},
+    "performer-lra": {"color": "#7FC9A9", "marker": "v", "label": "Performer (as fed by Skyformer's code)"},
     "informer": {"color": "#CC79A7", "marker": "D", "label": "Informer"},
     "yoso": {"color": "#56B4E9", "marker": "v", "label": "YOSO"},
     "yoso-e": {"color": "#8FCBEA", "marker": "<", "label": "YOSO-E"},
