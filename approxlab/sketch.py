@@ -33,6 +33,7 @@ __all__ = [
     "check_columns",
     "gather_rows",
     "uniform_columns",
+    "uniform_real_columns",
     "ridge_leverage_columns",
     "nystrom",
 ]
@@ -134,6 +135,57 @@ def uniform_columns(
         idx = torch.randint(0, num_columns, (*batch_shape, d), generator=g)
     else:
         idx = torch.rand(*batch_shape, num_columns, generator=g).argsort(-1)[..., :d]
+    return idx if device is None else idx.to(device)
+
+
+def uniform_real_columns(
+    row_mask: torch.Tensor,
+    d: int,
+    *,
+    generator: torch.Generator | None = None,
+    device=None,
+) -> torch.Tensor:
+    r"""``d`` indices drawn uniformly among the rows that ``row_mask`` keeps, per batch element.
+
+    Parameters
+    ----------
+    row_mask : torch.Tensor
+        ``(*batch, N)`` bool, True on the rows that may be drawn (real tokens), at least one per
+        batch element.
+    d : int
+        Number of indices, ``d >= 1``.
+    generator : torch.Generator, optional
+        CPU generator; all draws come from it.
+    device : torch.device, optional
+        Where to put the result (drawn on CPU first).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch, d)`` ``int64``, only indices of kept rows.
+
+    Notes
+    -----
+    The draw is that of :func:`uniform_columns` without replacement (one uniform number per
+    row, rows taken in increasing order of it), with the numbers of masked rows set above every
+    kept one: when a batch element keeps :math:`R \ge d` rows, its ``d`` indices are a
+    uniformly random ``d``-subset of them, and an all-True mask gives exactly the indices of
+    :func:`uniform_columns` from the same generator state. When :math:`R < d` every kept row is
+    drawn and the order repeats (index ``j`` is the ``(j mod R)``-th), so no index ever lands on
+    a masked row; a repeated column does not change a Nyström approximation with a
+    pseudo-inverse core. (Skyformer's published code draws ``d`` indices with replacement among
+    the first ``mask.sum()`` rows of each of ``Q`` and ``K``.)
+    """
+    if not isinstance(row_mask, torch.Tensor) or row_mask.dtype != torch.bool or row_mask.ndim < 1:
+        raise TypeError(f"`row_mask` must be a bool tensor (*batch, N); got {row_mask!r}.")
+    d = check_int(d, "d", low=1)
+    row_mask = row_mask.cpu()
+    kept = row_mask.sum(-1, keepdim=True)
+    if bool((kept == 0).any()):
+        raise ValueError("`row_mask` must keep at least one row in every batch element; got an all-False row.")
+    g = as_generator(generator)
+    order = torch.rand(*row_mask.shape, generator=g).masked_fill_(~row_mask, 2.0).argsort(-1)
+    idx = torch.gather(order, -1, torch.arange(d) % kept)  # j -> the (j mod R)-th kept row
     return idx if device is None else idx.to(device)
 
 

@@ -117,7 +117,7 @@ MUTATIONS = [
     (
         "Verma Sec. 7, Eq. (12): B row-stochastic (softmax over keys)",
         "approxlab/methods/nystromformer.py",
-        "masked_softmax_matrix(q_landmarks, k, check_key_mask(key_mask, k)),",
+        "masked_softmax_matrix(q_landmarks, k, key_mask),",
         "softmax_matrix(k, q_landmarks).transpose(-1, -2),",
         ["tests/test_spectral_shifting.py::test_section7_error_bound"],
     ),
@@ -155,6 +155,20 @@ MUTATIONS = [
         "r.div_(math.sqrt(num_features))",
         "r.div_(num_features)",
         ["tests/test_informer_linformer.py::test_linformer_projection_is_isotropic_in_expectation"],
+    ),
+    (
+        "Padding invariance: Nystromformer's query landmarks over real tokens only (padded queries averaged in)",
+        "approxlab/methods/nystromformer.py",
+        "segment_means(q, num_landmarks, query_mask(key_mask, q, k))",
+        "segment_means(q, num_landmarks)",
+        ["tests/test_masking.py::test_padding_cannot_leak_into_real_rows"],
+    ),
+    (
+        "Padding invariance: Skyformer's columns drawn among real rows of [Q; K] only (padded rows drawable)",
+        "approxlab/sketch.py",
+        ".masked_fill_(~row_mask, 2.0)",
+        ".masked_fill_(~row_mask, 0.5)",
+        ["tests/test_masking.py::test_padding_cannot_leak_into_real_rows"],
     ),
     (
         "Higham Eq. (3.5): float32 dot-product rounding radius of YOSO's certified signs (radius / 100)",

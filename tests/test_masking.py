@@ -1,13 +1,25 @@
-"""Key-padding masks: every attention the instability study trains gives masked keys zero weight."""
+"""Key-padding masks: masked keys get zero weight, and padding cannot leak into real tokens.
+
+The invariance that the masks promise (:mod:`approxlab.methods._masking`): changing **only** the
+padded rows' ``q``, ``k``, ``v`` leaves the real rows' outputs unchanged, for every method that
+takes a ``key_mask``, with sequences of different real lengths in one batch, and the same through
+:class:`approxlab.training.TinyEncoder` for every attention it trains.
+"""
+
+import inspect
 
 import pytest
 import torch
 
-from approxlab import approximate, exact_attention
+from approxlab import approximate, exact_attention, sketch
 from approxlab.kernels import kernelized_matrix
-from approxlab.training import ATTENTIONS, TRAINING_OPTIONS
+from approxlab.methods import available, get
+from approxlab.tasks import Batch
+from approxlab.training import ATTENTIONS, TRAINING_OPTIONS, TinyEncoder
 
 N, P = 6, 4
+MASKED = [name for name in available() if "key_mask" in inspect.signature(get(name).function).parameters]
+UNMASKED = [name for name in available() if name not in MASKED]
 
 
 def _qkv(seed=0, batch=(2, 3)):
@@ -52,7 +64,8 @@ def test_full_budget_with_mask_equals_exact_masked_attention(method):
     budget = 2 * N if method == "skyformer" else N
     got = approximate(method, q, k, v, num_features=budget, key_mask=mask,
                       generator=torch.Generator().manual_seed(0), **options).output
-    torch.testing.assert_close(got, _on_kept_keys(reference, q, k, v, mask), rtol=1e-6, atol=1e-8)
+    real = mask.expand(2, 3, N)  # self-attention: padded queries' outputs are not specified
+    torch.testing.assert_close(got[real], _on_kept_keys(reference, q, k, v, mask)[real], rtol=1e-6, atol=1e-8)
 
 
 def test_yoso_e_with_mask_equals_yoso_e_on_kept_keys():
@@ -120,5 +133,140 @@ def test_key_mask_validation():
         approximate("exact", q, k, v, num_features=1, key_mask=torch.ones(3, 1, N, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"at least one key in every sequence"):
         approximate("exact", q, k, v, num_features=1, key_mask=torch.zeros(2, 1, N, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"`key_mask` is not supported by method 'performer'"):
-        approximate("performer", q, k, v, num_features=2, key_mask=_mask())
+
+
+@pytest.mark.parametrize("name", UNMASKED)
+def test_methods_without_mask_support_refuse_a_mask(name):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=rf"`key_mask` is not supported by method '{name}'"):
+        approximate(name, q, k, v, num_features=2, key_mask=_mask())
+
+
+# -- padding cannot leak ------------------------------------------------------------------
+
+LENGTHS = (16, 11, 5, 3)  # one full sequence, two padded at the end, one with fewer tokens than landmarks
+
+
+def _padded_batch(seed=0):
+    """q, k, v ``(4, 2, 16, 4)`` float64 and a ``(4, 1, 16)`` mask of real lengths :data:`LENGTHS`;
+    sequence 1's padding is scattered, not at the end."""
+    n = LENGTHS[0]
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(4, 2, n, P, dtype=torch.float64, generator=g) for _ in range(3))
+    mask = (torch.arange(n) < torch.tensor(LENGTHS)[:, None]).unsqueeze(1)
+    mask[1, 0] = mask[1, 0, torch.randperm(n, generator=g)]
+    return q, k, v, mask
+
+
+def _repadded(x, mask, seed):
+    """``x`` with every padded row replaced by a new draw of a larger scale."""
+    padded = ~mask.expand(x.shape[:-1])
+    other = x.clone()
+    other[padded] = 3 * torch.randn(int(padded.sum()), x.shape[-1], dtype=x.dtype,
+                                    generator=torch.Generator().manual_seed(seed))
+    return other
+
+
+_OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}],
+            "skyformer-softmax": [{"core": "pinv"}, {"core": "schulz"}],
+            "nystromformer": [{}, {"pinv": "exact"}]}
+_CASES = [(name, options) for name in MASKED for options in _OPTIONS.get(name, [{}])]
+
+
+@pytest.mark.parametrize("name,options", _CASES, ids=[f"{n}-{o}" for n, o in _CASES])
+def test_padding_cannot_leak_into_real_rows(name, options):
+    """Changing only the padded rows' q, k, v leaves every real row's output unchanged (float64,
+    1e-12), with real lengths 16, 11, 5 (scattered) and 3 (< the 4 landmarks) in one batch."""
+    q, k, v, mask = _padded_batch()
+    budget = 6 if name.startswith("skyformer") else 4
+
+    def run(q, k, v):
+        return approximate(name, q, k, v, num_features=budget, key_mask=mask,
+                           generator=torch.Generator().manual_seed(1), **options).output
+
+    before = run(q, k, v)
+    after = run(*(_repadded(x, mask, seed) for seed, x in enumerate((q, k, v), start=10)))
+    real = mask.expand(q.shape[:-1])
+    assert bool(torch.isfinite(before).all())
+    torch.testing.assert_close(after[real], before[real], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(ATTENTIONS))
+def test_tiny_encoder_padding_cannot_leak_into_real_tokens(name):
+    """Through the whole encoder: changing only the pad tokens leaves the real tokens'
+    embeddings unchanged (float64, 1e-12), for sequences of different real lengths."""
+    n = LENGTHS[0]
+    g = torch.Generator().manual_seed(3)
+    mask = torch.arange(n) < torch.tensor(LENGTHS)[:, None]
+    ids = torch.randint(1, 20, (len(LENGTHS), n), generator=g).masked_fill(~mask, 0)
+    other = ids.masked_fill(~mask, 21)
+    model = TinyEncoder(vocab_size=22, n=n, attention=name, num_features=4, num_classes=2,
+                        generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        before, after = model.embed(ids, mask=mask, seed=5), model.embed(other, mask=mask, seed=5)
+    torch.testing.assert_close(after[mask], before[mask], rtol=0, atol=1e-12)
+    assert not torch.allclose(after[~mask], before[~mask])  # the pad tokens did change
+
+
+@pytest.mark.parametrize("name", ["nystromformer", "spectral-shifting"])
+def test_segment_means_over_real_tokens_equal_the_unpadded_sequence(name):
+    """With padding at the end, a sequence's real rows are what the method gives on the
+    sequence with its padding removed (the landmarks are the same segment means)."""
+    q, k, v, mask = _padded_batch()
+    mask[1, 0] = torch.arange(16) < 11  # padding at the end for this test
+    padded = approximate(name, q, k, v, num_features=4, key_mask=mask).output
+    for s, length in enumerate(LENGTHS[:3]):  # the fourth has fewer real tokens than landmarks
+        alone = approximate(name, *(x[s : s + 1, :, :length] for x in (q, k, v)), num_features=4)
+        torch.testing.assert_close(padded[s : s + 1, :, :length], alone.output, rtol=0, atol=1e-12)
+
+
+def test_segment_means_with_all_tokens_real_match_the_unmasked_rule():
+    from approxlab.methods.nystromformer import segment_means
+
+    x = torch.randn(3, 37, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 37, dtype=torch.bool)
+    torch.testing.assert_close(segment_means(x, 5, mask), segment_means(x, 5), rtol=0, atol=1e-14)
+    short = torch.arange(37) < 3  # L = 3 < m = 5: tokens 0, 0, 1, 1, 2 (rank floor(j L / m))
+    torch.testing.assert_close(segment_means(x, 5, short), x[:, [0, 0, 1, 1, 2]], rtol=0, atol=0)
+
+
+def test_uniform_real_columns_draw_only_real_rows():
+    g = torch.Generator()
+    mask = torch.ones(4, 20, dtype=torch.bool)
+    g.manual_seed(0)
+    plain = sketch.uniform_columns(20, 7, batch_shape=(4,), generator=g)
+    g.manual_seed(0)
+    assert torch.equal(sketch.uniform_real_columns(mask, 7, generator=g), plain)  # all real: the same draw
+    mask[0, 5:] = False  # 5 real rows < 7 columns: each real row, then repeats
+    mask[1, ::2] = False
+    columns = sketch.uniform_real_columns(mask, 7, generator=g)
+    assert bool(torch.gather(mask, -1, columns).all())
+    assert sorted(set(columns[0].tolist())) == [0, 1, 2, 3, 4]
+    assert len(set(columns[1].tolist())) == 7
+
+
+def test_explicit_skyformer_columns_must_avoid_padding():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"`columns` \(or `draw\['columns'\]`\) must index real \(unmasked\) rows"):
+        approximate("skyformer", q, k, v, num_features=2, columns=torch.tensor([0, 4]), key_mask=_mask())
+
+
+@pytest.mark.parametrize("name", ["skyformer", "skyformer-softmax"])
+def test_a_draw_made_with_the_mask_reproduces_the_masked_generator_run(name):
+    from approxlab.methods import draw
+
+    q, k, v, mask = _padded_batch()
+    shared = draw(name, q, k, num_features=6, generator=torch.Generator().manual_seed(1), key_mask=mask)
+    assert bool(torch.gather(_rows(mask, q.shape[:-2]), -1, shared["columns"]).all())
+    by_draw = approximate(name, q, k, v, num_features=6, draw=shared, key_mask=mask).output
+    by_generator = approximate(name, q, k, v, num_features=6, generator=torch.Generator().manual_seed(1),
+                               key_mask=mask).output
+    assert torch.equal(by_draw, by_generator)
+    unmasked = draw(name, q, k, num_features=6, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match=r"must index real \(unmasked\) rows"):
+        approximate(name, q, k, v, num_features=6, draw=unmasked, key_mask=mask)
+
+
+def _rows(mask, batch):
+    """The rows of [Q; K] that may be landmarks in self-attention: real queries, then real keys."""
+    return torch.cat([mask, mask], dim=-1).expand(*batch, 2 * mask.shape[-1])

@@ -13,7 +13,19 @@ For a softmax target the masked row is :math:`\operatorname{softmax}` over the k
                                 {\sum_{l\ \text{kept}} \exp(q_i^\top k_l/\sqrt p)},
 
 computed in the log domain (masked logits set to :math:`-\infty`); for unnormalised targets
-(kernelized attention, YOSO-E) masked columns are multiplied by 0.
+(kernelized attention, YOSO-E, YOSO-m) masked columns are multiplied by 0.
+
+**Padding cannot leak.** A method that builds landmarks from the tokens (Skyformer's sampled
+rows of :math:`[Q; K]`, the segment means of Nyströmformer and spectral shifting) builds them
+from real tokens only, sequence by sequence, so the outputs of real rows do not depend on the
+padded rows' ``q``, ``k``, ``v`` at all (``tests/test_masking.py`` checks this for every method
+that takes a mask, to 1e-12 in float64). In self-attention (``q`` and ``k`` of the same length
+``n``) the key mask is the token padding mask, and padded *queries* are left out of the
+landmarks too (:func:`query_mask`), as the authors' code does: it multiplies padded ``q`` and
+``k`` by 0 before taking landmarks (pkuzengqi/Skyformer ``attention_skyformer.py`` samples
+among the first ``mask.sum()`` rows of ``Q`` and of ``K``; mlpen/Nystromformer
+``attention_nystrom.py`` zeroes padded ``Q``, ``K`` before the segment means). The outputs of
+padded query rows are not specified.
 """
 
 from __future__ import annotations
@@ -23,7 +35,20 @@ import torch
 from .._validation import check_key_mask
 from ..kernels import scaled_logits
 
-__all__ = ["check_key_mask", "masked_softmax_matrix", "mask_columns"]
+__all__ = ["check_key_mask", "query_mask", "masked_softmax_matrix", "mask_columns"]
+
+
+def query_mask(key_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """The mask of the real query rows that may become landmarks: ``(*batch, n)`` or ``None``.
+
+    In self-attention (``q: (*batch, n, p)`` and ``k: (*batch, n, p)`` of one length) the key
+    mask marks the padded tokens, which are padded queries too: it is returned as is. With
+    ``n != n_k`` (queries and keys from different sequences) nothing marks padded queries, and
+    every query row may be a landmark: ``None``.
+    """
+    if key_mask is None or q.shape[-2] != k.shape[-2]:
+        return None
+    return key_mask
 
 
 def masked_softmax_matrix(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:

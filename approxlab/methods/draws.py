@@ -9,7 +9,8 @@ one draw (common random numbers), and a draw can be made by hand.
 =====================  =============================================================================
 method                 its draw (shapes; index draws are ``int64``, Gaussian ones ``float64``)
 =====================  =============================================================================
-skyformer(-softmax)    ``columns`` ``(*batch, d)``: distinct rows of the completion ``[Q; K]``, in ``[0, n + m)``
+skyformer(-softmax)    ``columns`` ``(*batch, d)``: distinct rows of the completion ``[Q; K]``, in ``[0, n + m)``;
+                       with ``key_mask=`` only real rows (the same mask must go to ``approximate``)
 nystrom                ``columns`` ``(*batch, d)``: distinct tokens in ``[0, n)``; with
                        ``sampling="ridge-leverage"`` also ``pilot_columns`` ``(*batch, d)``
 yoso                   ``hyperplanes`` ``(*batch, m, tau, p)``, i.i.d. N(0, 1)

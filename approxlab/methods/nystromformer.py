@@ -26,7 +26,7 @@ from ..linalg.conditioning import condition_number
 from ..linalg.pinv import INITS, iterative_pinv
 from ..operators import ProductOperator
 from ._base import Approximation, method
-from ._masking import check_key_mask, masked_softmax_matrix
+from ._masking import check_key_mask, masked_softmax_matrix, query_mask
 
 __all__ = ["segment_sizes", "segment_means", "landmark_kernels", "nystromformer", "NYSTROMFORMER"]
 
@@ -65,7 +65,7 @@ def segment_sizes(n: int, num_landmarks: int) -> tuple[int, ...]:
     return (length + 1,) * remainder + (length,) * (num_landmarks - remainder)
 
 
-def segment_means(x: torch.Tensor, num_landmarks: int) -> torch.Tensor:
+def segment_means(x: torch.Tensor, num_landmarks: int, token_mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""Segment-means landmarks (Nyströmformer Section "Landmark selection"; spectral shifting Eq. (1)).
 
     .. math::
@@ -81,12 +81,29 @@ def segment_means(x: torch.Tensor, num_landmarks: int) -> torch.Tensor:
         ``(*batch, n, p)`` queries or keys.
     num_landmarks : int
         ``m`` with ``1 <= m <= n``.
+    token_mask : torch.Tensor, optional
+        ``(*batch, n)`` bool (broadcastable against ``x``'s batch), True on real tokens: the
+        segments split each sequence's real tokens only (see Notes).
 
     Returns
     -------
     torch.Tensor
         ``(*batch, m, p)`` landmarks. Each is an exact mean of its segment (two reshapes, no
-        cumulative sums, so no cancellation for long sequences).
+        cumulative sums, so no cancellation for long sequences; with ``token_mask``, one product
+        with the ``(*batch, m, n)`` averaging weights).
+
+    Notes
+    -----
+    **Padding.** With ``token_mask``, a sequence with :math:`L` real tokens (in any positions)
+    gets the landmarks it would get with its padding removed: its real tokens, in order, are
+    split by the rule of :func:`segment_sizes` for :math:`L` tokens, so padded rows never enter
+    a landmark and sequences of different real lengths in one batch each get their own
+    segments. When :math:`L < m` there are too few tokens for :math:`m` segments; landmark
+    :math:`j` is then the real token of rank :math:`\lfloor jL/m\rfloor` (every real token a
+    landmark, some repeated). Nyströmformer's published code instead multiplies padded
+    :math:`Q, K` by 0 and averages fixed segments of the padded length (mlpen/Nystromformer,
+    ``LRA/code/attention_nystrom.py``): padded contents do not leak there either, but a
+    segment's mean is shrunk by its padded share and depends on the padded length.
 
     References
     ----------
@@ -96,6 +113,8 @@ def segment_means(x: torch.Tensor, num_landmarks: int) -> torch.Tensor:
     check_tensor(x, "x")
     n = x.shape[-2]
     num_landmarks = check_int(num_landmarks, "num_landmarks", low=1, high=n)
+    if token_mask is not None:
+        return _real_segment_weights(token_mask, num_landmarks, x.dtype) @ x
 
     length, remainder = divmod(n, num_landmarks)
     batch, p = x.shape[:-2], x.shape[-1]
@@ -103,6 +122,22 @@ def segment_means(x: torch.Tensor, num_landmarks: int) -> torch.Tensor:
     long_means = x[..., :split, :].reshape(*batch, remainder, length + 1, p).mean(-2)
     short_means = x[..., split:, :].reshape(*batch, num_landmarks - remainder, length, p).mean(-2)
     return torch.cat([long_means, short_means], dim=-2)
+
+
+def _real_segment_weights(token_mask: torch.Tensor, num_landmarks: int, dtype) -> torch.Tensor:
+    """``(*batch, m, n)`` weights of the segment means over each sequence's real tokens (see
+    :func:`segment_means`): row ``j`` is ``1/|I_j|`` on the real tokens of segment ``j``, else 0."""
+    rank = token_mask.cumsum(-1) - 1  # (*batch, n): rank of each token among the real ones
+    real = token_mask.sum(-1, keepdim=True)  # (*batch, 1): L
+    j = torch.arange(num_landmarks + 1, device=token_mask.device)
+    length, remainder = real // num_landmarks, real % num_landmarks
+    bounds = torch.where(real >= num_landmarks, j * length + torch.minimum(j, remainder),  # segment_sizes(L, m)
+                         j * real // num_landmarks)  # L < m: one real token per landmark
+    start = bounds[..., :-1]
+    end = torch.where(real >= num_landmarks, bounds[..., 1:], start + 1)
+    inside = (rank.unsqueeze(-2) >= start.unsqueeze(-1)) & (rank.unsqueeze(-2) < end.unsqueeze(-1))
+    inside &= token_mask.unsqueeze(-2)
+    return inside.to(dtype) / (end - start).unsqueeze(-1).to(dtype)
 
 
 def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int, key_mask=None):
@@ -116,7 +151,11 @@ def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int, key_m
         ``m`` with ``1 <= m <= min(n, n_k)``.
     key_mask : torch.Tensor, optional
         ``(*batch, n_k)`` bool, True on keys to attend: :math:`B` is the softmax over kept keys
-        only (as the official code's :math:`-10^9` on padded keys), so masked keys get zero weight.
+        only (as the official code's :math:`-10^9` on padded keys), so masked keys get zero
+        weight, and the landmarks are segment means over real tokens only
+        (:func:`segment_means`; queries too in self-attention,
+        :func:`approxlab.methods._masking.query_mask`), so real rows' outputs do not depend on
+        padded rows.
 
     Returns
     -------
@@ -135,12 +174,13 @@ def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int, key_m
     check_qkv(q, k)
     n = min(q.shape[-2], k.shape[-2])
     num_landmarks = check_int(num_landmarks, "num_landmarks", low=1, high=n)
-    q_landmarks = segment_means(q, num_landmarks)
-    k_landmarks = segment_means(k, num_landmarks)
+    key_mask = check_key_mask(key_mask, k)
+    q_landmarks = segment_means(q, num_landmarks, query_mask(key_mask, q, k))
+    k_landmarks = segment_means(k, num_landmarks, key_mask)
     return (
         softmax_matrix(q, k_landmarks),
         softmax_matrix(q_landmarks, k_landmarks),
-        masked_softmax_matrix(q_landmarks, k, check_key_mask(key_mask, k)),
+        masked_softmax_matrix(q_landmarks, k, key_mask),
     )
 
 
@@ -198,7 +238,8 @@ def nystromformer(
         Norm of those residuals (``"spectral"``: the 2-norm of Lemma 1, one SVD each;
         ``"frobenius"``, default: cheap, within a factor :math:`\sqrt m` of it).
     key_mask : torch.Tensor, optional
-        ``(*batch, n_k)`` bool, True on keys to attend; see :func:`landmark_kernels`.
+        ``(*batch, n_k)`` bool, True on keys to attend; landmarks over real tokens only (see
+        :func:`landmark_kernels`). ``info["segment_sizes_*"]`` stay those of the unmasked split.
 
     Returns
     -------

@@ -25,7 +25,7 @@ from ..linalg.cores import (DEFAULT_CORE, DEFAULT_GAMMA, DEFAULT_INIT, DEFAULT_N
                             check_core_options, nystrom_core)
 from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
-from ._masking import check_key_mask, mask_columns
+from ._masking import check_key_mask, mask_columns, query_mask
 from .draws import DrawEntry, check_draw
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
 # -- skeletons of attention score matrices -------------------------------------------------
 
 
-def draw_completion_columns(q, k, *, num_features, generator=None):
+def draw_completion_columns(q, k, *, num_features, generator=None, key_mask=None):
     r"""Skyformer's random draw: ``d`` distinct rows of the completion's :math:`X = [Q; K]`.
 
     Parameters
@@ -55,6 +55,10 @@ def draw_completion_columns(q, k, *, num_features, generator=None):
     generator : torch.Generator, optional
         CPU generator: one uniformly random ``d``-subset per batch element
         (:func:`approxlab.sketch.uniform_columns`, without replacement).
+    key_mask : torch.Tensor, optional
+        ``(*batch, m)`` bool, True on real keys: the rows are drawn among the real rows of
+        :math:`[Q; K]` only (:func:`approxlab.sketch.uniform_real_columns`; real keys, and real
+        queries in self-attention; every real row, some repeated, when there are fewer than ``d``).
 
     Returns
     -------
@@ -71,6 +75,10 @@ def draw_completion_columns(q, k, *, num_features, generator=None):
     total = q.shape[-2] + k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=total)
     batch = tuple(q.shape[:-2])
+    rows = _landmark_row_mask(check_key_mask(key_mask, k), q, k)
+    if rows is not None:
+        return {"columns": sketch.uniform_real_columns(rows.expand(*batch, total), num_features, generator=generator,
+                                                       device=q.device)}
     return {"columns": sketch.uniform_columns(total, num_features, batch_shape=batch, generator=generator,
                                               device=q.device)}
 
@@ -80,7 +88,7 @@ def _completion_draw_layout(q, k, num_features) -> dict:
     return {"columns": DrawEntry((*q.shape[:-2], num_features), "(*batch, d)", high=total)}
 
 
-def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
+def completion_landmarks(q, k, num_features, *, generator=None, columns=None, key_mask=None):
     r"""Landmark rows :math:`X_S` of the completion's :math:`X = [Q; K]`, and their indices ``S``.
 
     Parameters
@@ -94,6 +102,9 @@ def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
     columns : torch.Tensor, optional
         Explicit ``(d,)`` or ``(*batch, d)`` indices into ``range(n + m)`` (validated with
         :func:`approxlab.sketch.check_columns`; ``d`` must equal ``num_features`` when both are given).
+    key_mask : torch.Tensor, optional
+        ``(*batch, m)`` bool, True on real keys: the draw is among real rows only
+        (:func:`draw_completion_columns`), and explicit ``columns`` must index real rows.
 
     Returns
     -------
@@ -110,9 +121,14 @@ def completion_landmarks(q, k, num_features, *, generator=None, columns=None):
     total = x.shape[-2]
     batch = tuple(x.shape[:-2])
     if columns is None:
-        columns = draw_completion_columns(q, k, num_features=num_features, generator=generator)["columns"]
+        columns = draw_completion_columns(q, k, num_features=num_features, generator=generator,
+                                          key_mask=key_mask)["columns"]
     else:
         columns = sketch.check_columns(columns, total, batch_shape=batch, num_features=num_features)
+        rows = _landmark_row_mask(check_key_mask(key_mask, k), q, k)
+        if rows is not None and not bool(torch.gather(rows.expand(*batch, total), -1, columns.to(rows.device)).all()):
+            raise ValueError("`columns` (or `draw['columns']`) must index real (unmasked) rows of [Q; K] when "
+                             "`key_mask` is given; got an index of a padded row (draw with the same key_mask).")
     columns = columns.to(x.device)
     return sketch.gather_rows(x, columns), columns
 
@@ -148,6 +164,7 @@ def gaussian_skeleton(
     right_landmarks: torch.Tensor,
     *,
     normalized: bool,
+    key_mask: torch.Tensor | None = None,
 ) -> Skeleton:
     r"""Blocks :math:`\kappa(Q', Y_L)`, :math:`\kappa(Y_R, Y_L)`, :math:`\kappa(Y_R, K')` of the Gaussian kernel.
 
@@ -164,6 +181,9 @@ def gaussian_skeleton(
         Eq. (3)), for a kernelized target. ``True``: blocks of the raw scores
         :math:`A = D_Q^{1/2} C D_K^{1/2}` (Lemma 1 / Section 4.1) with every factor that
         cancels in :math:`\tilde D^{-1}\tilde A` removed (see Notes), for a softmax target.
+    key_mask : torch.Tensor, optional
+        ``(*batch, m)`` bool, True on real keys: the largest :math:`D_K^{1/2}` of ``normalized``
+        is taken over real keys only (the masked keys' columns are zeroed by the caller).
 
     Returns
     -------
@@ -191,10 +211,13 @@ def gaussian_skeleton(
     if normalized:  # in place where autograd allows: each new (n, d) array costs a page-faulting allocation
         log_left = kernels.scaled_logits(q, left_landmarks).sub_(kernels.log_diag_scale(left_landmarks).unsqueeze(-2))
         left = (log_left - log_left.amax(-1, keepdim=True)).exp_()  # amax keeps log_left for its gradient
+        key_scale = kernels.log_diag_scale(k)
+        if key_mask is not None:  # the largest real key sets the scale; padded keys' columns are zeroed
+            key_scale = key_scale.masked_fill(~key_mask, float("-inf"))
         log_right = (
             kernels.scaled_logits(right_landmarks, k)
             .sub_(kernels.log_diag_scale(right_landmarks).unsqueeze(-1))
-            .sub_(kernels.log_diag_scale(k).amax(-1, keepdim=True).unsqueeze(-1))
+            .sub_(key_scale.amax(-1, keepdim=True).unsqueeze(-1))
         )
         right = log_right.clamp_max_(0.0).exp_()
     else:
@@ -256,6 +279,24 @@ def skeleton_attention(skeleton: Skeleton, core: CoreFactors, v: torch.Tensor):
 # -- the method ----------------------------------------------------------------------------
 
 
+def _landmark_row_mask(key_mask, q, k):
+    r"""``(*batch, n + m)`` bool: the rows of :math:`[Q; K]` that may be landmarks, or ``None``.
+
+    Real keys, and real queries in self-attention (:func:`approxlab.methods._masking.query_mask`;
+    every query when ``n != m``). So real rows' outputs do not depend on padded rows: the
+    landmarks, the core and the left block of a real query are made of real rows only, as in
+    Skyformer's published code, which samples among the first ``mask.sum()`` rows of ``Q`` and
+    of ``K`` (pkuzengqi/Skyformer, ``attention_skyformer.py``, ``uniform_sketching``).
+    """
+    if key_mask is None:
+        return None
+    rows_q = query_mask(key_mask, q, k)
+    if rows_q is None:
+        rows_q = torch.ones(q.shape[-2], dtype=torch.bool, device=key_mask.device)
+    batch = torch.broadcast_shapes(key_mask.shape[:-1], rows_q.shape[:-1])
+    return torch.cat([rows_q.expand(*batch, q.shape[-2]), key_mask.expand(*batch, k.shape[-2])], dim=-1)
+
+
 def completion_nystrom(
     q,
     k,
@@ -277,18 +318,22 @@ def completion_nystrom(
     Parameters are those of :func:`skyformer`; ``normalized`` selects the skeleton of
     :func:`gaussian_skeleton` (and with it the target and the registry name of the result).
     ``key_mask`` ``(*batch, m)`` bool (True on keys to attend) zeroes the masked keys' columns
-    of the right block, so they get zero weight (and, normalised, leave the row sums). ``draw``:
-    ``{"columns": (*batch, d)}`` from :func:`draw_completion_columns` (exclusive with ``columns``).
+    of the right block, so they get zero weight (and, normalised, leave the row sums), and the
+    landmarks are drawn from the real rows of :math:`[Q; K]` only (:func:`_landmark_row_mask`).
+    ``draw``: ``{"columns": (*batch, d)}`` from :func:`draw_completion_columns` (exclusive with
+    ``columns``; with ``key_mask``, its columns must index real rows).
     """
     check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
+    key_mask = check_key_mask(key_mask, k)
     if draw is not None:
         if columns is not None:
             raise ValueError("pass at most one of `columns` and `draw`; got both.")
         name = "skyformer-softmax" if normalized else "skyformer"
         columns = check_draw(name, draw, _completion_draw_layout(q, k, num_features), device=q.device)["columns"]
-    landmarks, columns = completion_landmarks(q, k, num_features, generator=generator, columns=columns)
-    skeleton = gaussian_skeleton(q, k, landmarks, landmarks, normalized=normalized)
-    skeleton.right = mask_columns(skeleton.right, check_key_mask(key_mask, k))
+    landmarks, columns = completion_landmarks(q, k, num_features, generator=generator, columns=columns,
+                                              key_mask=key_mask)
+    skeleton = gaussian_skeleton(q, k, landmarks, landmarks, normalized=normalized, key_mask=key_mask)
+    skeleton.right = mask_columns(skeleton.right, key_mask)
     core_factors, info = nystrom_core(skeleton.block, core=core, gamma=gamma, num_iter=num_iter, init=init)
     output, operator, extra = skeleton_attention(skeleton, core_factors, v)
     info.update(extra)
@@ -333,7 +378,11 @@ def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma
         ``(d,)`` or ``(*batch, d)`` explicit indices into the ``n + m`` rows of
         :math:`[Q; K]` (``d`` must equal ``num_features``); no random draw then.
     key_mask : torch.Tensor, optional
-        ``(*batch, m)`` bool, True on keys to attend: masked keys get zero weight.
+        ``(*batch, m)`` bool, True on keys to attend: masked keys get zero weight, and the ``d``
+        columns are drawn among the real rows of :math:`[Q; K]` only, per batch element (real
+        keys, and real queries when ``n == m``; every real row, some repeated, when there are
+        fewer than ``d``): real rows' outputs do not depend on padded rows at all
+        (:mod:`approxlab.methods._masking`).
     draw : dict, optional
         ``{"columns": (*batch, d) int64}`` in ``[0, n + m)``, the draw of
         :func:`draw_completion_columns` (``approxlab.methods.draw``), used instead of ``generator``:

@@ -405,7 +405,8 @@ def spectral_shifting(
     key_mask : torch.Tensor, optional
         ``(*batch, n_k)`` bool, True on keys to attend (:mod:`approxlab.methods._masking`):
         :math:`B` is the softmax over kept keys only, so masked keys get zero weight (values
-        enter only through :math:`B`). The landmarks are segment means of all keys.
+        enter only through :math:`B`), and the landmarks are segment means over real tokens
+        only (:func:`approxlab.methods.nystromformer.landmark_kernels`).
 
     Returns
     -------

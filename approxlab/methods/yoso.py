@@ -11,7 +11,9 @@ import torch
 from .. import lsh
 from .._validation import as_generator, check_bool, check_int
 from ..linalg.scaling import unit_rows
+from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
+from ._masking import check_key_mask
 from .draws import DrawEntry, check_draw
 
 __all__ = ["yoso", "YOSO", "MAX_HASHES", "draw_hyperplanes"]
@@ -55,7 +57,7 @@ def draw_hyperplanes(q, k, *, num_features, generator=None, tau=8):
     randomized=True,
     draw=draw_hyperplanes,
 )
-def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False, draw=None):
+def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False, draw=None, key_mask=None):
     r"""YOSO-m attention :math:`\frac1m\sum_{h=1}^m \mathcal B_h(\hat Q, \hat K)\,V` without an ``n x n`` matrix.
 
     Parameters
@@ -82,12 +84,18 @@ def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False
         ``{"hyperplanes": (*batch, m, tau, p)}`` (float32 or float64), the draw of
         :func:`draw_hyperplanes` (``approxlab.methods.draw``), used instead of ``generator``
         (cast to ``q``'s dtype): the same draw gives the same output bit for bit.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n_k)`` bool, True on keys to attend: masked keys' columns of :math:`\mathcal B`
+        are 0 (their values are multiplied by 0 before the accumulation; YOSO's published code
+        leaves masked keys out of its hash-table cumulation, mlpen/YOSO ``yoso.py``), so padded
+        rows do not reach real rows' outputs.
 
     Returns
     -------
     Approximation
         ``output``: ``(*batch, n, p_v)``; ``operator()``: the ``(*batch, n, n_k)`` matrix
-        :math:`\frac1m\sum_h \mathcal B_h` as a :class:`approxlab.lsh.CollisionOperator`;
+        :math:`\frac1m\sum_h \mathcal B_h` as a :class:`approxlab.lsh.CollisionOperator` (times
+        the diagonal of ``key_mask`` when given);
         ``info``: ``tau``, ``num_hashes``, ``normalize_output``, ``hyperplanes``
         ``(*batch, m, tau, p)``, ``codes_q`` ``(*batch, m, n)``, ``codes_k`` ``(*batch, m, n_k)``.
 
@@ -129,6 +137,9 @@ def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False
     codes_q = lsh.hash_codes(q_unit, hyperplanes)
     codes_k = lsh.hash_codes(k_unit, hyperplanes)
     operator = lsh.CollisionOperator(codes_q, codes_k, tau=tau, dtype=q.dtype)
+    key_mask = check_key_mask(key_mask, k)
+    if key_mask is not None:
+        operator = ProductOperator(operator, DiagonalOperator(key_mask.expand(k.shape[:-1]).to(q.dtype)))
     output = operator.matmat(v)
     if normalize_output:
         output = unit_rows(output)
