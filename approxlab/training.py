@@ -55,7 +55,8 @@ import torch
 import torch.nn.functional as F
 
 from ._validation import as_generator, check_choice, check_int, check_positive_float
-from .attention import approximate
+from .attention import _check_options as check_method_options  # the checks approximate() makes
+from .methods import registry
 from .tasks import IGNORE_INDEX
 
 __all__ = [
@@ -402,8 +403,8 @@ class TinyEncoder(torch.nn.Module):
     embedding_dim, hidden_dim, num_heads, num_layers : int
         Skyformer: 64, 128, 2, 2.
     attention_options : dict, optional
-        Passed to :func:`approxlab.approximate` as method options; default
-        :data:`TRAINING_OPTIONS` for the attention (Skyformer: ``core="schulz"``).
+        Method options (those :func:`approxlab.approximate` accepts for the method, checked
+        here); default :data:`TRAINING_OPTIONS` for the attention (Skyformer: ``core="schulz"``).
     generator : torch.Generator, optional
         Initial weights are drawn from it (CPU); two encoders built from the same
         generator state have the same weights, whatever their attention.
@@ -415,8 +416,17 @@ class TinyEncoder(torch.nn.Module):
     :math:`f(x, W)` of Skyformer Appendix F is :meth:`embed`: the ``(batch, n,
     embedding_dim)`` output of the final LayerNorm, i.e. the token embeddings after the two
     layers as returned by the encoder of the LRA code Skyformer trains with. Padding tokens
-    are masked inside attention (``key_mask``: they get zero weight as keys; every method in
-    :data:`ATTENTIONS` honours it) and left out of the mean pooling.
+    are masked inside attention (``key_mask``: they get zero weight as keys, and landmarks are
+    taken over real tokens only, so the real tokens' embeddings do not depend on the padding;
+    every method in :data:`ATTENTIONS` honours it) and left out of the mean pooling.
+
+    **Speed.** Each layer calls the method's own function once on ``(batch, heads, n, p)`` (all
+    heads and sequences at once; the same computation as :func:`approxlab.approximate`, without
+    its checks of inputs and output). Softmax and kernelized attention run through torch's fused
+    ``scaled_dot_product_attention`` (no ``n x n`` matrix, forward or backward); Skyformer,
+    Nyströmformer and spectral shifting form nothing larger than ``n x num_features``; YOSO-E,
+    an exact expectation, is ``n x n`` by definition. ``approxlab bench --parts training``
+    measures a training step of each against a pure-SDPA model.
 
     References
     ----------
@@ -463,6 +473,7 @@ class TinyEncoder(torch.nn.Module):
         self.kind = kind
         if attention_options is None:
             attention_options = TRAINING_OPTIONS.get(attention, {})
+        check_method_options(registry.get(self.method), attention_options)
         self.attention_options = dict(attention_options)
         kw = {"dtype": dtype}
         # torch's modules initialise themselves from the global generator on construction;
@@ -505,13 +516,16 @@ class TinyEncoder(torch.nn.Module):
         return [p for name, p in self.named_parameters() if not name.startswith("head.")]
 
     def _attend(self, seed, key_mask):
+        """The attention of one layer: the method's own function on ``(batch, heads, n, p)``, all
+        heads and sequences in one call, without :func:`approxlab.approximate`'s checks of its
+        inputs and output (the model makes them; the training loop checks the loss and gradients)."""
+        function = registry.get(self.method).function
+
         def attend(q, k, v):
             n = k.shape[-2]
             g = as_generator(seed=seed)
-            return approximate(
-                self.method, q, k, v, num_features=min(self.num_features, n), generator=g, key_mask=key_mask,
-                **self.attention_options,
-            ).output
+            return function(q, k, v, num_features=min(self.num_features, n), generator=g, key_mask=key_mask,
+                            **self.attention_options).output
 
         return attend
 

@@ -16,11 +16,12 @@ def test_bench_cli_smoke(tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["bench", "--quick", "--source", "synthetic", "--out", str(out), "--no-progress",
             "--accuracy-n", "96", "--scale-n", "128", "--forward-n", "96",
-            "--forward-methods", "nystromformer", "--num-features", "16"]
+            "--forward-methods", "nystromformer", "--num-features", "16",
+            "--training-n", "48", "--training-batch", "2", "--training-features", "8"]
     assert main(argv) == 0
     results = pd.read_csv(out / "results.csv")
     assert not results.isna().any().any()
-    assert set(results["part"]) == {"accuracy", "scale", "forward", "ratios"}
+    assert set(results["part"]) == {"accuracy", "scale", "forward", "ratios", "training"}
     wide = results.pivot_table(index=["part", "n", "algorithm"], columns="quantity", values="value").reset_index()
     accuracy = wide[wide["part"] == "accuracy"].set_index("algorithm")
     assert set(accuracy.index) == {"dense", "golub-kahan", "block-lanczos", "scipy"}
@@ -34,11 +35,17 @@ def test_bench_cli_smoke(tmp_path, capsys):
     ratios = wide[wide["part"] == "ratios"].set_index("algorithm")
     assert {"operator-matmat", "operator-rmatmat", "spectral-error-sdpa-lanczos"} <= set(ratios.index)
     assert (ratios["ratio_vs_sdpa"].dropna() > 0).all()
+    training = wide[wide["part"] == "training"].set_index("algorithm")
+    assert set(training.index) == {"torch-sdpa", "softmax", "kernelized", "skyformer", "nystromformer",
+                                   "spectral-shifting", "yoso"}
+    assert training.loc["torch-sdpa", "ratio_vs_sdpa"] == 1.0 and (training["ratio_vs_sdpa"] > 0).all()
+    assert (training["finite_gradients"] == 1.0).all() and (training["repeats"] >= 5).all()
     for name in ("bench.png", "bench.pdf", "summary.md", "config.json"):
         assert (out / name).is_file()
     summary = (out / "summary.md").read_text()
     assert "block-lanczos" in summary and "approxlab bench --quick" in summary
     assert "## Ratios of the issue" in summary and "ExactAttentionOperator.rmatmat / SDPA forward" in summary
+    assert "## Training step against a pure-SDPA model" in summary and "| nystromformer | `nystromformer` |" in summary
     before = (out / "results.csv").read_bytes()
     assert main(["bench", "--out", str(out), "--plot-only", "--no-progress"]) == 0
     assert (out / "results.csv").read_bytes() == before

@@ -56,6 +56,22 @@ def test_gradcheck_trained_attentions(name, kind):
     assert torch.autograd.gradcheck(_attention(name, **extra), _inputs(kind), atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", _TRAINED_BY_AUTOGRAD)
+def test_gradcheck_trained_attentions_with_padding(name):
+    """The masked path the study trains (landmarks over real tokens only): two sequences of 8 and
+    5 real tokens of 8, the second with fewer real tokens than 2 * LANDMARKS completion rows."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, N, P, dtype=torch.float64, generator=g).requires_grad_() for _ in range(3))
+    key_mask = torch.arange(N) < torch.tensor([N, 5])[:, None]
+    options = TRAINING_OPTIONS.get(name, {})
+
+    def f(q, k, v):
+        return approximate(ATTENTIONS[name], q, k, v, num_features=LANDMARKS, key_mask=key_mask,
+                           generator=torch.Generator().manual_seed(7), **options).output
+
+    assert torch.autograd.gradcheck(f, (q, k, v), atol=1e-6, rtol=1e-4)
+
+
 def test_repeated_rows_make_the_spectral_shifting_core_rank_deficient():
     q, k, v = _inputs("repeated")
     result = approximate("spectral-shifting", q, k, v, num_features=LANDMARKS)

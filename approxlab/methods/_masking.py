@@ -35,7 +35,7 @@ import torch
 from .._validation import check_key_mask
 from ..kernels import scaled_logits
 
-__all__ = ["check_key_mask", "query_mask", "masked_softmax_matrix", "mask_columns"]
+__all__ = ["check_key_mask", "query_mask", "masked_softmax_matrix", "masked_fused_attention", "mask_columns"]
 
 
 def query_mask(key_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -61,6 +61,28 @@ def masked_softmax_matrix(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tens
     if key_mask is not None:
         logits = logits.masked_fill(~key_mask.unsqueeze(-2), float("-inf"))
     return torch.softmax(logits, dim=-1)
+
+
+def masked_fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, *, scale: float | None = None
+) -> torch.Tensor:
+    r""":math:`\operatorname{softmax}(s\,QK^\top)V` over kept keys through torch's fused kernel, ``(*batch, n, p_v)``.
+
+    ``q: (*batch, n, p)``, ``k: (*batch, n_k, p)``, ``v: (*batch, n_k, p_v)`` (batch dimensions
+    broadcast), ``key_mask: (*batch, n_k)`` or ``None``, ``scale`` :math:`s` (default
+    :math:`1/\sqrt p`). One call of :func:`torch.nn.functional.scaled_dot_product_attention` on the
+    flattened batch with the mask as its boolean ``attn_mask``: on CPU its flash kernel (equal head
+    sizes ``p_v == p``) never forms the ``n x n_k`` matrix, forward or backward, and masked keys get
+    weight exactly 0 (gradient 0).
+    """
+    shapes = [q.shape[:-2], k.shape[:-2], v.shape[:-2]] + ([] if key_mask is None else [key_mask.shape[:-1]])
+    batch = torch.broadcast_shapes(*shapes)
+    flat = [x.expand(*batch, *x.shape[-2:]).reshape(1, -1, *x.shape[-2:]) for x in (q, k, v)]
+    attn_mask = None
+    if key_mask is not None:
+        attn_mask = key_mask.expand(*batch, k.shape[-2]).reshape(1, -1, 1, k.shape[-2])
+    out = torch.nn.functional.scaled_dot_product_attention(*flat, attn_mask=attn_mask, scale=scale)
+    return out.reshape(*batch, q.shape[-2], v.shape[-1])
 
 
 def mask_columns(matrix: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:

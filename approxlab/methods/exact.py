@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..operators import DenseOperator
 from ._base import Approximation, method
-from ._masking import check_key_mask, masked_softmax_matrix
+from ._masking import check_key_mask, masked_fused_attention, masked_softmax_matrix
 
 
 @method("exact", target="softmax", features="ignored (reference)", randomized=False)
@@ -16,9 +16,13 @@ def exact(q, k, v, *, num_features=None, generator=None, key_mask=None):
     """Exact softmax attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
 
     ``key_mask`` ``(*batch, n_k)`` bool (True on keys to attend): softmax over kept keys only.
+    The output comes from torch's fused attention kernel
+    (:func:`~approxlab.methods._masking.masked_fused_attention`: no ``n x n_k`` matrix, forward or
+    backward, which is how training runs it); ``operator()`` forms the dense matrix when asked.
     """
-    matrix = masked_softmax_matrix(q, k, check_key_mask(key_mask, k))
-    return Approximation("exact", "softmax", matrix @ v, DenseOperator(matrix))
+    key_mask = check_key_mask(key_mask, k)
+    output = masked_fused_attention(q, k, v, key_mask)
+    return Approximation("exact", "softmax", output, lambda: DenseOperator(masked_softmax_matrix(q, k, key_mask)))
 
 
 EXACT = exact

@@ -13,9 +13,9 @@ import torch
 from .. import lsh
 from .._validation import check_bool, check_choice, check_int
 from ..linalg.scaling import unit_rows
-from ..operators import DenseOperator
+from ..operators import DenseOperator, DiagonalOperator, ProductOperator
 from ._base import Approximation, method
-from ._masking import check_key_mask, mask_columns
+from ._masking import check_key_mask
 from .yoso import MAX_HASHES
 
 __all__ = ["GRADIENTS", "collision_probability", "yoso_e", "YOSO_E"]
@@ -27,23 +27,29 @@ GRADIENTS = ("true", "lower-bound")
 class _CollisionProbability(torch.autograd.Function):
     """YOSO-E weights (1 - arccos(c)/pi)^tau; backward pass chosen by ``gradient``."""
 
+    # In place wherever the values allow: on CPU each new (n, n_k) array costs a page-faulting
+    # allocation, which for this elementwise chain costs more than the arithmetic.
     @staticmethod
     def forward(ctx, cosine, tau, gradient):
         clamped = cosine.clamp(-1.0, 1.0)
-        base = 1.0 - torch.arccos(clamped) / math.pi
-        ctx.save_for_backward(clamped, base)
         ctx.tau, ctx.gradient = tau, gradient
+        if gradient == "lower-bound":  # the backward needs the weights only: one array
+            weights = clamped.arccos_().div_(math.pi).neg_().add_(1.0).pow_(tau)
+            ctx.save_for_backward(weights)
+            return weights
+        base = torch.arccos(clamped).div_(math.pi).neg_().add_(1.0)  # 1 + (-x) == 1 - x exactly
+        ctx.save_for_backward(clamped, base)
         return base**tau
 
     @staticmethod
     def backward(ctx, grad):
-        clamped, base = ctx.saved_tensors
         tau = ctx.tau
         if ctx.gradient == "lower-bound":
-            derivative = 0.5 * tau * base**tau
-        else:
-            sine = torch.sqrt((1.0 - clamped * clamped).clamp_min(torch.finfo(clamped.dtype).tiny))
-            derivative = tau * base ** (tau - 1) / (math.pi * sine)
+            (weights,) = ctx.saved_tensors
+            return torch.mul(grad, weights).mul_(0.5 * tau), None, None
+        clamped, base = ctx.saved_tensors
+        sine = torch.sqrt((1.0 - clamped * clamped).clamp_min(torch.finfo(clamped.dtype).tiny))
+        derivative = tau * base ** (tau - 1) / (math.pi * sine)
         return grad * derivative, None, None
 
 
@@ -118,7 +124,8 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a dense ``(*batch, n, n_k)`` operator;
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a dense ``(*batch, n, n_k)`` operator (times
+        the diagonal of ``key_mask`` when given);
         ``info``: ``tau``, ``normalize_output``.
 
     Notes
@@ -141,12 +148,15 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
     check_choice(gradient, "gradient", GRADIENTS)
     key_mask = check_key_mask(key_mask, k)
     cosine = unit_rows(q) @ unit_rows(k).transpose(-1, -2)  # no floor: invariant to the scale of q and k
-    matrix = mask_columns(collision_probability(cosine, tau, gradient=gradient), key_mask)
-    output = matrix @ v
+    matrix = collision_probability(cosine, tau, gradient=gradient)
+    operator = DenseOperator(matrix)
+    if key_mask is not None:  # masked keys' values are 0: no second (n, n_k) array
+        operator = ProductOperator(operator, DiagonalOperator(key_mask.expand(k.shape[:-1]).to(q.dtype)))
+    output = operator.matmat(v)
     if normalize_output:
         output = unit_rows(output)
     info = {"tau": tau, "normalize_output": normalize_output, "gradient": gradient}
-    return Approximation("yoso-e", "yoso", output, DenseOperator(matrix), info)
+    return Approximation("yoso-e", "yoso", output, operator, info)
 
 
 YOSO_E = yoso_e

@@ -35,6 +35,10 @@ head 0, one contiguous window of ``n`` tokens):
    same head; the n = 4096 Figure-1 cell (:func:`approxlab.studies.figure1.compute` on the
    initialized condition, one window, d in {64, 256}, one seed, all eight methods) against
    float64 exact attention of its 12 heads.
+5. ``training`` part, n = 1024, batch 8 (``--quick``: n = 256, batch 4): one training step
+   (forward, backward, Adam) of :class:`approxlab.training.TinyEncoder` with each attention it
+   trains, against the same model with torch's ``scaled_dot_product_attention`` (the models timed
+   in turn); :mod:`approxlab.studies._bench_training`. Target: every ratio within 3.
 
 The fused blocked path (``block-lanczos``)
 -------------------------------------------
@@ -79,7 +83,7 @@ Timing
 calls (``wall_min_s``, ``wall_max_s`` beside them); on a GPU each timed call is bracketed by
 ``torch.cuda.synchronize()``, so kernels are timed, not their launches. The operator-product
 ratios time SDPA, ``matmat`` and ``rmatmat`` in turn (:func:`measure_interleaved`), so a drift
-of the machine's speed reaches all three alike. The spectral-error routes and the Figure-1 cell
+of the machine's speed reaches all three alike; the training part times its models in turn too. The spectral-error routes and the Figure-1 cell
 run once. The 1-minute load average is recorded per measurement.
 
 Outputs (``figures/bench/``; ``--quick``: ``figures/bench-quick/``)
@@ -102,19 +106,17 @@ Chen et al. (2021), Skyformer, Figure 1 (the spectral-norm error this benchmark 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import pathlib
-import resource
 import sys
-import threading
-import time
 
 import torch
 
 from . import _cli, default_output_dir
 from .._io import atomic_write_text, read_results
+from ._bench_training import training_lines, training_rows
+from ._timing import Measurement, measure, measure_interleaved
 from .runner import StudyError, cell_seed, run_cells
 from ..linalg.normal_lanczos import default_row_block, normal_block_lanczos
 
@@ -164,12 +166,16 @@ FULL_GRID = {
     "lanczos_block": 4,
     "compute_dtype": "float32",
     "scipy_its": 20,
-    "parts": ["accuracy", "scale", "forward", "ratios"],
+    "parts": ["accuracy", "scale", "forward", "ratios", "training"],
     "seed": 0,
     "repeats": 5,
     "ratio_n": 16384,
     "spectral_ratio_n": 32768,
     "figure1_ratio_n": 4096,
+    "training_n": 1024,
+    "training_batch": 8,
+    "training_features": 128,
+    "training_attentions": ["softmax", "kernelized", "skyformer", "nystromformer", "spectral-shifting", "yoso"],
 }
 """The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
 
@@ -184,11 +190,14 @@ QUICK_GRID = {
     "ratio_n": 1024,
     "spectral_ratio_n": 2048,
     "figure1_ratio_n": 256,
+    "training_n": 256,
+    "training_batch": 4,
+    "training_features": 32,
 }
 """``--quick``: the same measurements at small n (seconds)."""
 
 KEY_COLUMNS = ("part", "n", "method")
-PARTS = ("accuracy", "scale", "forward", "ratios")
+PARTS = ("accuracy", "scale", "forward", "ratios", "training")
 _GRID_OPTIONS = {
     "accuracy_n": "accuracy_n",
     "scale_n": "scale_n",
@@ -205,148 +214,11 @@ _GRID_OPTIONS = {
     "compute_dtype": "compute_dtype",
     "parts": "parts",
     "repeats": "repeats",
+    "training_n": "training_n",
+    "training_batch": "training_batch",
+    "training_features": "training_features",
 }
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-# ----------------------------------------------------------------------------------------
-# Measurement
-# ----------------------------------------------------------------------------------------
-
-
-def _rss_bytes() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _ru_maxrss_bytes() -> int:
-    # Linux reports kilobytes, macOS bytes.
-    scale = 1 if sys.platform == "darwin" else 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
-@dataclasses.dataclass
-class Measurement:
-    """Time and memory of one measured call (see the module docstring, "Timing" and "Peak memory").
-
-    Attributes
-    ----------
-    wall_s, cpu_s : float
-        Median wall-clock and process CPU seconds over ``repeats`` timed calls (after
-        ``warmup`` untimed ones); on a GPU each timed call is bracketed by
-        ``torch.cuda.synchronize()``.
-    wall_min_s, wall_max_s : float
-        Fastest and slowest timed call.
-    repeats, warmup : int
-    rss_before_mb, peak_rss_mb, ru_maxrss_mb : float
-        Process RSS before the timed calls, sampled peak RSS during them, high-water mark (MiB).
-    gpu_peak_mb : float or None
-        ``torch.cuda.max_memory_allocated`` over the timed calls (MiB); ``None`` on CPU.
-    load_average : float
-        1-minute load average of the machine when the calls ended.
-    """
-
-    wall_s: float
-    cpu_s: float
-    wall_min_s: float
-    wall_max_s: float
-    repeats: int
-    warmup: int
-    rss_before_mb: float
-    peak_rss_mb: float
-    ru_maxrss_mb: float
-    gpu_peak_mb: float | None
-    load_average: float
-
-    def as_row(self) -> dict:
-        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
-
-
-def _synchronize(device) -> None:
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure(function, *args, repeats: int = 1, warmup: int = 0, device=None, interval: float = 0.002, **kwargs):
-    """Run ``function(*args, **kwargs)`` ``warmup`` times untimed, then ``repeats`` times timed;
-    return ``(last result, Measurement)`` with median times.
-
-    ``device``: where the work runs; for CUDA every timed call is preceded and followed by
-    ``torch.cuda.synchronize()`` (kernel launches are asynchronous, so without it a timer
-    measures launches), and the peak GPU memory is ``torch.cuda.max_memory_allocated``
-    after ``reset_peak_memory_stats``. The process RSS is sampled every ``interval`` seconds
-    by a daemon thread (``psutil``) on every device.
-    """
-    import gc
-    import statistics
-
-    cuda = device is not None and torch.device(device).type == "cuda"
-    result = None
-    for _ in range(warmup):
-        result = function(*args, **kwargs)
-    _synchronize(device)
-    gc.collect()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    before = _rss_bytes()
-    peak = [before]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], _rss_bytes())
-            stop.wait(interval)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    walls, cpus = [], []
-    try:
-        for _ in range(max(1, repeats)):
-            _synchronize(device)
-            wall, cpu = time.perf_counter(), time.process_time()
-            result = function(*args, **kwargs)
-            _synchronize(device)
-            walls.append(time.perf_counter() - wall)
-            cpus.append(time.process_time() - cpu)
-    finally:
-        stop.set()
-        thread.join()
-    peak[0] = max(peak[0], _rss_bytes())
-    mib = 2.0**20
-    return result, Measurement(
-        wall_s=statistics.median(walls), cpu_s=statistics.median(cpus), wall_min_s=min(walls),
-        wall_max_s=max(walls), repeats=len(walls), warmup=warmup, rss_before_mb=before / mib,
-        peak_rss_mb=peak[0] / mib, ru_maxrss_mb=_ru_maxrss_bytes() / mib,
-        gpu_peak_mb=torch.cuda.max_memory_allocated(device) / mib if cuda else None,
-        load_average=os.getloadavg()[0],
-    )
-
-
-def measure_interleaved(functions, *, repeats: int = 5, warmup: int = 1, device=None):
-    """:func:`measure` of several no-argument ``functions``, timed in turn (A, B, C, A, B, C, ...).
-
-    A drift of the machine's speed (another process, frequency, the RSS sampler) then reaches
-    every function alike, so the ratio of their medians is what it claims to be. Returns one
-    :class:`Measurement` per function: median, fastest and slowest of its ``repeats`` calls, the
-    RSS before its first timed call and the highest peak over its calls.
-    """
-    import statistics
-
-    for function in functions:
-        for _ in range(warmup):
-            function()
-    rounds = [[measure(function, device=device)[1] for function in functions] for _ in range(max(1, repeats))]
-    measurements = []
-    for calls in zip(*rounds):
-        walls = [m.wall_s for m in calls]
-        gpu = [m.gpu_peak_mb for m in calls if m.gpu_peak_mb is not None]
-        measurements.append(dataclasses.replace(
-            calls[-1], wall_s=statistics.median(walls), cpu_s=statistics.median(m.cpu_s for m in calls),
-            wall_min_s=min(walls), wall_max_s=max(walls), repeats=len(calls), warmup=warmup,
-            rss_before_mb=calls[0].rss_before_mb, peak_rss_mb=max(m.peak_rss_mb for m in calls),
-            gpu_peak_mb=max(gpu) if gpu else None))
-    return measurements
 
 
 # ----------------------------------------------------------------------------------------
@@ -373,6 +245,9 @@ def build_config(*, quick: bool = False, **overrides) -> dict:
         bad = [n for n in config[key] if int(n) < 2]
         if bad:
             raise StudyError(f"--{key.replace('_', '-')} values must be integers >= 2; got {bad}.")
+    for key, low in (("training_n", 2), ("training_batch", 1), ("training_features", 1)):
+        if int(config[key]) < low:
+            raise StudyError(f"--{key.replace('_', '-')} must be an integer >= {low}; got {config[key]}.")
     return config
 
 
@@ -395,6 +270,8 @@ def build_cells(config: dict, *, data_dir=None, cache_dir=None, device="cpu") ->
         cells += [{"part": "ratios", "n": int(config[key]), "method": name, **common}
                   for name, key in RATIOS.items()
                   if not (name == "figure1-cell" and config["source"] == "synthetic")]
+    if "training" in config["parts"]:
+        cells.append({"part": "training", "n": int(config["training_n"]), "method": "training-step", **common})
     return cells
 
 
@@ -494,6 +371,8 @@ def compute(cell: dict) -> list[dict]:
     """Rows of one (part, n, method) cell (see the module docstring)."""
     config = cell["config"]
     n, method, part = cell["n"], cell["method"], cell["part"]
+    if part == "training":
+        return _tidy(training_rows(cell))
     q, k, v = load_head(config, n, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"], device=cell["device"])
     p = int(q.shape[-1])
     compute_dtype = _DTYPES[config["compute_dtype"]]
@@ -849,7 +728,7 @@ def write_summary(results, config_record: dict, path) -> pathlib.Path:
         f"{config.get('lanczos_block')}, compute dtype {config.get('compute_dtype')}.",
         "",
         "Times are wall seconds (and process CPU seconds) measured in one process. Forward-type timings "
-        "(the forward and ratios parts) are the median of `repeats` calls after one warm-up call "
+        "(the forward, ratios and training parts) are the median of `repeats` calls after one warm-up call "
         "(`wall_min_s`/`wall_max_s` in results.csv); the spectral-error routes and the Figure-1 cell run "
         "once. On a GPU every timed call is bracketed by `torch.cuda.synchronize()` and the memory is "
         "`torch.cuda.max_memory_allocated`; on CPU, the process RSS sampled every 2 ms. The machine may be "
@@ -857,6 +736,7 @@ def write_summary(results, config_record: dict, path) -> pathlib.Path:
         "",
     ]
     lines += _ratio_lines(wide)
+    lines += training_lines(wide)
     accuracy = wide[wide["part"] == "accuracy"].sort_values(["n", "algorithm"])
     if len(accuracy):
         lines += ["## Spectral error vs dense and SciPy", "",
@@ -909,6 +789,12 @@ def add_arguments(parser) -> None:
     group.add_argument("--lanczos-block", type=_cli.positive_int, default=None, help="vectors per block Lanczos pass")
     group.add_argument("--compute-dtype", choices=sorted(_DTYPES), default=None,
                        help="dtype of the logits in the fused passes")
+    group.add_argument("--training-n", type=_cli.positive_int, default=None,
+                       help="sequence length of the training part")
+    group.add_argument("--training-batch", type=_cli.positive_int, default=None,
+                       help="sequences per batch of the training part")
+    group.add_argument("--training-features", type=_cli.positive_int, default=None,
+                       help="num_features of the attentions in the training part")
     group.add_argument("--repeats", type=int, default=None,
                        help="timed calls per forward-type measurement (median; at least 5), after one warm-up")
 
