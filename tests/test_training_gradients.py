@@ -189,3 +189,18 @@ def test_yoso_true_gradient_matches_autograd_of_the_formula():
     (got,) = torch.autograd.grad(collision_probability(cosine, 5).sum(), cosine)
     (expected,) = torch.autograd.grad(((1 - torch.arccos(cosine) / math.pi) ** 5).sum(), cosine)
     assert torch.allclose(got, expected)
+
+
+@pytest.mark.parametrize("gradient", ["true", "lower-bound"])
+def test_collision_probability_matches_lsh_and_leaves_its_input_alone(gradient):
+    """The power by repeated squaring agrees with ``lsh.collision_probability`` to a few roundings,
+    for every tau, and the public function never writes into the caller's cosines."""
+    from approxlab import lsh
+
+    cosine = torch.linspace(-1.1, 1.1, 2001, dtype=torch.float64)
+    before = cosine.clone()
+    for tau in range(1, 31):
+        got = collision_probability(cosine, tau, gradient=gradient)
+        expected = lsh.collision_probability(cosine, tau)
+        assert bool(((got - expected).abs() <= 4 * tau * 2.0**-52 * expected).all())
+    assert torch.equal(cosine, before)

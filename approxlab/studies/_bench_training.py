@@ -9,7 +9,10 @@ One training step -- forward, backward and one Adam step (lr ``1e-4``) -- of
 (``torch-sdpa``: the pure-SDPA model of the same shape). Every model starts from the same weights
 and steps on the same padded batch: random token ids, real lengths drawn uniformly between
 ``n/2`` and ``n`` (padded as ListOps and Pathfinder batches are), so every attention runs its
-masked path. The models are timed in turn (:func:`~approxlab.studies._timing.measure_interleaved`:
+masked path. The steps run on ``training_threads`` torch threads (default 1, as the studies
+train: one thread per worker process; with more threads than idle cores, OpenMP's barriers make
+the many mid-sized kernels of the landmark methods wait on descheduled threads, which says more
+about the machine's load than about the method). The models are timed in turn (:func:`~approxlab.studies._timing.measure_interleaved`:
 one warm-up step each, then ``repeats`` rounds of one step per model), so the ratio of medians
 ``ratio_vs_sdpa`` compares like with like; ``softmax`` (approxlab's exact attention, also through
 the fused kernel) measured beside ``torch-sdpa`` shows the spread of such a ratio. After the
@@ -86,11 +89,16 @@ def training_rows(cell: dict) -> list[dict]:
         models[attention] = TinyEncoder(**shape, attention=attention,
                                         generator=torch.Generator().manual_seed(config["seed"]))
     steps = [_step(model.to(device), batch) for model in models.values()]
-    measurements = measure_interleaved(steps, repeats=max(5, int(config["repeats"])), warmup=1, device=device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(config["training_threads"]))
+    try:
+        measurements = measure_interleaved(steps, repeats=max(5, int(config["repeats"])), warmup=1, device=device)
+    finally:
+        torch.set_num_threads(threads)
     base = models["torch-sdpa"]
     common = {"p": base.token_embedding.embedding_dim // base.blocks[0].num_heads, "num_features": features,
               "batch": int(config["training_batch"]), "real_tokens": int(batch.mask.sum()),
-              "compute_dtype": "float32"}
+              "threads": int(config["training_threads"]), "compute_dtype": "float32"}
     return [{"algorithm": name, **common, **m.as_row(), "ratio_vs_sdpa": m.wall_s / measurements[0].wall_s,
              "finite_gradients": float(_finite(model))}
             for (name, model), m in zip(models.items(), measurements)]
@@ -106,9 +114,9 @@ def training_lines(wide) -> list[str]:
     lines = ["## Training step against a pure-SDPA model", "",
              f"One step (forward, backward, Adam) of the 2-layer TinyEncoder (embedding 64, 2 heads of p = 32), "
              f"batch {int(first['batch'])} x n = {int(first['n'])} ({int(first['real_tokens'])} real tokens, "
-             f"the rest padding), num_features = {int(first['num_features'])}, float32, against the same "
-             f"model with torch's `scaled_dot_product_attention` ({base['wall_s']:.3f} s per step); the models "
-             "timed in turn, median of the rounds.", "",
+             f"the rest padding), num_features = {int(first['num_features'])}, float32, {int(first['threads'])} "
+             f"torch thread(s), against the same model with torch's `scaled_dot_product_attention` "
+             f"({base['wall_s']:.3f} s per step); the models timed in turn, median of the rounds.", "",
              "| attention | approxlab method | seconds | SDPA model seconds | ratio | target | met | finite gradients |",
              "|---|---|---|---|---|---|---|---|"]
     order = {name: i for i, name in enumerate(ATTENTIONS)}

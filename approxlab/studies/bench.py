@@ -38,7 +38,8 @@ head 0, one contiguous window of ``n`` tokens):
 5. ``training`` part, n = 1024, batch 8 (``--quick``: n = 256, batch 4): one training step
    (forward, backward, Adam) of :class:`approxlab.training.TinyEncoder` with each attention it
    trains, against the same model with torch's ``scaled_dot_product_attention`` (the models timed
-   in turn); :mod:`approxlab.studies._bench_training`. Target: every ratio within 3.
+   in turn, one torch thread by default); :mod:`approxlab.studies._bench_training`. Target: every
+   ratio within 3.
 
 The fused blocked path (``block-lanczos``)
 -------------------------------------------
@@ -175,6 +176,7 @@ FULL_GRID = {
     "training_n": 1024,
     "training_batch": 8,
     "training_features": 128,
+    "training_threads": 1,
     "training_attentions": ["softmax", "kernelized", "skyformer", "nystromformer", "spectral-shifting", "yoso"],
 }
 """The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
@@ -217,6 +219,7 @@ _GRID_OPTIONS = {
     "training_n": "training_n",
     "training_batch": "training_batch",
     "training_features": "training_features",
+    "training_threads": "training_threads",
 }
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -245,7 +248,7 @@ def build_config(*, quick: bool = False, **overrides) -> dict:
         bad = [n for n in config[key] if int(n) < 2]
         if bad:
             raise StudyError(f"--{key.replace('_', '-')} values must be integers >= 2; got {bad}.")
-    for key, low in (("training_n", 2), ("training_batch", 1), ("training_features", 1)):
+    for key, low in (("training_n", 2), ("training_batch", 1), ("training_features", 1), ("training_threads", 1)):
         if int(config[key]) < low:
             raise StudyError(f"--{key.replace('_', '-')} must be an integer >= {low}; got {config[key]}.")
     return config
@@ -795,6 +798,8 @@ def add_arguments(parser) -> None:
                        help="sequences per batch of the training part")
     group.add_argument("--training-features", type=_cli.positive_int, default=None,
                        help="num_features of the attentions in the training part")
+    group.add_argument("--training-threads", type=_cli.positive_int, default=None,
+                       help="torch threads of the training part's steps (default 1, as the studies train)")
     group.add_argument("--repeats", type=int, default=None,
                        help="timed calls per forward-type measurement (median; at least 5), after one warm-up")
 
