@@ -47,6 +47,7 @@ pre-LayerNorm blocks, learned position embeddings, final LayerNorm, mean pooling
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Sequence
 
@@ -422,7 +423,8 @@ class TinyEncoder(torch.nn.Module):
 
     **Speed.** Each layer calls the method's own function once on ``(batch, heads, n, p)`` (all
     heads and sequences at once; the same computation as :func:`approxlab.approximate`, without
-    its checks of inputs and output). Softmax and kernelized attention run through torch's fused
+    its checks of inputs and output, and without the diagnostics some methods compute for
+    ``info``: ``diagnostics=False``). Softmax and kernelized attention run through torch's fused
     ``scaled_dot_product_attention`` (no ``n x n`` matrix, forward or backward); Skyformer,
     Nyströmformer and spectral shifting form nothing larger than ``n x num_features``; YOSO-E,
     an exact expectation, is ``n x n`` by definition. ``approxlab bench --parts training``
@@ -475,6 +477,10 @@ class TinyEncoder(torch.nn.Module):
             attention_options = TRAINING_OPTIONS.get(attention, {})
         check_method_options(registry.get(self.method), attention_options)
         self.attention_options = dict(attention_options)
+        if "diagnostics" in inspect.signature(registry.get(self.method).function).parameters:
+            self._call_options = {"diagnostics": False, **self.attention_options}  # info training never reads
+        else:
+            self._call_options = self.attention_options
         kw = {"dtype": dtype}
         # torch's modules initialise themselves from the global generator on construction;
         # fork_rng restores its state, and reset_parameters then redraws every weight from
@@ -518,14 +524,15 @@ class TinyEncoder(torch.nn.Module):
     def _attend(self, seed, key_mask):
         """The attention of one layer: the method's own function on ``(batch, heads, n, p)``, all
         heads and sequences in one call, without :func:`approxlab.approximate`'s checks of its
-        inputs and output (the model makes them; the training loop checks the loss and gradients)."""
+        inputs and output (the model makes them; the training loop checks the loss and gradients)
+        and with ``diagnostics=False`` where the method computes diagnostics it does not need."""
         function = registry.get(self.method).function
 
         def attend(q, k, v):
             n = k.shape[-2]
             g = as_generator(seed=seed)
             return function(q, k, v, num_features=min(self.num_features, n), generator=g, key_mask=key_mask,
-                            **self.attention_options).output
+                            **self._call_options).output
 
         return attend
 

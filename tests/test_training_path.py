@@ -87,3 +87,24 @@ def test_fused_exact_and_kernelized_outputs_match_their_dense_matrices():
             for key_mask in (None, mask):
                 result = approximate(method, q, k, v, num_features=1, key_mask=key_mask)
                 torch.testing.assert_close(result.output, result.matrix() @ v, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("method,options,dropped", [
+    ("skyformer", {"core": "schulz"}, {"core_condition_number", "core_rank"}),
+    ("skyformer-softmax", {"core": "schulz"}, {"core_condition_number", "core_rank"}),
+    ("skyformer", {"core": "pinv"}, set()),  # the pinv core's spectrum comes with it
+    ("nystromformer", {}, {"core_condition_number"}),
+])
+def test_diagnostics_off_drops_only_costly_info(method, options, dropped):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 32, 8, dtype=torch.float64, generator=g) for _ in range(3))
+
+    def run(diagnostics):
+        return approximate(method, q, k, v, num_features=6, generator=torch.Generator().manual_seed(0),
+                           diagnostics=diagnostics, **options)
+
+    full, lean = run(True), run(False)
+    assert torch.equal(full.output, lean.output)
+    assert set(full.info) - set(lean.info) == dropped
+    with pytest.raises(TypeError, match="`diagnostics` must be a bool"):
+        run(1)

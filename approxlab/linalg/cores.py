@@ -261,6 +261,7 @@ def nystrom_core(
     init=DEFAULT_INIT,
     hermitian: bool = True,
     rcond: float | None = None,
+    diagnostics: bool = True,
 ) -> tuple[torch.Tensor, dict]:
     r"""The middle factor of a Nyström approximation from its sampled core block.
 
@@ -285,6 +286,9 @@ def nystrom_core(
         Whether ``block`` is symmetric PSD (eigendecomposition) or general (SVD).
     rcond : float, optional
         Rank threshold for ``"pinv"``.
+    diagnostics : bool
+        ``False``: for ``"schulz"``, leave out ``core_condition_number`` and ``core_rank``, whose
+        spectrum costs an eigendecomposition the core itself does not need (training).
 
     Returns
     -------
@@ -317,15 +321,14 @@ def nystrom_core(
             "symmetric PSD core); got core='schulz'."
         )
 
+    check_bool(diagnostics, "diagnostics")
     if core == "pinv":
         factors, spectrum, rank = pinv_factors(block, hermitian=hermitian, rcond=rcond)
-    else:
+    elif diagnostics:
         spectrum, rank = _spectrum_only(block, hermitian=hermitian, rcond=rcond)
-    info = {
-        "core_block": block,
-        "core_condition_number": _condition_number(spectrum, rank),
-        "core_rank": rank,
-    }
+    info = {"core_block": block}
+    if core == "pinv" or diagnostics:
+        info.update(core_condition_number=_condition_number(spectrum, rank), core_rank=rank)
     if core == "schulz":
         x, inv_sqrt = scaled_core(block, gamma)
         result = iterative_pinv(x, num_iter, init=init, history=False, norm="frobenius")

@@ -204,6 +204,7 @@ def nystromformer(
     residual_history: bool = False,
     residual_norm: str = "frobenius",
     key_mask: torch.Tensor | None = None,
+    diagnostics: bool = True,
 ) -> Approximation:
     r"""Nyströmformer attention with ``num_features`` segment-means landmarks.
 
@@ -240,6 +241,9 @@ def nystromformer(
     key_mask : torch.Tensor, optional
         ``(*batch, n_k)`` bool, True on keys to attend; landmarks over real tokens only (see
         :func:`landmark_kernels`). ``info["segment_sizes_*"]`` stay those of the unmasked split.
+    diagnostics : bool
+        ``False``: leave out ``core_condition_number`` (an SVD of every core the approximation
+        does not need; how training calls it).
 
     Returns
     -------
@@ -295,9 +299,10 @@ def nystromformer(
         "segment_sizes_q": segment_sizes(q.shape[-2], num_features),
         "segment_sizes_k": segment_sizes(k.shape[-2], num_features),
         "core": core,
-        "core_condition_number": torch.as_tensor(condition_number(core.detach()), dtype=torch.float64),
         "pinv": pinv,
     }
+    if check_bool(diagnostics, "diagnostics"):
+        info["core_condition_number"] = torch.as_tensor(condition_number(core.detach()), dtype=torch.float64)
     if pinv == "iterative":
         result = iterative_pinv(core, num_iter, init=init, history=residual_history, norm=residual_norm)
         z = result.inverse

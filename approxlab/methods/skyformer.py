@@ -312,6 +312,7 @@ def completion_nystrom(
     columns,
     key_mask,
     draw=None,
+    diagnostics=True,
 ):
     r"""The one body of ``skyformer`` (``normalized=False``) and ``skyformer-softmax`` (``True``).
 
@@ -334,7 +335,8 @@ def completion_nystrom(
                                               key_mask=key_mask)
     skeleton = gaussian_skeleton(q, k, landmarks, landmarks, normalized=normalized, key_mask=key_mask)
     skeleton.right = mask_columns(skeleton.right, key_mask)
-    core_factors, info = nystrom_core(skeleton.block, core=core, gamma=gamma, num_iter=num_iter, init=init)
+    core_factors, info = nystrom_core(skeleton.block, core=core, gamma=gamma, num_iter=num_iter, init=init,
+                                      diagnostics=diagnostics)
     output, operator, extra = skeleton_attention(skeleton, core_factors, v)
     info.update(extra)
     info["columns"] = columns
@@ -351,7 +353,8 @@ def completion_nystrom(
     draw=draw_completion_columns,
 )
 def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
-              num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None):
+              num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None,
+              diagnostics=True):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
     Parameters
@@ -387,6 +390,9 @@ def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma
         ``{"columns": (*batch, d) int64}`` in ``[0, n + m)``, the draw of
         :func:`draw_completion_columns` (``approxlab.methods.draw``), used instead of ``generator``:
         the same draw gives the same output bit for bit. Exclusive with ``columns``.
+    diagnostics : bool
+        ``False``: leave out the ``"schulz"`` core's ``core_condition_number`` and ``core_rank``
+        (an eigendecomposition the approximation does not need; how training calls it).
 
     Returns
     -------
@@ -420,7 +426,7 @@ def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma
     """
     return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator, core=core,
                               gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask,
-                              draw=draw)
+                              draw=draw, diagnostics=diagnostics)
 
 
 SKYFORMER = skyformer

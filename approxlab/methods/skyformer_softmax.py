@@ -21,7 +21,8 @@ from .skyformer import completion_nystrom, draw_completion_columns
     draw=draw_completion_columns,
 )
 def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
-                      num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None):
+                      num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None,
+                      diagnostics=True):
     r"""Eq. (5) of Skyformer on the completion :math:`\bar A` of the raw scores, row-normalised.
 
     Parameters
@@ -32,7 +33,7 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_COR
         ``d``, sampled columns of the completion, ``1 <= d <= n + m``.
     generator : torch.Generator, optional
         CPU generator for the column sample.
-    core, gamma, num_iter, init, columns, key_mask, draw
+    core, gamma, num_iter, init, columns, key_mask, draw, diagnostics
         As for :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``); the draw is
         ``{"columns": (*batch, d)}``, ``d`` distinct rows of :math:`[Q; K]` drawn uniformly
         (:func:`~approxlab.methods.skyformer.draw_completion_columns`).
@@ -80,7 +81,7 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_COR
     """
     return completion_nystrom(q, k, v, num_features=num_features, normalized=True, generator=generator, core=core,
                               gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask,
-                              draw=draw)
+                              draw=draw, diagnostics=diagnostics)
 
 
 SKYFORMER_SOFTMAX = skyformer_softmax
