@@ -56,7 +56,6 @@ import torch
 import torch.nn.functional as F
 
 from ._validation import as_generator, check_choice, check_int, check_positive_float
-from .attention import _check_options as check_method_options  # the checks approximate() makes
 from .methods import registry
 from .tasks import IGNORE_INDEX
 
@@ -475,9 +474,10 @@ class TinyEncoder(torch.nn.Module):
         self.kind = kind
         if attention_options is None:
             attention_options = TRAINING_OPTIONS.get(attention, {})
-        check_method_options(registry.get(self.method), attention_options)
+        spec = registry.get(self.method)
+        spec.check_options(attention_options)  # the check approximate() makes
         self.attention_options = dict(attention_options)
-        if "diagnostics" in inspect.signature(registry.get(self.method).function).parameters:
+        if "diagnostics" in inspect.signature(spec.function).parameters:
             self._call_options = {"diagnostics": False, **self.attention_options}  # info training never reads
         else:
             self._call_options = self.attention_options
@@ -531,8 +531,9 @@ class TinyEncoder(torch.nn.Module):
         def attend(q, k, v):
             n = k.shape[-2]
             g = as_generator(seed=seed)
-            return function(q, k, v, num_features=min(self.num_features, n), generator=g, key_mask=key_mask,
-                            **self._call_options).output
+            result = function(q, k, v, num_features=min(self.num_features, n), generator=g, key_mask=key_mask,
+                              **self._call_options)
+            return result if isinstance(result, torch.Tensor) else result.output
 
         return attend
 
