@@ -20,6 +20,8 @@ Shapes are ``(*batch, n, p)`` with ``*batch`` = (sequences, heads); randomness o
 through a keyword ``generator`` (a CPU ``torch.Generator``).
 """
 
+from importlib import metadata as _metadata
+
 from . import errors, kernels, linalg, methods, metrics, operators, sketch, stats, synthetic
 from .attention import approximate, attention_matrix, exact_attention
 
@@ -37,4 +39,8 @@ __all__ = [
     "stats",
     "synthetic",
 ]
-__version__ = "0.1.0"
+
+try:  # one source of truth: the version in pyproject.toml, as installed
+    __version__ = _metadata.version("approxlab")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"

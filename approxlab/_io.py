@@ -20,7 +20,6 @@ Public API::
     output_lock(directory, *, command=None, timeout=0.2)   # context manager
     remove_stale_temp_files(directory) -> list[pathlib.Path]
     OutputLockedError
-    project_root() -> pathlib.Path
 
 Output-folder lock
 ------------------
@@ -88,7 +87,6 @@ __all__ = [
     "OutputLockedError",
     "output_lock",
     "remove_stale_temp_files",
-    "project_root",
 ]
 
 TEMP_PREFIX = ".approxlab-tmp-"
@@ -467,16 +465,6 @@ def _with_journal(frame: pd.DataFrame, path) -> pd.DataFrame:
         return frame
     extra = pd.DataFrame.from_records(rows)
     return pd.concat([frame, extra], ignore_index=True) if len(frame.columns) else extra
-
-
-def project_root() -> pathlib.Path:
-    """The source checkout holding ``approxlab`` (with ``pyproject.toml``), else the CWD.
-
-    Default output directories are resolved against it, so a study writes to the same
-    ``figures/<study>/`` wherever it is started from.
-    """
-    root = pathlib.Path(__file__).resolve().parents[1]
-    return root if (root / "pyproject.toml").is_file() else pathlib.Path.cwd()
 
 
 class OutputLockedError(RuntimeError):

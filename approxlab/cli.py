@@ -8,12 +8,19 @@ fails to import does not break the others. A study module exposes
 * ``run(args) -> int``: compute (resumable) and/or plot; the exit status.
 
 Every study also gets the common options below (added here, before the study's own),
-available on ``args`` as ``out`` (``pathlib.Path`` or None: the study picks its
-default, see :func:`approxlab.studies.default_output_dir`), ``quick``, ``device``,
-``data_dir``, ``cache_dir``, ``restart``, ``progress`` (False with ``--no-progress``),
-``scheduler``, ``workers``, ``plot_only``, ``plugin`` (modules imported before the study's
-options are built, here and in every Dask worker: :func:`approxlab.methods.load_plugin`), plus
-``study`` and ``command`` (the command line, for the record in ``config.json``/``summary.md``).
+available on ``args`` as ``out`` (a ``pathlib.Path``, resolved before ``run``: ``--out``, else
+``approxlab-results/<study>`` in the current directory, see
+:func:`approxlab.studies.default_output_dir`), ``quick``, ``device``, ``data_dir``,
+``cache_dir``, ``restart``, ``progress`` (False with ``--no-progress``), ``scheduler``,
+``workers``, ``threads`` (resolved before ``run``: ``--threads``, else ``$OMP_NUM_THREADS``, else
+``$MKL_NUM_THREADS``, else 1; torch runs with it here and in each local Dask worker, see
+:mod:`approxlab.studies._threads`), ``plot_only``, ``plugin`` (modules imported before the
+study's options are built, here and in every Dask worker: :func:`approxlab.methods.load_plugin`),
+plus ``study`` and ``command`` (the command line, for the record in ``config.json``/``summary.md``).
+
+``approxlab`` alone, like ``approxlab --help``, prints the studies, one line each, to stdout and
+exits 0 (as ``pip`` does: asking what there is is not a mistake; exit status 2 stays reserved
+for a command that cannot run). ``approxlab --version`` prints the installed version.
 
 Errors a user can fix print one line on stderr and exit with status 2, in argparse's
 form ``approxlab <study>: error: <what>: <what is allowed>, got <what came in>``:
@@ -33,29 +40,33 @@ rerunning it resumes.
 Before the study runs, ``--out`` (default: the study's folder) is created and locked
 (:func:`approxlab._io.output_lock`): a second run into the same folder exits 2 at once,
 naming the process that holds it. Progress goes to stderr: a tqdm bar on a terminal,
-otherwise a line at every tenth of the cells (done/total, elapsed, estimated remaining).
+otherwise a line at every tenth of the cells (done/total, elapsed, estimated remaining); the bars
+of transformers, huggingface_hub and datasets are off while a study runs
+(:mod:`approxlab.studies._quiet`).
 
 Examples
 --------
 ::
 
-    approxlab figure1 --quick
-    approxlab figure1 --workers 2          # local Dask cluster
-    approxlab figure1 --plot-only          # redraw from figures/figure1/results.csv
+    approxlab figure1 --quick              # -> approxlab-results/figure1-quick/
+    approxlab figure1 --workers 2          # local Dask cluster, one thread per worker
+    approxlab figure1 --out figures/figure1 --plot-only   # redraw the committed figure
     approxlab figure1 --quick --plugin my_attention --methods top-k,skyformer-softmax
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import shlex
 import signal
 import sys
 
-from .studies import STUDIES
-from .studies import _cli
+from . import __version__
+from .studies import RESULTS_FOLDER, STUDIES
+from .studies import _cli, _quiet, _threads
 from .errors import CorruptResultsError
 from .studies.runner import StudyError
 
@@ -68,6 +79,7 @@ _DESCRIPTIONS = {
     "bench": "Time and memory benchmark of the approximations.",
     "lra-svd": "Singular values of a trained 2-layer model's attention output on generated LRA tasks (Skyformer Appendix B, Figure 4).",
 }
+_NOT_AVAILABLE = " [not available]"
 
 
 def _available(name: str) -> bool:
@@ -87,6 +99,20 @@ def load_study(name: str):
     return importlib.import_module(module)
 
 
+class _StudyList(argparse.RawDescriptionHelpFormatter):
+    """argparse's help layout with one line per study (its description is not wrapped, its name
+    not put on a line of its own) and the epilog as written."""
+
+    def __init__(self, prog):
+        width = 4 + max(map(len, STUDIES))  # a study's name, indented under "studies:"
+        super().__init__(prog, max_help_position=width + 2)
+        self._action_max_length = width  # argparse measures subcommands 2 columns short of where it prints them
+
+    def _split_lines(self, text, width):
+        study = text.removesuffix(_NOT_AVAILABLE) in _DESCRIPTIONS.values()
+        return [text] if study else super()._split_lines(text, width)
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``<prog>: error: <message>``), exit status 2."""
 
@@ -98,8 +124,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options every study shares (see the module docstring)."""
     group = parser.add_argument_group("common study options")
     group.add_argument("--out", type=_cli.path_option, default=None, metavar="DIR",
-                       help="output directory (results.csv, config.json, figures, summary.md); "
-                            "default: figures/<study>/ in the project (a separate one with --quick)")
+                       help="output directory (results.csv, config.json, figures, summary.md); default: "
+                            f"{RESULTS_FOLDER}/<study> in the current directory ({RESULTS_FOLDER}/<study>-quick "
+                            "with --quick). The committed figures/<study> is written only when named here")
     group.add_argument("--quick", action="store_true", help="small grid for a smoke run (minutes)")
     group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                        help="device for the computation (default: cpu)")
@@ -121,20 +148,30 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     executor.add_argument("--scheduler", default=None, metavar="ADDRESS",
                           help="run cells on a Dask scheduler, e.g. tcp://host:8786")
     executor.add_argument("--workers", type=_cli.positive_int, default=None, metavar="N",
-                          help="run cells on a local Dask cluster of N single-threaded processes")
+                          help="run cells on a local Dask cluster of N worker processes")
+    group.add_argument("--threads", type=_cli.positive_int, default=None, metavar="N",
+                       help="torch threads of this process and of each --workers process (default: "
+                            f"$OMP_NUM_THREADS, else $MKL_NUM_THREADS, else {_threads.DEFAULT_THREADS}: "
+                            "measured faster than a thread per core on 2 cores; see README)")
 
 
 def build_parser(study: str | None = None) -> argparse.ArgumentParser:
     """The ``approxlab`` parser; only ``study``'s module is imported (for its options)."""
     parser = _Parser(
         prog="approxlab",
+        usage="approxlab <study> [options]",
         description="Spectral-error studies of attention approximations.",
+        epilog=f"`approxlab <study> --help` lists a study's options.\n"
+               f"Results go to ./{RESULTS_FOLDER}/<study>/ unless --out names a folder.",
+        formatter_class=_StudyList,
     )
-    subparsers = parser.add_subparsers(dest="study", metavar="<study>", required=True)
+    parser.add_argument("--version", action="version", version=f"approxlab {__version__}")
+    subparsers = parser.add_subparsers(dest="study", metavar="<study>", title="studies", required=True)
     for name in STUDIES:
         available = name == study or _available(name)
-        help_text = _DESCRIPTIONS.get(name, name) + ("" if available else " [not available]")
-        sub = subparsers.add_parser(name, help=help_text, description=_DESCRIPTIONS.get(name))
+        help_text = _DESCRIPTIONS.get(name, name) + ("" if available else _NOT_AVAILABLE)
+        sub = subparsers.add_parser(name, prog=f"approxlab {name}", help=help_text,
+                                    description=_DESCRIPTIONS.get(name))
         if name == study:
             add_common_arguments(sub)
             load_study(name).add_arguments(sub)
@@ -155,9 +192,21 @@ def check_device(device: str) -> str:
     return device
 
 
+@contextlib.contextmanager
+def _study_context(args):
+    """What a study runs in: the lock of ``--out`` (a second run into it stops there), an orderly
+    stop on SIGTERM, its thread count, and no progress bar but approxlab's."""
+    with _cli.locked_output(args), _cli.orderly_stop(), _quiet.third_party_bars_off(), \
+            _threads.study_threads(args.threads, local_workers=args.workers is not None):
+        yield
+
+
 def main(argv=None) -> int:
     """Entry point of the ``approxlab`` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # what there is to run, as with --help
+        build_parser().print_help()
+        return 0
     study = next((a for a in argv if not a.startswith("-")), None)
     if study not in STUDIES:
         study = None
@@ -172,23 +221,24 @@ def main(argv=None) -> int:
     if unknown:  # reported by the study's name, like its other option errors
         parser.exit(2, f"approxlab {args.study}: error: unrecognized arguments: {' '.join(unknown)}\n")
     args.command = shlex.join(["approxlab", *argv])
-    existed = True
+    created = None
     try:
         _cli.check_option_pairs(args, parser.study_parser)
         check_device(args.device)
         module = load_study(args.study)
-        args.out = _cli.output_dir(args, module.__name__.rsplit(".", 1)[-1])
-        existed = _cli.exists(args.out)
+        args.out = _cli.output_dir(args)
+        args.threads = _threads.requested_threads(args.threads)[0]
+        created = _cli.missing_ancestor(args.out)
         _cli.check_output_dir(args.out, plot_only=args.plot_only)
-        with _cli.locked_output(args), _cli.orderly_stop():  # a second run into --out stops at the lock
+        with _study_context(args):
             _cli.check_common(args)
             return int(module.run(args) or 0)
     except (StudyError, CorruptResultsError, FileNotFoundError, OSError) as error:
         message = _cli.error_line(error, plot_only=args.plot_only)
         if message is None:  # not the user's environment: a bug in approxlab shows its traceback
             raise
-        if args.out is not None and not existed:
-            _cli.discard_output(args.out)
+        if created is not None:
+            _cli.discard_output(args.out, created)
         print(f"approxlab {args.study}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:

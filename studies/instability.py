@@ -5,9 +5,9 @@ of each attention to that of softmax attention, over 20 Adam steps of a 2-layer 
 generated ListOps and WikiText-2 masked LM. Same as ``approxlab instability [options]``; see
 :mod:`approxlab.studies.instability` for the grid and the table.
 
-    python studies/instability.py --quick          # -> figures/instability-quick/
-    python studies/instability.py                  # full grid -> figures/instability/ (resumable)
-    python studies/instability.py --plot-only      # rewrite table.md from figures/instability/results.csv
+    python studies/instability.py --quick          # -> approxlab-results/instability-quick/
+    python studies/instability.py                  # full grid -> approxlab-results/instability/ (resumable)
+    python studies/instability.py --out figures/instability --plot-only   # rewrite the committed table.md
 """
 
 import sys

@@ -5,9 +5,9 @@ completion C-bar, the output D^-1 A V and the Skyformer / Nystromformer / spectr
 approximations (d = 64) on BERT Q/K/V of WikiText-2, with rank and condition-number tables.
 Same as ``approxlab sv-decay [options]``; see :mod:`approxlab.studies.sv_decay`.
 
-    python studies/sv_decay.py --quick          # -> figures/sv_decay-quick/
-    python studies/sv_decay.py                  # full grid -> figures/sv_decay/ (resumable)
-    python studies/sv_decay.py --plot-only      # redraw from figures/sv_decay/*.csv
+    python studies/sv_decay.py --quick          # -> approxlab-results/sv-decay-quick/
+    python studies/sv_decay.py                  # full grid -> approxlab-results/sv-decay/ (resumable)
+    python studies/sv_decay.py --out figures/sv_decay --plot-only   # redraw the committed run
 """
 
 import sys

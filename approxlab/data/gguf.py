@@ -82,6 +82,23 @@ def _reading(label: str):
                               "and accelerate packages installed)", got(label, one_line(exc))) from exc
 
 
+@contextlib.contextmanager
+def _no_conversion_bar():
+    """transformers' "Converting and de-quantizing GGUF tensors" bar off: a tqdm with no switch of its own."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    original = getattr(loader, "tqdm", None)
+    if original is not None:
+        loader.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            loader.tqdm = original
+
+
 def converted_folder(gguf: Path, cache_root: Path, label: str) -> Path:
     """The cached folder of ``gguf`` holding its ``config.json`` and tokenizer (converted if absent).
 
@@ -121,7 +138,7 @@ def converted_weights(gguf: Path, folder: Path, model_class, config, label: str)
         return folder
     with _writing(folder) as scratch:
         if not (folder / _WEIGHTS).is_file():
-            with _reading(label):
+            with _reading(label), _no_conversion_bar():
                 model = model_class.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config,
                                                     dtype=torch.float32, local_files_only=True)
             # transformers marks a GGUF-loaded model as quantized and refuses save_pretrained; its

@@ -19,14 +19,39 @@ STUDIES = {
 }
 """CLI subcommand -> module implementing it (imported only when needed)."""
 
-from .._io import project_root
+import pathlib
 
-__all__ = ["STUDIES"]
+__all__ = ["STUDIES", "RESULTS_FOLDER", "default_output_dir"]
 
-
-def default_output_dir(name: str):
-    """``<project root>/figures/<name>``: where a study writes unless ``--out`` is given."""
-    return project_root() / "figures" / name
+RESULTS_FOLDER = "approxlab-results"
+"""The folder, in the current directory, that holds every study's default output folder."""
 
 
-__all__ += ["project_root", "default_output_dir"]
+def default_output_dir(study: str, *, quick: bool = False) -> pathlib.Path:
+    """Where ``approxlab <study>`` writes unless ``--out`` is given: ``approxlab-results/<study>``.
+
+    The path is relative to the current directory, so a run never writes inside the installed
+    package or the committed ``figures/`` of a source checkout (those are written only when named
+    with ``--out``); ``quick`` (``--quick``) gives ``approxlab-results/<study>-quick``, so a smoke
+    run never resumes into, or is refused by, the full run's folder.
+
+    Parameters
+    ----------
+    study : str
+        The study's command name, a key of :data:`STUDIES` (``"figure1"``, ``"sv-decay"``, ...).
+    quick : bool
+        The ``--quick`` grid.
+
+    Returns
+    -------
+    pathlib.Path
+        ``approxlab-results/<study>`` or ``approxlab-results/<study>-quick`` (relative).
+
+    Examples
+    --------
+    >>> default_output_dir("figure1").as_posix()
+    'approxlab-results/figure1'
+    >>> default_output_dir("sv-decay", quick=True).as_posix()
+    'approxlab-results/sv-decay-quick'
+    """
+    return pathlib.Path(RESULTS_FOLDER) / (f"{study}-quick" if quick else study)

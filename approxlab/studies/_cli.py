@@ -20,10 +20,11 @@ Public API::
 
     UsageError(option, allowed, got)                # a StudyError; message "<option>: <allowed>, got <got>"
     str_list, int_list, positive_int, nonnegative_int, positive_float, Flatten   # argparse types/action
-    output_dir(args, name) -> pathlib.Path
+    output_dir(args) -> pathlib.Path                 # --out, else approxlab-results/<study>[-quick]
     check_common(args)                               # --out, --data-dir, --cache-dir, --scheduler
     locked_output(args)                              # context manager: the --out lock, one-line error
-    discard_output(out)                              # remove a folder created for a refused run
+    missing_ancestor(path) -> pathlib.Path | None    # the outermost folder of path a run would create
+    discard_output(out, created=None)                # remove the folders created for a refused run
     corpus_tokens(data_dir, cache_dir) -> int
     model_heads(condition, checkpoint=None) -> int
     check_windows(args, ids_by_n, *, windows=None, n_option="--n")
@@ -75,6 +76,7 @@ __all__ = [
     "check_cache_dir",
     "check_scheduler",
     "locked_output",
+    "missing_ancestor",
     "discard_output",
     "corpus_tokens",
     "model_heads",
@@ -257,11 +259,11 @@ def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
                              repr(getattr(args, dest)))
 
 
-def output_dir(args, name: str) -> pathlib.Path:
-    """``--out``, else :func:`~approxlab.studies.default_output_dir` of ``name`` (``-quick`` with --quick)."""
+def output_dir(args) -> pathlib.Path:
+    """``--out``, else :func:`~approxlab.studies.default_output_dir` of ``args.study`` (and ``--quick``)."""
     if args.out is not None:
         return pathlib.Path(args.out)
-    return default_output_dir(f"{name}-quick" if args.quick else name)
+    return default_output_dir(args.study, quick=args.quick)
 
 
 def _reason(error: OSError) -> str:
@@ -407,12 +409,30 @@ def locked_output(args):
                          f"{str(args.out)!r} (locked by {error.describe_owner()})") from None
 
 
-def discard_output(out) -> None:
-    """Remove ``out`` if it holds nothing but its lock file (a run refused before writing anything)."""
+def missing_ancestor(path) -> pathlib.Path | None:
+    """The outermost folder of ``path`` (itself included) that does not exist yet; None if ``path`` exists."""
+    path = pathlib.Path(path)
+    missing = None
+    for folder in (path, *path.parents):
+        if exists(folder):
+            break
+        missing = folder
+    return missing
+
+
+def discard_output(out, created=None) -> None:
+    """Remove ``out`` if it holds nothing but its lock file (a run refused before writing anything),
+    then its parents up to ``created`` (:func:`missing_ancestor` before the run) that are left empty."""
     out = pathlib.Path(out)
     if exists(out) and out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_NAME}:
         (out / LOCK_NAME).unlink(missing_ok=True)
         out.rmdir()
+    if created is None or not (out == pathlib.Path(created) or pathlib.Path(created) in out.parents):
+        return
+    for folder in out.parents:
+        if folder == pathlib.Path(created).parent or not exists(folder) or any(folder.iterdir()):
+            break
+        folder.rmdir()
 
 
 # --------------------------------------------------------- checks against the data

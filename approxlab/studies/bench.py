@@ -87,8 +87,8 @@ ratios time SDPA, ``matmat`` and ``rmatmat`` in turn (:func:`measure_interleaved
 of the machine's speed reaches all three alike; the training part times its models in turn too. The spectral-error routes and the Figure-1 cell
 run once. The 1-minute load average is recorded per measurement.
 
-Outputs (``figures/bench/``; ``--quick``: ``figures/bench-quick/``)
-------------------------------------------------------------------
+Outputs (``--out``, default ``approxlab-results/bench``; ``--quick``: ``approxlab-results/bench-quick``)
+-----------------------------------------------------------------------------------------------------
 ``results.csv`` (tidy: one row per part x n x method x algorithm), ``config.json``,
 ``bench.png``/``bench.pdf`` and ``summary.md``; ``--plot-only`` redraws the last two from
 the CSV.
@@ -114,7 +114,7 @@ import sys
 
 import torch
 
-from . import _cli, default_output_dir
+from . import _cli
 from .._io import atomic_write_text, read_results
 from ._bench_training import training_lines, training_rows
 from ._timing import Measurement, measure, measure_interleaved
@@ -818,12 +818,6 @@ def _check_grid(args, config) -> None:
     _cli.check_num_features("--num-features", config["num_features"], config["forward_methods"], config["forward_n"])
 
 
-def _output_dir(args) -> pathlib.Path:
-    if args.out is not None:
-        return pathlib.Path(args.out)
-    return default_output_dir("bench-quick" if args.quick else "bench")
-
-
 def _machine() -> str:
     import platform
 
@@ -844,7 +838,7 @@ def run(args) -> int:
     """Compute (resumable, in-process only) and/or redraw; returns the exit status."""
     from .._io import read_json
 
-    out = _output_dir(args)
+    out = pathlib.Path(args.out)
     results_path = out / "results.csv"
     if getattr(args, "scheduler", None) is not None or getattr(args, "workers", None) is not None:
         raise StudyError("bench runs in one process so that its time ratios are fair; drop --workers/--scheduler.")

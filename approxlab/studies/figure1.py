@@ -38,9 +38,10 @@ position distinct — Position Interpolation, Chen et al. 2023; ViT fine-tuning)
 (no positions: rows of Q fixed by token identity, rank of A at most the number of distinct
 tokens). ``--checkpoint`` picks the BERT-family model (see :func:`approxlab.data.load_model`).
 
-``--quick``: n {512, 1024}, d {16, 64, 256}, 1 window, 1 seed, float64; written to
-``figures/figure1-quick/`` by default so it never clobbers the committed full run in
-``figures/figure1/``.
+``--quick``: n {512, 1024}, d {16, 64, 256}, 1 window, 1 seed, float64. Output: ``--out``,
+by default ``approxlab-results/figure1`` in the current directory (``figure1-quick`` with
+``--quick``, so a smoke run never resumes into the full run); the committed run in
+``figures/figure1/`` is rewritten only with ``--out figures/figure1``.
 
 Tables
 ------
@@ -99,7 +100,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import default_output_dir
 from ..data.qkv import resolve_checkpoint
 from ..attention import approximate, exact_attention
 from ..kernels import kernelized_matrix
@@ -584,7 +584,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """``approxlab figure1``: compute (resumable) unless ``--plot-only``, then plot and summarise."""
-    out = args.out if args.out is not None else default_output_dir("figure1-quick" if args.quick else "figure1")
+    out = args.out
     if not args.plot_only:
         config = build_config(quick=args.quick, conditions=args.conditions, n=args.n,
                               num_features=args.num_features, methods=args.methods, windows=args.windows,

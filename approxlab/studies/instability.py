@@ -43,7 +43,7 @@ V100: one softmax step at that shape took 73 s on this 2-core CPU machine (share
 20-step table would take hours; ``--tasks listops:2000:32`` restores LRA's shape at that cost.
 
 ``--quick``: ListOps at ``n = 256`` (batch 4), 2 seeds, 5 steps, all attentions; written
-to ``figures/instability-quick/``.
+to ``approxlab-results/instability-quick/`` unless ``--out`` is given.
 
 Seeds. The batches of (task, n, seed) come from a generator seeded with
 :func:`~approxlab.studies.runner.cell_seed` of (task, n, seed, "data"); the initial weights
@@ -74,7 +74,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import default_output_dir
 from .._io import atomic_write_text, read_results, write_csv_atomic
 from . import _cli
 from .runner import StudyError, cell_seed, run_cells, saved_config
@@ -619,7 +618,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """``approxlab instability``: compute (resumable) unless ``--plot-only``, then write the table."""
-    out = args.out if args.out is not None else default_output_dir("instability-quick" if args.quick else "instability")
+    out = args.out
     if not args.plot_only:
         config = build_config(quick=args.quick, tasks=args.tasks, attentions=args.attentions, seeds=args.seeds,
                               steps=args.steps, num_features=args.num_features, lr=args.lr, dtype=args.dtype)

@@ -46,7 +46,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import default_output_dir
 from .._io import atomic_write_text, read_results
 from .runner import StudyError, cell_seed, run_cells, saved_config
 
@@ -290,7 +289,7 @@ def run(args) -> int:
         raise StudyError("lra-svd trains in one process; drop --workers/--scheduler.")
     if getattr(args, "device", "cpu") != "cpu":
         raise StudyError(f"lra-svd runs on the CPU only; got --device {args.device}.")
-    out = args.out if args.out is not None else default_output_dir("lra_svd-quick" if args.quick else "lra_svd")
+    out = args.out
     if not args.plot_only:
         config = build_config(quick=args.quick, tasks=args.tasks, max_steps=args.max_steps, patience=args.patience)
         run_info = {"command": getattr(args, "command", "approxlab lra-svd"), "torch": torch.__version__,

@@ -54,7 +54,8 @@ mean / min / max over heads of :math:`\log_{10}(\sigma_i/\sigma_1)`), and :func:
 :func:`write_summary`, which read only those files and write ``sv_decay.png/.pdf`` and
 ``summary.md``. Ratios below ``1e-20`` are stored as ``-20`` (numerically zero in float64).
 
-``--quick``: n = 512, first layer only, 1 window, 2 heads; ``figures/sv_decay-quick/``.
+``--quick``: n = 512, first layer only, 1 window, 2 heads; ``approxlab-results/sv-decay-quick/``
+unless ``--out`` is given.
 
 References
 ----------
@@ -79,7 +80,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import default_output_dir
 from .._io import atomic_write_text, read_results
 from ..metrics import spectrum_measures
 from . import _cli
@@ -550,7 +550,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """``approxlab sv-decay``: compute (resumable) unless ``--plot-only``, then plot and summarise."""
-    out = args.out if args.out is not None else default_output_dir("sv_decay-quick" if args.quick else "sv_decay")
+    out = args.out
     if not args.plot_only:
         config = build_config(quick=args.quick, conditions=args.conditions, layers=args.layers, n=args.n,
                               windows=args.windows, heads=args.heads, approximations=args.approximations,

@@ -1,0 +1,125 @@
+"""How many threads a study computes with: one per process unless the user asks for more.
+
+``approxlab <study>`` runs torch with ``--threads N`` when given, else ``$OMP_NUM_THREADS``, else
+``$MKL_NUM_THREADS`` (the variables torch itself reads, in its order), else **one thread** -- in
+its own process and in every worker process of a local Dask cluster (``--workers``), whose
+BLAS libraries read the same variables when they start. The count is recorded as ``threads``
+in the run's ``config.json``.
+
+Why one: the cells of a study are many small dense products and factorizations (n = 512 to
+4,096). On a 2-core machine shared with other work, torch's default (a thread per core) made
+``approxlab figure1 --quick`` several times slower than one thread, because its threads wait
+for each other whenever one of them is descheduled; on an idle machine a second thread gains
+far less than a second worker process (``--workers 2``), which splits whole cells. The
+measurements and the command that repeats them are in ``benchmarks/threads.sh``.
+
+A Dask cluster started elsewhere (``--scheduler``) keeps its workers' own setting (Dask's
+nanny starts them with one thread each). Used as a library, approxlab never changes torch's
+thread count; :func:`study_threads` sets it for a run and restores it afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from ._cli import UsageError
+
+__all__ = ["DEFAULT_THREADS", "THREAD_VARIABLES", "requested_threads", "study_threads"]
+
+DEFAULT_THREADS = 1
+"""Threads per process when neither ``--threads`` nor a thread variable is set."""
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""The environment variables that set the thread count, in the order torch reads them."""
+
+_WORKER_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""What a local Dask worker process is started with (``distributed.nanny.pre-spawn-environ``)."""
+
+
+def requested_threads(option: int | None = None, environ=None) -> tuple[int, str]:
+    """The thread count of a run and where it comes from.
+
+    Parameters
+    ----------
+    option : int, optional
+        ``--threads``; wins over the environment.
+    environ : mapping, optional
+        Default :data:`os.environ`.
+
+    Returns
+    -------
+    (int, str)
+        The count and its source: ``"--threads"``, ``"$OMP_NUM_THREADS"``, ``"$MKL_NUM_THREADS"``
+        or ``"default"`` (:data:`DEFAULT_THREADS`).
+
+    Raises
+    ------
+    approxlab.studies._cli.UsageError
+        If the variable that decides is set to something other than a positive integer (an
+        OpenMP list such as ``"4,2"`` counts by its first entry, as OpenMP does).
+
+    Examples
+    --------
+    >>> requested_threads(None, {})
+    (1, 'default')
+    >>> requested_threads(None, {"OMP_NUM_THREADS": "2"})
+    (2, '$OMP_NUM_THREADS')
+    >>> requested_threads(4, {"OMP_NUM_THREADS": "2"})
+    (4, '--threads')
+    """
+    if option is not None:
+        return int(option), "--threads"
+    environ = os.environ if environ is None else environ
+    for name in THREAD_VARIABLES:
+        text = str(environ.get(name, "")).strip()
+        if not text:
+            continue
+        first = text.split(",")[0].strip()
+        if not first.isdigit() or int(first) < 1:
+            raise UsageError(f"${name}", f"a positive integer, the threads of each process (or unset: "
+                                         f"{DEFAULT_THREADS})", repr(text))
+        return int(first), f"${name}"
+    return DEFAULT_THREADS, "default"
+
+
+@contextlib.contextmanager
+def study_threads(count: int, *, local_workers: bool = False):
+    """torch computes with ``count`` threads in this process for the block (restored after).
+
+    With ``local_workers``, the worker processes a local Dask cluster starts in the block get
+    the same count through the thread variables (``distributed.nanny.pre-spawn-environ``, which
+    Dask's nanny writes into its own process's environment before it starts a worker; those
+    variables are restored here afterwards).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        if local_workers:
+            with _worker_threads(count):
+                yield
+        else:
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _worker_threads(count: int):
+    import dask
+    import distributed  # noqa: F401 - registers the distributed.* configuration defaults
+
+    settings = {f"distributed.nanny.pre-spawn-environ.{name}": count for name in _WORKER_VARIABLES}
+    with dask.config.set(settings):
+        names = {*dask.config.get("distributed.nanny.pre-spawn-environ"), "PYTHONHASHSEED"}
+        saved = {name: os.environ.get(name) for name in names}
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
