@@ -23,6 +23,7 @@ Public API::
     output_dir(args) -> pathlib.Path                 # --out, else approxlab-results/<study>[-quick]
     check_common(args)                               # --out, --data-dir, --cache-dir, --scheduler
     locked_output(args)                              # context manager: the --out lock, one-line error
+    restored_environ(names)                          # context manager: os.environ[names] restored after
     missing_ancestor(path) -> pathlib.Path | None    # the outermost folder of path a run would create
     discard_output(out, created=None)                # remove the folders created for a refused run
     corpus_tokens(data_dir, cache_dir) -> int
@@ -76,6 +77,7 @@ __all__ = [
     "check_cache_dir",
     "check_scheduler",
     "locked_output",
+    "restored_environ",
     "missing_ancestor",
     "discard_output",
     "corpus_tokens",
@@ -407,6 +409,20 @@ def locked_output(args):
     except OutputLockedError as error:
         raise UsageError("--out", "a folder no other run is writing to",
                          f"{str(args.out)!r} (locked by {error.describe_owner()})") from None
+
+
+@contextlib.contextmanager
+def restored_environ(names):
+    """The variables ``names`` of ``os.environ`` as they were before the block (set or unset)."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def missing_ancestor(path) -> pathlib.Path | None:

@@ -24,6 +24,8 @@ import contextlib
 import os
 import sys
 
+from ._cli import restored_environ
+
 __all__ = ["WORKER_VARIABLES", "third_party_bars_off"]
 
 WORKER_VARIABLES = {
@@ -55,16 +57,9 @@ def third_party_bars_off():
 
 @contextlib.contextmanager
 def _environment(values: dict):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
+    with restored_environ(values):
+        os.environ.update(values)
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _transformers_logging():

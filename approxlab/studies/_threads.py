@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from ._cli import UsageError
+from ._cli import UsageError, restored_environ
 
 __all__ = ["DEFAULT_THREADS", "THREAD_VARIABLES", "requested_threads", "study_threads"]
 
@@ -113,13 +113,5 @@ def _worker_threads(count: int):
 
     settings = {f"distributed.nanny.pre-spawn-environ.{name}": count for name in _WORKER_VARIABLES}
     with dask.config.set(settings):
-        names = {*dask.config.get("distributed.nanny.pre-spawn-environ"), "PYTHONHASHSEED"}
-        saved = {name: os.environ.get(name) for name in names}
-        try:
+        with restored_environ({*dask.config.get("distributed.nanny.pre-spawn-environ"), "PYTHONHASHSEED"}):
             yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
