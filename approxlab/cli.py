@@ -152,7 +152,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--threads", type=_cli.positive_int, default=None, metavar="N",
                        help="torch threads of this process and of each --workers process (default: "
                             f"$OMP_NUM_THREADS, else $MKL_NUM_THREADS, else {_threads.DEFAULT_THREADS}: "
-                            "measured faster than a thread per core on 2 cores; see README)")
+                            "measured faster than a thread per core on a loaded 2-core machine)")
 
 
 def build_parser(study: str | None = None) -> argparse.ArgumentParser:

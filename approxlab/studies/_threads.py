@@ -7,11 +7,20 @@ BLAS libraries read the same variables when they start. The count is recorded as
 in the run's ``config.json``.
 
 Why one: the cells of a study are many small dense products and factorizations (n = 512 to
-4,096). On a 2-core machine shared with other work, torch's default (a thread per core) made
-``approxlab figure1 --quick`` several times slower than one thread, because its threads wait
-for each other whenever one of them is descheduled; on an idle machine a second thread gains
-far less than a second worker process (``--workers 2``), which splits whole cells. The
-measurements and the command that repeats them are in ``benchmarks/threads.sh``.
+4,096), and on a 2-core machine shared with other work torch's default (a thread per core) is
+several times slower than one thread -- its threads wait for each other whenever one of them
+is descheduled. Measured with ``bash benchmarks/threads.sh`` (``approxlab figure1 --quick``,
+warm caches) on a 2-core machine shared with other jobs:
+
+* load average 15.9 to 22.6: 372.7 s with one thread; with two threads the same run had not
+  finished after 1,203 s and was stopped (more than 3.2 times slower; the two runs were not
+  interleaved, and the load rose from 15.9 to about 22 between them);
+* an earlier measurement on the same machine, loaded (load not recorded), of
+  ``approxlab figure1 --quick``: 38.5 s with ``OMP_NUM_THREADS=1``, 178 s with torch's default.
+
+An idle 2-core machine was not available for these measurements, so the idle ratio is not
+known; ``bash benchmarks/threads.sh`` on one measures it. To use a free second core, pass
+``--threads 2`` or ``--workers 2`` (two one-thread processes).
 
 A Dask cluster started elsewhere (``--scheduler``) keeps its workers' own setting (Dask's
 nanny starts them with one thread each). Used as a library, approxlab never changes torch's
