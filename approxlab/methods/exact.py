@@ -10,6 +10,8 @@ from ..operators import DenseOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask, masked_fused_attention, masked_softmax_matrix
 
+__all__ = ["exact", "EXACT"]
+
 
 @method("exact", target="softmax", features="ignored (reference)", randomized=False)
 def exact(q, k, v, *, num_features=None, generator=None, key_mask=None):

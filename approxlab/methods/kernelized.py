@@ -63,6 +63,8 @@ def fused_kernelized_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     out = masked_fused_attention(queries, keys, values, key_mask, scale=1.0)
     return out[..., :p_v] / out[..., p_v : p_v + 1]
 
+__all__ = ["kernelized", "KERNELIZED"]
+
 
 @method("kernelized", target="kernelized", features="ignored (exact)", randomized=False)
 def kernelized(q, k, v, *, num_features=None, generator=None, key_mask=None):

@@ -12,6 +12,8 @@ from ..linalg.cores import DEFAULT_CORE, DEFAULT_GAMMA, DEFAULT_INIT, DEFAULT_NU
 from ._base import method
 from .skyformer import completion_nystrom, draw_completion_columns
 
+__all__ = ["skyformer_softmax", "SKYFORMER_SOFTMAX"]
+
 
 @method(
     "skyformer-softmax",

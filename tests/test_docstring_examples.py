@@ -1,0 +1,176 @@
+"""Every public function and class of approxlab has a NumPy-style ``Examples`` section that runs as a
+doctest (``--doctest-modules`` in ``pyproject.toml`` runs them with the tests).
+
+Public: each name in the ``__all__`` of ``approxlab`` and of every module and package under it whose
+dotted path has no component starting with ``_``, except the command-line layer (``approxlab.cli``,
+``approxlab.studies``: documented by ``approxlab <study> --help``). A name is checked once, in the module
+that defines it. A registered method (a :class:`~approxlab.methods.MethodSpec`) is checked through
+its function, which its module hands to doctest in ``__test__``.
+"""
+
+import doctest
+import functools
+import importlib
+import inspect
+import pkgutil
+import re
+
+import approxlab
+from approxlab.methods import MethodSpec
+
+COMMAND_LINE = ("approxlab.cli", "approxlab.studies", "approxlab.__main__")
+
+# Public names that have no Examples section yet, by defining module. The list only shrinks: a name
+# that gains its examples must leave it (the test says so).
+NO_EXAMPLES_YET = {
+    # -- the numerical core ---------------------------------------------------------------------
+    "approxlab.attention": {"approximate", "attention_matrix"},
+    "approxlab.kernels": {"causal_mask", "gaussian_kernel", "kernelized_matrix", "log_diag_scale",
+        "row_normalize", "scaled_logits", "score_matrix", "softmax_matrix"},
+    "approxlab.linalg.conditioning": {"as_result", "condition_number", "default_rtol",
+        "default_rtol_for_shape", "is_numerically_singular", "relative_singular_values", "singular_values"},
+    "approxlab.linalg.cores": {"CoreFactors", "check_core_options", "nystrom_core", "pinv_factors",
+        "scaled_core", "stable_pinv"},
+    "approxlab.linalg.lanczos": {"SpectralNormEstimate", "golub_kahan"},
+    "approxlab.linalg.normal_lanczos": {"BlockLanczosResult", "default_row_block", "fused_normal_pass",
+        "normal_block_lanczos"},
+    "approxlab.linalg.pinv": {"PinvResult", "iterative_pinv"},
+    "approxlab.linalg.pinv_autograd": {"pinv", "pinv_backward", "truncated_svd"},
+    "approxlab.linalg.scaling": {"balance", "balancing_exponent", "log10_magnitude", "safe_norm",
+        "times_power_of_two", "unit_rows"},
+    "approxlab.methods._base": {"MethodSpec"},
+    "approxlab.methods.draws": {"DrawEntry", "check_draw"},
+    "approxlab.methods.exact": {"exact"},
+    "approxlab.methods.informer": {"ProbSparseOperator", "default_sample_size", "draw_key_samples",
+        "informer", "sparsity_measurement"},
+    "approxlab.methods.kernelized": {"kernelized"},
+    "approxlab.methods.linformer": {"draw_projections", "gaussian_projection", "linformer"},
+    "approxlab.methods.nystrom": {"draw_landmarks", "nystrom"},
+    "approxlab.methods.nystromformer": {"landmark_kernels", "nystromformer", "segment_means"},
+    "approxlab.methods.performer": {"draw_projection", "gaussian_random_features", "performer",
+        "positive_random_features", "resolve_projection"},
+    "approxlab.methods.performer_lra": {"performer_lra"},
+    "approxlab.methods.registry": {"available", "get", "load_plugin", "plugin_modules", "unregister"},
+    "approxlab.methods.skyformer": {"Skeleton", "completion_landmarks", "completion_nystrom",
+        "draw_completion_columns", "gaussian_skeleton", "skeleton_attention", "skyformer"},
+    "approxlab.methods.skyformer_softmax": {"skyformer_softmax"},
+    "approxlab.methods.spectral_shifting": {"SpectralShiftingResult", "modified_spectral_shifting_core",
+        "spectral_shifting", "spectral_shifting_psd"},
+    "approxlab.methods.yoso": {"draw_hyperplanes", "yoso"},
+    "approxlab.methods.yoso_e": {"collision_probability", "yoso_e"},
+    "approxlab.metrics": {"effective_rank", "loewner_min_eig", "numerical_rank", "singular_value_decay_rate",
+        "spectral_error", "spectral_norm", "spectrum_measures", "stable_rank"},
+    "approxlab.operators": {"AdjointOperator", "DenseOperator", "DiagonalOperator", "ExactAttentionOperator",
+        "LinearOperator", "ProductOperator", "SumOperator", "aslinearoperator", "check_causal",
+        "softmax_attention"},
+    "approxlab.sketch": {"check_columns", "gather_rows", "nystrom", "ridge_leverage_columns",
+        "uniform_columns"},
+    # -- data, statistics and tools -------------------------------------------------------------
+    "approxlab.data.cache": {"QKVCache", "QKVKey"},
+    "approxlab.data.capture": {"capture_attention", "captured_qkv", "check_dtype", "extract_qkv",
+        "query_factor", "repeat_kv_heads"},
+    "approxlab.data.checkpoints": {"Architecture", "architecture_of", "load_config", "minilm_path"},
+    "approxlab.data.gguf": {"converted_folder", "converted_weights", "smollm2_gguf"},
+    "approxlab.data.layout": {"AttentionLayout", "attention_module", "config_layout", "get_attribute",
+        "layout_of"},
+    "approxlab.data.models": {"LoadedModel", "ModelInfo", "clear_model_memo", "describe_model", "load_model",
+        "resolve_checkpoint"},
+    "approxlab.data.positions": {"check_positions", "max_positions", "position_embeddings", "position_ids",
+        "position_offset", "positions_for"},
+    "approxlab.data.qkv": {"QKV", "get_qkv"},
+    "approxlab.data.wikitext": {"corpus_sha256", "default_cache_dir", "find_wikitext", "load_wikitext",
+        "packaged_wikitext", "pick_windows", "tokenize", "tokenizer_fingerprint", "wikitext_attribution",
+        "wikitext_token_ids", "windows"},
+    "approxlab.errors": {"CachePathError", "CacheWarning", "CheckpointError", "ConvergenceWarning",
+        "CorpusChecksumError", "CorpusNotFoundError", "CorruptResultsError", "NotPSDError",
+        "NumericalWarning", "PluginWarning", "SingularMatrixWarning"},
+    "approxlab.leverage": {"RidgeEstimate", "approximate_ridge_leverage_scores", "coherence",
+        "completion_operator", "estimate_ridge_quantities", "ridge_leverage_scores", "statistical_dimension"},
+    "approxlab.lsh": {"CollisionOperator", "bucket_attention", "collision_matrix", "collision_probability",
+        "draw_hyperplanes", "hash_codes"},
+    "approxlab.plotting": {"figure", "figure_legend", "method_curve", "method_label", "method_style",
+        "save_figure", "share_ylimits", "style"},
+    "approxlab.stats": {"Interval", "UnitAggregate", "WinRate", "bootstrap", "describe", "t_test_power",
+        "t_test_sample_size", "verdict", "win_rate"},
+    "approxlab.synthetic": {"large_logit_qkv", "matrix_with_singular_values", "psd_matrix",
+        "random_orthogonal", "synthetic_qkv"},
+    "approxlab.tasks": {"available", "make_task"},
+    "approxlab.tasks._base": {"Batch", "Task"},
+    "approxlab.tasks.listops": {"encode", "evaluate", "generate_expressions", "generate_tree",
+        "listops_batches", "make_task", "tree_tokens", "tree_value"},
+    "approxlab.tasks.mlm": {"load_tokenizer", "make_task", "mask_tokens"},
+    "approxlab.tasks.pathfinder": {"PathfinderImage", "generate_image", "make_task", "pathfinder_batches"},
+    "approxlab.training": {"TinyEncoder", "accuracy", "instability_ratio", "instability_score",
+        "instability_trace", "train_classifier"},
+}
+
+_EXAMPLES = re.compile(r"^Examples\n-{8,}\n(?P<body>.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", re.M | re.S)
+
+
+def public_modules():
+    """The public modules of approxlab (the command-line layer excluded), imported."""
+    names = ["approxlab"] + [info.name for info in pkgutil.walk_packages(approxlab.__path__, "approxlab.")]
+    return [importlib.import_module(name) for name in names
+            if not any(part.startswith("_") for part in name.split(".")[1:]) and not name.startswith(COMMAND_LINE)]
+
+
+def documented(obj):
+    """The object whose docstring documents ``obj`` (a method's function for a MethodSpec), or None
+    for a public name that is not a function or class (a constant, a module)."""
+    if isinstance(obj, MethodSpec):
+        return obj.function
+    if inspect.isclass(obj) or inspect.isroutine(inspect.unwrap(obj)) or isinstance(obj, functools.partial):
+        return obj
+    return None
+
+
+def public_objects():
+    """``{(defining module, qualified name): object}`` over every public module's ``__all__``."""
+    found = {}
+    for module in public_modules():
+        names = getattr(module, "__all__", None)
+        assert names is not None, f"{module.__name__} has no __all__: its public names are not declared"
+        for name in names:
+            obj = documented(getattr(module, name))
+            if obj is None or not getattr(obj, "__module__", "").startswith("approxlab"):
+                continue
+            target = inspect.unwrap(obj)
+            found[(obj.__module__, getattr(target, "__qualname__", name))] = obj
+    return found
+
+
+def doctest_names(module_name):
+    """The names of the doctests that ``--doctest-modules`` collects from a module (with examples)."""
+    module = importlib.import_module(module_name)
+    return {test.name for test in doctest.DocTestFinder().find(module, module_name) if test.examples}
+
+
+def missing_examples():
+    """``{(module, name): why}`` for every public object without a collected Examples doctest."""
+    missing, collected = {}, {}
+    for (module, name), obj in public_objects().items():
+        match = _EXAMPLES.search(inspect.getdoc(obj) or "")
+        if match is None:
+            missing[module, name] = "no Examples section"
+        elif ">>>" not in match["body"]:
+            missing[module, name] = "an Examples section without a >>> line"
+        else:
+            names = collected.setdefault(module, doctest_names(module))
+            if not {f"{module}.{name}", f"{module}.__test__.{name}"} & names:
+                missing[module, name] = "examples that doctest does not collect (a method: add it to __test__)"
+    return missing
+
+
+def test_every_public_name_has_examples():
+    missing = missing_examples()
+    unexpected = sorted(f"{module}.{name}: {why}" for (module, name), why in missing.items()
+                        if name not in NO_EXAMPLES_YET.get(module, ()))
+    assert not unexpected, "public names without a doctested Examples section:\n" + "\n".join(unexpected)
+
+
+def test_the_list_of_names_without_examples_only_shrinks():
+    missing = missing_examples()
+    stale = sorted(f"{module}.{name}" for module, names in NO_EXAMPLES_YET.items() for name in names
+                   if (module, name) not in missing)
+    assert not stale, "these names have examples now (or are gone): remove them from NO_EXAMPLES_YET:\n" + \
+        "\n".join(stale)
