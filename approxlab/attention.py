@@ -93,6 +93,20 @@ def attention_matrix(q: torch.Tensor, k: torch.Tensor, kind: str = "softmax", *,
         non-bool ``causal``, or ``causal=True`` with ``n != m``.
     OverflowError
         ``kind="scores"`` with a logit beyond ``log(finfo(q.dtype).max)``.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, _ = synthetic_qkv((2,), 6, 4, generator=torch.Generator().manual_seed(0))
+    >>> a = approxlab.attention_matrix(q, k)
+    >>> a.shape
+    torch.Size([2, 6, 6])
+    >>> bool(torch.allclose(a.sum(-1), torch.ones(2, 6, dtype=torch.float64)))
+    True
+    >>> causal = approxlab.attention_matrix(q, k, causal=True)
+    >>> float(causal[0, 0, 0]), float(causal[0, 0, 1])
+    (1.0, 0.0)
     """
     check_qkv(q, k)
     check_choice(kind, "kind", _KINDS)
@@ -161,6 +175,20 @@ def approximate(
     FloatingPointError
         If the approximate output has non-finite entries (e.g. an approximate row sum
         of zero); the message names the method and the count.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 64, 8, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("skyformer-softmax", q, k, v, num_features=32,
+    ...                                generator=torch.Generator().manual_seed(1))
+    >>> approx.output.shape
+    torch.Size([2, 64, 8])
+    >>> exact = approxlab.exact_attention(q, k, v)
+    >>> error = approxlab.metrics.spectral_error(approx.output, exact, relative=True)
+    >>> [round(e, 2) for e in error.tolist()]  # relative spectral error of each batch element
+    [0.32, 0.6]
     """
     spec = registry.get(method)
     check_qkv(q, k, v)

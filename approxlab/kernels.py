@@ -42,7 +42,16 @@ __all__ = [
 
 
 def scaled_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    r"""Logits :math:`QK^\top/\sqrt{p}`: ``(*batch, n, p), (*batch, m, p) -> (*batch, n, m)``."""
+    r"""Logits :math:`QK^\top/\sqrt{p}`: ``(*batch, n, p), (*batch, m, p) -> (*batch, n, m)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import scaled_logits
+    >>> q = torch.tensor([[1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    >>> scaled_logits(q, 2 * q)
+    tensor([[4.]], dtype=torch.float64)
+    """
     return (q @ k.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))  # in place: no second n x m array
 
 
@@ -52,6 +61,16 @@ def causal_mask(n: int, m: int | None = None, *, row_offset: int = 0, device=Non
     ``row_offset`` is the global index of the first query row, so that row blocks of a
     causal matrix (``rows start:stop`` with ``row_offset=start``) are cut from the same
     lower-triangular pattern. ``m`` defaults to ``n``.
+
+    Examples
+    --------
+    >>> from approxlab.kernels import causal_mask
+    >>> causal_mask(3)
+    tensor([[ True, False, False],
+            [ True,  True, False],
+            [ True,  True,  True]])
+    >>> causal_mask(1, 3, row_offset=1)  # the second row of the 3 x 3 pattern
+    tensor([[ True,  True, False]])
     """
     m = n if m is None else m
     rows = torch.arange(row_offset, row_offset + n, device=device).unsqueeze(-1)
@@ -68,6 +87,16 @@ def softmax_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | Non
 
     With ``mask`` (True: attended), each row is the softmax over its kept keys; a row with
     no kept key is NaN (callers keep at least one, e.g. the diagonal of :func:`causal_mask`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import softmax_matrix
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k = torch.randn(2, 5, 4, generator=g, dtype=torch.float64), torch.randn(2, 7, 4, generator=g, dtype=torch.float64)
+    >>> a = softmax_matrix(q, k)
+    >>> a.shape, bool(torch.allclose(a.sum(-1), torch.ones(2, 5, dtype=torch.float64)))
+    (torch.Size([2, 5, 7]), True)
     """
     return torch.softmax(_masked_logits(q, k, mask), dim=-1)
 
@@ -80,6 +109,20 @@ def score_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None 
     OverflowError
         If an entry exceeds the range of ``q.dtype``; the message says how large the
         largest logit was. Use float64 (range ``exp(709)``) or :func:`softmax_matrix`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import score_matrix, softmax_matrix, row_normalize
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(5, 4, generator=g, dtype=torch.float64)
+    >>> a = score_matrix(q, k)
+    >>> bool(torch.allclose(row_normalize(a), softmax_matrix(q, k)))
+    True
+    >>> score_matrix(100 * q, 100 * k)
+    Traceback (most recent call last):
+    ...
+    OverflowError: ...
     """
     logits = _masked_logits(q, k, mask)
     a = torch.exp(logits)
@@ -108,6 +151,15 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     :data:`CANCELLATION_TOLERANCE` (an error of more than ~0.05 % in the kernel), such entries are
     recomputed as :math:`\|x_i - y_j\|^2`; inputs of ordinary size (BERT's Q/K in float32 or
     float64) never reach it, and keep the expanded form bit for bit.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import gaussian_kernel
+    >>> x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=torch.float64)
+    >>> gaussian_kernel(x, x)  # exp(-25/2) off the diagonal
+    tensor([[1.0000e+00, 3.7267e-06],
+            [3.7267e-06, 1.0000e+00]], dtype=torch.float64)
     """
     # The same operations in the same order as exp(-0.5 * clamp(|x|^2 + |y|^2 - 2 x.y, 0)), done in
     # place on the two n x m arrays (each new large array costs a page-faulting allocation).
@@ -135,6 +187,16 @@ def kernelized_matrix(q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | 
     r"""Kernelized attention scores :math:`C = \kappa(Q/p^{1/4}, K/p^{1/4})` (Skyformer Eq. (3)).
 
     Masked entries (``mask`` False) are 0.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import gaussian_kernel, kernelized_matrix
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(6, 4, generator=g, dtype=torch.float64)
+    >>> c = kernelized_matrix(q, k)
+    >>> bool(torch.allclose(c, gaussian_kernel(q / 4 ** 0.25, k / 4 ** 0.25)))
+    True
     """
     scale = q.shape[-1] ** -0.25
     c = gaussian_kernel(q * scale, k * scale)
@@ -145,6 +207,17 @@ def log_diag_scale(x: torch.Tensor) -> torch.Tensor:
     r"""Log of the diagonal :math:`(D_X)^{1/2}_{ii} = \exp(\|x_i\|^2 / (2\sqrt p))`, ``(*batch, n)``.
 
     With it, :math:`A_{ij} = \exp(\ell^Q_i)\,C_{ij}\,\exp(\ell^K_j)` (Skyformer Lemma 1).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import kernelized_matrix, log_diag_scale, score_matrix
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(6, 4, generator=g, dtype=torch.float64)
+    >>> lq, lk = log_diag_scale(q), log_diag_scale(k)
+    >>> a = lq.exp()[:, None] * kernelized_matrix(q, k) * lk.exp()[None, :]  # Lemma 1 of Skyformer
+    >>> bool(torch.allclose(a, score_matrix(q, k)))
+    True
     """
     return (x * x).sum(-1) / (2.0 * math.sqrt(x.shape[-1]))
 
@@ -153,5 +226,13 @@ def row_normalize(a: torch.Tensor) -> torch.Tensor:
     r""":math:`D^{-1}A` with :math:`D = \operatorname{diag}(A\mathbf 1)`; rows that sum to 0 give ``inf``/NaN.
 
     Callers that can meet zero row sums check the result (see ``approxlab.methods``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import row_normalize
+    >>> row_normalize(torch.tensor([[1.0, 3.0], [2.0, 2.0]], dtype=torch.float64))
+    tensor([[0.2500, 0.7500],
+            [0.5000, 0.5000]], dtype=torch.float64)
     """
     return a / a.sum(-1, keepdim=True)

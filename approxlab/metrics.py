@@ -205,6 +205,20 @@ def spectral_norm(
     ----------
     G. Golub and W. Kahan (1965), "Calculating the singular values and pseudo-inverse of a
     matrix", SIAM J. Numer. Anal. Ser. B 2(2).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import spectral_norm
+    >>> from approxlab.operators import DenseOperator
+    >>> m = torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64))
+    >>> spectral_norm(m)
+    3.0
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(2, 40, 30, generator=g, dtype=torch.float64)
+    >>> estimate = spectral_norm(DenseOperator(x), generator=torch.Generator().manual_seed(1))  # matrix-free
+    >>> bool(torch.allclose(estimate, torch.linalg.matrix_norm(x, ord=2)))
+    True
     """
     x = _matrix_like(x, "x")
     tol = check_positive_float(tol, "tol")
@@ -265,6 +279,15 @@ def spectral_error(
     ----------
     Chen et al. (2021), Skyformer, Section 5.1 / Figure 1 (spectral-norm approximation error).
     Golub and Kahan (1965).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import spectral_error
+    >>> exact = torch.eye(3, dtype=torch.float64)
+    >>> approx = torch.diag(torch.tensor([1.0, 1.0, 0.5], dtype=torch.float64))
+    >>> spectral_error(approx, exact), spectral_error(approx, 2 * exact, relative=True)
+    (0.5, 0.75)
     """
     approx = _matrix_like(approx, "approx")
     exact = _matrix_like(exact, "exact")
@@ -340,6 +363,13 @@ def stable_rank(m: torch.Tensor):
     ----------
     Rudelson and Vershynin (2007), "Sampling from large matrices"; Chen et al. (2021),
     Skyformer, Lemma C.2.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import stable_rank
+    >>> stable_rank(torch.diag(torch.tensor([2.0, 1.0, 1.0], dtype=torch.float64)))  # (4 + 1 + 1) / 4
+    1.5
     """
     sigma = relative_singular_values(m)
     _check_nonzero(sigma, "stable rank")
@@ -371,6 +401,13 @@ def numerical_rank(m: torch.Tensor, rtol: float = 1e-6):
     References
     ----------
     Golub and Van Loan, *Matrix Computations*, 4th ed., Section 5.4.1.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import numerical_rank
+    >>> numerical_rank(torch.diag(torch.tensor([1.0, 1e-3, 1e-9], dtype=torch.float64)))
+    2
     """
     check_tensor(m, "M")
     rtol = check_rtol(rtol)
@@ -400,6 +437,13 @@ def effective_rank(m: torch.Tensor):
     ----------
     O. Roy and M. Vetterli (2007), "The effective rank: a measure of effective
     dimensionality", EUSIPCO, Definition 1.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import effective_rank
+    >>> round(effective_rank(torch.eye(4, dtype=torch.float64)), 6)  # four equal singular values
+    4.0
     """
     sigma = relative_singular_values(m)
     _check_nonzero(sigma, "effective rank")
@@ -439,6 +483,14 @@ def singular_value_decay_rate(m: torch.Tensor, num: int = 64):
     References
     ----------
     Chen et al. (2021), Skyformer, Appendix B (singular-value decay of attention matrices).
+
+    Examples
+    --------
+    >>> import math, torch
+    >>> from approxlab.metrics import singular_value_decay_rate
+    >>> sigma = torch.exp(-0.5 * torch.arange(10, dtype=torch.float64))  # sigma_i = e^(-i/2)
+    >>> round(singular_value_decay_rate(torch.diag(sigma)), 6)
+    -0.5
     """
     check_tensor(m, "M")
     num = check_int(num, "num", low=2)
@@ -478,6 +530,14 @@ def loewner_min_eig(a: torch.Tensor, b: torch.Tensor):
     ----------
     R. A. Horn and C. R. Johnson, *Matrix Analysis*, 2nd ed. (2013), Section 7.7 (Loewner
     order). Chen et al. (2021), Skyformer, Section 4.3.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import loewner_min_eig
+    >>> a = torch.diag(torch.tensor([2.0, 1.0], dtype=torch.float64))
+    >>> loewner_min_eig(a, 0.5 * a)  # A - B = diag(1, 0.5): A dominates B
+    0.5
     """
     check_square(a, "A")
     check_square(b, "B")
@@ -538,6 +598,15 @@ def spectrum_measures(sigma: torch.Tensor, shape, *, rtol: float = 1e-6, num: in
     References
     ----------
     Skyformer Theorem 2 and Appendix B; Roy and Vetterli (2007); Golub and Van Loan 5.4.1.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import spectrum_measures
+    >>> sigma = torch.tensor([4.0, 2.0, 1.0, 0.0], dtype=torch.float64)
+    >>> measures = spectrum_measures(sigma, (4, 4))
+    >>> int(measures["numerical_rank"]), float(measures["stable_rank"]), float(measures["condition_number"])
+    (3, 1.3125, inf)
     """
     check_tensor(sigma, "sigma", min_ndim=1)
     if not (isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 2):

@@ -37,7 +37,25 @@ __all__ = [
 
 class LinearOperator:
     """Base class: subclasses set ``shape``, ``dtype``, ``device`` and implement
-    ``_matmat`` and ``_rmatmat`` on ``(*batch, m, k)`` / ``(*batch, n, k)`` blocks."""
+    ``_matmat`` and ``_rmatmat`` on ``(*batch, m, k)`` / ``(*batch, n, k)`` blocks.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import LinearOperator
+    >>> class Scaling(LinearOperator):  # c * I, never formed
+    ...     def __init__(self, c, n):
+    ...         self.c, self.shape, self.dtype, self.device = c, (n, n), torch.float64, torch.device("cpu")
+    ...     def _matmat(self, x):
+    ...         return self.c * x
+    ...     def _rmatmat(self, y):
+    ...         return self.c * y
+    >>> op = Scaling(3.0, 4)
+    >>> op.matvec(torch.ones(4, dtype=torch.float64))
+    tensor([3., 3., 3., 3.], dtype=torch.float64)
+    >>> (op - op.T).to_dense().abs().max().item()
+    0.0
+    """
 
     shape: tuple
     dtype: torch.dtype
@@ -127,7 +145,16 @@ class LinearOperator:
 
 
 class DenseOperator(LinearOperator):
-    """Wrap an explicit ``(*batch, n, m)`` tensor."""
+    """Wrap an explicit ``(*batch, n, m)`` tensor.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import DenseOperator
+    >>> op = DenseOperator(torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64))
+    >>> op.matvec(torch.tensor([1.0, 1.0], dtype=torch.float64)), op.rmatvec(torch.tensor([1.0, 1.0], dtype=torch.float64))
+    (tensor([3., 7.], dtype=torch.float64), tensor([4., 6.], dtype=torch.float64))
+    """
 
     def __init__(self, matrix: torch.Tensor):
         self.matrix = check_tensor(matrix, "matrix", finite=False)
@@ -149,7 +176,15 @@ class DenseOperator(LinearOperator):
 
 
 class DiagonalOperator(LinearOperator):
-    """``diag(d)`` for ``d: (*batch, n)``."""
+    """``diag(d)`` for ``d: (*batch, n)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import DiagonalOperator
+    >>> DiagonalOperator(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).matvec(torch.ones(3, dtype=torch.float64))
+    tensor([1., 2., 3.], dtype=torch.float64)
+    """
 
     def __init__(self, diag: torch.Tensor):
         self.diag = check_tensor(diag, "diag", min_ndim=1, finite=False)
@@ -171,6 +206,16 @@ class ProductOperator(LinearOperator):
     """``F_1 @ F_2 @ ... @ F_r`` of operators or tensors, applied right to left.
 
     A low-rank factorisation ``U (W) V^T`` costs ``O((n + m) r k)`` per block of ``k`` vectors.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import ProductOperator
+    >>> g = torch.Generator().manual_seed(0)
+    >>> u, w = torch.randn(50, 3, generator=g, dtype=torch.float64), torch.randn(3, 3, generator=g, dtype=torch.float64)
+    >>> op = ProductOperator(u, w, u.T)  # rank 3, 50 x 50, applied in O(50 * 3) per vector
+    >>> op.shape, bool(torch.allclose(op.to_dense(), u @ w @ u.T))
+    ((50, 50), True)
     """
 
     def __init__(self, *factors):
@@ -203,7 +248,17 @@ class ProductOperator(LinearOperator):
 
 
 class SumOperator(LinearOperator):
-    """``sum_i c_i A_i`` of operators of one shape."""
+    """``sum_i c_i A_i`` of operators of one shape.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import SumOperator
+    >>> eye = torch.eye(2, dtype=torch.float64)
+    >>> SumOperator([eye, 2 * eye], [1.0, -0.5]).to_dense()  # I - 0.5 * (2I) = 0
+    tensor([[0., 0.],
+            [0., 0.]], dtype=torch.float64)
+    """
 
     def __init__(self, operators, coefficients):
         self.operators = [aslinearoperator(a) for a in operators]
@@ -227,7 +282,16 @@ class SumOperator(LinearOperator):
 
 
 class AdjointOperator(LinearOperator):
-    """The transpose of an operator."""
+    """The transpose of an operator.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import AdjointOperator, DenseOperator
+    >>> a = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    >>> AdjointOperator(DenseOperator(a)).shape, bool(torch.equal(DenseOperator(a).T.to_dense(), a.T))
+    ((3, 1), True)
+    """
 
     def __init__(self, op: LinearOperator):
         self.op = op
@@ -262,7 +326,16 @@ class _CastOperator(LinearOperator):
 
 
 def aslinearoperator(x) -> LinearOperator:
-    """Return ``x`` if it is an operator, else wrap a tensor in :class:`DenseOperator`."""
+    """Return ``x`` if it is an operator, else wrap a tensor in :class:`DenseOperator`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import DenseOperator, aslinearoperator
+    >>> op = aslinearoperator(torch.eye(3, dtype=torch.float64))
+    >>> op, aslinearoperator(op) is op
+    (DenseOperator(shape=(3, 3), dtype=torch.float64), True)
+    """
     if isinstance(x, LinearOperator):
         return x
     if isinstance(x, torch.Tensor):
@@ -278,6 +351,18 @@ def check_causal(causal, q: torch.Tensor, k: torch.Tensor) -> bool:
 
     The causal pattern is query ``i`` attending keys ``j <= i`` (self-attention of a decoder),
     so ``q: (*batch, n, p)`` and ``k: (*batch, m, p)`` must have ``n == m``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.operators import check_causal
+    >>> q = torch.zeros(4, 2)
+    >>> check_causal(True, q, q)
+    True
+    >>> check_causal(True, q, torch.zeros(5, 2))
+    Traceback (most recent call last):
+    ...
+    ValueError: ...
     """
     causal = check_bool(causal, "causal")
     if causal and q.shape[-2] != k.shape[-2]:
@@ -381,6 +466,16 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     broadcast); returns ``(*batch, n, p_v)``. Never forms the ``n x m`` matrix on the flash
     path; agrees with ``kernels.softmax_matrix(q, k) @ v`` to rounding (tests compare both).
     ``causal=True`` (``n == m``): row i attends keys ``j <= i`` only (the kernel's ``is_causal``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import softmax_matrix
+    >>> from approxlab.operators import softmax_attention
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(2, 16, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    >>> bool(torch.allclose(softmax_attention(q, k, v), softmax_matrix(q, k) @ v))
+    True
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -467,6 +562,18 @@ class ExactAttentionOperator(LinearOperator):
     Chen et al. (2021), Skyformer, Section 4.1 and Eq. (3); Vaswani et al. (2017),
     scaled dot-product attention; Dao et al. (2022), FlashAttention (the log-sum-exp trick
     the kernel uses).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import softmax_matrix
+    >>> from approxlab.operators import ExactAttentionOperator
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k = torch.randn(2, 32, 8, generator=g, dtype=torch.float64), torch.randn(2, 32, 8, generator=g, dtype=torch.float64)
+    >>> op = ExactAttentionOperator(q, k)  # softmax(QK^T / sqrt p), never formed
+    >>> x = torch.randn(2, 32, 3, generator=g, dtype=torch.float64)
+    >>> bool(torch.allclose(op.matmat(x), softmax_matrix(q, k) @ x)), bool(torch.allclose(op.rmatmat(x), softmax_matrix(q, k).mT @ x))
+    (True, True)
     """
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, kind: str = "softmax", block_size: int = 1024,

@@ -59,6 +59,17 @@ def check_columns(
         The batch dimensions the indices must broadcast to.
     num_features : int, optional
         When given, ``d`` must equal it (a method's budget passed beside explicit columns).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.sketch import check_columns
+    >>> check_columns(torch.tensor([0, 3]), 4, batch_shape=(2,)).shape
+    torch.Size([2, 2])
+    >>> check_columns(torch.tensor([0, 4]), 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: ...
     """
     if not isinstance(columns, torch.Tensor):
         raise TypeError(f"`{name}` must be an integer torch.Tensor; got {type(columns).__name__}.")
@@ -86,7 +97,17 @@ def check_columns(
 
 
 def gather_rows(x: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """Rows ``x[..., columns, :]`` per batch element: ``(*batch, N, p), (*batch, d) -> (*batch, d, p)``."""
+    """Rows ``x[..., columns, :]`` per batch element: ``(*batch, N, p), (*batch, d) -> (*batch, d, p)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.sketch import gather_rows
+    >>> x = torch.arange(12.0).reshape(1, 4, 3)
+    >>> gather_rows(x, torch.tensor([[3, 0]]))
+    tensor([[[ 9., 10., 11.],
+             [ 0.,  1.,  2.]]])
+    """
     columns = columns.to(x.device)
     index = columns.unsqueeze(-1).expand(*columns.shape, x.shape[-1])
     return torch.gather(x, -2, index)
@@ -125,6 +146,14 @@ def uniform_columns(
     -------
     torch.Tensor
         ``(*batch_shape, d)`` ``int64``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.sketch import uniform_columns
+    >>> columns = uniform_columns(10, 4, batch_shape=(3,), generator=torch.Generator().manual_seed(0))
+    >>> columns.shape, all(len(set(row.tolist())) == 4 for row in columns)  # distinct without replacement
+    (torch.Size([3, 4]), True)
     """
     num_columns = check_int(num_columns, "num_columns", low=1)
     d = check_int(d, "d", low=1, high=None if replace else num_columns)
@@ -217,6 +246,15 @@ def ridge_leverage_columns(
     -------
     torch.Tensor
         ``(*batch, d)`` ``int64`` on ``scores.device``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.sketch import ridge_leverage_columns
+    >>> scores = torch.tensor([0.0, 1.0, 0.0, 1.0], dtype=torch.float64)  # only columns 1 and 3 can be drawn
+    >>> columns = ridge_leverage_columns(scores, 5, generator=torch.Generator().manual_seed(0))
+    >>> sorted(set(columns.tolist()))
+    [1, 3]
     """
     check_tensor(scores, "scores", min_ndim=1)
     d = check_int(d, "d", low=1)
@@ -271,6 +309,16 @@ def nystrom(K: torch.Tensor, columns: torch.Tensor, *, rcond: float | None = Non
     References
     ----------
     Williams & Seeger (2001); Skyformer (Chen et al., 2021), Eq. (5) and Appendix D.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.sketch import nystrom
+    >>> g = torch.Generator().manual_seed(0)
+    >>> b = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    >>> K = b @ b.T  # rank 2: two independent columns recover it
+    >>> bool(torch.allclose(nystrom(K, torch.tensor([0, 1])), K))
+    True
     """
     check_square(K, "K")
     columns = check_columns(columns, K.shape[-1], batch_shape=K.shape[:-2])

@@ -27,12 +27,28 @@ __all__ = [
 
 def as_result(x: torch.Tensor):
     """The return convention of every scalar metric: a 0-dimensional result (one matrix) as a
-    Python scalar (``float``, ``int`` or ``bool``), a batched one as the tensor ``(*batch,)``."""
+    Python scalar (``float``, ``int`` or ``bool``), a batched one as the tensor ``(*batch,)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.conditioning import as_result
+    >>> as_result(torch.tensor(2.5, dtype=torch.float64)), as_result(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    (2.5, tensor([1., 2.], dtype=torch.float64))
+    """
     return x.item() if x.ndim == 0 else x
 
 
 def singular_values(m: torch.Tensor) -> torch.Tensor:
-    """Singular values of ``m: (*batch, n, k)`` in float64, descending: ``(*batch, min(n, k))``."""
+    """Singular values of ``m: (*batch, n, k)`` in float64, descending: ``(*batch, min(n, k))``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import singular_values
+    >>> singular_values(torch.tensor([[0.0, 3.0], [1.0, 0.0]]))
+    tensor([3., 1.], dtype=torch.float64)
+    """
     check_tensor(m, "M")
     return torch.linalg.svdvals(m.to(torch.float64))
 
@@ -45,6 +61,14 @@ def relative_singular_values(m: torch.Tensor) -> torch.Tensor:
     near-overflow (``1e308``) entries has the same ratios :math:`\sigma_i/\sigma_1` as any
     other multiple of it. Unchanged, bit for bit, for entries of magnitude in
     the safe range of :mod:`approxlab.linalg.scaling`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.conditioning import relative_singular_values
+    >>> sigma = relative_singular_values(torch.diag(torch.tensor([2e-310, 1e-310], dtype=torch.float64)))
+    >>> float(sigma[1] / sigma[0])  # the ratio survives although the entries are subnormal
+    0.5
     """
     check_tensor(m, "M")
     return torch.linalg.svdvals(balance(m.to(torch.float64))[0])
@@ -58,13 +82,28 @@ def default_rtol(m: torch.Tensor) -> float:
     :math:`\approx \max(n,k)\,\varepsilon_{32}\,\sigma_{\max}`), as in NumPy's ``matrix_rank``
     and ``torch.linalg.pinv``. This is the library's one tolerance rule: condition numbers,
     the Nyström cores (:mod:`approxlab.linalg.cores`) and spectral shifting all use it.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import default_rtol
+    >>> default_rtol(torch.zeros(3, 4, dtype=torch.float64)) == 4 * torch.finfo(torch.float64).eps
+    True
     """
     check_tensor(m, "M", finite=False)
     return default_rtol_for_shape(m.shape[-2], m.shape[-1], m.dtype)
 
 
 def default_rtol_for_shape(rows: int, cols: int, dtype: torch.dtype) -> float:
-    """:func:`default_rtol` of a ``(*batch, rows, cols)`` matrix of ``dtype``, without the matrix."""
+    """:func:`default_rtol` of a ``(*batch, rows, cols)`` matrix of ``dtype``, without the matrix.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import default_rtol, default_rtol_for_shape
+    >>> default_rtol_for_shape(3, 4, torch.float32) == default_rtol(torch.zeros(3, 4))
+    True
+    """
     return max(rows, cols) * torch.finfo(dtype).eps
 
 
@@ -107,6 +146,15 @@ def is_numerically_singular(m: torch.Tensor, *, rtol: float | None = None):
         A ``bool`` for one matrix, a bool tensor ``(*batch,)`` for a batch. A zero matrix is
         singular. For ``n != k``, :math:`\sigma_{\min}` is the ``min(n, k)``-th singular value
         (rank deficiency).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import is_numerically_singular
+    >>> is_numerically_singular(torch.tensor([[1.0, 1.0], [1.0, 1.0]], dtype=torch.float64))
+    True
+    >>> is_numerically_singular(torch.eye(2, dtype=torch.float64).expand(3, 2, 2))
+    tensor([False, False, False])
     """
     rtol = _check(m, rtol)
     return as_result(_singular(relative_singular_values(m), rtol))
@@ -141,6 +189,17 @@ def condition_number(m: torch.Tensor, *, rtol: float | None = None):
     ----------
     G. H. Golub and C. F. Van Loan, *Matrix Computations*, 4th ed. (2013), Sections 2.6.2
     and 5.4.1 (numerical rank).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import condition_number
+    >>> condition_number(torch.diag(torch.tensor([4.0, 2.0, 0.5], dtype=torch.float64)))
+    8.0
+    >>> condition_number(torch.ones(3, 3, dtype=torch.float64))  # rank 1: singular
+    inf
+    >>> condition_number(1e-310 * torch.eye(2, dtype=torch.float64))  # scale-free, even for subnormals
+    1.0
     """
     rtol = _check(m, rtol)
     sigma = relative_singular_values(m)

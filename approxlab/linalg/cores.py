@@ -67,6 +67,15 @@ class CoreFactors(NamedTuple):
     the small eigenvalues; forming :math:`M^+` and then ``left @ M^+`` would instead add up
     entries of size :math:`1/\lambda_{\min}` that cancel (a loss of every digit for a
     Gaussian-kernel core with :math:`\kappa(M) \sim 10^{13}`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import pinv_factors
+    >>> m = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    >>> factors, spectrum, rank = pinv_factors(m, hermitian=True)
+    >>> bool(torch.allclose(factors.first @ factors.second, torch.linalg.inv(m)))
+    True
     """
 
     first: torch.Tensor
@@ -102,6 +111,17 @@ def pinv_factors(m: torch.Tensor, *, hermitian: bool, rcond: float | None = None
     ------
     NotPSDError
         With ``hermitian=True``, if an eigenvalue is below :math:`-\sqrt{\epsilon}\,\lambda_{\max}`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import pinv_factors
+    >>> m = torch.ones(3, 3, dtype=torch.float64)  # rank 1, eigenvalue 3
+    >>> factors, spectrum, rank = pinv_factors(m, hermitian=True)
+    >>> int(rank), [round(x, 6) for x in spectrum.tolist()]
+    (1, [3.0, 0.0, 0.0])
+    >>> bool(torch.allclose(factors.first @ factors.second, m / 9))  # pinv(J) = J / 9
+    True
     """
     rcond = default_rtol(m) if rcond is None else rcond
     m, exponent = balance(m, even=True)  # M = 2^e M_b: the factors of M_b^+ scaled by 2^(-e/2), exactly
@@ -168,6 +188,14 @@ def stable_pinv(m: torch.Tensor, *, hermitian: bool = True, rcond: float | None 
     :math:`O(\text{rcond}\,\|K\|)` of its exact-arithmetic value. Negative eigenvalues of a
     PSD core (rounding, :math:`\ge -\sqrt\epsilon\lambda_{\max}`) are dropped with the
     small ones.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import stable_pinv
+    >>> stable_pinv(torch.ones(2, 2, dtype=torch.float64))  # rank 1: pinv(J) = J / 4
+    tensor([[0.2500, 0.2500],
+            [0.2500, 0.2500]], dtype=torch.float64)
     """
     check_square(m, "m")
     check_bool(hermitian, "hermitian")
@@ -212,6 +240,17 @@ def scaled_core(m: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tens
     :math:`Z_0 = I`. (The paper writes :math:`(0, 1)`; the value 1 is attained, with
     eigenvector :math:`D_M^{1/2}\mathbf 1`.) The smallest eigenvalue is at least
     :math:`\gamma / \max_i (D_M)_{ii}`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import gaussian_kernel
+    >>> from approxlab.linalg import scaled_core
+    >>> x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> scaled, inv_sqrt_row_sums = scaled_core(gaussian_kernel(x, x), 0.1)
+    >>> eigenvalues = torch.linalg.eigvalsh(scaled)  # in (0, 1] by Lemma 3 of Skyformer
+    >>> bool(eigenvalues.min() > 0), round(float(eigenvalues.max()), 6)
+    (True, 1.0)
     """
     check_square(m, "m")
     gamma = check_positive_float(gamma, "gamma")
@@ -244,7 +283,17 @@ def _condition_number(spectrum: torch.Tensor, rank: torch.Tensor) -> torch.Tenso
 
 
 def check_core_options(*, core, gamma, num_iter, init) -> None:
-    """Validate the ``core``/``gamma``/``num_iter``/``init`` options of :func:`nystrom_core`."""
+    """Validate the ``core``/``gamma``/``num_iter``/``init`` options of :func:`nystrom_core`.
+
+    Examples
+    --------
+    >>> from approxlab.linalg.cores import check_core_options
+    >>> check_core_options(core="schulz", gamma=0.1, num_iter=6, init="identity")
+    >>> check_core_options(core="qr", gamma=0.1, num_iter=6, init="identity")
+    Traceback (most recent call last):
+    ...
+    ValueError: ...
+    """
     check_choice(core, "core", CORES)
     check_positive_float(gamma, "gamma")
     check_int(num_iter, "num_iter", low=0)
@@ -309,6 +358,20 @@ def nystrom_core(
     6 steps, directions with :math:`x \lesssim 10^{-2}` are *not* inverted. The practical
     core is therefore a strongly regularised inverse, not :math:`M^+`; ``"pinv"`` is the
     default of the methods for that reason.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import gaussian_kernel
+    >>> from approxlab.linalg import nystrom_core
+    >>> x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> block = gaussian_kernel(x, x)
+    >>> factors, info = nystrom_core(block)  # "pinv": the pseudo-inverse of Eq. (5) of Skyformer
+    >>> bool(torch.allclose(factors.first @ factors.second, torch.linalg.pinv(block, hermitian=True)))
+    True
+    >>> factors, info = nystrom_core(block, core="schulz", gamma=0.1)  # (M + 0.1 I)^-1, Section 4.4
+    >>> sorted(info)
+    [...]
     """
     check_square(block, "block")
     check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)

@@ -68,6 +68,16 @@ class SpectralNormEstimate:
     converged : torch.Tensor
         Bool, ``(*batch,)``: whether this element met the stopping rule (see
         :func:`golub_kahan`). The other fields are frozen at the step where it did.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.metrics import spectral_norm
+    >>> from approxlab.operators import DenseOperator
+    >>> a = torch.diag(torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0], dtype=torch.float64))
+    >>> info = spectral_norm(DenseOperator(a), generator=torch.Generator().manual_seed(0), return_info=True)
+    >>> round(float(info.estimate), 8), bool(info.converged), bool(info.lower_bound <= 5.0 + 1e-12)
+    (5.0, True, True)
     """
 
     estimate: torch.Tensor
@@ -276,6 +286,17 @@ def golub_kahan(
     Eigenvalue Problem* (1998), Theorem 4.5.1 (residual bound). J. Baglama and L. Reichel
     (2005), "Augmented implicitly restarted Lanczos bidiagonalization methods" (residual of
     a Ritz triple).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg import golub_kahan
+    >>> from approxlab.operators import DenseOperator
+    >>> g = torch.Generator().manual_seed(0)
+    >>> a = torch.randn(3, 60, 40, generator=g, dtype=torch.float64)
+    >>> result = golub_kahan(DenseOperator(a), generator=g)
+    >>> bool(result.converged.all()), bool(torch.allclose(result.estimate, torch.linalg.matrix_norm(a, ord=2)))
+    (True, True)
     """
     op, tol, max_iter, generator = _check_inputs(op, tol, max_iter, generator)
     a = op.T if op.shape[-2] < op.shape[-1] else op  # iterate with n_rows >= n_cols

@@ -49,6 +49,14 @@ def truncated_svd(matrix: torch.Tensor, rtol: float):
     Returns ``(W, sigma_pinv, R, rank)`` with ``matrix ≈ W diag(sigma) R^T``,
     ``sigma_pinv = 1/sigma`` on the kept values and ``0`` elsewhere, ``rank: (*batch,)`` int64.
     Plain ``torch.linalg.svd`` (its autograd is *not* gap-free; :func:`pinv` does not use it).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.pinv_autograd import truncated_svd
+    >>> w, sigma_pinv, r, rank = truncated_svd(torch.diag(torch.tensor([2.0, 1e-20], dtype=torch.float64)), 1e-10)
+    >>> int(rank), sigma_pinv.tolist()
+    (1, [0.5, 0.0])
     """
     w, sigma, rh = torch.linalg.svd(matrix, full_matrices=False)
     keep = sigma > rtol * sigma[..., :1]
@@ -80,6 +88,17 @@ def pinv_backward(grad: torch.Tensor, a: torch.Tensor, inverse: torch.Tensor) ->
     torch.Tensor
         ``(*batch, m, n)``,
         :math:`-X^\top GX^\top + (I - AX)G^\top XX^\top + X^\top XG^\top(I - XA)`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.pinv_autograd import pinv_backward
+    >>> g = torch.Generator().manual_seed(0)
+    >>> a = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    >>> grad = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    >>> expected, = torch.autograd.grad(torch.linalg.pinv(a), a, grad)  # full rank: torch's gradient is right
+    >>> bool(torch.allclose(pinv_backward(grad, a.detach(), torch.linalg.pinv(a.detach())), expected))
+    True
     """
     xt = inverse.transpose(-1, -2)
     gt = grad.transpose(-1, -2)
@@ -144,5 +163,14 @@ def pinv_and_rank(a: torch.Tensor, *, rtol: float | None = None) -> tuple[torch.
 
 
 def pinv(a: torch.Tensor, *, rtol: float | None = None) -> torch.Tensor:
-    r"""Truncated pseudo-inverse ``(*batch, n, m)`` of ``a: (*batch, m, n)``; see :func:`pinv_and_rank`."""
+    r"""Truncated pseudo-inverse ``(*batch, n, m)`` of ``a: (*batch, m, n)``; see :func:`pinv_and_rank`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.pinv_autograd import pinv
+    >>> a = torch.tensor([[1.0, 2.0], [2.0, 4.0]], dtype=torch.float64)  # rank 1
+    >>> bool(torch.allclose(pinv(a), torch.linalg.pinv(a)))
+    True
+    """
     return pinv_and_rank(a, rtol=rtol)[0]

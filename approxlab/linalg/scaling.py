@@ -55,6 +55,15 @@ def balancing_exponent(x: torch.Tensor, dim=(-2, -1), *, even: bool = False) -> 
     :math:`e` up to an even number, so that :math:`2^{-e/2}` -- the scaling of a square root,
     e.g. of an eigenvalue -- is exact too. Returns a float64 tensor of integers with ``x``'s
     shape reduced over ``dim`` (kept as size-1 dimensions).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.scaling import balancing_exponent
+    >>> balancing_exponent(torch.tensor([[3.0, 1e100]], dtype=torch.float64))  # 1e100 is about 2**332.2
+    tensor([[333.]], dtype=torch.float64)
+    >>> balancing_exponent(torch.tensor([[3.0, 4.0]], dtype=torch.float64))  # inside the safe range
+    tensor([[0.]], dtype=torch.float64)
     """
     safe = _safe_exponent(x.dtype)
     peak = x.detach().abs().amax(dim=dim, keepdim=True).to(torch.float64)
@@ -75,6 +84,13 @@ def times_power_of_two(x: torch.Tensor, exponent) -> torch.Tensor:
     and an intermediate underflows only if the result does), then cast back to ``x.dtype``:
     exact unless the result overflows (``inf``) or lands in the subnormal range. ``x`` itself
     is returned when every exponent is 0.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.scaling import times_power_of_two
+    >>> times_power_of_two(torch.tensor([1e-300], dtype=torch.float64), 1100)  # 2**1100 itself overflows
+    tensor([1.3583e+31], dtype=torch.float64)
     """
     exponent = torch.as_tensor(exponent, dtype=torch.float64, device=x.device)
     if not bool((exponent != 0).any()):
@@ -91,6 +107,15 @@ def balance(x: torch.Tensor, dim=(-2, -1), *, even: bool = False) -> tuple[torch
     r"""``(x * 2**-e, e)`` with :func:`balancing_exponent` ``e`` (size-1 dimensions over ``dim``).
 
     Exact (a power of two); ``x`` itself is returned where every ``e`` is 0.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.scaling import balance
+    >>> x = torch.tensor([[1e-300, 2e-300]], dtype=torch.float64)
+    >>> balanced, e = balance(x)
+    >>> balanced.abs().max().item() < 1 <= 2 * balanced.abs().max().item(), bool(torch.equal(balanced * 2 ** e, x))
+    (True, True)
     """
     exponent = balancing_exponent(x, dim, even=even)
     return times_power_of_two(x, -exponent), exponent
@@ -103,6 +128,13 @@ def safe_norm(x: torch.Tensor, dim=-1, keepdim: bool = False) -> torch.Tensor:
     magnitude is inside the safe range (:data:`SAFE_EXPONENT`); elsewhere
     :math:`2^{e}\,\|x 2^{-e}\|_2` (the scaled sum of squares of LAPACK's ``dnrm2``). A norm
     beyond the dtype's range is ``inf``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.scaling import safe_norm
+    >>> safe_norm(torch.tensor([3e200, 4e200], dtype=torch.float64))  # its squares overflow
+    tensor(5.0000e+200, dtype=torch.float64)
     """
     scaled, exponent = balance(x, dim)
     norm = torch.linalg.vector_norm(scaled, dim=dim, keepdim=True)
@@ -120,6 +152,14 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     norm ``1e-14`` is normalised too, so the result is invariant to any positive scaling of a
     row. Rows whose largest entry is in the safe range (:data:`SAFE_EXPONENT`) give exactly
     ``F.normalize``'s value.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.linalg.scaling import unit_rows
+    >>> unit_rows(torch.tensor([[3e-20, 4e-20], [0.0, 0.0]], dtype=torch.float64))
+    tensor([[0.6000, 0.8000],
+            [0.0000, 0.0000]], dtype=torch.float64)
     """
     scaled, _ = balance(x, dim=-1)
     norm = torch.linalg.vector_norm(scaled, dim=-1, keepdim=True)
@@ -127,5 +167,12 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def log10_magnitude(mantissa: float, exponent: float) -> float:
-    r""":math:`\log_{10}(m\,2^{e})` for messages about values beyond the float range."""
+    r""":math:`\log_{10}(m\,2^{e})` for messages about values beyond the float range.
+
+    Examples
+    --------
+    >>> from approxlab.linalg.scaling import log10_magnitude
+    >>> round(log10_magnitude(0.5, 2000), 2)  # 0.5 * 2**2000, beyond float64
+    601.76
+    """
     return math.log10(abs(mantissa)) + exponent * math.log10(2.0) if mantissa else -math.inf
