@@ -151,6 +151,16 @@ class MethodSpec:
         ``draw(q, k, *, num_features, generator, **options) -> dict`` of named tensors: the
         method's random draw, which ``function(..., draw=...)`` accepts back
         (:func:`approxlab.methods.draw`). ``None``: the draw is not exposed.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods import get
+    >>> spec = get("skyformer")
+    >>> spec.name, spec.target, spec.max_features(100), spec.randomized  # d <= n + m columns of the completion
+    ('skyformer', 'kernelized', 200, True)
+    >>> "core" in spec.options()
+    True
     """
 
     name: str

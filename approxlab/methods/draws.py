@@ -56,6 +56,13 @@ class DrawEntry:
     high : int or None
         For an index draw: entries must lie in ``[0, high)`` (integer dtype). None: a real-valued
         draw (float32 or float64, finite).
+
+    Examples
+    --------
+    >>> from approxlab.methods.draws import DrawEntry, check_draw
+    >>> entry = DrawEntry((2, 3), "(*batch, d)", high=10)  # three column indices in [0, 10) per batch element
+    >>> entry.shape, entry.high
+    ((2, 3), 10)
     """
 
     shape: tuple
@@ -97,6 +104,18 @@ def check_draw(method: str, draw, expected: dict, *, device) -> dict:
     TypeError, ValueError
         ``draw`` not a mapping; a key missing or unknown; a value of the wrong type, shape or kind;
         an index out of range. Messages name ``draw``, the key, the expected and the received.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.draws import DrawEntry, check_draw
+    >>> expected = {"columns": DrawEntry((2, 3), "(*batch, d)", high=10)}
+    >>> check_draw("nystrom", {"columns": torch.tensor([[0, 1, 2], [3, 4, 5]])}, expected, device="cpu")["columns"].dtype
+    torch.int64
+    >>> check_draw("nystrom", {"columns": torch.tensor([[0, 1, 2], [3, 4, 10]])}, expected, device="cpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: ...
     """
     if not isinstance(draw, Mapping):
         raise TypeError(f"`draw` of method {method!r} must be a dict of named tensors (approxlab.methods.draw); "

@@ -21,6 +21,19 @@ def exact(q, k, v, *, num_features=None, generator=None, key_mask=None):
     The output comes from torch's fused attention kernel
     (:func:`~approxlab.methods._masking.masked_fused_attention`: no ``n x n_k`` matrix, forward or
     backward, which is how training runs it); ``operator()`` forms the dense matrix when asked.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 16, 4, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("exact", q, k, v, num_features=1)  # num_features is ignored
+    >>> bool(torch.allclose(approx.output, approxlab.exact_attention(q, k, v)))
+    True
+    >>> keep = torch.arange(16) < 8  # attend to the first 8 keys only
+    >>> masked = approxlab.approximate("exact", q, k, v, num_features=1, key_mask=keep)
+    >>> bool(torch.allclose(masked.output, approxlab.exact_attention(q, k[..., :8, :], v[..., :8, :])))
+    True
     """
     key_mask = check_key_mask(key_mask, k)
     output = masked_fused_attention(q, k, v, key_mask)
@@ -28,3 +41,4 @@ def exact(q, k, v, *, num_features=None, generator=None, key_mask=None):
 
 
 EXACT = exact
+__test__ = {"exact": exact.function}  # doctest skips a MethodSpec: run its function's examples

@@ -26,7 +26,14 @@ SAMPLING_FACTOR = 5
 
 
 def default_sample_size(n_k: int) -> int:
-    r"""Informer's key-sample size :math:`\min(n_k, c\lceil\ln n_k\rceil)` with :math:`c = 5` (at least 1)."""
+    r"""Informer's key-sample size :math:`\min(n_k, c\lceil\ln n_k\rceil)` with :math:`c = 5` (at least 1).
+
+    Examples
+    --------
+    >>> from approxlab.methods.informer import default_sample_size
+    >>> default_sample_size(1024), default_sample_size(10)  # 5 * ceil(ln 1024) = 35; capped at n_k
+    (35, 10)
+    """
     n_k = check_int(n_k, "n_k", low=1)
     return max(1, min(n_k, SAMPLING_FACTOR * math.ceil(math.log(n_k))))
 
@@ -50,6 +57,15 @@ def sparsity_measurement(q, k, *, key_indices=None):
     -------
     torch.Tensor
         ``(*batch, n)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.informer import sparsity_measurement
+    >>> q = torch.tensor([[2.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    >>> k = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)
+    >>> sparsity_measurement(q, k)  # max - mean of the logits: the zero query attends uniformly
+    tensor([1.4142, 0.0000], dtype=torch.float64)
     """
     if key_indices is None:
         logits = scaled_logits(q, k)
@@ -101,6 +117,16 @@ class ProbSparseOperator(LinearOperator):
         ``(*batch, u)`` int64 distinct row indices in ``[0, n)``.
     n : int
         Number of queries (rows).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.informer import ProbSparseOperator
+    >>> rows = torch.tensor([[[1.0, 0.0, 0.0]]], dtype=torch.float64)  # query 2 is active, attends key 0
+    >>> ProbSparseOperator(rows, torch.tensor([[2]]), 3).to_dense()
+    tensor([[[0.3333, 0.3333, 0.3333],
+             [0.3333, 0.3333, 0.3333],
+             [1.0000, 0.0000, 0.0000]]], dtype=torch.float64)
     """
 
     def __init__(self, rows: torch.Tensor, selected: torch.Tensor, n: int):
@@ -168,6 +194,14 @@ def draw_key_samples(q, k, *, num_features=None, generator=None, measure_keys="s
         query drawn uniformly **with** replacement, independently per query and batch element
         (Informer's ProbSparse sampling, as its official code draws it); ``{}`` with
         ``measure_keys="all"`` (nothing is drawn).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.informer import draw_key_samples
+    >>> q = k = torch.zeros(2, 64, 4, dtype=torch.float64)
+    >>> draw_key_samples(q, k, generator=torch.Generator().manual_seed(0))["key_indices"].shape  # 5 * ceil(ln 64) keys per query
+    torch.Size([2, 64, 25])
     """
     n, n_k = q.shape[-2], k.shape[-2]
     sample_size = _sample_size(n_k, measure_keys, sample_size)
@@ -247,6 +281,20 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
     ----------
     .. [1] H. Zhou, S. Zhang, J. Peng, S. Zhang, J. Li, H. Xiong, W. Zhang. "Informer: Beyond
        Efficient Transformer for Long Sequence Time-Series Forecasting." AAAI 2021.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.metrics import spectral_error
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
+    >>> exact = approxlab.exact_attention(q, k, v)
+    >>> approx = approxlab.approximate("informer", q, k, v, num_features=8, generator=torch.Generator().manual_seed(1))
+    >>> [round(e, 2) for e in spectral_error(approx.output, exact, relative=True).tolist()]
+    [0.55, 0.5]
+    >>> approx = approxlab.approximate("informer", q, k, v, num_features=32)  # every query active: exact
+    >>> bool((spectral_error(approx.output, exact, relative=True) < 1e-12).all())
+    True
     """
     n, n_k = q.shape[-2], k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=n)
@@ -276,3 +324,4 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
 
 
 INFORMER = informer
+__test__ = {"informer": informer.function}  # doctest skips a MethodSpec: run its function's examples

@@ -74,6 +74,16 @@ def kernelized(q, k, v, *, num_features=None, generator=None, key_mask=None):
     The output comes from torch's fused attention kernel (:func:`fused_kernelized_attention`: no
     ``n x n_k`` matrix, forward or backward, which is how training runs it); ``operator()`` forms
     the dense matrix when asked.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.kernels import kernelized_matrix
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 16, 4, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("kernelized", q, k, v, num_features=1)
+    >>> approx.target, bool(torch.allclose(approx.output, kernelized_matrix(q, k) @ v))
+    ('kernelized', True)
     """
     key_mask = check_key_mask(key_mask, k)
     output = fused_kernelized_attention(q, k, v, key_mask)
@@ -82,3 +92,4 @@ def kernelized(q, k, v, *, num_features=None, generator=None, key_mask=None):
 
 
 KERNELIZED = kernelized
+__test__ = {"kernelized": kernelized.function}  # doctest skips a MethodSpec: run its function's examples

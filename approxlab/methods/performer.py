@@ -73,6 +73,17 @@ def gaussian_random_features(
     -------
     torch.Tensor
         ``(*batch_shape, r, p)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.performer import gaussian_random_features
+    >>> w = gaussian_random_features(8, 4, generator=torch.Generator().manual_seed(0))
+    >>> w.shape  # two blocks of 4 orthogonal rows
+    torch.Size([8, 4])
+    >>> gram = w[:4] @ w[:4].T
+    >>> bool(torch.allclose(gram, torch.diag(gram.diagonal())))
+    True
     """
     num_features = check_int(num_features, "num_features", low=1)
     p = check_int(p, "p", low=1)
@@ -111,6 +122,17 @@ def positive_random_features(x: torch.Tensor, projection: torch.Tensor, *, log: 
         ``(*batch, n, r)``. With ``log=False`` this can overflow for large :math:`\|x\|` -- the
         method itself works in the log domain; this form is for checking Lemma 1
         (:math:`\mathbb E[\phi(x)^\top\phi(y)] = \exp(x^\top y)`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.performer import gaussian_random_features, positive_random_features
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x, y = 0.5 * torch.randn(3, 4, generator=g, dtype=torch.float64), 0.5 * torch.randn(3, 4, generator=g, dtype=torch.float64)
+    >>> w = gaussian_random_features(20000, 4, generator=g)
+    >>> estimate = positive_random_features(x, w) @ positive_random_features(y, w).T  # Lemma 1: E = exp(x^T y)
+    >>> bool(torch.allclose(estimate, torch.exp(x @ y.T), atol=0.1))
+    True
     """
     check_tensor(x, "x")
     check_tensor(projection, "projection")
@@ -143,6 +165,14 @@ def draw_projection(q, k, *, num_features, generator=None, orthogonal=True):
     -------
     dict
         ``{"projection": (*batch, r, p) float64}`` on ``q.device``, one draw per batch element.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.performer import draw_projection
+    >>> q = k = torch.zeros(2, 16, 4, dtype=torch.float64)
+    >>> draw_projection(q, k, num_features=6, generator=torch.Generator().manual_seed(0))["projection"].shape
+    torch.Size([2, 6, 4])
     """
     num_features = check_int(num_features, "num_features", low=1, high=MAX_RANDOM_FEATURES)
     projection = gaussian_random_features(num_features, q.shape[-1], batch_shape=q.shape[:-2], orthogonal=orthogonal,
@@ -159,6 +189,16 @@ def resolve_projection(name, q, k, *, num_features, generator, orthogonal, draw)
     -------
     torch.Tensor
         ``(*batch, r, p)`` on ``q.device``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.performer import draw_projection, resolve_projection
+    >>> q = k = torch.zeros(2, 16, 4, dtype=torch.float64)
+    >>> shared = draw_projection(q, k, num_features=6, generator=torch.Generator().manual_seed(0))
+    >>> w = resolve_projection("performer", q, k, num_features=6, generator=None, orthogonal=True, draw=shared)
+    >>> bool(torch.equal(w, shared["projection"]))
+    True
     """
     if draw is None:
         draw = draw_projection(q, k, num_features=num_features, generator=generator, orthogonal=orthogonal)
@@ -235,6 +275,20 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=No
     .. [1] K. Choromanski, V. Likhosherstov, D. Dohan, X. Song, A. Gane, T. Sarlos, P. Hawkins,
        J. Davis, A. Mohiuddin, L. Kaiser, D. Belanger, L. Colwell, A. Weller. "Rethinking Attention
        with Performers." ICLR 2021.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.metrics import spectral_error
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, scale=0.5, generator=torch.Generator().manual_seed(0))
+    >>> exact = approxlab.exact_attention(q, k, v)
+    >>> for r in (8, 512, 4096):  # the error falls like 1/sqrt(r)
+    ...     approx = approxlab.approximate("performer", q, k, v, num_features=r, generator=torch.Generator().manual_seed(1))
+    ...     print(r, [round(e, 2) for e in spectral_error(approx.output, exact, relative=True).tolist()])
+    8 [0.61, 0.55]
+    512 [0.07, 0.03]
+    4096 [0.02, 0.02]
     """
     num_features = check_int(num_features, "num_features", low=1, high=MAX_RANDOM_FEATURES)
     check_bool(orthogonal, "orthogonal")
@@ -266,3 +320,4 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=No
 
 
 PERFORMER = performer
+__test__ = {"performer": performer.function}  # doctest skips a MethodSpec: run its function's examples

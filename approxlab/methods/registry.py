@@ -99,13 +99,28 @@ def _names() -> list[str]:
 
 def available() -> list[str]:
     """Names accepted by :func:`approxlab.approximate`: the built-ins in :data:`BUILTINS` order, then
-    registered and installed methods in the order they were registered."""
+    registered and installed methods in the order they were registered.
+
+    Examples
+    --------
+    >>> from approxlab.methods import available
+    >>> available()[:4]
+    ['exact', 'kernelized', 'skyformer', 'skyformer-softmax']
+    """
     _load_entry_points()
     return _names()
 
 
 def get(name: str) -> MethodSpec:
-    """The :class:`MethodSpec` registered as ``name`` (a registration shadows a built-in of that name)."""
+    """The :class:`MethodSpec` registered as ``name`` (a registration shadows a built-in of that name).
+
+    Examples
+    --------
+    >>> from approxlab.methods import get
+    >>> spec = get("nystromformer")
+    >>> spec.target, spec.randomized, spec.max_features(1024)
+    ('softmax', False, 1024)
+    """
     names = available()
     if not isinstance(name, str) or name not in names:
         raise ValueError(f"`method` must be one of {names}; got {name!r}.")
@@ -201,6 +216,21 @@ def unregister(name: str) -> MethodSpec:
     ------
     ValueError
         ``name`` is a built-in that is not shadowed, or not registered at all.
+
+    Examples
+    --------
+    >>> from approxlab.methods import available, register, unregister
+    >>> @register("mean-of-values", target="softmax", features="ignored", randomized=False)
+    ... def mean_of_values(q, k, v, *, num_features, generator=None):  # every query gets the mean of V
+    ...     return v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1])
+    >>> "mean-of-values" in available()
+    True
+    >>> unregister("mean-of-values").function is mean_of_values, "mean-of-values" in available()
+    (True, False)
+    >>> unregister("exact")  # a built-in cannot be removed
+    Traceback (most recent call last):
+    ...
+    ValueError: ...
     """
     with _STATE.lock:
         _load_entry_points()
@@ -227,6 +257,14 @@ def load_plugin(module: str) -> ModuleType:
     ImportError
         ``module`` cannot be imported (not on ``sys.path``: set ``PYTHONPATH``); errors raised while
         the module runs propagate unchanged.
+
+    Examples
+    --------
+    >>> import sys
+    >>> from approxlab.methods import available, load_plugin
+    >>> module = load_plugin("approxlab.methods.yoso")  # any importable module; a plugin registers methods
+    >>> module.__name__, "approxlab.methods.yoso" in sys.modules
+    ('approxlab.methods.yoso', True)
     """
     if not isinstance(module, str) or not module:
         raise TypeError(f"`module` must be a module name (str), e.g. 'my_package.attention'; got {module!r}.")
@@ -239,5 +277,13 @@ def load_plugin(module: str) -> ModuleType:
 
 
 def plugin_modules() -> tuple[str, ...]:
-    """The modules loaded by :func:`load_plugin` in this process, in order."""
+    """The modules loaded by :func:`load_plugin` in this process, in order.
+
+    Examples
+    --------
+    >>> from approxlab.methods import load_plugin, plugin_modules
+    >>> _ = load_plugin("approxlab.methods.yoso")  # imported again in every Dask worker
+    >>> "approxlab.methods.yoso" in plugin_modules()
+    True
+    """
     return tuple(_STATE.plugins)

@@ -72,6 +72,14 @@ class SpectralShiftingResult:
         ``(*batch,)`` int64, numerical rank of :math:`\bar C` used in :math:`\delta^{ss}`.
     initial_shift : torch.Tensor
         ``(*batch,)``, :math:`\bar\delta` subtracted before the columns are taken.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.spectral_shifting import spectral_shifting_psd
+    >>> result = spectral_shifting_psd(torch.eye(4, dtype=torch.float64), [0, 1])
+    >>> result.columns_matrix.shape, result.core.shape, round(float(result.delta), 6)
+    (torch.Size([4, 2]), torch.Size([2, 2]), 1.0)
     """
 
     columns_matrix: torch.Tensor
@@ -199,6 +207,18 @@ def spectral_shifting_psd(
     Wang, Luo, Zhang (2016), "SPSD Matrix Approximation via Column Selection: Theories,
     Algorithms, and Extensions", JMLR 17, Section 5 (spectral shifting). Verma, *Beyond
     Nyströmformer*, Section 3, Eq. (2) and Lemma 1.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.spectral_shifting import spectral_shifting_psd
+    >>> from approxlab.synthetic import psd_matrix
+    >>> K = psd_matrix(torch.tensor([5.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64), generator=torch.Generator().manual_seed(0))
+    >>> result = spectral_shifting_psd(K, [0], target_rank=1)  # one column for the spike, the shift for the floor
+    >>> round(float(result.delta), 6), bool(torch.allclose(result.matrix(), K))
+    (1.0, True)
+    >>> bool(torch.allclose(spectral_shifting_psd(K, [0]).matrix(), K))  # without the pre-shift the column mixes both
+    False
     """
     check_square(K, "K")
     n = K.shape[-1]
@@ -334,6 +354,15 @@ def modified_spectral_shifting_core(
     ----------
     Verma, *Beyond Nyströmformer – Approximation of self-attention by Spectral Shifting*,
     Section 4 (Eq. (3) and its closed form), Eqs. (7)-(8), (10). Wang, Luo, Zhang (2016), JMLR 17.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.spectral_shifting import modified_spectral_shifting_core
+    >>> a_s = torch.tensor([[0.6, 0.4], [0.3, 0.7]], dtype=torch.float64)  # full rank: no shift
+    >>> core, delta = modified_spectral_shifting_core(a_s)[:2]
+    >>> float(delta), bool(torch.allclose(core, torch.linalg.inv(a_s)))
+    (0.0, True)
     """
     check_square(core, "core")
     c = core.shape[-1]
@@ -439,6 +468,20 @@ def spectral_shifting(
     ----------
     Verma, *Beyond Nyströmformer – Approximation of self-attention by Spectral Shifting*,
     Eqs. (1), (3), (7)-(10). Wang, Luo, Zhang (2016), JMLR 17.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.metrics import spectral_error
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
+    >>> exact = approxlab.exact_attention(q, k, v)
+    >>> approx = approxlab.approximate("spectral-shifting", q, k, v, num_features=32)  # c = n: exact
+    >>> bool((spectral_error(approx.output, exact, relative=True) < 1e-12).all())
+    True
+    >>> approx = approxlab.approximate("spectral-shifting", q, k, v, num_features=8)
+    >>> [round(e, 1) for e in spectral_error(approx.output, exact, relative=True).tolist()]  # can exceed 1
+    [11.1, 0.7]
     """
     check_qkv(q, k, v)
     n = min(q.shape[-2], k.shape[-2])
@@ -480,3 +523,4 @@ def spectral_shifting(
 
 
 SPECTRAL_SHIFTING = spectral_shifting
+__test__ = {"spectral_shifting": spectral_shifting.function}  # doctest skips a MethodSpec: run its function's examples

@@ -104,6 +104,17 @@ def collision_probability(cosine: torch.Tensor, tau: int, *, gradient: str = "tr
     References
     ----------
     Zeng et al. (2021), YOSO, Section 3.3, Eqs. (3)-(4) and Figure 2.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.yoso_e import collision_probability
+    >>> collision_probability(torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64), 2)  # (1 - angle/pi)**2
+    tensor([1.0000, 0.2500, 0.0000], dtype=torch.float64)
+    >>> c = torch.tensor([0.5], dtype=torch.float64, requires_grad=True)
+    >>> bounded, = torch.autograd.grad(collision_probability(c, 8, gradient="lower-bound").sum(), c)
+    >>> bool(bounded <= 4)  # Eq. (4) of YOSO: at most tau / 2
+    True
     """
     tau = check_int(tau, "tau", low=1, high=lsh.MAX_TAU)
     check_choice(gradient, "gradient", GRADIENTS)
@@ -163,6 +174,17 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
     .. [1] Z. Zeng, Y. Xiong, S. N. Ravi, S. Acharya, G. Fung, V. Singh. "You Only Sample (Almost)
        Once: Linear Cost Self-Attention Via Bernoulli Sampling." ICML 2021.
     .. [2] M. S. Charikar. "Similarity estimation techniques from rounding algorithms." STOC 2002.
+
+    Examples
+    --------
+    >>> import math, torch, approxlab
+    >>> from approxlab.linalg.scaling import unit_rows
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 16, 4, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("yoso-e", q, k, v, num_features=1, tau=8)
+    >>> weights = (1 - torch.arccos((unit_rows(q) @ unit_rows(k).mT).clamp(-1, 1)) / math.pi) ** 8
+    >>> bool(torch.allclose(approx.output, weights @ v))
+    True
     """
     tau = check_int(tau, "tau", low=1, high=lsh.MAX_TAU)
     check_bool(normalize_output, "normalize_output")
@@ -181,3 +203,4 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
 
 
 YOSO_E = yoso_e
+__test__ = {"yoso_e": yoso_e.function}  # doctest skips a MethodSpec: run its function's examples
