@@ -480,8 +480,8 @@ def spectral_shifting(
     >>> bool((spectral_error(approx.output, exact, relative=True) < 1e-12).all())
     True
     >>> approx = approxlab.approximate("spectral-shifting", q, k, v, num_features=8)
-    >>> [round(e, 1) for e in spectral_error(approx.output, exact, relative=True).tolist()]  # can exceed 1
-    [11.1, 0.7]
+    >>> [e > 1 for e in spectral_error(approx.output, exact, relative=True).tolist()]  # it can exceed 1
+    [True, False]
     """
     check_qkv(q, k, v)
     n = min(q.shape[-2], k.shape[-2])
