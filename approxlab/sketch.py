@@ -204,6 +204,20 @@ def uniform_real_columns(
     a masked row; a repeated column does not change a Nyström approximation with a
     pseudo-inverse core. (Skyformer's published code draws ``d`` indices with replacement among
     the first ``mask.sum()`` rows of each of ``Q`` and ``K``.)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.sketch import uniform_columns, uniform_real_columns
+    >>> real = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    >>> columns = uniform_real_columns(real, 2, generator=torch.Generator().manual_seed(0))
+    >>> columns.shape, bool((columns[0] < 3).all())  # the first sequence has 3 real tokens
+    (torch.Size([2, 2]), True)
+    >>> all_real = uniform_real_columns(torch.ones(5, dtype=torch.bool), 2, generator=torch.Generator().manual_seed(0))
+    >>> bool(torch.equal(all_real, uniform_columns(5, 2, generator=torch.Generator().manual_seed(0))))
+    True
+    >>> uniform_real_columns(torch.tensor([True, False, False]), 3)  # fewer real rows than d: repeats
+    tensor([0, 0, 0])
     """
     if not isinstance(row_mask, torch.Tensor) or row_mask.dtype != torch.bool or row_mask.ndim < 1:
         raise TypeError(f"`row_mask` must be a bool tensor (*batch, N); got {row_mask!r}.")
