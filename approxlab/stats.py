@@ -85,6 +85,17 @@ def describe(frame: pd.DataFrame, by: Sequence[str], column: str, *, quantiles=(
     -------
     pandas.DataFrame
         Indexed by ``by``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from approxlab.stats import describe
+    >>> frame = pd.DataFrame({"n": [64, 64, 64, 128, 128], "error": [0.1, 0.2, 0.4, 0.3, 0.5]})
+    >>> describe(frame, ["n"], "error")
+         samples      mean  median   q25   q75  max
+    n
+    64         3  0.233333     0.2  0.15  0.30  0.4
+    128        2  0.400000     0.4  0.35  0.45  0.5
     """
     levels = [_probability(level, "quantiles") for level in quantiles]
     grouped = frame.groupby(list(by), sort=True)[column]
@@ -115,6 +126,19 @@ class UnitAggregate:
         The values.
     how : {"median", "mean"}
         The aggregation.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from approxlab.stats import UnitAggregate
+    >>> frame = pd.DataFrame({"n": [64] * 4, "window": [0, 0, 1, 1], "error": [1.0, 2.0, 3.0, 5.0]})
+    >>> aggregate = UnitAggregate(frame, by=["n"], unit="window", column="error")
+    >>> aggregate([0, 1], 64)  # the median of all four values
+    2.5
+    >>> aggregate([1, 1], 64)  # window 1 drawn twice, as in a bootstrap resample
+    4.0
+    >>> aggregate([0], 128)  # no values for this grid point
+    nan
     """
 
     def __init__(self, frame: pd.DataFrame, *, by: Sequence[str], unit: str, column: str, how: str = "median"):
@@ -133,7 +157,15 @@ class UnitAggregate:
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """A statistic and its bootstrap percentile interval (widened to include the estimate)."""
+    """A statistic and its bootstrap percentile interval (widened to include the estimate).
+
+    Examples
+    --------
+    >>> from approxlab.stats import Interval
+    >>> interval = Interval(estimate=0.5, low=0.25, high=0.75)
+    >>> interval.high - interval.low
+    0.5
+    """
 
     estimate: float
     low: float
@@ -171,6 +203,19 @@ def bootstrap(statistic: Callable[[dict], Mapping], units: Mapping[object, Seque
     Notes
     -----
     With a single unit per group there is nothing to resample: the interval has no width.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab.stats import bootstrap
+    >>> errors = {64: [0.1, 0.2, 0.3, 0.4], 128: [0.2, 0.4, 0.6, 0.8]}
+    >>> def median_error(resampled):
+    ...     return {n: float(np.median(values)) for n, values in resampled.items()}
+    >>> intervals = bootstrap(median_error, errors, resamples=200, seed=0)
+    >>> intervals[128].estimate
+    0.5
+    >>> bool(intervals[128].low <= 0.5 <= intervals[128].high)
+    True
     """
     level = _probability(level, "level")
     grouped = isinstance(units, Mapping)
@@ -203,6 +248,16 @@ def verdict(low: float, high: float, threshold: float, side: str) -> str:
 
     ``side`` (:data:`SIDES`): ``"at least"`` (claim: value >= threshold), ``"above"`` (>),
     ``"at most"`` (<=), ``"below"`` (<).
+
+    Examples
+    --------
+    >>> from approxlab.stats import verdict
+    >>> verdict(0.6, 0.9, threshold=0.5, side="at least")
+    'reproduced'
+    >>> verdict(0.1, 0.4, threshold=0.5, side="at least")
+    'not reproduced'
+    >>> verdict(0.4, 0.6, threshold=0.5, side="at least")
+    'inconclusive'
     """
     _choice(side, "side", SIDES)
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -220,6 +275,13 @@ class WinRate:
 
     Attributes: ``rate`` (wins + ties / 2, over ``count``), ``low``, ``high``, ``wins``, ``ties``,
     ``count``.
+
+    Examples
+    --------
+    >>> from approxlab.stats import win_rate
+    >>> result = win_rate([1.0, 2.0], [2.0, 2.0])
+    >>> result.wins, result.ties, result.count, result.rate
+    (1, 1, 2, 0.75)
     """
 
     rate: float
@@ -250,6 +312,17 @@ def win_rate(first, second, *, level: float = 0.95, lower_is_better: bool = True
         (Wilson 1927), which stays inside [0, 1] and keeps its coverage near 0 and 1 where the
         normal interval does not. Treats pairs as independent: pass one pair per resampling unit
         (e.g. medians per window) when values within a unit are correlated.
+
+    Examples
+    --------
+    >>> from approxlab.stats import win_rate
+    >>> first = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    >>> second = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.1]
+    >>> result = win_rate(first, second)  # first has the smaller error in 7 of 8 pairs
+    >>> result.rate, result.wins, result.count
+    (0.875, 7, 8)
+    >>> round(result.low, 3), round(result.high, 3)
+    (0.529, 0.978)
     """
     level = _probability(level, "level")
     a, b = np.asarray(first, dtype=float).ravel(), np.asarray(second, dtype=float).ravel()
@@ -301,6 +374,14 @@ def t_test_power(n: int, *, difference: float, sd: float, alpha: float = 0.05,
     float
         :math:`P(\text{reject})` under the noncentral :math:`t_{n-1}(\delta\sqrt n)` law of the
         statistic, :math:`\delta = \text{difference}/\text{sd}` (Cohen 1988, Ch. 2).
+
+    Examples
+    --------
+    >>> from approxlab.stats import t_test_power
+    >>> round(t_test_power(20, difference=0.5, sd=1.0), 3)
+    0.565
+    >>> round(t_test_power(20, difference=0.5, sd=1.0, alternative="greater"), 3)
+    0.695
     """
     _check_effect(difference, sd, alpha, alternative)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
@@ -323,6 +404,15 @@ def t_test_sample_size(*, difference: float, sd: float, power: float = 0.8, alph
     ValueError
         Bad arguments, or ``power`` not reached by ``max_n`` units (e.g. a difference of 0, or of
         the wrong sign for a one-sided alternative).
+
+    Examples
+    --------
+    >>> from approxlab.stats import t_test_sample_size, t_test_power
+    >>> n = t_test_sample_size(difference=0.5, sd=1.0, power=0.8)
+    >>> n
+    34
+    >>> t_test_power(n - 1, difference=0.5, sd=1.0) < 0.8 <= t_test_power(n, difference=0.5, sd=1.0)
+    True
     """
     _check_effect(difference, sd, alpha, alternative)
     power = _probability(power, "power")
