@@ -20,7 +20,18 @@ __all__ = [
 
 
 def random_orthogonal(n: int, *, batch_shape=(), generator=None, dtype=torch.float64) -> torch.Tensor:
-    """Haar-distributed orthogonal matrices ``(*batch_shape, n, n)`` (QR with sign fix)."""
+    """Haar-distributed orthogonal matrices ``(*batch_shape, n, n)`` (QR with sign fix).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import random_orthogonal
+    >>> u = random_orthogonal(4, batch_shape=(2,), generator=torch.Generator().manual_seed(0))
+    >>> u.shape
+    torch.Size([2, 4, 4])
+    >>> torch.allclose(u @ u.mT, torch.eye(4, dtype=torch.float64).expand(2, 4, 4))
+    True
+    """
     n = check_int(n, "n", low=1)
     batch_shape, dtype = check_shape(batch_shape), check_dtype(dtype)
     g = as_generator(generator)
@@ -37,6 +48,15 @@ def psd_matrix(eigenvalues: torch.Tensor, *, generator=None) -> torch.Tensor:
     ----------
     eigenvalues : torch.Tensor
         ``(*batch, n)``, non-negative.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import psd_matrix
+    >>> eigenvalues = torch.tensor([3.0, 2.0, 1.0, 0.0], dtype=torch.float64)
+    >>> k = psd_matrix(eigenvalues, generator=torch.Generator().manual_seed(0))
+    >>> torch.linalg.eigvalsh(k).flip(-1).round(decimals=6).tolist()
+    [3.0, 2.0, 1.0, 0.0]
     """
     check_tensor(eigenvalues, "eigenvalues", min_ndim=1)
     if bool((eigenvalues < 0).any()):
@@ -50,7 +70,19 @@ def psd_matrix(eigenvalues: torch.Tensor, *, generator=None) -> torch.Tensor:
 
 
 def matrix_with_singular_values(singular_values: torch.Tensor, m: int | None = None, *, generator=None):
-    r""":math:`U\operatorname{diag}(\sigma)V^\top`, ``(*batch, n, m)`` with ``n = len(sigma)``."""
+    r""":math:`U\operatorname{diag}(\sigma)V^\top`, ``(*batch, n, m)`` with ``n = len(sigma)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import matrix_with_singular_values
+    >>> sigma = torch.tensor([1.0, 0.1, 0.01], dtype=torch.float64)
+    >>> a = matrix_with_singular_values(sigma, 5, generator=torch.Generator().manual_seed(0))
+    >>> a.shape
+    torch.Size([3, 5])
+    >>> torch.linalg.svdvals(a).round(decimals=6).tolist()
+    [1.0, 0.1, 0.01]
+    """
     n = check_tensor(singular_values, "singular_values", min_ndim=1).shape[-1]
     m = n if m is None else check_int(m, "m", low=n)
     g = as_generator(generator)
@@ -73,6 +105,14 @@ def synthetic_qkv(
 
     Entries are :math:`\mathcal N(0, \text{scale}^2)`, so logits :math:`q^\top k/\sqrt p` have
     standard deviation about ``scale**2``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2, 3), n=8, p=4, generator=torch.Generator().manual_seed(0))
+    >>> q.shape, q.dtype
+    (torch.Size([2, 3, 8, 4]), torch.float64)
     """
     n, p = check_int(n, "n", low=1), check_int(p, "p", low=1)
     scale, dtype = check_positive_float(scale, "scale", allow_zero=True), check_dtype(dtype)
@@ -85,8 +125,19 @@ def synthetic_qkv(
 def large_logit_qkv(batch_shape=(2, 3), n: int = 24, p: int = 16, *, max_logit: float = 80.0, generator=None):
     r"""float32 ``q, k, v`` whose logits :math:`|q^\top k|/\sqrt p` reach exactly ``max_logit``.
 
-    The overflow check of the issue: every method must return finite outputs for
+    The overflow check: every method must return finite outputs for
     float32 logits up to :math:`\pm 80` (``exp(80)`` is within float32, sums of it are not).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kernels import scaled_logits
+    >>> from approxlab.synthetic import large_logit_qkv
+    >>> q, k, v = large_logit_qkv((1,), n=8, p=4, max_logit=80.0, generator=torch.Generator().manual_seed(0))
+    >>> q.dtype
+    torch.float32
+    >>> round(float(scaled_logits(q.double(), k.double()).abs().max()), 3)
+    80.0
     """
     from .kernels import scaled_logits
 
