@@ -1,7 +1,7 @@
 """Domain errors and warnings raised by approxlab.
 
 Every numerical failure mode the library can detect is one of these; nothing
-fails silently (STYLE.md, convention 4).
+fails silently.
 """
 
 from __future__ import annotations
@@ -22,15 +22,48 @@ __all__ = [
 
 
 class NotPSDError(ValueError):
-    """A matrix that must be positive semidefinite is not (to the stated tolerance)."""
+    """A matrix that must be positive semidefinite is not (to the stated tolerance).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.errors import NotPSDError
+    >>> from approxlab.leverage import ridge_leverage_scores
+    >>> K = torch.tensor([[1.0, 0.0], [0.0, -1.0]], dtype=torch.float64)
+    >>> try:
+    ...     ridge_leverage_scores(K, lam=0.1)
+    ... except NotPSDError as error:
+    ...     print(type(error).__name__, isinstance(error, ValueError))
+    NotPSDError True
+    """
 
 
 class NumericalWarning(RuntimeWarning):
-    """A result is valid but numerically delicate (near-singular core, lost precision)."""
+    """A result is valid but numerically delicate (near-singular core, lost precision).
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from approxlab.errors import NumericalWarning, SingularMatrixWarning
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", NumericalWarning)  # make every numerical warning an error
+    ...     try:
+    ...         warnings.warn(SingularMatrixWarning("condition number is inf"))
+    ...     except NumericalWarning as caught:
+    ...         print(type(caught).__name__)
+    SingularMatrixWarning
+    """
 
 
 class SingularMatrixWarning(NumericalWarning):
-    """A matrix is numerically singular: its condition number is reported as ``inf``."""
+    """A matrix is numerically singular: its condition number is reported as ``inf``.
+
+    Examples
+    --------
+    >>> from approxlab.errors import NumericalWarning, SingularMatrixWarning
+    >>> issubclass(SingularMatrixWarning, NumericalWarning), issubclass(SingularMatrixWarning, RuntimeWarning)
+    (True, True)
+    """
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -40,6 +73,20 @@ class ConvergenceWarning(RuntimeWarning):
     ----------
     residual : float
         The last residual (largest over the batch) when the iteration stopped.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> import torch
+    >>> from approxlab.errors import ConvergenceWarning
+    >>> from approxlab.linalg.pinv import iterative_pinv
+    >>> m = torch.tensor([[1.0, 0.9], [0.9, 1.0]], dtype=torch.float64)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     result = iterative_pinv(m, num_iter=1, tol=1e-12)  # one step is not enough
+    >>> warning = caught[0].message
+    >>> type(warning).__name__, bool(warning.residual > 1e-12)
+    ('ConvergenceWarning', True)
     """
 
     def __init__(self, message: str, residual: float = float("nan")):
@@ -51,23 +98,96 @@ class CacheWarning(RuntimeWarning):
     """A cache file was unreadable, truncated, failed its checksum or holds another key.
 
     The file is ignored and its content recomputed (and rewritten); it is never used.
+
+    Examples
+    --------
+    >>> import tempfile, warnings
+    >>> from approxlab.data import QKVCache, QKVKey
+    >>> from approxlab.errors import CacheWarning
+    >>> key = QKVKey(checkpoint="model", condition="pretrained", seed=None, mode="layer", layer=0, n=8,
+    ...              window=0, dtype="float32", corpus="sha")
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     cache = QKVCache(root)
+    ...     path = cache.path(key)
+    ...     path.parent.mkdir(parents=True)
+    ...     _ = path.write_bytes(b"not a safetensors file")
+    ...     with warnings.catch_warnings(record=True) as caught:
+    ...         warnings.simplefilter("always")
+    ...         print(cache.load(key))  # ignored, to be recomputed
+    None
+    >>> type(caught[0].message).__name__
+    'CacheWarning'
     """
 
 
 class PluginWarning(RuntimeWarning):
-    """An installed plugin (an ``approxlab.methods`` entry point) failed to load; its methods are missing."""
+    """An installed plugin (an ``approxlab.methods`` entry point) failed to load; its methods are missing.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from approxlab.errors import PluginWarning
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", PluginWarning)  # silence a broken third-party plugin
+    ...     warnings.warn(PluginWarning("the entry point 'mine' failed to load"))
+    >>> issubclass(PluginWarning, RuntimeWarning)
+    True
+    """
 
 
 class CorpusChecksumError(ValueError):
-    """The corpus file found is not the expected WikiText-2 test split (sha256 mismatch)."""
+    """The corpus file found is not the expected WikiText-2 test split (sha256 mismatch).
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from approxlab.data import load_wikitext
+    >>> from approxlab.errors import CorpusChecksumError
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     corpus = pathlib.Path(folder) / "wiki.test.raw"
+    ...     _ = corpus.write_text("not the WikiText-2 test split")
+    ...     try:
+    ...         load_wikitext(corpus)
+    ...     except CorpusChecksumError as error:
+    ...         print(type(error).__name__)
+    CorpusChecksumError
+    """
 
 
 class CorpusNotFoundError(FileNotFoundError):
-    """The corpus is not where the user said it is (``data_dir``/``--data-dir``, ``$APPROXLAB_DATA``)."""
+    """The corpus is not where the user said it is (``data_dir``/``--data-dir``, ``$APPROXLAB_DATA``).
+
+    Examples
+    --------
+    >>> from approxlab.data import find_wikitext
+    >>> from approxlab.errors import CorpusNotFoundError
+    >>> try:
+    ...     find_wikitext("/no/such/folder")
+    ... except CorpusNotFoundError as error:
+    ...     print(str(error))
+    `data_dir` (CLI: --data-dir) must be ...; got '/no/such/folder', which does not exist.
+    """
 
 
 class CachePathError(OSError):
-    """Something other than a file (a directory) is where a cache file must go."""
+    """Something other than a file (a directory) is where a cache file must go.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from approxlab.data import QKVCache, QKVKey
+    >>> from approxlab.errors import CachePathError
+    >>> key = QKVKey(checkpoint="model", condition="pretrained", seed=None, mode="layer", layer=0, n=8,
+    ...              window=0, dtype="float32", corpus="sha")
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     cache = QKVCache(root)
+    ...     cache.path(key).mkdir(parents=True)  # a folder where the cache file must go
+    ...     try:
+    ...         cache.load(key)
+    ...     except CachePathError as error:
+    ...         print(type(error).__name__, isinstance(error, OSError))
+    CachePathError True
+    """
 
 
 class CheckpointError(OSError, ValueError):
@@ -81,6 +201,15 @@ class CheckpointError(OSError, ValueError):
     ----------
     allowed, got : str
         The two halves of the message, so the command line can say them about ``--checkpoint``.
+
+    Examples
+    --------
+    >>> from approxlab.errors import CheckpointError
+    >>> error = CheckpointError("an existing local folder", "'/no/such/folder', which does not exist")
+    >>> print(error)
+    `checkpoint` must be an existing local folder; got '/no/such/folder', which does not exist.
+    >>> isinstance(error, OSError) and isinstance(error, ValueError)
+    True
     """
 
     def __init__(self, allowed: str, got: str, *, name: str = "checkpoint"):
@@ -100,6 +229,15 @@ class CorruptResultsError(ValueError):
         The file.
     reason : str
         What is wrong, e.g. ``"it is empty (0 bytes)"``.
+
+    Examples
+    --------
+    >>> from approxlab.errors import CorruptResultsError
+    >>> error = CorruptResultsError("results.csv", "it is empty (0 bytes)")
+    >>> print(error)
+    'results.csv' is not a readable approxlab result file: it is empty (0 bytes)
+    >>> error.reason
+    'it is empty (0 bytes)'
     """
 
     def __init__(self, path, reason: str):
