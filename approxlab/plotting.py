@@ -101,6 +101,17 @@ def method_style(name: str, *, secondary: bool = False) -> dict:
     dict
         ``color``, ``marker``, ``linestyle``, ``label``, ``linewidth``, ``markersize``,
         ``alpha``, ``zorder``.
+
+    Examples
+    --------
+    >>> from approxlab.plotting import method_style
+    >>> style = method_style("nystromformer")
+    >>> style["color"], style["marker"], style["label"]
+    ('#0072B2', 's', 'Nystromformer')
+    >>> method_style("nystromformer", secondary=True)["linestyle"]
+    '--'
+    >>> method_style("my-method") == method_style("my-method")  # a fallback, the same in every figure
+    True
     """
     if not isinstance(name, str):
         raise TypeError(f"`name` must be a method name (str); got {type(name).__name__}.")
@@ -124,7 +135,18 @@ def method_style(name: str, *, secondary: bool = False) -> dict:
 def method_label(name: str) -> str:
     """The legend name of method ``name``: its house label, followed by its target when that is not
     softmax attention (``"YOSO (target: YOSO-E)"``), from the registry; a name that is not
-    registered (a plugin not loaded) is shown as it is."""
+    registered (a plugin not loaded) is shown as it is.
+
+    Examples
+    --------
+    >>> from approxlab.plotting import method_label
+    >>> method_label("performer")
+    'Performer'
+    >>> method_label("yoso")
+    'YOSO (target: YOSO-E)'
+    >>> method_label("my-method")
+    'my-method'
+    """
     from .methods import available, get
     from .methods._base import TARGET_NAMES
 
@@ -169,6 +191,21 @@ def method_curve(ax, curve, method: str, *, x: str = "num_features", center: str
     Points whose ``center`` is not finite (a failed approximation counts as ``inf``) are left out
     of the line and marked by a triangle at the top edge of the panel (hollow for the other
     precisions), so a failure is never hidden off-scale.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> import pandas as pd
+    >>> from approxlab import plotting
+    >>> curve = pd.DataFrame({"num_features": [16, 32, 16, 32], "median": [0.5, 0.3, 0.6, float("inf")],
+    ...                       "q25": [0.4, 0.25, 0.5, 0.5], "q75": [0.6, 0.35, 0.7, 0.7],
+    ...                       "dtype": ["float64", "float64", "float32", "float32"]})
+    >>> fig, axes = plotting.figure()
+    >>> plotting.method_curve(axes[0, 0], curve, "nystromformer")
+    >>> float64, float32, failed = axes[0, 0].get_lines()  # float32 failed at d = 32: marked at the top
+    >>> float64.get_label(), float32.get_linestyle(), failed.get_marker(), failed.get_xdata().tolist()
+    ('Nystromformer', ':', '^', [32])
+    >>> plt.close(fig)
     """
     kwargs = method_style(method, secondary=secondary)
     kwargs.update(linestyle="-", alpha=1.0, label=method_label(method))
@@ -200,6 +237,20 @@ def share_ylimits(*axes_grids) -> None:
     *axes_grids : arrays of Axes
         Grids of the same shape (e.g. the ``axes`` of a main figure and of its companion), drawn
         already (their autoscaled limits cover their data).
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from approxlab import plotting
+    >>> fig1, axes1 = plotting.figure()
+    >>> fig2, axes2 = plotting.figure()
+    >>> _ = axes1[0, 0].set_ylim(0.0, 1.0)
+    >>> _ = axes2[0, 0].set_ylim(0.5, 2.0)
+    >>> plotting.share_ylimits(axes1, axes2)
+    >>> [float(limit) for limit in axes1[0, 0].get_ylim() + axes2[0, 0].get_ylim()]
+    [0.0, 2.0, 0.0, 2.0]
+    >>> plt.close(fig1), plt.close(fig2)
+    (None, None)
     """
     grids = [np.asarray(grid, dtype=object) for grid in axes_grids]
     if not grids:
@@ -215,7 +266,20 @@ def share_ylimits(*axes_grids) -> None:
 
 
 def figure_legend(fig, axes, *, ncol: int = 4):
-    """One legend below the panels with every labelled line of ``axes`` once (first label wins)."""
+    """One legend below the panels with every labelled line of ``axes`` once (first label wins).
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from approxlab import plotting
+    >>> fig, axes = plotting.figure(1, 2)
+    >>> for ax in axes[0]:
+    ...     _ = ax.plot([1, 2], [1, 2], **plotting.method_style("performer"))
+    >>> legend = plotting.figure_legend(fig, axes)
+    >>> [text.get_text() for text in legend.get_texts()]  # once, though drawn in both panels
+    ['Performer']
+    >>> plt.close(fig)
+    """
     handles = {}
     for ax in np.asarray(axes, dtype=object).ravel():
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -234,6 +298,14 @@ def style():
 
     (Text sizes are fixed when an artist is created, so titles and labels must be made
     inside the context.) Global matplotlib settings are left untouched.
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> from approxlab import plotting
+    >>> with plotting.style():
+    ...     print(matplotlib.rcParams["font.size"])
+    8.0
     """
     return plt.rc_context(RC_PARAMS)
 
@@ -249,6 +321,15 @@ def figure(nrows: int = 1, ncols: int = 1, *, panel_size=(3.2, 2.6), **kwargs):
         Width and height of one panel, inches.
     **kwargs
         Passed to :func:`matplotlib.pyplot.subplots` (e.g. ``sharex``).
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from approxlab import plotting
+    >>> fig, axes = plotting.figure(2, 3)
+    >>> axes.shape, fig.get_size_inches().round(1).tolist()
+    ((2, 3), [9.6, 5.2])
+    >>> plt.close(fig)
     """
     with plt.rc_context(RC_PARAMS):
         kwargs.setdefault("figsize", (panel_size[0] * ncols, panel_size[1] * nrows))
@@ -277,6 +358,17 @@ def save_figure(fig, path_without_suffix, *, dpi: int = 150, formats=("png", "pd
     -------
     list of pathlib.Path
         The written files.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from approxlab import plotting
+    >>> fig, axes = plotting.figure()
+    >>> _ = axes[0, 0].plot([1, 2, 3], [3, 1, 2])
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     written = plotting.save_figure(fig, pathlib.Path(folder) / "curve", formats=("png",))
+    ...     print([path.name for path in written])  # and the figure is closed
+    ['curve.png']
     """
     base = pathlib.Path(path_without_suffix)
     if base.suffix.lstrip(".") in formats:

@@ -44,8 +44,6 @@ NO_EXAMPLES_YET = {
         "completion_operator", "estimate_ridge_quantities", "ridge_leverage_scores", "statistical_dimension"},
     "approxlab.lsh": {"CollisionOperator", "bucket_attention", "collision_matrix", "collision_probability",
         "draw_hyperplanes", "hash_codes"},
-    "approxlab.plotting": {"figure", "figure_legend", "method_curve", "method_label", "method_style",
-        "save_figure", "share_ylimits", "style"},
     "approxlab.tasks": {"available", "make_task"},
     "approxlab.tasks._base": {"Batch", "Task"},
     "approxlab.tasks.listops": {"encode", "evaluate", "generate_expressions", "generate_tree",
