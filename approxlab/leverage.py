@@ -132,6 +132,18 @@ def ridge_leverage_scores(K: torch.Tensor, lam: float, *, tol: float | None = No
     References
     ----------
     Skyformer (Chen et al., 2021), Theorem 2; Alaoui & Mahoney (2015).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.leverage import ridge_leverage_scores
+    >>> K = torch.diag(torch.tensor([3.0, 1.0, 0.0], dtype=torch.float64))
+    >>> ridge_leverage_scores(K, lam=1.0)  # s_i / (s_i + lam) for a diagonal K
+    tensor([0.7500, 0.5000, 0.0000], dtype=torch.float64)
+    >>> from approxlab.synthetic import psd_matrix
+    >>> K = psd_matrix(torch.tensor([4.0, 2.0, 1.0, 0.5], dtype=torch.float64), generator=torch.Generator().manual_seed(0))
+    >>> round(float(ridge_leverage_scores(K, lam=1.0).sum()), 6)  # their sum is d_stat = 4/5 + 2/3 + 1/2 + 1/3
+    2.3
     """
     ratios, evecs, _ = _psd_ridge_ratios(K, lam, tol)
     return ((evecs * evecs) @ ratios.unsqueeze(-1)).squeeze(-1).to(K.dtype)
@@ -152,6 +164,18 @@ def statistical_dimension(K: torch.Tensor, lam: float, *, tol: float | None = No
     References
     ----------
     Skyformer (Chen et al., 2021), Theorem 2 and Appendix D.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.leverage import statistical_dimension
+    >>> from approxlab.synthetic import psd_matrix
+    >>> eigenvalues = torch.tensor([4.0, 2.0, 1.0, 0.5], dtype=torch.float64)
+    >>> K = psd_matrix(eigenvalues, generator=torch.Generator().manual_seed(0))
+    >>> round(statistical_dimension(K, lam=1.0), 6)  # 4/5 + 2/3 + 1/2 + 1/3
+    2.3
+    >>> statistical_dimension(K.expand(3, 4, 4), lam=1.0).shape  # a batch gives a tensor
+    torch.Size([3])
     """
     ratios, _, _ = _psd_ridge_ratios(K, lam, tol)
     return as_result(ratios.sum(-1))
@@ -173,6 +197,16 @@ def coherence(K: torch.Tensor, lam: float, *, tol: float | None = None) -> torch
     References
     ----------
     Skyformer (Chen et al., 2021), Theorem 2 and Lemma C.2.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.leverage import coherence
+    >>> coherence(torch.eye(4, dtype=torch.float64), lam=0.1)  # equal leverage: uniform sampling is optimal
+    1.0
+    >>> K = torch.diag(torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64))
+    >>> coherence(K, lam=0.1)  # one column carries all the leverage: 1/N
+    0.25
     """
     ratios, evecs, _ = _psd_ridge_ratios(K, lam, tol)
     scores = ((evecs * evecs) @ ratios.unsqueeze(-1)).squeeze(-1)
@@ -246,6 +280,24 @@ def approximate_ridge_leverage_scores(
     ----------
     Alaoui & Mahoney (2015), Section 3; Musco & Musco (2017), Eq. (3) and Lemma 6;
     Skyformer (Chen et al., 2021), Lemma C.2 and Appendix D, Eq. (7).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.leverage import approximate_ridge_leverage_scores, ridge_leverage_scores
+    >>> from approxlab.synthetic import psd_matrix
+    >>> eigenvalues = torch.tensor([4.0, 2.0, 1.0, 0.5, 0.0, 0.0], dtype=torch.float64)
+    >>> K = psd_matrix(eigenvalues, generator=torch.Generator().manual_seed(0))
+    >>> columns = torch.tensor([0, 2, 4])
+    >>> estimate = approximate_ridge_leverage_scores(K[:, columns], K.diagonal(), columns, lam=0.5)
+    >>> estimate.shape
+    torch.Size([6])
+    >>> everything = torch.arange(6)  # with every column, the estimate is exact
+    >>> exact = approximate_ridge_leverage_scores(K, K.diagonal(), everything, lam=0.5)
+    >>> torch.allclose(exact, ridge_leverage_scores(K, lam=0.5))
+    True
+    >>> bool((estimate >= exact - 1e-12).all())  # fewer columns over-estimate the scores
+    True
     """
     check_tensor(k_columns, "k_columns")
     check_tensor(k_diag, "k_diag", min_ndim=1)
@@ -298,6 +350,19 @@ def completion_operator(q: torch.Tensor, k: torch.Tensor) -> ExactAttentionOpera
     fused attention kernel (:class:`~approxlab.operators.ExactAttentionOperator`,
     ``kind="kernelized"``), so nothing ``2n x 2n`` is formed. Its diagonal is 1, so
     :math:`\operatorname{tr}\bar C = 2n`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.leverage import completion_operator
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, _ = synthetic_qkv((2,), n=8, p=4, generator=torch.Generator().manual_seed(0))
+    >>> C = completion_operator(q, k)
+    >>> C.shape
+    (2, 16, 16)
+    >>> dense = C.to_dense()
+    >>> torch.allclose(dense.diagonal(dim1=-2, dim2=-1), torch.ones(2, 16, dtype=torch.float64))
+    True
     """
     check_qkv(q, k)
     z = torch.cat([q, k], dim=-2)
@@ -327,6 +392,19 @@ class RidgeEstimate:
         Dimension of the Krylov space (``block * depth``).
     num_products : int
         Columns multiplied by ``K`` (each product of ``c`` columns counts ``c``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.leverage import completion_operator, estimate_ridge_quantities
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, _ = synthetic_qkv((), n=32, p=4, generator=torch.Generator().manual_seed(0))
+    >>> estimate = estimate_ridge_quantities(completion_operator(q, k), lambda_scale=0.1, block=4, depth=2,
+    ...                                      probes=8, generator=torch.Generator().manual_seed(1))
+    >>> estimate.rank, estimate.leverage_scores.shape
+    (8, torch.Size([64]))
+    >>> torch.allclose(estimate.statistical_dimension, estimate.top_part + estimate.tail_part)
+    True
     """
 
     statistical_dimension: torch.Tensor
@@ -491,6 +569,18 @@ def estimate_ridge_quantities(
     "Hutch++: optimal stochastic trace estimation", SOSA; Musco and Musco (2015), NeurIPS;
     Hansen and Pedersen (2003), "Jensen's operator inequality", Bull. LMS 35;
     Bekas, Kokiopoulou, Saad (2007), "An estimator for the diagonal of a matrix", APNUM 57.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.leverage import completion_operator, estimate_ridge_quantities, statistical_dimension
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, _ = synthetic_qkv((), n=64, p=4, generator=torch.Generator().manual_seed(0))
+    >>> C = completion_operator(q, k)  # (128, 128), never formed
+    >>> estimate = estimate_ridge_quantities(C, lam=1.0, block=8, depth=4, generator=torch.Generator().manual_seed(1))
+    >>> exact = statistical_dimension(C.to_dense(), lam=1.0)
+    >>> bool(abs(float(estimate.statistical_dimension) - exact) < 3 * float(estimate.standard_error) + 1e-6)
+    True
     """
     diagonal, block, depth = _check_estimator_inputs(operator, diagonal, lam, lambda_scale, block, depth, probes, tol, max_iter)
     generator = as_generator(generator)

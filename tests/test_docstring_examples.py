@@ -40,8 +40,6 @@ NO_EXAMPLES_YET = {
     "approxlab.data.wikitext": {"corpus_sha256", "default_cache_dir", "find_wikitext", "load_wikitext",
         "packaged_wikitext", "pick_windows", "tokenize", "tokenizer_fingerprint", "wikitext_attribution",
         "wikitext_token_ids", "windows"},
-    "approxlab.leverage": {"RidgeEstimate", "approximate_ridge_leverage_scores", "coherence",
-        "completion_operator", "estimate_ridge_quantities", "ridge_leverage_scores", "statistical_dimension"},
     "approxlab.lsh": {"CollisionOperator", "bucket_attention", "collision_matrix", "collision_probability",
         "draw_hyperplanes", "hash_codes"},
     "approxlab.tasks": {"available", "make_task"},
