@@ -40,8 +40,6 @@ NO_EXAMPLES_YET = {
     "approxlab.data.wikitext": {"corpus_sha256", "default_cache_dir", "find_wikitext", "load_wikitext",
         "packaged_wikitext", "pick_windows", "tokenize", "tokenizer_fingerprint", "wikitext_attribution",
         "wikitext_token_ids", "windows"},
-    "approxlab.lsh": {"CollisionOperator", "bucket_attention", "collision_matrix", "collision_probability",
-        "draw_hyperplanes", "hash_codes"},
     "approxlab.tasks": {"available", "make_task"},
     "approxlab.tasks._base": {"Batch", "Task"},
     "approxlab.tasks.listops": {"encode", "evaluate", "generate_expressions", "generate_tree",
