@@ -124,6 +124,15 @@ def instability_score(output_after, output_before, parameters_after, parameters_
     References
     ----------
     Skyformer Appendix F (the definition) and Table 3.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.training import instability_score
+    >>> before, after = torch.zeros(2, 3), torch.ones(2, 3)  # ||f(x, W_i) - f(x, W_{i-1})||_F^2 = 6
+    >>> w_before, w_after = [torch.zeros(2)], [torch.tensor([1.0, 1.0])]  # ||W_i - W_{i-1}||_F^2 = 2
+    >>> instability_score(after, before, w_after, w_before)
+    3.0
     """
     if not isinstance(output_after, torch.Tensor) or not isinstance(output_before, torch.Tensor):
         raise TypeError(
@@ -192,6 +201,20 @@ def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int =
     References
     ----------
     Skyformer Appendix F; Liu et al. (2020), Figure 4.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import make_task
+    >>> from approxlab.training import TinyEncoder, instability_trace
+    >>> task = make_task("listops", n=32, batch_size=4, num_batches=3, generator=torch.Generator().manual_seed(0))
+    >>> model = TinyEncoder(vocab_size=task.vocab_size, n=task.n, num_classes=task.num_classes, attention="skyformer",
+    ...                     num_features=8, embedding_dim=16, hidden_dim=32, generator=torch.Generator().manual_seed(0))
+    >>> trace = instability_trace(model, task.batches, lr=1e-3, seed=0)
+    >>> sorted(trace), trace["tau"].shape
+    (['loss', 'output_change', 'parameter_change', 'tau'], torch.Size([3]))
+    >>> torch.allclose(trace["tau"], trace["output_change"] / trace["parameter_change"])
+    True
     """
     lr = check_positive_float(lr, "lr")
     seed = check_int(seed, "seed", low=0)
@@ -241,6 +264,15 @@ def instability_ratio(tau: torch.Tensor, tau_reference: torch.Tensor) -> float:
     ------
     ValueError
         If the shapes differ or a reference score is not positive and finite.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.training import instability_ratio
+    >>> tau = torch.tensor([2.0, 6.0], dtype=torch.float64)
+    >>> tau_softmax = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    >>> instability_ratio(tau, tau_softmax)  # the mean of 2/1 and 6/2
+    2.5
     """
     tau = torch.as_tensor(tau, dtype=torch.float64)
     tau_reference = torch.as_tensor(tau_reference, dtype=torch.float64)
@@ -256,7 +288,20 @@ def instability_ratio(tau: torch.Tensor, tau_reference: torch.Tensor) -> float:
 
 @torch.no_grad()
 def accuracy(model, batches, *, seed: int = 0) -> float:
-    """Fraction of correctly classified examples of ``batches`` (``model.predict``, eval mode)."""
+    """Fraction of correctly classified examples of ``batches`` (``model.predict``, eval mode).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import make_task
+    >>> from approxlab.training import TinyEncoder, accuracy
+    >>> task = make_task("listops", n=32, batch_size=4, num_batches=2, generator=torch.Generator().manual_seed(0))
+    >>> model = TinyEncoder(vocab_size=task.vocab_size, n=task.n, num_classes=task.num_classes, embedding_dim=16,
+    ...                     hidden_dim=32, generator=torch.Generator().manual_seed(0))
+    >>> score = accuracy(model, task.batches)  # the fraction of the 8 examples classified right
+    >>> 0.0 <= score <= 1.0, (8 * score).is_integer()
+    (True, True)
+    """
     was_training = model.training
     model.eval()
     correct = total = 0
@@ -299,6 +344,20 @@ def train_classifier(model, train_batches, validation_batches, *, lr: float = 1e
     ------
     FloatingPointError
         If a training loss is not finite.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import make_task
+    >>> from approxlab.training import TinyEncoder, train_classifier
+    >>> g = torch.Generator().manual_seed(0)
+    >>> train = make_task("listops", n=32, batch_size=4, num_batches=4, generator=g)
+    >>> validation = make_task("listops", n=32, batch_size=4, num_batches=1, generator=g)
+    >>> model = TinyEncoder(vocab_size=train.vocab_size, n=train.n, num_classes=train.num_classes, embedding_dim=16,
+    ...                     hidden_dim=32, generator=torch.Generator().manual_seed(0))
+    >>> result = train_classifier(model, train.batches, validation.batches, eval_every=2, patience=3)
+    >>> result["steps"], result["stopped"], [entry["step"] for entry in result["history"]]
+    (4, 'budget', [0, 2, 4])
     """
     lr = check_positive_float(lr, "lr")
     eval_every = check_int(eval_every, "eval_every", low=1)
@@ -432,6 +491,20 @@ class TinyEncoder(torch.nn.Module):
     References
     ----------
     Skyformer Section 5 ("Implementation Details") and Appendix F.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import make_task
+    >>> from approxlab.training import TinyEncoder
+    >>> task = make_task("listops", n=32, batch_size=4, num_batches=1, generator=torch.Generator().manual_seed(0))
+    >>> model = TinyEncoder(vocab_size=task.vocab_size, n=task.n, num_classes=task.num_classes, attention="nystromformer",
+    ...                     num_features=8, embedding_dim=16, hidden_dim=32, generator=torch.Generator().manual_seed(0))
+    >>> embedding, loss = model(task.batches[0], seed=0)  # f(x, W) of Skyformer Appendix F, and the loss
+    >>> embedding.shape, loss.shape
+    (torch.Size([4, 32, 16]), torch.Size([]))
+    >>> model.predict(task.batches[0]).shape  # class logits
+    torch.Size([4, 10])
     """
 
     def __init__(

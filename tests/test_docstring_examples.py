@@ -46,8 +46,6 @@ NO_EXAMPLES_YET = {
         "listops_batches", "make_task", "tree_tokens", "tree_value"},
     "approxlab.tasks.mlm": {"load_tokenizer", "make_task", "mask_tokens"},
     "approxlab.tasks.pathfinder": {"PathfinderImage", "generate_image", "make_task", "pathfinder_batches"},
-    "approxlab.training": {"TinyEncoder", "accuracy", "instability_ratio", "instability_score",
-        "instability_trace", "train_classifier"},
 }
 
 _EXAMPLES = re.compile(r"^Examples\n-{8,}\n(?P<body>.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", re.M | re.S)
