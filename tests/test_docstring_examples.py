@@ -40,12 +40,6 @@ NO_EXAMPLES_YET = {
     "approxlab.data.wikitext": {"corpus_sha256", "default_cache_dir", "find_wikitext", "load_wikitext",
         "packaged_wikitext", "pick_windows", "tokenize", "tokenizer_fingerprint", "wikitext_attribution",
         "wikitext_token_ids", "windows"},
-    "approxlab.tasks": {"available", "make_task"},
-    "approxlab.tasks._base": {"Batch", "Task"},
-    "approxlab.tasks.listops": {"encode", "evaluate", "generate_expressions", "generate_tree",
-        "listops_batches", "make_task", "tree_tokens", "tree_value"},
-    "approxlab.tasks.mlm": {"load_tokenizer", "make_task", "mask_tokens"},
-    "approxlab.tasks.pathfinder": {"PathfinderImage", "generate_image", "make_task", "pathfinder_batches"},
 }
 
 _EXAMPLES = re.compile(r"^Examples\n-{8,}\n(?P<body>.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", re.M | re.S)

@@ -33,12 +33,28 @@ TASKS = {
 
 
 def available() -> list[str]:
-    """Registered task names, in registry order."""
+    """Registered task names, in registry order.
+
+    Examples
+    --------
+    >>> from approxlab.tasks import available
+    >>> available()
+    ['listops', 'pathfinder', 'wikitext-mlm']
+    """
     return list(TASKS)
 
 
 def make_task(name: str, **kwargs) -> Task:
-    """Build task ``name`` with its factory (see the module docstring for the keywords)."""
+    """Build task ``name`` with its factory (see the module docstring for the keywords).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import make_task
+    >>> task = make_task("listops", n=32, batch_size=4, num_batches=2, generator=torch.Generator().manual_seed(0))
+    >>> task.name, task.n, len(task.batches), task.batches[0].input_ids.shape
+    ('listops', 32, 2, torch.Size([4, 32]))
+    """
     check_choice(name, "name", TASKS)
     module, function = TASKS[name].split(":")
     return getattr(importlib.import_module(f"{__package__}.{module}"), function)(**kwargs)

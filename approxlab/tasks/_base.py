@@ -25,6 +25,15 @@ class Batch:
     labels : torch.Tensor
         Classification: ``(batch,)`` int64 classes. Masked LM: ``(batch, n)`` int64 original
         token ids at masked positions and ``IGNORE_INDEX`` elsewhere.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import Batch
+    >>> ids = torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0]])
+    >>> batch = Batch(input_ids=ids, mask=ids != 0, labels=torch.tensor([1, 0]))
+    >>> batch.mask.sum(-1).tolist()  # real tokens per sequence
+    [3, 2]
     """
 
     input_ids: torch.Tensor
@@ -50,6 +59,14 @@ class Task:
     batches : list of Batch
     info : dict
         How the batches were made (lengths, masking rate, source file).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import make_task
+    >>> task = make_task("pathfinder", n=256, batch_size=2, num_batches=1, generator=torch.Generator().manual_seed(0))
+    >>> task.kind, task.num_classes, task.vocab_size, task.n
+    ('classification', 2, 256, 256)
     """
 
     name: str

@@ -100,6 +100,18 @@ def generate_tree(rng: np.random.Generator, *, max_depth: int = 10, max_args: in
     -------
     tree : int or tuple or None
         A digit, or ``(operator, [children])``; None when ``max_length`` was exceeded.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab.tasks.listops import generate_tree, tree_tokens, tree_value
+    >>> tree = generate_tree(np.random.default_rng(3), max_depth=2, max_args=3)
+    >>> tree
+    ('[MIN', [8, ('[MAX', [4, 6, 4])])
+    >>> " ".join(tree_tokens(tree)), tree_value(tree)
+    ('[MIN 8 [MAX 4 6 4 ] ]', 6)
+    >>> generate_tree(np.random.default_rng(3), max_depth=2, max_args=3, max_length=4) is None  # too long
+    True
     """
     budget = [float("inf") if max_length is None else int(max_length)]
 
@@ -123,7 +135,14 @@ def generate_tree(rng: np.random.Generator, *, max_depth: int = 10, max_args: in
 
 
 def tree_tokens(tree) -> list[str]:
-    """Tokens of a tree in prefix order: ``(MAX, [2, 9]) -> ["[MAX", "2", "9", "]"]``."""
+    """Tokens of a tree in prefix order: ``(MAX, [2, 9]) -> ["[MAX", "2", "9", "]"]``.
+
+    Examples
+    --------
+    >>> from approxlab.tasks.listops import tree_tokens
+    >>> tree_tokens(("[MAX", [2, 9, ("[MIN", [4, 7]), 0]))
+    ['[MAX', '2', '9', '[MIN', '4', '7', ']', '0', ']']
+    """
     out: list[str] = []
     stack = [tree]
     while stack:
@@ -141,7 +160,16 @@ def tree_tokens(tree) -> list[str]:
 
 
 def tree_value(tree) -> int:
-    """Value of a tree, computed recursively on the tree (not on its tokens)."""
+    """Value of a tree, computed recursively on the tree (not on its tokens).
+
+    Examples
+    --------
+    >>> from approxlab.tasks.listops import tree_value
+    >>> tree_value(("[MAX", [2, 9, ("[MIN", [4, 7]), 0]))
+    9
+    >>> tree_value(("[SM", [8, 5]))  # the sum modulo 10
+    3
+    """
     if isinstance(tree, tuple):
         operator, children = tree
         return _apply(operator, [tree_value(child) for child in children])
@@ -166,6 +194,15 @@ def evaluate(tokens) -> int:
     ------
     ValueError
         If the sequence is not one well-formed expression.
+
+    Examples
+    --------
+    >>> from approxlab.tasks.listops import encode, evaluate
+    >>> tokens = "[MAX 2 9 [MIN 4 7 ] 0 ]".split()
+    >>> evaluate(tokens)
+    9
+    >>> evaluate(encode(tokens, 12))  # token ids with padding give the same value
+    9
     """
     stack: list[list] = []
     result = None
@@ -235,6 +272,16 @@ def generate_expressions(
     ------
     RuntimeError
         If ``max_tries`` trees are rejected (the length window is too narrow for the shape).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks.listops import evaluate, generate_expressions
+    >>> examples = generate_expressions(3, min_length=5, max_length=20, generator=torch.Generator().manual_seed(0))
+    >>> [5 <= len(tokens) <= 20 for tokens, _ in examples]
+    [True, True, True]
+    >>> all(evaluate(tokens) == label for tokens, label in examples)
+    True
     """
     num_examples = check_int(num_examples, "num_examples", low=1)
     max_length = check_int(max_length, "max_length", low=1)
@@ -271,6 +318,15 @@ def encode(tokens, length: int) -> torch.Tensor:
     ------
     ValueError
         If the expression has more than ``length`` tokens.
+
+    Examples
+    --------
+    >>> from approxlab.tasks.listops import VOCABULARY, encode
+    >>> ids = encode(["[MAX", "2", "9", "]"], 6)
+    >>> ids
+    tensor([12,  3, 10, 15,  0,  0])
+    >>> [VOCABULARY[i] for i in ids]
+    ['[MAX', '2', '9', ']', '<pad>', '<pad>']
     """
     length = check_int(length, "length", low=1)
     if len(tokens) > length:
@@ -310,6 +366,16 @@ def listops_batches(
     -------
     list of approxlab.tasks.Batch
         ``input_ids (batch_size, n)``, ``mask`` (True on real tokens), ``labels (batch_size,)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks.listops import listops_batches
+    >>> batches = listops_batches(2, 4, 32, generator=torch.Generator().manual_seed(0))
+    >>> len(batches), batches[0].input_ids.shape, batches[0].labels.shape
+    (2, torch.Size([4, 32]), torch.Size([4]))
+    >>> bool((batches[0].mask.sum(-1) >= 32 // 4).all())  # at least n // 4 real tokens
+    True
     """
     num_batches = check_int(num_batches, "num_batches", low=1)
     batch_size = check_int(batch_size, "batch_size", low=1)
@@ -349,6 +415,14 @@ def make_task(*, n: int, batch_size: int, num_batches: int, generator=None, data
     -------
     approxlab.tasks.Task
         ``kind="classification"``, ``num_classes=10``, ``vocab_size=len(VOCABULARY)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks.listops import make_task
+    >>> task = make_task(n=32, batch_size=4, num_batches=2, generator=torch.Generator().manual_seed(0))
+    >>> task.kind, task.num_classes, task.vocab_size, len(task.batches)
+    ('classification', 10, 16, 2)
     """
     batches = listops_batches(num_batches, batch_size, n, generator=generator)
     lengths = [int(b.mask.sum(-1).min()) for b in batches] + [int(b.mask.sum(-1).max()) for b in batches]

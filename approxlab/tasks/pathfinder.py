@@ -53,7 +53,16 @@ _PLUS = ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1))
 
 
 class PathfinderImage:
-    """One image: ``pixels`` ``(side, side)`` uint8, ``label``, ``dots`` (two (row, col)), ``paths``."""
+    """One image: ``pixels`` ``(side, side)`` uint8, ``label``, ``dots`` (two (row, col)), ``paths``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab.tasks.pathfinder import generate_image
+    >>> image = generate_image(np.random.default_rng(0), side=16, min_length=5, max_length=10, label=1)
+    >>> image.pixels.shape, image.pixels.dtype, image.label, len(image.dots), len(image.paths)
+    ((16, 16), dtype('uint8'), 1, 2, 3)
+    """
 
     def __init__(self, pixels, label, dots, paths):
         self.pixels, self.label, self.dots, self.paths = pixels, label, dots, paths
@@ -153,6 +162,15 @@ def generate_image(
     RuntimeError
         If 100 canvases in a row could not hold ``num_paths`` separated paths (too many or
         too long paths for ``side``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab.tasks.pathfinder import generate_image
+    >>> connected = generate_image(np.random.default_rng(0), side=16, min_length=5, max_length=10, label=1)
+    >>> first, second = connected.dots  # label 1: both dots end the same path
+    >>> {first, second} == {connected.paths[0][0], connected.paths[0][-1]}
+    True
     """
     label = int(rng.integers(2)) if label is None else label
     for _ in range(100):
@@ -174,6 +192,15 @@ def pathfinder_batches(num_batches: int, batch_size: int, side: int = 32, *, gen
 
     Labels alternate 0/1 within a batch in a random order (balanced batches); ``options`` go to
     :func:`generate_image`. The mask is all True (images have no padding).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks.pathfinder import pathfinder_batches
+    >>> batches = pathfinder_batches(1, 4, side=16, generator=torch.Generator().manual_seed(0), min_length=5,
+    ...                              max_length=10)
+    >>> batches[0].input_ids.shape, sorted(batches[0].labels.tolist())  # balanced labels
+    (torch.Size([4, 256]), [0, 0, 1, 1])
     """
     g = as_generator(generator)
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=g)))
@@ -203,6 +230,14 @@ def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=Non
     -------
     approxlab.tasks.Task
         ``kind="classification"``, ``num_classes=2``, ``vocab_size=256``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.tasks.pathfinder import make_task
+    >>> task = make_task(n=256, batch_size=2, num_batches=1, generator=torch.Generator().manual_seed(0))
+    >>> task.kind, task.num_classes, task.vocab_size, task.batches[0].input_ids.shape
+    ('classification', 2, 256, torch.Size([2, 256]))
     """
     n = check_int(n, "n", low=256, high=4096)
     side = math.isqrt(n)
