@@ -37,9 +37,6 @@ NO_EXAMPLES_YET = {
     "approxlab.data.positions": {"check_positions", "max_positions", "position_embeddings", "position_ids",
         "position_offset", "positions_for"},
     "approxlab.data.qkv": {"QKV", "get_qkv"},
-    "approxlab.data.wikitext": {"corpus_sha256", "default_cache_dir", "find_wikitext", "load_wikitext",
-        "packaged_wikitext", "pick_windows", "tokenize", "tokenizer_fingerprint", "wikitext_attribution",
-        "wikitext_token_ids", "windows"},
 }
 
 _EXAMPLES = re.compile(r"^Examples\n-{8,}\n(?P<body>.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", re.M | re.S)

@@ -99,7 +99,21 @@ _ALLOWED_LOCATIONS = (
 
 
 def default_cache_dir() -> Path:
-    """Cache root: ``$APPROXLAB_CACHE`` if set, else ``~/.cache/approxlab``."""
+    """Cache root: ``$APPROXLAB_CACHE`` if set, else ``~/.cache/approxlab``.
+
+    Examples
+    --------
+    >>> import os
+    >>> from unittest import mock
+    >>> from approxlab.data import default_cache_dir
+    >>> with mock.patch.dict(os.environ, {"APPROXLAB_CACHE": "/tmp/approxlab-cache"}):
+    ...     print(default_cache_dir())
+    /tmp/approxlab-cache
+    >>> with mock.patch.dict(os.environ):
+    ...     _ = os.environ.pop("APPROXLAB_CACHE", None)
+    ...     print(default_cache_dir().relative_to(os.path.expanduser("~")))
+    .cache/approxlab
+    """
     env = os.environ.get(_ENV_CACHE)
     if env:
         return Path(env).expanduser()
@@ -113,12 +127,26 @@ def packaged_wikitext():
     -------
     importlib.resources.abc.Traversable
         A :class:`pathlib.Path` for an ordinary (wheel or editable) install.
+
+    Examples
+    --------
+    >>> from approxlab.data import packaged_wikitext
+    >>> corpus = packaged_wikitext()
+    >>> corpus.name, corpus.is_file()
+    ('wiki.test.raw.xz', True)
     """
     return resources.files(__package__).joinpath(_PACKAGED_FOLDER, _PACKAGED_NAME)
 
 
 def wikitext_attribution() -> str:
-    """Attribution and licence (CC BY-SA 3.0) of the packaged corpus, as shipped beside it."""
+    """Attribution and licence (CC BY-SA 3.0) of the packaged corpus, as shipped beside it.
+
+    Examples
+    --------
+    >>> from approxlab.data import wikitext_attribution
+    >>> "CC BY-SA 3.0" in wikitext_attribution()
+    True
+    """
     return resources.files(__package__).joinpath(_PACKAGED_FOLDER, _ATTRIBUTION_NAME).read_text("utf-8")
 
 
@@ -231,6 +259,17 @@ def find_wikitext(data_dir=None, *, cache_dir=None):
     References
     ----------
     .. [1] Merity et al., "Pointer Sentinel Mixture Models", ICLR 2017.
+
+    Examples
+    --------
+    >>> import os
+    >>> from unittest import mock
+    >>> from approxlab.data import find_wikitext, packaged_wikitext
+    >>> with mock.patch.dict(os.environ):
+    ...     _ = os.environ.pop("APPROXLAB_DATA", None)
+    ...     found = find_wikitext()  # neither data_dir nor $APPROXLAB_DATA: the packaged copy
+    >>> found == packaged_wikitext()
+    True
     """
     if data_dir is not None:
         if not isinstance(data_dir, (str, os.PathLike)):
@@ -298,6 +337,15 @@ def load_wikitext(data_dir=None, *, verify=True, cache_dir=None) -> str:
     References
     ----------
     .. [1] Merity et al., "Pointer Sentinel Mixture Models", ICLR 2017.
+
+    Examples
+    --------
+    >>> from approxlab.data import load_wikitext, packaged_wikitext
+    >>> text = load_wikitext(packaged_wikitext())  # verified against WIKITEXT_SHA256
+    >>> sum(1 for line in text.split(chr(10)) if line.strip())  # non-blank lines
+    2891
+    >>> text.split(chr(10))[0].strip()  # the first article's title
+    '= Robert Boulter ='
     """
     if not isinstance(verify, bool):
         raise TypeError(f"`verify` must be a bool; got {verify!r} ({type(verify).__name__}).")
@@ -342,6 +390,15 @@ def tokenize(text, tokenizer) -> torch.Tensor:
     long stream that is cut into windows afterwards. For whitespace-splitting tokenizers such
     as BERT's WordPiece, encoding line by line gives the same ids as encoding the whole text
     at once (line breaks carry no token).
+
+    Examples
+    --------
+    >>> from transformers import AutoTokenizer
+    >>> from approxlab.data import minilm_path, tokenize
+    >>> tokenizer = AutoTokenizer.from_pretrained(minilm_path())  # BERT uncased WordPiece
+    >>> ids = tokenize("Robert Boulter is an English actor.", tokenizer)
+    >>> tokenizer.convert_ids_to_tokens(ids)
+    ['robert', 'bo', '##ult', '##er', 'is', 'an', 'english', 'actor', '.']
     """
     if not isinstance(text, str):
         raise TypeError(f"`text` must be a str; got {type(text).__name__}.")
@@ -380,6 +437,14 @@ def windows(ids, n) -> torch.Tensor:
     torch.Tensor
         ``(num_windows, n)`` with ``num_windows = num_tokens // n``; row ``i`` is
         ``ids[i*n:(i+1)*n]``. The trailing ``num_tokens % n`` tokens are dropped. A view of ``ids``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.data import windows
+    >>> windows(torch.arange(10), 4)  # the last 10 % 4 tokens are dropped
+    tensor([[0, 1, 2, 3],
+            [4, 5, 6, 7]])
     """
     if not isinstance(ids, torch.Tensor) or ids.ndim != 1 or ids.is_floating_point() or ids.is_complex():
         raise TypeError(
@@ -408,6 +473,15 @@ def pick_windows(num_available, count, *, seed) -> list[int]:
     list of int
         Indices in draw order: the first ``count`` entries of a uniformly random permutation.
         Hence ``pick_windows(N, c, seed=s)`` is a prefix of ``pick_windows(N, c + 1, seed=s)``.
+
+    Examples
+    --------
+    >>> from approxlab.data import pick_windows
+    >>> first = pick_windows(66, 3, seed=0)
+    >>> len(set(first)), all(0 <= i < 66 for i in first)
+    (3, True)
+    >>> pick_windows(66, 4, seed=0)[:3] == first  # one more window keeps the first ones
+    True
     """
     num_available = check_int(num_available, "num_available", low=1)
     count = check_int(count, "count", low=1, high=num_available)
@@ -544,6 +618,18 @@ def tokenizer_fingerprint(tokenizer) -> str:
     Transient state (truncation and padding settings, which Hugging Face changes on every call)
     and what only matters with special tokens or decoding are left out, so the fingerprint is
     the same before and after the tokenizer is used.
+
+    Examples
+    --------
+    >>> from transformers import AutoTokenizer
+    >>> from approxlab.data import minilm_path, tokenizer_fingerprint
+    >>> tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    >>> fingerprint = tokenizer_fingerprint(tokenizer)
+    >>> len(fingerprint)
+    16
+    >>> _ = tokenizer(["a long line"], truncation=True, max_length=4)  # use changes nothing
+    >>> tokenizer_fingerprint(tokenizer) == fingerprint
+    True
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and hasattr(backend, "to_str"):
@@ -593,6 +679,17 @@ def wikitext_token_ids(tokenizer, *, data_dir=None, cache_dir=None, verify=True)
     -----
     The cache key is the sha256 of the (LF-normalised) corpus text together with the
     tokenizer's name and :func:`tokenizer_fingerprint`.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformers import AutoTokenizer
+    >>> from approxlab.data import minilm_path, wikitext_token_ids, windows
+    >>> tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    >>> with tempfile.TemporaryDirectory() as cache:
+    ...     ids = wikitext_token_ids(tokenizer, cache_dir=cache)  # tokenised once, then read from the cache
+    >>> ids.shape, windows(ids, 4096).shape
+    (torch.Size([273178]), torch.Size([66, 4096]))
     """
     text = load_wikitext(data_dir, verify=verify, cache_dir=cache_dir)
     corpus_sha = corpus_sha256(text)
@@ -610,5 +707,12 @@ def wikitext_token_ids(tokenizer, *, data_dir=None, cache_dir=None, verify=True)
 
 
 def corpus_sha256(text: str) -> str:
-    """sha256 of the corpus text (UTF-8), the corpus part of cache keys."""
+    """sha256 of the corpus text (UTF-8), the corpus part of cache keys.
+
+    Examples
+    --------
+    >>> from approxlab.data import corpus_sha256
+    >>> corpus_sha256("")
+    'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'
+    """
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
