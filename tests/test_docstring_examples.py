@@ -28,14 +28,11 @@ NO_EXAMPLES_YET = {
     "approxlab.data.cache": {"QKVCache", "QKVKey"},
     "approxlab.data.capture": {"capture_attention", "captured_qkv", "check_dtype", "extract_qkv",
         "query_factor", "repeat_kv_heads"},
-    "approxlab.data.checkpoints": {"Architecture", "architecture_of", "load_config", "minilm_path"},
     "approxlab.data.gguf": {"converted_folder", "converted_weights", "smollm2_gguf"},
     "approxlab.data.layout": {"AttentionLayout", "attention_module", "config_layout", "get_attribute",
         "layout_of"},
     "approxlab.data.models": {"LoadedModel", "ModelInfo", "clear_model_memo", "describe_model", "load_model",
         "resolve_checkpoint"},
-    "approxlab.data.positions": {"check_positions", "max_positions", "position_embeddings", "position_ids",
-        "position_offset", "positions_for"},
     "approxlab.data.qkv": {"QKV", "get_qkv"},
 }
 

