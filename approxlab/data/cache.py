@@ -23,6 +23,14 @@ class QKVKey:
     windows); ``init_versions`` records the transformers/torch versions for initialised weights
     (their random initialisation may change between versions) and is ``""`` otherwise;
     ``positions`` is the :data:`~approxlab.data.positions.POSITIONS` choice.
+
+    Examples
+    --------
+    >>> from approxlab.data import QKVKey
+    >>> key = QKVKey(checkpoint="sentence-transformers/all-MiniLM-L6-v2", condition="pretrained", seed=None,
+    ...              mode="layer", layer=0, n=512, window=3, dtype="float64", corpus="0123abcd")
+    >>> key.as_dict()["window"], key.positions
+    (3, 'interpolate')
     """
 
     checkpoint: str
@@ -57,6 +65,23 @@ class QKVCache:
     root : str or os.PathLike, optional
         Cache root (default ``$APPROXLAB_CACHE`` or ``~/.cache/approxlab``); files go to
         ``root/qkv``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import torch
+    >>> from approxlab.data import QKVCache, QKVKey
+    >>> key = QKVKey(checkpoint="tiny", condition="initialized", seed=0, mode="layer", layer=0, n=8, window=0,
+    ...              dtype="float64", corpus="0123abcd")
+    >>> q, k, v = (torch.randn(2, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     cache = QKVCache(root)
+    ...     print(cache.load(key))  # nothing stored yet
+    ...     path = cache.save(key, q, k, v)
+    ...     q2, k2, v2 = cache.load(key)
+    None
+    >>> path.name, torch.equal(q2, q) and torch.equal(v2, v)
+    ('window00000.safetensors', True)
     """
 
     def __init__(self, root=None):

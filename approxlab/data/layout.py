@@ -33,6 +33,15 @@ class AttentionLayout:
         Keys further back than this many positions are masked (Gemma 3's local layers).
     num_heads, num_kv_heads, head_dim : int
         Query heads, key/value heads (fewer with grouped-query attention) and their width.
+
+    Examples
+    --------
+    >>> from transformers import BertConfig
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.layout import config_layout
+    >>> layout = config_layout(BertConfig(hidden_size=64, num_attention_heads=4), ARCHITECTURES["bert"], 0)
+    >>> layout.causal, layout.scaling, layout.num_heads, layout.num_kv_heads, layout.head_dim
+    (False, 0.25, 4, 4, 16)
     """
 
     causal: bool
@@ -44,18 +53,50 @@ class AttentionLayout:
 
 
 def get_attribute(root, dotted: str):
+    """The attribute at the dotted path ``dotted`` below ``root`` (``"encoder.layer"``: ``root.encoder.layer``).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> from approxlab.data.layout import get_attribute
+    >>> model = SimpleNamespace(encoder=SimpleNamespace(layer=["layer 0", "layer 1"]))
+    >>> get_attribute(model, "encoder.layer")
+    ['layer 0', 'layer 1']
+    """
     for part in dotted.split("."):
         root = getattr(root, part)
     return root
 
 
 def attention_module(model, architecture, layer: int):
-    """The module of layer ``layer`` that calls the attention function."""
+    """The module of layer ``layer`` that calls the attention function.
+
+    Examples
+    --------
+    >>> from transformers import BertConfig, BertModel
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.layout import attention_module
+    >>> config = BertConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16)
+    >>> type(attention_module(BertModel(config), ARCHITECTURES["bert"], 1)).__name__
+    'BertSelfAttention'
+    """
     return get_attribute(get_attribute(model, architecture.layers)[layer], architecture.attention)
 
 
 def layout_of(module, config) -> AttentionLayout:
-    """The :class:`AttentionLayout` of an attention module of a model with ``config``."""
+    """The :class:`AttentionLayout` of an attention module of a model with ``config``.
+
+    Examples
+    --------
+    >>> from transformers import BertConfig, BertModel
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.layout import attention_module, layout_of
+    >>> config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    >>> module = attention_module(BertModel(config), ARCHITECTURES["bert"], 0)
+    >>> layout = layout_of(module, config)
+    >>> layout.causal, layout.num_heads, layout.head_dim, round(layout.scaling, 4)  # 1 / sqrt(4)
+    (False, 2, 4, 0.5)
+    """
     heads = int(config.num_attention_heads)
     head_dim = getattr(module, "head_dim", None) or getattr(module, "attention_head_size", None)
     return AttentionLayout(
@@ -69,7 +110,17 @@ def layout_of(module, config) -> AttentionLayout:
 
 
 def config_layout(config, architecture, layer: int) -> AttentionLayout:
-    """:func:`layout_of` layer ``layer`` of a model built from ``config`` without weights (meta device)."""
+    """:func:`layout_of` layer ``layer`` of a model built from ``config`` without weights (meta device).
+
+    Examples
+    --------
+    >>> from transformers import BertConfig
+    >>> from approxlab.data.checkpoints import ARCHITECTURES
+    >>> from approxlab.data.layout import config_layout
+    >>> config = BertConfig(hidden_size=384, num_attention_heads=12, num_hidden_layers=6)  # MiniLM's shape
+    >>> config_layout(config, ARCHITECTURES["bert"], 5).head_dim  # no weights allocated (meta device)
+    32
+    """
     return _config_layout(config.to_json_string(use_diff=False), architecture, layer)
 
 
