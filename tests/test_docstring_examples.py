@@ -25,11 +25,7 @@ COMMAND_LINE = ("approxlab.cli", "approxlab.studies", "approxlab.__main__")
 NO_EXAMPLES_YET = {
     # -- the numerical core ---------------------------------------------------------------------
     # -- data, statistics and tools -------------------------------------------------------------
-    "approxlab.data.capture": {"capture_attention", "captured_qkv", "check_dtype", "extract_qkv",
-        "query_factor", "repeat_kv_heads"},
     "approxlab.data.gguf": {"converted_folder", "converted_weights", "smollm2_gguf"},
-    "approxlab.data.models": {"LoadedModel", "ModelInfo", "clear_model_memo", "describe_model", "load_model",
-        "resolve_checkpoint"},
     "approxlab.data.qkv": {"QKV", "get_qkv"},
 }
 

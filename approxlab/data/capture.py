@@ -57,13 +57,34 @@ _LOCK = threading.RLock()  # one extraction at a time mutates a model's attentio
 
 
 def query_factor(layout: AttentionLayout) -> float | None:
-    r""":math:`s\sqrt p`, the factor that makes ``q`` work with approxlab's :math:`1/\sqrt p` (None: 1)."""
+    r""":math:`s\sqrt p`, the factor that makes ``q`` work with approxlab's :math:`1/\sqrt p` (None: 1).
+
+    Examples
+    --------
+    >>> from approxlab.data.capture import query_factor
+    >>> from approxlab.data.layout import AttentionLayout
+    >>> bert = AttentionLayout(causal=False, scaling=0.125, sliding_window=None, num_heads=12, num_kv_heads=12, head_dim=64)
+    >>> print(query_factor(bert))  # 1/sqrt(64): nothing to rescale
+    None
+    >>> gemma = AttentionLayout(causal=True, scaling=1 / 16, sliding_window=512, num_heads=4, num_kv_heads=1, head_dim=64)
+    >>> query_factor(gemma)  # (1/16) * sqrt(64)
+    0.5
+    """
     factor = layout.scaling * math.sqrt(layout.head_dim)
     return None if abs(factor - 1.0) <= 1e-12 else factor
 
 
 def repeat_kv_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """``(S, H_kv, n, p) -> (S, H, n, p)``: key/value head ``h // (H / H_kv)`` for query head ``h``."""
+    """``(S, H_kv, n, p) -> (S, H, n, p)``: key/value head ``h // (H / H_kv)`` for query head ``h``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.data.capture import repeat_kv_heads
+    >>> k = torch.arange(2.0).reshape(1, 2, 1, 1)  # 2 key/value heads
+    >>> repeat_kv_heads(k, 6).flatten().tolist()  # query head h uses key/value head h // 3
+    [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    """
     group = num_heads // x.shape[-3]
     return x if group == 1 else x.repeat_interleave(group, dim=-3)
 
@@ -159,6 +180,20 @@ def capture_attention(loaded, ids: torch.Tensor, *, layer: int, mode: str, posit
     ``(S, H, n, p)``, ``(S, H_kv, n, p)``, ``(S, H_kv, n, p_v)`` in the model's dtype and device
     (no repetition, no rescaling). Runs under ``torch.no_grad()`` with the model in eval mode,
     its attention implementation and position table restored afterwards.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import BertConfig
+    >>> from approxlab.data import load_model
+    >>> from approxlab.data.capture import capture_attention
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> loaded = load_model("initialized", config=config, seed=0)
+    >>> ids = torch.randint(1000, 2000, (2, 16), generator=torch.Generator().manual_seed(0))
+    >>> query, key, value = capture_attention(loaded, ids, layer=1, mode="hidden", positions="interpolate")
+    >>> query.shape, query.dtype  # (S, H, n, p) in the model's dtype
+    (torch.Size([2, 4, 16, 8]), torch.float32)
     """
     check_choice(mode, "mode", MODES)
     model, architecture = loaded.model, loaded.architecture
@@ -187,7 +222,20 @@ def capture_attention(loaded, ids: torch.Tensor, *, layer: int, mode: str, posit
 
 
 def check_dtype(dtype) -> str:
-    """The name of ``dtype``, which must be torch.float32 or torch.float64."""
+    """The name of ``dtype``, which must be torch.float32 or torch.float64.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.data.capture import check_dtype
+    >>> check_dtype(torch.float64)
+    'float64'
+    >>> try:
+    ...     check_dtype(torch.float16)
+    ... except ValueError as error:
+    ...     print(error)
+    `dtype` must be one of torch.float32, torch.float64; got torch.float16.
+    """
     try:
         return DTYPES[dtype]
     except (KeyError, TypeError):
@@ -212,7 +260,23 @@ def _check_input_ids(input_ids, vocab_size: int) -> None:
 
 def captured_qkv(loaded, input_ids, *, mode, layer, dtype, chunk_size, positions, device=None):
     """``(q, k, v, layout)``: :func:`capture_attention` in chunks, cast, ``q`` rescaled; ``k, v``
-    keep their ``H_kv`` heads (:func:`extract_qkv` repeats them)."""
+    keep their ``H_kv`` heads (:func:`extract_qkv` repeats them).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import BertConfig
+    >>> from approxlab.data import load_model
+    >>> from approxlab.data.capture import captured_qkv
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> loaded = load_model("initialized", config=config, seed=0)
+    >>> ids = torch.randint(1000, 2000, (3, 16), generator=torch.Generator().manual_seed(0))
+    >>> q, k, v, layout = captured_qkv(loaded, ids, mode="hidden", layer=0, dtype=torch.float64, chunk_size=2,
+    ...                                positions="interpolate")
+    >>> q.shape, k.dtype, layout.num_kv_heads  # two forward passes (chunks of 2 and 1 sequences)
+    (torch.Size([3, 4, 16, 8]), torch.float64, 4)
+    """
     n = input_ids.shape[1]
     layer = check_int(layer, "layer", low=0, high=loaded.num_layers - 1)
     check_positions(positions, loaded.model.config, loaded.architecture, n, loaded.max_positions)
@@ -275,6 +339,22 @@ def extract_qkv(
     .. [2] Chen et al., "Skyformer", NeurIPS 2021, Section 5.
     .. [3] Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from
        Multi-Head Checkpoints", EMNLP 2023 (grouped-query attention).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import BertConfig
+    >>> import approxlab
+    >>> from approxlab.data import extract_qkv, load_model
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> loaded = load_model("initialized", config=config, seed=0)
+    >>> ids = torch.randint(1000, 2000, (2, 40), generator=torch.Generator().manual_seed(0))  # beyond 32 positions
+    >>> q, k, v = extract_qkv(loaded, ids, layer=1, dtype=torch.float64)
+    >>> q.shape
+    torch.Size([2, 4, 40, 8])
+    >>> approxlab.exact_attention(q, k, v, causal=loaded.causal).shape  # the layer's attention output, per head
+    torch.Size([2, 4, 40, 8])
     """
     if not isinstance(loaded, LoadedModel):
         raise TypeError(f"`loaded` must be a LoadedModel (from load_model); got {type(loaded).__name__}.")

@@ -109,6 +109,13 @@ class ModelInfo:
         Rotary position embeddings (applied inside attention) rather than a learned table.
     weights : str
         Where the weights come from, in words (e.g. the quantization of a GGUF checkpoint).
+
+    Examples
+    --------
+    >>> from approxlab.data import describe_model
+    >>> info = describe_model("pretrained")  # the bundled all-MiniLM-L6-v2, from its config alone
+    >>> info.model_type, info.num_layers, info.num_heads, info.head_dim, info.max_positions, info.causal
+    ('bert', 6, 12, 32, 512, False)
     """
 
     checkpoint: str
@@ -126,7 +133,8 @@ class ModelInfo:
 
 @dataclass
 class LoadedModel(ModelInfo):
-    """A model ready for Q/K/V extraction (:func:`load_model`): its :class:`ModelInfo` and
+    """A model ready for Q/K/V extraction (:func:`load_model`): its :class:`ModelInfo` and the model,
+    its tokenizer, its initialisation seed and its :class:`Architecture`.
 
     Attributes
     ----------
@@ -136,6 +144,18 @@ class LoadedModel(ModelInfo):
     seed : int or None
         Initialisation seed (None for pretrained weights).
     architecture : Architecture
+
+    Examples
+    --------
+    >>> from transformers import BertConfig
+    >>> from approxlab.data import load_model
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> loaded = load_model("initialized", config=config, seed=0)
+    >>> loaded.checkpoint.startswith("init:bert-"), loaded.num_heads, loaded.head_dim, loaded.seed
+    (True, 4, 8, 0)
+    >>> loaded.attention(1).scaling  # 1 / sqrt(8)
+    0.3535533905932738
     """
 
     model: object = None
@@ -229,6 +249,14 @@ def resolve_checkpoint(condition, checkpoint=None, *, local_files_only=None, cac
     ``"sentence-transformers/all-MiniLM-L6-v2"`` (or the given checkpoint, :data:`SMOLLM2_LABEL`
     for the packaged SmolLM2) for ``"pretrained"``; ``"init:<config label>"`` for
     ``"initialized"``. Only the config is read, no weights: studies write it into ``config.json``.
+
+    Examples
+    --------
+    >>> from approxlab.data.models import resolve_checkpoint
+    >>> resolve_checkpoint("pretrained")
+    'sentence-transformers/all-MiniLM-L6-v2'
+    >>> resolve_checkpoint("initialized")  # BertConfig(), randomly initialised
+    'init:bert-base'
     """
     check_choice(condition, "condition", CONDITIONS)
     return _resolve_source(condition, checkpoint, None, local_files_only, cache_dir).checkpoint
@@ -253,6 +281,16 @@ def describe_model(condition, *, checkpoint=None, config=None, local_files_only=
     ``"pretrained"``, the weights (unreadable, incomplete or non-finite ones are refused) -- on
     the CPU, kept for the next :func:`~approxlab.data.get_qkv` on the CPU -- so that a study
     can refuse a broken checkpoint before it computes anything (the command line does).
+
+    Examples
+    --------
+    >>> from transformers import BertConfig
+    >>> from approxlab.data import describe_model
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> info = describe_model("initialized", config=config)  # nothing is loaded
+    >>> info.condition, info.num_layers, info.num_heads, info.head_dim, info.rotary
+    ('initialized', 2, 4, 8, False)
     """
     check_choice(condition, "condition", CONDITIONS)
     _check_local_files_only(local_files_only)
@@ -442,6 +480,21 @@ def load_model(condition, *, checkpoint=None, seed=0, device="cpu", config=None,
     Hugging Face draws initial weights from PyTorch's *global* generator. The draw is wrapped in
     ``torch.random.fork_rng`` with the CPU generator seeded from ``seed``, so the same seed gives
     the same weights and the caller's global RNG state is unchanged afterwards.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import BertConfig
+    >>> from approxlab.data import load_model
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> first = load_model("initialized", config=config, seed=0)
+    >>> again = load_model("initialized", config=config, seed=0)  # the same seed gives the same weights
+    >>> weight = "encoder.layer.0.attention.self.query.weight"
+    >>> torch.equal(first.model.state_dict()[weight], again.model.state_dict()[weight])
+    True
+    >>> type(first.model).__name__, first.model.training
+    ('BertModel', False)
     """
     check_choice(condition, "condition", CONDITIONS)
     seed = check_int(seed, "seed", low=0, high=SEED_MAX)
@@ -465,5 +518,11 @@ def built_model(source: _Source, seed: int, device) -> LoadedModel:
 
 
 def clear_model_memo() -> None:
-    """Forget the models :func:`~approxlab.data.get_qkv` keeps for reuse (frees their memory)."""
+    """Forget the models :func:`~approxlab.data.get_qkv` keeps for reuse (frees their memory).
+
+    Examples
+    --------
+    >>> from approxlab.data import clear_model_memo
+    >>> clear_model_memo()  # the next get_qkv call builds its model afresh
+    """
     _BUILT_MODELS.clear()
