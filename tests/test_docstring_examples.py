@@ -25,8 +25,6 @@ COMMAND_LINE = ("approxlab.cli", "approxlab.studies", "approxlab.__main__")
 NO_EXAMPLES_YET = {
     # -- the numerical core ---------------------------------------------------------------------
     # -- data, statistics and tools -------------------------------------------------------------
-    "approxlab.data.gguf": {"converted_folder", "converted_weights", "smollm2_gguf"},
-    "approxlab.data.qkv": {"QKV", "get_qkv"},
 }
 
 _EXAMPLES = re.compile(r"^Examples\n-{8,}\n(?P<body>.*?)(?=^\S[^\n]*\n-{3,}\n|\Z)", re.M | re.S)

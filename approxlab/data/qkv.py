@@ -114,6 +114,21 @@ class QKV:
         Positions are rotary (RoPE, already applied to ``q`` and ``k``) rather than a table.
     weights : str
         Where the weights come from, in words (e.g. "4-bit quantized ... dequantized to float32").
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformers import BertConfig
+    >>> import approxlab
+    >>> from approxlab.data import get_qkv
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> with tempfile.TemporaryDirectory() as cache:
+    ...     qkv = get_qkv("initialized", 64, [0, 5], config=config, cache_dir=cache)
+    >>> qkv.q.shape, qkv.window_ids, qkv.causal, qkv.positions
+    (torch.Size([2, 4, 64, 8]), (0, 5), False, 'interpolate')
+    >>> approxlab.exact_attention(qkv.q, qkv.k, qkv.v, causal=qkv.causal).shape
+    torch.Size([2, 4, 64, 8])
     """
 
     q: torch.Tensor
@@ -272,6 +287,22 @@ def get_qkv(
     them). Cache keys are :class:`QKVKey`: ``(checkpoint, condition, seed, mode, positions,
     layer, n, window, dtype)`` plus the corpus and tokenizer fingerprints (and library versions
     for initialised weights).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import torch
+    >>> from transformers import BertConfig
+    >>> from approxlab.data import get_qkv
+    >>> config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    ...                     max_position_embeddings=32)  # a tiny BERT with random weights
+    >>> with tempfile.TemporaryDirectory() as cache:  # token ids and Q/K/V are cached there
+    ...     first = get_qkv("initialized", 64, [0, 5], layer=1, config=config, cache_dir=cache, dtype=torch.float64)
+    ...     again = get_qkv("initialized", 64, [0, 5], layer=1, config=config, cache_dir=cache, dtype=torch.float64)
+    >>> first.from_cache, again.from_cache
+    ((False, False), (True, True))
+    >>> torch.equal(first.q, again.q), first.q.dtype, first.input_ids.shape
+    (True, torch.float64, torch.Size([2, 64]))
     """
     n, window_ids, dtype_name, seed, device = _check_arguments(
         condition, n, window_ids, mode, dtype, seed, device, data_dir, cache_dir, local_files_only, verify)
