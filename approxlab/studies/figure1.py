@@ -24,7 +24,7 @@ Grid (full run)
 ---------------
 conditions {initialized, pretrained} x n {512, 1024, 2048, 4096} x num_features
 {16, 32, 64, 128, 256} x methods (the paper's four: skyformer-softmax, nystromformer,
-performer, informer; four extra: yoso, spectral-shifting, nystrom, linformer) x dtypes
+performer, informer; five extra: performer-lra, yoso, spectral-shifting, nystrom, linformer) x dtypes
 {float64, float32} x 4 windows x 3 seeds. Deterministic methods (``MethodSpec.randomized`` False) run once, with seed 0.
 Windows are drawn once, reproducibly (``window_seed``), from the first ``window_pool``
 windows of each length (Wikitext-2 test has 66 disjoint windows of 4096 tokens, so every
@@ -61,8 +61,9 @@ raised and a ``status`` ("ok", or the error that stopped the method, whose error
 (head 0), the numerical rank of A (head 0; singular values above ``n * eps64 * sigma_1``) and
 the wall time of these diagnostics (``seconds``; the dense SVD is nearly all of it).
 
-``panel_stats.csv`` and ``verdicts.csv``: written by the plot step from ``results.csv``
-(:mod:`approxlab.studies.figure1_stats`).
+``panel_stats.csv``, ``verdicts.csv`` (median and mean) and ``paper_comparison.csv``: written by
+the plot step from ``results.csv`` (:mod:`approxlab.studies.figure1_stats`,
+:mod:`approxlab.studies.figure1_paper`).
 
 ``conditioning.csv``: one row per condition x n x num_features, on the first window:
 the statistical dimension :math:`d_{stat}(\lambda) = \operatorname{tr}\bar C(\bar C+\lambda I)^{-1}`
@@ -121,8 +122,10 @@ __all__ = [
     "verdicts", "CLAIMS", "THRESHOLDS", "BOOTSTRAP", "VERDICT_COLUMNS", "BLOWUP_FACTOR", "NEAR_ZERO_ROW",
 ]
 
-EXTRA_METHODS = ("yoso", "spectral-shifting", "nystrom", "linformer")
-"""Methods added to the comparison (drawn as secondary curves)."""
+EXTRA_METHODS = ("performer-lra", "yoso", "spectral-shifting", "nystrom", "linformer")
+"""Methods added to the comparison (drawn as secondary curves). ``performer-lra`` is Performer as the
+Skyformer authors' code feeds it (:mod:`approxlab.methods.performer_lra`), to compare with the paper's
+Performer curve."""
 
 FULL_GRID = {
     "conditions": ["initialized", "pretrained"],

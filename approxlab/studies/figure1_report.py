@@ -2,9 +2,12 @@ r"""Figure 1's figures and summary, drawn from its saved tables only (``approxla
 
 Reads ``results.csv``, ``conditioning.csv``, ``windows.csv`` and ``config.json`` in a run's
 folder; writes ``panel_stats.csv`` and ``verdicts.csv`` (:mod:`approxlab.studies.figure1_stats`),
-``figure1.png/.pdf`` (the paper's methods, :data:`~approxlab.studies.figure1_stats.PAPER_METHODS`),
-``figure1-extra.png/.pdf`` (every other method the run computed, built-in or registered, with the
-same y-limits per panel as the main figure) and ``summary.md``.
+``paper_comparison.csv`` (:mod:`approxlab.studies.figure1_paper`), ``figure1.png/.pdf`` (the paper's
+methods, :data:`~approxlab.studies.figure1_stats.PAPER_METHODS`, their variants
+:data:`~approxlab.studies.figure1_paper.PAPER_COUNTERPARTS`, and the paper's own curves drawn
+faintly), ``figure1-extra.png/.pdf`` (every other method the run computed, built-in or registered,
+with the same y-limits per panel as the main figure) and ``summary.md`` (with the deviations from
+the paper's setting, :mod:`approxlab.studies.figure1_summary`).
 """
 
 from __future__ import annotations
@@ -16,20 +19,24 @@ import numpy as np
 import pandas as pd
 
 from .._io import atomic_write_text, has_results, read_json, read_results
+from .figure1_paper import PAPER_COUNTERPARTS, paper_comparison, paper_curves
+from .figure1_summary import aggregation_text, deviations_text, paper_text, win_rate_text
 from .figure1_stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, PRECISION_TOLERANCE,
                             THRESHOLDS, panel_statistics, precision_table, verdicts)
 from .runner import StudyError, saved_config
 
-__all__ = ["RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "FIGURES", "plot", "summarize",
-           "write_summary"]
+__all__ = ["RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "PAPER_COMPARISON", "FIGURES", "plot",
+           "summarize", "write_summary"]
 
 RESULTS = "results.csv"
 PANEL_STATS = "panel_stats.csv"
 CONDITIONING = "conditioning.csv"
 WINDOWS = "windows.csv"
 VERDICTS = "verdicts.csv"
+PAPER_COMPARISON = "paper_comparison.csv"
 FIGURES = {"figure1": "the paper's methods", "figure1-extra": "the other methods"}
-"""File name (without suffix) -> which methods it shows: :data:`PAPER_METHODS`, then every other method."""
+"""File name (without suffix) -> which methods it shows: :data:`PAPER_METHODS` and their variants
+(:data:`PAPER_COUNTERPARTS`), then every other method."""
 
 
 REQUIRED_COLUMNS = ("condition", "n", "window", "method", "num_features", "seed", "status", "error_mean")
@@ -53,11 +60,11 @@ def _read_optional(path) -> pd.DataFrame:
 
 
 def figure_groups(config: dict, methods) -> dict:
-    """``{figure name: methods}``: the run's paper methods, then all its other methods (in the run's order;
+    """``{figure name: methods}``: the run's paper methods and their variants, then all its other methods (in the run's order;
     methods of ``methods`` missing from the config at the end); empty groups left out."""
     ordered = [m for m in config["methods"] if m in set(methods)] + sorted(set(methods) - set(config["methods"]))
-    groups = {"figure1": [m for m in ordered if m in PAPER_METHODS],
-              "figure1-extra": [m for m in ordered if m not in PAPER_METHODS]}
+    main = set(PAPER_METHODS) | set(PAPER_COUNTERPARTS)
+    groups = {"figure1": [m for m in ordered if m in main], "figure1-extra": [m for m in ordered if m not in main]}
     return {name: chosen for name, chosen in groups.items() if chosen}
 
 
@@ -70,7 +77,9 @@ def plot(out) -> list[pathlib.Path]:
     (:func:`approxlab.plotting.share_ylimits`). Solid line: median over heads x windows x seeds
     in float64, band: its interquartile range; dotted line: the float32 median
     (:func:`approxlab.plotting.method_curve`). A method whose median is not finite at some d
-    (failures) is marked by a triangle at the top edge.
+    (failures) is marked by a triangle at the top edge. The paper's own curves
+    (:func:`~approxlab.studies.figure1_paper.paper_curves`) are drawn faintly (thin, dashed, hollow
+    markers, the method's colour) in the panels of the methods they belong to.
     """
     from ..plotting import save_figure, share_ylimits, style
 
@@ -80,6 +89,7 @@ def plot(out) -> list[pathlib.Path]:
     over = ("heads, windows and seeds" if "error_heads" in results
             else "windows and seeds of head means (no per-head errors saved)")
     atomic_write_text(out / PANEL_STATS, panel.to_csv(index=False))
+    atomic_write_text(out / PAPER_COMPARISON, paper_comparison(panel).to_csv(index=False))
     with style():
         groups = figure_groups(config, set(panel["method"]))
         drawn = {name: _draw(config, panel, methods, FIGURES[name], over, twins=[f"{twin}.png" for twin in groups
@@ -105,6 +115,7 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
             cell = panel[(panel["condition"] == condition) & (panel["n"] == n)]
             for method in methods:
                 method_curve(ax, cell[cell["method"] == method], method, secondary=method not in PAPER_METHODS)
+            _draw_paper(ax, condition, n, methods)
             ax.set_xscale("log", base=2)
             if not (np.isfinite(cell["median"]) & (cell["median"] > 0)).any():
                 ax.set_ylim(1e-3, 1.0)  # nothing finite and positive to scale (a partial or failed run)
@@ -116,13 +127,41 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
                 ax.set_ylabel(r"$\|\tilde O - O\|_2$")
             if i == len(conditions) - 1:
                 ax.set_xlabel("number of features d")
-    figure_legend(fig, axes)
+    figure_legend(fig, axes, ncol=3)
     fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error against softmax attention "
                  f"(positions: {config.get('positions', 'none')})\n"
                  f"line: median over {over} (float64), band: interquartile range; "
                  + ("dotted: float32 median; " if "float32" in set(panel["dtype"]) else "")
-                 + "▲ at the top: not finite" + (f"; y-limits per panel as in {', '.join(twins)}" if twins else ""))
+                 + "▲ at the top: not finite" + (f"; y-limits per panel as in {', '.join(twins)}" if twins else "")
+                 + ("\nfaint dashed with hollow markers: the paper's own curve in the method's colour "
+                    "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if set(methods) & set(PAPER_METHODS)
+                    else ""))
     return fig, axes
+
+
+PAPER_LABEL = "the paper's curve (faint, dashed)"
+"""Legend entry of the paper's faint curves (one entry for all of them)."""
+
+
+def _draw_paper(ax, condition, n, methods) -> None:
+    """The paper's curves of the paper methods among ``methods`` on ``ax`` (faint; one legend entry)."""
+    from ..plotting import method_style
+
+    paper = paper_curves()
+    paper = paper[(paper["condition"] == condition) & (paper["n"] == n)]
+    drawn = False
+    for method in [m for m in PAPER_METHODS if m in methods]:
+        rows = paper[paper["method"] == method].sort_values("num_features")
+        if rows.empty:
+            continue
+        style = method_style(method)
+        ax.plot(rows["num_features"], rows["error"], color=style["color"], marker=style["marker"], markersize=3.5,
+                markerfacecolor="none", linestyle=(0, (4, 2)), linewidth=0.9, alpha=0.5, zorder=1,
+                label="_nolegend_")
+        drawn = True
+    if drawn:
+        ax.plot([], [], color="0.45", marker="o", markersize=3.5, markerfacecolor="none", linestyle=(0, (4, 2)),
+                linewidth=0.9, alpha=0.7, label=PAPER_LABEL)
 
 
 # -------------------------------------------------------------------------- summary step
@@ -161,7 +200,8 @@ def _conditions_text(config, results, windows) -> list[str]:
         f"- Grid: n = {config['n']}, d = {config['num_features']}, dtypes = {config.get('dtypes', ['float64'])}, "
         f"{config['windows']} window(s) ({_window_text(results)}), {config['seeds']} seed(s) for randomized "
         "methods, deterministic methods once.",
-        f"- Error: {config['error']}. Rows: {len(results)}; failed approximations: {len(failures)}.",
+        f"- Error: {config['error']}. Rows: {len(results)}; failed approximations: {len(failures)}"
+        + _failures_text(failures) + ".",
         *_figures_text(config, results),
     ]
     if len(windows):
@@ -171,6 +211,19 @@ def _conditions_text(config, results, windows) -> list[str]:
         lines += ["", "Per window (median over windows; Q and A of head 0): distinct tokens, distinct rows of Q, "
                       "numerical rank of A (singular values above n eps64 sigma_1).", "", *_markdown(table)]
     return lines
+
+
+def _failures_text(failures: pd.DataFrame) -> str:
+    """Where the failed approximations are: ``" (condition method dtype at d = 16: 10, 32: 6)"``."""
+    if failures.empty:
+        return ""
+    columns = [c for c in ("condition", "method", "dtype") if c in failures]
+    parts = []
+    for key, group in failures.groupby(columns, sort=True):
+        counts = group["num_features"].value_counts().sort_index()
+        parts.append(" ".join(map(str, key if isinstance(key, tuple) else (key,))) + " at d = "
+                     + ", ".join(f"{int(d)}: {int(c)}" for d, c in counts.items()))
+    return " (" + "; ".join(parts) + ")"
 
 
 def _window_text(results) -> str:
@@ -201,11 +254,13 @@ def _figures_text(config, results) -> list[str]:
 
 
 def _panel_text(stats, conditioning) -> list[str]:
-    view = stats[stats["dtype"] == "float64"][["condition", "n", "method", "num_features", "median", "q25", "q75",
-                                               "max", "error_blowups", "near_zero_rows", "failures"]]
+    columns = ["condition", "n", "method", "num_features", "median", "mean", "q25", "q75", "max", "error_blowups",
+               "blowup_rate", "near_zero_rows", "near_zero_row_rate", "failures"]
+    view = stats[stats["dtype"] == "float64"][[c for c in columns if c in stats]]
     lines = ["", "## Errors (float64)", "",
-             f"Median and quartiles over heads x windows x seeds; blow-ups: errors above {BLOWUP_FACTOR:g} ||O||_2; "
-             f"near-zero rows: |(A~1)_i| <= {NEAR_ZERO_ROW:g} x the head's median (methods that report row sums). "
+             f"Median, mean and quartiles over heads x windows x seeds; blow-ups: errors above {BLOWUP_FACTOR:g} "
+             f"||O||_2 (rate: share of the head errors); near-zero rows: |(A~1)_i| <= {NEAR_ZERO_ROW:g} x the head's "
+             "median (rate: share of the rows; n/a for methods that do not report row sums). "
              "All statistics in `panel_stats.csv`.", "", *_markdown(view)]
     if len(conditioning):
         cols = [c for c in ("condition", "n", "num_features", "statistical_dimension_mean",
@@ -218,19 +273,24 @@ def _panel_text(stats, conditioning) -> list[str]:
 def _verdict_text(table: pd.DataFrame) -> list[str]:
     sky = PAPER_METHODS[0]
     lines = ["", "## Claims", "",
-             f"Thresholds fixed in code before the run (`THRESHOLDS`, `CLAIMS` in approxlab/studies/figure1_stats.py); "
-             f"95% bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples, seed {BOOTSTRAP['seed']}, "
-             f"{BOOTSTRAP['dtype']}); inconclusive when the interval reaches across the threshold.", ""]
+             f"Thresholds in code (`THRESHOLDS`, `CLAIMS` in approxlab/studies/figure1_stats.py; (a)-(d) fixed before "
+             f"the first run); 95% bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples, seed "
+             f"{BOOTSTRAP['seed']}, {BOOTSTRAP['dtype']}); inconclusive when the interval reaches across the threshold. "
+             "Each claim under the median and under the mean over heads x windows x seeds.", ""]
     if table.attrs.get("windows", 2) < 2:
         lines += ["With a single window there is nothing to resample: the intervals have no width and the "
                   "verdicts carry no uncertainty (run more --windows).", ""]
+    aggregations = list(dict.fromkeys(table["aggregation"])) if "aggregation" in table else [None]
     for claim, (text, statistic, side) in CLAIMS.items():
-        rows = table[table["claim"] == claim]
-        counts = rows["verdict"].value_counts()
-        summary = ", ".join(f"{counts.get(v, 0)} {v}" for v in ("reproduced", "not reproduced", "inconclusive"))
+        counts = []
+        for how in aggregations:
+            rows = table[(table["claim"] == claim) & ((table["aggregation"] == how) if how else True)]
+            tally = rows["verdict"].value_counts()
+            counts.append((f"{how}: " if how else "") + ", ".join(
+                f"{tally.get(v, 0)} {v}" for v in ("reproduced", "not reproduced", "inconclusive")))
         described = text.format(sky=sky, method="each baseline", baselines=", ".join(PAPER_METHODS[1:]))
-        lines.append(f"- ({claim}) {described}: statistic {statistic.format(sky=sky)}, claim holds "
-                     f"{side} {THRESHOLDS[claim]:g}: {summary}.")
+        lines.append(f"- ({claim}) {described}: statistic {statistic.format(sky=sky, agg='median (or mean)')}, "
+                     f"claim holds {side} {THRESHOLDS[claim]:g}: {'; '.join(counts)}.")
     shown = table.drop(columns=["statistic"])
     return lines + ["", *_markdown(shown)]
 
@@ -263,8 +323,10 @@ def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, windo
     verdict_table = verdicts(config, results) if verdict_table is None else verdict_table
     lines = ["# Skyformer Figure 1: reproduction summary", "",
              "Generated from the tables in this folder by `approxlab figure1 --plot-only`; do not edit by hand.", "",
-             *_conditions_text(config, results, windows), *_panel_text(stats, conditioning),
-             *_verdict_text(verdict_table), *_precision_text(precision_table(stats)), ""]
+             *_conditions_text(config, results, windows), *deviations_text(config, results),
+             *aggregation_text(verdict_table, stats), *_verdict_text(verdict_table), *win_rate_text(stats, config),
+             *paper_text(stats, config), *_panel_text(stats, conditioning), *_precision_text(precision_table(stats)),
+             ""]
     return "\n".join(lines)
 
 
