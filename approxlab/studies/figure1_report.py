@@ -109,13 +109,14 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
     conditions = [c for c in config["conditions"] if c in set(panel["condition"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
     fig, axes = figure(len(conditions), len(ns), panel_size=(2.9, 2.4), sharex=True)
+    paper_drawn = False
     for i, condition in enumerate(conditions):
         for j, n in enumerate(ns):
             ax = axes[i][j]
             cell = panel[(panel["condition"] == condition) & (panel["n"] == n)]
             for method in methods:
                 method_curve(ax, cell[cell["method"] == method], method, secondary=method not in PAPER_METHODS)
-            _draw_paper(ax, condition, n, methods)
+            paper_drawn |= _draw_paper(ax, condition, n, methods)
             ax.set_xscale("log", base=2)
             if not (np.isfinite(cell["median"]) & (cell["median"] > 0)).any():
                 ax.set_ylim(1e-3, 1.0)  # nothing finite and positive to scale (a partial or failed run)
@@ -134,8 +135,7 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
                  + ("dotted: float32 median; " if "float32" in set(panel["dtype"]) else "")
                  + "▲ at the top: not finite" + (f"; y-limits per panel as in {', '.join(twins)}" if twins else "")
                  + ("\nfaint dashed with hollow markers: the paper's own curve in the method's colour "
-                    "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if set(methods) & set(PAPER_METHODS)
-                    else ""))
+                    "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
     return fig, axes
 
 
@@ -143,8 +143,9 @@ PAPER_LABEL = "the paper's curve (faint, dashed)"
 """Legend entry of the paper's faint curves (one entry for all of them)."""
 
 
-def _draw_paper(ax, condition, n, methods) -> None:
-    """The paper's curves of the paper methods among ``methods`` on ``ax`` (faint; one legend entry)."""
+def _draw_paper(ax, condition, n, methods) -> bool:
+    """The paper's curves of the paper methods among ``methods`` on ``ax`` (faint; one legend entry);
+    whether there was any (the paper has no panel beyond n = 4096)."""
     from ..plotting import method_style
 
     paper = paper_curves()
@@ -162,6 +163,7 @@ def _draw_paper(ax, condition, n, methods) -> None:
     if drawn:
         ax.plot([], [], color="0.45", marker="o", markersize=3.5, markerfacecolor="none", linestyle=(0, (4, 2)),
                 linewidth=0.9, alpha=0.7, label=PAPER_LABEL)
+    return drawn
 
 
 # -------------------------------------------------------------------------- summary step
