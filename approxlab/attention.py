@@ -24,6 +24,7 @@ from . import kernels
 from ._validation import as_generator, check_choice, check_qkv, peak_magnitude
 from .methods import registry
 from .methods import Approximation
+from .methods.causal import check_causal_support, mask_renormalise
 from .operators import check_causal, softmax_attention
 
 __all__ = ["exact_attention", "attention_matrix", "approximate"]
@@ -124,6 +125,7 @@ def approximate(
     generator: torch.Generator | None = None,
     draw: dict | None = None,
     key_mask: torch.Tensor | None = None,
+    causal: bool | str = False,
     **options,
 ) -> Approximation:
     """Approximate attention with a registered method.
@@ -151,13 +153,24 @@ def approximate(
         ``(*batch, n)`` bool, True on keys that may be attended, False on padding; masked keys
         get zero weight (:mod:`approxlab.methods._masking`). Only for methods whose function
         takes ``key_mask`` (those used in training); others raise ``ValueError``.
+    causal : {False, True, "mask-renormalise"}, default False
+        Decoder (causal) attention, ``n == m``: query ``i`` attends keys ``j <= i``.
+        ``True``: the method's own causal form from its literature (exact, kernelized, yoso-e:
+        the masked dense matrix; performer: prefix-sum FAVOR+; informer: causal ProbSparse).
+        ``"mask-renormalise"``: the evaluation variant of the methods without one (the Nyström
+        family): their bidirectional matrix, whose landmarks have seen future tokens, masked and
+        renormalised -- a measurement, not a causal method (linear in n for their factored
+        matrices, :math:`O(n^2)` for a general operator). What each method supports is its
+        registry entry's ``causal`` (:func:`approxlab.methods.causal_support`); see :mod:`approxlab.methods.causal`.
+        Compare with ``exact_attention(q, k, v, causal=True)``.
     **options
         Method-specific keywords (see each method's docstring).
 
     Returns
     -------
     Approximation
-        ``.output`` ``(*batch, n, p_v)``, ``.operator()``, ``.matrix()``, ``.info``. A method
+        ``.output`` ``(*batch, n, p_v)``, ``.operator()``, ``.matrix()``, ``.info`` (with
+        ``"mask-renormalise"``: ``info["causal"]`` and the masked row sums ``info["row_sums"]``). A method
         function that returned only its output tensor gives an ``Approximation`` whose
         ``.operator()``/``.matrix()`` raise ``NotImplementedError``.
 
@@ -169,7 +182,8 @@ def approximate(
         not a CPU ``torch.Generator``; both ``generator`` and ``draw``; a ``draw`` with a missing
         or unknown key or a wrong shape (the message names ``draw``, the key, the shape expected
         and the shape received); an option the method does not take (the message lists those it
-        does); a bad option value (the method's own validation); or a method function whose result
+        does); a ``causal`` the method does not support (the message names the methods that
+        support each form), ``causal`` with ``n != m`` or with ``key_mask``; a bad option value (the method's own validation); or a method function whose result
         is not an ``Approximation`` or tensor of shape ``(*batch, n, p_v)``, ``q``'s dtype and
         device (the message names the method, the expected and the received).
     FloatingPointError
@@ -189,11 +203,17 @@ def approximate(
     >>> error = approxlab.metrics.spectral_error(approx.output, exact, relative=True)
     >>> [round(e, 2) for e in error.tolist()]  # relative spectral error of each batch element
     [0.32, 0.6]
+    >>> exact = approxlab.exact_attention(q, k, v, causal=True)
+    >>> approx = approxlab.approximate("performer", q, k, v, num_features=32, causal=True,
+    ...                                generator=torch.Generator().manual_seed(1))
+    >>> approx.output.shape == exact.shape
+    True
     """
     spec = registry.get(method)
     check_qkv(q, k, v)
     num_features = spec.check_num_features(num_features, q.shape[-2], k.shape[-2])
     spec.check_options(options)
+    causal = check_causal_support(spec, causal, q, k, key_mask)
     if draw is not None:
         _check_draw_accepted(spec, draw, generator)
         if "draw" in inspect.signature(spec.function).parameters:
@@ -204,8 +224,12 @@ def approximate(
         if "key_mask" not in inspect.signature(spec.function).parameters:
             raise ValueError(f"`key_mask` is not supported by method {method!r}; got a mask for it.")
         options["key_mask"] = key_mask
+    if causal is True:
+        options["causal"] = True
     result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
     result = _checked_result(spec, result, q, v)
+    if causal == "mask-renormalise":
+        result = mask_renormalise(result, v)
     if not math.isfinite(peak_magnitude(result.output)):
         bad = int((~torch.isfinite(result.output)).sum())
         raise FloatingPointError(

@@ -177,6 +177,28 @@ MUTATIONS = [
         "radius = 0.0101 * (x.shape[-1] + 2)",
         ["tests/test_yoso.py::test_hash_codes_keep_float64_signs_below_float32_resolution"],
     ),
+    (
+        "Performer Sec. 2.6, unidirectional FAVOR+: row i sums keys j <= i (diagonal dropped: j < i)",
+        "approxlab/methods/performer.py",
+        "local = (query_features @ key_features.transpose(-1, -2)).tril()",
+        "local = (query_features @ key_features.transpose(-1, -2)).tril(-1)",
+        ["tests/test_causal_methods.py::test_causal_performer_is_masked_dense_favor_with_the_same_features"],
+    ),
+    (
+        "Informer, causal ProbSparse: lazy rows are the cumulative mean of V (1/(i+1) -> 1/(i+2))",
+        "approxlab/methods/informer.py",
+        "self._weights = 1.0 / positions if",
+        "self._weights = 1.0 / (positions + 1) if",
+        ["tests/test_causal_methods.py::test_causal_informer_selected_rows_are_causal_softmax_and_lazy_rows_the_"
+         "cumulative_mean"],
+    ),
+    (
+        "mask-renormalise: the prefix sums of a low-rank matrix keep the diagonal (j <= i -> j < i)",
+        "approxlab/methods/causal.py",
+        "out.append(rows @ state + (rows @ columns).tril() @ values)",
+        "out.append(rows @ state + (rows @ columns).tril(-1) @ values)",
+        ["tests/test_causal_methods.py::test_mask_renormalise_is_the_bidirectional_matrix_masked_and_renormalised"],
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

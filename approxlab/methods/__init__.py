@@ -24,12 +24,20 @@ Public API::
     available() -> list[str]                     # every usable name: built-in, registered, installed
     get(name) -> MethodSpec
     register(name, function=None, *, target, features, max_features=None, randomized=True,
-             draw=None, overwrite=False)         # a call or a decorator
+             draw=None, causal=False, overwrite=False)   # a call or a decorator
+    causal_support(support) -> list[str]         # methods with causal=True / "mask-renormalise"
     unregister(name) -> MethodSpec
     load_plugin(module) -> module                # what `approxlab <study> --plugin MODULE` does
     draw(method, q, k, *, num_features, generator=None, **options) -> dict[str, Tensor]
     Approximation(method, target, output, operator=None, info=None, *, matrix=None)
-    MethodSpec, TARGETS, ENTRY_POINT_GROUP ("approxlab.methods")
+    MethodSpec, TARGETS, CAUSAL_SUPPORT, ENTRY_POINT_GROUP ("approxlab.methods")
+
+Causal (decoder) attention, ``approximate(..., causal=...)`` (:mod:`approxlab.methods.causal`):
+``causal=True`` runs a method's own causal form (exact, kernelized, yoso-e: masked dense; performer:
+prefix-sum FAVOR+; informer: causal ProbSparse); ``causal="mask-renormalise"`` evaluates
+skyformer-softmax, nystromformer, nystrom and spectral-shifting by masking and renormalising their
+bidirectional matrix (an evaluation variant: their landmarks have seen future tokens); every other
+method refuses ``causal``.
 
 Evaluate your own attention against the built-ins (the README's example, tested)::
 
@@ -58,9 +66,10 @@ method runs in every study: ``approxlab figure1 --quick --plugin my_attention --
 top-k,skyformer-softmax`` (``my_attention.py`` holding the function, on ``PYTHONPATH``).
 """
 
-from ._base import TARGETS, Approximation, MethodSpec
+from ._base import CAUSAL_SUPPORT, TARGETS, Approximation, MethodSpec
 from .draws import draw
-from .registry import ENTRY_POINT_GROUP, available, get, load_plugin, plugin_modules, register, unregister
+from .registry import (ENTRY_POINT_GROUP, available, causal_support, get, load_plugin, plugin_modules, register,
+                       unregister)
 
 __all__ = [
     "available",
@@ -70,8 +79,10 @@ __all__ = [
     "load_plugin",
     "plugin_modules",
     "draw",
+    "causal_support",
     "Approximation",
     "MethodSpec",
     "TARGETS",
+    "CAUSAL_SUPPORT",
     "ENTRY_POINT_GROUP",
 ]

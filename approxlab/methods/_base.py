@@ -5,6 +5,7 @@ Public API (re-exported by :mod:`approxlab.methods`)::
     Approximation(method, target, output, operator=None, info=None, *, matrix=None)
     MethodSpec                     # what the registry holds for a name (built by method() / register())
     TARGETS                        # ("softmax", "kernelized", "yoso")
+    CAUSAL_SUPPORT                 # (False, True, "mask-renormalise"): what causal=... a method accepts
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from .._validation import check_int
 from ..operators import DenseOperator, LinearOperator
 
-__all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS"]
+__all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS", "CAUSAL_SUPPORT", "MASK_RENORMALISE"]
 
 TARGETS = ("softmax", "kernelized", "yoso")
 """What a method approximates: softmax attention ``D^{-1}AV``, kernelized attention ``CV``
@@ -29,8 +30,16 @@ TARGETS = ("softmax", "kernelized", "yoso")
 TARGET_NAMES = {"softmax": "softmax attention", "kernelized": "kernelized attention CV", "yoso": "YOSO-E"}
 """How figures and summaries name each target."""
 
+MASK_RENORMALISE = "mask-renormalise"
+"""The evaluation variant ``approximate(..., causal="mask-renormalise")`` (:mod:`approxlab.methods.causal`)."""
+
+CAUSAL_SUPPORT = (False, True, MASK_RENORMALISE)
+"""What ``causal=`` a method declares (:func:`approxlab.methods.register`): ``False`` no causal form;
+``True`` its own causal form from its literature (its function takes ``causal``); ``"mask-renormalise"``
+none of its own, but it can be evaluated by masking and renormalising its bidirectional matrix."""
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
-_COMMON = ("q", "k", "v", "num_features", "generator", "draw")
+_COMMON = ("q", "k", "v", "num_features", "generator", "draw", "causal")
 
 
 class Approximation:
@@ -151,6 +160,10 @@ class MethodSpec:
         ``draw(q, k, *, num_features, generator, **options) -> dict`` of named tensors: the
         method's random draw, which ``function(..., draw=...)`` accepts back
         (:func:`approxlab.methods.draw`). ``None``: the draw is not exposed.
+    causal : {False, True, "mask-renormalise"}
+        Its causal support (:data:`CAUSAL_SUPPORT`): ``True`` -- ``function(..., causal=True)`` is
+        its own causal form; ``"mask-renormalise"`` -- :func:`approxlab.approximate` can evaluate it
+        with ``causal="mask-renormalise"`` (:mod:`approxlab.methods.causal`); ``False`` -- neither.
 
     Examples
     --------
@@ -170,6 +183,7 @@ class MethodSpec:
     feature_limit: Callable[[int, int], int]
     randomized: bool
     draw: Callable[..., dict] | None = None
+    causal: bool | str = False
 
     def __call__(self, *args: Any, **kwargs: Any):
         return self.function(*args, **kwargs)
@@ -225,21 +239,25 @@ def _feature_limit(max_features) -> Callable[[int, int], int]:
                     f"got a function of {len(required)} required arguments.")
 
 
-def _check_signature(name: str, function, draw) -> None:
-    """``function`` can be called as ``function(q, k, v, num_features=..., generator=...)`` (and ``draw=``)."""
-    needs = "function(q, k, v, *, num_features, generator=None" + (", draw=None" if draw is not None else "")
+def _check_signature(name: str, function, draw, causal=False) -> None:
+    """``function`` can be called as ``function(q, k, v, num_features=..., generator=...)`` (and ``draw=``,
+    ``causal=`` when it declares its own causal form)."""
+    extra = {**({"draw": None} if draw else {}), **({"causal": False} if causal is True else {})}
+    needs = ("function(q, k, v, *, num_features, generator=None"
+             + "".join(f", {key}={value!r}" for key, value in extra.items()))
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # a builtin without a signature: trust it
         return
     try:
-        signature.bind(None, None, None, num_features=1, generator=None, **({"draw": None} if draw else {}))
+        signature.bind(None, None, None, num_features=1, generator=None, **extra)
     except TypeError as error:
         raise TypeError(f"the function of method {name!r} must accept {needs}, **options); got a function with "
                         f"signature {signature} ({error}).") from None
 
 
-def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None) -> MethodSpec:
+def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None,
+              causal=False) -> MethodSpec:
     """A validated :class:`MethodSpec` (the one validation block of :func:`method` and ``register``).
 
     Raises
@@ -249,7 +267,9 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         comma-separated ``--methods`` lists); a ``function`` that is not callable as
         ``function(q, k, v, *, num_features, generator=None, **options)``; a ``target`` not in
         :data:`TARGETS`; an empty ``features``; a bad ``max_features``; a non-bool ``randomized``;
-        a ``draw`` that is not callable, or given for a method that is not randomized.
+        a ``draw`` that is not callable, or given for a method that is not randomized; a
+        ``causal`` not in :data:`CAUSAL_SUPPORT`, ``causal=True`` for a function without a
+        ``causal`` keyword, ``"mask-renormalise"`` for a target other than softmax attention.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError("`name` must be a non-empty word of letters, digits and _.+- (no spaces or commas: it "
@@ -267,15 +287,21 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
                         f"{type(draw).__name__}.")
     if draw is not None and not randomized:
         raise ValueError(f"`draw` is only for randomized methods; got a draw for {name!r} with randomized=False.")
-    _check_signature(name, function, draw)
-    return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw)
+    if not any(causal is allowed for allowed in CAUSAL_SUPPORT[:2]) and causal != MASK_RENORMALISE:
+        raise ValueError(f"`causal` must be one of {list(CAUSAL_SUPPORT)}; got {causal!r}.")
+    if causal == MASK_RENORMALISE and target != "softmax":
+        raise ValueError(f"`causal={MASK_RENORMALISE!r}` renormalises rows, so it needs target='softmax' (a "
+                         f"row-stochastic target); got target={target!r}.")
+    _check_signature(name, function, draw, causal)
+    return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw, causal)
 
 
-def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None):
+def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None,
+           causal=False):
     """Decorator that turns a built-in method function into a :class:`MethodSpec` (see :func:`make_spec`)."""
 
     def wrap(function):
         return make_spec(name, function, target=target, features=features, max_features=max_features,
-                         randomized=randomized, draw=draw)
+                         randomized=randomized, draw=draw, causal=causal)
 
     return wrap

@@ -6,6 +6,7 @@ as the zero-error reference.
 
 from __future__ import annotations
 
+from ..kernels import causal_mask, softmax_matrix
 from ..operators import DenseOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask, masked_fused_attention, masked_softmax_matrix
@@ -13,12 +14,13 @@ from ._masking import check_key_mask, masked_fused_attention, masked_softmax_mat
 __all__ = ["exact", "EXACT"]
 
 
-@method("exact", target="softmax", features="ignored (reference)", randomized=False)
-def exact(q, k, v, *, num_features=None, generator=None, key_mask=None):
+@method("exact", target="softmax", features="ignored (reference)", randomized=False, causal=True)
+def exact(q, k, v, *, num_features=None, generator=None, key_mask=None, causal=False):
     """Exact softmax attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
 
     ``key_mask`` ``(*batch, n_k)`` bool (True on keys to attend): softmax over kept keys only.
-    The output comes from torch's fused attention kernel
+    ``causal=True``: each row is the softmax over keys ``j <= i`` (the masked dense matrix).
+    Otherwise the output comes from torch's fused attention kernel
     (:func:`~approxlab.methods._masking.masked_fused_attention`: no ``n x n_k`` matrix, forward or
     backward, which is how training runs it); ``operator()`` forms the dense matrix when asked.
 
@@ -35,6 +37,9 @@ def exact(q, k, v, *, num_features=None, generator=None, key_mask=None):
     >>> bool(torch.allclose(masked.output, approxlab.exact_attention(q, k[..., :8, :], v[..., :8, :])))
     True
     """
+    if causal:
+        matrix = softmax_matrix(q, k, mask=causal_mask(q.shape[-2], k.shape[-2], device=q.device))
+        return Approximation("exact", "softmax", matrix @ v, DenseOperator(matrix))
     key_mask = check_key_mask(key_mask, k)
     output = masked_fused_attention(q, k, v, key_mask)
     return Approximation("exact", "softmax", output, lambda: DenseOperator(masked_softmax_matrix(q, k, key_mask)))

@@ -10,16 +10,19 @@ import math
 
 import torch
 
-from .._validation import as_generator, check_choice, check_int
+from .._validation import as_generator, check_bool, check_choice, check_int
 from ..kernels import scaled_logits, softmax_matrix
 from ..operators import LinearOperator
 from ._base import Approximation, method
 from .draws import DrawEntry, check_draw
 
 __all__ = ["informer", "INFORMER", "ProbSparseOperator", "sparsity_measurement", "default_sample_size",
-           "draw_key_samples"]
+           "draw_key_samples", "LAZY_ROWS", "CAUSAL_LAZY"]
 
 MEASURE_KEYS = ("sampled", "all")
+LAZY_ROWS = ("mean", "cumulative-mean", "cumulative-sum")
+CAUSAL_LAZY = {"mean": "cumulative-mean", "sum": "cumulative-sum"}
+"""``causal_lazy`` of :func:`informer` -> the lazy rows of :class:`ProbSparseOperator`."""
 
 SAMPLING_FACTOR = 5
 """Informer's constant ``c`` (``factor`` in the official code): ``c * ceil(ln n_k)`` sampled keys."""
@@ -106,17 +109,21 @@ def _gather_rows(table, index):
 class ProbSparseOperator(LinearOperator):
     r"""Row-blocked ProbSparse attention matrix, ``(*batch, n, n_k)``, never formed densely.
 
-    Rows ``selected`` are the dense softmax rows ``rows``; every other row is
-    :math:`\mathbf 1^\top/n_k` (mean of the values).
+    Rows ``selected`` are the dense softmax rows ``rows``; every other ("lazy") row is, by ``lazy``:
+    ``"mean"`` :math:`\mathbf 1^\top/n_k` (mean of the values; Informer's encoder),
+    ``"cumulative-mean"`` :math:`1/(i+1)` on keys :math:`j \le i` (the causal mean), or
+    ``"cumulative-sum"`` 1 on keys :math:`j \le i` (the official code's masked ``V.cumsum``).
 
     Parameters
     ----------
     rows : torch.Tensor
-        ``(*batch, u, n_k)``, the exact softmax rows of the selected queries.
+        ``(*batch, u, n_k)``, the exact (causal: masked) softmax rows of the selected queries.
     selected : torch.Tensor
         ``(*batch, u)`` int64 distinct row indices in ``[0, n)``.
     n : int
         Number of queries (rows).
+    lazy : {"mean", "cumulative-mean", "cumulative-sum"}, default "mean"
+        The lazy rows (the cumulative ones need ``n == n_k``).
 
     Examples
     --------
@@ -129,14 +136,17 @@ class ProbSparseOperator(LinearOperator):
              [1.0000, 0.0000, 0.0000]]], dtype=torch.float64)
     """
 
-    def __init__(self, rows: torch.Tensor, selected: torch.Tensor, n: int):
+    def __init__(self, rows: torch.Tensor, selected: torch.Tensor, n: int, lazy: str = "mean"):
         self.rows = rows
         self.selected = selected
+        self.lazy = check_choice(lazy, "lazy", LAZY_ROWS)
         self.shape = (*rows.shape[:-2], n, rows.shape[-1])
         self.dtype = rows.dtype
         self.device = rows.device
-        lazy = torch.ones(*selected.shape[:-1], n, dtype=rows.dtype, device=rows.device)
-        self._lazy = lazy.scatter(-1, selected, 0.0)  # (*batch, n): 1 for mean-of-values rows
+        lazy_rows = torch.ones(*selected.shape[:-1], n, dtype=rows.dtype, device=rows.device)
+        self._lazy = lazy_rows.scatter(-1, selected, 0.0)  # (*batch, n): 1 for lazy rows
+        positions = torch.arange(1, n + 1, dtype=rows.dtype, device=rows.device)
+        self._weights = 1.0 / positions if lazy == "cumulative-mean" else torch.ones_like(positions)
 
     def _index(self, c):
         return self.selected.unsqueeze(-1).expand(*self.selected.shape, c)
@@ -145,7 +155,10 @@ class ProbSparseOperator(LinearOperator):
         n, n_k = self.shape[-2:]
         c = x.shape[-1]
         batch = torch.broadcast_shapes(self.shape[:-2], x.shape[:-2])
-        out = x.mean(-2, keepdim=True).expand(*batch, n, c).clone()
+        if self.lazy == "mean":
+            out = x.mean(-2, keepdim=True).expand(*batch, n, c).clone()
+        else:
+            out = (x.cumsum(-2) * self._weights.unsqueeze(-1)).expand(*batch, n, c).clone()
         return out.scatter(-2, self._index(c).expand(*batch, -1, c), self.rows @ x)
 
     def _rmatmat(self, y):
@@ -153,11 +166,28 @@ class ProbSparseOperator(LinearOperator):
         n_k = self.shape[-1]
         batch = torch.broadcast_shapes(self.shape[:-2], y.shape[:-2])
         y_selected = y.gather(-2, self._index(c).expand(*batch, -1, c))
-        lazy_sum = (self._lazy.unsqueeze(-1) * y).sum(-2, keepdim=True)  # (*batch, 1, c)
-        return self.rows.transpose(-1, -2) @ y_selected + lazy_sum / n_k
+        lazy = self._lazy.unsqueeze(-1) * y
+        if self.lazy == "mean":
+            lazy_part = lazy.sum(-2, keepdim=True) / n_k  # (*batch, 1, c)
+        else:  # row i reaches keys j <= i: a reverse cumulative sum over i >= j
+            lazy_part = (lazy * self._weights.unsqueeze(-1)).flip(-2).cumsum(-2).flip(-2)
+        return self.rows.transpose(-1, -2) @ y_selected + lazy_part
 
     def to(self, dtype):
-        return ProbSparseOperator(self.rows.to(dtype), self.selected, self.shape[-2])
+        return ProbSparseOperator(self.rows.to(dtype), self.selected, self.shape[-2], self.lazy)
+
+
+def _lazy_rows(causal: bool, causal_lazy, n: int, n_k: int) -> str:
+    """The :class:`ProbSparseOperator` lazy rows of :func:`informer`'s ``causal``/``causal_lazy``."""
+    check_choice(causal_lazy, "causal_lazy", CAUSAL_LAZY)
+    if not causal:
+        if causal_lazy != "mean":
+            raise ValueError(f"`causal_lazy` must be 'mean' without causal=True (the lazy rows are then mean(V)); "
+                             f"got {causal_lazy!r}.")
+        return "mean"
+    if n != n_k:
+        raise ValueError(f"`causal` needs self-attention (n == n_k); got {n} queries and {n_k} keys.")
+    return CAUSAL_LAZY[causal_lazy]
 
 
 def _sample_size(n_k, measure_keys, sample_size):
@@ -218,8 +248,10 @@ def draw_key_samples(q, k, *, num_features=None, generator=None, measure_keys="s
     max_features=lambda n, m: n,
     randomized=True,
     draw=draw_key_samples,
+    causal=True,
 )
-def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", sample_size=None, draw=None):
+def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", sample_size=None, draw=None,
+             causal=False, causal_lazy="mean"):
     r"""ProbSparse self-attention: exact softmax rows for the top-:math:`u` queries, mean of V elsewhere.
 
     Parameters
@@ -247,6 +279,19 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
         ``{"key_indices": (*batch, n, s)}`` int64 in ``[0, n_k)`` (``{}`` with
         ``measure_keys="all"``), the draw of :func:`draw_key_samples` (``approxlab.methods.draw``),
         used instead of ``generator``: the same draw gives the same output bit for bit.
+    causal : bool, default False
+        Causal ProbSparse self-attention (``n == n_k``), Informer's masked decoder self-attention
+        (Section 3.3: masked dot-products set to :math:`-\infty`): each selected query gets its
+        causal softmax row (keys :math:`j \le i`; the official code's ``ProbMask``), each lazy
+        query the causal counterpart of mean(V) (``causal_lazy``). The queries are selected as
+        without the mask, by :math:`\bar M` over the sampled (or all) keys, future ones included --
+        as the official code does (its ``_prob_QK`` samples from all keys).
+    causal_lazy : {"mean", "sum"}, default "mean"
+        The lazy rows under ``causal=True``: ``"mean"`` the cumulative mean
+        :math:`\frac1{i+1}\sum_{j\le i}v_j` (row-stochastic, the masked and renormalised uniform
+        row); ``"sum"`` the cumulative sum :math:`\sum_{j\le i}v_j`, as the official code's
+        ``_get_initial_context`` (``V.cumsum(dim=-2)``) -- not row-stochastic: it grows with
+        :math:`i`. Only ``"mean"`` without ``causal``.
 
     Returns
     -------
@@ -254,7 +299,7 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
         ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`ProbSparseOperator`
         ``(*batch, n, n_k)``; ``info``: ``selected`` ``(*batch, u)`` sorted indices of the active
         queries, ``sparsity`` ``(*batch, n)`` the measurement used, ``measure_keys``, ``sample_size``
-        (``None`` with ``"all"``).
+        (``None`` with ``"all"``), ``causal``, ``lazy`` (the operator's lazy rows).
 
     Notes
     -----
@@ -299,6 +344,7 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
     n, n_k = q.shape[-2], k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=n)
     sample_size = _sample_size(n_k, measure_keys, sample_size)
+    lazy = _lazy_rows(check_bool(causal, "causal"), causal_lazy, n, n_k)
     if draw is None:
         draw = draw_key_samples(q, k, generator=generator, measure_keys=measure_keys, sample_size=sample_size)
     else:
@@ -311,14 +357,17 @@ def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", s
     selected = torch.topk(sparsity, num_features, dim=-1).indices.sort(dim=-1).values  # (*batch, u)
     p = q.shape[-1]
     q_selected = q.gather(-2, selected.unsqueeze(-1).expand(*selected.shape, p))
-    rows = softmax_matrix(q_selected, k)  # (*batch, u, n_k)
-    operator = ProbSparseOperator(rows, selected, n)
+    mask = (torch.arange(n_k, device=q.device) <= selected.unsqueeze(-1)) if causal else None  # ProbMask
+    rows = softmax_matrix(q_selected, k, mask=mask)  # (*batch, u, n_k)
+    operator = ProbSparseOperator(rows, selected, n, lazy)
     output = operator.matmat(v)
     info = {
         "selected": selected,
         "sparsity": sparsity,
         "measure_keys": measure_keys,
         "sample_size": sample_size,
+        "causal": causal,
+        "lazy": lazy,
     }
     return Approximation("informer", "softmax", output, operator, info)
 

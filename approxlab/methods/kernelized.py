@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..kernels import kernelized_matrix, log_diag_scale
+from ..kernels import causal_mask, kernelized_matrix, log_diag_scale
 from ..operators import DenseOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask, mask_columns, masked_fused_attention
@@ -66,14 +66,15 @@ def fused_kernelized_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 __all__ = ["kernelized", "KERNELIZED"]
 
 
-@method("kernelized", target="kernelized", features="ignored (exact)", randomized=False)
-def kernelized(q, k, v, *, num_features=None, generator=None, key_mask=None):
-    """Kernelized attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
+@method("kernelized", target="kernelized", features="ignored (exact)", randomized=False, causal=True)
+def kernelized(q, k, v, *, num_features=None, generator=None, key_mask=None, causal=False):
+    r"""Kernelized attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
 
     ``key_mask`` ``(*batch, n_k)`` bool (True on keys to attend): masked keys' columns are 0.
-    The output comes from torch's fused attention kernel (:func:`fused_kernelized_attention`: no
-    ``n x n_k`` matrix, forward or backward, which is how training runs it); ``operator()`` forms
-    the dense matrix when asked.
+    ``causal=True``: :math:`L\odot C`, the entries with key ``j > i`` set to 0 (no renormalisation:
+    :math:`C` is not row-normalised), as a dense matrix. Otherwise the output comes from torch's fused
+    attention kernel (:func:`fused_kernelized_attention`: no ``n x n_k`` matrix, forward or backward,
+    which is how training runs it); ``operator()`` forms the dense matrix when asked.
 
     Examples
     --------
@@ -85,6 +86,10 @@ def kernelized(q, k, v, *, num_features=None, generator=None, key_mask=None):
     >>> approx.target, bool(torch.allclose(approx.output, kernelized_matrix(q, k) @ v))
     ('kernelized', True)
     """
+    if causal:
+        mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        matrix = mask_columns(kernelized_matrix(q, k, mask=mask), check_key_mask(key_mask, k))
+        return Approximation("kernelized", "kernelized", matrix @ v, DenseOperator(matrix))
     key_mask = check_key_mask(key_mask, k)
     output = fused_kernelized_attention(q, k, v, key_mask)
     return Approximation("kernelized", "kernelized", output,

@@ -88,7 +88,8 @@ def _landmark_layout(k, num_features, sampling) -> dict:
     return layout
 
 
-@method("nystrom", target="softmax", features="sampled columns (landmarks) d", draw=draw_landmarks)
+@method("nystrom", target="softmax", features="sampled columns (landmarks) d", draw=draw_landmarks,
+        causal="mask-renormalise")
 def nystrom(
     q,
     k,

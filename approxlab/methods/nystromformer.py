@@ -210,6 +210,7 @@ def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int, key_m
     features="segment-means landmarks m",
     max_features=lambda n: n,
     randomized=False,
+    causal="mask-renormalise",
 )
 def nystromformer(
     q: torch.Tensor,

@@ -20,7 +20,7 @@ import math
 import torch
 
 from .._validation import as_generator, check_bool, check_int, check_tensor
-from ..operators import DiagonalOperator, ProductOperator
+from ..operators import DiagonalOperator, LinearOperator, ProductOperator
 from ._base import Approximation, method
 from .draws import DrawEntry, check_draw
 
@@ -28,14 +28,20 @@ __all__ = [
     "performer",
     "PERFORMER",
     "MAX_RANDOM_FEATURES",
+    "CAUSAL_CHUNK",
     "draw_projection",
     "resolve_projection",
     "gaussian_random_features",
     "positive_random_features",
+    "causal_feature_products",
+    "CausalFeatureOperator",
 ]
 
 MAX_RANDOM_FEATURES = 4096
 """Largest number of random features ``r`` accepted."""
+
+CAUSAL_CHUNK = 64
+"""Positions per chunk of the causal prefix sums (:func:`causal_feature_products`)."""
 
 
 def gaussian_random_features(
@@ -208,6 +214,122 @@ def resolve_projection(name, q, k, *, num_features, generator, orthogonal, draw)
     return draw["projection"].to(q.dtype)
 
 
+def causal_feature_products(log_left, log_right, x, *, chunk: int = CAUSAL_CHUNK):
+    r"""Causal products of a positive feature matrix, by chunked prefix sums, in the log domain.
+
+    With :math:`a = ` ``log_left`` and :math:`b = ` ``log_right``, :math:`W_{ij} = \sum_l e^{a_{il} + b_{jl}}`
+    (e.g. :math:`\phi(Q)\phi(K)^\top`, Performer Lemma 1). Returns ``(numerator, normaliser, log_scale)``:
+
+    .. math::
+
+        \text{numerator}_i = e^{-c_i}\sum_{j\le i} W_{ij} x_j, \qquad
+        \text{normaliser}_i = e^{-c_i}\sum_{j\le i} W_{ij}, \qquad \text{log\_scale}_i = c_i,
+
+    so ``numerator / normaliser`` is the causal, row-normalised product (unidirectional FAVOR+,
+    Performer Section 2.6: prefix sums of :math:`\phi(k_j)x_j^\top` and :math:`\phi(k_j)`).
+
+    Parameters
+    ----------
+    log_left, log_right : torch.Tensor
+        ``(*batch, n, r)``, finite.
+    x : torch.Tensor
+        ``(*batch, n, c)``.
+    chunk : int
+        Positions per chunk.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(*batch, n, c)``, ``(*batch, n)``, ``(*batch, n)``.
+
+    Notes
+    -----
+    Chunk :math:`[s, e)` keeps the per-feature reference :math:`M_l = \log\sum_{j<e} e^{b_{jl}}`, the
+    prefix log-sum-exp through the chunk's end. Keys enter as :math:`e^{b_{jl} - M_l} \le 1`, queries as
+    :math:`e^{a_{il} + M_l - c_i} \le 1` with :math:`c_i = \max_l(a_{il} + M_l)`, and the carried state
+    :math:`\sum_{j<s} e^{b_{jl} - M_l}x_j^\top` (``r x c``) is rescaled by :math:`e^{M^{old}_l - M_l} \le 1`
+    when the reference moves: nothing overflows, and the last row of every chunk has normaliser
+    :math:`\ge 1`. Only a feature mass that grows by more than the dtype's range (:math:`e^{88}` in
+    float32) *within one chunk* can underflow an earlier row's normaliser; it then is 0 and the output
+    non-finite (:func:`approxlab.approximate` raises), never silently wrong. Memory
+    :math:`O(\text{chunk}^2 + rc)` per batch element -- no ``n x n`` and no ``n x r x c`` array --, time
+    :math:`O(n\,r\,c + n\,\text{chunk}\,(r + c))`. Gradients flow through every step (no in-place
+    update of a saved tensor).
+
+    Examples
+    --------
+    >>> import torch
+    >>> a = b = torch.zeros(1, 3, 2, dtype=torch.float64)            # W = 2 everywhere
+    >>> x = torch.tensor([[[3.0], [6.0], [9.0]]], dtype=torch.float64)
+    >>> numerator, normaliser, _ = causal_feature_products(a, b, x)
+    >>> (numerator / normaliser.unsqueeze(-1)).flatten()              # the cumulative means
+    tensor([3.0000, 4.5000, 6.0000], dtype=torch.float64)
+    """
+    n = log_left.shape[-2]
+    state = x.new_zeros(*x.shape[:-2], log_left.shape[-1], x.shape[-1])  # sum_{j<s} e^{b_j - M} x_j^T
+    mass = x.new_zeros(*x.shape[:-2], log_left.shape[-1])  # sum_{j<s} e^{b_j - M}
+    reference = None
+    numerators, normalisers, scales = [], [], []
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        keys = log_right[..., start:stop, :]
+        chunk_lse = torch.logsumexp(keys, dim=-2)  # (*batch, r)
+        if reference is None:
+            new_reference = chunk_lse
+        else:
+            new_reference = torch.logaddexp(reference, chunk_lse)
+            decay = torch.exp(reference - new_reference)
+            state, mass = state * decay.unsqueeze(-1), mass * decay
+        key_features = torch.exp(keys - new_reference.unsqueeze(-2))  # (*batch, C, r), <= 1
+        logits = log_left[..., start:stop, :] + new_reference.unsqueeze(-2)
+        scale = logits.amax(-1, keepdim=True)
+        query_features = torch.exp(logits - scale)  # (*batch, C, r), <= 1
+        local = (query_features @ key_features.transpose(-1, -2)).tril()  # (*batch, C, C)
+        numerators.append(query_features @ state + local @ x[..., start:stop, :])
+        normalisers.append((query_features * mass.unsqueeze(-2)).sum(-1) + local.sum(-1))
+        scales.append(scale.squeeze(-1))
+        state = state + key_features.transpose(-1, -2) @ x[..., start:stop, :]
+        mass = mass + key_features.sum(-2)
+        reference = new_reference
+    return torch.cat(numerators, dim=-2), torch.cat(normalisers, dim=-1), torch.cat(scales, dim=-1)
+
+
+class CausalFeatureOperator(LinearOperator):
+    r"""The causal FAVOR+ matrix :math:`\tilde D^{-1}(L\odot\phi(Q)\phi(K)^\top)`, ``(*batch, n, n)``.
+
+    Applied by :func:`causal_feature_products` (never formed unless :meth:`to_dense` is called).
+    The adjoint :math:`(L\odot W)^\top\tilde D^{-1}Y` is upper triangular: it is the causal product on
+    both sequences reversed (index :math:`n-1-i`) with the roles of the two feature maps swapped and
+    :math:`-\log\tilde D_i` added to the query side (log domain).
+
+    Parameters
+    ----------
+    log_query, log_key : torch.Tensor
+        ``(*batch, n, r)``: :math:`\log\phi(Q)`, :math:`\log\phi(K)`.
+    log_normaliser : torch.Tensor
+        ``(*batch, n)``: :math:`\log\tilde D_{ii} = \log\sum_{j\le i}\phi(q_i)^\top\phi(k_j)`.
+    """
+
+    def __init__(self, log_query, log_key, log_normaliser):
+        self.log_query, self.log_key, self.log_normaliser = log_query, log_key, log_normaliser
+        n = log_query.shape[-2]
+        self.shape = (*log_query.shape[:-2], n, n)
+        self.dtype, self.device = log_query.dtype, log_query.device
+
+    def _matmat(self, x):
+        numerator, normaliser, _ = causal_feature_products(self.log_query, self.log_key, x)
+        return numerator / normaliser.unsqueeze(-1)
+
+    def _rmatmat(self, y):
+        flip = (lambda t: t.flip(-2))
+        scaled = self.log_query - self.log_normaliser.unsqueeze(-1)
+        numerator, _, scale = causal_feature_products(flip(self.log_key), flip(scaled), flip(y))
+        return flip(numerator * torch.exp(scale).unsqueeze(-1))
+
+    def to(self, dtype):
+        return CausalFeatureOperator(self.log_query.to(dtype), self.log_key.to(dtype), self.log_normaliser.to(dtype))
+
+
 @method(
     "performer",
     target="softmax",
@@ -215,8 +337,9 @@ def resolve_projection(name, q, k, *, num_features, generator, orthogonal, draw)
     max_features=MAX_RANDOM_FEATURES,
     randomized=True,
     draw=draw_projection,
+    causal=True,
 )
-def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=None):
+def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=None, causal=False):
     r"""FAVOR+ attention :math:`\tilde D^{-1}\phi(Q)\bigl(\phi(K)^\top V\bigr)`, overflow-safe.
 
     Parameters
@@ -237,6 +360,12 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=No
         ``{"projection": (*batch, r, p)}`` (float32 or float64), the draw of
         :func:`draw_projection` (``approxlab.methods.draw``), used instead of ``generator`` (cast
         to ``q``'s dtype): the same draw gives the same output bit for bit.
+    causal : bool, default False
+        Unidirectional FAVOR+ (``n == n_k``; Performer Section 2.6): row :math:`i` is
+        :math:`\sum_{j\le i}\phi(q_i)^\top\phi(k_j)v_j / \sum_{j\le i}\phi(q_i)^\top\phi(k_j)`, computed
+        by prefix sums in chunks of :data:`CAUSAL_CHUNK` positions (:func:`causal_feature_products`),
+        never an ``n x n`` array. With the same draw it equals the masked, renormalised dense
+        FAVOR+ matrix times V to rounding.
 
     Returns
     -------
@@ -245,6 +374,8 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=No
         :math:`\tilde D^{-1}\phi(Q)\phi(K)^\top` as ``Diagonal @ Product`` of its factors;
         ``info``: ``projection`` ``(*batch, r, p)``, ``orthogonal``, ``query_features``
         ``(*batch, n, r)``, ``key_features`` ``(*batch, n_k, r)`` (the rescaled factors below).
+        With ``causal=True``: ``operator()`` a :class:`CausalFeatureOperator`, ``info`` ``projection``,
+        ``orthogonal``, ``causal``.
 
     Notes
     -----
@@ -298,6 +429,11 @@ def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=No
     scale = p ** -0.25
     log_q = positive_random_features(q * scale, projection, log=True)  # (*batch, n, r)
     log_k = positive_random_features(k * scale, projection, log=True)  # (*batch, n_k, r)
+    if check_bool(causal, "causal"):
+        numerator, normaliser, log_scale = causal_feature_products(log_q, log_k, v)
+        operator = CausalFeatureOperator(log_q, log_k, log_scale + torch.log(normaliser))
+        info = {"projection": projection, "orthogonal": orthogonal, "causal": True}
+        return Approximation("performer", "softmax", numerator / normaliser.unsqueeze(-1), operator, info)
     column_log_sums = torch.logsumexp(log_k, dim=-2, keepdim=True)  # (*batch, 1, r)
     key_features = (log_k - column_log_sums).exp_()  # logsumexp keeps log_k for its gradient
     shifted = log_q.add_(column_log_sums)

@@ -37,8 +37,8 @@ from types import ModuleType
 from ..errors import PluginWarning
 from ._base import MethodSpec, make_spec
 
-__all__ = ["available", "get", "register", "unregister", "load_plugin", "plugin_modules", "BUILTINS",
-           "ENTRY_POINT_GROUP"]
+__all__ = ["available", "get", "register", "unregister", "load_plugin", "plugin_modules", "causal_support",
+           "BUILTINS", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "approxlab.methods"
 """The ``importlib.metadata`` entry-point group that installed distributions declare methods in."""
@@ -130,8 +130,22 @@ def get(name: str) -> MethodSpec:
     return getattr(importlib.import_module(f"{__package__}.{module}"), attribute)
 
 
+def causal_support(support) -> list[str]:
+    """The available methods that declare ``causal=support`` (``True``: their own causal form;
+    ``"mask-renormalise"``: the evaluation variant), in :func:`available` order.
+
+    Examples
+    --------
+    >>> from approxlab.methods import causal_support
+    >>> causal_support(True)
+    ['exact', 'kernelized', 'yoso-e', 'performer', 'informer']
+    """
+    return [name for name in available() if get(name).causal is support or
+            (isinstance(support, str) and get(name).causal == support)]
+
+
 def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
-             draw=None, overwrite: bool = False):
+             draw=None, causal=False, overwrite: bool = False):
     r"""Register ``function`` as method ``name``; usable as a decorator.
 
     Parameters
@@ -160,6 +174,13 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         method's random draw; ``function`` must then accept ``draw=`` (None or such a dict) and
         give the same output for a draw as for the generator it came from
         (:func:`approxlab.methods.draw`).
+    causal : {False, True, "mask-renormalise"}, default False
+        Its causal (decoder) support, which ``approximate(..., causal=...)`` checks and names in its
+        refusals: ``True`` when ``function`` takes a keyword ``causal`` and, given ``causal=True``,
+        computes its own causal form (query ``i`` sees keys ``j <= i`` only); ``"mask-renormalise"``
+        when it has none but may be evaluated by masking and renormalising its matrix (it must
+        return an ``Approximation`` with an operator or matrix; target ``"softmax"``;
+        :mod:`approxlab.methods.causal`); ``False`` for neither.
     overwrite : bool, default False
         Replace an earlier registration of ``name`` (or shadow the built-in of that name); without
         it a taken name is an error.
@@ -192,7 +213,7 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
 
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
-                         randomized=randomized, draw=draw)
+                         randomized=randomized, draw=draw, causal=causal)
         with _STATE.lock:
             taken = name in available()
             if taken and not overwrite:

@@ -392,6 +392,7 @@ def modified_spectral_shifting_core(
     features="segment-means landmarks c",
     max_features=lambda n: n,
     randomized=False,
+    causal="mask-renormalise",
 )
 def spectral_shifting(
     q: torch.Tensor,

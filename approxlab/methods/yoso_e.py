@@ -13,6 +13,7 @@ import torch
 from .. import lsh
 from .._validation import check_bool, check_choice, check_int
 from ..linalg.scaling import unit_rows
+from ..kernels import causal_mask
 from ..operators import DenseOperator, DiagonalOperator, ProductOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask
@@ -127,9 +128,10 @@ def collision_probability(cosine: torch.Tensor, tau: int, *, gradient: str = "tr
     features="ignored (exact expectation)",
     max_features=lambda n: MAX_HASHES,
     randomized=False,
+    causal=True,
 )
 def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_output=False, gradient="true",
-           key_mask=None):
+           key_mask=None, causal=False):
     r"""YOSO-E attention :math:`\bigl(1 - \arccos(\hat Q\hat K^\top)/\pi\bigr)^{\circ\tau} V`.
 
     Parameters
@@ -152,6 +154,9 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
         forward value is the same.
     key_mask : torch.Tensor, optional
         ``(*batch, n_k)`` bool, True on keys to attend; masked keys' columns are 0.
+    causal : bool, default False
+        The causal expectation :math:`L\odot\mathbb E[\mathcal B]` (``n == n_k``): entries with key
+        ``j > i`` set to 0, as a decoder masks them (no renormalisation: YOSO does not normalise rows).
 
     Returns
     -------
@@ -192,6 +197,8 @@ def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_outpu
     key_mask = check_key_mask(key_mask, k)
     cosine = unit_rows(q) @ unit_rows(k).transpose(-1, -2)  # scale-invariant; read by nothing else:
     matrix = _CollisionProbability.apply(cosine, tau, gradient, True)  # the weights overwrite it
+    if causal:
+        matrix = matrix * causal_mask(q.shape[-2], k.shape[-2], device=q.device).to(matrix.dtype)
     operator = DenseOperator(matrix)
     if key_mask is not None:  # masked keys' values are 0: no second (n, n_k) array
         operator = ProductOperator(operator, DiagonalOperator(key_mask.expand(k.shape[:-1]).to(q.dtype)))
