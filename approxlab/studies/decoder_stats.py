@@ -1,0 +1,191 @@
+r"""The decoder study's numbers from its saved tables: error and assumption statistics, claims, verdicts.
+
+Everything here is a function of ``results.csv`` and ``assumptions.csv`` (no model, no data); the
+statistics themselves (quantiles, bootstrap over windows, verdicts) are :mod:`approxlab.stats`.
+Windows are the independent unit: heads, seeds and the prefixes of one window (its n) share its text.
+
+Claims (the assumptions of the theorems; thresholds fixed in code before the run, :data:`CLAIMS`), each
+judged per condition x layer from the median over heads x windows, with a 95% bootstrap interval over
+windows (:data:`BOOTSTRAP`):
+
+* ``alpha``, ``alpha_block``, ``kappa``, ``stable_rank`` -- :math:`x = n^{o(1)}` (HyperAttention's
+  assumption on :math:`\alpha` and :math:`\kappa`; a low stable rank, the other escape from the
+  quadratic lower bounds that Han et al. cite). Statistic: the growth exponent, the least-squares slope
+  of :math:`\log x` against :math:`\log n` over the run's n. An :math:`n^{o(1)}` quantity has slope
+  tending to 0; the claim holds below 0.5 (half-way to linear growth).
+* ``bounded_entries`` -- Alman and Song's :math:`B = o(\sqrt{\log n})`. Statistic: at the largest n,
+  :math:`\sqrt{\max|s_{ij}|}/\sqrt{\ln n}` (the split-invariant lower bound on their :math:`B`, over
+  :math:`\sqrt{\ln n}`); the claim holds below 1 -- a ratio above 1 puts the model at the scale of their
+  hardness theorem (:math:`B = \Theta(\sqrt{\log n})`), whatever the constant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .. import stats
+
+__all__ = ["ERROR_GROUP", "ASSUMPTION_GROUP", "CLAIMS", "BOOTSTRAP", "VERDICT_COLUMNS", "SHOWN_QUANTITIES",
+           "head_errors", "error_statistics", "assumption_statistics", "growth_exponent", "verdicts",
+           "error_intervals", "quantity_intervals"]
+
+ERROR_GROUP = ["condition", "layer", "n", "method", "num_features"]
+ASSUMPTION_GROUP = ["condition", "layer", "n"]
+BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95}
+"""Windows resampled with replacement (:func:`approxlab.stats.bootstrap`), the same draw for every n."""
+
+CLAIMS = {
+    "alpha": ("HyperAttention: alpha = n^o(1) on the causal D^-1 A", "alpha", "exponent", "below", 0.5),
+    "alpha_block": ("HyperAttention: alpha = n^o(1) on the unmasked block of its causal recursion", "alpha_block",
+                    "exponent", "below", 0.5),
+    "kappa": ("HyperAttention: kappa = n^o(1) on that block (heavy entries removed)", "kappa", "exponent", "below",
+              0.5),
+    "bounded_entries": ("Alman-Song: B = o(sqrt(log n))", "entry_ratio", "at n_max", "below", 1.0),
+    "stable_rank": ("low stable rank: stable rank of the causal D^-1 A = n^o(1)", "stable_rank", "exponent",
+                    "below", 0.5),
+}
+"""Claim -> (text, quantity, statistic, side, threshold): see the module docstring."""
+
+VERDICT_COLUMNS = ["claim", "condition", "layer", "quantity", "statistic", "estimate", "ci_low", "ci_high",
+                   "threshold", "verdict", "windows"]
+
+SHOWN_QUANTITIES = ["alpha", "alpha_block", "alpha_block_without_first", "kappa", "kappa_all_entries",
+                    "entry_ratio", "entry_bound", "logit_bound", "sink_mass", "sink_heaviest", "stable_rank",
+                    "numerical_rank"]
+"""The quantities of ``assumption_stats.csv`` (``entry_ratio`` = sqrt(logit_bound) / sqrt(ln n))."""
+
+
+def head_errors(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per head x window x seed x grid point: ``ERROR_GROUP + [window, seed, error, relative_error]``
+    (failed approximations count as ``inf``)."""
+    frame = results.copy()
+    for column in ("error_heads", "relative_error_heads"):
+        frame[column] = frame[column].astype(str).str.split()
+    long = frame[[*ERROR_GROUP, "window", "seed", "causal_form", "error_heads", "relative_error_heads"]]
+    long = long.explode(["error_heads", "relative_error_heads"])
+    long = long.rename(columns={"error_heads": "error", "relative_error_heads": "relative_error"})
+    return long.astype({"error": float, "relative_error": float}).reset_index(drop=True)
+
+
+def error_statistics(results: pd.DataFrame) -> pd.DataFrame:
+    """``error_stats.csv``: per grid point, the relative error over heads x windows x seeds (samples, mean,
+    median, q25, q75, max), the causal form, failures and the near-zero / non-positive masked row sums."""
+    long = head_errors(results)
+    summary = stats.describe(long, ERROR_GROUP, "relative_error")
+    counts = results.assign(failures=(results["status"] != "ok").astype(int))
+    totals = counts.groupby(ERROR_GROUP, sort=True).agg(
+        causal_form=("causal_form", "first"), failures=("failures", "sum"),
+        near_zero_rows=("near_zero_rows", "sum"), nonpositive_rows=("nonpositive_rows", "sum"))
+    return summary.join(totals).reset_index()
+
+
+def _with_ratio(assumptions: pd.DataFrame) -> pd.DataFrame:
+    return assumptions.assign(entry_ratio=np.sqrt(assumptions["logit_bound"]) / assumptions["sqrt_log_n"])
+
+
+def assumption_statistics(assumptions: pd.DataFrame) -> pd.DataFrame:
+    """``assumption_stats.csv``: per condition x layer x n x quantity, its median, quartiles, max and mean
+    over heads x windows (NaN values -- a numerical rank above ``rank_max_n`` -- left out)."""
+    frame = _with_ratio(assumptions)
+    long = frame.melt(id_vars=[*ASSUMPTION_GROUP, "window", "head"], value_vars=SHOWN_QUANTITIES,
+                      var_name="quantity", value_name="value").dropna(subset=["value"])
+    return stats.describe(long, [*ASSUMPTION_GROUP, "quantity"], "value").reset_index()
+
+
+def growth_exponent(ns, values) -> float:
+    r"""Least-squares slope of :math:`\log x` against :math:`\log n` (NaN with fewer than two finite points)."""
+    x, y = np.log(np.asarray(ns, dtype=float)), np.asarray(values, dtype=float)
+    keep = np.isfinite(y) & (y > 0)
+    if keep.sum() < 2:
+        return math.nan
+    return float(np.polyfit(x[keep], np.log(y[keep]), 1)[0])
+
+
+def _per_multiset(statistic):
+    """``statistic`` computed once per multiset of windows: a median over pooled windows does not depend on
+    their order, and W windows give only C(2W-1, W) multisets among the bootstrap's resamples (10 for W = 3)."""
+    seen = {}
+
+    def memoized(units):
+        key = tuple(sorted((str(group), tuple(sorted(ids))) for group, ids in units.items())) \
+            if isinstance(units, dict) else tuple(sorted(units))
+        if key not in seen:
+            seen[key] = statistic(units)
+        return seen[key]
+
+    return memoized
+
+
+def _claim_values(config, median, units, layers) -> dict:
+    """Every claim's statistic for one multiset of windows: ``{(claim, condition, layer): value}``."""
+    out = {}
+    ns = config["n"]
+    for condition in config["conditions"]:
+        for layer in layers:
+            for claim, (_, quantity, statistic, _, _) in CLAIMS.items():
+                if statistic == "exponent":
+                    value = growth_exponent(ns, [median[quantity](units[n], condition, layer, n) for n in ns])
+                else:
+                    value = median[quantity](units[ns[-1]], condition, layer, ns[-1])
+                out[(claim, condition, layer)] = value
+    return out
+
+
+def verdicts(config: dict, assumptions: pd.DataFrame) -> pd.DataFrame:
+    """``verdicts.csv``: each claim's statistic, its bootstrap interval over windows and the verdict
+    (:func:`approxlab.stats.verdict`; inconclusive when the interval crosses the threshold)."""
+    frame = _with_ratio(assumptions)
+    ns = [n for n in config["n"] if n in set(frame["n"])]
+    if not ns:
+        return pd.DataFrame(columns=VERDICT_COLUMNS)
+    config = {**config, "n": ns, "conditions": [c for c in config["conditions"] if c in set(frame["condition"])]}
+    layers = [layer for layer in config["layers"] if layer in set(frame["layer"])]
+    median = {quantity: stats.UnitAggregate(frame.dropna(subset=[quantity]), by=ASSUMPTION_GROUP, unit="window",
+                                            column=quantity, how="median")
+              for quantity in {c[1] for c in CLAIMS.values()}}
+    units = {n: sorted(set(frame.loc[frame["n"] == n, "window"])) for n in ns}
+    intervals = stats.bootstrap(_per_multiset(lambda u: _claim_values(config, median, u, layers)), units,
+                                **BOOTSTRAP)
+    rows = []
+    for (claim, condition, layer), interval in intervals.items():
+        _, quantity, statistic, side, threshold = CLAIMS[claim]
+        rows.append({"claim": claim, "condition": condition, "layer": layer, "quantity": quantity,
+                     "statistic": "growth exponent over n" if statistic == "exponent" else f"at n = {ns[-1]}",
+                     "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
+                     "threshold": threshold, "verdict": stats.verdict(interval.low, interval.high, threshold, side),
+                     "windows": min(len(w) for w in units.values())})
+    return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+
+
+def _intervals(frame, by, column, points) -> pd.DataFrame:
+    """Median over heads x windows (x seeds) of ``column`` at each of ``points`` (tuples of ``by``), with a
+    bootstrap interval over windows."""
+    median = stats.UnitAggregate(frame, by=by, unit="window", column=column, how="median")
+    units = sorted(set(frame["window"]))
+    found = stats.bootstrap(_per_multiset(lambda u: {point: median(u, *point) for point in points}), units,
+                            **BOOTSTRAP)
+    return pd.DataFrame([{**dict(zip(by, point)), "median": i.estimate, "ci_low": i.low, "ci_high": i.high}
+                         for point, i in found.items()])
+
+
+def error_intervals(results: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """The median relative error at the largest d and n per condition x layer x method, with its interval."""
+    long = head_errors(results)
+    n, d = max(config["n"]), max(config["num_features"])
+    long = long[(long["n"] == n) & (long["num_features"] == d)]
+    points = sorted(set(map(tuple, long[["condition", "layer", "method"]].itertuples(index=False, name=None))))
+    if not points:
+        return pd.DataFrame(columns=["condition", "layer", "method", "median", "ci_low", "ci_high"])
+    return _intervals(long, ["condition", "layer", "method"], "relative_error", points)
+
+
+def quantity_intervals(assumptions: pd.DataFrame, quantity: str) -> pd.DataFrame:
+    """The median of ``quantity`` over heads x windows per condition x layer x n, with its interval."""
+    frame = _with_ratio(assumptions).dropna(subset=[quantity])
+    points = sorted(set(map(tuple, frame[ASSUMPTION_GROUP].itertuples(index=False, name=None))))
+    if not points:
+        return pd.DataFrame(columns=[*ASSUMPTION_GROUP, "median", "ci_low", "ci_high"])
+    return _intervals(frame, ASSUMPTION_GROUP, quantity, points)
