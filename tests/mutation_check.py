@@ -199,6 +199,41 @@ MUTATIONS = [
         "out.append(rows @ state + (rows @ columns).tril(-1) @ values)",
         ["tests/test_causal_methods.py::test_mask_renormalise_is_the_bidirectional_matrix_masked_and_renormalised"],
     ),
+    (
+        "HyperAttention Sec. 1.1: alpha is n times the largest squared column norm of D^-1 A (columns -> rows)",
+        "approxlab/assumptions.py",
+        "column_norms = torch.linalg.vector_norm(probabilities.to(torch.float64), dim=-2)",
+        "column_norms = torch.linalg.vector_norm(probabilities.to(torch.float64), dim=-1)",
+        ["tests/test_assumptions.py::test_alpha_is_n_times_the_largest_squared_column_norm"],
+    ),
+    (
+        "HyperAttention Lemma 1: kappa removes each row's heaviest entries (largest -> smallest)",
+        "approxlab/assumptions.py",
+        "kept = logits.topk(heavy, dim=-1).indices",
+        "kept = logits.topk(heavy, dim=-1, largest=False).indices",
+        ["tests/test_assumptions.py::test_kappa_is_the_light_row_sum_ratio"],
+    ),
+    (
+        "Alman-Song Thm. 1.3-1.4: B of the model's Q, K for exp(QK^T/d) is p^(1/4) max|entry| (1/4 -> 1/2)",
+        "approxlab/assumptions.py",
+        "return q.shape[-1] ** 0.25 * largest.to(torch.float64)",
+        "return q.shape[-1] ** 0.5 * largest.to(torch.float64)",
+        ["tests/test_assumptions.py::test_entry_bounds"],
+    ),
+    (
+        "Attention sinks (Xiao et al.): the sink mass leaves out row 0 (rows 1.. -> all rows)",
+        "approxlab/assumptions.py",
+        "return probabilities[..., 1:, 0].to(torch.float64).mean(-1)",
+        "return probabilities[..., :, 0].to(torch.float64).mean(-1)",
+        ["tests/test_assumptions.py::test_sink_mass"],
+    ),
+    (
+        "Stable rank ||P||_F^2 / ||P||_2^2 of the causal D^-1 A (squares dropped)",
+        "approxlab/assumptions.py",
+        'row["stable_rank"] = frobenius**2 / row["spectral_norm"] ** 2',
+        'row["stable_rank"] = frobenius / row["spectral_norm"]',
+        ["tests/test_assumptions.py::test_measure_assumptions_against_brute_force"],
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

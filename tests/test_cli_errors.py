@@ -95,6 +95,16 @@ CASES = [
     ("lra-svd", ["--max-steps", "0"], "--max-steps"),
     ("lra-svd", ["--patience", "x"], "--patience"),
     ("lra-svd", ["--device", "cuda"], "--device"),
+    ("decoder", ["--layers", "top"], "--layers"),
+    ("decoder", ["--layers", "-1"], "--layers"),
+    ("decoder", ["--n", "2"], "--n"),
+    ("decoder", ["--methods", "yoso"], "--methods"),
+    ("decoder", ["--methods", "nope"], "--methods"),
+    ("decoder", ["--conditions", "warm"], "--conditions"),
+    ("decoder", ["--windows", "0"], "--windows"),
+    ("decoder", ["--num-features", "0"], "--num-features"),
+    ("decoder", ["--rank-max-n", "-1"], "--rank-max-n"),
+    ("decoder", ["--plot-only", "--out", "{missing}"], "--plot-only"),
 ]
 
 

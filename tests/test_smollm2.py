@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import approxlab
+from approxlab._io import read_results
+from approxlab.cli import main
 from approxlab.data import SMOLLM2_CHECKPOINT, SMOLLM2_LABEL, describe_model, get_qkv, load_model
 
 pytestmark = pytest.mark.slow
@@ -66,3 +68,18 @@ def test_initialized_smollm2_is_seeded_from_the_same_config(smollm2, cache):
     assert (info.num_layers, info.num_heads, info.num_kv_heads) == (30, 9, 3)
     qkv = get_qkv("initialized", 64, [1], layer=0, checkpoint=SMOLLM2_CHECKPOINT, seed=3, cache_dir=cache)
     assert qkv.checkpoint == info.checkpoint and qkv.q.shape == (1, 9, 64, 64) and "seed 3" in qkv.weights
+
+
+def test_decoder_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp_path, monkeypatch):
+    """``approxlab decoder --quick`` as CI runs it: both conditions, layers 0 and 29, n = 256 and 512."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["decoder", "--quick", "--cache-dir", str(cache), "--out", str(tmp_path), "--no-progress"]) == 0
+    results, assumptions = read_results(tmp_path / "results.csv"), read_results(tmp_path / "assumptions.csv")
+    assert (results["status"] == "ok").all() and set(results["layer"]) == set(assumptions["layer"]) == {0, 29}
+    assert set(results["condition"]) == {"pretrained", "initialized"} and set(results["n"]) == {256, 512}
+    assert len(assumptions) == 2 * 2 * 2 * 9  # conditions, n, layers, query heads (one window)
+    assert assumptions.groupby("kv_head")["head"].apply(sorted).to_dict() == {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8]}
+    assert assumptions[["alpha", "kappa", "entry_bound", "sink_mass", "stable_rank"]].notna().all().all()
+    assert (assumptions["alpha"] >= assumptions["n"]).all()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "4-bit quantized" in summary and "mask-renormalise" in summary
