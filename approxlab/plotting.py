@@ -8,6 +8,7 @@ Public API::
     DTYPE_LINESTYLES                   # {"float64": "-", "float32": ":"}
     method_curve(ax, curve, method, *, x="num_features", center="median", band=("q25", "q75"),
                  dtype_column="dtype", dtypes=("float64", "float32"), secondary=False)
+    error_panel(ax, panel, methods, num_features, *, secondary=lambda method: False)   # curves against d, log axes
     share_ylimits(*axes_grids)         # the same y-limits per panel across figures
     figure_legend(fig, axes, *, ncol=4)   # one legend below the panels, every method once
     style()                            # context manager: the house rc settings
@@ -39,7 +40,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["METHOD_STYLES", "method_style", "method_label", "DTYPE_LINESTYLES", "method_curve", "share_ylimits",
+__all__ = ["METHOD_STYLES", "method_style", "method_label", "DTYPE_LINESTYLES", "method_curve", "error_panel",
+           "share_ylimits",
            "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
@@ -227,6 +229,23 @@ def method_curve(ax, curve, method: str, *, x: str = "num_features", center: str
             ax.plot(failed[x], [1.0] * len(failed), transform=ax.get_xaxis_transform(), clip_on=False,
                     marker="^", linestyle="none", color=kwargs["color"], markersize=6,
                     markerfacecolor=kwargs["color"] if index == 0 else "none")
+
+
+def error_panel(ax, panel, methods, num_features, *, secondary=lambda method: False) -> None:
+    """One panel of error curves against ``d``: each of ``methods`` by :func:`method_curve` from the rows of
+    ``panel`` (a ``method`` column, the statistics of :func:`method_curve`), log-log axes, ``d`` ticks at
+    ``num_features``; ``secondary(method)`` thins a method's line. A panel with nothing finite and positive
+    (a partial or failed run) gets y-limits 1e-3..1, so its log axis can still be drawn."""
+    from matplotlib.ticker import NullLocator
+
+    for method in methods:
+        method_curve(ax, panel[panel["method"] == method], method, secondary=secondary(method))
+    ax.set_xscale("log", base=2)
+    if not (np.isfinite(panel["median"]) & (panel["median"] > 0)).any():
+        ax.set_ylim(1e-3, 1.0)
+    ax.set_yscale("log")
+    ax.set_xticks(num_features, [str(d) for d in num_features])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def share_ylimits(*axes_grids) -> None:

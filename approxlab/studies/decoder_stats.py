@@ -29,8 +29,8 @@ import pandas as pd
 from .. import stats
 
 __all__ = ["ERROR_GROUP", "ASSUMPTION_GROUP", "CLAIMS", "BOOTSTRAP", "VERDICT_COLUMNS", "SHOWN_QUANTITIES",
-           "head_errors", "error_statistics", "assumption_statistics", "growth_exponent", "verdicts",
-           "error_intervals", "quantity_intervals"]
+           "HEAD_QUANTITIES", "head_errors", "error_statistics", "assumption_statistics", "head_statistics",
+           "growth_exponent", "verdicts", "error_intervals", "quantity_intervals", "cost_exponents"]
 
 ERROR_GROUP = ["condition", "layer", "n", "method", "num_features"]
 ASSUMPTION_GROUP = ["condition", "layer", "n"]
@@ -56,6 +56,9 @@ SHOWN_QUANTITIES = ["alpha", "alpha_block", "alpha_block_without_first", "kappa"
                     "entry_ratio", "entry_bound", "logit_bound", "sink_mass", "sink_heaviest", "stable_rank",
                     "numerical_rank"]
 """The quantities of ``assumption_stats.csv`` (``entry_ratio`` = sqrt(logit_bound) / sqrt(ln n))."""
+
+HEAD_QUANTITIES = ["alpha", "alpha_block", "kappa", "entry_ratio", "sink_mass", "stable_rank"]
+"""The quantities of ``head_stats.csv``, per condition x layer x head x n."""
 
 
 def head_errors(results: pd.DataFrame) -> pd.DataFrame:
@@ -93,6 +96,26 @@ def assumption_statistics(assumptions: pd.DataFrame) -> pd.DataFrame:
     long = frame.melt(id_vars=[*ASSUMPTION_GROUP, "window", "head"], value_vars=SHOWN_QUANTITIES,
                       var_name="quantity", value_name="value").dropna(subset=["value"])
     return stats.describe(long, [*ASSUMPTION_GROUP, "quantity"], "value").reset_index()
+
+
+def head_statistics(assumptions: pd.DataFrame) -> pd.DataFrame:
+    """``head_stats.csv``: per condition x layer x head (with its key/value head) x n, the median over windows
+    of each of :data:`HEAD_QUANTITIES` -- alpha and kappa per layer and head."""
+    frame = _with_ratio(assumptions)
+    return frame.groupby([*ASSUMPTION_GROUP[:2], "head", "kv_head", "n"], sort=True)[HEAD_QUANTITIES].median() \
+        .reset_index()
+
+
+def cost_exponents(results: pd.DataFrame) -> pd.DataFrame:
+    r"""Per method and causal form: the growth exponent in n of its median seconds per approximation (all
+    heads of one window at once), and the seconds at the largest n -- the measured cost, on a shared machine."""
+    ok = results[results["status"] == "ok"]
+    medians = ok.groupby(["method", "causal_form", "n"], sort=True)["seconds"].median().reset_index()
+    rows = []
+    for (method, form), group in medians.groupby(["method", "causal_form"], sort=False):
+        rows.append({"method": method, "causal_form": form, "exponent": growth_exponent(group["n"], group["seconds"]),
+                     "n_max": int(group["n"].max()), "seconds_at_n_max": float(group["seconds"].iloc[-1])})
+    return pd.DataFrame(rows, columns=["method", "causal_form", "exponent", "n_max", "seconds_at_n_max"])
 
 
 def growth_exponent(ns, values) -> float:

@@ -112,6 +112,7 @@ from ..operators import ExactAttentionOperator
 from .figure1_report import CONDITIONING, RESULTS, WINDOWS, figure_groups, plot, summarize, write_summary
 from .figure1_stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, THRESHOLDS,
                             VERDICT_COLUMNS, head_errors, panel_statistics, precision_table, verdicts)
+from .grid import override_grid
 from .runner import StudyError, cell_seed, run_cells
 
 __all__ = [
@@ -198,25 +199,13 @@ def build_config(
     """
     from ..methods import available
 
-    grid = dict(QUICK_GRID if quick else FULL_GRID)
-    overrides = {"conditions": conditions, "n": n, "num_features": num_features, "methods": methods,
-                 "windows": windows, "seeds": seeds, "dtypes": dtypes}
-    for name, value in overrides.items():
-        if value is not None:
-            grid[name] = list(value) if isinstance(value, (list, tuple)) else value
-    for method in grid["methods"]:
+    def check_method(method):
         if method not in available():
             raise StudyError(f"--methods: {method!r} is not a registered method; choose from {available()}.")
-    for condition in grid["conditions"]:
-        if condition not in ("initialized", "pretrained"):
-            raise StudyError(f"--conditions must be among ['initialized', 'pretrained']; got {condition!r}.")
-    for name in ("n", "num_features"):
-        if not grid[name] or any(int(x) < 1 for x in grid[name]):
-            raise StudyError(f"--{name.replace('_', '-')} must be positive integers; got {grid[name]}.")
-        grid[name] = sorted({int(x) for x in grid[name]})
-    for name in ("windows", "seeds"):
-        if int(grid[name]) < 1:
-            raise StudyError(f"--{name} must be an integer >= 1; got {grid[name]}.")
+
+    overrides = {"conditions": conditions, "n": n, "num_features": num_features, "methods": methods,
+                 "windows": windows, "seeds": seeds, "dtypes": dtypes}
+    grid = override_grid(QUICK_GRID if quick else FULL_GRID, overrides, check_method=check_method)
     if not grid["dtypes"] or any(x not in ("float64", "float32") for x in grid["dtypes"]):
         raise StudyError(f"--dtypes must be among ['float64', 'float32']; got {grid['dtypes']}.")
     grid["dtypes"] = sorted(set(grid["dtypes"]), reverse=True)  # float64 first

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import pathlib
 
-import numpy as np
 import pandas as pd
 
 from .._io import atomic_write_text, has_results, read_json, read_results
@@ -102,9 +101,7 @@ def plot(out) -> list[pathlib.Path]:
 def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=()):
     """One figure of ``methods``: ``(fig, axes)``, rows = conditions, columns = n (not saved yet);
     ``twins``: the figures drawn with the same y-limits per panel (named in the title)."""
-    from matplotlib.ticker import NullLocator
-
-    from ..plotting import figure, figure_legend, method_curve
+    from ..plotting import error_panel, figure, figure_legend
 
     conditions = [c for c in config["conditions"] if c in set(panel["condition"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
@@ -114,15 +111,8 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
         for j, n in enumerate(ns):
             ax = axes[i][j]
             cell = panel[(panel["condition"] == condition) & (panel["n"] == n)]
-            for method in methods:
-                method_curve(ax, cell[cell["method"] == method], method, secondary=method not in PAPER_METHODS)
+            error_panel(ax, cell, methods, config["num_features"], secondary=lambda m: m not in PAPER_METHODS)
             paper_drawn |= _draw_paper(ax, condition, n, methods)
-            ax.set_xscale("log", base=2)
-            if not (np.isfinite(cell["median"]) & (cell["median"] > 0)).any():
-                ax.set_ylim(1e-3, 1.0)  # nothing finite and positive to scale (a partial or failed run)
-            ax.set_yscale("log")
-            ax.set_xticks(config["num_features"], [str(d) for d in config["num_features"]])
-            ax.xaxis.set_minor_locator(NullLocator())
             ax.set_title(f"{condition}, n = {n}")
             if j == 0:
                 ax.set_ylabel(r"$\|\tilde O - O\|_2$")
