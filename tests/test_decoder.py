@@ -83,24 +83,14 @@ def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_
         assert rows[0]["status"] == "ok" and rows[0]["relative_error_max"] < 1e-9, (method, rows[0])
 
 
-def test_resume_computes_nothing_and_dask_gives_the_same_tables(tiny_run, llama, cache, tmp_path, monkeypatch):
+def test_resume_computes_nothing(tiny_run, llama, cache, monkeypatch):
+    """The same command again finds every cell done (the tables unchanged; ``--workers`` runs are the runner's
+    tests, and the committed full run used them)."""
     before = {name: read_results(tiny_run / name) for name in ("results.csv", "assumptions.csv")}
     monkeypatch.setattr(decoder, "plot", lambda out: [])  # the tables are compared here; drawn once above
     assert main(["decoder", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(tiny_run), *GRID]) == 0
     for name, table in before.items():
         pd.testing.assert_frame_equal(read_results(tiny_run / name), table)
-    dask = tmp_path / "dask"
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as Dask's single-threaded workers
-    try:
-        assert main(["decoder", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(dask), *GRID,
-                     "--workers", "2"]) == 0
-    finally:
-        torch.set_num_threads(torch_threads)
-    for name, table in before.items():
-        other = read_results(dask / name)
-        pd.testing.assert_frame_equal(other.drop(columns=["seconds"]), table.drop(columns=["seconds"]),
-                                      rtol=1e-9, atol=1e-12)
 
 
 def _one_line(capsys, argv):
