@@ -31,6 +31,8 @@ TIMING = "timing.json"
 ERROR_STATS = "error_stats.csv"
 ASSUMPTION_STATS = "assumption_stats.csv"
 HEAD_STATS = "head_stats.csv"
+ASSUMPTION_CELL = ("condition", "n", "layer", "window")
+RESULT_CELL = ("condition", "n", "layer", "window", "method")
 VERDICTS = "verdicts.csv"
 
 PANELS = {
@@ -162,7 +164,22 @@ def _timing_text(out, config) -> list[str]:
         lines.append(f"- Run: `{run['command']}`: {run['wall_seconds']:,.0f} s wall ({run['wall_seconds'] / 60:.1f} "
                      f"min), workers {run['workers']}, {run['threads']} thread(s) per process, finished "
                      f"{run['finished']}.")
+    if not runs:
+        lines.append("- **Not finished**: no finished run is recorded in `timing.json` (see the cell counts below).")
     return lines
+
+
+def _completeness_text(config, results, assumptions) -> list[str]:
+    """How many of the grid's cells each table holds: a stopped run is said to be one."""
+    grid = len(config["conditions"]) * len(config["layers"]) * config["windows"]
+    found = {"assumptions.csv": (len(assumptions[list(ASSUMPTION_CELL)].drop_duplicates()), grid * len(config["n"])),
+             "results.csv": (len(results[list(RESULT_CELL)].drop_duplicates()),
+                             grid * len(config["n"]) * len(config["methods"]))}
+    text = "; ".join(f"`{name}` {have} of {want}" for name, (have, want) in found.items())
+    if all(have == want for have, want in found.values()):
+        return [f"- Cells: every cell of the grid ({text})."]
+    return [f"- **Partial run**: cells computed {text} (condition x n x layer x window [x method]); the same "
+            "command resumes it, computing only the missing cells. The statistics below use the cells present."]
 
 
 def _cost_text(results) -> str:
@@ -275,7 +292,7 @@ def summarize(out, config, results, assumptions, windows, verdict_table) -> str:
     """The text of ``summary.md`` (numbers come from the tables)."""
     lines = ["# Decoder study: causal approximations and the theorems' assumptions on a real LLM", "",
              "Generated from the tables in this folder by `approxlab decoder --plot-only`; do not edit by hand.", "",
-             "## Run", "", *_timing_text(out, config),
+             "## Run", "", *_timing_text(out, config), *_completeness_text(config, results, assumptions),
              f"- Checkpoint: `{config['checkpoint']}`; conditions {config['conditions']}; layers {config['layers']}; "
              f"n = {config['n']}; d = {config['num_features']}; {config['windows']} window(s) "
              f"(ids {sorted(set(assumptions['window']))}); {config['seeds']} seed(s) for randomized methods.",
