@@ -235,7 +235,21 @@ def error_panel(ax, panel, methods, num_features, *, secondary=lambda method: Fa
     """One panel of error curves against ``d``: each of ``methods`` by :func:`method_curve` from the rows of
     ``panel`` (a ``method`` column, the statistics of :func:`method_curve`), log-log axes, ``d`` ticks at
     ``num_features``; ``secondary(method)`` thins a method's line. A panel with nothing finite and positive
-    (a partial or failed run) gets y-limits 1e-3..1, so its log axis can still be drawn."""
+    (a partial or failed run) gets y-limits 1e-3..1, so its log axis can still be drawn.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> import pandas as pd
+    >>> from approxlab import plotting
+    >>> rows = pd.DataFrame({"method": "skyformer", "num_features": [16, 64], "median": [1.0, 0.5],
+    ...                      "q25": [0.9, 0.4], "q75": [1.1, 0.6]})
+    >>> fig, axes = plotting.figure()
+    >>> plotting.error_panel(axes[0, 0], rows, ["skyformer"], [16, 64])
+    >>> axes[0, 0].get_xscale(), axes[0, 0].get_yscale()
+    ('log', 'log')
+    >>> plt.close(fig)
+    """
     from matplotlib.ticker import NullLocator
 
     for method in methods:

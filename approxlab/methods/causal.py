@@ -84,6 +84,21 @@ def check_causal_support(spec: MethodSpec, causal, q: torch.Tensor, k: torch.Ten
         ``causal`` not among :data:`CAUSAL_OPTIONS`; causal with ``n != m`` keys (causal attention is
         self-attention); causal together with ``key_mask``; a method that does not declare the
         requested form (the message names the methods that have each form).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods import get
+    >>> from approxlab.methods.causal import check_causal_support
+    >>> q = torch.zeros(1, 4, 2, dtype=torch.float64)
+    >>> check_causal_support(get("performer"), True, q, q)  # performer has a causal form of its own
+    True
+    >>> check_causal_support(get("nystromformer"), "mask-renormalise", q, q)
+    'mask-renormalise'
+    >>> check_causal_support(get("nystromformer"), True, q, q)
+    Traceback (most recent call last):
+    ...
+    ValueError: method 'nystromformer' has no causal form of its own; ...
     """
     if not (causal is False or causal is True or (isinstance(causal, str) and causal == MASK_RENORMALISE)):
         raise ValueError(f"`causal` must be one of {list(CAUSAL_OPTIONS)}; got {causal!r}.")

@@ -308,6 +308,20 @@ class CausalFeatureOperator(LinearOperator):
         ``(*batch, n, r)``: :math:`\log\phi(Q)`, :math:`\log\phi(K)`.
     log_normaliser : torch.Tensor
         ``(*batch, n)``: :math:`\log\tilde D_{ii} = \log\sum_{j\le i}\phi(q_i)^\top\phi(k_j)`.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 16, 4, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("performer", q, k, v, num_features=8, causal=True,
+    ...                                generator=torch.Generator().manual_seed(1))
+    >>> op = approx.operator()  # a CausalFeatureOperator: lower triangular, rows summing to 1
+    >>> matrix = op.to_dense()
+    >>> bool((matrix.triu(1) == 0).all()), bool(torch.allclose(matrix.sum(-1), torch.ones(2, 16, dtype=torch.float64)))
+    (True, True)
+    >>> bool(torch.allclose(op.rmatmat(v), matrix.mT @ v))
+    True
     """
 
     def __init__(self, log_query, log_key, log_normaliser):
