@@ -159,8 +159,9 @@ def instability_score(output_after, output_before, parameters_after, parameters_
     return delta_f / delta_w
 
 
-def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int = 0) -> dict:
-    r"""Train ``model`` with Adam, one step per batch, and record :math:`\tau_i` at every step.
+def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int = 0, optimizer: str = "adam",
+                      warmup: int = 0, total_steps: int | None = None, clip_value: float | None = None) -> dict:
+    r"""Train ``model`` one step per batch and record :math:`\tau_i` at every step.
 
     Parameters
     ----------
@@ -175,7 +176,13 @@ def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int =
         Seeds the per-step random draws of randomized attentions. Step ``i`` uses the
         same seed for :math:`f(x_i, W_{i-1})` (the training forward) and
         :math:`f(x_i, W_i)` (after the update), so :math:`\tau_i` measures the parameter
-        change only, not a change of landmarks or hashes.
+        change only, not a change of landmarks, hashes or dropout masks.
+    optimizer, warmup, total_steps : see :func:`approxlab.optim.make_optimizer`
+        ``"adam"`` (constant rate) or ``"adamw"`` (Skyformer's code: AdamW with a one-cycle
+        schedule of ``total_steps``, default ``len(batches)``, of which ``warmup`` rise).
+    clip_value : float, optional
+        Clip every gradient entry to ``[-clip_value, clip_value]`` before the step (Skyformer's
+        code: 1).
 
     Returns
     -------
@@ -220,14 +227,17 @@ def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int =
     seed = check_int(seed, "seed", low=0)
     if len(batches) < 1:
         raise ValueError(f"`batches` must hold at least one batch; got {len(batches)}.")
+    from .optim import make_optimizer, optimizer_step
+
     g = as_generator(seed=seed)
     step_seeds = torch.randint(0, 2**62, (len(batches),), generator=g).tolist()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    opt, schedule = make_optimizer(model.parameters(), lr=lr, optimizer=optimizer, warmup=warmup,
+                                   total_steps=len(batches) if total_steps is None else total_steps)
     params = list(model.embedding_parameters())
     out = {key: torch.zeros(len(batches), dtype=torch.float64) for key in ("tau", "loss", "output_change", "parameter_change")}
     model.train()
     for i, (batch, step_seed) in enumerate(zip(batches, step_seeds)):
-        optimizer.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)
         before, loss = model(batch, seed=step_seed)
         if not bool(torch.isfinite(loss)):
             raise FloatingPointError(f"the training loss is not finite at step {i + 1}: {float(loss.detach())}.")
@@ -240,7 +250,7 @@ def instability_trace(model, batches: Sequence, *, lr: float = 1e-4, seed: int =
                 "with a finite loss."
             )
         params_before = [p.detach().clone() for p in params]
-        optimizer.step()
+        optimizer_step(model, opt, schedule, clip_value=clip_value)
         with torch.no_grad():
             after, _ = model(batch, seed=step_seed)
         delta_f = float((after.to(torch.float64) - before.to(torch.float64)).square().sum())
@@ -313,12 +323,13 @@ def accuracy(model, batches, *, seed: int = 0) -> float:
 
 
 def train_classifier(model, train_batches, validation_batches, *, lr: float = 1e-3, eval_every: int = 25,
-                     patience: int = 3, seed: int = 0) -> dict:
-    r"""Adam on ``train_batches`` (one step each) until validation accuracy stops improving.
+                     patience: int | None = 3, seed: int = 0, optimizer: str = "adam", warmup: int = 0,
+                     clip_value: float | None = None, keep: str = "best") -> dict:
+    r"""Train ``model`` on ``train_batches`` (one step each), evaluating every ``eval_every`` steps.
 
-    Every ``eval_every`` steps the accuracy on ``validation_batches`` is measured; training
-    stops after ``patience`` evaluations in a row without a new best, or when the batches run
-    out (the step budget). The best weights are restored at the end.
+    Every ``eval_every`` steps the accuracy on ``validation_batches`` is measured; with a
+    ``patience``, training stops after ``patience`` evaluations in a row without a new best;
+    otherwise it runs until the batches run out (the step budget).
 
     Parameters
     ----------
@@ -326,11 +337,19 @@ def train_classifier(model, train_batches, validation_batches, *, lr: float = 1e
         A classification model; trained in place.
     train_batches, validation_batches : sequence of approxlab.tasks.Batch
     lr : float
-        Adam learning rate.
-    eval_every, patience : int
-        Evaluation period (steps) and early-stopping patience (evaluations).
+        (Peak) learning rate.
+    eval_every : int
+        Evaluation period (steps).
+    patience : int or None
+        Early-stopping patience (evaluations); None: no early stop (a fixed step budget).
     seed : int
-        Seed of the attention's random draws (fixed for the whole run).
+        Seeds the per-step draws (dropout masks, randomized attentions); evaluation uses ``seed``.
+    optimizer, warmup : see :func:`approxlab.optim.make_optimizer`
+        ``"adamw"``: the schedule spans ``len(train_batches)`` steps.
+    clip_value : float, optional
+        Clip every gradient entry to ``[-clip_value, clip_value]`` (Skyformer's code: 1).
+    keep : {"best", "last"}
+        Restore the weights of the best evaluation, or keep the last ones.
 
     Returns
     -------
@@ -359,40 +378,43 @@ def train_classifier(model, train_batches, validation_batches, *, lr: float = 1e
     >>> result["steps"], result["stopped"], [entry["step"] for entry in result["history"]]
     (4, 'budget', [0, 2, 4])
     """
-    lr = check_positive_float(lr, "lr")
+    from .optim import make_optimizer, optimizer_step
+
     eval_every = check_int(eval_every, "eval_every", low=1)
-    patience = check_int(patience, "patience", low=1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    patience = None if patience is None else check_int(patience, "patience", low=1)
+    check_choice(keep, "keep", ("best", "last"))
+    opt, schedule = make_optimizer(model.parameters(), lr=lr, optimizer=optimizer, warmup=warmup,
+                                   total_steps=max(len(train_batches), warmup + 1))
+    step_seeds = torch.randint(0, 2**62, (len(train_batches),), generator=as_generator(seed=seed)).tolist()
     best = {"accuracy": accuracy(model, validation_batches, seed=seed), "step": 0,
             "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
     history = [{"step": 0, "train_loss": float("nan"), "validation_accuracy": best["accuracy"]}]
     losses, stale, stopped, step = [], 0, "budget", 0
     model.train()
-    for step, batch in enumerate(train_batches, start=1):
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(batch, seed=seed)[1]
+    for step, (batch, step_seed) in enumerate(zip(train_batches, step_seeds), start=1):
+        opt.zero_grad(set_to_none=True)
+        loss = model(batch, seed=step_seed)[1]
         if not bool(torch.isfinite(loss)):
             raise FloatingPointError(f"the training loss is not finite at step {step}: {float(loss.detach())}.")
         loss.backward()
-        optimizer.step()
+        optimizer_step(model, opt, schedule, clip_value=clip_value)
         losses.append(float(loss.detach()))
-        if step % eval_every:
+        if step % eval_every and step != len(train_batches):
             continue
         score = accuracy(model, validation_batches, seed=seed)
         history.append({"step": step, "train_loss": float(np.mean(losses)), "validation_accuracy": score})
         losses = []
+        stale = 0 if score > best["accuracy"] else stale + 1
         if score > best["accuracy"]:
             best = {"accuracy": score, "step": step,
                     "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
-            stale = 0
-        else:
-            stale += 1
-            if stale >= patience:
-                stopped = "plateau"
-                break
-    model.load_state_dict(best["state"])
+        if patience is not None and stale >= patience:
+            stopped = "plateau"
+            break
+    if keep == "best":
+        model.load_state_dict(best["state"])
     return {"history": history, "best_step": best["step"], "best_accuracy": best["accuracy"], "steps": step,
-            "stopped": stopped}
+            "stopped": stopped, "final_accuracy": history[-1]["validation_accuracy"]}
 
 
 def _linear_init(weight, bias, generator):
@@ -423,17 +445,20 @@ class _Block(torch.nn.Module):
             torch.nn.init.ones_(norm.weight)
             torch.nn.init.zeros_(norm.bias)
 
-    def forward(self, x, attend, capture=None):
+    def forward(self, x, attend, capture=None, drop=None):
         """``x: (b, n, e)``; ``attend(q, k, v)`` on ``(b, heads, n, e // heads)``; ``capture``: a
-        list that receives the attention output ``(b, n, e)`` (heads concatenated, detached)."""
+        list that receives the attention output ``(b, n, e)`` (heads concatenated, detached);
+        ``drop``: dropout (a function of a tensor) after the attention's output projection, after
+        the GELU and after the feed-forward, as the LRA code places it."""
         b, n, e = x.shape
         h = self.num_heads
+        drop = drop if drop is not None else (lambda t: t)
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, h, e // h).permute(2, 0, 3, 1, 4)
         a = attend(q, k, v).transpose(1, 2).reshape(b, n, e)  # heads concatenated
         if capture is not None:
             capture.append(a.detach())
-        x = x + self.out(a)
-        return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
+        x = x + drop(self.out(a))
+        return x + drop(self.ff2(drop(F.gelu(self.ff1(self.norm2(x))))))
 
 
 class TinyEncoder(torch.nn.Module):
@@ -443,8 +468,11 @@ class TinyEncoder(torch.nn.Module):
     blocks (attention with ``num_heads`` heads, GELU feed-forward ``embedding_dim ->
     hidden_dim -> embedding_dim``), a final LayerNorm, and a head: mean pooling over real
     tokens + a 2-layer classifier (``kind="classification"``), or a masked-LM decoder tied
-    to the token embeddings (``kind="mlm"``). No dropout (the score compares two
-    deterministic forward passes).
+    to the token embeddings (``kind="mlm"``). Dropout (``dropout``, default 0) where the LRA
+    code puts it: on the embeddings, after each attention's output projection, after the GELU
+    and after the feed-forward; its masks are drawn from a generator seeded by the forward's
+    ``seed`` (so two forward passes with one seed drop the same entries) and only in training
+    mode.
 
     Parameters
     ----------
@@ -461,6 +489,13 @@ class TinyEncoder(torch.nn.Module):
         Required for ``kind="classification"``.
     embedding_dim, hidden_dim, num_heads, num_layers : int
         Skyformer: 64, 128, 2, 2.
+    positions : {"learned", "2d"}
+        ``"learned"``: one learned embedding per position (the LRA code); ``"2d"``: a learned
+        row embedding plus a learned column embedding of a ``side x side`` grid, ``n = side**2``
+        (an image flattened row-major, e.g. Pathfinder), so neighbouring pixels of one column
+        share a column vector.
+    dropout : float
+        Dropout probability, ``0 <= dropout < 1`` (Skyformer's LRA code: 0.1).
     attention_options : dict, optional
         Method options (those :func:`approxlab.approximate` accepts for the method, checked
         here); default :data:`TRAINING_OPTIONS` for the attention (Skyformer: ``core="schulz"``).
@@ -520,6 +555,8 @@ class TinyEncoder(torch.nn.Module):
         hidden_dim: int = 128,
         num_heads: int = 2,
         num_layers: int = 2,
+        positions: str = "learned",
+        dropout: float = 0.0,
         attention_options: dict | None = None,
         generator: torch.Generator | None = None,
         dtype: torch.dtype = torch.float32,
@@ -541,6 +578,13 @@ class TinyEncoder(torch.nn.Module):
                 f"`embedding_dim` must be divisible by `num_heads`; got {embedding_dim} and {num_heads}."
             )
         check_choice(dtype, "dtype", (torch.float32, torch.float64))
+        check_choice(positions, "positions", ("learned", "2d"))
+        side = math.isqrt(n)
+        if positions == "2d" and side * side != n:
+            raise ValueError(f"`positions='2d'` needs a square `n` (side**2); got n={n}.")
+        if not (isinstance(dropout, (int, float)) and 0.0 <= float(dropout) < 1.0):
+            raise ValueError(f"`dropout` must be a number in [0, 1); got {dropout!r}.")
+        self.positions, self.dropout = positions, float(dropout)
         self.attention = attention
         self.method = ATTENTIONS[attention]
         self.num_features = num_features
@@ -560,7 +604,7 @@ class TinyEncoder(torch.nn.Module):
         # `generator`.
         with torch.random.fork_rng(devices=[]):
             self.token_embedding = torch.nn.Embedding(vocab_size, embedding_dim, **kw)
-            self.position_embedding = torch.nn.Embedding(n, embedding_dim, **kw)
+            self.position_embedding = torch.nn.Embedding(n if positions == "learned" else 2 * side, embedding_dim, **kw)
             self.blocks = torch.nn.ModuleList(
                 _Block(embedding_dim, hidden_dim, num_heads, dtype) for _ in range(num_layers)
             )
@@ -623,11 +667,32 @@ class TinyEncoder(torch.nn.Module):
         """
         n = input_ids.shape[-1]
         key_mask = None if mask is None or bool(mask.all()) else mask.unsqueeze(-2)  # (batch, 1, n): all heads
-        positions = torch.arange(n, device=input_ids.device)
-        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        drop = self._dropout(seed)
+        x = drop(self.token_embedding(input_ids) + self._position_vectors(n, input_ids.device))
         for layer, block in enumerate(self.blocks):
-            x = block(x, self._attend(seed + layer, key_mask), attention_outputs)
+            x = block(x, self._attend(seed + layer, key_mask), attention_outputs, drop)
         return self.norm(x)
+
+    def _position_vectors(self, n, device):
+        """``(n, embedding_dim)``: learned per position, or row + column vectors (``"2d"``)."""
+        positions = torch.arange(n, device=device)
+        if self.positions == "learned":
+            return self.position_embedding(positions)
+        side = self.position_embedding.num_embeddings // 2
+        return self.position_embedding(positions // side) + self.position_embedding(side + positions % side)
+
+    def _dropout(self, seed):
+        """Inverted dropout with masks from a generator seeded by ``seed`` (identity in eval mode)."""
+        if not self.training or self.dropout == 0.0:
+            return lambda t: t
+        g = as_generator(seed=(int(seed) * 2654435761 + 97) % 2**63)
+        keep = 1.0 - self.dropout
+
+        def drop(t):
+            draw = torch.rand(t.shape, generator=g, dtype=t.dtype).to(t.device)
+            return t * (draw < keep).to(t.dtype) / keep
+
+        return drop
 
     def _class_logits(self, embedding, mask):
         """Mean pooling over real tokens, then the classifier: ``(batch, num_classes)``."""
