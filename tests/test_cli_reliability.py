@@ -241,7 +241,7 @@ OPTIONS = [
     ("sv-decay", ["--plot-only", "--heads", "2"], "--heads: not with --plot-only"),
     ("instability", ["--plot-only", "--lr", "0.1"], "--lr: not with --plot-only"),
     ("bench", ["--plot-only", "--source", "synthetic"], "--source: not with --plot-only"),
-    ("lra-svd", ["--plot-only", "--max-steps", "3"], "--max-steps: not with --plot-only"),
+    ("lra-svd", ["--plot-only", "--steps", "3"], "--steps: not with --plot-only"),
     ("figure1", ["--num-features", "100000"], "--num-features: at most 1024 for skyformer-softmax at n=512, "
                                               "got 100000"),
     ("figure1", ["--quick", "--n", "16", "--num-features", "256"], "--num-features: at most 32 for "

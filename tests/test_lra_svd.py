@@ -1,5 +1,7 @@
 """Skyformer Appendix B / Figure 4 study (approxlab.studies.lra_svd) and the classifier training loop."""
 
+import math
+
 import pandas as pd
 import pytest
 import torch
@@ -45,12 +47,11 @@ def test_attention_output_spectrum_normalised_and_descending():
     task = tasks.make_task("listops", n=64, batch_size=3, num_batches=1, generator=torch.Generator().manual_seed(0))
     model = TinyEncoder(vocab_size=task.vocab_size, n=64, attention="softmax", num_classes=10,
                         generator=torch.Generator().manual_seed(0))
-    sigma, decay = lra_svd.attention_output_spectrum(model, task.batches[0])
+    sigma = lra_svd.attention_output_spectrum(model, task.batches[0])
     rows = int(task.batches[0].mask.sum(-1).min())
     assert sigma.shape == (3, min(rows, 64)) and sigma.dtype == torch.float64
     assert torch.allclose(sigma[:, 0], torch.ones(3, dtype=torch.float64))
     assert bool((sigma[:, 1:] <= sigma[:, :-1] + 1e-12).all())
-    assert decay.shape == (3,) and bool((decay < 0).all())
 
 
 def test_attention_outputs_are_the_layers_attention():
@@ -69,15 +70,77 @@ def test_attention_outputs_are_the_layers_attention():
 
 
 def test_study_end_to_end_tiny(tmp_path):
-    config = lra_svd.build_config(quick=True, tasks=["listops:48"], max_steps=3)
+    config = lra_svd.build_config(quick=True, tasks=["listops:48"], steps=3)
     lra_svd.compute(config, tmp_path, progress=False)
     written = {p.name for p in lra_svd.plot(tmp_path)} | {lra_svd.summarize(tmp_path).name}
     assert {"lra_svd.png", "lra_svd.pdf", "summary.md"} <= written
     results = pd.read_csv(tmp_path / "results.csv")
-    assert len(results) == 1 and results.loc[0, "steps"] == 3 and results.loc[0, "stopped"] == "budget"
+    assert len(results) == 2 and (results["steps"] == 3).all() and list(results["seed"]) == [0, 1]
     spectra = pd.read_csv(tmp_path / "spectra.csv")
     assert spectra["mean"].iloc[0] == pytest.approx(1.0) and (spectra["mean"] <= 1 + 1e-12).all()
-    assert "ListOps (n=48)" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "ListOps (n=48)" in summary and "says nothing about the ordering" in summary
+    assert "Matches" not in summary
+
+
+def test_train_classifier_fixed_budget_keeps_last_weights():
+    """patience=None: no early stop, every step taken, the last weights kept, a last evaluation."""
+    model = _model(12)
+    result = train_classifier(model, _token_task(7, 0), _token_task(1, 1), lr=1e-12, eval_every=3, patience=None,
+                              optimizer="adamw", warmup=2, clip_value=1.0, keep="last")
+    assert result["steps"] == 7 and result["stopped"] == "budget"
+    assert [h["step"] for h in result["history"]] == [0, 3, 6, 7]
+
+
+def test_decay_slope_excludes_sigma_1_and_fits_ln_sigma():
+    """sigma_i = 0.9**i has slope ln 0.9 over any indices; a changed sigma_1 must not move it,
+    a changed sigma_2 or sigma_64 must."""
+    sigma = 0.9 ** torch.arange(1, 81, dtype=torch.float64)
+    assert float(lra_svd.decay_slope(sigma)) == pytest.approx(math.log(0.9), abs=1e-12)
+    outlier = sigma.clone()
+    outlier[0] = 1e6
+    assert float(lra_svd.decay_slope(outlier)) == pytest.approx(math.log(0.9), abs=1e-12)
+    for index in (1, 63):
+        moved = sigma.clone()
+        moved[index] *= 10
+        assert abs(float(lra_svd.decay_slope(moved)) - math.log(0.9)) > 1e-4
+    assert float(lra_svd.decay_slope(sigma[None].repeat(2, 1))[1]) == pytest.approx(math.log(0.9))
+    with pytest.raises(ValueError, match="at least 64"):
+        lra_svd.decay_slope(sigma[:40])
+
+
+def _results(slopes, passed):
+    return pd.DataFrame([{"task": task, "n": 256, "seed": s, "decay_slope": v, "passed": ok}
+                         for task in ("listops", "pathfinder")
+                         for s, (v, ok) in enumerate(zip(slopes[task], passed[task]))])
+
+
+def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
+    from scipy import stats
+
+    slopes = {"listops": [-0.20, -0.26, -0.21, -0.25], "pathfinder": [-0.10, -0.11, -0.105]}  # unequal spreads
+    verdict = lra_svd.ordering(_results(slopes, {"listops": [True] * 4, "pathfinder": [True] * 3}))
+    interval = stats.ttest_ind(slopes["pathfinder"], slopes["listops"], equal_var=False).confidence_interval(0.95)
+    pooled = stats.ttest_ind(slopes["pathfinder"], slopes["listops"], equal_var=True).confidence_interval(0.95)
+    assert abs(interval.low - pooled.low) > 1e-4  # the data tell Welch's interval from the pooled one
+    assert verdict["verdict"] == "Pathfinder slower" and verdict["difference"] == pytest.approx(0.125)
+    assert (verdict["low"], verdict["high"]) == pytest.approx((interval.low, interval.high))
+    flipped = lra_svd.ordering(_results({"listops": slopes["pathfinder"], "pathfinder": slopes["listops"]},
+                                        {"listops": [True] * 3, "pathfinder": [True] * 3}))
+    assert flipped["verdict"] == "Pathfinder faster"
+    gated = lra_svd.ordering(_results(slopes, {"listops": [True] * 3, "pathfinder": [True, True, False]}))
+    assert gated["verdict"] == "not compared (gate)" and gated["seeds_pathfinder"] == 2
+    assert "says nothing about the ordering" in lra_svd._ordering_text(gated)
+    mixed = {"listops": [-0.20, -0.10, -0.15], "pathfinder": [-0.19, -0.11, -0.14]}
+    assert lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}))["verdict"] == "inconclusive"
+
+
+def test_gates_and_decay_indices_are_the_declared_ones():
+    assert lra_svd.GATES == {"listops": 0.30, "pathfinder": 0.65}
+    assert lra_svd.DECAY_INDICES == (2, 64) and lra_svd.MIN_SEEDS >= 3
+    config = lra_svd.build_config()
+    assert config["seeds"] >= 3 and config["validation_size"] >= 500 and config["gates"] == lra_svd.GATES
+    assert {t["task"]: t["positions"] for t in config["tasks"]} == {"listops": "learned", "pathfinder": "2d"}
 
 
 def test_bad_task_spec():

@@ -151,6 +151,11 @@ def positive_float(text: str) -> float:
     return _number(text, float, "a finite number > 0", lambda v: 0 < v < float("inf"))
 
 
+def probability(text: str) -> float:
+    """A number in [0, 1) (argparse ``type=``), e.g. a dropout rate."""
+    return _number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
 class Flatten(argparse.Action):
     """``--n 512 1024`` and ``--n 512,1024`` both give ``[512, 1024]`` (with ``nargs="+"``)."""
 

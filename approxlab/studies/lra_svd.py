@@ -8,26 +8,34 @@ Pathfinder tasks decay slower ... those two tasks are more difficult than Text C
 and ListOps"). The companion study on BERT/MiniLM attention matrices of WikiText-2 is
 :mod:`approxlab.studies.sv_decay`.
 
-Per generated LRA task (ListOps, :mod:`approxlab.tasks.listops`; Pathfinder-32,
-:mod:`approxlab.tasks.pathfinder`) -- one runner cell each:
+A CPU proxy (:data:`FULL_GRID`), declared with its gates before any run: Skyformer's models were
+trained to LRA accuracy (up to 50k steps on a GPU); on a 2-core CPU the proxy uses shorter
+sequences (ListOps padded to 256 tokens, :mod:`approxlab.tasks.listops`; Pathfinder on a 16 x 16
+canvas, :mod:`approxlab.tasks.pathfinder`, with row + column position embeddings so the model
+sees which pixels neighbour each other), a fixed step budget with no early stop, and the
+authors' optimiser (:mod:`approxlab.optim`). Per (task, seed) -- one runner cell each:
 
 1. train the 2-layer softmax :class:`approxlab.training.TinyEncoder` of Skyformer Section 5
-   (embedding 64, feed-forward 128, 2 heads) with Adam
-   (:func:`approxlab.training.train_classifier`) until the validation accuracy has not
-   improved for ``patience`` evaluations or the step budget is spent; keep the best weights;
-2. on one test batch, take the second layer's attention output (heads concatenated, before
+   (embedding 64, feed-forward 128, 2 heads, dropout 0.1) for the fixed budget
+   (:func:`approxlab.training.train_classifier` with ``patience=None``, last weights kept);
+2. measure the final validation accuracy on ``validation_size`` held-out examples against the
+   task's gate (:data:`GATES`, fixed in code before the run);
+3. on one test batch, take the second layer's attention output (heads concatenated, before
    the output projection; the real tokens' rows: an ``(n_i, 64)`` matrix per example), its
-   singular values :math:`\sigma_j/\sigma_1` (float64), averaged over the batch, and each
-   example's decay rate (least-squares slope of :math:`\ln\sigma_j` on :math:`j`,
-   :func:`approxlab.metrics.singular_value_decay_rate`), averaged over the batch.
+   singular values :math:`\sigma_j/\sigma_1` (float64), and the decay statistic fixed in
+   advance (:data:`DECAY_INDICES`, :func:`decay_slope`: slope of :math:`\ln\sigma_i` over
+   :math:`i = 2..64`), averaged over the batch.
 
-Tables: ``results.csv`` (per task: steps, why training stopped, best validation accuracy,
-majority-class rate of the validation set, accuracy on the test batch, decay rate mean and
-std over the batch, seconds), ``spectra.csv`` (per task and index: mean, min and max over the
-batch of :math:`\sigma_j/\sigma_1`), ``training.csv`` (per evaluation: step, training loss,
-validation accuracy); ``lra_svd.png/.pdf`` and ``summary.md`` are drawn from them
-(``--plot-only`` redraws). Defaults are sized for a 2-core CPU (see :data:`FULL_GRID`):
-Skyformer trains for thousands of steps on a GPU, so accuracies here are lower than LRA's.
+Appendix B's reading, "Pathfinder decays slower than ListOps", is tested by :func:`ordering` on
+the seeds that pass their gates (Welch t interval on the difference of the mean slopes), only
+when at least :data:`MIN_SEEDS` seeds of each task pass; otherwise nothing is said about the
+ordering.
+
+Tables: ``results.csv`` (per task and seed: steps, final validation accuracy and its size,
+majority-class rate, gate, passed, test-batch accuracy, decay slope mean and std over the batch,
+seconds), ``spectra.csv`` (per task, seed and index: mean, min and max over the batch of
+:math:`\sigma_j/\sigma_1`), ``training.csv`` (per evaluation: step, training loss, validation
+accuracy); ``lra_svd.png/.pdf`` and ``summary.md`` are drawn from them (``--plot-only`` redraws).
 
 References
 ----------
@@ -46,72 +54,131 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import _cli
 from .._io import atomic_write_text, read_results
 from .runner import StudyError, cell_seed, run_cells, saved_config
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "build_config", "attention_output_spectrum", "compute_cell", "compute",
-           "plot", "summarize", "add_arguments", "run"]
+__all__ = ["FULL_GRID", "QUICK_GRID", "GATES", "DECAY_INDICES", "build_config", "attention_output_spectrum",
+           "decay_slope", "compute_cell", "compute", "ordering", "plot", "summarize", "add_arguments", "run"]
+
+GATES = {"listops": 0.30, "pathfinder": 0.65}
+"""Accuracy gates, fixed before any run: a model enters the decay comparison only if its final
+validation accuracy reaches its task's gate (ListOps: 10 classes, majority about 0.18, LRA
+transformers reach about 0.37; Pathfinder: 2 balanced classes)."""
+
+DECAY_INDICES = (2, 64)
+r"""The decay statistic, fixed before any run: the least-squares slope of :math:`\ln\sigma_i`
+on :math:`i` over :math:`i = 2, \dots, 64` (1-based; :math:`\sigma_1`, the mean direction that
+a near-uniform attention row produces, excluded), per test example, averaged over the test batch."""
+
+MIN_SEEDS = 3
+"""The task ordering is compared only when at least this many seeds of each task pass their gate."""
 
 FULL_GRID = {
-    "tasks": [{"task": "listops", "n": 1000}, {"task": "pathfinder", "n": 1024}],
-    "batch_size": 8,
-    "max_steps": 200,
-    "eval_every": 25,
-    "patience": 3,
-    "validation_size": 64,
+    "tasks": [{"task": "listops", "n": 256, "positions": "learned"},
+              {"task": "pathfinder", "n": 256, "positions": "2d"}],
+    "seeds": 3,
+    "steps": 150,
+    "batch_size": 16,
+    "train_batches": 48,
+    "eval_every": 75,
+    "validation_size": 512,
     "test_size": 32,
     "lr": 1e-3,
+    "warmup": 15,
+    "optimizer": "adamw",
+    "clip_value": 1.0,
+    "dropout": 0.1,
 }
-"""Full grid: LRA's ListOps (here n = 1000) and Pathfinder-32 (n = 1024); at most 200 Adam
-steps of batch 8, lr 1e-3; validation on 64 examples every 25 steps, patience 3."""
+"""The CPU proxy of Figure 4 (see the module docstring): ListOps padded to n = 256 and
+Pathfinder on a 16 x 16 canvas (n = 256, 2-D positions); 3 seeds; a fixed budget of 150 AdamW
+steps of batch 16 (one-cycle schedule, 15 warm-up steps, peak lr 1e-3, gradient values clipped
+at 1, dropout 0.1), no early stop, the last weights kept; a training pool of 48 batches per task
+(cycled, in a per-seed order); validation on 512 examples."""
 
-QUICK_GRID = {**FULL_GRID, "tasks": [{"task": "listops", "n": 256}, {"task": "pathfinder", "n": 256}],
-              "max_steps": 20, "eval_every": 10, "validation_size": 16, "test_size": 8}
-"""``--quick``: n = 256, 20 steps (a smoke run)."""
+QUICK_GRID = {**FULL_GRID, "tasks": [{"task": "listops", "n": 96, "positions": "learned"},
+                                     {"task": "pathfinder", "n": 256, "positions": "2d"}],
+              "seeds": 2, "steps": 4, "batch_size": 4, "train_batches": 2, "eval_every": 2, "validation_size": 8,
+              "test_size": 4, "warmup": 1}
+"""``--quick``: 2 seeds, 4 steps of batch 4 (a smoke run of every code path; no model learns)."""
 
 RESULTS, SPECTRA, TRAINING = "results.csv", "spectra.csv", "training.csv"
-KEY_COLUMNS = ("task", "n")
+KEY_COLUMNS = ("task", "n", "seed")
 _MODEL = {"embedding_dim": 64, "hidden_dim": 128, "num_heads": 2, "num_layers": 2}
 _LABELS = {"listops": "ListOps", "pathfinder": "Pathfinder"}
+_GRID_KEYS = ("seeds", "steps", "batch_size", "train_batches", "eval_every", "validation_size", "test_size", "lr",
+              "warmup", "optimizer", "clip_value", "dropout")
 
 
-def build_config(*, quick: bool = False, tasks=None, max_steps=None, patience=None, base_seed: int = 0) -> dict:
-    """The grid (saved and hashed in ``config.json``); ``tasks`` as ``"name:n"`` strings."""
+def _parse_tasks(tasks) -> list[dict]:
     from ..tasks import available
 
+    parsed = []
+    for spec in tasks:
+        name, _, rest = str(spec).partition(":")
+        n, _, positions = rest.partition(":")
+        positions = positions or ("2d" if name == "pathfinder" else "learned")
+        if name not in available() or not n.isdigit() or int(n) < 1 or positions not in ("learned", "2d"):
+            raise StudyError(f"--tasks entries must be NAME:N[:learned|2d] with NAME in {available()}; got {spec!r}.")
+        parsed.append({"task": name, "n": int(n), "positions": positions})
+    return parsed
+
+
+def build_config(*, quick: bool = False, tasks=None, steps=None, seeds=None, base_seed: int = 0) -> dict:
+    """The grid (saved and hashed in ``config.json``); ``tasks`` as ``"name:n[:positions]"`` strings."""
     grid = dict(QUICK_GRID if quick else FULL_GRID)
     if tasks is not None:
-        parsed = []
-        for spec in tasks:
-            name, _, n = str(spec).partition(":")
-            if name not in available() or not n.isdigit() or int(n) < 1:
-                raise StudyError(f"--tasks entries must be NAME:N with NAME in {available()}; got {spec!r}.")
-            parsed.append({"task": name, "n": int(n)})
-        grid["tasks"] = parsed
-    for name, value in (("max_steps", max_steps), ("patience", patience)):
+        grid["tasks"] = _parse_tasks(tasks)
+    for name, value in (("steps", steps), ("seeds", seeds)):
         if value is not None:
             if int(value) < 1:
-                raise StudyError(f"--{name.replace('_', '-')} must be an integer >= 1; got {value}.")
+                raise StudyError(f"--{name} must be an integer >= 1; got {value}.")
             grid[name] = int(value)
     return {"study": "lra-svd", "paper": "Skyformer (Chen et al., NeurIPS 2021), Appendix B, Figure 4",
             **grid, "model": dict(_MODEL), "attention": "softmax", "layer": 2,
             "matrix": "attention output of layer 2 (heads concatenated, before the output projection), real tokens",
+            "gates": dict(GATES), "decay_indices": list(DECAY_INDICES), "min_seeds": MIN_SEEDS,
             "base_seed": int(base_seed)}
 
 
-def attention_output_spectrum(model, batch, *, layer: int = 1):
-    r"""Normalised singular values and decay rates of layer ``layer``'s attention output (0-based).
+def decay_slope(sigma: torch.Tensor, indices=DECAY_INDICES) -> torch.Tensor:
+    r"""Least-squares slope of :math:`\ln\sigma_i` on :math:`i` over ``indices`` (1-based, inclusive).
+
+    Parameters
+    ----------
+    sigma : torch.Tensor
+        ``(*batch, r)`` positive singular values in decreasing order, ``r >= indices[1]``.
+    indices : (int, int)
+        First and last index of the fit (default :data:`DECAY_INDICES`: 2..64, :math:`\sigma_1` out).
 
     Returns
     -------
-    sigma : torch.Tensor
+    torch.Tensor
+        ``(*batch,)`` float64 slopes :math:`c` in :math:`\sigma_i \approx C e^{c i}`; the same for
+        :math:`\sigma` and :math:`\sigma/\sigma_1`.
+    """
+    first, last = int(indices[0]), int(indices[1])
+    if not 1 <= first < last or sigma.shape[-1] < last:
+        raise ValueError(f"`sigma` must hold at least {last} values for indices {first}..{last}; "
+                         f"got {sigma.shape[-1]}.")
+    y = torch.log(sigma[..., first - 1:last].to(torch.float64))
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError("`sigma` must be positive over the fitted indices (a log of 0 has no slope).")
+    i = torch.arange(first, last + 1, dtype=torch.float64)
+    i = i - i.mean()
+    return ((y - y.mean(-1, keepdim=True)) * i).sum(-1) / i.square().sum()
+
+
+def attention_output_spectrum(model, batch, *, layer: int = 1):
+    r"""Normalised singular values of layer ``layer``'s attention output (0-based).
+
+    Returns
+    -------
+    torch.Tensor
         ``(batch, r)`` float64, :math:`\sigma_j/\sigma_1` of each example's ``(n_i, e)`` matrix
         (its real tokens' rows), ``r = min(min_i n_i, e)``.
-    decay : torch.Tensor
-        ``(batch,)`` decay rates (:func:`approxlab.metrics.singular_value_decay_rate`).
     """
     from ..linalg.conditioning import singular_values
-    from ..metrics import singular_value_decay_rate
 
     outputs = []
     with torch.no_grad():
@@ -120,50 +187,69 @@ def attention_output_spectrum(model, batch, *, layer: int = 1):
     matrices = [outputs[layer][i][batch.mask[i]].to(torch.float64) for i in range(batch.mask.shape[0])]
     rank = min(min(m.shape) for m in matrices)
     sigma = torch.stack([singular_values(m)[:rank] for m in matrices])
-    decay = torch.tensor([float(singular_value_decay_rate(m, num=rank)) for m in matrices], dtype=torch.float64)
-    return sigma / sigma[:, :1], decay
-
-
-def _data(cell):
-    from ..tasks import make_task
-
-    def batches(split, batch_size, count):
-        g = torch.Generator().manual_seed(cell_seed(cell["task"], cell["n"], split, base_seed=cell["base_seed"]))
-        return make_task(cell["task"], n=cell["n"], batch_size=batch_size, num_batches=count, generator=g)
-
-    train = batches("train", cell["batch_size"], cell["max_steps"])
-    validation = batches("validation", min(16, cell["validation_size"]), max(cell["validation_size"] // 16, 1))
-    test = batches("test", cell["test_size"], 1)
-    return train, validation.batches, test.batches[0]
+    return sigma / sigma[:, :1]
 
 
 @functools.lru_cache(maxsize=4)
+def _task_data(task, n, base_seed, batch_size, train_batches, validation_size):
+    """A task's training pool and validation set, shared by its seeds (generation costs as much as a step)."""
+    from ..tasks import make_task
+
+    def batches(split, size, count):
+        g = torch.Generator().manual_seed(cell_seed(task, n, split, base_seed=base_seed))
+        return make_task(task, n=n, batch_size=size, num_batches=count, generator=g)
+
+    validation_batch = min(32, validation_size)
+    return (batches("train", batch_size, train_batches),
+            batches("validation", validation_batch, -(-validation_size // validation_batch)).batches)
+
+
+def _train(cell):
+    from ..tasks import make_task
+    from ..training import TinyEncoder, train_classifier
+
+    train, validation = _task_data(cell["task"], cell["n"], cell["base_seed"], cell["batch_size"],
+                                   cell["train_batches"], cell["validation_size"])
+    seed = lambda part: cell_seed(cell["task"], cell["n"], cell["seed"], part, base_seed=cell["base_seed"])  # noqa: E731
+    order = torch.cat([torch.randperm(len(train.batches), generator=torch.Generator().manual_seed(seed("order") + e))
+                       for e in range(-(-cell["steps"] // len(train.batches)))])[:cell["steps"]]
+    model = TinyEncoder(vocab_size=train.vocab_size, n=cell["n"], attention="softmax", kind="classification",
+                        num_classes=train.num_classes, positions=cell["positions"], dropout=cell["dropout"],
+                        generator=torch.Generator().manual_seed(seed("init")), **_MODEL)
+    trained = train_classifier(model, [train.batches[int(i)] for i in order], validation, lr=cell["lr"],
+                               eval_every=cell["eval_every"], patience=None, seed=seed("steps") % 2**62,
+                               optimizer=cell["optimizer"], warmup=cell["warmup"], clip_value=cell["clip_value"],
+                               keep="last")
+    test = make_task(cell["task"], n=cell["n"], batch_size=cell["test_size"], num_batches=1,
+                     generator=torch.Generator().manual_seed(seed("test"))).batches[0]
+    labels = torch.cat([b.labels for b in validation])
+    return model, trained, test, float(torch.bincount(labels).max()) / labels.numel()
+
+
+@functools.lru_cache(maxsize=None)  # the three tables' passes over the cells train each once
 def _cell_tables(frozen: tuple) -> dict:
-    from ..training import TinyEncoder, accuracy, train_classifier
+    from ..training import accuracy
 
     cell = dict(frozen)
     start = time.perf_counter()
-    train, validation, test = _data(cell)
-    init = torch.Generator().manual_seed(cell_seed(cell["task"], cell["n"], "init", base_seed=cell["base_seed"]))
-    model = TinyEncoder(vocab_size=train.vocab_size, n=cell["n"], attention="softmax", kind="classification",
-                        num_classes=train.num_classes, generator=init, **_MODEL)
-    trained = train_classifier(model, train.batches, validation, lr=cell["lr"], eval_every=cell["eval_every"],
-                               patience=cell["patience"])
-    sigma, decay = attention_output_spectrum(model, test, layer=1)
-    labels = torch.cat([b.labels for b in validation])
-    summary = {"steps": trained["steps"], "stopped": trained["stopped"], "best_step": trained["best_step"],
-               "validation_accuracy": trained["best_accuracy"],
-               "majority_rate": float(torch.bincount(labels).max()) / labels.numel(),
-               "test_batch_accuracy": accuracy(model, [test]), "test_batch_size": int(test.labels.numel()),
-               "decay_rate": float(decay.mean()), "decay_rate_std": float(decay.std()) if decay.numel() > 1 else 0.0,
+    model, trained, test, majority = _train(cell)
+    sigma = attention_output_spectrum(model, test, layer=1)
+    last = DECAY_INDICES[1]
+    slope = decay_slope(sigma) if sigma.shape[-1] >= last else torch.full((sigma.shape[0],), float("nan"))
+    gate = GATES.get(cell["task"], float("nan"))
+    summary = {"steps": trained["steps"], "validation_accuracy": trained["final_accuracy"],
+               "validation_size": cell["validation_size"], "majority_rate": majority, "gate": gate,
+               "passed": bool(trained["final_accuracy"] >= gate),
+               "test_batch_accuracy": accuracy(model, [test]), "decay_slope": float(slope.mean()),
+               "decay_slope_std": float(slope.std()) if slope.numel() > 1 else 0.0,
                "num_singular_values": sigma.shape[-1], "seconds": time.perf_counter() - start}
-    spectra = [{"index": j, "mean": float(sigma[:, j].mean()), "min": float(sigma[:, j].min()),
+    spectra = [{"index": j + 1, "mean": float(sigma[:, j].mean()), "min": float(sigma[:, j].min()),
                 "max": float(sigma[:, j].max())} for j in range(sigma.shape[-1])]
     return {"results": [summary], "spectra": spectra, "training": trained["history"]}
 
 
 def compute_cell(cell: dict, table: str = "results") -> list[dict]:
-    """Rows of ``table`` ("results", "spectra" or "training") for one task (computed once)."""
+    """Rows of ``table`` ("results", "spectra" or "training") for one (task, seed) (computed once)."""
     return _cell_tables(tuple(sorted(cell.items())))[table]
 
 
@@ -176,13 +262,14 @@ def _training_rows(cell):
 
 
 def compute(config: dict, out, *, progress=True, restart=False, run_info=None):
-    """Train and measure every task (in process); write the three tables and ``config.json``."""
+    """Train and measure every (task, seed) (in process); write the three tables and ``config.json``."""
     out = pathlib.Path(out)
-    keys = ("batch_size", "max_steps", "eval_every", "patience", "validation_size", "test_size", "lr", "base_seed")
-    cells = [{**entry, **{k: config[k] for k in keys}} for entry in config["tasks"]]
+    common_keys = {k: config[k] for k in _GRID_KEYS if k != "seeds"}
+    cells = [{**entry, "seed": seed, **common_keys, "base_seed": config["base_seed"]}
+             for seed in range(config["seeds"]) for entry in config["tasks"]]
     common = dict(key_columns=KEY_COLUMNS, config=config, run_info=run_info, progress=progress, restart=restart)
     tables = [run_cells(cells, function, results_path=out / name, **common)
-              for function, name in ((_spectra_rows, SPECTRA), (_training_rows, TRAINING), (compute_cell, RESULTS))]
+              for function, name in ((compute_cell, RESULTS), (_spectra_rows, SPECTRA), (_training_rows, TRAINING))]
     _cell_tables.cache_clear()
     return tables
 
@@ -200,87 +287,132 @@ def _label(task, n):
     return f"{_LABELS.get(task, task)} (n={n})"
 
 
+def ordering(results: pd.DataFrame, *, level: float = 0.95, min_seeds: int = MIN_SEEDS) -> dict:
+    r"""Appendix B's claim "Pathfinder decays slower than ListOps" on the seeds that pass their gate.
+
+    The difference is Pathfinder's mean decay slope minus ListOps' (both negative; a positive
+    difference = Pathfinder slower), with a Welch t interval over seeds (each seed one trained
+    model). Verdict: ``"Pathfinder slower"`` when the interval is above 0, ``"Pathfinder faster"``
+    when below, ``"inconclusive"`` when it contains 0, and ``"not compared (gate)"`` when fewer than
+    ``min_seeds`` seeds of a task passed: then nothing is said about the ordering.
+    """
+    from scipy import stats
+
+    passed = results[results["passed"].astype(bool)]
+    slopes = {t: passed.loc[passed["task"] == t, "decay_slope"].to_numpy(dtype=float) for t in ("pathfinder", "listops")}
+    entry = {"seeds_pathfinder": len(slopes["pathfinder"]), "seeds_listops": len(slopes["listops"]),
+             "difference": float("nan"), "low": float("nan"), "high": float("nan")}
+    if min(len(v) for v in slopes.values()) < max(min_seeds, 2):
+        return {**entry, "verdict": "not compared (gate)"}
+    test = stats.ttest_ind(slopes["pathfinder"], slopes["listops"], equal_var=False)
+    interval = test.confidence_interval(level)
+    low, high = float(interval.low), float(interval.high)
+    verdict = "Pathfinder slower" if low > 0 else "Pathfinder faster" if high < 0 else "inconclusive"
+    return {**entry, "difference": float(slopes["pathfinder"].mean() - slopes["listops"].mean()),
+            "low": low, "high": high, "verdict": verdict}
+
+
 def plot(out) -> list:
-    """``lra_svd.png/.pdf``: mean normalised singular values per task (min-max band over the batch)."""
+    """``lra_svd.png/.pdf``: per seed, the test batch's mean sigma_j/sigma_1 (left) and the decay slope (right)."""
     from ..plotting import figure, save_figure
 
     _, results, spectra, _ = _load(out)
-    fig, axes = figure(1, 1, panel_size=(4.6, 3.2))
-    ax = axes[0][0]
-    for (task, n), data in spectra.groupby(["task", "n"], sort=False):
-        row = results[(results["task"] == task) & (results["n"] == n)].iloc[0]
-        label = (f"{_label(task, n)}: decay {row['decay_rate']:.3f}/index, "
-                 f"val. acc. {row['validation_accuracy']:.2f}")
-        line, = ax.plot(data["index"] + 1, data["mean"], label=label)
-        ax.fill_between(data["index"] + 1, data["min"], data["max"], color=line.get_color(), alpha=0.15)
-    ax.set_yscale("log")
-    ax.set_xlabel("index j")
-    ax.set_ylabel("sigma_j / sigma_1 (mean over a test batch)")
-    ax.set_title("Layer-2 attention output, trained softmax model")
-    ax.legend(loc="upper right", fontsize="small")
+    fig, axes = figure(1, 2, panel_size=(4.4, 3.2))
+    left, right = axes[0]
+    colours = {}
+    for k, ((task, n), data) in enumerate(spectra.groupby(["task", "n"], sort=False)):
+        rows = results[(results["task"] == task) & (results["n"] == n)]
+        colour = colours.setdefault(task, f"C{k}")
+        passed = int(rows["passed"].astype(bool).sum())
+        for seed, curve in data.groupby("seed"):
+            ok = bool(rows.loc[rows["seed"] == seed, "passed"].iloc[0])
+            left.plot(curve["index"], curve["mean"], color=colour, linestyle="-" if ok else "--", linewidth=1,
+                      label=f"{_label(task, n)}: {passed}/{len(rows)} seeds pass the gate" if seed == 0 else None)
+        x = np.full(len(rows), k, dtype=float) + np.linspace(-0.08, 0.08, len(rows))
+        right.scatter(x, rows["decay_slope"], color=colour, marker="o", zorder=3)
+        right.errorbar([k + 0.25], [rows["decay_slope"].mean()], yerr=[[0.0], [0.0]], fmt="_", color=colour,
+                       markersize=14)
+    left.axvspan(DECAY_INDICES[0], DECAY_INDICES[1], color="grey", alpha=0.08, label="indices of the decay fit")
+    left.set_yscale("log")
+    left.set_xlabel("index j")
+    left.set_ylabel("sigma_j / sigma_1 (mean over a test batch)")
+    left.set_title("Layer-2 attention output (dashed: below the gate)", fontsize="medium")
+    left.legend(loc="upper right", fontsize="small")
+    labels = [_label(t, n) for t, n in spectra.groupby(["task", "n"], sort=False).groups]
+    right.set_xticks(range(len(labels)), labels)
+    right.set_xlim(-0.5, len(labels) - 0.5)
+    right.set_ylabel(f"slope of ln sigma_i, i = {DECAY_INDICES[0]}..{DECAY_INDICES[1]}")
+    right.set_title("Decay slope per seed (dash: mean)", fontsize="medium")
     return save_figure(fig, pathlib.Path(out) / "lra_svd")
 
 
+def _setting_lines(config) -> list[str]:
+    tasks = "; ".join(f"{_LABELS.get(t['task'], t['task'])} n = {t['n']} ({t['positions']} positions)"
+                      for t in config["tasks"])
+    return [
+        "## The CPU proxy (declared before the run)", "",
+        f"- Tasks: {tasks}. Skyformer's LRA settings: ListOps n = 2000, Pathfinder-32 n = 1024, learned 1-D "
+        "positions, trained up to 50k steps on a GPU; here shorter sequences and, for Pathfinder, a learned "
+        "row + column embedding (2-D positions) so the model can see which pixels neighbour each other.",
+        f"- Model: the paper's 2-layer softmax encoder (embedding {config['model']['embedding_dim']}, "
+        f"feed-forward {config['model']['hidden_dim']}, {config['model']['num_heads']} heads), dropout "
+        f"{config['dropout']:g} (no attention dropout).",
+        f"- Budget: {config['steps']} steps of batch {config['batch_size']} per seed, fixed, no early stop, "
+        f"the last weights kept; {config['optimizer']} with a one-cycle schedule ({config['warmup']} warm-up "
+        f"steps, peak lr {config['lr']:g}; the paper: 1e-4 / 2e-4 over 50k steps), gradient values clipped at "
+        f"{config['clip_value']:g}. Training pool: {config['train_batches']} generated batches per task, "
+        "shared by the seeds and cycled in a per-seed order (generation costs about as much as a step); no "
+        "self-pretraining.",
+        f"- Seeds: {config['seeds']} per task (initial weights, batch order, dropout, test batch). Validation: "
+        f"{config['validation_size']} held-out examples per task, accuracy of the final weights.",
+        "- Gates (fixed in code before the run): " + ", ".join(f"{_LABELS[t]} >= {g:.2f}" for t, g in
+                                                               config["gates"].items()) + ".",
+        f"- Decay statistic (fixed before the run): least-squares slope of ln sigma_i on i over i = "
+        f"{config['decay_indices'][0]}..{config['decay_indices'][1]} (sigma_1 excluded), per test example "
+        f"(a batch of {config['test_size']}), averaged over the batch; compared between tasks over the seeds "
+        f"that pass their gate (Welch t, 95%), only when at least {config['min_seeds']} seeds of each task pass.",
+        "",
+    ]
+
+
 def summarize(out) -> pathlib.Path:
-    """``summary.md``: accuracy reached and decay rate per task, and the comparison with Appendix B."""
-    config, results, spectra, training = _load(out)
-    second = spectra[spectra["index"] == 1].set_index(["task", "n"])["mean"]
+    """``summary.md``: the declared proxy, accuracy against the gates per seed, the decay comparison."""
+    config, results, _, training = _load(out)
     lines = ["# Singular values of the trained model's attention output (Skyformer Appendix B, Figure 4)", "",
-             f"2-layer softmax encoder (embedding 64, 2 heads), Adam lr {config['lr']:g}, batch "
-             f"{config['batch_size']}, at most {config['max_steps']} steps; validation accuracy on "
-             f"{config['validation_size']} examples every {config['eval_every']} steps, stop after "
-             f"{config['patience']} evaluations without improvement; best weights kept. Spectrum: layer 2's "
-             f"attention output on one test batch of {config['test_size']}.", "",
-             "| task | steps | stopped | best val. acc. (step) | majority class | test-batch acc. | decay rate (mean ± std) | sigma_2/sigma_1 | values |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             *_setting_lines(config),
+             "| task | seed | steps | val. acc. (n) | majority class | gate | passed | test-batch acc. "
+             "| decay slope (mean ± std over the batch) | values |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results.itertuples(index=False):
-        lines.append(f"| {_label(r.task, r.n)} | {r.steps} | {r.stopped} | {r.validation_accuracy:.3f} ({r.best_step}) "
-                     f"| {r.majority_rate:.3f} | {r.test_batch_accuracy:.3f} | {r.decay_rate:.4f} ± "
-                     f"{r.decay_rate_std:.4f} | {second.get((r.task, r.n), float('nan')):.1e} | {r.num_singular_values} |")
-    order = results.sort_values("decay_rate")["task"].map(_LABELS).tolist()
-    lines += ["", "## Against Appendix B", "", f"Fastest decay first: {', '.join(order)}. " + _ordering_verdict(results),
-              _caveat(results, second),
+        lines.append(f"| {_label(r.task, r.n)} | {r.seed} | {r.steps} | {r.validation_accuracy:.3f} "
+                     f"({r.validation_size}) | {r.majority_rate:.3f} | {r.gate:.2f} | {'yes' if r.passed else 'no'} "
+                     f"| {r.test_batch_accuracy:.3f} | {r.decay_slope:.4f} ± {r.decay_slope_std:.4f} "
+                     f"| {r.num_singular_values} |")
+    verdict = ordering(results, min_seeds=config["min_seeds"])
+    lines += ["", "## Against Appendix B (\"Pathfinder decays slower than ListOps\")", "", _ordering_text(verdict),
               "Figure 4's curves are not given as numbers in the paper (and its models were trained to LRA "
-              "accuracy on a GPU), so only the ordering of the tasks is compared.", "",
-              f"Compute: {results['seconds'].sum():.0f} s in total; {len(training)} evaluations."]
+              "accuracy on a GPU), so only the pre-declared slope comparison is made.", "",
+              f"Compute: {results['seconds'].sum():.0f} s of cell time; {len(training)} evaluations."]
     return atomic_write_text(pathlib.Path(out) / "summary.md", "\n".join(lines) + "\n")
 
 
-def _caveat(results: pd.DataFrame, second: pd.Series) -> str:
-    """Say so when no model learned its task or every spectrum is numerically rank one."""
-    parts = []
-    if (results["validation_accuracy"] <= results["majority_rate"] + 1e-12).all():
-        parts.append("No model got above its majority-class rate: these are models that have not learned "
-                     "their task, unlike Figure 4's trained ones.")
-    if len(second) and (second < 1e-3).all():
-        parts.append(f"Every attention output is numerically rank one (sigma_2/sigma_1 <= {second.max():.0e}): "
-                     "the attention rows are nearly uniform, so each output row is about the mean of V, and the "
-                     "decay rate mostly measures that one gap -- the ordering of the tasks says little here.")
-    return " ".join(parts)
-
-
-def _ordering_verdict(results: pd.DataFrame) -> str:
-    """Whether Pathfinder's spectrum decays slower than ListOps' (Appendix B's reading)."""
-    rates = dict(zip(results["task"], results["decay_rate"]))
-    if not {"listops", "pathfinder"} <= set(rates):
-        return "Appendix B's ordering (Pathfinder slower than ListOps) needs both tasks; not compared."
-    if rates["pathfinder"] > rates["listops"]:
-        return "Matches Appendix B: Pathfinder decays slower than ListOps."
-    return ("Does not match Appendix B, which has Pathfinder decaying slower than ListOps "
-            f"(here {rates['pathfinder']:.4f} vs {rates['listops']:.4f} per index).")
-
-
-def _str_list(text: str) -> list[str]:
-    return [x for x in text.replace(",", " ").split() if x]
+def _ordering_text(verdict: dict) -> str:
+    seeds = f"{verdict['seeds_pathfinder']} Pathfinder and {verdict['seeds_listops']} ListOps seeds pass their gates"
+    if verdict["verdict"] == "not compared (gate)":
+        return (f"Not compared: {seeds}, fewer than required. These models did not learn their tasks to the "
+                "gate, so this run says nothing about the ordering of the tasks.")
+    return (f"{seeds}. Pathfinder's slope minus ListOps': {verdict['difference']:+.4f} per index, 95% interval "
+            f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}] (Welch t over seeds); verdict: **{verdict['verdict']}**"
+            + (" (Appendix B's ordering)." if verdict["verdict"] == "Pathfinder slower" else
+               " (Appendix B has Pathfinder slower)."))
 
 
 def add_arguments(parser) -> None:
     """Options of ``approxlab lra-svd`` (besides the common ones)."""
     group = parser.add_argument_group("lra-svd grid (defaults: the full grid, or the --quick one)")
-    group.add_argument("--tasks", type=_str_list, default=None, help="comma-separated NAME:N, e.g. listops:1000")
-    group.add_argument("--max-steps", type=int, default=None, help="step budget per task (default 200)")
-    group.add_argument("--patience", type=int, default=None,
-                       help="evaluations without improvement before stopping (default 3)")
+    group.add_argument("--tasks", type=_cli.str_list, default=None,
+                       help="comma-separated NAME:N[:learned|2d], e.g. listops:256,pathfinder:256:2d")
+    group.add_argument("--steps", type=_cli.positive_int, default=None, help="fixed step budget per seed (default 150)")
+    group.add_argument("--seeds", type=_cli.positive_int, default=None, help="seeds per task (default 3)")
 
 
 def run(args) -> int:
@@ -291,7 +423,7 @@ def run(args) -> int:
         raise StudyError(f"lra-svd runs on the CPU only; got --device {args.device}.")
     out = args.out
     if not args.plot_only:
-        config = build_config(quick=args.quick, tasks=args.tasks, max_steps=args.max_steps, patience=args.patience)
+        config = build_config(quick=args.quick, tasks=args.tasks, steps=args.steps, seeds=args.seeds)
         run_info = {"command": getattr(args, "command", "approxlab lra-svd"), "torch": torch.__version__,
                     "threads": torch.get_num_threads()}
         start = time.perf_counter()
