@@ -184,3 +184,48 @@ def test_intervals_verdicts_and_paper_comparison():
     assert comparison.loc["kernelized", "paper inside our CI"] == "no"  # ours: 0.72 [0.70, 0.74]
     assert comparison.loc["kernelized", "same side of 1"] == "yes"
     assert comparison.loc["nystromformer", "paper inside our CI"] == "yes"
+
+
+@pytest.mark.parametrize("low,high,power,word", [(0.5, 0.99, 0.1, "below 1"), (1.01, 2.0, 0.1, "above 1"),
+                                                 (0.5, 1.5, 0.3, "not confirmed (underpowered)"),
+                                                 (0.5, 1.5, 0.95, "inconclusive"), (0.5, 1.5, float("nan"), "inconclusive")])
+def test_verdict_labels_an_undecided_interval_by_its_power(low, high, power, word):
+    assert study.verdict(low, high, power) == word
+
+
+def test_power_analysis_is_the_t_test_at_the_papers_value():
+    from approxlab.stats import t_test_power, t_test_sample_size
+
+    values = [0.6, 0.9, 1.4, 0.8, 1.1]
+    sd, power, needed = study.power_analysis(values, 0.77)
+    assert sd == pytest.approx(float(np.std(values, ddof=1)))
+    assert power == pytest.approx(t_test_power(5, difference=-0.23, sd=sd))
+    assert needed == t_test_sample_size(difference=-0.23, sd=sd, power=0.8)
+    assert t_test_power(needed, difference=-0.23, sd=sd) >= 0.8 > t_test_power(needed - 1, difference=-0.23, sd=sd)
+    assert math.isnan(study.power_analysis(values, None)[1]) and math.isnan(study.power_analysis(values, 1.01)[1])
+
+
+def test_intervals_report_geometric_mean_power_and_both_verdicts():
+    ratios = [0.5, 0.6, 0.55, 3.0, 0.5]  # a heavy right tail: arithmetic mean above the geometric one
+    rows = [{"task": "listops", "n": 100, "seed": s, "attention": a, "steps": 2, "ratio": r, "status": "ok"}
+            for s, r in enumerate(ratios) for a, r in (("softmax", 1.0), ("kernelized", r))]
+    summary = study.intervals(pd.DataFrame(rows)).set_index("attention")
+    row = summary.loc["kernelized"]
+    assert row["geo_mean"] == pytest.approx(math.exp(np.mean(np.log(ratios))))
+    _, log_low, log_high = study.ratio_interval(np.log(ratios))
+    assert (row["geo_low"], row["geo_high"]) == pytest.approx((math.exp(log_low), math.exp(log_high)))
+    assert row["paper"] == 0.77 and 0 < row["power"] < 0.8
+    assert row["verdict"] == "not confirmed (underpowered)" and row["geo_verdict"] == "not confirmed (underpowered)"
+    cell = study._verdict_cell(next(summary.reset_index().itertuples(index=False)))  # softmax row: no power
+    assert cell == "reference"
+    text = study._verdict_cell(next(r for r in summary.reset_index().itertuples(index=False) if r.attention == "kernelized"))
+    assert text.startswith("not confirmed (underpowered) (power 0.")
+
+
+def test_full_grid_uses_the_papers_optimiser_settings():
+    config = study.build_config()
+    assert config["optimizer"] == "adamw" and config["dropout"] == 0.1 and config["clip_value"] == 1.0
+    lr = {t["task"]: (t["lr"], t["warmup"], t["total_steps"]) for t in config["tasks"]}
+    assert lr == {"listops": (1e-4, 1000, 50000), "pathfinder": (2e-4, 312, 50000)}
+    cells = study.make_cells(config)
+    assert [c["seed"] for c in cells[:8]] == [0] * 8  # seed by seed: a stopped run holds whole seeds
