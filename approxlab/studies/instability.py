@@ -602,7 +602,8 @@ def _power_lines(summary: pd.DataFrame) -> list[str]:
              "is whether the mean ratio differs from 1 when it is in truth the paper's value (e.g. 0.77): a "
              "two-sided one-sample t-test at 5%, with the per-seed standard deviation measured here. A verdict "
              "that is not decisive counts as \"not confirmed (underpowered)\" when the power is below "
-             f"{POWER_GOAL:.0%}.", "",
+             f"{POWER_GOAL:.0%}. The SD of a handful of seeds is itself a rough estimate, so the last column is "
+             "indicative; an entry with one seed has no SD and no power.", "",
              "| attention | task | seeds | per-seed SD | paper | power at the paper's value | seeds for 80% power |",
              "|---|---|---|---|---|---|---|"]
     for r in rows.itertuples(index=False):
