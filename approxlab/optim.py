@@ -57,6 +57,15 @@ def make_optimizer(parameters, *, lr: float, optimizer: str = "adamw", warmup: i
     Returns
     -------
     (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler or None)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.optim import make_optimizer
+    >>> w = torch.nn.Parameter(torch.zeros(2))
+    >>> opt, schedule = make_optimizer([w], lr=1e-3, warmup=10, total_steps=100)
+    >>> type(opt).__name__, round(opt.param_groups[0]["lr"], 6)
+    ('AdamW', 4e-05)
     """
     lr = check_positive_float(lr, "lr")
     check_choice(optimizer, "optimizer", OPTIMIZERS)
@@ -73,7 +82,14 @@ def make_optimizer(parameters, *, lr: float, optimizer: str = "adamw", warmup: i
 def one_cycle(step: int, *, warmup: int, total_steps: int) -> float:
     """The one-cycle factor of the rate after ``step`` steps: ``1/25 -> 1`` linearly over ``warmup``
     steps, then ``1 -> 1/(25 * 1e4)`` linearly at ``total_steps`` (``OneCycleLR``'s defaults,
-    ``anneal_strategy="linear"``; written out so that short schedules are valid too)."""
+    ``anneal_strategy="linear"``; written out so that short schedules are valid too).
+
+    Examples
+    --------
+    >>> from approxlab.optim import one_cycle
+    >>> one_cycle(0, warmup=10, total_steps=110), one_cycle(10, warmup=10, total_steps=110)
+    (0.04, 1.0)
+    """
     start, end = 1.0 / 25.0, 1.0 / 25.0 / 1e4
     if step < warmup:
         return start + (1.0 - start) * step / warmup
@@ -81,7 +97,19 @@ def one_cycle(step: int, *, warmup: int, total_steps: int) -> float:
 
 
 def optimizer_step(model, optimizer, scheduler=None, *, clip_value: float | None = None) -> None:
-    """Clip every gradient entry to ``[-clip_value, clip_value]`` (if given), step, advance the schedule."""
+    """Clip every gradient entry to ``[-clip_value, clip_value]`` (if given), step, advance the schedule.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.optim import make_optimizer, optimizer_step
+    >>> model = torch.nn.Linear(1, 1)
+    >>> opt, _ = make_optimizer(model.parameters(), lr=0.1, optimizer="adam")
+    >>> model(torch.ones(1, 1)).sum().mul(100).backward()
+    >>> optimizer_step(model, opt, clip_value=1.0)
+    >>> float(model.bias.grad.abs().max())
+    1.0
+    """
     if clip_value is not None:
         torch.nn.utils.clip_grad_value_(model.parameters(), clip_value=float(clip_value))
     optimizer.step()
