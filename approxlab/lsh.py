@@ -1,7 +1,7 @@
 r"""Random-hyperplane locality-sensitive hashing and LSH-based Bernoulli sampling (YOSO).
 
 Shared by :mod:`approxlab.methods.yoso` (YOSO-m) and :mod:`approxlab.methods.yoso_e`
-(YOSO-E). Notation follows YOSO (Zeng et al., 2021), Section 3:
+(YOSO-E). Notation follows YOSO (Zeng et al., 2021) [1]_, Section 3:
 
 * a hash :math:`f` concatenates :math:`\tau` random-hyperplane (SimHash) bits,
   :math:`f(x) = \sum_{t=0}^{\tau-1} 2^t\,\mathbb 1[\langle w_t, x\rangle > 0]`,
@@ -10,7 +10,7 @@ Shared by :mod:`approxlab.methods.yoso` (YOSO-m) and :mod:`approxlab.methods.yos
   (the display after YOSO Eq. (2)); YOSO-m averages it over :math:`m` independent hashes;
 * its expectation is the collision probability
   :math:`\mathbb E[\mathcal B(Q,K)_{ij}] = (1 - \arccos(\hat Q_i^\top \hat K_j)/\pi)^\tau`
-  (Charikar, 2002; YOSO Section 3.1), with :math:`\hat x = x/\|x\|`.
+  (Charikar, 2002 [2]_; YOSO Section 3.1), with :math:`\hat x = x/\|x\|`.
 
 :func:`bucket_attention` computes :math:`\mathcal B(Q,K)V` by the hash-table accumulation of
 YOSO Section 3.2 (Figure 3): values are summed into :math:`2^\tau` buckets per hash and read back

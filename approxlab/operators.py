@@ -203,7 +203,7 @@ class DiagonalOperator(LinearOperator):
 
 
 class ProductOperator(LinearOperator):
-    """``F_1 @ F_2 @ ... @ F_r`` of operators or tensors, applied right to left.
+    """``F_1 @ F_2 @ … @ F_r`` of operators or tensors, applied right to left.
 
     A low-rank factorisation ``U (W) V^T`` costs ``O((n + m) r k)`` per block of ``k`` vectors.
 

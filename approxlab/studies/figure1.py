@@ -6,7 +6,7 @@ model, the spectral norm :math:`\|\tilde O - O\|_2` of the difference between an
 approximate attention output :math:`\tilde O` and exact softmax attention
 :math:`O = D^{-1}AV`, against the number of features ``d``, for several sequence lengths.
 
-Three steps (STYLE.md convention 9), all behind ``approxlab figure1``:
+Three steps, all behind ``approxlab figure1``:
 
 1. **grid** -- :func:`build_config` declares it; it is saved in ``config.json`` (hashed).
 2. **compute** -- :func:`compute` runs the cells through

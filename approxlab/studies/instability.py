@@ -21,7 +21,7 @@ side, "not confirmed (underpowered)" when it contains 1 at a power below :data:`
 "inconclusive" otherwise. Below 1: the method moves its output less than softmax attention for
 the same parameter change (Skyformer's "more stable").
 
-Three steps (STYLE.md convention 9), all behind ``approxlab instability``:
+Three steps, all behind ``approxlab instability``:
 
 1. **grid** -- :func:`build_config` (saved and hashed in ``config.json``);
 2. **compute** -- :func:`compute` runs one runner cell per (task, n, seed, attention)

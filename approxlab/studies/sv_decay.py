@@ -47,7 +47,7 @@ panel's floor :math:`2n\,\varepsilon_{64}` (the largest matrix of the panel is t
 below it (:func:`noise_floor`). Layers first / middle / last are ``0``,
 ``L // 2`` and ``L - 1`` (initialized BERT: 0, 6, 11; pretrained MiniLM-L6: 0, 3, 5).
 
-Three steps (STYLE.md convention 9): :func:`build_config` (grid, hashed in config.json),
+Three steps: :func:`build_config` (grid, hashed in config.json),
 :func:`compute` (one runner cell per (condition, layer, n, window); tables ``results.csv``
 with one row per head x matrix, and ``spectra.csv`` with, per cell x matrix x index, the
 mean / min / max over heads of :math:`\log_{10}(\sigma_i/\sigma_1)`), and :func:`plot` +
