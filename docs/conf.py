@@ -30,7 +30,7 @@ extensions = [
     "myst_parser",  # the studies' generated summary.md files are included as they are
 ]
 
-source_suffix = {".rst": "restructuredtext"}
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build", "examples/README.rst", "sg_execution_times.rst", "**/sg_execution_times.rst"]
 templates_path = ["_templates"]
 
