@@ -39,9 +39,11 @@ summary = table.groupby(["method", "num_features"]).error.median().unstack()
 print(summary.round(3))
 
 # %%
-fig, ax = plt.subplots(figsize=(5, 3.5))
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
 for method, row in summary.iterrows():
     ax.plot(row.index, row.values, marker="o", label=method)
 ax.set(xscale="log", yscale="log", xlabel="num_features d", ylabel="median relative spectral error")
-ax.legend()
+ax.set_xticks(summary.columns, [str(d) for d in summary.columns])
+ax.minorticks_off()
+ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1))
 fig.tight_layout()

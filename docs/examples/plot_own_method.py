@@ -49,13 +49,14 @@ for name in methods:
 # %%
 # The median over the 12 heads against the budget ``num_features``:
 
-fig, ax = plt.subplots(figsize=(5, 3.5))
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
 for name in methods:
     ax.plot(features, median[name], marker="o", label=name)
 ax.set(xscale="log", yscale="log", xlabel="num_features d",
        ylabel="median relative spectral error")
 ax.set_xticks(features, [str(d) for d in features])
-ax.legend()
+ax.minorticks_off()
+ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1))
 fig.tight_layout()
 
 # %%
