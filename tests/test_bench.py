@@ -44,7 +44,7 @@ def test_bench_cli_smoke(tmp_path, capsys):
         assert (out / name).is_file()
     summary = (out / "summary.md").read_text()
     assert "block-lanczos" in summary and "approxlab bench --quick" in summary
-    assert "## Ratios of the issue" in summary and "ExactAttentionOperator.rmatmat / SDPA forward" in summary
+    assert "## Target ratios" in summary and "ExactAttentionOperator.rmatmat / SDPA forward" in summary
     assert "## Training step against a pure-SDPA model" in summary and "| nystromformer | `nystromformer` |" in summary
     before = (out / "results.csv").read_bytes()
     assert main(["bench", "--out", str(out), "--plot-only", "--no-progress"]) == 0

@@ -1,6 +1,6 @@
 r"""``approxlab bench``: time and memory of matrix-free spectral errors and of the approximations.
 
-The benchmark of the issue "Spectral errors at scale". One command, run in **one process**
+Spectral errors at scale, measured. One command, run in **one process**
 (so that time ratios compare like with like), that measures for one attention head of BERT
 on Wikitext-2 (Q/K/V from :func:`approxlab.data.get_qkv`, ``"embedding"`` mode, layer 0,
 head 0, one contiguous window of ``n`` tokens):
@@ -28,7 +28,7 @@ head 0, one contiguous window of ``n`` tokens):
    ``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention``
    (``torch-sdpa``) and the row-blocked reference (``exact-blocked``, up to ``--dense-max-n``):
    the "linear cost" claim, measured.
-4. ``ratios`` part: the ratios of the performance issue's "Done means", printed in
+4. ``ratios`` part: the performance targets' ratios, printed in
    ``summary.md`` with their targets: ``ExactAttentionOperator`` matmat and rmatmat against one
    SDPA forward at n = 16384 in float32 and float64; the matrix-free spectral error (block
    Lanczos through the SDPA operator, block = p) at n = 32768 against one SDPA forward of the
@@ -470,7 +470,7 @@ def _forward_rows(config, method, q, k, v, n, common, device):
 
 
 # ----------------------------------------------------------------------------------------
-# The issue's ratios
+# The target ratios
 # ----------------------------------------------------------------------------------------
 
 RATIOS = {"operator-products": "ratio_n", "spectral-error": "spectral_ratio_n", "figure1-cell": "figure1_ratio_n"}
@@ -521,13 +521,13 @@ def _spectral_ratio_rows(config, q, k, v, n, common, device, seed):
 
 def _figure1_ratio_rows(cell, n, common):
     """The Figure-1 cell (initialized, one window, d in {64, 256}, one seed, all methods, float64,
-    as the issue defines it): its compute as ``approxlab figure1`` runs it (window diagnostics,
+    the cell whose cost is targeted): its compute as ``approxlab figure1`` runs it (window diagnostics,
     exact references, every method, panel statistics), against float64 SDPA exact attention of
     the same window's heads. Three more rows split it: ``figure1-cell-methods``, the methods' own
     ``seconds`` in ``results.csv`` (approximation and its error); ``figure1-cell-window-rank``,
     the window diagnostics' ``seconds`` in ``windows.csv`` (the dense SVD for the rank of A,
-    added by issue 12 after issue 11 defined the cell); and ``figure1-cell-without-window-rank``,
-    the compute less that, i.e. the cell as issue 11 defined it."""
+    added to the cell after its target was set); and ``figure1-cell-without-window-rank``,
+    the compute less that, i.e. the cell the target was set for."""
     import tempfile
 
     from ..attention import exact_attention
@@ -673,22 +673,22 @@ def _markdown_table(frame, columns, formats) -> str:
 
 TARGETS = {"operator-matmat": 1.3, "operator-rmatmat": 1.3, "spectral-error-sdpa-lanczos": 12.0,
            "figure1-cell-compute": 10.0}
-"""The issue's "Done means" bounds on ``ratio_vs_sdpa``."""
+"""The performance targets: upper bounds on ``ratio_vs_sdpa``."""
 
 
 CELL_PARTS = {
     "figure1-cell-methods": "its methods' own seconds (approximations and their errors, as results.csv reports "
                             "them) / the same",
-    "figure1-cell-window-rank": "its window diagnostics (the dense SVD for the rank of A, issue 12; windows.csv "
+    "figure1-cell-window-rank": "its window diagnostics (the dense SVD for the rank of A; windows.csv "
                                 "seconds) / the same",
-    "figure1-cell-without-window-rank": "its compute less the window diagnostics (the cell as issue 11 defined it) "
+    "figure1-cell-without-window-rank": "its compute less the window diagnostics (the cell the target was set for) "
                                         "/ the same",
 }
 """Rows that split the Figure-1 cell's compute (no target of their own)."""
 
 
 def _ratio_lines(wide) -> list[str]:
-    """The "Ratios of the issue" section: each measured ratio, its target and whether it is met."""
+    """The "Target ratios" section: each measured ratio, its target and whether it is met."""
     rows = wide[(wide["part"] == "ratios") & wide["algorithm"].isin([*TARGETS, *CELL_PARTS])]
     if rows.empty:
         return []
@@ -698,7 +698,7 @@ def _ratio_lines(wide) -> list[str]:
             "figure1-cell-compute": "Figure-1 cell compute (initialized, float64, d in {64, 256}, 1 window, 1 seed, "
                                     "8 methods, d_stat, rank of A) / float64 SDPA exact attention of its heads",
             **CELL_PARTS}
-    lines = ["## Ratios of the issue", "", "| ratio | n | dtype | seconds | baseline seconds | ratio | target | met |",
+    lines = ["## Target ratios", "", "| ratio | n | dtype | seconds | baseline seconds | ratio | target | met |",
              "|---|---|---|---|---|---|---|---|"]
     base = wide[wide["part"] == "ratios"]
     for _, row in rows.sort_values(["algorithm", "compute_dtype"]).iterrows():
