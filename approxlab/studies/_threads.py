@@ -18,9 +18,12 @@ warm caches) on a 2-core machine shared with other jobs:
 * an earlier measurement on the same machine, loaded (load not recorded), of
   ``approxlab figure1 --quick``: 38.5 s with ``OMP_NUM_THREADS=1``, 178 s with torch's default.
 
-An idle 2-core machine was not available for these measurements, so the idle ratio is not
-known; ``bash benchmarks/threads.sh`` on one measures it. To use a free second core, pass
-``--threads 2`` or ``--workers 2`` (two one-thread processes).
+* idle (load 0.7 to 0.9, ``REPS=1 bash benchmarks/threads.sh``): 59.1 s with one thread, 44.7 s
+  with two -- a single process gains 1.32 times from the second core when nothing else runs.
+
+One stays the default: it loses at most that factor on an idle machine and wins more than 3.2
+times on a loaded one, and a run with ``--workers 2`` (two one-thread processes) uses both cores
+anyway. On a machine you know to be idle, pass ``--threads 2`` (or ``--workers 2``).
 
 A Dask cluster started elsewhere (``--scheduler``) keeps its workers' own setting (Dask's
 nanny starts them with one thread each). Used as a library, approxlab never changes torch's
