@@ -194,7 +194,7 @@ def test_verdicts_follow_the_fixed_thresholds_with_intervals():
 
 
 def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
-    """Issue 5: above ``--matrix-free-above`` the exact output is applied in row blocks; the
+    """Above ``--matrix-free-above`` the exact output is applied in row blocks; the
     errors are the same numbers, and the statistical dimension is the matrix-free estimate."""
     grid = ["--n", "32", "48", "--num-features", "4", "8", "--methods", "skyformer-softmax", "nystromformer",
             "--windows", "1", "--seeds", "1", "--no-progress", "--conditions", "initialized"]
@@ -214,7 +214,7 @@ def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
 
 
 def test_every_method_visible_on_a_log_axis():
-    """Issue 12, item 3: log y axis; a median that is not finite is marked at the top edge."""
+    """Log y axis; a median that is not finite is marked at the top edge."""
     import matplotlib.pyplot as plt
 
     curve = pd.DataFrame({"num_features": [4, 8, 16], "median": [1.0, float("inf"), 1e-3],

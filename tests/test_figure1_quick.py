@@ -27,7 +27,7 @@ def one_thread():
 
 
 def test_quick_figure1_in_process_and_on_dask_give_the_same_table(tmp_path, one_thread, top_k_plugin):
-    """Issue 3: --quick produces the figure, CSV and summary offline. Issue 5: the Dask
+    """--quick produces the figure, CSV and summary offline. The Dask
     path (2 workers) writes the same tidy CSV as the in-process run for the same seeds. A method
     registered by a --plugin module (top-k) runs in both: the workers import the module too."""
     inline, dask = tmp_path / "inline", tmp_path / "dask"

@@ -1,4 +1,4 @@
-"""Positions beyond BERT's table (issue 12, item 1) and ``checkpoint`` for both conditions (item 2)."""
+"""Positions beyond BERT's table and ``checkpoint`` for both conditions."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_local_checkpoints_load_offline_for_both_conditions(tiny_checkpoint, con
 
 
 def test_get_qkv_initialized_4096_has_distinct_rows():
-    """Issue 12, done means: every row of Q distinct at n = 4096 with the default positions."""
+    """Every row of Q distinct at n = 4096 with the default positions."""
     qkv = get_qkv("initialized", 4096, window_ids=[0])
     assert qkv.positions == "interpolate" and qkv.input_ids.shape == (1, 4096)
     assert torch.unique(qkv.q[0, 0], dim=0).shape[0] == 4096
@@ -93,7 +93,7 @@ def test_get_qkv_initialized_4096_has_distinct_rows():
 
 
 def test_studies_take_a_local_checkpoint(tiny_checkpoint, tmp_path, monkeypatch):
-    """Issue 12, item 2: ``--checkpoint DIR`` offline, for both conditions and both BERT studies."""
+    """``--checkpoint DIR`` offline, for both conditions and both BERT studies."""
     from approxlab._io import read_json, read_results
     from approxlab.cli import main
     from approxlab.studies import figure1

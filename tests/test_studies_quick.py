@@ -1,5 +1,5 @@
 """The --quick versions of the singular-value and instability studies, on real data, as CI
-runs them (issue 4): each writes its tables, figure and summary offline."""
+runs them: each writes its tables, figure and summary offline."""
 
 from approxlab.cli import main
 from approxlab._io import read_results

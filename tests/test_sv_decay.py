@@ -129,7 +129,7 @@ def test_study_end_to_end_tiny(tmp_path, monkeypatch):
 
 
 def test_nothing_drawn_below_the_noise_floor():
-    """Issue 12, item 6: ratios below 2 n eps64 are rounding noise and are not drawn."""
+    """Ratios below 2 n eps64 are rounding noise and are not drawn."""
     import matplotlib.pyplot as plt
 
     n = 64

@@ -482,7 +482,7 @@ def compute_panel(cell: dict) -> list[dict]:
 
 
 def compute_window(cell: dict) -> list[dict]:
-    r"""One row per (condition, n, window): what the inputs allow (issue 12, item 1).
+    r"""One row per (condition, n, window): what the inputs allow.
 
     ``distinct_tokens``; ``distinct_q_rows`` of head 0 (at most the distinct tokens without
     positions); ``rank_a``: numerical rank of head 0's :math:`A = \exp(QK^\top/\sqrt p)`
