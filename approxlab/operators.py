@@ -478,7 +478,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     True
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
+    n, p = q.shape[-2], q.shape[-1]
     if v.shape[-1] == p:  # one plain call, no padding
         flat = [x.expand(*batch, *x.shape[-2:]).reshape(1, -1, *x.shape[-2:]) for x in (q, k, v)]
         out, _ = _attention_with_lse(*flat, p**-0.5, need_lse=False, causal=causal)

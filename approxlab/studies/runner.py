@@ -64,7 +64,6 @@ import datetime
 import hashlib
 import json
 import numbers
-import os
 import pathlib
 import sys
 import time
