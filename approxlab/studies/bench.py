@@ -14,27 +14,28 @@ head 0, one contiguous window of ``n`` tokens):
    * ``golub-kahan``: the library path :func:`approxlab.metrics.spectral_error`, i.e.
      :func:`approxlab.linalg.golub_kahan` on ``approx.to(float64) - ExactAttentionOperator(q, k).to(float64)``
      (two products with the exact operator per step, float64);
-   * ``block-lanczos``: the fast path of this module, :func:`normal_block_lanczos` (below);
+   * ``block-lanczos``: the fast path, :func:`approxlab.linalg.normal_lanczos.normal_block_lanczos` (below);
    * ``scipy``: :func:`scipy.linalg.interpolative.estimate_spectral_norm_diff` (randomized
      power method, ``its=20``) on the same two operators wrapped as SciPy ``LinearOperator``.
 
    Recorded: wall and CPU time, time ratio to ``dense``, relative disagreement with
    ``dense``, products with the exact operator, peak RSS.
 2. ``scale`` part, n in {8192, 16384, 32768}: ``block-lanczos`` alone (dense is infeasible):
-   time, passes, matvecs, certified lower bound, residual bound, peak RSS.
+   time, passes, matvecs, certified lower bound, residual bound, peak RSS. Both parts:
+   :mod:`approxlab.studies._bench_spectral`.
 3. ``forward`` part, n in {1024, ..., 32768}: forward time and memory of each approximation
    (``approximate(...).output``) against exact attention through the fused kernel
    (``exact-sdpa``: ``ExactAttentionOperator(q, k).matmat(v)``, the kernel of
    ``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention``
    (``torch-sdpa``) and the row-blocked reference (``exact-blocked``, up to ``--dense-max-n``):
-   the "linear cost" claim, measured.
+   the "linear cost" claim, measured; :mod:`approxlab.studies._bench_forward`.
 4. ``ratios`` part: the performance targets' ratios, printed in
    ``summary.md`` with their targets: ``ExactAttentionOperator`` matmat and rmatmat against one
    SDPA forward at n = 16384 in float32 and float64; the matrix-free spectral error (block
    Lanczos through the SDPA operator, block = p) at n = 32768 against one SDPA forward of the
    same head; the n = 4096 Figure-1 cell (:func:`approxlab.studies.figure1.compute` on the
    initialized condition, one window, d in {64, 256}, one seed, all eight methods) against
-   float64 exact attention of its 12 heads.
+   float64 exact attention of its 12 heads; :mod:`approxlab.studies._bench_ratios`.
 5. ``training`` part, n = 1024, batch 8 (``--quick``: n = 256, batch 4): one training step
    (forward, backward, Adam) of :class:`approxlab.training.TinyEncoder` with each attention it
    trains, against the same model with torch's ``scaled_dot_product_attention`` (the models timed
@@ -91,7 +92,7 @@ Outputs (``--out``, default ``approxlab-results/bench``; ``--quick``: ``approxla
 -----------------------------------------------------------------------------------------------------
 ``results.csv`` (tidy: one row per part x n x method x algorithm), ``config.json``,
 ``bench.png``/``bench.pdf`` and ``summary.md``; ``--plot-only`` redraws the last two from
-the CSV.
+the CSV (:mod:`approxlab.studies._bench_report`).
 
 References
 ----------
@@ -107,19 +108,21 @@ Chen et al. (2021), Skyformer, Figure 1 (the spectral-norm error this benchmark 
 
 from __future__ import annotations
 
-import math
 import os
 import pathlib
-import sys
 
 import torch
 
 from . import _cli
-from .._io import atomic_write_text, read_results
-from ._bench_training import training_lines, training_rows
+from .._io import read_results
+from ._bench_cells import load_head
+from ._bench_forward import forward_rows
+from ._bench_ratios import CELL_PARTS, RATIOS, TARGETS, ratio_rows  # noqa: F401 (re-exported)
+from ._bench_report import plot, write_summary
+from ._bench_spectral import spectral_rows
+from ._bench_training import training_rows
 from ._timing import Measurement, measure, measure_interleaved
 from .runner import StudyError, cell_seed, run_cells
-from ..linalg.normal_lanczos import default_row_block, normal_block_lanczos
 
 __all__ = [
     "FULL_GRID",
@@ -278,98 +281,6 @@ def build_cells(config: dict, *, data_dir=None, cache_dir=None, device="cpu") ->
     return cells
 
 
-def load_head(config: dict, n: int, *, data_dir=None, cache_dir=None, device="cpu"):
-    """``q, k, v: (1, n, p)``: one head of one contiguous window of ``n`` tokens.
-
-    ``source="bert"``: :func:`approxlab.data.get_qkv` (``config["condition"]``, ``"embedding"``
-    mode, so any ``n`` works: the corpus's first ``n`` tokens for window 0); head
-    ``config["head"]``. ``source="synthetic"``: :func:`approxlab.synthetic.synthetic_qkv` with
-    ``p = 32`` and unit-scale entries (tests).
-    """
-    if config["source"] == "synthetic":
-        from ..synthetic import synthetic_qkv
-
-        generator = torch.Generator().manual_seed(cell_seed("qkv", n, base_seed=config["seed"]))
-        q, k, v = synthetic_qkv((1,), n, 32, generator=generator, dtype=torch.float32)
-        return q.to(device), k.to(device), v.to(device)
-    from ..data import get_qkv
-
-    qkv = get_qkv(config["condition"], n, [config["window"]], mode=config["mode"], layer=config["layer"],
-                  seed=config["model_seed"], data_dir=data_dir, cache_dir=cache_dir, device=device)
-    head = config["head"]
-    return tuple(x[0, head : head + 1].contiguous() for x in (qkv.q, qkv.k, qkv.v))
-
-
-def _approximation(config, method, q, k, v, n):
-    from ..attention import approximate
-
-    generator = torch.Generator().manual_seed(cell_seed(method, n, base_seed=config["seed"]))
-    return approximate(method, q, k, v, num_features=min(config["num_features"], n), generator=generator)
-
-
-def _dense_error(q, k, approx_op):
-    from ..kernels import softmax_matrix
-
-    exact = softmax_matrix(q.to(torch.float64), k.to(torch.float64))
-    difference = approx_op.to(torch.float64).to_dense() - exact
-    del exact
-    return float(torch.linalg.matrix_norm(difference, ord=2).max())
-
-
-def _golub_kahan_error(q, k, approx_op, tol, max_iter, generator):
-    """What :func:`approxlab.metrics.spectral_error` does on operators, keeping the diagnostics."""
-    from ..linalg.lanczos import golub_kahan
-    from ..operators import ExactAttentionOperator
-
-    exact = ExactAttentionOperator(q, k, "softmax", block_size=default_row_block(q.shape[-2]))
-    difference = approx_op.to(torch.float64) - exact.to(torch.float64)
-    return golub_kahan(difference, tol=tol, max_iter=max_iter, generator=generator)
-
-
-def _scipy_error(q, k, approx_op, its, seed):
-    """:func:`scipy.linalg.interpolative.estimate_spectral_norm_diff` on the two operators."""
-    import numpy as np
-    import scipy.linalg.interpolative as interpolative
-    from scipy.sparse.linalg import LinearOperator as ScipyOperator
-
-    from ..operators import ExactAttentionOperator
-
-    n = q.shape[-2]
-    exact = ExactAttentionOperator(q, k, "softmax", block_size=default_row_block(n))
-
-    def wrap(op):
-        def apply(f):
-            def call(x):
-                x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).reshape(1, n, -1)
-                return f(x.to(op.dtype).to(op.device)).to("cpu", torch.float64).reshape(n, -1).numpy().squeeze(-1)
-            return call
-
-        return ScipyOperator((n, n), matvec=apply(op.matmat), rmatvec=apply(op.rmatmat), dtype=np.float64)
-
-    counter = {"matvecs": 0}
-
-    def counted(op):
-        inner = wrap(op)
-
-        def matvec(x):
-            counter["matvecs"] += 1
-            return inner.matvec(x)
-
-        def rmatvec(x):
-            counter["matvecs"] += 1
-            return inner.rmatvec(x)
-
-        return ScipyOperator((n, n), matvec=matvec, rmatvec=rmatvec, dtype=np.float64)
-
-    value = interpolative.estimate_spectral_norm_diff(wrap(approx_op), counted(exact), its=its,
-                                                      rng=np.random.default_rng(seed))
-    return float(value), counter["matvecs"]
-
-
-def _row(algorithm, measurement, **values) -> dict:
-    return {"algorithm": algorithm, **values, **measurement.as_row()}
-
-
 def compute(cell: dict) -> list[dict]:
     """Rows of one (part, n, method) cell (see the module docstring)."""
     config = cell["config"]
@@ -382,40 +293,10 @@ def compute(cell: dict) -> list[dict]:
     seed = cell_seed(part, n, method, base_seed=config["seed"])
     common = {"p": p, "num_features": min(config["num_features"], n), "dtype": str(q.dtype).replace("torch.", "")}
     if part == "forward":
-        return _tidy(_forward_rows(config, method, q, k, v, n, common, cell["device"]))
+        return _tidy(forward_rows(config, method, q, k, v, n, common, cell["device"]))
     if part == "ratios":
         return _tidy(ratio_rows(cell, q, k, v, common))
-
-    approx = _approximation(config, method, q, k, v, n)
-    approx_op = approx.operator()
-    rows = []
-    fast, m = measure(normal_block_lanczos, q, k, approx_op, block=config["lanczos_block"], tol=config["tol"],
-                      max_iter=config["max_iter"], generator=torch.Generator().manual_seed(seed),
-                      compute_dtype=compute_dtype)
-    fast_row = _row("block-lanczos", m, estimate=float(fast.estimate.max()), lower_bound=float(fast.lower_bound.max()),
-                    distance_bound=float(fast.distance_bound.max()),
-                    probabilistic_upper_bound=float(fast.probabilistic_upper_bound.max()),
-                    passes=fast.num_passes, matvecs=fast.num_matvecs, converged=bool(fast.converged.all()),
-                    compute_dtype=config["compute_dtype"], **common)
-    rows.append(fast_row)
-    if part == "accuracy":
-        dense, m = measure(_dense_error, q, k, approx_op)
-        dense_row = _row("dense", m, estimate=dense, lower_bound=dense, distance_bound=0.0, passes=0, matvecs=0,
-                         converged=True, compute_dtype="float64", **common)
-        gk, m = measure(_golub_kahan_error, q, k, approx_op, config["tol"], config["max_iter"],
-                        torch.Generator().manual_seed(seed))
-        gk_row = _row("golub-kahan", m, estimate=float(gk.estimate.max()), lower_bound=float(gk.lower_bound.max()),
-                      distance_bound=float(gk.distance_bound.max()), passes=gk.num_matvecs, matvecs=gk.num_matvecs,
-                      converged=bool(gk.converged.all()), compute_dtype="float64", **common)
-        (scipy_value, scipy_matvecs), m = measure(_scipy_error, q, k, approx_op, config["scipy_its"], seed)
-        scipy_row = _row("scipy", m, estimate=scipy_value, passes=scipy_matvecs, matvecs=scipy_matvecs,
-                         compute_dtype=str(q.dtype).replace("torch.", ""), **common)
-        rows = [dense_row, gk_row, fast_row, scipy_row]
-        for row in rows:
-            row["relative_disagreement"] = abs(row["estimate"] - dense) / dense
-            row["time_ratio_vs_dense"] = dense_row["wall_s"] / row["wall_s"]
-            row["cpu_ratio_vs_dense"] = dense_row["cpu_s"] / row["cpu_s"]
-    return _tidy(rows)
+    return _tidy(spectral_rows(config, part, method, q, k, v, n, common, seed, compute_dtype))
 
 
 def _tidy(rows: list[dict]) -> list[dict]:
@@ -434,331 +315,6 @@ def _tidy(rows: list[dict]) -> list[dict]:
             tidy.append({"algorithm": algorithm, "compute_dtype": compute_dtype, "quantity": quantity,
                          "value": float(value)})
     return tidy
-
-
-def _timed(config, device):
-    """Keyword arguments of :func:`measure` for a forward-type timing: warm-up, then the median."""
-    return {"repeats": max(5, int(config["repeats"])), "warmup": 1, "device": device}
-
-
-def _forward_rows(config, method, q, k, v, n, common, device):
-    from ..operators import ExactAttentionOperator
-
-    rows = []
-    timed = _timed(config, device)
-    if method == "exact":
-        sdpa = ExactAttentionOperator(q, k, "softmax")  # approxlab.exact_attention's kernel
-        out, m = measure(sdpa.matmat, v, **timed)
-        rows.append(_row("exact-sdpa", m, compute_dtype=common["dtype"], **common))
-        _, m = measure(torch.nn.functional.scaled_dot_product_attention, q[None], k[None], v[None], **timed)
-        rows.append(_row("torch-sdpa", m, compute_dtype=common["dtype"], **common))
-        if n <= config["dense_max_n"]:
-            block = default_row_block(n)
-            blocked = ExactAttentionOperator(q, k, "softmax", block_size=block, algorithm="blocked")
-            reference, m = measure(blocked.matmat, v, **timed)
-            rows.append(_row("exact-blocked", m, row_block=block, compute_dtype=common["dtype"],
-                             max_abs_difference=float((reference - out).abs().max()), **common))
-        return rows
-    try:
-        approx, m = measure(_approximation, config, method, q, k, v, n, **timed)
-    except (ImportError, ValueError, FloatingPointError, RuntimeError, MemoryError) as error:
-        # Recorded, not hidden: the row says the method failed at this n and why (stderr).
-        print(f"approxlab bench: {method} failed at n={n}: {type(error).__name__}: {error}", file=sys.stderr)
-        return [{"algorithm": "approximation-failed", "compute_dtype": common["dtype"], "failed": 1.0, **common}]
-    rows.append(_row("approximation", m, compute_dtype=common["dtype"], **common))
-    return rows
-
-
-# ----------------------------------------------------------------------------------------
-# The target ratios
-# ----------------------------------------------------------------------------------------
-
-RATIOS = {"operator-products": "ratio_n", "spectral-error": "spectral_ratio_n", "figure1-cell": "figure1_ratio_n"}
-"""The ratio cells of the ``ratios`` part and the config key of their n."""
-
-
-def _sdpa_forward(q, k, v):
-    """One head through :func:`torch.nn.functional.scaled_dot_product_attention`, ``(1, n, p)``."""
-    return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None])[0]
-
-
-def _operator_ratio_rows(config, q, k, v, common, device):
-    """ExactAttentionOperator matmat and rmatmat against one SDPA forward, float32 and float64.
-
-    The three are timed in turn (:func:`measure_interleaved`). The adjoint's row
-    log-sum-exps are computed once per operator (in the warm-up call) and cached, as in any
-    sequence of products with one operator."""
-    from ..operators import ExactAttentionOperator
-
-    rows, timed = [], _timed(config, device)
-    for dtype in (torch.float32, torch.float64):
-        q_, k_, v_ = (x.to(dtype) for x in (q, k, v))
-        name = str(dtype).replace("torch.", "")
-        op = ExactAttentionOperator(q_, k_)
-        base, *products = measure_interleaved(
-            [lambda: _sdpa_forward(q_, k_, v_), lambda: op.matmat(v_), lambda: op.rmatmat(v_)],  # noqa: B023
-            repeats=timed["repeats"], warmup=timed["warmup"], device=device)
-        rows.append(_row("torch-sdpa", base, compute_dtype=name, **common))
-        for algorithm, m in zip(("operator-matmat", "operator-rmatmat"), products):
-            rows.append(_row(algorithm, m, compute_dtype=name, ratio_vs_sdpa=m.wall_s / base.wall_s, **common))
-    return rows
-
-
-def _spectral_ratio_rows(config, q, k, v, n, common, device, seed):
-    """Matrix-free ||S~ - S||_2 (block Lanczos through the SDPA operator) against one SDPA forward."""
-    from ..operators import ExactAttentionOperator
-
-    _, base = measure(_sdpa_forward, q, k, v, **_timed(config, device))
-    approx_op = _approximation(config, config["error_method"], q, k, v, n).operator()
-    result, m = measure(normal_block_lanczos, q, k, approx_op, block=int(q.shape[-1]), tol=config["tol"],
-                        max_iter=config["max_iter"], generator=torch.Generator().manual_seed(seed),
-                        exact_operator=ExactAttentionOperator(q, k), device=device)
-    return [_row("torch-sdpa", base, compute_dtype=common["dtype"], **common),
-            _row("spectral-error-sdpa-lanczos", m, compute_dtype=common["dtype"], estimate=float(result.estimate.max()),
-                 distance_bound=float(result.distance_bound.max()), passes=result.num_passes,
-                 ratio_vs_sdpa=m.wall_s / base.wall_s, **common)]
-
-
-def _figure1_ratio_rows(cell, n, common):
-    """The Figure-1 cell (initialized, one window, d in {64, 256}, one seed, all methods, float64,
-    the cell whose cost is targeted): its compute as ``approxlab figure1`` runs it (window diagnostics,
-    exact references, every method, panel statistics), against float64 SDPA exact attention of
-    the same window's heads. Three more rows split it: ``figure1-cell-methods``, the methods' own
-    ``seconds`` in ``results.csv`` (approximation and its error); ``figure1-cell-window-rank``,
-    the window diagnostics' ``seconds`` in ``windows.csv`` (the dense SVD for the rank of A,
-    added to the cell after its target was set); and ``figure1-cell-without-window-rank``,
-    the compute less that, i.e. the cell the target was set for."""
-    import tempfile
-
-    from ..attention import exact_attention
-    from . import figure1
-
-    config, device = cell["config"], cell["device"]
-    grid = figure1.build_config(conditions=["initialized"], n=[n], num_features=[64, 256], windows=1, seeds=1,
-                                dtypes=["float64"])
-    window = figure1.window_ids(grid, n)[0]
-    q, k, v, _ = figure1.load_qkv("initialized", n, window, mode=grid["mode"], layer=grid["layer"],
-                                  model_seed=grid["model_seed"], data_dir=cell["data_dir"],
-                                  cache_dir=cell["cache_dir"], device=device)
-    q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    _, base = measure(exact_attention, q, k, v, **_timed(config, device))
-    figure1.reference.cache_clear()
-    with tempfile.TemporaryDirectory() as out:
-        _, m = measure(figure1.compute, grid, out, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
-                       device=device, progress=False)
-        methods_s = float(read_results(pathlib.Path(out) / figure1.RESULTS)["seconds"].sum())
-        rank_s = float(read_results(pathlib.Path(out) / figure1.WINDOWS)["seconds"].sum())
-    heads = {**common, "p": int(q.shape[-1]), "heads": int(q.shape[0]), "dtype": "float64"}
-    parts = {"figure1-cell-methods": methods_s, "figure1-cell-window-rank": rank_s,
-             "figure1-cell-without-window-rank": m.wall_s - rank_s}
-    return [_row("exact-attention-sdpa-all-heads", base, compute_dtype="float64", **heads),
-            _row("figure1-cell-compute", m, compute_dtype="float64", ratio_vs_sdpa=m.wall_s / base.wall_s, **heads),
-            *({"algorithm": name, "compute_dtype": "float64", "wall_s": seconds,
-               "ratio_vs_sdpa": seconds / base.wall_s, **heads} for name, seconds in parts.items())]
-
-
-def ratio_rows(cell: dict, q, k, v, common: dict) -> list[dict]:
-    """Rows of one ``ratios`` cell (see :data:`RATIOS`); each carries ``ratio_vs_sdpa``."""
-    config, n, device = cell["config"], cell["n"], cell["device"]
-    if cell["method"] == "operator-products":
-        return _operator_ratio_rows(config, q, k, v, common, device)
-    if cell["method"] == "spectral-error":
-        return _spectral_ratio_rows(config, q, k, v, n, common, device, cell_seed("ratios", n, base_seed=config["seed"]))
-    return _figure1_ratio_rows(cell, n, common)
-
-
-# ----------------------------------------------------------------------------------------
-# Plot and summary (read only the saved table)
-# ----------------------------------------------------------------------------------------
-
-
-def _wide(results):
-    """``results.csv`` pivoted to one row per (part, n, method, algorithm)."""
-    index = ["part", "n", "method", "algorithm", "compute_dtype"]
-    wide = results.pivot_table(index=index, columns="quantity", values="value", aggfunc="first")
-    return wide.reset_index()
-
-
-def _n_ticks(ax, ns) -> None:
-    """Log-2 n axis with a labelled tick at every measured n (1k = 1024)."""
-    ns = sorted({int(n) for n in ns})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ns, [f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n) for n in ns])
-    ax.minorticks_off()
-
-
-def plot(results, path_without_suffix):
-    """Four panels from the saved table: spectral-error time, disagreement, memory, forward time."""
-    from ..plotting import figure, method_style, save_figure
-
-    wide = _wide(results)
-    fig, axes = figure(2, 2, panel_size=(3.6, 2.8))
-    styles = {
-        "dense": {"color": "#000000", "marker": "s", "label": "dense SVD (float64)"},
-        "golub-kahan": {"color": "#0072B2", "marker": "^", "label": "Golub-Kahan (metrics.spectral_error)"},
-        "block-lanczos": {"color": "#D55E00", "marker": "o", "label": "fused block Lanczos"},
-        "scipy": {"color": "#009E73", "marker": "D", "label": "SciPy estimate_spectral_norm_diff"},
-        "spectral-error-sdpa-lanczos": {"color": "#CC79A7", "marker": "*", "label": "block Lanczos via SDPA operator"},
-    }
-    errors = wide[wide["part"].isin(["accuracy", "scale", "ratios"]) & wide["algorithm"].isin(list(styles))]
-    ax = axes[0, 0]
-    for algorithm, style in styles.items():
-        sub = errors[errors["algorithm"] == algorithm].sort_values("n")
-        if len(sub):
-            ax.plot(sub["n"], sub["wall_s"], **style)
-    ax.set(yscale="log", xlabel="n", ylabel="wall time (s)",
-           title=r"time to compute $\|\tilde D^{-1}\tilde A - D^{-1}A\|_2$ (one head)")
-    _n_ticks(ax, errors["n"])
-    ax.legend(frameon=False, loc="upper left", fontsize=5)
-    ax = axes[0, 1]
-    accuracy = wide[(wide["part"] == "accuracy") & (wide["algorithm"] != "dense")]
-    for algorithm, style in styles.items():
-        sub = accuracy[accuracy["algorithm"] == algorithm].sort_values("n")
-        if len(sub):
-            ax.plot(sub["n"], sub["relative_disagreement"].clip(lower=1e-17), **style)
-    ax.set(xlabel="n", ylabel="|estimate - dense| / dense", title="agreement with the dense reference")
-    if len(accuracy):
-        ax.axhline(1e-4, color="#999999", linestyle=":", linewidth=0.8)
-        ax.set_yscale("log")
-        _n_ticks(ax, accuracy["n"])
-    else:
-        ax.text(0.5, 0.5, "accuracy part not run", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    ax = axes[1, 0]
-    gpu = "gpu_peak_mb" in errors and errors["gpu_peak_mb"].notna().any()
-    for algorithm, style in styles.items():
-        sub = errors[errors["algorithm"] == algorithm].sort_values("n")
-        if len(sub):
-            added = sub["gpu_peak_mb"] if gpu else (sub["peak_rss_mb"] - sub["rss_before_mb"]).clip(lower=0)
-            ax.plot(sub["n"], added / 1024, **{**style, "markerfacecolor": "none"})  # hollow: series near 0 overlap
-    ax.set(xlabel="n", ylabel="peak GPU memory (GiB)" if gpu else "RSS added during the call (GiB)",
-           title="memory of the spectral error")
-    ax.set_ylim(bottom=-0.04 * ax.get_ylim()[1])  # room for whole markers at 0
-    ax.axhline(0.0, color="#999999", linewidth=0.6, zorder=0)
-    _n_ticks(ax, errors["n"])
-    ax = axes[1, 1]
-    forward = wide[wide["part"] == "forward"]
-    exact_styles = {"exact-sdpa": ("s", "-"), "torch-sdpa": ("x", ":"), "exact-blocked": (".", "--")}
-    for (method, algorithm), sub in forward.groupby(["method", "algorithm"]):
-        sub = sub.sort_values("n")
-        if algorithm == "approximation":
-            style = method_style(method, secondary=True)
-        elif algorithm in exact_styles:
-            marker, line = exact_styles[algorithm]
-            style = {"color": "#000000", "marker": marker, "linestyle": line, "label": algorithm}
-        else:
-            continue
-        ax.plot(sub["n"], sub["wall_s"], **style)
-    ax.set(yscale="log", xlabel="n", ylabel="forward wall time (s, median)",
-           title="approximations vs exact attention")
-    _n_ticks(ax, forward["n"] if len(forward) else errors["n"])
-    ax.legend(frameon=False, fontsize=5, ncol=2)
-    return save_figure(fig, path_without_suffix)
-
-
-def _markdown_table(frame, columns, formats) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for _, row in frame.iterrows():
-        cells = []
-        for column in columns:
-            value = row.get(column)
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                cells.append("—")
-            else:
-                cells.append(formats.get(column, "{}").format(value))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-TARGETS = {"operator-matmat": 1.3, "operator-rmatmat": 1.3, "spectral-error-sdpa-lanczos": 12.0,
-           "figure1-cell-compute": 10.0}
-"""The performance targets: upper bounds on ``ratio_vs_sdpa``."""
-
-
-CELL_PARTS = {
-    "figure1-cell-methods": "its methods' own seconds (approximations and their errors, as results.csv reports "
-                            "them) / the same",
-    "figure1-cell-window-rank": "its window diagnostics (the dense SVD for the rank of A; windows.csv "
-                                "seconds) / the same",
-    "figure1-cell-without-window-rank": "its compute less the window diagnostics (the cell the target was set for) "
-                                        "/ the same",
-}
-"""Rows that split the Figure-1 cell's compute (no target of their own)."""
-
-
-def _ratio_lines(wide) -> list[str]:
-    """The "Target ratios" section: each measured ratio, its target and whether it is met."""
-    rows = wide[(wide["part"] == "ratios") & wide["algorithm"].isin([*TARGETS, *CELL_PARTS])]
-    if rows.empty:
-        return []
-    what = {"operator-matmat": "ExactAttentionOperator.matmat / SDPA forward (one head)",
-            "operator-rmatmat": "ExactAttentionOperator.rmatmat / SDPA forward (one head)",
-            "spectral-error-sdpa-lanczos": "matrix-free spectral error / one SDPA forward (same head)",
-            "figure1-cell-compute": "Figure-1 cell compute (initialized, float64, d in {64, 256}, 1 window, 1 seed, "
-                                    "8 methods, d_stat, rank of A) / float64 SDPA exact attention of its heads",
-            **CELL_PARTS}
-    lines = ["## Target ratios", "", "| ratio | n | dtype | seconds | baseline seconds | ratio | target | met |",
-             "|---|---|---|---|---|---|---|---|"]
-    base = wide[wide["part"] == "ratios"]
-    for _, row in rows.sort_values(["algorithm", "compute_dtype"]).iterrows():
-        ratio, target = float(row["ratio_vs_sdpa"]), TARGETS.get(row["algorithm"])
-        verdict = ("—", "—") if target is None else (f"<= {target:g}", "yes" if ratio <= target else "no")
-        lines.append(f"| {what[row['algorithm']]} | {int(row['n'])} | {row['compute_dtype']} | {row['wall_s']:.3f} | "
-                     f"{row['wall_s'] / ratio:.3f} | {ratio:.2f} | {verdict[0]} | {verdict[1]} |")
-    load = base["load_average"].agg(["min", "max"])
-    return lines + ["", f"1-minute load average during these measurements: {load['min']:.1f} to {load['max']:.1f}.", ""]
-
-
-def write_summary(results, config_record: dict, path) -> pathlib.Path:
-    """``summary.md``: the command, the machine, and the three tables, from the saved files."""
-    wide = _wide(results)
-    config = config_record.get("config", {})
-    run_info = config_record.get("run", {})
-    fmt = {"n": "{:.0f}", "estimate": "{:.10g}", "relative_disagreement": "{:.2e}", "wall_s": "{:.3f}",
-           "cpu_s": "{:.3f}", "time_ratio_vs_dense": "{:.1f}", "cpu_ratio_vs_dense": "{:.1f}",
-           "passes": "{:.0f}", "matvecs": "{:.0f}", "peak_rss_mb": "{:.0f}", "rss_before_mb": "{:.0f}",
-           "distance_bound": "{:.1e}", "load_average": "{:.1f}", "p": "{:.0f}", "row_block": "{:.0f}"}
-    lines = [
-        "# approxlab bench",
-        "",
-        f"Command: `{run_info.get('command', 'approxlab bench')}`",
-        "",
-        f"Machine: {run_info.get('machine', 'unknown')}. Q/K/V: {config.get('source')} "
-        f"({config.get('condition')}, {config.get('mode')} mode, layer {config.get('layer')}, head "
-        f"{config.get('head')}, window {config.get('window')}); error of `{config.get('error_method')}` with "
-        f"num_features={config.get('num_features')}; tol={config.get('tol')}, Lanczos block "
-        f"{config.get('lanczos_block')}, compute dtype {config.get('compute_dtype')}.",
-        "",
-        "Times are wall seconds (and process CPU seconds) measured in one process. Forward-type timings "
-        "(the forward, ratios and training parts) are the median of `repeats` calls after one warm-up call "
-        "(`wall_min_s`/`wall_max_s` in results.csv); the spectral-error routes and the Figure-1 cell run "
-        "once. On a GPU every timed call is bracketed by `torch.cuda.synchronize()` and the memory is "
-        "`torch.cuda.max_memory_allocated`; on CPU, the process RSS sampled every 2 ms. The machine may be "
-        "shared: the 1-minute load average is recorded per measurement.",
-        "",
-    ]
-    lines += _ratio_lines(wide)
-    lines += training_lines(wide)
-    accuracy = wide[wide["part"] == "accuracy"].sort_values(["n", "algorithm"])
-    if len(accuracy):
-        lines += ["## Spectral error vs dense and SciPy", "",
-                  _markdown_table(accuracy, ["n", "p", "algorithm", "estimate", "relative_disagreement", "wall_s",
-                                             "cpu_s", "time_ratio_vs_dense", "cpu_ratio_vs_dense", "passes",
-                                             "matvecs", "distance_bound", "peak_rss_mb", "rss_before_mb",
-                                             "load_average"], fmt), ""]
-    scale = wide[wide["part"] == "scale"].sort_values("n")
-    if len(scale):
-        lines += ["## Matrix-free path at scale", "",
-                  _markdown_table(scale, ["n", "p", "algorithm", "estimate", "distance_bound", "wall_s", "cpu_s",
-                                          "passes", "matvecs", "peak_rss_mb", "rss_before_mb", "load_average"],
-                                  fmt), ""]
-    forward = wide[wide["part"] == "forward"].sort_values(["n", "method", "algorithm"])
-    if len(forward):
-        lines += ["## Forward time and memory", "",
-                  _markdown_table(forward, ["n", "method", "algorithm", "wall_s", "cpu_s", "peak_rss_mb",
-                                            "rss_before_mb", "load_average"], fmt), ""]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 # ----------------------------------------------------------------------------------------
