@@ -10,6 +10,7 @@ import torch
 from approxlab import tasks
 from approxlab.training import TinyEncoder, instability_ratio, instability_score, instability_trace
 from approxlab.studies import instability as study
+from approxlab.studies import instability_report
 from approxlab.tasks.mlm import mask_tokens
 
 
@@ -216,9 +217,9 @@ def test_intervals_report_geometric_mean_power_and_both_verdicts():
     assert (row["geo_low"], row["geo_high"]) == pytest.approx((math.exp(log_low), math.exp(log_high)))
     assert row["paper"] == 0.77 and 0 < row["power"] < 0.8
     assert row["verdict"] == "not confirmed (underpowered)" and row["geo_verdict"] == "not confirmed (underpowered)"
-    cell = study._verdict_cell(next(summary.reset_index().itertuples(index=False)))  # softmax row: no power
+    cell = instability_report._verdict_cell(next(summary.reset_index().itertuples(index=False)))  # softmax row: no power
     assert cell == "reference"
-    text = study._verdict_cell(next(r for r in summary.reset_index().itertuples(index=False) if r.attention == "kernelized"))
+    text = instability_report._verdict_cell(next(r for r in summary.reset_index().itertuples(index=False) if r.attention == "kernelized"))
     assert text.startswith("not confirmed (underpowered) (power 0.")
 
 
