@@ -11,7 +11,8 @@
   key/value heads of grouped-query attention), ``"hidden"`` or ``"embedding"`` mode;
   :mod:`approxlab.data.layout`: each layer's scaling, causality, sliding window;
   :mod:`approxlab.data.positions`: positions beyond a learned table.
-- :mod:`approxlab.data.cache`: the safetensors cache; :mod:`approxlab.data.qkv`: :func:`get_qkv`,
+- :mod:`approxlab.data.cache_files`: safetensors cache files (key and checksum, atomic writes);
+  :mod:`approxlab.data.cache`: the Q/K/V cache; :mod:`approxlab.data.qkv`: :func:`get_qkv`,
   the entry point the studies use, and :class:`QKV`.
 
 Typical use::

@@ -7,8 +7,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CacheWarning
 from .capture import DTYPES
-from .wikitext import CacheWarning, _short_hash, _slug, default_cache_dir, load_cache_file, save_cache_file
+from .cache_files import _short_hash, _slug, default_cache_dir, load_cache_file, save_cache_file
 
 __all__ = ["QKVKey", "QKVCache"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from . import gguf as _gguf
-from .wikitext import default_cache_dir
+from .cache_files import default_cache_dir
 
 __all__ = [
     "MINILM_CHECKPOINT",

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .wikitext import _short_hash, _slug
+from .cache_files import _short_hash, _slug
 
 __all__ = ["SMOLLM2_GGUF", "smollm2_gguf", "converted_folder", "converted_weights"]
 

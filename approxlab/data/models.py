@@ -60,7 +60,7 @@ from .checkpoints import (
 )
 from .layout import attention_module, config_layout, layout_of
 from .positions import max_positions
-from .wikitext import _short_hash
+from .cache_files import _short_hash
 
 __all__ = [
     "CONDITIONS",
