@@ -1,0 +1,34 @@
+"""Linear operators on batches of matrices, and exact attention applied as one.
+
+- :mod:`approxlab.operators.linear`: :class:`LinearOperator` (``matmat``/``rmatmat`` on
+  ``(*batch, n, m)``), its dense, diagonal, product, sum and adjoint forms and
+  :func:`aslinearoperator`; composition (``A @ B``, ``A - B``, ``c * A``, ``A.T``) builds lazy
+  operators, so the error of an approximation is itself an operator.
+- :mod:`approxlab.operators.exact`: :func:`softmax_attention` and
+  :class:`ExactAttentionOperator` through torch's fused attention kernel (or in row blocks), and
+  :func:`check_causal`.
+"""
+
+from .exact import ExactAttentionOperator, check_causal, softmax_attention
+from .linear import (
+    AdjointOperator,
+    DenseOperator,
+    DiagonalOperator,
+    LinearOperator,
+    ProductOperator,
+    SumOperator,
+    aslinearoperator,
+)
+
+__all__ = [
+    "LinearOperator",
+    "DenseOperator",
+    "DiagonalOperator",
+    "ProductOperator",
+    "SumOperator",
+    "AdjointOperator",
+    "aslinearoperator",
+    "ExactAttentionOperator",
+    "softmax_attention",
+    "check_causal",
+]
