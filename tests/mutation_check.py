@@ -95,7 +95,7 @@ MUTATIONS = [
     ),
     (
         "Skyformer Theorem 2: ridge leverage scores l_i = [K (K + lam I)^{-1}]_ii (lam -> 2 lam)",
-        "approxlab/leverage.py",
+        "approxlab/leverage/dense.py",
         "return evals / (evals + lam), evecs, lam",
         "return evals / (evals + 2 * lam), evecs, lam",
         ["tests/test_leverage.py::test_exact_scores_in_unit_interval_and_sum_to_statistical_dimension"],
