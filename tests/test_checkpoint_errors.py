@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 
 import pytest
 import torch
@@ -245,6 +246,18 @@ def test_bad_checkpoint_or_argument_is_one_message_before_any_computation(call, 
         call(damage, cache)
     assert "\n" not in str(caught.value)
     assert not (cache / "qkv").exists()  # no Q/K/V was computed
+
+
+@pytest.mark.parametrize(("condition", "checkpoint", "message"), [
+    ("pretrained", "", r"got '' \(empty\)\.$"),
+    ("initialized", "  ", r"got '  ' \(empty\)\.$"),
+    ("pretrained", 5, r"got 5 \(int\)\.$"),
+    ("pretrained", "./my-modle", NO_SUCH.format(r"\./my-modle")),
+], ids=["empty", "blank", "int", "no-such-path"])
+def test_a_bad_checkpoint_fails_before_transformers_is_imported(condition, checkpoint, message, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # any `import transformers` raises ImportError
+    with pytest.raises(CheckpointError, match=message):
+        describe_model(condition, checkpoint=checkpoint)
 
 
 def test_an_initialized_model_needs_no_weights(damage, tmp_path):

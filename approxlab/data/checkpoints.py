@@ -217,10 +217,10 @@ def load_config(checkpoint, local_files_only, cache_dir):
     >>> label, config.num_hidden_layers, architecture.model_type, gguf
     ('sentence-transformers/all-MiniLM-L6-v2', 6, 'bert', None)
     """
-    from transformers import AutoConfig
-
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     label, source, local, gguf = _locate(checkpoint, local_files_only, cache_root)
+    from transformers import AutoConfig  # after the checks of `checkpoint`: a bad one fails fast
+
     try:
         config = from_pretrained(AutoConfig.from_pretrained, source, local)
     except (OSError, ValueError, KeyError) as exc:

@@ -212,8 +212,8 @@ def _check_config(config):
 
 
 def _resolve_source(condition, checkpoint, config, local_files_only, cache_dir=None) -> _Source:
-    from transformers import BertConfig
-
+    """Where the config, tokenizer and weights come from; transformers is imported only after the
+    arguments are checked (a bad one fails fast)."""
     if condition == "initialized":
         if checkpoint is not None and config is not None:
             raise ValueError(
@@ -225,7 +225,12 @@ def _resolve_source(condition, checkpoint, config, local_files_only, cache_dir=N
             init = _init_label(config).replace(f"init:{config.model_type}-", "")
             return _Source(condition, f"init:{label}#{init}", config, architecture, None, source, local,
                            "random initialisation")
-        config = BertConfig() if config is None else _check_config(config)
+        if config is None:
+            from transformers import BertConfig
+
+            config = BertConfig()
+        else:
+            config = _check_config(config)
         return _Source(condition, _init_label(config), config, ARCHITECTURES[config.model_type], None,
                        str(minilm_path()), True, "random initialisation")
     if config is not None:
