@@ -14,9 +14,11 @@ available on ``args`` as ``out`` (a ``pathlib.Path``, resolved before ``run``: `
 ``cache_dir``, ``restart``, ``progress`` (False with ``--no-progress``), ``scheduler``,
 ``workers``, ``threads`` (resolved before ``run``: ``--threads``, else ``$OMP_NUM_THREADS``, else
 ``$MKL_NUM_THREADS``, else 1; torch runs with it here and in each local Dask worker, see
-:mod:`approxlab.studies._threads`), ``plot_only``, ``plugin`` (modules imported before the
-study's options are built, here and in every Dask worker: :func:`approxlab.methods.load_plugin`),
-plus ``study`` and ``command`` (the command line, for the record in ``config.json``/``summary.md``).
+:mod:`approxlab.studies._threads`), ``threads_source`` (where that count came from:
+``"--threads"``, ``"$OMP_NUM_THREADS"``, ``"$MKL_NUM_THREADS"`` or ``"default"``), ``plot_only``,
+``plugin`` (modules imported before the study's options are built, here and in every Dask worker:
+:func:`approxlab.methods.load_plugin`), plus ``study`` and ``command`` (the command line, for the
+record in ``config.json``/``summary.md``).
 
 ``approxlab`` alone, like ``approxlab --help``, prints the studies, one line each, to stdout and
 exits 0 (as ``pip`` does: asking what there is is not a mistake; exit status 2 stays reserved
@@ -228,7 +230,7 @@ def main(argv=None) -> int:
         check_device(args.device)
         module = load_study(args.study)
         args.out = _cli.output_dir(args)
-        args.threads = _threads.requested_threads(args.threads)[0]
+        args.threads, args.threads_source = _threads.requested_threads(args.threads)
         created = _cli.missing_ancestor(args.out)
         _cli.check_output_dir(args.out, plot_only=args.plot_only)
         with _study_context(args):

@@ -7,8 +7,11 @@ from __future__ import annotations
 import time
 
 import pandas as pd
+import pytest
 
 from approxlab.cli import main
+from approxlab.studies import _threads, bench
+from approxlab.studies.runner import StudyError
 
 
 def test_bench_cli_smoke(tmp_path, capsys):
@@ -61,6 +64,31 @@ def test_bench_cli_refuses_dask(tmp_path, capsys):
 def test_bench_plot_only_without_results(tmp_path, capsys):
     assert main(["bench", "--out", str(tmp_path / "none"), "--plot-only"]) == 2
     assert "run the study's compute step first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("options", "environ", "expected"), [
+    ([], {}, 1),
+    (["--threads", "2"], {}, 2),
+    ([], {"OMP_NUM_THREADS": "2"}, 1),  # a thread variable sets the process, not the training part
+    (["--threads", "2", "--training-threads", "3"], {}, 3),
+], ids=["default", "threads", "environment", "training-threads-wins"])
+def test_the_training_part_runs_on_threads_when_given(options, environ, expected, tmp_path, monkeypatch, capsys):
+    """``--threads`` sets the training part's threads unless ``--training-threads`` does (no step is run)."""
+    seen = {}
+
+    def stop_before_computing(cells, compute, *, config, **kwargs):
+        seen.update(config)
+        raise StudyError("stopped before computing")
+
+    monkeypatch.setattr(bench, "run_cells", stop_before_computing)
+    for name in _threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    argv = ["bench", "--quick", "--source", "synthetic", "--parts", "training", "--no-progress",
+            "--out", str(tmp_path / "run"), *options]
+    assert main(argv) == 2 and "stopped before computing" in capsys.readouterr().err
+    assert seen["training_threads"] == expected
 
 
 def test_measure_interleaved_times_in_turn_and_takes_each_median():

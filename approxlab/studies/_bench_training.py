@@ -9,10 +9,11 @@ One training step -- forward, backward and one Adam step (lr ``1e-4``) -- of
 (``torch-sdpa``: the pure-SDPA model of the same shape). Every model starts from the same weights
 and steps on the same padded batch: random token ids, real lengths drawn uniformly between
 ``n/2`` and ``n`` (padded as ListOps and Pathfinder batches are), so every attention runs its
-masked path. The steps run on ``training_threads`` torch threads (default 1, as the studies
-train: one thread per worker process; with more threads than idle cores, OpenMP's barriers make
-the many mid-sized kernels of the landmark methods wait on descheduled threads, which says more
-about the machine's load than about the method). The models are timed in turn (:func:`~approxlab.studies._timing.measure_interleaved`:
+masked path. The steps run on ``training_threads`` torch threads: ``--training-threads``, else the
+common ``--threads`` of ``approxlab bench`` when it is given, else 1 whatever ``$OMP_NUM_THREADS``
+says (one, as the studies train: one thread per worker process; with more threads than idle
+cores, OpenMP's barriers make the many mid-sized kernels of the landmark methods wait on
+descheduled threads, which says more about the machine's load than about the method). The models are timed in turn (:func:`~approxlab.studies._timing.measure_interleaved`:
 one warm-up step each, then ``repeats`` rounds of one step per model), so the ratio of medians
 ``ratio_vs_sdpa`` compares like with like; ``softmax`` (approxlab's exact attention, also through
 the fused kernel) measured beside ``torch-sdpa`` shows the spread of such a ratio. After the

@@ -39,8 +39,8 @@ head 0, one contiguous window of ``n`` tokens):
 5. ``training`` part, n = 1024, batch 8 (``--quick``: n = 256, batch 4): one training step
    (forward, backward, Adam) of :class:`approxlab.training.TinyEncoder` with each attention it
    trains, against the same model with torch's ``scaled_dot_product_attention`` (the models timed
-   in turn, one torch thread by default); :mod:`approxlab.studies._bench_training`. Target: every
-   ratio within 3.
+   in turn, on ``--training-threads`` torch threads, else ``--threads`` when given, else one);
+   :mod:`approxlab.studies._bench_training`. Target: every ratio within 3.
 
 The fused blocked path (``block-lanczos``)
 -------------------------------------------
@@ -355,9 +355,23 @@ def add_arguments(parser) -> None:
     group.add_argument("--training-features", type=_cli.positive_int, default=None,
                        help="num_features of the attentions in the training part")
     group.add_argument("--training-threads", type=_cli.positive_int, default=None,
-                       help="torch threads of the training part's steps (default 1, as the studies train)")
+                       help="torch threads of the training part's steps (default: --threads when given, else 1, "
+                            "as the studies train, whatever $OMP_NUM_THREADS says)")
     group.add_argument("--repeats", type=int, default=None,
                        help="timed calls per forward-type measurement (median; at least 5), after one warm-up")
+
+
+def _grid_overrides(args) -> dict:
+    """The grid settings the command line gives (None: the grid's default).
+
+    ``training_threads`` is ``--training-threads``, else the common ``--threads`` when it was given
+    (``args.threads_source == "--threads"``); a thread count from ``$OMP_NUM_THREADS`` or the
+    default leaves the training part at its own default, one thread.
+    """
+    overrides = {key: getattr(args, option, None) for key, option in _GRID_OPTIONS.items()}
+    if overrides["training_threads"] is None and getattr(args, "threads_source", None) == "--threads":
+        overrides["training_threads"] = args.threads
+    return overrides
 
 
 def _check_grid(args, config) -> None:
@@ -399,8 +413,7 @@ def run(args) -> int:
     if getattr(args, "scheduler", None) is not None or getattr(args, "workers", None) is not None:
         raise StudyError("bench runs in one process so that its time ratios are fair; drop --workers/--scheduler.")
     if not args.plot_only:
-        overrides = {key: getattr(args, option, None) for key, option in _GRID_OPTIONS.items()}
-        config = build_config(quick=args.quick, **overrides)
+        config = build_config(quick=args.quick, **_grid_overrides(args))
         _check_grid(args, config)
         cells = build_cells(config, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device)
         run_info = {"command": getattr(args, "command", "approxlab bench"), "machine": _machine(),
