@@ -91,3 +91,21 @@ def test_validation_messages():
         listops.generate_expressions(1, min_length=3, max_length=3, max_depth=0, max_tries=50, generator=_g(0))
     with pytest.raises(ValueError, match="`name` must be one of"):
         tasks.make_task("image", n=8, batch_size=1, num_batches=1)
+
+
+def _nesting(ids):
+    depth = deepest = 0
+    for token in (listops.VOCABULARY[i] for i in ids.tolist()):
+        depth += token.startswith("[") - (token == "]")
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_task_max_depth_bounds_the_nesting():
+    """``make_task(max_depth=4)``: no expression nests deeper than 4 brackets; LRA's depth 10 does."""
+    shallow = tasks.make_task("listops", n=256, batch_size=16, num_batches=1, max_depth=4, generator=_g(2))
+    deep = tasks.make_task("listops", n=256, batch_size=16, num_batches=1, generator=_g(2))
+    assert max(_nesting(ids) for ids in shallow.batches[0].input_ids) <= 4 == shallow.info["max_depth"]
+    assert max(_nesting(ids) for ids in deep.batches[0].input_ids) > 4 and deep.info["max_depth"] == 10
+    for ids, label in zip(shallow.batches[0].input_ids, shallow.batches[0].labels):
+        assert listops.evaluate(ids.tolist()) == int(label)

@@ -141,6 +141,23 @@ def test_gates_and_decay_indices_are_the_declared_ones():
     config = lra_svd.build_config()
     assert config["seeds"] >= 3 and config["validation_size"] >= 500 and config["gates"] == lra_svd.GATES
     assert {t["task"]: t["positions"] for t in config["tasks"]} == {"listops": "learned", "pathfinder": "2d"}
+    assert {t["task"]: t["options"] for t in config["tasks"]} == lra_svd.TASK_OPTIONS
+    parsed = lra_svd.build_config(tasks=["listops:128", "pathfinder:256"])["tasks"]
+    assert [t["options"] for t in parsed] == [lra_svd.TASK_OPTIONS["listops"], lra_svd.TASK_OPTIONS["pathfinder"]]
+
+
+def test_tables_are_split_from_the_journal(tmp_path):
+    """Every row of results/spectra/training is the journal's row of its table, with its own columns."""
+    config = lra_svd.build_config(quick=True, tasks=["pathfinder:256"], steps=2, seeds=1)
+    results, spectra, training = lra_svd.compute(config, tmp_path, progress=False)
+    journal = pd.read_csv(tmp_path / "cells.csv")
+    assert sorted(journal["table"].unique()) == ["results", "spectra", "training"]
+    for name, table in (("results", results), ("spectra", spectra), ("training", training)):
+        on_disk = pd.read_csv(tmp_path / f"{name}.csv")
+        assert list(on_disk.columns) == ["task", "n", "seed", *lra_svd._COLUMNS[name]]
+        assert len(on_disk) == (journal["table"] == name).sum() == len(table)
+    assert results["passed"].dtype == bool and spectra["index"].tolist() == list(range(1, len(spectra) + 1))
+    assert training["step"].tolist() == [0, 2]
 
 
 def test_bad_task_spec():

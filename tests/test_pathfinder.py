@@ -87,3 +87,23 @@ def test_flattened_row_major():
 def test_bad_n():
     with pytest.raises(ValueError, match=r"`n` must be a square side\*\*2 \(Pathfinder-32: 1024\); got 1000"):
         tasks.make_task("pathfinder", n=1000, batch_size=2, num_batches=1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dot_intensity_marks_exactly_the_dots(seed):
+    """``dot_intensity`` paints the two plus-shaped dots (10 pixels) and nothing else; the label
+    is still the connectivity of the dots over every drawn pixel."""
+    image = pathfinder.generate_image(np.random.default_rng(seed), dot_intensity=128)
+    dots = {(r + dr, c + dc) for r, c in image.dots for dr, dc in pathfinder._PLUS}
+    assert {tuple(p) for p in np.argwhere(image.pixels == 128)} == dots
+    assert set(np.unique(image.pixels)) == {0, 128, pathfinder.INK}
+    assert _connected(image.pixels, *image.dots) == bool(image.label)
+    task = tasks.make_task("pathfinder", n=256, batch_size=2, num_batches=1, dot_intensity=128,
+                           generator=torch.Generator().manual_seed(seed))
+    assert int((task.batches[0].input_ids == 128).sum()) == 2 * 10 and task.info["dot_intensity"] == 128
+
+
+@pytest.mark.parametrize("value", [0, 256, 1.5])
+def test_bad_dot_intensity_names_the_parameter(value):
+    with pytest.raises((ValueError, TypeError), match="dot_intensity"):
+        tasks.make_task("pathfinder", n=256, batch_size=2, num_batches=1, dot_intensity=value)

@@ -12,8 +12,10 @@ A CPU proxy (:data:`FULL_GRID`), declared with its gates before any run: Skyform
 trained to LRA accuracy (up to 50k steps on a GPU); on a 2-core CPU the proxy uses shorter
 sequences (ListOps padded to 256 tokens, :mod:`approxlab.tasks.listops`; Pathfinder on a 16 x 16
 canvas, :mod:`approxlab.tasks.pathfinder`, with row + column position embeddings so the model
-sees which pixels neighbour each other), a fixed step budget with no early stop, and the
-authors' optimiser (:mod:`approxlab.optim`). Per (task, seed) -- one runner cell each:
+sees which pixels neighbour each other), easier instances (:data:`TASK_OPTIONS`: shallower ListOps
+trees, Pathfinder dots in their own intensity), a fixed step budget with no early stop, and the
+authors' optimiser (:mod:`approxlab.optim`). Per (task, seed) -- one runner cell each, ``--workers``
+of them at once:
 
 1. train the 2-layer softmax :class:`approxlab.training.TinyEncoder` of Skyformer Section 5
    (embedding 64, feed-forward 128, 2 heads, dropout 0.1) for the fixed budget
@@ -31,7 +33,8 @@ the seeds that pass their gates (Welch t interval on the difference of the mean 
 when at least :data:`MIN_SEEDS` seeds of each task pass; otherwise nothing is said about the
 ordering.
 
-Tables: ``results.csv`` (per task and seed: steps, final validation accuracy and its size,
+Tables (split from the resumable journal ``cells.csv``, which holds every row of a finished cell):
+``results.csv`` (per task and seed: steps, final validation accuracy and its size,
 majority-class rate, gate, passed, test-batch accuracy, decay slope mean and std over the batch,
 seconds), ``spectra.csv`` (per task, seed and index: mean, min and max over the batch of
 :math:`\sigma_j/\sigma_1`), ``training.csv`` (per evaluation: step, training loss, validation
@@ -55,10 +58,10 @@ import pandas as pd
 import torch
 
 from . import _cli
-from .._io import atomic_write_text, read_results
+from .._io import atomic_write_text, read_results, write_table
 from .runner import StudyError, cell_seed, run_cells, saved_config
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "GATES", "DECAY_INDICES", "build_config", "attention_output_spectrum",
+__all__ = ["FULL_GRID", "QUICK_GRID", "TASK_OPTIONS", "GATES", "DECAY_INDICES", "build_config", "attention_output_spectrum",
            "decay_slope", "compute_cell", "compute", "ordering", "plot", "summarize", "add_arguments", "run"]
 
 GATES = {"listops": 0.30, "pathfinder": 0.65}
@@ -74,35 +77,50 @@ a near-uniform attention row produces, excluded), per test example, averaged ove
 MIN_SEEDS = 3
 """The task ordering is compared only when at least this many seeds of each task pass their gate."""
 
+TASK_OPTIONS = {"listops": {"max_depth": 4}, "pathfinder": {"dot_intensity": 128}}
+"""Easier instances than LRA's, fixed before the run so that the 2-layer model learns within the
+CPU budget: ListOps trees of depth at most 4 (LRA: 10; at depth 10 the model stayed at 0.27-0.29
+accuracy after 1,500 steps, below the gate) and Pathfinder dots at intensity 128 (paths 255; LRA's
+dots are discs, larger than the dashes, and on a 16 x 16 canvas a 1-pixel plus in the paths'
+intensity left the model at chance after 1,200 steps)."""
+
 FULL_GRID = {
-    "tasks": [{"task": "listops", "n": 256, "positions": "learned"},
-              {"task": "pathfinder", "n": 256, "positions": "2d"}],
+    "tasks": [{"task": "listops", "n": 256, "positions": "learned", "options": TASK_OPTIONS["listops"]},
+              {"task": "pathfinder", "n": 256, "positions": "2d", "options": TASK_OPTIONS["pathfinder"]}],
     "seeds": 3,
-    "steps": 150,
-    "batch_size": 16,
-    "train_batches": 48,
-    "eval_every": 75,
+    "steps": 2000,
+    "batch_size": 32,
+    "train_batches": 200,
+    "eval_every": 250,
     "validation_size": 512,
     "test_size": 32,
     "lr": 1e-3,
-    "warmup": 15,
+    "warmup": 200,
     "optimizer": "adamw",
     "clip_value": 1.0,
     "dropout": 0.1,
 }
 """The CPU proxy of Figure 4 (see the module docstring): ListOps padded to n = 256 and
-Pathfinder on a 16 x 16 canvas (n = 256, 2-D positions); 3 seeds; a fixed budget of 150 AdamW
-steps of batch 16 (one-cycle schedule, 15 warm-up steps, peak lr 1e-3, gradient values clipped
-at 1, dropout 0.1), no early stop, the last weights kept; a training pool of 48 batches per task
-(cycled, in a per-seed order); validation on 512 examples."""
+Pathfinder on a 16 x 16 canvas (n = 256, 2-D positions), the instances of :data:`TASK_OPTIONS`;
+3 seeds; a fixed budget of 2,000 AdamW steps of batch 32 (one-cycle schedule, 200 warm-up steps,
+peak lr 1e-3, gradient values clipped at 1, dropout 0.1), no early stop, the last weights kept; a
+training pool of 200 batches per task (cycled, in a per-seed order); validation on 512 examples."""
 
-QUICK_GRID = {**FULL_GRID, "tasks": [{"task": "listops", "n": 96, "positions": "learned"},
-                                     {"task": "pathfinder", "n": 256, "positions": "2d"}],
+QUICK_GRID = {**FULL_GRID, "tasks": [{"task": "listops", "n": 96, "positions": "learned",
+                                      "options": TASK_OPTIONS["listops"]},
+                                     {"task": "pathfinder", "n": 256, "positions": "2d",
+                                      "options": TASK_OPTIONS["pathfinder"]}],
               "seeds": 2, "steps": 4, "batch_size": 4, "train_batches": 2, "eval_every": 2, "validation_size": 8,
               "test_size": 4, "warmup": 1}
 """``--quick``: 2 seeds, 4 steps of batch 4 (a smoke run of every code path; no model learns)."""
 
-RESULTS, SPECTRA, TRAINING = "results.csv", "spectra.csv", "training.csv"
+RESULTS, SPECTRA, TRAINING, CELLS = "results.csv", "spectra.csv", "training.csv", "cells.csv"
+_COLUMNS = {"results": ["steps", "validation_accuracy", "validation_size", "majority_rate", "gate", "passed",
+                        "test_batch_accuracy", "decay_slope", "decay_slope_std", "num_singular_values", "seconds"],
+            "spectra": ["index", "mean", "min", "max"],
+            "training": ["step", "train_loss", "validation_accuracy"]}
+_OPTION_TEXT = {"max_depth": "trees of depth <= {}", "dot_intensity": "dots at intensity {}, paths at 255"}
+_TYPES = {"steps": int, "validation_size": int, "num_singular_values": int, "index": int, "step": int}
 KEY_COLUMNS = ("task", "n", "seed")
 _MODEL = {"embedding_dim": 64, "hidden_dim": 128, "num_heads": 2, "num_layers": 2}
 _LABELS = {"listops": "ListOps", "pathfinder": "Pathfinder"}
@@ -120,7 +138,7 @@ def _parse_tasks(tasks) -> list[dict]:
         positions = positions or ("2d" if name == "pathfinder" else "learned")
         if name not in available() or not n.isdigit() or int(n) < 1 or positions not in ("learned", "2d"):
             raise StudyError(f"--tasks entries must be NAME:N[:learned|2d] with NAME in {available()}; got {spec!r}.")
-        parsed.append({"task": name, "n": int(n), "positions": positions})
+        parsed.append({"task": name, "n": int(n), "positions": positions, "options": dict(TASK_OPTIONS.get(name, {}))})
     return parsed
 
 
@@ -191,13 +209,13 @@ def attention_output_spectrum(model, batch, *, layer: int = 1):
 
 
 @functools.lru_cache(maxsize=4)
-def _task_data(task, n, base_seed, batch_size, train_batches, validation_size):
+def _task_data(task, n, options, base_seed, batch_size, train_batches, validation_size):
     """A task's training pool and validation set, shared by its seeds (generation costs as much as a step)."""
     from ..tasks import make_task
 
     def batches(split, size, count):
         g = torch.Generator().manual_seed(cell_seed(task, n, split, base_seed=base_seed))
-        return make_task(task, n=n, batch_size=size, num_batches=count, generator=g)
+        return make_task(task, n=n, batch_size=size, num_batches=count, generator=g, **dict(options))
 
     validation_batch = min(32, validation_size)
     return (batches("train", batch_size, train_batches),
@@ -208,7 +226,7 @@ def _train(cell):
     from ..tasks import make_task
     from ..training import TinyEncoder, train_classifier
 
-    train, validation = _task_data(cell["task"], cell["n"], cell["base_seed"], cell["batch_size"],
+    train, validation = _task_data(cell["task"], cell["n"], cell["options"], cell["base_seed"], cell["batch_size"],
                                    cell["train_batches"], cell["validation_size"])
     seed = lambda part: cell_seed(cell["task"], cell["n"], cell["seed"], part, base_seed=cell["base_seed"])  # noqa: E731
     order = torch.cat([torch.randperm(len(train.batches), generator=torch.Generator().manual_seed(seed("order") + e))
@@ -221,16 +239,15 @@ def _train(cell):
                                optimizer=cell["optimizer"], warmup=cell["warmup"], clip_value=cell["clip_value"],
                                keep="last")
     test = make_task(cell["task"], n=cell["n"], batch_size=cell["test_size"], num_batches=1,
-                     generator=torch.Generator().manual_seed(seed("test"))).batches[0]
+                     generator=torch.Generator().manual_seed(seed("test")), **dict(cell["options"])).batches[0]
     labels = torch.cat([b.labels for b in validation])
     return model, trained, test, float(torch.bincount(labels).max()) / labels.numel()
 
 
-@functools.lru_cache(maxsize=None)  # the three tables' passes over the cells train each once
-def _cell_tables(frozen: tuple) -> dict:
+def _cell_tables(cell: dict) -> dict:
+    """Train and measure one (task, seed): its rows of the three tables."""
     from ..training import accuracy
 
-    cell = dict(frozen)
     start = time.perf_counter()
     model, trained, test, majority = _train(cell)
     sigma = attention_output_spectrum(model, test, layer=1)
@@ -248,29 +265,31 @@ def _cell_tables(frozen: tuple) -> dict:
     return {"results": [summary], "spectra": spectra, "training": trained["history"]}
 
 
-def compute_cell(cell: dict, table: str = "results") -> list[dict]:
-    """Rows of ``table`` ("results", "spectra" or "training") for one (task, seed) (computed once)."""
-    return _cell_tables(tuple(sorted(cell.items())))[table]
+def compute_cell(cell: dict) -> list[dict]:
+    """Every row of one (task, seed), each tagged with its table ("results", "spectra", "training")."""
+    return [{"table": name, **row} for name, rows in _cell_tables(cell).items() for row in rows]
 
 
-def _spectra_rows(cell):
-    return compute_cell(cell, "spectra")
+def compute(config: dict, out, *, workers=None, progress=True, restart=False, run_info=None):
+    """Train and measure every (task, seed); write the three tables and ``config.json``.
 
-
-def _training_rows(cell):
-    return compute_cell(cell, "training")
-
-
-def compute(config: dict, out, *, progress=True, restart=False, run_info=None):
-    """Train and measure every (task, seed) (in process); write the three tables and ``config.json``."""
+    The cells' rows go to one journal, ``cells.csv`` (resumable, one row per table row, tagged by
+    table); the three tables are split from it. ``workers`` trains that many cells at once, each in
+    a single-threaded process (:func:`approxlab.studies.runner.run_cells`).
+    """
     out = pathlib.Path(out)
     common_keys = {k: config[k] for k in _GRID_KEYS if k != "seeds"}
-    cells = [{**entry, "seed": seed, **common_keys, "base_seed": config["base_seed"]}
+    cells = [{**entry, "options": tuple(sorted(entry.get("options", {}).items())), "seed": seed, **common_keys,
+              "base_seed": config["base_seed"]}
              for seed in range(config["seeds"]) for entry in config["tasks"]]
-    common = dict(key_columns=KEY_COLUMNS, config=config, run_info=run_info, progress=progress, restart=restart)
-    tables = [run_cells(cells, function, results_path=out / name, **common)
-              for function, name in ((compute_cell, RESULTS), (_spectra_rows, SPECTRA), (_training_rows, TRAINING))]
-    _cell_tables.cache_clear()
+    rows = run_cells(cells, compute_cell, results_path=out / CELLS, key_columns=KEY_COLUMNS, config=config,
+                     run_info=run_info, workers=workers, progress=progress, restart=restart)
+    tables = []
+    for name, path in (("results", RESULTS), ("spectra", SPECTRA), ("training", TRAINING)):
+        columns = [*KEY_COLUMNS, *_COLUMNS[name]]
+        table = rows.loc[rows["table"] == name, columns].reset_index(drop=True)
+        table = table.astype({c: _TYPES[c] for c in columns if c in _TYPES})
+        tables.append(read_results(write_table(table, out / path, KEY_COLUMNS)))  # as the file reads back
     return tables
 
 
@@ -347,13 +366,17 @@ def plot(out) -> list:
 
 
 def _setting_lines(config) -> list[str]:
-    tasks = "; ".join(f"{_LABELS.get(t['task'], t['task'])} n = {t['n']} ({t['positions']} positions)"
+    tasks = "; ".join(f"{_LABELS.get(t['task'], t['task'])} n = {t['n']} ({t['positions']} positions"
+                      + "".join(f", {_OPTION_TEXT[k].format(v)}" for k, v in t.get("options", {}).items()) + ")"
                       for t in config["tasks"])
     return [
         "## The CPU proxy (declared before the run)", "",
         f"- Tasks: {tasks}. Skyformer's LRA settings: ListOps n = 2000, Pathfinder-32 n = 1024, learned 1-D "
         "positions, trained up to 50k steps on a GPU; here shorter sequences and, for Pathfinder, a learned "
-        "row + column embedding (2-D positions) so the model can see which pixels neighbour each other.",
+        "row + column embedding (2-D positions) so the model can see which pixels neighbour each other. "
+        "Easier instances than LRA's, so that the 2-layer model learns within the budget: ListOps trees no "
+        "deeper than stated (LRA: 10), and Pathfinder dots drawn at their own intensity (LRA's dots are discs, "
+        "larger than the dashes; here a 1-pixel plus, which only its intensity tells from a path).",
         f"- Model: the paper's 2-layer softmax encoder (embedding {config['model']['embedding_dim']}, "
         f"feed-forward {config['model']['hidden_dim']}, {config['model']['num_heads']} heads), dropout "
         f"{config['dropout']:g} (no attention dropout).",
@@ -411,23 +434,24 @@ def add_arguments(parser) -> None:
     group = parser.add_argument_group("lra-svd grid (defaults: the full grid, or the --quick one)")
     group.add_argument("--tasks", type=_cli.str_list, default=None,
                        help="comma-separated NAME:N[:learned|2d], e.g. listops:256,pathfinder:256:2d")
-    group.add_argument("--steps", type=_cli.positive_int, default=None, help="fixed step budget per seed (default 150)")
+    group.add_argument("--steps", type=_cli.positive_int, default=None, help="fixed step budget per seed (default 2000)")
     group.add_argument("--seeds", type=_cli.positive_int, default=None, help="seeds per task (default 3)")
 
 
 def run(args) -> int:
     """``approxlab lra-svd``: train and measure (resumable) unless ``--plot-only``, then plot and summarise."""
-    if getattr(args, "workers", None) is not None or getattr(args, "scheduler", None) is not None:
-        raise StudyError("lra-svd trains in one process; drop --workers/--scheduler.")
+    if getattr(args, "scheduler", None) is not None:
+        raise StudyError("lra-svd trains in local processes; use --workers N instead of --scheduler.")
     if getattr(args, "device", "cpu") != "cpu":
         raise StudyError(f"lra-svd runs on the CPU only; got --device {args.device}.")
     out = args.out
     if not args.plot_only:
         config = build_config(quick=args.quick, tasks=args.tasks, steps=args.steps, seeds=args.seeds)
         run_info = {"command": getattr(args, "command", "approxlab lra-svd"), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()}
+                    "threads": torch.get_num_threads(), "workers": getattr(args, "workers", None)}
         start = time.perf_counter()
-        compute(config, out, progress=args.progress, restart=args.restart, run_info=run_info)
+        compute(config, out, workers=getattr(args, "workers", None), progress=args.progress, restart=args.restart,
+                run_info=run_info)
         print(f"lra-svd: computed in {time.perf_counter() - start:.1f} s -> {out}")
     for path in [*plot(out), summarize(out)]:
         print(f"lra-svd: wrote {path}")

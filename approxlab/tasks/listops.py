@@ -398,7 +398,8 @@ def listops_batches(
     return batches
 
 
-def make_task(*, n: int, batch_size: int, num_batches: int, generator=None, data_dir=None) -> Task:
+def make_task(*, n: int, batch_size: int, num_batches: int, generator=None, data_dir=None,
+              max_depth: int = 10) -> Task:
     """The ListOps task for the instability study (Skyformer Appendix F, Table 3).
 
     Parameters
@@ -410,6 +411,8 @@ def make_task(*, n: int, batch_size: int, num_batches: int, generator=None, data
         Source of all randomness.
     data_dir : ignored
         ListOps is generated, not read (accepted so every task factory has one signature).
+    max_depth : int
+        Depth of the expression trees (LRA: 10; :func:`generate_tree`).
 
     Returns
     -------
@@ -424,7 +427,7 @@ def make_task(*, n: int, batch_size: int, num_batches: int, generator=None, data
     >>> task.kind, task.num_classes, task.vocab_size, len(task.batches)
     ('classification', 10, 16, 2)
     """
-    batches = listops_batches(num_batches, batch_size, n, generator=generator)
+    batches = listops_batches(num_batches, batch_size, n, max_depth=max_depth, generator=generator)
     lengths = [int(b.mask.sum(-1).min()) for b in batches] + [int(b.mask.sum(-1).max()) for b in batches]
     return Task(
         name="listops",
@@ -433,5 +436,5 @@ def make_task(*, n: int, batch_size: int, num_batches: int, generator=None, data
         num_classes=NUM_CLASSES,
         n=n,
         batches=batches,
-        info={"min_tokens": min(lengths), "max_tokens": max(lengths), "max_depth": 10, "max_args": 10},
+        info={"min_tokens": min(lengths), "max_tokens": max(lengths), "max_depth": max_depth, "max_args": 10},
     )

@@ -13,6 +13,9 @@ generator of such images, simplified so that the label is right *by construction
   so consecutive drawn pixels of one path are at Chebyshev distance <= 2), except next to its
   end points;
 * distinct paths, with a plus-shaped dot at each end point, are at Chebyshev distance >= 3;
+* the dots are drawn at ``dot_intensity`` (default ``INK``, like the paths; LRA's dots are
+  larger discs than the dashes, which a pixel-level model tells apart by shape, and a
+  distinct intensity stands in for that shape on this small canvas);
 * every image has ``num_paths`` paths (default 3). Label 1: dots on both ends of path 0;
   label 0: one dot on an end of path 0, one on an end of path 1. The other paths are
   distractors, so both classes have the same number of paths and dots.
@@ -22,7 +25,8 @@ drawn pixels are exactly the paths (with their dots), and the dots are connected
 is 1 -- the property ``tests/test_pathfinder.py`` checks with a flood fill on the image.
 
 Differences from LRA's images: no anti-aliasing (intensities 0 and 255 only), fixed-gap dashes,
-fewer and shorter paths than Pathfinder-32's "hard" setting, no dot-size variation.
+fewer and shorter paths than Pathfinder-32's "hard" setting, no dot-size variation (optionally a
+distinct dot intensity instead).
 
 References
 ----------
@@ -114,7 +118,7 @@ def _place_paths(rng, side, num_paths, min_length, max_length, curvature, max_tr
     return None
 
 
-def _draw(side, paths, dots, dash_period):
+def _draw(side, paths, dots, dash_period, dot_intensity=INK):
     image = np.zeros((side, side), dtype=np.uint8)
     for pixels in paths:
         for i, (r, c) in enumerate(pixels):
@@ -123,7 +127,7 @@ def _draw(side, paths, dots, dash_period):
             image[r, c] = INK
     for r, c in dots:
         for dr, dc in _PLUS:
-            image[r + dr, c + dc] = INK
+            image[r + dr, c + dc] = dot_intensity
     return image
 
 
@@ -136,6 +140,7 @@ def generate_image(
     max_length: int = 20,
     curvature: float = 0.3,
     dash_period: int = 4,
+    dot_intensity: int = INK,
     label: int | None = None,
 ) -> PathfinderImage:
     """One Pathfinder image (see the module docstring for the construction).
@@ -154,6 +159,8 @@ def generate_image(
         Standard deviation (radians) of the heading change per unit step.
     dash_period : int
         Every ``dash_period``-th chain pixel is a gap (``>= 2``).
+    dot_intensity : int
+        Intensity of the dots' pixels, ``1..255`` (default ``INK``, that of the paths).
     label : {0, 1}, optional
         Force the label; drawn uniformly otherwise.
 
@@ -172,6 +179,7 @@ def generate_image(
     >>> {first, second} == {connected.paths[0][0], connected.paths[0][-1]}
     True
     """
+    dot_intensity = check_int(dot_intensity, "dot_intensity", low=1, high=VOCAB_SIZE - 1)
     label = int(rng.integers(2)) if label is None else label
     for _ in range(100):
         paths = _place_paths(rng, side, num_paths, min_length, max_length, curvature)
@@ -184,7 +192,7 @@ def generate_image(
         )
     ends = [(p[0], p[-1]) if rng.integers(2) else (p[-1], p[0]) for p in paths[:2]]
     dots = (ends[0][0], ends[0][1]) if label == 1 else (ends[0][0], ends[1][0])
-    return PathfinderImage(_draw(side, paths, dots, dash_period), label, dots, paths)
+    return PathfinderImage(_draw(side, paths, dots, dash_period, dot_intensity), label, dots, paths)
 
 
 def pathfinder_batches(num_batches: int, batch_size: int, side: int = 32, *, generator=None, **options) -> list:
@@ -213,7 +221,8 @@ def pathfinder_batches(num_batches: int, batch_size: int, side: int = 32, *, gen
     return batches
 
 
-def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=None, data_dir=None) -> Task:
+def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=None, data_dir=None,
+              dot_intensity: int = INK) -> Task:
     """The Pathfinder task: ``n = side**2`` pixel tokens (LRA Pathfinder-32: ``n = 1024``).
 
     Parameters
@@ -225,6 +234,8 @@ def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=Non
         Source of all randomness.
     data_dir : ignored
         Generated, not read (every task factory has one signature).
+    dot_intensity : int
+        Intensity of the dots (default ``INK``, that of the paths; see :func:`generate_image`).
 
     Returns
     -------
@@ -245,7 +256,8 @@ def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=Non
         raise ValueError(f"`n` must be a square side**2 (Pathfinder-32: 1024); got {n}.")
     batch_size = check_int(batch_size, "batch_size", low=1)
     num_batches = check_int(num_batches, "num_batches", low=1)
-    options = {"min_length": max(side // 3, 4), "max_length": max(2 * side // 3, 5)}
+    options = {"min_length": max(side // 3, 4), "max_length": max(2 * side // 3, 5),
+               "dot_intensity": check_int(dot_intensity, "dot_intensity", low=1, high=VOCAB_SIZE - 1)}
     batches = pathfinder_batches(num_batches, batch_size, side, generator=generator, **options)
     return Task(
         name="pathfinder",
