@@ -55,6 +55,19 @@ def test_bench_cli_smoke(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_training_part_alone_writes_its_table_and_no_figure(tmp_path, capsys):
+    """``--parts training``: the summary holds the training table, no empty figure is drawn, and
+    no warning (legends of empty panels) is raised -- warnings are errors in this suite."""
+    out = tmp_path / "training"
+    argv = ["bench", "--quick", "--source", "synthetic", "--out", str(out), "--no-progress", "--parts", "training",
+            "--training-n", "48", "--training-batch", "2", "--training-features", "8"]
+    assert main(argv) == 0
+    assert set(pd.read_csv(out / "results.csv")["part"]) == {"training"}
+    assert not (out / "bench.png").exists()
+    assert "## Training step against a pure-SDPA model" in (out / "summary.md").read_text()
+    capsys.readouterr()
+
+
 def test_bench_cli_refuses_dask(tmp_path, capsys):
     """The ratios are only fair in one process: --workers is refused with exit status 2."""
     assert main(["bench", "--quick", "--source", "synthetic", "--out", str(tmp_path), "--workers", "2"]) == 2

@@ -32,10 +32,15 @@ def _n_ticks(ax, ns) -> None:
     ax.minorticks_off()
 
 
-def plot(results, path_without_suffix):
-    """Four panels from the saved table: spectral-error time, disagreement, memory, forward time."""
+def plot(results, path_without_suffix) -> list:
+    """Four panels from the saved table: spectral-error time, disagreement, memory, forward time.
+
+    Returns the written paths; none when only the training part ran (its table is in the summary).
+    """
     from ..plotting import figure, method_style, save_figure
 
+    if not results["part"].isin(["accuracy", "scale", "ratios", "forward"]).any():
+        return []
     wide = _wide(results)
     fig, axes = figure(2, 2, panel_size=(3.6, 2.8))
     styles = {
@@ -54,7 +59,8 @@ def plot(results, path_without_suffix):
     ax.set(yscale="log", xlabel="n", ylabel="wall time (s)",
            title=r"time to compute $\|\tilde D^{-1}\tilde A - D^{-1}A\|_2$ (one head)")
     _n_ticks(ax, errors["n"])
-    ax.legend(frameon=False, loc="upper left", fontsize=5)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(frameon=False, loc="upper left", fontsize=5)
     ax = axes[0, 1]
     accuracy = wide[(wide["part"] == "accuracy") & (wide["algorithm"] != "dense")]
     for algorithm, style in styles.items():
@@ -98,7 +104,8 @@ def plot(results, path_without_suffix):
     ax.set(yscale="log", xlabel="n", ylabel="forward wall time (s, median)",
            title="approximations vs exact attention")
     _n_ticks(ax, forward["n"] if len(forward) else errors["n"])
-    ax.legend(frameon=False, fontsize=5, ncol=2)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(frameon=False, fontsize=5, ncol=2)
     return save_figure(fig, path_without_suffix)
 
 
