@@ -107,3 +107,17 @@ def test_dot_intensity_marks_exactly_the_dots(seed):
 def test_bad_dot_intensity_names_the_parameter(value):
     with pytest.raises((ValueError, TypeError), match="dot_intensity"):
         tasks.make_task("pathfinder", n=256, batch_size=2, num_batches=1, dot_intensity=value)
+
+
+def test_path_length_bounds_every_path():
+    """``path_length=(4, 7)``: every chain (distractors too) has 4-7 pixels; bad pairs name the parameter."""
+    task = tasks.make_task("pathfinder", n=256, batch_size=2, num_batches=1, path_length=(4, 7),
+                           generator=torch.Generator().manual_seed(0))
+    assert (task.info["min_length"], task.info["max_length"]) == (4, 7)
+    rng = np.random.default_rng(0)
+    lengths = {len(p) for _ in range(10) for p in pathfinder.generate_image(rng, side=16, min_length=4,
+                                                                             max_length=7).paths}
+    assert lengths <= {4, 5, 6, 7} and len(lengths) > 1
+    for bad in ((3, 7), (7, 4), (4,), 5):
+        with pytest.raises(ValueError, match="path_length"):
+            tasks.make_task("pathfinder", n=256, batch_size=2, num_batches=1, path_length=bad)

@@ -77,12 +77,14 @@ a near-uniform attention row produces, excluded), per test example, averaged ove
 MIN_SEEDS = 3
 """The task ordering is compared only when at least this many seeds of each task pass their gate."""
 
-TASK_OPTIONS = {"listops": {"max_depth": 4}, "pathfinder": {"dot_intensity": 128}}
+TASK_OPTIONS = {"listops": {"max_depth": 4}, "pathfinder": {"dot_intensity": 128, "path_length": [4, 7]}}
 """Easier instances than LRA's, fixed before the run so that the 2-layer model learns within the
-CPU budget: ListOps trees of depth at most 4 (LRA: 10; at depth 10 the model stayed at 0.27-0.29
-accuracy after 1,500 steps, below the gate) and Pathfinder dots at intensity 128 (paths 255; LRA's
-dots are discs, larger than the dashes, and on a 16 x 16 canvas a 1-pixel plus in the paths'
-intensity left the model at chance after 1,200 steps)."""
+CPU budget (each measured before the run at batch 32, one validation set of 512): ListOps trees of
+depth at most 4 (LRA: 10; at depth 10 the model stayed at 0.28-0.29 accuracy after 1,200-1,500 steps
+and at depth 6 at 0.30, against 0.37 at depth 4 after 1,000 steps); Pathfinder dots at intensity 128
+(paths 255: LRA's dots are discs, larger than the dashes, and on a 16 x 16 canvas a 1-pixel plus in
+the paths' intensity left the model at chance after 1,200 steps, 0.65-0.68 with the dots marked)
+and paths of 4-7 pixels (default 5-10: 0.75 after 1,000 steps; two paths instead of three: 0.60)."""
 
 FULL_GRID = {
     "tasks": [{"task": "listops", "n": 256, "positions": "learned", "options": TASK_OPTIONS["listops"]},
@@ -119,7 +121,8 @@ _COLUMNS = {"results": ["steps", "validation_accuracy", "validation_size", "majo
                         "test_batch_accuracy", "decay_slope", "decay_slope_std", "num_singular_values", "seconds"],
             "spectra": ["index", "mean", "min", "max"],
             "training": ["step", "train_loss", "validation_accuracy"]}
-_OPTION_TEXT = {"max_depth": "trees of depth <= {}", "dot_intensity": "dots at intensity {}, paths at 255"}
+_OPTION_TEXT = {"max_depth": "trees of depth <= {}", "dot_intensity": "dots at intensity {}, paths at 255",
+                "path_length": "paths of {0[0]}-{0[1]} pixels"}
 _TYPES = {"steps": int, "validation_size": int, "num_singular_values": int, "index": int, "step": int}
 KEY_COLUMNS = ("task", "n", "seed")
 _MODEL = {"embedding_dim": 64, "hidden_dim": 128, "num_heads": 2, "num_layers": 2}
@@ -265,6 +268,11 @@ def _cell_tables(cell: dict) -> dict:
     return {"results": [summary], "spectra": spectra, "training": trained["history"]}
 
 
+def _hashable(options: dict) -> tuple:
+    """A task's options as sorted (name, value) pairs, lists as tuples (a cache key of :func:`_task_data`)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+
+
 def compute_cell(cell: dict) -> list[dict]:
     """Every row of one (task, seed), each tagged with its table ("results", "spectra", "training")."""
     return [{"table": name, **row} for name, rows in _cell_tables(cell).items() for row in rows]
@@ -279,7 +287,7 @@ def compute(config: dict, out, *, workers=None, progress=True, restart=False, ru
     """
     out = pathlib.Path(out)
     common_keys = {k: config[k] for k in _GRID_KEYS if k != "seeds"}
-    cells = [{**entry, "options": tuple(sorted(entry.get("options", {}).items())), "seed": seed, **common_keys,
+    cells = [{**entry, "options": _hashable(entry.get("options", {})), "seed": seed, **common_keys,
               "base_seed": config["base_seed"]}
              for seed in range(config["seeds"]) for entry in config["tasks"]]
     rows = run_cells(cells, compute_cell, results_path=out / CELLS, key_columns=KEY_COLUMNS, config=config,
@@ -376,7 +384,8 @@ def _setting_lines(config) -> list[str]:
         "row + column embedding (2-D positions) so the model can see which pixels neighbour each other. "
         "Easier instances than LRA's, so that the 2-layer model learns within the budget: ListOps trees no "
         "deeper than stated (LRA: 10), and Pathfinder dots drawn at their own intensity (LRA's dots are discs, "
-        "larger than the dashes; here a 1-pixel plus, which only its intensity tells from a path).",
+        "larger than the dashes; here a 1-pixel plus, which only its intensity tells from a path) on shorter "
+        "paths (by default 5-10 pixels on this canvas).",
         f"- Model: the paper's 2-layer softmax encoder (embedding {config['model']['embedding_dim']}, "
         f"feed-forward {config['model']['hidden_dim']}, {config['model']['num_heads']} heads), dropout "
         f"{config['dropout']:g} (no attention dropout).",

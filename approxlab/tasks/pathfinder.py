@@ -222,13 +222,14 @@ def pathfinder_batches(num_batches: int, batch_size: int, side: int = 32, *, gen
 
 
 def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=None, data_dir=None,
-              dot_intensity: int = INK) -> Task:
+              dot_intensity: int = INK, path_length=None) -> Task:
     """The Pathfinder task: ``n = side**2`` pixel tokens (LRA Pathfinder-32: ``n = 1024``).
 
     Parameters
     ----------
     n : int
-        A square ``side**2`` with ``16 <= side <= 64``; paths get ``side/3 .. 2 side/3`` pixels.
+        A square ``side**2`` with ``16 <= side <= 64``; paths get ``side/3 .. 2 side/3`` pixels
+        unless ``path_length`` says otherwise.
     batch_size, num_batches : int
     generator : torch.Generator, optional
         Source of all randomness.
@@ -236,6 +237,9 @@ def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=Non
         Generated, not read (every task factory has one signature).
     dot_intensity : int
         Intensity of the dots (default ``INK``, that of the paths; see :func:`generate_image`).
+    path_length : (int, int), optional
+        Shortest and longest path chain in pixels, ``4 <= first <= second``; default
+        ``(max(side // 3, 4), max(2 * side // 3, 5))``.
 
     Returns
     -------
@@ -256,7 +260,12 @@ def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=Non
         raise ValueError(f"`n` must be a square side**2 (Pathfinder-32: 1024); got {n}.")
     batch_size = check_int(batch_size, "batch_size", low=1)
     num_batches = check_int(num_batches, "num_batches", low=1)
-    options = {"min_length": max(side // 3, 4), "max_length": max(2 * side // 3, 5),
+    if path_length is None:
+        path_length = (max(side // 3, 4), max(2 * side // 3, 5))
+    if not (isinstance(path_length, (tuple, list)) and len(path_length) == 2):
+        raise ValueError(f"`path_length` must be a pair (shortest, longest) of pixel counts; got {path_length!r}.")
+    shortest = check_int(path_length[0], "path_length[0]", low=4, high=side)
+    options = {"min_length": shortest, "max_length": check_int(path_length[1], "path_length[1]", low=shortest, high=side),
                "dot_intensity": check_int(dot_intensity, "dot_intensity", low=1, high=VOCAB_SIZE - 1)}
     batches = pathfinder_batches(num_batches, batch_size, side, generator=generator, **options)
     return Task(
