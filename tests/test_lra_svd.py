@@ -125,6 +125,12 @@ def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
     assert abs(interval.low - pooled.low) > 1e-4  # the data tell Welch's interval from the pooled one
     assert verdict["verdict"] == "Pathfinder slower" and verdict["difference"] == pytest.approx(0.125)
     assert (verdict["low"], verdict["high"]) == pytest.approx((interval.low, interval.high))
+    from approxlab.stats import t_test_power
+    sd = math.hypot(pd.Series(slopes["pathfinder"]).std(), pd.Series(slopes["listops"]).std())
+    assert verdict["power"] == pytest.approx(t_test_power(3, difference=0.125, sd=sd))
+    assert t_test_power(verdict["seeds_for_80"], difference=0.125, sd=sd) >= 0.8
+    assert verdict["seeds_for_80"] == 2 or t_test_power(verdict["seeds_for_80"] - 1, difference=0.125, sd=sd) < 0.8
+    assert "80% power needs" in lra_svd._ordering_text(verdict)
     flipped = lra_svd.ordering(_results({"listops": slopes["pathfinder"], "pathfinder": slopes["listops"]},
                                         {"listops": [True] * 3, "pathfinder": [True] * 3}))
     assert flipped["verdict"] == "Pathfinder faster"

@@ -50,6 +50,7 @@ Tay et al. *Long Range Arena*. ICLR 2021.
 from __future__ import annotations
 
 import functools
+import math
 import pathlib
 import time
 
@@ -62,6 +63,7 @@ from .._io import atomic_write_text, read_results, write_table
 from .runner import StudyError, cell_seed, run_cells, saved_config
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "TASK_OPTIONS", "GATES", "DECAY_INDICES", "build_config", "attention_output_spectrum",
+           "resolution_floor",
            "decay_slope", "compute_cell", "compute", "ordering", "plot", "summarize", "add_arguments", "run"]
 
 GATES = {"listops": 0.30, "pathfinder": 0.65}
@@ -310,6 +312,16 @@ def _load(out):
             read_results(out / SPECTRA), read_results(out / TRAINING))
 
 
+def _run_record(out) -> dict:
+    """The ``run`` entry of ``config.json`` (command line, threads, workers), or {}."""
+    from .._io import read_json
+
+    try:
+        return read_json(pathlib.Path(out) / "config.json").get("run", {}) or {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _label(task, n):
     return f"{_LABELS.get(task, task)} (n={n})"
 
@@ -335,15 +347,30 @@ def ordering(results: pd.DataFrame, *, level: float = 0.95, min_seeds: int = MIN
     interval = test.confidence_interval(level)
     low, high = float(interval.low), float(interval.high)
     verdict = "Pathfinder slower" if low > 0 else "Pathfinder faster" if high < 0 else "inconclusive"
-    return {**entry, "difference": float(slopes["pathfinder"].mean() - slopes["listops"].mean()),
-            "low": low, "high": high, "verdict": verdict}
+    difference = float(slopes["pathfinder"].mean() - slopes["listops"].mean())
+    return {**entry, "difference": difference, "low": low, "high": high, "verdict": verdict,
+            **_power(difference, *(float(np.std(slopes[t], ddof=1)) for t in ("pathfinder", "listops")),
+                     min(len(v) for v in slopes.values()), 1 - level)}
+
+
+def _power(difference, sd_pathfinder, sd_listops, seeds, alpha) -> dict:
+    r"""Power of the seeds at hand to see ``difference`` at the observed spreads, and the seeds per
+    task that 80% power needs: a t-test on seed-paired differences, :math:`sd = \sqrt{s_P^2 + s_L^2}`,
+    ``seeds - 1`` degrees of freedom (no more than Welch's; :func:`approxlab.stats.t_test_power`)."""
+    from ..stats import t_test_power, t_test_sample_size
+
+    sd = math.hypot(sd_pathfinder, sd_listops)
+    if not (sd > 0 and difference != 0 and seeds >= 2):
+        return {"power": float("nan"), "seeds_for_80": float("nan")}
+    return {"power": t_test_power(seeds, difference=difference, sd=sd, alpha=alpha),
+            "seeds_for_80": t_test_sample_size(difference=difference, sd=sd, power=0.8, alpha=alpha, max_n=10**6)}
 
 
 def plot(out) -> list:
     """``lra_svd.png/.pdf``: per seed, the test batch's mean sigma_j/sigma_1 (left) and the decay slope (right)."""
     from ..plotting import figure, save_figure
 
-    _, results, spectra, _ = _load(out)
+    config, results, spectra, _ = _load(out)
     fig, axes = figure(1, 2, panel_size=(4.4, 3.2))
     left, right = axes[0]
     colours = {}
@@ -360,6 +387,8 @@ def plot(out) -> list:
         right.errorbar([k + 0.25], [rows["decay_slope"].mean()], yerr=[[0.0], [0.0]], fmt="_", color=colour,
                        markersize=14)
     left.axvspan(DECAY_INDICES[0], DECAY_INDICES[1], color="grey", alpha=0.08, label="indices of the decay fit")
+    left.axhline(resolution_floor(config["model"]["embedding_dim"]), color="black", linestyle=":", linewidth=0.8,
+                 label="float32 resolution (below: rounding)")
     left.set_yscale("log")
     left.set_xlabel("index j")
     left.set_ylabel("sigma_j / sigma_1 (mean over a test batch)")
@@ -409,7 +438,7 @@ def _setting_lines(config) -> list[str]:
 
 def summarize(out) -> pathlib.Path:
     """``summary.md``: the declared proxy, accuracy against the gates per seed, the decay comparison."""
-    config, results, _, training = _load(out)
+    config, results, spectra, training = _load(out)
     lines = ["# Singular values of the trained model's attention output (Skyformer Appendix B, Figure 4)", "",
              *_setting_lines(config),
              "| task | seed | steps | val. acc. (n) | majority class | gate | passed | test-batch acc. "
@@ -421,10 +450,39 @@ def summarize(out) -> pathlib.Path:
                      f"| {r.num_singular_values} |")
     verdict = ordering(results, min_seeds=config["min_seeds"])
     lines += ["", "## Against Appendix B (\"Pathfinder decays slower than ListOps\")", "", _ordering_text(verdict),
+              "", *_resolution_lines(spectra, config["model"]["embedding_dim"]),
               "Figure 4's curves are not given as numbers in the paper (and its models were trained to LRA "
               "accuracy on a GPU), so only the pre-declared slope comparison is made.", "",
-              f"Compute: {results['seconds'].sum():.0f} s of cell time; {len(training)} evaluations."]
+              f"Compute: {results['seconds'].sum():.0f} s of cell time; {len(training)} evaluations. "
+              f"Command: `{_run_record(out).get('command', 'approxlab lra-svd')}`."]
     return atomic_write_text(pathlib.Path(out) / "summary.md", "\n".join(lines) + "\n")
+
+
+def resolution_floor(columns: int) -> float:
+    r"""The smallest :math:`\sigma_j/\sigma_1` a float32 forward pass resolves: the model's
+    attention output :math:`M` (``columns`` wide) carries rounding :math:`E` with
+    :math:`\|E\|_2 \le \|E\|_F \approx \epsilon_{32}\|M\|_F \le \epsilon_{32}\sqrt{\text{columns}}\,\sigma_1`,
+    and by Weyl's inequality :math:`|\sigma_j(M + E) - \sigma_j(M)| \le \|E\|_2`: below
+    :math:`\epsilon_{32}\sqrt{\text{columns}}` the measured values are rounding, not the model's."""
+    return float(np.finfo(np.float32).eps) * math.sqrt(columns)
+
+
+def _resolution_lines(spectra: pd.DataFrame, columns: int) -> list[str]:
+    """Per task and seed: where the mean spectrum falls below :func:`resolution_floor`."""
+    floor = resolution_floor(columns)
+    first, last = DECAY_INDICES
+    parts = []
+    for (task, n, seed), curve in spectra.groupby(["task", "n", "seed"], sort=False):
+        window = curve[(curve["index"] >= first) & (curve["index"] <= last)]
+        below = curve.loc[curve["mean"] < floor, "index"]
+        parts.append(f"{_label(task, n)} seed {seed}: from j = {int(below.min())}, "
+                     f"{(window['mean'] < floor).mean():.0%} of the fit" if len(below) else
+                     f"{_label(task, n)} seed {seed}: never")
+    return [f"**Resolution.** The models run in float32, so sigma_j / sigma_1 below {floor:.1e} "
+            f"(float32's epsilon x sqrt({columns}), Weyl's bound on its rounding) is rounding rather than the "
+            "model's spectrum. The mean spectrum falls below it: " + "; ".join(parts) + ". Where most of a task's "
+            "fit lies below it, its slope measures the rounding floor's flatness, and the comparison above says "
+            "nothing about the models; a forward pass in float64 resolves it.", ""]
 
 
 def _ordering_text(verdict: dict) -> str:
@@ -432,10 +490,15 @@ def _ordering_text(verdict: dict) -> str:
     if verdict["verdict"] == "not compared (gate)":
         return (f"Not compared: {seeds}, fewer than required. These models did not learn their tasks to the "
                 "gate, so this run says nothing about the ordering of the tasks.")
+    power = ""
+    if math.isfinite(verdict.get("power", float("nan"))):
+        power = (f" Power of these seeds to see a difference of this size at the observed spread: "
+                 f"{verdict['power']:.2f}; 80% power needs {int(verdict['seeds_for_80'])} seeds per task (a t-test "
+                 "on seed-paired differences, sd = sqrt(s_P^2 + s_L^2)).")
     return (f"{seeds}. Pathfinder's slope minus ListOps': {verdict['difference']:+.4f} per index, 95% interval "
             f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}] (Welch t over seeds); verdict: **{verdict['verdict']}**"
             + (" (Appendix B's ordering)." if verdict["verdict"] == "Pathfinder slower" else
-               " (Appendix B has Pathfinder slower)."))
+               " (Appendix B has Pathfinder slower).") + power)
 
 
 def add_arguments(parser) -> None:
