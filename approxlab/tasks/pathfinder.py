@@ -266,7 +266,7 @@ def make_task(*, n: int = 1024, batch_size: int, num_batches: int, generator=Non
         raise ValueError(f"`path_length` must be a pair (shortest, longest) of pixel counts; got {path_length!r}.")
     shortest = check_int(path_length[0], "path_length[0]", low=4, high=side)
     options = {"min_length": shortest, "max_length": check_int(path_length[1], "path_length[1]", low=shortest, high=side),
-               "dot_intensity": check_int(dot_intensity, "dot_intensity", low=1, high=VOCAB_SIZE - 1)}
+               "dot_intensity": dot_intensity}  # checked by generate_image
     batches = pathfinder_batches(num_batches, batch_size, side, generator=generator, **options)
     return Task(
         name="pathfinder",
