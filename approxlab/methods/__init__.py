@@ -17,6 +17,12 @@ performer            positive orthogonal random features ``r``
 performer-lra        the same, fed as the Skyformer authors' code feeds them
 informer             selected "active" queries ``u``
 linformer            projected length ``k`` of keys and values
+topk                 kept keys ``k`` per query (the k largest logits; an oracle)
+topp                 the most keys kept per query (smallest set of mass >= ``p``)
+streaming-llm        cache size: ``sinks`` attention sinks plus the recent window
+h2o                  cache size: heavy hitters plus ``recent_size`` recent tokens
+snapkv               kept prompt tokens per head (observation window included)
+quest                token budget per query: ``ceil(budget / page_size)`` pages
 ===================  ==========================================================
 
 Public API::
@@ -24,17 +30,19 @@ Public API::
     available() -> list[str]                     # every usable name: built-in, registered, installed
     get(name) -> MethodSpec
     register(name, function=None, *, target, features, max_features=None, randomized=True,
-             draw=None, causal=False, overwrite=False)   # a call or a decorator
-    causal_support(support) -> list[str]         # methods with causal=True / "mask-renormalise"
+             draw=None, causal=False, compress=None, overwrite=False)   # a call or a decorator
+    causal_support(support) -> list[str]         # methods with causal=True / "only" / "mask-renormalise"
     unregister(name) -> MethodSpec
     load_plugin(module) -> module                # what `approxlab <study> --plugin MODULE` does
     draw(method, q, k, *, num_features, generator=None, **options) -> dict[str, Tensor]
     Approximation(method, target, output, operator=None, info=None, *, matrix=None)
-    MethodSpec, TARGETS, CAUSAL_SUPPORT, ENTRY_POINT_GROUP ("approxlab.methods")
+    MethodSpec, TARGETS, CAUSAL_SUPPORT, CAUSAL_ONLY, ENTRY_POINT_GROUP ("approxlab.methods")
 
 Causal (decoder) attention, ``approximate(..., causal=...)`` (:mod:`approxlab.methods.causal`):
 ``causal=True`` runs a method's own causal form (exact, kernelized, yoso-e: masked dense; performer:
-prefix-sum FAVOR+; informer: causal ProbSparse); ``causal="mask-renormalise"`` evaluates
+prefix-sum FAVOR+; informer: causal ProbSparse; topk, topp, quest: per-query selection among keys
+``j <= i``; streaming-llm, h2o, snapkv: what the cache policy keeps when query ``i`` is decoded, and
+nothing else: they are causal-only, ``causal="only"``); ``causal="mask-renormalise"`` evaluates
 skyformer-softmax, nystromformer, nystrom and spectral-shifting by masking and renormalising their
 bidirectional matrix (an evaluation variant: their landmarks have seen future tokens); every other
 method refuses ``causal``.
@@ -66,7 +74,7 @@ method runs in every study: ``approxlab figure1 --quick --plugin my_attention --
 top-k,skyformer-softmax`` (``my_attention.py`` holding the function, on ``PYTHONPATH``).
 """
 
-from ._base import CAUSAL_SUPPORT, TARGETS, Approximation, MethodSpec
+from ._base import CAUSAL_ONLY, CAUSAL_SUPPORT, TARGETS, Approximation, MethodSpec
 from .draws import draw
 from .registry import (ENTRY_POINT_GROUP, available, causal_support, get, load_plugin, plugin_modules, register,
                        unregister)
@@ -84,5 +92,6 @@ __all__ = [
     "MethodSpec",
     "TARGETS",
     "CAUSAL_SUPPORT",
+    "CAUSAL_ONLY",
     "ENTRY_POINT_GROUP",
 ]

@@ -5,7 +5,7 @@ Public API (re-exported by :mod:`approxlab.methods`)::
     Approximation(method, target, output, operator=None, info=None, *, matrix=None)
     MethodSpec                     # what the registry holds for a name (built by method() / register())
     TARGETS                        # ("softmax", "kernelized", "yoso")
-    CAUSAL_SUPPORT                 # (False, True, "mask-renormalise"): what causal=... a method accepts
+    CAUSAL_SUPPORT                 # (False, True, "mask-renormalise", "only"): what causal=... a method accepts
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from .._validation import check_int
 from ..operators import DenseOperator, LinearOperator
 
-__all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS", "CAUSAL_SUPPORT", "MASK_RENORMALISE"]
+__all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS", "CAUSAL_SUPPORT", "MASK_RENORMALISE",
+           "CAUSAL_ONLY"]
 
 TARGETS = ("softmax", "kernelized", "yoso")
 """What a method approximates: softmax attention ``D^{-1}AV``, kernelized attention ``CV``
@@ -33,13 +34,19 @@ TARGET_NAMES = {"softmax": "softmax attention", "kernelized": "kernelized attent
 MASK_RENORMALISE = "mask-renormalise"
 """The evaluation variant ``approximate(..., causal="mask-renormalise")`` (:mod:`approxlab.methods.causal`)."""
 
-CAUSAL_SUPPORT = (False, True, MASK_RENORMALISE)
+CAUSAL_ONLY = "only"
+"""The declaration ``causal="only"``: a method that exists only in causal form (a decode-time cache policy
+such as H2O), so ``approximate(..., causal=True)`` is required."""
+
+CAUSAL_SUPPORT = (False, True, MASK_RENORMALISE, CAUSAL_ONLY)
 """What ``causal=`` a method declares (:func:`approxlab.methods.register`): ``False`` no causal form;
 ``True`` its own causal form from its literature (its function takes ``causal``); ``"mask-renormalise"``
-none of its own, but it can be evaluated by masking and renormalising its bidirectional matrix."""
+none of its own, but it can be evaluated by masking and renormalising its bidirectional matrix;
+``"only"`` its causal form is all it has (its function takes ``causal`` and is called with ``True``)."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 _COMMON = ("q", "k", "v", "num_features", "generator", "draw", "causal")
+_COMPRESS_COMMON = ("q", "k", "v", "budget", "generator", "key_mask")
 
 
 class Approximation:
@@ -160,10 +167,16 @@ class MethodSpec:
         ``draw(q, k, *, num_features, generator, **options) -> dict`` of named tensors: the
         method's random draw, which ``function(..., draw=...)`` accepts back
         (:func:`approxlab.methods.draw`). ``None``: the draw is not exposed.
-    causal : {False, True, "mask-renormalise"}
+    causal : {False, True, "mask-renormalise", "only"}
         Its causal support (:data:`CAUSAL_SUPPORT`): ``True`` -- ``function(..., causal=True)`` is
-        its own causal form; ``"mask-renormalise"`` -- :func:`approxlab.approximate` can evaluate it
-        with ``causal="mask-renormalise"`` (:mod:`approxlab.methods.causal`); ``False`` -- neither.
+        its own causal form; ``"only"`` -- the same, and it has no other (``causal=True`` is required);
+        ``"mask-renormalise"`` -- :func:`approxlab.approximate` can evaluate it with
+        ``causal="mask-renormalise"`` (:mod:`approxlab.methods.causal`); ``False`` -- neither.
+    compress : callable or None
+        Its compression step in the KV-cache setting (:func:`approxlab.kv_cache_attention`):
+        ``compress(q_context, k_context, v_context, *, budget, generator=None, key_mask=None, **options)``
+        returns the ``(*batch, budget)`` indices of the context tokens it keeps, computed only from the
+        context. ``None``: the method is measured there by its causal form on the whole window.
 
     Examples
     --------
@@ -184,6 +197,7 @@ class MethodSpec:
     randomized: bool
     draw: Callable[..., dict] | None = None
     causal: bool | str = False
+    compress: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any):
         return self.function(*args, **kwargs)
@@ -198,6 +212,22 @@ class MethodSpec:
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             return None
         return sorted(name for name, p in parameters.items() if name not in _COMMON
+                      and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+    @property
+    def causal_only(self) -> bool:
+        """Whether the method exists only in causal form (declared ``causal="only"``)."""
+        return isinstance(self.causal, str) and self.causal == CAUSAL_ONLY
+
+    def compress_options(self) -> list[str] | None:
+        """The compression step's own keywords (besides q, k, v, budget, generator, key_mask); None if it takes
+        ``**kwargs`` or the method has no compression step."""
+        if self.compress is None:
+            return None
+        parameters = inspect.signature(self.compress).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return None
+        return sorted(name for name, p in parameters.items() if name not in _COMPRESS_COMMON
                       and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
     def check_options(self, options: dict) -> None:
@@ -242,7 +272,8 @@ def _feature_limit(max_features) -> Callable[[int, int], int]:
 def _check_signature(name: str, function, draw, causal=False) -> None:
     """``function`` can be called as ``function(q, k, v, num_features=..., generator=...)`` (and ``draw=``,
     ``causal=`` when it declares its own causal form)."""
-    extra = {**({"draw": None} if draw else {}), **({"causal": False} if causal is True else {})}
+    own_form = causal is True or causal == CAUSAL_ONLY
+    extra = {**({"draw": None} if draw else {}), **({"causal": False} if own_form else {})}
     needs = ("function(q, k, v, *, num_features, generator=None"
              + "".join(f", {key}={value!r}" for key, value in extra.items()))
     try:
@@ -256,8 +287,27 @@ def _check_signature(name: str, function, draw, causal=False) -> None:
                         f"signature {signature} ({error}).") from None
 
 
+def _check_compress(name: str, compress) -> None:
+    """``compress`` is None or callable as ``compress(q, k, v, budget=..., generator=...)``."""
+    if compress is None:
+        return
+    if not callable(compress):
+        raise TypeError("`compress` must be None or a function(q_context, k_context, v_context, *, budget, "
+                        f"generator=None, **options); got {type(compress).__name__}.")
+    try:
+        signature = inspect.signature(compress)
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return
+    try:
+        signature.bind(None, None, None, budget=1, generator=None)
+    except TypeError as error:
+        raise TypeError(f"the compression step of method {name!r} must accept compress(q_context, k_context, "
+                        f"v_context, *, budget, generator=None, **options); got a function with signature "
+                        f"{signature} ({error}).") from None
+
+
 def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None,
-              causal=False) -> MethodSpec:
+              causal=False, compress=None) -> MethodSpec:
     """A validated :class:`MethodSpec` (the one validation block of :func:`method` and ``register``).
 
     Raises
@@ -269,7 +319,10 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         :data:`TARGETS`; an empty ``features``; a bad ``max_features``; a non-bool ``randomized``;
         a ``draw`` that is not callable, or given for a method that is not randomized; a
         ``causal`` not in :data:`CAUSAL_SUPPORT`, ``causal=True`` for a function without a
-        ``causal`` keyword, ``"mask-renormalise"`` for a target other than softmax attention.
+        ``causal`` keyword, ``"mask-renormalise"`` for a target other than softmax attention;
+        a ``compress`` that is not callable as ``compress(q, k, v, *, budget, generator=None)``, or given
+        for a method without a causal form (``causal`` False or ``"mask-renormalise"``) or a target other
+        than softmax attention.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError("`name` must be a non-empty word of letters, digits and _.+- (no spaces or commas: it "
@@ -287,21 +340,29 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
                         f"{type(draw).__name__}.")
     if draw is not None and not randomized:
         raise ValueError(f"`draw` is only for randomized methods; got a draw for {name!r} with randomized=False.")
-    if not any(causal is allowed for allowed in CAUSAL_SUPPORT[:2]) and causal != MASK_RENORMALISE:
+    if not (causal is False or causal is True or (isinstance(causal, str) and causal in CAUSAL_SUPPORT[2:])):
         raise ValueError(f"`causal` must be one of {list(CAUSAL_SUPPORT)}; got {causal!r}.")
     if causal == MASK_RENORMALISE and target != "softmax":
         raise ValueError(f"`causal={MASK_RENORMALISE!r}` renormalises rows, so it needs target='softmax' (a "
                          f"row-stochastic target); got target={target!r}.")
     _check_signature(name, function, draw, causal)
-    return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw, causal)
+    _check_compress(name, compress)
+    if compress is not None and not (causal is True or causal == CAUSAL_ONLY):
+        raise ValueError(f"`compress` is a step of the KV-cache setting, which is causal: it needs causal=True or "
+                         f"causal={CAUSAL_ONLY!r}; got causal={causal!r}.")
+    if compress is not None and target != "softmax":
+        raise ValueError(f"`compress` keeps context tokens for exact softmax attention, so it needs "
+                         f"target='softmax'; got target={target!r}.")
+    return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw, causal,
+                      compress)
 
 
 def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None,
-           causal=False):
+           causal=False, compress=None):
     """Decorator that turns a built-in method function into a :class:`MethodSpec` (see :func:`make_spec`)."""
 
     def wrap(function):
         return make_spec(name, function, target=target, features=features, max_features=max_features,
-                         randomized=randomized, draw=draw, causal=causal)
+                         randomized=randomized, draw=draw, causal=causal, compress=compress)
 
     return wrap

@@ -13,7 +13,18 @@ performer          prefix sums of :math:`\phi(k_j)v_j^\top` and :math:`\phi(k_j)
                    Choromanski et al. 2021, Section 2.6), in chunks: :math:`O(n r p_v)`, no n x n array
 informer           causal ProbSparse: selected queries get causal softmax rows (ProbMask), the others the
                    cumulative mean of V (Zhou et al. 2021; their code's ``V.cumsum`` with ``causal_lazy="sum"``)
+topk, topp, quest  each query selects among keys ``j <= i`` (Quest: from the pages so far, its own page's
+                   min/max over the tokens inserted so far)
 =================  ======================================================================================
+
+**Causal-only methods** (declared ``causal="only"``): the decode-time cache policies streaming-llm,
+h2o and snapkv exist only as causal attention. Row :math:`i` sees what the policy keeps in the cache
+when token :math:`i` is the current decode step (SnapKV: the prompt rows see the whole causal prefix,
+the rows after the prompt see the compressed prompt and themselves). ``causal=False`` is refused for them.
+
+With ``causal=True`` a method whose function takes ``key_mask`` may also get one: row :math:`i` then
+attends keys :math:`j \le i` that are kept (a row with no such key, a padded query before the first
+real token, has output 0).
 
 ``causal="mask-renormalise"`` -- **an evaluation variant, not a causal method**: the method's
 *bidirectional* matrix :math:`\tilde S`, masked and renormalised,
@@ -53,7 +64,7 @@ import torch
 
 from ..kernels import causal_mask
 from ..operators import DenseOperator, DiagonalOperator, ProductOperator, SumOperator
-from ._base import MASK_RENORMALISE, Approximation, MethodSpec
+from ._base import CAUSAL_ONLY, MASK_RENORMALISE, Approximation, MethodSpec
 from .registry import causal_support
 
 __all__ = ["check_causal_support", "mask_renormalise", "masked_matmat", "causal_rows", "CAUSAL_OPTIONS"]
@@ -75,6 +86,11 @@ def _supported_text() -> str:
             f"variant causal={MASK_RENORMALISE!r} (approximate bidirectionally, then mask and renormalise): {variant}")
 
 
+def _causal_only_text() -> str:
+    return (f"causal-only methods (decode-time cache policies: row i sees what the cache keeps when token i is "
+            f"decoded): {causal_support(CAUSAL_ONLY)}")
+
+
 def check_causal_support(spec: MethodSpec, causal, q: torch.Tensor, k: torch.Tensor, key_mask=None):
     """``causal`` validated against method ``spec`` and the shapes; returns it.
 
@@ -82,8 +98,9 @@ def check_causal_support(spec: MethodSpec, causal, q: torch.Tensor, k: torch.Ten
     ------
     ValueError
         ``causal`` not among :data:`CAUSAL_OPTIONS`; causal with ``n != m`` keys (causal attention is
-        self-attention); causal together with ``key_mask``; a method that does not declare the
-        requested form (the message names the methods that have each form).
+        self-attention); ``"mask-renormalise"`` together with ``key_mask``; ``causal=False`` for a
+        causal-only method; a method that does not declare the requested form (the message names the
+        methods that have each form).
 
     Examples
     --------
@@ -103,20 +120,25 @@ def check_causal_support(spec: MethodSpec, causal, q: torch.Tensor, k: torch.Ten
     if not (causal is False or causal is True or (isinstance(causal, str) and causal == MASK_RENORMALISE)):
         raise ValueError(f"`causal` must be one of {list(CAUSAL_OPTIONS)}; got {causal!r}.")
     if causal is False:
+        if spec.causal_only:
+            raise ValueError(f"method {spec.name!r} is causal-only: pass causal=True. {_causal_only_text()}; "
+                             "got causal=False.")
         return False
     if q.shape[-2] != k.shape[-2]:
         raise ValueError("`causal` needs self-attention (as many keys as queries: query i attends keys j <= i); "
                          f"got {q.shape[-2]} queries and {k.shape[-2]} keys.")
-    if key_mask is not None:
-        raise ValueError("pass `key_mask` or `causal`, not both: a causal row whose kept keys are all padding "
-                         "would have no softmax; got both.")
+    if key_mask is not None and causal == MASK_RENORMALISE:
+        raise ValueError(f"pass `key_mask` or causal={MASK_RENORMALISE!r}, not both: the variant renormalises "
+                         "the bidirectional matrix, whose landmarks a mask would change; got both.")
+    if causal is True and (spec.causal is True or spec.causal_only):
+        return True
     if spec.causal is causal or (isinstance(spec.causal, str) and spec.causal == causal):
         return causal
     if causal is True and spec.causal == MASK_RENORMALISE:
         raise ValueError(f"method {spec.name!r} has no causal form of its own; it can be evaluated with "
                          f"causal={MASK_RENORMALISE!r} (its bidirectional matrix, which has seen future tokens, "
                          f"masked and renormalised). {_supported_text()}; got causal=True.")
-    if causal is not True and spec.causal is True:
+    if causal is not True and (spec.causal is True or spec.causal_only):
         raise ValueError(f"method {spec.name!r} has a causal form of its own: pass causal=True, not "
                          f"{MASK_RENORMALISE!r}. {_supported_text()}; got causal={causal!r}.")
     raise ValueError(f"method {spec.name!r} does not support causal attention. {_supported_text()}; "

@@ -6,10 +6,11 @@ as the zero-error reference.
 
 from __future__ import annotations
 
-from ..kernels import causal_mask, softmax_matrix
+from ..kernels import causal_mask, scaled_logits, softmax_matrix
 from ..operators import DenseOperator
 from ._base import Approximation, method
 from ._masking import check_key_mask, masked_fused_attention, masked_softmax_matrix
+from ._selection import safe_softmax
 
 __all__ = ["exact", "EXACT"]
 
@@ -19,7 +20,8 @@ def exact(q, k, v, *, num_features=None, generator=None, key_mask=None, causal=F
     """Exact softmax attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
 
     ``key_mask`` ``(*batch, n_k)`` bool (True on keys to attend): softmax over kept keys only.
-    ``causal=True``: each row is the softmax over keys ``j <= i`` (the masked dense matrix).
+    ``causal=True``: each row is the softmax over keys ``j <= i`` (the masked dense matrix); with
+    ``key_mask`` too, over the kept keys ``j <= i`` (a row with none has output 0).
     Otherwise the output comes from torch's fused attention kernel
     (:func:`~approxlab.methods._masking.masked_fused_attention`: no ``n x n_k`` matrix, forward or
     backward, which is how training runs it); ``operator()`` forms the dense matrix when asked.
@@ -37,10 +39,14 @@ def exact(q, k, v, *, num_features=None, generator=None, key_mask=None, causal=F
     >>> bool(torch.allclose(masked.output, approxlab.exact_attention(q, k[..., :8, :], v[..., :8, :])))
     True
     """
-    if causal:
-        matrix = softmax_matrix(q, k, mask=causal_mask(q.shape[-2], k.shape[-2], device=q.device))
-        return Approximation("exact", "softmax", matrix @ v, DenseOperator(matrix))
     key_mask = check_key_mask(key_mask, k)
+    if causal:
+        mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        if key_mask is None:
+            matrix = softmax_matrix(q, k, mask=mask)
+        else:  # a padded row before the first kept key has no key: weight 0, output 0
+            matrix = safe_softmax(scaled_logits(q, k).masked_fill(~(mask & key_mask.unsqueeze(-2)), float("-inf")))
+        return Approximation("exact", "softmax", matrix @ v, DenseOperator(matrix))
     output = masked_fused_attention(q, k, v, key_mask)
     return Approximation("exact", "softmax", output, lambda: DenseOperator(masked_softmax_matrix(q, k, key_mask)))
 

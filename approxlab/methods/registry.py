@@ -57,6 +57,12 @@ BUILTINS = {
     "performer-lra": "performer_lra:PERFORMER_LRA",
     "informer": "informer:INFORMER",
     "linformer": "linformer:LINFORMER",
+    "topk": "topk:TOPK",
+    "topp": "topp:TOPP",
+    "streaming-llm": "streaming_llm:STREAMING_LLM",
+    "h2o": "h2o:H2O",
+    "snapkv": "snapkv:SNAPKV",
+    "quest": "quest:QUEST",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 
@@ -131,21 +137,30 @@ def get(name: str) -> MethodSpec:
 
 
 def causal_support(support) -> list[str]:
-    """The available methods that declare ``causal=support`` (``True``: their own causal form;
-    ``"mask-renormalise"``: the evaluation variant), in :func:`available` order.
+    """The available methods that declare ``causal=support``, in :func:`available` order.
+
+    ``True``: the methods that accept ``approximate(..., causal=True)`` (their own causal form), the
+    causal-only ones included; ``"only"``: the causal-only methods (decode-time cache policies);
+    ``"mask-renormalise"``: the evaluation variant; ``False``: no causal form.
 
     Examples
     --------
     >>> from approxlab.methods import causal_support
-    >>> causal_support(True)
+    >>> causal_support(True)[:5]
     ['exact', 'kernelized', 'yoso-e', 'performer', 'informer']
+    >>> causal_support("only")
+    ['streaming-llm', 'h2o', 'snapkv']
     """
-    return [name for name in available() if get(name).causal is support or
-            (isinstance(support, str) and get(name).causal == support)]
+    def declares(spec) -> bool:
+        if support is True:
+            return spec.causal is True or spec.causal_only
+        return spec.causal is support or (isinstance(support, str) and spec.causal == support)
+
+    return [name for name in available() if declares(get(name))]
 
 
 def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
-             draw=None, causal=False, overwrite: bool = False):
+             draw=None, causal=False, compress=None, overwrite: bool = False):
     r"""Register ``function`` as method ``name``; usable as a decorator.
 
     Parameters
@@ -174,13 +189,22 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         method's random draw; ``function`` must then accept ``draw=`` (None or such a dict) and
         give the same output for a draw as for the generator it came from
         (:func:`approxlab.methods.draw`).
-    causal : {False, True, "mask-renormalise"}, default False
+    causal : {False, True, "mask-renormalise", "only"}, default False
         Its causal (decoder) support, which ``approximate(..., causal=...)`` checks and names in its
         refusals: ``True`` when ``function`` takes a keyword ``causal`` and, given ``causal=True``,
-        computes its own causal form (query ``i`` sees keys ``j <= i`` only); ``"mask-renormalise"``
+        computes its own causal form (query ``i`` sees keys ``j <= i`` only); ``"only"`` when that causal
+        form is all the method has (a decode-time cache policy: ``causal=False`` is refused);
+        ``"mask-renormalise"``
         when it has none but may be evaluated by masking and renormalising its matrix (it must
         return an ``Approximation`` with an operator or matrix; target ``"softmax"``;
         :mod:`approxlab.methods.causal`); ``False`` for neither.
+    compress : callable, optional
+        The method's compression step in the KV-cache setting (:func:`approxlab.kv_cache_attention`):
+        ``compress(q_context, k_context, v_context, *, budget, generator=None, key_mask=None, **options)``
+        returns the ``(*batch, budget)`` indices of the context tokens kept, computed from the context
+        only; the continuation then attends exactly to them and causally to itself. Only with
+        ``causal=True`` or ``"only"`` and target ``"softmax"``. Without it, a causal method is measured in
+        that setting by its causal form on the whole window.
     overwrite : bool, default False
         Replace an earlier registration of ``name`` (or shadow the built-in of that name); without
         it a taken name is an error.
@@ -213,7 +237,7 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
 
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
-                         randomized=randomized, draw=draw, causal=causal)
+                         randomized=randomized, draw=draw, causal=causal, compress=compress)
         with _STATE.lock:
             taken = name in available()
             if taken and not overwrite:

@@ -7,6 +7,8 @@
 - :mod:`approxlab.operators.exact`: :func:`softmax_attention` and
   :class:`ExactAttentionOperator` through torch's fused attention kernel (or in row blocks), and
   :func:`check_causal`.
+- :mod:`approxlab.operators.sparse`: :class:`SparseRowsOperator`, a matrix with a few stored entries
+  per row (the attention matrix of the key-selection methods: top-k, StreamingLLM, H2O, ...).
 """
 
 from .exact import ExactAttentionOperator, check_causal, softmax_attention
@@ -19,6 +21,7 @@ from .linear import (
     SumOperator,
     aslinearoperator,
 )
+from .sparse import SparseRowsOperator
 
 __all__ = [
     "LinearOperator",
@@ -28,6 +31,7 @@ __all__ = [
     "SumOperator",
     "AdjointOperator",
     "aslinearoperator",
+    "SparseRowsOperator",
     "ExactAttentionOperator",
     "softmax_attention",
     "check_causal",

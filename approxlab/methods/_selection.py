@@ -1,0 +1,175 @@
+r"""Exact softmax over a selected set of keys per query: what top-k, top-p, StreamingLLM, H2O, SnapKV and
+Quest have in common.
+
+Each of those methods decides, for query :math:`i`, a set :math:`S_i` of keys, and computes
+
+.. math::
+
+    \tilde o_i = \sum_{j\in S_i} \frac{e^{s_{ij}}}{\sum_{l\in S_i} e^{s_{il}}}\, v_j,
+    \qquad s_{ij} = q_i^\top k_j/\sqrt p,
+
+in the log domain. A row whose set is empty (a padded query before the first real token) gets weight 0
+everywhere and output 0 instead of 0/0. The selection is given as ``indices`` ``(*batch, n, s)`` with a
+``valid`` mask of the same shape; outputs are computed in row blocks (:func:`attend_selected`), so memory
+is :math:`O(\text{block}\cdot s\cdot p)`; the sparse matrix :math:`\tilde S` is a
+:class:`~approxlab.operators.SparseRowsOperator`.
+
+Helpers for the oracles, which need every logit: :func:`logit_blocks` yields the ``(*batch, block, m)``
+logits of consecutive row blocks (causal and key masks applied as :math:`-\infty`), memory
+:math:`O(\text{block}\cdot m)`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator
+
+import torch
+
+from ..kernels import causal_mask
+from ..operators.sparse import SparseRowsOperator
+from ._base import Approximation
+
+__all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "real_ranks",
+           "expanded_key_mask", "compressed_indices", "sparse_approximation"]
+
+BLOCK_ELEMENTS = 1 << 22
+"""Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
+
+
+def block_rows(batch: tuple, width: int) -> int:
+    """Rows per block so that ``prod(batch) * rows * width <= BLOCK_ELEMENTS`` (at least 1)."""
+    return max(1, BLOCK_ELEMENTS // max(1, int(torch.Size(batch).numel()) * max(1, width)))
+
+
+def safe_softmax(logits: torch.Tensor) -> torch.Tensor:
+    r"""Softmax over the last dimension with :math:`-\infty` entries weighted 0; an all :math:`-\infty` row is 0."""
+    peak = logits.amax(-1, keepdim=True)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    weights = torch.exp(logits - peak)
+    sums = weights.sum(-1, keepdim=True)
+    return weights / torch.where(sums > 0, sums, torch.ones_like(sums))
+
+
+def expanded_key_mask(key_mask: torch.Tensor | None, batch: tuple, m: int) -> torch.Tensor | None:
+    """``key_mask`` broadcast to ``(*batch, m)`` (``None`` passes through)."""
+    return None if key_mask is None else key_mask.expand(*batch, m)
+
+
+def logit_blocks(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False,
+                 key_mask: torch.Tensor | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+    r"""``(start, stop, logits)`` for consecutive row blocks: ``logits`` ``(*batch, stop - start, m)`` is
+    :math:`QK^\top/\sqrt p` on rows ``start:stop`` with :math:`-\infty` on keys ``j > i`` (``causal``) and
+    on masked keys."""
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n, m = q.shape[-2], k.shape[-2]
+    block = block_rows(batch, m)
+    keep_keys = None if key_mask is None else key_mask.unsqueeze(-2)
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        logits = (q[..., start:stop, :] @ k.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
+        logits = logits.expand(*batch, stop - start, m)
+        if causal:
+            logits = logits.masked_fill(~causal_mask(stop - start, m, row_offset=start, device=q.device),
+                                        float("-inf"))
+        if keep_keys is not None:
+            logits = logits.masked_fill(~keep_keys, float("-inf"))
+        yield start, stop, logits
+
+
+def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    selection: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
+                    width: int, record: bool = False):
+    r"""Exact softmax of each query over its selected keys, in row blocks.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, m, p)``, ``(*batch, m, p_v)``.
+    selection : callable
+        ``selection(start, stop) -> (indices, valid)``, both ``(*batch, stop - start, width)``: the keys of
+        rows ``start:stop`` (indices in ``[0, m)``; ``valid`` False on unused slots).
+    width : int
+        ``s``, the slots per row.
+    record : bool
+        Also return the ``(*batch, n, s)`` indices and weights (for the operator).
+
+    Returns
+    -------
+    output : torch.Tensor
+        ``(*batch, n, p_v)``.
+    indices, weights : torch.Tensor
+        Only with ``record``: the selection and its softmax weights (0 on unused slots).
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, p, p_v = q.shape[-2], q.shape[-1], v.shape[-1]
+    k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
+    block = block_rows(batch, width * max(p, p_v))
+    outputs, all_indices, all_weights = [], [], []
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        indices, valid = selection(start, stop)
+        rows = stop - start
+        keys = torch.gather(k.unsqueeze(-3).expand(*batch, rows, *k.shape[-2:]), -2,
+                            indices.unsqueeze(-1).expand(*batch, rows, width, p))
+        logits = (keys @ q[..., start:stop, :].expand(*batch, rows, p).unsqueeze(-1)).squeeze(-1) / math.sqrt(p)
+        weights = safe_softmax(logits.masked_fill(~valid, float("-inf")))
+        values = torch.gather(v.unsqueeze(-3).expand(*batch, rows, *v.shape[-2:]), -2,
+                              indices.unsqueeze(-1).expand(*batch, rows, width, p_v))
+        outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
+        if record:
+            all_indices.append(indices)
+            all_weights.append(weights)
+    output = torch.cat(outputs, dim=-2)
+    if record:
+        return output, torch.cat(all_indices, dim=-2), torch.cat(all_weights, dim=-2)
+    return output
+
+
+def real_ranks(key_mask: torch.Tensor | None, batch: tuple, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rank, position)`` of the real tokens, ``(*batch, n)`` each.
+
+    ``rank[..., i]`` is the number of real tokens at positions ``<= i`` minus 1 (the rank of token ``i``
+    among the real ones when it is real; the rank of the last real token before it when it is padding,
+    -1 if none); ``position[..., r]`` is the position of the real token of rank ``r`` (``n`` past the last
+    one). Without a mask every token is real: both are ``arange(n)``.
+    """
+    if key_mask is None:
+        ranks = torch.arange(n, device=device).expand(*batch, n)
+        return ranks, ranks
+    real = key_mask.expand(*batch, n)
+    ranks = real.long().cumsum(-1) - 1
+    positions = torch.full((*batch, n + 1), n, dtype=torch.long, device=device)
+    target = torch.where(real, ranks, torch.full_like(ranks, n))  # padding goes to the spare slot n
+    positions.scatter_(-1, target, torch.arange(n, device=device).expand(*batch, n))
+    return ranks, positions[..., :n]
+
+
+def compressed_indices(kept: torch.Tensor, context_length: int, n: int, start: int, stop: int,
+                       key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selection of continuation rows ``start:stop`` (global positions ``context_length + start ...``):
+    the kept context tokens ``kept`` ``(*batch, b)``, then the continuation ``context_length .. n - 1``
+    causally; ``(*batch, stop - start, b + n - context_length)`` indices and valid mask."""
+    batch, budget = kept.shape[:-1], kept.shape[-1]
+    rows = stop - start
+    continuation = torch.arange(context_length, n, device=kept.device)
+    indices = torch.cat([kept.unsqueeze(-2).expand(*batch, rows, budget),
+                         continuation.expand(*batch, rows, n - context_length)], dim=-1)
+    valid = torch.cat([torch.ones(*batch, rows, budget, dtype=torch.bool, device=kept.device),
+                       causal_mask(rows, n - context_length, row_offset=start, device=kept.device).expand(
+                           *batch, rows, n - context_length)], dim=-1)
+    if key_mask is not None:
+        valid = valid & torch.gather(key_mask.expand(*batch, n), -1, indices.flatten(-2)).view_as(valid)
+    return indices, valid
+
+
+def sparse_approximation(name: str, output: torch.Tensor, m: int, record: Callable[[], tuple], info: dict):
+    """An :class:`Approximation` whose operator, built on first use by ``record() -> (indices, weights)``, is a
+    :class:`~approxlab.operators.SparseRowsOperator` with ``m`` columns."""
+
+    def build():
+        indices, weights = record()
+        return SparseRowsOperator(indices, weights, m)
+
+    return Approximation(name, "softmax", output, build, info)
+

@@ -1,0 +1,193 @@
+r"""SnapKV (Li et al., 2024): the prompt's KV cache compressed once, per head, by the votes of an
+observation window.
+
+A causal-only method: the prompt is processed with full causal attention; then the last ``window``
+prompt queries vote for prefix tokens with their attention, the votes are pooled, the top tokens per
+head plus the window are kept, and every later token attends the compressed prompt and the tokens
+after it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._validation import check_choice, check_int
+from ._base import CAUSAL_ONLY, method
+from ._masking import check_key_mask
+from ._selection import attend_selected, compressed_indices, logit_blocks, safe_softmax, sparse_approximation
+
+__all__ = ["snapkv", "SNAPKV", "compress_snapkv", "POOLINGS"]
+
+POOLINGS = ("max", "avg")
+"""``pooling`` of the votes: ``"max"`` (``max_pool1d``, the authors' LongBench configurations) or ``"avg"``
+(``avg_pool1d``, zero padding counted, the default of their ``SnapKVCluster``)."""
+
+
+def compress_snapkv(q, k, v, *, budget, generator=None, window=32, kernel_size=5, pooling="max", key_mask=None):
+    r"""SnapKV's compression of a prompt ``q, k, v`` ``(*batch, n_c, p)`` to ``budget`` tokens per head.
+
+    Returns the ``(*batch, budget)`` indices kept: the :math:`b - w` prefix tokens with the largest pooled
+    votes, then the observation window :math:`w = \min(\text{window}, b)`, the last :math:`w` prompt
+    tokens (with ``budget >= n_c`` every token). See :func:`snapkv` for the rule.
+    """
+    window = check_int(window, "window", low=1)
+    kernel_size = check_int(kernel_size, "kernel_size", low=1)
+    if kernel_size % 2 == 0:
+        raise ValueError(f"`kernel_size` must be odd (the pooled votes keep the prompt's length with padding "
+                         f"kernel_size // 2); got {kernel_size}.")
+    check_choice(pooling, "pooling", POOLINGS)
+    key_mask = check_key_mask(key_mask, k)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n = k.shape[-2]
+    if budget >= n:
+        return torch.arange(n, device=q.device).expand(*batch, n)
+    observed = min(window, budget)
+    prefix = n - observed
+    observation = torch.arange(prefix, n, device=q.device)
+    if budget == observed:
+        return observation.expand(*batch, observed)
+    logits = (q[..., prefix:, :] @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    visible = torch.arange(n, device=q.device) <= observation.unsqueeze(-1)
+    if key_mask is not None:
+        visible = visible & key_mask.unsqueeze(-2)
+    weights = safe_softmax(logits.expand(*batch, observed, n).masked_fill(~visible, -math.inf))
+    if key_mask is not None:  # padded queries in the window do not vote
+        weights = weights * key_mask.expand(*batch, n)[..., prefix:].unsqueeze(-1).to(weights.dtype)
+    votes = weights[..., :prefix].sum(-2).reshape(-1, 1, prefix)
+    pool = torch.nn.functional.max_pool1d if pooling == "max" else torch.nn.functional.avg_pool1d
+    pooled = pool(votes, kernel_size, stride=1, padding=kernel_size // 2).reshape(*batch, prefix)
+    if key_mask is not None:
+        pooled = pooled.masked_fill(~key_mask.expand(*batch, n)[..., :prefix], -math.inf)
+    chosen = pooled.topk(budget - observed, dim=-1).indices
+    return torch.cat([chosen, observation.expand(*batch, observed)], dim=-1)
+
+
+@method("snapkv", target="softmax", features="kept prompt tokens per head (observation window included)",
+        randomized=False, causal=CAUSAL_ONLY, compress=compress_snapkv)
+def snapkv(q, k, v, *, num_features, generator=None, prompt_length=None, window=32, kernel_size=5, pooling="max",
+           key_mask=None, causal=True):
+    r"""SnapKV, causal: the prompt rows attend causally; the rows after the prompt attend the compressed
+    prompt (``num_features`` tokens per head) and, causally, the tokens after it.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``.
+    num_features : int
+        :math:`b`, the prompt tokens kept per head, window included: the authors' ``max_capacity_prompt``.
+        :math:`b \ge` ``prompt_length`` keeps the whole prompt (exact causal attention), as the authors'
+        code does for a prompt shorter than its capacity.
+    generator : torch.Generator, optional
+        Unused (deterministic).
+    prompt_length : int, optional
+        :math:`P`, the prompt (``1 <= P <= n``); default ``n // 2`` (at least 1). Rows ``i < P`` are the
+        prompt, compressed once after it.
+    window : int, default 32
+        The observation window :math:`w` (the authors' ``window_size``); a budget :math:`b < w` keeps the
+        last :math:`b` prompt tokens only.
+    kernel_size : int, default 5
+        The pooling kernel (odd).
+    pooling : {"max", "avg"}, default "max"
+        ``"max"`` as in the authors' LongBench configurations (``config/ablation_c*_w32_k7_maxpool.json``),
+        ``"avg"`` as in the default of their ``SnapKVCluster``.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n)`` bool, True on real tokens: padded keys are never attended nor kept (their pooled
+        vote is :math:`-\infty`) and padded window queries do not vote.
+    causal : bool, default True
+        Must be True: the method is causal-only (``approximate(..., causal=True)``).
+
+    Returns
+    -------
+    Approximation
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`
+        (formed on request); ``info``: ``kept`` ``(*batch, b)`` the prompt tokens kept per head and
+        ``prompt_length``.
+
+    Notes
+    -----
+    Section 4 of the paper (Listing 1, "Implementation of SnapKV in pseudo PyTorch style"): with
+    :math:`a_{ij}` the causal softmax rows of the prompt, the last :math:`w` prompt queries vote
+
+    .. math::
+
+        C_j = \sum_{i = P-w}^{P-1} a_{ij}, \qquad j < P - w,
+
+    the votes are pooled (``pool1d(C, kernel_size, padding=kernel_size // 2, stride=1)``, the clustering
+    of Section 4.2), and each head keeps the :math:`b - w` prefix tokens of the largest pooled votes and
+    the window. Each row :math:`i \ge P` is then the exact softmax over the kept prompt tokens and the
+    tokens :math:`P, \dots, i`: the prompt is compressed once and the tokens after it are not evicted.
+    The rows after the prompt are :func:`approxlab.kv_cache_attention` with ``context_length = P``.
+
+    **Published code** (FasterDecoding/SnapKV, ``snapkv/monkeypatch/snapkv_utils.py``,
+    ``SnapKVCluster.update_kv``): the same rule, with ``pooling="avg"`` by default in the class and
+    ``"max"`` in the LongBench configurations (``init_snapkv`` defaults: window 32, kernel 5, capacity
+    2048); it skips compression when ``q_len < max_capacity_prompt`` (the paper: ``<=``, the same
+    result), and runs after ``repeat_kv`` (one kept set per query head, as here).
+
+    **Cost**: the prompt's causal attention (:math:`O(P^2p)`, the prefill's own, in row blocks), the votes
+    :math:`O(wPp)`, and :math:`O((n-P)(b + n - P)p)` for the rows after the prompt.
+
+    References
+    ----------
+    Li, Huang, Yang, Venkitesh, Locatelli, Ye, Cai, Lewis and Chen, "SnapKV: LLM knows what you are
+    looking for before generation", NeurIPS 2024 (arXiv:2404.14469).
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 64, 8, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("snapkv", q, k, v, num_features=32, causal=True)  # the whole prompt
+    >>> float((approx.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12
+    True
+    >>> approx = approxlab.approximate("snapkv", q, k, v, num_features=12, prompt_length=40, window=8,
+    ...                                causal=True)
+    >>> approx.info["kept"].shape, approx.info["kept"][0, -8:].tolist()  # 4 voted tokens, then the window
+    (torch.Size([2, 12]), [32, 33, 34, 35, 36, 37, 38, 39])
+    """
+    if causal is not True:
+        raise ValueError(f"snapkv is causal-only: pass causal=True; got causal={causal!r}.")
+    key_mask = check_key_mask(key_mask, k)
+    n = k.shape[-2]
+    prompt = max(1, n // 2) if prompt_length is None else check_int(prompt_length, "prompt_length", low=1, high=n)
+    options = dict(window=window, kernel_size=kernel_size, pooling=pooling)
+    context_mask = None if key_mask is None else key_mask[..., :prompt]
+    kept = compress_snapkv(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :],
+                           budget=min(num_features, prompt), key_mask=context_mask, **options)
+    width = kept.shape[-1] + n - prompt
+    prompt_rows = [safe_softmax(logits) @ v[..., :prompt, :] for _, _, logits in
+                   logit_blocks(q[..., :prompt, :], k[..., :prompt, :], causal=True, key_mask=context_mask)]
+
+    def later(start, stop):
+        return compressed_indices(kept, prompt, n, start, stop, key_mask)
+
+    later_rows = attend_selected(q[..., prompt:, :], k, v, later, width=width) if prompt < n else None
+    output = torch.cat(prompt_rows + ([] if later_rows is None else [later_rows]), dim=-2)
+
+    def every(start, stop):  # prompt rows: keys 0..P-1 causally; later rows: the compressed prompt and after
+        batch, total = kept.shape[:-1], max(width, prompt)
+        columns = torch.arange(total, device=q.device)
+        rows = torch.arange(start, stop, device=q.device).unsqueeze(-1)
+        indices = torch.where(columns < prompt, columns, torch.zeros_like(columns)).expand(*batch, stop - start,
+                                                                                          total).clone()
+        valid = ((columns <= rows) & (columns < prompt)).expand(*batch, stop - start, total).clone()
+        if stop > prompt:
+            first = max(start, prompt)
+            later_indices, later_valid = compressed_indices(kept, prompt, n, first - prompt, stop - prompt, None)
+            indices[..., first - start:, :width] = later_indices
+            valid[..., first - start:, :] = False
+            valid[..., first - start:, :width] = later_valid
+        if key_mask is not None:
+            valid &= torch.gather(key_mask.expand(*batch, n), -1, indices.flatten(-2)).view_as(valid)
+        return indices, valid
+
+    record = lambda: attend_selected(q, k, v, every, width=max(width, prompt), record=True)[1:]  # noqa: E731
+
+    info = {"kept": kept, "prompt_length": prompt}
+    return sparse_approximation("snapkv", output, n, record, info)
+
+
+SNAPKV = snapkv
+__test__ = {"snapkv": snapkv.function}  # doctest skips a MethodSpec: run its function's examples

@@ -1,0 +1,145 @@
+r"""StreamingLLM (Xiao et al., ICLR 2024): attention sinks plus a window of recent tokens.
+
+A causal-only method: row :math:`i` sees what ``StartRecentKVCache(start_size, recent_size)`` holds
+when token :math:`i` is decoded -- the first ``sinks`` tokens and the most recent ones, itself included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_int
+from ._base import CAUSAL_ONLY, method
+from ._masking import check_key_mask
+from ._selection import attend_selected, real_ranks, sparse_approximation
+
+__all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "DEFAULT_SINKS"]
+
+DEFAULT_SINKS = 4
+"""``start_size`` of the authors' ``StartRecentKVCache`` and of the paper's experiments (Section 4)."""
+
+
+def _ranks(q, k, key_mask):
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    return real_ranks(key_mask, batch, k.shape[-2], q.device)
+
+
+def compress_streaming_llm(q, k, v, *, budget, generator=None, sinks=DEFAULT_SINKS, key_mask=None):
+    """The KV-cache compression step: the first ``min(sinks, budget)`` context tokens and the most recent
+    ones, ``budget`` in all; ``(*batch, budget)`` indices (:func:`approxlab.kv_cache_attention`).
+
+    With ``key_mask``, sinks and recent tokens are counted among the real tokens; padding fills any slot
+    left over (it is masked in attention).
+    """
+    sinks = check_int(sinks, "sinks", low=0)
+    key_mask = check_key_mask(key_mask, k)
+    ranks, _ = _ranks(q, k, key_mask)
+    count = ranks[..., -1:] + 1  # real tokens per sequence
+    start = min(sinks, budget)
+    real = torch.ones_like(ranks, dtype=torch.bool) if key_mask is None else key_mask.expand(ranks.shape)
+    kept = real & ((ranks < start) | (ranks >= count - (budget - start)))
+    return kept.to(q.dtype).topk(budget, dim=-1).indices
+
+
+@method("streaming-llm", target="softmax", features="cache size: sinks plus the most recent tokens",
+        randomized=False, causal=CAUSAL_ONLY, compress=compress_streaming_llm)
+def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS, key_mask=None, causal=True):
+    r"""StreamingLLM's attention sinks and recent window, causal: row :math:`i` attends the first ``sinks``
+    tokens and the most recent ones up to itself, ``num_features`` keys in all.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``.
+    num_features : int
+        The cache size ``start_size + recent_size`` of ``StartRecentKVCache``: keys per query
+        (``1 <= num_features <= n``). Rows :math:`i < \text{num\_features}` see every key ``j <= i``.
+    generator : torch.Generator, optional
+        Unused (deterministic).
+    sinks : int, default 4
+        ``start_size``, the attention sinks. With ``num_features <= sinks`` the window keeps only the
+        current token and the first ``num_features - 1`` tokens are the sinks.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n)`` bool, True on real tokens: sinks and window are counted among real tokens, as if
+        the padding were removed (padded keys are never attended; a padded row sees what the last real
+        token before it sees).
+    causal : bool, default True
+        Must be True: the method is causal-only (``approximate(..., causal=True)``).
+
+    Returns
+    -------
+    Approximation
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`
+        (formed on request); ``info``: ``sinks`` and ``recent`` (the window, current token included).
+
+    Notes
+    -----
+    With :math:`s = \min(\text{sinks}, b - 1)` and window :math:`w = b - s` for budget :math:`b`, row
+    :math:`i` attends (exact softmax) the keys
+
+    .. math::
+
+        S_i = \{j \le i : j < s\} \cup \{j : i - w < j \le i\}.
+
+    This is the cache of Section 3.2 of the paper ("a rolling KV cache ... retaining the attention
+    sinks ... alongside the most recent tokens", Figure 4) and of the authors' ``StartRecentKVCache``:
+    ``evict_for_space(past, 1)`` keeps the first ``start_size`` and the last ``recent_size - 1`` cached
+    tokens before the new one is appended, so each decode step attends ``start_size + recent_size``
+    keys, itself included (``examples/run_streaming_llama.py``).
+
+    **Where the published code departs.** (1) ``examples/eval_long_ppl.py`` trims the cache with
+    ``kv_cache(past)`` *after* each step, so each query attends ``start_size + recent_size + 1`` keys:
+    that is this method with ``num_features = start_size + recent_size + 1``. (2) The paper assigns
+    positions inside the cache (Section 3.2, "positional encoding within the cache", the code's
+    ``pos_shift``): keys are re-rotated by their cache slot. approxlab receives Q and K with their
+    positions already applied (RoPE of the original positions), so that re-rotation is not modelled;
+    it changes the logits, not which tokens are kept.
+
+    **Cost**: :math:`O(nbp)` time, memory :math:`O(\text{block}\cdot b\cdot p)`; no :math:`n\times n`
+    array (the operator, when asked for, stores :math:`nb` entries).
+
+    References
+    ----------
+    Xiao, Tian, Chen, Han and Lewis, "Efficient streaming language models with attention sinks",
+    ICLR 2024 (arXiv:2309.17453); code mit-han-lab/streaming-llm, ``streaming_llm/kv_cache.py``.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("streaming-llm", q, k, v, num_features=32, causal=True)  # every key
+    >>> float((approx.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12
+    True
+    >>> approx = approxlab.approximate("streaming-llm", q, k, v, num_features=8, causal=True)
+    >>> sorted(approx.operator().indices[0, 20].tolist())  # 4 sinks, then tokens 17..20
+    [0, 1, 2, 3, 17, 18, 19, 20]
+    """
+    if causal is not True:
+        raise ValueError(f"streaming-llm is causal-only: pass causal=True; got causal={causal!r}.")
+    sinks = check_int(sinks, "sinks", low=0)
+    key_mask = check_key_mask(key_mask, k)
+    budget = num_features
+    start = min(sinks, budget - 1)
+    window = budget - start
+    ranks, positions = _ranks(q, k, key_mask)
+    n = k.shape[-2]
+
+    def selection(first, stop):
+        current = ranks[..., first:stop].unsqueeze(-1)  # (*batch, rows, 1): rank of the latest real token
+        sink_ranks = torch.arange(start, device=q.device)
+        window_ranks = current - window + 1 + torch.arange(window, device=q.device)
+        slot_ranks = torch.cat([sink_ranks.expand(*current.shape[:-1], start), window_ranks], dim=-1)
+        valid = torch.cat([sink_ranks < current - window + 1, window_ranks >= 0], dim=-1) & (current >= 0)
+        slot_ranks = torch.where(valid, slot_ranks, torch.zeros_like(slot_ranks))
+        rows = positions.unsqueeze(-2).expand(*current.shape[:-1], n)
+        return torch.gather(rows, -1, slot_ranks), valid
+
+    output = attend_selected(q, k, v, selection, width=budget)
+    info = {"sinks": start, "recent": window}
+    record = lambda: attend_selected(q, k, v, selection, width=budget, record=True)[1:]  # noqa: E731
+    return sparse_approximation("streaming-llm", output, n, record, info)
+
+
+STREAMING_LLM = streaming_llm
+__test__ = {"streaming_llm": streaming_llm.function}  # doctest skips a MethodSpec: run its function's examples
