@@ -5,6 +5,7 @@ Public API::
     approxlab.exact_attention(q, k, v)                      # softmax(QK^T/sqrt p) V
     approxlab.attention_matrix(q, k, kind)                  # "softmax" | "scores" | "kernelized"
     approxlab.approximate(method, q, k, v, *, num_features, generator=None, **options)
+    approxlab.kv_cache_attention(method, q, k, v, *, context_length, num_features, ...)  # compressed context
     approxlab.methods.available()                           # registered method names
     approxlab.methods.register(name, f, *, target, features, ...)   # your own method, in every study
     approxlab.methods.draw(method, q, k, *, num_features, generator)  # a method's random draw, named tensors
@@ -24,11 +25,13 @@ from importlib import metadata as _metadata
 
 from . import errors, kernels, linalg, methods, metrics, operators, sketch, stats, synthetic
 from .attention import approximate, attention_matrix, exact_attention
+from .kv_cache import kv_cache_attention
 
 __all__ = [
     "approximate",
     "attention_matrix",
     "exact_attention",
+    "kv_cache_attention",
     "errors",
     "kernels",
     "linalg",

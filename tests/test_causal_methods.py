@@ -22,7 +22,9 @@ from approxlab.methods import available, causal_support, get, register
 from approxlab.methods.performer import CAUSAL_CHUNK, positive_random_features
 from approxlab.methods.yoso_e import collision_probability
 
-OWN = ["exact", "kernelized", "yoso-e", "performer", "informer"]
+OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "streaming-llm", "h2o", "snapkv",
+       "quest"]
+ONLY = ["streaming-llm", "h2o", "snapkv"]
 VARIANT = ["skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting"]
 
 
@@ -43,6 +45,7 @@ def _renormalised(matrix):
 
 def test_the_declared_forms():
     assert causal_support(True) == OWN
+    assert causal_support("only") == ONLY
     assert causal_support("mask-renormalise") == VARIANT
     assert causal_support(False) == [m for m in available() if m not in OWN + VARIANT]
 
@@ -193,9 +196,18 @@ def test_causal_argument_errors():
         approxlab.approximate("exact", q, k, v, num_features=1, causal=1)
     with pytest.raises(ValueError, match="got 16 queries and 9 keys"):
         approxlab.approximate("performer", q, k[..., :9, :], v[..., :9, :], num_features=4, causal=True)
-    with pytest.raises(ValueError, match="pass `key_mask` or `causal`, not both"):
-        approxlab.approximate("exact", q, k, v, num_features=1, causal=True,
+    with pytest.raises(ValueError, match="pass `key_mask` or causal='mask-renormalise', not both"):
+        approxlab.approximate("nystromformer", q, k, v, num_features=4, causal="mask-renormalise",
                               key_mask=torch.ones(2, 3, 16, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"`key_mask` is not supported by method 'performer'"):
+        approxlab.approximate("performer", q, k, v, num_features=4, causal=True,
+                              key_mask=torch.ones(2, 3, 16, dtype=torch.bool))
+    for name in ONLY:
+        with pytest.raises(ValueError, match=rf"method '{name}' is causal-only: pass causal=True\. causal-only "
+                                             rf"methods .*\['streaming-llm', 'h2o', 'snapkv'\]; got causal=False"):
+            approxlab.approximate(name, q, k, v, num_features=4)
+        with pytest.raises(ValueError, match="has a causal form of its own: pass causal=True"):
+            approxlab.approximate(name, q, k, v, num_features=4, causal="mask-renormalise")
     with pytest.raises(ValueError, match="has a causal form of its own: pass causal=True"):
         approxlab.approximate("performer", q, k, v, num_features=4, causal="mask-renormalise")
 
@@ -223,7 +235,8 @@ def test_a_registered_method_declares_its_causal_support(fresh_registry):
     with pytest.raises(ValueError, match="needs target='softmax'"):
         register("kernel-variant", uniform, target="kernelized", features="ignored", randomized=False,
                  causal="mask-renormalise")
-    with pytest.raises(ValueError, match=r"`causal` must be one of \[False, True, 'mask-renormalise'\]; got 'yes'"):
+    with pytest.raises(ValueError, match=r"`causal` must be one of \[False, True, 'mask-renormalise', 'only'\]; "
+                                         r"got 'yes'"):
         register("bad", uniform, target="softmax", features="ignored", randomized=False, causal="yes")
 
 

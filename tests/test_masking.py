@@ -169,8 +169,13 @@ def _repadded(x, mask, seed):
 
 _OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}],
             "skyformer-softmax": [{"core": "pinv"}, {"core": "schulz"}],
-            "nystromformer": [{}, {"pinv": "exact"}]}
-_CASES = [(name, options) for name in MASKED for options in _OPTIONS.get(name, [{}])]
+            "nystromformer": [{}, {"pinv": "exact"}],
+            "exact": [{}, {"causal": True}], "topk": [{}, {"causal": True}], "topp": [{}, {"causal": True}],
+            "quest": [{"page_size": 3}, {"page_size": 3, "causal": True}],
+            "h2o": [{"causal": True}, {"causal": True, "scores": "dense"}],
+            "snapkv": [{"causal": True, "window": 2, "kernel_size": 3, "pooling": pooling} for pooling in ("max", "avg")]}
+_CASES = [(name, {"causal": True} if get(name).causal_only else {}) if options is None else (name, options)
+          for name in MASKED for options in _OPTIONS.get(name, [None])]
 
 
 @pytest.mark.parametrize("name,options", _CASES, ids=[f"{n}-{o}" for n, o in _CASES])

@@ -22,13 +22,18 @@ def _budget(name, n, wanted):
     return min(wanted, get(name).max_features(n))
 
 
+def _approximate(name, q, k, v, **kwargs):
+    """``approximate``, in causal form for the causal-only methods (decode-time cache policies)."""
+    return approxlab.approximate(name, q, k, v, causal=get(name).causal_only, **kwargs)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", METHODS)
 def test_batched_bert_shape_float32(name, device):
     """Issue 'Done means': every method runs batched on (2, 12, 512, 64) float32 inputs."""
     q, k, v = synthetic_qkv((2, 12), 512, 64, scale=0.7, generator=_gen(0), dtype=torch.float32)
     q, k, v = q.to(device), k.to(device), v.to(device)
-    result = approxlab.approximate(name, q, k, v, num_features=64, generator=_gen(1))
+    result = _approximate(name, q, k, v, num_features=64, generator=_gen(1))
     assert result.output.shape == (2, 12, 512, 64)
     assert result.output.dtype == torch.float32
     assert result.output.device.type == device
@@ -41,7 +46,7 @@ def test_batched_bert_shape_float32(name, device):
 def test_operator_matches_output_and_adjoint(name):
     """The operator is the matrix behind the output: op @ v == output, op.T == dense^T."""
     q, k, v = synthetic_qkv((2, 3), 40, 8, generator=_gen(2))
-    result = approxlab.approximate(name, q, k, v, num_features=_budget(name, 40, 12), generator=_gen(3))
+    result = _approximate(name, q, k, v, num_features=_budget(name, 40, 12), generator=_gen(3))
     op = result.operator()
     assert op.shape == (2, 3, 40, 40)
     dense = result.matrix()
@@ -56,7 +61,7 @@ def test_operator_matches_output_and_adjoint(name):
 def test_float32_logits_80_do_not_overflow(name):
     """Issue: float32 attention logits up to +-80 must not overflow in any method."""
     q, k, v = opposed_logits_80_qkv(64, seed=5)
-    result = approxlab.approximate(name, q, k, v, num_features=_budget(name, 64, 16), generator=_gen(6))
+    result = _approximate(name, q, k, v, num_features=_budget(name, 64, 16), generator=_gen(6))
     assert bool(torch.isfinite(result.output).all())
 
 
@@ -72,12 +77,12 @@ def test_same_generator_seed_same_result(name):
     queries, hash codes, ...); another seed gives another output for a randomized method.
     """
     q, k, v = synthetic_qkv((2,), 48, 8, generator=_gen(7))
-    first = approxlab.approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(11))
-    second = approxlab.approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(11))
+    first = _approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(11))
+    second = _approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(11))
     torch.testing.assert_close(first.output, second.output, rtol=0, atol=0)
     torch.testing.assert_close(_tensor_info(first), _tensor_info(second), rtol=0, atol=0, equal_nan=True)
     if get(name).randomized:
-        other = approxlab.approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(12))
+        other = _approximate(name, q, k, v, num_features=_budget(name, 48, 8), generator=_gen(12))
         assert not torch.equal(first.output, other.output)
 
 
@@ -99,8 +104,8 @@ def test_float32_draws_the_same_sample_as_float64(name):
     (:data:`FLOAT32_RTOL`)."""
     q, k, v = synthetic_qkv((2,), 48, 8, generator=_gen(7))
     d = _budget(name, 48, 8)
-    double = approxlab.approximate(name, q, k, v, num_features=d, generator=_gen(11))
-    single = approxlab.approximate(name, q.float(), k.float(), v.float(), num_features=d, generator=_gen(11))
+    double = _approximate(name, q, k, v, num_features=d, generator=_gen(11))
+    single = _approximate(name, q.float(), k.float(), v.float(), num_features=d, generator=_gen(11))
     assert single.output.dtype == torch.float32
     for key, value in _tensor_info(double).items():
         if not (value.is_floating_point() or value.dtype == torch.bool) and key != "core_rank":
@@ -115,7 +120,7 @@ def test_no_global_rng_use(name):
     """The library never touches the global RNG state."""
     q, k, v = synthetic_qkv((2,), 32, 8, generator=_gen(8))
     state = torch.get_rng_state()
-    approxlab.approximate(name, q, k, v, num_features=_budget(name, 32, 8), generator=_gen(9))
+    _approximate(name, q, k, v, num_features=_budget(name, 32, 8), generator=_gen(9))
     assert torch.equal(state, torch.get_rng_state())
 
 
@@ -123,12 +128,12 @@ def test_no_global_rng_use(name):
 def test_num_features_out_of_range(name):
     q, k, v = synthetic_qkv((2,), 16, 4, generator=_gen(10))
     with pytest.raises(ValueError, match=r"`num_features` must be an integer with 1 <= num_features <= \d+; got 0"):
-        approxlab.approximate(name, q, k, v, num_features=0)
+        _approximate(name, q, k, v, num_features=0)
     too_many = get(name).max_features(16) + 1
     with pytest.raises(ValueError, match=f"got {too_many}"):
-        approxlab.approximate(name, q, k, v, num_features=too_many)
+        _approximate(name, q, k, v, num_features=too_many)
     with pytest.raises(TypeError, match="`num_features` must be an integer"):
-        approxlab.approximate(name, q, k, v, num_features=4.5)
+        _approximate(name, q, k, v, num_features=4.5)
 
 
 def test_unknown_method_lists_available():

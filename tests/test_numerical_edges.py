@@ -198,6 +198,7 @@ Q, K, V = synthetic.synthetic_qkv((2,), 12, 4, generator=_gen(0))
 
 
 def _approximate(method, q=Q, k=K, v=V, **options):
+    options.setdefault("causal", approxlab.methods.get(method).causal_only)  # the cache policies are causal-only
     return approxlab.approximate(method, q, k, v, num_features=4, generator=_gen(5), **options).output
 
 

@@ -30,10 +30,13 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
     """
     outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
     for _, _, logits in logit_blocks(q, k, causal=causal, key_mask=key_mask):
-        log_normaliser = torch.logsumexp(logits, dim=-1)  # every row sees at least one key
+        log_normaliser = torch.logsumexp(logits, dim=-1)
+        empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
+        log_normaliser = log_normaliser.masked_fill(empty, 0.0)
         indices, valid = keep(logits, log_normaliser)
+        valid = valid & ~empty.unsqueeze(-1)
         chosen = torch.gather(logits, -1, indices).masked_fill(~valid, float("-inf"))
-        log_kept = torch.logsumexp(chosen, dim=-1)
+        log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
         weights = torch.exp(chosen - log_kept.unsqueeze(-1))
         values = torch.gather(v.unsqueeze(-3).expand(*logits.shape[:-1], *v.shape[-2:]), -2,
                               indices.unsqueeze(-1).expand(*indices.shape, v.shape[-1]))
