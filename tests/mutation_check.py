@@ -234,6 +234,13 @@ MUTATIONS = [
         'row["stable_rank"] = frobenius / row["spectral_norm"]',
         ["tests/test_assumptions.py::test_measure_assumptions_against_brute_force"],
     ),
+    (
+        "Top-k oracle bound ||o_i - o~_i|| <= 2 delta_i max_j ||v_j|| (keeps the k smallest logits instead)",
+        "approxlab/methods/topk.py",
+        "values, indices = logits.topk(budget, dim=-1)",
+        "values, indices = logits.topk(budget, dim=-1, largest=False)",
+        ["tests/test_sparse_attention.py::test_topk_theorem_dropped_mass_bounds_each_rows_error"],
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
