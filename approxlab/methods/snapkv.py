@@ -60,7 +60,8 @@ def compress_snapkv(q, k, v, *, budget, generator=None, window=32, kernel_size=5
     pooled = pool(votes, kernel_size, stride=1, padding=kernel_size // 2).reshape(*batch, prefix)
     if key_mask is not None:
         pooled = pooled.masked_fill(~key_mask.expand(*batch, n)[..., :prefix], -math.inf)
-    chosen = pooled.topk(budget - observed, dim=-1).indices
+    # max pooling ties neighbours of a peak: the earlier token wins (a stable sort), a rule torch.topk leaves open
+    chosen = torch.sort(pooled, dim=-1, descending=True, stable=True).indices[..., : budget - observed]
     return torch.cat([chosen, observation.expand(*batch, observed)], dim=-1)
 
 
@@ -116,7 +117,8 @@ def snapkv(q, k, v, *, num_features, generator=None, prompt_length=None, window=
 
     the votes are pooled (``pool1d(C, kernel_size, padding=kernel_size // 2, stride=1)``, the clustering
     of Section 4.2), and each head keeps the :math:`b - w` prefix tokens of the largest pooled votes and
-    the window. Each row :math:`i \ge P` is then the exact softmax over the kept prompt tokens and the
+    the window (ties between pooled votes, which max pooling makes common, go to the earlier token). Each
+    row :math:`i \ge P` is then the exact softmax over the kept prompt tokens and the
     tokens :math:`P, \dots, i`: the prompt is compressed once and the tokens after it are not evicted.
     The rows after the prompt are :func:`approxlab.kv_cache_attention` with ``context_length = P``.
 

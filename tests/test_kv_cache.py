@@ -1,0 +1,171 @@
+"""The KV-cache setting, approxlab.kv_cache_attention, against dense references built here by hand:
+the kept context tokens per policy, then each continuation row's dense softmax over them and the
+continuation up to itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import approxlab
+from _helpers import gen
+from approxlab.methods import register
+
+N, CONTEXT = 40, 28
+
+
+def _qkv(n=N, batch=(2, 3), seed=0, scale=1.5):
+    g = gen(seed)
+    q, k = (scale * torch.randn(*batch, n, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, torch.randn(*batch, n, 5, generator=g, dtype=torch.float64)
+
+
+def _continuation_reference(q, k, v, kept, context):
+    """Rows context..n-1 of the dense softmax over the kept context tokens and the continuation up to i."""
+    n = q.shape[-2]
+    keep = torch.zeros(*q.shape[:-2], n - context, n, dtype=torch.bool)
+    keep.scatter_(-1, kept.unsqueeze(-2).expand(*kept.shape[:-1], n - context, kept.shape[-1]), True)
+    keep[..., :, context:] = torch.ones(n - context, n - context, dtype=torch.bool).tril()
+    logits = q[..., context:, :] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    matrix = torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
+    return matrix, matrix @ v
+
+
+def _h2o_kept_by_hand(q, k, budget, recent):
+    """Column sums of the context's dense causal softmax; the last ``recent`` plus the top of the others."""
+    context = q.shape[-2]
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(logits.masked_fill(~torch.ones(context, context, dtype=torch.bool).tril(), -math.inf), -1)
+    scores = weights.sum(-2)
+    earlier = scores[..., : context - recent].topk(budget - recent, dim=-1).indices
+    return torch.cat([earlier, torch.arange(context - recent, context).expand(*q.shape[:-2], recent)], dim=-1)
+
+
+@pytest.mark.parametrize("budget", [1, 7, 12, CONTEXT])
+def test_policies_compress_the_context_then_the_continuation_attends_exactly(budget):
+    q, k, v = _qkv(seed=1)
+    context = slice(0, CONTEXT)
+    sinks = min(4, budget)
+    by_hand = {
+        "streaming-llm": torch.cat([torch.arange(sinks), torch.arange(CONTEXT - (budget - sinks), CONTEXT)]).expand(
+            2, 3, budget),
+        "h2o": _h2o_kept_by_hand(q[..., context, :], k[..., context, :], budget, max(1, budget // 2)),
+    }
+    for name, kept in by_hand.items():
+        result = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=budget)
+        assert sorted(result.info["kept"][1, 2].tolist()) == sorted(kept[1, 2].tolist()), name
+        matrix, output = _continuation_reference(q, k, v, kept, CONTEXT)
+        torch.testing.assert_close(result.output, output, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(result.matrix(), matrix, rtol=1e-12, atol=1e-14)
+    if budget == CONTEXT:  # every context token kept: the exact continuation rows
+        exact = approxlab.exact_attention(q, k, v, causal=True)[..., CONTEXT:, :]
+        for name in ("streaming-llm", "h2o", "snapkv"):
+            out = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=budget).output
+            assert float((out - exact).abs().max()) <= 1e-10, name
+
+
+def test_snapkv_in_the_kv_cache_setting_is_its_causal_form_after_the_prompt():
+    q, k, v = _qkv(seed=2)
+    options = dict(window=6, kernel_size=3, pooling="avg")
+    cached = approxlab.kv_cache_attention("snapkv", q, k, v, context_length=CONTEXT, num_features=10, **options)
+    causal = approxlab.approximate("snapkv", q, k, v, num_features=10, prompt_length=CONTEXT, causal=True, **options)
+    torch.testing.assert_close(cached.output, causal.output[..., CONTEXT:, :], rtol=0, atol=1e-14)
+    assert torch.equal(cached.info["kept"], causal.info["kept"])
+    matrix, output = _continuation_reference(q, k, v, cached.info["kept"], CONTEXT)
+    torch.testing.assert_close(cached.output, output, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("name,options,causal", [("topk", {}, True), ("quest", {"page_size": 4}, True),
+                                                 ("exact", {}, True), ("nystromformer", {}, "mask-renormalise")])
+def test_methods_without_a_compression_step_run_their_causal_form_on_the_window(name, options, causal):
+    q, k, v = _qkv(seed=3)
+    result = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=8, **options)
+    whole = approxlab.approximate(name, q, k, v, num_features=8, causal=causal, **options)
+    torch.testing.assert_close(result.output, whole.output[..., CONTEXT:, :], rtol=0, atol=0)
+    torch.testing.assert_close(result.matrix(), whole.matrix()[..., CONTEXT:, :], rtol=1e-12, atol=1e-14)
+    assert result.info["setting"] == ("causal" if causal is True else causal)
+    performer = approxlab.kv_cache_attention("performer", q, k, v, context_length=CONTEXT, num_features=8,
+                                             generator=gen(4))
+    again = approxlab.approximate("performer", q, k, v, num_features=8, causal=True, generator=gen(4))
+    torch.testing.assert_close(performer.output, again.output[..., CONTEXT:, :], rtol=0, atol=0)
+
+
+def test_a_registered_method_declares_its_own_compression_step(fresh_registry):
+    q, k, v = _qkv(seed=5)
+
+    def keep_the_first(q, k, v, *, budget, generator=None):
+        return torch.arange(budget).expand(*q.shape[:-2], budget)
+
+    @register("first-tokens", target="softmax", features="cache size", randomized=False, causal="only",
+              compress=keep_the_first)
+    def first_tokens(q, k, v, *, num_features, generator=None, causal=True):
+        keep = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()
+        keep[:, num_features:] = keep[:, num_features:] & torch.eye(q.shape[-2], dtype=torch.bool)[:, num_features:]
+        logits = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, -math.inf)
+        return torch.softmax(logits, -1) @ v
+
+    result = approxlab.kv_cache_attention("first-tokens", q, k, v, context_length=CONTEXT, num_features=5)
+    _, output = _continuation_reference(q, k, v, torch.arange(5).expand(2, 3, 5), CONTEXT)
+    torch.testing.assert_close(result.output, output, rtol=1e-12, atol=1e-13)
+    with pytest.raises(ValueError, match=r"`key_mask` is not supported by the compression step of method"):
+        approxlab.kv_cache_attention("first-tokens", q, k, v, context_length=CONTEXT, num_features=5,
+                                     key_mask=torch.ones(N, dtype=torch.bool))
+
+    def wrong_shape(q, k, v, *, budget, generator=None):
+        return torch.arange(budget + 1).expand(*q.shape[:-2], budget + 1)
+
+    register("wrong-shape", first_tokens,
+             target="softmax", features="cache size", randomized=False, causal="only", compress=wrong_shape)
+    with pytest.raises(ValueError, match=r"must return indices of shape \(\*batch, budget\) = \(2, 3, 5\); got "
+                                         r"\(2, 3, 6\)"):
+        approxlab.kv_cache_attention("wrong-shape", q, k, v, context_length=CONTEXT, num_features=5)
+    with pytest.raises(ValueError, match="`compress` is a step of the KV-cache setting, which is causal"):
+        register("bidirectional", first_tokens, target="softmax", features="x", randomized=False,
+                 compress=keep_the_first)
+    with pytest.raises(TypeError, match="must accept compress"):
+        register("bad-step", first_tokens, target="softmax", features="x", randomized=False, causal="only",
+                 compress=lambda q, k: None)
+
+
+def test_padding_never_enters_the_compressed_cache_nor_leaks():
+    q, k, v = _qkv(seed=6)
+    mask = torch.ones(2, 1, N, dtype=torch.bool)
+    mask[0, 0, :6] = False  # left padding
+    mask[1, 0, 10:14] = False
+    for name, options in (("streaming-llm", {}), ("h2o", {}), ("snapkv", {"window": 4}), ("topk", {})):
+        def run(q, k, v):
+            return approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=8,
+                                                key_mask=mask, **options)
+
+        result = run(q, k, v)
+        changed = [x.clone() for x in (q, k, v)]
+        for x in changed:
+            x[~mask.expand(*x.shape[:-1])] = 7.0
+        torch.testing.assert_close(run(*changed).output, result.output, rtol=0, atol=1e-12)
+        assert float(result.matrix()[~mask.expand(2, 3, N)[..., None, :].expand(2, 3, N - CONTEXT, N)].abs().max()) == 0
+        if "kept" in result.info:  # the sequence with padding keeps only real context tokens
+            kept = result.info["kept"]
+            assert bool(torch.gather(mask.expand(2, 3, N), -1, kept).all()), name
+
+
+def test_kv_cache_validation():
+    q, k, v = _qkv(seed=7)
+    with pytest.raises(ValueError, match=r"`context_length` must be an integer with 1 <= context_length <= 39; "
+                                         r"got 40"):
+        approxlab.kv_cache_attention("h2o", q, k, v, context_length=N, num_features=4)
+    with pytest.raises(ValueError, match=r"`context_length` must be an integer .* got 0"):
+        approxlab.kv_cache_attention("topk", q, k, v, context_length=0, num_features=4)
+    with pytest.raises(ValueError, match=r"`num_features` must be an integer with 1 <= num_features <= 28; got 29"):
+        approxlab.kv_cache_attention("snapkv", q, k, v, context_length=CONTEXT, num_features=29)
+    with pytest.raises(TypeError, match=r"`prompt_length` is not an option of the compression step of method "
+                                        r"'snapkv'; its options are \['kernel_size', 'pooling', 'window'\]"):
+        approxlab.kv_cache_attention("snapkv", q, k, v, context_length=CONTEXT, num_features=8, prompt_length=9)
+    with pytest.raises(ValueError, match=r"method 'skyformer' has no causal form, which the KV-cache setting needs"):
+        approxlab.kv_cache_attention("skyformer", q, k, v, context_length=CONTEXT, num_features=8)
+    with pytest.raises(ValueError, match=r"must be one window \(self-attention"):
+        approxlab.kv_cache_attention("h2o", q, k[..., :30, :], v[..., :30, :], context_length=CONTEXT,
+                                     num_features=8)
+    with pytest.raises(ValueError, match=r"`draw` is for randomized methods"):
+        approxlab.kv_cache_attention("h2o", q, k, v, context_length=CONTEXT, num_features=8, draw={})
