@@ -24,7 +24,7 @@ from .attention import approximate
 from .methods import registry
 from .methods._base import MASK_RENORMALISE, Approximation
 from .methods._masking import check_key_mask
-from .methods._selection import attend_selected, compressed_indices
+from .methods._selection import attend_compressed, attend_selected, compressed_indices
 from .operators import ProductOperator, SparseRowsOperator
 
 __all__ = ["kv_cache_attention"]
@@ -166,7 +166,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         return compressed_indices(kept, context_length, n, start, stop, key_mask)
 
     continuation = q[..., context_length:, :]
-    output = attend_selected(continuation, k, v, selection, width=width)
+    output = attend_compressed(q, k, v, kept, context_length, key_mask)
 
     def build():
         _, indices, weights = attend_selected(continuation, k, v, selection, width=width, record=True)

@@ -263,3 +263,18 @@ def test_mask_renormalise_of_a_registered_dense_or_generic_operator(fresh_regist
     result = approxlab.approximate("random-rows", q, k, v, num_features=1, generator=gen(3), causal="mask-renormalise")
     torch.testing.assert_close(result.output, _renormalised(weights) @ v, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(result.matrix(), _renormalised(weights), rtol=1e-12, atol=1e-14)
+
+
+def test_causal_with_a_key_mask_is_the_softmax_over_kept_keys_up_to_i():
+    """causal=True with key_mask: row i is the softmax over kept keys j <= i; a padded row with no such key
+    (left padding) has output 0, never NaN."""
+    q, k, v = _qkv(n=12, seed=14)
+    mask = torch.ones(2, 1, 12, dtype=torch.bool)
+    mask[0, 0, :3] = False
+    mask[1, 0, 5:8] = False
+    keep = _tril(12) & mask.unsqueeze(-2)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    expected = torch.softmax(logits.masked_fill(~keep, -math.inf), -1).nan_to_num(0.0)
+    result = approxlab.approximate("exact", q, k, v, num_features=1, causal=True, key_mask=mask)
+    torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
+    assert float(result.output[0, :, :3].abs().max()) == 0.0

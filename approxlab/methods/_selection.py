@@ -31,7 +31,7 @@ from ..operators.sparse import SparseRowsOperator
 from ._base import Approximation
 
 __all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "real_ranks",
-           "expanded_key_mask", "compressed_indices", "sparse_approximation"]
+           "expanded_key_mask", "compressed_indices", "attend_compressed", "sparse_approximation"]
 
 BLOCK_ELEMENTS = 1 << 22
 """Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
@@ -161,6 +161,34 @@ def compressed_indices(kept: torch.Tensor, context_length: int, n: int, start: i
     if key_mask is not None:
         valid = valid & torch.gather(key_mask.expand(*batch, n), -1, indices.flatten(-2)).view_as(valid)
     return indices, valid
+
+
+def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor, context_length: int,
+                      key_mask: torch.Tensor | None) -> torch.Tensor:
+    r"""The continuation rows ``context_length .. n-1``: each the exact softmax over the kept context tokens ``kept``
+    ``(*batch, b)`` and, causally, the continuation; ``(*batch, n - context_length, p_v)``.
+
+    The same numbers as :func:`attend_selected` with :func:`compressed_indices`, by dense products against the
+    ``b + n - context_length`` keys of the compressed cache (the cache a decoder holds), in row blocks.
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, budget = k.shape[-2], kept.shape[-1]
+    k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
+    cache_keys = torch.cat([torch.gather(k, -2, kept.unsqueeze(-1).expand(*batch, budget, k.shape[-1])),
+                            k[..., context_length:, :]], dim=-2)
+    cache_values = torch.cat([torch.gather(v, -2, kept.unsqueeze(-1).expand(*batch, budget, v.shape[-1])),
+                              v[..., context_length:, :]], dim=-2)
+    cache_mask = None
+    if key_mask is not None:
+        real = key_mask.expand(*batch, n)
+        cache_mask = torch.cat([torch.gather(real, -1, kept), real[..., context_length:]], dim=-1)
+    rows = q[..., context_length:, :].expand(*batch, n - context_length, q.shape[-1])
+    outputs = []
+    for start, stop, logits in logit_blocks(rows, cache_keys, key_mask=cache_mask):
+        future = ~causal_mask(stop - start, n - context_length, row_offset=start, device=q.device)
+        hidden = torch.cat([future.new_zeros(stop - start, budget), future], dim=-1)
+        outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ cache_values)
+    return torch.cat(outputs, dim=-2)
 
 
 def sparse_approximation(name: str, output: torch.Tensor, m: int, record: Callable[[], tuple], info: dict):

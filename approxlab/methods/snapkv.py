@@ -16,7 +16,8 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
-from ._selection import attend_selected, compressed_indices, logit_blocks, safe_softmax, sparse_approximation
+from ._selection import (attend_compressed, attend_selected, compressed_indices, logit_blocks, safe_softmax,
+                         sparse_approximation)
 
 __all__ = ["snapkv", "SNAPKV", "compress_snapkv", "POOLINGS"]
 
@@ -162,10 +163,7 @@ def snapkv(q, k, v, *, num_features, generator=None, prompt_length=None, window=
     prompt_rows = [safe_softmax(logits) @ v[..., :prompt, :] for _, _, logits in
                    logit_blocks(q[..., :prompt, :], k[..., :prompt, :], causal=True, key_mask=context_mask)]
 
-    def later(start, stop):
-        return compressed_indices(kept, prompt, n, start, stop, key_mask)
-
-    later_rows = attend_selected(q[..., prompt:, :], k, v, later, width=width) if prompt < n else None
+    later_rows = attend_compressed(q, k, v, kept, prompt, key_mask) if prompt < n else None
     output = torch.cat(prompt_rows + ([] if later_rows is None else [later_rows]), dim=-2)
 
     def every(start, stop):  # prompt rows: keys 0..P-1 causally; later rows: the compressed prompt and after
