@@ -31,7 +31,7 @@ from ..operators.sparse import SparseRowsOperator
 from ._base import Approximation
 
 __all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "real_ranks",
-           "expanded_key_mask", "compressed_indices", "attend_compressed", "sparse_approximation"]
+           "compressed_indices", "attend_compressed", "oracle_selection", "sparse_approximation"]
 
 BLOCK_ELEMENTS = 1 << 22
 """Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
@@ -49,11 +49,6 @@ def safe_softmax(logits: torch.Tensor) -> torch.Tensor:
     weights = torch.exp(logits - peak)
     sums = weights.sum(-1, keepdim=True)
     return weights / torch.where(sums > 0, sums, torch.ones_like(sums))
-
-
-def expanded_key_mask(key_mask: torch.Tensor | None, batch: tuple, m: int) -> torch.Tensor | None:
-    """``key_mask`` broadcast to ``(*batch, m)`` (``None`` passes through)."""
-    return None if key_mask is None else key_mask.expand(*batch, m)
 
 
 def logit_blocks(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False,
@@ -189,6 +184,39 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
         hidden = torch.cat([future.new_zeros(stop - start, budget), future], dim=-1)
         outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ cache_values)
     return torch.cat(outputs, dim=-2)
+
+
+def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
+    r"""Run an oracle row block by row block: ``keep(logits, log_normaliser) -> (indices, valid)`` picks the kept
+    keys of a block from its ``(*batch, block, m)`` logits (:math:`-\infty` on invisible keys).
+
+    Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
+    ``(*batch, n, s)`` with the softmax over the kept keys (0 on unused slots), ``kept_mass`` and
+    ``dropped_mass`` ``(*batch, n)`` the exact softmax mass of the kept and of the dropped keys
+    (:math:`1-\delta_i` and :math:`\delta_i`, the second computed as :math:`-\operatorname{expm1}` of the
+    log ratio, accurate when tiny); ``counts`` ``(*batch, n)`` the keys kept per row. Shared by ``topk`` and
+    ``topp``.
+    """
+    outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
+    for _, _, logits in logit_blocks(q, k, causal=causal, key_mask=key_mask):
+        log_normaliser = torch.logsumexp(logits, dim=-1)
+        empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
+        log_normaliser = log_normaliser.masked_fill(empty, 0.0)
+        indices, valid = keep(logits, log_normaliser)
+        valid = valid & ~empty.unsqueeze(-1)
+        chosen = torch.gather(logits, -1, indices).masked_fill(~valid, float("-inf"))
+        log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
+        weights = torch.exp(chosen - log_kept.unsqueeze(-1))
+        values = torch.gather(v.unsqueeze(-3).expand(*logits.shape[:-1], *v.shape[-2:]), -2,
+                              indices.unsqueeze(-1).expand(*indices.shape, v.shape[-1]))
+        outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
+        all_indices.append(indices)
+        all_weights.append(weights)
+        kept.append(torch.exp(log_kept - log_normaliser))
+        dropped.append(-torch.expm1(log_kept - log_normaliser))
+        counts.append(valid.sum(-1))
+    return (torch.cat(outputs, dim=-2), torch.cat(all_indices, dim=-2), torch.cat(all_weights, dim=-2),
+            torch.cat(kept, dim=-1), torch.cat(dropped, dim=-1), torch.cat(counts, dim=-1))
 
 
 def sparse_approximation(name: str, output: torch.Tensor, m: int, record: Callable[[], tuple], info: dict):

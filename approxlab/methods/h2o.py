@@ -15,14 +15,14 @@ from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from ._selection import logit_blocks, real_ranks, safe_softmax, sparse_approximation
 
-__all__ = ["h2o", "H2O", "compress_h2o", "recent_tokens"]
+__all__ = ["h2o", "H2O", "compress_h2o"]
 
 SCORES = ("cache", "dense")
 """``scores``: accumulate the attention the query pays over the cache (the paper, the authors' cache code) or
 over its whole causal row (the authors' simulation ``local_heavy_hitter_mask``)."""
 
 
-def recent_tokens(budget: int, recent_size) -> int:
+def _recent_tokens(budget: int, recent_size) -> int:
     """The recent window of a budget: ``recent_size`` if given (``1 <= recent_size <= budget``), else half of it
     (at least 1); the rest of the budget holds heavy hitters."""
     if recent_size is None:
@@ -39,9 +39,18 @@ def compress_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=
     prefill: ``hh_score`` is the column sum of the prompt's attention, then ``topk(hh_score[:-recent],
     hh_size)`` plus the last ``recent_size`` tokens. The column sums are formed in row blocks:
     :math:`O(n_c^2 p)` time (the prefill's own attention), memory :math:`O(n_c\cdot\text{block})`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
+    >>> kept = compress_h2o(q, k, v, budget=8, recent_size=3)
+    >>> kept.shape, sorted(kept[0].tolist())[-3:]  # 5 heavy hitters, then the last 3 tokens
+    (torch.Size([2, 8]), [29, 30, 31])
     """
     key_mask = check_key_mask(key_mask, k)
-    recent = recent_tokens(budget, recent_size)
+    recent = _recent_tokens(budget, recent_size)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n = k.shape[-2]
     accumulated = q.new_zeros(*batch, n)
@@ -196,7 +205,7 @@ def h2o(q, k, v, *, num_features, generator=None, recent_size=None, scores="cach
         raise ValueError(f"h2o is causal-only: pass causal=True; got causal={causal!r}.")
     key_mask = check_key_mask(key_mask, k)
     check_choice(scores, "scores", SCORES)
-    recent = recent_tokens(num_features, recent_size)
+    recent = _recent_tokens(num_features, recent_size)
     run = dict(budget=num_features, recent=recent, scores=scores, key_mask=key_mask)
     output = _run_cache(q, k, v, record=False, **run)
 

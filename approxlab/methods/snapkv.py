@@ -32,6 +32,15 @@ def compress_snapkv(q, k, v, *, budget, generator=None, window=32, kernel_size=5
     Returns the ``(*batch, budget)`` indices kept: the :math:`b - w` prefix tokens with the largest pooled
     votes, then the observation window :math:`w = \min(\text{window}, b)`, the last :math:`w` prompt
     tokens (with ``budget >= n_c`` every token). See :func:`snapkv` for the rule.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 64, 8, generator=torch.Generator().manual_seed(0))
+    >>> kept = compress_snapkv(q, k, v, budget=12, window=8)
+    >>> kept.shape, kept[0, -8:].tolist()  # 4 tokens by pooled votes, then the window
+    (torch.Size([2, 12]), [56, 57, 58, 59, 60, 61, 62, 63])
     """
     window = check_int(window, "window", low=1)
     kernel_size = check_int(kernel_size, "kernel_size", low=1)

@@ -30,6 +30,14 @@ def compress_streaming_llm(q, k, v, *, budget, generator=None, sinks=DEFAULT_SIN
 
     With ``key_mask``, sinks and recent tokens are counted among the real tokens; padding fills any slot
     left over (it is masked in attention).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((1,), 20, 8, generator=torch.Generator().manual_seed(0))
+    >>> sorted(compress_streaming_llm(q, k, v, budget=7, sinks=4)[0].tolist())
+    [0, 1, 2, 3, 17, 18, 19]
     """
     sinks = check_int(sinks, "sinks", low=0)
     key_mask = check_key_mask(key_mask, k)

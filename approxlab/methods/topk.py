@@ -12,42 +12,9 @@ import torch
 
 from ._base import method
 from ._masking import check_key_mask
-from ._selection import logit_blocks, sparse_approximation
+from ._selection import oracle_selection, sparse_approximation
 
-__all__ = ["topk", "TOPK", "oracle_selection"]
-
-
-def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
-    r"""Run an oracle row block by row block: ``keep(logits, log_normaliser) -> (indices, valid)`` picks the kept
-    keys of a block from its ``(*batch, block, m)`` logits (:math:`-\infty` on invisible keys).
-
-    Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
-    ``(*batch, n, s)`` with the softmax over the kept keys (0 on unused slots), ``kept_mass`` and
-    ``dropped_mass`` ``(*batch, n)`` the exact softmax mass of the kept and of the dropped keys
-    (:math:`1-\delta_i` and :math:`\delta_i`, the second computed as :math:`-\operatorname{expm1}` of the
-    log ratio, accurate when tiny); ``counts`` ``(*batch, n)`` the keys kept per row. Shared by ``topk`` and
-    ``topp``.
-    """
-    outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
-    for _, _, logits in logit_blocks(q, k, causal=causal, key_mask=key_mask):
-        log_normaliser = torch.logsumexp(logits, dim=-1)
-        empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
-        log_normaliser = log_normaliser.masked_fill(empty, 0.0)
-        indices, valid = keep(logits, log_normaliser)
-        valid = valid & ~empty.unsqueeze(-1)
-        chosen = torch.gather(logits, -1, indices).masked_fill(~valid, float("-inf"))
-        log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
-        weights = torch.exp(chosen - log_kept.unsqueeze(-1))
-        values = torch.gather(v.unsqueeze(-3).expand(*logits.shape[:-1], *v.shape[-2:]), -2,
-                              indices.unsqueeze(-1).expand(*indices.shape, v.shape[-1]))
-        outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
-        all_indices.append(indices)
-        all_weights.append(weights)
-        kept.append(torch.exp(log_kept - log_normaliser))
-        dropped.append(-torch.expm1(log_kept - log_normaliser))
-        counts.append(valid.sum(-1))
-    return (torch.cat(outputs, dim=-2), torch.cat(all_indices, dim=-2), torch.cat(all_weights, dim=-2),
-            torch.cat(kept, dim=-1), torch.cat(dropped, dim=-1), torch.cat(counts, dim=-1))
+__all__ = ["topk", "TOPK"]
 
 
 @method("topk", target="softmax", features="kept keys k per query (the k largest logits)", randomized=False,

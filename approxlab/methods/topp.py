@@ -12,8 +12,7 @@ import torch
 from .._validation import check_positive_float
 from ._base import method
 from ._masking import check_key_mask
-from ._selection import sparse_approximation
-from .topk import oracle_selection
+from ._selection import oracle_selection, sparse_approximation
 
 __all__ = ["topp", "TOPP"]
 
