@@ -160,7 +160,7 @@ def h2o(q, k, v, *, num_features, generator=None, recent_size=None, scores="cach
     Notes
     -----
     The cache :math:`\mathcal S` and the accumulated attention :math:`F` evolve per token (Algorithm 1
-    of the paper, "H2 eviction", with the recent window of Section 4.2). At step :math:`i` token
+    of the paper, the greedy H2 eviction, with the recent tokens the paper keeps beside the heavy hitters). At step :math:`i` token
     :math:`i` enters; if :math:`|\mathcal S| > b` the cached token :math:`u` outside the recent window
     :math:`\{i-r+1, \dots, i\}` with the smallest :math:`F_u` is evicted (the greedy
     :math:`\arg\max_{v} F(\mathcal S\setminus\{v\})`; ties go to the oldest). Row :math:`i` is the exact

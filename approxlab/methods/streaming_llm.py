@@ -89,8 +89,8 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
 
         S_i = \{j \le i : j < s\} \cup \{j : i - w < j \le i\}.
 
-    This is the cache of Section 3.2 of the paper ("a rolling KV cache ... retaining the attention
-    sinks ... alongside the most recent tokens", Figure 4) and of the authors' ``StartRecentKVCache``:
+    This is the rolling cache with attention sinks of Section 3.2 of the paper, and the authors'
+    ``StartRecentKVCache``:
     ``evict_for_space(past, 1)`` keeps the first ``start_size`` and the last ``recent_size - 1`` cached
     tokens before the new one is appended, so each decode step attends ``start_size + recent_size``
     keys, itself included (``examples/run_streaming_llama.py``).

@@ -75,8 +75,8 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
 
     References
     ----------
-    Chen et al., "MagicPIG: LSH sampling for efficient LLM generation", ICLR 2025 (oracle top-k as the
-    baseline of Section 3).
+    Chen et al., "MagicPIG: LSH sampling for efficient LLM generation" (2024), whose evaluation keeps this
+    oracle as its exact top-k baseline (``topk_cache.py``).
 
     Examples
     --------
