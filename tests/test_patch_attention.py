@@ -133,6 +133,8 @@ def test_a_task_model_and_a_loaded_model(models, ids):
     with approxlab.patch_attention(as_loaded(models["llama"]), "performer", layers=1, num_features=4, generator=gen()) as patch:
         hidden(models["llama"], ids)
     assert patch.layers == (1,) and len(patch.info[1]) == 1
+    with pytest.raises(ValueError, match=r"layer 1's inputs were not recorded: pass record_inputs=True"):
+        patch.errors()
 
 
 def test_recorded_inputs_are_the_layers_qkv_and_errors_follow(models, ids):

@@ -29,7 +29,7 @@ _CHUNK = 256
 """Positions whose logits over the vocabulary are formed at once (``(S, 256, V)`` float64)."""
 
 
-def _output_head(model, target) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _output_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The output head's weight ``(V, h)`` and bias: the task model's, or the tied input embedding of a bare
     model."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -38,10 +38,9 @@ def _output_head(model, target) -> tuple[torch.Tensor, torch.Tensor | None]:
     base = model.base_model
     if getattr(model.config, "tie_word_embeddings", False):
         return base.get_input_embeddings().weight, None
-    raise ValueError(f"`model` must have an output head: a causal language model ({type(model).__name__} "
-                     f"is a bare {target.architecture.model_type} model whose output embedding is not tied to its "
-                     "input embedding; load the model with its head, e.g. AutoModelForCausalLM); got "
-                     f"{type(model).__name__}.")
+    raise ValueError("`model` must have an output head: a causal language model (e.g. LlamaForCausalLM) or a "
+                     "bare model whose output embedding is its input embedding (tie_word_embeddings); got a "
+                     f"{type(model).__name__} with untied embeddings.")
 
 
 def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -59,7 +58,7 @@ def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
     Returns
     -------
     torch.Tensor
-        ``(S, n - 1)`` float64: entry ``t`` is :math:`-\log p(x_{t+1} \mid x_{\le t})` (module docstring).
+        ``(S, n - 1)`` float64, on the CPU: entry ``t`` is :math:`-\log p(x_{t+1} \mid x_{\le t})` (module docstring).
         The logits are formed ``256`` positions at a time and their log-softmax taken in float64 (Gemma's
         final logit soft-cap applied where the config has one).
 
@@ -96,7 +95,7 @@ def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
     if not target.causal:
         raise ValueError(f"`model` must be a causal language model (a decoder); got a "
                          f"{target.architecture.model_type} model, which attends in both directions.")
-    weight, bias = _output_head(model, target)
+    weight, bias = _output_head(model)
     _check_input_ids(input_ids, int(model.config.vocab_size))
     n, limit = input_ids.shape[1], max_positions(target.architecture, model.config)
     if not 2 <= n <= limit:

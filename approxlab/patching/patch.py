@@ -57,7 +57,7 @@ class AttentionPatch:
     ----------
     method : str
     layers : tuple of int
-        The patched layers, as given (``None``: every layer).
+        The patched layers (every layer of the model for ``layers=None``).
     num_features : int
     options : dict
         The method's own keywords.
@@ -294,7 +294,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     on its whole window for the continuation's rows, and exact causal attention for the context's rows.
     This is how kvpress evaluates a press. The window may be run in one forward pass (the context's rows
     are exact either way, so it is the same computation) or as a prefill of the context followed by the
-    continuation with the model's cache (``past_key_values``), even token by token: each layer keeps
+    continuation with the model's cache (``cache=``, ``past_key_values=`` in older transformers), even
+    token by token: each layer keeps
     the queries it has seen, and a forward pass without earlier tokens in the cache starts a new
     sequence. Every causal method runs this way.
 
