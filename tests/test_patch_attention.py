@@ -46,6 +46,8 @@ CONFIGS = {
                                            max_position_embeddings=64),
     "gpt2": lambda: GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0,
                                eos_token_id=0),
+    "gpt2-layer-scaled": lambda: GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0, scale_attn_by_inverse_layer_idx=True),
     "llama": lambda: LlamaConfig(**_COMMON, num_key_value_heads=2, max_position_embeddings=128),
     "qwen2": lambda: Qwen2Config(**_COMMON, num_key_value_heads=2, max_position_embeddings=128),
     "qwen3": lambda: Qwen3Config(**_COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=128),
