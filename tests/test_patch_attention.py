@@ -132,7 +132,8 @@ def test_a_task_model_and_a_loaded_model(models, ids):
         with approxlab.patch_attention(causal_lm, "exact", num_features=1):
             exact = causal_lm(ids).logits
     assert relative(exact, before) <= 1e-5
-    with approxlab.patch_attention(as_loaded(models["llama"]), "performer", layers=1, num_features=4, generator=gen()) as patch:
+    with approxlab.patch_attention(as_loaded(models["llama"]), "performer", layers=1, num_features=4,
+                                   generator=gen()) as patch:
         hidden(models["llama"], ids)
     assert patch.layers == (1,) and len(patch.info[1]) == 1
     with pytest.raises(ValueError, match=r"layer 1's inputs were not recorded: pass record_inputs=True"):
