@@ -9,6 +9,8 @@ Public API::
     approxlab.methods.available()                           # registered method names
     approxlab.methods.register(name, f, *, target, features, ...)   # your own method, in every study
     approxlab.methods.draw(method, q, k, *, num_features, generator)  # a method's random draw, named tensors
+    approxlab.patch_attention(model, method, *, layers=None, num_features, generator=None, ...)
+                                                            # the method inside a transformers model
     approxlab.metrics      spectral_norm, spectral_error, ridge_leverage_scores, ...
     approxlab.linalg       iterative_pinv, stable_pinv, nystrom_core, golub_kahan, condition_number
     approxlab.sketch       nystrom(K, columns), column sampling
@@ -26,12 +28,14 @@ from importlib import metadata as _metadata
 from . import errors, kernels, linalg, methods, metrics, operators, sketch, stats, synthetic
 from .attention import approximate, attention_matrix, exact_attention
 from .kv_cache import kv_cache_attention
+from .patching import patch_attention
 
 __all__ = [
     "approximate",
     "attention_matrix",
     "exact_attention",
     "kv_cache_attention",
+    "patch_attention",
     "errors",
     "kernels",
     "linalg",

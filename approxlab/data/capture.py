@@ -103,9 +103,9 @@ class _Capture:
     tensors: tuple | None = None
 
 
-def _check_call(capture: _Capture, kwargs: dict) -> None:
-    """What transformers passes agrees with the module's layout (else approxlab misreads the model)."""
-    layout = capture.layout
+def check_call(module, layout: AttentionLayout, kwargs: dict) -> None:
+    """What transformers passes to an attention function agrees with the module's ``layout`` (else
+    approxlab misreads the model): a ``RuntimeError`` naming the module otherwise."""
     passed = {
         "scaling": kwargs.get("scaling", layout.scaling),
         "sliding_window": kwargs.get("sliding_window", layout.sliding_window),
@@ -115,7 +115,7 @@ def _check_call(capture: _Capture, kwargs: dict) -> None:
     extra = {name: kwargs[name] for name in ("softcap", "s_aux", "position_bias") if kwargs.get(name) is not None}
     if passed != expected or extra:
         raise RuntimeError(
-            f"{type(capture.target).__name__} called attention with {passed | extra}, which its module's "
+            f"{type(module).__name__} called attention with {passed | extra}, which its module's "
             f"attributes {expected} do not describe; approxlab cannot read this model's attention as "
             "softmax(scaling q k^T) v."
         )
@@ -127,7 +127,7 @@ def _capturing_attention(module, query, key, value, attention_mask, **kwargs):
 
     capture = _ACTIVE.get()
     if capture is not None and module is capture.target:
-        _check_call(capture, kwargs)
+        check_call(module, capture.layout, kwargs)
         capture.tensors = (query, key, value)
         raise _Stop
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

@@ -1,0 +1,29 @@
+"""Approximations inside a real model: patch the attention of a transformers model and see what it costs.
+
+- :func:`patch_attention` (:mod:`approxlab.patching.patch`): a context manager inside which chosen layers
+  of a model compute their attention with :func:`approxlab.approximate` on their own q, k, v, in the
+  whole-window or the KV-cache setting; :class:`AttentionPatch`, its handle, keeps what each run reported.
+- :class:`LayerCall`, :func:`output_errors` (:mod:`approxlab.patching.records`): one run's record, and the
+  relative spectral, Frobenius and worst-query errors of a layer's output against exact attention on the
+  same inputs.
+- :func:`token_nll` (:mod:`approxlab.patching.likelihood`): per-token negative log-likelihood of a causal
+  language model, in float64: the change in log-perplexity a patch causes.
+
+Typical use::
+
+    import approxlab
+    from approxlab.patching import token_nll
+
+    before = token_nll(model, ids)
+    with approxlab.patch_attention(model, "performer", layers=[15], num_features=64,
+                                   record_inputs=True) as patch:
+        after = token_nll(model, ids)
+    float(after.mean() - before.mean())   # change in log-perplexity, nats per token
+    patch.errors()                        # the layer's relative errors, per sequence and head
+"""
+
+from .likelihood import token_nll
+from .patch import AttentionPatch, patch_attention
+from .records import ERROR_MEASURES, LayerCall, output_errors
+
+__all__ = ["patch_attention", "AttentionPatch", "LayerCall", "output_errors", "ERROR_MEASURES", "token_nll"]

@@ -1,0 +1,119 @@
+r"""The per-token negative log-likelihood of a causal language model: what a patch costs the model.
+
+For token ids :math:`x_1, \dots, x_n` the model's next-token distribution after :math:`x_{\le t}` is
+:math:`p_\theta(\cdot \mid x_{\le t}) = \operatorname{softmax}(W h_t)` (the output head :math:`W` applied
+to the last hidden state), and
+
+.. math::
+
+    \ell_t = -\log p_\theta(x_{t+1} \mid x_{\le t}), \qquad t = 1, \dots, n - 1,
+
+with :math:`\frac{1}{n-1}\sum_t \ell_t` the log-perplexity (nats per token). Run inside
+:func:`~approxlab.patching.patch_attention`, the same ids give the patched model's losses;
+the difference of the two means is the change in log-perplexity.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..data.capture import _check_input_ids
+from ..data.positions import max_positions
+from . import _model
+
+__all__ = ["token_nll"]
+
+_CHUNK = 256
+"""Positions whose logits over the vocabulary are formed at once (``(S, 256, V)`` float64)."""
+
+
+def _output_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output head's weight ``(V, h)`` and bias: the task model's, or the tied input embedding of a bare
+    model."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.Linear):
+        return head.weight, head.bias
+    base = model.base_model
+    if getattr(model.config, "tie_word_embeddings", False):
+        return base.get_input_embeddings().weight, None
+    raise ValueError("`model` must have an output head: a causal language model (e.g. LlamaForCausalLM) or a "
+                     "bare model whose output embedding is its input embedding (tie_word_embeddings); got a "
+                     f"{type(model).__name__} with untied embeddings.")
+
+
+def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
+    r"""Per-token negative log-likelihood :math:`\ell_t` of a causal language model, float64 ``(S, n - 1)``.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel or LoadedModel
+        A causal (decoder) model of a family approxlab reads, with its language-model head
+        (``LlamaForCausalLM``, ``GPT2LMHeadModel``) or bare with tied input/output embeddings (SmolLM2,
+        GPT-2, Gemma 3; e.g. from :func:`approxlab.data.load_model`).
+    input_ids : torch.Tensor
+        ``(S, n)`` integer token ids, ``n >= 2``, one sequence per row (no padding).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(S, n - 1)`` float64, on the CPU: entry ``t`` is :math:`-\log p(x_{t+1} \mid x_{\le t})` (module docstring).
+        The logits are formed ``256`` positions at a time and their log-softmax taken in float64 (Gemma's
+        final logit soft-cap applied where the config has one).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A ``model`` that is not a causal model of a supported family or has no output head; ``input_ids``
+        that are not integer ``(S, n)`` ids in the vocabulary, with ``n < 2`` or ``n`` beyond the model's
+        positions.
+
+    Notes
+    -----
+    Runs under ``torch.no_grad()``, one forward pass of the bare model (``use_cache=False``) followed by the
+    head; inside :func:`~approxlab.patching.patch_attention` the patched layers take part.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from approxlab.data import load_model
+    >>> from approxlab.patching import token_nll
+    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    >>> model = load_model("initialized", config=config, seed=0)
+    >>> ids = torch.randint(30522, (2, 16), generator=torch.Generator().manual_seed(0))
+    >>> nll = token_nll(model, ids)
+    >>> nll.shape, nll.dtype
+    (torch.Size([2, 15]), torch.float64)
+    >>> abs(float(nll.mean()) - torch.log(torch.tensor(30522.0)).item()) < 0.1  # a random model: about log V
+    True
+    """
+    target = _model.resolve_model(model)
+    model = target.model
+    if not target.causal:
+        raise ValueError(f"`model` must be a causal language model (a decoder); got a "
+                         f"{target.architecture.model_type} model, which attends in both directions.")
+    weight, bias = _output_head(model)
+    _check_input_ids(input_ids, int(model.config.vocab_size))
+    n, limit = input_ids.shape[1], max_positions(target.architecture, model.config)
+    if not 2 <= n <= limit:
+        raise ValueError(f"`input_ids` must have 2 <= n <= {limit} tokens per sequence (the model's positions); "
+                         f"got n = {n}.")
+    base = model.base_model
+    inputs = {"input_ids": input_ids.to(weight.device)}
+    if "use_cache" in inspect.signature(base.forward).parameters:
+        inputs["use_cache"] = False
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    targets = inputs["input_ids"][:, 1:]
+    losses = []
+    with torch.no_grad():
+        hidden = base(**inputs).last_hidden_state[:, :-1]
+        for start in range(0, n - 1, _CHUNK):
+            logits = torch.nn.functional.linear(hidden[:, start:start + _CHUNK], weight, bias).to(torch.float64)
+            if cap:
+                logits = cap * torch.tanh(logits / cap)
+            chosen = targets[:, start:start + _CHUNK].unsqueeze(-1)
+            losses.append(-torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1))
+    return torch.cat(losses, dim=-1).cpu()

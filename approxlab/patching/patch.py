@@ -1,0 +1,338 @@
+r"""Run a transformers model with an approximation in its attention: :func:`patch_attention`.
+
+approxlab registers one attention function with transformers' ``AttentionInterface`` (its masks built by
+transformers' SDPA mask builder, as in :mod:`approxlab.data.capture`). Inside ``with
+patch_attention(...)`` the model's attention implementation is that function: the patched layers call
+:func:`approxlab.approximate` on their own q, k, v, every other layer runs PyTorch's fused SDPA kernel
+as ``attn_implementation="sdpa"`` does. On exit the model's implementation is set back; nothing else of
+the model is ever changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+
+import torch
+
+from .._validation import as_generator, check_bool
+from . import _model
+from ._layer import PatchedLayer
+
+__all__ = ["patch_attention", "AttentionPatch"]
+
+IMPLEMENTATION = "approxlab_patch"
+"""The name of patched attention in transformers' ``AttentionInterface``."""
+
+_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> its PatchedLayer
+_LOCK = threading.Lock()  # entering and leaving a patch (mutating a model's attention setting)
+
+
+def _patched_attention(module, query, key, value, attention_mask, **kwargs):
+    """A patched layer's approximation; SDPA for every other module."""
+    layer = _LAYERS.get(module)
+    if layer is not None:
+        return layer(module, query, key, value, attention_mask, kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+@functools.cache
+def _register() -> str:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, _patched_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    return IMPLEMENTATION
+
+
+class AttentionPatch:
+    """What :func:`patch_attention` returns: a context manager that patches the model while it is entered,
+    and afterwards the records of every run of the method.
+
+    Attributes
+    ----------
+    method : str
+    layers : tuple of int
+        The patched layers (every layer of the model for ``layers=None``).
+    num_features : int
+    options : dict
+        The method's own keywords.
+    causal : bool or str
+        What ``approximate(..., causal=...)`` gets: ``False`` (an encoder), ``True`` (the method's own
+        causal form) or ``"mask-renormalise"``.
+    context_length : int or None
+        The KV-cache setting's context length (``None``: whole windows).
+    seeds : dict of int to int
+        The seed of each patched layer's random stream.
+    calls : list of LayerCall
+        One record per run of the method, in the order they ran.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> import approxlab
+    >>> from approxlab.data import load_model
+    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                      num_attention_heads=4, num_key_value_heads=2)  # a tiny random decoder
+    >>> model = load_model("initialized", config=config, seed=0).model
+    >>> ids = torch.randint(30522, (1, 24), generator=torch.Generator().manual_seed(0))
+    >>> with approxlab.patch_attention(model, "performer", layers=[1], num_features=8,
+    ...                                generator=torch.Generator().manual_seed(0)) as patch:
+    ...     hidden = model(ids).last_hidden_state
+    >>> patch.layers, patch.causal, len(patch.info[1])  # performer's own causal form, one forward pass
+    ((1,), True, 1)
+    """
+
+    def __init__(self, target, layers, spec, num_features, causal, options, seeds, context_length,
+                 record_inputs):
+        self._target = target
+        self.method = spec.name
+        self.layers = layers
+        self.num_features = num_features
+        self.options = options
+        self.causal = causal
+        self.context_length = context_length
+        self.record_inputs = record_inputs
+        self.seeds = {layer: seeds[layer] for layer in layers}
+        self.calls: list = []
+        dtype = target.dtype
+        self.compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        self._state = "new"
+        self._previous = None
+
+    def __repr__(self) -> str:
+        return (f"AttentionPatch(method={self.method!r}, layers={self.layers}, num_features={self.num_features}, "
+                f"context_length={self.context_length}, {self._state}, {len(self.calls)} calls)")
+
+    @property
+    def info(self) -> dict[int, list[dict]]:
+        """``{layer: [info of each run]}``: the method's ``Approximation.info`` per patched layer."""
+        return {layer: [call.info for call in self.calls if call.layer == layer] for layer in self.layers}
+
+    def errors(self) -> list[dict]:
+        """One row per run, sequence and head: ``layer``, ``call``, ``sequence``, ``head`` and the relative
+        ``spectral``, ``frobenius`` and ``worst_query`` errors of the layer's output against exact attention
+        on the inputs it received (:meth:`LayerCall.errors`; needs ``record_inputs=True``).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformers import GPT2Config
+        >>> import approxlab
+        >>> from approxlab.data import load_model
+        >>> config = GPT2Config(vocab_size=30522, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+        >>> model = load_model("initialized", config=config, seed=0).model
+        >>> ids = torch.randint(30522, (1, 32), generator=torch.Generator().manual_seed(0))
+        >>> with approxlab.patch_attention(model, "exact", num_features=1, record_inputs=True) as patch:
+        ...     _ = model(ids)
+        >>> rows = patch.errors()  # 2 layers x 1 sequence x 4 heads
+        >>> len(rows), max(row["spectral"] for row in rows) < 1e-6
+        (8, True)
+        """
+        rows = []
+        for call in self.calls:
+            errors = call.errors()
+            sequences, heads = errors["spectral"].shape
+            for s in range(sequences):
+                for h in range(heads):
+                    rows.append({"layer": call.layer, "call": call.call, "sequence": s, "head": h,
+                                 **{name: float(value[s, h]) for name, value in errors.items()}})
+        return rows
+
+    def __enter__(self) -> "AttentionPatch":
+        if self._state != "new":
+            raise RuntimeError(f"an AttentionPatch is entered once; got one that is {self._state}: call "
+                               "patch_attention again for another block.")
+        target = self._target
+        model = target.model
+        with _LOCK:
+            if model.config._attn_implementation == IMPLEMENTATION or any(m in _LAYERS for m in target.modules):
+                raise RuntimeError("`model` is already patched by another patch_attention block: one patch per "
+                                   "model at a time (patch every layer you need in one call, or leave the other "
+                                   f"block first); got a model whose attention implementation is {IMPLEMENTATION!r}.")
+            self._previous = model.config._attn_implementation
+            generators = {layer: torch.Generator().manual_seed(seed) for layer, seed in self.seeds.items()}
+            try:
+                for layer in self.layers:
+                    _LAYERS[target.modules[layer]] = PatchedLayer(self, layer, target.layouts[layer],
+                                                                  generators[layer])
+                model.set_attn_implementation(_register())
+                if model.config._attn_implementation != IMPLEMENTATION:
+                    raise RuntimeError(f"{type(model).__name__} did not take approxlab's attention function "
+                                       "(transformers' set_attn_implementation left it unchanged).")
+            except BaseException:
+                self._restore()
+                raise
+            self._state = "active"
+        return self
+
+    def _restore(self) -> None:
+        target = self._target
+        try:
+            if target.model.config._attn_implementation != self._previous:
+                target.model.set_attn_implementation(self._previous)
+        finally:
+            for module in target.modules:
+                layer = _LAYERS.get(module)
+                if layer is not None and layer.patch is self:
+                    del _LAYERS[module]
+
+    def __exit__(self, *exc_info) -> None:
+        with _LOCK:
+            try:
+                self._restore()
+            finally:
+                self._state = "finished"
+                self._target = None  # the records outlive the block; the model is not held
+
+
+def patch_attention(model, method: str, *, layers=None, num_features: int, generator: torch.Generator | None = None,
+                    context_length: int | None = None, record_inputs: bool = False, **options) -> AttentionPatch:
+    r"""Compute the attention of chosen layers of a transformers model with an approximation.
+
+    ``with patch_attention(model, method, ...) as patch:`` -- inside the block, every forward pass of
+    ``model`` computes the attention of ``layers`` with ``approxlab.approximate(method, q, k, v, ...)`` on
+    the layer's own queries, keys and values; afterwards ``patch`` holds what the method reported.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel or LoadedModel
+        A model of a family approxlab reads (:data:`approxlab.data.ARCHITECTURES`: BERT, RoBERTa,
+        DistilBERT, GPT-2, Llama/SmolLM2, Qwen2, Qwen3, Gemma 3), bare (``LlamaModel``) or with a task
+        head (``LlamaForCausalLM``, ``BertForMaskedLM``), or a :class:`~approxlab.data.LoadedModel`.
+    method : str
+        A name from :func:`approxlab.methods.available`: built-in, registered
+        (:func:`approxlab.methods.register`) or a plugin. In a causal model it must have a causal form
+        (``causal=True`` or ``"mask-renormalise"`` in its registration).
+    layers : int or sequence of int, optional
+        The layers to patch (indices from 0); ``None`` (default): every layer.
+    num_features : int
+        The method's budget (see :mod:`approxlab.methods`), checked against each window's length when
+        the method runs.
+    generator : torch.Generator, optional
+        A CPU generator; ``None``: a fresh, OS-seeded one. The random streams of the layers come from
+        it (Notes).
+    context_length : int, optional
+        The KV-cache setting (causal models): the first ``context_length`` tokens of each sequence are the
+        context, whose cache the method compresses; the tokens after it, the continuation (Notes).
+    record_inputs : bool, default False
+        Keep each run's q, k, v and output in :attr:`AttentionPatch.calls`, so that
+        :meth:`AttentionPatch.errors` can compare the layer's output with exact attention on the same
+        inputs (memory: three ``(S, H, n, p)`` tensors per patched layer and forward pass).
+    **options
+        The method's own keywords, passed to every call.
+
+    Returns
+    -------
+    AttentionPatch
+        A context manager (entered once); after the block: :attr:`~AttentionPatch.calls` (one
+        :class:`~approxlab.patching.LayerCall` per run), :attr:`~AttentionPatch.info` (``{layer: [info,
+        ...]}``) and :meth:`~AttentionPatch.errors`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Before anything runs, naming the parameter: a ``model`` that is not of a supported family (the
+        message lists them and names what came in); ``layers`` of the wrong type, out of range, repeated,
+        empty, or naming a layer with a sliding window (Gemma 3's local layers; the message lists the
+        layers without one); an unknown ``method``, one without a causal form in a causal model, an
+        option it does not take or one patched attention sets itself (``key_mask``, ``causal``,
+        ``draw``); ``num_features`` not an integer >= 1; a bad ``generator``; ``context_length`` not an
+        integer >= 1 or given for an encoder; a non-bool ``record_inputs``.
+    RuntimeError
+        On entering a model that is already patched (nesting is refused), or re-entering a patch; during
+        a forward pass: a cache that holds earlier tokens outside the KV-cache setting, or attention dropout
+        (a model in training mode).
+    ValueError
+        During a forward pass: ``num_features`` above the method's maximum for the window, padding before
+        the tokens in a causal model, a mask that is not padding, or the method's own errors.
+
+    Notes
+    -----
+    **What replaces what.** A layer's attention receives ``query (S, H, n, p)``, ``key`` and ``value``
+    ``(S, H_kv, n, p)`` after RoPE and per-head norms (:mod:`approxlab.data.capture`). The patched layer
+    computes :math:`\tilde O = \texttt{approximate}(\mathrm{method}, sQ\sqrt p, K, V)` with the key/value
+    heads repeated to the ``H`` query heads (query head :math:`h` uses :math:`h // (H/H_{kv})`), ``q``
+    rescaled by :math:`s\sqrt p` for the model's scaling :math:`s` (Gemma 3's ``query_pre_attn_scalar``,
+    GPT-2's per-layer scaling; :func:`~approxlab.data.capture.query_factor`), ``causal`` as the model is
+    (see :attr:`AttentionPatch.causal`), and the padding of ``attention_mask`` as ``key_mask``. In a causal
+    model padding must follow the tokens (right padding: a real token never attends it, so no mask is
+    passed); the causal methods take no ``key_mask``. The method runs in the model's dtype (float32 or
+    float64; half-precision models in float32, the output cast back). With ``exact``, the patched model
+    is the unpatched one up to rounding. A ``"mask-renormalise"`` method (the Nyström family) is not a
+    causal method: its landmarks pool every position, so each token's output depends on later tokens,
+    and a causal language model scored with it sees the future.
+
+    **Random streams.** When ``patch_attention`` is called it draws one seed per layer of the model,
+    ``torch.randint(2**63 - 1, (num_layers,), generator=generator)``; layer :math:`\ell` draws from a
+    CPU generator seeded with the :math:`\ell`-th, whichever layers are patched (layer 5 gets the same
+    draws alone or with others: common random numbers), each forward pass continuing its stream. The
+    same ``generator`` state gives the same outputs.
+
+    **Restoration.** On leaving the block -- normally, on an exception or on ``KeyboardInterrupt`` --
+    the model's attention implementation is set back and nothing else of it was touched, so its outputs
+    after the block equal those before bit for bit. The layers' other computations run inside the block
+    through PyTorch's SDPA kernel, whatever the model's own implementation (``"eager"`` gives the same
+    values up to rounding).
+
+    **Nesting and threads.** One patch per model at a time: entering a second one on the same model
+    is a ``RuntimeError``. Different models may be patched at once, also from several threads; one
+    patched model should run in one thread (the layers' streams and records are shared).
+    :func:`approxlab.data.extract_qkv` replaces the attention function while it runs, so inside a block
+    it reads the unpatched model.
+
+    **The KV-cache setting** (``context_length``). A window of ``n`` tokens is a context of
+    :math:`n_c` tokens and a continuation. The context is processed exactly (it fills the cache); the
+    method compresses the context's cache per layer and head, from what it could see at compression
+    time, and the continuation's queries attend to the compressed context and causally to themselves:
+    each patched layer returns ``approxlab.kv_cache_attention(method, q, k, v, context_length=n_c, ...)``
+    on its whole window for the continuation's rows, and exact causal attention for the context's rows.
+    This is how kvpress evaluates a press. The window may be run in one forward pass (the context's rows
+    are exact either way, so it is the same computation) or as a prefill of the context followed by the
+    continuation with the model's cache (``cache=``, ``past_key_values=`` in older transformers), even
+    token by token: each layer keeps
+    the queries it has seen, and a forward pass without earlier tokens in the cache starts a new
+    sequence. Every causal method runs this way.
+
+    References
+    ----------
+    .. [1] Hugging Face transformers, "Attention interface" (``AttentionInterface.register``).
+    .. [2] NVIDIA kvpress: a press compresses the context's KV cache, the questions follow.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> import approxlab
+    >>> from approxlab.data import load_model
+    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                      num_attention_heads=4, num_key_value_heads=2)  # a tiny random decoder
+    >>> model = load_model("initialized", config=config, seed=0).model
+    >>> ids = torch.randint(30522, (1, 48), generator=torch.Generator().manual_seed(0))
+    >>> before = model(ids).last_hidden_state
+    >>> with approxlab.patch_attention(model, "exact", num_features=1):
+    ...     exact = model(ids).last_hidden_state
+    >>> bool(torch.allclose(exact, before, atol=1e-5))  # exact attention in every layer
+    True
+    >>> with approxlab.patch_attention(model, "performer", layers=[0], num_features=4,
+    ...                                generator=torch.Generator().manual_seed(0)):
+    ...     changed = model(ids).last_hidden_state
+    >>> bool(torch.allclose(changed, before, atol=1e-3))  # 4 random features in layer 0
+    False
+    >>> torch.equal(model(ids).last_hidden_state, before)  # the model is as it was
+    True
+    """
+    target = _model.resolve_model(model)
+    chosen = _model.check_layers(layers, target)
+    spec, num_features, causal = _model.check_method(method, num_features, options, target)
+    generator = as_generator(generator)
+    context_length = _model.check_context_length(context_length, target)
+    record_inputs = check_bool(record_inputs, "record_inputs")
+    seeds = _model.layer_seeds(generator, len(target.modules))
+    return AttentionPatch(target, chosen, spec, num_features, causal, dict(options), seeds, context_length,
+                          record_inputs)

@@ -1,0 +1,140 @@
+r"""What a patched layer leaves behind: one :class:`LayerCall` per run of the method, and the errors of
+its output against exact attention on the same inputs (:func:`output_errors`).
+
+Three measures of the error of an attention output :math:`\tilde O` against the exact :math:`O`, both
+``(*batch, r, p_v)`` (``r`` query rows of one sequence and head):
+
+.. math::
+
+    \frac{\|\tilde O - O\|_2}{\|O\|_2}, \qquad \frac{\|\tilde O - O\|_F}{\|O\|_F}, \qquad
+    \max_i \frac{\|\tilde o_i - o_i\|_2}{\|o_i\|_2}
+
+-- the relative spectral norm (Skyformer's Figure 1 measure, :func:`approxlab.metrics.spectral_error`),
+the relative Frobenius norm (what sparse-attention-hub logs) and the worst query's relative
+:math:`\ell_2` error (a row the model may depend on alone). All three in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..attention import approximate, exact_attention
+from ..metrics import spectral_error
+
+__all__ = ["LayerCall", "output_errors", "ERROR_MEASURES"]
+
+ERROR_MEASURES = ("spectral", "frobenius", "worst_query")
+"""The keys of :func:`output_errors`."""
+
+
+def output_errors(approx: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.Tensor]:
+    r"""Relative spectral, Frobenius and worst-query errors of an attention output, per batch element.
+
+    Parameters
+    ----------
+    approx, exact : torch.Tensor
+        ``(*batch, r, p_v)``: approximate and exact outputs of ``r`` queries.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``"spectral"``, ``"frobenius"``, ``"worst_query"``: float64 tensors of shape ``(*batch,)``
+        (see the module docstring). A query row whose exact output is 0 counts as error 0 where the
+        approximation is 0 too and ``inf`` otherwise (relative to nothing); an ``exact`` of norm 0
+        is a ``ValueError`` (the relative errors are undefined).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.patching import output_errors
+    >>> exact = torch.eye(2, dtype=torch.float64).unsqueeze(0)  # (1, 2, 2): two queries
+    >>> approx = torch.tensor([[[1.0, 0.0], [0.0, 0.5]]], dtype=torch.float64)
+    >>> {name: round(float(value), 4) for name, value in output_errors(approx, exact).items()}
+    {'spectral': 0.5, 'frobenius': 0.3536, 'worst_query': 0.5}
+    """
+    for name, x in (("approx", approx), ("exact", exact)):
+        if not isinstance(x, torch.Tensor) or x.ndim < 2 or not x.is_floating_point():
+            raise TypeError(f"`{name}` must be a floating torch.Tensor (*batch, r, p_v); got "
+                            f"{type(x).__name__ if not isinstance(x, torch.Tensor) else tuple(x.shape)}.")
+    if approx.shape != exact.shape:
+        raise ValueError(f"`approx` and `exact` must have the same shape (*batch, r, p_v); got "
+                         f"{tuple(approx.shape)} and {tuple(exact.shape)}.")
+    approx, exact = approx.to(torch.float64), exact.to(torch.float64)
+    difference = approx - exact
+    exact_norm = torch.linalg.matrix_norm(exact)
+    if bool((exact_norm == 0).any()):
+        raise ValueError(f"`exact` is 0 in {int((exact_norm == 0).sum())} batch element(s): its relative errors "
+                         "are undefined.")
+    rows, row_norms = torch.linalg.vector_norm(difference, dim=-1), torch.linalg.vector_norm(exact, dim=-1)
+    ratios = torch.where(row_norms > 0, rows / row_norms.clamp_min(torch.finfo(torch.float64).tiny),
+                         torch.where(rows > 0, torch.inf, 0.0))
+    return {"spectral": torch.as_tensor(spectral_error(approx, exact, relative=True), dtype=torch.float64),
+            "frobenius": torch.linalg.matrix_norm(difference) / exact_norm,
+            "worst_query": ratios.amax(dim=-1)}
+
+
+@dataclass
+class LayerCall:
+    r"""One run of the method in a patched layer (one forward pass through it).
+
+    Attributes
+    ----------
+    layer : int
+        The layer's index.
+    call : int
+        Its runs before this one in the block (0 for the first forward pass).
+    rows : tuple of int
+        ``(first, stop)``: the query positions the method computed (``(0, n)`` for a whole window; in the
+        KV-cache setting the continuation's positions).
+    info : dict
+        The method's ``Approximation.info`` (core conditioning, sampled columns, kept mass, ...).
+    causal : bool or str
+        What ``causal=`` the method ran with (``False`` in an encoder).
+    inputs : tuple of torch.Tensor or None
+        With ``record_inputs=True``: the ``(q, k, v)`` the method received, ``(S, H, m, p)``,
+        ``(S, H, m, p)``, ``(S, H, m, p_v)`` -- RoPE applied, key/value heads repeated to the ``H`` query
+        heads, ``q`` rescaled to the :math:`1/\sqrt p` convention -- detached. ``None`` otherwise.
+    output : torch.Tensor or None
+        With ``record_inputs=True``: the method's output rows ``rows``, ``(S, H, stop - first, p_v)``.
+    key_mask : torch.Tensor or None
+        The padding mask passed to the method, ``(S, 1, m)`` bool (None: no padding).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.patching import LayerCall
+    >>> q = k = v = torch.eye(2, dtype=torch.float64).reshape(1, 1, 2, 2)
+    >>> call = LayerCall(layer=0, call=0, rows=(0, 2), info={}, causal=False, inputs=(q, k, v), output=0.9 * v)
+    >>> round(float(call.errors()["spectral"]), 4)  # 0.9 v against softmax(q k^T / sqrt 2) v
+    0.5605
+    """
+
+    layer: int
+    call: int
+    rows: tuple[int, int]
+    info: dict
+    causal: bool | str
+    inputs: tuple | None = None
+    output: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = field(default=None, repr=False)
+
+    def exact_output(self) -> torch.Tensor:
+        """Exact (softmax) attention on :attr:`inputs`, rows :attr:`rows`, in float64 ``(S, H, r, p_v)``."""
+        if self.inputs is None:
+            raise ValueError(f"layer {self.layer}'s inputs were not recorded: pass record_inputs=True to "
+                             "patch_attention; got a record without inputs.")
+        q, k, v = (x.to(torch.float64) for x in self.inputs)
+        if self.causal:  # True or "mask-renormalise": the reference is exact causal attention
+            exact = exact_attention(q, k, v, causal=True)
+        elif self.key_mask is not None:
+            exact = approximate("exact", q, k, v, num_features=1, key_mask=self.key_mask).output
+        else:
+            exact = exact_attention(q, k, v)
+        return exact[..., self.rows[0]:self.rows[1], :]
+
+    def errors(self) -> dict[str, torch.Tensor]:
+        """:func:`output_errors` of :attr:`output` against :meth:`exact_output`: float64 ``(S, H)`` each."""
+        exact = self.exact_output()
+        return output_errors(self.output, exact)
