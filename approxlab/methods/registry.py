@@ -145,7 +145,7 @@ def causal_support(support) -> list[str]:
 
 
 def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
-             draw=None, causal=False, overwrite: bool = False):
+             draw=None, causal=False, differentiable: bool = False, overwrite: bool = False):
     r"""Register ``function`` as method ``name``; usable as a decorator.
 
     Parameters
@@ -179,8 +179,12 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         refusals: ``True`` when ``function`` takes a keyword ``causal`` and, given ``causal=True``,
         computes its own causal form (query ``i`` sees keys ``j <= i`` only); ``"mask-renormalise"``
         when it has none but may be evaluated by masking and renormalising its matrix (it must
-        return an ``Approximation`` with an operator or matrix; target ``"softmax"``;
+        return an ``Approximation`` with an operator or matrix, else ``approximate`` raises
+        :class:`~approxlab.errors.MethodResultError`; target ``"softmax"``;
         :mod:`approxlab.methods.causal`); ``False`` for neither.
+    differentiable : bool, default False
+        Whether autograd through ``function``'s output gives its derivative with respect to ``q``,
+        ``k`` and ``v`` (for a fixed draw): a claim the shared gradient test checks.
     overwrite : bool, default False
         Replace an earlier registration of ``name`` (or shadow the built-in of that name); without
         it a taken name is an error.
@@ -213,7 +217,7 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
 
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
-                         randomized=randomized, draw=draw, causal=causal)
+                         randomized=randomized, draw=draw, causal=causal, differentiable=differentiable)
         with _STATE.lock:
             taken = name in available()
             if taken and not overwrite:
@@ -235,6 +239,8 @@ def unregister(name: str) -> MethodSpec:
 
     Raises
     ------
+    TypeError
+        ``name`` is not a str (e.g. a list of names).
     ValueError
         ``name`` is a built-in that is not shadowed, or not registered at all.
 
@@ -253,6 +259,9 @@ def unregister(name: str) -> MethodSpec:
     ...
     ValueError: ...
     """
+    if not isinstance(name, str):
+        raise TypeError(f"`name` must be the name of one registered method (a str); got {name!r} "
+                        f"({type(name).__name__}).")
     with _STATE.lock:
         _load_entry_points()
         if name in _STATE.registered:
