@@ -14,7 +14,8 @@ from ._masking import check_key_mask, masked_fused_attention, masked_softmax_mat
 __all__ = ["exact", "EXACT"]
 
 
-@method("exact", target="softmax", features="ignored (reference)", randomized=False, causal=True)
+@method("exact", target="softmax", features="ignored (reference)", randomized=False, causal=True,
+        differentiable=True)
 def exact(q, k, v, *, num_features=None, generator=None, key_mask=None, causal=False):
     """Exact softmax attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
 
