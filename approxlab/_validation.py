@@ -273,7 +273,7 @@ def check_key_mask(key_mask, k: torch.Tensor) -> torch.Tensor | None:
     TypeError
         If ``key_mask`` is not a bool tensor.
     ValueError
-        If its last dimension is not ``n_k``, it does not broadcast to ``k.shape[:-1]`` (more
+        If it is on the meta device (no data), its last dimension is not ``n_k``, it does not broadcast to ``k.shape[:-1]`` (more
         dimensions, or a size that is neither 1 nor the keys'), or some sequence has no kept key
         (its softmax would be 0/0).
     """
@@ -282,6 +282,8 @@ def check_key_mask(key_mask, k: torch.Tensor) -> torch.Tensor | None:
     if not isinstance(key_mask, torch.Tensor) or key_mask.dtype != torch.bool:
         got = key_mask.dtype if isinstance(key_mask, torch.Tensor) else type(key_mask).__name__
         raise TypeError(f"`key_mask` must be a bool torch.Tensor (True on keys to attend); got {got}.")
+    if key_mask.is_meta:
+        raise ValueError("`key_mask` must hold data (a CPU or accelerator tensor); got a tensor on the meta device.")
     target = tuple(k.shape[:-1])
     _refuse_attention_mask(key_mask, k)
     if key_mask.ndim < 1 or key_mask.shape[-1] != target[-1]:

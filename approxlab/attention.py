@@ -21,7 +21,8 @@ import math
 import torch
 
 from . import kernels
-from ._validation import as_generator, check_choice, check_qkv, peak_magnitude
+from ._validation import as_generator, check_choice, check_key_mask, check_qkv, peak_magnitude
+from .errors import MethodResultError
 from .methods import registry
 from .methods import Approximation
 from .methods.causal import check_causal_support, mask_renormalise
@@ -183,9 +184,15 @@ def approximate(
         or unknown key or a wrong shape (the message names ``draw``, the key, the shape expected
         and the shape received); an option the method does not take (the message lists those it
         does); a ``causal`` the method does not support (the message names the methods that
-        support each form), ``causal`` with ``n != m`` or with ``key_mask``; a bad option value (the method's own validation); or a method function whose result
-        is not an ``Approximation`` or tensor of shape ``(*batch, n, p_v)``, ``q``'s dtype and
-        device (the message names the method, the expected and the received).
+        support each form), ``causal`` with ``n != m`` or with ``key_mask``; a ``key_mask`` that is
+        not a bool ``(*batch, n_k)`` tensor holding data (a meta tensor is refused); a bad option
+        value (the method's own validation).
+    MethodResultError
+        (a ``TypeError`` and a ``ValueError``) A method function whose result is not an
+        ``Approximation`` or tensor of shape ``(*batch, n, p_v)``, ``q``'s dtype and device; whose
+        operator or matrix is not ``(*batch, n, m)`` (checked at once for a matrix, on first use for
+        an operator function); or that gives only its output where ``causal="mask-renormalise"``
+        needs its operator. The message names the method, the expected and the received.
     FloatingPointError
         If the approximate output has non-finite entries (e.g. an approximate row sum
         of zero); the message names the method and the count.
@@ -214,6 +221,7 @@ def approximate(
     num_features = spec.check_num_features(num_features, q.shape[-2], k.shape[-2])
     spec.check_options(options)
     causal = check_causal_support(spec, causal, q, k, key_mask)
+    key_mask = check_key_mask(key_mask, k)
     if draw is not None:
         _check_draw_accepted(spec, draw, generator)
         if "draw" in inspect.signature(spec.function).parameters:
@@ -227,8 +235,13 @@ def approximate(
     if causal is True:
         options["causal"] = True
     result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
-    result = _checked_result(spec, result, q, v)
+    result = _checked_result(spec, result, q, k, v)
     if causal == "mask-renormalise":
+        if not result.has_operator:
+            raise MethodResultError(
+                f"method {method!r} must return an Approximation with an operator or matrix for "
+                f"causal='mask-renormalise' (which masks and renormalises that matrix), as it was registered to "
+                f"support; got only its output.")
         result = mask_renormalise(result, v)
     if not math.isfinite(peak_magnitude(result.output)):
         bad = int((~torch.isfinite(result.output)).sum())
@@ -251,24 +264,27 @@ def _check_draw_accepted(spec, draw, generator) -> None:
                          f"{sorted(draw) if isinstance(draw, dict) else type(draw).__name__}.")
 
 
-def _checked_result(spec, result, q: torch.Tensor, v: torch.Tensor) -> Approximation:
+def _checked_result(spec, result, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Approximation:
     """The method's result as an :class:`Approximation` whose output has ``q``'s batch, n, dtype, device and
-    ``v``'s p_v; a bare output tensor is wrapped (it then has no operator)."""
+    ``v``'s p_v, and whose operator (if any) is ``(*batch, n, m)``; a bare output tensor is wrapped (it then
+    has no operator)."""
     name = spec.name
     if isinstance(result, torch.Tensor):
         result = Approximation(name, spec.target, result)
     elif not isinstance(result, Approximation):
-        raise TypeError(f"method {name!r} must return an approxlab.methods.Approximation or its output tensor "
-                        f"(*batch, n, p_v); got {type(result).__name__}.")
+        raise MethodResultError(f"method {name!r} must return an approxlab.methods.Approximation or its output "
+                                f"tensor (*batch, n, p_v); got {type(result).__name__}.")
     if (result.method, result.target) != (name, spec.target):
-        raise ValueError(f"method {name!r} must return an Approximation of method {name!r} with target "
-                         f"{spec.target!r} (as registered); got method {result.method!r}, target {result.target!r}.")
+        raise MethodResultError(f"method {name!r} must return an Approximation of method {name!r} with target "
+                                f"{spec.target!r} (as registered); got method {result.method!r}, target "
+                                f"{result.target!r}.")
     expected = (*q.shape[:-1], v.shape[-1])
     output = result.output
     if tuple(output.shape) != expected:
-        raise ValueError(f"method {name!r} must return an output of shape (*batch, n, p_v) = {expected}; got "
-                         f"{tuple(output.shape)}.")
+        raise MethodResultError(f"method {name!r} must return an output of shape (*batch, n, p_v) = {expected}; "
+                                f"got {tuple(output.shape)}.")
     if output.dtype != q.dtype or output.device != q.device:
-        raise ValueError(f"method {name!r} must return an output in the dtype and on the device of q "
-                         f"({q.dtype}, {q.device}); got {output.dtype}, {output.device}.")
+        raise MethodResultError(f"method {name!r} must return an output in the dtype and on the device of q "
+                                f"({q.dtype}, {q.device}); got {output.dtype}, {output.device}.")
+    result.require_operator_shape((*q.shape[:-1], k.shape[-2]))
     return result

@@ -18,6 +18,7 @@ __all__ = [
     "CachePathError",
     "CheckpointError",
     "CorruptResultsError",
+    "MethodResultError",
 ]
 
 
@@ -243,3 +244,31 @@ class CorruptResultsError(ValueError):
     def __init__(self, path, reason: str):
         self.path, self.reason = str(path), reason
         super().__init__(f"{self.path!r} is not a readable approxlab result file: {reason}")
+
+
+class MethodResultError(TypeError, ValueError):
+    """A method's function -- or its ``draw``, ``max_features`` or operator -- returned what approxlab
+    cannot use: not an ``Approximation`` or tensor, a tensor or operator of the wrong shape, dtype
+    or device, no operator where the evaluation asked for needs one, a draw that is not a dict of
+    tensors, a feature limit that is not an integer >= 1.
+
+    Raised by :func:`approxlab.approximate` and :func:`approxlab.methods.draw` after the call, with
+    a message naming the method, what it must return and what it returned. Both a ``TypeError``
+    and a ``ValueError`` (a result of the wrong kind or of the wrong shape).
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.errors import MethodResultError
+    >>> from approxlab.methods import register, unregister
+    >>> @register("half-output", target="softmax", features="ignored", randomized=False)
+    ... def half_output(q, k, v, *, num_features, generator=None):
+    ...     return v[..., :1, :]  # one row, where every query needs one
+    >>> q = k = v = torch.ones(1, 4, 2, dtype=torch.float64)
+    >>> try:
+    ...     approxlab.approximate("half-output", q, k, v, num_features=1)
+    ... except MethodResultError as error:
+    ...     print(error)
+    method 'half-output' must return an output of shape (*batch, n, p_v) = (1, 4, 2); got (1, 1, 2).
+    >>> _ = unregister("half-output")
+    """

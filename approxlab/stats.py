@@ -9,20 +9,22 @@ Public API::
 
     describe(frame, by, column, *, quantiles=(0.25, 0.75)) -> DataFrame    # samples, mean, median, q.., max
     UnitAggregate(frame, *, by, unit, column, how="median")                 # aggregate over a multiset of units
-    bootstrap(statistic, units, *, resamples=2000, seed=0, level=0.95) -> {key: Interval}
+    bootstrap(statistic, units, *, resamples=2000, seed=0, level=0.95, paired=True) -> {key: Interval}
     verdict(low, high, threshold, side) -> "reproduced" | "not reproduced" | "inconclusive"
     win_rate(first, second, *, level=0.95, lower_is_better=True) -> WinRate
     t_test_power(n, *, difference, sd, alpha=0.05, alternative="two-sided") -> float
     t_test_sample_size(*, difference, sd, power=0.8, alpha=0.05, alternative="two-sided") -> int
 
 Everything is NumPy/SciPy/pandas in float64; nothing here draws from a global random state
-(:func:`bootstrap` takes its ``seed``).
+(:func:`bootstrap` takes its ``seed``). Each function validates its inputs first: a message names
+the parameter, what is allowed and what came in.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -55,15 +57,65 @@ ALTERNATIVES = ("two-sided", "greater", "less")
 
 
 def _choice(value, name, allowed):
-    if value not in allowed:
+    try:
+        known = value in allowed
+    except TypeError:  # an unhashable value is simply not one of them
+        known = False
+    if not known:
         raise ValueError(f"`{name}` must be one of {list(allowed)}; got {value!r}.")
     return value
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def _probability(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < 1):
+    if not _is_real(value) or not (0 < value < 1):
         raise ValueError(f"`{name}` must be a number with 0 < {name} < 1; got {value!r}.")
     return float(value)
+
+
+def _integer(value, name, *, low, why=""):
+    """``value`` as an int ``>= low``; bools, floats and strings are refused (never truncated)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an integer >= {low}{why}; got {value!r} ({type(value).__name__}).")
+    if value < low:
+        raise ValueError(f"`{name}` must be an integer >= {low}{why}; got {value!r}.")
+    return int(value)
+
+
+def _flag(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be a bool (True or False); got {value!r} ({type(value).__name__}).")
+    return bool(value)
+
+
+def _check_frame(frame, by, column, **others) -> list:
+    """The validation of a long table: ``frame`` a DataFrame; ``by`` a column name or a non-empty list
+    of them; ``by``, ``column`` and each of ``others`` (name -> column) columns of ``frame``;
+    ``frame[column]`` real numbers (``inf`` allowed) without NaN. Returns ``by`` as a list."""
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"`frame` must be a pandas.DataFrame; got {type(frame).__name__}.")
+    columns = [by] if isinstance(by, str) else by
+    if not isinstance(columns, (list, tuple)) or not columns:
+        raise ValueError(f"`by` must be a column name or a non-empty list of column names; got {by!r}.")
+    for name, value in [*(("by", c) for c in columns), *others.items(), ("column", column)]:
+        try:
+            present = value in frame.columns
+        except TypeError:  # unhashable
+            present = False
+        if not present:
+            raise ValueError(f"`{name}` must name columns of `frame` (one of {list(frame.columns)}); got "
+                             f"{value!r}, which is not one.")
+    values = frame[column]
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        raise TypeError(f"`column` {column!r} must hold real numbers; got dtype {values.dtype}.")
+    missing = int(values.isna().sum())
+    if missing:
+        raise ValueError(f"`column` {column!r} must hold no NaN (drop those rows, or record a failure as inf); got "
+                         f"{missing} NaN value(s) of {len(values)}.")
+    return list(columns)
 
 
 def describe(frame: pd.DataFrame, by: Sequence[str], column: str, *, quantiles=(0.25, 0.75)) -> pd.DataFrame:
@@ -73,18 +125,28 @@ def describe(frame: pd.DataFrame, by: Sequence[str], column: str, *, quantiles=(
     ----------
     frame : pandas.DataFrame
         Long table, one value per row in ``column`` (``inf`` counts, as a failure's worst case).
-    by : sequence of str
-        Grouping columns (sorted groups, as ``DataFrame.groupby(sort=True)``).
+    by : str or sequence of str
+        Grouping columns (sorted groups, as ``DataFrame.groupby(sort=True)``); a str is one column.
     column : str
-        The values.
+        The values: real numbers, ``inf`` allowed, **no NaN**. A NaN is neither a value nor a
+        failure, and pandas would count it in ``samples`` while ``mean`` and ``median`` skip it,
+        so it is refused: drop such rows (``frame.dropna(subset=[column])``) or record a failure
+        as ``inf``.
     quantiles : sequence of float
         Levels in (0, 1), linear interpolation (pandas' default), e.g. ``(0.25, 0.75)`` gives
-        ``q25``, ``q75``.
+        ``q25``, ``q75``. Levels that round to the same column name are refused.
 
     Returns
     -------
     pandas.DataFrame
         Indexed by ``by``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``frame`` not a DataFrame; ``by`` empty or naming a column ``frame`` lacks; ``column``
+        missing, not numeric or holding a NaN; ``quantiles`` not a sequence of levels in (0, 1) or
+        two of them giving one column name.
 
     Examples
     --------
@@ -97,11 +159,19 @@ def describe(frame: pd.DataFrame, by: Sequence[str], column: str, *, quantiles=(
     64         3  0.233333     0.2  0.15  0.30  0.4
     128        2  0.400000     0.4  0.35  0.45  0.5
     """
+    by = _check_frame(frame, by, column)
+    if isinstance(quantiles, (str, bytes)) or not isinstance(quantiles, Sequence):
+        raise TypeError(f"`quantiles` must be a sequence of levels in (0, 1), e.g. (0.25, 0.75); got {quantiles!r} "
+                        f"({type(quantiles).__name__}).")
     levels = [_probability(level, "quantiles") for level in quantiles]
-    grouped = frame.groupby(list(by), sort=True)[column]
+    names = [f"q{round(100 * level):d}" for level in levels]
+    if len(set(names)) != len(names):
+        raise ValueError(f"`quantiles` must give distinct columns q<100 level>; got {list(quantiles)!r}, columns "
+                         f"{names}.")
+    grouped = frame.groupby(by, sort=True)[column]
     columns = {"samples": grouped.size(), "mean": grouped.mean(), "median": grouped.median()}
-    for level in levels:
-        columns[f"q{round(100 * level):d}"] = grouped.quantile(level)
+    for level, name in zip(levels, names):
+        columns[name] = grouped.quantile(level)
     columns["max"] = grouped.max()
     return pd.DataFrame(columns)
 
@@ -123,9 +193,15 @@ class UnitAggregate:
         The resampling unit (e.g. ``"window"``: heads and seeds within a window share its text,
         so windows are the independent draws).
     column : str
-        The values.
+        The values: real numbers, ``inf`` allowed, no NaN (as :func:`describe`).
     how : {"median", "mean"}
         The aggregation.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`describe` for ``frame``, ``by`` and ``column``; ``unit`` not a column of
+        ``frame``; ``how`` not in :data:`AGGREGATIONS`.
 
     Examples
     --------
@@ -142,10 +218,11 @@ class UnitAggregate:
     """
 
     def __init__(self, frame: pd.DataFrame, *, by: Sequence[str], unit: str, column: str, how: str = "median"):
+        by = _check_frame(frame, by, column, unit=unit)
         self.how = _choice(how, "how", AGGREGATIONS)
         self._function = np.median if how == "median" else np.mean
         self.arrays = {key: {u: g[column].to_numpy() for u, g in group.groupby(unit)}
-                       for key, group in frame.groupby(list(by))}
+                       for key, group in frame.groupby(by)}
 
     def __call__(self, units, *key) -> float:
         per_unit = self.arrays.get(key)
@@ -173,36 +250,59 @@ class Interval:
 
 
 def bootstrap(statistic: Callable[[dict], Mapping], units: Mapping[object, Sequence] | Sequence, *,
-              resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+              resamples: int = 2000, seed: int = 0, level: float = 0.95, paired: bool = True) -> dict:
     r"""Percentile bootstrap intervals of every value ``statistic`` returns, resampling ``units``.
 
     Parameters
     ----------
     statistic : callable
-        ``statistic(resampled) -> {key: value}``, where ``resampled`` has the structure of
-        ``units`` (a dict group -> list of units, or a list).
+        ``statistic(resampled) -> {key: value}`` (a dict of real numbers), where ``resampled``
+        has the structure of ``units`` (a dict group -> list of units, or a list).
     units : dict of group -> sequence, or sequence
-        The independent units of each group (e.g. the windows at each sequence length). One
-        draw of ``c = max_g |units[g]|`` indices :math:`i_1..i_c` uniform on ``[0, c)`` serves
-        every group: group ``g`` gets ``units[g][i_j mod |units[g]|]`` (the same resample for
-        all groups of equal size, e.g. the same windows at every n).
+        The independent units of each group (e.g. the windows at each sequence length), at least
+        one per group. Each group is resampled with replacement **at its own size**: a group of
+        :math:`c_g` units gets :math:`c_g` indices drawn uniformly from ``[0, c_g)``.
     resamples : int
-        Number of bootstrap resamples.
+        Number of bootstrap resamples, ``>= 1`` (the percentiles need many: 2,000 for a 95%
+        interval is usual).
     seed : int
-        Seed of ``numpy.random.default_rng``: the draws are reproducible.
+        Seed of ``numpy.random.default_rng``, ``>= 0``: the draws are reproducible.
     level : float
         Coverage of the percentile interval, in (0, 1).
+    paired : bool, default True
+        ``True``: groups **of equal size** share one draw -- unit :math:`i` of one group is paired
+        with unit :math:`i` of every other group of its size (e.g. the same windows at every n), so
+        a statistic that compares groups keeps the pairing. Groups of different sizes cannot be
+        paired: each size gets its own draw, independent of the others (the largest size draws
+        first). ``False``: every group gets its own independent draw (unpaired groups).
 
     Returns
     -------
     dict of key -> Interval
         ``estimate`` = the statistic on ``units``; ``low``, ``high`` = the ``(1 - level)/2`` and
         ``(1 + level)/2`` quantiles of the resampled statistics, widened to include the estimate
-        where they miss it; NaN when a resampled value is not finite.
+        where they miss it; NaN when a resampled value is not finite (or a resample lacks the key).
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``statistic`` not callable, or returning something other than a dict of real numbers;
+        ``units`` not a dict or sequence, or a group without units; ``resamples`` not an integer
+        ``>= 1`` (2.7 is refused, not truncated); ``seed`` not an integer ``>= 0``; ``level`` not
+        in (0, 1); ``paired`` not a bool.
 
     Notes
     -----
     With a single unit per group there is nothing to resample: the interval has no width.
+
+    Per group, this is ``scipy.stats.bootstrap(..., method="percentile")`` with its own draws
+    (one ``rng.integers(0, c, size=(resamples, c))`` per size, reproducible from ``seed``).
+    scipy's function is not called: the units here are arbitrary objects (window ids), one
+    resample feeds every key of a dict-valued statistic, and groups of several sizes are
+    resampled in one call. Its BCa interval is not offered: BCa's acceleration comes from a
+    jackknife over units, inconsistent for the medians bootstrapped here (B. Efron and R. J.
+    Tibshirani, *An Introduction to the Bootstrap*, 1993, Section 11.6); the percentile
+    interval (their Chapter 13) needs no such smoothness.
 
     Examples
     --------
@@ -216,29 +316,72 @@ def bootstrap(statistic: Callable[[dict], Mapping], units: Mapping[object, Seque
     0.5
     >>> bool(intervals[128].low <= 0.5 <= intervals[128].high)
     True
+    >>> unequal = bootstrap(median_error, {64: [0.1, 0.2, 0.3, 0.4, 0.5], 128: [0.2, 0.4, 0.6]}, seed=0)
+    >>> unequal[128].low, unequal[128].high  # the 3 units of n = 128 resampled at size 3
+    (0.2, 0.6)
     """
-    level = _probability(level, "level")
+    if not callable(statistic):
+        raise TypeError(f"`statistic` must be a function of the resampled units returning a dict; got "
+                        f"{type(statistic).__name__}.")
     grouped = isinstance(units, Mapping)
-    groups = dict(units) if grouped else {None: list(units)}
+    groups = dict(units) if grouped else {None: units}
+    for group, members in groups.items():
+        if isinstance(members, (str, bytes)) or not isinstance(members, (Sequence, np.ndarray)):
+            raise TypeError("`units` must be a dict of group -> sequence of units, or a sequence of units; got "
+                            + (f"{type(members).__name__} for group {group!r}." if grouped
+                               else f"{type(units).__name__}."))
     if not groups or any(len(u) == 0 for u in groups.values()):
         raise ValueError(f"`units` must give every group at least one unit; got {units!r}.")
-    estimate = statistic(units)
-    rng = np.random.default_rng(seed)
-    count = max(len(u) for u in groups.values())
-    draws = rng.integers(0, count, size=(int(resamples), count))
+    resamples = _integer(resamples, "resamples", low=1)
+    seed = _integer(seed, "seed", low=0)
+    level = _probability(level, "level")
+    paired = _flag(paired, "paired")
+    groups = {g: list(u) for g, u in groups.items()}
+    estimate = _statistic_values(statistic(units), "the units themselves")
+    draws = _draws(np.random.default_rng(seed), {g: len(u) for g, u in groups.items()}, resamples, paired)
     samples = {key: [] for key in estimate}
-    for draw in draws:
-        resampled = {g: [u[i % len(u)] for i in draw] for g, u in groups.items()}
+    for r in range(resamples):
+        resampled = {g: [u[i] for i in draws[g][r]] for g, u in groups.items()}
         values = statistic(resampled if grouped else resampled[None])
+        if not isinstance(values, Mapping):
+            raise TypeError(f"`statistic` must return a dict of key -> number; got {type(values).__name__} on "
+                            f"resample {r}.")
         for key in samples:
             samples[key].append(values.get(key, math.nan))
     alpha = (1 - level) / 2
     intervals = {}
     for key, value in estimate.items():
-        values = np.asarray(samples[key], dtype=float)
+        try:
+            values = np.asarray(samples[key], dtype=float)
+        except (TypeError, ValueError):
+            values = None
+        if values is None or values.shape != (resamples,):
+            raise TypeError(f"`statistic` must return a dict of key -> number; got a value that is not a number for "
+                            f"key {key!r} on a resample.")
         low, high = (np.quantile(values, [alpha, 1 - alpha]) if np.isfinite(values).all() else (math.nan,) * 2)
         intervals[key] = Interval(value, min(float(low), value), max(float(high), value))
     return intervals
+
+
+def _statistic_values(values, where: str) -> dict:
+    """``values`` (what ``statistic`` returned on ``where``) as a dict of floats, else a ``TypeError``."""
+    if not isinstance(values, Mapping):
+        raise TypeError(f"`statistic` must return a dict of key -> number; got {type(values).__name__} "
+                        f"({values!r}) on {where}.")
+    for key, value in values.items():
+        if not _is_real(value) and not (isinstance(value, np.ndarray) and value.ndim == 0 and _is_real(value.item())):
+            raise TypeError(f"`statistic` must return a dict of key -> number; got {value!r} "
+                            f"({type(value).__name__}) for key {key!r} on {where}.")
+    return {key: float(value) for key, value in values.items()}
+
+
+def _draws(rng, sizes: dict, resamples: int, paired: bool) -> dict:
+    """Group -> ``(resamples, size)`` indices: one draw per distinct size, largest first, shared by the
+    groups of that size (``paired``), or one per group in order (unpaired)."""
+    if not paired:
+        return {g: rng.integers(0, size, size=(resamples, size)) for g, size in sizes.items()}
+    by_size = {size: rng.integers(0, size, size=(resamples, size)) for size in sorted(set(sizes.values()), reverse=True)}
+    return {g: by_size[size] for g, size in sizes.items()}
 
 
 def verdict(low: float, high: float, threshold: float, side: str) -> str:
@@ -248,6 +391,17 @@ def verdict(low: float, high: float, threshold: float, side: str) -> str:
 
     ``side`` (:data:`SIDES`): ``"at least"`` (claim: value >= threshold), ``"above"`` (>),
     ``"at most"`` (<=), ``"below"`` (<).
+
+    ``low`` and ``high`` are real numbers with ``low <= high``; a NaN or infinite bound (an
+    interval that could not be computed) gives ``"inconclusive"``. ``threshold`` is a real number
+    fixed before the run, ``inf`` allowed; a NaN threshold is refused: it is no threshold, and a
+    verdict against it would read as a measured "inconclusive".
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bound or ``threshold`` that is not a real number (a str, a bool); ``low > high`` (an
+        inverted interval); a NaN ``threshold``; ``side`` not in :data:`SIDES`.
 
     Examples
     --------
@@ -259,6 +413,13 @@ def verdict(low: float, high: float, threshold: float, side: str) -> str:
     >>> verdict(0.4, 0.6, threshold=0.5, side="at least")
     'inconclusive'
     """
+    for name, value in (("low", low), ("high", high), ("threshold", threshold)):
+        if not _is_real(value):
+            raise TypeError(f"`{name}` must be a real number; got {value!r} ({type(value).__name__}).")
+    if math.isnan(threshold):
+        raise ValueError(f"`threshold` must be a number fixed before the run (inf allowed); got {threshold!r}.")
+    if low > high:
+        raise ValueError(f"`low` and `high` must bound an interval, low <= high; got low={low!r}, high={high!r}.")
     _choice(side, "side", SIDES)
     if not (math.isfinite(low) and math.isfinite(high)):
         return "inconclusive"
@@ -298,7 +459,8 @@ def win_rate(first, second, *, level: float = 0.95, lower_is_better: bool = True
     Parameters
     ----------
     first, second : array_like
-        Paired values of the two methods (same length, finite or ``inf``; NaN pairs are dropped).
+        Paired values of the two methods: real numbers (same length, finite or ``inf``; NaN pairs
+        are dropped, as pairs where a method has no value; strings and bools are refused).
     level : float
         Coverage of the interval.
     lower_is_better : bool
@@ -324,8 +486,9 @@ def win_rate(first, second, *, level: float = 0.95, lower_is_better: bool = True
     >>> round(result.low, 3), round(result.high, 3)
     (0.529, 0.978)
     """
+    a, b = _reals(first, "first"), _reals(second, "second")
     level = _probability(level, "level")
-    a, b = np.asarray(first, dtype=float).ravel(), np.asarray(second, dtype=float).ravel()
+    lower_is_better = _flag(lower_is_better, "lower_is_better")
     if a.shape != b.shape:
         raise ValueError(f"`first` and `second` must be paired (same length); got {a.size} and {b.size}.")
     keep = ~(np.isnan(a) | np.isnan(b))
@@ -341,11 +504,27 @@ def win_rate(first, second, *, level: float = 0.95, lower_is_better: bool = True
     return WinRate(rate, max(0.0, centre - half), min(1.0, centre + half), wins, ties, count)
 
 
+def _reals(values, name) -> np.ndarray:
+    """``values`` as a flat float64 array of real numbers (strings, bools and objects refused)."""
+    array = np.asarray(values)
+    if array.dtype.kind == "O":
+        try:
+            array = array.astype(float)
+        except (TypeError, ValueError):
+            pass
+    if array.dtype.kind not in "iuf":
+        example = array.ravel()[0] if array.size else None
+        raise TypeError(f"`{name}` must be an array of real numbers; got dtype {array.dtype}"
+                        + (f" (e.g. {example!r})." if array.size else "."))
+    return array.astype(float).ravel()
+
+
 def _check_effect(difference, sd, alpha, alternative):
-    if isinstance(difference, bool) or not isinstance(difference, (int, float)) or not math.isfinite(difference):
-        raise ValueError(f"`difference` must be a finite number; got {difference!r}.")
-    if isinstance(sd, bool) or not isinstance(sd, (int, float)) or not (0 < sd < math.inf):
-        raise ValueError(f"`sd` must be a finite number > 0; got {sd!r}.")
+    if not _is_real(difference) or not math.isfinite(difference):
+        raise (ValueError if _is_real(difference) else TypeError)(
+            f"`difference` must be a finite number; got {difference!r}.")
+    if not _is_real(sd) or not (0 < sd < math.inf):
+        raise (ValueError if _is_real(sd) else TypeError)(f"`sd` must be a finite number > 0; got {sd!r}.")
     _probability(alpha, "alpha")
     _choice(alternative, "alternative", ALTERNATIVES)
 
@@ -383,9 +562,8 @@ def t_test_power(n: int, *, difference: float, sd: float, alpha: float = 0.05,
     >>> round(t_test_power(20, difference=0.5, sd=1.0, alternative="greater"), 3)
     0.695
     """
+    n = _integer(n, "n", low=2, why=" (a t-test needs a variance)")
     _check_effect(difference, sd, alpha, alternative)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
-        raise ValueError(f"`n` must be an integer >= 2 (a t-test needs a variance); got {n!r}.")
     df, noncentrality = n - 1, difference / sd * math.sqrt(n)
     law = _scipy_stats.nct(df, noncentrality)
     if alternative == "two-sided":
@@ -397,13 +575,16 @@ def t_test_power(n: int, *, difference: float, sd: float, alpha: float = 0.05,
 
 def t_test_sample_size(*, difference: float, sd: float, power: float = 0.8, alpha: float = 0.05,
                        alternative: str = "two-sided", max_n: int = 1_000_000) -> int:
-    """The smallest ``n >= 2`` whose :func:`t_test_power` reaches ``power``.
+    """The smallest ``n >= 2`` whose :func:`t_test_power` reaches ``power``, searched up to ``max_n``.
+
+    ``difference``, ``sd``, ``alpha`` and ``alternative`` as in :func:`t_test_power`; ``power`` in
+    (0, 1); ``max_n`` an integer ``>= 2`` (the smallest t-test).
 
     Raises
     ------
-    ValueError
-        Bad arguments, or ``power`` not reached by ``max_n`` units (e.g. a difference of 0, or of
-        the wrong sign for a one-sided alternative).
+    TypeError, ValueError
+        Bad arguments (``max_n='100'`` and ``max_n=1`` included), or ``power`` not reached by
+        ``max_n`` units (e.g. a difference of 0, or of the wrong sign for a one-sided alternative).
 
     Examples
     --------
@@ -416,6 +597,7 @@ def t_test_sample_size(*, difference: float, sd: float, power: float = 0.8, alph
     """
     _check_effect(difference, sd, alpha, alternative)
     power = _probability(power, "power")
+    max_n = _integer(max_n, "max_n", low=2, why=" (the smallest t-test has 2 units)")
     low, high = 2, 2
     while t_test_power(high, difference=difference, sd=sd, alpha=alpha, alternative=alternative) < power:
         if high >= max_n:

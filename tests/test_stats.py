@@ -116,3 +116,184 @@ def test_t_test_power_matches_cohen_and_simulation():
         stats.t_test_power(5, difference=0.5, sd=0)
     with pytest.raises(ValueError, match=r"`alternative` must be one of \['two-sided', 'greater', 'less'\]"):
         stats.t_test_power(5, difference=0.5, sd=1.0, alternative="larger")
+
+
+# -- bootstrap: each group at its own size; equal sizes as before, bit for bit ------------------
+
+def _frozen_resamples(units, resamples, seed):
+    """The resamples of approxlab.stats.bootstrap as first released (one draw of the largest group's
+    size, ``u[i % len(u)]`` for every group), frozen here: for groups of equal size the current
+    function must reproduce them exactly (the committed studies' intervals depend on them)."""
+    groups = dict(units)
+    rng = np.random.default_rng(seed)
+    count = max(len(u) for u in groups.values())
+    draws = rng.integers(0, count, size=(int(resamples), count))
+    return [{g: [u[i % len(u)] for i in draw] for g, u in groups.items()} for draw in draws]
+
+
+def _recording(statistic):
+    seen = []
+
+    def record(units):
+        seen.append(units)
+        return statistic(units)
+
+    return record, seen
+
+
+def _medians(units):
+    return {g: float(np.median(v)) for g, v in units.items()}
+
+
+@pytest.mark.parametrize("sizes, seed", [((7, 7, 7), 0), ((1, 1), 3), ((12,), 5), ((4, 4), 2**40)])
+def test_bootstrap_equal_groups_resample_exactly_as_first_released(sizes, seed):
+    rng = np.random.default_rng(1)
+    units = {f"g{j}": list(rng.normal(size=size)) for j, size in enumerate(sizes)}
+    record, seen = _recording(_medians)
+    intervals = stats.bootstrap(record, units, resamples=300, seed=seed)
+    frozen = _frozen_resamples(units, 300, seed)
+    assert seen[1:] == frozen
+    values = {g: np.array([float(np.median(r[g])) for r in frozen]) for g in units}
+    for g, interval in intervals.items():
+        low, high = np.quantile(values[g], [0.025, 0.975])
+        assert (interval.low, interval.high) == (min(low, interval.estimate), max(high, interval.estimate))
+
+
+def test_bootstrap_resamples_unequal_groups_at_their_own_size_as_scipy_does():
+    """Groups of 5 and 3 units, mean statistic: b's resampled means average b's mean (3.67; the
+    first release's wrap-around draw gave 2.42), and both intervals are scipy's percentile ones."""
+    units = {"a": [0, 0, 0, 0, 10], "b": [0, 1, 10]}
+    record, seen = _recording(lambda u: {g: float(np.mean(v)) for g, v in u.items()})
+    intervals = stats.bootstrap(record, units, resamples=4000, seed=0)
+    assert all(len(r["a"]) == 5 and len(r["b"]) == 3 for r in seen[1:])
+    assert np.mean([np.mean(r["b"]) for r in seen[1:]]) == pytest.approx(11 / 3, abs=0.1)
+    for g, values in units.items():
+        reference = scipy_stats.bootstrap((values,), np.mean, n_resamples=4000, method="percentile",
+                                          rng=np.random.default_rng(1)).confidence_interval
+        assert (intervals[g].low, intervals[g].high) == (reference.low, reference.high)
+
+
+def test_bootstrap_pairs_only_groups_of_equal_size():
+    units = {"a": [1.0, 2.0, 3.0], "b": [10.0, 20.0, 30.0], "c": [5.0, 6.0, 7.0, 8.0], "d": [50.0, 60.0, 70.0, 80.0]}
+    record, seen = _recording(_medians)
+    stats.bootstrap(record, units, resamples=50, seed=0)
+    assert all([10 * u for u in r["a"]] == r["b"] and [10 * u for u in r["c"]] == r["d"] for r in seen[1:])
+    record, seen = _recording(_medians)
+    stats.bootstrap(record, units, resamples=50, seed=0, paired=False)
+    assert any([10 * u for u in r["a"]] != r["b"] for r in seen[1:])
+
+
+# -- every stats function validates its inputs in one block -------------------------------------
+
+_FRAME = pd.DataFrame({"n": [64, 64, 128], "window": [0, 1, 0], "error": [0.1, 0.2, 0.3]})
+_NAN_FRAME = _FRAME.assign(error=[0.1, math.nan, 0.3])
+_TEXT_FRAME = _FRAME.assign(error=["a", "b", "c"])
+
+
+def _mean_of(units):
+    return {"mean": float(np.mean(units))}
+
+
+STATS_BAD_INPUTS = [
+    ("describe-frame-dict", lambda: stats.describe({"n": [1]}, ["n"], "error"), TypeError,
+     r"^`frame` must be a pandas\.DataFrame; got dict\.$"),
+    ("describe-missing-column", lambda: stats.describe(_FRAME, ["n"], "err"), ValueError,
+     r"^`column` must name columns of `frame` \(one of \['n', 'window', 'error'\]\); got 'err', which is not one\.$"),
+    ("describe-missing-by", lambda: stats.describe(_FRAME, ["size"], "error"), ValueError,
+     r"^`by` must name columns of `frame` .*; got 'size', which is not one\.$"),
+    ("describe-by-empty", lambda: stats.describe(_FRAME, [], "error"), ValueError,
+     r"^`by` must be a column name or a non-empty list of column names; got \[\]\.$"),
+    ("describe-by-unhashable", lambda: stats.describe(_FRAME, [["n"]], "error"), ValueError,
+     r"^`by` must name columns of `frame` .*; got \['n'\], which is not one\.$"),
+    ("describe-nan", lambda: stats.describe(_NAN_FRAME, ["n"], "error"), ValueError,
+     r"^`column` 'error' must hold no NaN \(drop those rows, or record a failure as inf\); got 1 NaN value\(s\) of 3\.$"),
+    ("describe-text-values", lambda: stats.describe(_TEXT_FRAME, ["n"], "error"), TypeError,
+     r"^`column` 'error' must hold real numbers; got dtype (object|str)\.$"),
+    ("describe-quantiles-scalar", lambda: stats.describe(_FRAME, ["n"], "error", quantiles=0.5), TypeError,
+     r"^`quantiles` must be a sequence of levels in \(0, 1\), e\.g\. \(0\.25, 0\.75\); got 0\.5 \(float\)\.$"),
+    ("describe-quantiles-str", lambda: stats.describe(_FRAME, ["n"], "error", quantiles="0.5"), TypeError,
+     r"^`quantiles` must be a sequence of levels .*; got '0\.5' \(str\)\.$"),
+    ("describe-quantiles-one-column", lambda: stats.describe(_FRAME, ["n"], "error", quantiles=(0.251, 0.249)),
+     ValueError, r"^`quantiles` must give distinct columns q<100 level>; got \[0\.251, 0\.249\], columns \['q25', 'q25'\]\.$"),
+    ("describe-quantile-one", lambda: stats.describe(_FRAME, ["n"], "error", quantiles=(1.0,)), ValueError,
+     r"^`quantiles` must be a number with 0 < quantiles < 1; got 1\.0\.$"),
+    ("aggregate-missing-unit", lambda: stats.UnitAggregate(_FRAME, by=["n"], unit="seed", column="error"), ValueError,
+     r"^`unit` must name columns of `frame` .*; got 'seed', which is not one\.$"),
+    ("aggregate-by-empty", lambda: stats.UnitAggregate(_FRAME, by=(), unit="window", column="error"), ValueError,
+     r"^`by` must be a column name or a non-empty list of column names; got \(\)\.$"),
+    ("aggregate-nan", lambda: stats.UnitAggregate(_NAN_FRAME, by=["n"], unit="window", column="error"), ValueError,
+     r"^`column` 'error' must hold no NaN"),
+    ("bootstrap-resamples-float", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], resamples=2.7), TypeError,
+     r"^`resamples` must be an integer >= 1; got 2\.7 \(float\)\.$"),
+    ("bootstrap-resamples-zero", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], resamples=0), ValueError,
+     r"^`resamples` must be an integer >= 1; got 0\.$"),
+    ("bootstrap-resamples-negative", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], resamples=-5), ValueError,
+     r"^`resamples` must be an integer >= 1; got -5\.$"),
+    ("bootstrap-resamples-bool", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], resamples=True), TypeError,
+     r"^`resamples` must be an integer >= 1; got True \(bool\)\.$"),
+    ("bootstrap-seed-negative", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], seed=-1), ValueError,
+     r"^`seed` must be an integer >= 0; got -1\.$"),
+    ("bootstrap-seed-none", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], seed=None), TypeError,
+     r"^`seed` must be an integer >= 0; got None \(NoneType\)\.$"),
+    ("bootstrap-level-one", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], level=1), ValueError,
+     r"^`level` must be a number with 0 < level < 1; got 1\.$"),
+    ("bootstrap-paired-int", lambda: stats.bootstrap(_mean_of, [1.0, 2.0], paired=1), TypeError,
+     r"^`paired` must be a bool \(True or False\); got 1 \(int\)\.$"),
+    ("bootstrap-statistic-float", lambda: stats.bootstrap(lambda u: float(np.mean(u)), [1.0, 2.0]), TypeError,
+     r"^`statistic` must return a dict of key -> number; got float \(1\.5\) on the units themselves\.$"),
+    ("bootstrap-statistic-array-value", lambda: stats.bootstrap(lambda u: {"x": np.array(u)}, [1.0, 2.0]), TypeError,
+     r"^`statistic` must return a dict of key -> number; got array\(\[1\., 2\.\]\) \(ndarray\) for key 'x'"),
+    ("bootstrap-statistic-not-callable", lambda: stats.bootstrap("mean", [1.0, 2.0]), TypeError,
+     r"^`statistic` must be a function of the resampled units returning a dict; got str\.$"),
+    ("bootstrap-units-str", lambda: stats.bootstrap(_mean_of, "abc"), TypeError,
+     r"^`units` must be a dict of group -> sequence of units, or a sequence of units; got str\.$"),
+    ("bootstrap-group-scalar", lambda: stats.bootstrap(_mean_of, {64: 3.0}), TypeError,
+     r"^`units` must be a dict of group -> sequence of units, or a sequence of units; got float for group 64\.$"),
+    ("bootstrap-group-empty", lambda: stats.bootstrap(_mean_of, {64: [], 128: [1.0]}), ValueError,
+     r"^`units` must give every group at least one unit; got"),
+    ("verdict-inverted", lambda: stats.verdict(0.9, 0.1, 0.5, "at least"), ValueError,
+     r"^`low` and `high` must bound an interval, low <= high; got low=0\.9, high=0\.1\.$"),
+    ("verdict-string-low", lambda: stats.verdict("0.1", 0.9, 0.5, "at least"), TypeError,
+     r"^`low` must be a real number; got '0\.1' \(str\)\.$"),
+    ("verdict-string-high", lambda: stats.verdict(0.1, "0.9", 0.5, "at most"), TypeError,
+     r"^`high` must be a real number; got '0\.9' \(str\)\.$"),
+    ("verdict-bool-threshold", lambda: stats.verdict(0.1, 0.9, True, "at most"), TypeError,
+     r"^`threshold` must be a real number; got True \(bool\)\.$"),
+    ("verdict-nan-threshold", lambda: stats.verdict(0.1, 0.9, math.nan, "at least"), ValueError,
+     r"^`threshold` must be a number fixed before the run \(inf allowed\); got nan\.$"),
+    ("verdict-side-list", lambda: stats.verdict(0.1, 0.9, 0.5, ["at least"]), ValueError,
+     r"^`side` must be one of \['at least', 'above', 'at most', 'below'\]; got \['at least'\]\.$"),
+    ("win-rate-strings", lambda: stats.win_rate(["a", "b"], [1.0, 2.0]), TypeError,
+     r"^`first` must be an array of real numbers; got dtype <U1 \(e\.g\. np\.str_\('a'\)\)\.$"),
+    ("win-rate-numeric-strings", lambda: stats.win_rate([1.0, 2.0], ["1", "2"]), TypeError,
+     r"^`second` must be an array of real numbers; got dtype <U1"),
+    ("win-rate-bools", lambda: stats.win_rate([True, False], [1.0, 2.0]), TypeError,
+     r"^`first` must be an array of real numbers; got dtype bool"),
+    ("win-rate-lower-is-better-str", lambda: stats.win_rate([1.0], [2.0], lower_is_better="yes"), TypeError,
+     r"^`lower_is_better` must be a bool \(True or False\); got 'yes' \(str\)\.$"),
+    ("power-n-float", lambda: stats.t_test_power(10.0, difference=0.5, sd=1.0), TypeError,
+     r"^`n` must be an integer >= 2 \(a t-test needs a variance\); got 10\.0 \(float\)\.$"),
+    ("power-difference-str", lambda: stats.t_test_power(10, difference="0.5", sd=1.0), TypeError,
+     r"^`difference` must be a finite number; got '0\.5'\.$"),
+    ("sample-size-max-n-one", lambda: stats.t_test_sample_size(difference=0.5, sd=1.0, max_n=1), ValueError,
+     r"^`max_n` must be an integer >= 2 \(the smallest t-test has 2 units\); got 1\.$"),
+    ("sample-size-max-n-str", lambda: stats.t_test_sample_size(difference=0.5, sd=1.0, max_n="100"), TypeError,
+     r"^`max_n` must be an integer >= 2 \(the smallest t-test has 2 units\); got '100' \(str\)\.$"),
+]
+
+
+@pytest.mark.parametrize("call, error, match", [case[1:] for case in STATS_BAD_INPUTS],
+                         ids=[case[0] for case in STATS_BAD_INPUTS])
+def test_stats_refuse_bad_inputs_naming_the_parameter(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_stats_accept_what_they_document():
+    """The decided cases: a str ``by`` is one column, ``inf`` thresholds and bounds, numpy scalars."""
+    assert list(stats.describe(_FRAME, "n", "error").index) == [64, 128]
+    assert stats.verdict(0.1, 0.9, math.inf, "at most") == "reproduced"
+    assert stats.verdict(-math.inf, 0.9, 0.5, "at most") == "inconclusive"
+    assert stats.verdict(np.float32(0.6), np.float64(0.9), 0.5, "at least") == "reproduced"
+    assert stats.t_test_sample_size(difference=0.5, sd=1.0, max_n=np.int64(100)) == 34
+    assert stats.win_rate(np.array([1, 2], dtype=object), [2.0, 1.0]).wins == 1

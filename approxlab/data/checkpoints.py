@@ -13,9 +13,11 @@ A ``checkpoint`` is resolved offline first, before anything is loaded:
 * anything else: a Hugging Face Hub id (``name`` or ``owner/name``), from the local Hugging Face
   cache first, then downloaded when allowed.
 
-Its config must name a supported architecture (:data:`ARCHITECTURES`). Problems are one
+Its config must name a supported architecture (:data:`ARCHITECTURES`) and describe a model
+approxlab can read (:func:`check_config`: at least one layer and one position, heads that divide
+the hidden size, an activation transformers knows). Problems are one
 :class:`~approxlab.errors.CheckpointError` line naming ``checkpoint``, what is allowed and what
-came in.
+came in, raised before transformers builds anything.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 from ..errors import CheckpointError
 from . import gguf as _gguf
 from .cache_files import default_cache_dir
+from .layout import config_layout
+from .positions import max_positions
 
 __all__ = [
     "MINILM_CHECKPOINT",
@@ -37,6 +41,7 @@ __all__ = [
     "SUPPORTED",
     "minilm_path",
     "architecture_of",
+    "check_config",
     "load_config",
 ]
 
@@ -229,6 +234,7 @@ def load_config(checkpoint, local_files_only, cache_dir):
         raise CheckpointError("a checkpoint whose config.json transformers can read",
                               got(label, one_line(exc))) from exc
     architecture = architecture_of(config, label)
+    check_config(config, architecture, label)
     return label, source, local, config, architecture, gguf
 
 
@@ -254,6 +260,70 @@ def architecture_of(config, label, name: str = "checkpoint") -> Architecture:
         raise CheckpointError(f"a model of a supported architecture ({SUPPORTED})",
                               got(label, f"model_type {model_type!r}"), name=name)
     return ARCHITECTURES[model_type]
+
+
+_ACTIVATIONS = ("hidden_act", "activation_function", "hidden_activation", "activation")
+"""Where the supported families name their activation (BERT/Llama, GPT-2, Gemma 3, DistilBERT)."""
+
+
+def check_config(config, architecture: Architecture, label, name: str = "checkpoint") -> None:
+    """Refuse a config approxlab cannot read, with a :class:`~approxlab.errors.CheckpointError` naming
+    parameter ``name`` and checkpoint ``label``, before transformers builds a model from it.
+
+    The config must have at least one layer (``num_hidden_layers >= 1``), a context of at least one
+    position (``max_position_embeddings`` past any reserved rows), ``num_attention_heads >= 1``
+    dividing ``hidden_size`` (unless the config sets ``head_dim``) and divisible by
+    ``num_key_value_heads``, and an activation transformers knows (``transformers.activations``).
+    Anything else transformers refuses while building the model's attention is refused here too,
+    with its message.
+
+    Examples
+    --------
+    >>> from transformers import BertConfig
+    >>> from approxlab.data.checkpoints import ARCHITECTURES, check_config
+    >>> try:
+    ...     check_config(BertConfig(num_hidden_layers=0), ARCHITECTURES["bert"], "my-bert")
+    ... except ValueError as error:  # a CheckpointError
+    ...     print(error)
+    `checkpoint` must be a model with at least one layer (num_hidden_layers >= 1); got 'my-bert' (num_hidden_layers 0).
+    """
+    from transformers.activations import ACT2CLS
+
+    def refuse(allowed, reason):
+        raise CheckpointError(allowed, got(label, reason), name=name)
+
+    def count(field):
+        value = getattr(config, field, None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    layers = count("num_hidden_layers")
+    if layers is None or layers < 1:
+        refuse("a model with at least one layer (num_hidden_layers >= 1)",
+               f"num_hidden_layers {getattr(config, 'num_hidden_layers', None)!r}")
+    table = count("max_position_embeddings")
+    if table is None or max_positions(architecture, config) < 1:
+        refuse("a model with at least one position (max_position_embeddings >= 1, past any reserved rows)",
+               f"max_position_embeddings {getattr(config, 'max_position_embeddings', None)!r}")
+    heads, hidden, kv_heads = count("num_attention_heads"), count("hidden_size"), count("num_key_value_heads")
+    if heads is None or heads < 1 or hidden is None or hidden < 1:
+        refuse("a model with num_attention_heads >= 1 and hidden_size >= 1",
+               f"num_attention_heads {getattr(config, 'num_attention_heads', None)!r}, hidden_size "
+               f"{getattr(config, 'hidden_size', None)!r}")
+    if not getattr(config, "head_dim", None) and hidden % heads:
+        refuse("a model whose attention heads divide its hidden size (hidden_size % num_attention_heads == 0)",
+               f"hidden_size {hidden}, num_attention_heads {heads}")
+    if kv_heads is not None and (kv_heads < 1 or heads % kv_heads):
+        refuse("a model whose key/value heads divide its attention heads (num_attention_heads % "
+               "num_key_value_heads == 0)", f"num_attention_heads {heads}, num_key_value_heads {kv_heads}")
+    for field in _ACTIVATIONS:
+        activation = getattr(config, field, None)
+        if activation is not None and (not isinstance(activation, str) or activation not in ACT2CLS):
+            refuse(f"a model whose activation transformers knows ({field} one of {sorted(ACT2CLS)})",
+                   f"{field} {activation!r}")
+    try:
+        config_layout(config, architecture, 0)  # what transformers refuses while building the attention
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RuntimeError) as exc:
+        refuse("a config transformers can build its model from", one_line(exc))
 
 
 def check_weight_files(label: str, folder: Path) -> None:

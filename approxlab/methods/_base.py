@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .._validation import check_int
+from ..errors import MethodResultError
 from ..operators import DenseOperator, LinearOperator
 
 __all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS", "CAUSAL_SUPPORT", "MASK_RENORMALISE",
@@ -67,12 +68,16 @@ class Approximation:
     info : dict, optional
         Method diagnostics (sampled columns, core condition number, residual history, ...).
     matrix : torch.Tensor, optional
-        The approximate attention matrix ``(*batch, n, m)`` formed densely, instead of ``operator``.
+        The approximate attention matrix ``(*batch, n, m)`` formed densely, instead of ``operator``
+        (a float32/float64 tensor of at least 2 dimensions).
 
-    Without ``operator`` and ``matrix`` only the output is known: :meth:`operator` and
-    :meth:`matrix` then raise ``NotImplementedError``. A registered method function may return
-    an ``Approximation`` built with this constructor or just its output tensor
-    (:func:`approxlab.methods.register`).
+    Without ``operator`` and ``matrix`` only the output is known (:attr:`has_operator` is False):
+    :meth:`operator` and :meth:`matrix` then raise ``NotImplementedError``. A registered method
+    function may return an ``Approximation`` built with this constructor or just its output tensor
+    (:func:`approxlab.methods.register`); :func:`approxlab.approximate` checks the output's shape
+    and the operator's (``(*batch, n, m)`` for ``n`` queries and ``m`` keys: at once for a
+    ``matrix`` or an operator, on first use for a function that builds one) and raises
+    :class:`~approxlab.errors.MethodResultError` when they are not the shapes they must be.
 
     Examples
     --------
@@ -105,13 +110,34 @@ class Approximation:
         self.target = target
         self.output = output
         self.info = {} if info is None else info
-        self._operator = operator if matrix is None else (lambda: DenseOperator(matrix))
+        self._operator = operator if matrix is None else DenseOperator(matrix)
+        self._required_shape = None  # (*batch, n, m), set by approxlab.approximate
 
     def __repr__(self) -> str:
         shape = tuple(self.output.shape)
         return (f"Approximation(method={self.method!r}, target={self.target!r}, output={shape} "
                 f"{self.output.dtype}, operator={'yes' if self._operator is not None else 'no'}, "
                 f"info={sorted(self.info)})")
+
+    @property
+    def has_operator(self) -> bool:
+        """Whether the method gave an operator or a matrix (else :meth:`operator` raises)."""
+        return self._operator is not None
+
+    def require_operator_shape(self, shape: tuple) -> None:
+        """Check the operator against ``shape`` = ``(*batch, n, m)``: now when it is built (a matrix or
+        an operator), else when :meth:`operator` builds it; :class:`~approxlab.errors.MethodResultError`
+        when it has another shape. :func:`approxlab.approximate` calls this with ``q``'s batch, ``n``
+        queries and ``m`` keys."""
+        self._required_shape = tuple(shape)
+        if isinstance(self._operator, LinearOperator):
+            self._check_shape(self._operator)
+
+    def _check_shape(self, operator: LinearOperator) -> None:
+        if self._required_shape is not None and tuple(operator.shape) != self._required_shape:
+            raise MethodResultError(
+                f"method {self.method!r} must give an operator (or matrix) of shape (*batch, n, m) = "
+                f"{self._required_shape}; got {tuple(operator.shape)}.")
 
     def operator(self) -> LinearOperator:
         """The approximate ``(*batch, n, m)`` attention matrix as an operator (``matmat``/``rmatmat``).
@@ -120,6 +146,9 @@ class Approximation:
         ------
         NotImplementedError
             If the method gave only its output (no ``operator`` and no ``matrix``).
+        MethodResultError
+            If the operator function does not return a ``LinearOperator``, or one of another shape
+            than :meth:`require_operator_shape` asked for.
         """
         if self._operator is None:
             raise NotImplementedError(
@@ -130,8 +159,9 @@ class Approximation:
         if not isinstance(self._operator, LinearOperator):
             built = self._operator()
             if not isinstance(built, LinearOperator):
-                raise TypeError(f"the operator function of method {self.method!r} must return a LinearOperator; "
-                                f"got {type(built).__name__}.")
+                raise MethodResultError(f"the operator function of method {self.method!r} must return a "
+                                        f"LinearOperator; got {type(built).__name__}.")
+            self._check_shape(built)
             self._operator = built
         return self._operator
 
@@ -177,6 +207,11 @@ class MethodSpec:
         ``compress(q_context, k_context, v_context, *, budget, generator=None, key_mask=None, **options)``
         returns the ``(*batch, budget)`` indices of the context tokens it keeps, computed only from the
         context. ``None``: the method is measured there by its causal form on the whole window.
+    differentiable : bool
+        Whether backpropagating through its output gives the derivative of that output with
+        respect to ``q``, ``k`` and ``v`` for a fixed draw (the same generator state): the
+        method can be trained by autograd. ``tests/test_gradients.py`` gradchecks every method
+        that declares it.
 
     Examples
     --------
@@ -198,13 +233,24 @@ class MethodSpec:
     draw: Callable[..., dict] | None = None
     causal: bool | str = False
     compress: Callable[..., Any] | None = None
+    differentiable: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any):
         return self.function(*args, **kwargs)
 
     def max_features(self, n: int, m: int | None = None) -> int:
-        """The largest ``num_features`` for ``n`` queries and ``m`` keys (``m = n``: self-attention)."""
-        return int(self.feature_limit(n, n if m is None else m))
+        """The largest ``num_features`` for ``n`` queries and ``m`` keys (``m = n``: self-attention).
+
+        A registered ``max_features`` function must give an integer ``>= 1``; anything else (None,
+        a float, 0) is a :class:`~approxlab.errors.MethodResultError` naming the method.
+        """
+        m = n if m is None else m
+        limit = self.feature_limit(n, m)
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
+            raise MethodResultError(f"`max_features` of method {self.name!r} must return an integer >= 1 (the "
+                                    f"largest num_features for n={n} queries and m={m} keys); got {limit!r} "
+                                    f"({type(limit).__name__}).")
+        return int(limit)
 
     def options(self) -> list[str] | None:
         """The method's own keywords (besides q, k, v, num_features, generator, draw); None if it takes ``**kwargs``."""
@@ -307,7 +353,7 @@ def _check_compress(name: str, compress) -> None:
 
 
 def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None,
-              causal=False, compress=None) -> MethodSpec:
+              causal=False, compress=None, differentiable=False) -> MethodSpec:
     """A validated :class:`MethodSpec` (the one validation block of :func:`method` and ``register``).
 
     Raises
@@ -322,7 +368,8 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         ``causal`` keyword, ``"mask-renormalise"`` for a target other than softmax attention;
         a ``compress`` that is not callable as ``compress(q, k, v, *, budget, generator=None)``, or given
         for a method without a causal form (``causal`` False or ``"mask-renormalise"``) or a target other
-        than softmax attention.
+        than softmax attention; a
+        non-bool ``differentiable``.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError("`name` must be a non-empty word of letters, digits and _.+- (no spaces or commas: it "
@@ -335,6 +382,8 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         raise ValueError(f"`features` must say what num_features counts (a non-empty str); got {features!r}.")
     if not isinstance(randomized, bool):
         raise TypeError(f"`randomized` must be a bool; got {randomized!r}.")
+    if not isinstance(differentiable, bool):
+        raise TypeError(f"`differentiable` must be a bool; got {differentiable!r}.")
     if draw is not None and not callable(draw):
         raise TypeError(f"`draw` must be None or a function(q, k, *, num_features, generator, **options); got "
                         f"{type(draw).__name__}.")
@@ -354,15 +403,16 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         raise ValueError(f"`compress` keeps context tokens for exact softmax attention, so it needs "
                          f"target='softmax'; got target={target!r}.")
     return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw, causal,
-                      compress)
+                      compress, differentiable)
 
 
 def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None,
-           causal=False, compress=None):
+           causal=False, compress=None, differentiable=False):
     """Decorator that turns a built-in method function into a :class:`MethodSpec` (see :func:`make_spec`)."""
 
     def wrap(function):
         return make_spec(name, function, target=target, features=features, max_features=max_features,
-                         randomized=randomized, draw=draw, causal=causal, compress=compress)
+                         randomized=randomized, draw=draw, causal=causal, compress=compress,
+                         differentiable=differentiable)
 
     return wrap

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 import torch
 
 from .._validation import as_generator, check_qkv
+from ..errors import MethodResultError
 from .registry import get
 
 __all__ = ["draw", "DrawEntry", "check_draw"]
@@ -75,6 +76,8 @@ def _check_entry(method: str, key: str, value, entry: DrawEntry, device) -> torc
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{where} must be a torch.Tensor of shape {entry.shape} {entry.layout}; got "
                         f"{type(value).__name__}.")
+    if value.is_meta:
+        raise ValueError(f"{where} must hold data (a CPU or accelerator tensor); got a tensor on the meta device.")
     if tuple(value.shape) != tuple(entry.shape):
         raise ValueError(f"{where} must have shape {tuple(entry.shape)} {entry.layout}; got {tuple(value.shape)}.")
     if entry.high is not None:
@@ -102,8 +105,9 @@ def check_draw(method: str, draw, expected: dict, *, device) -> dict:
     Raises
     ------
     TypeError, ValueError
-        ``draw`` not a mapping; a key missing or unknown; a value of the wrong type, shape or kind;
-        an index out of range. Messages name ``draw``, the key, the expected and the received.
+        ``draw`` not a mapping; a key missing or unknown; a value of the wrong type, shape or kind,
+        or on the meta device; an index out of range. Messages name ``draw``, the key, the expected
+        and the received.
 
     Examples
     --------
@@ -164,6 +168,8 @@ def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
     TypeError, ValueError
         As :func:`approxlab.approximate` for ``method``, ``q``, ``k``, ``num_features``, the
         generator and the options; a randomized method registered without ``draw=``.
+    MethodResultError
+        A registered ``draw`` function that does not return a dict of named tensors.
 
     Examples
     --------
@@ -190,4 +196,11 @@ def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
                          "only its generator can be passed.")
     accepted = inspect.signature(spec.draw).parameters
     relevant = {name: value for name, value in options.items() if name in accepted}
-    return dict(spec.draw(q, k, num_features=num_features, generator=as_generator(generator), **relevant))
+    made = spec.draw(q, k, num_features=num_features, generator=as_generator(generator), **relevant)
+    if not isinstance(made, Mapping) or not all(isinstance(key, str) and isinstance(value, torch.Tensor)
+                                                for key, value in made.items()):
+        got = (type(made).__name__ if not isinstance(made, Mapping) else
+               "{" + ", ".join(f"{key!r}: {type(value).__name__}" for key, value in made.items()) + "}")
+        raise MethodResultError(f"the draw function of method {method!r} must return a dict of named tensors "
+                                f"(str -> torch.Tensor); got {got}.")
+    return dict(made)

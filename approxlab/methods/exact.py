@@ -15,7 +15,8 @@ from ._selection import safe_softmax
 __all__ = ["exact", "EXACT"]
 
 
-@method("exact", target="softmax", features="ignored (reference)", randomized=False, causal=True)
+@method("exact", target="softmax", features="ignored (reference)", randomized=False, causal=True,
+        differentiable=True)
 def exact(q, k, v, *, num_features=None, generator=None, key_mask=None, causal=False):
     """Exact softmax attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
 

@@ -249,6 +249,7 @@ def draw_key_samples(q, k, *, num_features=None, generator=None, measure_keys="s
     randomized=True,
     draw=draw_key_samples,
     causal=True,
+    differentiable=True,
 )
 def informer(q, k, v, *, num_features, generator=None, measure_keys="sampled", sample_size=None, draw=None,
              causal=False, causal_lazy="mean"):

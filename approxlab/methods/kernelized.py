@@ -66,7 +66,8 @@ def fused_kernelized_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 __all__ = ["kernelized", "KERNELIZED"]
 
 
-@method("kernelized", target="kernelized", features="ignored (exact)", randomized=False, causal=True)
+@method("kernelized", target="kernelized", features="ignored (exact)", randomized=False, causal=True,
+        differentiable=True)
 def kernelized(q, k, v, *, num_features=None, generator=None, key_mask=None, causal=False):
     r"""Kernelized attention; ``q, k: (*batch, n, p)``, ``v: (*batch, n, p_v)``.
 

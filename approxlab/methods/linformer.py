@@ -110,6 +110,7 @@ def draw_projections(q, k, *, num_features, generator=None, share_projection=Fal
     features="projected length k of keys and values",
     randomized=True,
     draw=draw_projections,
+    differentiable=True,
 )
 def linformer(q, k, v, *, num_features, generator=None, share_projection=False, draw=None):
     r"""Linformer attention :math:`\operatorname{softmax}\bigl(Q(EK)^\top/\sqrt p\bigr)(FV)`.

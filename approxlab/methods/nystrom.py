@@ -89,7 +89,7 @@ def _landmark_layout(k, num_features, sampling) -> dict:
 
 
 @method("nystrom", target="softmax", features="sampled columns (landmarks) d", draw=draw_landmarks,
-        causal="mask-renormalise")
+        causal="mask-renormalise", differentiable=True)
 def nystrom(
     q,
     k,

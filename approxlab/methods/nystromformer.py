@@ -211,6 +211,7 @@ def landmark_kernels(q: torch.Tensor, k: torch.Tensor, num_landmarks: int, key_m
     max_features=lambda n: n,
     randomized=False,
     causal="mask-renormalise",
+    differentiable=True,
 )
 def nystromformer(
     q: torch.Tensor,

@@ -352,6 +352,7 @@ class CausalFeatureOperator(LinearOperator):
     randomized=True,
     draw=draw_projection,
     causal=True,
+    differentiable=True,
 )
 def performer(q, k, v, *, num_features, generator=None, orthogonal=True, draw=None, causal=False):
     r"""FAVOR+ attention :math:`\tilde D^{-1}\phi(Q)\bigl(\phi(K)^\top V\bigr)`, overflow-safe.

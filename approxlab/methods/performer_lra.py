@@ -37,6 +37,7 @@ PERFORMER_PYTORCH_EPSILON = 1e-4
     max_features=MAX_RANDOM_FEATURES,
     randomized=True,
     draw=draw_projection,
+    differentiable=True,
 )
 def performer_lra(q, k, v, *, num_features, generator=None, orthogonal=True, epsilon=PERFORMER_PYTORCH_EPSILON,
                   shared_key_max=True, draw=None):
@@ -141,11 +142,13 @@ def performer_lra(q, k, v, *, num_features, generator=None, orthogonal=True, eps
     half_sq_y = 0.5 * (y * y).sum(-1, keepdim=True)
     ratio = num_features ** -0.5
     # query: u - h(x) - max_l u = log phi - max_l log phi - h(x)
-    query_features = (log_q - log_q.amax(-1, keepdim=True) - half_sq_x).exp_().add_(epsilon).mul_(ratio)
+    # exp_ acts on a fresh temporary; its result (which exp's gradient needs) is then left untouched: the
+    # out-of-place add makes the tensor that mul_ scales in place
+    query_features = (log_q - log_q.amax(-1, keepdim=True) - half_sq_x).exp_().add(epsilon).mul_(ratio)
     # key: v - h(y) - max v with v = log phi + h(y) + log(r)/2, i.e. log phi - max(log phi + h(y))
     key_dims = tuple(range(-log_k.dim(), 0)) if shared_key_max else (-2, -1)
     key_max = (log_k + half_sq_y).amax(dim=key_dims, keepdim=True)
-    key_features = (log_k - key_max).exp_().add_(epsilon).mul_(ratio)
+    key_features = (log_k - key_max).exp_().add(epsilon).mul_(ratio)
     row_sums = query_features @ key_features.sum(-2).unsqueeze(-1)  # (*batch, n, 1)
     output = (query_features @ (key_features.transpose(-1, -2) @ v)) / row_sums
 

@@ -160,7 +160,7 @@ def causal_support(support) -> list[str]:
 
 
 def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
-             draw=None, causal=False, compress=None, overwrite: bool = False):
+             draw=None, causal=False, compress=None, differentiable: bool = False, overwrite: bool = False):
     r"""Register ``function`` as method ``name``; usable as a decorator.
 
     Parameters
@@ -196,7 +196,8 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         form is all the method has (a decode-time cache policy: ``causal=False`` is refused);
         ``"mask-renormalise"``
         when it has none but may be evaluated by masking and renormalising its matrix (it must
-        return an ``Approximation`` with an operator or matrix; target ``"softmax"``;
+        return an ``Approximation`` with an operator or matrix, else ``approximate`` raises
+        :class:`~approxlab.errors.MethodResultError`; target ``"softmax"``;
         :mod:`approxlab.methods.causal`); ``False`` for neither.
     compress : callable, optional
         The method's compression step in the KV-cache setting (:func:`approxlab.kv_cache_attention`):
@@ -205,6 +206,9 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         only; the continuation then attends exactly to them and causally to itself. Only with
         ``causal=True`` or ``"only"`` and target ``"softmax"``. Without it, a causal method is measured in
         that setting by its causal form on the whole window.
+    differentiable : bool, default False
+        Whether autograd through ``function``'s output gives its derivative with respect to ``q``,
+        ``k`` and ``v`` (for a fixed draw): a claim the shared gradient test checks.
     overwrite : bool, default False
         Replace an earlier registration of ``name`` (or shadow the built-in of that name); without
         it a taken name is an error.
@@ -237,7 +241,8 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
 
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
-                         randomized=randomized, draw=draw, causal=causal, compress=compress)
+                         randomized=randomized, draw=draw, causal=causal, compress=compress,
+                         differentiable=differentiable)
         with _STATE.lock:
             taken = name in available()
             if taken and not overwrite:
@@ -259,6 +264,8 @@ def unregister(name: str) -> MethodSpec:
 
     Raises
     ------
+    TypeError
+        ``name`` is not a str (e.g. a list of names).
     ValueError
         ``name`` is a built-in that is not shadowed, or not registered at all.
 
@@ -277,6 +284,9 @@ def unregister(name: str) -> MethodSpec:
     ...
     ValueError: ...
     """
+    if not isinstance(name, str):
+        raise TypeError(f"`name` must be the name of one registered method (a str); got {name!r} "
+                        f"({type(name).__name__}).")
     with _STATE.lock:
         _load_entry_points()
         if name in _STATE.registered:

@@ -418,6 +418,7 @@ def completion_nystrom(
     features="sampled columns d of the 2n x 2n completion (Eq. (5))",
     max_features=lambda n, m: n + m,
     draw=draw_completion_columns,
+    differentiable=True,
 )
 def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
               num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None,

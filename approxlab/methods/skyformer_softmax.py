@@ -22,6 +22,7 @@ __all__ = ["skyformer_softmax", "SKYFORMER_SOFTMAX"]
     max_features=lambda n, m: n + m,
     draw=draw_completion_columns,
     causal="mask-renormalise",
+    differentiable=True,
 )
 def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
                       num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None,

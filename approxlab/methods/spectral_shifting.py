@@ -393,6 +393,7 @@ def modified_spectral_shifting_core(
     max_features=lambda n: n,
     randomized=False,
     causal="mask-renormalise",
+    differentiable=True,
 )
 def spectral_shifting(
     q: torch.Tensor,

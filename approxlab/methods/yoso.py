@@ -121,6 +121,11 @@ def yoso(q, k, v, *, num_features, generator=None, tau=8, normalize_output=False
     normalised to sum to 1 (the paper replaces that by the optional :math:`\ell_2` normalisation).
     Weights are in ``[0, 1]`` and the inputs are normalised, so nothing can overflow.
 
+    The hash codes are piecewise constant in :math:`Q` and :math:`K`, so autograd reaches only
+    :math:`V`: the method is registered as not differentiable (``MethodSpec.differentiable``).
+    YOSO trains through its expectation instead, ``yoso-e`` with the lower-bound gradient of YOSO
+    Eq. (4) (:data:`approxlab.training.TRAINING_OPTIONS`).
+
     **Draw.** As in YOSO's code, ``m * tau`` i.i.d. Gaussian hyperplane normals per batch element
     (sequence and head), ``{"hyperplanes": (*batch, m, tau, p)}`` (:func:`draw_hyperplanes`).
 

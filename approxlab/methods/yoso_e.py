@@ -129,6 +129,7 @@ def collision_probability(cosine: torch.Tensor, tau: int, *, gradient: str = "tr
     max_features=lambda n: MAX_HASHES,
     randomized=False,
     causal=True,
+    differentiable=True,
 )
 def yoso_e(q, k, v, *, num_features=None, generator=None, tau=8, normalize_output=False, gradient="true",
            key_mask=None, causal=False):

@@ -8,6 +8,8 @@ conventions (batching, the return rule) are those of :mod:`approxlab.metrics`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._validation import as_generator, check_int, check_positive_float, check_square, check_tensor
@@ -163,7 +165,11 @@ def spectral_error(
         An ``Approximation`` contributes its ``.operator()``, e.g.
         ``spectral_error(approximate(...), ExactAttentionOperator(q, k))``.
     relative : bool
-        Divide by :math:`\|M\|_2` of ``exact`` (which must be nonzero).
+        Divide by :math:`\|M\|_2` of ``exact``, which must be nonzero (0/0 is undefined: a
+        ``ValueError``). A tiny norm -- subnormal entries included -- counts like any other:
+        the dense path divides in one common power of two, so the ratio is exact wherever it is
+        representable; a ratio beyond the float64 range (a reference far smaller than the
+        error) is an ``OverflowError``, never ``inf``.
     tol, max_iter, generator
         For the operator path, as in :func:`spectral_norm`.
 
@@ -231,7 +237,16 @@ def spectral_error(
                 f"`exact` has spectral norm 0 in {int((scale == 0).sum())} batch element(s): the "
                 "relative error is undefined; use relative=False."
             )
-        error = error / scale
+        ratio = error / scale
+        beyond = ~torch.isfinite(ratio)
+        if bool(beyond.any()):
+            size = max(math.log10(e) - math.log10(c) for e, c in zip(error[beyond].tolist(), scale[beyond].tolist()))
+            raise OverflowError(
+                f"the relative error ||approx - exact||_2 / ||exact||_2 is about 1e+{size:.0f}, beyond the largest "
+                f"float64 ({torch.finfo(torch.float64).max:.3e}): the spectral norm of `exact` is too small against "
+                "the error (e.g. a subnormal reference); use relative=False."
+            )
+        error = ratio
     return as_result(error)
 
 

@@ -68,32 +68,44 @@ class LinearOperator:
         return tuple(self.shape[:-2])
 
     def matmat(self, x: torch.Tensor) -> torch.Tensor:
-        """``self @ x`` for ``x: (*batch, m, k)``; returns ``(*batch, n, k)``."""
-        self._check_block(x, "x")
-        if x.shape[-2] != self.shape[-1]:
-            raise ValueError(
-                f"`x` must have shape (*batch, {self.shape[-1]}, k) to multiply an operator of shape "
-                f"{tuple(self.shape)}; got {tuple(x.shape)}."
-            )
-        return self._matmat(x)
+        """``self @ x`` for ``x: (*batch, m, k)``; returns ``(*batch, n, k)``.
+
+        The batch dimensions of ``x`` and the operator broadcast; a block that does not fit
+        (rows, batch, dtype, device) is a ``ValueError`` naming both shapes, and so is a result of
+        another shape than ``(*batch, n, k)`` from a subclass's ``_matmat``.
+        """
+        batch = self._check_block(x, "x", self.shape[-1], "to multiply")
+        return self._checked_product(self._matmat(x), (*batch, self.shape[-2], x.shape[-1]), x, "_matmat")
 
     def rmatmat(self, y: torch.Tensor) -> torch.Tensor:
-        """``self^T @ y`` for ``y: (*batch, n, k)``; returns ``(*batch, m, k)``."""
-        self._check_block(y, "y")
-        if y.shape[-2] != self.shape[-2]:
-            raise ValueError(
-                f"`y` must have shape (*batch, {self.shape[-2]}, k) for the adjoint of an operator of "
-                f"shape {tuple(self.shape)}; got {tuple(y.shape)}."
-            )
-        return self._rmatmat(y)
+        """``self^T @ y`` for ``y: (*batch, n, k)``; returns ``(*batch, m, k)`` (checked as :meth:`matmat`)."""
+        batch = self._check_block(y, "y", self.shape[-2], "for the adjoint of")
+        return self._checked_product(self._rmatmat(y), (*batch, self.shape[-1], y.shape[-1]), y, "_rmatmat")
 
-    def _check_block(self, x, name: str) -> None:
+    def _check_block(self, x, name: str, rows: int, action: str) -> tuple:
+        """The batch shape of ``self`` times block ``x``, after checking that ``x`` fits."""
         check_tensor(x, name)
         if x.dtype != self.dtype or x.device != self.device:
             raise ValueError(
                 f"`{name}` must have the operator's dtype and device ({self.dtype}/{self.device}); "
                 f"got {x.dtype}/{x.device}. Use .to(dtype) on the operator or the block."
             )
+        batch = _broadcast(self.batch_shape, tuple(x.shape[:-2]))
+        if x.shape[-2] != rows or batch is None:
+            raise ValueError(
+                f"`{name}` must have shape (*batch, {rows}, k), its batch broadcasting with the operator's "
+                f"{self.batch_shape}, {action} an operator of shape {tuple(self.shape)}; got {tuple(x.shape)}."
+            )
+        return batch
+
+    def _checked_product(self, result, expected: tuple, block: torch.Tensor, method: str) -> torch.Tensor:
+        if not isinstance(result, torch.Tensor) or tuple(result.shape) != expected:
+            got = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
+            raise ValueError(
+                f"{type(self).__name__}.{method} must return a tensor of shape {expected} for an operator of shape "
+                f"{tuple(self.shape)} and a block of shape {tuple(block.shape)}; got {got}."
+            )
+        return result
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """``self @ x`` for ``x: (*batch, m)``."""
@@ -222,7 +234,10 @@ class ProductOperator(LinearOperator):
                     f"`factors` have incompatible shapes {tuple(left.shape)} and {tuple(right.shape)}."
                 )
         first, last = self.factors[0], self.factors[-1]
-        batch = torch.broadcast_shapes(*(tuple(f.shape[:-2]) for f in self.factors))
+        batch = _broadcast(*(tuple(f.shape[:-2]) for f in self.factors))
+        if batch is None:
+            raise ValueError("`factors` must have batch dimensions that broadcast (*batch, n, m); got shapes "
+                             f"{[tuple(f.shape) for f in self.factors]}.")
         self.shape = (*batch, first.shape[-2], last.shape[-1])
         self.dtype = first.dtype
         self.device = first.device
@@ -260,7 +275,10 @@ class SumOperator(LinearOperator):
         shapes = {tuple(a.shape[-2:]) for a in self.operators}
         if len(shapes) != 1:
             raise ValueError(f"`operators` must share their matrix shape; got {sorted(shapes)}.")
-        batch = torch.broadcast_shapes(*(tuple(a.shape[:-2]) for a in self.operators))
+        batch = _broadcast(*(tuple(a.shape[:-2]) for a in self.operators))
+        if batch is None:
+            raise ValueError("`operators` must have batch dimensions that broadcast (*batch, n, m); got shapes "
+                             f"{[tuple(a.shape) for a in self.operators]}.")
         self.shape = (*batch, *shapes.pop())
         self.dtype = self.operators[0].dtype
         self.device = self.operators[0].device
@@ -317,6 +335,14 @@ class _CastOperator(LinearOperator):
 
     def _rmatmat(self, y):
         return self.op.rmatmat(y.to(self.op.dtype)).to(self.dtype)
+
+
+def _broadcast(*shapes) -> tuple | None:
+    """The broadcast of batch shapes, or None where they do not broadcast."""
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        return None
 
 
 def aslinearoperator(x) -> LinearOperator:
