@@ -90,7 +90,9 @@ def test_spectral_shifting_gradient_finite_at_repeated_rows_default_cutoff(pinv_
 
 def test_svd_backward_is_not_finite_there():
     """Why the custom backward exists: through ``torch.linalg.svd`` the same core gives NaN."""
-    core = torch.ones(3, 3, dtype=torch.float64, requires_grad=True)  # sigma = (3, 0, 0)
+    # sigma = (3, 0, 0) exactly: a rank-1 core whose repeated zero singular values no LAPACK rounds apart
+    # (torch.ones(3, 3) has sigma (3, ~1e-17, ~1e-48) on some LAPACK builds, and a finite SVD backward)
+    core = torch.diag(torch.tensor([3.0, 0.0, 0.0], dtype=torch.float64)).requires_grad_(True)
     u, s, vh = torch.linalg.svd(core)
     inverse = vh.transpose(-1, -2)[:, :1] @ u[:, :1].T / s[0]
     (grad,) = torch.autograd.grad(inverse.sum(), core)
