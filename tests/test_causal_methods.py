@@ -22,7 +22,7 @@ from approxlab.methods import available, causal_support, get, register
 from approxlab.methods.performer import CAUSAL_CHUNK, positive_random_features
 from approxlab.methods.yoso_e import collision_probability
 
-OWN = ["exact", "kernelized", "yoso-e", "performer", "informer"]
+OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "hyperattention"]
 VARIANT = ["skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting"]
 
 

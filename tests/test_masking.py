@@ -169,7 +169,9 @@ def _repadded(x, mask, seed):
 
 _OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}],
             "skyformer-softmax": [{"core": "pinv"}, {"core": "schulz"}],
-            "nystromformer": [{}, {"pinv": "exact"}]}
+            "nystromformer": [{}, {"pinv": "exact"}],
+            "hyperattention": [{"block_size": 4}, {"block_size": 4, "variant": "code"}, {"block_size": 3, "clip": None}],
+            "kdeformer": [{}, {"sampling": "augmented", "order": "code"}]}
 _CASES = [(name, options) for name in MASKED for options in _OPTIONS.get(name, [{}])]
 
 

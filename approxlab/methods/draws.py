@@ -133,7 +133,7 @@ def check_draw(method: str, draw, expected: dict, *, device) -> dict:
 
 
 def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
-         generator: torch.Generator | None = None, **options) -> dict:
+         generator: torch.Generator | None = None, causal=False, **options) -> dict:
     r"""The random draw ``approximate(method, q, k, v, ..., generator=generator)`` would make.
 
     Parameters
@@ -147,6 +147,9 @@ def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
         The method's budget, ``1 <= num_features <= max_features``.
     generator : torch.Generator, optional
         A CPU generator; the draw consumes it exactly as the method would.
+    causal : bool, default False
+        The draw of ``approximate(..., causal=True)``, for a method whose causal form draws differently
+        (HyperAttention: one set of samples per block of its causal recursion); ignored by the others.
     **options
         The method's options (those that shape the draw, e.g. ``tau``, ``sampling``,
         ``measure_keys``, ``share_projection``, ``orthogonal``, are used; the method's other
@@ -190,4 +193,6 @@ def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
                          "only its generator can be passed.")
     accepted = inspect.signature(spec.draw).parameters
     relevant = {name: value for name, value in options.items() if name in accepted}
+    if causal is not False and "causal" in accepted:
+        relevant["causal"] = causal
     return dict(spec.draw(q, k, num_features=num_features, generator=as_generator(generator), **relevant))

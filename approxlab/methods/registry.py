@@ -57,6 +57,9 @@ BUILTINS = {
     "performer-lra": "performer_lra:PERFORMER_LRA",
     "informer": "informer:INFORMER",
     "linformer": "linformer:LINFORMER",
+    "hyperattention": "hyperattention:HYPERATTENTION",
+    "kdeformer": "kdeformer:KDEFORMER",
+    "polynomial": "polynomial:POLYNOMIAL",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 

@@ -4,6 +4,8 @@
   ``(*batch, n, m)``), its dense, diagonal, product, sum and adjoint forms and
   :func:`aslinearoperator`; composition (``A @ B``, ``A - B``, ``c * A``, ``A.T``) builds lazy
   operators, so the error of an approximation is itself an operator.
+- :mod:`approxlab.operators.sparse`: :class:`RowSparseOperator`, a few entries per row given row by
+  row (the sampled and hashed methods' matrices).
 - :mod:`approxlab.operators.exact`: :func:`softmax_attention` and
   :class:`ExactAttentionOperator` through torch's fused attention kernel (or in row blocks), and
   :func:`check_causal`.
@@ -19,6 +21,7 @@ from .linear import (
     SumOperator,
     aslinearoperator,
 )
+from .sparse import RowSparseOperator
 
 __all__ = [
     "LinearOperator",
@@ -28,6 +31,7 @@ __all__ = [
     "SumOperator",
     "AdjointOperator",
     "aslinearoperator",
+    "RowSparseOperator",
     "ExactAttentionOperator",
     "softmax_attention",
     "check_causal",
