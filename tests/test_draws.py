@@ -18,7 +18,10 @@ RANDOMIZED = [name for name in BUILTINS if get(name).randomized]
 """Every randomized built-in (``MethodSpec.randomized``)."""
 
 OPTIONS = {  # the options that change what a method draws
-    "nystrom": [{}, {"sampling": "ridge-leverage"}],
+    "nystrom": [{}, {"sampling": "ridge-leverage"}, {"sampling": "rpcholesky"}],
+    "skyformer": [{}, {"sampling": "rpcholesky"}],
+    "skyformer-softmax": [{}, {"sampling": "rpcholesky"}],
+    "hyperattention": [{"block_size": 8}, {"block_size": 8, "variant": "code"}],
     "yoso": [{}, {"tau": 3}],
     "performer": [{}, {"orthogonal": False}],
     "performer-lra": [{}, {"orthogonal": False}],
