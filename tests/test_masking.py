@@ -167,8 +167,8 @@ def _repadded(x, mask, seed):
     return other
 
 
-_OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}],
-            "skyformer-softmax": [{"core": "pinv"}, {"core": "schulz"}],
+_OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}, {"sampling": "rpcholesky"}],
+            "skyformer-softmax": [{"core": "pinv"}, {"core": "schulz"}, {"sampling": "rpcholesky"}],
             "nystromformer": [{}, {"pinv": "exact"}],
             "hyperattention": [{"block_size": 4}, {"block_size": 4, "variant": "code"}, {"block_size": 3, "clip": None}],
             "kdeformer": [{}, {"sampling": "augmented", "order": "code"}]}

@@ -19,7 +19,7 @@ import torch
 from .._validation import check_int
 from ..operators import DiagonalOperator, ProductOperator
 from ._base import Approximation, method
-from ._masking import check_key_mask
+from ._masking import check_key_mask, query_mask
 
 __all__ = ["polynomial", "POLYNOMIAL", "num_polynomial_features", "chebyshev_exp_coefficients",
            "tensor_features", "MAX_FEATURES", "MAX_FEATURE_ENTRIES"]
@@ -163,8 +163,8 @@ def polynomial(q, k, v, *, num_features, generator=None, degree=None, key_mask=N
     degree : int, optional
         :math:`g` itself (its :math:`\binom{p+g}{g}` features must fit in ``num_features``).
     key_mask : torch.Tensor, optional
-        ``(*batch, m_k)`` bool, True on keys to attend: masked keys' features are 0 and they do not
-        widen the interval.
+        ``(*batch, m_k)`` bool, True on keys to attend: masked keys' features are 0, and neither they nor
+        (in self-attention) the padded queries widen the interval.
 
     Returns
     -------
@@ -247,7 +247,9 @@ def polynomial(q, k, v, *, num_features, generator=None, degree=None, key_mask=N
                          f"got num_features={num_features}.")
     key_mask = check_key_mask(key_mask, k)
     keys = k if key_mask is None else k * key_mask.unsqueeze(-1).to(k.dtype)
-    q_norm = torch.linalg.vector_norm(q, dim=-1).amax(-1)
+    real_queries = query_mask(key_mask, q, k)  # padded queries widen no interval
+    q_norm = torch.linalg.vector_norm(q if real_queries is None else q * real_queries.unsqueeze(-1).to(q.dtype),
+                                      dim=-1).amax(-1)
     k_norm = torch.linalg.vector_norm(keys, dim=-1).amax(-1)
     radius = (q_norm * k_norm / math.sqrt(p)).to(torch.float64)
     radius = torch.where(radius > 0, radius, 1.0)  # all logits 0: any interval holds them
