@@ -17,6 +17,9 @@ performer            positive orthogonal random features ``r``
 performer-lra        the same, fed as the Skyformer authors' code feeds them
 informer             selected "active" queries ``u``
 linformer            projected length ``k`` of keys and values
+hyperattention       sampled columns ``m`` (``block_size``, ``bits``: sortLSH's blocks)
+kdeformer            sampled columns ``m`` (``block_size``, ``bits``: sortLSH's blocks)
+polynomial           polynomial features ``C(p + g, g)`` (the degree ``g`` that fits)
 ===================  ==========================================================
 
 Public API::
@@ -34,7 +37,7 @@ Public API::
 
 Causal (decoder) attention, ``approximate(..., causal=...)`` (:mod:`approxlab.methods.causal`):
 ``causal=True`` runs a method's own causal form (exact, kernelized, yoso-e: masked dense; performer:
-prefix-sum FAVOR+; informer: causal ProbSparse); ``causal="mask-renormalise"`` evaluates
+prefix-sum FAVOR+; informer: causal ProbSparse; hyperattention: its causal recursion); ``causal="mask-renormalise"`` evaluates
 skyformer-softmax, nystromformer, nystrom and spectral-shifting by masking and renormalising their
 bidirectional matrix (an evaluation variant: their landmarks have seen future tokens); every other
 method refuses ``causal``.

@@ -12,13 +12,20 @@ method                 its draw (shapes; index draws are ``int64``, Gaussian one
 skyformer(-softmax)    ``columns`` ``(*batch, d)``: distinct rows of the completion ``[Q; K]``, in ``[0, n + m)``;
                        with ``key_mask=`` only real rows (the same mask must go to ``approximate``)
 nystrom                ``columns`` ``(*batch, d)``: distinct tokens in ``[0, n)``; with
-                       ``sampling="ridge-leverage"`` also ``pilot_columns`` ``(*batch, d)``
+                       ``sampling="ridge-leverage"`` also ``pilot_columns`` ``(*batch, d)``; with
+                       ``sampling="rpcholesky"`` only ``pivot_uniforms`` ``(*batch, d)`` in [0, 1), the
+                       uniforms of RPCholesky's pivot choices (also for skyformer(-softmax))
 yoso                   ``hyperplanes`` ``(*batch, m, tau, p)``, i.i.d. N(0, 1)
 performer(-lra)        ``projection`` ``(*batch, r, p)``, rows N(0, I_p) (orthogonal blocks by default)
 informer               ``key_indices`` ``(*batch, n, s)``: sampled keys per query, with replacement, in
                        ``[0, m)``; nothing with ``measure_keys="all"``
 linformer              ``projection_keys`` (E) and ``projection_values`` (F) ``(*batch, k, m)``, i.i.d.
                        N(0, 1/k); only E with ``share_projection=True``
+hyperattention         ``hyperplanes`` ``(*batch, bits, p)`` N(0, 1); per unmasked block uniforms in [0, 1)
+                       ``(*batch, blocks, m)``: ``row_uniforms``, ``column_uniforms``, ``value_uniforms``
+                       (``variant="paper"``) or ``column_uniforms`` (``"code"``); ``blocks`` is 1, or the
+                       causal recursion's count with ``draw(..., causal=True)``
+kdeformer              ``hyperplanes`` ``(*batch, bits, p)`` N(0, 1), ``column_uniforms`` ``(*batch, m)``
 =====================  =============================================================================
 
 Deterministic methods draw nothing: their draw is ``{}``. Each method's docstring says what its
