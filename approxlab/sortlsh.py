@@ -186,6 +186,17 @@ class HeavyBlocks:
         ``(*batch, n)``, ``(*batch, m)``: the sorting permutations (:func:`sorted_order`), real rows first.
     num_real_keys, num_real_queries : torch.Tensor
         ``(*batch,)`` int64: the real keys and queries (all of them without masks).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.sortlsh import heavy_keys
+    >>> q = k = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [1.0, 0.1], [-1.0, 0.1]], dtype=torch.float64)
+    >>> blocks = heavy_keys(q, k, block_size=2, hyperplanes=torch.tensor([[1.0, 0.0]], dtype=torch.float64))
+    >>> blocks.key_order.tolist(), blocks.key_block.tolist()   # bucket 0 (x < 0) first, then bucket 1
+    ([1, 3, 0, 2], [1, 0, 1, 0])
+    >>> blocks.keys[0].tolist()                                 # query 0 shares its block with keys 0 and 2
+    [0, 2]
     """
 
     keys: torch.Tensor

@@ -141,7 +141,7 @@ def causal_support(support) -> list[str]:
     --------
     >>> from approxlab.methods import causal_support
     >>> causal_support(True)
-    ['exact', 'kernelized', 'yoso-e', 'performer', 'informer']
+    ['exact', 'kernelized', 'yoso-e', 'performer', 'informer', 'hyperattention']
     """
     return [name for name in available() if get(name).causal is support or
             (isinstance(support, str) and get(name).causal == support)]
