@@ -117,27 +117,14 @@ def _completion_draw_layout(q, k, num_features, sampling="uniform") -> dict:
 def rpcholesky_completion_columns(q, k, uniforms, *, normalized, key_mask=None):
     r"""``d`` rows of :math:`X = [Q; K]` chosen by RPCholesky on the PSD kernel Skyformer samples.
 
-    Parameters
-    ----------
-    q, k : torch.Tensor
-        ``(*batch, n, p)``, ``(*batch, m, p)``.
-    uniforms : torch.Tensor
-        ``(*batch, d)`` in ``[0, 1)``, the uniforms of the pivot choices (the draw).
-    normalized : bool
-        ``False`` (``skyformer``): the Gaussian completion :math:`\bar C = \kappa(X', X')` (Eq. (4)),
-        diagonal 1. ``True`` (``skyformer-softmax``): the completion of the scores,
-        :math:`\bar A = \bar D^{1/2}\bar C\bar D^{1/2}` (Lemma 1), whose Nyström approximation that
-        method forms; it is evaluated as :math:`e^{-2\max_i\ell_i}\bar A` (a constant factor changes no
-        pivot probability), entries :math:`w_i\bar C_{ij}w_j` with :math:`w_i = e^{\ell_i - \max\ell}
-        \le 1`, :math:`\ell_i = \|x_i\|^2/(2\sqrt p)`, so nothing overflows.
-    key_mask : torch.Tensor, optional
-        ``(*batch, m)`` bool: only real rows can be pivots (their diagonal is set to 0 otherwise).
-
-    Returns
-    -------
-    torch.Tensor
-        ``(*batch, d)`` int64 pivots in ``range(n + m)`` (:func:`approxlab.sketch.rpcholesky_columns`:
-        Algorithm 1 of Chen, Epperly, Tropp and Webber, :math:`(n + m)d` kernel entries).
+    Algorithm 1 of Chen, Epperly, Tropp and Webber (2024) (:func:`approxlab.sketch.rpcholesky_columns`,
+    :math:`(n + m)d` kernel entries) from ``uniforms`` ``(*batch, d)`` in ``[0, 1)``, on the Gaussian
+    completion :math:`\bar C = \kappa(X', X')` (Eq. (4), diagonal 1; ``normalized=False``, ``skyformer``)
+    or on the score completion :math:`\bar A = \bar D^{1/2}\bar C\bar D^{1/2}` (Lemma 1;
+    ``normalized=True``, ``skyformer-softmax``), evaluated as :math:`e^{-2\max\ell}\bar A`, entries
+    :math:`w_i\bar C_{ij}w_j`, :math:`w_i = e^{\ell_i - \max\ell} \le 1`, :math:`\ell_i = \|x_i\|^2/(2\sqrt p)`
+    (a constant factor changes no pivot probability, and nothing overflows). With ``key_mask`` only real
+    rows can be pivots. Returns ``(*batch, d)`` int64 pivots in ``range(n + m)``.
 
     Examples
     --------
