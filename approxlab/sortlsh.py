@@ -5,14 +5,14 @@ random-hyperplane hashing of :mod:`approxlab.lsh`.
 
 **The hash.** ``r`` random hyperplanes :math:`w_0, \dots, w_{r-1} \sim \mathcal N(0, I_p)` put a vector
 in one of :math:`2^r` buckets, :math:`b(x) = \sum_t 2^t\,\mathbb 1[\langle w_t, x\rangle > 0]` (SimHash,
-Charikar 2002), and two vectors at angle :math:`\theta` share a bucket with probability
+Charikar 2002 [3]_), and two vectors at angle :math:`\theta` share a bucket with probability
 :math:`(1 - \theta/\pi)^r`.
 
-**The order.** HyperAttention's Definition 1 (a *Hamming sorted LSH*) orders the buckets so that adjacent
+**The order.** HyperAttention's Definition 1 [1]_ (a *Hamming sorted LSH*) orders the buckets so that adjacent
 buckets differ in one bit, so that near vectors land in the same or in adjacent buckets: the reflected
 Gray code order :math:`g(0), g(1), \dots, g(2^r - 1)`, :math:`g(t) = t \oplus \lfloor t/2\rfloor`. The
 position of bucket :math:`b` in it is the inverse Gray code :math:`g^{-1}(b)` (``order="gray"``).
-KDEformer (Section 4, Figure 6) sorts by the same "Hamming distance ordering".
+KDEformer [2]_ (Section 4, Figure 6) sorts by the same "Hamming distance ordering".
 
 Both published implementations (insuhan/hyper-attn ``angular_lsh.py``, majid-daliri/kdeformer
 ``KDEformer.py``) build the array ``perm`` :math:`= [g(0), \dots, g(2^r - 1)]` and sort by
