@@ -25,7 +25,7 @@ from .methods import registry
 from .methods._base import MASK_RENORMALISE, Approximation
 from .methods._masking import check_key_mask
 from .methods._selection import attend_compressed, attend_selected, compressed_indices
-from .operators import ProductOperator, SparseRowsOperator
+from .operators import ProductOperator, RowSparseOperator
 
 __all__ = ["kv_cache_attention"]
 
@@ -170,7 +170,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     def build():
         _, indices, weights = attend_selected(continuation, k, v, selection, width=width, record=True)
-        return SparseRowsOperator(indices, weights, n)
+        return RowSparseOperator(indices, weights, n)
 
     info = {"context_length": context_length, "setting": "compressed", "kept": kept}
     return Approximation(method, "softmax", output, build, info)
@@ -209,7 +209,7 @@ def _through_causal_form(spec, q, k, v, context_length, num_features, generator,
     def build():  # the continuation rows of the whole window's operator
         rows = torch.arange(context_length, n, device=q.device)
         batch = result.operator().shape[:-2]
-        select = SparseRowsOperator(rows.expand(*batch, n - context_length).unsqueeze(-1),
+        select = RowSparseOperator(rows.expand(*batch, n - context_length).unsqueeze(-1),
                                     torch.ones(*batch, n - context_length, 1, dtype=q.dtype, device=q.device), n)
         return ProductOperator(select, result.operator())
 

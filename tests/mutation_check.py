@@ -228,6 +228,35 @@ MUTATIONS = [
         ["tests/test_assumptions.py::test_sink_mass"],
     ),
     (
+        "HyperAttention Algorithm 3 / Lemma 2: S samples columns with p_j = ||v_j||^2 / ||V||_F^2 (squares dropped)",
+        "approxlab/methods/hyperattention.py",
+        "weights = value_weights(v, self.key_mask, 2.0)",
+        "weights = value_weights(v, self.key_mask, 1.0)",
+        ["tests/test_hyperattention.py::test_algorithm_3_sampled_product_is_unbiased_with_its_variance"],
+    ),
+    (
+        "HyperAttention Algorithm 2: residual samples exclude the query's own block (no double counting)",
+        "approxlab/methods/hyperattention.py",
+        'residual = logits_at(q, k, sampled).masked_fill_(in_block, float("-inf"))',
+        'residual = logits_at(q, k, sampled).masked_fill_(in_block & False, float("-inf"))',
+        ["tests/test_hyperattention.py::test_algorithm_2_row_sums_are_unbiased_without_clipping_and_clipping_only_"
+         "lowers_them"],
+    ),
+    (
+        "Alman-Song polynomial method: multinomial weights sqrt(g! / prod alpha!) of the tensor features (sqrt dropped)",
+        "approxlab/methods/polynomial.py",
+        "weights = [math.sqrt(math.factorial(degree)",
+        "weights = [(math.factorial(degree)",
+        ["tests/test_polynomial.py::test_chebyshev_interpolation_error_bound_holds_for_every_entry"],
+    ),
+    (
+        "RPCholesky (Chen, Epperly, Tropp, Webber) trace bound: pivots drawn by the residual diagonal (-> uniform)",
+        "approxlab/sketch.py",
+        "pivot = inverse_cdf(residual, uniforms[..., i : i + 1])",
+        "pivot = inverse_cdf(torch.ones_like(residual), uniforms[..., i : i + 1])",
+        ["tests/test_rpcholesky.py::test_theorem_trace_error_bound"],
+    ),
+    (
         "Stable rank ||P||_F^2 / ||P||_2^2 of the causal D^-1 A (squares dropped)",
         "approxlab/assumptions.py",
         'row["stable_rank"] = frobenius**2 / row["spectral_norm"] ** 2',

@@ -23,7 +23,7 @@ from approxlab.methods.performer import CAUSAL_CHUNK, positive_random_features
 from approxlab.methods.yoso_e import collision_probability
 
 OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "streaming-llm", "h2o", "snapkv",
-       "quest"]
+       "quest", "hyperattention"]
 ONLY = ["streaming-llm", "h2o", "snapkv"]
 VARIANT = ["skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting"]
 

@@ -18,7 +18,10 @@ RANDOMIZED = [name for name in BUILTINS if get(name).randomized]
 """Every randomized built-in (``MethodSpec.randomized``)."""
 
 OPTIONS = {  # the options that change what a method draws
-    "nystrom": [{}, {"sampling": "ridge-leverage"}],
+    "nystrom": [{}, {"sampling": "ridge-leverage"}, {"sampling": "rpcholesky"}],
+    "skyformer": [{}, {"sampling": "rpcholesky"}],
+    "skyformer-softmax": [{}, {"sampling": "rpcholesky"}],
+    "hyperattention": [{"block_size": 8}, {"block_size": 8, "variant": "code"}],
     "yoso": [{}, {"tau": 3}],
     "performer": [{}, {"orthogonal": False}],
     "performer-lra": [{}, {"orthogonal": False}],
@@ -30,7 +33,7 @@ CASES = [(name, options) for name in RANDOMIZED for options in OPTIONS.get(name,
 
 def test_every_randomized_builtin_exposes_its_draw():
     assert set(RANDOMIZED) == {"skyformer", "skyformer-softmax", "nystrom", "yoso", "performer", "performer-lra",
-                               "informer", "linformer"}
+                               "informer", "linformer", "hyperattention", "kdeformer"}
     assert all(get(name).draw is not None for name in RANDOMIZED)
     assert all(draw(name, *synthetic_qkv((1,), 8, 4, generator=gen(0))[:2], num_features=2) == {}
                for name in available() if not get(name).randomized)

@@ -167,8 +167,10 @@ def _repadded(x, mask, seed):
     return other
 
 
-_OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}],
-            "skyformer-softmax": [{"core": "pinv"}, {"core": "schulz"}],
+_OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}, {"sampling": "rpcholesky"}],
+            "skyformer-softmax": [{"core": "pinv"}, {"core": "schulz"}, {"sampling": "rpcholesky"}],
+            "hyperattention": [{"block_size": 4}, {"block_size": 4, "variant": "code"}, {"block_size": 3, "clip": None}],
+            "kdeformer": [{}, {"sampling": "augmented", "order": "code"}],
             "nystromformer": [{}, {"pinv": "exact"}],
             "exact": [{}, {"causal": True}], "topk": [{}, {"causal": True}], "topp": [{}, {"causal": True}],
             "quest": [{"page_size": 3}, {"page_size": 3, "causal": True}],

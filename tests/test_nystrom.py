@@ -165,7 +165,7 @@ def test_nystrom_float32_large_logits_finite():
 
 def test_validation_messages():
     q, k, v = synthetic_qkv((2,), 16, 4, generator=_gen(0))
-    with pytest.raises(ValueError, match=r"`sampling` must be one of \['ridge-leverage', 'uniform'\]; got 'leverage'"):
+    with pytest.raises(ValueError, match=r"`sampling` must be one of \['ridge-leverage', 'rpcholesky', 'uniform'\]; got 'leverage'"):
         approxlab.approximate("nystrom", q, k, v, num_features=4, sampling="leverage")
     with pytest.raises(ValueError, match=r"`columns` must hold indices in \[0, 16\); got values in \[0, 16\]"):
         approxlab.approximate("nystrom", q, k, v, num_features=2, columns=torch.tensor([0, 16]))

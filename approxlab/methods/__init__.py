@@ -23,6 +23,9 @@ streaming-llm        cache size: ``sinks`` attention sinks plus the recent windo
 h2o                  cache size: heavy hitters plus ``recent_size`` recent tokens
 snapkv               kept prompt tokens per head (observation window included)
 quest                token budget per query: ``ceil(budget / page_size)`` pages
+hyperattention       sampled columns ``m`` (``block_size``, ``bits``: sortLSH's blocks)
+kdeformer            sampled columns ``m`` (``block_size``, ``bits``: sortLSH's blocks)
+polynomial           polynomial features ``C(p + g, g)`` (the degree ``g`` that fits)
 ===================  ==========================================================
 
 Public API::
@@ -40,7 +43,7 @@ Public API::
 
 Causal (decoder) attention, ``approximate(..., causal=...)`` (:mod:`approxlab.methods.causal`):
 ``causal=True`` runs a method's own causal form (exact, kernelized, yoso-e: masked dense; performer:
-prefix-sum FAVOR+; informer: causal ProbSparse; topk, topp, quest: per-query selection among keys
+prefix-sum FAVOR+; informer: causal ProbSparse; hyperattention: its causal recursion; topk, topp, quest: per-query selection among keys
 ``j <= i``; streaming-llm, h2o, snapkv: what the cache policy keeps when query ``i`` is decoded, and
 nothing else: they are causal-only, ``causal="only"``); ``causal="mask-renormalise"`` evaluates
 skyformer-softmax, nystromformer, nystrom and spectral-shifting by masking and renormalising their

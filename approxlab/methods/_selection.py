@@ -12,7 +12,7 @@ in the log domain. A row whose set is empty (a padded query before the first rea
 everywhere and output 0 instead of 0/0. The selection is given as ``indices`` ``(*batch, n, s)`` with a
 ``valid`` mask of the same shape; outputs are computed in row blocks (:func:`attend_selected`), so memory
 is :math:`O(\text{block}\cdot s\cdot p)`; the sparse matrix :math:`\tilde S` is a
-:class:`~approxlab.operators.SparseRowsOperator`.
+:class:`~approxlab.operators.RowSparseOperator`.
 
 Helpers for the oracles, which need every logit: :func:`logit_blocks` yields the ``(*batch, block, m)``
 logits of consecutive row blocks (causal and key masks applied as :math:`-\infty`), memory
@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..kernels import causal_mask
-from ..operators.sparse import SparseRowsOperator
+from ..operators.sparse import RowSparseOperator
 from ._base import Approximation
 
 __all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "real_ranks",
@@ -221,11 +221,11 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
 
 def sparse_approximation(name: str, output: torch.Tensor, m: int, record: Callable[[], tuple], info: dict):
     """An :class:`Approximation` whose operator, built on first use by ``record() -> (indices, weights)``, is a
-    :class:`~approxlab.operators.SparseRowsOperator` with ``m`` columns."""
+    :class:`~approxlab.operators.RowSparseOperator` with ``m`` columns."""
 
     def build():
         indices, weights = record()
-        return SparseRowsOperator(indices, weights, m)
+        return RowSparseOperator(indices, weights, m)
 
     return Approximation(name, "softmax", output, build, info)
 

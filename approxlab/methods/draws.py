@@ -12,13 +12,20 @@ method                 its draw (shapes; index draws are ``int64``, Gaussian one
 skyformer(-softmax)    ``columns`` ``(*batch, d)``: distinct rows of the completion ``[Q; K]``, in ``[0, n + m)``;
                        with ``key_mask=`` only real rows (the same mask must go to ``approximate``)
 nystrom                ``columns`` ``(*batch, d)``: distinct tokens in ``[0, n)``; with
-                       ``sampling="ridge-leverage"`` also ``pilot_columns`` ``(*batch, d)``
+                       ``sampling="ridge-leverage"`` also ``pilot_columns`` ``(*batch, d)``; with
+                       ``sampling="rpcholesky"`` only ``pivot_uniforms`` ``(*batch, d)`` in [0, 1), the
+                       uniforms of RPCholesky's pivot choices (also for skyformer(-softmax))
 yoso                   ``hyperplanes`` ``(*batch, m, tau, p)``, i.i.d. N(0, 1)
 performer(-lra)        ``projection`` ``(*batch, r, p)``, rows N(0, I_p) (orthogonal blocks by default)
 informer               ``key_indices`` ``(*batch, n, s)``: sampled keys per query, with replacement, in
                        ``[0, m)``; nothing with ``measure_keys="all"``
 linformer              ``projection_keys`` (E) and ``projection_values`` (F) ``(*batch, k, m)``, i.i.d.
                        N(0, 1/k); only E with ``share_projection=True``
+hyperattention         ``hyperplanes`` ``(*batch, bits, p)`` N(0, 1); per unmasked block uniforms in [0, 1)
+                       ``(*batch, blocks, m)``: ``row_uniforms``, ``column_uniforms``, ``value_uniforms``
+                       (``variant="paper"``) or ``column_uniforms`` (``"code"``); ``blocks`` is 1, or the
+                       causal recursion's count with ``draw(..., causal=True)``
+kdeformer              ``hyperplanes`` ``(*batch, bits, p)`` N(0, 1), ``column_uniforms`` ``(*batch, m)``
 =====================  =============================================================================
 
 Deterministic methods draw nothing: their draw is ``{}``. Each method's docstring says what its
@@ -137,7 +144,7 @@ def check_draw(method: str, draw, expected: dict, *, device) -> dict:
 
 
 def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
-         generator: torch.Generator | None = None, **options) -> dict:
+         generator: torch.Generator | None = None, causal=False, **options) -> dict:
     r"""The random draw ``approximate(method, q, k, v, ..., generator=generator)`` would make.
 
     Parameters
@@ -151,6 +158,9 @@ def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
         The method's budget, ``1 <= num_features <= max_features``.
     generator : torch.Generator, optional
         A CPU generator; the draw consumes it exactly as the method would.
+    causal : bool, default False
+        The draw of ``approximate(..., causal=True)``, for a method whose causal form draws differently
+        (HyperAttention: one set of samples per block of its causal recursion); ignored by the others.
     **options
         The method's options (those that shape the draw, e.g. ``tau``, ``sampling``,
         ``measure_keys``, ``share_projection``, ``orthogonal``, are used; the method's other
@@ -196,6 +206,8 @@ def draw(method: str, q: torch.Tensor, k: torch.Tensor, *, num_features: int,
                          "only its generator can be passed.")
     accepted = inspect.signature(spec.draw).parameters
     relevant = {name: value for name, value in options.items() if name in accepted}
+    if causal is not False and "causal" in accepted:
+        relevant["causal"] = causal
     made = spec.draw(q, k, num_features=num_features, generator=as_generator(generator), **relevant)
     if not isinstance(made, Mapping) or not all(isinstance(key, str) and isinstance(value, torch.Tensor)
                                                 for key, value in made.items()):

@@ -154,7 +154,7 @@ def h2o(q, k, v, *, num_features, generator=None, recent_size=None, scores="cach
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`
         (recomputed on request, :math:`nb` entries); ``info``: ``recent`` and ``heavy``.
 
     Notes

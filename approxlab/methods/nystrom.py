@@ -13,16 +13,16 @@ from __future__ import annotations
 import torch
 
 from .. import kernels, sketch
-from .._validation import check_choice, check_int, check_positive_float
+from .._validation import as_generator, check_choice, check_int, check_positive_float
 from ..leverage import approximate_ridge_leverage_scores
 from ..linalg.cores import nystrom_core
 from ._base import Approximation, method
 from .draws import DrawEntry, check_draw
 from .skyformer import gaussian_skeleton, skeleton_attention
 
-__all__ = ["nystrom", "NYSTROM", "draw_landmarks", "SAMPLINGS"]
+__all__ = ["nystrom", "NYSTROM", "draw_landmarks", "rpcholesky_landmarks", "SAMPLINGS"]
 
-SAMPLINGS = ("uniform", "ridge-leverage")
+SAMPLINGS = ("uniform", "ridge-leverage", "rpcholesky")
 
 
 def _pilot_scores(k, pilot, ridge_lambda):
@@ -33,6 +33,33 @@ def _pilot_scores(k, pilot, ridge_lambda):
     key_columns = kernels.kernelized_matrix(k, sketch.gather_rows(k, pilot))  # (*batch, n, d)
     diag = torch.ones(*batch, n, dtype=k.dtype, device=k.device)  # kappa(x, x) = 1
     return approximate_ridge_leverage_scores(key_columns, diag, pilot, lam), lam
+
+
+def _key_kernel_column(k):
+    r"""The column oracle of the key Gaussian kernel :math:`\kappa(K', K')` (for RPCholesky)."""
+    def column(pivots):
+        return kernels.kernelized_matrix(k.detach(), sketch.gather_rows(k.detach(), pivots.unsqueeze(-1))).squeeze(-1)
+    return column
+
+
+def rpcholesky_landmarks(k, uniforms):
+    r"""``d`` landmark tokens: RPCholesky's pivots on the key Gaussian kernel :math:`G = \kappa(K', K')`.
+
+    Algorithm 1 of Chen, Epperly, Tropp and Webber (2024) (:func:`approxlab.sketch.rpcholesky_columns`)
+    on :math:`G` (diagonal 1, PSD, unlike the score matrix), from ``uniforms`` ``(*batch, d)``: ``(*batch, d)``
+    int64, :math:`nd` kernel entries.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.nystrom import rpcholesky_landmarks
+    >>> g = torch.Generator().manual_seed(0)
+    >>> k = torch.randn(2, 10, 4, generator=g, dtype=torch.float64)
+    >>> rpcholesky_landmarks(k, torch.rand(2, 3, generator=g, dtype=torch.float64)).shape
+    torch.Size([2, 3])
+    """
+    diagonal = torch.ones(k.shape[:-1], dtype=torch.float64, device=k.device)
+    return sketch.rpcholesky_columns(diagonal, _key_kernel_column(k), uniforms.shape[-1], uniforms=uniforms)
 
 
 def draw_landmarks(q, k, *, num_features, generator=None, sampling="uniform", ridge_lambda=None):
@@ -55,7 +82,9 @@ def draw_landmarks(q, k, *, num_features, generator=None, sampling="uniform", ri
         ``{"columns": (*batch, d) int64}`` in ``[0, n)``, on ``k.device``: a uniformly random
         ``d``-subset (``"uniform"``), or ``d`` distinct tokens drawn successively with probability
         proportional to approximate ridge leverage scores (``"ridge-leverage"``, which also returns
-        the uniform pilot sample ``"pilot_columns"`` ``(*batch, d)`` the scores came from).
+        the uniform pilot sample ``"pilot_columns"`` ``(*batch, d)`` the scores came from); with
+        ``"rpcholesky"``, ``{"pivot_uniforms": (*batch, d) float64}`` in ``[0, 1)``, the uniforms of the
+        pivot choices (the pivots depend on the keys; :func:`rpcholesky_landmarks`).
 
     Examples
     --------
@@ -72,6 +101,9 @@ def draw_landmarks(q, k, *, num_features, generator=None, sampling="uniform", ri
     num_features = check_int(num_features, "num_features", low=1, high=n)
     if ridge_lambda is not None:
         ridge_lambda = check_positive_float(ridge_lambda, "ridge_lambda")
+    if sampling == "rpcholesky":
+        uniforms = torch.rand(*batch, num_features, generator=as_generator(generator), dtype=torch.float64)
+        return {"pivot_uniforms": uniforms.to(k.device)}
     pilot = sketch.uniform_columns(n, num_features, batch_shape=batch, generator=generator, device=k.device)
     if sampling == "uniform":
         return {"columns": pilot}
@@ -82,6 +114,8 @@ def draw_landmarks(q, k, *, num_features, generator=None, sampling="uniform", ri
 
 def _landmark_layout(k, num_features, sampling) -> dict:
     shape, n = (*k.shape[:-2], num_features), k.shape[-2]
+    if sampling == "rpcholesky":
+        return {"pivot_uniforms": DrawEntry(shape, "(*batch, d)")}
     layout = {"columns": DrawEntry(shape, "(*batch, d)", high=n)}
     if sampling == "ridge-leverage":
         layout["pilot_columns"] = DrawEntry(shape, "(*batch, d)", high=n)
@@ -112,13 +146,16 @@ def nystrom(
         ``d``, the number of landmark tokens, ``1 <= d <= n``.
     generator : torch.Generator, optional
         CPU generator for the sample.
-    sampling : {"uniform", "ridge-leverage"}
+    sampling : {"uniform", "ridge-leverage", "rpcholesky"}
         ``"uniform"`` (default): ``d`` distinct tokens uniformly. ``"ridge-leverage"``: ``d``
         distinct tokens drawn with probability proportional to approximate ridge leverage
         scores of the key Gaussian kernel :math:`G = \kappa(K', K')` (PSD, unlike
         :math:`A`), estimated from a uniform pilot sample of ``d`` keys by
         :func:`approxlab.leverage.approximate_ridge_leverage_scores` (unweighted, so an
-        over-estimate: :math:`\ell_i \le \tilde\ell_i`).
+        over-estimate: :math:`\ell_i \le \tilde\ell_i`). ``"rpcholesky"``: the ``d`` pivots of
+        randomly pivoted Cholesky on the same :math:`G` (Algorithm 1 of Chen, Epperly, Tropp and
+        Webber 2024; :func:`rpcholesky_landmarks`), each drawn with probability proportional to the
+        diagonal of the current Nyström residual of :math:`G`.
     columns : torch.Tensor, optional
         ``(d,)`` or ``(*batch, d)`` explicit token indices (``d == num_features``);
         overrides ``sampling``.
@@ -128,7 +165,8 @@ def nystrom(
     draw : dict, optional
         The draw of :func:`draw_landmarks` (``approxlab.methods.draw``), used instead of
         ``generator``: ``{"columns": (*batch, d)}`` int64 in ``[0, n)`` (plus ``"pilot_columns"``
-        ``(*batch, d)`` with ``"ridge-leverage"``). The same draw gives the same output bit for bit.
+        ``(*batch, d)`` with ``"ridge-leverage"``; ``{"pivot_uniforms": (*batch, d)}`` float64 with
+        ``"rpcholesky"``). The same draw gives the same output bit for bit.
         Exclusive with ``columns``.
 
     Returns
@@ -202,7 +240,7 @@ def nystrom(
                                   ridge_lambda=ridge_lambda)
         else:
             draw = check_draw("nystrom", draw, _landmark_layout(k, num_features, sampling), device=k.device)
-        columns = draw["columns"]
+        columns = draw["columns"] if sampling != "rpcholesky" else rpcholesky_landmarks(k, draw["pivot_uniforms"])
         if sampling == "ridge-leverage":
             scores, lam = _pilot_scores(k, draw["pilot_columns"], ridge_lambda)
             extra_info = {"pilot_columns": draw["pilot_columns"], "ridge_leverage_scores": scores,

@@ -98,7 +98,7 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`
         (formed on request); ``info``: ``pages`` ``(*batch, n, K)`` the pages chosen per query (by
         decreasing bound; a page with no visible key is never chosen) and ``pages_per_query`` :math:`K`.
 

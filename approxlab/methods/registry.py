@@ -63,6 +63,9 @@ BUILTINS = {
     "h2o": "h2o:H2O",
     "snapkv": "snapkv:SNAPKV",
     "quest": "quest:QUEST",
+    "hyperattention": "hyperattention:HYPERATTENTION",
+    "kdeformer": "kdeformer:KDEFORMER",
+    "polynomial": "polynomial:POLYNOMIAL",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 

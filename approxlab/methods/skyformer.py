@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from .. import kernels, sketch
-from .._validation import check_int
+from .._validation import as_generator, check_choice, check_int
 from ..linalg.cores import (DEFAULT_CORE, DEFAULT_GAMMA, DEFAULT_INIT, DEFAULT_NUM_ITER, CoreFactors,
                             check_core_options, nystrom_core)
 from ..operators import DiagonalOperator, ProductOperator
@@ -29,7 +29,9 @@ from ._masking import check_key_mask, mask_columns, query_mask
 from .draws import DrawEntry, check_draw
 
 __all__ = [
+    "SAMPLINGS",
     "draw_completion_columns",
+    "rpcholesky_completion_columns",
     "completion_landmarks",
     "Skeleton",
     "gaussian_skeleton",
@@ -43,7 +45,11 @@ __all__ = [
 # -- skeletons of attention score matrices -------------------------------------------------
 
 
-def draw_completion_columns(q, k, *, num_features, generator=None, key_mask=None):
+SAMPLINGS = ("uniform", "rpcholesky")
+"""How ``skyformer`` and ``skyformer-softmax`` choose the ``d`` columns of the completion."""
+
+
+def draw_completion_columns(q, k, *, num_features, generator=None, key_mask=None, sampling="uniform"):
     r"""Skyformer's random draw: ``d`` distinct rows of the completion's :math:`X = [Q; K]`.
 
     Parameters
@@ -59,12 +65,17 @@ def draw_completion_columns(q, k, *, num_features, generator=None, key_mask=None
         ``(*batch, m)`` bool, True on real keys: the rows are drawn among the real rows of
         :math:`[Q; K]` only (:func:`approxlab.sketch.uniform_real_columns`; real keys, and real
         queries in self-attention; every real row, some repeated, when there are fewer than ``d``).
+    sampling : {"uniform", "rpcholesky"}
+        ``"rpcholesky"``: the draw is the ``d`` uniforms of RPCholesky's pivot choices
+        (:func:`rpcholesky_completion_columns`); the pivots depend on the data, so the method computes
+        them from the uniforms (and reports them in ``info["columns"]``).
 
     Returns
     -------
     dict
         ``{"columns": (*batch, d) int64}`` on ``q.device``, indices into ``range(n + m)``: row
-        ``i < n`` is query ``i``, row ``n + j`` key ``j``.
+        ``i < n`` is query ``i``, row ``n + j`` key ``j``; with ``"rpcholesky"``,
+        ``{"pivot_uniforms": (*batch, d) float64}`` in ``[0, 1)``.
 
     Notes
     -----
@@ -83,7 +94,11 @@ def draw_completion_columns(q, k, *, num_features, generator=None, key_mask=None
     """
     total = q.shape[-2] + k.shape[-2]
     num_features = check_int(num_features, "num_features", low=1, high=total)
+    check_choice(sampling, "sampling", SAMPLINGS)
     batch = tuple(q.shape[:-2])
+    if sampling == "rpcholesky":
+        uniforms = torch.rand(*batch, num_features, generator=as_generator(generator), dtype=torch.float64)
+        return {"pivot_uniforms": uniforms.to(q.device)}
     rows = _landmark_row_mask(check_key_mask(key_mask, k), q, k)
     if rows is not None:
         return {"columns": sketch.uniform_real_columns(rows.expand(*batch, total), num_features, generator=generator,
@@ -92,9 +107,51 @@ def draw_completion_columns(q, k, *, num_features, generator=None, key_mask=None
                                               device=q.device)}
 
 
-def _completion_draw_layout(q, k, num_features) -> dict:
+def _completion_draw_layout(q, k, num_features, sampling="uniform") -> dict:
     total = q.shape[-2] + k.shape[-2]
+    if sampling == "rpcholesky":
+        return {"pivot_uniforms": DrawEntry((*q.shape[:-2], num_features), "(*batch, d)")}
     return {"columns": DrawEntry((*q.shape[:-2], num_features), "(*batch, d)", high=total)}
+
+
+def rpcholesky_completion_columns(q, k, uniforms, *, normalized, key_mask=None):
+    r"""``d`` rows of :math:`X = [Q; K]` chosen by RPCholesky on the PSD kernel Skyformer samples.
+
+    Algorithm 1 of Chen, Epperly, Tropp and Webber (2024) (:func:`approxlab.sketch.rpcholesky_columns`,
+    :math:`(n + m)d` kernel entries) from ``uniforms`` ``(*batch, d)`` in ``[0, 1)``, on the Gaussian
+    completion :math:`\bar C = \kappa(X', X')` (Eq. (4), diagonal 1; ``normalized=False``, ``skyformer``)
+    or on the score completion :math:`\bar A = \bar D^{1/2}\bar C\bar D^{1/2}` (Lemma 1;
+    ``normalized=True``, ``skyformer-softmax``), evaluated as :math:`e^{-2\max\ell}\bar A`, entries
+    :math:`w_i\bar C_{ij}w_j`, :math:`w_i = e^{\ell_i - \max\ell} \le 1`, :math:`\ell_i = \|x_i\|^2/(2\sqrt p)`
+    (a constant factor changes no pivot probability, and nothing overflows). With ``key_mask`` only real
+    rows can be pivots. Returns ``(*batch, d)`` int64 pivots in ``range(n + m)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.skyformer import rpcholesky_completion_columns
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k = torch.randn(2, 6, 4, generator=g, dtype=torch.float64), torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    >>> columns = rpcholesky_completion_columns(q, k, torch.rand(2, 3, generator=g, dtype=torch.float64), normalized=True)
+    >>> columns.shape, all(len(set(row.tolist())) == 3 for row in columns)
+    (torch.Size([2, 3]), True)
+    """
+    x = torch.cat([q, k], dim=-2).detach().to(torch.float64)
+    rows = _landmark_row_mask(check_key_mask(key_mask, k), q, k)
+    log_scale = x.new_zeros(x.shape[:-1])
+    if normalized:
+        log_scale = kernels.log_diag_scale(x)
+        peak = log_scale if rows is None else log_scale.masked_fill(~rows, float("-inf"))
+        log_scale = log_scale - peak.amax(-1, keepdim=True)
+    scale = log_scale.exp()
+    diagonal = scale.square() if rows is None else scale.square() * rows.to(scale.dtype)
+
+    def column(pivots):
+        pivot_rows = sketch.gather_rows(x, pivots.unsqueeze(-1))  # (*batch, 1, p)
+        values = kernels.kernelized_matrix(x, pivot_rows).squeeze(-1)
+        return values * scale * torch.gather(scale, -1, pivots.unsqueeze(-1))
+
+    return sketch.rpcholesky_columns(diagonal, column, uniforms.shape[-1], uniforms=uniforms)
 
 
 def completion_landmarks(q, k, num_features, *, generator=None, columns=None, key_mask=None):
@@ -369,6 +426,7 @@ def completion_nystrom(
     key_mask,
     draw=None,
     diagnostics=True,
+    sampling="uniform",
 ):
     r"""The one body of ``skyformer`` (``normalized=False``) and ``skyformer-softmax`` (``True``).
 
@@ -378,7 +436,8 @@ def completion_nystrom(
     of the right block, so they get zero weight (and, normalised, leave the row sums), and the
     landmarks are drawn from the real rows of :math:`[Q; K]` only (:func:`_landmark_row_mask`).
     ``draw``: ``{"columns": (*batch, d)}`` from :func:`draw_completion_columns` (exclusive with
-    ``columns``; with ``key_mask``, its columns must index real rows).
+    ``columns``; with ``key_mask``, its columns must index real rows), or ``{"pivot_uniforms": (*batch, d)}``
+    with ``sampling="rpcholesky"`` (:func:`rpcholesky_completion_columns`).
 
     Examples
     --------
@@ -392,12 +451,20 @@ def completion_nystrom(
     ('skyformer-softmax', 'softmax', torch.Size([2, 16, 4]))
     """
     check_core_options(core=core, gamma=gamma, num_iter=num_iter, init=init)
+    check_choice(sampling, "sampling", SAMPLINGS)
     key_mask = check_key_mask(key_mask, k)
+    uniforms = None
     if draw is not None:
         if columns is not None:
             raise ValueError("pass at most one of `columns` and `draw`; got both.")
         name = "skyformer-softmax" if normalized else "skyformer"
-        columns = check_draw(name, draw, _completion_draw_layout(q, k, num_features), device=q.device)["columns"]
+        checked = check_draw(name, draw, _completion_draw_layout(q, k, num_features, sampling), device=q.device)
+        columns, uniforms = checked.get("columns"), checked.get("pivot_uniforms")
+    if columns is None and sampling == "rpcholesky":
+        if uniforms is None:
+            uniforms = draw_completion_columns(q, k, num_features=num_features, generator=generator,
+                                               sampling=sampling)["pivot_uniforms"]
+        columns = rpcholesky_completion_columns(q, k, uniforms, normalized=normalized, key_mask=key_mask)
     landmarks, columns = completion_landmarks(q, k, num_features, generator=generator, columns=columns,
                                               key_mask=key_mask)
     skeleton = gaussian_skeleton(q, k, landmarks, landmarks, normalized=normalized, key_mask=key_mask)
@@ -422,7 +489,7 @@ def completion_nystrom(
 )
 def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
               num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None,
-              diagnostics=True):
+              diagnostics=True, sampling="uniform"):
     r"""Skyformer's modified Nyström approximation of kernelized attention :math:`CV`.
 
     Parameters
@@ -461,6 +528,12 @@ def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma
     diagnostics : bool
         ``False``: leave out the ``"schulz"`` core's ``core_condition_number`` and ``core_rank``
         (an eigendecomposition the approximation does not need; how training calls it).
+    sampling : {"uniform", "rpcholesky"}
+        ``"uniform"`` (default): ``d`` distinct rows uniformly. ``"rpcholesky"``: ``d`` pivots of
+        randomly pivoted Cholesky on the completion :math:`\bar C` itself (Algorithm 1 of Chen, Epperly,
+        Tropp and Webber 2024; :func:`rpcholesky_completion_columns`): each pivot drawn with probability
+        proportional to the diagonal of the current Nyström residual, :math:`(n + m)d` kernel entries; the
+        draw is then ``{"pivot_uniforms": (*batch, d)}``.
 
     Returns
     -------
@@ -509,7 +582,7 @@ def skyformer(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma
     """
     return completion_nystrom(q, k, v, num_features=num_features, normalized=False, generator=generator, core=core,
                               gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask,
-                              draw=draw, diagnostics=diagnostics)
+                              draw=draw, diagnostics=diagnostics, sampling=sampling)
 
 
 SKYFORMER = skyformer

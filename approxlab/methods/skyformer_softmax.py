@@ -26,7 +26,7 @@ __all__ = ["skyformer_softmax", "SKYFORMER_SOFTMAX"]
 )
 def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_CORE, gamma=DEFAULT_GAMMA,
                       num_iter=DEFAULT_NUM_ITER, init=DEFAULT_INIT, columns=None, key_mask=None, draw=None,
-                      diagnostics=True):
+                      diagnostics=True, sampling="uniform"):
     r"""Eq. (5) of Skyformer on the completion :math:`\bar A` of the raw scores, row-normalised.
 
     Parameters
@@ -41,6 +41,11 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_COR
         As for :func:`approxlab.methods.skyformer.skyformer` (default ``core="pinv"``); the draw is
         ``{"columns": (*batch, d)}``, ``d`` distinct rows of :math:`[Q; K]` drawn uniformly
         (:func:`~approxlab.methods.skyformer.draw_completion_columns`).
+    sampling : {"uniform", "rpcholesky"}
+        ``"rpcholesky"``: the ``d`` rows are RPCholesky's pivots on the completion :math:`\bar A` of the
+        scores, the PSD matrix whose Nyström approximation this method forms (Lemma 1; Algorithm 1 of
+        Chen, Epperly, Tropp and Webber 2024; :func:`~approxlab.methods.skyformer.rpcholesky_completion_columns`),
+        and the draw is ``{"pivot_uniforms": (*batch, d)}``.
 
     Returns
     -------
@@ -96,7 +101,7 @@ def skyformer_softmax(q, k, v, *, num_features, generator=None, core=DEFAULT_COR
     """
     return completion_nystrom(q, k, v, num_features=num_features, normalized=True, generator=generator, core=core,
                               gamma=gamma, num_iter=num_iter, init=init, columns=columns, key_mask=key_mask,
-                              draw=draw, diagnostics=diagnostics)
+                              draw=draw, diagnostics=diagnostics, sampling=sampling)
 
 
 SKYFORMER_SOFTMAX = skyformer_softmax

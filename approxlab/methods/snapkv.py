@@ -112,7 +112,7 @@ def snapkv(q, k, v, *, num_features, generator=None, prompt_length=None, window=
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`
         (formed on request); ``info``: ``kept`` ``(*batch, b)`` the prompt tokens kept per head and
         ``prompt_length``.
 

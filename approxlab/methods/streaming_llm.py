@@ -77,7 +77,7 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`
         (formed on request); ``info``: ``sinks`` and ``recent`` (the window, current token included).
 
     Notes

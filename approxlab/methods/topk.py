@@ -39,7 +39,7 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`
         (``k`` entries per row); ``info``: ``indices`` ``(*batch, n, k)`` of the kept keys (by decreasing
         logit), ``kept_mass`` and ``dropped_mass`` ``(*batch, n)``, the exact softmax mass
         :math:`1-\delta_i` of the kept keys and :math:`\delta_i` of the dropped ones.

@@ -42,7 +42,7 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.SparseRowsOperator`;
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`;
         ``info``: ``indices`` ``(*batch, n, num_features)`` (by decreasing logit), ``kept`` ``(*batch, n)``
         the number of keys kept per query, ``kept_mass`` and ``dropped_mass`` ``(*batch, n)``.
 

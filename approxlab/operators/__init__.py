@@ -7,8 +7,9 @@
 - :mod:`approxlab.operators.exact`: :func:`softmax_attention` and
   :class:`ExactAttentionOperator` through torch's fused attention kernel (or in row blocks), and
   :func:`check_causal`.
-- :mod:`approxlab.operators.sparse`: :class:`SparseRowsOperator`, a matrix with a few stored entries
-  per row (the attention matrix of the key-selection methods: top-k, StreamingLLM, H2O, ...).
+- :mod:`approxlab.operators.sparse`: :class:`RowSparseOperator`, a matrix with a few stored entries
+  per row (the attention matrix of the key-selection, sampled and hashed methods: top-k, StreamingLLM, H2O,
+  HyperAttention, KDEformer, ...).
 """
 
 from .exact import ExactAttentionOperator, check_causal, softmax_attention
@@ -21,7 +22,7 @@ from .linear import (
     SumOperator,
     aslinearoperator,
 )
-from .sparse import SparseRowsOperator
+from .sparse import RowSparseOperator
 
 __all__ = [
     "LinearOperator",
@@ -31,7 +32,7 @@ __all__ = [
     "SumOperator",
     "AdjointOperator",
     "aslinearoperator",
-    "SparseRowsOperator",
+    "RowSparseOperator",
     "ExactAttentionOperator",
     "softmax_attention",
     "check_causal",
