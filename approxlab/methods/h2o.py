@@ -197,7 +197,7 @@ def h2o(q, k, v, *, num_features, generator=None, recent_size=None, scores="cach
     >>> float((approx.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12
     True
     >>> approx = approxlab.approximate("h2o", q, k, v, num_features=8, recent_size=4, causal=True)
-    >>> kept = sorted(approx.operator().indices[0, 31].tolist())
+    >>> kept = sorted(approx.operator().columns[0, 31].tolist())
     >>> len(kept), kept[-4:]  # 4 heavy hitters, then the 4 most recent tokens
     (8, [28, 29, 30, 31])
     """

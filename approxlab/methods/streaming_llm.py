@@ -120,7 +120,7 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
     >>> float((approx.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12
     True
     >>> approx = approxlab.approximate("streaming-llm", q, k, v, num_features=8, causal=True)
-    >>> sorted(approx.operator().indices[0, 20].tolist())  # 4 sinks, then tokens 17..20
+    >>> sorted(approx.operator().columns[0, 20].tolist())  # 4 sinks, then tokens 17..20
     [0, 1, 2, 3, 17, 18, 19, 20]
     """
     if causal is not True:
