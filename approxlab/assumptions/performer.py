@@ -55,7 +55,7 @@ def _weighted_quantile(values: torch.Tensor, weights: torch.Tensor, quantile: fl
     low, high = (float(x) for x in torch.aminmax(values))
     if high <= low:
         return values.new_tensor(low)
-    bins = ((values - low) * (_BINS / (high - low))).long().clamp_(0, _BINS - 1)
+    bins = values.sub(low).mul_(_BINS / (high - low)).to(torch.int32).clamp_(0, _BINS - 1)  # 4 bytes an entry
     cumulative = torch.cumsum(torch.bincount(bins, weights=weights, minlength=_BINS), 0)
     target = cumulative.new_tensor(quantile * float(cumulative[-1]))
     where = int(torch.searchsorted(cumulative, target).clamp_max(_BINS - 1))
@@ -74,7 +74,9 @@ def _xy_quantile(q: torch.Tensor, k: torch.Tensor, causal: bool, quantile: float
     xy = squares.add_(logits, alpha=2.0).clamp_min_(0.0)  # ||x_i + y_j||^2, >= 0 up to rounding
     if causal:
         logits.masked_fill_(~causal_mask(q.shape[-2], device=q.device), float("-inf"))
-    return _weighted_quantile(xy, torch.softmax(logits, dim=-1), quantile)
+    weights = torch.softmax(logits, dim=-1)
+    del logits
+    return _weighted_quantile(xy, weights, quantile)
 
 
 def attention_weighted_xy_norm(q: torch.Tensor, k: torch.Tensor, *, causal: bool = True,
@@ -85,7 +87,7 @@ def attention_weighted_xy_norm(q: torch.Tensor, k: torch.Tensor, *, causal: bool
     ----------
     q, k : torch.Tensor
         ``(*batch, n, p)``, ``(*batch, m, p)`` (computed in float64, one batch element at a time, with
-        :math:`O(nm)` memory).
+        about 28 bytes per entry at once: 0.45 GB at :math:`n = m = 4096`, 1.9 GB at 8192).
     causal : bool, default True
         Weigh by the causal attention (entries :math:`j \le i` only; ``n == m``).
     quantile : float, default 0.5
