@@ -14,6 +14,7 @@ Public API::
     win_rate(first, second, *, level=0.95, lower_is_better=True) -> WinRate
     t_test_power(n, *, difference, sd, alpha=0.05, alternative="two-sided") -> float
     t_test_sample_size(*, difference, sd, power=0.8, alpha=0.05, alternative="two-sided") -> int
+    t_interval(values, *, level=0.95) -> Interval                           # the mean over units, Student t
 
 Everything is NumPy/SciPy/pandas in float64; nothing here draws from a global random state
 (:func:`bootstrap` takes its ``seed``). Each function validates its inputs first: a message names
@@ -44,6 +45,7 @@ __all__ = [
     "win_rate",
     "t_test_power",
     "t_test_sample_size",
+    "t_interval",
 ]
 
 AGGREGATIONS = ("median", "mean")
@@ -609,3 +611,30 @@ def t_test_sample_size(*, difference: float, sd: float, power: float = 0.8, alph
         reached = t_test_power(middle, difference=difference, sd=sd, alpha=alpha, alternative=alternative) >= power
         low, high = (low, middle) if reached else (middle + 1, high)
     return high
+
+
+def t_interval(values, *, level: float = 0.95) -> Interval:
+    r"""The mean of independent units' values with its Student-t interval, :math:`\bar x \pm t_{W-1}\,s/\sqrt W`.
+
+    ``values``: one real number per unit (e.g. a growth exponent per text window), at least one, all finite;
+    ``level`` in (0, 1). Exact coverage for normal values; unlike a percentile bootstrap it can reach beyond
+    the range of a few units (with 4 units a percentile interval of a median covers at most 87.5%). With one
+    unit the bounds are NaN (no variance: :func:`verdict` then says "inconclusive").
+
+    Examples
+    --------
+    >>> from approxlab.stats import t_interval
+    >>> interval = t_interval([1.0, 2.0, 3.0])                 # 2 +- t_2(0.975) * 1 / sqrt(3)
+    >>> interval.estimate, round(interval.low, 4), round(interval.high, 4)
+    (2.0, -0.4841, 4.4841)
+    """
+    array = _reals(values, "values")
+    level = _probability(level, "level")
+    if array.size == 0 or not np.isfinite(array).all():
+        raise ValueError(f"`values` must hold at least one finite number per unit; got {values!r}.")
+    mean = float(array.mean())
+    if array.size < 2:
+        return Interval(mean, math.nan, math.nan)
+    quantile = float(_scipy_stats.t.ppf(0.5 + level / 2, array.size - 1))
+    half = quantile * float(array.std(ddof=1)) / math.sqrt(array.size)
+    return Interval(mean, mean - half, mean + half)

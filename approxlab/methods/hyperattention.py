@@ -10,6 +10,7 @@ columns (Algorithm 2's :math:`m` uniform columns and rows, Algorithm 3's :math:`
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -20,8 +21,8 @@ from ._masking import check_key_mask, query_mask
 from ._sampled_blocks import (Piece, block_logits, check_uniform_draw, logits_at, merge, operator_from_pieces,
                               piece_output, uniform_entry, uniform_positions, value_weights)
 
-__all__ = ["hyperattention", "HYPERATTENTION", "draw_hyperattention", "num_blocks", "VARIANTS",
-           "DEFAULT_BLOCK_SIZE"]
+__all__ = ["hyperattention", "HYPERATTENTION", "draw_hyperattention", "num_blocks", "causal_blocks", "CausalBlock",
+           "VARIANTS", "DEFAULT_BLOCK_SIZE"]
 
 VARIANTS = ("paper", "code")
 DEFAULT_BLOCK_SIZE = 256
@@ -31,12 +32,63 @@ _UNIFORMS = {"paper": ("row_uniforms", "column_uniforms", "value_uniforms"), "co
 """The uniforms each variant draws per unmasked block, in the order they are drawn."""
 
 
-def num_blocks(n: int, *, block_size: int = DEFAULT_BLOCK_SIZE, min_seq_len: int = 0, causal: bool = False) -> int:
-    r"""How many unmasked (non-causal) problems one call solves: 1, or those of the causal recursion.
+class CausalBlock(NamedTuple):
+    """One unmasked block of the causal recursion: queries ``rows``, keys ``columns``, at ``depth`` (0: the top split).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.hyperattention import causal_blocks
+    >>> top = causal_blocks(8, block_size=2)[0]
+    >>> top.depth, torch.arange(8)[top.rows].tolist(), torch.arange(8)[top.columns].tolist()
+    (0, [4, 5, 6, 7], [0, 1, 2, 3])
+    """
+
+    depth: int
+    rows: slice
+    columns: slice
+
+
+def _split(start: int, stop: int, threshold: int):
+    """Algorithm 4's split of the causal positions ``[start, stop)``: ``start + ceil((stop - start) / 2)``, or
+    None when at most ``threshold`` positions are left (computed exactly)."""
+    if stop - start <= threshold:
+        return None
+    return start + (stop - start + 1) // 2
+
+
+def causal_blocks(n: int, *, block_size: int = DEFAULT_BLOCK_SIZE, min_seq_len: int = 0) -> list[CausalBlock]:
+    r"""The unmasked blocks of the causal recursion on ``n`` positions, in the order the draws use them.
 
     The causal recursion (Algorithm 4 and the published code) splits positions :math:`[0, n)` at
     :math:`h = \lceil n/2\rceil` into two causal halves and the unmasked block of rows :math:`[h, n)` and
-    columns :math:`[0, h)`, until a half has at most :math:`\max(b, \text{min\_seq\_len})` positions.
+    columns :math:`[0, h)`, until a half has at most :math:`\max(b, \text{min\_seq\_len})` positions (then
+    computed exactly). Pre-order: a block, then the blocks of its upper half, then of its lower half.
+
+    Examples
+    --------
+    >>> from approxlab.methods.hyperattention import causal_blocks
+    >>> [(b.depth, b.rows.start, b.rows.stop, b.columns.stop) for b in causal_blocks(1024, block_size=256)]
+    [(0, 512, 1024, 512), (1, 256, 512, 256), (1, 768, 1024, 768)]
+    """
+    n = check_int(n, "n", low=0)
+    threshold = max(check_int(block_size, "block_size", low=1), check_int(min_seq_len, "min_seq_len", low=0))
+    found = []
+
+    def visit(start, stop, depth):
+        half = _split(start, stop, threshold)
+        if half is not None:
+            found.append(CausalBlock(depth, slice(half, stop), slice(start, half)))
+            visit(start, half, depth + 1)
+            visit(half, stop, depth + 1)
+
+    visit(0, n, 0)
+    return found
+
+
+def num_blocks(n: int, *, block_size: int = DEFAULT_BLOCK_SIZE, min_seq_len: int = 0, causal: bool = False) -> int:
+    """How many unmasked (non-causal) problems one call solves: 1, or those of the causal recursion
+    (:func:`causal_blocks`).
 
     Examples
     --------
@@ -46,12 +98,7 @@ def num_blocks(n: int, *, block_size: int = DEFAULT_BLOCK_SIZE, min_seq_len: int
     """
     if not causal:
         return 1
-    threshold = max(block_size, min_seq_len)
-    if n <= threshold:
-        return 0
-    half = (n + 1) // 2
-    return 1 + num_blocks(half, block_size=block_size, min_seq_len=min_seq_len, causal=True) + num_blocks(
-        n - half, block_size=block_size, min_seq_len=min_seq_len, causal=True)
+    return len(causal_blocks(n, block_size=block_size, min_seq_len=min_seq_len))
 
 
 def _check_options(num_features, block_size, bits, variant, min_seq_len):
@@ -191,9 +238,9 @@ class _Run:
 
     def causal(self, start, stop, depth=0):
         """Causal rows ``start:stop`` (keys ``start:stop``): Algorithm 4's recursion."""
-        if stop - start <= max(self.block_size, self.min_seq_len):
+        half = _split(start, stop, max(self.block_size, self.min_seq_len))
+        if half is None:
             return self.exact(slice(start, stop), slice(start, stop), causal=True)
-        half = start + (stop - start + 1) // 2
         block = self.unmasked(slice(half, stop), slice(start, half), depth)  # pre-order: this block first
         upper, log_upper = self.causal(start, half, depth + 1)
         lower, log_lower = self.causal(half, stop, depth + 1)
