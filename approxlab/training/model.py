@@ -292,10 +292,11 @@ class TinyEncoder(torch.nn.Module):
 
         Every sequence is encoded on its own (a pair ``(batch, 2, n)`` is ``2 batch`` sequences,
         one attention call per layer for all of them). ``seed`` fixes the random draws of
-        randomized attentions (layer ``l`` uses ``seed + l``); ``mask`` shaped like ``input_ids``, bool, True on real tokens, masks padding
-        keys in every attention (``None`` or all True: no mask). ``attention_outputs``: a list that
-        receives each layer's attention output ``(sequences, n, embedding_dim)`` (the heads
-        concatenated, before the output projection; detached), first layer first.
+        randomized attentions (layer ``l`` uses ``seed + l``); ``mask``, shaped like
+        ``input_ids``, bool, True on real tokens, masks padding keys in every attention (``None``
+        or all True: no mask). ``attention_outputs``: a list that receives each layer's attention
+        output ``(sequences, n, embedding_dim)`` (the heads concatenated, before the output
+        projection; detached), first layer first.
         """
         shape, n = input_ids.shape, input_ids.shape[-1]
         if input_ids.ndim != 2:
