@@ -15,7 +15,7 @@ approxlab (:func:`approxlab.data.wikitext.wikitext_articles`, 60 Wikipedia artic
   random offsets, in a random order), 0 when from two different articles.
   Articles are drawn uniformly among those with at least ``2 n`` bytes (so article length says
   nothing about the label). Every two consecutive examples hold one of each label, in a random
-  order: the chance level is exactly 0.5 (AAN's is about 0.5 too).
+  order: the chance level is exactly 0.5.
 * **Split** (no leakage): by article. Every fifth article in corpus order (12 of 60, the share
   ``VALIDATION_FRACTION``) is for ``split="validation"``, the other 48 for ``split="train"``. A
   validation pair comes from articles the model never saw in training, so it cannot match pairs
