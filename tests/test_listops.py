@@ -90,7 +90,7 @@ def test_validation_messages():
     with pytest.raises(RuntimeError, match="widen the window"):
         listops.generate_expressions(1, min_length=3, max_length=3, max_depth=0, max_tries=50, generator=_g(0))
     with pytest.raises(ValueError, match="`name` must be one of"):
-        tasks.make_task("image", n=8, batch_size=1, num_batches=1)
+        tasks.make_task("cifar10", n=8, batch_size=1, num_batches=1)
 
 
 def _nesting(ids):

@@ -1,18 +1,32 @@
 """Training tasks for the instability study (Skyformer Appendix F, Table 3).
 
 A task factory turns a sequence length, a batch shape and a generator into a
-:class:`Task`: padded ``(batch, n)`` token batches with labels. The registry
-:data:`TASKS` maps names to factories (``"module:function"``, imported lazily), so an LRA
-task whose data exists (Text/IMDb, Retrieval/AAN, Image/CIFAR-10) is one new
-module with a ``make_task`` and one line here.
+:class:`Task`: padded ``(batch, n)`` token batches with labels (``(batch, 2, n)`` for a
+pair task). The registry :data:`TASKS` maps names to factories (``"module:function"``,
+imported lazily), so a new task is one module with a ``make_task`` and one line here.
+
+The five columns of Skyformer's Table 3 (LRA's tasks), under LRA's names:
+
+* ``"listops"`` and ``"pathfinder"``: generated the way LRA generates them;
+* ``"text"``, ``"retrieval"``, ``"image"``: LRA's data (IMDb, AAN, CIFAR-10) cannot be had
+  offline, so each is a declared proxy on data that ships with an installed package, named in
+  the task's ``proxy`` field: ``"wikitext-articles"`` (which WikiText-2 article a byte window
+  comes from), ``"wikitext-same-article"`` (whether two byte windows, encoded separately, come
+  from one article) and ``"sklearn-digits"`` (handwritten digits as pixel sequences). Each
+  module's docstring says what it stands in for, its labels, chance level and split.
+
+``"wikitext-mlm"`` is masked-language modelling on WikiText-2 (no Table 3 column).
 
 Every factory has the signature::
 
     make_task(*, n, batch_size, num_batches, generator=None, data_dir=None) -> Task
 
+Factories of tasks drawn from a finite data set (text, retrieval, image) also take
+``split="train"`` or ``"validation"``; the two share no example (:data:`SPLITS`).
+
 Public API::
 
-    TASKS, available(), make_task(name, **kwargs), Batch, Task, IGNORE_INDEX
+    TASKS, available(), make_task(name, **kwargs), Batch, Task, IGNORE_INDEX, SPLITS
 """
 
 from __future__ import annotations
@@ -20,13 +34,16 @@ from __future__ import annotations
 import importlib
 
 from .._validation import check_choice
-from ._base import IGNORE_INDEX, Batch, Task
+from ._base import IGNORE_INDEX, SPLITS, Batch, Task
 
-__all__ = ["TASKS", "available", "make_task", "Batch", "Task", "IGNORE_INDEX"]
+__all__ = ["TASKS", "available", "make_task", "Batch", "Task", "IGNORE_INDEX", "SPLITS"]
 
 TASKS = {
     "listops": "listops:make_task",
     "pathfinder": "pathfinder:make_task",
+    "text": "text:make_task",
+    "retrieval": "retrieval:make_task",
+    "image": "image:make_task",
     "wikitext-mlm": "mlm:make_task",
 }
 """Task name -> ``module:function`` of its factory inside :mod:`approxlab.tasks`."""
@@ -39,7 +56,7 @@ def available() -> list[str]:
     --------
     >>> from approxlab.tasks import available
     >>> available()
-    ['listops', 'pathfinder', 'wikitext-mlm']
+    ['listops', 'pathfinder', 'text', 'retrieval', 'image', 'wikitext-mlm']
     """
     return list(TASKS)
 

@@ -23,8 +23,9 @@ This module provides
 * :func:`instability_ratio` -- the mean over steps of :math:`\tau_i / \tau_i^{\text{ref}}`;
 * :class:`TinyEncoder` -- the 2-layer encoder of Skyformer Section 5 (embedding 64,
   feed-forward 128, 2 heads) whose attention is any approxlab method
-  (:data:`ATTENTIONS`, padding keys masked), with a mean-pooling classifier or a masked-LM
-  head, and access to each layer's attention output (Skyformer Appendix B);
+  (:data:`ATTENTIONS`, padding keys masked), with a mean-pooling classifier, two towers for
+  pairs (LRA's Retrieval) or a masked-LM head, and access to each layer's attention output
+  (Skyformer Appendix B);
 * :func:`train_classifier` and :func:`accuracy` -- Adam to a validation-accuracy plateau or a
   step budget (the trained models of Skyformer's Figure 4).
 

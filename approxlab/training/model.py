@@ -93,8 +93,11 @@ class TinyEncoder(torch.nn.Module):
     Token + learned position embeddings (``N(0, 0.02^2)``), ``num_layers`` pre-LayerNorm
     blocks (attention with ``num_heads`` heads, GELU feed-forward ``embedding_dim ->
     hidden_dim -> embedding_dim``), a final LayerNorm, and a head: mean pooling over real
-    tokens + a 2-layer classifier (``kind="classification"``), or a masked-LM decoder tied
-    to the token embeddings (``kind="mlm"``). Dropout (``dropout``, default 0) where the LRA
+    tokens + a 2-layer classifier (``kind="classification"``); two towers for pairs
+    (``kind="pair-classification"``, LRA's Retrieval: each sequence of a ``(batch, 2, n)`` pair
+    encoded by the same encoder and mean-pooled to ``u`` and ``v``, then the 2-layer classifier
+    on ``[u, v, u * v, u - v]``); or a masked-LM decoder tied to the token embeddings
+    (``kind="mlm"``). Dropout (``dropout``, default 0) where the LRA
     code puts it: on the embeddings, after each attention's output projection, after the GELU
     and after the feed-forward; its masks are drawn from a generator seeded by the forward's
     ``seed`` (so two forward passes with one seed drop the same entries) and only in training
@@ -110,9 +113,9 @@ class TinyEncoder(torch.nn.Module):
     num_features : int
         The approximation's budget (landmarks / features; Skyformer Section 5 uses 128);
         capped at the sequence length. Ignored by exact attentions.
-    kind : {"classification", "mlm"}
+    kind : {"classification", "pair-classification", "mlm"}
     num_classes : int, optional
-        Required for ``kind="classification"``.
+        Required for the two classification kinds.
     embedding_dim, hidden_dim, num_heads, num_layers : int
         Skyformer: 64, 128, 2, 2.
     positions : {"learned", "2d"}
@@ -135,7 +138,8 @@ class TinyEncoder(torch.nn.Module):
     -----
     :math:`f(x, W)` of Skyformer Appendix F is :meth:`embed`: the ``(batch, n,
     embedding_dim)`` output of the final LayerNorm, i.e. the token embeddings after the two
-    layers as returned by the encoder of the LRA code Skyformer trains with. Padding tokens
+    layers as returned by the encoder of the LRA code Skyformer trains with; for a pair task,
+    both towers' embeddings, ``(batch, 2, n, embedding_dim)``. Padding tokens
     are masked inside attention (``key_mask``: they get zero weight as keys, and landmarks are
     taken over real tokens only, so the real tokens' embeddings do not depend on the padding;
     every method in :data:`ATTENTIONS` honours it) and left out of the mean pooling.
@@ -192,8 +196,8 @@ class TinyEncoder(torch.nn.Module):
         n = check_int(n, "n", low=1)
         check_choice(attention, "attention", ATTENTIONS)
         num_features = check_int(num_features, "num_features", low=1)
-        check_choice(kind, "kind", ("classification", "mlm"))
-        if kind == "classification":
+        check_choice(kind, "kind", ("classification", "pair-classification", "mlm"))
+        if kind != "mlm":
             num_classes = check_int(num_classes, "num_classes", low=2)
         embedding_dim = check_int(embedding_dim, "embedding_dim", low=1)
         hidden_dim = check_int(hidden_dim, "hidden_dim", low=1)
@@ -235,9 +239,10 @@ class TinyEncoder(torch.nn.Module):
                 _Block(embedding_dim, hidden_dim, num_heads, dtype) for _ in range(num_layers)
             )
             self.norm = torch.nn.LayerNorm(embedding_dim, **kw)
-            if kind == "classification":
+            if kind != "mlm":
+                pooled = 4 if kind == "pair-classification" else 1  # pairs: [u, v, u * v, u - v]
                 self.head = torch.nn.Sequential(
-                    torch.nn.Linear(embedding_dim, hidden_dim, **kw),
+                    torch.nn.Linear(pooled * embedding_dim, hidden_dim, **kw),
                     torch.nn.ReLU(),
                     torch.nn.Linear(hidden_dim, num_classes, **kw),
                 )
@@ -254,7 +259,7 @@ class TinyEncoder(torch.nn.Module):
             block.reset_parameters(generator)
         torch.nn.init.ones_(self.norm.weight)
         torch.nn.init.zeros_(self.norm.bias)
-        if self.kind == "classification":
+        if self.kind != "mlm":
             _linear_init(self.head[0].weight, self.head[0].bias, generator)
             _linear_init(self.head[2].weight, self.head[2].bias, generator)
         else:
@@ -283,21 +288,26 @@ class TinyEncoder(torch.nn.Module):
     def embed(
         self, input_ids: torch.Tensor, *, seed: int = 0, mask: torch.Tensor | None = None, attention_outputs=None
     ) -> torch.Tensor:
-        """:math:`f(x, W)`: ``input_ids (batch, n) -> (batch, n, embedding_dim)``.
+        """:math:`f(x, W)`: ``input_ids (*batch, n) -> (*batch, n, embedding_dim)``.
 
-        ``seed`` fixes the random draws of randomized attentions (layer ``l`` uses
-        ``seed + l``); ``mask`` ``(batch, n)`` bool, True on real tokens, masks padding keys
-        in every attention (``None`` or all True: no mask). ``attention_outputs``: a list that
-        receives each layer's attention output ``(batch, n, embedding_dim)`` (the heads
-        concatenated, before the output projection; detached), first layer first.
+        Every sequence is encoded on its own (a pair ``(batch, 2, n)`` is ``2 batch`` sequences,
+        one attention call per layer for all of them). ``seed`` fixes the random draws of
+        randomized attentions (layer ``l`` uses ``seed + l``); ``mask``, shaped like
+        ``input_ids``, bool, True on real tokens, masks padding keys in every attention (``None``
+        or all True: no mask). ``attention_outputs``: a list that receives each layer's attention
+        output ``(sequences, n, embedding_dim)`` (the heads concatenated, before the output
+        projection; detached), first layer first.
         """
-        n = input_ids.shape[-1]
+        shape, n = input_ids.shape, input_ids.shape[-1]
+        if input_ids.ndim != 2:
+            input_ids = input_ids.reshape(-1, n)
+            mask = None if mask is None else mask.reshape(-1, n)
         key_mask = None if mask is None or bool(mask.all()) else mask.unsqueeze(-2)  # (batch, 1, n): all heads
         drop = self._dropout(seed)
         x = drop(self.token_embedding(input_ids) + self._position_vectors(n, input_ids.device))
         for layer, block in enumerate(self.blocks):
             x = block(x, self._attend(seed + layer, key_mask), attention_outputs, drop)
-        return self.norm(x)
+        return self.norm(x).reshape(*shape, x.shape[-1])
 
     def _position_vectors(self, n, device):
         """``(n, embedding_dim)``: learned per position, or row + column vectors (``"2d"``)."""
@@ -321,15 +331,22 @@ class TinyEncoder(torch.nn.Module):
         return drop
 
     def _class_logits(self, embedding, mask):
-        """Mean pooling over real tokens, then the classifier: ``(batch, num_classes)``."""
+        """Mean pooling over real tokens, then the classifier: ``(batch, num_classes)``; for pairs,
+        the pooled towers ``u, v`` enter as ``[u, v, u * v, u - v]`` (LRA's two-tower retrieval)."""
         weights = mask.to(embedding.dtype).unsqueeze(-1)
         pooled = (embedding * weights).sum(-2) / weights.sum(-2).clamp_min(1.0)
+        if self.kind == "pair-classification":
+            if embedding.ndim != 4 or embedding.shape[1] != 2:
+                raise ValueError("a pair-classification model needs `input_ids` of shape (batch, 2, n); got "
+                                 f"{tuple(embedding.shape[:-1])}.")
+            u, v = pooled.unbind(-2)
+            pooled = torch.cat([u, v, u * v, u - v], dim=-1)
         return self.head(pooled)
 
     def predict(self, batch, *, seed: int = 0, attention_outputs=None) -> torch.Tensor:
         """Class logits ``(batch, num_classes)`` of a classification model (see :meth:`embed`
         for ``attention_outputs``)."""
-        if self.kind != "classification":
+        if self.kind == "mlm":
             raise ValueError(f"`predict` needs a classification model; this one has kind={self.kind!r}.")
         embedding = self.embed(batch.input_ids, seed=seed, mask=batch.mask, attention_outputs=attention_outputs)
         return self._class_logits(embedding, batch.mask)
@@ -337,7 +354,7 @@ class TinyEncoder(torch.nn.Module):
     def forward(self, batch, *, seed: int = 0):
         """``(f(x, W), loss)`` for an :class:`approxlab.tasks.Batch` (cross-entropy loss)."""
         embedding = self.embed(batch.input_ids, seed=seed, mask=batch.mask)
-        if self.kind == "classification":
+        if self.kind != "mlm":
             loss = F.cross_entropy(self._class_logits(embedding, batch.mask), batch.labels)
         else:
             selected = batch.labels != IGNORE_INDEX
