@@ -18,6 +18,8 @@ __all__ = [
     "CachePathError",
     "CheckpointError",
     "CorruptResultsError",
+    "StudyError",
+    "UsageError",
 ]
 
 
@@ -243,3 +245,41 @@ class CorruptResultsError(ValueError):
     def __init__(self, path, reason: str):
         self.path, self.reason = str(path), reason
         super().__init__(f"{self.path!r} is not a readable approxlab result file: {reason}")
+
+
+class StudyError(RuntimeError):
+    """A study cannot run as asked: saved results of another configuration, a missing device, a
+    corpus too small for the grid, an option value the study cannot use.
+
+    ``approxlab <study>`` prints its message as one line, without a traceback, and exits with
+    status 2.
+
+    Examples
+    --------
+    >>> from approxlab.errors import StudyError
+    >>> print(StudyError("--device cuda was requested but CUDA is not available"))
+    --device cuda was requested but CUDA is not available
+    """
+
+
+class UsageError(StudyError):
+    """A command-line value a study cannot use: the message is ``"<option>: <allowed>, got <got>"``.
+
+    Attributes
+    ----------
+    option : str
+        The option (``"--windows"``) or environment variable (``"$OMP_NUM_THREADS"``).
+
+    Examples
+    --------
+    >>> from approxlab.errors import UsageError
+    >>> error = UsageError("--windows", "at most 64 (the windows available at n=512)", 1000)
+    >>> print(error)
+    --windows: at most 64 (the windows available at n=512), got 1000
+    >>> error.option
+    '--windows'
+    """
+
+    def __init__(self, option: str, allowed: str, got):
+        self.option = option
+        super().__init__(f"{option}: {allowed}, got {got}")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from approxlab import cli
-from approxlab.studies import STUDIES
+from approxlab.studies import STUDIES, registry
 
 COMMON = ["--out", "--quick", "--device", "--data-dir", "--cache-dir", "--restart", "--no-progress",
           "--scheduler", "--workers", "--plot-only"]
@@ -26,7 +26,7 @@ def test_top_level_help_lists_every_study(capsys):
 
 
 def test_help_of_each_available_study_has_the_common_options(capsys):
-    available = [name for name in STUDIES if cli._available(name)]
+    available = [name for name in STUDIES if registry.describe(name) is not None]
     assert "figure1" in available
     for name in available:
         text = help_text([name, "--help"], capsys)

@@ -70,4 +70,4 @@ def test_the_import_reader_sees_relative_imports():
     # The check above is only as good as its import reader: it must resolve relative imports.
     imports = {module for module, _ in _imported_modules(PACKAGE / "cli.py")}
     assert "approxlab.studies" in imports
-    assert "approxlab.studies.runner" in imports
+    assert "approxlab.studies.driver" in imports

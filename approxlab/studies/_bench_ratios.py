@@ -13,7 +13,7 @@ import pathlib
 
 import torch
 
-from .._io import read_results
+from ._compat_io import read_results
 from ._bench_cells import approximation, measured_row, timing_options
 from ._timing import measure, measure_interleaved
 from .runner import cell_seed

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import pathlib
 
-from .._io import atomic_write_text
+from ._compat_io import atomic_write_text
 from ._bench_ratios import ratio_lines
 from ._bench_training import training_lines
 

@@ -108,13 +108,15 @@ Chen et al. (2021), Skyformer, Figure 1 (the spectral-norm error this benchmark 
 
 from __future__ import annotations
 
+description = 'Time and memory benchmark of the approximations.'  # transitional
+
 import os
 import pathlib
 
 import torch
 
 from . import _cli
-from .._io import read_results
+from ._compat_io import read_results
 from ._bench_cells import load_head
 from ._bench_forward import forward_rows
 from ._bench_ratios import CELL_PARTS, RATIOS, TARGETS, ratio_rows  # noqa: F401 (re-exported)
@@ -406,7 +408,7 @@ def _machine() -> str:
 
 def run(args) -> int:
     """Compute (resumable, in-process only) and/or redraw; returns the exit status."""
-    from .._io import read_json
+    from ._compat_io import read_json
 
     out = pathlib.Path(args.out)
     results_path = out / "results.csv"

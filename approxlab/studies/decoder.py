@@ -56,6 +56,8 @@ head, ``sqrt_log_n``, the seconds.
 
 from __future__ import annotations
 
+description = "Causal approximations and the theorems' assumptions (HyperAttention alpha, kappa; Alman-Song B; sinks, rank) on SmolLM2."  # transitional
+
 import functools
 import math
 import pathlib
@@ -64,11 +66,12 @@ import warnings
 
 import torch
 
-from .._io import atomic_write_text, read_json
+from ._compat_io import atomic_write_text, read_json
 from ..assumptions import HEAVY_PER_ROW, RANK_MAX_N, measure_assumptions
 from ..attention import approximate, exact_attention
 from ..metrics import spectral_norm
-from . import _cli, default_output_dir
+from . import _cli
+from .options import default_output_dir
 from .decoder_report import ASSUMPTIONS, RESULTS, TIMING, WINDOWS, plot, write_summary
 from .grid import override_grid
 from .runner import StudyError, cell_seed, run_cells

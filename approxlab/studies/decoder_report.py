@@ -15,7 +15,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_write_text, read_json, read_results
+from ._compat_io import atomic_write_text, read_json, read_results
 from .decoder_stats import (BOOTSTRAP, CLAIMS, HEAD_QUANTITIES, assumption_statistics, cost_exponents,
                             error_intervals, error_statistics, head_statistics, quantity_intervals, verdicts)
 from .figure1_report import _fmt, _markdown

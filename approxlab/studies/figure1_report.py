@@ -17,7 +17,7 @@ import pathlib
 
 import pandas as pd
 
-from .._io import atomic_write_text, has_results, read_json, read_results
+from ._compat_io import atomic_write_text, has_results, read_json, read_results
 from .figure1_paper import PAPER_COUNTERPARTS, paper_comparison, paper_curves
 from .figure1_summary import aggregation_text, deviations_text, paper_text, win_rate_text
 from .figure1_stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, PRECISION_TOLERANCE,

@@ -70,6 +70,8 @@ Liu, Liu, Gao, Chen, Han. *Understanding the Difficulty of Training Transformers
 
 from __future__ import annotations
 
+description = 'Instability score of the approximations (Skyformer Appendix F / Table 3).'  # transitional
+
 import functools
 import pathlib
 import time

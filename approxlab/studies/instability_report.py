@@ -14,7 +14,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_write_text, read_results, write_csv_atomic
+from ._compat_io import atomic_write_text, read_results, write_csv_atomic
 from .instability_stats import PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals, ratios, table3_value
 from .runner import StudyError, saved_config
 

@@ -49,6 +49,8 @@ Tay et al. *Long Range Arena*. ICLR 2021.
 
 from __future__ import annotations
 
+description = "Singular values of a trained 2-layer model's attention output on generated LRA tasks (Skyformer Appendix B, Figure 4)."  # transitional
+
 import functools
 import math
 import pathlib
@@ -59,7 +61,7 @@ import pandas as pd
 import torch
 
 from . import _cli
-from .._io import atomic_write_text, read_results, write_table
+from ._compat_io import atomic_write_text, read_results, write_table
 from .runner import StudyError, cell_seed, run_cells, saved_config
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "TASK_OPTIONS", "GATES", "DECAY_INDICES", "build_config", "attention_output_spectrum",
@@ -314,7 +316,7 @@ def _load(out):
 
 def _run_record(out) -> dict:
     """The ``run`` entry of ``config.json`` (command line, threads, workers), or {}."""
-    from .._io import read_json
+    from ._compat_io import read_json
 
     try:
         return read_json(pathlib.Path(out) / "config.json").get("run", {}) or {}

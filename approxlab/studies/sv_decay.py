@@ -70,6 +70,8 @@ Roy and Vetterli (2007), effective rank; Golub and Van Loan, *Matrix Computation
 
 from __future__ import annotations
 
+description = 'Singular-value decay of BERT attention matrices on Wikitext-2 (companion to Skyformer Appendix B).'  # transitional
+
 import functools
 import math
 import pathlib
@@ -80,7 +82,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .._io import atomic_write_text, read_results
+from ._compat_io import atomic_write_text, read_results
 from ..metrics import spectrum_measures
 from . import _cli
 from .runner import StudyError, cell_seed, run_cells, saved_config
