@@ -70,5 +70,7 @@ def test_bad_option_values_are_rejected(capsys):
 
 
 def test_unknown_method_is_a_clear_error(capsys, tmp_path):
-    assert cli.main(["figure1", "--methods", "nope", "--out", str(tmp_path)]) == 2
-    assert "not a registered method" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["figure1", "--methods", "nope", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--methods: registered method names among" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_models_qkv import save_tiny_checkpoint
 
-from approxlab._io import read_results
+from approxlab.studies.engine import read_results
 from approxlab.cli import main
 from approxlab.data import get_qkv
 from approxlab.studies import decoder, decoder_stats

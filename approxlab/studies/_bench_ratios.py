@@ -9,11 +9,9 @@ forward of the same head, and the Figure-1 cell against float64 exact attention 
 
 from __future__ import annotations
 
-import pathlib
 
 import torch
 
-from ._compat_io import read_results
 from ._bench_cells import approximation, measured_row, timing_options
 from ._timing import measure, measure_interleaved
 from .runner import cell_seed
@@ -71,32 +69,35 @@ def _spectral_ratio_rows(config, q, k, v, n, common, device, seed):
 def _figure1_ratio_rows(cell, n, common):
     """The Figure-1 cell (initialized, one window, d in {64, 256}, one seed, all methods, float64,
     the cell whose cost is targeted): its compute as ``approxlab figure1`` runs it (window diagnostics,
-    exact references, every method, panel statistics), against float64 SDPA exact attention of
-    the same window's heads. Three more rows split it: ``figure1-cell-methods``, the methods' own
-    ``seconds`` in ``results.csv`` (approximation and its error); ``figure1-cell-window-rank``,
-    the window diagnostics' ``seconds`` in ``windows.csv`` (the dense SVD for the rank of A,
-    added to the cell after its target was set); and ``figure1-cell-without-window-rank``,
-    the compute less that, i.e. the cell the target was set for."""
+    exact references, every method, panel statistics; the study looked up by name in the registry),
+    against float64 SDPA exact attention of the same window's heads. Three more rows split it:
+    ``figure1-cell-methods``, the methods' own ``seconds`` in ``results.csv`` (approximation and its
+    error); ``figure1-cell-window-rank``, the window diagnostics' ``seconds`` in ``windows.csv`` (the
+    dense SVD for the rank of A, added to the cell after its target was set); and
+    ``figure1-cell-without-window-rank``, the compute less that, i.e. the cell the target was set for."""
     import tempfile
 
     from ..attention import exact_attention
-    from . import figure1
+    from .driver import compute
+    from .inputs import wikitext
+    from .registry import get
 
     config, device = cell["config"], cell["device"]
-    grid = figure1.build_config(conditions=["initialized"], n=[n], num_features=[64, 256], windows=1, seeds=1,
-                                dtypes=["float64"])
-    window = figure1.window_ids(grid, n)[0]
-    q, k, v, _ = figure1.load_qkv("initialized", n, window, mode=grid["mode"], layer=grid["layer"],
-                                  model_seed=grid["model_seed"], data_dir=cell["data_dir"],
-                                  cache_dir=cell["cache_dir"], device=device)
-    q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    _, base = measure(exact_attention, q, k, v, **timing_options(config, device))
-    figure1.reference.cache_clear()
+    study = get("figure1")
+    grid = study.configure(study.arguments(conditions=["initialized"], n=[n], num_features=[64, 256], windows=1,
+                                           seeds=1, dtypes=["float64"]))
+    wikitext.clear_caches()
     with tempfile.TemporaryDirectory() as out:
-        _, m = measure(figure1.compute, grid, out, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
-                       device=device, progress=False)
-        methods_s = float(read_results(pathlib.Path(out) / figure1.RESULTS)["seconds"].sum())
-        rank_s = float(read_results(pathlib.Path(out) / figure1.WINDOWS)["seconds"].sum())
+        tables, m = measure(compute, study, grid, out, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
+                            device=device, progress=False)
+        methods_s = float(tables["results.csv"]["seconds"].sum())
+        rank_s = float(tables["windows.csv"]["seconds"].sum())
+        window = int(tables["windows.csv"]["window"].iloc[0])
+    source = wikitext.Window("initialized", n, window, mode=grid["mode"], layer=grid["layer"],
+                             model_seed=grid["model_seed"], data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
+                             device=device)
+    q, k, v = (x[0].to(torch.float64) for x in (lambda r: (r.q, r.k, r.v))(wikitext.qkv(source)))
+    _, base = measure(exact_attention, q, k, v, **timing_options(config, device))
     heads = {**common, "p": int(q.shape[-1]), "heads": int(q.shape[0]), "dtype": "float64"}
     parts = {"figure1-cell-methods": methods_s, "figure1-cell-window-rank": rank_s,
              "figure1-cell-without-window-rank": m.wall_s - rank_s}

@@ -18,7 +18,8 @@ import pandas as pd
 from ._compat_io import atomic_write_text, read_json, read_results
 from .decoder_stats import (BOOTSTRAP, CLAIMS, HEAD_QUANTITIES, assumption_statistics, cost_exponents,
                             error_intervals, error_statistics, head_statistics, quantity_intervals, verdicts)
-from .figure1_report import _fmt, _markdown
+from .reporting.markdown import format_number as _fmt
+from .reporting.markdown import markdown_table as _markdown
 from .runner import StudyError
 
 __all__ = ["RESULTS", "ASSUMPTIONS", "WINDOWS", "TIMING", "ERROR_STATS", "ASSUMPTION_STATS", "HEAD_STATS",

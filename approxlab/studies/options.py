@@ -143,12 +143,15 @@ def _method_names() -> list[str]:
     return available()
 
 
+def _methods_allowed() -> str:
+    return f"registered method names among {_method_names()}"
+
+
 def method_list(text: str) -> list[str]:
     """Registered method names (commas or spaces)."""
     names = str_list(text)
-    for name in names:
-        if name not in _method_names():
-            raise argparse.ArgumentTypeError(f"{name!r} is not a registered method; choose from {_method_names()}")
+    if not set(names) <= set(_method_names()):
+        raise argparse.ArgumentTypeError(f"{_methods_allowed()}, got {text!r}")
     return names
 
 
@@ -222,7 +225,7 @@ SHARED = {option.dest: option for option in (METHODS, CONDITIONS_OPTION, N, NUM_
 """The shared options by ``dest``; a study's copy (:meth:`~approxlab.studies.Option.but`) keeps type and nargs."""
 
 _CHECKS = {  # dest -> (option, allowed, test of one value); the words of the types above
-    "methods": ("--methods", "registered method names", lambda v: isinstance(v, str) and v in _method_names()),
+    "methods": ("--methods", _methods_allowed, lambda v: isinstance(v, str) and v in _method_names()),
     "conditions": ("--conditions", f"comma-separated conditions among {list(CONDITIONS)}", lambda v: v in CONDITIONS),
     "n": ("--n", "comma-separated integers >= 1", lambda v: _whole(v) and v >= 1),
     "num_features": ("--num-features", "comma-separated integers >= 1", lambda v: _whole(v) and v >= 1),
@@ -256,6 +259,7 @@ def grid(defaults: dict, args, names) -> dict:
     for name in names:
         if name in _CHECKS and values.get(name) is not None:
             option, allowed, ok = _CHECKS[name]
+            allowed = allowed() if callable(allowed) else allowed
             value = values[name]
             entries = value if isinstance(value, list) else [value]
             if (isinstance(value, list) and not value) or not all(ok(v) for v in entries):

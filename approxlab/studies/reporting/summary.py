@@ -10,6 +10,7 @@ Public API::
 
     write_report(study, out) -> list[pathlib.Path]
     build_summary(study, saved) -> str
+    render(title, lines, *, study=None) -> str
 """
 
 from __future__ import annotations
@@ -19,19 +20,24 @@ import pathlib
 from ..._io import atomic_write_text, write_csv_atomic
 from .saved import load
 
-__all__ = ["write_report", "build_summary"]
+__all__ = ["write_report", "build_summary", "render"]
+
+
+def render(title: str, lines, *, study: str | None = None) -> str:
+    """``# title``, a blank line, the note that ``approxlab <study> --plot-only`` generated the file
+    (when ``study`` is given), then ``lines``; the text ends with a newline."""
+    head = [f"# {title}", ""]
+    if study is not None:
+        head += [f"Generated from the tables in this folder by `approxlab {study} --plot-only`; do not edit by hand.",
+                 ""]
+    return "\n".join([*head, *lines]) + "\n"
 
 
 def build_summary(study, saved) -> str:
-    """The markdown of ``study.summary`` for ``saved``: ``# title``, the generated-file note, the sections."""
+    """The markdown of ``study.summary`` for ``saved``: the title, the generated-file note, the sections in order."""
     summary = study.summary
-    lines = [f"# {summary.title}", ""]
-    if summary.generated:
-        lines += [f"Generated from the tables in this folder by `approxlab {study.name} --plot-only`; do not edit "
-                  "by hand.", ""]
-    for section in summary.sections:
-        lines += section(saved)
-    return "\n".join(lines) + "\n"
+    lines = [line for section in summary.sections for line in section(saved)]
+    return render(summary.title, lines, study=study.name if summary.generated else None)
 
 
 def write_report(study, out) -> list[pathlib.Path]:

@@ -1,14 +1,15 @@
 r"""Figure 1's numbers from its saved ``results.csv``: panel statistics, the claims and their verdicts.
 
-Everything here is a function of the tables (no data, no model): :mod:`approxlab.studies.figure1`
-writes ``results.csv``; :mod:`approxlab.studies.figure1_report` calls these to write
+Everything here is a function of the tables (no data, no model): the cells of
+:mod:`approxlab.studies.figure1` write ``results.csv``; its report step calls these to write
 ``panel_stats.csv``, ``verdicts.csv``, the figures and ``summary.md``. The statistics themselves
-(quantiles, bootstrap over windows, verdicts) are :mod:`approxlab.stats`.
+(quantiles, bootstrap over windows) are :mod:`approxlab.stats`; intervals and verdicts come from the
+claims engine (:mod:`approxlab.studies.reporting.claims`).
 
 Claims (Skyformer Section 4.5, Figure 1), each judged from the median *and* from the mean over
 heads x windows x seeds (float64; :data:`PRIMARY_AGGREGATION` says which one leads and why) with a
-95% bootstrap interval over windows against a threshold fixed in code (:data:`THRESHOLDS`,
-:data:`CLAIMS`):
+95% bootstrap interval over windows against a threshold fixed in code (:data:`CLAIMS`,
+:data:`THRESHOLDS`):
 
 (a) Skyformer's error falls markedly as d grows; (b) each baseline gains little as d grows;
 (b-comparative) Skyformer gains more than each baseline as d grows (the paper's sentence read as a
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import stats
+from ... import stats
+from ..declaration import Claim
+from ..reporting import claims as engine
 
 __all__ = [
     "PAPER_METHODS",
@@ -156,23 +159,28 @@ def win_rates(long: pd.DataFrame, panel: pd.DataFrame) -> pd.DataFrame:
 
 # -------------------------------------------------------------------------- verdicts
 
-THRESHOLDS = {"a": 0.5, "b": 0.8, "b-comparative": 1.0, "c": 0.0, "d": 0.0}
-"""Verdict thresholds (see :data:`CLAIMS`): (a), (b), (c), (d) fixed before the first run;
-(b-comparative) has no free threshold (Skyformer's ratio below the baseline's)."""
+_BOTH = ("median", "mean")
 
-CLAIMS = {
-    "a": ("{sky} error falls markedly as d grows", "{agg} error ratio d_max/d_min", "at most"),
-    "b": ("{method} gains little as d grows", "{agg} error ratio d_max/d_min", "at least"),
-    "b-comparative": ("{sky} gains more than {method} as d grows",
-                      "{sky}'s {agg} error ratio d_max/d_min / the baseline's", "below"),
-    "c": ("{sky} beats {baselines} at d_max", "(best baseline - {sky}) / best baseline, {agg} errors at d_max",
-          "above"),
-    "d": ("the gap of (c) grows with n", "gap(n_max) - gap(n_min)", "above"),
-}
-"""Claim id -> (claim, statistic, side of the threshold on which the claim holds, see
-:func:`approxlab.stats.verdict`). Skyformer is ``PAPER_METHODS[0]``, its baselines ``PAPER_METHODS[1:]``.
-(b) is the absolute reading of the paper's "the baselines gain little" (a fixed bar on each
-baseline's ratio); (b-comparative) the relative one (Skyformer's ratio against each baseline's)."""
+CLAIMS = (
+    Claim("a", "{sky} error falls markedly as d grows", "{agg} error ratio d_max/d_min", side="at most",
+          threshold=0.5, aggregations=_BOTH),
+    Claim("b", "{method} gains little as d grows", "{agg} error ratio d_max/d_min", side="at least",
+          threshold=0.8, aggregations=_BOTH),
+    Claim("b-comparative", "{sky} gains more than {method} as d grows",
+          "{sky}'s {agg} error ratio d_max/d_min / the baseline's", side="below", threshold=1.0, aggregations=_BOTH),
+    Claim("c", "{sky} beats {baselines} at d_max", "(best baseline - {sky}) / best baseline, {agg} errors at d_max",
+          side="above", threshold=0.0, aggregations=_BOTH),
+    Claim("d", "the gap of (c) grows with n", "gap(n_max) - gap(n_min)", side="above", threshold=0.0,
+          aggregations=_BOTH),
+)
+"""The claims, with their thresholds fixed before the first run ((b-comparative) has no free threshold:
+Skyformer's ratio below the baseline's), judged per condition x n (x baseline) under both aggregations.
+Skyformer is ``PAPER_METHODS[0]``, its baselines ``PAPER_METHODS[1:]``. (b) is the absolute reading of the
+paper's "the baselines gain little" (a fixed bar on each baseline's ratio); (b-comparative) the relative
+one (Skyformer's ratio against each baseline's)."""
+
+THRESHOLDS = {claim.id: claim.threshold for claim in CLAIMS}
+"""Claim id -> its threshold (see :data:`CLAIMS`)."""
 
 BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95, "dtype": "float64"}
 """Windows are resampled with replacement (they are the independent unit: heads and seeds
@@ -216,8 +224,8 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
     or ``mean`` over heads x windows x seeds (float64 runs, :class:`approxlab.stats.UnitAggregate`),
     with the same thresholds. The interval is the percentile interval of :data:`BOOTSTRAP` resamples
     of the windows (the same draws for both aggregations), widened to include the estimate where it
-    misses it (:func:`approxlab.stats.bootstrap`); ``inconclusive`` when it reaches across the
-    threshold (:func:`approxlab.stats.verdict`).
+    misses it (:func:`approxlab.studies.reporting.claims.bootstrap`); ``inconclusive`` when it reaches
+    across the threshold (:func:`approxlab.studies.reporting.claims.judge`).
     """
     errors = head_errors(results)
     errors = errors[errors["dtype"] == BOOTSTRAP["dtype"]]
@@ -228,20 +236,21 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
     windows = {n: sorted(set(errors.loc[errors["n"] == n, "window"])) for n in ns}
     order = [PRIMARY_AGGREGATION] + [a for a in stats.AGGREGATIONS if a != PRIMARY_AGGREGATION]
+    declared = {claim.id: claim for claim in CLAIMS}
     rows = []
     for how in order:
         aggregate = stats.UnitAggregate(errors, by=["condition", "n", "method", "num_features"], unit="window",
                                         column="error", how=how)
-        intervals = stats.bootstrap(lambda units: _claim_statistics(config, aggregate, units, methods), windows,
-                                    resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"],
-                                    level=BOOTSTRAP["level"])
+        intervals = engine.bootstrap(lambda units: _claim_statistics(config, aggregate, units, methods), windows,
+                                     resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"],
+                                     level=BOOTSTRAP["level"])
         for (claim, condition, n, method), interval in intervals.items():
-            _, statistic, side = CLAIMS[claim]
+            declared_claim = declared[claim]
             rows.append({"claim": claim, "aggregation": how, "condition": condition, "n": n, "method": method,
-                         "statistic": statistic.format(sky=PAPER_METHODS[0], agg=how),
+                         "statistic": declared_claim.statistic.format(sky=PAPER_METHODS[0], agg=how),
                          "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
-                         "threshold": THRESHOLDS[claim],
-                         "verdict": stats.verdict(interval.low, interval.high, THRESHOLDS[claim], side)})
+                         "threshold": declared_claim.threshold,
+                         "verdict": engine.judge(declared_claim, interval.low, interval.high)})
     table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
     table.attrs["windows"] = min(len(w) for w in windows.values())
     return table

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .figure1_stats import PAPER_METHODS, THRESHOLDS
+from .stats import PAPER_METHODS, THRESHOLDS
 
 __all__ = ["PAPER_COUNTERPARTS", "COMPARISON_COLUMNS", "paper_curves", "paper_comparison", "shape_comparison",
            "orderings", "paper_claim_b"]
@@ -31,7 +31,7 @@ COMPARISON_COLUMNS = ["condition", "n", "method", "paper_method", "num_features"
 
 def paper_curves() -> pd.DataFrame:
     """The paper's Figure 1 (:func:`approxlab.studies.paper.skyformer_figure1`)."""
-    from .paper import skyformer_figure1
+    from ..paper import skyformer_figure1
 
     return skyformer_figure1()
 
@@ -42,7 +42,7 @@ def paper_comparison(panel: pd.DataFrame, paper: pd.DataFrame | None = None) -> 
     Parameters
     ----------
     panel : pandas.DataFrame
-        :func:`~approxlab.studies.figure1_stats.panel_statistics` of the run (its float64 rows are used).
+        :func:`~approxlab.studies.figure1.stats.panel_statistics` of the run (its float64 rows are used).
     paper : pandas.DataFrame, optional
         The paper's table (default :func:`paper_curves`).
 

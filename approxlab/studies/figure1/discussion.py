@@ -1,19 +1,20 @@
 r"""The parts of Figure 1's ``summary.md`` that set this run beside the paper.
 
-Rendered from the tables only (:mod:`approxlab.studies.figure1_report` calls these): the
+Rendered from the tables only (:mod:`approxlab.studies.figure1.summary` calls these): the
 deviations of this run's setting from the paper's, the statistic (median first, the mean beside it,
 and every claim whose verdict changes between them, with the tail that makes it change), the
 per-head win rates and blow-up rates, and the paper's digitised curves against this run
-(:mod:`approxlab.studies.figure1_paper`). No number is written here by hand.
+(:mod:`approxlab.studies.figure1.paper`). No number is written here by hand.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from .figure1_paper import PAPER_COUNTERPARTS, orderings, paper_claim_b, paper_comparison, shape_comparison
-from .figure1_stats import (BLOWUP_FACTOR, NEAR_ZERO_ROW, PAPER_METHODS, PRIMARY_AGGREGATION, THRESHOLDS,
-                            aggregation_differences)
+from ..reporting.markdown import markdown_table
+from .paper import PAPER_COUNTERPARTS, orderings, paper_claim_b, paper_comparison, shape_comparison
+from .stats import (BLOWUP_FACTOR, NEAR_ZERO_ROW, PAPER_METHODS, PRIMARY_AGGREGATION, THRESHOLDS,
+                    aggregation_differences)
 
 __all__ = ["deviations_text", "aggregation_text", "tail_text", "win_rate_text", "paper_text", "SHORT_NAMES"]
 
@@ -22,12 +23,6 @@ SHORT_NAMES = {"skyformer-softmax": "Sky", "nystromformer": "Nys", "performer": 
 """Short method names for the ordering tables."""
 
 DEFAULT_CHECKPOINTS = {"initialized": "init:bert-base", "pretrained": "sentence-transformers/all-MiniLM-L6-v2"}
-
-
-def _markdown(frame: pd.DataFrame) -> list[str]:
-    from .figure1_report import _markdown as render
-
-    return render(frame)
 
 
 def _range(values) -> str:
@@ -96,7 +91,7 @@ def aggregation_text(verdict_table: pd.DataFrame, panel: pd.DataFrame) -> list[s
     if differ.empty:
         return lines + ["No claim's verdict differs between the median and the mean in this run."]
     lines += [f"{len(differ)} claim instance(s) change verdict between the two statistics:", "",
-              *_markdown(differ), "", *tail_text(panel, sorted(set(zip(differ["condition"], differ["n"]))))]
+              *markdown_table(differ), "", *tail_text(panel, sorted(set(zip(differ["condition"], differ["n"]))))]
     return lines
 
 
@@ -118,7 +113,7 @@ def tail_text(panel: pd.DataFrame, panels) -> list[str]:
     return [f"Why they differ: the tail. Per panel, over all d (float64): Skyformer's near-zero rows of A~1 "
             f"(|(A~1)_i| <= {NEAR_ZERO_ROW:g} x the head's median), its blow-ups (errors above {BLOWUP_FACTOR:g} "
             "||O||_2), its largest error against the baselines', and how far the mean sits above the median:", "",
-            *_markdown(pd.DataFrame(rows))]
+            *markdown_table(pd.DataFrame(rows))]
 
 
 def win_rate_text(panel: pd.DataFrame, config: dict) -> list[str]:
@@ -136,7 +131,7 @@ def win_rate_text(panel: pd.DataFrame, config: dict) -> list[str]:
             "(`approxlab.stats.win_rate`; heads of one window share its text, so the interval is optimistic); "
             "beside it Skyformer's blow-up rate (share of head errors above "
             f"{BLOWUP_FACTOR:g} ||O||_2) and near-zero-row rate (share of rows of A~1). Every d in `panel_stats.csv`.",
-            "", *_markdown(table)]
+            "", *markdown_table(table)]
 
 
 def _ratio_table(shapes: pd.DataFrame) -> pd.DataFrame:
@@ -163,13 +158,13 @@ def paper_text(panel: pd.DataFrame, config: dict) -> list[str]:
              "run's median and mean in `paper_comparison.csv`. Absolute levels are not comparable (the models "
              "differ, above); the shapes are.", "",
              f"Error ratio d = {d_hi} / d = {d_lo} per panel: the paper's, our median's, our mean's "
-             f"({', '.join(f'{v} = {k}' for k, v in short.items())}):", "", *_markdown(_ratio_table(shapes))]
+             f"({', '.join(f'{v} = {k}' for k, v in short.items())}):", "", *markdown_table(_ratio_table(shapes))]
     for d in (d_lo, d_hi):
         table = orderings(comparison, d)
         for column in ("paper", "ours_median", "ours_mean"):
             table[column] = table[column].replace(short, regex=True)
         lines += ["", f"Order of the paper's four methods at d = {d}, lowest error first (paper: '≈' within the "
-                      "summed reading errors):", "", *_markdown(table)]
+                      "summed reading errors):", "", *markdown_table(table)]
     lines += ["", *_performer_text(shapes),
               f"**The order at d = {d_lo}** differs. Skyformer's rank among the four at d = {d_lo} (1 = lowest "
               f"error; n = {sorted(set(comparison['n']))}): {_rank_text(comparison, d_lo)}. It is not explained: "
