@@ -233,6 +233,7 @@ _CHECKS = {  # dest -> (option, allowed, test of one value); the words of the ty
     "seeds": ("--seeds", "an integer >= 1", lambda v: _whole(v) and v >= 1),
     "steps": ("--steps", "an integer >= 1", lambda v: _whole(v) and v >= 1),
     "positions": ("--positions", f"one of {list(POSITION_MODES)}", lambda v: v in POSITION_MODES),
+    "layers": ("--layers", _LAYERS_ALLOWED, lambda v: v == "all" or v in LAYER_NAMES or (_whole(v) and v >= 0)),
 }
 
 

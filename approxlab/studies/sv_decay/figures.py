@@ -3,7 +3,7 @@
 Per case (condition, n) and layer two panels: every singular value of the exact matrices on a
 log index axis, and the rank-d approximations over their first ``1.25 d`` indices beside the
 exact matrices they approximate. Each row shares its y axis down to its own
-:func:`~approxlab.studies.sv_decay.noise_floor`, drawn and labelled in every panel; nothing is
+:func:`~approxlab.studies.sv_decay.spectra.noise_floor`, drawn and labelled in every panel; nothing is
 drawn below it, and the legend sits below the panels.
 """
 
@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from .sv_decay import EXACT_MATRICES, MATRICES, _load, noise_floor
+from .spectra import EXACT_MATRICES, MATRICES, SPECTRA, noise_floor
 
 __all__ = ["plot"]
 
@@ -63,7 +63,7 @@ def _draw_exact_panel(ax, data, n) -> None:
 def _draw_approximation_panel(ax, data, n, num_features) -> None:
     """The rank-d approximations beside the exact matrices they approximate (D^-1 A; C for Skyformer),
     over the first ``1.25 d`` indices, where all their singular values lie."""
-    from ..plotting import method_style
+    from ...plotting import method_style
 
     floor = math.log10(noise_floor(n))
     for name in ("softmax", "kernelized"):
@@ -80,12 +80,12 @@ def _draw_approximation_panel(ax, data, n, num_features) -> None:
     ax.set_xlabel("i")
 
 
-def plot(out) -> list[pathlib.Path]:
-    """Draw ``sv_decay.png/.pdf`` in ``out`` from ``spectra.csv`` (mean over heads and windows,
+def plot(saved) -> list[pathlib.Path]:
+    """Draw ``sv_decay.png/.pdf`` from the saved ``spectra.csv`` (mean over heads and windows,
     min-max band), as the module docstring describes."""
-    from ..plotting import figure, save_figure
+    from ...plotting import figure, save_figure
 
-    config, _, spectra = _load(out)
+    config, spectra = saved.config, saved.table(SPECTRA)
     cases = [(c, n) for c in config["conditions"] for n in config["n"]]
     layers = config["layers"]
     fig, axes = figure(len(cases), 2 * len(layers), sharey="row", panel_size=(2.3, 2.2))
@@ -110,4 +110,4 @@ def plot(out) -> list[pathlib.Path]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=5, fontsize=7)
-    return save_figure(fig, pathlib.Path(out) / "sv_decay")
+    return save_figure(fig, saved.out / "sv_decay")
