@@ -85,8 +85,13 @@ def markdown_table(frame: pd.DataFrame, *, formats=None, default=format_number, 
     formats = {column: _formatter(spec, missing) for column, spec in (formats or {}).items()}
     fallback = _formatter(default, missing)
     columns = list(frame.columns)
-    lines = ["| " + " | ".join(map(str, columns)) + " |", "|" + "---|" * len(columns)]
+    lines = [_line(map(str, columns)), "|" + "---|" * len(columns)]
     cells = [formats.get(column, fallback) for column in columns]
     for row in frame.itertuples(index=False, name=None):
-        lines.append("| " + " | ".join(cell(value) for cell, value in zip(cells, row)) + " |")
+        lines.append(_line(cell(value) for cell, value in zip(cells, row)))
     return lines
+
+
+def _line(cells) -> str:
+    """``| a | b |``; an empty cell is one blank between its bars."""
+    return "|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|"

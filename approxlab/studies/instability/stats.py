@@ -1,12 +1,12 @@
 r"""Skyformer Table 3's numbers from the per-seed ratios: intervals, power and verdicts.
 
-Everything here is a function of the tables (no data, no model): :mod:`approxlab.studies.instability`
-writes ``results.csv``; :mod:`approxlab.studies.instability_report` calls these to write
+Everything here is a function of the tables (no data, no model): the cells of
+:mod:`approxlab.studies.instability` write ``results.csv``; its report step calls these to write
 ``ratios.csv``, ``intervals.csv``, ``table.md`` and the figure. Per (task, n, seed, attention) the
 ratio is the mean over steps of :math:`\tau_i/\tau_i^{softmax}` (:func:`ratios`); over seeds, the
 arithmetic and geometric means with their 95% Student-t intervals (:func:`ratio_interval`), the power
-of the seeds to tell the paper's value from 1 (:func:`power_analysis`) and a verdict (:func:`verdict`),
-all gathered by :func:`intervals`.
+of the seeds to tell the paper's value from 1 (:func:`power_analysis`) and a verdict (:func:`verdict`,
+the claim :data:`BELOW_ONE` judged by the claims engine), all gathered by :func:`intervals`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "POWER_GOAL", "ratios", "ratio_interval", "verdict", "power_analysis",
-           "table3_value", "intervals"]
+from ..declaration import Claim
+from ..reporting import claims
+
+__all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "POWER_GOAL", "BELOW_ONE", "ratios", "ratio_interval", "verdict",
+           "power_analysis", "table3_value", "intervals"]
 
 
 PAPER_DIFFERENCE = "paper"
@@ -66,7 +69,7 @@ def ratios(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def ratio_interval(values, *, level: float = 0.95) -> tuple[float, float, float]:
-    r"""Mean ratio over seeds and its Student-t confidence interval.
+    r"""Mean ratio over seeds and its Student-t confidence interval (:func:`approxlab.studies.reporting.claims.t_interval`).
 
     Parameters
     ----------
@@ -87,27 +90,26 @@ def ratio_interval(values, *, level: float = 0.95) -> tuple[float, float, float]
     independent draws; the t interval assumes they are roughly normal (5 seeds cannot check
     that), and its width shrinks like :math:`1/\sqrt s`.
     """
-    from scipy import stats
+    return claims.t_interval(values, level=level)
 
-    values = np.asarray(values, dtype=float)
-    mean = float(values.mean())
-    if values.size < 2:
-        return mean, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.5 + level / 2, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size))
-    return mean, mean - half, mean + half
+
+BELOW_ONE = Claim("below 1", "{attention} moves its output less than softmax attention for the same parameter change",
+                  "mean over seeds of the mean over steps of tau_i / tau_i(softmax)", side="below", threshold=1.0,
+                  unit="seed", interval="t", aggregations=("arithmetic", "geometric"), power_goal=POWER_GOAL,
+                  min_units=2, strict=True,
+                  labels={"reproduced": "below 1", "not reproduced": "above 1",
+                          "too few units": "inconclusive (1 seed)"})
+"""Skyformer's "more stable" (Table 3): the ratio's whole interval below 1 ("below 1") or above it
+("above 1"); otherwise "not confirmed (underpowered)" when the seeds had less than :data:`POWER_GOAL`
+power to tell the paper's value from 1, else "inconclusive"; one seed decides nothing."""
 
 
 def verdict(low: float, high: float, power: float = float("nan")) -> str:
     """``"below 1"`` / ``"above 1"`` when the whole interval is on that side of 1; otherwise
     ``"not confirmed (underpowered)"`` when the seeds had less than :data:`POWER_GOAL` power to
-    tell the paper's value from 1, else ``"inconclusive"`` (``power`` NaN: no paper value to size for)."""
-    if high < 1.0:
-        return "below 1"
-    if low > 1.0:
-        return "above 1"
-    if power < POWER_GOAL:
-        return "not confirmed (underpowered)"
-    return "inconclusive"
+    tell the paper's value from 1, else ``"inconclusive"`` (``power`` NaN: no paper value to size for).
+    The claim :data:`BELOW_ONE`, judged by :func:`approxlab.studies.reporting.claims.judge`."""
+    return claims.judge(BELOW_ONE, low, high, power=power)
 
 
 def power_analysis(values, paper_value) -> tuple[float, float, int | None]:
@@ -115,15 +117,12 @@ def power_analysis(values, paper_value) -> tuple[float, float, int | None]:
     true mean is ``paper_value``, at the per-seed spread ``sd`` of ``values``: the power of these seeds
     and the seeds 80% power needs (:func:`approxlab.stats.t_test_power`, ``t_test_sample_size``).
     NaN / None when there is no paper value, fewer than 2 seeds or no spread."""
-    from ..stats import t_test_power, t_test_sample_size
-
     values = np.asarray(values, dtype=float)
     sd = float(values.std(ddof=1)) if values.size > 1 else float("nan")
-    if paper_value is None or not sd > 0 or values.size < 2 or abs(paper_value - 1.0) < 0.05:
+    if paper_value is None or abs(paper_value - 1.0) < 0.05:
         return sd, float("nan"), None
-    difference = float(paper_value) - 1.0
-    power = t_test_power(int(values.size), difference=difference, sd=sd)
-    return sd, power, t_test_sample_size(difference=difference, sd=sd, power=POWER_GOAL, max_n=10**6)
+    power, needed = claims.power(float(paper_value) - 1.0, sd, int(values.size), goal=POWER_GOAL)
+    return sd, power, needed
 
 
 def table3_value(task, attention):
@@ -151,7 +150,7 @@ def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
         rows.append({**entry, "mean": mean, "low": low, "high": high, "geo_mean": float(np.exp(log_mean)),
                      "geo_low": float(np.exp(log_low)), "geo_high": float(np.exp(log_high)), "sd": sd,
                      "paper": table3_value(task, attention), "power": power, "seeds_for_80": needed,
-                     "verdict": verdict(low, high, power) if len(ok) > 1 else "inconclusive (1 seed)",
-                     "geo_verdict": verdict(np.exp(log_low), np.exp(log_high), power) if len(ok) > 1 else
-                     "inconclusive (1 seed)"})
+                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok)),
+                     "geo_verdict": claims.judge(BELOW_ONE, np.exp(log_low), np.exp(log_high), power=power,
+                                                 units=len(ok))})
     return pd.DataFrame.from_records(rows)

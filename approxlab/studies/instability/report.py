@@ -1,10 +1,9 @@
-"""Skyformer Table 3 regenerated: the tables, ``table.md`` and the figure, from the saved files only.
+"""Skyformer Table 3 regenerated: ``table.md`` and the figure, from the saved files only.
 
-:func:`write_table` reads ``results.csv`` and ``config.json`` (written by
-:mod:`approxlab.studies.instability`) and writes ``ratios.csv``, ``intervals.csv``, ``table.md``
-(:func:`summarize`: laid out like Table 3, then the verdicts, the power analysis, the settings
-against the paper's and an entry-by-entry comparison) and ``instability.png/.pdf``. The numbers are
-:mod:`approxlab.studies.instability_stats`.
+The report step of :mod:`approxlab.studies.instability` reads ``results.csv`` and ``config.json`` and
+writes ``ratios.csv``, ``intervals.csv`` (:mod:`.stats`), ``table.md`` (:func:`summarize`: laid out
+like Table 3, then the verdicts, the power analysis, the settings against the paper's and an
+entry-by-entry comparison) and ``instability.png/.pdf`` (:func:`plot`).
 """
 
 from __future__ import annotations
@@ -14,12 +13,12 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from ._compat_io import atomic_write_text, read_results, write_csv_atomic
-from .instability_stats import PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals, ratios, table3_value
-from .runner import StudyError, saved_config
+from ..reporting.markdown import markdown_table
+from ..reporting.summary import render
+from .stats import PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals, table3_value
 
-__all__ = ["ATTENTION_ORDER", "RESULTS", "RATIOS", "INTERVALS", "KEY_COLUMNS", "ratio_table", "verdict_table",
-           "paper_comparison", "summarize", "write_table"]
+__all__ = ["ATTENTION_ORDER", "RESULTS", "RATIOS", "INTERVALS", "KEY_COLUMNS", "TITLE", "ratio_table",
+           "verdict_table", "paper_comparison", "summary_lines", "summarize", "sections", "plot"]
 
 
 ATTENTION_ORDER = ("softmax", "kernelized", "skyformer", "nystromformer", "spectral-shifting", "yoso")
@@ -29,6 +28,7 @@ RESULTS = "results.csv"
 RATIOS = "ratios.csv"
 INTERVALS = "intervals.csv"
 KEY_COLUMNS = ("task", "n", "seed", "attention")
+TITLE = "Instability-score ratios (Skyformer Appendix F, Table 3)"
 
 
 def _task_label(task: str, n: int) -> str:
@@ -80,10 +80,8 @@ def verdict_table(per_seed: pd.DataFrame) -> pd.DataFrame:
 
 
 def _markdown(table: pd.DataFrame) -> str:
-    header = "| attention | " + " | ".join(table.columns) + " |"
-    rule = "|---|" + "---|" * len(table.columns)
-    body = [f"| {index} | " + " | ".join(str(v) for v in row) + " |" for index, row in table.iterrows()]
-    return "\n".join([header, rule, *body])
+    """A Table-3 layout (rows = attentions) as markdown, entries as they are."""
+    return "\n".join(markdown_table(table, default=str, empty=None, index="attention"))
 
 
 def _claim(summary: pd.DataFrame, attention: str, holds) -> str:
@@ -130,11 +128,7 @@ def paper_comparison(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _records_markdown(frame: pd.DataFrame) -> str:
-    if not len(frame):
-        return "(no task with a Table 3 counterpart)"
-    header = "| " + " | ".join(frame.columns) + " |"
-    rule = "|" + "---|" * len(frame.columns)
-    return "\n".join([header, rule, *("| " + " | ".join(map(str, r)) + " |" for r in frame.itertuples(index=False))])
+    return "\n".join(markdown_table(frame, default=str, empty="(no task with a Table 3 counterpart)"))
 
 
 def _power_lines(summary: pd.DataFrame) -> list[str]:
@@ -147,30 +141,29 @@ def _power_lines(summary: pd.DataFrame) -> list[str]:
              "two-sided one-sample t-test at 5%, with the per-seed standard deviation measured here. A verdict "
              "that is not decisive counts as \"not confirmed (underpowered)\" when the power is below "
              f"{POWER_GOAL:.0%}. The SD of a handful of seeds is itself a rough estimate, so the last column is "
-             "indicative; an entry with one seed has no SD and no power.", "",
-             "| attention | task | seeds | per-seed SD | paper | power at the paper's value | seeds for 80% power |",
-             "|---|---|---|---|---|---|---|"]
+             "indicative; an entry with one seed has no SD and no power.", ""]
+    table = []
     for r in rows.itertuples(index=False):
         if r.verdict == "failed":
             continue
         needed = "-" if r.seeds_for_80 is None or pd.isna(r.seeds_for_80) else f"{int(r.seeds_for_80)}"
         paper = "-" if r.paper is None or pd.isna(r.paper) else f"{r.paper:.2f}"
         power = "-" if pd.isna(r.power) else f"{r.power:.2f}"
-        lines.append(f"| {r.attention} | {_task_label(r.task, r.n)} | {r.seeds} | {r.sd:.3f} | {paper} | {power} "
-                     f"| {needed} |")
-    return lines + [""]
+        table.append([r.attention, _task_label(r.task, r.n), r.seeds, f"{r.sd:.3f}", paper, power, needed])
+    columns = ["attention", "task", "seeds", "per-seed SD", "paper", "power at the paper's value",
+               "seeds for 80% power"]
+    return lines + markdown_table(pd.DataFrame(table, columns=columns), default=str, empty=None) + [""]
 
 
 def _settings_lines(config: dict) -> list[str]:
     """Every setting of Skyformer's Table 3 run, kept or changed here."""
-    from ..optim import SKYFORMER_LRA
+    from ...optim import SKYFORMER_LRA
 
     tasks = {t["task"]: t for t in config["tasks"]}
-    lines = ["## Settings: the paper's, kept or changed", "", "| setting | paper (Skyformer's LRA code) | here | |",
-             "|---|---|---|---|"]
+    settings = []
 
     def row(name, paper, here):
-        lines.append(f"| {name} | {paper} | {here} | {'kept' if str(paper) == str(here) else 'changed'} |")
+        settings.append([name, paper, here, "kept" if str(paper) == str(here) else "changed"])
 
     for task, label in (("listops", "ListOps"), ("pathfinder", "Pathfinder")):
         paper, ours = SKYFORMER_LRA[task], tasks.get(task)
@@ -189,6 +182,8 @@ def _settings_lines(config: dict) -> list[str]:
     row("steps scored", 20, config["steps"])
     row("num_features (landmarks, features)", 128, config["num_features"])
     row("precision", "mixed (fp16 autocast, GPU)", config["dtype"])
+    table = pd.DataFrame(settings, columns=["setting", "paper (Skyformer's LRA code)", "here", ""])
+    lines = ["## Settings: the paper's, kept or changed", "", *markdown_table(table, default=str, empty=None)]
     lines += ["", "- Pathfinder images come from our own generator (`approxlab.tasks.pathfinder`: 3 dashed paths, "
               "no anti-aliasing), not LRA's Pathfinder-32 files; ListOps from LRA's generator rules "
               "(`approxlab.tasks.listops`).",
@@ -205,14 +200,13 @@ def _settings_lines(config: dict) -> list[str]:
     return lines
 
 
-def summarize(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -> str:
-    """The markdown of ``table.md``: intervals, verdicts with their power, the power analysis, the
-    settings against the paper's, Table 3 beside ours, and the compute budget."""
+def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -> list[str]:
+    """The lines of ``table.md`` under its title: intervals, verdicts with their power, the power analysis,
+    the settings against the paper's, Table 3 beside ours, and the compute budget."""
     summary = intervals(per_seed)
     seconds = results.groupby(list(KEY_COLUMNS))["seconds"].first()
     seeds_run = sorted(per_seed["seed"].unique().tolist())
     lines = [
-        "# Instability-score ratios (Skyformer Appendix F, Table 3)", "",
         f"Mean over {config['steps']} training steps of tau_i(method) / tau_i(softmax) per seed; then over "
         f"{len(seeds_run)} seeds (of {config['seeds']} configured) the arithmetic mean (the paper's statistic) "
         "with its 95% Student-t interval. tau_i = ||f(x_i, W_i) - f(x_i, W_(i-1))||_F^2 / ||W_i - W_(i-1)||_F^2, "
@@ -243,7 +237,17 @@ def summarize(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -> st
     if len(failed):
         lines += ["", "## Failed entries", ""]
         lines += [f"- {r.task} n={r.n} seed={r.seed} {r.attention}: {r.status}" for r in failed.itertuples()]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def summarize(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -> str:
+    """The markdown of ``table.md`` (:func:`summary_lines` under its title)."""
+    return render(TITLE, summary_lines(config, per_seed, results))
+
+
+def sections(saved) -> list[str]:
+    """``table.md``'s lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
+    return summary_lines(saved.config, saved.product(RATIOS), saved.table(RESULTS))
 
 
 def _method_note(config: dict) -> str:
@@ -258,11 +262,14 @@ def _method_note(config: dict) -> str:
     return "; ".join(notes)
 
 
-def _plot(per_seed: pd.DataFrame, out: pathlib.Path) -> list:
-    """Per task, each attention's per-seed ratios (dots), the arithmetic mean and its 95% interval."""
-    from ..plotting import figure, method_style, save_figure
+def plot(saved) -> list[pathlib.Path]:
+    """``instability.png/.pdf``: per task, each attention's per-seed ratios (dots), the arithmetic mean and its
+    95% interval, Table 3's value; nothing when no ratio could be computed."""
+    from ...plotting import figure, method_style, save_figure
 
-    summary = intervals(per_seed)
+    per_seed, summary = saved.product(RATIOS), saved.product(INTERVALS)
+    if not (per_seed["status"] == "ok").any():
+        return []
     panels = list(dict.fromkeys(per_seed[["task", "n"]].itertuples(index=False, name=None)))
     attentions = [a for a in ATTENTION_ORDER if a in set(per_seed["attention"]) and a != "softmax"]
     fig, axes = figure(1, len(panels), sharey=True, panel_size=(3.6, 3.0))
@@ -292,19 +299,4 @@ def _plot(per_seed: pd.DataFrame, out: pathlib.Path) -> list:
             handles.setdefault(label, handle)
     axes[0][-1].legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.02, 0.5),
                        fontsize="small")  # outside the data
-    return save_figure(fig, out / "instability")
-
-
-def write_table(out) -> list[pathlib.Path]:
-    """Read ``results.csv`` + ``config.json``; write ``ratios.csv``, ``table.md`` and the figure."""
-    out = pathlib.Path(out)
-    if not (out / RESULTS).is_file():
-        raise StudyError(f"no {RESULTS} in {str(out)!r}: run the compute step first (without --plot-only).")
-    config = saved_config(out / "config.json", RESULTS)
-    results = read_results(out / RESULTS, required=KEY_COLUMNS)
-    per_seed = ratios(results)
-    written = [write_csv_atomic(per_seed, out / RATIOS), write_csv_atomic(intervals(per_seed), out / INTERVALS)]
-    written.append(atomic_write_text(out / "table.md", summarize(config, per_seed, results)))
-    if (per_seed["status"] == "ok").any():
-        written += _plot(per_seed, out)
-    return written
+    return save_figure(fig, saved.out / "instability")
