@@ -88,13 +88,14 @@ def load(study, out) -> Saved:
         if not table.optional and not has_results(out / table.name):
             raise StudyError(f"no {table.name} in {str(out)!r}: run the study's compute step first (without "
                              "--plot-only).")
-    config = saved_config(out / "config.json", tables[0].name)
+    main = next(table for table in tables if not table.optional)
+    config = saved_config(out / "config.json", main.name)
     record = read_json(out / "config.json")
     frames = {}
     for table in tables:
         path = out / table.name
         frames[table.name] = read_results(path, required=table.required) if has_results(path) else pd.DataFrame()
-    if frames[tables[0].name].empty:
-        raise StudyError(f"{str(out / tables[0].name)!r} holds no rows yet: nothing to plot; rerun without "
+    if frames[main.name].empty:
+        raise StudyError(f"{str(out / main.name)!r} holds no rows yet: nothing to plot; rerun without "
                          "--plot-only.")
     return Saved(study, out, config, record, frames)

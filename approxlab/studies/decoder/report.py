@@ -1,8 +1,8 @@
 r"""The decoder study's figures and summary, drawn from its saved tables only (``approxlab decoder --plot-only``).
 
 Reads ``results.csv``, ``assumptions.csv``, ``windows.csv``, ``timing.json`` and ``config.json``;
-writes ``error_stats.csv``, ``assumption_stats.csv`` and ``verdicts.csv``
-(:mod:`approxlab.studies.decoder_stats`), ``decoder-errors-<condition>.png/.pdf`` (relative error
+the report step writes ``error_stats.csv``, ``assumption_stats.csv``, ``head_stats.csv`` and ``verdicts.csv``
+(:mod:`approxlab.studies.decoder.stats`), ``decoder-errors-<condition>.png/.pdf`` (relative error
 against d, one panel per layer x n, the same y-limits per panel in every condition's figure),
 ``decoder-assumptions.png/.pdf`` (the assumption parameters against n, one line per condition x layer)
 and ``summary.md``.
@@ -15,20 +15,19 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from ._compat_io import atomic_write_text, read_json, read_results
-from .decoder_stats import (BOOTSTRAP, CLAIMS, HEAD_QUANTITIES, assumption_statistics, cost_exponents,
-                            error_intervals, error_statistics, head_statistics, quantity_intervals, verdicts)
-from .reporting.markdown import format_number as _fmt
-from .reporting.markdown import markdown_table as _markdown
-from .runner import StudyError
+from ..reporting.claims import tally
+from ..reporting.markdown import format_number as _fmt
+from ..reporting.markdown import markdown_table as _markdown
+from .stats import (BOOTSTRAP, CLAIMS, HEAD_QUANTITIES, cost_exponents, error_intervals, head_statistics,
+                    quantity_intervals)
 
-__all__ = ["RESULTS", "ASSUMPTIONS", "WINDOWS", "TIMING", "ERROR_STATS", "ASSUMPTION_STATS", "HEAD_STATS",
-           "VERDICTS", "plot", "summarize", "write_summary", "PANELS"]
+__all__ = ["RESULTS", "ASSUMPTIONS", "WINDOWS", "ERROR_STATS", "ASSUMPTION_STATS", "HEAD_STATS", "VERDICTS", "TITLE",
+           "plot", "summary_lines", "sections", "PANELS"]
 
 RESULTS = "results.csv"
 ASSUMPTIONS = "assumptions.csv"
 WINDOWS = "windows.csv"
-TIMING = "timing.json"
+TITLE = "Decoder study: causal approximations and the theorems' assumptions on a real LLM"
 ERROR_STATS = "error_stats.csv"
 ASSUMPTION_STATS = "assumption_stats.csv"
 HEAD_STATS = "head_stats.csv"
@@ -53,16 +52,6 @@ _LAYER_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9
 _CONDITION_STYLES = {"pretrained": "-", "initialized": "--"}
 
 
-def _load(out):
-    out = pathlib.Path(out)
-    for name in (RESULTS, ASSUMPTIONS):
-        if not (out / name).is_file():
-            raise StudyError(f"no {name} in {str(out)!r}: run the compute step first (without --plot-only).")
-    record = read_json(out / "config.json")
-    config = {**record["config"], "_run": record.get("run", {})}
-    return config, read_results(out / RESULTS), read_results(out / ASSUMPTIONS)
-
-
 def _layer_style(config, layer) -> dict:
     index = config["layers"].index(layer) if layer in config["layers"] else 0
     return {"color": _LAYER_COLORS[index % len(_LAYER_COLORS)], "marker": "osD^v<>"[index % 7]}
@@ -70,7 +59,7 @@ def _layer_style(config, layer) -> dict:
 
 def _draw_errors(config, panel, condition):
     """One condition's error figure: rows = layers, columns = n, relative error against d."""
-    from ..plotting import error_panel, figure, figure_legend
+    from ...plotting import error_panel, figure, figure_legend
 
     layers = [layer for layer in config["layers"] if layer in set(panel["layer"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
@@ -105,7 +94,7 @@ def _draw_assumptions(config, medians):
     """The assumption figure: one panel per quantity of :data:`PANELS`, x = n, a line per condition x layer."""
     from matplotlib.ticker import NullLocator
 
-    from ..plotting import figure, figure_legend
+    from ...plotting import figure, figure_legend
 
     fig, axes = figure(2, 4, panel_size=(2.8, 2.3), sharex=True)
     for ax, (quantity, (title, reference)) in zip(axes.ravel(), PANELS.items()):
@@ -133,33 +122,27 @@ def _draw_assumptions(config, medians):
     return fig
 
 
-def plot(out) -> list[pathlib.Path]:
-    """Write ``error_stats.csv``, ``assumption_stats.csv`` and the figures in ``out`` from its tables."""
-    from ..plotting import save_figure, share_ylimits, style
+def plot(saved) -> list[pathlib.Path]:
+    """The figures from the saved tables: the errors of each condition (the same y-limits per panel in
+    every condition's figure) and the assumptions."""
+    from ...plotting import save_figure, share_ylimits, style
 
-    config, results, assumptions = _load(out)
-    out = pathlib.Path(out)
-    panel = error_statistics(results).rename(columns={})
-    atomic_write_text(out / ERROR_STATS, panel.to_csv(index=False))
-    medians = assumption_statistics(assumptions)
-    atomic_write_text(out / ASSUMPTION_STATS, medians.to_csv(index=False))
-    atomic_write_text(out / HEAD_STATS, head_statistics(assumptions).to_csv(index=False))
+    config = saved.config
+    panel, medians = saved.product(ERROR_STATS), saved.product(ASSUMPTION_STATS)
     written = []
     with style():
         drawn = {c: _draw_errors(config, panel, c) for c in config["conditions"] if c in set(panel["condition"])}
         share_ylimits(*(axes for _, axes in drawn.values()))
         for condition, (fig, _) in drawn.items():
-            written += save_figure(fig, out / f"decoder-errors-{condition}")
-        written += save_figure(_draw_assumptions(config, medians), out / "decoder-assumptions")
+            written += save_figure(fig, saved.out / f"decoder-errors-{condition}")
+        written += save_figure(_draw_assumptions(config, medians), saved.out / "decoder-assumptions")
     return written
 
 
 # -------------------------------------------------------------------------- summary
 
 
-def _timing_text(out, config) -> list[str]:
-    path = pathlib.Path(out) / TIMING
-    runs = read_json(path).get("runs", []) if path.is_file() else []
+def _timing_text(runs, config) -> list[str]:
     lines = [f"- Command: `{config['_run'].get('command', 'approxlab decoder')}`"]
     for run in runs:
         lines.append(f"- Run: `{run['command']}`: {run['wall_seconds']:,.0f} s wall ({run['wall_seconds'] / 60:.1f} "
@@ -228,13 +211,11 @@ def _verdict_text(table: pd.DataFrame) -> list[str]:
     if len(table) and int(table["windows"].min()) < 2:
         lines += ["With a single window there is nothing to resample: the intervals have no width and the "
                   "verdicts carry no uncertainty (run more --windows).", ""]
-    for claim, (text, quantity, statistic, side, threshold) in CLAIMS.items():
-        rows = table[table["claim"] == claim]
-        counts = rows["verdict"].value_counts()
-        summary = ", ".join(f"{counts.get(v, 0)} {v}" for v in ("reproduced", "not reproduced", "inconclusive"))
-        what = "growth exponent in n" if statistic == "exponent" else "value at the largest n"
-        lines.append(f"- ({claim}) {text}: {what} of the median {quantity}, holds {side} {threshold:g}: "
-                     f"{summary} (of {len(rows)} condition x layer).")
+    for claim in CLAIMS:
+        rows = table[table["claim"] == claim.id]
+        lines.append(f"- ({claim.id}) {claim.text}: {claim.statistic} of the median {claim.quantity}, holds "
+                     f"{claim.side} {claim.threshold:g}: {tally(claim, rows['verdict'])} (of {len(rows)} condition x "
+                     "layer).")
     shown = table.drop(columns=["statistic", "windows"]).rename(columns={"verdict": "holds?"})
     shown["holds?"] = shown["holds?"].map({"reproduced": "yes", "not reproduced": "no", "inconclusive": "?"})
     return lines + ["", *_markdown(shown)]
@@ -289,29 +270,24 @@ def _error_text(results, config) -> list[str]:
     return lines + _markdown(table[["condition", "layer", *[m for m in config["methods"] if m in table]]])
 
 
-def summarize(out, config, results, assumptions, windows, verdict_table) -> str:
-    """The text of ``summary.md`` (numbers come from the tables)."""
-    lines = ["# Decoder study: causal approximations and the theorems' assumptions on a real LLM", "",
-             "Generated from the tables in this folder by `approxlab decoder --plot-only`; do not edit by hand.", "",
-             "## Run", "", *_timing_text(out, config), *_completeness_text(config, results, assumptions),
-             f"- Checkpoint: `{config['checkpoint']}`; conditions {config['conditions']}; layers {config['layers']}; "
-             f"n = {config['n']}; d = {config['num_features']}; {config['windows']} window(s) "
-             f"(ids {sorted(set(assumptions['window']))}); {config['seeds']} seed(s) for randomized methods.",
-             "- Methods: " + ", ".join(f"{m} ({'own causal form' if f is True else f})"
-                                       for m, f in config["causal_forms"].items()) + ".",
-             "- Figures: " + ", ".join(f"`decoder-errors-{c}.png`" for c in config["conditions"])
-             + " (relative error against d, the same y-limits per panel), `decoder-assumptions.png`.",
-             *_deviations(config, windows, results), *_verdict_text(verdict_table), *_quantity_text(assumptions, config),
-             *_head_text(assumptions),
-             *_error_text(results, config), ""]
-    return "\n".join(lines)
+def summary_lines(runs, config, results, assumptions, windows, verdict_table) -> list[str]:
+    """The lines of ``summary.md`` under its title (numbers come from the tables; ``runs``: ``timing.json``)."""
+    return ["## Run", "", *_timing_text(runs, config), *_completeness_text(config, results, assumptions),
+            f"- Checkpoint: `{config['checkpoint']}`; conditions {config['conditions']}; layers {config['layers']}; "
+            f"n = {config['n']}; d = {config['num_features']}; {config['windows']} window(s) "
+            f"(ids {sorted(set(assumptions['window']))}); {config['seeds']} seed(s) for randomized methods.",
+            "- Methods: " + ", ".join(f"{m} ({'own causal form' if f is True else f})"
+                                      for m, f in config["causal_forms"].items()) + ".",
+            "- Figures: " + ", ".join(f"`decoder-errors-{c}.png`" for c in config["conditions"])
+            + " (relative error against d, the same y-limits per panel), `decoder-assumptions.png`.",
+            *_deviations(config, windows, results), *_verdict_text(verdict_table), *_quantity_text(assumptions, config),
+            *_head_text(assumptions), *_error_text(results, config)]
 
 
-def write_summary(out) -> pathlib.Path:
-    """Write ``verdicts.csv`` and ``summary.md`` in ``out`` from its saved tables only."""
-    out = pathlib.Path(out)
-    config, results, assumptions = _load(out)
-    windows = read_results(out / WINDOWS) if (out / WINDOWS).is_file() else pd.DataFrame()
-    table = verdicts(config, assumptions)
-    atomic_write_text(out / VERDICTS, table.to_csv(index=False))
-    return atomic_write_text(out / "summary.md", summarize(out, config, results, assumptions, windows, table))
+def sections(saved) -> list[str]:
+    """The summary's lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
+    config = {**saved.config, "_run": saved.run}
+    return summary_lines(saved.timing, config, saved.table(RESULTS), saved.table(ASSUMPTIONS), saved.table(WINDOWS),
+                         saved.product(VERDICTS))
+
+

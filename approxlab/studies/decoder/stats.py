@@ -6,7 +6,7 @@ Windows are the independent unit: heads, seeds and the prefixes of one window (i
 
 Claims (the assumptions of the theorems; thresholds fixed in code before the run, :data:`CLAIMS`), each
 judged per condition x layer from the median over heads x windows, with a 95% bootstrap interval over
-windows (:data:`BOOTSTRAP`):
+windows (:data:`BOOTSTRAP`) and a verdict of the claims engine (:mod:`approxlab.studies.reporting.claims`):
 
 * ``alpha``, ``alpha_block``, ``kappa``, ``stable_rank`` -- :math:`x = n^{o(1)}` (HyperAttention's
   assumption on :math:`\alpha` and :math:`\kappa`; a low stable rank, the other escape from the
@@ -26,7 +26,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from .. import stats
+from ... import stats
+from ..declaration import Claim
+from ..reporting import claims as engine
 
 __all__ = ["ERROR_GROUP", "ASSUMPTION_GROUP", "CLAIMS", "BOOTSTRAP", "VERDICT_COLUMNS", "SHOWN_QUANTITIES",
            "HEAD_QUANTITIES", "head_errors", "error_statistics", "assumption_statistics", "head_statistics",
@@ -37,17 +39,21 @@ ASSUMPTION_GROUP = ["condition", "layer", "n"]
 BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95}
 """Windows resampled with replacement (:func:`approxlab.stats.bootstrap`), the same draw for every n."""
 
-CLAIMS = {
-    "alpha": ("HyperAttention: alpha = n^o(1) on the causal D^-1 A", "alpha", "exponent", "below", 0.5),
-    "alpha_block": ("HyperAttention: alpha = n^o(1) on the unmasked block of its causal recursion", "alpha_block",
-                    "exponent", "below", 0.5),
-    "kappa": ("HyperAttention: kappa = n^o(1) on that block (heavy entries removed)", "kappa", "exponent", "below",
-              0.5),
-    "bounded_entries": ("Alman-Song: B = o(sqrt(log n))", "entry_ratio", "at n_max", "below", 1.0),
-    "stable_rank": ("low stable rank: stable rank of the causal D^-1 A = n^o(1)", "stable_rank", "exponent",
-                    "below", 0.5),
-}
-"""Claim -> (text, quantity, statistic, side, threshold): see the module docstring."""
+_EXPONENT = "growth exponent in n"
+
+CLAIMS = (
+    Claim("alpha", "HyperAttention: alpha = n^o(1) on the causal D^-1 A", _EXPONENT, side="below", threshold=0.5,
+          quantity="alpha"),
+    Claim("alpha_block", "HyperAttention: alpha = n^o(1) on the unmasked block of its causal recursion", _EXPONENT,
+          side="below", threshold=0.5, quantity="alpha_block"),
+    Claim("kappa", "HyperAttention: kappa = n^o(1) on that block (heavy entries removed)", _EXPONENT, side="below",
+          threshold=0.5, quantity="kappa"),
+    Claim("bounded_entries", "Alman-Song: B = o(sqrt(log n))", "value at the largest n", side="below", threshold=1.0,
+          quantity="entry_ratio"),
+    Claim("stable_rank", "low stable rank: stable rank of the causal D^-1 A = n^o(1)", _EXPONENT, side="below",
+          threshold=0.5, quantity="stable_rank"),
+)
+"""The claims (quantity, statistic, side, threshold): see the module docstring."""
 
 VERDICT_COLUMNS = ["claim", "condition", "layer", "quantity", "statistic", "estimate", "ci_low", "ci_high",
                    "threshold", "verdict", "windows"]
@@ -127,39 +133,24 @@ def growth_exponent(ns, values) -> float:
     return float(np.polyfit(x[keep], np.log(y[keep]), 1)[0])
 
 
-def _per_multiset(statistic):
-    """``statistic`` computed once per multiset of windows: a median over pooled windows does not depend on
-    their order, and W windows give only C(2W-1, W) multisets among the bootstrap's resamples (10 for W = 3)."""
-    seen = {}
-
-    def memoized(units):
-        key = tuple(sorted((str(group), tuple(sorted(ids))) for group, ids in units.items())) \
-            if isinstance(units, dict) else tuple(sorted(units))
-        if key not in seen:
-            seen[key] = statistic(units)
-        return seen[key]
-
-    return memoized
-
-
 def _claim_values(config, median, units, layers) -> dict:
     """Every claim's statistic for one multiset of windows: ``{(claim, condition, layer): value}``."""
     out = {}
     ns = config["n"]
     for condition in config["conditions"]:
         for layer in layers:
-            for claim, (_, quantity, statistic, _, _) in CLAIMS.items():
-                if statistic == "exponent":
-                    value = growth_exponent(ns, [median[quantity](units[n], condition, layer, n) for n in ns])
+            for claim in CLAIMS:
+                if claim.statistic == _EXPONENT:
+                    value = growth_exponent(ns, [median[claim.quantity](units[n], condition, layer, n) for n in ns])
                 else:
-                    value = median[quantity](units[ns[-1]], condition, layer, ns[-1])
-                out[(claim, condition, layer)] = value
+                    value = median[claim.quantity](units[ns[-1]], condition, layer, ns[-1])
+                out[(claim.id, condition, layer)] = value
     return out
 
 
 def verdicts(config: dict, assumptions: pd.DataFrame) -> pd.DataFrame:
     """``verdicts.csv``: each claim's statistic, its bootstrap interval over windows and the verdict
-    (:func:`approxlab.stats.verdict`; inconclusive when the interval crosses the threshold)."""
+    (:func:`approxlab.studies.reporting.claims.judge`; inconclusive when the interval crosses the threshold)."""
     frame = _with_ratio(assumptions)
     ns = [n for n in config["n"] if n in set(frame["n"])]
     if not ns:
@@ -168,17 +159,20 @@ def verdicts(config: dict, assumptions: pd.DataFrame) -> pd.DataFrame:
     layers = [layer for layer in config["layers"] if layer in set(frame["layer"])]
     median = {quantity: stats.UnitAggregate(frame.dropna(subset=[quantity]), by=ASSUMPTION_GROUP, unit="window",
                                             column=quantity, how="median")
-              for quantity in {c[1] for c in CLAIMS.values()}}
+              for quantity in {claim.quantity for claim in CLAIMS}}
     units = {n: sorted(set(frame.loc[frame["n"] == n, "window"])) for n in ns}
-    intervals = stats.bootstrap(_per_multiset(lambda u: _claim_values(config, median, u, layers)), units,
-                                **BOOTSTRAP)
+    intervals = engine.bootstrap(lambda u: _claim_values(config, median, u, layers), units, memoize=True,
+                                 **BOOTSTRAP)
+    declared = {claim.id: claim for claim in CLAIMS}
     rows = []
     for (claim, condition, layer), interval in intervals.items():
-        _, quantity, statistic, side, threshold = CLAIMS[claim]
-        rows.append({"claim": claim, "condition": condition, "layer": layer, "quantity": quantity,
-                     "statistic": "growth exponent over n" if statistic == "exponent" else f"at n = {ns[-1]}",
+        declared_claim = declared[claim]
+        rows.append({"claim": claim, "condition": condition, "layer": layer, "quantity": declared_claim.quantity,
+                     "statistic": "growth exponent over n" if declared_claim.statistic == _EXPONENT
+                     else f"at n = {ns[-1]}",
                      "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
-                     "threshold": threshold, "verdict": stats.verdict(interval.low, interval.high, threshold, side),
+                     "threshold": declared_claim.threshold,
+                     "verdict": engine.judge(declared_claim, interval.low, interval.high),
                      "windows": min(len(w) for w in units.values())})
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
 
@@ -188,8 +182,8 @@ def _intervals(frame, by, column, points) -> pd.DataFrame:
     bootstrap interval over windows."""
     median = stats.UnitAggregate(frame, by=by, unit="window", column=column, how="median")
     units = sorted(set(frame["window"]))
-    found = stats.bootstrap(_per_multiset(lambda u: {point: median(u, *point) for point in points}), units,
-                            **BOOTSTRAP)
+    found = engine.bootstrap(lambda u: {point: median(u, *point) for point in points}, units, memoize=True,
+                             **BOOTSTRAP)
     return pd.DataFrame([{**dict(zip(by, point)), "median": i.estimate, "ci_low": i.low, "ci_high": i.high}
                          for point, i in found.items()])
 
