@@ -89,9 +89,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_study_options(sub, study) -> None:
-    if hasattr(study, "add_arguments"):  # a study module of the former kind
-        study.add_arguments(sub)
-        return
     if study.options:
         group = sub.add_argument_group(f"{study.name} options (defaults: the full grid, or the --quick one)")
         for option in study.options:
@@ -136,12 +133,6 @@ def _study_context(args):
         yield
 
 
-def _run(study, args) -> int:
-    if hasattr(study, "run") and not hasattr(study, "steps"):  # a study module of the former kind
-        return int(study.run(args) or 0)
-    return driver.run(study, args)
-
-
 def main(argv=None) -> int:
     """Entry point of the ``approxlab`` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -171,7 +162,7 @@ def main(argv=None) -> int:
         check_output_dir(args.out, plot_only=args.plot_only)
         with _study_context(args):
             check_common(args)
-            return _run(declared, args)
+            return driver.run(declared, args)
     except (StudyError, CorruptResultsError, FileNotFoundError, OSError) as error:
         message = driver.error_line(error, plot_only=args.plot_only)
         if message is None:  # not the user's environment: a bug in approxlab shows its traceback

@@ -134,7 +134,7 @@ def get(name: str) -> Study:
                 raise StudyError(f"study {name!r} is not available: module {STUDIES[name]!r} does not exist "
                                  "(yet).") from None
             raise
-        return getattr(module, "STUDY", module)  # transitional: modules of the former kind
+        return module.STUDY
     if name in _entry_points():
         study = _load_entry_point(name)
         if study is not None:

@@ -1,20 +1,21 @@
 """Plot and summary of ``approxlab bench``, from the saved ``results.csv`` only.
 
 :func:`plot` draws the four panels (spectral-error time, agreement with the dense reference,
-memory, forward time); :func:`write_summary` writes ``summary.md`` with the parts' tables. See
+memory, forward time); :func:`summary_lines` gives ``summary.md`` with the parts' tables. See
 :mod:`approxlab.studies.bench`.
 """
 
 from __future__ import annotations
 
-import math
-import pathlib
+import pandas as pd
 
-from ._compat_io import atomic_write_text
-from ._bench_ratios import ratio_lines
-from ._bench_training import training_lines
+from ..reporting.markdown import markdown_table
+from .ratios import ratio_lines
+from .training import training_lines
 
-__all__ = ["plot", "write_summary"]
+__all__ = ["TITLE", "plot", "draw", "summary_lines", "sections"]
+
+TITLE = "approxlab bench"
 
 
 def _wide(results):
@@ -37,7 +38,7 @@ def plot(results, path_without_suffix) -> list:
 
     Returns the written paths; none when only the training part ran (its table is in the summary).
     """
-    from ..plotting import figure, method_style, save_figure
+    from ...plotting import figure, method_style, save_figure
 
     if not results["part"].isin(["accuracy", "scale", "ratios", "forward"]).any():
         return []
@@ -110,21 +111,13 @@ def plot(results, path_without_suffix) -> list:
 
 
 def _markdown_table(frame, columns, formats) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for _, row in frame.iterrows():
-        cells = []
-        for column in columns:
-            value = row.get(column)
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                cells.append("—")
-            else:
-                cells.append(formats.get(column, "{}").format(value))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """``columns`` of ``frame`` (missing ones empty) with their formats, ``—`` where a value is missing."""
+    shown = pd.DataFrame({column: frame[column] if column in frame else None for column in columns})
+    return "\n".join(markdown_table(shown, formats=formats, default="{}", missing="—", empty=None))
 
 
-def write_summary(results, config_record: dict, path) -> pathlib.Path:
-    """``summary.md``: the command, the machine, and the three tables, from the saved files."""
+def summary_lines(results, config_record: dict) -> list[str]:
+    """``summary.md`` under its title: the command, the machine, and the parts' tables, from the saved files."""
     wide = _wide(results)
     config = config_record.get("config", {})
     run_info = config_record.get("run", {})
@@ -133,8 +126,6 @@ def write_summary(results, config_record: dict, path) -> pathlib.Path:
            "passes": "{:.0f}", "matvecs": "{:.0f}", "peak_rss_mb": "{:.0f}", "rss_before_mb": "{:.0f}",
            "distance_bound": "{:.1e}", "load_average": "{:.1f}", "p": "{:.0f}", "row_block": "{:.0f}"}
     lines = [
-        "# approxlab bench",
-        "",
         f"Command: `{run_info.get('command', 'approxlab bench')}`",
         "",
         f"Machine: {run_info.get('machine', 'unknown')}. Q/K/V: {config.get('source')} "
@@ -171,4 +162,14 @@ def write_summary(results, config_record: dict, path) -> pathlib.Path:
         lines += ["## Forward time and memory", "",
                   _markdown_table(forward, ["n", "method", "algorithm", "wall_s", "cpu_s", "peak_rss_mb",
                                             "rss_before_mb", "load_average"], fmt), ""]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
+    return lines
+
+
+def sections(saved) -> list[str]:
+    """The summary's lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
+    return summary_lines(saved.table("results.csv"), saved.record)
+
+
+def draw(saved) -> list:
+    """``bench.png/.pdf`` from the saved run (none when only the training part ran)."""
+    return plot(saved.table("results.csv"), saved.out / "bench")

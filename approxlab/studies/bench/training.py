@@ -13,7 +13,7 @@ masked path. The steps run on ``training_threads`` torch threads: ``--training-t
 common ``--threads`` of ``approxlab bench`` when it is given, else 1 whatever ``$OMP_NUM_THREADS``
 says (one, as the studies train: one thread per worker process; with more threads than idle
 cores, OpenMP's barriers make the many mid-sized kernels of the landmark methods wait on
-descheduled threads, which says more about the machine's load than about the method). The models are timed in turn (:func:`~approxlab.studies._timing.measure_interleaved`:
+descheduled threads, which says more about the machine's load than about the method). The models are timed in turn (:func:`~approxlab.studies.bench.timing.measure_interleaved`:
 one warm-up step each, then ``repeats`` rounds of one step per model), so the ratio of medians
 ``ratio_vs_sdpa`` compares like with like; ``softmax`` (approxlab's exact attention, also through
 the fused kernel) measured beside ``torch-sdpa`` shows the spread of such a ratio. After the
@@ -27,9 +27,9 @@ import math
 
 import torch
 
-from ..tasks import Batch
-from ..training import ATTENTIONS, TinyEncoder
-from ._timing import measure_interleaved
+from ...tasks import Batch
+from ...training import ATTENTIONS, TinyEncoder
+from .timing import measure_interleaved
 
 __all__ = ["TARGET", "TorchSdpaEncoder", "padded_batch", "training_rows", "training_lines"]
 

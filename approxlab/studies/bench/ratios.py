@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from ._bench_cells import approximation, measured_row, timing_options
-from ._timing import measure, measure_interleaved
-from .runner import cell_seed
-from ..linalg.normal_lanczos import normal_block_lanczos
+from .parts import approximation, measured_row, timing_options
+from .timing import measure, measure_interleaved
+from ..engine.keys import cell_seed
+from ...linalg.normal_lanczos import normal_block_lanczos
 
 __all__ = ["RATIOS", "TARGETS", "CELL_PARTS", "ratio_rows", "ratio_lines"]
 
@@ -35,7 +35,7 @@ def _operator_ratio_rows(config, q, k, v, common, device):
     The three are timed in turn (:func:`measure_interleaved`). The adjoint's row
     log-sum-exps are computed once per operator (in the warm-up call) and cached, as in any
     sequence of products with one operator."""
-    from ..operators import ExactAttentionOperator
+    from ...operators import ExactAttentionOperator
 
     rows, timed = [], timing_options(config, device)
     for dtype in (torch.float32, torch.float64):
@@ -53,7 +53,7 @@ def _operator_ratio_rows(config, q, k, v, common, device):
 
 def _spectral_ratio_rows(config, q, k, v, n, common, device, seed):
     """Matrix-free ||S~ - S||_2 (block Lanczos through the SDPA operator) against one SDPA forward."""
-    from ..operators import ExactAttentionOperator
+    from ...operators import ExactAttentionOperator
 
     _, base = measure(_sdpa_forward, q, k, v, **timing_options(config, device))
     approx_op = approximation(config, config["error_method"], q, k, v, n).operator()
@@ -77,10 +77,10 @@ def _figure1_ratio_rows(cell, n, common):
     ``figure1-cell-without-window-rank``, the compute less that, i.e. the cell the target was set for."""
     import tempfile
 
-    from ..attention import exact_attention
-    from .driver import compute
-    from .inputs import wikitext
-    from .registry import get
+    from ...attention import exact_attention
+    from ..driver import compute
+    from ..inputs import wikitext
+    from ..registry import get
 
     config, device = cell["config"], cell["device"]
     study = get("figure1")

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from ._bench_cells import approximation, measured_row
-from ._timing import measure
-from ..linalg.normal_lanczos import default_row_block, normal_block_lanczos
+from .parts import approximation, measured_row
+from .timing import measure
+from ...linalg.normal_lanczos import default_row_block, normal_block_lanczos
 
 __all__ = ["spectral_rows"]
 
 
 def _dense_error(q, k, approx_op):
-    from ..kernels import softmax_matrix
+    from ...kernels import softmax_matrix
 
     exact = softmax_matrix(q.to(torch.float64), k.to(torch.float64))
     difference = approx_op.to(torch.float64).to_dense() - exact
@@ -29,8 +29,8 @@ def _dense_error(q, k, approx_op):
 
 def _golub_kahan_error(q, k, approx_op, tol, max_iter, generator):
     """What :func:`approxlab.metrics.spectral_error` does on operators, keeping the diagnostics."""
-    from ..linalg.lanczos import golub_kahan
-    from ..operators import ExactAttentionOperator
+    from ...linalg.lanczos import golub_kahan
+    from ...operators import ExactAttentionOperator
 
     exact = ExactAttentionOperator(q, k, "softmax", block_size=default_row_block(q.shape[-2]))
     difference = approx_op.to(torch.float64) - exact.to(torch.float64)
@@ -43,7 +43,7 @@ def _scipy_error(q, k, approx_op, its, seed):
     import scipy.linalg.interpolative as interpolative
     from scipy.sparse.linalg import LinearOperator as ScipyOperator
 
-    from ..operators import ExactAttentionOperator
+    from ...operators import ExactAttentionOperator
 
     n = q.shape[-2]
     exact = ExactAttentionOperator(q, k, "softmax", block_size=default_row_block(n))

@@ -13,15 +13,15 @@ import sys
 
 import torch
 
-from ._bench_cells import approximation, measured_row, timing_options
-from ._timing import measure
-from ..linalg.normal_lanczos import default_row_block
+from .parts import approximation, measured_row, timing_options
+from .timing import measure
+from ...linalg.normal_lanczos import default_row_block
 
 __all__ = ["forward_rows"]
 
 
 def forward_rows(config, method, q, k, v, n, common, device):
-    from ..operators import ExactAttentionOperator
+    from ...operators import ExactAttentionOperator
 
     rows = []
     timed = timing_options(config, device)
