@@ -44,7 +44,7 @@ ENTRY_POINT_GROUP = "approxlab.methods"
 """The ``importlib.metadata`` entry-point group that installed distributions declare methods in."""
 
 BUILTINS = {
-    "exact": "exact:EXACT",
+    "exact": "softmax_reference:EXACT",
     "kernelized": "kernelized:KERNELIZED",
     "skyformer": "skyformer:SKYFORMER",
     "skyformer-softmax": "skyformer_softmax:SKYFORMER_SOFTMAX",

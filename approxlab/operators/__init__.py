@@ -4,12 +4,12 @@
   ``(*batch, n, m)``), its dense, diagonal, product, sum and adjoint forms and
   :func:`aslinearoperator`; composition (``A @ B``, ``A - B``, ``c * A``, ``A.T``) builds lazy
   operators, so the error of an approximation is itself an operator.
-- :mod:`approxlab.operators.exact`: :func:`softmax_attention` and
+- :mod:`approxlab.operators.fused_attention`: :func:`softmax_attention` and
   :class:`ExactAttentionOperator` through torch's fused attention kernel (or in row blocks), and
   :func:`check_causal`.
 """
 
-from .exact import ExactAttentionOperator, check_causal, softmax_attention
+from .fused_attention import ExactAttentionOperator, check_causal, softmax_attention
 from .linear import (
     AdjointOperator,
     DenseOperator,

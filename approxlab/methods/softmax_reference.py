@@ -1,7 +1,7 @@
-r"""Exact softmax attention, :math:`D^{-1}AV` (Skyformer Section 4.1), as a method.
+r"""Exact softmax attention, :math:`D^{-1}AV` (Skyformer Section 4.1), as a method: the zero-error reference.
 
-``num_features`` is accepted and ignored, so ``exact`` runs through every study grid
-as the zero-error reference.
+Registered as ``"exact"``. ``num_features`` is accepted and ignored, so ``exact`` runs through every
+study grid as the zero-error reference.
 """
 
 from __future__ import annotations
