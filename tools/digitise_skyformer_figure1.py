@@ -5,7 +5,7 @@ the package: it needs the PDF from the authors' repository and PyMuPDF, neither 
 
     git clone https://github.com/pkuzengqi/Skyformer            # or any copy of the PDF
     python3 -m pip install pymupdf
-    python3 studies/paper/digitise_skyformer_figure1.py Skyformer/doc/Skyformer_camera_ready.pdf
+    python3 tools/digitise_skyformer_figure1.py Skyformer/doc/Skyformer_camera_ready.pdf
 
 Method. Figure 1 is a raster image inside the PDF (page 8, 8428 x 4412 pixels, drawn by
 matplotlib in pure colours: red Skyformer, blue dashed Nystromformer with dots, black dashed
@@ -34,7 +34,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "approxlab" / "studies" / "paper" / "skyformer_figure1.csv"
 PAGE, IMAGE_SIZE = 7, (8428, 4412)  # 0-based page 8; the figure's pixel size
 CONDITIONS, NS, DS = ("initialized", "pretrained"), (512, 1024, 2048, 4096), (16, 32, 64, 128, 256)
