@@ -106,6 +106,8 @@ def build_parser(study: str | None = None) -> argparse.ArgumentParser:
         formatter_class=_StudyList,
     )
     parser.add_argument("--version", action="version", version=f"approxlab {__version__}")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (repeatable): the studies it registers are listed and can run")
     subparsers = parser.add_subparsers(dest="study", metavar="<study>", title="studies", required=True)
     lines = set()
     for name in registry.available():
@@ -133,13 +135,25 @@ def _study_context(args):
         yield
 
 
+def _without_plugins(argv) -> list[str]:
+    """``argv`` less its ``--plugin MODULE`` options."""
+    rest, skip = [], False
+    for arg in argv:
+        if skip or arg == "--plugin" or arg.startswith("--plugin="):
+            skip = arg == "--plugin" and not skip
+            continue
+        rest.append(arg)
+    return rest
+
+
 def main(argv=None) -> int:
     """Entry point of the ``approxlab`` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    study = next((a for a in argv if not a.startswith("-")), None)
+    rest = _without_plugins(argv)
+    study = next((a for a in rest if not a.startswith("-")), None)
     try:
         registry.load_plugins(argv)  # first: a plugin may register the study, or methods its options list
-        if not argv:  # what there is to run, as with --help
+        if not rest:  # what there is to run, as with --help (the plugins' studies included)
             build_parser().print_help()
             return 0
         parser = build_parser(study if study in registry.available() else None)

@@ -67,7 +67,7 @@ CASES = [
     ("sv-decay", ["--heads", "0"], "--heads"),
     ("sv-decay", ["--layers", "top"], "--layers"),
     ("sv-decay", ["--n", "1"], "--n"),
-    ("sv-decay", ["--approximations", "nope"], "--approximations"),
+    ("sv-decay", ["--methods", "nope"], "--methods"),
     ("sv-decay", ["--num-features", "0"], "--num-features"),
     ("sv-decay", ["--data-dir", "/nonexistent/approxlab-data"], "--data-dir"),
     ("instability", ["--tasks", "listops:abc:4"], "--tasks"),

@@ -121,6 +121,6 @@ def test_studies_take_a_local_checkpoint(tiny_checkpoint, tmp_path, monkeypatch)
     assert (config["layer"], config["mode"]) == (1, "hidden") and "entering layer 1" in config["inputs"]
     svd = tmp_path / "svd"
     assert main(["sv-decay", "--checkpoint", str(tiny_checkpoint), "--n", "32", "--heads", "1", "--windows", "1",
-                 "--conditions", "pretrained", "--num-features", "4", "--approximations", "nystromformer",
+                 "--conditions", "pretrained", "--num-features", "4", "--methods", "nystromformer",
                  "--out", str(svd), "--no-progress"]) == 0
     assert set(read_results(svd / "results.csv")["checkpoint"]) == {label}

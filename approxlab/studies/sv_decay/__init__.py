@@ -87,8 +87,7 @@ OPTIONS = (
     CONDITIONS_OPTION, LAYERS.but(help="layers: first, middle, last or indices, comma-separated (default: all three "
                                        "named; --quick: first)"),
     N, WINDOWS, Option(("--heads",), "heads", "first H heads (default: 12 at 512, 3 at 2048)", type=positive_int),
-    METHODS.but(flags=("--methods", "--approximations"),
-                help="approximations whose dense matrix is analysed (registered method names, comma-separated; "
+    METHODS.but(help="approximations whose dense matrix is analysed (registered method names, comma-separated; "
                      f"default {','.join(APPROXIMATIONS)})"),
     NUM_FEATURES.but(help="d of the approximations (one value; default 64)"),
     POSITIONS.but(help="positions beyond BERT's 512-row table in the embedding-mode cells (n > 512): interpolate "
