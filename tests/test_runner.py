@@ -112,6 +112,26 @@ def test_changed_config_is_refused_unless_restart(tmp_path):
     assert engine.read_json(tmp_path / "config.json")["config_hash"] == config_hash({**CONFIG, "grid": "other"})
 
 
+def test_a_run_extended_along_its_growing_entries_computes_only_the_new_cells(tmp_path, capsys):
+    run(tmp_path)
+    calls = []
+
+    def counting(cell):
+        calls.append(cell_key(cell, KEYS))
+        return toy_compute(cell)
+
+    wider = {**CONFIG, "a": [0, 1, 2, 3]}
+    cells = [{"a": a, "b": b} for a in wider["a"] for b in wider["b"]]
+    with pytest.raises(StudyError, match="different configuration"):  # not declared as growing
+        run(tmp_path, config=wider, cells=cells)
+    table = run(tmp_path, config=wider, cells=cells, compute=counting, grows=("a",))
+    assert sorted(calls) == [(3, "x"), (3, "y")] and len(table) == 16
+    assert "extending the saved run (a: [0, 1, 2] -> [0, 1, 2, 3])" in capsys.readouterr().err
+    assert engine.read_json(tmp_path / "config.json")["config_hash"] == config_hash(wider)
+    with pytest.raises(StudyError, match="different configuration"):  # shrinking is not growing
+        run(tmp_path, grows=("a",))
+
+
 def test_results_without_config_are_refused(tmp_path):
     run(tmp_path)
     (tmp_path / "config.json").unlink()

@@ -9,7 +9,7 @@ Public API::
 
     Study(name, description, full, quick, configure, steps, options=(), check=None, settings=None,
           run_info=None, claims=(), products=(), figures=(), summary=None, devices=("cpu", "cuda"),
-          executors=("process", "local", "scheduler"), executor_note="", flush_every_seconds=5.0)
+          executors=("process", "local", "scheduler"), executor_note="", flush_every_seconds=5.0, grows=())
     Step(tables, compute, cells)        # one kind of cell and the tables its rows go to
     Table(name, key, required=(), optional=False)
     Option(flags, dest, help, type=None, nargs=None, action=None, choices=None, default=None, metavar=None,
@@ -268,6 +268,11 @@ class Study:
         Where its cells may run (:data:`EXECUTORS`); ``executor_note`` says why not elsewhere.
     flush_every_seconds : float
         How often the tables are rewritten while cells finish (they are journaled in between).
+    grows : tuple of str
+        Config entries along which a saved run may be extended (``--windows 8`` after a run with 4):
+        a config that only grows these resumes the saved run and computes the new cells. Name only
+        entries whose growth adds cells and changes none (a window id list drawn as a prefix of one
+        permutation, a list of methods), never one a cell computes all of at once.
     """
 
     name: str
@@ -288,6 +293,7 @@ class Study:
     executors: tuple = EXECUTORS
     executor_note: str = ""
     flush_every_seconds: float = 5.0
+    grows: tuple = ()
 
     def __post_init__(self):
         name = self.name
@@ -298,7 +304,7 @@ class Study:
             raise ValueError(f"`description` must be one non-empty line; got {self.description!r}.")
         if not self.steps or not all(isinstance(step, Step) for step in self.steps):
             raise ValueError(f"`steps` must be a non-empty tuple of Step; got {self.steps!r}.")
-        for field in ("steps", "options", "claims", "products", "figures", "devices", "executors"):
+        for field in ("steps", "options", "claims", "products", "figures", "devices", "executors", "grows"):
             object.__setattr__(self, field, tuple(getattr(self, field)))
         unknown = set(self.executors) - set(EXECUTORS)
         if unknown:

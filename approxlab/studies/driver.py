@@ -56,7 +56,8 @@ def compute(study, config: dict, out, *, data_dir=None, cache_dir=None, device: 
                 "cache_dir": None if cache_dir is None else str(cache_dir), "device": device, **settings}
     steps = [(step, step.cells(config, settings)) for step in study.steps]
     return runner.run_steps(steps, out, config=config, run_info=run_info, scheduler=scheduler, workers=workers,
-                            progress=progress, flush_every_seconds=study.flush_every_seconds, restart=restart)
+                            progress=progress, flush_every_seconds=study.flush_every_seconds, restart=restart,
+                            grows=study.grows)
 
 
 def report(study, out) -> list[pathlib.Path]:

@@ -114,5 +114,6 @@ STUDY = Study(
               Product(HEAD_STATS, _head_stats), Product(VERDICTS, _verdicts)),
     figures=(Figure("decoder", plot),),
     summary=Summary(TITLE, (sections,)),
+    grows=("windows", "methods", "causal_forms", "layers", "conditions"),
 )
 """The decoder study, declared: ``approxlab decoder``."""

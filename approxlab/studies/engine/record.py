@@ -8,7 +8,8 @@ whose saved hash is its own; every other case is refused in one line before anyt
 
 Public API::
 
-    prepare_record(config_path, table_paths, config, run_info, restart) -> dict
+    prepare_record(config_path, table_paths, config, run_info, restart, grows=()) -> dict
+    extension(saved, config, grows) -> list[str] | None
     saved_config(config_path, table="results.csv") -> dict
     append_timing(out, entry), read_timing(out) -> list[dict], TIMING
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
+import sys
 
 from ..._io import atomic_write_text
 from ...errors import CorruptResultsError, StudyError
@@ -60,15 +62,54 @@ def _saved_record(config_path, restart):
     return saved
 
 
-def prepare_record(config_path, table_paths, config, run_info, restart) -> dict:
+def _grows(old, new) -> bool:
+    """Whether ``new`` holds everything ``old`` holds: a list's entries, a dict's items, a count or more."""
+    if isinstance(old, list) and isinstance(new, list):
+        return all(entry in new for entry in old)
+    if isinstance(old, dict) and isinstance(new, dict):
+        return all(key in new and new[key] == value for key, value in old.items())
+    counts = [isinstance(x, int) and not isinstance(x, bool) for x in (old, new)]
+    return all(counts) and new >= old
+
+
+def extension(saved: dict, config: dict, grows) -> list[str] | None:
+    """The entries of ``config`` that extend the ``saved`` one (more windows, more methods, ...), or None
+    when it is not an extension: an entry outside ``grows`` differs, or one of them shrinks.
+
+    Examples
+    --------
+    >>> extension({"windows": 4, "n": [512]}, {"windows": 8, "n": [512, 1024]}, grows=("windows", "n"))
+    ['n', 'windows']
+    >>> extension({"windows": 4, "seeds": 3}, {"windows": 8, "seeds": 2}, grows=("windows", "seeds")) is None
+    True
+    """
+    old, new = canonical(saved), canonical(config)
+    changed = sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key))
+    if not changed or not all(key in grows and key in old and key in new and _grows(old[key], new[key])
+                              for key in changed):
+        return None
+    return changed
+
+
+def prepare_record(config_path, table_paths, config, run_info, restart, grows=()) -> dict:
     """Check the saved config and tables against ``config``; return the ``config.json`` record to
     write (once the saved tables, too, have been read: a refused run changes nothing).
 
-    With ``restart`` the tables, their manifests and journals are deleted first.
+    With ``restart`` the tables, their manifests and journals are deleted first. A config that only
+    extends the saved one along ``grows`` (:func:`extension`) resumes it: the saved cells are kept,
+    the new ones computed, and a note on stderr says what grew.
     """
     config_path = pathlib.Path(config_path)
     digest = config_hash(config)
     saved = _saved_record(config_path, restart)
+    grown = None
+    if saved is not None and not restart and saved.get("config_hash") != digest:
+        grown = extension(saved.get("config", {}), config, grows)
+        if grown is not None:
+            before = saved.get("config", {})
+            what = ", ".join(f"{key}: {before[key]} -> {canonical(config[key])}" for key in grown)
+            print(f"approxlab: {config_path.parent}: extending the saved run ({what}); only the new cells are "
+                  "computed", file=sys.stderr)
     for path in table_paths:
         if path.is_dir():
             raise StudyError(f"{str(path)!r} is a directory where the results table must go; remove it or "
@@ -78,7 +119,7 @@ def prepare_record(config_path, table_paths, config, run_info, restart) -> dict:
             path.unlink(missing_ok=True)
             cells_path(path).unlink(missing_ok=True)
             remove_journal(path)
-    if saved is not None and saved.get("config_hash") != digest and not restart:
+    if saved is not None and saved.get("config_hash") != digest and not restart and grown is None:
         raise StudyError(
             f"{str(config_path.parent)!r} holds results of a different configuration "
             f"(config hash {saved.get('config_hash')!r}, this run {digest!r}); pass a new --out "
@@ -90,7 +131,7 @@ def prepare_record(config_path, table_paths, config, run_info, restart) -> dict:
                 f"{str(path)!r} exists but {str(config_path)!r} does not, so it cannot be "
                 "resumed safely; pass a new --out directory, or --restart to discard it."
             )
-    same = saved is not None and saved.get("config_hash") == digest
+    same = saved is not None and (saved.get("config_hash") == digest or grown is not None)
     tables = sorted(set(saved.get("tables", []) if same else []) | {path.name for path in table_paths})
     return {
         "config": canonical(config),

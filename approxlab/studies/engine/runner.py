@@ -8,7 +8,8 @@ table name -> rows). :func:`run_steps` runs the steps in order into an output fo
   timestamps, the tables and (unhashed) run information (:mod:`~approxlab.studies.engine.record`);
 * **resumes**: a cell whose key (its values of the step's key columns) is in every table of its
   step is skipped; a saved config of another hash is refused (:class:`~approxlab.errors.StudyError`:
-  pass a new ``--out`` directory or ``--restart``);
+  pass a new ``--out`` directory or ``--restart``), unless it only grows along ``grows`` (more windows,
+  more methods): then the run is extended by the new cells;
 * makes every finished cell durable before it counts as done: its rows are appended to each
   table's journal (``results.csv.journal``, one JSON line, ``fsync``-ed), and each table is rewritten
   atomically with its cell manifest at most every ``flush_every_seconds`` and always at the end of
@@ -35,7 +36,7 @@ cells ordered so that those sharing it are adjacent. Seeds come from the cell, n
 Public API::
 
     run_steps(steps, out, *, config, run_info=None, scheduler=None, workers=None, progress=True,
-              flush_every_seconds=5.0, restart=False) -> {table name: pandas.DataFrame}
+              flush_every_seconds=5.0, restart=False, grows=()) -> {table name: pandas.DataFrame}
     run_cells(cells, compute, *, results_path, key_columns, config, ...) -> pandas.DataFrame
 """
 
@@ -207,7 +208,7 @@ def _check(steps, scheduler, workers, flush_every_seconds) -> None:
 
 def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = None, config_path=None,
               scheduler: str | None = None, workers: int | None = None, progress: bool = True,
-              flush_every_seconds: float = 5.0, restart: bool = False) -> dict:
+              flush_every_seconds: float = 5.0, restart: bool = False, grows=()) -> dict:
     """Compute every cell not yet in its tables, step by step; return every table.
 
     Parameters
@@ -233,6 +234,10 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
         journal in between, whatever this is.
     restart : bool
         Discard the tables (and accept a changed config) instead of resuming.
+    grows : sequence of str
+        Config entries along which a saved run may be extended (more windows, more methods): a config
+        that differs from the saved one only by growing these resumes it, computing the new cells
+        (:func:`~approxlab.studies.engine.record.extension`). Each must only add cells, never change one.
 
     Returns
     -------
@@ -254,7 +259,7 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
     config_path = pathlib.Path(config_path) if config_path is not None else out / "config.json"
     paths = [out / table.name for step, _ in steps for table in step.tables]
     with output_lock(out, command=(run_info or {}).get("command")):
-        record = prepare_record(config_path, paths, config, run_info, restart)
+        record = prepare_record(config_path, paths, config, run_info, restart, grows)
         tables = [[_Table(out / table.name, step.key, {key: i for i, key in enumerate(step_keys)})
                    for table in step.tables] for (step, _), step_keys in zip(steps, keys)]
         write_json_atomic(record, config_path)
@@ -300,7 +305,7 @@ def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
 def run_cells(cells: Iterable[dict], compute: Callable[[dict], list], *, results_path, key_columns: Sequence[str],
               config: dict, run_info: dict | None = None, config_path=None, scheduler: str | None = None,
               workers: int | None = None, progress: bool = True, flush_every_seconds: float = 5.0,
-              restart: bool = False) -> pd.DataFrame:
+              restart: bool = False, grows=()) -> pd.DataFrame:
     """:func:`run_steps` for one table: compute every cell not yet in ``results_path``; return the table.
 
     ``compute(cell) -> list[dict]``; ``key_columns`` identify a cell; the other parameters are those of
@@ -315,5 +320,5 @@ def run_cells(cells: Iterable[dict], compute: Callable[[dict], list], *, results
     step = Step(tables=(Table(results_path.name, tuple(key_columns)),), compute=compute)
     tables = run_steps([(step, list(cells))], results_path.parent, config=config, run_info=run_info,
                        config_path=config_path, scheduler=scheduler, workers=workers, progress=progress,
-                       flush_every_seconds=flush_every_seconds, restart=restart)
+                       flush_every_seconds=flush_every_seconds, restart=restart, grows=grows)
     return tables[results_path.name]

@@ -155,5 +155,6 @@ STUDY = Study(
               Product("verdicts.csv", _verdicts)),
     figures=(Figure("figure1", plot),),
     summary=Summary(TITLE, (sections,)),
+    grows=("windows", "methods", "n", "conditions", "dtypes"),
 )
 """Skyformer Figure 1, declared: ``approxlab figure1``."""

@@ -113,5 +113,6 @@ STUDY = Study(
     products=(Product(RATIOS, _ratios), Product(INTERVALS, _intervals)),
     figures=(Figure("instability", plot),),
     summary=Summary(TITLE, (sections,), file="table.md", generated=False),
+    grows=("seeds", "attentions", "attention_options"),
 )
 """Skyformer Table 3, declared: ``approxlab instability``."""

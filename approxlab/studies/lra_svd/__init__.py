@@ -80,5 +80,6 @@ STUDY = Study(
     summary=Summary(TITLE, (sections,), generated=False),
     devices=("cpu",), executors=("process", "local"),
     executor_note="lra-svd trains in local processes (use --workers N)",
+    grows=("seeds",),
 )
 """Skyformer Appendix B, Figure 4 (a CPU proxy), declared: ``approxlab lra-svd``."""

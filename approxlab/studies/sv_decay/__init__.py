@@ -106,5 +106,6 @@ STUDY = Study(
     steps=(Step((Table("results.csv", KEY, required=KEY), Table("spectra.csv", KEY)), compute_cell, cells),),
     figures=(Figure("sv_decay", plot),),
     summary=Summary(TITLE, (sections,), generated=False),
+    grows=("windows", "n", "layers", "conditions", "heads", "modes"),
 )
 """The singular-value decay study, declared: ``approxlab sv-decay``."""
