@@ -123,7 +123,8 @@ class CacheWarning(RuntimeWarning):
 
 
 class PluginWarning(RuntimeWarning):
-    """An installed plugin (an ``approxlab.methods`` entry point) failed to load; its methods are missing.
+    """An installed plugin (an ``approxlab.methods`` or ``approxlab.studies`` entry point) failed to load;
+    its methods or study are missing, everything else is available.
 
     Examples
     --------
@@ -135,6 +136,15 @@ class PluginWarning(RuntimeWarning):
     >>> issubclass(PluginWarning, RuntimeWarning)
     True
     """
+
+    @classmethod
+    def failed(cls, entry, group: str, error: BaseException, missing: str) -> "PluginWarning":
+        """The warning for entry point ``entry`` of ``group`` that raised ``error``; ``missing`` says
+        what is not available because of it (``"its methods are not available, every other method is"``)."""
+        source = getattr(getattr(entry, "dist", None), "name", None)
+        return cls(f"approxlab: the entry point {entry.name!r} = {entry.value!r}"
+                   + (f" of distribution {source!r}" if source else "")
+                   + f" in group {group!r} failed to load ({type(error).__name__}: {error}); {missing}.")
 
 
 class CorpusChecksumError(ValueError):

@@ -6,19 +6,19 @@ Every study gets the common options (:func:`add_common`: ``--out``, ``--quick``,
 below wherever one fits, so that ``--n 512 1024`` and ``--n 512,1024`` mean the same in every study,
 with the same ``nargs``, type and error messages (a study may only change the default and the help):
 
-=================  ===========================================================================
-``--methods``      registered method names (:func:`approxlab.methods.available`), a list
-``--conditions``   ``initialized`` / ``pretrained``, a list
-``--n``            sequence lengths, integers >= 1, a list
-``--num-features`` the number of features d, integers >= 1, a list (a study that takes one d says so)
-``--windows``      the number of WikiText-2 windows, an integer >= 1
-``--seeds``        the number of seeds, an integer >= 1
-``--steps``        training steps per run, an integer >= 1
-``--tasks``        ``NAME:N[:...]`` task entries, a list (each study reads its own fields)
-``--layers``       layer indices, ``first`` / ``middle`` / ``last``, or ``all``, a list
-``--positions``    positions beyond BERT's 512-row table: ``interpolate``, ``copy`` or ``none``
-``--checkpoint``   the model: a Hub id, a local folder or a ``.gguf`` file
-=================  ===========================================================================
+==================  ===========================================================================
+``--methods``       registered method names (:func:`approxlab.methods.available`), a list
+``--conditions``    ``initialized`` / ``pretrained``, a list
+``--n``             sequence lengths, integers >= 1, a list
+``--num-features``  the number of features d, integers >= 1, a list (a study that takes one d says so)
+``--windows``       the number of WikiText-2 windows, an integer >= 1
+``--seeds``         the number of seeds, an integer >= 1
+``--steps``         training steps per run, an integer >= 1
+``--tasks``         ``NAME:N[:...]`` task entries, a list (each study reads its own fields)
+``--layers``        layer indices, ``first`` / ``middle`` / ``last``, or ``all``, a list
+``--positions``     positions beyond BERT's 512-row table: ``interpolate``, ``copy`` or ``none``
+``--checkpoint``    the model: a Hub id, a local folder or a ``.gguf`` file
+==================  ===========================================================================
 
 A value that fails an option's type is argparse's one-line error (``argument --n: comma-separated
 integers >= 1, got '0'``); :func:`grid` applies the same checks, with the same words, to values

@@ -104,12 +104,8 @@ def _load_entry_point(name: str):
     try:
         loaded = entry.load()
     except Exception as error:  # noqa: BLE001 - third-party code: it must not break unrelated use
-        source = getattr(getattr(entry, "dist", None), "name", None)
-        warnings.warn(PluginWarning(
-            f"approxlab: the entry point {entry.name!r} = {entry.value!r}"
-            + (f" of distribution {source!r}" if source else "")
-            + f" in group {ENTRY_POINT_GROUP!r} failed to load ({type(error).__name__}: {error}); "
-              "that study is not available, every other study is."), stacklevel=3)
+        warnings.warn(PluginWarning.failed(entry, ENTRY_POINT_GROUP, error, "that study is not available, every "
+                                           "other study is"), stacklevel=3)
         return None
     if isinstance(loaded, Study) and loaded.name not in _REGISTERED:
         register(loaded)
