@@ -21,7 +21,7 @@ with the same ``nargs``, type and error messages (a study may only change the de
 ==================  ===========================================================================
 
 A value that fails an option's type is argparse's one-line error (``argument --n: comma-separated
-integers >= 1, got '0'``); :func:`grid` applies the same checks, with the same words, to values
+integers >= 1, got '0'``); :func:`grid` applies the option's own type, in the same words, to values
 given in code (:meth:`approxlab.studies.Study.arguments`).
 
 Public API::
@@ -29,16 +29,16 @@ Public API::
     add_common(parser), default_output_dir(study, quick=False), RESULTS_FOLDER
     METHODS, CONDITIONS_OPTION, N, NUM_FEATURES, WINDOWS, SEEDS, STEPS, TASKS, LAYERS, POSITIONS, CHECKPOINT
     SHARED                                    # {dest: Option} of the shared set
-    grid(defaults, args, names) -> dict       # the grid with the given options put in, checked
+    grid(defaults, args, options) -> dict     # the grid with the given options put in, each checked
+    check_value(option, value)                # a value given in code, checked as the command line checks it
     one_value(option, values) -> int          # a list option that this study takes once
-    str_list, int_list, positive_int, nonnegative_int, positive_float, probability, path_option, Flatten
+    str_list, int_list, names_among, positive_int, nonnegative_int, positive_float, probability, path_option, Flatten
     check_option_pairs(args, parser)
 """
 
 from __future__ import annotations
 
 import argparse
-import numbers
 import pathlib
 
 from ..errors import UsageError
@@ -46,9 +46,9 @@ from .declaration import Option
 
 __all__ = ["RESULTS_FOLDER", "default_output_dir", "add_common", "METHODS", "CONDITIONS_OPTION", "N",
            "NUM_FEATURES", "WINDOWS", "SEEDS", "STEPS", "TASKS", "LAYERS", "POSITIONS", "CHECKPOINT", "SHARED",
-           "CONDITIONS", "POSITION_MODES", "grid", "one_value", "str_list", "int_list", "positive_int",
-           "nonnegative_int", "positive_float", "probability", "path_option", "Flatten", "check_option_pairs",
-           "PLOT_ONLY_OPTIONS"]
+           "CONDITIONS", "POSITION_MODES", "grid", "check_value", "one_value", "str_list", "int_list", "names_among",
+           "positive_int", "nonnegative_int", "positive_float", "probability", "path_option", "Flatten",
+           "check_option_pairs", "PLOT_ONLY_OPTIONS"]
 
 RESULTS_FOLDER = "approxlab-results"
 """The folder, in the current directory, that holds every study's default output folder."""
@@ -155,12 +155,20 @@ def method_list(text: str) -> list[str]:
     return names
 
 
-def condition_list(text: str) -> list[str]:
-    """Model conditions among :data:`CONDITIONS` (commas or spaces)."""
-    names = str_list(text)
-    if not set(names) <= set(CONDITIONS):
-        raise argparse.ArgumentTypeError(f"comma-separated conditions among {list(CONDITIONS)}, got {text!r}")
+def names_among(allowed, noun: str):
+    """An argparse ``type=``: comma-separated names among ``allowed`` (the ``noun`` says what they are)."""
+    def names(text: str) -> list[str]:
+        chosen = str_list(text)
+        if not set(chosen) <= set(allowed):
+            raise argparse.ArgumentTypeError(f"comma-separated {noun} among {list(allowed)}, got {text!r}")
+        return chosen
+
+    names.__name__ = f"{noun.replace(' ', '_')}_list"
     return names
+
+
+condition_list = names_among(CONDITIONS, "conditions")
+"""Model conditions among :data:`CONDITIONS` (commas or spaces)."""
 
 
 LAYER_NAMES = ("first", "middle", "last")
@@ -224,49 +232,45 @@ SHARED = {option.dest: option for option in (METHODS, CONDITIONS_OPTION, N, NUM_
                                              TASKS, LAYERS, POSITIONS, CHECKPOINT)}
 """The shared options by ``dest``; a study's copy (:meth:`~approxlab.studies.Option.but`) keeps type and nargs."""
 
-_CHECKS = {  # dest -> (option, allowed, test of one value); the words of the types above
-    "methods": ("--methods", _methods_allowed, lambda v: isinstance(v, str) and v in _method_names()),
-    "conditions": ("--conditions", f"comma-separated conditions among {list(CONDITIONS)}", lambda v: v in CONDITIONS),
-    "n": ("--n", "comma-separated integers >= 1", lambda v: _whole(v) and v >= 1),
-    "num_features": ("--num-features", "comma-separated integers >= 1", lambda v: _whole(v) and v >= 1),
-    "windows": ("--windows", "an integer >= 1", lambda v: _whole(v) and v >= 1),
-    "seeds": ("--seeds", "an integer >= 1", lambda v: _whole(v) and v >= 1),
-    "steps": ("--steps", "an integer >= 1", lambda v: _whole(v) and v >= 1),
-    "positions": ("--positions", f"one of {list(POSITION_MODES)}", lambda v: v in POSITION_MODES),
-    "layers": ("--layers", _LAYERS_ALLOWED, lambda v: v == "all" or v in LAYER_NAMES or (_whole(v) and v >= 0)),
-}
+def check_value(option: Option, value) -> None:
+    """``value`` given in code for ``option``, checked by the option's own type or choices: the checks of the
+    command line, in its words (``--n: comma-separated integers >= 1, got [0]``)."""
+    entries = list(value) if isinstance(value, (list, tuple)) else [value]
+    if option.choices is not None:
+        choices = list(option.choices() if callable(option.choices) else option.choices)
+        if not entries or not all(entry in choices for entry in entries):
+            raise UsageError(option.flags[0], f"one of {choices}", value)
+    elif option.type is not None:
+        try:
+            option.type(",".join(map(str, entries)) if option.nargs else str(value))
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(option.flags[0], str(error).rsplit(", got ", 1)[0], value) from None
 
 
-def _whole(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def grid(defaults: dict, args, options) -> dict:
+    """``defaults`` with the values of ``options`` in ``args`` put in where given (not None), each checked
+    (:func:`check_value`).
 
-
-def grid(defaults: dict, args, names) -> dict:
-    """``defaults`` with the options ``names`` of ``args`` put in where given (not None), checked.
-
-    A list is copied; ``n`` and ``num_features`` come out sorted without repeats. Values given in
-    code get the checks the command line's types make, in the same words.
+    ``options``: :class:`~approxlab.studies.Option` s, or ``dest`` names of the shared set; those whose
+    ``dest`` is a key of ``defaults`` are put in (a list copied; ``n`` and ``num_features`` sorted without
+    repeats), the others only checked.
 
     Raises
     ------
     UsageError
-        A value the option does not allow (``--n: comma-separated integers >= 1, got [0]``).
+        A value the option does not allow.
     """
     values = dict(defaults)
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None:
-            values[name] = list(value) if isinstance(value, (list, tuple)) else value
-    for name in names:
-        if name in _CHECKS and values.get(name) is not None:
-            option, allowed, ok = _CHECKS[name]
-            allowed = allowed() if callable(allowed) else allowed
-            value = values[name]
-            entries = value if isinstance(value, list) else [value]
-            if (isinstance(value, list) and not value) or not all(ok(v) for v in entries):
-                raise UsageError(option, allowed, value)
+    for option in options:
+        option = SHARED[option] if isinstance(option, str) else option
+        value = getattr(args, option.dest, None)
+        if value is None:
+            continue
+        check_value(option, value)
+        if option.dest in defaults:
+            values[option.dest] = list(value) if isinstance(value, (list, tuple)) else value
     for name in ("n", "num_features"):
-        if name in names and isinstance(values.get(name), list):
+        if isinstance(values.get(name), list) and name in defaults:
             values[name] = sorted({int(x) for x in values[name]})
     return values
 

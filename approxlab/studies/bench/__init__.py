@@ -108,12 +108,9 @@ Chen et al. (2021), Skyformer, Figure 1 (the spectral-norm error this benchmark 
 
 from __future__ import annotations
 
-from ...methods import available
-from ..declaration import Figure, Option, Step, Study, Summary, Table
-from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_float, positive_int
+from ..declaration import Figure, Step, Study, Summary, Table
 from .cells import compute
-from .grid import (DTYPES, FULL_GRID, KEY_COLUMNS, PARTS, QUICK_GRID, build_cells, build_config, check, configure,
-                   run_info)
+from .grid import FULL_GRID, KEY_COLUMNS, OPTIONS, QUICK_GRID, build_cells, build_config, check, configure, run_info
 from .ratios import CELL_PARTS, RATIOS, TARGETS, ratio_rows  # noqa: F401 (re-exported)
 from .report import TITLE, draw, plot, sections
 from .timing import Measurement, measure, measure_interleaved
@@ -121,40 +118,6 @@ from .timing import Measurement, measure, measure_interleaved
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "build_config", "configure", "build_cells", "compute",
            "plot", "Measurement", "measure", "measure_interleaved", "ratio_rows"]
 
-
-def _methods() -> list[str]:
-    return [m for m in available() if m != "exact"]
-
-
-def _lengths(flag: str, what: str) -> Option:
-    return Option((flag,), flag[2:].replace("-", "_"), f"n of the {what} part", type=int_list, nargs="+",
-                  action=Flatten, metavar="N")
-
-
-OPTIONS = (
-    Option(("--parts",), "parts", "which parts to run", nargs="+", choices=PARTS),
-    _lengths("--accuracy-n", "accuracy"), _lengths("--scale-n", "scale"), _lengths("--forward-n", "forward"),
-    Option(("--error-method",), "error_method", "approximation whose spectral error is computed", choices=available),
-    NUM_FEATURES.but(help="num_features of every approximation (one value)"),
-    Option(("--forward-methods",), "forward_methods", "methods of the forward part (exact is always run)", nargs="+",
-           choices=_methods),
-    Option(("--dense-max-n",), "dense_max_n", "largest n for dense exact attention", type=positive_int),
-    Option(("--source",), "source", "Q/K/V source", choices=("bert", "synthetic")),
-    Option(("--condition",), "condition", "BERT condition", choices=("initialized", "pretrained")),
-    Option(("--head",), "head", "attention head", type=nonnegative_int),
-    Option(("--tol",), "tol", "relative tolerance of the matrix-free routes", type=positive_float),
-    Option(("--lanczos-block",), "lanczos_block", "vectors per block Lanczos pass", type=positive_int),
-    Option(("--compute-dtype",), "compute_dtype", "dtype of the logits in the fused passes", choices=sorted(DTYPES)),
-    Option(("--training-n",), "training_n", "sequence length of the training part", type=positive_int),
-    Option(("--training-batch",), "training_batch", "sequences per batch of the training part", type=positive_int),
-    Option(("--training-features",), "training_features", "num_features of the attentions in the training part",
-           type=positive_int),
-    Option(("--training-threads",), "training_threads", "torch threads of the training part's steps (default: "
-           "--threads when given, else 1, as the studies train, whatever $OMP_NUM_THREADS says)", type=positive_int),
-    Option(("--repeats",), "repeats", "timed calls per forward-type measurement (median; at least 5), after one "
-           "warm-up", type=int),
-)
-"""The options of ``approxlab bench`` besides the common ones."""
 
 STUDY = Study(
     name="bench",

@@ -6,11 +6,16 @@ import os
 
 import torch
 
+import argparse
+
 from ...errors import UsageError
+from ...methods import available
 from .. import checks, options
+from ..declaration import Option
+from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_float, positive_int
 from .ratios import RATIOS
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "PARTS", "DTYPES", "GRID_OPTIONS", "KEY_COLUMNS", "build_config", "configure",
+__all__ = ["FULL_GRID", "QUICK_GRID", "PARTS", "DTYPES", "OPTIONS", "KEY_COLUMNS", "build_config", "configure",
            "build_cells", "check", "run_info"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -78,33 +83,39 @@ QUICK_GRID = {
 
 KEY_COLUMNS = ("part", "n", "method")
 PARTS = ("accuracy", "scale", "forward", "ratios", "training")
-GRID_OPTIONS = ("accuracy_n", "scale_n", "forward_n", "error_method", "num_features", "forward_methods",
-                "dense_max_n", "source", "condition", "head", "tol", "lanczos_block", "compute_dtype", "parts",
-                "repeats", "training_n", "training_batch", "training_features", "training_threads")
-"""The settings of the grid that options override (each option's ``dest`` is the setting's name)."""
+def _methods() -> list[str]:
+    return [m for m in available() if m != "exact"]
 
-def build_config(*, quick: bool = False, **overrides) -> dict:
-    """The benchmark grid: :data:`FULL_GRID` (or :data:`QUICK_GRID`) with ``overrides`` (None: keep)."""
-    config = dict(QUICK_GRID if quick else FULL_GRID)
-    for key, value in overrides.items():
-        if key not in config:
-            raise TypeError(f"unknown bench setting {key!r}; known: {sorted(config)}.")
-        if value is not None:
-            config[key] = list(value) if isinstance(value, (list, tuple)) else value
-    if not set(config["parts"]) <= set(PARTS):
-        raise UsageError("--parts", f"parts among {list(PARTS)}", config["parts"])
-    if config["source"] not in ("bert", "synthetic"):
-        raise UsageError("--source", "bert or synthetic", repr(config["source"]))
-    if config["compute_dtype"] not in DTYPES:
-        raise UsageError("--compute-dtype", f"one of {sorted(DTYPES)}", repr(config["compute_dtype"]))
-    for key in ("accuracy_n", "scale_n", "forward_n"):
-        bad = [n for n in config[key] if int(n) < 2]
-        if bad:
-            raise UsageError(f"--{key.replace('_', '-')}", "integers >= 2", bad)
-    for key, low in (("training_n", 2), ("training_batch", 1), ("training_features", 1), ("training_threads", 1)):
-        if int(config[key]) < low:
-            raise UsageError(f"--{key.replace('_', '-')}", f"an integer >= {low}", config[key])
-    return config
+
+def _lengths(flag: str, what: str) -> Option:
+    return Option((flag,), flag[2:].replace("-", "_"), f"n of the {what} part", type=int_list, nargs="+",
+                  action=Flatten, metavar="N")
+
+
+OPTIONS = (
+    Option(("--parts",), "parts", "which parts to run", nargs="+", choices=PARTS),
+    _lengths("--accuracy-n", "accuracy"), _lengths("--scale-n", "scale"), _lengths("--forward-n", "forward"),
+    Option(("--error-method",), "error_method", "approximation whose spectral error is computed", choices=available),
+    NUM_FEATURES.but(help="num_features of every approximation (one value)"),
+    Option(("--forward-methods",), "forward_methods", "methods of the forward part (exact is always run)", nargs="+",
+           choices=_methods),
+    Option(("--dense-max-n",), "dense_max_n", "largest n for dense exact attention", type=positive_int),
+    Option(("--source",), "source", "Q/K/V source", choices=("bert", "synthetic")),
+    Option(("--condition",), "condition", "BERT condition", choices=("initialized", "pretrained")),
+    Option(("--head",), "head", "attention head", type=nonnegative_int),
+    Option(("--tol",), "tol", "relative tolerance of the matrix-free routes", type=positive_float),
+    Option(("--lanczos-block",), "lanczos_block", "vectors per block Lanczos pass", type=positive_int),
+    Option(("--compute-dtype",), "compute_dtype", "dtype of the logits in the fused passes", choices=sorted(DTYPES)),
+    Option(("--training-n",), "training_n", "sequence length of the training part", type=positive_int),
+    Option(("--training-batch",), "training_batch", "sequences per batch of the training part", type=positive_int),
+    Option(("--training-features",), "training_features", "num_features of the attentions in the training part",
+           type=positive_int),
+    Option(("--training-threads",), "training_threads", "torch threads of the training part's steps (default: "
+           "--threads when given, else 1, as the studies train, whatever $OMP_NUM_THREADS says)", type=positive_int),
+    Option(("--repeats",), "repeats", "timed calls per forward-type measurement (median; at least 5), after one "
+           "warm-up", type=int),
+)
+"""The options of ``approxlab bench`` besides the common ones."""
 
 
 def configure(args) -> dict:
@@ -114,12 +125,25 @@ def configure(args) -> dict:
     (``args.threads_source == "--threads"``); a thread count from ``$OMP_NUM_THREADS`` or the default
     leaves the training part at its own default, one thread.
     """
-    overrides = {key: getattr(args, key, None) for key in GRID_OPTIONS}
-    if overrides["num_features"] is not None:
-        overrides["num_features"] = options.one_value("--num-features", overrides["num_features"])
-    if overrides["training_threads"] is None and getattr(args, "threads_source", None) == "--threads":
-        overrides["training_threads"] = args.threads
-    return build_config(quick=getattr(args, "quick", False), **overrides)
+    config = options.grid(QUICK_GRID if getattr(args, "quick", False) else FULL_GRID, args, OPTIONS)
+    config["num_features"] = options.one_value("--num-features", config["num_features"])
+    if getattr(args, "training_threads", None) is None and getattr(args, "threads_source", None) == "--threads":
+        config["training_threads"] = args.threads
+    for key in ("accuracy_n", "scale_n", "forward_n"):
+        bad = [n for n in config[key] if int(n) < 2]
+        if bad:
+            raise UsageError(f"--{key.replace('_', '-')}", "integers >= 2", bad)
+    if int(config["training_n"]) < 2:
+        raise UsageError("--training-n", "an integer >= 2", config["training_n"])
+    return config
+
+
+def build_config(*, quick: bool = False, **overrides) -> dict:
+    """The benchmark grid: :data:`FULL_GRID` (or :data:`QUICK_GRID`) with ``overrides`` (None: keep), checked."""
+    unknown = set(overrides) - set(FULL_GRID)
+    if unknown:
+        raise TypeError(f"unknown bench setting(s) {sorted(unknown)}; known: {sorted(FULL_GRID)}.")
+    return configure(argparse.Namespace(quick=quick, **overrides))
 
 
 def build_cells(config: dict, settings: dict) -> list[dict]:

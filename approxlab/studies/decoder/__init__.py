@@ -57,12 +57,11 @@ head, ``sqrt_log_n``, the seconds.
 
 from __future__ import annotations
 
-from ...assumptions import RANK_MAX_N
-from .. import options as shared
-from ..declaration import Figure, Option, Product, Step, Study, Summary, Table
+from ..declaration import Figure, Product, Step, Study, Summary, Table
 from .cells import ASSUMPTION_KEY, RESULT_KEY, WINDOW_KEY, compute_assumptions, compute_errors, compute_window
-from .grid import (DEFAULT_CHECKPOINT, FULL_GRID, METHODS, QUICK_GRID, assumption_cells, build_config, causal_form,
-                   check, configure, default_layers, make_cells, result_cells, run_info, window_cells, window_ids)
+from .grid import (DEFAULT_CHECKPOINT, FULL_GRID, METHODS, OPTIONS, QUICK_GRID, assumption_cells, build_config,
+                   causal_form, check, configure, default_layers, make_cells, result_cells, run_info, window_cells,
+                   window_ids)
 from .report import (ASSUMPTION_STATS, ASSUMPTIONS, ERROR_STATS, HEAD_STATS, RESULTS, TITLE, VERDICTS, WINDOWS, plot,
                      sections)
 from .stats import CLAIMS, assumption_statistics, error_statistics, growth_exponent, head_statistics, verdicts
@@ -70,20 +69,6 @@ from .stats import CLAIMS, assumption_statistics, error_statistics, growth_expon
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "METHODS", "DEFAULT_CHECKPOINT", "CLAIMS", "build_config",
            "configure", "causal_form", "default_layers", "window_ids", "make_cells", "compute_window",
            "compute_assumptions", "compute_errors", "growth_exponent", "verdicts", "plot"]
-
-OPTIONS = (
-    shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="a causal decoder (Hub id with network, local folder or "
-                          ".gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline)"),
-    shared.LAYERS.but(help="layers: indices, first, middle, last (comma-separated), or all (default: first, "
-                           "middle and last; --quick: first and last)"),
-    shared.METHODS.but(help=f"methods with a causal form, comma-separated (default {','.join(METHODS)})"),
-    shared.CONDITIONS_OPTION, shared.N, shared.NUM_FEATURES, shared.WINDOWS,
-    shared.SEEDS.but(help="seeds per randomized method"),
-    Option(("--rank-max-n",), "rank_max_n", f"largest n with a numerical rank (dense SVD per head; default "
-           f"{RANK_MAX_N})", type=shared.nonnegative_int, default=RANK_MAX_N),
-)
-"""The options of ``approxlab decoder`` besides the common ones (all but ``--rank-max-n`` from the shared set)."""
-
 
 def _error_stats(saved):
     return error_statistics(saved.table(RESULTS))

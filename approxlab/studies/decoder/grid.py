@@ -7,11 +7,13 @@ import argparse
 from ...assumptions import HEAVY_PER_ROW, RANK_MAX_N
 from ...errors import UsageError
 from ...methods import get
-from .. import checks, options
+from .. import checks
+from .. import options as shared
+from ..declaration import Option
 from ..inputs.wikitext import draw_windows, method_seeds
 
-__all__ = ["DEFAULT_CHECKPOINT", "METHODS", "FULL_GRID", "QUICK_GRID", "causal_form", "default_layers", "configure",
-           "build_config", "window_ids", "make_cells", "check", "run_info"]
+__all__ = ["DEFAULT_CHECKPOINT", "METHODS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "causal_form", "default_layers",
+           "configure", "build_config", "window_ids", "make_cells", "check", "run_info"]
 
 DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 METHODS = ("performer", "informer", "skyformer-softmax", "nystromformer", "nystrom", "spectral-shifting")
@@ -34,6 +36,20 @@ ASSUMPTION_KEY = ("condition", "n", "layer", "window")
 RESULT_KEY = ("condition", "n", "layer", "window", "method")
 NEAR_ZERO_ROW = 1e-3
 """A masked row sum is near zero when ``|sum| <= NEAR_ZERO_ROW * median |sums|`` of its head."""
+
+
+OPTIONS = (
+    shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="a causal decoder (Hub id with network, local folder or "
+                          ".gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline)"),
+    shared.LAYERS.but(help="layers: indices, first, middle, last (comma-separated), or all (default: first, "
+                           "middle and last; --quick: first and last)"),
+    shared.METHODS.but(help=f"methods with a causal form, comma-separated (default {','.join(METHODS)})"),
+    shared.CONDITIONS_OPTION, shared.N, shared.NUM_FEATURES, shared.WINDOWS,
+    shared.SEEDS.but(help="seeds per randomized method"),
+    Option(("--rank-max-n",), "rank_max_n", f"largest n with a numerical rank (dense SVD per head; default "
+           f"{RANK_MAX_N})", type=shared.nonnegative_int, default=RANK_MAX_N),
+)
+"""The options of ``approxlab decoder`` besides the common ones (all but ``--rank-max-n`` from the shared set)."""
 
 
 def causal_form(method: str):
@@ -66,7 +82,7 @@ _GRID_OPTIONS = ("conditions", "n", "num_features", "methods", "windows", "seeds
 
 
 def _grid(quick, args) -> dict:
-    grid = options.grid(QUICK_GRID if quick else FULL_GRID, args, _GRID_OPTIONS)
+    grid = shared.grid(QUICK_GRID if quick else FULL_GRID, args, OPTIONS)
     for method in grid["methods"]:
         causal_form(method)
     if min(grid["n"]) < 4:

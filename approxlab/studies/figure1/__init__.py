@@ -89,14 +89,12 @@ Method*. NeurIPS 2021. Section 4.5 and Figure 1; Eqs. (3)-(5); Theorem 2.
 
 from __future__ import annotations
 
-from ..declaration import Figure, Option, Product, Step, Study, Summary, Table
-from ..inputs.wikitext import DENSE_MAX_N
-from ..options import (CHECKPOINT, CONDITIONS_OPTION, METHODS, N, NUM_FEATURES, POSITIONS, SEEDS, WINDOWS, Flatten,
-                       nonnegative_int, positive_int, str_list)
+from ..declaration import Figure, Product, Step, Study, Summary, Table
 from .cells import compute_cell, compute_panel, compute_window
 from .cells import approximation_cells, panel_cells, window_cells
 from .figures import figure_groups, plot
-from .grid import EXTRA_METHODS, FULL_GRID, QUICK_GRID, build_config, check, configure, run_info, settings, window_ids
+from .grid import (EXTRA_METHODS, FULL_GRID, OPTIONS, QUICK_GRID, build_config, check, configure, run_info, settings,
+                   window_ids)
 from .paper import paper_comparison
 from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, THRESHOLDS, VERDICT_COLUMNS,
                     head_errors, panel_statistics, precision_table, verdicts)
@@ -106,24 +104,6 @@ __all__ = ["STUDY", "PAPER_METHODS", "EXTRA_METHODS", "FULL_GRID", "QUICK_GRID",
            "configure", "window_ids", "compute_cell", "compute_panel", "compute_window", "plot", "figure_groups",
            "summarize", "panel_statistics", "head_errors", "precision_table", "verdicts", "CLAIMS", "THRESHOLDS",
            "BOOTSTRAP", "VERDICT_COLUMNS", "BLOWUP_FACTOR", "NEAR_ZERO_ROW"]
-
-OPTIONS = (
-    METHODS, CONDITIONS_OPTION, N, NUM_FEATURES, WINDOWS, SEEDS.but(help="seeds per randomized method"),
-    Option(("--dtypes",), "dtypes", "precisions of the approximations, a grid axis (default float64,float32)",
-           type=str_list, nargs="+", action=Flatten, metavar="DTYPES"),
-    POSITIONS,
-    CHECKPOINT.but(help="BERT-family checkpoint (Hub id with network, local folder always), with its tokenizer; "
-                        "the initialized condition takes its config and tokenizer (default: bert-base config / "
-                        "all-MiniLM-L6-v2, offline)"),
-    Option(("--layer",), "layer", "attention layer: 0 (default, the paper's: the input embedding through layer 0's "
-           "projections) or L > 0 (the real hidden states entering layer L)", type=nonnegative_int, default=0),
-    Option(("--matrix-free-above",), "matrix_free_above", "n above which exact attention is applied in row blocks "
-           "(never n x n in memory) and the statistical dimension is estimated matrix-free (default "
-           f"{DENSE_MAX_N})", type=positive_int, default=DENSE_MAX_N, grid=False),
-    Option(("--stat-heads",), "stat_heads", "heads whose statistical dimension is computed (default 2)",
-           type=positive_int, default=2),
-)
-"""The options of ``approxlab figure1`` besides the common ones (most from the shared set)."""
 
 RESULTS = Table("results.csv", ("condition", "n", "dtype", "window", "method"),
                 required=("condition", "n", "window", "method", "num_features", "seed", "status", "error_mean"))

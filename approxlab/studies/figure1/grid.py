@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from ...errors import UsageError
 from .. import checks
+from ..declaration import Option
 from ..inputs.wikitext import DENSE_MAX_N, draw_windows
-from ..options import POSITION_MODES, grid
+from ..options import (CHECKPOINT, CONDITIONS_OPTION, METHODS, N, NUM_FEATURES, POSITIONS, SEEDS, WINDOWS, Flatten,
+                       grid, names_among, nonnegative_int, positive_int)
 from .stats import PAPER_METHODS
 
-__all__ = ["EXTRA_METHODS", "FULL_GRID", "QUICK_GRID", "DTYPES", "configure", "build_config", "window_ids", "check",
-           "run_info", "settings"]
+__all__ = ["EXTRA_METHODS", "FULL_GRID", "QUICK_GRID", "DTYPES", "OPTIONS", "configure", "build_config", "window_ids",
+           "check", "run_info", "settings"]
 
 EXTRA_METHODS = ("performer-lra", "yoso", "spectral-shifting", "nystrom", "linformer")
 """Methods added to the comparison (drawn as secondary curves). ``performer-lra`` is Performer as the
@@ -34,7 +35,24 @@ QUICK_GRID = {**FULL_GRID, "n": [512, 1024], "num_features": [16, 64, 256], "dty
 """``--quick``: a smoke run of a few minutes on 2 CPU cores (float64 only; ``--dtypes`` adds float32)."""
 
 DTYPES = ("float64", "float32")
-_GRID_OPTIONS = ("conditions", "n", "num_features", "methods", "windows", "seeds", "dtypes")
+
+OPTIONS = (
+    METHODS, CONDITIONS_OPTION, N, NUM_FEATURES, WINDOWS, SEEDS.but(help="seeds per randomized method"),
+    Option(("--dtypes",), "dtypes", "precisions of the approximations, a grid axis (default float64,float32)",
+           type=names_among(DTYPES, "precisions"), nargs="+", action=Flatten, metavar="DTYPES"),
+    POSITIONS,
+    CHECKPOINT.but(help="BERT-family checkpoint (Hub id with network, local folder always), with its tokenizer; "
+                        "the initialized condition takes its config and tokenizer (default: bert-base config / "
+                        "all-MiniLM-L6-v2, offline)"),
+    Option(("--layer",), "layer", "attention layer: 0 (default, the paper's: the input embedding through layer 0's "
+           "projections) or L > 0 (the real hidden states entering layer L)", type=nonnegative_int, default=0),
+    Option(("--matrix-free-above",), "matrix_free_above", "n above which exact attention is applied in row blocks "
+           "(never n x n in memory) and the statistical dimension is estimated matrix-free (default "
+           f"{DENSE_MAX_N})", type=positive_int, default=DENSE_MAX_N, grid=False),
+    Option(("--stat-heads",), "stat_heads", "heads whose statistical dimension is computed (default 2)",
+           type=positive_int, default=2),
+)
+"""The options of ``approxlab figure1`` besides the common ones (most from the shared set)."""
 
 
 def configure(args) -> dict:
@@ -48,13 +66,9 @@ def configure(args) -> dict:
     is computed); ``window_seed``, ``base_seed``, ``model_seed`` (0 unless given in code).
     """
     value = lambda name, default=None: getattr(args, name, default)  # noqa: E731
-    chosen = grid(QUICK_GRID if value("quick", False) else FULL_GRID, args, _GRID_OPTIONS)
-    if not chosen["dtypes"] or any(x not in DTYPES for x in chosen["dtypes"]):
-        raise UsageError("--dtypes", f"comma-separated precisions among {list(DTYPES)}", chosen["dtypes"])
+    chosen = grid(QUICK_GRID if value("quick", False) else FULL_GRID, args, OPTIONS)
     chosen["dtypes"] = sorted(set(chosen["dtypes"]), reverse=True)  # float64 first
     positions, layer, checkpoint = value("positions") or "interpolate", int(value("layer") or 0), value("checkpoint")
-    if positions not in POSITION_MODES:
-        raise UsageError("--positions", f"one of {list(POSITION_MODES)}", repr(positions))
     inputs = ("X = LayerNorm(word + position + type embedding) of BERT, layer-0 W_Q, W_K, W_V" if layer == 0 else
               f"X = the hidden states entering layer {layer} (the model run up to it), its W_Q, W_K, W_V")
     return {

@@ -67,10 +67,9 @@ Liu, Liu, Gao, Chen, Han. *Understanding the Difficulty of Training Transformers
 
 from __future__ import annotations
 
-from ..declaration import Figure, Option, Product, Step, Study, Summary, Table
-from ..options import NUM_FEATURES, SEEDS, STEPS, TASKS, Flatten, positive_float, probability, str_list
+from ..declaration import Figure, Product, Step, Study, Summary, Table
 from .cells import compute_cell
-from .grid import FULL_GRID, QUICK_GRID, build_config, check, configure, make_cells
+from .grid import FULL_GRID, OPTIONS, QUICK_GRID, build_config, check, configure, make_cells
 from .report import (ATTENTION_ORDER, INTERVALS, KEY_COLUMNS, RATIOS, RESULTS, TITLE, paper_comparison, plot,
                      ratio_table, sections, summarize, verdict_table)
 from .stats import (BELOW_ONE, PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals, power_analysis, ratio_interval,
@@ -79,22 +78,6 @@ from .stats import (BELOW_ONE, PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "PAPER_TABLE3", "PAPER_COLUMN", "POWER_GOAL", "BELOW_ONE",
            "build_config", "configure", "make_cells", "compute_cell", "ratios", "ratio_interval", "verdict",
            "power_analysis", "intervals", "ratio_table", "verdict_table", "paper_comparison", "summarize", "plot"]
-
-OPTIONS = (
-    TASKS.but(help="comma-separated NAME:N:BATCH entries, e.g. listops:1000:4,wikitext-mlm:512:2"),
-    Option(("--attentions",), "attentions", "comma-separated attentions (softmax is always included)",
-           type=str_list, nargs="+", action=Flatten, metavar="NAMES"),
-    SEEDS, STEPS.but(help="Adam steps per run (paper: 20)"),
-    NUM_FEATURES.but(help="landmarks/features (one value; paper: 128)"),
-    Option(("--lr",), "lr", "peak learning rate (default: the paper's per task, ListOps 1e-4, Pathfinder 2e-4)",
-           type=positive_float),
-    Option(("--optimizer",), "optimizer", "adamw: the paper's AdamW with its warm-up schedule; adam: constant-rate "
-           "Adam", choices=("adamw", "adam"), default="adamw"),
-    Option(("--dropout",), "dropout", "dropout (paper: 0.1)", type=probability, default=0.1),
-    Option(("--dtype",), "dtype", "model precision", choices=("float32", "float64"), default="float32"),
-)
-"""The options of ``approxlab instability`` besides the common ones."""
-
 
 def _ratios(saved):
     return ratios(saved.table(RESULTS))

@@ -6,9 +6,11 @@ import argparse
 
 from ...errors import UsageError
 from .. import checks, options
+from ..declaration import Option
+from ..options import NUM_FEATURES, SEEDS, STEPS, TASKS, Flatten, positive_float, probability, str_list
 from .report import ATTENTION_ORDER
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "configure", "build_config", "make_cells", "check"]
+__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "configure", "build_config", "make_cells", "check"]
 
 _TASKS_ALLOWED = "comma-separated NAME:N:BATCH entries (e.g. listops:1000:4)"
 
@@ -32,6 +34,21 @@ QUICK_GRID = {
     "steps": 3,
 }
 """``--quick``: one task, every attention, 2 seeds, 3 steps (seconds on 2 CPU cores)."""
+
+OPTIONS = (
+    TASKS.but(help="comma-separated NAME:N:BATCH entries, e.g. listops:1000:4,wikitext-mlm:512:2"),
+    Option(("--attentions",), "attentions", "comma-separated attentions (softmax is always included)",
+           type=str_list, nargs="+", action=Flatten, metavar="NAMES"),
+    SEEDS, STEPS.but(help="Adam steps per run (paper: 20)"),
+    NUM_FEATURES.but(help="landmarks/features (one value; paper: 128)"),
+    Option(("--lr",), "lr", "peak learning rate (default: the paper's per task, ListOps 1e-4, Pathfinder 2e-4)",
+           type=positive_float),
+    Option(("--optimizer",), "optimizer", "adamw: the paper's AdamW with its warm-up schedule; adam: constant-rate "
+           "Adam", choices=("adamw", "adam"), default="adamw"),
+    Option(("--dropout",), "dropout", "dropout (paper: 0.1)", type=probability, default=0.1),
+    Option(("--dtype",), "dtype", "model precision", choices=("float32", "float64"), default="float32"),
+)
+"""The options of ``approxlab instability`` besides the common ones."""
 
 _TASK_SETTINGS = {"listops": "listops", "pathfinder": "pathfinder", "wikitext-mlm": "text"}
 """Our task -> the LRA task whose training settings (:data:`approxlab.optim.SKYFORMER_LRA`) it takes."""
@@ -64,8 +81,8 @@ def _parse_task(spec) -> dict:
 def configure(args) -> dict:
     """The grid-defining configuration (saved and hashed in ``config.json``) of the parsed options.
 
-    Parameters (attributes of ``args``; missing ones take their defaults)
-    ----------------------------------------------------------------------
+    ``args`` holds (missing ones take their defaults):
+
     quick : bool
         Start from :data:`QUICK_GRID` instead of :data:`FULL_GRID`.
     tasks : list of str or dict, optional
@@ -89,15 +106,14 @@ def configure(args) -> dict:
     dtype : {"float32", "float64"}
         Model precision.
     base_seed : int
-        Base of every :func:`~approxlab.studies.runner.cell_seed`.
+        Base of every :func:`~approxlab.studies.engine.cell_seed`.
     """
     from ...optim import SKYFORMER_LRA
     from ...training import ATTENTIONS, TRAINING_OPTIONS
 
     value = lambda name, default=None: default if getattr(args, name, None) is None else getattr(args, name)  # noqa
-    grid = options.grid(QUICK_GRID if value("quick", False) else FULL_GRID, args, ("tasks", "seeds", "steps"))
+    grid = options.grid(QUICK_GRID if value("quick", False) else FULL_GRID, args, OPTIONS)
     grid["tasks"] = [_parse_task(t) for t in grid["tasks"]]
-    grid["attentions"] = list(value("attentions", grid["attentions"]))
     for name in grid["attentions"]:
         if name not in ATTENTIONS:
             raise UsageError("--attentions", f"attentions among {sorted(ATTENTIONS)}", repr(name))
@@ -105,20 +121,10 @@ def configure(args) -> dict:
     num_features = options.one_value("--num-features", value("num_features", 128))
     lr, optimizer, dropout, dtype = value("lr"), value("optimizer", "adamw"), value("dropout", 0.1), value("dtype", "float32")
     clip_value = getattr(args, "clip_value", 1.0)
-    if num_features < 1:
-        raise UsageError("--num-features", "an integer >= 1", num_features)
-    if lr is not None and not float(lr) > 0:
-        raise UsageError("--lr", "a finite number > 0", lr)
-    if optimizer not in ("adamw", "adam"):
-        raise UsageError("--optimizer", "adamw or adam", repr(optimizer))
-    if not 0.0 <= float(dropout) < 1.0:
-        raise UsageError("--dropout", "a number in [0, 1)", dropout)
     for entry in grid["tasks"]:
         paper = SKYFORMER_LRA[_TASK_SETTINGS[entry["task"]]]
         entry.update(lr=float(paper["lr"] if lr is None else lr), warmup=paper["warmup"],
                      total_steps=paper["total_steps"])
-    if dtype not in ("float32", "float64"):
-        raise UsageError("--dtype", "float32 or float64", repr(dtype))
     return {
         "study": "instability",
         "paper": "Skyformer (Chen et al., NeurIPS 2021), Appendix F, Table 3",

@@ -51,22 +51,14 @@ Tay et al. *Long Range Arena*. ICLR 2021.
 from __future__ import annotations
 
 from ..declaration import Figure, Step, Study, Summary, Table
-from ..options import SEEDS, STEPS, TASKS
 from .cells import attention_output_spectrum, compute_cell, decay_slope
-from .grid import (DECAY_INDICES, FULL_GRID, GATES, KEY_COLUMNS, MIN_SEEDS, QUICK_GRID, RESULTS, SPECTRA, TASK_OPTIONS,
-                   TRAINING, build_config, cells, configure)
+from .grid import (DECAY_INDICES, FULL_GRID, GATES, KEY_COLUMNS, MIN_SEEDS, OPTIONS, QUICK_GRID, RESULTS, SPECTRA,
+                   TASK_OPTIONS, TRAINING, build_config, cells, configure)
 from .report import SLOWER, TITLE, ordering, plot, resolution_floor, sections
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "TASK_OPTIONS", "GATES", "DECAY_INDICES", "MIN_SEEDS",
            "SLOWER", "build_config", "configure", "attention_output_spectrum", "resolution_floor", "decay_slope",
            "compute_cell", "ordering", "plot"]
-
-OPTIONS = (
-    TASKS.but(help="comma-separated NAME:N[:learned|2d], e.g. listops:256,pathfinder:256:2d"),
-    STEPS.but(help="fixed step budget per seed (default 2000)"),
-    SEEDS.but(help="seeds per task (default 3)"),
-)
-"""The options of ``approxlab lra-svd`` besides the common ones."""
 
 STUDY = Study(
     name="lra-svd",

@@ -7,8 +7,9 @@ import argparse
 
 from ...errors import UsageError
 from .. import options
+from ..options import SEEDS, STEPS, TASKS
 
-__all__ = ["GATES", "DECAY_INDICES", "MIN_SEEDS", "TASK_OPTIONS", "FULL_GRID", "QUICK_GRID", "configure",
+__all__ = ["GATES", "DECAY_INDICES", "MIN_SEEDS", "TASK_OPTIONS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "configure",
            "build_config", "cells"]
 
 GATES = {"listops": 0.30, "pathfinder": 0.65}
@@ -63,6 +64,13 @@ QUICK_GRID = {**FULL_GRID, "tasks": [{"task": "listops", "n": 96, "positions": "
               "test_size": 4, "warmup": 1}
 """``--quick``: 2 seeds, 4 steps of batch 4 (a smoke run of every code path; no model learns)."""
 
+OPTIONS = (
+    TASKS.but(help="comma-separated NAME:N[:learned|2d], e.g. listops:256,pathfinder:256:2d"),
+    STEPS.but(help="fixed step budget per seed (default 2000)"),
+    SEEDS.but(help="seeds per task (default 3)"),
+)
+"""The options of ``approxlab lra-svd`` besides the common ones."""
+
 RESULTS, SPECTRA, TRAINING = "results.csv", "spectra.csv", "training.csv"
 KEY_COLUMNS = ("task", "n", "seed")
 MODEL = {"embedding_dim": 64, "hidden_dim": 128, "num_heads": 2, "num_layers": 2}
@@ -87,7 +95,7 @@ def _parse_tasks(tasks) -> list[dict]:
 
 def configure(args) -> dict:
     """The grid (saved and hashed in ``config.json``) of the parsed options; ``tasks`` as ``"name:n[:positions]"``."""
-    grid = options.grid(QUICK_GRID if getattr(args, "quick", False) else FULL_GRID, args, ("steps", "seeds"))
+    grid = options.grid(QUICK_GRID if getattr(args, "quick", False) else FULL_GRID, args, OPTIONS)
     if getattr(args, "tasks", None) is not None:
         grid["tasks"] = _parse_tasks(args.tasks)
     return {"study": "lra-svd", "paper": "Skyformer (Chen et al., NeurIPS 2021), Appendix B, Figure 4",

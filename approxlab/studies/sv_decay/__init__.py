@@ -71,10 +71,9 @@ Roy and Vetterli (2007), effective rank; Golub and Van Loan, *Matrix Computation
 
 from __future__ import annotations
 
-from ..declaration import Figure, Option, Step, Study, Summary, Table
-from ..options import CHECKPOINT, CONDITIONS_OPTION, LAYERS, METHODS, N, NUM_FEATURES, POSITIONS, WINDOWS, positive_int
+from ..declaration import Figure, Step, Study, Summary, Table
 from .figures import plot
-from .grid import FULL_GRID, QUICK_GRID, build_config, cells, check, configure, window_ids
+from .grid import FULL_GRID, OPTIONS, QUICK_GRID, build_config, cells, check, configure, window_ids
 from .spectra import (APPROXIMATIONS, EXACT_MATRICES, MATRICES, attention_spectra, compute_cell, layer_index,
                       noise_floor, spectrum_measures)
 from .summary import TITLE, conditioning_by_length, sections, summarize
@@ -82,20 +81,6 @@ from .summary import TITLE, conditioning_by_length, sections, summarize
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "MATRICES", "EXACT_MATRICES", "APPROXIMATIONS",
            "spectrum_measures", "layer_index", "noise_floor", "attention_spectra", "build_config", "configure",
            "window_ids", "compute_cell", "plot", "summarize", "conditioning_by_length"]
-
-OPTIONS = (
-    CONDITIONS_OPTION, LAYERS.but(help="layers: first, middle, last or indices, comma-separated (default: all three "
-                                       "named; --quick: first)"),
-    N, WINDOWS, Option(("--heads",), "heads", "first H heads (default: 12 at 512, 3 at 2048)", type=positive_int),
-    METHODS.but(help="approximations whose dense matrix is analysed (registered method names, comma-separated; "
-                     f"default {','.join(APPROXIMATIONS)})"),
-    NUM_FEATURES.but(help="d of the approximations (one value; default 64)"),
-    POSITIONS.but(help="positions beyond BERT's 512-row table in the embedding-mode cells (n > 512): interpolate "
-                       "(default), copy (Longformer), none"),
-    CHECKPOINT.but(help="BERT-family checkpoint (Hub id with network, local folder always); the initialized "
-                        "condition takes its config and tokenizer (default: the offline defaults)"),
-)
-"""The options of ``approxlab sv-decay`` besides the common ones (all but ``--heads`` from the shared set)."""
 
 KEY = ("condition", "layer", "n", "window")
 

@@ -6,11 +6,13 @@ import argparse
 
 from ...errors import UsageError
 from .. import checks
+from ..declaration import Option
 from ..inputs.wikitext import draw_windows, num_layers
-from ..options import POSITION_MODES, grid, one_value
+from ..options import (CHECKPOINT, CONDITIONS_OPTION, LAYERS, METHODS, N, NUM_FEATURES, POSITIONS, WINDOWS, grid,
+                       one_value, positive_int)
 from .spectra import APPROXIMATIONS
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "configure", "build_config", "window_ids", "cells", "check"]
+__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "configure", "build_config", "window_ids", "cells", "check"]
 
 FULL_GRID = {
     "conditions": ["initialized", "pretrained"],
@@ -27,6 +29,20 @@ where one head costs seven 2048 x 2048 SVDs and a 4096 x 4096 eigendecomposition
 QUICK_GRID = {**FULL_GRID, "layers": ["first"], "n": [512], "windows": 1, "heads": {"512": 2}}
 """``--quick``: a smoke run (about a minute on 2 CPU cores)."""
 
+OPTIONS = (
+    CONDITIONS_OPTION, LAYERS.but(help="layers: first, middle, last or indices, comma-separated (default: all three "
+                                       "named; --quick: first)"),
+    N, WINDOWS, Option(("--heads",), "heads", "first H heads (default: 12 at 512, 3 at 2048)", type=positive_int),
+    METHODS.but(help="approximations whose dense matrix is analysed (registered method names, comma-separated; "
+                     f"default {','.join(APPROXIMATIONS)})"),
+    NUM_FEATURES.but(help="d of the approximations (one value; default 64)"),
+    POSITIONS.but(help="positions beyond BERT's 512-row table in the embedding-mode cells (n > 512): interpolate "
+                       "(default), copy (Longformer), none"),
+    CHECKPOINT.but(help="BERT-family checkpoint (Hub id with network, local folder always); the initialized "
+                        "condition takes its config and tokenizer (default: the offline defaults)"),
+)
+"""The options of ``approxlab sv-decay`` besides the common ones (all but ``--heads`` from the shared set)."""
+
 
 def configure(args) -> dict:
     """The grid-defining configuration (saved and hashed in ``config.json``) of the parsed options.
@@ -38,9 +54,9 @@ def configure(args) -> dict:
     value = lambda name, default=None: getattr(args, name, default)  # noqa: E731
     base = {key: (dict(item) if isinstance(item, dict) else item)
             for key, item in (QUICK_GRID if value("quick", False) else FULL_GRID).items()}
-    chosen = grid(base, args, ("conditions", "layers", "n", "windows"))
+    chosen = {**grid(base, args, OPTIONS), "heads": base["heads"]}  # --heads sets every n's count, below
     if value("methods") is not None:
-        chosen["approximations"] = grid({}, argparse.Namespace(methods=value("methods")), ("methods",))["methods"]
+        chosen["approximations"] = list(value("methods"))
     if value("num_features") is not None:
         chosen["num_features"] = one_value("--num-features", value("num_features"))
     if chosen["layers"] == "all":
@@ -48,11 +64,7 @@ def configure(args) -> dict:
                                      "different numbers of layers)", "all")
     if min(chosen["n"]) < 2:
         raise UsageError("--n", "lengths of at least 2 tokens", chosen["n"])
-    if chosen["num_features"] < 1:
-        raise UsageError("--num-features", "an integer >= 1", chosen["num_features"])
     positions, checkpoint, heads = value("positions") or "interpolate", value("checkpoint"), value("heads")
-    if positions not in POSITION_MODES:
-        raise UsageError("--positions", f"one of {list(POSITION_MODES)}", repr(positions))
     default_heads = min(chosen["heads"].values()) if chosen["heads"] else 12
     chosen["heads"] = {str(x): int(heads) if heads is not None else int(chosen["heads"].get(str(x), default_heads))
                        for x in chosen["n"]}
