@@ -19,6 +19,8 @@ __all__ = [
     "CheckpointError",
     "CorruptResultsError",
     "MethodResultError",
+    "StudyError",
+    "UsageError",
 ]
 
 
@@ -122,7 +124,8 @@ class CacheWarning(RuntimeWarning):
 
 
 class PluginWarning(RuntimeWarning):
-    """An installed plugin (an ``approxlab.methods`` entry point) failed to load; its methods are missing.
+    """An installed plugin (an ``approxlab.methods`` or ``approxlab.studies`` entry point) failed to load;
+    its methods or study are missing, everything else is available.
 
     Examples
     --------
@@ -134,6 +137,15 @@ class PluginWarning(RuntimeWarning):
     >>> issubclass(PluginWarning, RuntimeWarning)
     True
     """
+
+    @classmethod
+    def failed(cls, entry, group: str, error: BaseException, missing: str) -> "PluginWarning":
+        """The warning for entry point ``entry`` of ``group`` that raised ``error``; ``missing`` says
+        what is not available because of it (``"its methods are not available, every other method is"``)."""
+        source = getattr(getattr(entry, "dist", None), "name", None)
+        return cls(f"approxlab: the entry point {entry.name!r} = {entry.value!r}"
+                   + (f" of distribution {source!r}" if source else "")
+                   + f" in group {group!r} failed to load ({type(error).__name__}: {error}); {missing}.")
 
 
 class CorpusChecksumError(ValueError):
@@ -272,3 +284,41 @@ class MethodResultError(TypeError, ValueError):
     method 'half-output' must return an output of shape (*batch, n, p_v) = (1, 4, 2); got (1, 1, 2).
     >>> _ = unregister("half-output")
     """
+
+
+class StudyError(RuntimeError):
+    """A study cannot run as asked: saved results of another configuration, a missing device, a
+    corpus too small for the grid, an option value the study cannot use.
+
+    ``approxlab <study>`` prints its message as one line, without a traceback, and exits with
+    status 2.
+
+    Examples
+    --------
+    >>> from approxlab.errors import StudyError
+    >>> print(StudyError("--device cuda was requested but CUDA is not available"))
+    --device cuda was requested but CUDA is not available
+    """
+
+
+class UsageError(StudyError):
+    """A command-line value a study cannot use: the message is ``"<option>: <allowed>, got <got>"``.
+
+    Attributes
+    ----------
+    option : str
+        The option (``"--windows"``) or environment variable (``"$OMP_NUM_THREADS"``).
+
+    Examples
+    --------
+    >>> from approxlab.errors import UsageError
+    >>> error = UsageError("--windows", "at most 64 (the windows available at n=512)", 1000)
+    >>> print(error)
+    --windows: at most 64 (the windows available at n=512), got 1000
+    >>> error.option
+    '--windows'
+    """
+
+    def __init__(self, option: str, allowed: str, got):
+        self.option = option
+        super().__init__(f"{option}: {allowed}, got {got}")

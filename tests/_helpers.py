@@ -42,3 +42,13 @@ def opposed_logits_80_qkv(n: int, p: int = 16, seed: int = 0):
     v = torch.randn(2, n, p, generator=g)
     assert 75 < float(scaled_logits(q, k).abs().max()) < 90
     return q, k, v
+
+
+def replace_compute(monkeypatch, module, step: int, function):
+    """Run ``module.STUDY`` with ``function`` as the compute of its step ``step`` (for the test's duration)."""
+    import dataclasses
+
+    study = module.STUDY
+    steps = list(study.steps)
+    steps[step] = dataclasses.replace(steps[step], compute=function)
+    monkeypatch.setattr(module, "STUDY", dataclasses.replace(study, steps=tuple(steps)))

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from approxlab.cli import main
-from approxlab.studies import _threads, bench
-from approxlab.studies.runner import StudyError
+from approxlab.errors import StudyError
+from approxlab.studies.engine import environment, runner
 
 
 def test_bench_cli_smoke(tmp_path, capsys):
@@ -89,12 +89,12 @@ def test_the_training_part_runs_on_threads_when_given(options, environ, expected
     """``--threads`` sets the training part's threads unless ``--training-threads`` does (no step is run)."""
     seen = {}
 
-    def stop_before_computing(cells, compute, *, config, **kwargs):
+    def stop_before_computing(steps, out, *, config, **kwargs):
         seen.update(config)
         raise StudyError("stopped before computing")
 
-    monkeypatch.setattr(bench, "run_cells", stop_before_computing)
-    for name in _threads.THREAD_VARIABLES:
+    monkeypatch.setattr(runner, "run_steps", stop_before_computing)
+    for name in environment.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)

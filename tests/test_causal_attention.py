@@ -113,7 +113,7 @@ def test_causal_products_at_logits_80(kind):
 
 def test_the_public_fallback_is_causal_too(monkeypatch):
     """Without the private flash op: the public SDPA (is_causal) and the masked blocked logsumexp."""
-    from approxlab.operators import exact as operators
+    from approxlab.operators import fused_attention as operators
 
     q, k, v = _qkv(seed=5)
     monkeypatch.setattr(operators, "_flash_attention_cpu", lambda *args: None)

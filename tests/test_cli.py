@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from approxlab import cli
-from approxlab.studies import STUDIES
+from approxlab.studies import STUDIES, registry
 
 COMMON = ["--out", "--quick", "--device", "--data-dir", "--cache-dir", "--restart", "--no-progress",
           "--scheduler", "--workers", "--plot-only"]
@@ -26,7 +26,7 @@ def test_top_level_help_lists_every_study(capsys):
 
 
 def test_help_of_each_available_study_has_the_common_options(capsys):
-    available = [name for name in STUDIES if cli._available(name)]
+    available = [name for name in STUDIES if registry.describe(name) is not None]
     assert "figure1" in available
     for name in available:
         text = help_text([name, "--help"], capsys)
@@ -70,5 +70,7 @@ def test_bad_option_values_are_rejected(capsys):
 
 
 def test_unknown_method_is_a_clear_error(capsys, tmp_path):
-    assert cli.main(["figure1", "--methods", "nope", "--out", str(tmp_path)]) == 2
-    assert "not a registered method" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["figure1", "--methods", "nope", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--methods: registered method names among" in capsys.readouterr().err

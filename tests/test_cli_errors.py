@@ -1,6 +1,6 @@
 """Bad command lines: one stderr line naming the parameter, exit status 2, never a traceback.
 
-The table runs in-process (``approxlab.cli.main``) with every study's ``run_cells``
+The table runs in-process (``approxlab.cli.main``) with the engine's ``run_steps``
 replaced by a function that fails the test: a check that does not fire shows up as
 "computation started", never as a long run. The corpus's token count is pinned to the
 real 273,178 (MiniLM/BERT uncased tokenizer) so the table does not read the corpus;
@@ -10,7 +10,6 @@ invocations run as real processes (``python -m approxlab``) to check the real ex
 
 from __future__ import annotations
 
-import importlib
 import os
 import pathlib
 import socket
@@ -21,7 +20,9 @@ import time
 import pytest
 
 from approxlab import cli
-from approxlab.studies import STUDIES, _cli
+from approxlab.errors import StudyError
+from approxlab.studies import STUDIES, checks
+from approxlab.studies.engine import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORPUS_TOKENS = 273_178
@@ -66,7 +67,7 @@ CASES = [
     ("sv-decay", ["--heads", "0"], "--heads"),
     ("sv-decay", ["--layers", "top"], "--layers"),
     ("sv-decay", ["--n", "1"], "--n"),
-    ("sv-decay", ["--approximations", "nope"], "--approximations"),
+    ("sv-decay", ["--methods", "nope"], "--methods"),
     ("sv-decay", ["--num-features", "0"], "--num-features"),
     ("sv-decay", ["--data-dir", "/nonexistent/approxlab-data"], "--data-dir"),
     ("instability", ["--tasks", "listops:abc:4"], "--tasks"),
@@ -111,14 +112,13 @@ CASES = [
 
 @pytest.fixture
 def no_compute(monkeypatch):
-    """Every study's ``run_cells`` fails the test; the corpus count is pinned (see the module docstring)."""
+    """The engine's ``run_steps`` fails the test; the corpus count is pinned (see the module docstring)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("computation started: the bad option was not caught before computing")
 
-    for module in STUDIES.values():
-        monkeypatch.setattr(importlib.import_module(module), "run_cells", refuse)
-    monkeypatch.setattr(_cli, "_token_count", lambda data_dir, cache_dir: CORPUS_TOKENS)
+    monkeypatch.setattr(runner, "run_steps", refuse)
+    monkeypatch.setattr(checks, "_token_count", lambda data_dir, cache_dir: CORPUS_TOKENS)
 
 
 def run_main(argv, capsys):
@@ -163,7 +163,7 @@ def test_scheduler_error_names_the_address_and_comes_fast(no_compute, capsys, tm
     address = f"tcp://127.0.0.1:{_closed_port()}"
     start = time.monotonic()
     status, err = run_main(["figure1", "--scheduler", address, "--out", str(tmp_path)], capsys)
-    assert time.monotonic() - start < _cli.SCHEDULER_TIMEOUT + 5
+    assert time.monotonic() - start < checks.SCHEDULER_TIMEOUT + 5
     assert_one_line_error(status, err, "figure1", address)
 
 
@@ -175,7 +175,7 @@ def test_a_port_where_no_dask_scheduler_answers_is_refused(no_compute, capsys, t
         address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
         start = time.monotonic()
         status, err = run_main(["figure1", "--scheduler", address, "--out", str(tmp_path)], capsys)
-    assert time.monotonic() - start < 2 * _cli.SCHEDULER_TIMEOUT + 5
+    assert time.monotonic() - start < 2 * checks.SCHEDULER_TIMEOUT + 5
     assert_one_line_error(status, err, "figure1", address)
     assert "no Dask scheduler answered" in err
 
@@ -183,11 +183,11 @@ def test_a_port_where_no_dask_scheduler_answers_is_refused(no_compute, capsys, t
 def test_a_running_dask_scheduler_passes_the_check():
     from distributed import LocalCluster
 
-    from approxlab.studies.dask_executor import DASHBOARD_ADDRESS
+    from approxlab.studies.engine import DASHBOARD_ADDRESS
 
     with LocalCluster(n_workers=0, processes=False, dashboard_address=DASHBOARD_ADDRESS) as cluster:
-        assert _cli.check_scheduler(cluster.scheduler_address) == cluster.scheduler_address
-        assert _cli.check_scheduler(cluster.scheduler_address.removeprefix("tcp://")) == cluster.scheduler_address
+        assert checks.check_scheduler(cluster.scheduler_address) == cluster.scheduler_address
+        assert checks.check_scheduler(cluster.scheduler_address.removeprefix("tcp://")) == cluster.scheduler_address
 
 
 def test_windows_beyond_the_pool_are_refused_not_truncated(no_compute, capsys, tmp_path):
@@ -197,12 +197,12 @@ def test_windows_beyond_the_pool_are_refused_not_truncated(no_compute, capsys, t
 
 
 def test_a_bug_in_approxlab_still_shows_its_traceback(monkeypatch, tmp_path):
-    import approxlab.studies.bench as bench
+    from approxlab.studies import driver
 
-    def broken(args):
+    def broken(*args):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(bench, "run", broken)
+    monkeypatch.setattr(driver, "run", broken)
     with pytest.raises(ZeroDivisionError):
         cli.main(["bench", "--source", "synthetic", "--out", str(tmp_path)])
 
@@ -211,8 +211,8 @@ def test_corpus_tokens_is_the_real_count():
     # Either the corpus is found and has the documented 273,178 tokens, or its absence is a
     # one-line error naming --data-dir (never a traceback from inside the data module).
     try:
-        assert _cli.corpus_tokens() == CORPUS_TOKENS
-    except _cli.StudyError as error:
+        assert checks.corpus_tokens() == CORPUS_TOKENS
+    except StudyError as error:
         assert "--data-dir" in str(error) or "APPROXLAB_DATA" in str(error)
         assert "\n" not in str(error)
 

@@ -14,15 +14,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # whose computation is a long sleep, so the test does not depend on how fast a study is.
 FIRST_RUN = """
 import sys, time
-import approxlab.studies.bench as bench
 from approxlab import cli
+from approxlab.studies import driver
 
-def slow_run(args):
+def slow_run(study, args):
     print("computing", flush=True)
     time.sleep(120)
     return 0
 
-bench.run = slow_run
+driver.run = slow_run
 sys.exit(cli.main(sys.argv[1:]))
 """
 

@@ -22,7 +22,8 @@ import pytest
 
 from approxlab import _io
 from approxlab.cli import main
-from approxlab.studies import _cli, figure1
+from approxlab.studies import checks, engine
+from approxlab.studies.inputs import wikitext
 
 from conftest import DASK_DEFAULT_DASHBOARD_PORT, hold_port
 from test_cli_errors import assert_one_line_error, run_main
@@ -39,17 +40,16 @@ def good_run(tmp_path_factory):
     """One finished run of the tiny grid (its folder is copied, never changed)."""
     out = tmp_path_factory.mktemp("good") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        from test_figure1 import synthetic_loader, synthetic_window
+        from test_figure1 import synthetic_loader
 
-        patch.setattr(figure1, "load_qkv", synthetic_loader)
-        patch.setattr(figure1, "load_window", synthetic_window)
-        figure1.reference.cache_clear()
+        patch.setattr(wikitext, "load_qkv", synthetic_loader)
+        wikitext.clear_caches()
         assert main(["figure1", "--out", str(out), *GRID]) == 0
     return out
 
 
 def _table(path) -> pd.DataFrame:
-    return _io.read_results(path).drop(columns="seconds")
+    return engine.read_results(path).drop(columns="seconds")
 
 
 def _write(name, data):
@@ -199,22 +199,25 @@ def test_plot_only_draws_a_run_where_every_method_failed(good_run, synthetic_dat
 def test_plot_only_draws_a_stopped_run(synthetic_data, tmp_path, capsys, monkeypatch):
     """A run stopped after 3 of its 8 cells (Ctrl-C): exit 130 with the note, then --plot-only draws
     the 3 cells (from the table and its journal)."""
+    from _helpers import replace_compute
+    from approxlab.studies import driver, figure1
+
     compute, calls = figure1.compute_cell, {"count": 0}
 
     def stopped_after_three(cell):
         calls["count"] += 1
         if calls["count"] > 3:
-            raise _cli.Stopped(2)
+            raise driver.Stopped(2)
         return compute(cell)
 
-    monkeypatch.setattr(figure1, "compute_cell", stopped_after_three)
+    replace_compute(monkeypatch, figure1, 0, stopped_after_three)
     out = tmp_path / "run"
     assert main(["figure1", "--out", str(out), *GRID]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
         "approxlab figure1: stopped by SIGINT; every finished cell is saved. Rerun the same command to resume.")
     assert main(["figure1", "--out", str(out), *PLOT_ONLY]) == 0
     assert (out / "figure1.png").stat().st_size > 0
-    assert len(_io.read_results(out / "results.csv")) == 3 * 2
+    assert len(engine.read_results(out / "results.csv")) == 3 * 2
 
 
 def test_plot_only_on_an_empty_folder(tmp_path, capsys):
@@ -256,7 +259,7 @@ OPTIONS = [
 def test_contradictory_or_empty_options_are_refused(study, arguments, message, capsys, tmp_path, monkeypatch):
     from test_cli_errors import CORPUS_TOKENS
 
-    monkeypatch.setattr(_cli, "_token_count", lambda data_dir, cache_dir: CORPUS_TOKENS)
+    monkeypatch.setattr(checks, "_token_count", lambda data_dir, cache_dir: CORPUS_TOKENS)
     arguments = [a.format(tmp=tmp_path) for a in arguments]
     out = tmp_path / "out"
     (out if "--plot-only" in arguments else tmp_path).mkdir(exist_ok=True)
@@ -289,7 +292,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(good_run, synth
                                                   "saved, nothing is half-written")
     assert not [p for p in out.iterdir() if p.name.startswith(_io.TEMP_PREFIX)]
     for table in out.glob("*.csv"):
-        _io.read_results(table)  # whole, or not there
+        engine.read_results(table)  # whole, or not there
     monkeypatch.setattr(_io.os, "fsync", fsync)
     assert main(["figure1", "--out", str(out), *GRID]) == 0
     pd.testing.assert_frame_equal(_table(out / "results.csv"), _table(good_run / "results.csv"))
@@ -297,17 +300,17 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(good_run, synth
 
 def test_a_journal_append_that_fails_leaves_no_half_line(tmp_path, monkeypatch):
     table = tmp_path / "results.csv"
-    _io.append_journal(table, {"key_columns": ["a"], "key": [1], "rows": [{"a": 1, "x": 0.5}]})
-    size = _io.journal_path(table).stat().st_size
+    engine.append_journal(table, {"key_columns": ["a"], "key": [1], "rows": [{"a": 1, "x": 0.5}]})
+    size = engine.journal_path(table).stat().st_size
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(_io.os, "fsync", full)
     with pytest.raises(OSError, match="No space left on device"):
-        _io.append_journal(table, {"key_columns": ["a"], "key": [2], "rows": [{"a": 2, "x": 1.5}]})
-    assert _io.journal_path(table).stat().st_size == size
-    assert _io.read_results(table).to_dict("records") == [{"a": 1, "x": 0.5}]
+        engine.append_journal(table, {"key_columns": ["a"], "key": [2], "rows": [{"a": 2, "x": 1.5}]})
+    assert engine.journal_path(table).stat().st_size == size
+    assert engine.read_results(table).to_dict("records") == [{"a": 1, "x": 0.5}]
 
 
 @pytest.mark.parametrize("error", [errno.EROFS, errno.EDQUOT, errno.EIO])
@@ -347,10 +350,10 @@ WORKERS_RUN = f"""
 import sys
 sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent)!r})
 from approxlab import cli
-from approxlab.studies import figure1
-from test_figure1 import synthetic_loader, synthetic_window
+from approxlab.studies.inputs import wikitext
+from test_figure1 import synthetic_loader
 
-figure1.load_qkv, figure1.load_window = synthetic_loader, synthetic_window
+wikitext.load_qkv = synthetic_loader
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))
 """
@@ -373,7 +376,7 @@ def _quiet_workers_run(tmp_path):
                              "--workers", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", result.stderr
-    assert len(_io.read_results(tmp_path / "out" / "results.csv")) == 2 * 2 * 2
+    assert len(engine.read_results(tmp_path / "out" / "results.csv")) == 2 * 2 * 2
 
 
 # ------------------------------------------------ the other studies' plot step

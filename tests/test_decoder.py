@@ -12,10 +12,13 @@ import pytest
 import torch
 from test_models_qkv import save_tiny_checkpoint
 
-from approxlab._io import read_results
+from approxlab.studies.engine import read_results
 from approxlab.cli import main
 from approxlab.data import get_qkv
-from approxlab.studies import decoder, decoder_stats
+from approxlab.errors import StudyError
+from approxlab.studies import decoder
+from approxlab.studies.decoder import cells as decoder_cells
+from approxlab.studies.decoder import stats as decoder_stats
 
 GRID = ["--n", "16,32", "--layers", "0,1", "--windows", "2", "--num-features", "4,8", "--no-progress"]
 VOLATILE = ["seconds", "from_cache"]
@@ -55,7 +58,7 @@ def test_tables_figures_and_summary(tiny_run):
     for text in ("## Which assumptions hold", "HyperAttention: kappa", "Alman-Song", "## Errors", "wall"):
         assert text in summary, text
     verdicts = read_results(tiny_run / "verdicts.csv")
-    assert set(verdicts["claim"]) == set(decoder_stats.CLAIMS) and len(verdicts) == 5 * 2 * 2
+    assert set(verdicts["claim"]) == {claim.id for claim in decoder_stats.CLAIMS} and len(verdicts) == 5 * 2 * 2
 
 
 def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_run, llama, cache):
@@ -70,7 +73,7 @@ def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_
         torch.testing.assert_close(getattr(long, name)[..., :16, :], getattr(short, name), rtol=1e-5, atol=1e-6)
     cell = {"condition": "pretrained", "layer": 1, "window": window, "n": 16, "n_max": 32, "checkpoint": str(llama),
             "model_seed": 0, "data_dir": None, "cache_dir": str(cache), "device": "cpu"}
-    reference = decoder._reference(cell)
+    reference = decoder_cells._reference(cell)
     import approxlab
 
     expected = approxlab.exact_attention(*(getattr(short, x)[0].double() for x in "qkv"), causal=True)
@@ -87,7 +90,10 @@ def test_resume_computes_nothing(tiny_run, llama, cache, monkeypatch):
     """The same command again finds every cell done (the tables unchanged; ``--workers`` runs are the runner's
     tests, and the committed full run used them)."""
     before = {name: read_results(tiny_run / name) for name in ("results.csv", "assumptions.csv")}
-    monkeypatch.setattr(decoder, "plot", lambda out: [])  # the tables are compared here; drawn once above
+    import dataclasses
+
+    # the tables are compared here; drawn once above
+    monkeypatch.setattr(decoder, "STUDY", dataclasses.replace(decoder.STUDY, figures=()))
     assert main(["decoder", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(tiny_run), *GRID]) == 0
     for name, table in before.items():
         pd.testing.assert_frame_equal(read_results(tiny_run / name), table)
@@ -120,7 +126,7 @@ def test_checkpoint_and_layer_errors_are_one_line(llama, cache, tmp_path, capsys
 
 def test_causal_forms_and_default_layers():
     assert decoder.causal_form("performer") is True and decoder.causal_form("nystrom") == "mask-renormalise"
-    with pytest.raises(decoder.StudyError, match="'linformer' has no causal form"):
+    with pytest.raises(StudyError, match="--methods: methods with a causal form .*, got 'linformer'"):
         decoder.causal_form("linformer")
     assert decoder.default_layers(30) == [0, 15, 29] and decoder.default_layers(30, "first-last") == [0, 29]
     assert decoder.default_layers(1) == [0]

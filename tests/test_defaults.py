@@ -22,11 +22,13 @@ import torch
 
 import approxlab
 from approxlab import cli
-from approxlab.studies import STUDIES, _quiet, _threads, figure1
+from approxlab.studies import STUDIES, driver, registry
+from approxlab.studies.engine import environment
+from approxlab.studies.inputs import wikitext
 
 from test_cli_errors import assert_one_line_error, run_main
 from test_cli_reliability import GRID
-from test_figure1 import synthetic_data, synthetic_loader, synthetic_window  # noqa: F401 (fixture)
+from test_figure1 import synthetic_data, synthetic_loader  # noqa: F401 (fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -34,11 +36,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.fixture
 def synthetic_figure1(monkeypatch):
     """``approxlab figure1`` on synthetic Q/K/V (no model, no corpus)."""
-    monkeypatch.setattr(figure1, "load_qkv", synthetic_loader)
-    monkeypatch.setattr(figure1, "load_window", synthetic_window)
-    figure1.reference.cache_clear()
+    monkeypatch.setattr(wikitext, "load_qkv", synthetic_loader)
+    wikitext.clear_caches()
     yield
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
 
 
 def _git(*arguments, cwd):
@@ -83,7 +84,7 @@ def test_no_arguments_lists_every_study_one_line_each(capsys):
     for name in STUDIES:
         lines = [line for line in out.splitlines() if line.split()[:1] == [name]]
         assert len(lines) == 1, (name, out)
-        assert cli._DESCRIPTIONS[name] in lines[0]
+        assert registry.describe(name) in lines[0]
 
 
 def test_version(capsys):
@@ -101,7 +102,7 @@ def test_version(capsys):
     (4, {"OMP_NUM_THREADS": "2"}, (4, "--threads")),
 ])
 def test_requested_threads(option, environ, expected):
-    assert _threads.requested_threads(option, environ) == expected
+    assert environment.requested_threads(option, environ) == expected
 
 
 def _recorded_threads(out) -> int:
@@ -109,7 +110,7 @@ def _recorded_threads(out) -> int:
 
 
 def test_a_study_computes_with_one_thread_unless_told(synthetic_figure1, tmp_path, monkeypatch, capsys):
-    for name in _threads.THREAD_VARIABLES:
+    for name in environment.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     before = torch.get_num_threads()
     assert cli.main(["figure1", "--out", str(tmp_path / "default"), *GRID]) == 0, capsys.readouterr().err
@@ -134,7 +135,7 @@ def test_local_workers_start_with_the_thread_count(monkeypatch):
     import dask
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    with _threads.study_threads(1, local_workers=True):
+    with environment.study_threads(1, local_workers=True):
         assert dask.config.get("distributed.nanny.pre-spawn-environ.OMP_NUM_THREADS") == 1
         assert dask.config.get("distributed.nanny.pre-spawn-environ.MKL_NUM_THREADS") == 1
         os.environ["OMP_NUM_THREADS"] = "1"  # as Dask's nanny writes it before it starts a worker
@@ -145,23 +146,24 @@ def test_third_party_bars_are_off_while_a_study_runs(monkeypatch):
     from huggingface_hub.utils import are_progress_bars_disabled
     from transformers.utils import logging as transformers_logging
 
-    for name in _quiet.WORKER_VARIABLES:
+    for name in environment.WORKER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert not are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
-    with _quiet.third_party_bars_off():
+    with environment.third_party_bars_off():
         assert are_progress_bars_disabled()
         assert not transformers_logging.is_progress_bar_enabled()
-        assert all(os.environ[name] == value for name, value in _quiet.WORKER_VARIABLES.items())
+        assert all(os.environ[name] == value for name, value in environment.WORKER_VARIABLES.items())
     assert not are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
-    assert not set(_quiet.WORKER_VARIABLES) & set(os.environ)
+    assert not set(environment.WORKER_VARIABLES) & set(os.environ)
 
 
 def test_the_cli_runs_a_study_with_the_bars_off(synthetic_figure1, tmp_path, monkeypatch, capsys):
     from huggingface_hub.utils import are_progress_bars_disabled
 
     seen = []
-    original = figure1.run
-    monkeypatch.setattr(figure1, "run", lambda args: seen.append(are_progress_bars_disabled()) or original(args))
+    original = driver.run
+    monkeypatch.setattr(driver, "run", lambda study, args: seen.append(are_progress_bars_disabled())
+                        or original(study, args))
     assert cli.main(["figure1", "--out", str(tmp_path / "run"), *GRID]) == 0, capsys.readouterr().err
     assert seen == [True]
     assert not are_progress_bars_disabled()

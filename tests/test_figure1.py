@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import types
+
 import pandas as pd
 import pytest
 import torch
 
 from approxlab.cli import main
+from approxlab.errors import UsageError
 from approxlab.plotting import method_curve
-from approxlab.studies import figure1
-from approxlab._io import read_json, read_results
-from approxlab.studies.runner import StudyError
+from approxlab.studies import compute, figure1
+from approxlab.studies.engine import read_json, read_results
+from approxlab.studies.inputs import wikitext
 from approxlab.synthetic import synthetic_qkv
 
 METHODS = ["skyformer-softmax", "nystromformer", "performer"]
@@ -18,16 +21,13 @@ TINY = ["--n", "32,48", "--num-features", "4,8", "--methods", ",".join(METHODS),
         "--seeds", "2", "--dtypes", "float64", "--no-progress"]
 
 
-def synthetic_loader(condition, n, window, *, mode, layer, model_seed, data_dir, cache_dir, device, **inputs):
-    """Stand-in for approxlab.data.get_qkv: 2 heads, head dim 8, float32."""
-    generator = torch.Generator().manual_seed(10_000 * n + 100 * window + (condition == "pretrained"))
-    q, k, v = synthetic_qkv((2,), n, 8, generator=generator)
-    return q.float(), k.float(), v.float(), f"synthetic-{condition}"
-
-
-def synthetic_window(condition, n, window, **kwargs):
-    q, k, _, _ = synthetic_loader(condition, n, window, **kwargs)
-    return torch.arange(n) % 7, q, k
+def synthetic_loader(window):
+    """Stand-in for approxlab.data.get_qkv (:func:`approxlab.studies.inputs.wikitext.load_qkv`): 2 heads, head
+    dim 8, float32, token ids cycling through 7 values."""
+    generator = torch.Generator().manual_seed(10_000 * window.n + 100 * window.window + (window.condition == "pretrained"))
+    q, k, v = synthetic_qkv((2,), window.n, 8, generator=generator)
+    return types.SimpleNamespace(q=q.float()[None], k=k.float()[None], v=v.float()[None],
+                                 input_ids=(torch.arange(window.n) % 7)[None], checkpoint=f"synthetic-{window.condition}")
 
 
 def failing_loader(*args, **kwargs):
@@ -36,11 +36,10 @@ def failing_loader(*args, **kwargs):
 
 @pytest.fixture
 def synthetic_data(monkeypatch):
-    figure1.reference.cache_clear()
-    monkeypatch.setattr(figure1, "load_qkv", synthetic_loader)
-    monkeypatch.setattr(figure1, "load_window", synthetic_window)
+    wikitext.clear_caches()
+    monkeypatch.setattr(wikitext, "load_qkv", synthetic_loader)
     yield
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
 
 
 def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, monkeypatch):
@@ -84,9 +83,8 @@ def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, mo
     assert ((verdicts["ci_low"] <= verdicts["estimate"]) & (verdicts["estimate"] <= verdicts["ci_high"])).all()
 
     # --plot-only redraws from the CSVs alone (the data loader must not be called).
-    monkeypatch.setattr(figure1, "load_qkv", failing_loader)
-    figure1.reference.cache_clear()
-    monkeypatch.setattr(figure1, "load_window", failing_loader)
+    monkeypatch.setattr(wikitext, "load_qkv", failing_loader)
+    wikitext.clear_caches()
     for name in ("figure1.png", "figure1.pdf", "summary.md"):
         (out / name).unlink()
     assert main(["figure1", "--out", str(out), "--plot-only"]) == 0
@@ -94,7 +92,7 @@ def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, mo
     assert (out / "summary.md").read_text() == summary
 
     # Computing the same grid again resumes: nothing left to compute, nothing loaded.
-    again, _ = figure1.compute(config["config"], out, progress=False)
+    again = compute(figure1.STUDY, config["config"], out, progress=False)["results.csv"]
     pd.testing.assert_frame_equal(again, results)
 
     # A different grid in the same directory is refused with a clear message.
@@ -105,9 +103,9 @@ def test_results_are_reproducible(tmp_path, synthetic_data):
     """Per-cell seeds: two runs (in different directories) give identical errors."""
     config = figure1.build_config(n=[32], num_features=[4], methods=["performer", "linformer"], windows=1,
                                   seeds=2, conditions=["pretrained"], stat_heads=1, dtypes=["float64"])
-    a, _ = figure1.compute(config, tmp_path / "a", progress=False)
-    figure1.reference.cache_clear()
-    b, _ = figure1.compute(config, tmp_path / "b", progress=False)
+    a = compute(figure1.STUDY, config, tmp_path / "a", progress=False)["results.csv"]
+    wikitext.clear_caches()
+    b = compute(figure1.STUDY, config, tmp_path / "b", progress=False)["results.csv"]
     columns = [c for c in a.columns if c != "seconds"]
     pd.testing.assert_frame_equal(a[columns], b[columns])
     # different seeds give different draws
@@ -117,7 +115,7 @@ def test_results_are_reproducible(tmp_path, synthetic_data):
 
 def test_plot_only_without_results_is_a_clear_error(tmp_path, capsys):
     assert main(["figure1", "--out", str(tmp_path / "none"), "--plot-only"]) == 2
-    assert "run the compute step first" in capsys.readouterr().err
+    assert "run the study's compute step first" in capsys.readouterr().err
 
 
 def test_grids_and_windows():
@@ -132,18 +130,18 @@ def test_grids_and_windows():
     ids = figure1.window_ids(full)
     assert ids == figure1.window_ids(figure1.build_config()) and len(set(ids)) == 4
     assert all(0 <= i < full["window_pool"] for i in ids)
-    cells = figure1.make_cells(full)
+    cells = figure1.STUDY.steps[0].cells(full, {"data_dir": None, "cache_dir": None, "device": "cpu"})
     assert len(cells) == 2 * 4 * 2 * 4 * 9
     assert {c["seeds"] == [0] for c in cells if c["method"] in ("nystromformer", "spectral-shifting")} == {True}
-    with pytest.raises(StudyError, match="not a registered method"):
+    with pytest.raises(UsageError, match="--methods: registered method names among"):
         figure1.build_config(methods=["nope"])
-    with pytest.raises(StudyError, match="--conditions"):
+    with pytest.raises(UsageError, match="--conditions"):
         figure1.build_config(conditions=["finetuned"])
-    with pytest.raises(StudyError, match="--windows must be an integer >= 1"):
+    with pytest.raises(UsageError, match="--windows: an integer >= 1, got 0"):
         figure1.build_config(windows=0)
-    with pytest.raises(StudyError, match="--positions must be one of"):
+    with pytest.raises(UsageError, match="--positions: one of"):
         figure1.build_config(positions="rope")
-    with pytest.raises(StudyError, match="--dtypes must be among"):
+    with pytest.raises(UsageError, match="--dtypes: comma-separated precisions among"):
         figure1.build_config(dtypes=["float16"])
 
 
@@ -199,7 +197,7 @@ def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
     grid = ["--n", "32", "48", "--num-features", "4", "8", "--methods", "skyformer-softmax", "nystromformer",
             "--windows", "1", "--seeds", "1", "--no-progress", "--conditions", "initialized"]
     assert main(["figure1", "--out", str(tmp_path / "dense"), *grid]) == 0
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
     assert main(["figure1", "--out", str(tmp_path / "free"), "--matrix-free-above", "40", *grid]) == 0
     dense = read_results(tmp_path / "dense" / "results.csv")
     free = read_results(tmp_path / "free" / "results.csv")

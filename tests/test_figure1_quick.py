@@ -8,7 +8,8 @@ import torch
 
 from approxlab.cli import main
 from approxlab.studies import figure1
-from approxlab._io import read_results
+from approxlab.studies.inputs import wikitext
+from approxlab.studies.engine import read_results
 
 # Columns that legitimately differ between two runs: timings and the process-local warning log.
 VOLATILE = ["seconds"]
@@ -44,7 +45,7 @@ def test_quick_figure1_in_process_and_on_dask_give_the_same_table(tmp_path, one_
     assert len(results[results["method"] == "top-k"]) == 2 * 2 * 3
     assert "`figure1-extra.png`: yoso, spectral-shifting, nystrom, linformer, top-k" in (inline / "summary.md").read_text()
 
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
     assert main(["figure1", "--quick", "--out", str(dask), "--no-progress", "--workers", "2", *methods]) == 0
     on_dask = read_results(dask / "results.csv")
     pd.testing.assert_frame_equal(on_dask.drop(columns=VOLATILE), results.drop(columns=VOLATILE))

@@ -9,7 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from approxlab.studies import figure1, figure1_paper, figure1_report, figure1_stats
+from approxlab.studies import figure1
+from approxlab.studies.figure1 import figures as figure1_report
+from approxlab.studies.figure1 import paper as figure1_paper
+from approxlab.studies.figure1 import stats as figure1_stats
 
 SKY, NYS, PERF, INF = figure1.PAPER_METHODS
 

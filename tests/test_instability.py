@@ -9,8 +9,10 @@ import torch
 
 from approxlab import tasks
 from approxlab.training import TinyEncoder, instability_ratio, instability_score, instability_trace
+from approxlab.errors import StudyError
+from approxlab.studies import compute, report
 from approxlab.studies import instability as study
-from approxlab.studies import instability_report
+from approxlab.studies.instability import report as instability_report
 from approxlab.tasks.mlm import mask_tokens
 
 
@@ -136,10 +138,10 @@ def test_study_end_to_end_tiny(tmp_path):
     """A tiny grid writes results.csv, ratios.csv, table.md, config.json and the figure."""
     config = study.build_config(tasks=["listops:32:2"], attentions=["kernelized"], seeds=2, steps=2,
                                 num_features=8)
-    results = study.compute(config, tmp_path, progress=False)
+    results = compute(study.STUDY, config, tmp_path, progress=False)["results.csv"]
     assert set(results["attention"]) == {"softmax", "kernelized"}
     assert (results["status"] == "ok").all() and len(results) == 2 * 2 * 2
-    written = study.write_table(tmp_path)
+    written = report(study.STUDY, tmp_path)
     names = {p.name for p in written}
     assert {"ratios.csv", "intervals.csv", "table.md", "instability.png", "instability.pdf"} <= names
     assert (tmp_path / "config.json").is_file()
@@ -149,9 +151,9 @@ def test_study_end_to_end_tiny(tmp_path):
     assert "| kernelized |" in table and "ListOps (n=32)" in table and "[" in table and "inconclusive" in table
     assert "## Entry by entry against Table 3" in table
     # a resumed run computes nothing new and gives the same table
-    again = study.compute(config, tmp_path, progress=False)
+    again = compute(study.STUDY, config, tmp_path, progress=False)["results.csv"]
     pd.testing.assert_frame_equal(again, results)
-    with pytest.raises(study.StudyError, match="--tasks"):
+    with pytest.raises(StudyError, match="--tasks"):
         study.build_config(tasks=["listops:32"])
 
 
@@ -228,5 +230,5 @@ def test_full_grid_uses_the_papers_optimiser_settings():
     assert config["optimizer"] == "adamw" and config["dropout"] == 0.1 and config["clip_value"] == 1.0
     lr = {t["task"]: (t["lr"], t["warmup"], t["total_steps"]) for t in config["tasks"]}
     assert lr == {"listops": (1e-4, 1000, 50000), "pathfinder": (2e-4, 312, 50000)}
-    cells = study.make_cells(config)
+    cells = study.make_cells(config, {"data_dir": None, "cache_dir": None, "device": "cpu"})
     assert [c["seed"] for c in cells[:8]] == [0] * 8  # seed by seed: a stopped run holds whole seeds

@@ -29,7 +29,8 @@ import pytest
 
 import test_figure1
 from approxlab import _io
-from approxlab.studies import figure1
+from approxlab.studies import compute, engine, figure1
+from approxlab.studies.inputs import wikitext
 from test_figure1 import synthetic_data  # noqa: F401,F811  (fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -42,13 +43,14 @@ ARGUMENTS = ["--n", "32,48", "--num-features", "4,8", "--methods", "skyformer-so
 SECONDS_PER_CELL = 0.25
 
 SCRIPT = f"""
-import sys, time
+import dataclasses, sys, time
 sys.path.insert(0, {str(TESTS)!r})
 from approxlab import cli
 from approxlab.studies import figure1
-from test_figure1 import synthetic_loader, synthetic_window
+from approxlab.studies.inputs import wikitext
+from test_figure1 import synthetic_loader
 
-figure1.load_qkv, figure1.load_window = synthetic_loader, synthetic_window
+wikitext.load_qkv = synthetic_loader
 
 def slowed(compute):
     def run(cell):
@@ -56,8 +58,8 @@ def slowed(compute):
         return compute(cell)
     return run
 
-for name in ("compute_cell", "compute_panel", "compute_window"):
-    setattr(figure1, name, slowed(getattr(figure1, name)))
+figure1.STUDY = dataclasses.replace(figure1.STUDY, steps=tuple(dataclasses.replace(step, compute=slowed(step.compute))
+                                                               for step in figure1.STUDY.steps))
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -107,32 +109,31 @@ def _reported(lines) -> dict:
 
 
 def _on_disk(out: pathlib.Path, table: str) -> int:
-    if not _io.has_results(out / table):
+    if not engine.has_results(out / table):
         return 0
-    frame = _io.read_results(out / table, partial="drop")
+    frame = engine.read_results(out / table, partial="drop")
     return len(frame.drop_duplicates(KEYS[table])) if len(frame) else 0
 
 
 def _tables(out: pathlib.Path) -> dict:
-    return {table: _io.read_results(out / table).drop(columns="seconds", errors="ignore") for table in TABLES}
+    return {table: engine.read_results(out / table).drop(columns="seconds", errors="ignore") for table in TABLES}
 
 
 def _compute(out: pathlib.Path) -> dict:
     """The compute step of the same command, in-process (the plot step is not under test here)."""
     config = figure1.build_config(n=[32, 48], num_features=[4, 8], methods=["skyformer-softmax", "nystromformer"],
                                   windows=1, seeds=2, dtypes=["float64"])
-    figure1.compute(config, out, progress=False)
+    compute(figure1.STUDY, config, out, progress=False)
     return _tables(out)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(figure1, "load_qkv", test_figure1.synthetic_loader)
-        patch.setattr(figure1, "load_window", test_figure1.synthetic_window)
+        patch.setattr(wikitext, "load_qkv", test_figure1.synthetic_loader)
         yield _compute(tmp_path_factory.mktemp("uninterrupted"))
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +175,6 @@ def test_a_kill_loses_no_reported_cell_and_the_resumed_table_equals_an_uninterru
     resumed = _compute(out)
     for name in TABLES:
         pd.testing.assert_frame_equal(resumed[name], uninterrupted[name])
-    leftovers = [p.name for p in out.iterdir() if p.name.endswith(_io.JOURNAL_SUFFIX)
+    leftovers = [p.name for p in out.iterdir() if p.name.endswith(engine.JOURNAL_SUFFIX)
                  or p.name.startswith(_io.TEMP_PREFIX)]
     assert leftovers == []

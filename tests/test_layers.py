@@ -70,4 +70,17 @@ def test_the_import_reader_sees_relative_imports():
     # The check above is only as good as its import reader: it must resolve relative imports.
     imports = {module for module, _ in _imported_modules(PACKAGE / "cli.py")}
     assert "approxlab.studies" in imports
-    assert "approxlab.studies.runner" in imports
+    assert "approxlab.studies.driver" in imports
+
+
+def test_no_import_circle_inside_the_studies():
+    """No module of approxlab.studies imports one that (directly or not) imports it back; the contract above
+    checks the layers between the studies' parts, this also covers the modules inside each study."""
+    import grimp
+
+    graph = grimp.build_graph("approxlab", cache_dir=None)
+    modules = {m for m in graph.modules if m == "approxlab.studies" or m.startswith("approxlab.studies.")}
+    circles = sorted(f"{importer} -> {imported} -> ... -> {importer}"
+                     for importer in modules for imported in graph.find_modules_directly_imported_by(importer)
+                     if imported in modules and graph.chain_exists(imported, importer))
+    assert not circles, "\n".join(circles)

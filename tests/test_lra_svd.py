@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from approxlab import tasks
-from approxlab.studies import lra_svd
+from approxlab.errors import StudyError
+from approxlab.studies import compute, lra_svd, report
+from approxlab.studies.lra_svd import report as report_text
 from approxlab.tasks import Batch
 from approxlab.training import TinyEncoder, accuracy, train_classifier
 
@@ -71,8 +73,8 @@ def test_attention_outputs_are_the_layers_attention():
 
 def test_study_end_to_end_tiny(tmp_path):
     config = lra_svd.build_config(quick=True, tasks=["listops:48"], steps=3)
-    lra_svd.compute(config, tmp_path, progress=False)
-    written = {p.name for p in lra_svd.plot(tmp_path)} | {lra_svd.summarize(tmp_path).name}
+    compute(lra_svd.STUDY, config, tmp_path, progress=False)
+    written = {p.name for p in report(lra_svd.STUDY, tmp_path)}
     assert {"lra_svd.png", "lra_svd.pdf", "summary.md"} <= written
     results = pd.read_csv(tmp_path / "results.csv")
     assert len(results) == 2 and (results["steps"] == 3).all() and list(results["seed"]) == [0, 1]
@@ -130,13 +132,13 @@ def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
     assert verdict["power"] == pytest.approx(t_test_power(3, difference=0.125, sd=sd))
     assert t_test_power(verdict["seeds_for_80"], difference=0.125, sd=sd) >= 0.8
     assert verdict["seeds_for_80"] == 2 or t_test_power(verdict["seeds_for_80"] - 1, difference=0.125, sd=sd) < 0.8
-    assert "80% power needs" in lra_svd._ordering_text(verdict)
+    assert "80% power needs" in report_text._ordering_text(verdict)
     flipped = lra_svd.ordering(_results({"listops": slopes["pathfinder"], "pathfinder": slopes["listops"]},
                                         {"listops": [True] * 3, "pathfinder": [True] * 3}))
     assert flipped["verdict"] == "Pathfinder faster"
     gated = lra_svd.ordering(_results(slopes, {"listops": [True] * 3, "pathfinder": [True, True, False]}))
     assert gated["verdict"] == "not compared (gate)" and gated["seeds_pathfinder"] == 2
-    assert "says nothing about the ordering" in lra_svd._ordering_text(gated)
+    assert "says nothing about the ordering" in report_text._ordering_text(gated)
     mixed = {"listops": [-0.20, -0.10, -0.15], "pathfinder": [-0.19, -0.11, -0.14]}
     assert lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}))["verdict"] == "inconclusive"
 
@@ -152,22 +154,22 @@ def test_gates_and_decay_indices_are_the_declared_ones():
     assert [t["options"] for t in parsed] == [lra_svd.TASK_OPTIONS["listops"], lra_svd.TASK_OPTIONS["pathfinder"]]
 
 
-def test_tables_are_split_from_the_journal(tmp_path):
-    """Every row of results/spectra/training is the journal's row of its table, with its own columns."""
+def test_one_cell_writes_its_rows_of_the_three_tables(tmp_path):
+    """Each (task, seed) cell writes results, spectra and training rows, each table with its own columns."""
     config = lra_svd.build_config(quick=True, tasks=["pathfinder:256"], steps=2, seeds=1)
-    results, spectra, training = lra_svd.compute(config, tmp_path, progress=False)
-    journal = pd.read_csv(tmp_path / "cells.csv")
-    assert sorted(journal["table"].unique()) == ["results", "spectra", "training"]
+    tables = compute(lra_svd.STUDY, config, tmp_path, progress=False)
+    results, spectra, training = (tables[f"{name}.csv"] for name in ("results", "spectra", "training"))
+    columns = {"results": ["steps", "validation_accuracy", "validation_size", "majority_rate", "gate", "passed",
+                           "test_batch_accuracy", "decay_slope", "decay_slope_std", "num_singular_values", "seconds"],
+               "spectra": ["index", "mean", "min", "max"], "training": ["step", "train_loss", "validation_accuracy"]}
     for name, table in (("results", results), ("spectra", spectra), ("training", training)):
         on_disk = pd.read_csv(tmp_path / f"{name}.csv")
-        assert list(on_disk.columns) == ["task", "n", "seed", *lra_svd._COLUMNS[name]]
-        assert len(on_disk) == (journal["table"] == name).sum() == len(table)
+        assert list(on_disk.columns) == ["task", "n", "seed", *columns[name]] and len(on_disk) == len(table)
+    assert len(results) == 1 and not (tmp_path / "cells.csv").exists()
     assert results["passed"].dtype == bool and spectra["index"].tolist() == list(range(1, len(spectra) + 1))
     assert training["step"].tolist() == [0, 2]
 
 
 def test_bad_task_spec():
-    from approxlab.studies.runner import StudyError
-
     with pytest.raises(StudyError, match="NAME:N"):
         lra_svd.build_config(tasks=["listops"])

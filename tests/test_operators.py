@@ -265,7 +265,7 @@ def test_softmax_attention_and_exact_attention_use_the_kernel():
 def test_the_public_fallback_matches_the_flash_kernel(monkeypatch):
     """Without the private op (another torch, another device) the public SDPA and a blocked
     logsumexp give the same products."""
-    from approxlab.operators import exact as operators
+    from approxlab.operators import fused_attention as operators
 
     q, k = _qk(n=20, m=16, p=4, batch=(2,), seed=15)
     x, y = _randn(2, 16, 3, seed=16), _randn(2, 20, 3, seed=17)

@@ -94,17 +94,17 @@ def test_get_qkv_initialized_4096_has_distinct_rows():
 
 def test_studies_take_a_local_checkpoint(tiny_checkpoint, tmp_path, monkeypatch):
     """``--checkpoint DIR`` offline, for both conditions and both BERT studies."""
-    from approxlab._io import read_json, read_results
+    from approxlab.studies.engine import read_json, read_results
     from approxlab.cli import main
-    from approxlab.studies import figure1
+    from approxlab.studies.inputs import wikitext
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
     out = tmp_path / "fig1"
     assert main(["figure1", "--checkpoint", str(tiny_checkpoint), "--n", "64", "--num-features", "4",
                  "--methods", "performer", "--windows", "1", "--seeds", "1", "--dtypes", "float64",
                  "--positions", "interpolate", "--out", str(out), "--no-progress"]) == 0
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
     label = str(tiny_checkpoint.resolve())
     checkpoints = set(read_results(out / "results.csv")["checkpoint"])
     assert label in checkpoints and any(c.startswith(f"init:{label}#") for c in checkpoints)
@@ -116,11 +116,11 @@ def test_studies_take_a_local_checkpoint(tiny_checkpoint, tmp_path, monkeypatch)
     assert main(["figure1", "--checkpoint", str(tiny_checkpoint), "--layer", "1", "--conditions", "pretrained",
                  "--n", "64", "--num-features", "4", "--methods", "performer", "--windows", "1", "--seeds", "1",
                  "--dtypes", "float64", "--out", str(layer1), "--no-progress"]) == 0
-    figure1.reference.cache_clear()
+    wikitext.clear_caches()
     config = read_json(layer1 / "config.json")["config"]
     assert (config["layer"], config["mode"]) == (1, "hidden") and "entering layer 1" in config["inputs"]
     svd = tmp_path / "svd"
     assert main(["sv-decay", "--checkpoint", str(tiny_checkpoint), "--n", "32", "--heads", "1", "--windows", "1",
-                 "--conditions", "pretrained", "--num-features", "4", "--approximations", "nystromformer",
+                 "--conditions", "pretrained", "--num-features", "4", "--methods", "nystromformer",
                  "--out", str(svd), "--no-progress"]) == 0
     assert set(read_results(svd / "results.csv")["checkpoint"]) == {label}

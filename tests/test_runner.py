@@ -1,4 +1,4 @@
-"""Study runner: resume, config hash, atomic writes, per-cell seeds, Dask executor."""
+"""The studies' engine: resume, config hash, atomic writes, per-cell seeds, Dask executor, several tables."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from approxlab import _io as study_io
-from approxlab.studies.runner import StudyError, cell_key, cell_seed, config_hash, run_cells
+from approxlab import _io as atomic
+from approxlab.errors import StudyError
+from approxlab.studies import Step, Table, engine
+from approxlab.studies.engine import cell_key, cell_seed, config_hash, run_cells, run_steps
 
 KEYS = ("a", "b")
 CONFIG = {"grid": "toy", "a": [0, 1, 2], "b": ["x", "y"]}
@@ -64,17 +66,17 @@ def run(tmp_path, compute=toy_compute, **kwargs):
 
 
 def no_temp_files(directory):
-    return not any(p.name.startswith(study_io.TEMP_PREFIX) for p in pathlib.Path(directory).iterdir())
+    return not any(p.name.startswith(atomic.TEMP_PREFIX) for p in pathlib.Path(directory).iterdir())
 
 
 def test_run_writes_table_and_config(tmp_path):
     df = run(tmp_path)
     assert len(df) == 12 and list(df.columns[:2]) == ["a", "b"]
-    saved = study_io.read_json(tmp_path / "config.json")
+    saved = engine.read_json(tmp_path / "config.json")
     assert saved["config_hash"] == config_hash(CONFIG)
     assert saved["config"] == CONFIG and saved["tables"] == ["results.csv"]
     assert {"approxlab_version", "created", "updated"} <= set(saved)
-    pd.testing.assert_frame_equal(df, study_io.read_results(tmp_path / "results.csv"))
+    pd.testing.assert_frame_equal(df, engine.read_results(tmp_path / "results.csv"))
     assert no_temp_files(tmp_path)
 
 
@@ -82,7 +84,7 @@ def test_resume_after_interruption_has_no_duplicates_or_gaps(tmp_path):
     reference = run(tmp_path / "clean")
     with pytest.raises(Interrupt):
         run(tmp_path / "resumed", compute=interrupted_compute(limit=4))
-    partial = study_io.read_results(tmp_path / "resumed" / "results.csv")
+    partial = engine.read_results(tmp_path / "resumed" / "results.csv")
     assert len(partial) == 8  # the 4 finished cells, 2 rows each, were saved
     assert no_temp_files(tmp_path / "resumed")
     calls = []
@@ -107,7 +109,27 @@ def test_changed_config_is_refused_unless_restart(tmp_path):
         run(tmp_path, config={**CONFIG, "grid": "other"})
     df = run(tmp_path, config={**CONFIG, "grid": "other"}, restart=True)
     assert len(df) == 12
-    assert study_io.read_json(tmp_path / "config.json")["config_hash"] == config_hash({**CONFIG, "grid": "other"})
+    assert engine.read_json(tmp_path / "config.json")["config_hash"] == config_hash({**CONFIG, "grid": "other"})
+
+
+def test_a_run_extended_along_its_growing_entries_computes_only_the_new_cells(tmp_path, capsys):
+    run(tmp_path)
+    calls = []
+
+    def counting(cell):
+        calls.append(cell_key(cell, KEYS))
+        return toy_compute(cell)
+
+    wider = {**CONFIG, "a": [0, 1, 2, 3]}
+    cells = [{"a": a, "b": b} for a in wider["a"] for b in wider["b"]]
+    with pytest.raises(StudyError, match="different configuration"):  # not declared as growing
+        run(tmp_path, config=wider, cells=cells)
+    table = run(tmp_path, config=wider, cells=cells, compute=counting, grows=("a",))
+    assert sorted(calls) == [(3, "x"), (3, "y")] and len(table) == 16
+    assert "extending the saved run (a: [0, 1, 2] -> [0, 1, 2, 3])" in capsys.readouterr().err
+    assert engine.read_json(tmp_path / "config.json")["config_hash"] == config_hash(wider)
+    with pytest.raises(StudyError, match="different configuration"):  # shrinking is not growing
+        run(tmp_path, grows=("a",))
 
 
 def test_results_without_config_are_refused(tmp_path):
@@ -155,27 +177,27 @@ def test_input_validation(tmp_path):
 
 def test_atomic_write_leaves_no_temp_file_and_keeps_old_content(tmp_path, monkeypatch):
     target = tmp_path / "file.txt"
-    study_io.atomic_write_text(target, "old")
+    atomic.atomic_write_text(target, "old")
 
     def failing_replace(src, dst):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(study_io.os, "replace", failing_replace)
+    monkeypatch.setattr(atomic.os, "replace", failing_replace)
     with pytest.raises(OSError, match="simulated"):
-        study_io.atomic_write_text(target, "new")
+        atomic.atomic_write_text(target, "new")
     monkeypatch.undo()
     assert target.read_text() == "old"
     assert no_temp_files(tmp_path)
     with pytest.raises(TypeError, match="`data` must be bytes"):
-        study_io.atomic_write_bytes(target, "text")
+        atomic.atomic_write_bytes(target, "text")
     with pytest.raises(FileNotFoundError, match="run the study's compute step first"):
-        study_io.read_results(tmp_path / "missing.csv")
+        engine.read_results(tmp_path / "missing.csv")
 
 
 def test_csv_round_trip_is_exact(tmp_path):
     df = pd.DataFrame({"x": [0.1, 1 / 3, 2.0**-40], "name": ["a", "b", "c"], "n": [1, 2, 3]})
-    study_io.write_csv_atomic(df, tmp_path / "t.csv")
-    pd.testing.assert_frame_equal(study_io.read_results(tmp_path / "t.csv"), df)
+    atomic.write_csv_atomic(df, tmp_path / "t.csv")
+    pd.testing.assert_frame_equal(engine.read_results(tmp_path / "t.csv"), df)
 
 
 def test_dask_local_cluster_matches_in_process_and_survives_a_killed_worker(tmp_path):
@@ -201,13 +223,13 @@ def test_dask_workers_import_the_plugin_modules(tmp_path, top_k_plugin, monkeypa
     """`--plugin` modules loaded in the main process are imported in every Dask worker before its
     cells (without that, the workers do not know the method: the control below)."""
     from approxlab.methods import load_plugin
-    from approxlab.studies import runner
+    from approxlab.studies.engine import executors
 
     load_plugin(top_k_plugin)
     reference = run(tmp_path / "inprocess", compute=plugin_compute, cells=toy_cells())
     on_dask = run(tmp_path / "dask", compute=plugin_compute, cells=toy_cells(), workers=2)
     pd.testing.assert_frame_equal(on_dask, reference)
-    monkeypatch.setattr(runner, "_with_plugins", lambda compute: compute)
+    monkeypatch.setattr(executors, "with_plugins", lambda compute: compute)
     with pytest.raises(ValueError, match=r"`method` must be one of \[.*\]; got 'top-k'"):
         run(tmp_path / "control", compute=plugin_compute, cells=toy_cells(), workers=2)
 
@@ -216,7 +238,7 @@ def test_dask_workers_import_the_plugin_modules(tmp_path, top_k_plugin, monkeypa
 
 HOLD_LOCK = """
 import sys, time
-from approxlab._io import output_lock
+from approxlab.studies.engine import output_lock
 with output_lock(sys.argv[1], command="holder"):
     print("locked", flush=True)
     time.sleep(120)
@@ -239,7 +261,7 @@ def _hold_lock(directory):
 def test_a_folder_locked_by_another_process_is_refused_naming_it(tmp_path):
     holder = _hold_lock(tmp_path)
     try:
-        with pytest.raises(study_io.OutputLockedError, match=f"process {holder.pid} on .*`holder`") as info:
+        with pytest.raises(engine.OutputLockedError, match=f"process {holder.pid} on .*`holder`") as info:
             run(tmp_path)
         assert info.value.owner["pid"] == holder.pid
         assert not (tmp_path / "results.csv").exists()  # nothing was computed or written
@@ -251,18 +273,18 @@ def test_a_folder_locked_by_another_process_is_refused_naming_it(tmp_path):
 
 
 def test_the_lock_is_reentrant_and_released(tmp_path):
-    with study_io.output_lock(tmp_path, command="outer"):
-        assert study_io.read_json(tmp_path / (study_io.LOCK_NAME + ".json"))["pid"] == os.getpid()
+    with engine.output_lock(tmp_path, command="outer"):
+        assert engine.read_json(tmp_path / (engine.LOCK_NAME + ".json"))["pid"] == os.getpid()
         assert len(run(tmp_path)) == 12  # run_cells inside a held lock (as under the CLI)
-        assert (tmp_path / (study_io.LOCK_NAME + ".json")).exists()  # the inner release kept the outer lock
-    assert not (tmp_path / (study_io.LOCK_NAME + ".json")).exists()
-    with study_io.output_lock(tmp_path, timeout=0):  # free again
+        assert (tmp_path / (engine.LOCK_NAME + ".json")).exists()  # the inner release kept the outer lock
+    assert not (tmp_path / (engine.LOCK_NAME + ".json")).exists()
+    with engine.output_lock(tmp_path, timeout=0):  # free again
         pass
 
 
 def test_stale_temporary_files_are_removed_when_a_run_starts(tmp_path):
     tmp_path.mkdir(exist_ok=True)
-    stale = tmp_path / f"{study_io.TEMP_PREFIX}killed.csv"
+    stale = tmp_path / f"{atomic.TEMP_PREFIX}killed.csv"
     stale.write_text("a,b\n0,")  # what a run killed mid-write leaves
     other = tmp_path / "notes.txt"
     other.write_text("keep me")
@@ -305,6 +327,55 @@ def test_no_progress_and_terminals_get_no_log_lines(tmp_path, capsys, monkeypatc
     run(tmp_path / "quiet")  # progress=False
     assert capsys.readouterr().err == ""
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)  # a terminal: tqdm's bar, not log lines
-    from approxlab.studies.runner import ProgressLog, _progress_bar
+    from approxlab.studies.engine.progress import ProgressLog, progress_bar
 
-    assert not isinstance(_progress_bar(10, 0, True, "x"), ProgressLog)
+    assert not isinstance(progress_bar(10, 0, True, "x"), ProgressLog)
+
+
+# ------------------------------------------------------------------- several tables
+
+
+def two_tables(cell):
+    """Rows for two tables from one cell: a summary row and one row per rep."""
+    rows = toy_compute(cell)
+    return {"summary.csv": [{"total": sum(row["value"] for row in rows)}], "reps.csv": rows}
+
+
+STEPS = [Step(tables=(Table("summary.csv", KEYS), Table("reps.csv", KEYS)), compute=two_tables),
+         Step(tables=(Table("results.csv", KEYS),), compute=toy_compute)]
+
+
+def run_two(out, steps=STEPS, cells=None, **kwargs):
+    cells = toy_cells() if cells is None else cells
+    return run_steps([(step, list(cells)) for step in steps], out, config=CONFIG, progress=False,
+                     flush_every_seconds=0.0, **kwargs)
+
+
+def test_a_cell_writes_several_tables_and_steps_share_one_config(tmp_path):
+    tables = run_two(tmp_path)
+    assert sorted(tables) == ["reps.csv", "results.csv", "summary.csv"]
+    assert len(tables["summary.csv"]) == 6 and len(tables["reps.csv"]) == 12
+    pd.testing.assert_frame_equal(tables["reps.csv"], tables["results.csv"])
+    assert engine.read_json(tmp_path / "config.json")["tables"] == ["reps.csv", "results.csv", "summary.csv"]
+    with pytest.raises(TypeError, match=r"a dict \{table name: rows\} for the tables \['summary.csv', 'reps.csv'\]"):
+        run_two(tmp_path / "wrong", steps=[Step(tables=STEPS[0].tables, compute=toy_compute)])
+    with pytest.raises(ValueError, match=r"rows for the tables \['summary.csv', 'reps.csv'\]; it returned \['reps.csv'\]"):
+        run_two(tmp_path / "half", steps=[Step(tables=STEPS[0].tables, compute=lambda c: {"reps.csv": [{}]})])
+
+
+def test_a_cell_missing_from_one_of_its_tables_is_computed_again_and_replaces_its_rows(tmp_path):
+    reference = run_two(tmp_path / "clean")
+    run_two(tmp_path / "damaged")
+    reps = engine.read_results(tmp_path / "damaged" / "reps.csv")
+    kept = reps[~((reps["a"] == 1) & (reps["b"] == "y"))]
+    engine.write_table(kept, tmp_path / "damaged" / "reps.csv", KEYS)  # as if killed between the two tables
+    calls = []
+
+    def counting(cell):
+        calls.append(cell_key(cell, KEYS))
+        return two_tables(cell)
+
+    again = run_two(tmp_path / "damaged", steps=[Step(tables=STEPS[0].tables, compute=counting), STEPS[1]])
+    assert calls == [(1, "y")]
+    for name in ("summary.csv", "reps.csv"):
+        pd.testing.assert_frame_equal(again[name], reference[name])

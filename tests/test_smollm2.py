@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import approxlab
-from approxlab._io import read_results
+from approxlab.studies.engine import read_results
 from approxlab.cli import main
 from approxlab.data import SMOLLM2_CHECKPOINT, SMOLLM2_LABEL, describe_model, get_qkv, load_model
 

@@ -2,7 +2,7 @@
 runs them: each writes its tables, figure and summary offline."""
 
 from approxlab.cli import main
-from approxlab._io import read_results
+from approxlab.studies.engine import read_results
 
 
 def test_sv_decay_quick(tmp_path):

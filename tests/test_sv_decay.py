@@ -1,6 +1,7 @@
 """Rank / decay / conditioning measures of the singular-value decay study (Skyformer App. B)."""
 
 import math
+import types
 
 import numpy as np
 import pandas as pd
@@ -8,7 +9,10 @@ import pytest
 import torch
 
 from approxlab import metrics
-from approxlab.studies import sv_decay, sv_decay_figure
+from approxlab.errors import UsageError
+from approxlab.studies import compute, report, sv_decay
+from approxlab.studies.inputs import wikitext
+from approxlab.studies.sv_decay import figures as sv_decay_figure
 from approxlab.synthetic import matrix_with_singular_values, synthetic_qkv
 
 
@@ -105,26 +109,29 @@ def test_study_end_to_end_tiny(tmp_path, monkeypatch):
     """A tiny grid on synthetic Q/K/V writes results.csv, spectra.csv, config.json, the figure
     and summary.md; the summary states the condition-number comparison with numbers."""
 
-    def fake_qkv(condition, n, window, *, layer, mode, model_seed, data_dir, cache_dir, device, **inputs):
-        q, k, v = synthetic_qkv((3,), n, 8, scale=1.5 if condition == "pretrained" else 0.5,
-                                generator=_g(window + n))
-        return q, k, v, sv_decay.layer_index(layer, 6), f"synthetic-{condition}"
+    def fake_qkv(window):
+        q, k, v = synthetic_qkv((3,), window.n, 8, scale=1.5 if window.condition == "pretrained" else 0.5,
+                                generator=_g(window.window + window.n))
+        return types.SimpleNamespace(q=q[None], k=k[None], v=v[None], checkpoint=f"synthetic-{window.condition}")
 
-    monkeypatch.setattr(sv_decay, "load_qkv", fake_qkv)
+    wikitext.clear_caches()
+    monkeypatch.setattr(wikitext, "load_qkv", fake_qkv)
     config = sv_decay.build_config(quick=True, n=[32, 64], heads=2, num_features=8,
                                    approximations=["nystromformer", "spectral-shifting"])
     assert config["modes"] == {"32": "hidden", "64": "hidden"}
-    results, spectra = sv_decay.compute(config, tmp_path, progress=False)
+    tables = compute(sv_decay.STUDY, config, tmp_path, progress=False)
+    wikitext.clear_caches()
+    results, spectra = tables["results.csv"], tables["spectra.csv"]
     assert len(results) == 2 * 2 * 2 * 7  # conditions x n x heads x matrices
     assert np.isfinite(results["stable_rank"]).all()
     assert set(spectra["matrix"]) == set(results["matrix"])
-    paths = sv_decay.plot(tmp_path)
-    assert {p.name for p in paths} == {"sv_decay.png", "sv_decay.pdf"}
-    summary = sv_decay.write_summary(tmp_path).read_text()
+    paths = report(sv_decay.STUDY, tmp_path)
+    assert {p.name for p in paths} == {"sv_decay.png", "sv_decay.pdf", "summary.md"}
+    summary = (tmp_path / "summary.md").read_text()
     assert "kappa_2" in summary and "Verdict" in summary and "numerical rank" in summary.lower()
     saved = pd.read_csv(tmp_path / "results.csv")
     assert set(saved["checkpoint"]) == {"synthetic-initialized", "synthetic-pretrained"}
-    with pytest.raises(sv_decay.StudyError, match="--layers"):
+    with pytest.raises(UsageError, match="--layers"):
         sv_decay.build_config(layers=["second"])
 
 

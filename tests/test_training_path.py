@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from approxlab import approximate
 from approxlab._validation import as_generator
-from approxlab.studies._bench_training import padded_batch
+from approxlab.studies.bench.training import padded_batch
 from approxlab.training import ATTENTIONS, TRAINING_OPTIONS, TinyEncoder
 
 QUADRATIC_BY_DEFINITION = ("yoso",)  # YOSO-E is the exact expectation: an n x n matrix

@@ -44,7 +44,7 @@ ENTRY_POINT_GROUP = "approxlab.methods"
 """The ``importlib.metadata`` entry-point group that installed distributions declare methods in."""
 
 BUILTINS = {
-    "exact": "exact:EXACT",
+    "exact": "softmax_reference:EXACT",
     "kernelized": "kernelized:KERNELIZED",
     "skyformer": "skyformer:SKYFORMER",
     "skyformer-softmax": "skyformer_softmax:SKYFORMER_SOFTMAX",
@@ -94,12 +94,8 @@ def _load_entry_points() -> None:
             try:
                 entry.load()  # importing the module registers its methods
             except Exception as error:  # noqa: BLE001 - third-party code: it must not break unrelated use
-                source = getattr(getattr(entry, "dist", None), "name", None)
-                warnings.warn(PluginWarning(
-                    f"approxlab: the entry point {entry.name!r} = {entry.value!r}"
-                    + (f" of distribution {source!r}" if source else "")
-                    + f" in group {ENTRY_POINT_GROUP!r} failed to load ({type(error).__name__}: {error}); "
-                      "its methods are not available, every other method is."), stacklevel=3)
+                warnings.warn(PluginWarning.failed(entry, ENTRY_POINT_GROUP, error, "its methods are not available, "
+                                                   "every other method is"), stacklevel=3)
 
 
 def _names() -> list[str]:

@@ -4,7 +4,7 @@
   ``(*batch, n, m)``), its dense, diagonal, product, sum and adjoint forms and
   :func:`aslinearoperator`; composition (``A @ B``, ``A - B``, ``c * A``, ``A.T``) builds lazy
   operators, so the error of an approximation is itself an operator.
-- :mod:`approxlab.operators.exact`: :func:`softmax_attention` and
+- :mod:`approxlab.operators.fused_attention`: :func:`softmax_attention` and
   :class:`ExactAttentionOperator` through torch's fused attention kernel (or in row blocks), and
   :func:`check_causal`.
 - :mod:`approxlab.operators.sparse`: :class:`RowSparseOperator`, a matrix with a few stored entries
@@ -12,7 +12,7 @@
   HyperAttention, KDEformer, ...).
 """
 
-from .exact import ExactAttentionOperator, check_causal, softmax_attention
+from .fused_attention import ExactAttentionOperator, check_causal, softmax_attention
 from .linear import (
     AdjointOperator,
     DenseOperator,

@@ -1,58 +1,35 @@
-"""Studies: declared grids, a resumable runner, atomic I/O, one CLI.
+"""Studies: each a declaration over one shared engine, run as ``approxlab <study>``.
 
-Each study is a module exposing ``add_arguments(parser)`` and ``run(args) -> int``,
-registered (lazily, by module path) in :data:`STUDIES`; ``approxlab <study>`` imports
-only the module it runs, so a missing or broken study never breaks the others.
+A study is one :class:`Study` object: its name and one-line description, its grid (full and
+``--quick``), its options (most from the shared set of :mod:`approxlab.studies.options`), its steps
+(:class:`Step`: how the config becomes cells, what one cell computes, the :class:`Table` s its rows
+go to), its claims (:class:`Claim`), its derived tables, figures and summary. Everything else is
+shared, once:
 
-See :mod:`approxlab.studies.runner` (``run_cells``: resume, output-folder lock, progress),
-:mod:`approxlab.studies._cli` (the options, one-line errors and pre-run checks every study
-shares), :mod:`approxlab._io` (atomic writes, the lock) and :mod:`approxlab.plotting`
-(figure style).
+* :mod:`approxlab.studies.engine` -- the runner (resume, journal, lock, progress, in-process or
+  Dask), the table store and the run record;
+* :mod:`approxlab.studies.options` and :mod:`approxlab.studies.checks` -- the options and the
+  checks every run passes;
+* :mod:`approxlab.studies.inputs` -- the shared inputs (WikiText-2 windows, Q/K/V and exact
+  references, the generated LRA tasks);
+* :mod:`approxlab.studies.reporting` -- the loader of saved tables, one markdown renderer, one
+  claims engine, the summary builder;
+* :mod:`approxlab.studies.driver` and :mod:`approxlab.studies.registry` -- the one run path, and
+  the names of the studies (built-in, registered from a ``--plugin`` module, installed as entry points).
+
+The built-in studies are packages beside these: :mod:`~approxlab.studies.figure1`,
+:mod:`~approxlab.studies.sv_decay`, :mod:`~approxlab.studies.instability`,
+:mod:`~approxlab.studies.lra_svd`, :mod:`~approxlab.studies.decoder` and :mod:`~approxlab.studies.bench`.
+"Writing a study" in the documentation declares a whole one in about 150 lines.
 """
 
-STUDIES = {
-    "figure1": "approxlab.studies.figure1",
-    "sv-decay": "approxlab.studies.sv_decay",
-    "instability": "approxlab.studies.instability",
-    "bench": "approxlab.studies.bench",
-    "lra-svd": "approxlab.studies.lra_svd",
-    "decoder": "approxlab.studies.decoder",
-}
-"""CLI subcommand -> module implementing it (imported only when needed)."""
+from ..errors import StudyError, UsageError
+from .declaration import Claim, Figure, Option, Product, Step, Study, Summary, Table
+from .driver import compute, report
+from .engine import cell_seed, config_hash, run_cells, run_steps
+from .options import RESULTS_FOLDER, default_output_dir
+from .registry import STUDIES, available, get, register, unregister
 
-import pathlib
-
-__all__ = ["STUDIES", "RESULTS_FOLDER", "default_output_dir"]
-
-RESULTS_FOLDER = "approxlab-results"
-"""The folder, in the current directory, that holds every study's default output folder."""
-
-
-def default_output_dir(study: str, *, quick: bool = False) -> pathlib.Path:
-    """Where ``approxlab <study>`` writes unless ``--out`` is given: ``approxlab-results/<study>``.
-
-    The path is relative to the current directory, so a run never writes inside the installed
-    package or the committed ``figures/`` of a source checkout (those are written only when named
-    with ``--out``); ``quick`` (``--quick``) gives ``approxlab-results/<study>-quick``, so a smoke
-    run never resumes into, or is refused by, the full run's folder.
-
-    Parameters
-    ----------
-    study : str
-        The study's command name, a key of :data:`STUDIES` (``"figure1"``, ``"sv-decay"``, ...).
-    quick : bool
-        The ``--quick`` grid.
-
-    Returns
-    -------
-    pathlib.Path
-        ``approxlab-results/<study>`` or ``approxlab-results/<study>-quick`` (relative).
-
-    Examples
-    --------
-    >>> default_output_dir("figure1").as_posix()
-    'approxlab-results/figure1'
-    >>> default_output_dir("sv-decay", quick=True).as_posix()
-    'approxlab-results/sv-decay-quick'
-    """
-    return pathlib.Path(RESULTS_FOLDER) / (f"{study}-quick" if quick else study)
+__all__ = ["Study", "Step", "Table", "Option", "Claim", "Product", "Figure", "Summary", "register", "unregister",
+           "get", "available", "STUDIES", "compute", "report", "run_steps", "run_cells", "cell_seed",
+           "config_hash", "default_output_dir", "RESULTS_FOLDER", "StudyError", "UsageError"]

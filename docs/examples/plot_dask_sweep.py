@@ -5,7 +5,7 @@ A sweep on Dask
 A grid of (method, num_features, seed) cells, each an independent task, computed by Dask and
 gathered into a tidy table. The studies do the same on a local cluster with
 ``approxlab figure1 --workers 2`` or on a running scheduler with ``--scheduler tcp://HOST:PORT``
-(:func:`approxlab.studies.runner.run_cells`, resumable); here Dask's threaded scheduler keeps the
+(:func:`approxlab.studies.run_cells`, resumable); here Dask's threaded scheduler keeps the
 example in one process. Each cell takes its randomness from its own generator, so the table does
 not depend on the order in which the cells run.
 """

@@ -55,7 +55,7 @@ def skyformer_figure1() -> pd.DataFrame:
     Notes
     -----
     Digitised from the figure's embedded raster (8428 x 4412 px) by template matching of the
-    markers on each panel's grid-line calibration (``studies/paper/digitise_skyformer_figure1.py``);
+    markers on each panel's grid-line calibration (``tools/digitise_skyformer_figure1.py`` in the repository);
     the readings agree with values read by eye at d = 16 and 256 to a median 0.3 % (largest 2.6 %,
     a marker hidden under two others, confirmed at 4.68 by extrapolating its line). See the
     ``README.md`` beside the table.

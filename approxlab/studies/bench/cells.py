@@ -1,0 +1,54 @@
+"""The benchmark's cell: one (part, n, method), measured in this process, its rows tidy.
+
+A cell dispatches to its part (:mod:`.spectral`, :mod:`.forward`, :mod:`.ratios`, :mod:`.training`),
+which returns wide measurement rows; :func:`compute` turns them into tidy rows ``(algorithm,
+compute_dtype, quantity, value)``.
+"""
+
+from __future__ import annotations
+
+from ..engine.keys import cell_seed
+from .forward import forward_rows
+from .grid import DTYPES
+from .parts import load_head
+from .ratios import ratio_rows
+from .spectral import spectral_rows
+from .training import training_rows
+
+__all__ = ["compute"]
+
+
+def compute(cell: dict) -> list[dict]:
+    """Rows of one (part, n, method) cell (see the module docstring)."""
+    config = cell["config"]
+    n, method, part = cell["n"], cell["method"], cell["part"]
+    if part == "training":
+        return _tidy(training_rows(cell))
+    q, k, v = load_head(config, n, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"], device=cell["device"])
+    p = int(q.shape[-1])
+    compute_dtype = DTYPES[config["compute_dtype"]]
+    seed = cell_seed(part, n, method, base_seed=config["seed"])
+    common = {"p": p, "num_features": min(config["num_features"], n), "dtype": str(q.dtype).replace("torch.", "")}
+    if part == "forward":
+        return _tidy(forward_rows(config, method, q, k, v, n, common, cell["device"]))
+    if part == "ratios":
+        return _tidy(ratio_rows(cell, q, k, v, common))
+    return _tidy(spectral_rows(config, part, method, q, k, v, n, common, seed, compute_dtype))
+
+
+def _tidy(rows: list[dict]) -> list[dict]:
+    """Wide measurement dicts -> tidy rows ``(algorithm, compute_dtype, quantity, value)``.
+
+    Every row of ``results.csv`` then holds a number, and no row carries a NaN for a quantity
+    that does not apply to its algorithm.
+    """
+    tidy = []
+    for row in rows:
+        row = dict(row)
+        algorithm = row.pop("algorithm")
+        compute_dtype = row.pop("compute_dtype", row.get("dtype"))
+        row.pop("dtype", None)
+        for quantity, value in row.items():
+            tidy.append({"algorithm": algorithm, "compute_dtype": compute_dtype, "quantity": quantity,
+                         "value": float(value)})
+    return tidy

@@ -1,0 +1,48 @@
+"""The ``forward`` part of ``approxlab bench``: forward time and memory of each approximation.
+
+Each approximation (``approximate(...).output``) against exact attention through the fused
+kernel (``exact-sdpa``: ``ExactAttentionOperator(q, k).matmat(v)``, the kernel of
+``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention`` (``torch-sdpa``)
+and the row-blocked reference (``exact-blocked``, up to ``dense_max_n``). See
+:mod:`approxlab.studies.bench`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .parts import approximation, measured_row, timing_options
+from .timing import measure
+from ...linalg.normal_lanczos import default_row_block
+
+__all__ = ["forward_rows"]
+
+
+def forward_rows(config, method, q, k, v, n, common, device):
+    from ...operators import ExactAttentionOperator
+
+    rows = []
+    timed = timing_options(config, device)
+    if method == "exact":
+        sdpa = ExactAttentionOperator(q, k, "softmax")  # approxlab.exact_attention's kernel
+        out, m = measure(sdpa.matmat, v, **timed)
+        rows.append(measured_row("exact-sdpa", m, compute_dtype=common["dtype"], **common))
+        _, m = measure(torch.nn.functional.scaled_dot_product_attention, q[None], k[None], v[None], **timed)
+        rows.append(measured_row("torch-sdpa", m, compute_dtype=common["dtype"], **common))
+        if n <= config["dense_max_n"]:
+            block = default_row_block(n)
+            blocked = ExactAttentionOperator(q, k, "softmax", block_size=block, algorithm="blocked")
+            reference, m = measure(blocked.matmat, v, **timed)
+            rows.append(measured_row("exact-blocked", m, row_block=block, compute_dtype=common["dtype"],
+                             max_abs_difference=float((reference - out).abs().max()), **common))
+        return rows
+    try:
+        approx, m = measure(approximation, config, method, q, k, v, n, **timed)
+    except (ImportError, ValueError, FloatingPointError, RuntimeError, MemoryError) as error:
+        # Recorded, not hidden: the row says the method failed at this n and why (stderr).
+        print(f"approxlab bench: {method} failed at n={n}: {type(error).__name__}: {error}", file=sys.stderr)
+        return [{"algorithm": "approximation-failed", "compute_dtype": common["dtype"], "failed": 1.0, **common}]
+    rows.append(measured_row("approximation", m, compute_dtype=common["dtype"], **common))
+    return rows

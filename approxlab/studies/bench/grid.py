@@ -1,0 +1,204 @@
+"""The benchmark's grid: the full and ``--quick`` grids, the config the options make, the cells, the checks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import argparse
+
+from ...errors import UsageError
+from ...methods import available
+from .. import checks, options
+from ..declaration import Option
+from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_float, positive_int
+from .ratios import RATIOS
+
+__all__ = ["FULL_GRID", "QUICK_GRID", "PARTS", "DTYPES", "OPTIONS", "KEY_COLUMNS", "build_config", "configure",
+           "build_cells", "check", "run_info"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+FULL_GRID = {
+    "accuracy_n": [1024, 2048, 4096],
+    "scale_n": [8192, 16384, 32768],
+    "forward_n": [1024, 2048, 4096, 8192, 16384, 32768],
+    "error_method": "nystromformer",
+    "num_features": 64,
+    "forward_methods": [
+        "skyformer",
+        "skyformer-softmax",
+        "nystromformer",
+        "nystrom",
+        "spectral-shifting",
+        "performer",
+        "informer",
+        "linformer",
+        "yoso",
+    ],
+    "dense_max_n": 8192,
+    "source": "bert",
+    "condition": "pretrained",
+    "layer": 0,
+    "head": 0,
+    "window": 0,
+    "mode": "embedding",
+    "model_seed": 0,
+    "tol": 1e-6,
+    "max_iter": 300,
+    "lanczos_block": 4,
+    "compute_dtype": "float32",
+    "scipy_its": 20,
+    "parts": ["accuracy", "scale", "forward", "ratios", "training"],
+    "seed": 0,
+    "repeats": 5,
+    "ratio_n": 16384,
+    "spectral_ratio_n": 32768,
+    "figure1_ratio_n": 4096,
+    "training_n": 1024,
+    "training_batch": 8,
+    "training_features": 128,
+    "training_threads": 1,
+    "training_attentions": ["softmax", "kernelized", "skyformer", "nystromformer", "spectral-shifting", "yoso"],
+}
+"""The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
+
+QUICK_GRID = {
+    **FULL_GRID,
+    "accuracy_n": [256, 512],
+    "scale_n": [1024],
+    "forward_n": [256, 512, 1024],
+    "dense_max_n": 1024,
+    "num_features": 32,
+    "repeats": 5,
+    "ratio_n": 1024,
+    "spectral_ratio_n": 2048,
+    "figure1_ratio_n": 256,
+    "training_n": 256,
+    "training_batch": 4,
+    "training_features": 32,
+}
+"""``--quick``: the same measurements at small n (seconds)."""
+
+KEY_COLUMNS = ("part", "n", "method")
+PARTS = ("accuracy", "scale", "forward", "ratios", "training")
+def _methods() -> list[str]:
+    return [m for m in available() if m != "exact"]
+
+
+def _lengths(flag: str, what: str) -> Option:
+    return Option((flag,), flag[2:].replace("-", "_"), f"n of the {what} part", type=int_list, nargs="+",
+                  action=Flatten, metavar="N")
+
+
+OPTIONS = (
+    Option(("--parts",), "parts", "which parts to run", nargs="+", choices=PARTS),
+    _lengths("--accuracy-n", "accuracy"), _lengths("--scale-n", "scale"), _lengths("--forward-n", "forward"),
+    Option(("--error-method",), "error_method", "approximation whose spectral error is computed", choices=available),
+    NUM_FEATURES.but(help="num_features of every approximation (one value)"),
+    Option(("--forward-methods",), "forward_methods", "methods of the forward part (exact is always run)", nargs="+",
+           choices=_methods),
+    Option(("--dense-max-n",), "dense_max_n", "largest n for dense exact attention", type=positive_int),
+    Option(("--source",), "source", "Q/K/V source", choices=("bert", "synthetic")),
+    Option(("--condition",), "condition", "BERT condition", choices=("initialized", "pretrained")),
+    Option(("--head",), "head", "attention head", type=nonnegative_int),
+    Option(("--tol",), "tol", "relative tolerance of the matrix-free routes", type=positive_float),
+    Option(("--lanczos-block",), "lanczos_block", "vectors per block Lanczos pass", type=positive_int),
+    Option(("--compute-dtype",), "compute_dtype", "dtype of the logits in the fused passes", choices=sorted(DTYPES)),
+    Option(("--training-n",), "training_n", "sequence length of the training part", type=positive_int),
+    Option(("--training-batch",), "training_batch", "sequences per batch of the training part", type=positive_int),
+    Option(("--training-features",), "training_features", "num_features of the attentions in the training part",
+           type=positive_int),
+    Option(("--training-threads",), "training_threads", "torch threads of the training part's steps (default: "
+           "--threads when given, else 1, as the studies train, whatever $OMP_NUM_THREADS says)", type=positive_int),
+    Option(("--repeats",), "repeats", "timed calls per forward-type measurement (median; at least 5), after one "
+           "warm-up", type=int),
+)
+"""The options of ``approxlab bench`` besides the common ones."""
+
+
+def configure(args) -> dict:
+    """The grid of the parsed options: :data:`FULL_GRID` (or :data:`QUICK_GRID`) with the options given.
+
+    ``training_threads`` is ``--training-threads``, else the common ``--threads`` when it was given
+    (``args.threads_source == "--threads"``); a thread count from ``$OMP_NUM_THREADS`` or the default
+    leaves the training part at its own default, one thread.
+    """
+    config = options.grid(QUICK_GRID if getattr(args, "quick", False) else FULL_GRID, args, OPTIONS)
+    config["num_features"] = options.one_value("--num-features", config["num_features"])
+    if getattr(args, "training_threads", None) is None and getattr(args, "threads_source", None) == "--threads":
+        config["training_threads"] = args.threads
+    for key in ("accuracy_n", "scale_n", "forward_n"):
+        bad = [n for n in config[key] if int(n) < 2]
+        if bad:
+            raise UsageError(f"--{key.replace('_', '-')}", "integers >= 2", bad)
+    if int(config["training_n"]) < 2:
+        raise UsageError("--training-n", "an integer >= 2", config["training_n"])
+    return config
+
+
+def build_config(*, quick: bool = False, **overrides) -> dict:
+    """The benchmark grid: :data:`FULL_GRID` (or :data:`QUICK_GRID`) with ``overrides`` (None: keep), checked."""
+    unknown = set(overrides) - set(FULL_GRID)
+    if unknown:
+        raise TypeError(f"unknown bench setting(s) {sorted(unknown)}; known: {sorted(FULL_GRID)}.")
+    return configure(argparse.Namespace(quick=quick, **overrides))
+
+
+def build_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per (part, n, method), in the order they run (small n first)."""
+    common = {"config": config, **settings}
+    cells = []
+    if "accuracy" in config["parts"]:
+        cells += [{"part": "accuracy", "n": int(n), "method": config["error_method"], **common}
+                  for n in config["accuracy_n"]]
+    if "scale" in config["parts"]:
+        cells += [{"part": "scale", "n": int(n), "method": config["error_method"], **common}
+                  for n in config["scale_n"]]
+    if "forward" in config["parts"]:
+        for n in config["forward_n"]:
+            for method in ["exact", *config["forward_methods"]]:
+                cells.append({"part": "forward", "n": int(n), "method": method, **common})
+    if "ratios" in config["parts"]:
+        cells += [{"part": "ratios", "n": int(config[key]), "method": name, **common}
+                  for name, key in RATIOS.items()
+                  if not (name == "figure1-cell" and config["source"] == "synthetic")]
+    if "training" in config["parts"]:
+        cells.append({"part": "training", "n": int(config["training_n"]), "method": "training-step", **common})
+    return cells
+
+
+def check(args, config) -> None:
+    """Lengths, head and num_features of ``config`` fit the data and the methods (before computing)."""
+    if config["source"] == "bert":
+        for option in ("--accuracy-n", "--scale-n", "--forward-n"):
+            ns = config[option[2:].replace("-", "_")]
+            checks.check_windows(args, {int(n): [config["window"]] for n in ns}, n_option=option)
+        checks.check_heads("--head", config["head"], [config["condition"]], index=True)
+    elif config["head"] != 0:
+        raise UsageError("--head", "0 (the synthetic source has one head)", config["head"])
+    checks.check_num_features("--num-features", config["num_features"], [config["error_method"]],
+                            [*config["accuracy_n"], *config["scale_n"]])
+    checks.check_num_features("--num-features", config["num_features"], config["forward_methods"], config["forward_n"])
+
+
+def run_info(args, config) -> dict:
+    """What ``config.json`` records beside the common run information: the machine."""
+    return {"machine": _machine()}
+
+
+def _machine() -> str:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} with "
+            f"{torch.get_num_threads()} threads, Python {platform.python_version()}")

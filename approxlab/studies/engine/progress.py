@@ -1,0 +1,83 @@
+"""Progress of a run on stderr: a tqdm bar on a terminal, a line at every tenth of the cells otherwise.
+
+Public API::
+
+    progress_bar(total, initial, progress, description)   # tqdm, ProgressLog or a disabled bar
+    ProgressLog(total, initial=0, description="", stream=None)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+__all__ = ["progress_bar", "ProgressLog"]
+
+
+def progress_bar(total, initial, progress, description):
+    """A tqdm bar on a terminal, a :class:`ProgressLog` otherwise, nothing without ``progress``."""
+    from tqdm.auto import tqdm
+
+    if progress and not sys.stderr.isatty():
+        return ProgressLog(total, initial, description)
+    return tqdm(total=total, initial=initial, disable=not progress, desc=description, unit="cell")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressLog:
+    """Progress for a stderr that is not a terminal: one line at every tenth of the cells.
+
+    ``figure1/results.csv: 12/120 cells (10%), elapsed 0:00:31, remaining ~0:04:39``: the remaining
+    time extrapolates the mean time of the cells finished in this run. A line is written
+    when the run starts, whenever the count of finished cells crosses a multiple of
+    ``ceil(total / 10)``, and at the end. Same ``update``/``close`` interface as tqdm.
+
+    Parameters
+    ----------
+    total : int
+        Cells of the grid.
+    initial : int
+        Cells already done (resumed).
+    description : str
+        Prefix of every line (``<output folder>/<table>``).
+    stream : file, optional
+        Where to write (default ``sys.stderr`` at the time of each line).
+    """
+
+    def __init__(self, total: int, initial: int = 0, description: str = "", stream=None):
+        self.total, self.initial, self.done = int(total), int(initial), int(initial)
+        self.description = description
+        self.stream = stream
+        self.step = max(1, -(-self.total // 10))
+        self.start = time.monotonic()
+        self.closed = False
+        resumed = f" ({self.initial} already done)" if self.initial else ""
+        self._write(f"{self.done}/{self.total} cells to compute{resumed}")
+
+    def _write(self, text: str) -> None:
+        print(f"{self.description}: {text}" if self.description else text, file=self.stream or sys.stderr,
+              flush=True)
+
+    def line(self) -> str:
+        """The current state: done/total, percentage, elapsed and estimated remaining time."""
+        elapsed = time.monotonic() - self.start
+        percent = 100 * self.done // self.total if self.total else 100
+        text = f"{self.done}/{self.total} cells ({percent}%), elapsed {_clock(elapsed)}"
+        if self.done > self.initial and self.done < self.total:
+            remaining = elapsed / (self.done - self.initial) * (self.total - self.done)
+            text += f", remaining ~{_clock(remaining)}"
+        return text
+
+    def update(self, count: int = 1) -> None:
+        before, self.done = self.done, self.done + count
+        if self.done // self.step > before // self.step or self.done == self.total:
+            self._write(self.line())
+
+    def close(self) -> None:
+        if not self.closed and self.done < self.total and self.done > self.initial:
+            self._write(self.line() + " (stopped)")
+        self.closed = True

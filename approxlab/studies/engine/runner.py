@@ -1,0 +1,324 @@
+r"""Cells -> tables: the one runner every study goes through.
+
+A study's :class:`~approxlab.studies.declaration.Step`\ s turn its config into *cells* (dicts), and
+each step's ``compute(cell)`` turns one cell into result rows, for one table or several (a dict of
+table name -> rows). :func:`run_steps` runs the steps in order into an output folder and
+
+* writes ``config.json`` next to the tables: the config, its hash, the approxlab version,
+  timestamps, the tables and (unhashed) run information (:mod:`~approxlab.studies.engine.record`);
+* **resumes**: a cell whose key (its values of the step's key columns) is in every table of its
+  step is skipped; a saved config of another hash is refused (:class:`~approxlab.errors.StudyError`:
+  pass a new ``--out`` directory or ``--restart``), unless it only grows along ``grows`` (more windows,
+  more methods): then the run is extended by the new cells;
+* makes every finished cell durable before it counts as done: its rows are appended to each
+  table's journal (``results.csv.journal``, one JSON line, ``fsync``-ed), and each table is rewritten
+  atomically with its cell manifest at most every ``flush_every_seconds`` and always at the end of
+  its step, after which its journal is dropped (:mod:`~approxlab.studies.engine.store`). A kill of
+  any kind (``SIGKILL`` and power loss included) therefore loses only the cells in flight;
+* recomputes what an interrupted or damaged write left (a last row cut short, cells missing rows
+  that the manifest lists), with a note on stderr, and refuses in one line a table it cannot read as
+  one (empty, binary, another study's, a ``config.json`` that is not JSON);
+* runs cells in-process (default) or on Dask (``scheduler="tcp://..."`` or a local cluster of
+  ``workers`` single-threaded processes, started once for all steps:
+  :mod:`~approxlab.studies.engine.executors`); only this process writes files, and rows are
+  ordered by the cell list, so both executors produce the same tables;
+* holds the lock of the output folder while it runs (reentrant, so the CLI's lock around the whole
+  study covers it) and removes the temporary files a killed run left there;
+* reports progress on stderr per step (``<folder>/<table>: done/total``).
+
+Cell granularity and shared intermediates
+-----------------------------------------
+A cell is the unit of resume and of scheduling. Work shared by several cells (the exact attention
+output of one window) is kept in the per-process caches of :mod:`approxlab.studies.inputs`, with the
+cells ordered so that those sharing it are adjacent. Seeds come from the cell, never from run order:
+:func:`~approxlab.studies.engine.keys.cell_seed`.
+
+Public API::
+
+    run_steps(steps, out, *, config, run_info=None, scheduler=None, workers=None, progress=True,
+              flush_every_seconds=5.0, restart=False, grows=()) -> {table name: pandas.DataFrame}
+    run_cells(cells, compute, *, results_path, key_columns, config, ...) -> pandas.DataFrame
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+from typing import Callable, Iterable, Sequence
+
+import pandas as pd
+
+from ..._io import write_json_atomic
+from ...errors import CorruptResultsError, StudyError
+from ..declaration import Step, Table
+from .executors import Executor
+from .keys import canonical, cell_key
+from .lock import output_lock
+from .progress import progress_bar
+from .record import REMEDY, prepare_record
+from .store import append_journal, has_results, journal_path, read_results, remove_journal, write_table
+
+__all__ = ["run_steps", "run_cells"]
+
+
+class _Table:
+    """Rows of a results table, grouped by cell key, written in cell-list order.
+
+    Each finished cell is appended to the table's journal before it counts as done; :meth:`flush`
+    rewrites the CSV atomically and then drops the journal, whose cells it now holds. A cell computed
+    again replaces its saved rows.
+    """
+
+    def __init__(self, path, key_columns, order):
+        self.path = path
+        self.key_columns = list(key_columns)
+        self.order = order  # key -> position in the cell list
+        self.existing = self._read_existing()
+        self.done = set()
+        if len(self.existing):
+            for values in self.existing[self.key_columns].itertuples(index=False, name=None):
+                self.done.add(tuple(canonical(v) for v in values))
+        self.new = {}
+        self.dirty = False
+
+    def _keys(self, frame) -> list:
+        return [tuple(canonical(v) for v in values) for values in frame[self.key_columns].itertuples(index=False,
+                                                                                                       name=None)]
+
+    def _read_existing(self) -> pd.DataFrame:
+        if not has_results(self.path):
+            return pd.DataFrame()
+        try:
+            existing = read_results(self.path, partial="drop")
+        except CorruptResultsError as error:
+            raise StudyError(f"{error}; {REMEDY}.") from None
+        if len(existing) and not set(self.key_columns) <= set(existing.columns):
+            raise StudyError(
+                f"{str(self.path)!r} lacks key columns {self.key_columns} (a table of another study?); {REMEDY}."
+            )
+        damaged = [tuple(canonical(v) for v in key) for key in existing.attrs.get("damaged_cells", [])]
+        if existing.attrs.get("dropped_partial_row") and len(existing):
+            last = tuple(canonical(v) for v in existing[self.key_columns].iloc[-1])  # the cell it belonged to
+            damaged = damaged or [last]
+            self._note("its last row was cut short (an interrupted write)", damaged)
+        elif damaged:
+            self._note("cells lack rows the table was written with (cut short at a line end, or edited)", damaged)
+        if damaged:
+            existing = existing[[key not in set(damaged) for key in self._keys(existing)]].reset_index(drop=True)
+            self.dirty = True
+        return existing
+
+    def _note(self, what: str, keys) -> None:
+        cells = "; ".join(", ".join(f"{c}={v!r}" for c, v in zip(self.key_columns, key)) for key in keys[:3])
+        more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+        print(f"approxlab: {self.path}: {what}; recomputing {len(keys)} cell(s) ({cells}{more})", file=sys.stderr)
+
+    def add(self, key, rows):
+        append_journal(self.path, {"key_columns": self.key_columns, "key": list(key), "rows": rows})
+        self.new[key] = rows
+        self.done.add(key)
+        self.dirty = True
+
+    def frame(self) -> pd.DataFrame:
+        frames = []
+        if len(self.existing):
+            kept = self.existing
+            if self.new:  # a cell computed again replaces its saved rows
+                kept = kept[[key not in self.new for key in self._keys(kept)]]
+            frames.append(kept)
+        rows = [row for key in self.new for row in self.new[key]]
+        if rows:
+            frames.append(pd.DataFrame.from_records(rows))
+        if not frames:
+            return pd.DataFrame(columns=self.key_columns)
+        df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        position = [self.order.get(key, -1) for key in self._keys(df)]
+        df = df.assign(_position=position).sort_values("_position", kind="stable")
+        df = df.drop(columns="_position").reset_index(drop=True)
+        others = [c for c in df.columns if c not in self.key_columns]
+        return df[self.key_columns + others]
+
+    def flush(self):
+        if self.dirty or journal_path(self.path).exists():
+            write_table(self.frame(), self.path, self.key_columns)
+            remove_journal(self.path)
+            self.dirty = False
+
+
+def _stamp(cell, key, key_columns, rows, table):
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise TypeError(
+            f"`compute` must return a non-empty list of dicts (one per result row) for table {table}; for cell "
+            f"{dict(zip(key_columns, key))} it returned {type(rows).__name__}"
+            f"{'' if not isinstance(rows, list) else f' of length {len(rows)}'}."
+        )
+    stamped = []
+    for row in rows:
+        for column, value in zip(key_columns, key):
+            if column in row and canonical(row[column]) != value:
+                raise ValueError(
+                    f"`compute` returned a row with {column}={row[column]!r} for the cell with "
+                    f"{column}={value!r}; rows must belong to their cell."
+                )
+        stamped.append({**dict(zip(key_columns, key)), **row})
+    return stamped
+
+
+def _by_table(step: Step, result) -> dict:
+    """A cell's result as ``{table name: rows}``: a list is the rows of the step's only table."""
+    names = [table.name for table in step.tables]
+    if isinstance(result, dict):
+        if set(result) != set(names):
+            raise ValueError(f"`compute` must return rows for the tables {names}; it returned {sorted(result)}.")
+        return result
+    if len(names) != 1:
+        raise TypeError(f"`compute` must return a dict {{table name: rows}} for the tables {names}; it returned "
+                        f"{type(result).__name__}.")
+    return {names[0]: result}
+
+
+def _unique_keys(cells, key_columns) -> list:
+    keys = [cell_key(cell, key_columns) for cell in cells]
+    seen = set()
+    for key in keys:
+        if key in seen:
+            raise ValueError(f"two cells share the key {dict(zip(key_columns, key))}; cell keys must be unique.")
+        seen.add(key)
+    return keys
+
+
+def _check(steps, scheduler, workers, flush_every_seconds) -> None:
+    if not all(isinstance(step, Step) and isinstance(cells, list) for step, cells in steps):
+        raise TypeError("`steps` must be a sequence of (Step, list of cells) pairs.")
+    names = [table.name for step, _ in steps for table in step.tables]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two steps write the same table; tables: {names}.")
+    if scheduler is not None and workers is not None:
+        raise ValueError(
+            f"pass at most one of `scheduler` and `workers`; got scheduler={scheduler!r}, workers={workers!r}."
+        )
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"`workers` must be an integer >= 1 or None; got {workers!r}.")
+    if scheduler is not None and not (isinstance(scheduler, str) and "://" in scheduler):
+        raise ValueError(f"`scheduler` must be an address like 'tcp://host:8786'; got {scheduler!r}.")
+    if flush_every_seconds < 0:
+        raise ValueError(f"`flush_every_seconds` must be >= 0; got {flush_every_seconds!r}.")
+
+
+def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = None, config_path=None,
+              scheduler: str | None = None, workers: int | None = None, progress: bool = True,
+              flush_every_seconds: float = 5.0, restart: bool = False, grows=()) -> dict:
+    """Compute every cell not yet in its tables, step by step; return every table.
+
+    Parameters
+    ----------
+    steps : sequence of (Step, list of dict)
+        Each step with its cells, in the order their rows appear in its tables. A cell holds at least
+        the step's key columns; its other (picklable) entries are passed to ``compute`` too.
+    out : str or os.PathLike
+        The output folder: the tables and ``config.json`` go there.
+    config : dict
+        The grid-defining configuration; hashed and saved.
+    run_info : dict, optional
+        Saved in ``config.json`` but not hashed (command line, device, executor).
+    config_path : str or os.PathLike, optional
+        Default ``out / "config.json"``.
+    scheduler, workers
+        A running Dask scheduler's address, or the size of a local Dask cluster; neither: in-process.
+    progress : bool
+        Report progress on stderr (a tqdm bar on a terminal, else a line at every tenth of the cells).
+    flush_every_seconds : float
+        Rewrite a table after a finished cell when at least this long has passed since the last write
+        (``0``: after every cell); always at the end of its step. Finished cells are durable in the
+        journal in between, whatever this is.
+    restart : bool
+        Discard the tables (and accept a changed config) instead of resuming.
+    grows : sequence of str
+        Config entries along which a saved run may be extended (more windows, more methods): a config
+        that differs from the saved one only by growing these resumes it, computing the new cells
+        (:func:`~approxlab.studies.engine.record.extension`). Each must only add cells, never change one.
+
+    Returns
+    -------
+    dict of str -> pandas.DataFrame
+        Every table of the steps as re-read from its file (so it equals the file).
+
+    Raises
+    ------
+    StudyError
+        A saved config of another hash, tables without their ``config.json``, or files that cannot
+        be read as approxlab's.
+    approxlab.studies.engine.OutputLockedError
+        Another process holds the lock of ``out``.
+    """
+    steps = [(step, list(cells)) for step, cells in steps]
+    _check(steps, scheduler, workers, flush_every_seconds)
+    keys = [_unique_keys(cells, step.key) for step, cells in steps]
+    out = pathlib.Path(out)
+    config_path = pathlib.Path(config_path) if config_path is not None else out / "config.json"
+    paths = [out / table.name for step, _ in steps for table in step.tables]
+    with output_lock(out, command=(run_info or {}).get("command")):
+        record = prepare_record(config_path, paths, config, run_info, restart, grows)
+        tables = [[_Table(out / table.name, step.key, {key: i for i, key in enumerate(step_keys)})
+                   for table in step.tables] for (step, _), step_keys in zip(steps, keys)]
+        write_json_atomic(record, config_path)
+        with Executor(scheduler, workers) as executor:
+            for (step, cells), step_keys, step_tables in zip(steps, keys, tables):
+                done = set.intersection(*(table.done for table in step_tables))
+                todo = [(key, cell) for key, cell in zip(step_keys, cells) if key not in done]
+                bar = progress_bar(len(cells), len(cells) - len(todo), progress,
+                                   f"{out.name}/{step.tables[0].name}")
+                _run_todo(executor, todo, step, step_tables, bar, flush_every_seconds)
+        for table in (table for step_tables in tables for table in step_tables):
+            if not table.path.exists():
+                write_table(table.frame(), table.path, table.key_columns)
+        return {path.name: read_results(path) for path in paths}
+
+
+def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
+    """Compute the cells of ``todo`` into ``tables``; flush them every so often and always at the end."""
+    last_flush = time.monotonic()
+    by_name = {table.path.name: table for table in tables}
+
+    def finished(key, cell, result):
+        nonlocal last_flush
+        rows = _by_table(step, result)
+        for name, table in by_name.items():  # check every table's rows before journaling any
+            rows[name] = _stamp(cell, key, table.key_columns, rows[name], name)
+        for name, table in by_name.items():
+            table.add(key, rows[name])
+        bar.update(1)
+        if time.monotonic() - last_flush >= flush_every_seconds:
+            for table in tables:
+                table.flush()
+            last_flush = time.monotonic()
+
+    try:
+        executor.run(todo, step.compute, finished)
+    finally:
+        bar.close()
+        for table in tables:
+            table.flush()
+
+
+def run_cells(cells: Iterable[dict], compute: Callable[[dict], list], *, results_path, key_columns: Sequence[str],
+              config: dict, run_info: dict | None = None, config_path=None, scheduler: str | None = None,
+              workers: int | None = None, progress: bool = True, flush_every_seconds: float = 5.0,
+              restart: bool = False, grows=()) -> pd.DataFrame:
+    """:func:`run_steps` for one table: compute every cell not yet in ``results_path``; return the table.
+
+    ``compute(cell) -> list[dict]``; ``key_columns`` identify a cell; the other parameters are those of
+    :func:`run_steps` (``config.json`` goes beside ``results_path`` unless ``config_path`` says otherwise).
+    """
+    key_columns = list(key_columns)
+    if not key_columns or not all(isinstance(c, str) for c in key_columns):
+        raise ValueError(f"`key_columns` must be a non-empty list of column names; got {key_columns!r}.")
+    if not callable(compute):
+        raise TypeError(f"`compute` must be callable; got {type(compute).__name__}.")
+    results_path = pathlib.Path(results_path)
+    step = Step(tables=(Table(results_path.name, tuple(key_columns)),), compute=compute)
+    tables = run_steps([(step, list(cells))], results_path.parent, config=config, run_info=run_info,
+                       config_path=config_path, scheduler=scheduler, workers=workers, progress=progress,
+                       flush_every_seconds=flush_every_seconds, restart=restart, grows=grows)
+    return tables[results_path.name]

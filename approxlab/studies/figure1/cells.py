@@ -1,0 +1,243 @@
+r"""Figure 1's cells: one approximation cell per (condition, n, dtype, window, method), one panel cell per
+(condition, n), one window cell per (condition, n, window).
+
+Cells sharing a window are adjacent, and the window's Q/K/V, exact output and its norms come from the
+shared per-process cache (:func:`approxlab.studies.inputs.wikitext.reference`). Each approximation's
+generator is seeded with :func:`~approxlab.studies.engine.cell_seed` of (condition, n, window, method,
+d, seed), so results do not depend on run order or executor.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from ...attention import approximate
+from ...kernels import kernelized_matrix
+from ...leverage import completion_operator, estimate_ridge_quantities
+from ...methods import get
+from ...metrics import spectral_norm
+from ..engine.keys import cell_seed
+from ..inputs import wikitext
+from ..inputs.wikitext import DENSE_MAX_N, Window, method_seeds
+from .grid import window_ids
+from .stats import BLOWUP_FACTOR, NEAR_ZERO_ROW
+
+__all__ = ["approximation_cells", "panel_cells", "window_cells", "compute_cell", "compute_panel", "compute_window",
+           "ESTIMATE_DSTAT_FROM_N"]
+
+ESTIMATE_DSTAT_FROM_N = 4096
+"""From this n (and above ``--matrix-free-above``), d_stat is the matrix-free estimate of
+:func:`approxlab.leverage.estimate_ridge_quantities` (float32 products, within 1 % of the
+eigendecomposition) instead of a float64 ``eigvalsh`` of the 2n x 2n completion."""
+
+
+def _data(config, settings, dtype="float64") -> dict:
+    """What a cell needs to load its window (it travels in the cell; not part of the grid)."""
+    return {"dense_max_n": int(settings.get("dense_max_n", DENSE_MAX_N)), "mode": config["mode"],
+            "layer": config["layer"], "model_seed": config["model_seed"],
+            "positions": config.get("positions", "none"), "checkpoint": config.get("checkpoint"), "dtype": dtype,
+            "base_seed": config["base_seed"], "data_dir": settings["data_dir"], "cache_dir": settings["cache_dir"],
+            "device": settings["device"]}
+
+
+def approximation_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per (condition, n, dtype, window, method), adjacent per window; all its d x seeds."""
+    cells = []
+    for condition in config["conditions"]:
+        for n in config["n"]:
+            for dtype in config["dtypes"]:
+                for window in window_ids(config, n):
+                    for method in config["methods"]:
+                        features = [d for d in config["num_features"] if d <= get(method).max_features(n)]
+                        if features:
+                            cells.append({"condition": condition, "n": n, "window": window, "method": method,
+                                          "num_features": features, "seeds": method_seeds(config["seeds"], method),
+                                          **_data(config, settings, dtype)})
+    return cells
+
+
+def panel_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per (condition, n): the statistical dimension and core conditioning, on the first window."""
+    return [{"condition": c, "n": n, "window": window_ids(config, n)[0], "num_features": config["num_features"],
+             "stat_heads": config["panel_stats"]["heads"], "lambda_scale": config["panel_stats"]["lambda_scale"],
+             "core_method": "skyformer-softmax" if "skyformer-softmax" in config["methods"] else None,
+             **_data(config, settings)}
+            for c in config["conditions"] for n in config["n"]]
+
+
+def window_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per (condition, n, window): what the inputs allow."""
+    return [{"condition": c, "n": n, "window": w, **_data(config, settings)}
+            for c in config["conditions"] for n in config["n"] for w in window_ids(config, n)]
+
+
+def _window(cell) -> Window:
+    return Window(cell["condition"], cell["n"], cell["window"], mode=cell["mode"], layer=cell["layer"],
+                  model_seed=cell["model_seed"], data_dir=cell["data_dir"], cache_dir=cell["cache_dir"],
+                  device=cell["device"], positions=cell.get("positions", "none"), checkpoint=cell.get("checkpoint"))
+
+
+def _reference(cell):
+    return wikitext.reference(_window(cell), dtype=cell["dtype"], dense_max_n=cell.get("dense_max_n", DENSE_MAX_N))
+
+
+def _generator(cell, method, d, seed):
+    key = (cell["condition"], cell["n"], cell["window"], method, d, seed)
+    return torch.Generator().manual_seed(cell_seed(*key, base_seed=cell["base_seed"]))
+
+
+def _summary_stats(prefix, values: torch.Tensor) -> dict:
+    values = values.to(torch.float64)
+    return {f"{prefix}_mean": float(values.mean()), f"{prefix}_std": float(values.std(correction=0)),
+            f"{prefix}_min": float(values.min()), f"{prefix}_max": float(values.max())}
+
+
+def _blowup_columns(error: torch.Tensor, output_norm: torch.Tensor, approx) -> dict:
+    """Per-head errors and blow-up counts of one approximation (see the study's docstring)."""
+    row_sums = None if approx is None else approx.info.get("row_sums")
+    near_zero = 0
+    if row_sums is not None:
+        magnitude = torch.as_tensor(row_sums).detach().cpu().to(torch.float64).abs()
+        magnitude = magnitude.reshape(-1, magnitude.shape[-1])
+        floor = NEAR_ZERO_ROW * magnitude.median(dim=-1, keepdim=True).values
+        near_zero = int((magnitude <= floor).sum())
+    return {
+        "error_heads": " ".join(repr(float(e)) for e in error.to(torch.float64)),
+        "error_blowups": int((error > BLOWUP_FACTOR * output_norm).sum()),
+        "near_zero_rows": near_zero, "row_sums_reported": row_sums is not None,
+    }
+
+
+def compute_cell(cell: dict) -> list[dict]:
+    """Rows of one (condition, n, window, method) cell: all its num_features x seeds.
+
+    Warnings the method raises are counted (``num_warnings``, ``warnings``) rather than
+    propagated; a method that fails (``FloatingPointError`` for a non-finite output,
+    ``ArithmeticError``, ``torch.linalg.LinAlgError``) gives a row with ``status`` naming
+    the error and ``inf`` errors, so the sweep goes on and the failure is visible.
+    """
+    ref = _reference(cell)
+    heads = ref["q"].shape[0]
+    rows = []
+    for d in cell["num_features"]:
+        for seed in cell["seeds"]:
+            start = time.perf_counter()
+            approx = None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    approx = approximate(cell["method"], ref["q"], ref["k"], ref["v"], num_features=d,
+                                         generator=_generator(cell, cell["method"], d, seed))
+                    error = spectral_norm((approx.output - ref["output"]).detach().cpu())
+                    status = "ok"
+                except (ArithmeticError, torch.linalg.LinAlgError) as failure:
+                    error = torch.full((heads,), math.inf, dtype=torch.float64)
+                    status = f"{type(failure).__name__}: {failure}".replace("\n", " ")
+            seconds = time.perf_counter() - start
+            kinds = sorted({w.category.__name__ for w in caught})
+            rows.append({
+                "num_features": d, "seed": seed, "checkpoint": ref["checkpoint"], "heads": heads,
+                **_summary_stats("error", error),
+                **_summary_stats("relative_error", error / ref["output_norm"]),
+                **_blowup_columns(error, ref["output_norm"], approx),
+                "output_norm_mean": float(ref["output_norm"].mean()),
+                "seconds": seconds, "status": status,
+                "num_warnings": len(caught), "warnings": ";".join(kinds) if kinds else "none",
+            })
+    return rows
+
+
+def _core_condition_number(info: dict):
+    for name in ("core_condition_number", "condition_number"):
+        if name in info:
+            return torch.as_tensor(info[name], dtype=torch.float64).reshape(-1)
+    return None
+
+
+def _statistical_dimensions(cell, ref, heads):
+    r""":math:`d_{stat}(\lambda)` and :math:`\lambda` of ``heads``, and whether they are the matrix-free estimate."""
+    estimated = cell["n"] >= ESTIMATE_DSTAT_FROM_N or cell["n"] > cell.get("dense_max_n", DENSE_MAX_N)
+    if estimated and heads:  # matrix-free: within 1 % of the eigendecomposition (leverage.py)
+        q, k = (ref[x][heads].to(torch.float32) for x in ("q", "k"))
+        est = estimate_ridge_quantities(completion_operator(q, k), lambda_scale=cell["lambda_scale"],
+                                        generator=_generator(cell, "statistical-dimension", 0, 0))
+        return est.statistical_dimension.tolist(), est.lam.tolist(), True
+    dstats, lambdas = [], []
+    for h in [] if estimated else heads:
+        z = torch.cat([ref["q"][h], ref["k"][h]]).to(torch.float64)
+        eigenvalues = torch.linalg.eigvalsh(kernelized_matrix(z, z)).clamp_min(0.0)
+        lam = cell["lambda_scale"] * float(eigenvalues.max())
+        dstats.append(float((eigenvalues / (eigenvalues + lam)).sum()))
+        lambdas.append(lam)
+    return dstats, lambdas, estimated
+
+
+def compute_panel(cell: dict) -> list[dict]:
+    r"""Panel statistics of one (condition, n): rows per num_features (first window).
+
+    The statistical dimension (Skyformer Theorem 2) of the completion
+    :math:`\bar C = \kappa([Q;K]/p^{1/4})` (Eq. (4)) at :math:`\lambda = s\,\|\bar C\|_2`
+    (``s = lambda_scale``), :math:`d_{stat} = \sum_i \mu_i/(\mu_i+\lambda)` over the
+    eigenvalues :math:`\mu_i \ge 0` of :math:`\bar C`, for ``cell["stat_heads"]`` (from
+    :data:`ESTIMATE_DSTAT_FROM_N` on, the matrix-free estimate; column
+    ``statistical_dimension_method``); and the sampled-core condition number that
+    ``skyformer-softmax`` reports in ``info`` (seed 0).
+    """
+    ref = _reference(cell)
+    heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
+    dstats, lambdas, estimated = _statistical_dimensions(cell, ref, heads)
+    dstats = torch.tensor(dstats or [float("nan")], dtype=torch.float64)
+    rows = []
+    method = cell["core_method"]
+    for d in cell["num_features"]:
+        row = {
+            "num_features": d, "window": cell["window"], "checkpoint": ref["checkpoint"],
+            "stat_heads": len(heads), "lambda_mean": float(np.mean(lambdas)) if lambdas else float("nan"),
+            "statistical_dimension_mean": float(dstats.mean()),
+            "statistical_dimension_min": float(dstats.min()),
+            "statistical_dimension_max": float(dstats.max()),
+            "statistical_dimension_fraction": float(dstats.mean()) / (2 * cell["n"]),
+            "statistical_dimension_method": "estimate" if estimated else "eigvalsh",
+        }
+        if method is not None and d <= get(method).max_features(cell["n"]):
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                info = approximate(method, ref["q"], ref["k"], ref["v"], num_features=d,
+                                   generator=_generator(cell, method, d, 0)).info
+            kappa = _core_condition_number(info)
+            if kappa is not None:
+                row["core_condition_number_median"] = float(kappa.median())
+                row["core_condition_number_max"] = float(kappa.max())
+        rows.append(row)
+    return rows
+
+
+def compute_window(cell: dict) -> list[dict]:
+    r"""One row per (condition, n, window): what the inputs allow.
+
+    ``distinct_tokens``; ``distinct_q_rows`` of head 0 (at most the distinct tokens without
+    positions); ``rank_a``: numerical rank of head 0's :math:`A = \exp(QK^\top/\sqrt p)`
+    (float64; singular values above ``n * eps64 * sigma_1``, the rounding level of an SVD). The
+    rank needs a dense SVD, :math:`O(n^3)` (24 s on one core at n = 4096, the largest single cost
+    of a Figure-1 window): above ``n = dense_max_n`` (``--matrix-free-above``) it is NaN.
+    ``seconds``: the wall time of these diagnostics, the window's loading excluded.
+    """
+    from ...kernels import scaled_logits
+
+    record = wikitext.qkv(_window(cell))
+    ids, q, k = record.input_ids[0], record.q[0], record.k[0]
+    start = time.perf_counter()
+    q0, k0 = q[0].detach().cpu().to(torch.float64), k[0].detach().cpu().to(torch.float64)
+    n, rank = q0.shape[0], math.nan
+    if n <= cell.get("dense_max_n", DENSE_MAX_N):
+        logits = scaled_logits(q0, k0)
+        sigma = torch.linalg.svdvals(torch.exp(logits - logits.max()))
+        rank = int((sigma > n * torch.finfo(torch.float64).eps * sigma[0]).sum())
+    return [{"distinct_tokens": int(torch.as_tensor(ids).unique().numel()),
+             "distinct_q_rows": int(torch.unique(q0, dim=0).shape[0]),
+             "rank_a": rank, "positions": cell["positions"], "seconds": time.perf_counter() - start}]

@@ -1,0 +1,116 @@
+"""Figure 1's figures, drawn from its saved tables only: ``figure1.png/.pdf`` and ``figure1-extra.png/.pdf``.
+
+``figure1`` shows the paper's methods (:data:`~approxlab.studies.figure1.stats.PAPER_METHODS`), their
+variants (:data:`~approxlab.studies.figure1.paper.PAPER_COUNTERPARTS`) and the paper's own curves drawn
+faintly; ``figure1-extra`` every other method the run computed, built-in or registered, with the same
+y-limits per panel as the main figure.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from .paper import PAPER_COUNTERPARTS, paper_curves
+from .stats import PAPER_METHODS
+
+__all__ = ["RESULTS", "PANEL_STATS", "FIGURES", "PAPER_LABEL", "figure_groups", "plot"]
+
+RESULTS = "results.csv"
+PANEL_STATS = "panel_stats.csv"
+FIGURES = {"figure1": "the paper's methods", "figure1-extra": "the other methods"}
+"""File name (without suffix) -> which methods it shows: :data:`PAPER_METHODS` and their variants
+(:data:`PAPER_COUNTERPARTS`), then every other method."""
+
+
+def figure_groups(config: dict, methods) -> dict:
+    """``{figure name: methods}``: the run's paper methods and their variants, then all its other methods (in the run's order;
+    methods of ``methods`` missing from the config at the end); empty groups left out."""
+    ordered = [m for m in config["methods"] if m in set(methods)] + sorted(set(methods) - set(config["methods"]))
+    main = set(PAPER_METHODS) | set(PAPER_COUNTERPARTS)
+    groups = {"figure1": [m for m in ordered if m in main], "figure1-extra": [m for m in ordered if m not in main]}
+    return {name: chosen for name, chosen in groups.items() if chosen}
+
+
+def plot(saved) -> list[pathlib.Path]:
+    """Draw ``figure1.png/.pdf`` (the paper's methods) and ``figure1-extra.png/.pdf`` (every other
+    method of the run) from the saved run (:class:`~approxlab.studies.reporting.Saved`).
+
+    Rows: conditions; columns: n. x: number of features d (log2 axis); y: the error
+    :math:`\\|\\tilde O - O\\|_2` on a log axis, the same limits per panel in both figures
+    (:func:`approxlab.plotting.share_ylimits`). Solid line: median over heads x windows x seeds
+    in float64, band: its interquartile range; dotted line: the float32 median
+    (:func:`approxlab.plotting.method_curve`). A method whose median is not finite at some d
+    (failures) is marked by a triangle at the top edge. The paper's own curves
+    (:func:`~approxlab.studies.figure1_paper.paper_curves`) are drawn faintly (thin, dashed, hollow
+    markers, the method's colour) in the panels of the methods they belong to.
+    """
+    from ...plotting import save_figure, share_ylimits, style
+
+    config, results, panel = saved.config, saved.table(RESULTS), saved.product(PANEL_STATS)
+    over = ("heads, windows and seeds" if "error_heads" in results
+            else "windows and seeds of head means (no per-head errors saved)")
+    with style():
+        groups = figure_groups(config, set(panel["method"]))
+        drawn = {name: _draw(config, panel, methods, FIGURES[name], over, twins=[f"{twin}.png" for twin in groups
+                                                                                 if twin != name])
+                 for name, methods in groups.items()}
+        share_ylimits(*(axes for _, axes in drawn.values()))
+        return [path for name, (fig, _) in drawn.items() for path in save_figure(fig, saved.out / name)]
+
+
+def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=()):
+    """One figure of ``methods``: ``(fig, axes)``, rows = conditions, columns = n (not saved yet);
+    ``twins``: the figures drawn with the same y-limits per panel (named in the title)."""
+    from ...plotting import error_panel, figure, figure_legend
+
+    conditions = [c for c in config["conditions"] if c in set(panel["condition"])]
+    ns = [n for n in config["n"] if n in set(panel["n"])]
+    fig, axes = figure(len(conditions), len(ns), panel_size=(2.9, 2.4), sharex=True)
+    paper_drawn = False
+    for i, condition in enumerate(conditions):
+        for j, n in enumerate(ns):
+            ax = axes[i][j]
+            cell = panel[(panel["condition"] == condition) & (panel["n"] == n)]
+            error_panel(ax, cell, methods, config["num_features"], secondary=lambda m: m not in PAPER_METHODS)
+            paper_drawn |= _draw_paper(ax, condition, n, methods)
+            ax.set_title(f"{condition}, n = {n}")
+            if j == 0:
+                ax.set_ylabel(r"$\|\tilde O - O\|_2$")
+            if i == len(conditions) - 1:
+                ax.set_xlabel("number of features d")
+    figure_legend(fig, axes, ncol=3)
+    fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error against softmax attention "
+                 f"(positions: {config.get('positions', 'none')})\n"
+                 f"line: median over {over} (float64), band: interquartile range; "
+                 + ("dotted: float32 median; " if "float32" in set(panel["dtype"]) else "")
+                 + "▲ at the top: not finite" + (f"; y-limits per panel as in {', '.join(twins)}" if twins else "")
+                 + ("\nfaint dashed with hollow markers: the paper's own curve in the method's colour "
+                    "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
+    return fig, axes
+
+
+PAPER_LABEL = "the paper's curve (faint, dashed)"
+"""Legend entry of the paper's faint curves (one entry for all of them)."""
+
+
+def _draw_paper(ax, condition, n, methods) -> bool:
+    """The paper's curves of the paper methods among ``methods`` on ``ax`` (faint; one legend entry);
+    whether there was any (the paper has no panel beyond n = 4096)."""
+    from ...plotting import method_style
+
+    paper = paper_curves()
+    paper = paper[(paper["condition"] == condition) & (paper["n"] == n)]
+    drawn = False
+    for method in [m for m in PAPER_METHODS if m in methods]:
+        rows = paper[paper["method"] == method].sort_values("num_features")
+        if rows.empty:
+            continue
+        style = method_style(method)
+        ax.plot(rows["num_features"], rows["error"], color=style["color"], marker=style["marker"], markersize=3.5,
+                markerfacecolor="none", linestyle=(0, (4, 2)), linewidth=0.9, alpha=0.5, zorder=1,
+                label="_nolegend_")
+        drawn = True
+    if drawn:
+        ax.plot([], [], color="0.45", marker="o", markersize=3.5, markerfacecolor="none", linestyle=(0, (4, 2)),
+                linewidth=0.9, alpha=0.7, label=PAPER_LABEL)
+    return drawn

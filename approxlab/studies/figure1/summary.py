@@ -1,0 +1,184 @@
+"""Figure 1's ``summary.md``, rendered from the saved tables only (``approxlab figure1 --plot-only``).
+
+The run's conditions, how it differs from the paper's setting, the statistic (median and mean) and the
+claims whose verdict depends on it, the claims and their verdicts, the per-head win rates, the paper's
+digitised curves beside this run (:mod:`approxlab.studies.figure1.discussion`), the errors and
+float32 beside float64.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..reporting.claims import tally
+from ..reporting.markdown import markdown_table
+from ..reporting.summary import render
+from .discussion import aggregation_text, deviations_text, paper_text, win_rate_text
+from .figures import figure_groups
+from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, PRECISION_TOLERANCE,
+                    precision_table, verdicts)
+
+__all__ = ["TITLE", "RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "PAPER_COMPARISON",
+           "summary_lines", "summarize", "sections"]
+
+TITLE = "Skyformer Figure 1: reproduction summary"
+RESULTS = "results.csv"
+PANEL_STATS = "panel_stats.csv"
+CONDITIONING = "conditioning.csv"
+WINDOWS = "windows.csv"
+VERDICTS = "verdicts.csv"
+PAPER_COMPARISON = "paper_comparison.csv"
+
+
+def _conditions_text(config, results, windows) -> list[str]:
+    checkpoints = results.groupby("condition")["checkpoint"].agg(lambda s: ", ".join(sorted(set(s))))
+    failures = results[results["status"] != "ok"]
+    lines = [
+        "## Conditions", "",
+        f"- Command: `{config.get('_command', 'approxlab figure1')}`",
+        "- Checkpoints: " + "; ".join(f"{c}: `{k}`" for c, k in checkpoints.items())
+        + f" (requested: `{config.get('checkpoint')}`; None: the offline defaults, a seeded bert-base "
+          "BertConfig() and all-MiniLM-L6-v2; the paper uses bert-base-cased).",
+        f"- Inputs: {config.get('inputs', 'X = LayerNorm(word + type embedding), no positions')} "
+        f"(`--positions {config.get('positions', 'none')}`).",
+        f"- Grid: n = {config['n']}, d = {config['num_features']}, dtypes = {config.get('dtypes', ['float64'])}, "
+        f"{config['windows']} window(s) ({_window_text(results)}), {config['seeds']} seed(s) for randomized "
+        "methods, deterministic methods once.",
+        f"- Error: {config['error']}. Rows: {len(results)}; failed approximations: {len(failures)}"
+        + _failures_text(failures) + ".",
+        *_figures_text(config, results),
+    ]
+    if len(windows):
+        table = windows.groupby(["condition", "n"]).agg(
+            distinct_tokens=("distinct_tokens", "median"), distinct_q_rows=("distinct_q_rows", "median"),
+            rank_a=("rank_a", "median")).reset_index()
+        lines += ["", "Per window (median over windows; Q and A of head 0): distinct tokens, distinct rows of Q, "
+                      "numerical rank of A (singular values above n eps64 sigma_1).", "", *markdown_table(table)]
+    return lines
+
+
+def _failures_text(failures: pd.DataFrame) -> str:
+    """Where the failed approximations are: ``" (condition method dtype at d = 16: 10, 32: 6)"``."""
+    if failures.empty:
+        return ""
+    columns = [c for c in ("condition", "method", "dtype") if c in failures]
+    parts = []
+    for key, group in failures.groupby(columns, sort=True):
+        counts = group["num_features"].value_counts().sort_index()
+        parts.append(" ".join(map(str, key if isinstance(key, tuple) else (key,))) + " at d = "
+                     + ", ".join(f"{int(d)}: {int(c)}" for d, c in counts.items()))
+    return " (" + "; ".join(parts) + ")"
+
+
+def _window_text(results) -> str:
+    """The window ids of the run: one list when every n has the same ones, else one per n."""
+    ids = {int(n): sorted(int(w) for w in set(group)) for n, group in results.groupby("n")["window"]}
+    lists = {str(w) for w in ids.values()}
+    if len(lists) == 1:
+        return f"ids {next(iter(ids.values()))}"
+    return "ids " + ", ".join(f"{w} at n = {n}" for n, w in ids.items())
+
+
+def _figures_text(config, results) -> list[str]:
+    """Which figure shows which method, and the methods measured against softmax attention although
+    they approximate another target (a deviation from their own paper's error)."""
+    from ...methods import available, get
+    from ...methods._base import TARGET_NAMES
+
+    groups = figure_groups(config, set(results["method"]))
+    lines = ["- Figures: " + "; ".join(f"`{name}.png`: {', '.join(methods)}" for name, methods in groups.items())
+             + " (the same y-limits per panel)."]
+    other = {m: get(m).target for m in groups.get("figure1-extra", []) + groups.get("figure1", [])
+             if m in available() and get(m).target != "softmax"}
+    if other:
+        lines.append("- Measured against softmax attention although they approximate another target: "
+                     + ", ".join(f"{m} ({TARGET_NAMES[t]})" for m, t in other.items())
+                     + "; their error includes the gap between that target and softmax attention.")
+    return lines
+
+
+def _panel_text(stats, conditioning) -> list[str]:
+    columns = ["condition", "n", "method", "num_features", "median", "mean", "q25", "q75", "max", "error_blowups",
+               "blowup_rate", "near_zero_rows", "near_zero_row_rate", "failures"]
+    view = stats[stats["dtype"] == "float64"][[c for c in columns if c in stats]]
+    lines = ["", "## Errors (float64)", "",
+             f"Median, mean and quartiles over heads x windows x seeds; blow-ups: errors above {BLOWUP_FACTOR:g} "
+             f"||O||_2 (rate: share of the head errors); near-zero rows: |(A~1)_i| <= {NEAR_ZERO_ROW:g} x the head's "
+             "median (rate: share of the rows; n/a for methods that do not report row sums). "
+             "All statistics in `panel_stats.csv`.", "", *markdown_table(view)]
+    if len(conditioning):
+        cols = [c for c in ("condition", "n", "num_features", "statistical_dimension_mean",
+                            "core_condition_number_median") if c in conditioning]
+        lines += ["", f"Statistical dimension (lambda = 0.1 ||C_bar||_2, first window) and condition number of "
+                      f"{PAPER_METHODS[0]}'s sampled core (`conditioning.csv`):", "", *markdown_table(conditioning[cols])]
+    return lines
+
+
+def _verdict_text(table: pd.DataFrame) -> list[str]:
+    sky = PAPER_METHODS[0]
+    lines = ["", "## Claims", "",
+             f"Thresholds in code (`THRESHOLDS`, `CLAIMS` in approxlab/studies/figure1_stats.py; (a)-(d) fixed before "
+             f"the first run); 95% bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples, seed "
+             f"{BOOTSTRAP['seed']}, {BOOTSTRAP['dtype']}); inconclusive when the interval reaches across the threshold. "
+             "Each claim under the median and under the mean over heads x windows x seeds.", ""]
+    if table.attrs.get("windows", 2) < 2:
+        lines += ["With a single window there is nothing to resample: the intervals have no width and the "
+                  "verdicts carry no uncertainty (run more --windows).", ""]
+    aggregations = list(dict.fromkeys(table["aggregation"])) if "aggregation" in table else [None]
+    for claim in CLAIMS:
+        counts = []
+        for how in aggregations:
+            rows = table[(table["claim"] == claim.id) & ((table["aggregation"] == how) if how else True)]
+            counts.append((f"{how}: " if how else "") + tally(claim, rows["verdict"]))
+        described = claim.text.format(sky=sky, method="each baseline", baselines=", ".join(PAPER_METHODS[1:]))
+        lines.append(f"- ({claim.id}) {described}: statistic {claim.statistic.format(sky=sky, agg='median (or mean)')}, "
+                     f"claim holds {claim.side} {claim.threshold:g}: {'; '.join(counts)}.")
+    shown = table.drop(columns=["statistic"])
+    return lines + ["", *markdown_table(shown)]
+
+
+def _precision_text(parted: pd.DataFrame) -> list[str]:
+    lines = ["", "## float32 beside float64", ""]
+    if parted.empty:
+        return lines + [f"float32 and float64 medians agree within {PRECISION_TOLERANCE:.0%} everywhere (or only "
+                        "one dtype was run)."]
+    methods = ", ".join(sorted(set(parted["method"])))
+    lower = int((parted["float32"] < parted["float64"]).sum())
+    lines += [f"They part (by more than {PRECISION_TOLERANCE:.0%}) for {methods}; float32 has the smaller error in "
+              f"{lower} of these {len(parted)} rows. Where a method inverts a sampled d x d core (Nystrom-type "
+              "methods), the pseudo-inverse drops the core's singular values below d eps sigma_1 (approxlab.sketch): "
+              "eps is 1.2e-7 in float32 and 2.2e-16 in float64, so an ill-conditioned core keeps directions in "
+              "float64 that float32 discards, which can act as a regularisation (smaller error) or lose signal "
+              "(larger error). Methods without an inverse (random features, hashing, projections) only see "
+              "rounding of order 1e-7.", "", *markdown_table(parted)]
+    return lines
+
+
+def summary_lines(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, windows=None, conditioning=None,
+                  verdict_table=None) -> list[str]:
+    """The sections of ``summary.md`` after its title, rendered from the tables (numbers are computed elsewhere).
+
+    ``config`` holds ``_command`` (the run's command line); ``stats``: :func:`panel_statistics`;
+    ``verdict_table``: :func:`verdicts` (computed when None).
+    """
+    windows = pd.DataFrame() if windows is None else windows
+    conditioning = pd.DataFrame() if conditioning is None else conditioning
+    verdict_table = verdicts(config, results) if verdict_table is None else verdict_table
+    return [*_conditions_text(config, results, windows), *deviations_text(config, results),
+            *aggregation_text(verdict_table, stats), *_verdict_text(verdict_table), *win_rate_text(stats, config),
+            *paper_text(stats, config), *_panel_text(stats, conditioning), *_precision_text(precision_table(stats))]
+
+
+def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, windows=None, conditioning=None,
+              verdict_table=None) -> str:
+    """The text of ``summary.md`` (:func:`summary_lines` under the study's title)."""
+    return render(TITLE, summary_lines(config, results, stats, windows=windows, conditioning=conditioning,
+                                       verdict_table=verdict_table), study="figure1")
+
+
+def sections(saved) -> list[str]:
+    """The summary's sections from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
+    config = {**saved.config, "_command": saved.command}
+    return summary_lines(config, saved.table(RESULTS), saved.product(PANEL_STATS),
+                         windows=saved.table(WINDOWS), conditioning=saved.table(CONDITIONING),
+                         verdict_table=saved.product(VERDICTS))

@@ -1,0 +1,156 @@
+r"""Skyformer Table 3's numbers from the per-seed ratios: intervals, power and verdicts.
+
+Everything here is a function of the tables (no data, no model): the cells of
+:mod:`approxlab.studies.instability` write ``results.csv``; its report step calls these to write
+``ratios.csv``, ``intervals.csv``, ``table.md`` and the figure. Per (task, n, seed, attention) the
+ratio is the mean over steps of :math:`\tau_i/\tau_i^{softmax}` (:func:`ratios`); over seeds, the
+arithmetic and geometric means with their 95% Student-t intervals (:func:`ratio_interval`), the power
+of the seeds to tell the paper's value from 1 (:func:`power_analysis`) and a verdict (:func:`verdict`,
+the claim :data:`BELOW_ONE` judged by the claims engine), all gathered by :func:`intervals`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..declaration import Claim
+from ..reporting import claims
+
+__all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "POWER_GOAL", "BELOW_ONE", "ratios", "ratio_interval", "verdict",
+           "power_analysis", "table3_value", "intervals"]
+
+
+PAPER_DIFFERENCE = "paper"
+"""The effect the power analysis sizes for: each entry's own Table 3 value against 1 (ListOps
+kernelized: 0.77 vs 1.0)."""
+
+POWER_GOAL = 0.8
+"""Power a verdict needs before "no difference from 1" may be read as such (two-sided t, 5%)."""
+
+PAPER_TABLE3 = {
+    "nystromformer": {"Text": 1.03, "ListOps": 1.01, "Retrieval": 0.97, "Pathfinder": 0.99, "Image": 1.02},
+    "kernelized": {"Text": 0.83, "ListOps": 0.77, "Retrieval": 0.64, "Pathfinder": 0.74, "Image": 0.62},
+    "skyformer": {"Text": 0.81, "ListOps": 0.79, "Retrieval": 0.64, "Pathfinder": 0.79, "Image": 0.65},
+}
+"""Skyformer Table 3 (ratios of instability score on LRA), for the comparison in table.md."""
+
+PAPER_COLUMN = {"listops": "ListOps", "pathfinder": "Pathfinder"}
+"""Our task -> its column of Table 3 (WikiText-2 MLM has none; Table 3's Text is IMDb classification)."""
+
+
+def ratios(results: pd.DataFrame) -> pd.DataFrame:
+    r"""Per (task, n, seed, attention): the mean over steps of :math:`\tau_i/\tau_i^{softmax}`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns task, n, seed, attention, ratio, steps, status. ``status`` is "ok", or
+        why there is no ratio (the attention's or the reference's training failed); the
+        ratio of a failed entry is not computed.
+    """
+    rows = []
+    for (task, n, seed), group in results.groupby(["task", "n", "seed"], sort=False):
+        reference = group[group["attention"] == "softmax"]
+        ref_ok = len(reference) and (reference["status"] == "ok").all()
+        ref_tau = reference.set_index("step")["tau"] if ref_ok else None
+        for attention, rows_a in group.groupby("attention", sort=False):
+            ok = (rows_a["status"] == "ok").all()
+            entry = {"task": task, "n": int(n), "seed": int(seed), "attention": attention, "steps": len(rows_a)}
+            if not ok:
+                rows.append({**entry, "ratio": None, "status": str(rows_a["status"].iloc[0])})
+            elif not ref_ok:
+                rows.append({**entry, "ratio": None, "status": "no softmax reference"})
+            else:
+                tau = rows_a.set_index("step")["tau"]
+                per_step = (tau / ref_tau.reindex(tau.index)).to_numpy(dtype=float)
+                rows.append({**entry, "ratio": float(np.mean(per_step)), "status": "ok"})
+    return pd.DataFrame.from_records(rows)
+
+
+def ratio_interval(values, *, level: float = 0.95) -> tuple[float, float, float]:
+    r"""Mean ratio over seeds and its Student-t confidence interval (:func:`approxlab.studies.reporting.claims.t_interval`).
+
+    Parameters
+    ----------
+    values : array_like
+        ``(s,)`` per-seed ratios (each the mean over steps of :math:`\tau_i/\tau_i^{softmax}`).
+    level : float
+        Confidence level (default 0.95).
+
+    Returns
+    -------
+    (mean, low, high) : tuple of float
+        :math:`\bar r \pm t_{(1+\text{level})/2,\,s-1}\,\hat\sigma/\sqrt s` (``hat sigma`` the
+        sample standard deviation); ``low = high = nan`` for ``s < 2``.
+
+    Notes
+    -----
+    Seeds differ in data, initial weights and landmarks, so the per-seed ratios are
+    independent draws; the t interval assumes they are roughly normal (5 seeds cannot check
+    that), and its width shrinks like :math:`1/\sqrt s`.
+    """
+    return claims.t_interval(values, level=level)
+
+
+BELOW_ONE = Claim("below 1", "{attention} moves its output less than softmax attention for the same parameter change",
+                  "mean over seeds of the mean over steps of tau_i / tau_i(softmax)", side="below", threshold=1.0,
+                  unit="seed", interval="t", aggregations=("arithmetic", "geometric"), power_goal=POWER_GOAL,
+                  min_units=2, strict=True,
+                  labels={"reproduced": "below 1", "not reproduced": "above 1",
+                          "too few units": "inconclusive (1 seed)"})
+"""Skyformer's "more stable" (Table 3): the ratio's whole interval below 1 ("below 1") or above it
+("above 1"); otherwise "not confirmed (underpowered)" when the seeds had less than :data:`POWER_GOAL`
+power to tell the paper's value from 1, else "inconclusive"; one seed decides nothing."""
+
+
+def verdict(low: float, high: float, power: float = float("nan")) -> str:
+    """``"below 1"`` / ``"above 1"`` when the whole interval is on that side of 1; otherwise
+    ``"not confirmed (underpowered)"`` when the seeds had less than :data:`POWER_GOAL` power to
+    tell the paper's value from 1, else ``"inconclusive"`` (``power`` NaN: no paper value to size for).
+    The claim :data:`BELOW_ONE`, judged by :func:`approxlab.studies.reporting.claims.judge`."""
+    return claims.judge(BELOW_ONE, low, high, power=power)
+
+
+def power_analysis(values, paper_value) -> tuple[float, float, int | None]:
+    """``(sd, power, seeds_needed)`` of a two-sided one-sample t-test (5%) of "mean ratio = 1" when the
+    true mean is ``paper_value``, at the per-seed spread ``sd`` of ``values``: the power of these seeds
+    and the seeds 80% power needs (:func:`approxlab.stats.t_test_power`, ``t_test_sample_size``).
+    NaN / None when there is no paper value, fewer than 2 seeds or no spread."""
+    values = np.asarray(values, dtype=float)
+    sd = float(values.std(ddof=1)) if values.size > 1 else float("nan")
+    if paper_value is None or abs(paper_value - 1.0) < 0.05:
+        return sd, float("nan"), None
+    power, needed = claims.power(float(paper_value) - 1.0, sd, int(values.size), goal=POWER_GOAL)
+    return sd, power, needed
+
+
+def table3_value(task, attention):
+    """Table 3's ratio for our ``task`` and ``attention``, or None where the paper has none."""
+    column = PAPER_COLUMN.get(task)
+    return PAPER_TABLE3.get(attention, {}).get(column) if column else None
+
+
+def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, n, attention): seeds, failed seeds, arithmetic mean (the paper's statistic) with its
+    95% t interval, geometric mean with its interval (t on the log ratios), per-seed SD, power and
+    seeds needed for 80% power at the paper's value, and the verdicts of both means."""
+    rows = []
+    for (task, n, attention), group in per_seed.groupby(["task", "n", "attention"], sort=False):
+        ok = group[group["status"] == "ok"]
+        entry = {"task": task, "n": int(n), "attention": attention, "seeds": len(ok), "failed": len(group) - len(ok)}
+        if attention == "softmax" or not len(ok):
+            rows.append({**entry, "mean": 1.0 if len(ok) else None, "low": None, "high": None,
+                         "verdict": "reference" if len(ok) else "failed"})
+            continue
+        values = ok["ratio"].to_numpy(dtype=float)
+        mean, low, high = ratio_interval(values)
+        log_mean, log_low, log_high = ratio_interval(np.log(values))
+        sd, power, needed = power_analysis(values, table3_value(task, attention))
+        rows.append({**entry, "mean": mean, "low": low, "high": high, "geo_mean": float(np.exp(log_mean)),
+                     "geo_low": float(np.exp(log_low)), "geo_high": float(np.exp(log_high)), "sd": sd,
+                     "paper": table3_value(task, attention), "power": power, "seeds_for_80": needed,
+                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok)),
+                     "geo_verdict": claims.judge(BELOW_ONE, np.exp(log_low), np.exp(log_high), power=power,
+                                                 units=len(ok))})
+    return pd.DataFrame.from_records(rows)

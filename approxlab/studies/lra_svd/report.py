@@ -1,0 +1,201 @@
+"""The Figure-4 proxy's report, from its saved tables only: the ordering claim, the figure and ``summary.md``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..declaration import Claim
+from ..reporting import claims
+from ..reporting.markdown import markdown_table
+from .grid import DECAY_INDICES, MIN_SEEDS, RESULTS, SPECTRA, TRAINING
+
+__all__ = ["SLOWER", "TITLE", "ordering", "plot", "resolution_floor", "summary_lines", "sections"]
+
+TITLE = "Singular values of the trained model's attention output (Skyformer Appendix B, Figure 4)"
+
+SLOWER = Claim("pathfinder-slower", "Pathfinder decays slower than ListOps (Appendix B)",
+               "Pathfinder's mean decay slope minus ListOps' over the gate-passing seeds", side="above",
+               threshold=0.0, unit="seed", interval="welch", min_units=MIN_SEEDS, strict=True,
+               labels={"reproduced": "Pathfinder slower", "not reproduced": "Pathfinder faster",
+                       "too few units": "not compared (gate)"})
+"""Appendix B's reading, fixed before the run: decided only when at least :data:`MIN_SEEDS` seeds of each
+task pass their gate; the interval (Welch t over seeds) must exclude 0."""
+
+_LABELS = {"listops": "ListOps", "pathfinder": "Pathfinder"}
+_OPTION_TEXT = {"max_depth": "trees of depth <= {}", "dot_intensity": "dots at intensity {}, paths at 255",
+                "path_length": "paths of {0[0]}-{0[1]} pixels"}
+
+
+def _label(task, n):
+    return f"{_LABELS.get(task, task)} (n={n})"
+
+
+def ordering(results: pd.DataFrame, *, level: float = 0.95, min_seeds: int = MIN_SEEDS) -> dict:
+    r"""Appendix B's claim "Pathfinder decays slower than ListOps" on the seeds that pass their gate.
+
+    The difference is Pathfinder's mean decay slope minus ListOps' (both negative; a positive
+    difference = Pathfinder slower), with a Welch t interval over seeds (each seed one trained
+    model). Verdict (the claim :data:`SLOWER`): ``"Pathfinder slower"`` when the interval is above 0,
+    ``"Pathfinder faster"`` when below, ``"inconclusive"`` when it contains 0, and ``"not compared
+    (gate)"`` when fewer than ``min_seeds`` seeds of a task passed: then nothing is said about the
+    ordering. Beside it, the power of the seeds at hand to see a difference of this size at the
+    observed spreads, and the seeds per task that 80% power needs: a t-test on seed-paired
+    differences, :math:`sd = \sqrt{s_P^2 + s_L^2}`, ``seeds - 1`` degrees of freedom (no more than
+    Welch's; :func:`approxlab.studies.reporting.claims.power`).
+    """
+    claim = dataclasses.replace(SLOWER, min_units=max(min_seeds, 2))
+    passed = results[results["passed"].astype(bool)]
+    slopes = {t: passed.loc[passed["task"] == t, "decay_slope"].to_numpy(dtype=float) for t in ("pathfinder", "listops")}
+    seeds = min(len(v) for v in slopes.values())
+    entry = {"seeds_pathfinder": len(slopes["pathfinder"]), "seeds_listops": len(slopes["listops"]),
+             "difference": float("nan"), "low": float("nan"), "high": float("nan")}
+    if seeds < claim.min_units:
+        return {**entry, "verdict": claims.judge(claim, float("nan"), float("nan"), units=seeds)}
+    difference, low, high = claims.welch_interval(slopes["pathfinder"], slopes["listops"], level=level)
+    sd = math.hypot(*(float(np.std(slopes[t], ddof=1)) for t in ("pathfinder", "listops")))
+    power, needed = claims.power(difference, sd, seeds, alpha=1 - level, goal=0.8)
+    return {**entry, "difference": difference, "low": low, "high": high,
+            "verdict": claims.judge(claim, low, high, units=seeds), "power": power, "seeds_for_80": needed}
+
+
+def plot(saved) -> list:
+    """``lra_svd.png/.pdf``: per seed, the test batch's mean sigma_j/sigma_1 (left) and the decay slope (right)."""
+    from ...plotting import figure, save_figure
+
+    config, results, spectra = saved.config, saved.table(RESULTS), saved.table(SPECTRA)
+    fig, axes = figure(1, 2, panel_size=(4.4, 3.2))
+    left, right = axes[0]
+    colours = {}
+    for k, ((task, n), data) in enumerate(spectra.groupby(["task", "n"], sort=False)):
+        rows = results[(results["task"] == task) & (results["n"] == n)]
+        colour = colours.setdefault(task, f"C{k}")
+        passed = int(rows["passed"].astype(bool).sum())
+        for seed, curve in data.groupby("seed"):
+            ok = bool(rows.loc[rows["seed"] == seed, "passed"].iloc[0])
+            left.plot(curve["index"], curve["mean"], color=colour, linestyle="-" if ok else "--", linewidth=1,
+                      label=f"{_label(task, n)}: {passed}/{len(rows)} seeds pass the gate" if seed == 0 else None)
+        x = np.full(len(rows), k, dtype=float) + np.linspace(-0.08, 0.08, len(rows))
+        right.scatter(x, rows["decay_slope"], color=colour, marker="o", zorder=3)
+        right.errorbar([k + 0.25], [rows["decay_slope"].mean()], yerr=[[0.0], [0.0]], fmt="_", color=colour,
+                       markersize=14)
+    left.axvspan(DECAY_INDICES[0], DECAY_INDICES[1], color="grey", alpha=0.08, label="indices of the decay fit")
+    left.axhline(resolution_floor(config["model"]["embedding_dim"]), color="black", linestyle=":", linewidth=0.8,
+                 label="float32 resolution (below: rounding)")
+    left.set_yscale("log")
+    left.set_xlabel("index j")
+    left.set_ylabel("sigma_j / sigma_1 (mean over a test batch)")
+    left.set_title("Layer-2 attention output (dashed: below the gate)", fontsize="medium")
+    left.legend(loc="upper right", fontsize="small")
+    labels = [_label(t, n) for t, n in spectra.groupby(["task", "n"], sort=False).groups]
+    right.set_xticks(range(len(labels)), labels)
+    right.set_xlim(-0.5, len(labels) - 0.5)
+    right.set_ylabel(f"slope of ln sigma_i, i = {DECAY_INDICES[0]}..{DECAY_INDICES[1]}")
+    right.set_title("Decay slope per seed (dash: mean)", fontsize="medium")
+    return save_figure(fig, saved.out / "lra_svd")
+
+
+def _setting_lines(config) -> list[str]:
+    tasks = "; ".join(f"{_LABELS.get(t['task'], t['task'])} n = {t['n']} ({t['positions']} positions"
+                      + "".join(f", {_OPTION_TEXT[k].format(v)}" for k, v in t.get("options", {}).items()) + ")"
+                      for t in config["tasks"])
+    return [
+        "## The CPU proxy (declared before the run)", "",
+        f"- Tasks: {tasks}. Skyformer's LRA settings: ListOps n = 2000, Pathfinder-32 n = 1024, learned 1-D "
+        "positions, trained up to 50k steps on a GPU; here shorter sequences and, for Pathfinder, a learned "
+        "row + column embedding (2-D positions) so the model can see which pixels neighbour each other. "
+        "Easier instances than LRA's, so that the 2-layer model learns within the budget: ListOps trees no "
+        "deeper than stated (LRA: 10), and Pathfinder dots drawn at their own intensity (LRA's dots are discs, "
+        "larger than the dashes; here a 1-pixel plus, which only its intensity tells from a path) on shorter "
+        "paths (by default 5-10 pixels on this canvas).",
+        f"- Model: the paper's 2-layer softmax encoder (embedding {config['model']['embedding_dim']}, "
+        f"feed-forward {config['model']['hidden_dim']}, {config['model']['num_heads']} heads), dropout "
+        f"{config['dropout']:g} (no attention dropout).",
+        f"- Budget: {config['steps']} steps of batch {config['batch_size']} per seed, fixed, no early stop, "
+        f"the last weights kept; {config['optimizer']} with a one-cycle schedule ({config['warmup']} warm-up "
+        f"steps, peak lr {config['lr']:g}; the paper: 1e-4 / 2e-4 over 50k steps), gradient values clipped at "
+        f"{config['clip_value']:g}. Training pool: {config['train_batches']} generated batches per task, "
+        "shared by the seeds and cycled in a per-seed order (generation costs about as much as a step); no "
+        "self-pretraining.",
+        f"- Seeds: {config['seeds']} per task (initial weights, batch order, dropout, test batch). Validation: "
+        f"{config['validation_size']} held-out examples per task, accuracy of the final weights.",
+        "- Gates (fixed in code before the run): " + ", ".join(f"{_LABELS[t]} >= {g:.2f}" for t, g in
+                                                               config["gates"].items()) + ".",
+        f"- Decay statistic (fixed before the run): least-squares slope of ln sigma_i on i over i = "
+        f"{config['decay_indices'][0]}..{config['decay_indices'][1]} (sigma_1 excluded), per test example "
+        f"(a batch of {config['test_size']}), averaged over the batch; compared between tasks over the seeds "
+        f"that pass their gate (Welch t, 95%), only when at least {config['min_seeds']} seeds of each task pass.",
+        "",
+    ]
+
+
+def summary_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, training: pd.DataFrame,
+                  command: str) -> list[str]:
+    """The lines of ``summary.md`` under its title: the declared proxy, accuracy against the gates per seed,
+    the decay comparison."""
+    rows = pd.DataFrame([[_label(r.task, r.n), r.seed, r.steps, f"{r.validation_accuracy:.3f} ({r.validation_size})",
+                          f"{r.majority_rate:.3f}", f"{r.gate:.2f}", "yes" if r.passed else "no",
+                          f"{r.test_batch_accuracy:.3f}", f"{r.decay_slope:.4f} ± {r.decay_slope_std:.4f}",
+                          r.num_singular_values] for r in results.itertuples(index=False)],
+                        columns=["task", "seed", "steps", "val. acc. (n)", "majority class", "gate", "passed",
+                                 "test-batch acc.", "decay slope (mean ± std over the batch)", "values"])
+    verdict = ordering(results, min_seeds=config["min_seeds"])
+    return [*_setting_lines(config), *markdown_table(rows, default=str, empty=None),
+            "", "## Against Appendix B (\"Pathfinder decays slower than ListOps\")", "", _ordering_text(verdict),
+            "", *_resolution_lines(spectra, config["model"]["embedding_dim"]),
+            "Figure 4's curves are not given as numbers in the paper (and its models were trained to LRA "
+            "accuracy on a GPU), so only the pre-declared slope comparison is made.", "",
+            f"Compute: {results['seconds'].sum():.0f} s of cell time; {len(training)} evaluations. "
+            f"Command: `{command}`."]
+
+
+def sections(saved) -> list[str]:
+    """The summary's lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
+    return summary_lines(saved.config, saved.table(RESULTS), saved.table(SPECTRA), saved.table(TRAINING),
+                         saved.command)
+
+
+def resolution_floor(columns: int) -> float:
+    r"""The smallest :math:`\sigma_j/\sigma_1` a float32 forward pass resolves: the model's
+    attention output :math:`M` (``columns`` wide) carries rounding :math:`E` with
+    :math:`\|E\|_2 \le \|E\|_F \approx \epsilon_{32}\|M\|_F \le \epsilon_{32}\sqrt{\text{columns}}\,\sigma_1`,
+    and by Weyl's inequality :math:`|\sigma_j(M + E) - \sigma_j(M)| \le \|E\|_2`: below
+    :math:`\epsilon_{32}\sqrt{\text{columns}}` the measured values are rounding, not the model's."""
+    return float(np.finfo(np.float32).eps) * math.sqrt(columns)
+
+
+def _resolution_lines(spectra: pd.DataFrame, columns: int) -> list[str]:
+    """Per task and seed: where the mean spectrum falls below :func:`resolution_floor`."""
+    floor = resolution_floor(columns)
+    first, last = DECAY_INDICES
+    parts = []
+    for (task, n, seed), curve in spectra.groupby(["task", "n", "seed"], sort=False):
+        window = curve[(curve["index"] >= first) & (curve["index"] <= last)]
+        below = curve.loc[curve["mean"] < floor, "index"]
+        parts.append(f"{_label(task, n)} seed {seed}: from j = {int(below.min())}, "
+                     f"{(window['mean'] < floor).mean():.0%} of the fit" if len(below) else
+                     f"{_label(task, n)} seed {seed}: never")
+    return [f"**Resolution.** The models run in float32, so sigma_j / sigma_1 below {floor:.1e} "
+            f"(float32's epsilon x sqrt({columns}), Weyl's bound on its rounding) is rounding rather than the "
+            "model's spectrum. The mean spectrum falls below it: " + "; ".join(parts) + ". Where most of a task's "
+            "fit lies below it, its slope measures the rounding floor's flatness, and the comparison above says "
+            "nothing about the models; a forward pass in float64 resolves it.", ""]
+
+
+def _ordering_text(verdict: dict) -> str:
+    seeds = f"{verdict['seeds_pathfinder']} Pathfinder and {verdict['seeds_listops']} ListOps seeds pass their gates"
+    if verdict["verdict"] == "not compared (gate)":
+        return (f"Not compared: {seeds}, fewer than required. These models did not learn their tasks to the "
+                "gate, so this run says nothing about the ordering of the tasks.")
+    power = ""
+    if math.isfinite(verdict.get("power", float("nan"))):
+        power = (f" Power of these seeds to see a difference of this size at the observed spread: "
+                 f"{verdict['power']:.2f}; 80% power needs {int(verdict['seeds_for_80'])} seeds per task (a t-test "
+                 "on seed-paired differences, sd = sqrt(s_P^2 + s_L^2)).")
+    return (f"{seeds}. Pathfinder's slope minus ListOps': {verdict['difference']:+.4f} per index, 95% interval "
+            f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}] (Welch t over seeds); verdict: **{verdict['verdict']}**"
+            + (" (Appendix B's ordering)." if verdict["verdict"] == "Pathfinder slower" else
+               " (Appendix B has Pathfinder slower).") + power)

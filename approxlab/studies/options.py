@@ -1,0 +1,354 @@
+"""The options of the studies: the common ones, and one shared set whose meaning is the same everywhere.
+
+Every study gets the common options (:func:`add_common`: ``--out``, ``--quick``, ``--device``,
+``--data-dir``, ``--cache-dir``, ``--restart``, ``--no-progress``, ``--plot-only``, ``--plugin``,
+``--scheduler`` or ``--workers``, ``--threads``). A study's grid options come from the shared set
+below wherever one fits, so that ``--n 512 1024`` and ``--n 512,1024`` mean the same in every study,
+with the same ``nargs``, type and error messages (a study may only change the default and the help):
+
+==================  ===========================================================================
+``--methods``       registered method names (:func:`approxlab.methods.available`), a list
+``--conditions``    ``initialized`` / ``pretrained``, a list
+``--n``             sequence lengths, integers >= 1, a list
+``--num-features``  the number of features d, integers >= 1, a list (a study that takes one d says so)
+``--windows``       the number of WikiText-2 windows, an integer >= 1
+``--seeds``         the number of seeds, an integer >= 1
+``--steps``         training steps per run, an integer >= 1
+``--tasks``         ``NAME:N[:...]`` task entries, a list (each study reads its own fields)
+``--layers``        layer indices, ``first`` / ``middle`` / ``last``, or ``all``, a list
+``--positions``     positions beyond BERT's 512-row table: ``interpolate``, ``copy`` or ``none``
+``--checkpoint``    the model: a Hub id, a local folder or a ``.gguf`` file
+==================  ===========================================================================
+
+A value that fails an option's type is argparse's one-line error (``argument --n: comma-separated
+integers >= 1, got '0'``); :func:`grid` applies the option's own type, in the same words, to values
+given in code (:meth:`approxlab.studies.Study.arguments`).
+
+Public API::
+
+    add_common(parser), default_output_dir(study, quick=False), RESULTS_FOLDER
+    METHODS, CONDITIONS_OPTION, N, NUM_FEATURES, WINDOWS, SEEDS, STEPS, TASKS, LAYERS, POSITIONS, CHECKPOINT
+    SHARED                                    # {dest: Option} of the shared set
+    grid(defaults, args, options) -> dict     # the grid with the given options put in, each checked
+    check_value(option, value)                # a value given in code, checked as the command line checks it
+    one_value(option, values) -> int          # a list option that this study takes once
+    str_list, int_list, names_among, positive_int, nonnegative_int, positive_float, probability, path_option, Flatten
+    check_option_pairs(args, parser)
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from ..errors import UsageError
+from .declaration import Option
+
+__all__ = ["RESULTS_FOLDER", "default_output_dir", "add_common", "METHODS", "CONDITIONS_OPTION", "N",
+           "NUM_FEATURES", "WINDOWS", "SEEDS", "STEPS", "TASKS", "LAYERS", "POSITIONS", "CHECKPOINT", "SHARED",
+           "CONDITIONS", "POSITION_MODES", "grid", "check_value", "one_value", "str_list", "int_list", "names_among",
+           "positive_int", "nonnegative_int", "positive_float", "probability", "path_option", "Flatten",
+           "check_option_pairs", "PLOT_ONLY_OPTIONS"]
+
+RESULTS_FOLDER = "approxlab-results"
+"""The folder, in the current directory, that holds every study's default output folder."""
+
+CONDITIONS = ("initialized", "pretrained")
+"""The model conditions: weights drawn from a seed, or the pretrained checkpoint."""
+
+POSITION_MODES = ("interpolate", "copy", "none")
+"""How positions beyond BERT's 512-row table enter X (:func:`approxlab.data.qkv.position_embeddings`)."""
+
+
+def default_output_dir(study: str, *, quick: bool = False) -> pathlib.Path:
+    """Where ``approxlab <study>`` writes unless ``--out`` is given: ``approxlab-results/<study>``.
+
+    The path is relative to the current directory, so a run never writes inside the installed
+    package or the committed ``figures/`` of a source checkout (those are written only when named
+    with ``--out``); ``quick`` (``--quick``) gives ``approxlab-results/<study>-quick``, so a smoke
+    run never resumes into, or is refused by, the full run's folder.
+
+    Examples
+    --------
+    >>> default_output_dir("figure1").as_posix()
+    'approxlab-results/figure1'
+    >>> default_output_dir("sv-decay", quick=True).as_posix()
+    'approxlab-results/sv-decay-quick'
+    """
+    return pathlib.Path(RESULTS_FOLDER) / (f"{study}-quick" if quick else study)
+
+
+# ---------------------------------------------------------------- value types
+
+
+def str_list(text: str) -> list[str]:
+    """``"a,b c"`` -> ``["a", "b", "c"]`` (commas or spaces)."""
+    items = [x for x in str(text).replace(",", " ").split() if x]
+    if not items:
+        raise argparse.ArgumentTypeError(f"one or more comma-separated names, got {text!r}")
+    return items
+
+
+def int_list(text: str) -> list[int]:
+    """``"512,1024"`` -> ``[512, 1024]``; every entry an integer >= 1."""
+    try:
+        values = [int(x) for x in str_list(text)]
+    except (ValueError, argparse.ArgumentTypeError):
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def _number(text: str, kind, allowed: str, ok):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{allowed}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{allowed}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (argparse ``type=``)."""
+    return _number(text, int, "an integer >= 1", lambda v: v >= 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0 (argparse ``type=``)."""
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (argparse ``type=``)."""
+    return _number(text, float, "a finite number > 0", lambda v: 0 < v < float("inf"))
+
+
+def probability(text: str) -> float:
+    """A number in [0, 1) (argparse ``type=``), e.g. a dropout rate."""
+    return _number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def path_option(text: str) -> pathlib.Path:
+    """A file or folder path (argparse ``type=``): an empty one would silently mean the current folder."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError(f"a file or folder path, got {text!r} (an empty path is the current folder)")
+    return pathlib.Path(text)
+
+
+def _method_names() -> list[str]:
+    from ..methods import available
+
+    return available()
+
+
+def _methods_allowed() -> str:
+    return f"registered method names among {_method_names()}"
+
+
+def method_list(text: str) -> list[str]:
+    """Registered method names (commas or spaces)."""
+    names = str_list(text)
+    if not set(names) <= set(_method_names()):
+        raise argparse.ArgumentTypeError(f"{_methods_allowed()}, got {text!r}")
+    return names
+
+
+def names_among(allowed, noun: str):
+    """An argparse ``type=``: comma-separated names among ``allowed`` (the ``noun`` says what they are)."""
+    def names(text: str) -> list[str]:
+        chosen = str_list(text)
+        if not set(chosen) <= set(allowed):
+            raise argparse.ArgumentTypeError(f"comma-separated {noun} among {list(allowed)}, got {text!r}")
+        return chosen
+
+    names.__name__ = f"{noun.replace(' ', '_')}_list"
+    return names
+
+
+condition_list = names_among(CONDITIONS, "conditions")
+"""Model conditions among :data:`CONDITIONS` (commas or spaces)."""
+
+
+LAYER_NAMES = ("first", "middle", "last")
+_LAYERS_ALLOWED = "comma-separated layer indices >= 0 or first, middle, last, or 'all'"
+
+
+def layer_list(text: str):
+    """``"0,5"``, ``"first,last"`` (or mixed) -> a list; ``"all"`` -> ``"all"``."""
+    if str(text).strip() == "all":
+        return "all"
+    try:
+        names = str_list(text)
+    except argparse.ArgumentTypeError:
+        names = []
+    layers = [int(x) if x.isdigit() else x for x in names]
+    if not layers or not all(isinstance(x, int) or x in LAYER_NAMES for x in layers):
+        raise argparse.ArgumentTypeError(f"{_LAYERS_ALLOWED}, got {text!r}")
+    return layers
+
+
+class Flatten(argparse.Action):
+    """``--n 512 1024`` and ``--n 512,1024`` both give ``[512, 1024]`` (with ``nargs="+"``); ``all``
+    (``--layers``) stays a word."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if any(chunk == "all" for chunk in values):
+            if len(values) > 1:
+                parser.error(f"argument {option_string}: {_LAYERS_ALLOWED}, got {' '.join(map(str, values))!r}")
+            setattr(namespace, self.dest, "all")
+            return
+        setattr(namespace, self.dest, [x for chunk in values for x in chunk])
+
+
+# ---------------------------------------------------------------- the shared set
+
+
+def _listed(flags, dest, kind, help_text, metavar):
+    return Option(flags, dest, help_text, type=kind, nargs="+", action=Flatten, metavar=metavar)
+
+
+METHODS = _listed(("--methods",), "methods", method_list, "approximations to run: registered method names "
+                  "(built-in or --plugin), comma-separated", "NAMES")
+CONDITIONS_OPTION = _listed(("--conditions",), "conditions", condition_list,
+                            "model conditions: initialized (seeded weights), pretrained", "NAMES")
+N = _listed(("--n",), "n", int_list, "sequence lengths, comma-separated", "N")
+NUM_FEATURES = _listed(("--num-features",), "num_features", int_list,
+                       "numbers of features d (landmarks, random features, ...), comma-separated", "D")
+WINDOWS = Option(("--windows",), "windows", "number of WikiText-2 windows", type=positive_int, metavar="COUNT")
+SEEDS = Option(("--seeds",), "seeds", "number of seeds", type=positive_int, metavar="COUNT")
+STEPS = Option(("--steps",), "steps", "training steps per run", type=positive_int, metavar="COUNT")
+TASKS = _listed(("--tasks",), "tasks", str_list, "task entries NAME:N[:...], comma-separated", "ENTRIES")
+LAYERS = _listed(("--layers",), "layers", layer_list,
+                 "layers: indices, first, middle, last (comma-separated), or all", "LAYERS")
+POSITIONS = Option(("--positions",), "positions", "positions beyond BERT's 512-row table: interpolate (the table "
+                   "resampled linearly to n rows), copy (Longformer: repeated every 512), none (no positions)",
+                   choices=POSITION_MODES, default="interpolate")
+CHECKPOINT = Option(("--checkpoint",), "checkpoint", "the model: a Hub id (with network), a local folder or a "
+                    ".gguf file, with its tokenizer", metavar="NAME_OR_DIR")
+
+SHARED = {option.dest: option for option in (METHODS, CONDITIONS_OPTION, N, NUM_FEATURES, WINDOWS, SEEDS, STEPS,
+                                             TASKS, LAYERS, POSITIONS, CHECKPOINT)}
+"""The shared options by ``dest``; a study's copy (:meth:`~approxlab.studies.Option.but`) keeps type and nargs."""
+
+def check_value(option: Option, value) -> None:
+    """``value`` given in code for ``option``, checked by the option's own type or choices: the checks of the
+    command line, in its words (``--n: comma-separated integers >= 1, got [0]``)."""
+    entries = list(value) if isinstance(value, (list, tuple)) else [value]
+    if option.choices is not None:
+        choices = list(option.choices() if callable(option.choices) else option.choices)
+        if not entries or not all(entry in choices for entry in entries):
+            raise UsageError(option.flags[0], f"one of {choices}", value)
+    elif option.type is not None:
+        try:
+            option.type(",".join(map(str, entries)) if option.nargs else str(value))
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(option.flags[0], str(error).rsplit(", got ", 1)[0], value) from None
+
+
+def grid(defaults: dict, args, options) -> dict:
+    """``defaults`` with the values of ``options`` in ``args`` put in where given (not None), each checked
+    (:func:`check_value`).
+
+    ``options``: :class:`~approxlab.studies.Option` s, or ``dest`` names of the shared set; those whose
+    ``dest`` is a key of ``defaults`` are put in (a list copied; ``n`` and ``num_features`` sorted without
+    repeats), the others only checked.
+
+    Raises
+    ------
+    UsageError
+        A value the option does not allow.
+    """
+    values = dict(defaults)
+    for option in options:
+        option = SHARED[option] if isinstance(option, str) else option
+        value = getattr(args, option.dest, None)
+        if value is None:
+            continue
+        check_value(option, value)
+        if option.dest in defaults:
+            values[option.dest] = list(value) if isinstance(value, (list, tuple)) else value
+    for name in ("n", "num_features"):
+        if isinstance(values.get(name), list) and name in defaults:
+            values[name] = sorted({int(x) for x in values[name]})
+    return values
+
+
+def one_value(option: str, values) -> int:
+    """The one value of a list option (``--num-features``) that a study takes once; else a :class:`UsageError`."""
+    if isinstance(values, (list, tuple)):
+        if len(values) != 1:
+            raise UsageError(option, "one value for this study", ",".join(map(str, values)))
+        values = values[0]
+    return int(values)
+
+
+# ---------------------------------------------------------------- the common options
+
+
+def add_common(parser: argparse.ArgumentParser, study: str = "<study>") -> None:
+    """Add the options every study shares to ``parser``."""
+    from .engine.environment import DEFAULT_THREADS
+
+    group = parser.add_argument_group("common study options")
+    group.add_argument("--out", type=path_option, default=None, metavar="DIR",
+                       help="output directory (results.csv, config.json, figures, summary.md); default: "
+                            f"{RESULTS_FOLDER}/{study} in the current directory ({RESULTS_FOLDER}/{study}-quick "
+                            "with --quick). The committed figures/<study> is written only when named here")
+    group.add_argument("--quick", action="store_true", help="small grid for a smoke run (minutes)")
+    group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="device for the computation (default: cpu)")
+    group.add_argument("--data-dir", type=path_option, default=None, metavar="DIR",
+                       help="the corpus: a folder with wikitext-2-raw/wiki.test.raw, the file itself, or 'hf:wikitext' "
+                            "to download it (default: $APPROXLAB_DATA, else the copy shipped with approxlab)")
+    group.add_argument("--cache-dir", type=path_option, default=None, metavar="DIR",
+                       help="cache for extracted Q/K/V (default: the data module's cache)")
+    group.add_argument("--restart", action="store_true", help="discard saved results in --out instead of resuming")
+    group.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    group.add_argument("--plot-only", action="store_true",
+                       help="do not compute: redraw the figure and summary from the saved CSV")
+    group.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                       help="import MODULE (repeatable), which registers methods (approxlab.methods.register) or "
+                            "studies (approxlab.studies.register), here and in every Dask worker")
+    executor = group.add_mutually_exclusive_group()
+    executor.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                          help="run cells on a Dask scheduler, e.g. tcp://host:8786")
+    executor.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                          help="run cells on a local Dask cluster of N worker processes")
+    group.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                       help="torch threads of this process and of each --workers process (default: "
+                            f"$OMP_NUM_THREADS, else $MKL_NUM_THREADS, else {DEFAULT_THREADS}: "
+                            "measured faster than a thread per core on a loaded 2-core machine)")
+
+
+PLOT_ONLY_OPTIONS = ("out", "quick", "progress", "plot_only", "plugin")
+"""The options that mean something with ``--plot-only``: which folder to redraw, progress, and the
+plugins whose methods the figures and summary describe."""
+
+
+def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
+    """Options that contradict each other, or that would be silently ignored, are a :class:`UsageError`.
+
+    * an empty string for any option (``--checkpoint ""``: not a name; paths use :func:`path_option`);
+    * ``--plot-only`` with ``--restart`` (one redraws the saved results, the other discards them);
+    * ``--plot-only`` with any option that only shapes the computation (``--n``, ``--workers``,
+      ``--device``, ...): the figure is redrawn from the saved results and their ``config.json``.
+    """
+    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    for dest, action in actions.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(action.option_strings[0], "a non-empty value", repr(value))
+    if not getattr(args, "plot_only", False):
+        return
+    if getattr(args, "restart", False):
+        raise UsageError("--restart", "not with --plot-only (it discards the saved results that --plot-only redraws; "
+                                      "use one of the two)", "both")
+    for dest, action in actions.items():
+        if dest in PLOT_ONLY_OPTIONS or dest == "restart" or action.default == argparse.SUPPRESS:
+            continue
+        if getattr(args, dest, None) != action.default:
+            raise UsageError(action.option_strings[0], "not with --plot-only (the figure is redrawn from the saved "
+                                                       "results and their config.json; drop one of the two)",
+                             repr(getattr(args, dest)))

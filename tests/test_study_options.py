@@ -1,0 +1,74 @@
+"""Every shared option means the same in every study: the same flags, type, nargs and action, and the same
+error message for the same bad value. Parsing only: no study runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from approxlab.cli import build_parser
+from approxlab.studies import STUDIES
+from approxlab.studies.options import SHARED
+
+BAD_VALUES = {
+    "methods": ["nope"], "conditions": ["warm"], "n": ["0"], "num_features": ["-4"], "windows": ["0"],
+    "seeds": ["x"], "steps": ["1.5"], "tasks": [","], "layers": ["top"], "positions": ["rope"],
+}
+"""A value each shared option refuses at parse time (``--checkpoint`` takes any name: the model checks it)."""
+
+
+def _parsers() -> dict:
+    return {name: build_parser(name).study_parser for name in STUDIES}
+
+
+def _action(parser, dest):
+    return next((a for a in parser._actions if a.dest == dest and a.option_strings), None)
+
+
+def _error(parser, argv) -> str:
+    """The one error line of ``parser`` for ``argv``, less the study's name."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(argv)
+    assert exit_info.value.code == 2
+    line, = stderr.getvalue().splitlines()
+    return line.split(": error: ", 1)[1]
+
+
+def test_each_shared_option_is_the_same_in_every_study_that_takes_it():
+    parsers = _parsers()
+    taken = {}
+    for dest, option in SHARED.items():
+        seen = {name: _action(parser, dest) for name, parser in parsers.items()}
+        seen = {name: action for name, action in seen.items() if action is not None}
+        taken[dest] = sorted(seen)
+        for name, action in seen.items():
+            assert action.option_strings[0] == option.flags[0], (dest, name)
+            assert (action.type, action.nargs, type(action), action.choices, action.metavar) == (
+                option.type, option.nargs, type(_action(_shared_parser(option), dest)), option.choices,
+                option.metavar), (dest, name)
+        if dest in BAD_VALUES:
+            messages = {name: _error(parsers[name], [option.flags[0], *BAD_VALUES[dest]]) for name in seen}
+            assert len(set(messages.values())) == 1, (dest, messages)
+            assert next(iter(messages.values())).startswith(f"argument {option.flags[0]}"), messages
+    # the options the studies share: each in at least two of them
+    for dest in ("methods", "conditions", "n", "num_features", "windows", "seeds", "steps", "tasks", "layers",
+                 "positions", "checkpoint"):
+        assert len(taken[dest]) >= 2, (dest, taken[dest])
+
+
+def _shared_parser(option):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    option.add_to(parser)
+    return parser
+
+
+def test_a_list_option_takes_spaces_and_commas_alike():
+    parsers = _parsers()
+    for name in ("figure1", "sv-decay", "decoder"):
+        parser = parsers[name]
+        assert parser.parse_args(["--n", "512", "1024"]).n == parser.parse_args(["--n", "512,1024"]).n == [512, 1024]
