@@ -8,6 +8,7 @@ seeds (:func:`approxlab.studies.inputs.tasks.training_pool`).
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -47,8 +48,11 @@ def decay_slope(sigma: torch.Tensor, indices=DECAY_INDICES) -> torch.Tensor:
     return ((y - y.mean(-1, keepdim=True)) * i).sum(-1) / i.square().sum()
 
 
-def attention_output_spectrum(model, batch, *, layer: int = 1):
+def attention_output_spectrum(model, batch, *, layer: int = 1, dtype: torch.dtype = torch.float64):
     r"""Normalised singular values of layer ``layer``'s attention output (0-based).
+
+    The measuring forward pass runs on a copy of the model in ``dtype`` (default float64; see
+    :data:`~approxlab.studies.lra_svd.grid.MEASURE_DTYPE`); the trained model is left as it is.
 
     Returns
     -------
@@ -60,8 +64,9 @@ def attention_output_spectrum(model, batch, *, layer: int = 1):
 
     outputs = []
     with torch.no_grad():
-        model.eval()
-        model.predict(batch, attention_outputs=outputs)
+        measured = copy.deepcopy(model).to(dtype)
+        measured.eval()
+        measured.predict(batch, attention_outputs=outputs)
     matrices = [outputs[layer][i][batch.mask[i]].to(torch.float64) for i in range(batch.mask.shape[0])]
     rank = min(min(m.shape) for m in matrices)
     sigma = torch.stack([singular_values(m)[:rank] for m in matrices])
@@ -95,7 +100,7 @@ def compute_cell(cell: dict) -> dict:
 
     start = time.perf_counter()
     model, trained, test, majority = _train(cell)
-    sigma = attention_output_spectrum(model, test, layer=1)
+    sigma = attention_output_spectrum(model, test, layer=1, dtype=getattr(torch, cell["measure_dtype"]))
     last = DECAY_INDICES[1]
     slope = decay_slope(sigma) if sigma.shape[-1] >= last else torch.full((sigma.shape[0],), float("nan"))
     gate = GATES.get(cell["task"], float("nan"))
