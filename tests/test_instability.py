@@ -135,24 +135,45 @@ def test_mlm_head_and_masking():
 
 
 def test_study_end_to_end_tiny(tmp_path):
-    """A tiny grid writes results.csv, ratios.csv, table.md, config.json and the figure."""
-    config = study.build_config(tasks=["listops:32:2"], attentions=["kernelized"], seeds=2, steps=2,
-                                num_features=8)
-    results = compute(study.STUDY, config, tmp_path, progress=False)["results.csv"]
+    """A tiny grid over Table 3's proxy columns (Text, Retrieval and Image, Retrieval with a seed count of its
+    own) writes results.csv, residual.csv, ratios.csv, table.md,
+    config.json and the figure, names every proxy with its length and labels, and resumes."""
+    config = study.build_config(tasks=["text:16:1", "retrieval:16:1:3", "image:64:1"],
+                                attentions=["kernelized"], seeds=2, steps=2, num_features=4)
+    tables = compute(study.STUDY, config, tmp_path, progress=False)
+    results, residual = tables["results.csv"], tables["residual.csv"]
     assert set(results["attention"]) == {"softmax", "kernelized"}
-    assert (results["status"] == "ok").all() and len(results) == 2 * 2 * 2
+    assert (results["status"] == "ok").all() and len(results) == (2 + 3 + 2) * 2 * 2
+    assert results.groupby("task")["seed"].nunique().to_dict() == {"text": 2, "retrieval": 3, "image": 2}
+    assert len(residual) == 7 and (residual[["rms_softmax", "rms_kernelized"]] > 0).all().all()
     written = report(study.STUDY, tmp_path)
     names = {p.name for p in written}
     assert {"ratios.csv", "intervals.csv", "table.md", "instability.png", "instability.pdf"} <= names
     assert (tmp_path / "config.json").is_file()
     ratios = pd.read_csv(tmp_path / "ratios.csv")
     assert (ratios.loc[ratios["attention"] == "softmax", "ratio"] == 1.0).all()
+    proxies = pd.read_csv(tmp_path / "intervals.csv").groupby("task")["proxy"].first().to_dict()
+    assert proxies == {"text": "wikitext-articles", "retrieval": "wikitext-same-article",
+                       "image": "sklearn-digits"}
     table = (tmp_path / "table.md").read_text()
-    assert "| kernelized |" in table and "ListOps (n=32)" in table and "[" in table and "inconclusive" in table
-    assert "## Entry by entry against Table 3" in table
-    # a resumed run computes nothing new and gives the same table
-    again = compute(study.STUDY, config, tmp_path, progress=False)["results.csv"]
-    pd.testing.assert_frame_equal(again, results)
+    assert "| kernelized |" in table and "[" in table and "inconclusive" in table
+    header = next(line for line in table.splitlines() if line.startswith("| attention | Text"))
+    assert header == "| attention | Text (n=16) | Retrieval (n=16) | Image (n=64) |"  # Table 3's order
+    for section in ("## Entry by entry against Table 3", "## Where the spread comes from", "## The proxies",
+                    "## Does each column answer Table 3?"):
+        assert section in table
+    proxy_rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()
+                  if line.split(" | ")[1:2] in (["`text`"], ["`retrieval`"], ["`image`"])}
+    assert set(proxy_rows) == {"Text", "Retrieval", "Image"}
+    assert "16 tokens" in proxy_rows["Text"] and "10 balanced classes, chance 0.1" in proxy_rows["Text"]
+    assert "16 tokens per document, two documents (2 x 16)" in proxy_rows["Retrieval"]
+    assert "chance 0.5" in proxy_rows["Retrieval"] and "two-tower" in proxy_rows["Retrieval"]
+    assert "64 tokens" in proxy_rows["Image"] and "upsampled bilinearly to 8 x 8" in proxy_rows["Image"]
+    assert all(line.count(" | ") == 6 for line in proxy_rows.values())  # every column filled, "why" included
+    # a resumed run computes nothing new and gives the same tables
+    again = compute(study.STUDY, config, tmp_path, progress=False)
+    pd.testing.assert_frame_equal(again["results.csv"], results)
+    pd.testing.assert_frame_equal(again["residual.csv"], residual)
     with pytest.raises(StudyError, match="--tasks"):
         study.build_config(tasks=["listops:32"])
 
@@ -219,6 +240,11 @@ def test_intervals_report_geometric_mean_power_and_both_verdicts():
     assert (row["geo_low"], row["geo_high"]) == pytest.approx((math.exp(log_low), math.exp(log_high)))
     assert row["paper"] == 0.77 and 0 < row["power"] < 0.8
     assert row["verdict"] == "not confirmed (underpowered)" and row["geo_verdict"] == "not confirmed (underpowered)"
+    from approxlab.stats import t_test_power  # the geometric mean's power is the t-test's on the logs
+
+    logs = np.log(ratios)
+    assert row["geo_sd"] == pytest.approx(float(np.std(logs, ddof=1)))
+    assert row["geo_power"] == pytest.approx(t_test_power(5, difference=math.log(0.77), sd=row["geo_sd"]))
     cell = instability_report._verdict_cell(next(summary.reset_index().itertuples(index=False)))  # softmax row: no power
     assert cell == "reference"
     text = instability_report._verdict_cell(next(r for r in summary.reset_index().itertuples(index=False) if r.attention == "kernelized"))
@@ -229,6 +255,8 @@ def test_full_grid_uses_the_papers_optimiser_settings():
     config = study.build_config()
     assert config["optimizer"] == "adamw" and config["dropout"] == 0.1 and config["clip_value"] == 1.0
     lr = {t["task"]: (t["lr"], t["warmup"], t["total_steps"]) for t in config["tasks"]}
-    assert lr == {"listops": (1e-4, 1000, 50000), "pathfinder": (2e-4, 312, 50000)}
+    assert lr == {"text": (1e-4, 80, 50000), "listops": (1e-4, 1000, 50000), "retrieval": (2e-4, 800, 50000),
+                  "pathfinder": (2e-4, 312, 50000), "image": (1e-4, 175, 50000)}
+    assert {(t["n"], t["batch_size"]) for t in config["tasks"]} == {(256, 8)} and config["num_features"] == 128
     cells = study.make_cells(config, {"data_dir": None, "cache_dir": None, "device": "cpu"})
-    assert [c["seed"] for c in cells[:8]] == [0] * 8  # seed by seed: a stopped run holds whole seeds
+    assert [c["seed"] for c in cells[:20]] == [0] * 20  # seed by seed: a stopped run holds whole seeds

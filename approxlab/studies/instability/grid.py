@@ -4,27 +4,36 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from ...errors import UsageError
 from .. import checks, options
 from ..declaration import Option
 from ..options import NUM_FEATURES, SEEDS, STEPS, TASKS, Flatten, positive_float, probability, str_list
+from .design import PLANNED_SEEDS, task_seeds
 from .report import ATTENTION_ORDER
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "configure", "build_config", "make_cells", "check"]
+__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "configure", "build_config", "make_cells", "make_residual_cells",
+           "task_seeds", "check"]
 
-_TASKS_ALLOWED = "comma-separated NAME:N:BATCH entries (e.g. listops:1000:4)"
+_TASKS_ALLOWED = "comma-separated NAME:N:BATCH[:SEEDS] entries (e.g. listops:1000:4 or text:256:8:40)"
 
 FULL_GRID = {
     "tasks": [
+        {"task": "text", "n": 256, "batch_size": 8, "seeds": PLANNED_SEEDS["text"]},
         {"task": "listops", "n": 256, "batch_size": 8},
+        {"task": "retrieval", "n": 256, "batch_size": 8, "seeds": PLANNED_SEEDS["retrieval"]},
         {"task": "pathfinder", "n": 256, "batch_size": 8},
+        {"task": "image", "n": 256, "batch_size": 8, "seeds": PLANNED_SEEDS["image"]},
     ],
     "attentions": ["softmax", "kernelized", "skyformer", "nystromformer"],
-    "seeds": 10,
+    "seeds": max(PLANNED_SEEDS["listops"], PLANNED_SEEDS["pathfinder"]),
     "steps": 20,
 }
-"""The full grid (overridable from the command line): Table 3's attentions on its two tasks that
-can be generated here, at n = 256 and batch 8 (the CPU budget goes to seeds, see ``table.md``)."""
+"""The full grid (overridable from the command line): Table 3's attentions on its five columns, in its
+order, at n = 256 and batch 8. ``seeds`` is the count of every task entry that names none of its own
+(ListOps and Pathfinder); the others carry theirs. Every count is :data:`~.design.PLANNED_SEEDS`,
+sized before the run for the decision Table 3 asks (:mod:`.design`)."""
 
 QUICK_GRID = {
     **FULL_GRID,
@@ -36,10 +45,12 @@ QUICK_GRID = {
 """``--quick``: one task, every attention, 2 seeds, 3 steps (seconds on 2 CPU cores)."""
 
 OPTIONS = (
-    TASKS.but(help="comma-separated NAME:N:BATCH entries, e.g. listops:1000:4,wikitext-mlm:512:2"),
+    TASKS.but(help="comma-separated NAME:N:BATCH[:SEEDS] entries, e.g. listops:1000:4,text:256:8:40 (SEEDS: this "
+              "task's seed count, default --seeds)"),
     Option(("--attentions",), "attentions", "comma-separated attentions (softmax is always included)",
            type=str_list, nargs="+", action=Flatten, metavar="NAMES"),
-    SEEDS, STEPS.but(help="Adam steps per run (paper: 20)"),
+    SEEDS.but(help="seeds of every task that names no count of its own (default: the counts sized for Table 3)"),
+    STEPS.but(help="Adam steps per run (paper: 20)"),
     NUM_FEATURES.but(help="landmarks/features (one value; paper: 128)"),
     Option(("--lr",), "lr", "peak learning rate (default: the paper's per task, ListOps 1e-4, Pathfinder 2e-4)",
            type=positive_float),
@@ -50,32 +61,34 @@ OPTIONS = (
 )
 """The options of ``approxlab instability`` besides the common ones."""
 
-_TASK_SETTINGS = {"listops": "listops", "pathfinder": "pathfinder", "wikitext-mlm": "text"}
+_TASK_SETTINGS = {"listops": "listops", "pathfinder": "pathfinder", "text": "text", "retrieval": "retrieval",
+                  "image": "image", "wikitext-mlm": "text"}
 """Our task -> the LRA task whose training settings (:data:`approxlab.optim.SKYFORMER_LRA`) it takes."""
 
 MODEL = {"embedding_dim": 64, "hidden_dim": 128, "num_heads": 2, "num_layers": 2}
 
 
 def _parse_task(spec) -> dict:
-    """``"listops:1000:4"`` or a dict -> ``{"task", "n", "batch_size"}``."""
+    """``"listops:1000:4"``, ``"text:256:8:40"`` or a dict -> ``{"task", "n", "batch_size"[, "seeds"]}``."""
     from ...tasks import available
 
     if isinstance(spec, dict):
         entry = dict(spec)
     else:
         parts = str(spec).split(":")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             raise UsageError("--tasks", _TASKS_ALLOWED, repr(spec))
         try:
-            entry = {"task": parts[0], "n": int(parts[1]), "batch_size": int(parts[2])}
+            entry = dict(zip(("task", "n", "batch_size", "seeds"), [parts[0], *map(int, parts[1:])]))
         except ValueError:
             raise UsageError("--tasks", _TASKS_ALLOWED, repr(spec)) from None
     if entry.get("task") not in available():
         raise UsageError("--tasks", f"{_TASKS_ALLOWED} with NAME among {available()}", repr(spec))
-    for key in ("n", "batch_size"):
-        if int(entry.get(key, 0)) < 1:
-            raise UsageError("--tasks", f"{_TASKS_ALLOWED} (N and BATCH at least 1)", repr(spec))
-    return {"task": entry["task"], "n": int(entry["n"]), "batch_size": int(entry["batch_size"])}
+    for key in ("n", "batch_size", "seeds"):
+        if key in entry and int(entry[key]) < 1:
+            raise UsageError("--tasks", f"{_TASKS_ALLOWED} (N, BATCH and SEEDS at least 1)", repr(spec))
+    parsed = {"task": entry["task"], "n": int(entry["n"]), "batch_size": int(entry["batch_size"])}
+    return parsed | ({"seeds": int(entry["seeds"])} if "seeds" in entry else {})
 
 
 def configure(args) -> dict:
@@ -86,12 +99,16 @@ def configure(args) -> dict:
     quick : bool
         Start from :data:`QUICK_GRID` instead of :data:`FULL_GRID`.
     tasks : list of str or dict, optional
-        ``"name:n:batch_size"`` entries (names from :data:`approxlab.tasks.TASKS`).
+        ``"name:n:batch_size"`` or ``"name:n:batch_size:seeds"`` entries (names from
+        :data:`approxlab.tasks.TASKS`; ``seeds``: this task's seed count).
     attentions : list of str, optional
         Keys of :data:`approxlab.training.ATTENTIONS`; ``"softmax"`` is always added
         (it is the reference of every ratio).
-    seeds, steps : int, optional
-        Seeds (table: mean ± std over them) and Adam steps (Skyformer: 20).
+    seeds : int, optional
+        Seeds of every task entry that names no count of its own. Given without ``tasks``, every task of
+        the grid runs this many (the grid's own per-task counts are dropped).
+    steps : int, optional
+        Adam steps (Skyformer: 20).
     num_features : int
         Landmarks / features of the approximations (Skyformer Section 5: 128).
     lr : float, optional
@@ -113,7 +130,14 @@ def configure(args) -> dict:
 
     value = lambda name, default=None: default if getattr(args, name, None) is None else getattr(args, name)  # noqa
     grid = options.grid(QUICK_GRID if value("quick", False) else FULL_GRID, args, OPTIONS)
-    grid["tasks"] = [_parse_task(t) for t in grid["tasks"]]
+    tasks = [_parse_task(t) for t in grid["tasks"]]
+    if value("tasks") is None and value("seeds") is not None:  # --seeds alone: that count for every task
+        tasks = [{k: v for k, v in t.items() if k != "seeds"} for t in tasks]
+    # a task's own count is kept only where it differs from the common one, so an entry reads the same
+    # in every config that runs it alike (a saved run extends along ``seeds`` and ``tasks``)
+    grid["tasks"] = [{k: v for k, v in t.items() if k != "seeds" or v != grid["seeds"]} for t in tasks]
+    if len({(t["task"], t["n"]) for t in grid["tasks"]}) < len(grid["tasks"]):
+        raise UsageError("--tasks", "entries with distinct NAME:N", ",".join(f"{t['task']}:{t['n']}" for t in tasks))
     for name in grid["attentions"]:
         if name not in ATTENTIONS:
             raise UsageError("--attentions", f"attentions among {sorted(ATTENTIONS)}", repr(name))
@@ -151,24 +175,50 @@ def build_config(*, quick: bool = False, **values) -> dict:
     return configure(argparse.Namespace(quick=quick, **values))
 
 
-def make_cells(config: dict, settings: dict) -> list[dict]:
-    """Runner cells, one per (task, n, seed, attention), seed by seed (a run stopped early holds whole seeds)."""
-    cells = []
-    for seed in range(config["seeds"]):
+def _cell(config: dict, entry: dict, seed: int, settings: dict) -> dict:
+    """What a cell of (task, n, seed) needs besides its attention."""
+    return {
+        "task": entry["task"], "n": entry["n"], "seed": seed, "batch_size": entry["batch_size"],
+        "steps": config["steps"], "num_features": config["num_features"], "lr": entry["lr"],
+        "warmup": entry["warmup"], "total_steps": entry["total_steps"], "optimizer": config["optimizer"],
+        "dropout": config["dropout"], "clip_value": config["clip_value"], "dtype": config["dtype"],
+        "base_seed": config["base_seed"], **settings,
+    }
+
+
+def _seeds(config: dict):
+    """``(seed, entry)`` pairs, seed by seed: each task runs seeds ``0 .. task_seeds(config, entry) - 1``."""
+    for seed in range(max(task_seeds(config, entry) for entry in config["tasks"])):
         for entry in config["tasks"]:
-            for attention in config["attentions"]:
-                cells.append({
-                    "task": entry["task"], "n": entry["n"], "seed": seed, "attention": attention,
-                    "batch_size": entry["batch_size"], "steps": config["steps"],
-                    "num_features": config["num_features"], "lr": entry["lr"], "warmup": entry["warmup"],
-                    "total_steps": entry["total_steps"], "optimizer": config["optimizer"],
-                    "dropout": config["dropout"], "clip_value": config["clip_value"], "dtype": config["dtype"],
-                    "base_seed": config["base_seed"], **settings,
-                })
-    return cells
+            if seed < task_seeds(config, entry):
+                yield seed, entry
+
+
+def make_cells(config: dict, settings: dict) -> list[dict]:
+    """Training cells, one per (task, n, seed, attention), seed by seed (a run stopped early holds whole
+    seeds of every task that has them)."""
+    return [{**_cell(config, entry, seed, settings), "attention": attention}
+            for seed, entry in _seeds(config) for attention in config["attentions"]]
+
+
+def make_residual_cells(config: dict, settings: dict) -> list[dict]:
+    """Residual-stream cells (:func:`~.cells.compute_residual_cell`), one per (task, n, seed) of the grid."""
+    return [_cell(config, entry, seed, settings) for seed, entry in _seeds(config)]
 
 
 def check(args, config: dict) -> None:
-    """The WikiText-2 masked-LM tasks fit their windows in the corpus (``--tasks``), before a cell runs."""
-    checks.check_windows(args, {t["n"]: range(t["batch_size"] * config["steps"]) for t in config["tasks"]
-                                if t["task"] == "wikitext-mlm"}, n_option="--tasks")
+    """Before a cell runs: every task can be built at its ``n`` (``--tasks``), and the WikiText-2 masked-LM
+    tasks fit their windows in the corpus."""
+    from ...tasks import make_task
+
+    for entry in config["tasks"]:
+        if entry["task"] in ("text", "retrieval", "image"):  # drawn from a finite data set: n has limits
+            try:
+                make_task(entry["task"], n=entry["n"], batch_size=1, num_batches=1,
+                          generator=torch.Generator().manual_seed(0), data_dir=getattr(args, "data_dir", None))
+            except ValueError as error:
+                raise UsageError("--tasks", f"{entry['task']} at a length it can be built at ({error})",
+                                 f"{entry['task']}:{entry['n']}") from None
+    windows = {t["n"]: range(t["batch_size"] * config["steps"]) for t in config["tasks"] if t["task"] == "wikitext-mlm"}
+    if windows:
+        checks.check_windows(args, windows, n_option="--tasks")

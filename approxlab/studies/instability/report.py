@@ -15,9 +15,12 @@ import pandas as pd
 
 from ..reporting.markdown import markdown_table
 from ..reporting.summary import render
+from .design import budget_lines, task_seeds
+from .settings import proxy_lines, settings_lines, task_label
+from .spread import spread_lines
 from .stats import PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals, table3_value
 
-__all__ = ["ATTENTION_ORDER", "RESULTS", "RATIOS", "INTERVALS", "KEY_COLUMNS", "TITLE", "ratio_table",
+__all__ = ["ATTENTION_ORDER", "RESULTS", "RESIDUAL", "RATIOS", "INTERVALS", "KEY_COLUMNS", "TITLE", "ratio_table",
            "verdict_table", "paper_comparison", "summary_lines", "summarize", "sections", "plot"]
 
 
@@ -25,6 +28,7 @@ ATTENTION_ORDER = ("softmax", "kernelized", "skyformer", "nystromformer", "spect
 """Rows of the table (softmax is the reference, ratio 1 by definition)."""
 
 RESULTS = "results.csv"
+RESIDUAL = "residual.csv"
 RATIOS = "ratios.csv"
 INTERVALS = "intervals.csv"
 KEY_COLUMNS = ("task", "n", "seed", "attention")
@@ -32,12 +36,20 @@ TITLE = "Instability-score ratios (Skyformer Appendix F, Table 3)"
 
 
 def _task_label(task: str, n: int) -> str:
-    return {"listops": "ListOps", "pathfinder": "Pathfinder", "wikitext-mlm": "WikiText-2 MLM"}.get(task, task) + f" (n={n})"
+    return task_label(task, n)
+
+
+def _columns(summary: pd.DataFrame) -> list[tuple]:
+    """The (task, n) of the summary in Table 3's column order (Text, ListOps, Retrieval, Pathfinder, Image),
+    then any other task."""
+    order = list(PAPER_COLUMN)
+    pairs = dict.fromkeys((t, int(n)) for t, n in summary[["task", "n"]].itertuples(index=False))
+    return sorted(pairs, key=lambda pair: (order.index(pair[0]) if pair[0] in order else len(order), pair[1]))
 
 
 def _layout(summary: pd.DataFrame, cell) -> pd.DataFrame:
     """Rows = attentions, columns = tasks, entries ``cell(row)``."""
-    columns = list(dict.fromkeys(_task_label(t, n) for t, n in summary[["task", "n"]].itertuples(index=False)))
+    columns = [_task_label(t, n) for t, n in _columns(summary)]
     attentions = [a for a in ATTENTION_ORDER if a in set(summary["attention"])]
     attentions += [a for a in dict.fromkeys(summary["attention"]) if a not in attentions]
     table = pd.DataFrame(index=attentions, columns=columns, dtype=object)
@@ -155,63 +167,28 @@ def _power_lines(summary: pd.DataFrame) -> list[str]:
     return lines + markdown_table(pd.DataFrame(table, columns=columns), default=str, empty=None) + [""]
 
 
-def _settings_lines(config: dict) -> list[str]:
-    """Every setting of Skyformer's Table 3 run, kept or changed here."""
-    from ...optim import SKYFORMER_LRA
-
-    tasks = {t["task"]: t for t in config["tasks"]}
-    settings = []
-
-    def row(name, paper, here):
-        settings.append([name, paper, here, "kept" if str(paper) == str(here) else "changed"])
-
-    for task, label in (("listops", "ListOps"), ("pathfinder", "Pathfinder")):
-        paper, ours = SKYFORMER_LRA[task], tasks.get(task)
-        if ours is None:
-            row(f"{label} task", "in Table 3", "not run")
-            continue
-        row(f"{label} sequence length", paper["n"], ours["n"])
-        row(f"{label} batch", paper["batch_size"], ours["batch_size"])
-        row(f"{label} peak learning rate", f"{paper['lr']:g}", f"{ours['lr']:g}")
-        row(f"{label} warm-up / schedule length", f"{paper['warmup']} / {paper['total_steps']}",
-            f"{ours['warmup']} / {ours['total_steps']}")
-    row("optimiser", "adamw", config.get("optimizer", "adam"))
-    row("gradient value clipping", "1", "none" if config.get("clip_value") is None else f"{config['clip_value']:g}")
-    row("dropout", "0.1", f"{config.get('dropout', 0.0):g}")
-    row("attention dropout (on softmax's matrix)", "0.1", "0 (no attention here forms the n x n matrix to drop)")
-    row("steps scored", 20, config["steps"])
-    row("num_features (landmarks, features)", 128, config["num_features"])
-    row("precision", "mixed (fp16 autocast, GPU)", config["dtype"])
-    table = pd.DataFrame(settings, columns=["setting", "paper (Skyformer's LRA code)", "here", ""])
-    lines = ["## Settings: the paper's, kept or changed", "", *markdown_table(table, default=str, empty=None)]
-    lines += ["", "- Pathfinder images come from our own generator (`approxlab.tasks.pathfinder`: 3 dashed paths, "
-              "no anti-aliasing), not LRA's Pathfinder-32 files; ListOps from LRA's generator rules "
-              "(`approxlab.tasks.listops`).",
-              "- WikiText-2 masked LM is not a Table 3 task (Table 3's Text is IMDb byte-level classification); it "
-              "is available with `--tasks wikitext-mlm:512:2` and not in the default grid.",
-              "- Text (IMDb), Retrieval (ACL Anthology pairs) and Image (CIFAR-10) are missing: their data are not "
-              "shipped with the package and cannot be fetched here (no network beside the package registries), "
-              "and Text and Retrieval are 4,000 tokens long, beyond this CPU budget.",
-              "- Sequence lengths and the Pathfinder batch are cut so that the CPU budget buys seeds (see the power "
-              f"analysis); an approximation with {config['num_features']} landmarks is closer to exact at the "
-              "shorter lengths than at LRA's.",
-              "- With the paper's schedule the scored steps lie at the start of the warm-up (the rate rises "
-              "from lr/25), as in a Table 3 run at the start of training.", ""]
-    return lines
+def _seeds_line(config: dict, per_seed: pd.DataFrame) -> str:
+    """``"Seeds run (of those configured): Text 12 (of 259), ..."``, in Table 3's column order."""
+    run = per_seed.groupby(["task", "n"])["seed"].nunique()
+    configured = {(t["task"], t["n"]): task_seeds(config, t) for t in config["tasks"]}
+    return "Seeds run (of those configured): " + ", ".join(
+        f"{_task_label(task, n)} {run.get((task, n), 0)} (of {configured.get((task, n), '-')})"
+        for task, n in _columns(pd.DataFrame(list(configured) or [], columns=["task", "n"]))) + "."
 
 
-def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -> list[str]:
-    """The lines of ``table.md`` under its title: intervals, verdicts with their power, the power analysis,
-    the settings against the paper's, Table 3 beside ours, and the compute budget."""
+def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame,
+                  residual: pd.DataFrame | None = None) -> list[str]:
+    """The lines of ``table.md`` under its title: intervals, verdicts with their power, the power analysis
+    and the decision per entry, the seeds and their budget, where the spread comes from, the proxies, the
+    settings against the paper's, Table 3 beside ours, and the compute used."""
     summary = intervals(per_seed)
     seconds = results.groupby(list(KEY_COLUMNS))["seconds"].first()
-    seeds_run = sorted(per_seed["seed"].unique().tolist())
     lines = [
         f"Mean over {config['steps']} training steps of tau_i(method) / tau_i(softmax) per seed; then over "
-        f"{len(seeds_run)} seeds (of {config['seeds']} configured) the arithmetic mean (the paper's statistic) "
+        "the seeds the arithmetic mean (the paper's statistic) "
         "with its 95% Student-t interval. tau_i = ||f(x_i, W_i) - f(x_i, W_(i-1))||_F^2 / ||W_i - W_(i-1)||_F^2, "
         "f the embedding after the two encoder layers. Below 1: more stable than softmax attention.", "",
-        _markdown(_layout(summary, _interval_cell)), "",
+        _markdown(_layout(summary, _interval_cell)), "", _seeds_line(config, per_seed), "",
         "Geometric mean of the ratios (exp of the mean log ratio, 95% t interval on the logs), beside it:", "",
         _markdown(_layout(summary, lambda r: _interval_cell(r, "geo_"))), "",
         "Verdicts (arithmetic mean): \"below 1\" / \"above 1\" only when the whole 95% interval is on that "
@@ -220,17 +197,20 @@ def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -
         "beside; where the geometric mean's verdict differs, it is named.", "",
         _markdown(_layout(summary, _verdict_cell)), "",
         *_power_lines(summary),
+        *budget_lines(config, results, summary),
+        *spread_lines(results, per_seed, residual, _task_label, _columns(summary)),
         f"Model: 2-layer pre-LN encoder, embedding {config['model']['embedding_dim']}, feed-forward "
         f"{config['model']['hidden_dim']}, {config['model']['num_heads']} heads; padding keys masked inside every "
         "attention (landmarks and segment means over real tokens only); " + _method_note(config) + ".", "",
-        *_settings_lines(config),
+        *proxy_lines(config),
+        *settings_lines(config),
         "## Skyformer's Table 3 (LRA, for comparison)", "", _markdown(pd.DataFrame(PAPER_TABLE3).T), "",
         "## Entry by entry against Table 3", "", _records_markdown(paper_comparison(summary)), "",
         "## Does the paper's claim hold here? (from the intervals)", "",
         "- kernelized below 1 on every task? " + _claim(summary, "kernelized", _below_one),
         "- skyformer below 1 on every task? " + _claim(summary, "skyformer", _below_one),
         "- nystromformer around 1 (interval within 0.9-1.1)? " + _claim(summary, "nystromformer", _near_one), "",
-        f"Compute: seeds {', '.join(map(str, seeds_run))}; {len(seconds)} cells, {seconds.sum():.0f} s of cell "
+        f"Compute: {len(seconds)} training cells, {seconds.sum():.0f} s of cell "
         f"time in total (slowest attention: {seconds.groupby(level='attention').sum().idxmax()}).",
     ]
     failed = per_seed[per_seed["status"] != "ok"]
@@ -240,14 +220,14 @@ def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -
     return lines
 
 
-def summarize(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame) -> str:
+def summarize(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame, residual=None) -> str:
     """The markdown of ``table.md`` (:func:`summary_lines` under its title)."""
-    return render(TITLE, summary_lines(config, per_seed, results))
+    return render(TITLE, summary_lines(config, per_seed, results, residual))
 
 
 def sections(saved) -> list[str]:
     """``table.md``'s lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
-    return summary_lines(saved.config, saved.product(RATIOS), saved.table(RESULTS))
+    return summary_lines(saved.config, saved.product(RATIOS), saved.table(RESULTS), saved.table(RESIDUAL))
 
 
 def _method_note(config: dict) -> str:
@@ -270,7 +250,7 @@ def plot(saved) -> list[pathlib.Path]:
     per_seed, summary = saved.product(RATIOS), saved.product(INTERVALS)
     if not (per_seed["status"] == "ok").any():
         return []
-    panels = list(dict.fromkeys(per_seed[["task", "n"]].itertuples(index=False, name=None)))
+    panels = _columns(per_seed)
     attentions = [a for a in ATTENTION_ORDER if a in set(per_seed["attention"]) and a != "softmax"]
     fig, axes = figure(1, len(panels), sharey=True, panel_size=(3.6, 3.0))
     for ax, (task, n) in zip(axes[0], panels):

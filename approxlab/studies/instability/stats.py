@@ -5,20 +5,26 @@ Everything here is a function of the tables (no data, no model): the cells of
 ``ratios.csv``, ``intervals.csv``, ``table.md`` and the figure. Per (task, n, seed, attention) the
 ratio is the mean over steps of :math:`\tau_i/\tau_i^{softmax}` (:func:`ratios`); over seeds, the
 arithmetic and geometric means with their 95% Student-t intervals (:func:`ratio_interval`), the power
-of the seeds to tell the paper's value from 1 (:func:`power_analysis`) and a verdict (:func:`verdict`,
-the claim :data:`BELOW_ONE` judged by the claims engine), all gathered by :func:`intervals`.
+of the seeds to tell the paper's value from 1 on each mean's own scale (:func:`power_analysis`), the
+verdicts of the claims engine on :data:`BELOW_ONE` (:func:`verdict`) and on :data:`AT_PAPER` (the
+interval against the entry's Table 3 value), and whether the entry answers Table 3's question
+(:func:`decision`), all gathered by :func:`intervals`. Every table names the task by LRA's name and the
+data set standing in for LRA's, where one does, in its ``proxy`` column (:func:`proxy`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
+from ...tasks import image, retrieval, text
 from ..declaration import Claim
 from ..reporting import claims
 
-__all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "POWER_GOAL", "BELOW_ONE", "ratios", "ratio_interval", "verdict",
-           "power_analysis", "table3_value", "intervals"]
+__all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "PROXIES", "POWER_GOAL", "BELOW_ONE", "AT_PAPER", "ratios",
+           "ratio_interval", "verdict", "power_analysis", "table3_value", "proxy", "decision", "intervals"]
 
 
 PAPER_DIFFERENCE = "paper"
@@ -35,8 +41,13 @@ PAPER_TABLE3 = {
 }
 """Skyformer Table 3 (ratios of instability score on LRA), for the comparison in table.md."""
 
-PAPER_COLUMN = {"listops": "ListOps", "pathfinder": "Pathfinder"}
-"""Our task -> its column of Table 3 (WikiText-2 MLM has none; Table 3's Text is IMDb classification)."""
+PAPER_COLUMN = {"text": "Text", "listops": "ListOps", "retrieval": "Retrieval", "pathfinder": "Pathfinder",
+                "image": "Image"}
+"""Our task (LRA's name) -> its column of Table 3, in the paper's order (WikiText-2 masked LM has none)."""
+
+PROXIES = {"text": text.PROXY, "retrieval": retrieval.PROXY, "image": image.PROXY}
+"""Task -> the offline data set standing in for LRA's (:mod:`approxlab.tasks`); the others are generated
+the way LRA generates them (proxy "none")."""
 
 
 def ratios(results: pd.DataFrame) -> pd.DataFrame:
@@ -45,7 +56,8 @@ def ratios(results: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        Columns task, n, seed, attention, ratio, steps, status. ``status`` is "ok", or
+        Columns task (LRA's name), proxy (:func:`proxy`), n, seed, attention, ratio, steps, status.
+        ``status`` is "ok", or
         why there is no ratio (the attention's or the reference's training failed); the
         ratio of a failed entry is not computed.
     """
@@ -56,7 +68,8 @@ def ratios(results: pd.DataFrame) -> pd.DataFrame:
         ref_tau = reference.set_index("step")["tau"] if ref_ok else None
         for attention, rows_a in group.groupby("attention", sort=False):
             ok = (rows_a["status"] == "ok").all()
-            entry = {"task": task, "n": int(n), "seed": int(seed), "attention": attention, "steps": len(rows_a)}
+            entry = {"task": task, "proxy": proxy(task), "n": int(n), "seed": int(seed), "attention": attention,
+                     "steps": len(rows_a)}
             if not ok:
                 rows.append({**entry, "ratio": None, "status": str(rows_a["status"].iloc[0])})
             elif not ref_ok:
@@ -104,6 +117,21 @@ BELOW_ONE = Claim("below 1", "{attention} moves its output less than softmax att
 power to tell the paper's value from 1, else "inconclusive"; one seed decides nothing."""
 
 
+AT_PAPER = Claim("Table 3's value", "{attention}'s ratio is Table 3's value for the column",
+                 "mean over seeds of the mean over steps of tau_i / tau_i(softmax)", side="below",
+                 threshold=float("nan"), unit="seed", interval="t", aggregations=("arithmetic", "geometric"),
+                 min_units=2, strict=True,
+                 labels={"reproduced": "below the paper's value", "not reproduced": "above the paper's value",
+                         "inconclusive": "holds the paper's value", "too few units": "inconclusive (1 seed)"})
+"""The interval against the entry's own Table 3 value (its threshold, set per entry by :func:`at_paper`):
+wholly below or above it rejects the paper's value; otherwise the interval holds it."""
+
+
+def at_paper(value: float) -> Claim:
+    """:data:`AT_PAPER` with Table 3's ``value`` of one entry as its threshold."""
+    return dataclasses.replace(AT_PAPER, threshold=float(value))
+
+
 def verdict(low: float, high: float, power: float = float("nan")) -> str:
     """``"below 1"`` / ``"above 1"`` when the whole interval is on that side of 1; otherwise
     ``"not confirmed (underpowered)"`` when the seeds had less than :data:`POWER_GOAL` power to
@@ -112,17 +140,52 @@ def verdict(low: float, high: float, power: float = float("nan")) -> str:
     return claims.judge(BELOW_ONE, low, high, power=power)
 
 
-def power_analysis(values, paper_value) -> tuple[float, float, int | None]:
+def power_analysis(values, paper_value, *, log: bool = False) -> tuple[float, float, int | None]:
     """``(sd, power, seeds_needed)`` of a two-sided one-sample t-test (5%) of "mean ratio = 1" when the
     true mean is ``paper_value``, at the per-seed spread ``sd`` of ``values``: the power of these seeds
     and the seeds 80% power needs (:func:`approxlab.stats.t_test_power`, ``t_test_sample_size``).
-    NaN / None when there is no paper value, fewer than 2 seeds or no spread."""
+    ``log``: the same test on the log ratios (the geometric mean's scale): "mean log ratio = 0" against
+    ``log(paper_value)``, at the SD of the logs -- the power the geometric mean's verdict rests on.
+    NaN / None when there is no paper value (or one within 0.05 of 1), fewer than 2 seeds or no spread."""
     values = np.asarray(values, dtype=float)
+    values = np.log(values) if log else values
     sd = float(values.std(ddof=1)) if values.size > 1 else float("nan")
     if paper_value is None or abs(paper_value - 1.0) < 0.05:
         return sd, float("nan"), None
-    power, needed = claims.power(float(paper_value) - 1.0, sd, int(values.size), goal=POWER_GOAL)
+    effect = float(np.log(paper_value)) if log else float(paper_value) - 1.0
+    power, needed = claims.power(effect, sd, int(values.size), goal=POWER_GOAL)
     return sd, power, needed
+
+
+def proxy(task: str) -> str:
+    """The data set standing in for LRA's under ``task`` (:data:`PROXIES`), ``"none"`` for a generated task."""
+    return PROXIES.get(task, "none")
+
+
+def decision(verdict: str, paper_verdict, power: float, needed) -> str | None:
+    """Whether an entry answers Table 3's question: ``"decided: excludes 1"`` (the :data:`BELOW_ONE`
+    verdict is "below 1" or "above 1"), ``"decided: rejects the paper's value"`` (the :data:`AT_PAPER`
+    interval lies wholly on one side of it), ``"backed: power 0.83"`` (neither, with at least
+    :data:`POWER_GOAL` power at the paper's value), else ``"open: N seeds for 80% power"``.
+    None where the entry has no paper value away from 1 (``paper_verdict`` None).
+
+    Examples
+    --------
+    >>> from approxlab.studies.instability import decision
+    >>> decision("not confirmed (underpowered)", "above the paper's value", 0.17, 64)  # holds 1, excludes 0.77
+    "decided: rejects the paper's value"
+    >>> decision("not confirmed (underpowered)", "holds the paper's value", 0.3, 61)
+    'open: 61 seeds for 80% power'
+    """
+    if paper_verdict is None:
+        return None
+    if verdict in (claims.label(BELOW_ONE, "reproduced"), claims.label(BELOW_ONE, "not reproduced")):
+        return "decided: excludes 1"
+    if paper_verdict in (claims.label(AT_PAPER, "reproduced"), claims.label(AT_PAPER, "not reproduced")):
+        return "decided: rejects the paper's value"
+    if power >= POWER_GOAL:
+        return f"backed: power {power:.2f}"
+    return "open" + (f": {needed} seeds for {POWER_GOAL:.0%} power" if needed else "")
 
 
 def table3_value(task, attention):
@@ -132,13 +195,17 @@ def table3_value(task, attention):
 
 
 def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, n, attention): seeds, failed seeds, arithmetic mean (the paper's statistic) with its
-    95% t interval, geometric mean with its interval (t on the log ratios), per-seed SD, power and
-    seeds needed for 80% power at the paper's value, and the verdicts of both means."""
+    """Per (task, n, attention): the task's proxy, seeds, failed seeds, arithmetic mean (the paper's
+    statistic) with its 95% t interval, geometric mean with its interval (t on the log ratios), per-seed SD,
+    power and seeds needed for 80% power at the paper's value (on the ratios for the arithmetic mean, on the
+    log ratios for the geometric mean: ``geo_sd``, ``geo_power``, ``geo_seeds_for_80``), the verdicts of both
+    means on :data:`BELOW_ONE` and on :data:`AT_PAPER` (``paper_verdict``, ``geo_paper_verdict``) and the
+    :func:`decision` of each (``decision``, ``geo_decision``)."""
     rows = []
     for (task, n, attention), group in per_seed.groupby(["task", "n", "attention"], sort=False):
         ok = group[group["status"] == "ok"]
-        entry = {"task": task, "n": int(n), "attention": attention, "seeds": len(ok), "failed": len(group) - len(ok)}
+        entry = {"task": task, "proxy": proxy(task), "n": int(n), "attention": attention, "seeds": len(ok),
+                 "failed": len(group) - len(ok)}
         if attention == "softmax" or not len(ok):
             rows.append({**entry, "mean": 1.0 if len(ok) else None, "low": None, "high": None,
                          "verdict": "reference" if len(ok) else "failed"})
@@ -146,11 +213,28 @@ def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
         values = ok["ratio"].to_numpy(dtype=float)
         mean, low, high = ratio_interval(values)
         log_mean, log_low, log_high = ratio_interval(np.log(values))
-        sd, power, needed = power_analysis(values, table3_value(task, attention))
+        paper = table3_value(task, attention)
+        sd, power, needed = power_analysis(values, paper)
+        geo_sd, geo_power, geo_needed = power_analysis(values, paper, log=True)
+        geo_low, geo_high = float(np.exp(log_low)), float(np.exp(log_high))
         rows.append({**entry, "mean": mean, "low": low, "high": high, "geo_mean": float(np.exp(log_mean)),
-                     "geo_low": float(np.exp(log_low)), "geo_high": float(np.exp(log_high)), "sd": sd,
-                     "paper": table3_value(task, attention), "power": power, "seeds_for_80": needed,
+                     "geo_low": geo_low, "geo_high": geo_high, "sd": sd, "paper": paper, "power": power,
+                     "seeds_for_80": needed, "geo_sd": geo_sd, "geo_power": geo_power, "geo_seeds_for_80": geo_needed,
                      "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok)),
-                     "geo_verdict": claims.judge(BELOW_ONE, np.exp(log_low), np.exp(log_high), power=power,
-                                                 units=len(ok))})
+                     "geo_verdict": claims.judge(BELOW_ONE, geo_low, geo_high, power=geo_power, units=len(ok))})
+        rows[-1].update(_against_paper(rows[-1], units=len(ok)))
     return pd.DataFrame.from_records(rows)
+
+
+def _against_paper(row: dict, *, units: int) -> dict:
+    """Both means' intervals judged on :data:`AT_PAPER` at the entry's Table 3 value, and their :func:`decision`
+    (None where the entry has no paper value away from 1)."""
+    sized = not np.isnan(row["power"]) if row["power"] is not None else False
+    found = {}
+    for prefix in ("", "geo_"):
+        paper_verdict = (claims.judge(at_paper(row["paper"]), row[prefix + "low"], row[prefix + "high"], units=units)
+                         if sized else None)
+        found.update({prefix + "paper_verdict": paper_verdict,
+                      prefix + "decision": decision(row[prefix + "verdict"], paper_verdict, row[prefix + "power"],
+                                                    row[prefix + "seeds_for_80"])})
+    return found
