@@ -24,6 +24,18 @@ A value that fails an option's type is argparse's one-line error (``argument --n
 integers >= 1, got '0'``); :func:`grid` applies the option's own type, in the same words, to values
 given in code (:meth:`approxlab.studies.Study.arguments`).
 
+Two rules hold for every list option of every study, shared or its own, and for values given in code:
+
+* **a value given twice is refused** in one line (``--methods: each value at most once, got
+  'performer,performer' ('performer' given more than once)``), never silently computed twice or merged:
+  :func:`check_distinct`, applied by :func:`check_option_pairs` to every list option of the command line
+  and by :func:`check_value` to values given in code; a study that reads entries into a canonical form
+  (``listops:64:2`` and ``listops:064:2``) applies it to the parsed entries too;
+* **a number a study would have to lower is refused**, never clamped: ``--num-features`` above what a
+  method allows at some ``n`` (or above ``n`` where the study hands ``min(d, n)`` to its models) is a
+  one-line error (:func:`approxlab.studies.checks.check_num_features`), so the d in ``config.json`` and
+  the summary is the d computed.
+
 Public API::
 
     add_common(parser), default_output_dir(study, quick=False), RESULTS_FOLDER
@@ -31,14 +43,17 @@ Public API::
     SHARED                                    # {dest: Option} of the shared set
     grid(defaults, args, options) -> dict     # the grid with the given options put in, each checked
     check_value(option, value)                # a value given in code, checked as the command line checks it
+    check_distinct(option, values, shown=None)  # a list option's values, each at most once
     one_value(option, values) -> int          # a list option that this study takes once
-    str_list, int_list, names_among, positive_int, nonnegative_int, positive_float, probability, path_option, Flatten
+    str_list, int_list, names_among, positive_int, nonnegative_int, int_at_least, positive_float, probability,
+    path_option, thread_count, Flatten
     check_option_pairs(args, parser)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 
 from ..errors import UsageError
@@ -46,9 +61,9 @@ from .declaration import Option
 
 __all__ = ["RESULTS_FOLDER", "default_output_dir", "add_common", "METHODS", "CONDITIONS_OPTION", "N",
            "NUM_FEATURES", "WINDOWS", "SEEDS", "STEPS", "TASKS", "LAYERS", "POSITIONS", "CHECKPOINT", "SHARED",
-           "CONDITIONS", "POSITION_MODES", "grid", "check_value", "one_value", "str_list", "int_list", "names_among",
-           "positive_int", "nonnegative_int", "positive_float", "probability", "path_option", "Flatten",
-           "check_option_pairs", "PLOT_ONLY_OPTIONS"]
+           "CONDITIONS", "POSITION_MODES", "grid", "check_value", "check_distinct", "one_value", "str_list",
+           "int_list", "names_among", "positive_int", "nonnegative_int", "int_at_least", "positive_float",
+           "probability", "path_option", "thread_count", "Flatten", "check_option_pairs", "PLOT_ONLY_OPTIONS"]
 
 RESULTS_FOLDER = "approxlab-results"
 """The folder, in the current directory, that holds every study's default output folder."""
@@ -118,6 +133,22 @@ def positive_int(text: str) -> int:
 def nonnegative_int(text: str) -> int:
     """An integer >= 0 (argparse ``type=``)."""
     return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def int_at_least(low: int):
+    """An argparse ``type=``: an integer >= ``low`` (``int_at_least(5)`` for at least five timed calls)."""
+    def at_least(text: str) -> int:
+        return _number(text, int, f"an integer >= {low}", lambda v: v >= low)
+
+    at_least.__name__ = f"int_at_least_{low}"
+    return at_least
+
+
+def thread_count(text: str) -> int:
+    """``--threads``: an integer from 1 to :func:`~approxlab.studies.engine.environment.max_threads` (argparse ``type=``)."""
+    from .engine.environment import THREADS_ALLOWED, max_threads
+
+    return _number(text, int, THREADS_ALLOWED.format(limit=max_threads()), lambda v: 1 <= v <= max_threads())
 
 
 def positive_float(text: str) -> float:
@@ -215,7 +246,8 @@ CONDITIONS_OPTION = _listed(("--conditions",), "conditions", condition_list,
                             "model conditions: initialized (seeded weights), pretrained", "NAMES")
 N = _listed(("--n",), "n", int_list, "sequence lengths, comma-separated", "N")
 NUM_FEATURES = _listed(("--num-features",), "num_features", int_list,
-                       "numbers of features d (landmarks, random features, ...), comma-separated", "D")
+                       "numbers of features d (landmarks, random features, ...), comma-separated; a d above what a "
+                       "method allows at some n is refused, never lowered", "D")
 WINDOWS = Option(("--windows",), "windows", "number of WikiText-2 windows", type=positive_int, metavar="COUNT")
 SEEDS = Option(("--seeds",), "seeds", "number of seeds", type=positive_int, metavar="COUNT")
 STEPS = Option(("--steps",), "steps", "training steps per run", type=positive_int, metavar="COUNT")
@@ -232,9 +264,46 @@ SHARED = {option.dest: option for option in (METHODS, CONDITIONS_OPTION, N, NUM_
                                              TASKS, LAYERS, POSITIONS, CHECKPOINT)}
 """The shared options by ``dest``; a study's copy (:meth:`~approxlab.studies.Option.but`) keeps type and nargs."""
 
+def _distinct_key(value) -> str:
+    """A key under which two equal values (dicts and lists included) are the same."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def check_distinct(option: str, values, shown=None) -> None:
+    """Each of ``values`` (a list option's entries) at most once; else a :class:`UsageError` naming the repeats.
+
+    The rule of every list option of every study: a value given twice would compute the same cells
+    twice (or collide in the results), so it is refused, never merged silently. ``shown``: how the
+    values were written (``--tasks`` entries before parsing), for the message; default ``values``.
+
+    Examples
+    --------
+    >>> check_distinct("--methods", ["performer", "nystromformer"])
+    >>> check_distinct("--methods", ["performer", "performer"])
+    Traceback (most recent call last):
+    ...
+    approxlab.errors.UsageError: --methods: each value at most once, got 'performer,performer' ('performer' given more than once)
+    """
+    values = list(values)
+    shown = values if shown is None else list(shown)
+    first, repeats = {}, []
+    for value, written in zip(values, shown):
+        key = _distinct_key(value)
+        if key not in first:
+            first[key] = written
+            continue
+        what = (f"{str(written)!r} given more than once" if str(written) == str(first[key]) else
+                f"{str(written)!r} is {str(first[key])!r} again")
+        if what not in repeats:
+            repeats.append(what)
+    if repeats:
+        raise UsageError(option, "each value at most once", f"{','.join(map(str, shown))!r} ({'; '.join(repeats)})")
+
+
 def check_value(option: Option, value) -> None:
     """``value`` given in code for ``option``, checked by the option's own type or choices: the checks of the
-    command line, in its words (``--n: comma-separated integers >= 1, got [0]``)."""
+    command line, in its words (``--n: comma-separated integers >= 1, got [0]``); a list without repeats
+    (:func:`check_distinct`)."""
     entries = list(value) if isinstance(value, (list, tuple)) else [value]
     if option.choices is not None:
         choices = list(option.choices() if callable(option.choices) else option.choices)
@@ -245,6 +314,8 @@ def check_value(option: Option, value) -> None:
             option.type(",".join(map(str, entries)) if option.nargs else str(value))
         except argparse.ArgumentTypeError as error:
             raise UsageError(option.flags[0], str(error).rsplit(", got ", 1)[0], value) from None
+    if isinstance(value, (list, tuple)):
+        check_distinct(option.flags[0], value)
 
 
 def grid(defaults: dict, args, options) -> dict:
@@ -252,13 +323,13 @@ def grid(defaults: dict, args, options) -> dict:
     (:func:`check_value`).
 
     ``options``: :class:`~approxlab.studies.Option` s, or ``dest`` names of the shared set; those whose
-    ``dest`` is a key of ``defaults`` are put in (a list copied; ``n`` and ``num_features`` sorted without
-    repeats), the others only checked.
+    ``dest`` is a key of ``defaults`` are put in (a list copied; ``n`` and ``num_features`` sorted), the
+    others only checked. A list with a value given twice is refused (:func:`check_distinct`).
 
     Raises
     ------
     UsageError
-        A value the option does not allow.
+        A value the option does not allow, or a list that holds one twice.
     """
     values = dict(defaults)
     for option in options:
@@ -271,7 +342,7 @@ def grid(defaults: dict, args, options) -> dict:
             values[option.dest] = list(value) if isinstance(value, (list, tuple)) else value
     for name in ("n", "num_features"):
         if isinstance(values.get(name), list) and name in defaults:
-            values[name] = sorted({int(x) for x in values[name]})
+            values[name] = sorted(int(x) for x in values[name])
     return values
 
 
@@ -289,7 +360,7 @@ def one_value(option: str, values) -> int:
 
 def add_common(parser: argparse.ArgumentParser, study: str = "<study>") -> None:
     """Add the options every study shares to ``parser``."""
-    from .engine.environment import DEFAULT_THREADS
+    from .engine.environment import DEFAULT_THREADS, THREADS_PER_CPU, max_threads
 
     group = parser.add_argument_group("common study options")
     group.add_argument("--out", type=path_option, default=None, metavar="DIR",
@@ -316,10 +387,13 @@ def add_common(parser: argparse.ArgumentParser, study: str = "<study>") -> None:
                           help="run cells on a Dask scheduler, e.g. tcp://host:8786")
     executor.add_argument("--workers", type=positive_int, default=None, metavar="N",
                           help="run cells on a local Dask cluster of N worker processes")
-    group.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    group.add_argument("--threads", type=thread_count, default=None, metavar="N",
                        help="torch threads of this process and of each --workers process (default: "
                             f"$OMP_NUM_THREADS, else $MKL_NUM_THREADS, else {DEFAULT_THREADS}: "
-                            "measured faster than a thread per core on a loaded 2-core machine)")
+                            "measured faster than a thread per core on a loaded 2-core machine); at most "
+                            f"{THREADS_PER_CPU} per CPU this process may run on ({max_threads()} here): more threads "
+                            "only take turns on the same cores, and a count in the thousands makes OpenMP fail to "
+                            "allocate their stacks")
 
 
 PLOT_ONLY_OPTIONS = ("out", "quick", "progress", "plot_only", "plugin")
@@ -328,9 +402,11 @@ plugins whose methods the figures and summary describe."""
 
 
 def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
-    """Options that contradict each other, or that would be silently ignored, are a :class:`UsageError`.
+    """Options that contradict each other, repeat a value, or would be silently ignored, are a :class:`UsageError`.
 
     * an empty string for any option (``--checkpoint ""``: not a name; paths use :func:`path_option`);
+    * a value given twice in a list option (``--methods performer,performer``, ``--parts scale scale``):
+      :func:`check_distinct`, the rule of every list option of every study;
     * ``--plot-only`` with ``--restart`` (one redraws the saved results, the other discards them);
     * ``--plot-only`` with any option that only shapes the computation (``--n``, ``--workers``,
       ``--device``, ...): the figure is redrawn from the saved results and their ``config.json``.
@@ -340,6 +416,8 @@ def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():
             raise UsageError(action.option_strings[0], "a non-empty value", repr(value))
+        if action.nargs in ("+", "*") and isinstance(value, list):
+            check_distinct(action.option_strings[0], value)
     if not getattr(args, "plot_only", False):
         return
     if getattr(args, "restart", False):

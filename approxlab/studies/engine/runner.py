@@ -179,12 +179,19 @@ def _by_table(step: Step, result) -> dict:
 
 
 def _unique_keys(cells, key_columns) -> list:
+    """The cells' keys, each once. Two equal cells are a grid value given twice (two spellings of one task,
+    ``listops:64:2`` and ``listops:064:2``, that only the study's parsing makes equal): a one-line
+    :class:`StudyError`. Two different cells under one key are a bug of the study's ``cells``."""
     keys = [cell_key(cell, key_columns) for cell in cells]
-    seen = set()
-    for key in keys:
-        if key in seen:
+    first = {}
+    for key, cell in zip(keys, cells):
+        if key in first:
+            where = ", ".join(f"{column}={value!r}" for column, value in zip(key_columns, key))
+            if canonical(cell) == canonical(first[key]):
+                raise StudyError(f"the grid holds the cell ({where}) twice: a value of a list option is given "
+                                 "twice, perhaps written two ways; give each value once.")
             raise ValueError(f"two cells share the key {dict(zip(key_columns, key))}; cell keys must be unique.")
-        seen.add(key)
+        first[key] = cell
     return keys
 
 

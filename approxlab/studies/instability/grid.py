@@ -40,7 +40,8 @@ OPTIONS = (
     Option(("--attentions",), "attentions", "comma-separated attentions (softmax is always included)",
            type=str_list, nargs="+", action=Flatten, metavar="NAMES"),
     SEEDS, STEPS.but(help="Adam steps per run (paper: 20)"),
-    NUM_FEATURES.but(help="landmarks/features (one value; paper: 128)"),
+    NUM_FEATURES.but(help="landmarks/features (one value; paper: 128, --quick: 64); at most every task's N, a "
+                          "larger value is refused, not lowered"),
     Option(("--lr",), "lr", "peak learning rate (default: the paper's per task, ListOps 1e-4, Pathfinder 2e-4)",
            type=positive_float),
     Option(("--optimizer",), "optimizer", "adamw: the paper's AdamW with its warm-up schedule; adam: constant-rate "
@@ -113,12 +114,13 @@ def configure(args) -> dict:
 
     value = lambda name, default=None: default if getattr(args, name, None) is None else getattr(args, name)  # noqa
     grid = options.grid(QUICK_GRID if value("quick", False) else FULL_GRID, args, OPTIONS)
-    grid["tasks"] = [_parse_task(t) for t in grid["tasks"]]
+    grid["tasks"], written = [_parse_task(t) for t in grid["tasks"]], grid["tasks"]
+    options.check_distinct("--tasks", grid["tasks"], shown=written)  # listops:64:2 and listops:064:2 are one
     for name in grid["attentions"]:
         if name not in ATTENTIONS:
             raise UsageError("--attentions", f"attentions among {sorted(ATTENTIONS)}", repr(name))
     grid["attentions"] = ["softmax"] + [a for a in grid["attentions"] if a != "softmax"]
-    num_features = options.one_value("--num-features", value("num_features", 128))
+    num_features = options.one_value("--num-features", value("num_features", 64 if value("quick", False) else 128))
     lr, optimizer, dropout, dtype = value("lr"), value("optimizer", "adamw"), value("dropout", 0.1), value("dtype", "float32")
     clip_value = getattr(args, "clip_value", 1.0)
     for entry in grid["tasks"]:
@@ -169,6 +171,11 @@ def make_cells(config: dict, settings: dict) -> list[dict]:
 
 
 def check(args, config: dict) -> None:
-    """The WikiText-2 masked-LM tasks fit their windows in the corpus (``--tasks``), before a cell runs."""
+    """The WikiText-2 masked-LM tasks fit their windows in the corpus (``--tasks``), and ``num_features`` fits
+    every task (the model computes ``min(d, n)``: a larger d is refused, not lowered), before a cell runs."""
+    from ...training import ATTENTIONS
+
+    checks.check_num_features("--num-features", config["num_features"], [ATTENTIONS[a] for a in config["attentions"]],
+                              [t["n"] for t in config["tasks"]], at_most_n=True)
     checks.check_windows(args, {t["n"]: range(t["batch_size"] * config["steps"]) for t in config["tasks"]
                                 if t["task"] == "wikitext-mlm"}, n_option="--tasks")

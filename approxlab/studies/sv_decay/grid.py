@@ -110,6 +110,8 @@ def cells(config: dict, settings: dict) -> list[dict]:
 
 def check(args, config: dict) -> None:
     """The model, the layers, the windows at every n and the heads, before a cell runs."""
+    checks.check_num_features("--num-features", config["num_features"], config["approximations"], config["n"],
+                              at_most_n=True)  # the cells compute min(d, n): a larger d is refused, not lowered
     checks.check_model(args, config["conditions"], encoder_only=True)
     for condition in config["conditions"]:
         count = num_layers(condition, config["checkpoint"])
