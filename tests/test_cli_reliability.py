@@ -619,3 +619,48 @@ def test_a_folder_of_another_study_is_refused_in_one_line(plot_only, good_run, s
     assert_one_line_error(status, err, "figure1", f"--out: a folder of figure1 results, or a new one, got '{out}' "
                                                   "(its config.json is of the study 'decoder': `approxlab decoder")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != engine.LOCK_NAME} == before
+
+
+def _rows_a_dict(cell):
+    return {"value": 1.0}
+
+
+def _rows_empty(cell):
+    return []
+
+
+def _rows_of_another_cell(cell):
+    return [{"a": cell["a"] + 1, "value": 1.0}]
+
+
+def _two_cells_one_key(config, settings):
+    return [{"a": 0, "b": 1}, {"a": 0, "b": 2}]
+
+
+def _one_cell(config, settings):
+    return [{"a": 0}]
+
+
+@pytest.mark.parametrize(("compute", "cells", "message"), [
+    (_rows_a_dict, _one_cell, r"`compute` must return rows for the tables \['results.csv'\]; it returned \['value'\]\."),
+    (_rows_empty, _one_cell, r"`compute` must return a non-empty list of dicts .* it returned list of length 0\."),
+    (_rows_of_another_cell, _one_cell, r"`compute` returned a row with a=1 for the cell with a=0; rows must belong"),
+    (_rows_a_dict, _two_cells_one_key, r"two cells share the key \{'a': 0\}; cell keys must be unique\."),
+], ids=["a-dict", "no-rows", "another-cell", "two-cells-one-key"])
+def test_a_registered_study_whose_cells_return_what_the_runner_cannot_use_is_one_line(compute, cells, message,
+                                                                                       tmp_path, capsys):
+    """A study from a plugin is user code: what its cells return is checked against the shape it must have and
+    refused in one line naming the study and where it is defined (a built-in study's keeps its traceback)."""
+    from approxlab.studies import Step, Study, Table, register, unregister
+
+    study = Study(name="bad-rows", description="A study whose cells return the wrong thing.", full={}, quick={},
+                  configure=lambda args: {"study": "bad-rows"},
+                  steps=(Step((Table("results.csv", ("a",)),), compute, cells),))
+    register(study)
+    try:
+        status, err = run_main(["bad-rows", "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    finally:
+        unregister("bad-rows")
+    assert_one_line_error(status, err, "bad-rows", "the study 'bad-rows' (defined in test_cli_reliability) returned "
+                                                   "what the runner cannot use: ")
+    assert re.search(message, err), err

@@ -319,7 +319,8 @@ def test_progress_counts_resumed_cells_and_reports_a_stop(tmp_path, capsys):
     with pytest.raises(Interrupt):
         run_cells(cells, interrupted_compute(limit=3), **common)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 3/7 cells done (42%)") and lines[-1].endswith("(stopped)")
+    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 3/7 cells done (42%)")
+    assert lines[-1].endswith("(stopped)")
     run_cells(cells, toy_compute, **common)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == f"{tmp_path.name}/results.csv: 3/7 cells done (3 saved before this run), 4 to compute"

@@ -283,7 +283,7 @@ def check_num_features(option: str, num_features: int, methods, lengths, *, at_m
     >>> check_num_features("--num-features", 100, ["skyformer"], [64], at_most_n=True)
     Traceback (most recent call last):
     ...
-    approxlab.errors.UsageError: --num-features: at most 64 for skyformer at n=64 (this study computes at most n features; a larger d is refused, not lowered), got 100
+    approxlab.errors.UsageError: --num-features: at most 64 for skyformer at n=64 (this study computes ...), got 100
     """
     from ..methods import get
 

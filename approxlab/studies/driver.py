@@ -87,6 +87,17 @@ def _run_info(study, args, config) -> dict:
     return {**info, **(study.run_info(args, config) if study.run_info is not None else {})}
 
 
+def _defined_in(study) -> str:
+    """The module that defines the cells of ``study``."""
+    return getattr(study.steps[0].compute, "__module__", None) or "?"
+
+
+def _built_in(study) -> bool:
+    """Whether ``study`` is approxlab's own (its cells are computed by approxlab's code)."""
+    module = _defined_in(study)
+    return module == "approxlab" or module.startswith("approxlab.")
+
+
 def saved_study(out) -> str | None:
     """The study whose results ``out`` holds, as its ``config.json`` names it (the run's ``study``, else the
     config's); None without a readable one."""
@@ -116,7 +127,10 @@ def run(study, args) -> int:
     """``approxlab <study>``: compute (resumable) unless ``--plot-only``, then write the report; exit status 0.
 
     A folder of another study is refused first (:func:`check_folder_study`). After computing, each
-    method whose rows failed (a ``status`` other than ``"ok"``) gets one line on stderr.
+    method whose rows failed (a ``status`` other than ``"ok"``) gets one line on stderr. Cells or rows
+    the runner cannot use (:class:`~approxlab.studies.engine.runner.CellResultError`) are a one-line
+    :class:`~approxlab.errors.StudyError` naming a study defined outside approxlab (a plugin's), and keep
+    their traceback for a built-in study (a bug of approxlab).
     """
     _check_executor(study, args)
     out = pathlib.Path(args.out)
@@ -128,9 +142,15 @@ def run(study, args) -> int:
         info = _run_info(study, args, config)
         settings = study.settings(args) if study.settings is not None else {}
         start = time.perf_counter()
-        tables = compute(study, config, out, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
-                         scheduler=getattr(args, "scheduler", None), workers=getattr(args, "workers", None),
-                         progress=args.progress, restart=args.restart, run_info=info, **settings)
+        try:
+            tables = compute(study, config, out, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
+                             scheduler=getattr(args, "scheduler", None), workers=getattr(args, "workers", None),
+                             progress=args.progress, restart=args.restart, run_info=info, **settings)
+        except runner.CellResultError as error:
+            if _built_in(study):
+                raise  # a bug of approxlab: its traceback
+            raise StudyError(f"the study {study.name!r} (defined in {_defined_in(study)}) returned what the runner "
+                             f"cannot use: {error}") from None
         seconds = time.perf_counter() - start
         for line in failure_lines(tables):
             print(f"approxlab {study.name}: {line}", file=sys.stderr)

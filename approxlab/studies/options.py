@@ -145,7 +145,8 @@ def int_at_least(low: int):
 
 
 def thread_count(text: str) -> int:
-    """``--threads``: an integer from 1 to :func:`~approxlab.studies.engine.environment.max_threads` (argparse ``type=``)."""
+    """``--threads``: an integer from 1 to :func:`~approxlab.studies.engine.environment.max_threads` (argparse
+    ``type=``)."""
     from .engine.environment import THREADS_ALLOWED, max_threads
 
     return _number(text, int, THREADS_ALLOWED.format(limit=max_threads()), lambda v: 1 <= v <= max_threads())
@@ -282,7 +283,7 @@ def check_distinct(option: str, values, shown=None) -> None:
     >>> check_distinct("--methods", ["performer", "performer"])
     Traceback (most recent call last):
     ...
-    approxlab.errors.UsageError: --methods: each value at most once, got 'performer,performer' ('performer' given more than once)
+    approxlab.errors.UsageError: --methods: each value at most once, got 'performer,performer' ('performer' ...)
     """
     values = list(values)
     shown = values if shown is None else list(shown)

@@ -97,7 +97,8 @@ OPTIONS = (
     Option(("--parts",), "parts", "which parts to run", nargs="+", choices=PARTS),
     _lengths("--accuracy-n", "accuracy"), _lengths("--scale-n", "scale"), _lengths("--forward-n", "forward"),
     Option(("--error-method",), "error_method", "approximation whose spectral error is computed", choices=available),
-    NUM_FEATURES.but(help="num_features of every approximation (one value)"),
+    NUM_FEATURES.but(help="num_features of every approximation (one value; at most every n of the parts: a larger "
+                          "value is refused, not lowered)"),
     Option(("--forward-methods",), "forward_methods", "methods of the forward part (exact is always run)", nargs="+",
            choices=_methods),
     Option(("--dense-max-n",), "dense_max_n", "largest n for dense exact attention", type=positive_int),

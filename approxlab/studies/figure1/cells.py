@@ -119,7 +119,8 @@ def compute_cell(cell: dict) -> list[dict]:
 
     Warnings the method raises are counted (``num_warnings``, ``warnings``) rather than
     propagated; a method that fails (``FloatingPointError`` for a non-finite output,
-    ``ArithmeticError``, ``torch.linalg.LinAlgError``) gives a row with ``status`` naming
+    ``ArithmeticError``, ``torch.linalg.LinAlgError``; anything a registered method raises or
+    returns wrongly: :mod:`approxlab.studies.engine.failures`) gives a row with ``status`` naming
     the error and ``inf`` errors, so the sweep goes on and the failure is visible.
     """
     ref = _reference(cell)
