@@ -456,10 +456,10 @@ def test_a_value_given_twice_is_refused_by_every_list_option(study, capsys, tmp_
             declared.configure(declared.arguments(quick=True, **{action.dest: in_code}))
     assert not out.exists()
     spelled = {"instability": "listops:64:2,listops:064:2", "lra-svd": "listops:32,listops:32:learned"}.get(study)
-    if spelled:
+    if spelled:  # one entry written two ways: refused by the study's parsing, in one line naming --tasks
         status, err = run_main([study, "--tasks", spelled, "--out", str(out)], capsys)
-        assert_one_line_error(status, err, study, f"--tasks: each value at most once, got '{spelled}' "
-                                                  f"('{spelled.split(',')[1]}' is '{spelled.split(',')[0]}' again)")
+        assert_one_line_error(status, err, study, "--tasks: ")
+        assert not out.exists()
 
 
 @pytest.mark.parametrize("study", sorted(STUDIES))
