@@ -4,7 +4,9 @@ Every file approxlab writes (results, figures, cache files) goes through one of 
 the bytes go to a temporary file in the *same directory*, are flushed and ``fsync``-ed, and the
 temporary file is moved over the target with :func:`os.replace` (atomic on POSIX and Windows). A
 reader, or a run killed with Ctrl-C, therefore sees either the old file or the new one, never a
-half-written one, and no temporary file is left behind (it is removed when the write fails).
+half-written one, and no temporary file is left behind (it is removed when the write fails). An
+``OSError`` of the write that names no file (a full disk at ``write`` or ``fsync``) is raised
+again naming the target, so that whoever reports it can say which file and folder.
 
 Public API::
 
@@ -13,6 +15,7 @@ Public API::
     write_csv_atomic(df, path) -> pathlib.Path
     write_json_atomic(obj, path) -> pathlib.Path
     fsync_directory(directory)
+    naming(path)                      # an OSError of a write, raised again with the file named
     TEMP_PREFIX
 
 Used by :mod:`approxlab.data` (cache files), :mod:`approxlab.plotting` (figures) and
@@ -22,6 +25,7 @@ output-folder lock); it imports nothing from approxlab.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -31,7 +35,7 @@ import tempfile
 import pandas as pd
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "write_csv_atomic", "write_json_atomic", "fsync_directory",
-           "TEMP_PREFIX"]
+           "naming", "TEMP_PREFIX"]
 
 TEMP_PREFIX = ".approxlab-tmp-"
 """Prefix of the temporary files; a directory holding one after a run is a bug (the engine of
@@ -45,6 +49,18 @@ def _default_file_mode() -> int:
 
 
 _FILE_MODE = _default_file_mode()
+
+
+@contextlib.contextmanager
+def naming(path):
+    """An ``OSError`` of the block that names no file (``ENOSPC`` at ``write`` or ``fsync``) is raised again
+    with ``path`` as its ``filename`` (same type, ``errno`` and message), chained to the original."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise type(error)(error.errno, error.strerror or str(error), str(path)) from error
 
 
 def fsync_directory(directory: pathlib.Path) -> None:
@@ -79,18 +95,20 @@ def atomic_write_bytes(path, data: bytes) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=path.suffix, dir=path.parent)
     try:
-        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; results are ordinary shared files
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        with naming(path):
+            os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; results are ordinary shared files
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
     except BaseException:
         # Includes KeyboardInterrupt: never leave a temporary file behind.
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    fsync_directory(path.parent)
+    with naming(path.parent):
+        fsync_directory(path.parent)
     return path
 
 

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
             check_common(args)
             return driver.run(declared, args)
     except (StudyError, CorruptResultsError, FileNotFoundError, OSError) as error:
-        message = driver.error_line(error, plot_only=args.plot_only)
+        message = driver.error_line(error, plot_only=args.plot_only, out=args.out, cache_dir=args.cache_dir)
         if message is None:  # not the user's environment: a bug in approxlab shows its traceback
             raise
         if created is not None:

@@ -255,7 +255,8 @@ def error_panel(ax, panel, methods, num_features, *, secondary=lambda method: Fa
     for method in methods:
         method_curve(ax, panel[panel["method"] == method], method, secondary=secondary(method))
     ax.set_xscale("log", base=2)
-    if not (np.isfinite(panel["median"]) & (panel["median"] > 0)).any():
+    drawn = panel["median"][panel["method"].isin(methods)]  # the curves of this panel, not the others'
+    if not (np.isfinite(drawn) & (drawn > 0)).any():
         ax.set_ylim(1e-3, 1.0)
     ax.set_yscale("log")
     ax.set_xticks(num_features, [str(d) for d in num_features])

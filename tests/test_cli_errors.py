@@ -23,9 +23,11 @@ from approxlab import cli
 from approxlab.errors import StudyError
 from approxlab.studies import STUDIES, checks
 from approxlab.studies.engine import runner
+from approxlab.tasks.mlm import load_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORPUS_TOKENS = 273_178
+REAL_TOKEN_COUNT = checks._token_count
 
 
 def _closed_port() -> int:
@@ -61,6 +63,9 @@ CASES = [
     ("figure1", ["--scheduler", "tcp://127.0.0.1:{port}"], "--scheduler"),
     ("figure1", ["--scheduler", "tcp://localhost:notaport"], "--scheduler"),
     ("figure1", ["--no-such-option"], "--no-such-option"),
+    ("figure1", ["--threads", "2147483648"], "--threads: an integer from 1 to"),  # overflowed inside torch
+    ("figure1", ["--threads", "100000"], "--threads: an integer from 1 to"),  # crashed the process at exit
+    ("figure1", ["--threads", "0"], "--threads"),
     ("sv-decay", ["--n", "8192", "--windows", "64"], "--n"),
     ("sv-decay", ["--windows", "100"], "--windows"),
     ("sv-decay", ["--heads", "99"], "--heads"),
@@ -91,6 +96,8 @@ CASES = [
     ("bench", ["--tol", "0"], "--tol"),
     ("bench", ["--parts", "speed"], "--parts"),
     ("bench", ["--workers", "2"], "--workers"),
+    ("bench", ["--repeats", "0"], "--repeats: an integer >= 5, got '0'"),  # was raised to 5 without a word
+    ("bench", ["--source", "synthetic", "--training-features", "100000"], "--training-features: at most 1024"),
     ("lra-svd", ["--tasks", "nope:1000"], "--tasks"),
     ("lra-svd", ["--tasks", "listops:0"], "--tasks"),
     ("lra-svd", ["--steps", "0"], "--steps"),
@@ -230,3 +237,58 @@ def test_real_exit_path(arguments, tmp_path):
                             env=_subprocess_env(), capture_output=True, text=True, timeout=300)
     assert_one_line_error(result.returncode, result.stderr, arguments[0], arguments[-2])
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("variable", ["OMP_NUM_THREADS", "MKL_NUM_THREADS"])
+def test_a_thread_variable_the_machine_cannot_run_is_refused(variable, no_compute, capsys, tmp_path, monkeypatch):
+    """As ``--threads``: at most 4 threads per CPU of the process's affinity mask, said in one line."""
+    from approxlab.studies.engine.environment import max_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv(variable, "100000")
+    status, err = run_main(["figure1", "--out", str(tmp_path / "out")], capsys)
+    assert_one_line_error(status, err, "figure1", f"${variable}: an integer from 1 to {max_threads()} (at most 4 "
+                                                  "threads per CPU this process may run on")
+
+
+def test_a_directory_where_the_token_cache_goes_is_one_line(no_compute, capsys, tmp_path, monkeypatch):
+    """approxlab's own CachePathError used to show its traceback; it names the file and --cache-dir."""
+    import torch
+
+    from approxlab.data import wikitext
+
+    cache = tmp_path / "cache"
+    with monkeypatch.context() as patch:  # the cache file, written fast (its content does not matter here)
+        patch.setattr(wikitext, "tokenize", lambda text, tokenizer: torch.arange(8))
+        wikitext.wikitext_token_ids(load_tokenizer(), cache_dir=cache)
+    token_file, = (cache / "tokens").iterdir()
+    token_file.unlink()
+    token_file.mkdir()
+    monkeypatch.setattr(checks, "_token_count", REAL_TOKEN_COUNT)  # read through the cache
+    REAL_TOKEN_COUNT.cache_clear()
+    try:
+        status, err = run_main(["figure1", "--cache-dir", str(cache), "--out", str(tmp_path / "out")], capsys)
+    finally:
+        REAL_TOKEN_COUNT.cache_clear()
+    assert_one_line_error(status, err, "figure1", f"cache file '{token_file}' is a directory, so it cannot be read or "
+                                                  "written: remove or rename it, or choose another cache root with "
+                                                  "cache_dir= (CLI: --cache-dir)")
+
+
+def test_a_decoder_under_an_encoder_study_is_refused_from_its_config(no_compute, capsys, tmp_path, monkeypatch):
+    """A GPT-2 checkpoint under figure1's --checkpoint: refused from its config alone (no weights loaded, no
+    log record of transformers before the one line)."""
+    from approxlab.data import models
+    from test_models_qkv import save_tiny_checkpoint
+
+    folder = save_tiny_checkpoint("gpt2", tmp_path / "gpt2")
+    capsys.readouterr()
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights loaded to refuse a checkpoint its config already rules out")
+
+    monkeypatch.setattr(models, "_load_weights", no_weights)
+    status, err = run_main(["figure1", "--checkpoint", str(folder), "--out", str(tmp_path / "out")], capsys)
+    assert_one_line_error(status, err, "figure1", f"--checkpoint: a bidirectional encoder (bert, roberta, distilbert) "
+                                                  f"for this study of non-causal attention, got '{folder}' (a causal "
+                                                  "gpt2 model)")

@@ -22,7 +22,7 @@ import pytest
 
 from approxlab import _io
 from approxlab.cli import main
-from approxlab.studies import checks, engine
+from approxlab.studies import STUDIES, checks, engine
 from approxlab.studies.inputs import wikitext
 
 from conftest import DASK_DEFAULT_DASHBOARD_PORT, hold_port
@@ -290,6 +290,8 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(good_run, synth
     status, err = run_main(["figure1", "--out", str(out), *GRID], capsys)
     assert_one_line_error(status, err, "figure1", "No space left on device (ENOSPC); every cell finished before it is "
                                                   "saved, nothing is half-written")
+    folder = re.escape(str(out))  # the file and --out, or --out itself (its fsync), are named
+    assert re.search(rf"cannot write or read ('{folder}/[^']+' \(in --out '{folder}'\)|--out '{folder}'): ", err), err
     assert not [p for p in out.iterdir() if p.name.startswith(_io.TEMP_PREFIX)]
     for table in out.glob("*.csv"):
         engine.read_results(table)  # whole, or not there
@@ -396,9 +398,269 @@ CONFIG = '{"config": {"study": "x"}, "config_hash": "0"}'
 def test_every_study_refuses_a_damaged_folder_to_plot(study, results, config, message, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "config.json").write_text(config)
+    (out / "config.json").write_text(config.replace('"study": "x"', f'"study": "{study}"'))  # a folder of this study
     for name in ("results.csv", *OTHER_STUDIES[study]):
         (out / name).write_bytes(results if isinstance(results, bytes) else results.encode())
     status, err = run_main([study, "--out", str(out), *PLOT_ONLY], capsys)
     assert_one_line_error(status, err, study, "error")
+    assert re.search(message, err), err
+
+
+# ------------------------------------------------ rules that hold for every study's command line
+
+SAMPLES = {"tasks": {"instability": "listops:64:2", "lra-svd": "listops:32"}, "layers": "first",
+           "methods": "nystromformer", "num_features": "16"}
+"""A valid value of a list option where the study's ``--quick`` grid does not give one."""
+
+
+def _list_options(study: str) -> list:
+    from approxlab.cli import build_parser
+
+    parser = build_parser(study).study_parser
+    return [action for action in parser._actions if action.option_strings and action.nargs in ("+", "*")]
+
+
+def _sample(declared, action) -> str:
+    sample = SAMPLES.get(action.dest)
+    if isinstance(sample, dict):
+        sample = sample.get(declared.name)
+    if sample is None and action.choices is not None:
+        sample = list(action.choices)[0]
+    if sample is None:
+        value = declared.quick.get(action.dest)
+        sample = value[0] if isinstance(value, list) and value else value
+    assert isinstance(sample, (str, int)) and not isinstance(sample, bool), (
+        f"no valid value of {declared.name} {action.option_strings[0]} to repeat: add one to SAMPLES")
+    return str(sample)
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_a_value_given_twice_is_refused_by_every_list_option(study, capsys, tmp_path):
+    """``--methods performer,performer`` and its kin, in every study: one line, exit 2, nothing created, and the
+    same words for a value given in code; entries equal once parsed (``listops:64:2``, ``listops:064:2``) too."""
+    from approxlab.errors import UsageError
+    from approxlab.studies import registry
+    from approxlab.studies.options import Flatten
+
+    declared, out = registry.get(study), tmp_path / "out"
+    actions = _list_options(study)
+    assert actions
+    for action in actions:
+        flag, value = action.option_strings[0], _sample(declared, action)
+        message = f"{flag}: each value at most once, got '{value},{value}' ('{value}' given more than once)"
+        for given in ([f"{value},{value}"], [value, value]) if isinstance(action, Flatten) else ([value, value],):
+            status, err = run_main([study, flag, *given, "--out", str(out)], capsys)
+            assert_one_line_error(status, err, study, message)
+        in_code = [int(value) if value.isdigit() else value] * 2
+        with pytest.raises(UsageError, match=re.escape(f"{flag}: each value at most once")):
+            declared.configure(declared.arguments(quick=True, **{action.dest: in_code}))
+    assert not out.exists()
+    spelled = {"instability": "listops:64:2,listops:064:2", "lra-svd": "listops:32,listops:32:learned"}.get(study)
+    if spelled:  # one entry written two ways: refused by the study's parsing, in one line naming --tasks
+        status, err = run_main([study, "--tasks", spelled, "--out", str(out)], capsys)
+        assert_one_line_error(status, err, study, "--tasks: ")
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_a_number_of_features_a_study_cannot_compute_is_refused_not_lowered(study, capsys, tmp_path, monkeypatch):
+    """``--num-features 100000`` at n = 64 used to be lowered to 64 by sv-decay and instability (their summaries
+    said d = 100000); every study refuses it in one line before a cell runs, so the d of config.json and the
+    summary is the d computed. Studies without the option have nothing to lower."""
+    from approxlab.studies import registry
+    from test_cli_errors import CORPUS_TOKENS
+
+    monkeypatch.setattr(engine.runner, "run_steps", _no_computation)
+    monkeypatch.setattr(checks, "_token_count", lambda data_dir, cache_dir: CORPUS_TOKENS)
+    if not any(action.dest == "num_features" for action in _list_options(study)):
+        return
+    lengths = {"sv-decay": ["--n", "64"], "instability": ["--tasks", "listops:64:2"], "bench": ["--source",
+               "synthetic", "--accuracy-n", "64", "--forward-n", "64", "--parts", "accuracy", "forward"],
+               "decoder": ["--n", "64"], "figure1": ["--n", "64"]}.get(study, [])
+    status, err = run_main([study, "--num-features", "100000", *lengths, "--out", str(tmp_path / "out")], capsys)
+    assert_one_line_error(status, err, study, "--num-features: at most ")
+    assert re.search(r"at most \d+ for [\w-]+ at n=64\b.*, got 100000$", err.strip()), err
+    if study in ("sv-decay", "instability", "bench"):  # they hand min(d, n) to the methods: n is the limit
+        assert "at most 64 for" in err
+    declared = registry.get(study)
+    if study == "instability":  # --quick's default d fits its task (it was 128 at n = 64, lowered without a word)
+        args = declared.arguments(quick=True)
+        declared.check(args, declared.configure(args))
+
+
+def _no_computation(*args, **kwargs):
+    raise AssertionError("computation started: the option was not refused before computing")
+
+
+def test_features_a_method_ignores_are_not_bounded_by_n():
+    checks.check_num_features("--num-features", 128, ["kernelized", "exact"], [64], at_most_n=True)
+    with pytest.raises(Exception, match=r"--num-features: at most 64 for exact at n=64, got 128"):
+        checks.check_num_features("--num-features", 128, ["exact"], [64])  # the method's own limit still holds
+
+
+EXITING = {"zero": "import sys\nsys.exit(0)\n", "message": "import sys\nsys.exit('bye')\n"}
+
+
+def _exiting_module(folder, kind, suffix) -> str:
+    name = f"exiting_{kind}_{suffix}_{abs(hash(str(folder))):x}"
+    (folder / f"{name}.py").write_text(EXITING[kind])
+    return name
+
+
+@pytest.mark.parametrize("kind", sorted(EXITING))
+@pytest.mark.parametrize("how", ["--plugin", "--plugin --plot-only", "load_plugin", "method entry point",
+                                 "study entry point"])
+def test_a_plugin_that_calls_sys_exit_is_an_error_of_that_plugin(how, kind, tmp_path, monkeypatch, capsys,
+                                                                 fresh_registry):
+    """A plugin module that calls ``sys.exit`` used to end approxlab with its status (0) having run nothing:
+    it is an error of that plugin, like any other exception it raises -- one line, exit 2, naming it on the
+    command line; a RuntimeError from ``load_plugin``; a PluginWarning naming an entry point, whose methods or
+    study are then missing while everything else works."""
+    from approxlab.errors import PluginWarning
+    from approxlab.methods import available, load_plugin
+    from approxlab.studies import registry
+    from test_registry import _install_distribution
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = _exiting_module(tmp_path, kind, how.replace(" ", "_").replace("-", ""))
+    code = repr(0 if kind == "zero" else "bye")
+    try:
+        if how.startswith("--plugin"):
+            extra = ["--plot-only"] if "plot-only" in how else ["--n", "64"]
+            status, err = run_main(["figure1", "--plugin", module, *extra, "--out", str(tmp_path / "out")], capsys)
+            assert_one_line_error(status, err, "figure1", f"--plugin: a module that imports and registers its "
+                                                          f"methods or studies, got '{module}' (it called "
+                                                          f"sys.exit({code}) while it was imported at ")
+            assert not (tmp_path / "out").exists()
+        elif how == "load_plugin":
+            with pytest.raises(RuntimeError, match=rf"plugin module '{module}' called sys.exit\({re.escape(code)}\)"):
+                load_plugin(module)
+        elif how == "method entry point":
+            _install_distribution(tmp_path, f"exiting-{kind}", f"[approxlab.methods]\nexiting = {module}\n", {})
+            with pytest.warns(PluginWarning, match=rf"'exiting' = '{module}'.* failed to load \(SystemExit"):
+                assert "nystromformer" in available() and "exiting" not in available()
+        else:
+            _install_distribution(tmp_path, f"exiting-{kind}", f"[approxlab.studies]\nexiting = {module}\n", {})
+            with pytest.warns(PluginWarning, match=rf"'exiting' = '{module}'.* failed to load \(SystemExit"):
+                assert main(["exiting"]) == 2
+            assert "study 'exiting' is not available" in capsys.readouterr().err
+            assert registry.describe("figure1") is not None
+    finally:
+        sys.modules.pop(module, None)
+
+
+def _raises(q, k, v, *, num_features, generator=None):
+    raise RuntimeError("the plugin's own bug")
+
+
+def _wrong_shape(q, k, v, *, num_features, generator=None):
+    return v[..., :1, :]  # one row where every query needs one
+
+
+def _exits(q, k, v, *, num_features, generator=None):
+    sys.exit(0)
+
+
+FAILING = {
+    "raises": (_raises, "RuntimeError: the plugin's own bug"),
+    "wrong-shape": (_wrong_shape, r"MethodResultError: method 'wrong-shape' must return an output of shape "
+                                  r"\(\*batch, n, p_v\) = \(2, 32, 8\); got \(2, 1, 8\)\."),
+    "exits": (_exits, r"SystemExit: the method called sys.exit\(0\)"),
+}
+"""Registered methods that fail: the error each row must hold as its status."""
+
+
+def test_a_registered_method_that_fails_gets_failed_rows_and_one_line(fresh_registry, synthetic_data, tmp_path,
+                                                                     capsys):
+    """As a built-in's numerical failure: rows with the error as their status (and inf errors), the run goes on
+    to its report, and one line on stderr names each failing method -- never a traceback (one run of all)."""
+    from approxlab.methods import register
+
+    for name, (function, _) in FAILING.items():
+        register(name, function, target="softmax", features="ignored", randomized=False)
+    grid = [a if a != "skyformer-softmax,nystromformer" else ",".join([*FAILING, "nystromformer"]) for a in GRID]
+    grid[grid.index("initialized,pretrained")] = "initialized"
+    assert main(["figure1", "--out", str(tmp_path / "run"), *grid]) == 0
+    results = engine.read_results(tmp_path / "run" / "results.csv")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (results.loc[results["method"] == "nystromformer", "status"] == "ok").all()
+    lines = [line for line in err.splitlines() if "failed in" in line]
+    assert len(lines) == len(FAILING), err
+    for (name, (_, status)), line in zip(FAILING.items(), lines):
+        rows = results[results["method"] == name]
+        assert len(rows) == 2 and rows["status"].str.fullmatch(status).all(), rows["status"].tolist()
+        assert (rows["error_mean"] == float("inf")).all()
+        assert re.fullmatch(rf"approxlab figure1: method '{name}' failed in 2 of its 2 rows of results\.csv: "
+                            rf"{status} \(those rows hold the error as their status\)", line), line
+    assert (tmp_path / "run" / "summary.md").is_file() and (tmp_path / "run" / "figure1-extra.png").is_file()
+
+
+def test_a_built_in_method_that_fails_unexpectedly_keeps_its_traceback():
+    """A bug of approxlab must not hide in a table: only numerical failures of built-ins become rows."""
+    from approxlab.studies.engine import method_status
+
+    assert method_status("nystromformer", ZeroDivisionError("x")) == "ZeroDivisionError: x"
+    with pytest.raises(KeyError):
+        method_status("nystromformer", KeyError("a bug"))
+
+
+@pytest.mark.parametrize("plot_only", [True, False], ids=["plot-only", "compute"])
+def test_a_folder_of_another_study_is_refused_in_one_line(plot_only, good_run, synthetic_data, tmp_path, capsys):
+    """``figure1 --plot-only`` on a decoder folder raised KeyError: 'n' after writing figure1's products into it:
+    the study is read from config.json and the folder refused, untouched, with or without --plot-only."""
+    assert engine.read_json(good_run / "config.json")["run"]["study"] == "figure1"  # recorded by every run
+    out = tmp_path / "decoder-run"
+    out.mkdir()
+    for name in ("config.json", "results.csv", "assumptions.csv"):
+        shutil.copy(ROOT / "figures" / "decoder" / name, out / name)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    arguments = PLOT_ONLY if plot_only else [*GRID, "--restart"]
+    status, err = run_main(["figure1", "--out", str(out), *arguments], capsys)
+    assert_one_line_error(status, err, "figure1", f"--out: a folder of figure1 results, or a new one, got '{out}' "
+                                                  "(its config.json is of the study 'decoder': `approxlab decoder")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != engine.LOCK_NAME} == before
+
+
+def _rows_a_dict(cell):
+    return {"value": 1.0}
+
+
+def _rows_empty(cell):
+    return []
+
+
+def _rows_of_another_cell(cell):
+    return [{"a": cell["a"] + 1, "value": 1.0}]
+
+
+def _two_cells_one_key(config, settings):
+    return [{"a": 0, "b": 1}, {"a": 0, "b": 2}]
+
+
+def _one_cell(config, settings):
+    return [{"a": 0}]
+
+
+@pytest.mark.parametrize(("compute", "cells", "message"), [
+    (_rows_a_dict, _one_cell, r"`compute` must return rows for the tables \['results.csv'\]; it returned \['value'\]\."),
+    (_rows_empty, _one_cell, r"`compute` must return a non-empty list of dicts .* it returned list of length 0\."),
+    (_rows_of_another_cell, _one_cell, r"`compute` returned a row with a=1 for the cell with a=0; rows must belong"),
+    (_rows_a_dict, _two_cells_one_key, r"two cells share the key \{'a': 0\}; cell keys must be unique\."),
+], ids=["a-dict", "no-rows", "another-cell", "two-cells-one-key"])
+def test_a_registered_study_whose_cells_return_what_the_runner_cannot_use_is_one_line(compute, cells, message,
+                                                                                       tmp_path, capsys):
+    """A study from a plugin is user code: what its cells return is checked against the shape it must have and
+    refused in one line naming the study and where it is defined (a built-in study's keeps its traceback)."""
+    from approxlab.studies import Step, Study, Table, register, unregister
+
+    study = Study(name="bad-rows", description="A study whose cells return the wrong thing.", full={}, quick={},
+                  configure=lambda args: {"study": "bad-rows"},
+                  steps=(Step((Table("results.csv", ("a",)),), compute, cells),))
+    register(study)
+    try:
+        status, err = run_main(["bad-rows", "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    finally:
+        unregister("bad-rows")
+    assert_one_line_error(status, err, "bad-rows", "the study 'bad-rows' (defined in test_cli_reliability) returned "
+                                                   "what the runner cannot use: ")
     assert re.search(message, err), err

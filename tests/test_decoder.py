@@ -117,7 +117,7 @@ def test_checkpoint_and_layer_errors_are_one_line(llama, cache, tmp_path, capsys
     assert "--n: lengths up to the model's context, 128, got 256" in err
     bert = save_tiny_checkpoint("bert", tmp_path / "bert")
     capsys.readouterr()  # the checkpoint writer's progress bar is not the command's output
-    err = _one_line(capsys, ["decoder", "--checkpoint", str(bert), "--n", "16", *common])
+    err = _one_line(capsys, ["decoder", "--checkpoint", str(bert), "--n", "16", "--num-features", "8", *common])
     assert "--checkpoint: a causal decoder" in err and "bidirectional bert" in err
     err = _one_line(capsys, ["decoder", "--checkpoint", str(tmp_path / "nothing-here"), *common])
     assert "--checkpoint" in err

@@ -163,8 +163,11 @@ def test_rows_do_not_depend_on_cell_order(tmp_path):
 def test_input_validation(tmp_path):
     with pytest.raises(TypeError, match="non-empty list of dicts"):
         run(tmp_path / "empty", compute=lambda cell: [])
+    with pytest.raises(StudyError, match=r"the grid holds the cell \(a=0, b='x'\) twice: a value of a list option "
+                                         "is given twice, perhaps written two ways"):
+        run(tmp_path / "dup", cells=toy_cells() + toy_cells()[:1])  # one cell twice: a grid value given twice
     with pytest.raises(ValueError, match="share the key"):
-        run(tmp_path / "dup", cells=toy_cells() + toy_cells()[:1])
+        run(tmp_path / "clash", cells=toy_cells() + [{**toy_cells()[0], "other": 1}])  # a bug of the study's cells
     with pytest.raises(ValueError, match="at most one of `scheduler` and `workers`"):
         run(tmp_path / "both", scheduler="tcp://localhost:1", workers=2)
     with pytest.raises(ValueError, match="`workers` must be an integer >= 1"):
@@ -301,7 +304,7 @@ def test_progress_without_a_terminal_logs_every_tenth(tmp_path, capsys):
     run_cells(cells, toy_compute, results_path=tmp_path / "results.csv", key_columns=KEYS, config=CONFIG,
               progress=True)  # capsys: stderr is not a terminal
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == f"{tmp_path.name}/results.csv: 0/20 cells to compute"
+    assert lines[0] == f"{tmp_path.name}/results.csv: 0/20 cells done, 20 to compute"
     done = [int(line.split(": ")[1].split("/")[0]) for line in lines[1:]]
     assert done == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]  # every 10% of the cells
     assert all("elapsed 0:00:" in line for line in lines[1:])
@@ -316,11 +319,12 @@ def test_progress_counts_resumed_cells_and_reports_a_stop(tmp_path, capsys):
     with pytest.raises(Interrupt):
         run_cells(cells, interrupted_compute(limit=3), **common)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 3/7 cells (42%)") and lines[-1].endswith("(stopped)")
+    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 3/7 cells done (42%)")
+    assert lines[-1].endswith("(stopped)")
     run_cells(cells, toy_compute, **common)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == f"{tmp_path.name}/results.csv: 3/7 cells to compute (3 already done)"
-    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 7/7 cells (100%)")
+    assert lines[0] == f"{tmp_path.name}/results.csv: 3/7 cells done (3 saved before this run), 4 to compute"
+    assert lines[-1].startswith(f"{tmp_path.name}/results.csv: 7/7 cells done (100%)")
 
 
 def test_no_progress_and_terminals_get_no_log_lines(tmp_path, capsys, monkeypatch):

@@ -16,8 +16,8 @@ Three ways a method gets a name:
        [project.entry-points."approxlab.methods"]
        topk = "my_package.attention"
 
-   An entry point that fails to load gives a :class:`~approxlab.errors.PluginWarning` naming it;
-   every other method stays available.
+   An entry point that fails to load -- it raises, or calls ``sys.exit`` -- gives a
+   :class:`~approxlab.errors.PluginWarning` naming it; every other method stays available.
 
 Every registered name is accepted by :func:`approxlab.approximate` and :func:`approxlab.methods.draw`,
 listed by :func:`available` and run by the studies that take ``--methods`` (``figure1`` draws it in
@@ -93,7 +93,8 @@ def _load_entry_points() -> None:
         for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
                 entry.load()  # importing the module registers its methods
-            except Exception as error:  # noqa: BLE001 - third-party code: it must not break unrelated use
+            except (Exception, SystemExit) as error:  # noqa: BLE001 - third-party code (sys.exit included) must
+                # not break unrelated use: its methods are missing, the warning says why
                 warnings.warn(PluginWarning.failed(entry, ENTRY_POINT_GROUP, error, "its methods are not available, "
                                                    "every other method is"), stacklevel=3)
 
@@ -311,6 +312,10 @@ def load_plugin(module: str) -> ModuleType:
     ImportError
         ``module`` cannot be imported (not on ``sys.path``: set ``PYTHONPATH``); errors raised while
         the module runs propagate unchanged.
+    RuntimeError
+        The module called ``sys.exit`` while it was imported (chained to the ``SystemExit``): an
+        error of the plugin, which must register its methods and return, never an exit of the
+        program that loads it.
 
     Examples
     --------
@@ -323,7 +328,11 @@ def load_plugin(module: str) -> ModuleType:
     if not isinstance(module, str) or not module:
         raise TypeError(f"`module` must be a module name (str), e.g. 'my_package.attention'; got {module!r}.")
     _load_entry_points()
-    loaded = importlib.import_module(module)
+    try:
+        loaded = importlib.import_module(module)
+    except SystemExit as exit_:
+        raise RuntimeError(f"the plugin module {module!r} called sys.exit({exit_.code!r}) while it was imported; a "
+                           "plugin registers its methods or studies and returns") from exit_
     with _STATE.lock:
         if module not in _STATE.plugins:
             _STATE.plugins.append(module)

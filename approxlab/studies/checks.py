@@ -26,6 +26,7 @@ Public API::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import pathlib
@@ -200,28 +201,42 @@ def check_model(args, conditions, *, layer=None, encoder_only: bool = False) -> 
     :class:`~approxlab.errors.CheckpointError` said about ``--checkpoint``; ``encoder_only``
     refuses a causal decoder. Returns ``{condition: ModelInfo}``.
     """
-    from huggingface_hub.utils import logging as hub_logging
-
     from ..data import CheckpointError, describe_model
 
     infos = {}
     for condition in conditions:
-        level = hub_logging.get_verbosity()
-        hub_logging.set_verbosity_error()  # its retry warnings would add lines before the one error line
         try:
-            info = describe_model(condition, checkpoint=args.checkpoint, cache_dir=args.cache_dir, verify=True)
+            with _quiet_loading():
+                info = describe_model(condition, checkpoint=args.checkpoint, cache_dir=args.cache_dir)
+                if encoder_only and info.causal:  # from the config alone: no weights loaded for a refusal
+                    raise UsageError("--checkpoint", "a bidirectional encoder (bert, roberta, distilbert) for this "
+                                     "study of non-causal attention",
+                                     f"{args.checkpoint!r} (a causal {info.model_type} model)")
+                if layer is not None and not 0 <= layer < info.num_layers:
+                    raise UsageError("--layer", f"a layer index in 0..{info.num_layers - 1} (the {condition} model "
+                                     f"{info.checkpoint} has {info.num_layers} layers)", layer)
+                info = describe_model(condition, checkpoint=args.checkpoint, cache_dir=args.cache_dir, verify=True)
         except CheckpointError as error:
             raise UsageError("--checkpoint", error.allowed, error.got) from None
-        finally:
-            hub_logging.set_verbosity(level)
-        if encoder_only and info.causal:
-            raise UsageError("--checkpoint", "a bidirectional encoder (bert, roberta, distilbert) for this study "
-                             "of non-causal attention", f"{args.checkpoint!r} (a causal {info.model_type} model)")
-        if layer is not None and not 0 <= layer < info.num_layers:
-            raise UsageError("--layer", f"a layer index in 0..{info.num_layers - 1} (the {condition} model "
-                             f"{info.checkpoint} has {info.num_layers} layers)", layer)
         infos[condition] = info
     return infos
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    """huggingface_hub's and transformers' log records below errors off for the block (restored after): their
+    retry warnings and loading reports would print lines before the one error line."""
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as hf_logging
+
+    levels = hub_logging.get_verbosity(), hf_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(levels[0])
+        hf_logging.set_verbosity(levels[1])
 
 
 def check_windows(args, ids_by_n: dict, *, windows: int | None = None, n_option: str = "--n") -> None:
@@ -253,12 +268,33 @@ def check_heads(option: str, heads: int, conditions, *, index: bool = False, che
             raise UsageError(option, f"between 1 and {count} (the {condition} model has {count} heads)", heads)
 
 
-def check_num_features(option: str, num_features: int, methods, lengths) -> None:
-    """``num_features`` is allowed for every method at every length (``MethodSpec.max_features``)."""
+def check_num_features(option: str, num_features: int, methods, lengths, *, at_most_n: bool = False) -> None:
+    """``num_features`` is allowed for every method at every length (``MethodSpec.max_features``).
+
+    The rule of every study: a number of features it cannot compute is refused in one line, never
+    lowered, so the d in ``config.json`` and in the summary is the d computed. ``at_most_n``: the
+    study hands ``min(d, n)`` to its models (:class:`~approxlab.training.TinyEncoder`, the bench's
+    cells), so ``d`` must also be at most ``n`` for every method whose ``features`` are not
+    ``"ignored"``.
+
+    Examples
+    --------
+    >>> check_num_features("--num-features", 64, ["nystromformer"], [64, 128])
+    >>> check_num_features("--num-features", 100, ["skyformer"], [64], at_most_n=True)
+    Traceback (most recent call last):
+    ...
+    approxlab.errors.UsageError: --num-features: at most 64 for skyformer at n=64 (this study computes ...), got 100
+    """
     from ..methods import get
 
     for method in methods:
+        spec = get(method)
+        if at_most_n and spec.features.startswith("ignored"):
+            continue  # d is not used: min(d, n) changes nothing
         for n in lengths:
-            limit = get(method).max_features(n)
+            limit = spec.max_features(n)
+            why = ""
+            if at_most_n and n < limit:
+                limit, why = n, " (this study computes at most n features; a larger d is refused, not lowered)"
             if num_features > limit:
-                raise UsageError(option, f"at most {limit} for {method} at n={n}", num_features)
+                raise UsageError(option, f"at most {limit} for {method} at n={n}{why}", num_features)

@@ -17,8 +17,9 @@ Public API::
     compute(study, config, out, *, data_dir=None, cache_dir=None, device="cpu", scheduler=None,
             workers=None, progress=True, restart=False, run_info=None, **settings) -> {table: DataFrame}
     report(study, out) -> list[pathlib.Path]
-    locked_output(args), orderly_stop(), Stopped, error_line(error, plot_only=False), one_line(text)
-    missing_ancestor(path), discard_output(out, created=None), check_device(device)
+    locked_output(args), orderly_stop(), Stopped, error_line(error, plot_only=False, out=None, cache_dir=None)
+    one_line(text), missing_ancestor(path), discard_output(out, created=None), check_device(device)
+    saved_study(out) -> str | None, check_folder_study(study, out)
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ import sys
 import threading
 import time
 
-from ..errors import CheckpointError, CorruptResultsError, StudyError, UsageError
+from ..errors import CachePathError, CheckpointError, CorruptResultsError, StudyError, UsageError
 from .checks import exists
 from .engine import runner
+from .engine.failures import failure_lines
 from .engine.lock import LOCK_NAME, OutputLockedError, output_lock
 from .engine.record import append_timing
 from .reporting.summary import write_report
 
 __all__ = ["run", "compute", "report", "locked_output", "orderly_stop", "Stopped", "error_line", "one_line",
-           "missing_ancestor", "discard_output", "check_device"]
+           "missing_ancestor", "discard_output", "check_device", "saved_study", "check_folder_study"]
 
 
 def compute(study, config: dict, out, *, data_dir=None, cache_dir=None, device: str = "cpu", scheduler=None,
@@ -79,16 +81,60 @@ def _check_executor(study, args) -> None:
 def _run_info(study, args, config) -> dict:
     import torch
 
-    info = {"command": getattr(args, "command", f"approxlab {study.name}"), "device": args.device,
+    info = {"study": study.name, "command": getattr(args, "command", f"approxlab {study.name}"), "device": args.device,
             "scheduler": getattr(args, "scheduler", None), "workers": getattr(args, "workers", None),
             "torch": torch.__version__, "threads": torch.get_num_threads()}
     return {**info, **(study.run_info(args, config) if study.run_info is not None else {})}
 
 
+def _defined_in(study) -> str:
+    """The module that defines the cells of ``study``."""
+    return getattr(study.steps[0].compute, "__module__", None) or "?"
+
+
+def _built_in(study) -> bool:
+    """Whether ``study`` is approxlab's own (its cells are computed by approxlab's code)."""
+    module = _defined_in(study)
+    return module == "approxlab" or module.startswith("approxlab.")
+
+
+def saved_study(out) -> str | None:
+    """The study whose results ``out`` holds, as its ``config.json`` names it (the run's ``study``, else the
+    config's); None without a readable one."""
+    from .engine.store import read_json
+
+    path = pathlib.Path(out) / "config.json"
+    try:
+        record = read_json(path) if path.is_file() else {}
+    except (CorruptResultsError, OSError):
+        return None  # the runner and the report refuse it, naming what is wrong
+    named = [part.get("study") for part in (record.get("run"), record.get("config")) if isinstance(part, dict)]
+    return next((name for name in named if isinstance(name, str) and name), None)
+
+
+def check_folder_study(study, out) -> None:
+    """``out`` holds no results of another study (its ``config.json`` names the study; a folder without one
+    passes): with ``--plot-only`` the report would read another study's tables, and a run (even with
+    ``--restart``, which discards only this study's tables) would mix two studies' files in one folder."""
+    other = saved_study(out)
+    if other is not None and other != study.name:
+        raise UsageError("--out", f"a folder of {study.name} results, or a new one",
+                         f"{str(out)!r} (its config.json is of the study {other!r}: `approxlab {other} --out "
+                         f"{out} --plot-only` redraws it)")
+
+
 def run(study, args) -> int:
-    """``approxlab <study>``: compute (resumable) unless ``--plot-only``, then write the report; exit status 0."""
+    """``approxlab <study>``: compute (resumable) unless ``--plot-only``, then write the report; exit status 0.
+
+    A folder of another study is refused first (:func:`check_folder_study`). After computing, each
+    method whose rows failed (a ``status`` other than ``"ok"``) gets one line on stderr. Cells or rows
+    the runner cannot use (:class:`~approxlab.studies.engine.runner.CellResultError`) are a one-line
+    :class:`~approxlab.errors.StudyError` naming a study defined outside approxlab (a plugin's), and keep
+    their traceback for a built-in study (a bug of approxlab).
+    """
     _check_executor(study, args)
     out = pathlib.Path(args.out)
+    check_folder_study(study, out)
     if not args.plot_only:
         config = study.configure(args)
         if study.check is not None:
@@ -96,10 +142,18 @@ def run(study, args) -> int:
         info = _run_info(study, args, config)
         settings = study.settings(args) if study.settings is not None else {}
         start = time.perf_counter()
-        compute(study, config, out, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
-                scheduler=getattr(args, "scheduler", None), workers=getattr(args, "workers", None),
-                progress=args.progress, restart=args.restart, run_info=info, **settings)
+        try:
+            tables = compute(study, config, out, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
+                             scheduler=getattr(args, "scheduler", None), workers=getattr(args, "workers", None),
+                             progress=args.progress, restart=args.restart, run_info=info, **settings)
+        except runner.CellResultError as error:
+            if _built_in(study):
+                raise  # a bug of approxlab: its traceback
+            raise StudyError(f"the study {study.name!r} (defined in {_defined_in(study)}) returned what the runner "
+                             f"cannot use: {error}") from None
         seconds = time.perf_counter() - start
+        for line in failure_lines(tables):
+            print(f"approxlab {study.name}: {line}", file=sys.stderr)
         append_timing(out, {"command": info["command"], "wall_seconds": round(seconds, 1),
                             "workers": info["workers"], "threads": info["threads"],
                             "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
@@ -166,17 +220,34 @@ ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
 approxlab: reported as one error line. Any other ``OSError`` shows its traceback."""
 
 
-def error_line(error: BaseException, *, plot_only: bool = False) -> str | None:
-    """The one-line message of an error the user can act on, or None for a bug (shown with its traceback)."""
-    if isinstance(error, (StudyError, CheckpointError)) or (
+def _where(filename, out=None, cache_dir=None) -> str:
+    """``'<file>'`` and the option whose folder holds it (``--out``, ``--cache-dir``), or ``--out`` alone."""
+    folders = [(option, pathlib.Path(folder)) for option, folder in (("--out", out), ("--cache-dir", cache_dir))
+               if folder is not None]
+    if filename is None:
+        return "".join(f" files of {option} {str(folder)!r}" for option, folder in folders[:1])
+    path = pathlib.Path(str(filename))
+    if any(path == folder for _, folder in folders):
+        return next(f" {option} {str(folder)!r}" for option, folder in folders if path == folder)
+    inside = next((f" (in {option} {str(folder)!r})" for option, folder in folders if folder in path.parents), "")
+    return f" {str(filename)!r}{inside}"
+
+
+def error_line(error: BaseException, *, plot_only: bool = False, out=None, cache_dir=None) -> str | None:
+    """The one-line message of an error the user can act on, or None for a bug (shown with its traceback).
+
+    ``out``, ``cache_dir``: the run's ``--out`` and ``--cache-dir``, named in the message of a write the
+    environment refused (a full disk) beside the file, or instead of it when the error names none.
+    """
+    if isinstance(error, (StudyError, CheckpointError, CachePathError)) or (
             isinstance(error, FileNotFoundError) and error.filename is None):
-        return one_line(error)  # approxlab's own message (a missing results table, ...)
+        return one_line(error)  # approxlab's own message (a missing results table, a folder as a cache file ...)
     if isinstance(error, CorruptResultsError):
         remedy = ("rerun without --plot-only to resume (damaged tables are refused) or with --restart to start over"
                   if plot_only else "pass --restart to discard the saved results, or a new --out directory")
         return one_line(f"{error}; {remedy}")
     if isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS:
-        where = f" {str(error.filename)!r}" if error.filename else ""
+        where = _where(error.filename, out, cache_dir)
         name = errno.errorcode.get(error.errno, str(error.errno))
         return (f"cannot write or read{where}: {error.strerror or error} ({name}); every cell finished before it "
                 "is saved, nothing is half-written. Fix this and rerun the same command to resume.")

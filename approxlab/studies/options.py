@@ -24,6 +24,18 @@ A value that fails an option's type is argparse's one-line error (``argument --n
 integers >= 1, got '0'``); :func:`grid` applies the option's own type, in the same words, to values
 given in code (:meth:`approxlab.studies.Study.arguments`).
 
+Two rules hold for every list option of every study, shared or its own, and for values given in code:
+
+* **a value given twice is refused** in one line (``--methods: each value at most once, got
+  'performer,performer' ('performer' given more than once)``), never silently computed twice or merged:
+  :func:`check_distinct`, applied by :func:`check_option_pairs` to every list option of the command line
+  and by :func:`check_value` to values given in code; a study that reads entries into a canonical form
+  (``listops:64:2`` and ``listops:064:2``) applies it to the parsed entries too;
+* **a number a study would have to lower is refused**, never clamped: ``--num-features`` above what a
+  method allows at some ``n`` (or above ``n`` where the study hands ``min(d, n)`` to its models) is a
+  one-line error (:func:`approxlab.studies.checks.check_num_features`), so the d in ``config.json`` and
+  the summary is the d computed.
+
 Public API::
 
     add_common(parser), default_output_dir(study, quick=False), RESULTS_FOLDER
@@ -31,8 +43,10 @@ Public API::
     SHARED                                    # {dest: Option} of the shared set
     grid(defaults, args, options) -> dict     # the grid with the given options put in, each checked
     check_value(option, value)                # a value given in code, checked as the command line checks it
+    check_distinct(option, values, shown=None)  # a list option's values, each at most once
     one_value(option, values) -> int          # a list option that this study takes once
-    str_list, int_list, names_among, positive_int, nonnegative_int, positive_float, probability, path_option, Flatten
+    str_list, int_list, names_among, positive_int, nonnegative_int, int_at_least, positive_float, probability,
+    path_option, thread_count, Flatten        # the value types (:mod:`approxlab.studies.option_types`)
     check_option_pairs(args, parser)
 """
 
@@ -43,12 +57,15 @@ import pathlib
 
 from ..errors import UsageError
 from .declaration import Option
+from .option_types import (Flatten, check_distinct, int_at_least, int_list, layer_list, method_list, names_among,
+                           nonnegative_int, path_option, positive_float, positive_int, probability, str_list,
+                           thread_count)
 
 __all__ = ["RESULTS_FOLDER", "default_output_dir", "add_common", "METHODS", "CONDITIONS_OPTION", "N",
            "NUM_FEATURES", "WINDOWS", "SEEDS", "STEPS", "TASKS", "LAYERS", "POSITIONS", "CHECKPOINT", "SHARED",
-           "CONDITIONS", "POSITION_MODES", "grid", "check_value", "one_value", "str_list", "int_list", "names_among",
-           "positive_int", "nonnegative_int", "positive_float", "probability", "path_option", "Flatten",
-           "check_option_pairs", "PLOT_ONLY_OPTIONS"]
+           "CONDITIONS", "POSITION_MODES", "grid", "check_value", "check_distinct", "one_value", "str_list",
+           "int_list", "names_among", "positive_int", "nonnegative_int", "int_at_least", "positive_float",
+           "probability", "path_option", "thread_count", "Flatten", "check_option_pairs", "PLOT_ONLY_OPTIONS"]
 
 RESULTS_FOLDER = "approxlab-results"
 """The folder, in the current directory, that holds every study's default output folder."""
@@ -78,131 +95,12 @@ def default_output_dir(study: str, *, quick: bool = False) -> pathlib.Path:
     return pathlib.Path(RESULTS_FOLDER) / (f"{study}-quick" if quick else study)
 
 
-# ---------------------------------------------------------------- value types
-
-
-def str_list(text: str) -> list[str]:
-    """``"a,b c"`` -> ``["a", "b", "c"]`` (commas or spaces)."""
-    items = [x for x in str(text).replace(",", " ").split() if x]
-    if not items:
-        raise argparse.ArgumentTypeError(f"one or more comma-separated names, got {text!r}")
-    return items
-
-
-def int_list(text: str) -> list[int]:
-    """``"512,1024"`` -> ``[512, 1024]``; every entry an integer >= 1."""
-    try:
-        values = [int(x) for x in str_list(text)]
-    except (ValueError, argparse.ArgumentTypeError):
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"comma-separated integers >= 1, got {text!r}")
-    return values
-
-
-def _number(text: str, kind, allowed: str, ok):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{allowed}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"{allowed}, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1 (argparse ``type=``)."""
-    return _number(text, int, "an integer >= 1", lambda v: v >= 1)
-
-
-def nonnegative_int(text: str) -> int:
-    """An integer >= 0 (argparse ``type=``)."""
-    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (argparse ``type=``)."""
-    return _number(text, float, "a finite number > 0", lambda v: 0 < v < float("inf"))
-
-
-def probability(text: str) -> float:
-    """A number in [0, 1) (argparse ``type=``), e.g. a dropout rate."""
-    return _number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
-
-
-def path_option(text: str) -> pathlib.Path:
-    """A file or folder path (argparse ``type=``): an empty one would silently mean the current folder."""
-    if not str(text).strip():
-        raise argparse.ArgumentTypeError(f"a file or folder path, got {text!r} (an empty path is the current folder)")
-    return pathlib.Path(text)
-
-
-def _method_names() -> list[str]:
-    from ..methods import available
-
-    return available()
-
-
-def _methods_allowed() -> str:
-    return f"registered method names among {_method_names()}"
-
-
-def method_list(text: str) -> list[str]:
-    """Registered method names (commas or spaces)."""
-    names = str_list(text)
-    if not set(names) <= set(_method_names()):
-        raise argparse.ArgumentTypeError(f"{_methods_allowed()}, got {text!r}")
-    return names
-
-
-def names_among(allowed, noun: str):
-    """An argparse ``type=``: comma-separated names among ``allowed`` (the ``noun`` says what they are)."""
-    def names(text: str) -> list[str]:
-        chosen = str_list(text)
-        if not set(chosen) <= set(allowed):
-            raise argparse.ArgumentTypeError(f"comma-separated {noun} among {list(allowed)}, got {text!r}")
-        return chosen
-
-    names.__name__ = f"{noun.replace(' ', '_')}_list"
-    return names
-
+# ---------------------------------------------------------------- the shared set
 
 condition_list = names_among(CONDITIONS, "conditions")
 """Model conditions among :data:`CONDITIONS` (commas or spaces)."""
 
 
-LAYER_NAMES = ("first", "middle", "last")
-_LAYERS_ALLOWED = "comma-separated layer indices >= 0 or first, middle, last, or 'all'"
-
-
-def layer_list(text: str):
-    """``"0,5"``, ``"first,last"`` (or mixed) -> a list; ``"all"`` -> ``"all"``."""
-    if str(text).strip() == "all":
-        return "all"
-    try:
-        names = str_list(text)
-    except argparse.ArgumentTypeError:
-        names = []
-    layers = [int(x) if x.isdigit() else x for x in names]
-    if not layers or not all(isinstance(x, int) or x in LAYER_NAMES for x in layers):
-        raise argparse.ArgumentTypeError(f"{_LAYERS_ALLOWED}, got {text!r}")
-    return layers
-
-
-class Flatten(argparse.Action):
-    """``--n 512 1024`` and ``--n 512,1024`` both give ``[512, 1024]`` (with ``nargs="+"``); ``all``
-    (``--layers``) stays a word."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if any(chunk == "all" for chunk in values):
-            if len(values) > 1:
-                parser.error(f"argument {option_string}: {_LAYERS_ALLOWED}, got {' '.join(map(str, values))!r}")
-            setattr(namespace, self.dest, "all")
-            return
-        setattr(namespace, self.dest, [x for chunk in values for x in chunk])
-
-
-# ---------------------------------------------------------------- the shared set
 
 
 def _listed(flags, dest, kind, help_text, metavar):
@@ -215,7 +113,8 @@ CONDITIONS_OPTION = _listed(("--conditions",), "conditions", condition_list,
                             "model conditions: initialized (seeded weights), pretrained", "NAMES")
 N = _listed(("--n",), "n", int_list, "sequence lengths, comma-separated", "N")
 NUM_FEATURES = _listed(("--num-features",), "num_features", int_list,
-                       "numbers of features d (landmarks, random features, ...), comma-separated", "D")
+                       "numbers of features d (landmarks, random features, ...), comma-separated; a d above what a "
+                       "method allows at some n is refused, never lowered", "D")
 WINDOWS = Option(("--windows",), "windows", "number of WikiText-2 windows", type=positive_int, metavar="COUNT")
 SEEDS = Option(("--seeds",), "seeds", "number of seeds", type=positive_int, metavar="COUNT")
 STEPS = Option(("--steps",), "steps", "training steps per run", type=positive_int, metavar="COUNT")
@@ -234,7 +133,8 @@ SHARED = {option.dest: option for option in (METHODS, CONDITIONS_OPTION, N, NUM_
 
 def check_value(option: Option, value) -> None:
     """``value`` given in code for ``option``, checked by the option's own type or choices: the checks of the
-    command line, in its words (``--n: comma-separated integers >= 1, got [0]``)."""
+    command line, in its words (``--n: comma-separated integers >= 1, got [0]``); a list without repeats
+    (:func:`check_distinct`)."""
     entries = list(value) if isinstance(value, (list, tuple)) else [value]
     if option.choices is not None:
         choices = list(option.choices() if callable(option.choices) else option.choices)
@@ -245,6 +145,8 @@ def check_value(option: Option, value) -> None:
             option.type(",".join(map(str, entries)) if option.nargs else str(value))
         except argparse.ArgumentTypeError as error:
             raise UsageError(option.flags[0], str(error).rsplit(", got ", 1)[0], value) from None
+    if isinstance(value, (list, tuple)):
+        check_distinct(option.flags[0], value)
 
 
 def grid(defaults: dict, args, options) -> dict:
@@ -252,13 +154,13 @@ def grid(defaults: dict, args, options) -> dict:
     (:func:`check_value`).
 
     ``options``: :class:`~approxlab.studies.Option` s, or ``dest`` names of the shared set; those whose
-    ``dest`` is a key of ``defaults`` are put in (a list copied; ``n`` and ``num_features`` sorted without
-    repeats), the others only checked.
+    ``dest`` is a key of ``defaults`` are put in (a list copied; ``n`` and ``num_features`` sorted), the
+    others only checked. A list with a value given twice is refused (:func:`check_distinct`).
 
     Raises
     ------
     UsageError
-        A value the option does not allow.
+        A value the option does not allow, or a list that holds one twice.
     """
     values = dict(defaults)
     for option in options:
@@ -271,7 +173,7 @@ def grid(defaults: dict, args, options) -> dict:
             values[option.dest] = list(value) if isinstance(value, (list, tuple)) else value
     for name in ("n", "num_features"):
         if isinstance(values.get(name), list) and name in defaults:
-            values[name] = sorted({int(x) for x in values[name]})
+            values[name] = sorted(int(x) for x in values[name])
     return values
 
 
@@ -289,7 +191,7 @@ def one_value(option: str, values) -> int:
 
 def add_common(parser: argparse.ArgumentParser, study: str = "<study>") -> None:
     """Add the options every study shares to ``parser``."""
-    from .engine.environment import DEFAULT_THREADS
+    from .engine.environment import DEFAULT_THREADS, THREADS_PER_CPU, max_threads
 
     group = parser.add_argument_group("common study options")
     group.add_argument("--out", type=path_option, default=None, metavar="DIR",
@@ -316,10 +218,13 @@ def add_common(parser: argparse.ArgumentParser, study: str = "<study>") -> None:
                           help="run cells on a Dask scheduler, e.g. tcp://host:8786")
     executor.add_argument("--workers", type=positive_int, default=None, metavar="N",
                           help="run cells on a local Dask cluster of N worker processes")
-    group.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    group.add_argument("--threads", type=thread_count, default=None, metavar="N",
                        help="torch threads of this process and of each --workers process (default: "
                             f"$OMP_NUM_THREADS, else $MKL_NUM_THREADS, else {DEFAULT_THREADS}: "
-                            "measured faster than a thread per core on a loaded 2-core machine)")
+                            "measured faster than a thread per core on a loaded 2-core machine); at most "
+                            f"{THREADS_PER_CPU} per CPU this process may run on ({max_threads()} here): more threads "
+                            "only take turns on the same cores, and a count in the thousands makes OpenMP fail to "
+                            "allocate their stacks")
 
 
 PLOT_ONLY_OPTIONS = ("out", "quick", "progress", "plot_only", "plugin")
@@ -328,9 +233,11 @@ plugins whose methods the figures and summary describe."""
 
 
 def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
-    """Options that contradict each other, or that would be silently ignored, are a :class:`UsageError`.
+    """Options that contradict each other, repeat a value, or would be silently ignored, are a :class:`UsageError`.
 
     * an empty string for any option (``--checkpoint ""``: not a name; paths use :func:`path_option`);
+    * a value given twice in a list option (``--methods performer,performer``, ``--parts scale scale``):
+      :func:`check_distinct`, the rule of every list option of every study;
     * ``--plot-only`` with ``--restart`` (one redraws the saved results, the other discards them);
     * ``--plot-only`` with any option that only shapes the computation (``--n``, ``--workers``,
       ``--device``, ...): the figure is redrawn from the saved results and their ``config.json``.
@@ -340,6 +247,8 @@ def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():
             raise UsageError(action.option_strings[0], "a non-empty value", repr(value))
+        if action.nargs in ("+", "*") and isinstance(value, list):
+            check_distinct(action.option_strings[0], value)
     if not getattr(args, "plot_only", False):
         return
     if getattr(args, "restart", False):

@@ -15,7 +15,8 @@ Three ways a study gets a name, as methods do (:mod:`approxlab.methods.registry`
        toy = "my_package.toy:STUDY"
 
    It is loaded only when that study runs or when the studies are listed; one that fails to load
-   gives a :class:`~approxlab.errors.PluginWarning` naming it, and every other study stays available.
+   (it raises, or calls ``sys.exit``) gives a :class:`~approxlab.errors.PluginWarning` naming it, and
+   every other study stays available.
 
 Public API::
 
@@ -103,7 +104,8 @@ def _load_entry_point(name: str):
     entry = _entry_points()[name]
     try:
         loaded = entry.load()
-    except Exception as error:  # noqa: BLE001 - third-party code: it must not break unrelated use
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - third-party code (sys.exit included) must not break
+        # unrelated use
         warnings.warn(PluginWarning.failed(entry, ENTRY_POINT_GROUP, error, "that study is not available, every "
                                            "other study is"), stacklevel=3)
         return None
@@ -153,7 +155,8 @@ def load_plugins(argv) -> list[str]:
     """Import every ``--plugin MODULE`` of ``argv`` (:func:`approxlab.methods.load_plugin`), in order.
 
     Done before the parser is built, so a study a plugin registers can be named, and ``--methods``
-    knows the plugins' methods. A module that cannot be imported, or that raises while it registers,
+    knows the plugins' methods. A module that cannot be imported, that raises while it registers, or
+    that calls ``sys.exit`` (which would end approxlab with the plugin's status, having run nothing),
     is a :class:`~approxlab.errors.UsageError` naming it, the error and where it happened.
     """
     from ..methods import load_plugin
@@ -178,7 +181,11 @@ def load_plugins(argv) -> list[str]:
 
 
 def _failure(error: BaseException) -> str:
-    """``Type: message at file:line`` of the innermost frame of ``error``."""
-    frames = traceback.extract_tb(error.__traceback__)
+    """``Type: message at file:line`` of the innermost frame of ``error`` (``it called sys.exit(code) at
+    file:line`` for a plugin that exits: :func:`approxlab.methods.load_plugin` chains the ``SystemExit``)."""
+    cause = error.__cause__ if isinstance(error.__cause__, SystemExit) else None
+    frames = traceback.extract_tb((cause or error).__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    if cause is not None:
+        return f"it called sys.exit({cause.code!r}) while it was imported{where}"
     return f"{type(error).__name__}: {error}{where}"

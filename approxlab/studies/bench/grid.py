@@ -10,6 +10,7 @@ import argparse
 
 from ...errors import UsageError
 from ...methods import available
+from ...training import ATTENTIONS
 from .. import checks, options
 from ..declaration import Option
 from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_float, positive_int
@@ -96,7 +97,8 @@ OPTIONS = (
     Option(("--parts",), "parts", "which parts to run", nargs="+", choices=PARTS),
     _lengths("--accuracy-n", "accuracy"), _lengths("--scale-n", "scale"), _lengths("--forward-n", "forward"),
     Option(("--error-method",), "error_method", "approximation whose spectral error is computed", choices=available),
-    NUM_FEATURES.but(help="num_features of every approximation (one value)"),
+    NUM_FEATURES.but(help="num_features of every approximation (one value; at most every n of the parts: a larger "
+                          "value is refused, not lowered)"),
     Option(("--forward-methods",), "forward_methods", "methods of the forward part (exact is always run)", nargs="+",
            choices=_methods),
     Option(("--dense-max-n",), "dense_max_n", "largest n for dense exact attention", type=positive_int),
@@ -113,7 +115,7 @@ OPTIONS = (
     Option(("--training-threads",), "training_threads", "torch threads of the training part's steps (default: "
            "--threads when given, else 1, as the studies train, whatever $OMP_NUM_THREADS says)", type=positive_int),
     Option(("--repeats",), "repeats", "timed calls per forward-type measurement (median; at least 5), after one "
-           "warm-up", type=int),
+           "warm-up", type=options.int_at_least(5)),
 )
 """The options of ``approxlab bench`` besides the common ones."""
 
@@ -171,6 +173,15 @@ def build_cells(config: dict, settings: dict) -> list[dict]:
 
 def check(args, config) -> None:
     """Lengths, head and num_features of ``config`` fit the data and the methods (before computing)."""
+    # the cells hand min(d, n) to every method: a larger d is refused, never lowered
+    ratio_n = [config["spectral_ratio_n"]] if "ratios" in config["parts"] else []
+    checks.check_num_features("--num-features", config["num_features"], [config["error_method"]],
+                              [*config["accuracy_n"], *config["scale_n"], *ratio_n], at_most_n=True)
+    checks.check_num_features("--num-features", config["num_features"], config["forward_methods"], config["forward_n"],
+                              at_most_n=True)
+    training = [ATTENTIONS[a] for a in config["training_attentions"]] if "training" in config["parts"] else []
+    checks.check_num_features("--training-features", config["training_features"], training, [config["training_n"]],
+                              at_most_n=True)
     if config["source"] == "bert":
         for option in ("--accuracy-n", "--scale-n", "--forward-n"):
             ns = config[option[2:].replace("-", "_")]
@@ -178,9 +189,6 @@ def check(args, config) -> None:
         checks.check_heads("--head", config["head"], [config["condition"]], index=True)
     elif config["head"] != 0:
         raise UsageError("--head", "0 (the synthetic source has one head)", config["head"])
-    checks.check_num_features("--num-features", config["num_features"], [config["error_method"]],
-                            [*config["accuracy_n"], *config["scale_n"]])
-    checks.check_num_features("--num-features", config["num_features"], config["forward_methods"], config["forward_n"])
 
 
 def run_info(args, config) -> dict:

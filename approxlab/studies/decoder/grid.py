@@ -87,6 +87,7 @@ def _grid(quick, args) -> dict:
         causal_form(method)
     if min(grid["n"]) < 4:
         raise UsageError("--n", "lengths of at least 4 tokens (the causal recursion halves them)", grid["n"])
+    checks.check_num_features("--num-features", max(grid["num_features"]), grid["methods"], grid["n"])  # no d left out
     return grid
 
 

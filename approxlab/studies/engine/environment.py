@@ -29,6 +29,12 @@ One stays the default: it loses at most that factor on an idle machine and wins 
 times on a loaded one, and a run with ``--workers 2`` (two one-thread processes) uses both cores
 anyway. On a machine you know to be idle, pass ``--threads 2`` (or ``--workers 2``).
 
+The count is bounded by :func:`max_threads`: :data:`THREADS_PER_CPU` per CPU this process may run
+on (its affinity mask). More threads than cores only take turns on the same cores, and a count in
+the thousands is not a setting but a typo that takes the process down (``torch.set_num_threads``
+overflows above 2**31 - 1; at 100,000 OpenMP fails to allocate the threads' stacks, or the process
+crashes at exit), so a larger ``--threads`` or thread variable is refused in one line.
+
 A Dask cluster started elsewhere (``--scheduler``) keeps its workers' own setting (Dask's
 nanny starts them with one thread each). Used as a library, approxlab never changes torch's
 thread count; :func:`study_threads` sets it for a run and restores it afterwards.
@@ -63,8 +69,8 @@ import sys
 
 from ...errors import UsageError
 
-__all__ = ["DEFAULT_THREADS", "THREAD_VARIABLES", "WORKER_VARIABLES", "requested_threads", "study_threads",
-           "third_party_bars_off", "restored_environ"]
+__all__ = ["DEFAULT_THREADS", "THREADS_PER_CPU", "THREADS_ALLOWED", "THREAD_VARIABLES", "WORKER_VARIABLES",
+           "max_threads", "requested_threads", "study_threads", "third_party_bars_off", "restored_environ"]
 
 
 @contextlib.contextmanager
@@ -83,6 +89,32 @@ def restored_environ(names):
 
 DEFAULT_THREADS = 1
 """Threads per process when neither ``--threads`` nor a thread variable is set."""
+
+THREADS_PER_CPU = 4
+"""The most threads per CPU a run may ask for (:func:`max_threads`)."""
+
+THREADS_ALLOWED = (f"an integer from 1 to {{limit}} (at most {THREADS_PER_CPU} threads per CPU this process may run "
+                   "on: more only take turns on the same cores)")
+"""The allowed values of a thread count, in the words of its one-line error (``limit``: :func:`max_threads`)."""
+
+
+def max_threads() -> int:
+    """The largest thread count a run may ask for: :data:`THREADS_PER_CPU` times the CPUs this process may run on.
+
+    The CPUs are those of the process's affinity mask (``os.sched_getaffinity``; a container or
+    ``taskset`` limits them), else ``os.cpu_count()``.
+
+    Examples
+    --------
+    >>> max_threads() >= THREADS_PER_CPU
+    True
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    return THREADS_PER_CPU * max(1, cpus)
+
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """The environment variables that set the thread count, in the order torch reads them."""
@@ -110,8 +142,8 @@ def requested_threads(option: int | None = None, environ=None) -> tuple[int, str
     Raises
     ------
     approxlab.errors.UsageError
-        If the variable that decides is set to something other than a positive integer (an
-        OpenMP list such as ``"4,2"`` counts by its first entry, as OpenMP does).
+        If the count that decides is not an integer from 1 to :func:`max_threads` (of a thread
+        variable, an OpenMP list such as ``"4,2"`` counts by its first entry, as OpenMP does).
 
     Examples
     --------
@@ -122,7 +154,10 @@ def requested_threads(option: int | None = None, environ=None) -> tuple[int, str
     >>> requested_threads(4, {"OMP_NUM_THREADS": "2"})
     (4, '--threads')
     """
+    limit = max_threads()
     if option is not None:
+        if isinstance(option, bool) or not isinstance(option, int) or not 1 <= option <= limit:
+            raise UsageError("--threads", THREADS_ALLOWED.format(limit=limit), repr(option))
         return int(option), "--threads"
     environ = os.environ if environ is None else environ
     for name in THREAD_VARIABLES:
@@ -130,9 +165,9 @@ def requested_threads(option: int | None = None, environ=None) -> tuple[int, str
         if not text:
             continue
         first = text.split(",")[0].strip()
-        if not first.isdigit() or int(first) < 1:
-            raise UsageError(f"${name}", f"a positive integer, the threads of each process (or unset: "
-                                         f"{DEFAULT_THREADS})", repr(text))
+        if not first.isdigit() or not 1 <= int(first) <= limit:
+            raise UsageError(f"${name}", f"{THREADS_ALLOWED.format(limit=limit)}, the threads of each process (or "
+                                         f"unset: {DEFAULT_THREADS})", repr(text))
         return int(first), f"${name}"
     return DEFAULT_THREADS, "default"
 

@@ -31,10 +31,11 @@ def _clock(seconds: float) -> str:
 class ProgressLog:
     """Progress for a stderr that is not a terminal: one line at every tenth of the cells.
 
-    ``figure1/results.csv: 12/120 cells (10%), elapsed 0:00:31, remaining ~0:04:39``: the remaining
-    time extrapolates the mean time of the cells finished in this run. A line is written
-    when the run starts, whenever the count of finished cells crosses a multiple of
-    ``ceil(total / 10)``, and at the end. Same ``update``/``close`` interface as tqdm.
+    ``figure1/results.csv: 12/120 cells done (10%), elapsed 0:00:31, remaining ~0:04:39``: the
+    remaining time extrapolates the mean time of the cells finished in this run. A line is written
+    when the run starts (``0/120 cells done, 120 to compute``; a resumed run: ``13/120 cells done (13
+    saved before this run), 107 to compute``), whenever the count of finished cells crosses a multiple
+    of ``ceil(total / 10)``, and at the end. Same ``update``/``close`` interface as tqdm.
 
     Parameters
     ----------
@@ -55,8 +56,8 @@ class ProgressLog:
         self.step = max(1, -(-self.total // 10))
         self.start = time.monotonic()
         self.closed = False
-        resumed = f" ({self.initial} already done)" if self.initial else ""
-        self._write(f"{self.done}/{self.total} cells to compute{resumed}")
+        resumed = f" ({self.initial} saved before this run)" if self.initial else ""
+        self._write(f"{self.done}/{self.total} cells done{resumed}, {self.total - self.done} to compute")
 
     def _write(self, text: str) -> None:
         print(f"{self.description}: {text}" if self.description else text, file=self.stream or sys.stderr,
@@ -66,7 +67,7 @@ class ProgressLog:
         """The current state: done/total, percentage, elapsed and estimated remaining time."""
         elapsed = time.monotonic() - self.start
         percent = 100 * self.done // self.total if self.total else 100
-        text = f"{self.done}/{self.total} cells ({percent}%), elapsed {_clock(elapsed)}"
+        text = f"{self.done}/{self.total} cells done ({percent}%), elapsed {_clock(elapsed)}"
         if self.done > self.initial and self.done < self.total:
             remaining = elapsed / (self.done - self.initial) * (self.total - self.done)
             text += f", remaining ~{_clock(remaining)}"

@@ -59,7 +59,17 @@ from .progress import progress_bar
 from .record import REMEDY, prepare_record
 from .store import append_journal, has_results, journal_path, read_results, remove_journal, write_table
 
-__all__ = ["run_steps", "run_cells"]
+__all__ = ["run_steps", "run_cells", "CellResultError"]
+
+
+class CellResultError(TypeError, ValueError):
+    """A step's ``cells`` or ``compute`` returned what the runner cannot use: rows that are not a non-empty
+    list of dicts, rows of another cell or table, two different cells under one key.
+
+    A bug of the study that declared the step; the message says what it must return and what it returned.
+    ``approxlab <study>`` prints it as one line for a study defined outside approxlab (a plugin's) and keeps
+    the traceback for a built-in one. Both a ``TypeError`` and a ``ValueError``.
+    """
 
 
 class _Table:
@@ -148,7 +158,7 @@ class _Table:
 
 def _stamp(cell, key, key_columns, rows, table):
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise TypeError(
+        raise CellResultError(
             f"`compute` must return a non-empty list of dicts (one per result row) for table {table}; for cell "
             f"{dict(zip(key_columns, key))} it returned {type(rows).__name__}"
             f"{'' if not isinstance(rows, list) else f' of length {len(rows)}'}."
@@ -157,7 +167,7 @@ def _stamp(cell, key, key_columns, rows, table):
     for row in rows:
         for column, value in zip(key_columns, key):
             if column in row and canonical(row[column]) != value:
-                raise ValueError(
+                raise CellResultError(
                     f"`compute` returned a row with {column}={row[column]!r} for the cell with "
                     f"{column}={value!r}; rows must belong to their cell."
                 )
@@ -170,21 +180,28 @@ def _by_table(step: Step, result) -> dict:
     names = [table.name for table in step.tables]
     if isinstance(result, dict):
         if set(result) != set(names):
-            raise ValueError(f"`compute` must return rows for the tables {names}; it returned {sorted(result)}.")
+            raise CellResultError(f"`compute` must return rows for the tables {names}; it returned {sorted(result)}.")
         return result
     if len(names) != 1:
-        raise TypeError(f"`compute` must return a dict {{table name: rows}} for the tables {names}; it returned "
+        raise CellResultError(f"`compute` must return a dict {{table name: rows}} for the tables {names}; it returned "
                         f"{type(result).__name__}.")
     return {names[0]: result}
 
 
 def _unique_keys(cells, key_columns) -> list:
+    """The cells' keys, each once. Two equal cells are a grid value given twice (two spellings of one task,
+    ``listops:64:2`` and ``listops:064:2``, that only the study's parsing makes equal): a one-line
+    :class:`StudyError`. Two different cells under one key are a bug of the study's ``cells``."""
     keys = [cell_key(cell, key_columns) for cell in cells]
-    seen = set()
-    for key in keys:
-        if key in seen:
-            raise ValueError(f"two cells share the key {dict(zip(key_columns, key))}; cell keys must be unique.")
-        seen.add(key)
+    first = {}
+    for key, cell in zip(keys, cells):
+        if key in first:
+            where = ", ".join(f"{column}={value!r}" for column, value in zip(key_columns, key))
+            if canonical(cell) == canonical(first[key]):
+                raise StudyError(f"the grid holds the cell ({where}) twice: a value of a list option is given "
+                                 "twice, perhaps written two ways; give each value once.")
+            raise CellResultError(f"two cells share the key {dict(zip(key_columns, key))}; cell keys must be unique.")
+        first[key] = cell
     return keys
 
 

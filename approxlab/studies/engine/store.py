@@ -31,7 +31,7 @@ import pathlib
 
 import pandas as pd
 
-from ..._io import fsync_directory, write_csv_atomic, write_json_atomic
+from ..._io import fsync_directory, naming, write_csv_atomic, write_json_atomic
 from ...errors import CorruptResultsError
 
 __all__ = ["read_results", "write_table", "read_json", "append_journal", "read_journal", "remove_journal",
@@ -252,7 +252,7 @@ def append_journal(path, record: dict) -> None:
     journal = journal_path(path)
     line = (json.dumps(record, default=_json_scalar, separators=(",", ":")) + "\n").encode("utf-8")
     new = not journal.exists()
-    with open(journal, "ab") as handle:
+    with naming(journal), open(journal, "ab") as handle:
         start = handle.tell()
         try:
             handle.write(line)
@@ -262,7 +262,8 @@ def append_journal(path, record: dict) -> None:
             handle.truncate(start)
             raise
     if new:
-        fsync_directory(journal.parent)
+        with naming(journal.parent):
+            fsync_directory(journal.parent)
 
 
 def _json_scalar(value):

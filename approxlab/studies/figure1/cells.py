@@ -21,6 +21,7 @@ from ...kernels import kernelized_matrix
 from ...leverage import completion_operator, estimate_ridge_quantities
 from ...methods import get
 from ...metrics import spectral_norm
+from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs import wikitext
 from ..inputs.wikitext import DENSE_MAX_N, Window, method_seeds
@@ -118,7 +119,8 @@ def compute_cell(cell: dict) -> list[dict]:
 
     Warnings the method raises are counted (``num_warnings``, ``warnings``) rather than
     propagated; a method that fails (``FloatingPointError`` for a non-finite output,
-    ``ArithmeticError``, ``torch.linalg.LinAlgError``) gives a row with ``status`` naming
+    ``ArithmeticError``, ``torch.linalg.LinAlgError``; anything a registered method raises or
+    returns wrongly: :mod:`approxlab.studies.engine.failures`) gives a row with ``status`` naming
     the error and ``inf`` errors, so the sweep goes on and the failure is visible.
     """
     ref = _reference(cell)
@@ -135,9 +137,9 @@ def compute_cell(cell: dict) -> list[dict]:
                                          generator=_generator(cell, cell["method"], d, seed))
                     error = spectral_norm((approx.output - ref["output"]).detach().cpu())
                     status = "ok"
-                except (ArithmeticError, torch.linalg.LinAlgError) as failure:
+                except METHOD_ERRORS as failure:  # the method's failure: a failed row (a bug re-raises)
                     error = torch.full((heads,), math.inf, dtype=torch.float64)
-                    status = f"{type(failure).__name__}: {failure}".replace("\n", " ")
+                    status = method_status(cell["method"], failure)
             seconds = time.perf_counter() - start
             kinds = sorted({w.category.__name__ for w in caught})
             rows.append({

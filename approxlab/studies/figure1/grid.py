@@ -111,13 +111,13 @@ def window_ids(config: dict, n: int | None = None) -> list[int]:
 
 
 def check(args, config: dict) -> None:
-    """The model, the windows, the heads and every method at every (n, d) of the grid, before a cell runs."""
+    """Every method at every (n, d) of the grid, the model, the windows and the heads, before a cell runs."""
+    # every method at every (n, d) of the grid, or a one-line refusal: never a thinner figure
+    checks.check_num_features("--num-features", max(config["num_features"]), config["methods"], config["n"])
     checks.check_model(args, config["conditions"], layer=config["layer"], encoder_only=True)
     checks.check_windows(args, {n: window_ids(config, n) for n in config["n"]}, windows=config["windows"])
     checks.check_heads("--stat-heads", len(config["panel_stats"]["heads"]), config["conditions"],
                        checkpoint=args.checkpoint)
-    # every method at every (n, d) of the grid, or a one-line refusal: never a thinner figure
-    checks.check_num_features("--num-features", max(config["num_features"]), config["methods"], config["n"])
 
 
 def run_info(args, config: dict) -> dict:

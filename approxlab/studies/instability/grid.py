@@ -51,7 +51,8 @@ OPTIONS = (
            type=str_list, nargs="+", action=Flatten, metavar="NAMES"),
     SEEDS.but(help="seeds of every task that names no count of its own (default: the counts sized for Table 3)"),
     STEPS.but(help="Adam steps per run (paper: 20)"),
-    NUM_FEATURES.but(help="landmarks/features (one value; paper: 128)"),
+    NUM_FEATURES.but(help="landmarks/features (one value; paper: 128, --quick: 64); at most every task's N, a "
+                          "larger value is refused, not lowered"),
     Option(("--lr",), "lr", "peak learning rate (default: the paper's per task, ListOps 1e-4, Pathfinder 2e-4)",
            type=positive_float),
     Option(("--optimizer",), "optimizer", "adamw: the paper's AdamW with its warm-up schedule; adam: constant-rate "
@@ -142,7 +143,7 @@ def configure(args) -> dict:
         if name not in ATTENTIONS:
             raise UsageError("--attentions", f"attentions among {sorted(ATTENTIONS)}", repr(name))
     grid["attentions"] = ["softmax"] + [a for a in grid["attentions"] if a != "softmax"]
-    num_features = options.one_value("--num-features", value("num_features", 128))
+    num_features = options.one_value("--num-features", value("num_features", 64 if value("quick", False) else 128))
     lr, optimizer, dropout, dtype = value("lr"), value("optimizer", "adamw"), value("dropout", 0.1), value("dtype", "float32")
     clip_value = getattr(args, "clip_value", 1.0)
     for entry in grid["tasks"]:
@@ -207,10 +208,14 @@ def make_residual_cells(config: dict, settings: dict) -> list[dict]:
 
 
 def check(args, config: dict) -> None:
-    """Before a cell runs: every task can be built at its ``n`` (``--tasks``), and the WikiText-2 masked-LM
+    """Before a cell runs: ``num_features`` fits every task (the model computes ``min(d, n)``: a larger d is
+    refused, not lowered), every task can be built at its ``n`` (``--tasks``), and the WikiText-2 masked-LM
     tasks fit their windows in the corpus."""
     from ...tasks import make_task
+    from ...training import ATTENTIONS
 
+    checks.check_num_features("--num-features", config["num_features"], [ATTENTIONS[a] for a in config["attentions"]],
+                              [t["n"] for t in config["tasks"]], at_most_n=True)
     for entry in config["tasks"]:
         if entry["task"] in ("text", "retrieval", "image"):  # drawn from a finite data set: n has limits
             try:

@@ -110,6 +110,7 @@ def configure(args) -> dict:
     grid = options.grid(QUICK_GRID if getattr(args, "quick", False) else FULL_GRID, args, OPTIONS)
     if getattr(args, "tasks", None) is not None:
         grid["tasks"] = _parse_tasks(args.tasks)
+        options.check_distinct("--tasks", grid["tasks"], shown=args.tasks)  # listops:32 is listops:32:learned
     return {"study": "lra-svd", "paper": "Skyformer (Chen et al., NeurIPS 2021), Appendix B, Figure 4",
             **grid, "model": dict(MODEL), "attention": "softmax", "layer": 2,
             "matrix": "attention output of layer 2 (heads concatenated, before the output projection), real tokens",

@@ -35,7 +35,8 @@ OPTIONS = (
     N, WINDOWS, Option(("--heads",), "heads", "first H heads (default: 12 at 512, 3 at 2048)", type=positive_int),
     METHODS.but(help="approximations whose dense matrix is analysed (registered method names, comma-separated; "
                      f"default {','.join(APPROXIMATIONS)})"),
-    NUM_FEATURES.but(help="d of the approximations (one value; default 64)"),
+    NUM_FEATURES.but(help="d of the approximations (one value; default 64; at most every n: a larger d is refused, "
+                          "not lowered)"),
     POSITIONS.but(help="positions beyond BERT's 512-row table in the embedding-mode cells (n > 512): interpolate "
                        "(default), copy (Longformer), none"),
     CHECKPOINT.but(help="BERT-family checkpoint (Hub id with network, local folder always); the initialized "
@@ -110,6 +111,8 @@ def cells(config: dict, settings: dict) -> list[dict]:
 
 def check(args, config: dict) -> None:
     """The model, the layers, the windows at every n and the heads, before a cell runs."""
+    checks.check_num_features("--num-features", config["num_features"], config["approximations"], config["n"],
+                              at_most_n=True)  # the cells compute min(d, n): a larger d is refused, not lowered
     checks.check_model(args, config["conditions"], encoder_only=True)
     for condition in config["conditions"]:
         count = num_layers(condition, config["checkpoint"])

@@ -1,0 +1,80 @@
+"""A method that fails inside a cell: a failed row for the method's own failure, a traceback for a bug of approxlab.
+
+A study's cell computes the methods of its grid and catches what a method raises, so that one failing
+method gives rows whose ``status`` names the error (with ``inf`` errors) while the sweep goes on and
+the report shows the failure. Which failures are the method's:
+
+* a numerical failure of any method (``ArithmeticError``, e.g. ``FloatingPointError`` for a non-finite
+  output, and ``torch.linalg.LinAlgError``);
+* anything a method registered from outside approxlab raises (:func:`approxlab.methods.register`,
+  ``--plugin``, an entry point): its own exceptions, approxlab's check of its result
+  (:class:`~approxlab.errors.MethodResultError`: an output of the wrong shape, dtype or device) and
+  ``sys.exit`` (``SystemExit``), which would otherwise end the whole study with exit status 0.
+
+Anything else a built-in method raises is a bug of approxlab and keeps its traceback. ``KeyboardInterrupt``
+(Ctrl-C, the studies' orderly stop on ``SIGTERM``) is never caught.
+
+Public API::
+
+    METHOD_ERRORS                         # catch these around a method's call
+    method_status(method, error) -> str   # the row's status, or the error re-raised
+    failure_lines(tables) -> list[str]    # one line per method whose rows failed
+"""
+
+from __future__ import annotations
+
+__all__ = ["METHOD_ERRORS", "method_status", "failure_lines"]
+
+METHOD_ERRORS = (Exception, SystemExit)
+"""What a cell catches around a method's call (:func:`method_status` sorts it out); never ``KeyboardInterrupt``."""
+
+
+def _registered_outside(method: str) -> bool:
+    """Whether ``method`` runs a function defined outside approxlab (a plugin's, a user's)."""
+    from ...methods import get
+
+    module = getattr(get(method).function, "__module__", None) or ""
+    return not (module == "approxlab" or module.startswith("approxlab."))
+
+
+def method_status(method: str, error: BaseException) -> str:
+    """The ``status`` of the result rows of ``method``, which raised ``error``: ``"Type: message"`` on one line.
+
+    Re-raises ``error`` (with its traceback) when it is not the method's failure (see the module
+    docstring): a bug of approxlab must not hide in a table.
+
+    Examples
+    --------
+    >>> method_status("nystromformer", FloatingPointError("non-finite output"))
+    'FloatingPointError: non-finite output'
+    """
+    import torch
+
+    numerical = isinstance(error, (ArithmeticError, torch.linalg.LinAlgError))
+    if not numerical and not _registered_outside(method):
+        raise error
+    if isinstance(error, SystemExit):
+        return f"SystemExit: the method called sys.exit({error.code!r})"
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def failure_lines(tables: dict, *, limit: int = 5) -> list[str]:
+    """One line per method (at most ``limit``) whose rows in ``tables`` (``{name: DataFrame}``) failed.
+
+    A table with a ``status`` column holds ``"ok"`` or the error of a failed row; the line names the
+    table, the method (``method`` or ``attention`` column), how many of its rows failed and the first
+    error. Tables without ``status`` say nothing.
+    """
+    lines = []
+    for name, frame in tables.items():
+        if "status" not in getattr(frame, "columns", ()) or not len(frame):
+            continue
+        column = next((c for c in ("method", "attention") if c in frame.columns), None)
+        failed = frame[frame["status"].astype(str) != "ok"]
+        groups = failed.groupby(column, sort=False) if column else [(None, failed)] if len(failed) else []
+        for value, rows in groups:
+            total = int((frame[column] == value).sum()) if column else len(frame)
+            who = f"{column} {value!r}" if column else "the study"
+            lines.append(f"{who} failed in {len(rows)} of its {total} rows of {name}: {rows['status'].iloc[0]} "
+                         "(those rows hold the error as their status)")
+    return lines[:limit] + ([f"... and {len(lines) - limit} more failing methods"] if len(lines) > limit else [])
