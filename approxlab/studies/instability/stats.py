@@ -5,8 +5,9 @@ Everything here is a function of the tables (no data, no model): the cells of
 ``ratios.csv``, ``intervals.csv``, ``table.md`` and the figure. Per (task, n, seed, attention) the
 ratio is the mean over steps of :math:`\tau_i/\tau_i^{softmax}` (:func:`ratios`); over seeds, the
 arithmetic and geometric means with their 95% Student-t intervals (:func:`ratio_interval`), the power
-of the seeds to tell the paper's value from 1 (:func:`power_analysis`) and a verdict (:func:`verdict`,
-the claim :data:`BELOW_ONE` judged by the claims engine), all gathered by :func:`intervals`.
+of the seeds to tell the paper's value from 1 on each mean's own scale (:func:`power_analysis`) and a
+verdict (:func:`verdict`, the claim :data:`BELOW_ONE` judged by the claims engine), all gathered by
+:func:`intervals`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..declaration import Claim
-from ..reporting import claims
+from ..reporting import changes, claims
 
 __all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "POWER_GOAL", "BELOW_ONE", "ratios", "ratio_interval", "verdict",
            "power_analysis", "table3_value", "intervals"]
@@ -24,6 +25,10 @@ __all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "POWER_GOAL", "BELOW_ONE", "ratios", 
 PAPER_DIFFERENCE = "paper"
 """The effect the power analysis sizes for: each entry's own Table 3 value against 1 (ListOps
 kernelized: 0.77 vs 1.0)."""
+
+NEAR_ONE = 0.05
+"""A Table 3 ratio this close to 1 is no "below 1" claim: no power is sized for it, and the verdict does not
+test it as the paper's value."""
 
 POWER_GOAL = 0.8
 """Power a verdict needs before "no difference from 1" may be read as such (two-sided t, 5%)."""
@@ -100,29 +105,41 @@ BELOW_ONE = Claim("below 1", "{attention} moves its output less than softmax att
                   labels={"reproduced": "below 1", "not reproduced": "above 1",
                           "too few units": "inconclusive (1 seed)"})
 """Skyformer's "more stable" (Table 3): the ratio's whole interval below 1 ("below 1") or above it
-("above 1"); otherwise "not confirmed (underpowered)" when the seeds had less than :data:`POWER_GOAL`
-power to tell the paper's value from 1, else "inconclusive"; one seed decides nothing."""
+("above 1"); otherwise "rejects the paper's value" when the interval excludes the paper's Table 3 value,
+"not confirmed (underpowered)" when it holds it and the seeds had less than :data:`POWER_GOAL` power to
+tell the paper's value from 1, else "inconclusive"; one seed decides nothing."""
 
 
-def verdict(low: float, high: float, power: float = float("nan")) -> str:
-    """``"below 1"`` / ``"above 1"`` when the whole interval is on that side of 1; otherwise
-    ``"not confirmed (underpowered)"`` when the seeds had less than :data:`POWER_GOAL` power to
-    tell the paper's value from 1, else ``"inconclusive"`` (``power`` NaN: no paper value to size for).
-    The claim :data:`BELOW_ONE`, judged by :func:`approxlab.studies.reporting.claims.judge`."""
-    return claims.judge(BELOW_ONE, low, high, power=power)
+def verdict(low: float, high: float, power: float = float("nan"), paper: float | None = None) -> str:
+    """``"below 1"`` / ``"above 1"`` when the whole interval is on that side of 1; otherwise ``"rejects the
+    paper's value"`` when it excludes ``paper``, ``"not confirmed (underpowered)"`` when the seeds had less
+    than :data:`POWER_GOAL` power to tell the paper's value from 1, else ``"inconclusive"`` (``power`` NaN:
+    no paper value to size for). The claim :data:`BELOW_ONE`, judged by
+    :func:`approxlab.studies.reporting.claims.judge`."""
+    return claims.judge(BELOW_ONE, low, high, power=power, paper=paper)
 
 
-def power_analysis(values, paper_value) -> tuple[float, float, int | None]:
+def power_analysis(values, paper_value, *, log: bool = False) -> tuple[float, float, int | None]:
     """``(sd, power, seeds_needed)`` of a two-sided one-sample t-test (5%) of "mean ratio = 1" when the
     true mean is ``paper_value``, at the per-seed spread ``sd`` of ``values``: the power of these seeds
     and the seeds 80% power needs (:func:`approxlab.stats.t_test_power`, ``t_test_sample_size``).
+    ``log``: the same test on the log ratios (the geometric mean's scale): "mean log ratio = 0" against
+    ``log(paper_value)``, at the SD of the logs -- the power the geometric mean's verdict rests on.
     NaN / None when there is no paper value, fewer than 2 seeds or no spread."""
     values = np.asarray(values, dtype=float)
+    values = np.log(values) if log else values
     sd = float(values.std(ddof=1)) if values.size > 1 else float("nan")
-    if paper_value is None or abs(paper_value - 1.0) < 0.05:
+    if _sized(paper_value) is None:
         return sd, float("nan"), None
-    power, needed = claims.power(float(paper_value) - 1.0, sd, int(values.size), goal=POWER_GOAL)
+    effect = float(np.log(paper_value)) if log else float(paper_value) - 1.0
+    power, needed = claims.power(effect, sd, int(values.size), goal=POWER_GOAL)
     return sd, power, needed
+
+
+def _sized(paper_value):
+    """The paper's value where the claim sizes for it (a Table 3 ratio at least :data:`NEAR_ONE` from 1), else None:
+    Table 3's values near 1 (Nystromformer's) claim "around 1", not "below 1"."""
+    return None if paper_value is None or abs(paper_value - 1.0) < NEAR_ONE else paper_value
 
 
 def table3_value(task, attention):
@@ -134,7 +151,12 @@ def table3_value(task, attention):
 def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
     """Per (task, n, attention): seeds, failed seeds, arithmetic mean (the paper's statistic) with its
     95% t interval, geometric mean with its interval (t on the log ratios), per-seed SD, power and
-    seeds needed for 80% power at the paper's value, and the verdicts of both means."""
+    seeds needed for 80% power at the paper's value (on the ratios for the arithmetic mean, on the log
+    ratios for the geometric mean: ``geo_sd``, ``geo_power``, ``geo_seeds_for_80``), the verdicts of both
+    means (:data:`BELOW_ONE` with the paper's value, where it is at least :data:`NEAR_ONE` from 1: an undecided
+    interval that excludes it "rejects the paper's value") and the former rules' verdicts beside them
+    (``former_verdict``, ``former_geo_verdict``: no paper-value verdict, the geometric mean judged with the
+    arithmetic power)."""
     rows = []
     for (task, n, attention), group in per_seed.groupby(["task", "n", "attention"], sort=False):
         ok = group[group["status"] == "ok"]
@@ -146,11 +168,17 @@ def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
         values = ok["ratio"].to_numpy(dtype=float)
         mean, low, high = ratio_interval(values)
         log_mean, log_low, log_high = ratio_interval(np.log(values))
-        sd, power, needed = power_analysis(values, table3_value(task, attention))
+        paper = table3_value(task, attention)
+        sd, power, needed = power_analysis(values, paper)
+        geo_sd, geo_power, geo_needed = power_analysis(values, paper, log=True)
+        geo_low, geo_high = float(np.exp(log_low)), float(np.exp(log_high))
         rows.append({**entry, "mean": mean, "low": low, "high": high, "geo_mean": float(np.exp(log_mean)),
-                     "geo_low": float(np.exp(log_low)), "geo_high": float(np.exp(log_high)), "sd": sd,
-                     "paper": table3_value(task, attention), "power": power, "seeds_for_80": needed,
-                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok)),
-                     "geo_verdict": claims.judge(BELOW_ONE, np.exp(log_low), np.exp(log_high), power=power,
-                                                 units=len(ok))})
+                     "geo_low": geo_low, "geo_high": geo_high, "sd": sd, "paper": paper, "power": power,
+                     "seeds_for_80": needed, "geo_sd": geo_sd, "geo_power": geo_power, "geo_seeds_for_80": geo_needed,
+                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok), paper=_sized(paper)),
+                     "geo_verdict": claims.judge(BELOW_ONE, geo_low, geo_high, power=geo_power, units=len(ok),
+                                                 paper=_sized(paper)),
+                     "former_verdict": changes.former_judge(BELOW_ONE, low, high, power=power, units=len(ok)),
+                     "former_geo_verdict": changes.former_judge(BELOW_ONE, geo_low, geo_high, power=power,
+                                                                units=len(ok))})
     return pd.DataFrame.from_records(rows)
