@@ -80,7 +80,10 @@ def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, mo
     assert ((panel["q25"] <= panel["median"]) & (panel["median"] <= panel["q75"]) & (panel["q75"] <= panel["max"])).all()
     verdicts = read_results(out / "verdicts.csv")
     assert list(verdicts.columns) == figure1.VERDICT_COLUMNS
-    assert ((verdicts["ci_low"] <= verdicts["estimate"]) & (verdicts["estimate"] <= verdicts["ci_high"])).all()
+    # One window: no interval and no verdict (the former rules judged the zero-width interval).
+    assert verdicts["ci_low"].isna().all() and verdicts["ci_high"].isna().all()
+    assert set(verdicts["verdict"]) == {"inconclusive"} and (verdicts["windows"] == 1).all()
+    assert (verdicts["former_low"] == verdicts["estimate"]).all() and "inconclusive" not in set(verdicts["former_verdict"])
 
     # --plot-only redraws from the CSVs alone (the data loader must not be called).
     monkeypatch.setattr(wikitext, "load_qkv", failing_loader)

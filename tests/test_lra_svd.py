@@ -129,10 +129,14 @@ def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
     assert (verdict["low"], verdict["high"]) == pytest.approx((interval.low, interval.high))
     from approxlab.stats import t_test_power
     sd = math.hypot(pd.Series(slopes["pathfinder"]).std(), pd.Series(slopes["listops"]).std())
-    assert verdict["power"] == pytest.approx(t_test_power(3, difference=0.125, sd=sd))
-    assert t_test_power(verdict["seeds_for_80"], difference=0.125, sd=sd) >= 0.8
-    assert verdict["seeds_for_80"] == 2 or t_test_power(verdict["seeds_for_80"] - 1, difference=0.125, sd=sd) < 0.8
-    assert "80% power needs" in report_text._ordering_text(verdict)
+    # The power is sized for the smallest effect declared before the run, not for the observed 0.125.
+    effect = lra_svd.SMALLEST_EFFECT
+    assert verdict["power"] == pytest.approx(t_test_power(3, difference=effect, sd=sd))
+    assert t_test_power(verdict["seeds_for_80"], difference=effect, sd=sd) >= 0.8
+    assert t_test_power(verdict["seeds_for_80"] - 1, difference=effect, sd=sd) < 0.8
+    half = verdict["seeds_across"][verdict["difference"] / 2]  # the seeds 80% power needs across the interval
+    assert t_test_power(half, difference=0.0625, sd=sd) >= 0.8 > t_test_power(half - 1, difference=0.0625, sd=sd)
+    assert "80% power there needs" in report_text._ordering_text(verdict)
     flipped = lra_svd.ordering(_results({"listops": slopes["pathfinder"], "pathfinder": slopes["listops"]},
                                         {"listops": [True] * 3, "pathfinder": [True] * 3}))
     assert flipped["verdict"] == "Pathfinder faster"
@@ -140,7 +144,11 @@ def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
     assert gated["verdict"] == "not compared (gate)" and gated["seeds_pathfinder"] == 2
     assert "says nothing about the ordering" in report_text._ordering_text(gated)
     mixed = {"listops": [-0.20, -0.10, -0.15], "pathfinder": [-0.19, -0.11, -0.14]}
-    assert lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}))["verdict"] == "inconclusive"
+    undecided = lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}))
+    assert undecided["verdict"] == "not confirmed (underpowered)" and undecided["power"] < 0.8  # holds 0, power low
+    assert undecided["former_verdict"] == "inconclusive"
+    assert lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}),
+                            smallest_effect=1.0)["verdict"] == "inconclusive"  # enough power for a huge effect
 
 
 def test_gates_and_decay_indices_are_the_declared_ones():

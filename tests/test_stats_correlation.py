@@ -27,7 +27,8 @@ def test_units_are_resampled_whole():
     result = rank_correlation(x, y, units=np.repeat([0, 1, 2, 3], 3), resamples=200)
     assert result.estimate == pytest.approx(1.0) and result.low == pytest.approx(1.0)
     single = rank_correlation(x, -y, units=np.zeros(12, dtype=int), resamples=50)
-    assert single.estimate == pytest.approx(-1.0) and single.low == single.high == pytest.approx(-1.0)
+    assert single.estimate == pytest.approx(-1.0) and single.units == 1  # one unit: no interval
+    assert np.isnan(single.low) and np.isnan(single.high)
 
 
 def test_coverage_of_a_known_correlation():

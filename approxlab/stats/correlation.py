@@ -18,7 +18,7 @@ import numpy as np
 from scipy import stats as _scipy_stats
 
 from ._checks import choice, integer, probability, reals
-from .intervals import Interval
+from .intervals import Interval, Resamples, bootstrap_interval
 
 __all__ = ["CORRELATIONS", "rank_correlation", "rank_correlation_difference"]
 
@@ -67,11 +67,9 @@ def _resampled_indices(labels: np.ndarray, resamples: int, seed: int) -> list[np
     return [np.concatenate([members[j] for j in row]) for row in draws]
 
 
-def _percentile(estimate: float, values: np.ndarray, level: float) -> Interval:
-    if not math.isfinite(estimate) or not np.isfinite(values).all():
-        return Interval(estimate, math.nan, math.nan)
-    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
-    return Interval(estimate, float(min(low, estimate)), float(max(high, estimate)))
+def _percentile(estimate: float, values: np.ndarray, level: float, labels: np.ndarray) -> Interval:
+    """The percentile interval of :func:`~approxlab.stats.bootstrap_interval` over the distinct units of ``labels``."""
+    return bootstrap_interval(Resamples(estimate, values, len(set(labels.tolist()))), level=level)
 
 
 def rank_correlation(x, y, *, units=None, method: str = "spearman", resamples: int = 2000, seed: int = 0,
@@ -132,7 +130,7 @@ def rank_correlation(x, y, *, units=None, method: str = "spearman", resamples: i
     x, y = arrays["x"], arrays["y"]
     estimate = _coefficient(x, y, method)
     values = np.array([_coefficient(x[i], y[i], method) for i in _resampled_indices(labels, resamples, seed)])
-    return _percentile(estimate, values, level)
+    return _percentile(estimate, values, level, labels)
 
 
 def rank_correlation_difference(first, second, target, *, units=None, method: str = "spearman",
@@ -164,4 +162,4 @@ def rank_correlation_difference(first, second, target, *, units=None, method: st
 
     estimate = difference(np.arange(t.size))
     values = np.array([difference(i) for i in _resampled_indices(labels, resamples, seed)])
-    return _percentile(estimate, values, level)
+    return _percentile(estimate, values, level, labels)

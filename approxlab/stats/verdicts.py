@@ -130,9 +130,14 @@ def win_rate(first, second, *, level: float = 0.95, lower_is_better: bool = True
     better = a < b if lower_is_better else a > b
     wins, ties, count = int(better.sum()), int((a == b).sum()), int(a.size)
     rate = (wins + ties / 2) / count
+    return WinRate(rate, *wilson_bounds(rate, count, level), wins, ties, count)
+
+
+def wilson_bounds(rate: float, count: int, level: float) -> tuple[float, float]:
+    """Wilson's score interval of a proportion ``rate`` observed over ``count`` trials (see :func:`win_rate`)."""
     z = float(_scipy_stats.norm.ppf(0.5 + level / 2))
     centre = (rate + z * z / (2 * count)) / (1 + z * z / count)
     half = z * math.sqrt(rate * (1 - rate) / count + z * z / (4 * count * count)) / (1 + z * z / count)
-    return WinRate(rate, max(0.0, centre - half), min(1.0, centre + half), wins, ties, count)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 

@@ -15,7 +15,8 @@ Public API::
     Option(flags, dest, help, type=None, nargs=None, action=None, choices=None, default=None, metavar=None,
            grid=True)
     Claim(id, text, statistic, side, threshold, unit="window", interval="bootstrap", aggregations=("median",),
-          power_goal=None, min_units=None, labels={}, quantity=None, strict=False)
+          power_goal=None, min_units=None, labels={}, quantity=None, strict=False, scale="linear",
+          paper_value=None)
     Product(name, make)                 # a table derived from the saved ones by the report step
     Figure(name, draw)                  # a figure drawn from the saved tables
     Summary(title, sections, file="summary.md", generated=True)
@@ -157,18 +158,22 @@ class Claim:
         Fixed in code before the run.
     unit : str
         The resampling unit (windows, seeds): the independent draws an interval is over.
-    interval : {"bootstrap", "t", "welch"}
-        Percentile bootstrap over units, Student t on the units' values, Welch t on two groups.
+    interval : {"bootstrap", "bootstrap-se", "t", "welch"}
+        Percentile bootstrap over units; the bootstrap's standard error with Student-t quantiles
+        (reaches beyond the range of a few units, where a percentile interval cannot); Student t on the
+        units' values; Welch t on two groups. The summary states how often the chosen interval covers a
+        known truth at the run's unit count (:func:`approxlab.studies.reporting.claims.coverage`).
     aggregations : tuple of str
         Statistics over the units the claim is judged under (``"median"``, ``"mean"``, ...).
     power_goal : float, optional
-        When set, an undecided verdict whose power (at the effect the study sizes for) is below
-        it is "not confirmed (underpowered)".
+        When set, an undecided verdict whose power (at the effect the study sizes for, declared
+        before the run) is below it is "not confirmed (underpowered)".
     min_units : int, optional
-        Fewer units than this: no verdict is given (labelled as ``labels["too few units"]``).
+        Fewer units than this: no verdict is given (labelled as ``labels["too few units"]``). Fewer
+        than 2 never give one, whatever this says.
     labels : mapping
         The study's words for the outcomes ``"reproduced"``, ``"not reproduced"``,
-        ``"inconclusive"``, ``"underpowered"`` and ``"too few units"``
+        ``"inconclusive"``, ``"rejects paper"``, ``"underpowered"`` and ``"too few units"``
         (:data:`approxlab.studies.reporting.claims.LABELS` where not given).
     quantity : str, optional
         The column the statistic is computed from, where it is one.
@@ -176,6 +181,12 @@ class Claim:
         A verdict either way needs the interval to exclude the threshold (a bound equal to it
         decides nothing); otherwise the threshold itself counts as on the side ``side`` names
         (:func:`approxlab.stats.verdict`).
+    scale : {"linear", "log"}
+        The scale of a ``"bootstrap-se"`` interval: ``"log"`` for a positive statistic such as a ratio.
+    paper_value : float, optional
+        The paper's own value of the statistic, where one value serves every row: an undecided
+        interval that excludes it "rejects the paper's value" (a study with one paper value per
+        row passes it to :func:`~approxlab.studies.reporting.claims.judge` instead).
     """
 
     id: str
@@ -191,12 +202,16 @@ class Claim:
     labels: Mapping = dataclasses.field(default_factory=dict)
     quantity: str | None = None
     strict: bool = False
+    scale: str = "linear"
+    paper_value: float | None = None
 
     def __post_init__(self):
         if self.side not in ("at least", "above", "at most", "below"):
             raise ValueError(f"`side` must be 'at least', 'above', 'at most' or 'below'; got {self.side!r}.")
-        if self.interval not in ("bootstrap", "t", "welch"):
-            raise ValueError(f"`interval` must be 'bootstrap', 't' or 'welch'; got {self.interval!r}.")
+        if self.interval not in ("bootstrap", "bootstrap-se", "t", "welch"):
+            raise ValueError(f"`interval` must be 'bootstrap', 'bootstrap-se', 't' or 'welch'; got {self.interval!r}.")
+        if self.scale not in ("linear", "log"):
+            raise ValueError(f"`scale` must be 'linear' or 'log'; got {self.scale!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

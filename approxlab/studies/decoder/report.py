@@ -15,7 +15,8 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from ..reporting.claims import tally
+from ..reporting.changes import changes_lines
+from ..reporting.claims import coverage_lines, tally
 from ..reporting.markdown import format_number as _fmt
 from ..reporting.markdown import markdown_table as _markdown
 from .stats import (BOOTSTRAP, CLAIMS, HEAD_QUANTITIES, cost_exponents, error_intervals, head_statistics,
@@ -205,20 +206,24 @@ def _deviations(config, windows, results) -> list[str]:
 
 def _verdict_text(table: pd.DataFrame) -> list[str]:
     lines = ["", "## Which assumptions hold", "",
-             f"Thresholds fixed in code before the run (`CLAIMS` in approxlab/studies/decoder_stats.py); 95% "
+             f"Thresholds fixed in code before the run (`CLAIMS` in approxlab/studies/decoder/stats.py); 95% "
              f"bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples); a verdict is inconclusive "
-             "when its interval crosses the threshold.", ""]
+             "when its interval crosses the threshold or rests on fewer than 2 windows.", ""]
+    if len(table):
+        lines += [*coverage_lines([{"claims": "all", "claim": CLAIMS[0], "units": int(table["windows"].min())}]), ""]
     if len(table) and int(table["windows"].min()) < 2:
-        lines += ["With a single window there is nothing to resample: the intervals have no width and the "
-                  "verdicts carry no uncertainty (run more --windows).", ""]
+        lines += ["With a single window there is nothing to resample: no claim has an interval, and every verdict "
+                  "is inconclusive (run more --windows).", ""]
     for claim in CLAIMS:
         rows = table[table["claim"] == claim.id]
         lines.append(f"- ({claim.id}) {claim.text}: {claim.statistic} of the median {claim.quantity}, holds "
                      f"{claim.side} {claim.threshold:g}: {tally(claim, rows['verdict'])} (of {len(rows)} condition x "
                      "layer).")
-    shown = table.drop(columns=["statistic", "windows"]).rename(columns={"verdict": "holds?"})
+    shown = table.drop(columns=["statistic", "windows", "former_verdict"], errors="ignore").rename(
+        columns={"verdict": "holds?"})
     shown["holds?"] = shown["holds?"].map({"reproduced": "yes", "not reproduced": "no", "inconclusive": "?"})
-    return lines + ["", *_markdown(shown)]
+    return lines + ["", *_markdown(shown), *changes_lines(table, ["claim", "condition", "layer"], shown=["estimate"],
+                                                           rules="a one-window interval of zero width judged")]
 
 
 def _quantity_text(assumptions, config) -> list[str]:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from ... import stats
 from ..declaration import Claim
+from ..reporting import changes
 from ..reporting import claims as engine
 
 __all__ = ["ERROR_GROUP", "ASSUMPTION_GROUP", "CLAIMS", "BOOTSTRAP", "VERDICT_COLUMNS", "SHOWN_QUANTITIES",
@@ -56,7 +57,9 @@ CLAIMS = (
 """The claims (quantity, statistic, side, threshold): see the module docstring."""
 
 VERDICT_COLUMNS = ["claim", "condition", "layer", "quantity", "statistic", "estimate", "ci_low", "ci_high",
-                   "threshold", "verdict", "windows"]
+                   "threshold", "verdict", "windows", "former_verdict"]
+"""``former_verdict``: the verdict of the former rules, which judged a one-window interval of zero width
+(:mod:`approxlab.studies.reporting.changes`); fewer than 2 windows now give "inconclusive"."""
 
 SHOWN_QUANTITIES = ["alpha", "alpha_block", "alpha_block_without_first", "kappa", "kappa_all_entries",
                     "entry_ratio", "entry_bound", "logit_bound", "sink_mass", "sink_heaviest", "stable_rank",
@@ -150,7 +153,8 @@ def _claim_values(config, median, units, layers) -> dict:
 
 def verdicts(config: dict, assumptions: pd.DataFrame) -> pd.DataFrame:
     """``verdicts.csv``: each claim's statistic, its bootstrap interval over windows and the verdict
-    (:func:`approxlab.studies.reporting.claims.judge`; inconclusive when the interval crosses the threshold)."""
+    (:func:`approxlab.studies.reporting.claims.judge`; inconclusive when the interval crosses the threshold or
+    rests on fewer than 2 windows), beside the former rules' verdict."""
     frame = _with_ratio(assumptions)
     ns = [n for n in config["n"] if n in set(frame["n"])]
     if not ns:
@@ -161,19 +165,21 @@ def verdicts(config: dict, assumptions: pd.DataFrame) -> pd.DataFrame:
                                             column=quantity, how="median")
               for quantity in {claim.quantity for claim in CLAIMS}}
     units = {n: sorted(set(frame.loc[frame["n"] == n, "window"])) for n in ns}
-    intervals = engine.bootstrap(lambda u: _claim_values(config, median, u, layers), units, memoize=True,
-                                 **BOOTSTRAP)
+    found = engine.resample(lambda u: _claim_values(config, median, u, layers), units, memoize=True,
+                            resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"])
     declared = {claim.id: claim for claim in CLAIMS}
     rows = []
-    for (claim, condition, layer), interval in intervals.items():
+    for (claim, condition, layer), resampled in found.items():
         declared_claim = declared[claim]
+        interval = engine.interval(declared_claim, resampled, level=BOOTSTRAP["level"])
+        former = changes.former_interval(resampled, level=BOOTSTRAP["level"])
         rows.append({"claim": claim, "condition": condition, "layer": layer, "quantity": declared_claim.quantity,
                      "statistic": "growth exponent over n" if declared_claim.statistic == _EXPONENT
                      else f"at n = {ns[-1]}",
                      "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
                      "threshold": declared_claim.threshold,
-                     "verdict": engine.judge(declared_claim, interval.low, interval.high),
-                     "windows": min(len(w) for w in units.values())})
+                     "verdict": engine.judge(declared_claim, interval.low, interval.high, units=resampled.units),
+                     "windows": resampled.units, "former_verdict": changes.former_judge(declared_claim, *former)})
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
 
 

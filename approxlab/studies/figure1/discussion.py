@@ -80,7 +80,7 @@ def aggregation_text(verdict_table: pd.DataFrame, panel: pd.DataFrame) -> list[s
     """The statistic, its history, and every claim whose verdict differs between median and mean."""
     lines = ["", "## Median or mean: which claims depend on it", "",
              f"The primary statistic is the **{PRIMARY_AGGREGATION}** over heads x windows x seeds "
-             "(`PRIMARY_AGGREGATION` in approxlab/studies/figure1_stats.py, with its reason): Skyformer divides by "
+             "(`PRIMARY_AGGREGATION` in approxlab/studies/figure1/stats.py, with its reason): Skyformer divides by "
              "its approximate row sums A~1, and a few heads whose row sums come near zero give errors orders of "
              "magnitude above the rest, so the mean measures that tail and the median the typical head. "
              "`verdicts.csv` has both, same thresholds, same bootstrap draws (column `aggregation`).", "",

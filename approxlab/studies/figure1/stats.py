@@ -8,8 +8,8 @@ claims engine (:mod:`approxlab.studies.reporting.claims`).
 
 Claims (Skyformer Section 4.5, Figure 1), each judged from the median *and* from the mean over
 heads x windows x seeds (float64; :data:`PRIMARY_AGGREGATION` says which one leads and why) with a
-95% bootstrap interval over windows against a threshold fixed in code (:data:`CLAIMS`,
-:data:`THRESHOLDS`):
+95% interval over windows (the bootstrap standard error with Student-t quantiles) against a threshold
+fixed in code (:data:`CLAIMS`, :data:`THRESHOLDS`):
 
 (a) Skyformer's error falls markedly as d grows; (b) each baseline gains little as d grows;
 (b-comparative) Skyformer gains more than each baseline as d grows (the paper's sentence read as a
@@ -26,6 +26,7 @@ import pandas as pd
 
 from ... import stats
 from ..declaration import Claim
+from ..reporting import changes
 from ..reporting import claims as engine
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "THRESHOLDS",
     "CLAIMS",
     "BOOTSTRAP",
+    "COVERAGE",
     "VERDICT_COLUMNS",
     "verdicts",
     "aggregation_differences",
@@ -163,21 +165,25 @@ _BOTH = ("median", "mean")
 
 CLAIMS = (
     Claim("a", "{sky} error falls markedly as d grows", "{agg} error ratio d_max/d_min", side="at most",
-          threshold=0.5, aggregations=_BOTH),
+          threshold=0.5, aggregations=_BOTH, interval="bootstrap-se", scale="log"),
     Claim("b", "{method} gains little as d grows", "{agg} error ratio d_max/d_min", side="at least",
-          threshold=0.8, aggregations=_BOTH),
+          threshold=0.8, aggregations=_BOTH, interval="bootstrap-se", scale="log"),
     Claim("b-comparative", "{sky} gains more than {method} as d grows",
-          "{sky}'s {agg} error ratio d_max/d_min / the baseline's", side="below", threshold=1.0, aggregations=_BOTH),
+          "{sky}'s {agg} error ratio d_max/d_min / the baseline's", side="below", threshold=1.0, aggregations=_BOTH,
+          interval="bootstrap-se", scale="log"),
     Claim("c", "{sky} beats {baselines} at d_max", "(best baseline - {sky}) / best baseline, {agg} errors at d_max",
-          side="above", threshold=0.0, aggregations=_BOTH),
+          side="above", threshold=0.0, aggregations=_BOTH, interval="bootstrap-se"),
     Claim("d", "the gap of (c) grows with n", "gap(n_max) - gap(n_min)", side="above", threshold=0.0,
-          aggregations=_BOTH),
+          aggregations=_BOTH, interval="bootstrap-se"),
 )
 """The claims, with their thresholds fixed before the first run ((b-comparative) has no free threshold:
 Skyformer's ratio below the baseline's), judged per condition x n (x baseline) under both aggregations.
 Skyformer is ``PAPER_METHODS[0]``, its baselines ``PAPER_METHODS[1:]``. (b) is the absolute reading of the
 paper's "the baselines gain little" (a fixed bar on each baseline's ratio); (b-comparative) the relative
-one (Skyformer's ratio against each baseline's)."""
+one (Skyformer's ratio against each baseline's). Every interval is the bootstrap standard error over windows
+with Student-t quantiles (``interval="bootstrap-se"``), on the log scale for the ratios: with the few windows
+of a run a percentile interval cannot leave the range of the windows' values and covers less than it
+claims (:data:`COVERAGE`)."""
 
 THRESHOLDS = {claim.id: claim.threshold for claim in CLAIMS}
 """Claim id -> its threshold (see :data:`CLAIMS`)."""
@@ -187,8 +193,16 @@ BOOTSTRAP = {"resamples": 2000, "seed": 0, "level": 0.95, "dtype": "float64"}
 share a window's text), the same draw for every n, with ``numpy.random.default_rng(seed)``
 (:func:`approxlab.stats.bootstrap`)."""
 
-VERDICT_COLUMNS = ["claim", "aggregation", "condition", "n", "method", "statistic", "estimate", "ci_low", "ci_high", "threshold",
-                   "verdict"]
+COVERAGE = {"median": "ratio of medians", "mean": "ratio of means"}
+"""What each aggregation's claims are simulated as when the summary states their coverage
+(:func:`approxlab.studies.reporting.claims.coverage`, lognormal windows): the ratios (a), (b), (b-comparative)
+on the log scale, the gaps (c), (d) -- one minus a ratio of two methods' errors -- on the linear one."""
+
+VERDICT_COLUMNS = ["claim", "aggregation", "condition", "n", "method", "statistic", "estimate", "ci_low", "ci_high",
+                   "threshold", "verdict", "interval", "windows", "former_low", "former_high", "former_verdict"]
+"""``ci_low``, ``ci_high``: the claim's interval (``interval``); ``former_low``, ``former_high``: the percentile
+interval of the same resamples (zero width over one window) and ``former_verdict`` the verdict the former rules
+gave on it (:mod:`approxlab.studies.reporting.changes`)."""
 
 
 def _claim_statistics(config, med, windows, methods) -> dict:
@@ -222,10 +236,11 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
 
     Columns: :data:`VERDICT_COLUMNS`; ``aggregation`` is ``median`` (:data:`PRIMARY_AGGREGATION`, first)
     or ``mean`` over heads x windows x seeds (float64 runs, :class:`approxlab.stats.UnitAggregate`),
-    with the same thresholds. The interval is the percentile interval of :data:`BOOTSTRAP` resamples
-    of the windows (the same draws for both aggregations), widened to include the estimate where it
-    misses it (:func:`approxlab.studies.reporting.claims.bootstrap`); ``inconclusive`` when it reaches
-    across the threshold (:func:`approxlab.studies.reporting.claims.judge`).
+    with the same thresholds. The interval is each claim's (:data:`CLAIMS`: the bootstrap standard error of
+    :data:`BOOTSTRAP` resamples of the windows times Student's t, the same draws for both aggregations;
+    :func:`approxlab.studies.reporting.claims.interval`); ``inconclusive`` when it reaches across the threshold
+    or rests on one window (:func:`approxlab.studies.reporting.claims.judge`). Beside it, the percentile interval
+    of the same resamples and the former rules' verdict on it.
     """
     errors = head_errors(results)
     errors = errors[errors["dtype"] == BOOTSTRAP["dtype"]]
@@ -241,16 +256,20 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
     for how in order:
         aggregate = stats.UnitAggregate(errors, by=["condition", "n", "method", "num_features"], unit="window",
                                         column="error", how=how)
-        intervals = engine.bootstrap(lambda units: _claim_statistics(config, aggregate, units, methods), windows,
-                                     resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"],
-                                     level=BOOTSTRAP["level"])
-        for (claim, condition, n, method), interval in intervals.items():
+        found = engine.resample(lambda units: _claim_statistics(config, aggregate, units, methods), windows,
+                                resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"])
+        for (claim, condition, n, method), resampled in found.items():
             declared_claim = declared[claim]
+            interval = engine.interval(declared_claim, resampled, level=BOOTSTRAP["level"])
+            former = changes.former_interval(resampled, level=BOOTSTRAP["level"])
             rows.append({"claim": claim, "aggregation": how, "condition": condition, "n": n, "method": method,
                          "statistic": declared_claim.statistic.format(sky=PAPER_METHODS[0], agg=how),
                          "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
                          "threshold": declared_claim.threshold,
-                         "verdict": engine.judge(declared_claim, interval.low, interval.high)})
+                         "verdict": engine.judge(declared_claim, interval.low, interval.high, units=resampled.units),
+                         "interval": declared_claim.interval + (" (log)" if declared_claim.scale == "log" else ""),
+                         "windows": resampled.units, "former_low": former[0], "former_high": former[1],
+                         "former_verdict": changes.former_judge(declared_claim, *former)})
     table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
     table.attrs["windows"] = min(len(w) for w in windows.values())
     return table

@@ -8,14 +8,17 @@ float32 beside float64.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
-from ..reporting.claims import tally
+from ..reporting.changes import changes_lines
+from ..reporting.claims import coverage_lines, tally
 from ..reporting.markdown import markdown_table
 from ..reporting.summary import render
 from .discussion import aggregation_text, deviations_text, paper_text, win_rate_text
 from .figures import figure_groups
-from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, PRECISION_TOLERANCE,
+from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, COVERAGE, NEAR_ZERO_ROW, PAPER_METHODS, PRECISION_TOLERANCE,
                     precision_table, verdicts)
 
 __all__ = ["TITLE", "RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "PAPER_COMPARISON",
@@ -116,14 +119,18 @@ def _panel_text(stats, conditioning) -> list[str]:
 
 def _verdict_text(table: pd.DataFrame) -> list[str]:
     sky = PAPER_METHODS[0]
+    windows = int(table.attrs.get("windows", table["windows"].min() if len(table) else 0))
     lines = ["", "## Claims", "",
-             f"Thresholds in code (`THRESHOLDS`, `CLAIMS` in approxlab/studies/figure1_stats.py; (a)-(d) fixed before "
-             f"the first run); 95% bootstrap intervals over windows ({BOOTSTRAP['resamples']} resamples, seed "
-             f"{BOOTSTRAP['seed']}, {BOOTSTRAP['dtype']}); inconclusive when the interval reaches across the threshold. "
-             "Each claim under the median and under the mean over heads x windows x seeds.", ""]
-    if table.attrs.get("windows", 2) < 2:
-        lines += ["With a single window there is nothing to resample: the intervals have no width and the "
-                  "verdicts carry no uncertainty (run more --windows).", ""]
+             "Thresholds in code (`THRESHOLDS`, `CLAIMS` in approxlab/studies/figure1/stats.py; (a)-(d) fixed before "
+             f"the first run); 95% intervals over windows: the bootstrap standard error ({BOOTSTRAP['resamples']} "
+             f"resamples of the windows, seed {BOOTSTRAP['seed']}, {BOOTSTRAP['dtype']}) times Student's t with "
+             "windows - 1 degrees of freedom, on the log scale for the ratios (a), (b), (b-comparative), on the linear "
+             "scale for the gaps (c), (d). Inconclusive when the interval reaches across the threshold or rests on "
+             "fewer than 2 windows. Each claim under the median and under the mean over heads x windows x seeds.", "",
+             *_coverage_text(windows), ""]
+    if windows < 2:
+        lines += ["With a single window there is nothing to resample: no claim has an interval, and every verdict "
+                  "is inconclusive (run more --windows).", ""]
     aggregations = list(dict.fromkeys(table["aggregation"])) if "aggregation" in table else [None]
     for claim in CLAIMS:
         counts = []
@@ -133,8 +140,27 @@ def _verdict_text(table: pd.DataFrame) -> list[str]:
         described = claim.text.format(sky=sky, method="each baseline", baselines=", ".join(PAPER_METHODS[1:]))
         lines.append(f"- ({claim.id}) {described}: statistic {claim.statistic.format(sky=sky, agg='median (or mean)')}, "
                      f"claim holds {claim.side} {claim.threshold:g}: {'; '.join(counts)}.")
-    shown = table.drop(columns=["statistic"])
-    return lines + ["", *markdown_table(shown)]
+    shown = table.drop(columns=["statistic", "interval", "windows", "former_low", "former_high", "former_verdict"],
+                       errors="ignore")
+    return lines + ["", *markdown_table(shown),
+                    *changes_lines(table, ["claim", "aggregation", "condition", "n", "method"],
+                                   shown=["estimate", "former_low", "former_high", "ci_low", "ci_high"],
+                                   rules="percentile intervals over the windows, and a one-window interval of zero "
+                                         "width judged like any other")]
+
+
+def _coverage_text(windows: int) -> list[str]:
+    """How often these intervals cover a known truth at this run's window count (simulated), the percentile
+    interval beside them."""
+    ratio, gap = CLAIMS[0], CLAIMS[3]
+    percentile = dataclasses.replace(ratio, interval="bootstrap", scale="linear")
+    entries = [{"claims": f"{which} ({how})", "claim": claim, "units": windows, "statistic": COVERAGE[how]}
+               for how in ("median", "mean")
+               for which, claim in (("(a), (b), (b-comparative)", ratio), ("(c), (d)", gap),
+                                    ("former intervals", percentile))]
+    return [*coverage_lines(entries), "",
+            "The gaps (c), (d) are one minus a ratio of two methods' errors; heavier tails than lognormal "
+            "(Skyformer's blow-ups, under the mean) cover less."]
 
 
 def _precision_text(parted: pd.DataFrame) -> list[str]:

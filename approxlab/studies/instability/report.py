@@ -13,12 +13,15 @@ import pathlib
 import numpy as np
 import pandas as pd
 
+from ...stats import UnitModel
+from ..reporting.changes import changes_lines
+from ..reporting.claims import coverage_lines
 from ..reporting.markdown import markdown_table
 from ..reporting.summary import render
 from .design import budget_lines, task_seeds
 from .settings import proxy_lines, settings_lines, task_label
 from .spread import spread_lines
-from .stats import PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals, table3_value
+from .stats import BELOW_ONE, PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, intervals, table3_value
 
 __all__ = ["ATTENTION_ORDER", "RESULTS", "RESIDUAL", "RATIOS", "INTERVALS", "KEY_COLUMNS", "TITLE", "ratio_table",
            "verdict_table", "paper_comparison", "summary_lines", "summarize", "sections", "plot"]
@@ -70,15 +73,16 @@ def _interval_cell(row, prefix: str = "") -> str:
 
 def _verdict_cell(row) -> str:
     """The verdict, the power beside it where the paper gives a value to size for, and the geometric
-    mean's verdict where it differs."""
-    text = row.verdict
-    power = getattr(row, "power", float("nan"))
-    if power is not None and not pd.isna(power):
-        text += f" (power {power:.2f})"
+    mean's verdict (with its power on the log scale) where it differs."""
+    text = row.verdict + _power_text(getattr(row, "power", None))
     geo = getattr(row, "geo_verdict", None)
     if isinstance(geo, str) and geo != row.verdict:
-        text += f"; geometric mean: {geo}"
+        text += f"; geometric mean: {geo}" + _power_text(getattr(row, "geo_power", None), " on the logs")
     return text
+
+
+def _power_text(power, scale: str = "") -> str:
+    return "" if power is None or pd.isna(power) else f" (power {power:.2f}{scale})"
 
 
 def ratio_table(per_seed: pd.DataFrame) -> pd.DataFrame:
@@ -145,26 +149,69 @@ def _records_markdown(frame: pd.DataFrame) -> str:
 
 def _power_lines(summary: pd.DataFrame) -> list[str]:
     """The power analysis: per entry with a Table 3 value below 1, the per-seed SD, the power of the
-    seeds run and the seeds 80% power needs."""
+    seeds run and the seeds 80% power needs, on the ratios (the arithmetic mean's verdict) and on the log
+    ratios (the geometric mean's)."""
     rows = summary[summary["attention"].isin(["kernelized", "skyformer"])]
     lines = ["## Power analysis", "",
              "Each seed gives one ratio (its own data, initial weights, landmarks and dropout masks). The question "
              "is whether the mean ratio differs from 1 when it is in truth the paper's value (e.g. 0.77): a "
-             "two-sided one-sample t-test at 5%, with the per-seed standard deviation measured here. A verdict "
-             "that is not decisive counts as \"not confirmed (underpowered)\" when the power is below "
-             f"{POWER_GOAL:.0%}. The SD of a handful of seeds is itself a rough estimate, so the last column is "
-             "indicative; an entry with one seed has no SD and no power.", ""]
+             "two-sided one-sample t-test at 5%, with the per-seed standard deviation measured here -- on the ratios "
+             "for the arithmetic mean, on the log ratios (against log of the paper's value) for the geometric mean, "
+             "each verdict with the power of its own scale. A verdict that is not decisive and holds the paper's "
+             f"value counts as \"not confirmed (underpowered)\" when the power is below {POWER_GOAL:.0%}. The SD of "
+             "a handful of seeds is itself a rough estimate, so the seeds-needed columns are indicative; an entry "
+             "with one seed has no SD and no power.", ""]
     table = []
     for r in rows.itertuples(index=False):
         if r.verdict == "failed":
             continue
-        needed = "-" if r.seeds_for_80 is None or pd.isna(r.seeds_for_80) else f"{int(r.seeds_for_80)}"
         paper = "-" if r.paper is None or pd.isna(r.paper) else f"{r.paper:.2f}"
-        power = "-" if pd.isna(r.power) else f"{r.power:.2f}"
-        table.append([r.attention, _task_label(r.task, r.n), r.seeds, f"{r.sd:.3f}", paper, power, needed])
+        table.append([r.attention, _task_label(r.task, r.n), r.seeds, f"{r.sd:.3f}", paper, _number(r.power, "{:.2f}"),
+                      _number(r.seeds_for_80, "{:.0f}"), _number(getattr(r, "geo_sd", None), "{:.3f}"),
+                      _number(getattr(r, "geo_power", None), "{:.2f}"),
+                      _number(getattr(r, "geo_seeds_for_80", None), "{:.0f}")])
     columns = ["attention", "task", "seeds", "per-seed SD", "paper", "power at the paper's value",
-               "seeds for 80% power"]
+               "seeds for 80% power", "SD of the log ratios", "power on the logs", "seeds for 80% on the logs"]
     return lines + markdown_table(pd.DataFrame(table, columns=columns), default=str, empty=None) + [""]
+
+
+def _number(value, pattern: str) -> str:
+    return "-" if value is None or pd.isna(value) else pattern.format(value)
+
+
+def _coverage_lines(summary: pd.DataFrame) -> list[str]:
+    """The coverage of both t intervals at this run's seed count, the units lognormal with the largest SD of
+    the log ratios measured among kernelized and Skyformer."""
+    decided = summary[summary["attention"].isin(["kernelized", "skyformer"]) & (summary["seeds"] > 0)]
+    if decided.empty or "geo_sd" not in decided:
+        return []
+    spread = decided["geo_sd"].astype(float).dropna()
+    seeds = int(decided["seeds"].min())
+    model = UnitModel(sigma=float(spread.max())) if len(spread) and spread.max() > 0 else UnitModel()
+    entries = [{"claims": "arithmetic mean", "claim": BELOW_ONE, "units": seeds, "statistic": "mean", "model": model},
+               {"claims": "geometric mean", "claim": BELOW_ONE, "units": seeds, "statistic": "geometric mean",
+                "model": model}]
+    return [*coverage_lines(entries), "",
+            "The simulated seeds are lognormal with the largest SD of the log ratios measured here (kernelized, "
+            "Skyformer): the t interval on the logs is exact for them; the arithmetic mean's covers less the more "
+            "skewed the ratios.", ""]
+
+
+def _changes_lines(summary: pd.DataFrame) -> list[str]:
+    """The verdicts that the current rules change, both means (from :func:`~.stats.intervals`)."""
+    if "former_verdict" not in summary:
+        return []
+    judged = summary[summary["former_verdict"].notna()].assign(task=lambda f: [
+        _task_label(t, n) for t, n in zip(f["task"], f["n"])])
+    both = pd.concat([judged.assign(mean="arithmetic"),
+                      judged.assign(mean="geometric", verdict=judged["geo_verdict"],
+                                    former_verdict=judged["former_geo_verdict"], low=judged["geo_low"],
+                                    high=judged["geo_high"])])
+    both["interval"] = [f"[{low:.3f}, {high:.3f}]" if pd.notna(low) else "-" for low, high in
+                        zip(both["low"], both["high"])]
+    return [*changes_lines(both, ["attention", "task", "mean"], shown=["interval", "paper"], what="verdict",
+                           rules="no verdict for an undecided interval that excludes the paper's value, and the "
+                                 "geometric mean judged with the power of the arithmetic scale")[1:], ""]
 
 
 def _seeds_line(config: dict, per_seed: pd.DataFrame) -> str:
@@ -192,10 +239,13 @@ def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame,
         "Geometric mean of the ratios (exp of the mean log ratio, 95% t interval on the logs), beside it:", "",
         _markdown(_layout(summary, lambda r: _interval_cell(r, "geo_"))), "",
         "Verdicts (arithmetic mean): \"below 1\" / \"above 1\" only when the whole 95% interval is on that "
-        "side; otherwise \"not confirmed (underpowered)\" when the seeds had less than "
-        f"{POWER_GOAL:.0%} power to tell the paper's value from 1, else \"inconclusive\". The power is printed "
-        "beside; where the geometric mean's verdict differs, it is named.", "",
+        "side; otherwise \"rejects the paper's value\" when the interval excludes the paper's Table 3 value, "
+        f"\"not confirmed (underpowered)\" when it holds it and the seeds had less than {POWER_GOAL:.0%} power to "
+        "tell the paper's value from 1, else \"inconclusive\"; one seed decides nothing. The power is printed "
+        "beside; where the geometric mean's verdict differs, it is named, with its power on the log scale.", "",
         _markdown(_layout(summary, _verdict_cell)), "",
+        *_coverage_lines(summary),
+        *_changes_lines(summary),
         *_power_lines(summary),
         *budget_lines(config, results, summary),
         *spread_lines(results, per_seed, residual, _task_label, _columns(summary)),

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ...tasks import image, retrieval, text
 from ..declaration import Claim
-from ..reporting import claims
+from ..reporting import changes, claims
 
 __all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "PROXIES", "POWER_GOAL", "BELOW_ONE", "AT_PAPER", "ratios",
            "ratio_interval", "verdict", "power_analysis", "table3_value", "proxy", "decision", "intervals"]
@@ -33,6 +33,10 @@ kernelized: 0.77 vs 1.0)."""
 
 POWER_GOAL = 0.8
 """Power a verdict needs before "no difference from 1" may be read as such (two-sided t, 5%)."""
+
+NEAR_ONE = 0.05
+"""A Table 3 ratio this close to 1 is no "below 1" claim: no power is sized for it, and the verdict does not
+test it as the paper's value."""
 
 PAPER_TABLE3 = {
     "nystromformer": {"Text": 1.03, "ListOps": 1.01, "Retrieval": 0.97, "Pathfinder": 0.99, "Image": 1.02},
@@ -132,12 +136,13 @@ def at_paper(value: float) -> Claim:
     return dataclasses.replace(AT_PAPER, threshold=float(value))
 
 
-def verdict(low: float, high: float, power: float = float("nan")) -> str:
-    """``"below 1"`` / ``"above 1"`` when the whole interval is on that side of 1; otherwise
-    ``"not confirmed (underpowered)"`` when the seeds had less than :data:`POWER_GOAL` power to
-    tell the paper's value from 1, else ``"inconclusive"`` (``power`` NaN: no paper value to size for).
-    The claim :data:`BELOW_ONE`, judged by :func:`approxlab.studies.reporting.claims.judge`."""
-    return claims.judge(BELOW_ONE, low, high, power=power)
+def verdict(low: float, high: float, power: float = float("nan"), paper: float | None = None) -> str:
+    """``"below 1"`` / ``"above 1"`` when the whole interval is on that side of 1; otherwise ``"rejects the
+    paper's value"`` when it excludes ``paper``, ``"not confirmed (underpowered)"`` when the seeds had less
+    than :data:`POWER_GOAL` power to tell the paper's value from 1, else ``"inconclusive"`` (``power`` NaN:
+    no paper value to size for). The claim :data:`BELOW_ONE`, judged by
+    :func:`approxlab.studies.reporting.claims.judge`."""
+    return claims.judge(BELOW_ONE, low, high, power=power, paper=paper)
 
 
 def power_analysis(values, paper_value, *, log: bool = False) -> tuple[float, float, int | None]:
@@ -146,15 +151,21 @@ def power_analysis(values, paper_value, *, log: bool = False) -> tuple[float, fl
     and the seeds 80% power needs (:func:`approxlab.stats.t_test_power`, ``t_test_sample_size``).
     ``log``: the same test on the log ratios (the geometric mean's scale): "mean log ratio = 0" against
     ``log(paper_value)``, at the SD of the logs -- the power the geometric mean's verdict rests on.
-    NaN / None when there is no paper value (or one within 0.05 of 1), fewer than 2 seeds or no spread."""
+    NaN / None when there is no paper value (or one within :data:`NEAR_ONE` of 1), fewer than 2 seeds or no spread."""
     values = np.asarray(values, dtype=float)
     values = np.log(values) if log else values
     sd = float(values.std(ddof=1)) if values.size > 1 else float("nan")
-    if paper_value is None or abs(paper_value - 1.0) < 0.05:
+    if _sized(paper_value) is None:
         return sd, float("nan"), None
     effect = float(np.log(paper_value)) if log else float(paper_value) - 1.0
     power, needed = claims.power(effect, sd, int(values.size), goal=POWER_GOAL)
     return sd, power, needed
+
+
+def _sized(paper_value):
+    """The paper's value where the claim sizes for it (a Table 3 ratio at least :data:`NEAR_ONE` from 1), else None:
+    Table 3's values near 1 (Nystromformer's) claim "around 1", not "below 1"."""
+    return None if paper_value is None or abs(paper_value - 1.0) < NEAR_ONE else paper_value
 
 
 def proxy(task: str) -> str:
@@ -220,8 +231,12 @@ def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
         rows.append({**entry, "mean": mean, "low": low, "high": high, "geo_mean": float(np.exp(log_mean)),
                      "geo_low": geo_low, "geo_high": geo_high, "sd": sd, "paper": paper, "power": power,
                      "seeds_for_80": needed, "geo_sd": geo_sd, "geo_power": geo_power, "geo_seeds_for_80": geo_needed,
-                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok)),
-                     "geo_verdict": claims.judge(BELOW_ONE, geo_low, geo_high, power=geo_power, units=len(ok))})
+                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok), paper=_sized(paper)),
+                     "geo_verdict": claims.judge(BELOW_ONE, geo_low, geo_high, power=geo_power, units=len(ok),
+                                                 paper=_sized(paper)),
+                     "former_verdict": changes.former_judge(BELOW_ONE, low, high, power=power, units=len(ok)),
+                     "former_geo_verdict": changes.former_judge(BELOW_ONE, geo_low, geo_high, power=power,
+                                                                units=len(ok))})
         rows[-1].update(_against_paper(rows[-1], units=len(ok)))
     return pd.DataFrame.from_records(rows)
 

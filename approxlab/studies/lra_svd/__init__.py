@@ -52,12 +52,12 @@ from __future__ import annotations
 
 from ..declaration import Figure, Step, Study, Summary, Table
 from .cells import attention_output_spectrum, compute_cell, decay_slope
-from .grid import (DECAY_INDICES, FULL_GRID, GATES, KEY_COLUMNS, MIN_SEEDS, OPTIONS, QUICK_GRID, RESULTS, SPECTRA,
-                   TASK_OPTIONS, TRAINING, build_config, cells, configure)
+from .grid import (DECAY_INDICES, FULL_GRID, GATES, KEY_COLUMNS, MEASURE_DTYPE, MIN_SEEDS, OPTIONS, QUICK_GRID,
+                   RESULTS, SMALLEST_EFFECT, SPECTRA, TASK_OPTIONS, TRAINING, build_config, cells, configure)
 from .report import SLOWER, TITLE, ordering, plot, resolution_floor, sections
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "TASK_OPTIONS", "GATES", "DECAY_INDICES", "MIN_SEEDS",
-           "SLOWER", "build_config", "configure", "attention_output_spectrum", "resolution_floor", "decay_slope",
+           "SMALLEST_EFFECT", "MEASURE_DTYPE", "SLOWER", "build_config", "configure", "attention_output_spectrum", "resolution_floor", "decay_slope",
            "compute_cell", "ordering", "plot"]
 
 STUDY = Study(

@@ -9,21 +9,22 @@ import numpy as np
 import pandas as pd
 
 from ..declaration import Claim
-from ..reporting import claims
+from ..reporting import changes, claims
 from ..reporting.markdown import markdown_table
-from .grid import DECAY_INDICES, MIN_SEEDS, RESULTS, SPECTRA, TRAINING
+from .grid import DECAY_INDICES, MEASURE_DTYPE, MIN_SEEDS, RESULTS, SMALLEST_EFFECT, SPECTRA, TRAINING
 
-__all__ = ["SLOWER", "TITLE", "ordering", "plot", "resolution_floor", "summary_lines", "sections"]
+__all__ = ["SLOWER", "TITLE", "ordering", "plot", "measure_dtype", "resolution_floor", "summary_lines", "sections"]
 
 TITLE = "Singular values of the trained model's attention output (Skyformer Appendix B, Figure 4)"
 
 SLOWER = Claim("pathfinder-slower", "Pathfinder decays slower than ListOps (Appendix B)",
                "Pathfinder's mean decay slope minus ListOps' over the gate-passing seeds", side="above",
-               threshold=0.0, unit="seed", interval="welch", min_units=MIN_SEEDS, strict=True,
+               threshold=0.0, unit="seed", interval="welch", min_units=MIN_SEEDS, strict=True, power_goal=0.8,
                labels={"reproduced": "Pathfinder slower", "not reproduced": "Pathfinder faster",
                        "too few units": "not compared (gate)"})
 """Appendix B's reading, fixed before the run: decided only when at least :data:`MIN_SEEDS` seeds of each
-task pass their gate; the interval (Welch t over seeds) must exclude 0."""
+task pass their gate; the interval (Welch t over seeds) must exclude 0. An interval that holds 0 with less
+than 80% power at the declared smallest effect (:data:`SMALLEST_EFFECT`) is "not confirmed (underpowered)"."""
 
 _LABELS = {"listops": "ListOps", "pathfinder": "Pathfinder"}
 _OPTION_TEXT = {"max_depth": "trees of depth <= {}", "dot_intensity": "dots at intensity {}, paths at 255",
@@ -34,32 +35,41 @@ def _label(task, n):
     return f"{_LABELS.get(task, task)} (n={n})"
 
 
-def ordering(results: pd.DataFrame, *, level: float = 0.95, min_seeds: int = MIN_SEEDS) -> dict:
+def ordering(results: pd.DataFrame, *, level: float = 0.95, min_seeds: int = MIN_SEEDS,
+             smallest_effect: float = SMALLEST_EFFECT) -> dict:
     r"""Appendix B's claim "Pathfinder decays slower than ListOps" on the seeds that pass their gate.
 
     The difference is Pathfinder's mean decay slope minus ListOps' (both negative; a positive
     difference = Pathfinder slower), with a Welch t interval over seeds (each seed one trained
     model). Verdict (the claim :data:`SLOWER`): ``"Pathfinder slower"`` when the interval is above 0,
-    ``"Pathfinder faster"`` when below, ``"inconclusive"`` when it contains 0, and ``"not compared
-    (gate)"`` when fewer than ``min_seeds`` seeds of a task passed: then nothing is said about the
-    ordering. Beside it, the power of the seeds at hand to see a difference of this size at the
-    observed spreads, and the seeds per task that 80% power needs: a t-test on seed-paired
-    differences, :math:`sd = \sqrt{s_P^2 + s_L^2}`, ``seeds - 1`` degrees of freedom (no more than
-    Welch's; :func:`approxlab.studies.reporting.claims.power`).
+    ``"Pathfinder faster"`` when below; when it contains 0, ``"not confirmed (underpowered)"`` if the seeds
+    had less than 80% power at ``smallest_effect`` (declared before the run), else ``"inconclusive"``; and
+    ``"not compared (gate)"`` when fewer than ``min_seeds`` seeds of a task passed: then nothing is said
+    about the ordering. The power is that of a t-test on seed-paired differences,
+    :math:`sd = \sqrt{s_P^2 + s_L^2}`, ``seeds - 1`` degrees of freedom (no more than Welch's;
+    :func:`approxlab.studies.reporting.claims.power`), at ``smallest_effect`` -- never at the observed
+    difference, whose power only restates the interval. Beside it, the seeds per task 80% power needs at
+    the smallest effect and at effects across the interval (``seeds_across``: effect -> seeds, None where the
+    effect is 0), and the verdict of the former rules (power at the observed difference, no power goal).
     """
     claim = dataclasses.replace(SLOWER, min_units=max(min_seeds, 2))
     passed = results[results["passed"].astype(bool)]
     slopes = {t: passed.loc[passed["task"] == t, "decay_slope"].to_numpy(dtype=float) for t in ("pathfinder", "listops")}
     seeds = min(len(v) for v in slopes.values())
     entry = {"seeds_pathfinder": len(slopes["pathfinder"]), "seeds_listops": len(slopes["listops"]),
-             "difference": float("nan"), "low": float("nan"), "high": float("nan")}
+             "difference": float("nan"), "low": float("nan"), "high": float("nan"), "smallest_effect": smallest_effect}
     if seeds < claim.min_units:
-        return {**entry, "verdict": claims.judge(claim, float("nan"), float("nan"), units=seeds)}
+        gate = claims.judge(claim, float("nan"), float("nan"), units=seeds)
+        return {**entry, "verdict": gate, "former_verdict": gate}
     difference, low, high = claims.welch_interval(slopes["pathfinder"], slopes["listops"], level=level)
     sd = math.hypot(*(float(np.std(slopes[t], ddof=1)) for t in ("pathfinder", "listops")))
-    power, needed = claims.power(difference, sd, seeds, alpha=1 - level, goal=0.8)
-    return {**entry, "difference": difference, "low": low, "high": high,
-            "verdict": claims.judge(claim, low, high, units=seeds), "power": power, "seeds_for_80": needed}
+    power, needed = claims.power(smallest_effect, sd, seeds, alpha=1 - level, goal=0.8)
+    across = {effect: claims.power(effect, sd, None, alpha=1 - level, goal=0.8)[1]
+              for effect in (low, difference / 2, difference, high)}
+    former = changes.former_judge(dataclasses.replace(claim, power_goal=None), low, high, units=seeds)
+    return {**entry, "difference": difference, "low": low, "high": high, "sd": sd,
+            "verdict": claims.judge(claim, low, high, power=power, units=seeds), "power": power, "seeds_for_80": needed,
+            "seeds_across": across, "former_verdict": former}
 
 
 def plot(saved) -> list:
@@ -83,8 +93,9 @@ def plot(saved) -> list:
         right.errorbar([k + 0.25], [rows["decay_slope"].mean()], yerr=[[0.0], [0.0]], fmt="_", color=colour,
                        markersize=14)
     left.axvspan(DECAY_INDICES[0], DECAY_INDICES[1], color="grey", alpha=0.08, label="indices of the decay fit")
-    left.axhline(resolution_floor(config["model"]["embedding_dim"]), color="black", linestyle=":", linewidth=0.8,
-                 label="float32 resolution (below: rounding)")
+    dtype = measure_dtype(config)
+    left.axhline(resolution_floor(config["model"]["embedding_dim"], dtype), color="black", linestyle=":",
+                 linewidth=0.8, label=f"{dtype} resolution (below: rounding)")
     left.set_yscale("log")
     left.set_xlabel("index j")
     left.set_ylabel("sigma_j / sigma_1 (mean over a test batch)")
@@ -142,10 +153,12 @@ def summary_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, tr
                           r.num_singular_values] for r in results.itertuples(index=False)],
                         columns=["task", "seed", "steps", "val. acc. (n)", "majority class", "gate", "passed",
                                  "test-batch acc.", "decay slope (mean ± std over the batch)", "values"])
-    verdict = ordering(results, min_seeds=config["min_seeds"])
+    verdict = ordering(results, min_seeds=config["min_seeds"],
+                       smallest_effect=config.get("smallest_effect", SMALLEST_EFFECT))
     return [*_setting_lines(config), *markdown_table(rows, default=str, empty=None),
             "", "## Against Appendix B (\"Pathfinder decays slower than ListOps\")", "", _ordering_text(verdict),
-            "", *_resolution_lines(spectra, config["model"]["embedding_dim"]),
+            "", *_coverage_lines(verdict), *_changes_lines(verdict),
+            "", *_resolution_lines(spectra, config["model"]["embedding_dim"], measure_dtype(config)),
             "Figure 4's curves are not given as numbers in the paper (and its models were trained to LRA "
             "accuracy on a GPU), so only the pre-declared slope comparison is made.", "",
             f"Compute: {results['seconds'].sum():.0f} s of cell time; {len(training)} evaluations. "
@@ -158,18 +171,31 @@ def sections(saved) -> list[str]:
                          saved.command)
 
 
-def resolution_floor(columns: int) -> float:
-    r"""The smallest :math:`\sigma_j/\sigma_1` a float32 forward pass resolves: the model's
+def measure_dtype(config: dict) -> str:
+    """The dtype of a run's measuring forward pass: ``config["measure_dtype"]``, float32 for a run without it
+    (before the spectrum was measured by a float64 copy of the model)."""
+    return config.get("measure_dtype", "float32")
+
+
+def resolution_floor(columns: int, dtype: str = MEASURE_DTYPE) -> float:
+    r"""The smallest :math:`\sigma_j/\sigma_1` a forward pass in ``dtype`` resolves: the model's
     attention output :math:`M` (``columns`` wide) carries rounding :math:`E` with
-    :math:`\|E\|_2 \le \|E\|_F \approx \epsilon_{32}\|M\|_F \le \epsilon_{32}\sqrt{\text{columns}}\,\sigma_1`,
-    and by Weyl's inequality :math:`|\sigma_j(M + E) - \sigma_j(M)| \le \|E\|_2`: below
-    :math:`\epsilon_{32}\sqrt{\text{columns}}` the measured values are rounding, not the model's."""
-    return float(np.finfo(np.float32).eps) * math.sqrt(columns)
+    :math:`\|E\|_2 \le \|E\|_F \approx \epsilon\|M\|_F \le \epsilon\sqrt{\text{columns}}\,\sigma_1`
+    (:math:`\epsilon` the dtype's machine epsilon), and by Weyl's inequality
+    :math:`|\sigma_j(M + E) - \sigma_j(M)| \le \|E\|_2`: below :math:`\epsilon\sqrt{\text{columns}}` the
+    measured values are rounding, not the model's (float32 at 64 columns: 9.5e-7; float64: 1.8e-15).
+
+    Examples
+    --------
+    >>> f"{resolution_floor(64, 'float32'):.2e}", f"{resolution_floor(64, 'float64'):.2e}"
+    ('9.54e-07', '1.78e-15')
+    """
+    return float(np.finfo(np.dtype(dtype)).eps) * math.sqrt(columns)
 
 
-def _resolution_lines(spectra: pd.DataFrame, columns: int) -> list[str]:
-    """Per task and seed: where the mean spectrum falls below :func:`resolution_floor`."""
-    floor = resolution_floor(columns)
+def _resolution_lines(spectra: pd.DataFrame, columns: int, dtype: str = MEASURE_DTYPE) -> list[str]:
+    """Per task and seed: where the mean spectrum falls below :func:`resolution_floor` of the measuring dtype."""
+    floor = resolution_floor(columns, dtype)
     first, last = DECAY_INDICES
     parts = []
     for (task, n, seed), curve in spectra.groupby(["task", "n", "seed"], sort=False):
@@ -178,11 +204,12 @@ def _resolution_lines(spectra: pd.DataFrame, columns: int) -> list[str]:
         parts.append(f"{_label(task, n)} seed {seed}: from j = {int(below.min())}, "
                      f"{(window['mean'] < floor).mean():.0%} of the fit" if len(below) else
                      f"{_label(task, n)} seed {seed}: never")
-    return [f"**Resolution.** The models run in float32, so sigma_j / sigma_1 below {floor:.1e} "
-            f"(float32's epsilon x sqrt({columns}), Weyl's bound on its rounding) is rounding rather than the "
+    cure = "; a forward pass in float64 resolves it." if dtype == "float32" else "."
+    return [f"**Resolution.** The spectrum is measured in {dtype}, so sigma_j / sigma_1 below {floor:.1e} "
+            f"({dtype}'s epsilon x sqrt({columns}), Weyl's bound on its rounding) is rounding rather than the "
             "model's spectrum. The mean spectrum falls below it: " + "; ".join(parts) + ". Where most of a task's "
             "fit lies below it, its slope measures the rounding floor's flatness, and the comparison above says "
-            "nothing about the models; a forward pass in float64 resolves it.", ""]
+            "nothing about the models" + cure, ""]
 
 
 def _ordering_text(verdict: dict) -> str:
@@ -192,10 +219,32 @@ def _ordering_text(verdict: dict) -> str:
                 "gate, so this run says nothing about the ordering of the tasks.")
     power = ""
     if math.isfinite(verdict.get("power", float("nan"))):
-        power = (f" Power of these seeds to see a difference of this size at the observed spread: "
-                 f"{verdict['power']:.2f}; 80% power needs {int(verdict['seeds_for_80'])} seeds per task (a t-test "
-                 "on seed-paired differences, sd = sqrt(s_P^2 + s_L^2)).")
+        across = "; ".join(f"{effect:+.4f}: " + ("any number (no effect)" if needed is None else f"{needed}")
+                           for effect, needed in verdict["seeds_across"].items())
+        power = (f" Power of these seeds at the smallest slope difference of interest, "
+                 f"{verdict['smallest_effect']:g} per index (declared before the run): {verdict['power']:.2f}; 80% "
+                 f"power there needs {int(verdict['seeds_for_80'])} seeds per task (a t-test on seed-paired "
+                 "differences, sd = sqrt(s_P^2 + s_L^2) = "
+                 f"{verdict['sd']:.4f}). Seeds per task for 80% power across the interval (at its low end, half "
+                 f"the estimate, the estimate, its high end): {across}.")
     return (f"{seeds}. Pathfinder's slope minus ListOps': {verdict['difference']:+.4f} per index, 95% interval "
             f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}] (Welch t over seeds); verdict: **{verdict['verdict']}**"
             + (" (Appendix B's ordering)." if verdict["verdict"] == "Pathfinder slower" else
                " (Appendix B has Pathfinder slower).") + power)
+
+
+def _coverage_lines(verdict: dict) -> list[str]:
+    """The coverage of Welch's interval with the seeds that passed (normal slopes, equal spreads)."""
+    units = (verdict["seeds_pathfinder"], verdict["seeds_listops"])
+    if min(units) < 1:
+        return []
+    return [*claims.coverage_lines([{"claims": SLOWER.id, "claim": SLOWER, "units": units}]), ""]
+
+
+def _changes_lines(verdict: dict) -> list[str]:
+    """The verdict the former rules gave (power at the observed difference, no power goal), where it differs."""
+    table = pd.DataFrame([{"claim": SLOWER.id, "interval": f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}]",
+                           "verdict": verdict["verdict"], "former_verdict": verdict["former_verdict"]}])
+    return [*changes.changes_lines(table, ["claim"], shown=["interval"], what="verdict",
+                                   rules="no power goal; the power, of the observed difference, only printed "
+                                         "beside the verdict")[1:], ""]

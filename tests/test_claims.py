@@ -1,0 +1,114 @@
+"""The claims engine's verdict rules (approxlab.studies.reporting.claims.judge): fewer than 2 units decide
+nothing; an undecided interval that excludes the paper's value rejects it; the geometric mean is judged with
+the power of the log scale; power is sized for a declared effect (lra-svd: tests/test_lra_svd.py). The former
+rules beside them, and the coverage stated beside every claim table. Each rule's test fails on the former
+rule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from approxlab import stats
+from approxlab.studies import Claim
+from approxlab.studies import figure1
+from approxlab.studies.decoder import stats as decoder_stats
+from approxlab.studies.instability import stats as instability_stats
+from approxlab.studies.reporting import changes, claims
+
+FALLS = Claim("a", "x falls", "ratio", side="at most", threshold=0.5)
+
+
+def test_one_unit_decides_nothing():
+    assert claims.judge(FALLS, 0.3, 0.3, units=1) == "inconclusive"  # the former rule: "reproduced"
+    assert changes.former_judge(FALLS, 0.3, 0.3, units=1) == "reproduced"
+    assert claims.judge(FALLS, 0.3, 0.4, units=2) == "reproduced"
+    one = claims.bootstrap(lambda u: {"x": float(np.median(u))}, [0.3], resamples=20, seed=0, level=0.95)["x"]
+    assert math.isnan(one.low) and claims.judge(FALLS, one.low, one.high) == "inconclusive"  # no units passed
+    labelled = Claim("b", "x", "ratio", side="below", threshold=1.0, labels={"too few units": "inconclusive (1 seed)"})
+    assert claims.judge(labelled, 0.5, 0.5, units=1) == "inconclusive (1 seed)"
+
+
+def test_one_window_decides_nothing_in_the_decoder_and_figure1():
+    """One window: every decoder claim and every Figure 1 claim is inconclusive, without an interval, where the
+    former rules judged the zero-width interval."""
+    rows = [{"condition": "pretrained", "layer": 0, "n": n, "window": 0, "head": head, "alpha": n * (1 + head / 10),
+             "alpha_block": 2.0, "kappa": 3.0, "stable_rank": 3.0, "logit_bound": 4 * math.log(n),
+             "sqrt_log_n": math.sqrt(math.log(n))} for n in (256, 512, 1024) for head in range(3)]
+    table = decoder_stats.verdicts({"n": [256, 512, 1024], "conditions": ["pretrained"], "layers": [0]},
+                                   pd.DataFrame(rows))
+    assert set(table["verdict"]) == {"inconclusive"} and table["ci_low"].isna().all()
+    assert "inconclusive" not in set(table["former_verdict"]) and (table["windows"] == 1).all()
+    errors = [{"condition": "pretrained", "n": n, "dtype": "float64", "window": 0, "method": method, "num_features": d,
+               "seed": 0, "checkpoint": "ckpt", "error_mean": e, "error_heads": f"{e!r} {e!r}", "status": "ok"}
+              for n in (512, 1024) for method in figure1.PAPER_METHODS for d, e in ((16, 1.0), (256, 0.3))]
+    config = figure1.build_config(conditions=["pretrained"], n=[512, 1024], num_features=[16, 256])
+    verdicts = figure1.verdicts(config, pd.DataFrame(errors))
+    assert set(verdicts["verdict"]) == {"inconclusive"} and verdicts["ci_high"].isna().all()
+    assert "reproduced" in set(verdicts["former_verdict"])
+
+
+def _ratios(kernelized):
+    return pd.DataFrame([{"task": "listops", "n": 256, "seed": s, "attention": a, "steps": 2, "ratio": r,
+                          "status": "ok"} for s, value in enumerate(kernelized)
+                         for a, r in (("softmax", 1.0), ("kernelized", value))])
+
+
+def test_an_interval_that_excludes_the_papers_value_rejects_it():
+    below = instability_stats.BELOW_ONE
+    assert claims.judge(below, 0.967, 1.851, power=0.3, units=10, paper=0.77) == "rejects the paper's value"
+    assert changes.former_judge(below, 0.967, 1.851, power=0.3, units=10) == "not confirmed (underpowered)"
+    assert claims.judge(below, 0.70, 1.2, power=0.3, units=10, paper=0.77) == "not confirmed (underpowered)"
+    assert claims.judge(below, 1.01, 1.9, power=0.3, units=10, paper=0.77) == "above 1"  # decided: no rejection
+    declared = Claim("p", "x", "ratio", side="below", threshold=1.0, paper_value=0.5)
+    assert claims.judge(declared, 0.8, 1.2) == "rejects the paper's value"
+    # ListOps-like seeds: the geometric mean holds 1 and excludes 0.77.
+    row = instability_stats.intervals(_ratios([0.61, 0.82, 0.87, 1.81, 2.18, 1.2, 1.5, 0.9, 2.5, 1.6])) \
+        .set_index("attention").loc["kernelized"]
+    assert row["geo_low"] < 1 < row["geo_high"] and row["geo_low"] > 0.77
+    assert row["geo_verdict"] == "rejects the paper's value"
+    assert row["former_geo_verdict"] == "not confirmed (underpowered)"
+
+
+def test_the_geometric_mean_is_judged_with_the_power_of_the_logs():
+    """Seeds whose geometric-mean interval holds both 1 and 0.77: 80% power on the logs (inconclusive), 64% on
+    the ratios (the former rule: not confirmed (underpowered))."""
+    values = [1.64, 0.87, 0.69, 0.88, 0.7, 1.0, 0.86, 0.89, 0.7, 1.07]
+    row = instability_stats.intervals(_ratios(values)).set_index("attention").loc["kernelized"]
+    logs = np.log(values)
+    expected = stats.t_test_power(10, difference=math.log(0.77), sd=float(np.std(logs, ddof=1)))
+    assert row["geo_power"] == pytest.approx(expected) and row["geo_power"] >= 0.8 > row["power"]
+    assert row["geo_seeds_for_80"] == stats.t_test_sample_size(difference=math.log(0.77),
+                                                                 sd=float(np.std(logs, ddof=1)))
+    assert row["geo_low"] < 0.77 < 1 < row["geo_high"]
+    assert row["geo_verdict"] == "inconclusive" and row["former_geo_verdict"] == "not confirmed (underpowered)"
+    assert row["verdict"] == "not confirmed (underpowered)"  # the arithmetic mean keeps its own power
+
+
+def test_bootstrap_se_claims_and_the_coverage_beside_them():
+    ratio = Claim("r", "x", "ratio", side="at most", threshold=0.5, interval="bootstrap-se", scale="log")
+    found = claims.resample(lambda u: {"r": float(np.median(u))}, [0.2, 0.3, 0.25, 0.4], resamples=300, seed=0)["r"]
+    interval = claims.interval(ratio, found)
+    percentile = claims.interval(Claim("r", "x", "ratio", side="at most", threshold=0.5), found)
+    assert interval.low < percentile.low and interval.high > percentile.high and interval.units == 4
+    with pytest.raises(ValueError, match="`claim` must be judged by a bootstrap interval"):
+        claims.interval(Claim("t", "x", "mean", side="below", threshold=1.0, interval="t"), found)
+    with pytest.raises(ValueError, match="`scale` must be 'linear' or 'log'; got 'ln'"):
+        Claim("r", "x", "ratio", side="at most", threshold=0.5, scale="ln")
+    lines = claims.coverage_lines([{"claims": "all", "claim": FALLS, "units": 1},
+                                   {"claims": "all", "claim": ratio, "units": 4, "statistic": "ratio of medians"}])
+    assert "| all | percentile bootstrap | median | 1 | no interval |" in lines
+    assert any(line.startswith("| all | bootstrap standard error x Student t, log scale | ratio of medians | 4 | 9")
+               for line in lines)
+    assert claims.coverage(FALLS, 4) is claims.coverage(FALLS, 4)  # computed once per process
+
+
+def test_changes_lists_the_verdicts_that_differ():
+    table = pd.DataFrame({"claim": ["a", "b"], "verdict": ["inconclusive", "reproduced"],
+                          "former_verdict": ["reproduced", "reproduced"]})
+    lines = changes.changes_lines(table, ["claim"], rules="zero-width intervals judged")
+    assert "1 of 2 claim instance(s) change:" in lines[3] and "| a | reproduced | inconclusive |" in lines
+    assert changes.changes_lines(table.iloc[1:], ["claim"])[-1].endswith("0 of 1 claim instance(s) change.")
