@@ -35,7 +35,7 @@ ARGUMENTS = ["--n", "16", "--context", "12", "--continuation", "4", "--num-featu
              "--encoder-methods", "nystromformer", "--layer-settings", "all", "--windows", "2"]  # 8 patched cells
 KILLS = [(signal.SIGKILL, 2), (signal.SIGTERM, 4)]
 PROGRESS = re.compile(r"^(?P<folder>[^:]+)/perplexity\.csv: (?P<done>\d+)/(?P<total>\d+) cells")
-TIMINGS = ["seconds", "unpatched_seconds", "patched_seconds", "method_seconds", "layer_attention_seconds",
+TIMINGS = ["seconds", "cpu_seconds", "unpatched_seconds", "patched_seconds", "method_seconds", "layer_attention_seconds",
            "overhead_seconds", "ratio"]
 
 SCRIPT = """

@@ -145,7 +145,7 @@ def _warnings(caught) -> dict:
 
 def compute_decoder(cell: dict) -> dict:
     """A patched forward pass: ``perplexity.csv`` (one row) and ``layer_errors.csv`` (one row per replaced layer)."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     model = decoder_model(cell)
     ids = _inputs(cell)
     layers = (list(range(cell["num_layers"])) if cell["layers"] == ALL_LAYERS
@@ -160,7 +160,8 @@ def compute_decoder(cell: dict) -> dict:
     row = {"scored": int(ids.shape[1] - 1 - (cell["context"] if cell["setting"] == KV_CACHE else 0)),
            "nll": math.inf if scored is None else float(scored.mean()), "replaced": len(layers),
            "error_inputs": "the patched run's own (drifting)" if len(layers) > 1 else "the unpatched model's",
-           **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start}
+           **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
+           "cpu_seconds": time.thread_time() - cpu}
     return {"perplexity.csv": [row], "layer_errors.csv": _layer_rows(errors, patch, layers)}
 
 
@@ -182,7 +183,7 @@ def _embedding(loaded, ids) -> torch.Tensor:
 def compute_encoder(cell: dict) -> list[dict]:
     """Every layer of the encoder replaced: one minus the cosine similarity of the mean-pooled embedding to the
     exact model's (``cosine_distance``), and the errors pooled over layers and heads."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     loaded = encoder_model(cell)
     ids = window_tokens(cell, encoder=True)
     exact = _exact_embedding(cell["window"], cell["n"], cell["checkpoint"], cell["data_dir"], cell["cache_dir"],
@@ -193,7 +194,8 @@ def compute_encoder(cell: dict) -> list[dict]:
                                                                                                      dim=0))
     errors = [] if patch is None else patch.errors()
     return [{"cosine_distance": distance, "replaced": int(loaded.model.config.num_hidden_layers),
-             **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start}]
+             **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
+             "cpu_seconds": time.thread_time() - cpu}]
 
 
 def compute_cost(cell: dict) -> list[dict]:
