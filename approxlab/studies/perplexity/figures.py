@@ -28,6 +28,10 @@ LINEAR_WITHIN = 1e-3
 _DELTA = r"$\Delta$ log-perplexity (nats/token)"
 
 
+def _windows(config) -> str:
+    return f"{config['windows']} window" + ("s" if config["windows"] != 1 else "")
+
+
 def _delta_axis(ax) -> None:
     ax.set_yscale("symlog", linthresh=LINEAR_WITHIN)
     ax.axhline(0.0, color="#999999", linewidth=0.8, zorder=1)
@@ -82,7 +86,7 @@ def draw_d(saved) -> list[pathlib.Path]:
             ax.set(title="every layer replaced" if layers == "all" else f"{layers} replaced", xlabel="d")
         axes[0][0].set_ylabel(_DELTA)
         figure_legend(fig, axes, ncol=5)
-        fig.suptitle(f"{config['checkpoint']}, {config['windows']} WikiText-2 windows of {config['n']} tokens: change "
+        fig.suptitle(f"{config['checkpoint']}, {_windows(config)} of WikiText-2, {config['n']} tokens each: change "
                      "in log-perplexity against d\nline: mean over windows, band: 95% bootstrap interval; "
                      "▲ at the top: the run failed")
         return save_figure(fig, saved.out / "perplexity-d")
@@ -136,10 +140,12 @@ def draw_kv(saved) -> list[pathlib.Path]:
         axes[0][1].set_yscale("log")
         for ax in axes[0]:
             _d_axis(ax, config["num_features"])
-            ax.set_xlabel("budget b (kept context tokens per head; d for per-query methods)")
+            ax.set_xlabel("budget b")
         axes[0][0].set(ylabel=_DELTA, title="continuation's change in log-perplexity")
         axes[0][1].set(ylabel="relative spectral error (median)", title="the layers' continuation rows")
         figure_legend(fig, axes, ncol=5)
-        fig.suptitle(f"KV-cache setting: context n_c = {config['context']} compressed in every layer, "
-                     f"{config['continuation']} tokens of continuation scored ({config['windows']} windows)")
+        fig.suptitle(f"KV-cache setting: a context of n_c = {config['context']} tokens compressed in every layer, a "
+                     f"continuation of {config['continuation']} tokens scored ({_windows(config)})\nb: the context "
+                     "tokens kept per head (cache policies), d of the causal form (every other method); line: mean "
+                     "over windows, band: 95% bootstrap interval")
         return save_figure(fig, saved.out / "perplexity-kv")
