@@ -26,9 +26,11 @@ from approxlab.studies.engine import read_results
 from approxlab.studies.perplexity import cells, grid, references, stats
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-GRID = ["--n", "32", "--context", "24", "--continuation", "8", "--num-features", "4,8", "--methods",
-        "performer,streaming-llm", "--encoder-methods", "nystromformer", "--layer-settings", "last,all", "--windows",
-        "3", "--no-progress"]
+FIGURE1 = ROOT / "figures" / "figure1"
+GRID = ["--n", "32", "--context", "24", "--continuation", "8", "--num-features", "8,16", "--methods",
+        "performer,informer,nystromformer,streaming-llm", "--encoder-methods", "nystromformer", "--layer-settings",
+        "last,all", "--windows", "3", "--no-progress",
+        *(["--compare-with", str(FIGURE1)] if (FIGURE1 / "results.csv").is_file() else [])]
 
 
 @pytest.fixture(scope="module")
@@ -64,20 +66,24 @@ def test_tables_figures_claims_and_summary(run):
         assert (run / name).is_file(), name
     runs = read_results(run / "perplexity.csv")
     assert (runs["status"] == "ok").all(), runs.loc[runs["status"] != "ok", "status"]
-    # settings: layer 1 (last), all, KV cache; methods: the control once, two methods at two d; 3 windows
-    assert len(runs) == 3 * (1 + 2 * 2) * 3
+    # settings: layer 1 (last), all, KV cache; methods: the control once, four methods at two d; 3 windows
+    assert len(runs) == 3 * (1 + 4 * 2) * 3
     assert set(runs["layers"]) == {"layer 1", "all"} and set(runs["setting"]) == {"whole", "kv-cache"}
     layers = read_results(run / "layer_errors.csv")
-    assert len(layers) == 3 * 5 * (1 + 2 + 2)  # one row per replaced layer: 1, then 2, then 2 (the KV cache)
+    assert len(layers) == 3 * 9 * (1 + 2 + 2)  # one row per replaced layer: 1, then 2, then 2 (the KV cache)
     control = runs[runs["method"] == "exact"]
     assert (control["spectral_median"] < 1e-5).all()
     verdicts = read_results(run / "verdicts.csv")
-    assert sorted(set(verdicts["claim"])) == ["p1", "p2"]  # no folder to compare with: no p3
-    assert len(verdicts) == 3 * (1 + 2)
+    compared = "--compare-with" in GRID
+    assert len(verdicts[verdicts["claim"] != "p3"]) == 3 * (1 + 2)
+    # p3: figure1's ranking (one encoder layer, its d 16..256) against both whole-window settings at d = 16, over
+    # the three methods both ran (streaming-llm is causal only)
+    p3 = verdicts[verdicts["claim"] == "p3"]
+    assert len(p3) == (2 if compared else 0) and (p3["num_features"] == 16).all() and (p3["methods"] == 3).all()
     assert set(verdicts["verdict"]) <= {"ranks the losses", "does not rank the losses", "better than spectral",
-                                        "worse than spectral", "inconclusive"}
+                                        "worse than spectral", "inconclusive", "same places", "different places"}
     summary = (run / "summary.md").read_text()
-    for text in ("## Claims", "(p1)", "(p2)", "(p3)** not decided", "## Deviations", "Weights of the decoder", "## The encoder",
+    for text in ("## Claims", "(p1)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder", "## The encoder",
                  "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget b)"):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())
@@ -88,7 +94,7 @@ def test_the_change_in_log_perplexity_is_the_patched_minus_the_unpatched_nll(run
     runs, baseline = read_results(run / "perplexity.csv"), read_results(run / "baseline.csv")
     row = runs[(runs["method"] == "performer") & (runs["layers"] == "all") & (runs["setting"] == "whole")].iloc[0]
     config = perplexity.build_config(num_layers=2, checkpoint=str(llama), n=[32], context=24, continuation=8,
-                                     num_features=[4, 8], methods=["performer", "streaming-llm"],
+                                     num_features=[8, 16], methods=["performer"],
                                      encoder_methods=["nystromformer"], layer_settings=["last", "all"], windows=3)
     cell = next(c for c in grid.decoder_cells(config, {"cache_dir": str(cache)})
                 if c["setting"] == "whole" and c["layers"] == "all" and c["method"] == "performer"

@@ -53,8 +53,8 @@ P1_REASON = ("rho = 0.7 is where the error's ranks account for about half the va
              "the losses")
 P2_REASON = ("the question is which measure orders the losses better, not by how much: the paired difference "
              "of the two correlations on the same resampled windows, its whole interval above 0")
-P3_REASON = ("with m methods, rho >= 0.8 allows sum d_i^2 <= m(m^2 - 1)/30 of rank displacements: for 6 methods, "
-             "three swaps of neighbours and no method two places from its place")
+P3_REASON = ("with m methods, rho >= 0.8 allows squared rank displacements summing to at most m(m^2 - 1)/30: for 6 "
+             "methods 7, i.e. up to three swaps of neighbours, but not two methods trading places two apart")
 
 P1 = Claim("p1", "the relative spectral error ranks the methods' losses ({where})",
            "Spearman rho(relative spectral error, change in log-perplexity) across methods x d", side="at least",
