@@ -114,6 +114,14 @@ CASES = [
     ("decoder", ["--num-features", "0"], "--num-features"),
     ("decoder", ["--rank-max-n", "-1"], "--rank-max-n"),
     ("decoder", ["--plot-only", "--out", "{missing}"], "--plot-only"),
+    ("perplexity", ["--methods", "linformer"], "--methods"),
+    ("perplexity", ["--encoder-methods", "h2o"], "--encoder-methods"),
+    ("perplexity", ["--layer-settings", "top"], "--layer-settings"),
+    ("perplexity", ["--n", "512,1024"], "--n"),
+    ("perplexity", ["--continuation", "1"], "--continuation"),
+    ("perplexity", ["--context", "0"], "--context"),
+    ("perplexity", ["--compare-with", "{missing}"], "--compare-with"),
+    ("perplexity", ["--compare-with", "{empty}"], "--compare-with"),
 ]
 
 

@@ -8,6 +8,8 @@ input while transformers runs the model on the same token ids (measured: 4e-7 re
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -83,3 +85,18 @@ def test_decoder_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp_pa
     assert (assumptions["alpha"] >= assumptions["n"]).all()
     summary = (tmp_path / "summary.md").read_text()
     assert "4-bit quantized" in summary and "mask-renormalise" in summary
+
+
+def test_perplexity_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp_path, monkeypatch):
+    """``approxlab perplexity --quick`` as CI runs it (here, to share the converted GGUF): layer 15 and every layer
+    replaced, the KV-cache setting, one window of 64 tokens; exact attention through the patch changes nothing."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["perplexity", "--quick", "--cache-dir", str(cache), "--out", str(tmp_path), "--no-progress"]) == 0
+    runs = read_results(tmp_path / "perplexity.csv")
+    assert (runs["status"] == "ok").all() and set(runs["layers"]) == {"layer 15", "all"}
+    assert set(runs["setting"]) == {"whole", "kv-cache"} and (runs.loc[runs["layers"] == "all", "replaced"] == 30).all()
+    baseline = read_results(tmp_path / "baseline.csv").set_index("setting")["nll"]
+    control = runs[runs["method"] == "exact"].set_index(["setting", "layers"])["nll"]
+    assert abs(control[("whole", "all")] - baseline["whole"]) < 1e-4 and control[("whole", "all")] != math.inf
+    summary = (tmp_path / "summary.md").read_text()
+    assert "4-bit quantized" in summary and "(p1)" in summary and (tmp_path / "perplexity-kv.png").is_file()

@@ -50,6 +50,7 @@ STUDIES = {
     "bench": "approxlab.studies.bench",
     "lra-svd": "approxlab.studies.lra_svd",
     "decoder": "approxlab.studies.decoder",
+    "perplexity": "approxlab.studies.perplexity",
 }
 """The built-in studies: command -> the module whose ``STUDY`` declares it (imported only when needed)."""
 

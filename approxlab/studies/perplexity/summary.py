@@ -1,0 +1,214 @@
+"""The perplexity study's ``summary.md``, from its saved tables only: the run, its deviations, the claims under the
+statistics used, the changes in log-perplexity, the encoder, the cost, and the comparison with the papers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..reporting.claims import tally
+from ..reporting.markdown import format_number as fmt
+from ..reporting.markdown import markdown_table
+from .grid import KV_CACHE, WHOLE
+from .stats import BOOTSTRAP, MIN_WINDOWS, P1, P1_REASON, P2, P2_REASON, P3, P3_REASON, settings_of
+
+__all__ = ["TITLE", "HYPERATTENTION_PERPLEXITY", "sections"]
+
+TITLE = "Perplexity study: does the spectral error of attention predict what a language model loses?"
+
+_OUTCOMES = ("reproduced", "not reproduced", "inconclusive", "too few units")
+
+HYPERATTENTION_PERPLEXITY = (5.6, 6.3)
+"""Perplexity of ChatGLM2-6B-32k before and after HyperAttention replaced the attention of its final layers, at a
+32k context (Han et al., ICLR 2024, abstract)."""
+
+
+def _interval(estimate, low, high) -> str:
+    return f"{fmt(estimate)} [{fmt(low)}, {fmt(high)}]"
+
+
+def _run(saved, delta, baseline) -> list[str]:
+    config = saved.config
+    lines = ["## Run", "", f"- Command: `{saved.command}`"]
+    lines += [f"- Run: `{run['command']}`: {run['wall_seconds']:,.0f} s wall ({run['wall_seconds'] / 60:.1f} min), "
+              f"workers {run['workers']}, {run['threads']} thread(s) per process, finished {run['finished']}."
+              for run in saved.timing] or ["- **Not finished**: no finished run is recorded in `timing.json`."]
+    perplexity = saved.table("perplexity.csv")
+    failed = int((perplexity["status"] != "ok").sum())
+    lines.append(f"- Cells: `perplexity.csv` {len(perplexity)} patched runs ({failed} failed), `baseline.csv` "
+                 f"{len(baseline)}, `encoder.csv` {len(saved.table('encoder.csv'))}, `cost.csv` "
+                 f"{len(saved.table('cost.csv'))}.")
+    windows = sorted(set(baseline["window"]))
+    lines += [
+        f"- Decoder: `{config['checkpoint']}` ({config['num_layers']} layers); encoder: "
+        f"`{config['encoder_checkpoint']}`.",
+        f"- Windows: {len(windows)} WikiText-2 test windows (ids {windows} of the first {config['window_pool']} "
+        f"disjoint windows of {config['window_tokens']} tokens); the whole-window setting reads their first "
+        f"n = {config['n']} tokens and scores its {config['n'] - 1} predictions; the KV-cache setting compresses a "
+        f"context of n_c = {config['context']} tokens in every layer and scores the {config['continuation'] - 1} "
+        f"predictions made in the {config['continuation']}-token continuation.",
+        f"- Replaced: {', '.join(config['layers'])} (whole window); every layer (KV cache). d (the budget b in the KV "
+        f"cache): {config['num_features']}; a method that ignores d runs once.",
+        "- Methods (decoder): " + ", ".join(config["methods"]) + f"; control: `{config['control']}` through the patch "
+        "(its change in log-perplexity is the floor of the measurement).",
+        "- Methods (encoder): " + ", ".join(config["encoder_methods"]) + ".",
+        "- Figures: `perplexity-d.png` (change in log-perplexity against d), `perplexity-error.png` (against the "
+        "relative spectral error, log-symlog), `perplexity-kv.png` (KV cache, against the budget).",
+    ]
+    return lines
+
+
+def _deviations(saved, baseline) -> list[str]:
+    weights = saved.run.get("weights", {})
+    decoder = weights.get("decoder", "as recorded in config.json")
+    return ["", "## Deviations", "",
+            f"- Weights of the decoder: {decoder}; of the encoder: {weights.get('encoder', 'as recorded')}. The models "
+            "and every method run in float32 (the models' dtype); the errors are measured in float64.",
+            f"- Data: WikiText-2 **test** windows tokenised by each model's own tokenizer (the unpatched mean NLL over "
+            f"the windows is {fmt(float(baseline.loc[baseline['setting'] == WHOLE, 'nll'].mean()))} nats per token in "
+            "the whole-window setting), not the papers' corpora (HyperAttention: LongBench at 32k tokens; "
+            "StreamingLLM: PG19).",
+            f"- Lengths: n = {saved.config['n']} tokens per window; continuation {saved.config['continuation']} "
+            f"tokens after a context of {saved.config['context']}; far shorter than the papers' contexts.",
+            "- Causal forms: performer, informer, hyperattention, topk, topp, quest, yoso-e, kernelized run their own; "
+            "streaming-llm, h2o and snapkv their cache policy (causal only); the Nystrom family "
+            "(skyformer-softmax, nystrom, nystromformer, spectral-shifting) runs as `mask-renormalise`, whose "
+            "landmarks pool every position: a token's output then depends on later tokens, so its perplexity is "
+            "not that of a decoder layer.",
+            "- Errors with every layer replaced are measured on the patched run's own inputs, which drift from "
+            "the unpatched model's; with one layer replaced, the layer's inputs are the unpatched model's.",
+            "- Encoder windows: n word pieces of all-MiniLM-L6-v2's tokenizer, without [CLS]/[SEP] (its sentence "
+            "embedding is the mean over tokens of the last hidden state; the cosine is unchanged by its final "
+            "normalisation)."]
+
+
+def _claim_rows(table, claim) -> pd.DataFrame:
+    rows = table[table["claim"] == claim.id].copy()
+    rows["estimate [95% CI]"] = [_interval(*v) for v in rows[["estimate", "ci_low", "ci_high"]].to_numpy()]
+    return rows
+
+
+def _claims(saved, verdicts) -> list[str]:
+    units = f"{BOOTSTRAP['resamples']} bootstrap resamples of whole windows, no verdict below {MIN_WINDOWS} windows"
+    lines = ["", "## Claims (fixed in code before the first full run)", "",
+             "Observations: the cells of a setting (method x d x window; the control and failed runs left out); a "
+             "cell's error is the median over its replaced layers and heads, its loss the change in log-perplexity "
+             f"against the unpatched model on the same tokens; intervals: 95% percentile, {units}.", ""]
+    p1, p2 = _claim_rows(verdicts, P1), _claim_rows(verdicts, P2)
+    lines += [f"- **(p1)** {P1.text.format(where='per setting')}: {P1.statistic}, holds at rho >= {P1.threshold:g} "
+              f"({P1_REASON}): {tally(P1, p1['verdict'], _OUTCOMES)}.", "",
+              *markdown_table(p1[["setting", "layers", "estimate [95% CI]", "verdict", "points", "methods",
+                                  "windows"]]), ""]
+    correlations = saved.product("correlations.csv")
+    best = []
+    for (setting, layers), group in correlations.groupby(["setting", "layers"], sort=False):
+        finite = group[np.isfinite(group["rho"])]
+        if len(finite):
+            top = finite.loc[finite["rho"].idxmax()]
+            best.append({"setting": setting, "layers": layers, "best measure": top["measure"],
+                         **{m: _interval(*r) for m, r in zip(group["measure"],
+                                                               group[["rho", "ci_low", "ci_high"]].to_numpy())}})
+    lines += [f"- **(p2)** which measure ranks the losses best: each measure's rho [95% CI]; then "
+              f"{P2.statistic} for the Frobenius and the worst query's measure, the measure better when the whole "
+              f"interval is above 0 ({P2_REASON}): {tally(P2, p2['verdict'], _OUTCOMES)}.", "",
+              *markdown_table(pd.DataFrame(best)), "",
+              *markdown_table(p2[["setting", "layers", "measure", "estimate [95% CI]", "verdict"]]), ""]
+    p3 = _claim_rows(verdicts, P3)
+    compared = saved.config["compare_with"]
+    if not compared:
+        lines.append("- **(p3)** not decided: no `--compare-with` folders were named (the committed command names "
+                     "the committed figure1 and decoder runs).")
+    else:
+        references = saved.table("references.csv")
+        common = sorted(set(references["method"]) & set(saved.config["methods"]))
+        lines += [f"- **(p3)** {P3.text.format(reference='each compared run', where='per setting and d')}: "
+                  f"{P3.statistic}, holds at rho >= {P3.threshold:g} ({P3_REASON}): "
+                  f"{tally(P3, p3['verdict'], _OUTCOMES)}. "
+                  f"Only part of the question can be decided: the methods both runs measured ({', '.join(common)}); "
+                  "figure1's ranking is of a BERT-family encoder's non-causal attention at one layer (compared "
+                  "with every whole-window setting), decoder's of this model's causal attention (compared layer by "
+                  "layer); the d both ran; the reference's ranking is held fixed (its own uncertainty is not in the "
+                  "interval); the KV-cache setting has no reference ranking.", "",
+                  *markdown_table(p3[["reference", "layers", "num_features", "estimate [95% CI]", "verdict",
+                                      "methods", "windows"]])]
+    return lines
+
+
+def _delta_tables(delta, config) -> list[str]:
+    lines = ["", "## Change in log-perplexity", "",
+             "Mean over windows [95% bootstrap interval], nats per token; `inf`: every run failed; every point and "
+             "its errors in `delta.csv`, every run in `perplexity.csv`, every layer in `layer_errors.csv`.", ""]
+    shown = delta.assign(cell=[_interval(*v) if math.isfinite(v[0]) else "inf (failed)"
+                               for v in delta[["delta", "delta_low", "delta_high"]].to_numpy()])
+    for setting, layers in settings_of(shown):
+        rows = shown[(shown["setting"] == setting) & (shown["layers"] == layers)]
+        title = "KV cache (budget b), every layer" if setting == KV_CACHE else f"{layers} replaced"
+        table = rows.pivot_table(index="method", columns="num_features", values="cell", aggfunc="first",
+                                 fill_value="")
+        order = [m for m in [config["control"], *config["methods"]] if m in table.index]
+        table = table.loc[order].reset_index()
+        table.columns = ["method", *[f"d = {d}" for d in table.columns[1:]]]
+        lines += [f"### {title}", "", *markdown_table(table), ""]
+    return lines
+
+
+def _encoder(saved) -> list[str]:
+    table = saved.product("encoder_stats.csv")
+    table = table.assign(**{"1 - cos [95% CI]": [_interval(*v) for v in
+                                                  table[["cosine_distance", "cosine_distance_low",
+                                                         "cosine_distance_high"]].to_numpy()]})
+    return ["", "## The encoder: all-MiniLM-L6-v2's sentence embedding", "",
+            "Every layer replaced; one minus the cosine similarity of the mean-pooled embedding to the exact model's "
+            "(median over windows [95% bootstrap interval]) beside the relative spectral error (median over layers, "
+            "heads and windows).", "",
+            *markdown_table(table[["method", "num_features", "1 - cos [95% CI]", "spectral_median", "failures"]])]
+
+
+def _cost(saved) -> list[str]:
+    cost = saved.table("cost.csv")
+    if cost.empty:
+        return []
+    columns = ["unpatched_seconds", "patched_seconds", "method_seconds", "layer_attention_seconds",
+               "overhead_seconds", "ratio"]
+    shown = cost[["method", "num_features", *columns]].rename(columns=lambda c: c.replace("_seconds", ""))
+    return ["", "## Cost of a patched forward pass", "",
+            f"One layer (index {int(cost['layer'].iloc[0])}) patched, {int(cost['tokens'].iloc[0])} tokens; median "
+            f"{cost['clock'].iloc[0]} of {int(cost['repeats'].iloc[0])} interleaved repeats "
+            "(`approxlab.studies.perplexity.cost.patched_forward_cost`): the unpatched pass, the patched pass, the "
+            "method alone on the layer's inputs and exact SDPA attention on them; overhead = patched - (unpatched - "
+            "layer attention + method); ratio = patched / (unpatched + method), at most 1 when a patched pass costs "
+            f"no more than the unpatched pass plus the method: {int((cost['ratio'] <= 1).sum())} of {len(cost)} "
+            "methods.", "", *markdown_table(shown)]
+
+
+def _papers(delta, config) -> list[str]:
+    before, after = HYPERATTENTION_PERPLEXITY
+    reported = math.log(after / before)
+    hyper = delta[(delta["method"] == "hyperattention") & (delta["layers"] == "all")]
+    ours = "; ".join(f"{'KV cache' if row.setting == KV_CACHE else 'whole windows'}, d = {row.num_features}: "
+                     f"{fmt(row.delta)} [{fmt(row.delta_low)}, {fmt(row.delta_high)}]"
+                     for row in hyper.itertuples(index=False)) or "not run"
+    streaming = delta[(delta["method"] == "streaming-llm") & (delta["setting"] == KV_CACHE)]
+    kept = "; ".join(f"b = {row.num_features}: {fmt(row.delta)} [{fmt(row.delta_low)}, {fmt(row.delta_high)}]"
+                     for row in streaming.itertuples(index=False))
+    return ["", "## Against the papers", "",
+            f"- HyperAttention (Han et al., ICLR 2024) reports ChatGLM2-6B-32k's perplexity rising from {before} to "
+            f"{after} with its final layers replaced at a 32k context: a change in log-perplexity of "
+            f"{fmt(reported)} nats per token. Here, every layer replaced (windows of {config['n']} tokens; "
+            f"the KV cache: a context of {config['context']}): {ours}.",
+            "- StreamingLLM (Xiao et al., ICLR 2024) reports that the first four tokens (attention sinks) kept beside "
+            "a window of recent tokens keep a language model's perplexity close to that of recomputing a sliding "
+            "window, where the window alone fails; here, the continuation's change in log-perplexity against the "
+            f"full cache, with sinks and recent tokens in every layer's cache: {kept or 'not run'}.",
+            "- No paper of the methods measured the spectral error of the attention output inside the model it "
+            "scores; the claims above are this study's own."]
+
+
+def sections(saved) -> list[str]:
+    """The summary's lines under its title (numbers from the saved tables only)."""
+    baseline, delta = saved.table("baseline.csv"), saved.product("delta.csv")
+    return [*_run(saved, delta, baseline), *_deviations(saved, baseline),
+            *_claims(saved, saved.product("verdicts.csv")), *_delta_tables(delta, saved.config), *_encoder(saved),
+            *_cost(saved), *_papers(delta, saved.config)]
