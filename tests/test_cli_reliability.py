@@ -409,7 +409,7 @@ def test_every_study_refuses_a_damaged_folder_to_plot(study, results, config, me
 # ------------------------------------------------ rules that hold for every study's command line
 
 SAMPLES = {"tasks": {"instability": "listops:64:2", "lra-svd": "listops:32"}, "layers": "first",
-           "methods": "nystromformer", "num_features": "16"}
+           "methods": "nystromformer", "num_features": "16", "compare_with": "figures/figure1"}
 """A valid value of a list option where the study's ``--quick`` grid does not give one."""
 
 
@@ -476,7 +476,9 @@ def test_a_number_of_features_a_study_cannot_compute_is_refused_not_lowered(stud
         return
     lengths = {"sv-decay": ["--n", "64"], "instability": ["--tasks", "listops:64:2"], "bench": ["--source",
                "synthetic", "--accuracy-n", "64", "--forward-n", "64", "--parts", "accuracy", "forward"],
-               "decoder": ["--n", "64"], "figure1": ["--n", "64"]}.get(study, [])
+               "decoder": ["--n", "64", "--kv-context", "32", "--kv-continuation", "16"],
+               "figure1": ["--n", "64"], "perplexity": ["--n", "64", "--context", "48", "--continuation", "16"]
+               }.get(study, [])
     status, err = run_main([study, "--num-features", "100000", *lengths, "--out", str(tmp_path / "out")], capsys)
     assert_one_line_error(status, err, study, "--num-features: at most ")
     assert re.search(r"at most \d+ for [\w-]+ at n=64\b.*, got 100000$", err.strip()), err

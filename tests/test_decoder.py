@@ -1,27 +1,30 @@
 """``approxlab decoder`` end to end on a tiny random Llama saved to a folder (offline, seconds), its
 statistics and its command-line errors. ``approxlab decoder --quick`` on the packaged SmolLM2 runs in
-tests/test_smollm2.py (beside the model's other tests, sharing its converted GGUF)."""
+tests/test_smollm2.py (beside the model's other tests, sharing its converted GGUF); the claims and
+verdicts on synthetic tables are in tests/test_decoder_claims.py."""
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 from test_models_qkv import save_tiny_checkpoint
 
-from approxlab.studies.engine import read_results
+import approxlab
 from approxlab.cli import main
 from approxlab.data import get_qkv
 from approxlab.errors import StudyError
+from approxlab.methods import available, get
 from approxlab.studies import decoder
 from approxlab.studies.decoder import cells as decoder_cells
-from approxlab.studies.decoder import stats as decoder_stats
+from approxlab.studies.decoder import claims as decoder_claims
+from approxlab.studies.engine import read_results
 
-GRID = ["--n", "16,32", "--layers", "0,1", "--windows", "2", "--num-features", "4,8", "--no-progress"]
-VOLATILE = ["seconds", "from_cache"]
+GRID = ["--conditions", "pretrained", "--n", "16,32", "--layers", "0,1", "--windows", "2", "--num-features", "4,8", "--kv-context", "24",
+        "--kv-continuation", "8", "--kv-budgets", "4,8", "--no-progress"]
+TABLES = ("windows.csv", "assumptions.csv", "levels.csv", "results.csv", "kv_cache.csv", "performer.csv")
 
 
 @pytest.fixture(scope="module")
@@ -42,29 +45,41 @@ def tiny_run(llama, cache, tmp_path_factory):
 
 
 def test_tables_figures_and_summary(tiny_run):
-    for name in ("windows.csv", "assumptions.csv", "results.csv", "error_stats.csv", "assumption_stats.csv",
-                 "verdicts.csv", "config.json", "timing.json", "summary.md", "decoder-assumptions.png",
-                 "decoder-errors-pretrained.png", "decoder-errors-initialized.pdf"):
+    for name in (*TABLES, "error_stats.csv", "kv_stats.csv", "assumption_stats.csv", "level_stats.csv",
+                 "performer_stats.csv", "verdicts.csv", "hyperattention.csv", "correlations.csv", "config.json",
+                 "timing.json", "summary.md", "decoder-assumptions.png", "decoder-errors-pretrained.png",
+                 "decoder-errors-pretrained.pdf", "decoder-kv-cache.png", "decoder-hyperattention.png"):
         assert (tiny_run / name).is_file(), name
     results, assumptions = read_results(tiny_run / "results.csv"), read_results(tiny_run / "assumptions.csv")
-    assert (results["status"] == "ok").all(), results.loc[results["status"] != "ok", "status"]
-    assert len(results) == 2 * 2 * 2 * 2 * len(decoder.METHODS) * 2  # conditions, n, layers, windows, methods, d
+    kv, performer = read_results(tiny_run / "kv_cache.csv"), read_results(tiny_run / "performer.csv")
+    assert (results["status"] == "ok").all() and (kv["status"] == "ok").all()
+    methods = len(decoder.METHODS)
+    assert len(results) == 2 * 2 * 2 * methods * 2  # n, layers, windows, methods, d
+    assert len(kv) == 2 * 2 * methods * 2  # layers, windows, methods, budgets
+    assert set(kv.loc[kv["method"].isin(["h2o", "snapkv", "streaming-llm"]), "setting"]) == {"compressed"}
     assert set(results["causal_form"]) == {"causal", "mask-renormalise"}
-    assert len(assumptions) == 2 * 2 * 2 * 2 * 4  # conditions, n, layers, windows, heads
-    assert not assumptions[["alpha", "kappa", "alpha_block", "stable_rank", "entry_bound"]].isna().any().any()
+    assert len(assumptions) == len(performer) == 2 * 2 * 2 * 4  # n, layers, windows, heads
     assert (assumptions["alpha"] >= assumptions["n"]).all()  # row 0 of a causal P is e_0
     assert set(assumptions["kv_head"]) == {0, 1}  # 4 query heads share 2 key/value heads
+    levels = read_results(tiny_run / "levels.csv")
+    assert (levels["depth"] == -1).all()  # n <= the block size 256: the recursion computes exactly
     summary = (tiny_run / "summary.md").read_text()
-    for text in ("## Which assumptions hold", "HyperAttention: kappa", "Alman-Song", "## Errors", "wall"):
+    for text in ("## Which assumptions hold", "structural", "## HyperAttention against its assumptions",
+                 "## Why Performer fails", "## The KV-cache setting", "## Errors", "wall", "operationalisation"):
         assert text in summary, text
     verdicts = read_results(tiny_run / "verdicts.csv")
-    assert set(verdicts["claim"]) == {claim.id for claim in decoder_stats.CLAIMS} and len(verdicts) == 5 * 2 * 2
+    assert set(verdicts["claim"]) == {"alpha_block", "kappa", "stable_rank", "bounded_entries"}  # no level: no sampling
+    assert (verdicts.loc[verdicts["claim"] != "bounded_entries", "verdict"] == "inconclusive").all()  # 2 lengths
+    correlations = read_results(tiny_run / "correlations.csv")
+    assert set(correlations["claim"]) == {"hyper_alpha", "hyper_kappa"} and (correlations["verdict"] == "inconclusive").all()
 
 
 def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_run, llama, cache):
     """A window of n tokens is the first n tokens of the longest window: its Q/K/V are the first n rows of
-    the longest extraction (a causal model), and the reference is exact causal attention of those."""
-    config = decoder.build_config(layers=[0, 1], n=[16, 32], windows=2, num_features=[4, 8], checkpoint=str(llama))
+    the longest extraction (a causal model), and the reference is exact causal attention of those; a full budget
+    makes the methods exact, in the whole window and in the KV-cache setting."""
+    config = decoder.build_config(layers=[0, 1], n=[16, 32], windows=2, num_features=[4, 8], kv_context=24,
+                                  kv_continuation=8, kv_budgets=[4, 8], checkpoint=str(llama))
     window = decoder.window_ids(config)[0]
     long = get_qkv("pretrained", 32, [window], layer=1, checkpoint=str(llama), cache_dir=cache)
     short = get_qkv("pretrained", 16, [2 * window], layer=1, checkpoint=str(llama), cache_dir=cache)
@@ -72,27 +87,31 @@ def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_
     for name in ("q", "k", "v"):
         torch.testing.assert_close(getattr(long, name)[..., :16, :], getattr(short, name), rtol=1e-5, atol=1e-6)
     cell = {"condition": "pretrained", "layer": 1, "window": window, "n": 16, "n_max": 32, "checkpoint": str(llama),
-            "model_seed": 0, "data_dir": None, "cache_dir": str(cache), "device": "cpu"}
-    reference = decoder_cells._reference(cell)
-    import approxlab
-
+            "model_seed": 0, "data_dir": None, "cache_dir": str(cache), "device": "cpu", "base_seed": 0}
     expected = approxlab.exact_attention(*(getattr(short, x)[0].double() for x in "qkv"), causal=True)
-    torch.testing.assert_close(reference["output"], expected, rtol=1e-5, atol=1e-6)
-    # Nystrom with all 16 columns is the exact matrix (masked and renormalised); causal ProbSparse with
-    # every query active is exact causal attention: both errors vanish against the reference.
-    for method, form in (("nystrom", "mask-renormalise"), ("informer", True)):
-        rows = decoder.compute_errors({**cell, "method": method, "num_features": [16], "seeds": [0],
-                                       "causal": form, "base_seed": 0})
+    torch.testing.assert_close(decoder_cells._reference(cell)["output"], expected, rtol=1e-5, atol=1e-6)
+    for method, form in (("nystrom", "mask-renormalise"), ("informer", True), ("topk", True)):
+        rows = decoder.compute_errors({**cell, "method": method, "num_features": [16], "seeds": [0], "causal": form})
         assert rows[0]["status"] == "ok" and rows[0]["relative_error_max"] < 1e-9, (method, rows[0])
+    for method, budget in (("h2o", 12), ("snapkv", 12), ("topk", 16)):  # every context token / key kept: exact
+        rows = decoder.compute_kv_cache({**cell, "n": 16, "context": 12, "method": method, "budgets": [budget],
+                                         "seeds": [0]})
+        assert rows[0]["continuation"] == 4 and rows[0]["relative_error_max"] < 1e-9, (method, rows[0])
+
+
+def test_performer_control_shares_the_error_cells_projection(tiny_run):
+    """The control's error at the model's scale is the error of ``results.csv`` at that d and seed (one projection)."""
+    performer, results = read_results(tiny_run / "performer.csv"), read_results(tiny_run / "results.csv")
+    keys = ["condition", "n", "layer", "window", "num_features", "seed"]
+    ours = results[results["method"] == "performer"].merge(performer[performer["head"] == 0], on=keys)
+    assert len(ours) == 2 * 2 * 2
+    first_head = ours["relative_error_heads"].str.split().str[0].astype(float)
+    assert first_head.to_numpy() == pytest.approx(ours["relative_error"].to_numpy(), rel=1e-12)
 
 
 def test_resume_computes_nothing(tiny_run, llama, cache, monkeypatch):
-    """The same command again finds every cell done (the tables unchanged; ``--workers`` runs are the runner's
-    tests, and the committed full run used them)."""
-    before = {name: read_results(tiny_run / name) for name in ("results.csv", "assumptions.csv")}
-    import dataclasses
-
-    # the tables are compared here; drawn once above
+    """The same command again finds every cell done (the tables unchanged)."""
+    before = {name: read_results(tiny_run / name) for name in TABLES[1:]}
     monkeypatch.setattr(decoder, "STUDY", dataclasses.replace(decoder.STUDY, figures=()))
     assert main(["decoder", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(tiny_run), *GRID]) == 0
     for name, table in before.items():
@@ -109,47 +128,75 @@ def _one_line(capsys, argv):
     return err
 
 
-def test_checkpoint_and_layer_errors_are_one_line(llama, cache, tmp_path, capsys):
-    common = ["--cache-dir", str(cache), "--out", str(tmp_path / "out"), "--no-progress"]
-    err = _one_line(capsys, ["decoder", "--checkpoint", str(llama), "--layers", "0,5", *common])
-    assert "--layers: layer indices in 0..1 (the model has 2 layers), got 0,5" in err
-    err = _one_line(capsys, ["decoder", "--checkpoint", str(llama), "--n", "256", *common])
-    assert "--n: lengths up to the model's context, 128, got 256" in err
+def test_checkpoint_layer_and_grid_errors_are_one_line(llama, cache, tmp_path, capsys):
+    common = ["--cache-dir", str(cache), "--out", str(tmp_path / "out"), "--no-progress", "--kv-context", "8",
+              "--kv-continuation", "8", "--kv-budgets", "4"]
+    cases = [
+        (["--checkpoint", str(llama), "--layers", "0,5"], "--layers: layer indices in 0..1 (the model has 2 layers), got 0,5"),
+        (["--checkpoint", str(llama), "--n", "256"], "--n: lengths up to the model's context, 128, got 256"),
+        (["--checkpoint", str(llama), "--n", "16", "--windows", "40"], "--windows: at most 32 (the pool"),
+        (["--checkpoint", str(llama), "--n", "16", "--num-features", "100", "--methods", "nystromformer"],
+         "--num-features: at most 16 for nystromformer at n=16 (a value some method cannot use at some n is left out there and listed; one that leaves a method nothing is refused), got 100"),
+        (["--checkpoint", str(llama), "--n", "16", "--kv-context", "12"], "--kv-context: a context plus continuation of "
+                                                                          "at most max(n) = 16 tokens"),
+        (["--checkpoint", str(tmp_path / "nothing-here")], "--checkpoint"),
+    ]
+    for argv, expected in cases:
+        assert expected in _one_line(capsys, ["decoder", *common, *argv]), argv
     bert = save_tiny_checkpoint("bert", tmp_path / "bert")
+    empty = save_tiny_checkpoint("llama", tmp_path / "no-layers", num_hidden_layers=0)
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x01")  # a GGUF header cut short
     capsys.readouterr()  # the checkpoint writer's progress bar is not the command's output
-    err = _one_line(capsys, ["decoder", "--checkpoint", str(bert), "--n", "16", "--num-features", "8", *common])
-    assert "--checkpoint: a causal decoder" in err and "bidirectional bert" in err
-    err = _one_line(capsys, ["decoder", "--checkpoint", str(tmp_path / "nothing-here"), *common])
-    assert "--checkpoint" in err
+    for checkpoint, expected in ((bert, "bidirectional bert"), (empty, "at least one layer"), (tmp_path / "cut.gguf",
+                                                                                              "GGUF")):
+        err = _one_line(capsys, ["decoder", "--checkpoint", str(checkpoint), "--n", "16", *common])
+        assert "--checkpoint" in err and expected in err, err
     assert not (tmp_path / "out").exists()
 
 
-def test_causal_forms_and_default_layers():
+def test_sliding_window_layers_are_refused(tmp_path, cache, capsys, monkeypatch):
+    """Gemma 3's layer 0 attends the last 16 keys: at n = 32 it is refused (the reference is full causal attention);
+    at n = 16 the window hides nothing, and its layer 1 attends every key."""
+    gemma = save_tiny_checkpoint("gemma3", tmp_path / "gemma3")
+    common = ["--checkpoint", str(gemma), "--cache-dir", str(cache), "--no-progress", "--windows", "1",
+              "--num-features", "4", "--kv-context", "8", "--kv-continuation", "8", "--kv-budgets", "4",
+              "--methods", "topk,h2o", "--conditions", "pretrained"]
+    capsys.readouterr()
+    err = _one_line(capsys, ["decoder", "--n", "32", "--layers", "0,1", "--out", str(tmp_path / "refused"), *common])
+    assert "--layers" in err and "layer 0 attends only the last 16 keys" in err and "[1] are supported" in err, err
+    monkeypatch.setattr(decoder, "STUDY", dataclasses.replace(decoder.STUDY, figures=()))  # the tables are checked
+    assert main(["decoder", "--n", "16", "--layers", "0,1", "--out", str(tmp_path / "ok"), *common]) == 0
+    windows = read_results(tmp_path / "ok" / "windows.csv")
+    assert set(zip(windows["layer"], windows["sliding_window"].fillna(0))) == {(0, 16), (1, 0)}
+
+
+def test_plot_only_of_a_folder_without_rows_is_one_line(tiny_run, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run, copy)
+    for name in ("results.csv", "assumptions.csv"):
+        original = (copy / name).read_text()
+        (copy / name).write_text(original.splitlines()[0] + "\n")  # the header only
+        err = _one_line(capsys, ["decoder", "--plot-only", "--out", str(copy)])
+        assert name in err and "holds no rows" in err, err
+        (copy / name).write_text(original)
+
+
+def test_methods_causal_forms_and_default_layers():
+    """The default set is every softmax approximation with a causal form (own, causal-only or mask-renormalise)."""
+    with_form = {m for m in available() if get(m).target == "softmax" and m != "exact"
+                 and (get(m).causal in (True, "mask-renormalise") or get(m).causal_only)}
+    assert set(decoder.METHODS) == with_form and len(decoder.METHODS) == 13
     assert decoder.causal_form("performer") is True and decoder.causal_form("nystrom") == "mask-renormalise"
-    with pytest.raises(StudyError, match="--methods: methods with a causal form .*, got 'linformer'"):
-        decoder.causal_form("linformer")
+    assert decoder.causal_form("h2o") is True and decoder.causal_form("snapkv") is True
+    for method in ("linformer", "kdeformer", "polynomial"):
+        with pytest.raises(StudyError, match=f"--methods: methods with a causal form .*, got '{method}'"):
+            decoder.causal_form(method)
     assert decoder.default_layers(30) == [0, 15, 29] and decoder.default_layers(30, "first-last") == [0, 29]
     assert decoder.default_layers(1) == [0]
-
-
-def test_growth_exponent_and_verdicts_follow_the_thresholds():
-    assert decoder_stats.growth_exponent([512, 1024, 2048], [1.0, 2.0, 4.0]) == pytest.approx(1.0)
-    assert decoder_stats.growth_exponent([512, 1024], [3.0, 3.0]) == pytest.approx(0.0)
-    assert math.isnan(decoder_stats.growth_exponent([512, 1024], [math.nan, 1.0]))
-    rng = np.random.default_rng(0)
-    rows = []
-    for n in (256, 512, 1024, 2048):
-        for window in range(4):
-            for head in range(3):
-                noise = rng.uniform(0.9, 1.1)
-                rows.append({"condition": "pretrained", "layer": 0, "n": n, "window": window, "head": head,
-                             "alpha": n * noise, "alpha_block": 2.0 * noise, "kappa": n**0.5 * noise,
-                             "stable_rank": 3.0 * noise, "logit_bound": 4 * math.log(n) * noise,
-                             "sqrt_log_n": math.sqrt(math.log(n))})
-    table = decoder_stats.verdicts({"n": [256, 512, 1024, 2048], "conditions": ["pretrained"], "layers": [0]},
-                                   pd.DataFrame(rows)).set_index("claim")
-    assert table.loc["alpha", "verdict"] == "not reproduced" and table.loc["alpha", "estimate"] == pytest.approx(1, abs=0.1)
-    assert table.loc["alpha_block", "verdict"] == "reproduced" and table.loc["stable_rank", "verdict"] == "reproduced"
-    assert table.loc["bounded_entries", "verdict"] == "not reproduced"  # sqrt(4 ln n) / sqrt(ln n) = 2
-    assert table.loc["kappa", "estimate"] == pytest.approx(0.5, abs=0.1)
-    assert (table["ci_low"] <= table["estimate"]).all() and (table["estimate"] <= table["ci_high"]).all()
+    config = decoder.build_config(layers=[0], n=[16, 32], num_features=[4, 32], kv_context=16, kv_continuation=16,
+                                  kv_budgets=[8, 24])
+    assert "nystromformer at n=16: d=32" in config["skipped"]  # beyond the limit at one n: left out, and said so
+    assert "h2o in the KV-cache setting: budget 24" in config["skipped"]
+    assert all(claim.min_units == 2 for claim in decoder_claims.CLAIMS + decoder_claims.CORRELATION_CLAIMS)

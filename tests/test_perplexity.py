@@ -190,6 +190,8 @@ def test_grid_errors_name_the_option(tmp_path):
         perplexity.build_config(num_layers=30, layer_settings=[0, 30])
     with pytest.raises(UsageError, match="--compare-with: result folders of figure1 or decoder runs"):
         perplexity.build_config(num_layers=30, compare_with=[str(tmp_path)])
-    config = perplexity.build_config(num_layers=30, layer_settings=["last", 29, "all"], methods=["topk", "topk"])
+    with pytest.raises(UsageError, match="--methods: each value at most once, got 'topk,topk'"):
+        perplexity.build_config(num_layers=30, methods=["topk", "topk"])
+    config = perplexity.build_config(num_layers=30, layer_settings=["last", 29, "all"], methods=["topk"])
     assert config["layers"] == ["layer 29", "all"] and config["methods"] == ["topk"]
     assert grid.method_features(config, "yoso-e") == [16] and grid.method_features(config, "topk") == [16, 64, 256]

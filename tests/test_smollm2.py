@@ -73,18 +73,27 @@ def test_initialized_smollm2_is_seeded_from_the_same_config(smollm2, cache):
 
 
 def test_decoder_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp_path, monkeypatch):
-    """``approxlab decoder --quick`` as CI runs it: both conditions, layers 0 and 29, n = 256 and 512."""
+    """``approxlab decoder --quick --methods hyperattention,topk,streaming-llm,h2o,snapkv,quest`` offline: both
+    conditions, layers 0 and 29, n = 256 and 512, the KV-cache setting on the first 256 tokens."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert main(["decoder", "--quick", "--cache-dir", str(cache), "--out", str(tmp_path), "--no-progress"]) == 0
+    methods = ["hyperattention", "topk", "streaming-llm", "h2o", "snapkv", "quest"]
+    assert main(["decoder", "--quick", "--methods", ",".join(methods), "--cache-dir", str(cache), "--out",
+                 str(tmp_path), "--no-progress"]) == 0
     results, assumptions = read_results(tmp_path / "results.csv"), read_results(tmp_path / "assumptions.csv")
-    assert (results["status"] == "ok").all() and set(results["layer"]) == set(assumptions["layer"]) == {0, 29}
+    kv, levels = read_results(tmp_path / "kv_cache.csv"), read_results(tmp_path / "levels.csv")
+    assert (results["status"] == "ok").all() and (kv["status"] == "ok").all()
+    assert set(results["method"]) == set(kv["method"]) == set(methods)
+    assert set(results["layer"]) == set(assumptions["layer"]) == {0, 29}
     assert set(results["condition"]) == {"pretrained", "initialized"} and set(results["n"]) == {256, 512}
     assert len(assumptions) == 2 * 2 * 2 * 9  # conditions, n, layers, query heads (one window)
     assert assumptions.groupby("kv_head")["head"].apply(lambda heads: sorted(set(heads))).to_dict() == {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8]}
-    assert assumptions[["alpha", "kappa", "entry_bound", "sink_mass", "stable_rank"]].notna().all().all()
+    assert assumptions[["alpha", "alpha_block", "kappa_oracle", "entry_bound", "sink_mass", "stable_rank",
+                        "performer_xy_norm"]].notna().all().all()
     assert (assumptions["alpha"] >= assumptions["n"]).all()
+    assert set(levels.loc[levels["n"] == 512, "depth"]) == {0} and set(levels.loc[levels["n"] == 256, "depth"]) == {-1}
+    assert set(kv.loc[kv["method"].isin(["streaming-llm", "h2o", "snapkv"]), "setting"]) == {"compressed"}
     summary = (tmp_path / "summary.md").read_text()
-    assert "4-bit quantized" in summary and "mask-renormalise" in summary
+    assert "4-bit quantized" in summary and "## The KV-cache setting" in summary
 
 
 def test_perplexity_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp_path, monkeypatch):

@@ -4,72 +4,107 @@ from __future__ import annotations
 
 import argparse
 
-from ...assumptions import HEAVY_PER_ROW, RANK_MAX_N
+from ...assumptions import HEAVY_PER_ROW, RANK_MAX_N, SORTLSH_HASHES
 from ...errors import UsageError
 from ...methods import get
+from ...methods.hyperattention import DEFAULT_BLOCK_SIZE
 from .. import checks
 from .. import options as shared
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows, method_seeds
 
-__all__ = ["DEFAULT_CHECKPOINT", "METHODS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "causal_form", "default_layers",
-           "configure", "build_config", "window_ids", "make_cells", "check", "run_info"]
+__all__ = ["DEFAULT_CHECKPOINT", "METHODS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "EPSILON", "PERFORMER_SCALE",
+           "WINDOW_POOL", "WINDOW_KEY", "ASSUMPTION_KEY", "RESULT_KEY", "KV_KEY", "causal_form", "default_layers",
+           "configure", "build_config", "window_ids", "make_cells", "budgets", "check", "run_info"]
 
 DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
-METHODS = ("performer", "informer", "skyformer-softmax", "nystromformer", "nystrom", "spectral-shifting")
-"""The built-in methods with a causal form (their own, or the mask-renormalise variant)."""
+METHODS = ("performer", "informer", "hyperattention", "topk", "topp", "quest", "streaming-llm", "h2o", "snapkv",
+           "skyformer-softmax", "nystromformer", "nystrom", "spectral-shifting")
+"""Every built-in approximation of softmax attention with a causal form: its own (``causal=True``), the
+causal-only cache policies (``causal="only"``) and the evaluation variant ``causal="mask-renormalise"``
+(``exact``, and ``kernelized``/``yoso-e``, exact attention of other kernels, are references, not approximations)."""
 
 FULL_GRID = {
     "conditions": ["pretrained", "initialized"],
-    "n": [512, 1024, 2048, 4096, 8192],
+    "n": [768, 1024, 2048, 4096],
     "layers": None,  # first, middle, last of the model
     "num_features": [16, 32, 64, 128, 256],
     "methods": list(METHODS),
     "windows": 3,
     "seeds": 1,
+    "kv_context": 1536,
+    "kv_continuation": 512,
+    "kv_budgets": [16, 64, 256, 1024],
 }
-QUICK_GRID = {**FULL_GRID, "n": [256, 512], "num_features": [16, 64], "windows": 1, "layers": "first-last"}
-"""``--quick``: a CI smoke run (about a minute on 2 cores once the model is converted)."""
+"""The full grid. Four lengths from 768 (the smallest n whose top unmasked block, n/2 columns, holds more than
+one sortLSH block of 256 keys, so that sortLSH's kappa is defined at every n) to 4096; 3 windows, the
+independent units of every interval; the KV-cache setting on the first 2048 tokens of each window."""
+
+QUICK_GRID = {**FULL_GRID, "n": [256, 512], "num_features": [16, 64], "windows": 1, "layers": "first-last",
+              "kv_context": 192, "kv_continuation": 64, "kv_budgets": [16, 64]}
+"""``--quick``: a CI smoke run (one window: its verdicts are inconclusive by design)."""
+
+EPSILON = 0.1
+r"""The relative error :math:`\varepsilon` of the sampling criterion: uniform sampling of a block needs
+:math:`m = (c/r)\,\alpha/\varepsilon^2` columns (:func:`approxlab.assumptions.uniform_samples_needed`)."""
+
+PERFORMER_SCALE = 0.25
+"""The logit-scale control of Performer: Q and K multiplied by this (divided by 4), logits by its square."""
+
+WINDOW_POOL = 32
+"""Disjoint windows of ``max(n)`` tokens the windows are drawn from (the first ``WINDOW_POOL`` of the corpus)."""
 
 WINDOW_KEY = ("condition", "layer", "window")
 ASSUMPTION_KEY = ("condition", "n", "layer", "window")
 RESULT_KEY = ("condition", "n", "layer", "window", "method")
-NEAR_ZERO_ROW = 1e-3
-"""A masked row sum is near zero when ``|sum| <= NEAR_ZERO_ROW * median |sums|`` of its head."""
-
+KV_KEY = ("condition", "layer", "window", "method")
 
 OPTIONS = (
     shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="a causal decoder (Hub id with network, local folder or "
-                          ".gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline)"),
+                          ".gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline); layers "
+                          "with a sliding window shorter than max(n) are refused"),
     shared.LAYERS.but(help="layers: indices, first, middle, last (comma-separated), or all (default: first, "
                            "middle and last; --quick: first and last)"),
     shared.METHODS.but(help=f"methods with a causal form, comma-separated (default {','.join(METHODS)})"),
-    shared.CONDITIONS_OPTION, shared.N, shared.NUM_FEATURES, shared.WINDOWS,
+    shared.CONDITIONS_OPTION, shared.N, shared.NUM_FEATURES,
+    shared.WINDOWS.but(help=f"number of WikiText-2 windows, at most {WINDOW_POOL} (the pool they are drawn from; "
+                            "a larger count is refused)"),
     shared.SEEDS.but(help="seeds per randomized method"),
+    Option(("--kv-context",), "kv_context", "KV-cache setting: context tokens n_c that a method compresses "
+           "(default 1536; --quick 384)", type=shared.positive_int, metavar="TOKENS"),
+    Option(("--kv-continuation",), "kv_continuation", "KV-cache setting: continuation tokens after the context, "
+           "the rows whose error is measured (default 512; --quick 128); n_c plus this is at most max(n)",
+           type=shared.positive_int, metavar="TOKENS"),
+    Option(("--kv-budgets",), "kv_budgets", "KV-cache setting: budgets (num_features: context tokens kept by a "
+           "cache policy, a per-query method's own budget), comma-separated (default 16,64,256,1024)",
+           type=shared.int_list, nargs="+", action=shared.Flatten, metavar="B"),
     Option(("--rank-max-n",), "rank_max_n", f"largest n with a numerical rank (dense SVD per head; default "
            f"{RANK_MAX_N})", type=shared.nonnegative_int, default=RANK_MAX_N),
 )
-"""The options of ``approxlab decoder`` besides the common ones (all but ``--rank-max-n`` from the shared set)."""
+"""The options of ``approxlab decoder`` besides the common ones (the first eight from the shared set)."""
 
 
 def causal_form(method: str):
-    """The ``causal=`` a method runs with here: ``True`` (its own form) or ``"mask-renormalise"``.
+    """The ``causal=`` a method runs with here: ``True`` (its own form, causal-only methods included) or
+    ``"mask-renormalise"``.
 
     Raises
     ------
     UsageError
         The method has neither (the message lists the methods that have one).
     """
-    from ...methods import available, causal_support, get
+    from ...methods import available, causal_support
 
     if method not in available():
         raise UsageError("--methods", f"registered method names among {available()}", repr(method))
-    form = get(method).causal
-    if form is False:
-        usable = causal_support(True) + causal_support("mask-renormalise")
-        raise UsageError("--methods", f"methods with a causal form (causal=True or 'mask-renormalise') among "
-                                      f"{usable}", repr(method))
-    return form
+    spec = get(method)
+    if spec.causal is True or spec.causal_only:
+        return True
+    if spec.causal == "mask-renormalise":
+        return "mask-renormalise"
+    usable = causal_support(True) + causal_support("mask-renormalise")
+    raise UsageError("--methods", f"methods with a causal form (causal=True, 'only' or 'mask-renormalise') among "
+                                  f"{usable}", repr(method))
 
 
 def default_layers(num_layers: int, which="first-middle-last") -> list[int]:
@@ -78,32 +113,76 @@ def default_layers(num_layers: int, which="first-middle-last") -> list[int]:
     return sorted(set(chosen))
 
 
-_GRID_OPTIONS = ("conditions", "n", "num_features", "methods", "windows", "seeds")
+_GRID_OPTIONS = ("conditions", "n", "num_features", "methods", "windows", "seeds", "kv_context", "kv_continuation",
+                 "kv_budgets")
+
+
+def _limit(method: str, n: int, context: int | None = None) -> int:
+    spec = get(method)
+    if context is not None and spec.compress is not None:
+        return min(spec.max_features(n), context)
+    return spec.max_features(n)
+
+
+def budgets(method: str, values, n: int, *, context: int | None = None) -> list[int]:
+    """The values of ``values`` that ``method`` can run with at ``n`` tokens: at most its ``max_features(n)``,
+    and, in the KV-cache setting (``context``) for a method with a compression step, at most the context."""
+    return [int(d) for d in values if d <= _limit(method, n, context)]
+
+
+def _check_grid(grid: dict, window_pool: int) -> list[str]:
+    """Refuse what no cell can run; return the grid points left out (a value above a method's limit at one n)."""
+    if min(grid["n"]) < 4:
+        raise UsageError("--n", "lengths of at least 4 tokens (the causal recursion halves them)", grid["n"])
+    if grid["windows"] > window_pool:
+        raise UsageError("--windows", f"at most {window_pool} (the pool of disjoint windows of max(n) tokens they "
+                                      "are drawn from)", grid["windows"])
+    n_kv = grid["kv_context"] + grid["kv_continuation"]
+    if n_kv > max(grid["n"]):
+        raise UsageError("--kv-context", f"a context plus continuation of at most max(n) = {max(grid['n'])} tokens "
+                                         "(the KV-cache window is the first tokens of the longest window)",
+                         f"{grid['kv_context']} + {grid['kv_continuation']}")
+    skipped = []
+    for method in grid["methods"]:
+        for n in grid["n"]:
+            kept = budgets(method, grid["num_features"], n)
+            if not kept:
+                raise UsageError("--num-features", f"at most {_limit(method, n)} for {method} at n={n} (a value "
+                                                   "some method cannot use at some n is left out there and listed; "
+                                                   "one that leaves a method nothing is refused)",
+                                 ",".join(map(str, grid["num_features"])))
+            skipped += [f"{method} at n={n}: d={d}" for d in grid["num_features"] if d not in kept]
+        kept = budgets(method, grid["kv_budgets"], n_kv, context=grid["kv_context"])
+        if not kept:
+            raise UsageError("--kv-budgets", f"budgets every method can use in the KV-cache setting ({method} takes "
+                                             f"at most {_limit(method, n_kv, grid['kv_context'])})",
+                             ",".join(map(str, grid["kv_budgets"])))
+        skipped += [f"{method} in the KV-cache setting: budget {b}" for b in grid["kv_budgets"] if b not in kept]
+    return skipped
 
 
 def _grid(quick, args) -> dict:
     grid = shared.grid(QUICK_GRID if quick else FULL_GRID, args, OPTIONS)
+    grid["kv_budgets"] = sorted({int(b) for b in grid["kv_budgets"]})
     for method in grid["methods"]:
         causal_form(method)
-    if min(grid["n"]) < 4:
-        raise UsageError("--n", "lengths of at least 4 tokens (the causal recursion halves them)", grid["n"])
-    checks.check_num_features("--num-features", max(grid["num_features"]), grid["methods"], grid["n"])  # no d left out
     return grid
 
 
 def build_config(*, layers, quick: bool = False, conditions=None, n=None, num_features=None, methods=None,
-                 windows=None, seeds=None, checkpoint=DEFAULT_CHECKPOINT, heavy: int = HEAVY_PER_ROW,
-                 rank_max_n: int = RANK_MAX_N, window_pool: int = 32, window_seed: int = 0, base_seed: int = 0,
+                 windows=None, seeds=None, kv_context=None, kv_continuation=None, kv_budgets=None,
+                 checkpoint=DEFAULT_CHECKPOINT, heavy: int = HEAVY_PER_ROW, rank_max_n: int = RANK_MAX_N,
+                 window_pool: int = WINDOW_POOL, window_seed: int = 0, base_seed: int = 0,
                  model_seed: int = 0) -> dict:
     """The grid-defining configuration (saved and hashed in ``config.json``).
 
     Parameters
     ----------
     layers : list of int
-        Attention layers (resolved from the model by :func:`run`: :func:`default_layers`).
+        Attention layers (resolved from the model by :func:`configure`: :func:`default_layers`).
     quick : bool
         Start from :data:`QUICK_GRID` instead of :data:`FULL_GRID`.
-    conditions, n, num_features, methods, windows, seeds
+    conditions, n, num_features, methods, windows, seeds, kv_context, kv_continuation, kv_budgets
         Overrides of the grid (``None``: keep).
     checkpoint : str
         The decoder (Hub id, local folder or GGUF file; default the packaged SmolLM2).
@@ -114,26 +193,39 @@ def build_config(*, layers, quick: bool = False, conditions=None, n=None, num_fe
         approximations' generators (:func:`~approxlab.studies.engine.cell_seed`) and of the
         initialized model.
 
+    Raises
+    ------
+    UsageError
+        ``windows`` above ``window_pool``; a KV-cache window longer than ``max(n)``; a method left without
+        any ``num_features`` at some n, or without any KV-cache budget.
+
     Examples
     --------
     >>> config = build_config(layers=[0, 29], quick=True)
-    >>> config["n"], config["causal_forms"]["performer"], config["causal_forms"]["nystromformer"]
-    ([256, 512], True, 'mask-renormalise')
+    >>> config["n"], config["causal_forms"]["performer"], config["causal_forms"]["h2o"]
+    ([256, 512], True, True)
+    >>> config["causal_forms"]["nystromformer"], config["kv_context"] + config["kv_continuation"]
+    ('mask-renormalise', 256)
     """
     grid = _grid(quick, argparse.Namespace(conditions=conditions, n=n, num_features=num_features, methods=methods,
-                                           windows=windows, seeds=seeds))
+                                           windows=windows, seeds=seeds, kv_context=kv_context,
+                                           kv_continuation=kv_continuation, kv_budgets=kv_budgets))
+    skipped = _check_grid(grid, int(window_pool))
     grid["layers"] = sorted({int(layer) for layer in layers})
     return {
         "study": "decoder",
         **grid,
         "checkpoint": str(checkpoint),
         "causal_forms": {m: causal_form(m) for m in grid["methods"]},
+        "skipped": skipped,
         "mode": "hidden",
         "reference": "exact causal softmax attention, float64 (exact_attention(..., causal=True))",
         "dtype": "float64",
         "windows_are": f"the first n tokens of windows of max(n) = {max(grid['n'])} tokens",
         "window_pool": int(window_pool), "window_seed": int(window_seed), "base_seed": int(base_seed),
         "model_seed": int(model_seed), "heavy": int(heavy), "rank_max_n": int(rank_max_n),
+        "block_size": DEFAULT_BLOCK_SIZE, "hashes": SORTLSH_HASHES, "epsilon": EPSILON,
+        "performer_scale": PERFORMER_SCALE,
         "error": "spectral norm per head of the (n, p_v) difference of outputs, float64",
     }
 
@@ -144,11 +236,12 @@ def window_ids(config: dict) -> list[int]:
 
 
 def make_cells(config: dict, settings: dict) -> dict:
-    """``{"windows": [...], "assumptions": [...], "results": [...]}``: the cells of each table,
-    adjacent per condition x layer x window (which share one Q/K/V extraction)."""
+    """The cells of each step (``windows``, ``assumptions``, ``results``, ``kv_cache``, ``performer``), adjacent
+    per condition x layer x window (which share one Q/K/V extraction)."""
     data = {"n_max": max(config["n"]), "checkpoint": config["checkpoint"], "model_seed": config["model_seed"],
             "base_seed": config["base_seed"], **settings}
-    cells = {"windows": [], "assumptions": [], "results": []}
+    n_kv = config["kv_context"] + config["kv_continuation"]
+    cells = {"windows": [], "assumptions": [], "results": [], "kv_cache": [], "performer": []}
     for condition in config["conditions"]:
         for layer in config["layers"]:
             for window in window_ids(config):
@@ -156,29 +249,23 @@ def make_cells(config: dict, settings: dict) -> dict:
                 cells["windows"].append(base)
                 for n in config["n"]:
                     cells["assumptions"].append({**base, "n": n, "heavy": config["heavy"],
-                                                 "rank_max_n": config["rank_max_n"]})
+                                                 "rank_max_n": config["rank_max_n"], "block_size": config["block_size"],
+                                                 "hashes": config["hashes"], "epsilon": config["epsilon"]})
                     for method in config["methods"]:
-                        features = [d for d in config["num_features"] if d <= get(method).max_features(n)]
-                        if features:
-                            cells["results"].append({**base, "n": n, "method": method, "num_features": features,
-                                                     "seeds": method_seeds(config["seeds"], method),
-                                                     "causal": config["causal_forms"][method]})
+                        cells["results"].append({**base, "n": n, "method": method,
+                                                 "num_features": budgets(method, config["num_features"], n),
+                                                 "seeds": method_seeds(config["seeds"], method),
+                                                 "causal": config["causal_forms"][method]})
+                    if "performer" in config["methods"]:
+                        cells["performer"].append({**base, "n": n, "scale": config["performer_scale"],
+                                                   "num_features": max(budgets("performer", config["num_features"], n)),
+                                                   "seeds": method_seeds(config["seeds"], "performer")})
+                for method in config["methods"]:
+                    cells["kv_cache"].append({**base, "method": method, "n": n_kv, "context": config["kv_context"],
+                                              "budgets": budgets(method, config["kv_budgets"], n_kv,
+                                                                 context=config["kv_context"]),
+                                              "seeds": method_seeds(config["seeds"], method)})
     return cells
-
-
-def window_cells(config, settings):
-    """The cells of ``windows.csv`` (see :func:`make_cells`)."""
-    return make_cells(config, settings)["windows"]
-
-
-def assumption_cells(config, settings):
-    """The cells of ``assumptions.csv`` (see :func:`make_cells`)."""
-    return make_cells(config, settings)["assumptions"]
-
-
-def result_cells(config, settings):
-    """The cells of ``results.csv`` (see :func:`make_cells`)."""
-    return make_cells(config, settings)["results"]
 
 
 def _layers(args, num_layers: int) -> list[int]:
@@ -200,12 +287,14 @@ def configure(args) -> dict:
     model (:func:`approxlab.studies.checks.check_model`) and its layers (``--layers``, else
     :func:`default_layers`)."""
     value = lambda name, default=None: default if getattr(args, name, None) is None else getattr(args, name)  # noqa
-    grid = _grid(value("quick", False), args)
+    quick = value("quick", False)
+    grid = _grid(quick, args)
+    _check_grid(grid, WINDOW_POOL)
     args = argparse.Namespace(**{"checkpoint": DEFAULT_CHECKPOINT, "cache_dir": None, "layers": None,
                                  "quick": False, **vars(args)})
     infos = checks.check_model(args, grid["conditions"])
     layers = _layers(args, min(info.num_layers for info in infos.values()))
-    return build_config(layers=layers, quick=value("quick", False), checkpoint=args.checkpoint,
+    return build_config(layers=layers, quick=quick, checkpoint=args.checkpoint,
                         rank_max_n=value("rank_max_n", RANK_MAX_N),
                         **{name: getattr(args, name, None) for name in _GRID_OPTIONS})
 
@@ -216,8 +305,31 @@ def _infos(args, config) -> dict:
     return {c: describe_model(c, checkpoint=args.checkpoint, cache_dir=args.cache_dir) for c in config["conditions"]}
 
 
+def _check_sliding_windows(args, config, model_type: str) -> None:
+    """A layer whose sliding window is shorter than max(n) is refused: the study's reference is full causal
+    attention, and no method here restricts itself to a window."""
+    from ...data.checkpoints import load_config
+    from ...data.layout import config_layout
+
+    _, _, _, model_config, architecture, _ = load_config(args.checkpoint, None, args.cache_dir)
+    count = int(model_config.num_hidden_layers)
+    windows = {layer: config_layout(model_config, architecture, layer).sliding_window for layer in range(count)}
+    n_max = max(config["n"])
+    windowed = {layer: windows[layer] for layer in config["layers"] if windows[layer] is not None
+                and windows[layer] < n_max}
+    if windowed:
+        full = [layer for layer in range(count) if windows[layer] is None or windows[layer] >= n_max]
+        layer, window = next(iter(windowed.items()))
+        raise UsageError("--layers", f"layers that attend every earlier key at n <= {n_max} (the study measures "
+                                     f"against full causal attention; in this {model_type} model --checkpoint "
+                                     f"{args.checkpoint}, layer {layer} attends only the last {window} keys; the "
+                                     f"layers {full} are supported, or --n at most {window})",
+                         ",".join(map(str, config["layers"])))
+
+
 def check(args, config) -> None:
-    """The model is causal, its context holds max(n), and the corpus holds the window pool at max(n)."""
+    """The model is causal, its context holds max(n), no chosen layer has a sliding window shorter than max(n), and
+    the corpus holds the window pool at max(n)."""
     from ...data import CheckpointError, corpus_window_count
 
     infos = _infos(args, config)
@@ -228,6 +340,8 @@ def check(args, config) -> None:
                              f"{args.checkpoint!r} (a bidirectional {info.model_type} model)")
         if n_max > info.max_positions:
             raise UsageError("--n", f"lengths up to the model's context, {info.max_positions}", f"{n_max}")
+    _check_sliding_windows(args, config, next(iter(infos.values())).model_type)
+    for condition in infos:
         try:
             available = corpus_window_count(condition, n_max, checkpoint=args.checkpoint, data_dir=args.data_dir,
                                             cache_dir=args.cache_dir)

@@ -1,0 +1,114 @@
+"""The decoder study's claims on synthetic tables: growth exponents against what the costs need, sampling at every
+level of the causal recursion, Alman-Song's labels, HyperAttention's error against alpha and kappa, and the
+per-level rows of ``levels.csv``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from approxlab.assumptions import block_levels
+from approxlab.studies.decoder import claims, stats
+from approxlab.studies.decoder.cells import level_rows
+
+NS = [512, 1024, 2048, 4096]
+
+
+def _assumptions(windows=3, *, alpha_slope=0.5, kappa_slope=1.5, ratio=2.0, balanced=2.5):
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in NS:
+        for window in range(windows):
+            for head in range(3):
+                noise = rng.uniform(0.9, 1.1)
+                rows.append({"condition": "pretrained", "layer": 0, "n": n, "window": window, "head": head,
+                             "alpha": n * noise, "alpha_block": n**alpha_slope * noise,
+                             "kappa_sortlsh": n**kappa_slope * noise, "stable_rank": 3.0 * noise,
+                             "entry_ratio": ratio * noise, "entry_ratio_balanced_split": balanced * noise})
+    return pd.DataFrame(rows)
+
+
+def _levels(ratio_top=0.5, ratio_deep=3.0, windows=3):
+    rows = []
+    for window in range(windows):
+        for head in range(3):
+            for depth, ratio in ((0, ratio_top), (1, ratio_deep)):
+                rows.append({"condition": "pretrained", "layer": 0, "n": NS[-1], "window": window, "head": head,
+                             "depth": depth, "rows": 2048 >> depth, "columns": 2048 >> depth,
+                             "sampling_ratio": ratio * (1 + 0.01 * window), "alpha": 1.0, "kappa_sortlsh": 2.0})
+    return pd.DataFrame(rows)
+
+
+FEW = {"resamples": 200, "seed": 0, "level": 0.95}
+CONFIG = {"n": NS, "conditions": ["pretrained"], "layers": [0]}
+
+
+def test_growth_sampling_and_bounded_entries_verdicts():
+    table = claims.verdicts(CONFIG, _assumptions(), _levels())
+    by = {(row.claim, row.depth if not math.isnan(row.depth) else None): row for row in table.itertuples()}
+    assert by[("alpha_block", None)].verdict == "reproduced"  # exponent 0.5 < 1
+    assert by[("alpha_block", None)].estimate == pytest.approx(0.5, abs=0.05)
+    assert by[("kappa", None)].verdict == "not reproduced"  # exponent 1.5 > 1
+    assert by[("stable_rank", None)].verdict == "reproduced"  # flat
+    assert by[("sampling", 0)].verdict == "reproduced" and by[("sampling", 1)].verdict == "not reproduced"
+    assert by[("bounded_entries", None)].verdict == "fails for every split"  # lower bound 2 > 1
+    below = claims.verdicts(CONFIG, _assumptions(ratio=0.3, balanced=2.0), _levels()).set_index("claim")
+    assert below.loc["bounded_entries", "verdict"] == "undetermined"  # a lower bound below 1 shows nothing
+    explicit = claims.verdicts(CONFIG, _assumptions(ratio=0.3, balanced=0.5), _levels()).set_index("claim")
+    assert explicit.loc["bounded_entries", "verdict"] == "holds for an explicit split"
+    assert (table["ci_low"] <= table["estimate"]).all() and (table["estimate"] <= table["ci_high"]).all()
+
+
+def test_no_verdict_from_one_window_or_fewer_than_four_lengths():
+    one = claims.verdicts(CONFIG, _assumptions(windows=1), _levels(windows=1))
+    assert (one["verdict"] == "inconclusive").all() and (one["windows"] == 1).all()
+    three = claims.verdicts({**CONFIG, "n": NS[1:]}, _assumptions().query("n > 512"), _levels())
+    growth = three[three["claim"].isin(["alpha_block", "kappa", "stable_rank"])]
+    assert (growth["verdict"] == "inconclusive").all() and growth["note"].str.contains("needs 4").all()
+
+
+def _heads(slope, windows=3, heads=9):
+    rng = np.random.default_rng(1)
+    rows = []
+    for window in range(windows):
+        for layer in (0, 15):
+            for head in range(heads):
+                alpha = rng.uniform(1, 100)
+                rows.append({"condition": "pretrained", "layer": layer, "window": window, "head": head, "n": 4096,
+                             "num_features": 256, "alpha_worst": alpha, "kappa_worst": rng.uniform(1, 100),
+                             "relative_error": alpha**slope * rng.uniform(0.95, 1.05)})
+    return pd.DataFrame(rows)
+
+
+def test_correlation_claims_follow_the_interval_against_zero():
+    grows = claims.correlations(_heads(1.0), bootstrap=FEW).set_index("claim")
+    assert grows.loc["hyper_alpha", "verdict"] == "reproduced" and grows.loc["hyper_alpha", "estimate"] > 0.9
+    assert grows.loc["hyper_kappa", "verdict"] == "inconclusive"  # unrelated: the interval holds 0
+    assert grows.loc["hyper_alpha", "heads"] == 54 and grows.loc["hyper_alpha", "windows"] == 3
+    falls = claims.correlations(_heads(-1.0), bootstrap=FEW).set_index("claim")
+    assert falls.loc["hyper_alpha", "verdict"] == "not reproduced"
+    single = claims.correlations(_heads(1.0, windows=1), bootstrap=FEW).set_index("claim")
+    assert single.loc["hyper_alpha", "verdict"] == "inconclusive"  # one window: no interval
+
+
+def test_level_rows_take_each_depths_worst_block():
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 64, 4, generator=generator, dtype=torch.float64) * 2, torch.randn(2, 64, 4, generator=generator, dtype=torch.float64) * 2
+    levels = block_levels(q, k, block_size=8, hashes=2, generator=torch.Generator().manual_seed(1))
+    rows = pd.DataFrame(level_rows(levels, heads=2, epsilon=0.1))
+    assert sorted(set(rows["depth"])) == [0, 1, 2] and len(rows) == 2 * 3
+    for level in levels:
+        got = rows[rows["depth"] == level.depth].set_index("head")
+        for h in range(2):
+            assert got.loc[h, "alpha"] == pytest.approx(float(level.alpha[h].max()))
+            ratio = (level.samples_needed(epsilon=0.1)[h] / torch.tensor(level.columns, dtype=torch.float64)).max()
+            assert got.loc[h, "sampling_ratio"] == pytest.approx(float(ratio))
+            assert got.loc[h, "break_even_epsilon"] == pytest.approx(0.1 * math.sqrt(float(ratio)))
+            assert got.loc[h, "saves_nothing"] == int(level.sampling_saves_nothing(epsilon=0.1)[h].sum())
+    empty = pd.DataFrame(level_rows([], heads=2, epsilon=0.1))
+    assert (empty["depth"] == -1).all() and empty["alpha"].isna().all()
+    assert stats.level_statistics(empty.assign(condition="c", layer=0, n=8, window=0)).empty
