@@ -121,3 +121,25 @@ def test_measure_interleaved_times_in_turn_and_takes_each_median():
     assert a.wall_min_s <= a.wall_s <= a.wall_max_s and b.wall_min_s <= b.wall_s <= b.wall_max_s
     assert 0.0 <= a.wall_s < 0.02 and 0.02 <= a.wall_max_s  # median of (0, 0.03, 0), not the mean
     assert 0.01 <= b.wall_s < 0.03 and 0.05 <= b.wall_max_s
+
+
+@pytest.mark.parametrize(("option", "value", "allowed"), [
+    ("--tol", "5", r"a number in \(0, 1\)"), ("--tol", "1", r"a number in \(0, 1\)"),
+    ("--tol", "nan", r"a number in \(0, 1\)"), ("--repeats", "0", "an integer >= 5"),
+    ("--repeats", "-1", "an integer >= 5"), ("--repeats", "4", "an integer >= 5"),
+])
+def test_bench_refuses_a_tolerance_or_repeats_it_cannot_honour(option, value, allowed, tmp_path, capsys):
+    """A relative tolerance >= 1 stops every route at once, and a median of fewer than 5 calls is noise: one
+    line naming the option, what it allows and what came in, exit status 2, from the command line and code."""
+    import re
+
+    from approxlab.errors import UsageError
+    from approxlab.studies.bench import build_config
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--quick", "--source", "synthetic", "--out", str(tmp_path), option, value])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and re.search(f"{option}: {allowed}.*got '{value}'", error), error
+    with pytest.raises(UsageError, match=f"{option}: {allowed}"):
+        build_config(quick=True, **{option[2:]: float(value) if option == "--tol" else int(value)})

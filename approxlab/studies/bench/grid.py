@@ -12,7 +12,7 @@ from ...errors import UsageError
 from ...methods import available
 from .. import checks, options
 from ..declaration import Option
-from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_float, positive_int
+from ..options import NUM_FEATURES, Flatten, _number, int_list, nonnegative_int, positive_int
 from .ratios import RATIOS
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "PARTS", "DTYPES", "OPTIONS", "KEY_COLUMNS", "build_config", "configure",
@@ -83,6 +83,20 @@ QUICK_GRID = {
 
 KEY_COLUMNS = ("part", "n", "method")
 PARTS = ("accuracy", "scale", "forward", "ratios", "training")
+MIN_REPEATS = 5
+"""Fewest timed calls of a forward-type measurement (``--repeats``): a median of fewer is one noisy call."""
+
+
+def relative_tolerance(text: str) -> float:
+    """A relative tolerance, a number in (0, 1) (argparse ``type=``): at 1 or more every estimate is "converged"."""
+    return _number(text, float, "a number in (0, 1) (a relative tolerance)", lambda v: 0 < v < 1)
+
+
+def repeat_count(text: str) -> int:
+    """The timed calls of a measurement, an integer >= :data:`MIN_REPEATS` (argparse ``type=``)."""
+    return _number(text, int, f"an integer >= {MIN_REPEATS}", lambda v: v >= MIN_REPEATS)
+
+
 def _methods() -> list[str]:
     return [m for m in available() if m != "exact"]
 
@@ -103,7 +117,7 @@ OPTIONS = (
     Option(("--source",), "source", "Q/K/V source", choices=("bert", "synthetic")),
     Option(("--condition",), "condition", "BERT condition", choices=("initialized", "pretrained")),
     Option(("--head",), "head", "attention head", type=nonnegative_int),
-    Option(("--tol",), "tol", "relative tolerance of the matrix-free routes", type=positive_float),
+    Option(("--tol",), "tol", "relative tolerance of the matrix-free routes, in (0, 1)", type=relative_tolerance),
     Option(("--lanczos-block",), "lanczos_block", "vectors per block Lanczos pass", type=positive_int),
     Option(("--compute-dtype",), "compute_dtype", "dtype of the logits in the fused passes", choices=sorted(DTYPES)),
     Option(("--training-n",), "training_n", "sequence length of the training part", type=positive_int),
@@ -112,8 +126,8 @@ OPTIONS = (
            type=positive_int),
     Option(("--training-threads",), "training_threads", "torch threads of the training part's steps (default: "
            "--threads when given, else 1, as the studies train, whatever $OMP_NUM_THREADS says)", type=positive_int),
-    Option(("--repeats",), "repeats", "timed calls per forward-type measurement (median; at least 5), after one "
-           "warm-up", type=int),
+    Option(("--repeats",), "repeats", f"timed calls per forward-type measurement (median; an integer >= "
+           f"{MIN_REPEATS}), after one warm-up", type=repeat_count),
 )
 """The options of ``approxlab bench`` besides the common ones."""
 
