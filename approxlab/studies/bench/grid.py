@@ -9,7 +9,7 @@ import torch
 import argparse
 
 from ...errors import UsageError
-from ...methods import available
+from ...methods import available, get
 from .. import checks, options
 from ..declaration import Option
 from ..options import NUM_FEATURES, Flatten, _number, int_list, nonnegative_int, positive_int
@@ -23,7 +23,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 FULL_GRID = {
     "accuracy_n": [1024, 2048, 4096],
     "scale_n": [8192, 16384, 32768],
-    "forward_n": [1024, 2048, 4096, 8192, 16384, 32768],
+    "forward_n": [1024, 2048, 4096, 8192, 16384],
     "error_method": "nystromformer",
     "num_features": 64,
     "forward_methods": [
@@ -36,6 +36,15 @@ FULL_GRID = {
         "informer",
         "linformer",
         "yoso",
+        "hyperattention",
+        "kdeformer",
+        "polynomial",
+        "topk",
+        "topp",
+        "quest",
+        "streaming-llm",
+        "h2o",
+        "snapkv",
     ],
     "dense_max_n": 8192,
     "source": "bert",
@@ -50,7 +59,7 @@ FULL_GRID = {
     "lanczos_block": 4,
     "compute_dtype": "float32",
     "scipy_its": 20,
-    "parts": ["accuracy", "scale", "forward", "ratios", "training"],
+    "parts": ["accuracy", "scale", "forward", "ratios", "training", "patch"],
     "seed": 0,
     "repeats": 5,
     "ratio_n": 16384,
@@ -61,6 +70,9 @@ FULL_GRID = {
     "training_features": 128,
     "training_threads": 1,
     "training_attentions": ["softmax", "kernelized", "skyformer", "nystromformer", "spectral-shifting", "yoso"],
+    "patch_n": [512, 1024],
+    "patch_methods": ["hyperattention", "topk", "streaming-llm", "h2o"],
+    "patch_layer": None,
 }
 """The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
 
@@ -78,11 +90,12 @@ QUICK_GRID = {
     "training_n": 256,
     "training_batch": 4,
     "training_features": 32,
+    "patch_n": [128, 256],
 }
 """``--quick``: the same measurements at small n (seconds)."""
 
 KEY_COLUMNS = ("part", "n", "method")
-PARTS = ("accuracy", "scale", "forward", "ratios", "training")
+PARTS = ("accuracy", "scale", "forward", "ratios", "training", "patch")
 MIN_REPEATS = 5
 """Fewest timed calls of a forward-type measurement (``--repeats``): a median of fewer is one noisy call."""
 
@@ -99,6 +112,11 @@ def repeat_count(text: str) -> int:
 
 def _methods() -> list[str]:
     return [m for m in available() if m != "exact"]
+
+
+def _causal_methods() -> list[str]:
+    """The methods a causal model can be patched with: those with a causal form."""
+    return [m for m in _methods() if get(m).causal]
 
 
 def _lengths(flag: str, what: str) -> Option:
@@ -126,6 +144,11 @@ OPTIONS = (
            type=positive_int),
     Option(("--training-threads",), "training_threads", "torch threads of the training part's steps (default: "
            "--threads when given, else 1, as the studies train, whatever $OMP_NUM_THREADS says)", type=positive_int),
+    _lengths("--patch-n", "patch"),
+    Option(("--patch-methods",), "patch_methods", "methods of the patch part, each patching one layer of the decoder "
+           "in its causal form", nargs="+", choices=_causal_methods),
+    Option(("--patch-layer",), "patch_layer", "the layer the patch part patches (default: the middle one)",
+           type=nonnegative_int),
     Option(("--repeats",), "repeats", f"timed calls per forward-type measurement (median; an integer >= "
            f"{MIN_REPEATS}), after one warm-up", type=repeat_count),
 )
@@ -143,7 +166,7 @@ def configure(args) -> dict:
     config["num_features"] = options.one_value("--num-features", config["num_features"])
     if getattr(args, "training_threads", None) is None and getattr(args, "threads_source", None) == "--threads":
         config["training_threads"] = args.threads
-    for key in ("accuracy_n", "scale_n", "forward_n"):
+    for key in ("accuracy_n", "scale_n", "forward_n", "patch_n"):
         bad = [n for n in config[key] if int(n) < 2]
         if bad:
             raise UsageError(f"--{key.replace('_', '-')}", "integers >= 2", bad)
@@ -180,6 +203,9 @@ def build_cells(config: dict, settings: dict) -> list[dict]:
                   if not (name == "figure1-cell" and config["source"] == "synthetic")]
     if "training" in config["parts"]:
         cells.append({"part": "training", "n": int(config["training_n"]), "method": "training-step", **common})
+    if "patch" in config["parts"]:
+        cells += [{"part": "patch", "n": int(n), "method": method, **common}
+                  for n in config["patch_n"] for method in config["patch_methods"]]
     return cells
 
 
@@ -195,6 +221,26 @@ def check(args, config) -> None:
     checks.check_num_features("--num-features", config["num_features"], [config["error_method"]],
                             [*config["accuracy_n"], *config["scale_n"]])
     checks.check_num_features("--num-features", config["num_features"], config["forward_methods"], config["forward_n"])
+    if "patch" in config["parts"]:
+        checks.check_num_features("--num-features", config["num_features"], config["patch_methods"], config["patch_n"])
+        _check_decoder(config)
+
+
+def _check_decoder(config: dict) -> None:
+    """The patch part's decoder can be loaded and has the layer ``--patch-layer`` names."""
+    from ...data import SMOLLM2_CHECKPOINT, CheckpointError, describe_model
+
+    if config["source"] == "synthetic":
+        layers = 2  # the synthetic decoder of the patch part
+    else:
+        try:
+            layers = describe_model("pretrained", checkpoint=SMOLLM2_CHECKPOINT).num_layers
+        except CheckpointError as error:
+            raise UsageError("--parts", f"parts without patch, or SmolLM2 {error.allowed} (the patch part's decoder)",
+                             error.got) from None
+    if config["patch_layer"] is not None and not 0 <= config["patch_layer"] < layers:
+        raise UsageError("--patch-layer", f"a layer index in 0..{layers - 1} (the decoder has {layers} layers)",
+                         config["patch_layer"])
 
 
 def run_info(args, config) -> dict:
