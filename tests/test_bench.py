@@ -175,3 +175,16 @@ def test_growth_exponent_recovers_a_power_law_and_says_how_well_it_fits():
         growth_exponent([512, 1024], [1.0, 0.0])
     with pytest.raises(ValueError, match="`n` and `seconds` must be of one length with two distinct n"):
         growth_exponent([512, 512], [1.0, 2.0])
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--patch-layer", "2"], r"--patch-layer: a layer index in 0\.\.1 \(the synthetic decoder has 2 layers\), got 2"),
+    (["--patch-n", "5000"], r"--patch-n: lengths of at most 4096 \(the synthetic decoder's context\), got 5000"),
+])
+def test_the_patch_part_refuses_a_layer_or_window_its_decoder_lacks(options, message, tmp_path, capsys):
+    """Before any cell runs, one line naming the option."""
+    import re
+
+    argv = ["bench", "--quick", "--source", "synthetic", "--parts", "patch", "--out", str(tmp_path), *options]
+    assert main(argv) == 2
+    assert re.search(message, capsys.readouterr().err)

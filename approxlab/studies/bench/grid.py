@@ -227,20 +227,25 @@ def check(args, config) -> None:
 
 
 def _check_decoder(config: dict) -> None:
-    """The patch part's decoder can be loaded and has the layer ``--patch-layer`` names."""
+    """The patch part's decoder can be loaded, has the layer ``--patch-layer`` names and takes windows of
+    ``--patch-n`` tokens (its context; WikiText-2 holds far more)."""
     from ...data import SMOLLM2_CHECKPOINT, CheckpointError, describe_model
+    from .patched import SYNTHETIC_LAYERS, SYNTHETIC_POSITIONS
 
     if config["source"] == "synthetic":
-        layers = 2  # the synthetic decoder of the patch part
+        layers, positions, what = SYNTHETIC_LAYERS, SYNTHETIC_POSITIONS, "the synthetic decoder"
     else:
         try:
-            layers = describe_model("pretrained", checkpoint=SMOLLM2_CHECKPOINT).num_layers
+            info = describe_model("pretrained", checkpoint=SMOLLM2_CHECKPOINT)
         except CheckpointError as error:
             raise UsageError("--parts", f"parts without patch, or SmolLM2 {error.allowed} (the patch part's decoder)",
                              error.got) from None
+        layers, positions, what = info.num_layers, info.max_positions, "SmolLM2"
     if config["patch_layer"] is not None and not 0 <= config["patch_layer"] < layers:
-        raise UsageError("--patch-layer", f"a layer index in 0..{layers - 1} (the decoder has {layers} layers)",
+        raise UsageError("--patch-layer", f"a layer index in 0..{layers - 1} ({what} has {layers} layers)",
                          config["patch_layer"])
+    if max(config["patch_n"]) > positions:
+        raise UsageError("--patch-n", f"lengths of at most {positions} ({what}'s context)", max(config["patch_n"]))
 
 
 def run_info(args, config) -> dict:

@@ -83,20 +83,26 @@ def _short(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def _curve(rows, algorithm, method=None):
+def _curve(rows, algorithm, method=None, time="wall_s"):
     sub = rows[rows["algorithm"] == algorithm]
     if method is not None:
         sub = sub[sub["method"] == method]
-    sub = sub[np.isfinite(sub["wall_s"]) & (sub["wall_s"] > 0)]
-    return sub.groupby("n")["wall_s"].median()
+    if time not in sub:
+        return sub.groupby("n")["n"].first().iloc[:0]
+    sub = sub[np.isfinite(sub[time]) & (sub[time] > 0)]
+    return sub.groupby("n")[time].median()
 
 
-def _exponent(curve) -> tuple[str, str]:
+def _exponent(curve) -> str:
+    """``"1.02 [0.95, 1.09]"``: the exponent of ``curve`` and its interval (``—`` where there is none)."""
     if len(curve) < 2:
-        return "—", "—"
+        return "—"
     fit = growth_exponent(curve.index.to_numpy(), curve.to_numpy())
-    interval = "—" if math.isnan(fit.low) else f"[{fit.low:.2f}, {fit.high:.2f}]"
-    return f"{fit.exponent:.2f}", interval
+    return f"{fit.exponent:.2f}" + ("" if math.isnan(fit.low) else f" [{fit.low:.2f}, {fit.high:.2f}]")
+
+
+def _exponents(rows, algorithm, method=None) -> str:
+    return " | ".join(_exponent(_curve(rows, algorithm, method, time)) for time in ("wall_s", "cpu_s"))
 
 
 def forward_cost_lines(wide) -> list[str]:
@@ -108,17 +114,17 @@ def forward_cost_lines(wide) -> list[str]:
     lines = ["## Forward cost against SDPA", "",
              "Growth exponent: the least-squares slope of log(time) on log(n) over the n measured "
              f"({', '.join(_short(n) for n in ns)}), with its 95% Student-t interval from the fit's residuals "
-             "(timing noise and any departure from one power law; none below three n). Bidirectional methods "
-             "are timed against torch's SDPA; the causal-only KV-cache policies (streaming-llm, h2o, snapkv) in "
-             "their causal form, against torch's causal SDPA.", "",
+             "(timing noise and any departure from one power law; none below three n), of the median wall "
+             "time and of the median process CPU time (which a loaded machine disturbs less). Bidirectional "
+             "methods are timed against torch's SDPA (wall time); the causal-only KV-cache policies "
+             "(streaming-llm, h2o, snapkv) in their causal form, against torch's causal SDPA.", "",
              "| method | form | time / SDPA at n = " + ", ".join(_short(n) for n in ns) + " | seconds at the largest n "
-             "| growth exponent | 95% interval |", "|---|---|---|---|---|---|"]
+             "| growth exponent [95% interval] | the same in CPU time |", "|---|---|---|---|---|---|"]
     for algorithm, name in BASELINES.items():
         curve = _curve(rows, algorithm)
         if len(curve):
-            exponent, interval = _exponent(curve)
             lines.append(f"| {name} | {'causal' if algorithm.endswith('causal') else 'bidirectional'} | — | "
-                         f"{curve.iloc[-1]:.4f} (n = {_short(int(curve.index[-1]))}) | {exponent} | {interval} |")
+                         f"{curve.iloc[-1]:.4f} (n = {_short(int(curve.index[-1]))}) | {_exponents(rows, algorithm)} |")
     causal_rows = rows[rows["algorithm"] == "approximation"]
     flags = causal_rows["causal"].fillna(0.0) > 0 if "causal" in causal_rows else [False] * len(causal_rows)
     causal = dict(zip(causal_rows["method"], flags))
@@ -129,8 +135,7 @@ def forward_cost_lines(wide) -> list[str]:
         ratios = ", ".join(f"{curve[n] / baseline[n]:.2f}" if n in curve.index and n in baseline.index
                            else ("failed" if n in set(failed.loc[failed["method"] == method, "n"]) else "—")
                            for n in ns)
-        exponent, interval = _exponent(curve)
         largest = f"{curve.iloc[-1]:.4f} (n = {_short(int(curve.index[-1]))})" if len(curve) else "—"
         lines.append(f"| `{method}` | {'causal' if causal.get(method) else 'bidirectional'} | {ratios} | {largest} | "
-                     f"{exponent} | {interval} |")
+                     f"{_exponents(rows, 'approximation', method)} |")
     return lines + [""]
