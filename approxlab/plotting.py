@@ -82,7 +82,8 @@ METHOD_STYLES = {
     "kdeformer": {"color": "#332288", "marker": "p", "label": "KDEformer"},
     "polynomial": {"color": "#999933", "marker": "d", "label": "Polynomial (Alman-Song)"},
     "topk": {"color": "#117733", "marker": ">", "label": "Top-k (oracle)"},
-    "topp": {"color": "#44AA99", "marker": "8", "label": "Top-p (oracle)"},
+    # hollow: where the nucleus holds more than d keys top-p is top-k, and its circles ring top-k's triangles
+    "topp": {"color": "#44AA99", "marker": "o", "markerfacecolor": "none", "label": "Top-p (oracle)"},
     "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
     "streaming-llm": {"color": "#DDCC77", "marker": "1", "label": "StreamingLLM"},
     "h2o": {"color": "#661100", "marker": "2", "label": "H2O"},
@@ -112,7 +113,7 @@ def method_style(name: str, *, secondary: bool = False) -> dict:
     -------
     dict
         ``color``, ``marker``, ``linestyle``, ``label``, ``linewidth``, ``markersize``,
-        ``alpha``, ``zorder``.
+        ``alpha``, ``zorder`` (and ``markerfacecolor`` for a method drawn with hollow markers).
 
     Examples
     --------

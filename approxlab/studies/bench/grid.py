@@ -90,7 +90,8 @@ QUICK_GRID = {
     "training_n": 256,
     "training_batch": 4,
     "training_features": 32,
-    "patch_n": [128, 256],
+    "patch_n": [128],
+    "patch_methods": ["streaming-llm"],
 }
 """``--quick``: the same measurements at small n (seconds)."""
 
