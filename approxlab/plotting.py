@@ -77,6 +77,17 @@ METHOD_STYLES = {
     "spectral-shifting": {"color": "#7F6A93", "marker": "P", "label": "Spectral shifting"},
     "nystrom": {"color": "#8C6D31", "marker": "X", "label": "Nystrom (uniform)"},
     "linformer": {"color": "#6B6B6B", "marker": "*", "label": "Linformer"},
+    # today's methods (Paul Tol's muted palette): sortLSH and polynomial, the oracles and Quest, the KV-cache policies
+    "hyperattention": {"color": "#882255", "marker": "h", "label": "HyperAttention"},
+    "kdeformer": {"color": "#332288", "marker": "p", "label": "KDEformer"},
+    "polynomial": {"color": "#999933", "marker": "d", "label": "Polynomial (Alman-Song)"},
+    "topk": {"color": "#117733", "marker": ">", "label": "Top-k (oracle)"},
+    # hollow: where the nucleus holds more than d keys top-p is top-k, and its circles ring top-k's triangles
+    "topp": {"color": "#44AA99", "marker": "o", "markerfacecolor": "none", "label": "Top-p (oracle)"},
+    "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
+    "streaming-llm": {"color": "#DDCC77", "marker": "1", "label": "StreamingLLM"},
+    "h2o": {"color": "#661100", "marker": "2", "label": "H2O"},
+    "snapkv": {"color": "#6699CC", "marker": "3", "label": "SnapKV"},
     "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
     "kernelized": {"color": "#444444", "marker": "+", "label": "Kernelized (exact)"},
     "hyperattention": {"color": "#882255", "marker": "8", "label": "HyperAttention"},
@@ -92,7 +103,7 @@ METHOD_STYLES = {
 for _style in METHOD_STYLES.values():
     _style.setdefault("linestyle", "-")
 
-_FALLBACK_COLORS = ["#999933", "#882255", "#44AA99", "#117733", "#332288", "#AA4499"]
+_FALLBACK_COLORS = ["#AA4499", "#BBCC33", "#EE8866", "#77AADD", "#994455", "#004488"]  # none a built-in's
 _FALLBACK_MARKERS = ["h", "p", "d", "1", "2", "3"]
 
 
@@ -111,7 +122,7 @@ def method_style(name: str, *, secondary: bool = False) -> dict:
     -------
     dict
         ``color``, ``marker``, ``linestyle``, ``label``, ``linewidth``, ``markersize``,
-        ``alpha``, ``zorder``.
+        ``alpha``, ``zorder`` (and ``markerfacecolor`` for a method drawn with hollow markers).
 
     Examples
     --------

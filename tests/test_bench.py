@@ -19,20 +19,27 @@ def test_bench_cli_smoke(tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["bench", "--quick", "--source", "synthetic", "--out", str(out), "--no-progress",
             "--accuracy-n", "96", "--scale-n", "128", "--forward-n", "96",
-            "--forward-methods", "nystromformer", "--num-features", "16",
-            "--training-n", "48", "--training-batch", "2", "--training-features", "8"]
+            "--forward-methods", "nystromformer", "streaming-llm", "--num-features", "16",
+            "--training-n", "48", "--training-batch", "2", "--training-features", "8",
+            "--patch-n", "64", "--patch-methods", "streaming-llm"]
     assert main(argv) == 0
     results = pd.read_csv(out / "results.csv")
     assert not results.isna().any().any()
-    assert set(results["part"]) == {"accuracy", "scale", "forward", "ratios", "training"}
+    assert set(results["part"]) == {"accuracy", "scale", "forward", "ratios", "training", "patch"}
     wide = results.pivot_table(index=["part", "n", "algorithm"], columns="quantity", values="value").reset_index()
     accuracy = wide[wide["part"] == "accuracy"].set_index("algorithm")
     assert set(accuracy.index) == {"dense", "golub-kahan", "block-lanczos", "scipy"}
     assert accuracy.loc["block-lanczos", "relative_disagreement"] <= 1e-4
     assert accuracy.loc["golub-kahan", "relative_disagreement"] <= 1e-4
     assert (wide["peak_rss_mb"] >= wide["rss_before_mb"]).all()
-    assert {"exact-blocked", "exact-sdpa", "torch-sdpa", "approximation"} <= set(wide[wide["part"] == "forward"]["algorithm"])
     forward = wide[wide["part"] == "forward"]
+    assert {"exact-blocked", "exact-sdpa", "torch-sdpa", "torch-sdpa-causal", "approximation"} <= set(forward["algorithm"])
+    # the causal-only KV-cache policy is timed in its causal form, every other method in its bidirectional one
+    timed = results[(results["algorithm"] == "approximation") & (results["quantity"] == "causal")]
+    assert timed.set_index("method")["value"].to_dict() == {"nystromformer": 0.0, "streaming-llm": 1.0}
+    patch = wide[wide["part"] == "patch"].set_index("algorithm")
+    assert set(patch.index) == {"forward-unpatched", "forward-patched", "layer-approximation", "layer-sdpa"}
+    assert patch.loc["forward-patched", "ratio_vs_budget"] > 0 and (patch["repeats"] >= 5).all()
     assert (forward["repeats"] >= 5).all() and (forward["warmup"] == 1).all()
     assert (forward["wall_min_s"] <= forward["wall_s"]).all() and (forward["wall_s"] <= forward["wall_max_s"]).all()
     ratios = wide[wide["part"] == "ratios"].set_index("algorithm")
@@ -49,6 +56,8 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert "block-lanczos" in summary and "approxlab bench --quick" in summary
     assert "## Target ratios" in summary and "ExactAttentionOperator.rmatmat / SDPA forward" in summary
     assert "## Training step against a pure-SDPA model" in summary and "| nystromformer | `nystromformer` |" in summary
+    assert "## Forward cost against SDPA" in summary and "| `streaming-llm` | causal | " in summary
+    assert "## A forward pass with one layer patched" in summary and "| 64 | `streaming-llm` | 1 |" in summary
     before = (out / "results.csv").read_bytes()
     assert main(["bench", "--out", str(out), "--plot-only", "--no-progress"]) == 0
     assert (out / "results.csv").read_bytes() == before
@@ -121,3 +130,61 @@ def test_measure_interleaved_times_in_turn_and_takes_each_median():
     assert a.wall_min_s <= a.wall_s <= a.wall_max_s and b.wall_min_s <= b.wall_s <= b.wall_max_s
     assert 0.0 <= a.wall_s < 0.02 and 0.02 <= a.wall_max_s  # median of (0, 0.03, 0), not the mean
     assert 0.01 <= b.wall_s < 0.03 and 0.05 <= b.wall_max_s
+
+
+@pytest.mark.parametrize(("option", "value", "allowed"), [
+    ("--tol", "5", r"a number in \(0, 1\)"), ("--tol", "1", r"a number in \(0, 1\)"),
+    ("--tol", "nan", r"a number in \(0, 1\)"), ("--repeats", "0", "an integer >= 5"),
+    ("--repeats", "-1", "an integer >= 5"), ("--repeats", "4", "an integer >= 5"),
+])
+def test_bench_refuses_a_tolerance_or_repeats_it_cannot_honour(option, value, allowed, tmp_path, capsys):
+    """A relative tolerance >= 1 stops every route at once, and a median of fewer than 5 calls is noise: one
+    line naming the option, what it allows and what came in, exit status 2, from the command line and code."""
+    import re
+
+    from approxlab.errors import UsageError
+    from approxlab.studies.bench import build_config
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--quick", "--source", "synthetic", "--out", str(tmp_path), option, value])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and re.search(f"{option}: {allowed}.*got '{value}'", error), error
+    with pytest.raises(UsageError, match=f"{option}: {allowed}"):
+        build_config(quick=True, **{option[2:]: float(value) if option == "--tol" else int(value)})
+
+
+def test_growth_exponent_recovers_a_power_law_and_says_how_well_it_fits():
+    """The slope of log(time) on log(n) with its Student-t interval: a clean n^2 is recovered with a narrow
+    interval that holds it, a noisy one with a wide interval, two n give no interval, bad input is refused."""
+    import math
+
+    import numpy as np
+
+    from approxlab.studies.bench.growth import growth_exponent
+
+    n = np.array([1024, 2048, 4096, 8192, 16384])
+    clean = growth_exponent(n, 1e-9 * n**2.0 * np.array([1.0, 1.01, 0.99, 1.0, 1.01]))
+    assert abs(clean.exponent - 2.0) < 0.01 and clean.low < 2.0 < clean.high and clean.high - clean.low < 0.05
+    assert (clean.points, clean.n_min, clean.n_max) == (5, 1024, 16384)
+    noisy = growth_exponent(n, 1e-6 * n * np.array([1.0, 3.0, 0.5, 2.0, 1.0]))
+    assert noisy.low < 1.0 < noisy.high and noisy.high - noisy.low > 1.0
+    two = growth_exponent([512, 1024], [1.0, 2.0])
+    assert two.exponent == pytest.approx(1.0) and math.isnan(two.low) and math.isnan(two.high)
+    with pytest.raises(ValueError, match="`seconds` must be positive and finite; got"):
+        growth_exponent([512, 1024], [1.0, 0.0])
+    with pytest.raises(ValueError, match="`n` and `seconds` must be of one length with two distinct n"):
+        growth_exponent([512, 512], [1.0, 2.0])
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--patch-layer", "2"], r"--patch-layer: a layer index in 0\.\.1 \(the synthetic decoder has 2 layers\), got 2"),
+    (["--patch-n", "5000"], r"--patch-n: lengths of at most 4096 \(the synthetic decoder's context\), got 5000"),
+])
+def test_the_patch_part_refuses_a_layer_or_window_its_decoder_lacks(options, message, tmp_path, capsys):
+    """Before any cell runs, one line naming the option."""
+    import re
+
+    argv = ["bench", "--quick", "--source", "synthetic", "--parts", "patch", "--out", str(tmp_path), *options]
+    assert main(argv) == 2
+    assert re.search(message, capsys.readouterr().err)

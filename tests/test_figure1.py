@@ -124,7 +124,7 @@ def test_plot_only_without_results_is_a_clear_error(tmp_path, capsys):
 def test_grids_and_windows():
     full = figure1.build_config()
     assert full["n"] == [512, 1024, 2048, 4096] and full["num_features"] == [16, 32, 64, 128, 256]
-    assert full["methods"][:4] == list(figure1.PAPER_METHODS) and len(full["methods"]) == 9
+    assert full["methods"][:4] == list(figure1.PAPER_METHODS) and len(full["methods"]) == 15
     assert full["windows"] >= 4 and full["seeds"] >= 3 and full["mode"] == "embedding" and full["layer"] == 0
     assert full["dtypes"] == ["float64", "float32"] and full["positions"] == "interpolate"
     quick = figure1.build_config(quick=True)
@@ -134,7 +134,7 @@ def test_grids_and_windows():
     assert ids == figure1.window_ids(figure1.build_config()) and len(set(ids)) == 4
     assert all(0 <= i < full["window_pool"] for i in ids)
     cells = figure1.STUDY.steps[0].cells(full, {"data_dir": None, "cache_dir": None, "device": "cpu"})
-    assert len(cells) == 2 * 4 * 2 * 4 * 9
+    assert len(cells) == 2 * 4 * 2 * 4 * 15
     assert {c["seeds"] == [0] for c in cells if c["method"] in ("nystromformer", "spectral-shifting")} == {True}
     with pytest.raises(UsageError, match="--methods: registered method names among"):
         figure1.build_config(methods=["nope"])
@@ -293,3 +293,47 @@ def test_a_plugin_method_is_computed_summarised_and_drawn(tmp_path, synthetic_da
     assert (out / "figure1-extra.png").stat().st_size > 0 and (out / "figure1.png").stat().st_size > 0
     assert figure1.figure_groups({"methods": ["top-k", "skyformer-softmax"]}, {"top-k", "skyformer-softmax"}) == {
         "figure1": ["skyformer-softmax"], "figure1-extra": ["top-k"]}
+
+
+def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn_in_its_own_style(tmp_path,
+                                                                                                synthetic_data):
+    """Today's methods with a bidirectional form are in the default grid (the causal-only KV-cache policies are
+    not: this study is of bidirectional attention); each is computed, summarised and drawn in the companion
+    figure with a house style of its own (no two built-ins share colour and marker, no plugin's fallback colour
+    is a built-in's)."""
+    import matplotlib.pyplot as plt
+
+    from approxlab import plotting
+    from approxlab.methods import available, get
+
+    today = ["hyperattention", "kdeformer", "polynomial", "topk", "topp", "quest"]
+    full = figure1.build_config()["methods"]
+    assert set(today) <= set(full) and not {m for m in full if get(m).causal == "only"}
+    assert {"streaming-llm", "h2o", "snapkv"} == {m for m in available() if get(m).causal == "only"}
+    styles = [(plotting.METHOD_STYLES[m]["color"], plotting.METHOD_STYLES[m]["marker"]) for m in available()]
+    assert len(set(styles)) == len(styles)
+    assert not set(plotting._FALLBACK_COLORS) & {color for color, _ in styles}
+    config = figure1.build_config(n=[32], num_features=[8, 16], methods=["performer", *today], windows=1, seeds=1,
+                                  dtypes=["float64"], conditions=["pretrained"], stat_heads=1)
+    results = compute(figure1.STUDY, config, tmp_path / "fig1", progress=False)["results.csv"]
+    assert set(results["method"]) == {"performer", *today} and (results["status"] == "ok").all()
+    assert figure1.figure_groups(config, set(results["method"])) == {"figure1": ["performer"], "figure1-extra": today}
+    fig, axes = figure1.figures._draw(config, figure1.panel_statistics(results), today, "the other methods")
+    legend = plotting.figure_legend(fig, axes)
+    assert [t.get_text() for t in legend.get_texts()] == [plotting.method_label(m) for m in today]
+    plt.close(fig)
+
+
+def test_polynomial_is_refused_where_its_features_do_not_fit():
+    """``polynomial``'s degree grows with d, its features as C(p + g, g): a grid whose d needs more than its
+    2^27 feature entries at some n is refused before any cell runs, naming the largest d that fits."""
+    minilm = types.SimpleNamespace(num_heads=12, head_dim=32)
+    fits = figure1.build_config(n=[512, 4096], num_features=[16, 6544], methods=["polynomial"])
+    figure1.grid.check_polynomial_features(fits, {"pretrained": minilm})  # degree 2 at n = 4096: 55M entries
+    too_many = figure1.build_config(n=[512, 4096], num_features=[16, 6545], methods=["polynomial"])
+    with pytest.raises(UsageError, match=r"--num-features: at most 6544 for polynomial at n=4096 \(the pretrained "
+                                         r"model has 12 heads of width 32: degree 3 needs 6545 features.*got 6545"):
+        figure1.grid.check_polynomial_features(too_many, {"pretrained": minilm})
+    default = figure1.build_config()
+    bert_base = types.SimpleNamespace(num_heads=12, head_dim=64)
+    figure1.grid.check_polynomial_features(default, {"initialized": bert_base, "pretrained": minilm})

@@ -23,7 +23,7 @@ import pathlib
 from ..errors import UsageError
 
 __all__ = ["str_list", "int_list", "positive_int", "nonnegative_int", "int_at_least", "positive_float",
-           "probability", "path_option", "thread_count", "method_list", "names_among", "layer_list", "LAYER_NAMES",
+           "probability", "relative_tolerance", "path_option", "thread_count", "method_list", "names_among", "layer_list", "LAYER_NAMES",
            "Flatten", "check_distinct"]
 
 
@@ -91,6 +91,11 @@ def positive_float(text: str) -> float:
 def probability(text: str) -> float:
     """A number in [0, 1) (argparse ``type=``), e.g. a dropout rate."""
     return _number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def relative_tolerance(text: str) -> float:
+    """A relative tolerance, a number in (0, 1) (argparse ``type=``): at 1 or more every estimate is "converged"."""
+    return _number(text, float, "a number in (0, 1) (a relative tolerance)", lambda v: 0 < v < 1)
 
 
 def path_option(text: str) -> pathlib.Path:

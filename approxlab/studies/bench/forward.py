@@ -3,8 +3,10 @@
 Each approximation (``approximate(...).output``) against exact attention through the fused
 kernel (``exact-sdpa``: ``ExactAttentionOperator(q, k).matmat(v)``, the kernel of
 ``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention`` (``torch-sdpa``)
-and the row-blocked reference (``exact-blocked``, up to ``dense_max_n``). See
-:mod:`approxlab.studies.bench`.
+and the row-blocked reference (``exact-blocked``, up to ``dense_max_n``). The causal-only methods (the KV-cache
+policies ``streaming-llm``, ``h2o``, ``snapkv``) are timed in their causal form (``causal`` 1 in their rows), against
+torch's causal SDPA (``torch-sdpa-causal``, ``is_causal=True``); every other method in its bidirectional form.
+See :mod:`approxlab.studies.bench`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 
 import torch
 
-from .parts import approximation, measured_row, timing_options
+from .parts import approximation, measured_row, timed_causal, timing_options
 from .timing import measure
 from ...linalg.normal_lanczos import default_row_block
 
@@ -31,6 +33,9 @@ def forward_rows(config, method, q, k, v, n, common, device):
         rows.append(measured_row("exact-sdpa", m, compute_dtype=common["dtype"], **common))
         _, m = measure(torch.nn.functional.scaled_dot_product_attention, q[None], k[None], v[None], **timed)
         rows.append(measured_row("torch-sdpa", m, compute_dtype=common["dtype"], **common))
+        _, m = measure(torch.nn.functional.scaled_dot_product_attention, q[None], k[None], v[None], is_causal=True,
+                       **timed)
+        rows.append(measured_row("torch-sdpa-causal", m, compute_dtype=common["dtype"], causal=1.0, **common))
         if n <= config["dense_max_n"]:
             block = default_row_block(n)
             blocked = ExactAttentionOperator(q, k, "softmax", block_size=block, algorithm="blocked")
@@ -44,5 +49,6 @@ def forward_rows(config, method, q, k, v, n, common, device):
         # Recorded, not hidden: the row says the method failed at this n and why (stderr).
         print(f"approxlab bench: {method} failed at n={n}: {type(error).__name__}: {error}", file=sys.stderr)
         return [{"algorithm": "approximation-failed", "compute_dtype": common["dtype"], "failed": 1.0, **common}]
-    rows.append(measured_row("approximation", m, compute_dtype=common["dtype"], **common))
+    rows.append(measured_row("approximation", m, compute_dtype=common["dtype"], causal=float(timed_causal(method)),
+                             **common))
     return rows

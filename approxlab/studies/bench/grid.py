@@ -9,11 +9,12 @@ import torch
 import argparse
 
 from ...errors import UsageError
-from ...methods import available
+from ...methods import available, get
 from ...training import ATTENTIONS
 from .. import checks, options
 from ..declaration import Option
-from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_float, positive_int
+from ..option_types import int_at_least, relative_tolerance
+from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_int
 from .ratios import RATIOS
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "PARTS", "DTYPES", "OPTIONS", "KEY_COLUMNS", "build_config", "configure",
@@ -24,7 +25,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 FULL_GRID = {
     "accuracy_n": [1024, 2048, 4096],
     "scale_n": [8192, 16384, 32768],
-    "forward_n": [1024, 2048, 4096, 8192, 16384, 32768],
+    "forward_n": [1024, 2048, 4096, 8192, 16384],
     "error_method": "nystromformer",
     "num_features": 64,
     "forward_methods": [
@@ -37,6 +38,15 @@ FULL_GRID = {
         "informer",
         "linformer",
         "yoso",
+        "hyperattention",
+        "kdeformer",
+        "polynomial",
+        "topk",
+        "topp",
+        "quest",
+        "streaming-llm",
+        "h2o",
+        "snapkv",
     ],
     "dense_max_n": 8192,
     "source": "bert",
@@ -51,7 +61,7 @@ FULL_GRID = {
     "lanczos_block": 4,
     "compute_dtype": "float32",
     "scipy_its": 20,
-    "parts": ["accuracy", "scale", "forward", "ratios", "training"],
+    "parts": ["accuracy", "scale", "forward", "ratios", "training", "patch"],
     "seed": 0,
     "repeats": 5,
     "ratio_n": 16384,
@@ -62,6 +72,9 @@ FULL_GRID = {
     "training_features": 128,
     "training_threads": 1,
     "training_attentions": ["softmax", "kernelized", "skyformer", "nystromformer", "spectral-shifting", "yoso"],
+    "patch_n": [512, 1024],
+    "patch_methods": ["hyperattention", "topk", "streaming-llm", "h2o"],
+    "patch_layer": None,
 }
 """The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
 
@@ -79,13 +92,28 @@ QUICK_GRID = {
     "training_n": 256,
     "training_batch": 4,
     "training_features": 32,
+    "patch_n": [128],
+    "patch_methods": ["streaming-llm"],
 }
 """``--quick``: the same measurements at small n (seconds)."""
 
 KEY_COLUMNS = ("part", "n", "method")
-PARTS = ("accuracy", "scale", "forward", "ratios", "training")
+PARTS = ("accuracy", "scale", "forward", "ratios", "training", "patch")
+MIN_REPEATS = 5
+"""Fewest timed calls of a forward-type measurement (``--repeats``): a median of fewer is one noisy call."""
+
+
+repeat_count = int_at_least(MIN_REPEATS)
+"""The timed calls of a measurement, an integer >= :data:`MIN_REPEATS` (argparse ``type=``)."""
+
+
 def _methods() -> list[str]:
     return [m for m in available() if m != "exact"]
+
+
+def _causal_methods() -> list[str]:
+    """The methods a causal model can be patched with: those with a causal form."""
+    return [m for m in _methods() if get(m).causal]
 
 
 def _lengths(flag: str, what: str) -> Option:
@@ -105,7 +133,7 @@ OPTIONS = (
     Option(("--source",), "source", "Q/K/V source", choices=("bert", "synthetic")),
     Option(("--condition",), "condition", "BERT condition", choices=("initialized", "pretrained")),
     Option(("--head",), "head", "attention head", type=nonnegative_int),
-    Option(("--tol",), "tol", "relative tolerance of the matrix-free routes", type=positive_float),
+    Option(("--tol",), "tol", "relative tolerance of the matrix-free routes, in (0, 1)", type=relative_tolerance),
     Option(("--lanczos-block",), "lanczos_block", "vectors per block Lanczos pass", type=positive_int),
     Option(("--compute-dtype",), "compute_dtype", "dtype of the logits in the fused passes", choices=sorted(DTYPES)),
     Option(("--training-n",), "training_n", "sequence length of the training part", type=positive_int),
@@ -114,8 +142,13 @@ OPTIONS = (
            type=positive_int),
     Option(("--training-threads",), "training_threads", "torch threads of the training part's steps (default: "
            "--threads when given, else 1, as the studies train, whatever $OMP_NUM_THREADS says)", type=positive_int),
-    Option(("--repeats",), "repeats", "timed calls per forward-type measurement (median; at least 5), after one "
-           "warm-up", type=options.int_at_least(5)),
+    _lengths("--patch-n", "patch"),
+    Option(("--patch-methods",), "patch_methods", "methods of the patch part, each patching one layer of the decoder "
+           "in its causal form", nargs="+", choices=_causal_methods),
+    Option(("--patch-layer",), "patch_layer", "the layer the patch part patches (default: the middle one)",
+           type=nonnegative_int),
+    Option(("--repeats",), "repeats", f"timed calls per forward-type measurement (median; an integer >= "
+           f"{MIN_REPEATS}), after one warm-up", type=repeat_count),
 )
 """The options of ``approxlab bench`` besides the common ones."""
 
@@ -131,7 +164,7 @@ def configure(args) -> dict:
     config["num_features"] = options.one_value("--num-features", config["num_features"])
     if getattr(args, "training_threads", None) is None and getattr(args, "threads_source", None) == "--threads":
         config["training_threads"] = args.threads
-    for key in ("accuracy_n", "scale_n", "forward_n"):
+    for key in ("accuracy_n", "scale_n", "forward_n", "patch_n"):
         bad = [n for n in config[key] if int(n) < 2]
         if bad:
             raise UsageError(f"--{key.replace('_', '-')}", "integers >= 2", bad)
@@ -168,6 +201,9 @@ def build_cells(config: dict, settings: dict) -> list[dict]:
                   if not (name == "figure1-cell" and config["source"] == "synthetic")]
     if "training" in config["parts"]:
         cells.append({"part": "training", "n": int(config["training_n"]), "method": "training-step", **common})
+    if "patch" in config["parts"]:
+        cells += [{"part": "patch", "n": int(n), "method": method, **common}
+                  for n in config["patch_n"] for method in config["patch_methods"]]
     return cells
 
 
@@ -189,6 +225,32 @@ def check(args, config) -> None:
         checks.check_heads("--head", config["head"], [config["condition"]], index=True)
     elif config["head"] != 0:
         raise UsageError("--head", "0 (the synthetic source has one head)", config["head"])
+    if "patch" in config["parts"]:
+        checks.check_num_features("--num-features", config["num_features"], config["patch_methods"], config["patch_n"],
+                                  at_most_n=True)
+        _check_decoder(config)
+
+
+def _check_decoder(config: dict) -> None:
+    """The patch part's decoder can be loaded, has the layer ``--patch-layer`` names and takes windows of
+    ``--patch-n`` tokens (its context; WikiText-2 holds far more)."""
+    from ...data import SMOLLM2_CHECKPOINT, CheckpointError, describe_model
+    from .patched import SYNTHETIC_LAYERS, SYNTHETIC_POSITIONS
+
+    if config["source"] == "synthetic":
+        layers, positions, what = SYNTHETIC_LAYERS, SYNTHETIC_POSITIONS, "the synthetic decoder"
+    else:
+        try:
+            info = describe_model("pretrained", checkpoint=SMOLLM2_CHECKPOINT)
+        except CheckpointError as error:
+            raise UsageError("--parts", f"parts without patch, or SmolLM2 {error.allowed} (the patch part's decoder)",
+                             error.got) from None
+        layers, positions, what = info.num_layers, info.max_positions, "SmolLM2"
+    if config["patch_layer"] is not None and not 0 <= config["patch_layer"] < layers:
+        raise UsageError("--patch-layer", f"a layer index in 0..{layers - 1} ({what} has {layers} layers)",
+                         config["patch_layer"])
+    if max(config["patch_n"]) > positions:
+        raise UsageError("--patch-n", f"lengths of at most {positions} ({what}'s context)", max(config["patch_n"]))
 
 
 def run_info(args, config) -> dict:

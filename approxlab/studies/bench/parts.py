@@ -1,7 +1,7 @@
 """What every measured cell of ``approxlab bench`` shares: its head, its approximation, its rows.
 
 :func:`load_head` loads the one head a cell measures, :func:`approximation` builds a cell's
-approximation with its own seed, :func:`measured_row` turns a :class:`~approxlab.studies.bench.timing.Measurement`
+approximation with its own seed (in the form :func:`timed_causal` says), :func:`measured_row` turns a :class:`~approxlab.studies.bench.timing.Measurement`
 into a wide row, and :func:`timing_options` holds the settings of every forward-type timing. See
 :mod:`approxlab.studies.bench`.
 """
@@ -13,7 +13,7 @@ import torch
 from ..engine.keys import cell_seed
 from ..inputs import wikitext
 
-__all__ = ["load_head", "approximation", "measured_row", "timing_options"]
+__all__ = ["load_head", "approximation", "timed_causal", "measured_row", "timing_options"]
 
 
 def load_head(config: dict, n: int, *, data_dir=None, cache_dir=None, device="cpu"):
@@ -37,11 +37,22 @@ def load_head(config: dict, n: int, *, data_dir=None, cache_dir=None, device="cp
     return tuple(x[0, head : head + 1].contiguous() for x in (qkv.q, qkv.k, qkv.v))
 
 
+def timed_causal(method) -> bool:
+    """Whether the benchmark times ``method`` in its causal form: the causal-only ones (the KV-cache policies
+    ``streaming-llm``, ``h2o``, ``snapkv``), which have no other; every other method bidirectional."""
+    from ...methods import get
+
+    return get(method).causal == "only"
+
+
 def approximation(config, method, q, k, v, n):
+    """``approximate(method, q, k, v)`` with the cell's ``num_features`` and generator, causal where
+    :func:`timed_causal` says."""
     from ...attention import approximate
 
     generator = torch.Generator().manual_seed(cell_seed(method, n, base_seed=config["seed"]))
-    return approximate(method, q, k, v, num_features=min(config["num_features"], n), generator=generator)
+    return approximate(method, q, k, v, num_features=min(config["num_features"], n), generator=generator,
+                       causal=timed_causal(method))
 
 
 def measured_row(algorithm, measurement, **values) -> dict:
@@ -50,4 +61,4 @@ def measured_row(algorithm, measurement, **values) -> dict:
 
 def timing_options(config, device):
     """Keyword arguments of :func:`measure` for a forward-type timing: warm-up, then the median."""
-    return {"repeats": max(5, int(config["repeats"])), "warmup": 1, "device": device}
+    return {"repeats": int(config["repeats"]), "warmup": 1, "device": device}

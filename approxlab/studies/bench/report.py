@@ -1,7 +1,7 @@
 """Plot and summary of ``approxlab bench``, from the saved ``results.csv`` only.
 
-:func:`plot` draws the four panels (spectral-error time, agreement with the dense reference,
-memory, forward time); :func:`summary_lines` gives ``summary.md`` with the parts' tables. See
+:func:`plot` draws the panels (spectral-error time, agreement with the dense reference,
+memory; forward time of the low-rank and kernel methods, of the sparse and sampled ones, of the causal forms); :func:`summary_lines` gives ``summary.md`` with the parts' tables. See
 :mod:`approxlab.studies.bench`.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ..reporting.markdown import markdown_table
+from .growth import forward_cost_lines
+from .patched import patch_lines
 from .ratios import ratio_lines
 from .training import training_lines
 
@@ -40,10 +42,10 @@ def plot(results, path_without_suffix) -> list:
     """
     from ...plotting import figure, method_style, save_figure
 
-    if not results["part"].isin(["accuracy", "scale", "ratios", "forward"]).any():
+    if not results["part"].isin(["accuracy", "scale", "ratios", "forward"]).any():  # training, patch: tables only
         return []
     wide = _wide(results)
-    fig, axes = figure(2, 2, panel_size=(3.6, 2.8))
+    fig, axes = figure(2, 3, panel_size=(3.6, 2.8))
     styles = {
         "dense": {"color": "#000000", "marker": "s", "label": "dense SVD (float64)"},
         "golub-kahan": {"color": "#0072B2", "marker": "^", "label": "Golub-Kahan (metrics.spectral_error)"},
@@ -77,7 +79,7 @@ def plot(results, path_without_suffix) -> list:
         ax.text(0.5, 0.5, "accuracy part not run", ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks([])
         ax.set_yticks([])
-    ax = axes[1, 0]
+    ax = axes[0, 2]
     gpu = "gpu_peak_mb" in errors and errors["gpu_peak_mb"].notna().any()
     for algorithm, style in styles.items():
         sub = errors[errors["algorithm"] == algorithm].sort_values("n")
@@ -89,25 +91,52 @@ def plot(results, path_without_suffix) -> list:
     ax.set_ylim(bottom=-0.04 * ax.get_ylim()[1])  # room for whole markers at 0
     ax.axhline(0.0, color="#999999", linewidth=0.6, zorder=0)
     _n_ticks(ax, errors["n"])
-    ax = axes[1, 1]
     forward = wide[wide["part"] == "forward"]
-    exact_styles = {"exact-sdpa": ("s", "-"), "torch-sdpa": ("x", ":"), "exact-blocked": (".", "--")}
-    for (method, algorithm), sub in forward.groupby(["method", "algorithm"]):
-        sub = sub.sort_values("n")
-        if algorithm == "approximation":
-            style = method_style(method, secondary=True)
-        elif algorithm in exact_styles:
-            marker, line = exact_styles[algorithm]
-            style = {"color": "#000000", "marker": marker, "linestyle": line, "label": algorithm}
-        else:
-            continue
-        ax.plot(sub["n"], sub["wall_s"], **style)
-    ax.set(yscale="log", xlabel="n", ylabel="forward wall time (s, median)",
-           title="approximations vs exact attention")
-    _n_ticks(ax, forward["n"] if len(forward) else errors["n"])
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(frameon=False, fontsize=5, ncol=2)
+    groups = _forward_groups(forward)
+    for ax, (title, (methods, baselines)) in zip((axes[1, 0], axes[1, 1], axes[1, 2]), groups.items()):
+        _forward_panel(ax, forward, methods, baselines, title, method_style)
+        _n_ticks(ax, forward["n"] if len(forward) else errors["n"])
+    for ax in axes[1, len(groups):]:
+        ax.set_axis_off()
     return save_figure(fig, path_without_suffix)
+
+
+SPARSE_METHODS = ("hyperattention", "kdeformer", "topk", "topp", "quest", "informer", "yoso", "yoso-e")
+"""Forward panel of the sparse, sampled and hashing methods; the others (low-rank, kernel, and methods
+registered by users) share one panel, and the methods timed in their causal form a third."""
+
+_EXACT_STYLES = {"exact-sdpa": ("s", "-"), "torch-sdpa": ("x", ":"), "torch-sdpa-causal": ("x", "-."),
+                 "exact-blocked": (".", "--")}
+
+
+def _forward_groups(forward) -> dict:
+    """``{panel title: (methods, exact baselines)}`` of the forward part, empty panels left out."""
+    approximations = forward[forward["algorithm"] == "approximation"]
+    causal = set(approximations.loc[approximations["causal"] == 1.0, "method"]) if "causal" in forward else set()
+    methods = [m for m in dict.fromkeys(approximations["method"]) if m not in causal]
+    groups = {"forward: low-rank and kernel methods": ([m for m in methods if m not in SPARSE_METHODS],
+                                                                 ("exact-sdpa", "torch-sdpa", "exact-blocked")),
+              "forward: sparse, sampled, hashing": ([m for m in methods if m in SPARSE_METHODS],
+                                                               ("exact-sdpa", "torch-sdpa", "exact-blocked")),
+              "forward, causal: KV-cache policies": (sorted(causal), ("torch-sdpa-causal",))}
+    return {title: group for title, group in groups.items() if group[0]}
+
+
+def _forward_panel(ax, forward, methods, baselines, title, method_style) -> None:
+    """Median forward time against n of ``methods`` and the exact ``baselines`` (black)."""
+    for algorithm in baselines:
+        sub = forward[forward["algorithm"] == algorithm].sort_values("n")
+        if len(sub):
+            marker, line = _EXACT_STYLES[algorithm]
+            ax.plot(sub["n"], sub["wall_s"], color="#000000", marker=marker, linestyle=line, label=algorithm,
+                    linewidth=1.0, markersize=3.5)
+    for method in methods:
+        sub = forward[(forward["algorithm"] == "approximation") & (forward["method"] == method)].sort_values("n")
+        style = method_style(method, secondary=True)
+        ax.plot(sub["n"], sub["wall_s"], **{**style, "linestyle": "-", "alpha": 0.9})
+    ax.set(yscale="log", xlabel="n", ylabel="forward wall time (s, median)", title=title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(frameon=False, fontsize=5, ncol=2, loc="best")
 
 
 def _markdown_table(frame, columns, formats) -> str:
@@ -143,6 +172,8 @@ def summary_lines(results, config_record: dict) -> list[str]:
         "",
     ]
     lines += ratio_lines(wide)
+    lines += forward_cost_lines(wide)
+    lines += patch_lines(wide)
     lines += training_lines(wide)
     accuracy = wide[wide["part"] == "accuracy"].sort_values(["n", "algorithm"])
     if len(accuracy):

@@ -23,7 +23,9 @@ Grid (full run)
 ---------------
 conditions {initialized, pretrained} x n {512, 1024, 2048, 4096} x num_features
 {16, 32, 64, 128, 256} x methods (the paper's four: skyformer-softmax, nystromformer,
-performer, informer; five extra: performer-lra, yoso, spectral-shifting, nystrom, linformer) x dtypes
+performer, informer; eleven extra: performer-lra, yoso, spectral-shifting, nystrom, linformer, hyperattention,
+kdeformer, polynomial, topk, topp, quest; the causal-only KV-cache policies streaming-llm, h2o and snapkv
+are not in it) x dtypes
 {float64, float32} x 4 windows x 3 seeds. Deterministic methods (``MethodSpec.randomized`` False) run once, with seed 0.
 Windows are drawn once, reproducibly (``window_seed``), from the first ``window_pool``
 windows of each length (Wikitext-2 test has 66 disjoint windows of 4096 tokens, so every

@@ -65,7 +65,9 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
 
     conditions = [c for c in config["conditions"] if c in set(panel["condition"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
-    fig, axes = figure(len(conditions), len(ns), panel_size=(2.9, 2.4), sharex=True)
+    # taller panels for many methods: curves a factor of 2 apart on a log axis of several decades stay apart
+    height = 2.4 if len(methods) <= CROWDED else 3.4
+    fig, axes = figure(len(conditions), len(ns), panel_size=(2.9, height), sharex=True)
     paper_drawn = False
     for i, condition in enumerate(conditions):
         for j, n in enumerate(ns):
@@ -88,6 +90,9 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
                     "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
     return fig, axes
 
+
+CROWDED = 6
+"""Above this many methods a figure's panels are drawn taller."""
 
 PAPER_LABEL = "the paper's curve (faint, dashed)"
 """Legend entry of the paper's faint curves (one entry for all of them)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import checks
+from ...errors import UsageError
 from ..declaration import Option
 from ..inputs.wikitext import DENSE_MAX_N, draw_windows
 from ..options import (CHECKPOINT, CONDITIONS_OPTION, METHODS, N, NUM_FEATURES, POSITIONS, SEEDS, WINDOWS, Flatten,
@@ -14,10 +15,14 @@ from .stats import PAPER_METHODS
 __all__ = ["EXTRA_METHODS", "FULL_GRID", "QUICK_GRID", "DTYPES", "OPTIONS", "configure", "build_config", "window_ids",
            "check", "run_info", "settings"]
 
-EXTRA_METHODS = ("performer-lra", "yoso", "spectral-shifting", "nystrom", "linformer")
+EXTRA_METHODS = ("performer-lra", "yoso", "spectral-shifting", "nystrom", "linformer",
+                 "hyperattention", "kdeformer", "polynomial", "topk", "topp", "quest")
 """Methods added to the comparison (drawn as secondary curves). ``performer-lra`` is Performer as the
 Skyformer authors' code feeds it (:mod:`approxlab.methods.performer_lra`), to compare with the paper's
-Performer curve."""
+Performer curve. The KV-cache policies (``streaming-llm``, ``h2o``, ``snapkv``) are causal-only and have no
+place in this study of bidirectional attention. ``polynomial`` is a small-budget probe here: its degree is the
+largest :math:`g` with :math:`\binom{p+g}{g} \le d`, so at d <= 256 it has degree 1 (d >= p + 1) or degree 0
+(the mean of V); :func:`check_polynomial_features` refuses a d whose features do not fit."""
 
 FULL_GRID = {
     "conditions": ["initialized", "pretrained"],
@@ -111,13 +116,39 @@ def window_ids(config: dict, n: int | None = None) -> list[int]:
 
 
 def check(args, config: dict) -> None:
-    """Every method at every (n, d) of the grid, the model, the windows and the heads, before a cell runs."""
-    # every method at every (n, d) of the grid, or a one-line refusal: never a thinner figure
-    checks.check_num_features("--num-features", max(config["num_features"]), config["methods"], config["n"])
-    checks.check_model(args, config["conditions"], layer=config["layer"], encoder_only=True)
+    """The model, the windows, the heads and every method at every (n, d) of the grid, before a cell runs."""
+    models = checks.check_model(args, config["conditions"], layer=config["layer"], encoder_only=True)
     checks.check_windows(args, {n: window_ids(config, n) for n in config["n"]}, windows=config["windows"])
     checks.check_heads("--stat-heads", len(config["panel_stats"]["heads"]), config["conditions"],
                        checkpoint=args.checkpoint)
+    # every method at every (n, d) of the grid, or a one-line refusal: never a thinner figure
+    checks.check_num_features("--num-features", max(config["num_features"]), config["methods"], config["n"])
+    if "polynomial" in config["methods"]:
+        check_polynomial_features(config, models)
+
+
+def check_polynomial_features(config: dict, models: dict) -> None:
+    r"""``polynomial`` fits in memory at every (condition, n, d) of the grid, or a one-line refusal.
+
+    Its degree is the largest :math:`g` with :math:`\binom{p+g}{g} \le d` (the features of one token), and
+    it refuses more than :data:`~approxlab.methods.polynomial.MAX_FEATURE_ENTRIES` feature entries,
+    heads :math:`\times\, 2n \times \binom{p+g}{g}` for a window: checked here against each condition's
+    heads and head width (``models``: ``{condition: ModelInfo}``), before any cell runs.
+    """
+    from ...methods.polynomial import MAX_FEATURE_ENTRIES, num_polynomial_features
+
+    for condition, info in models.items():
+        heads, p = int(info.num_heads), int(info.head_dim)
+        for n in config["n"]:
+            fits = 0  # the highest degree whose features fit at this n
+            while heads * 2 * n * num_polynomial_features(p, fits + 1) <= MAX_FEATURE_ENTRIES:
+                fits += 1
+            limit = num_polynomial_features(p, fits + 1) - 1
+            if max(config["num_features"]) > limit:
+                raise UsageError("--num-features", f"at most {limit} for polynomial at n={n} (the {condition} model "
+                                 f"has {heads} heads of width {p}: degree {fits + 1} needs "
+                                 f"{num_polynomial_features(p, fits + 1)} features a token, more than "
+                                 f"{MAX_FEATURE_ENTRIES} entries in all)", max(config["num_features"]))
 
 
 def run_info(args, config: dict) -> dict:
