@@ -26,6 +26,7 @@ References
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -362,11 +363,13 @@ def _bucket_sums(rows_k: torch.Tensor, rows_q: torch.Tensor, v_flat: torch.Tenso
     groups, h, n_k = rows_k.shape
     columns = (torch.arange(groups, device=v_flat.device).reshape(groups, 1, 1) * n_k
                + torch.arange(n_k, device=v_flat.device)).expand(groups, h, n_k)
-    incidence = torch.sparse_coo_tensor(
-        torch.stack([rows_k.reshape(-1), columns.reshape(-1)]),
-        torch.ones(rows_k.numel(), dtype=v_flat.dtype, device=v_flat.device),
-        (num_rows, v_flat.shape[0]), check_invariants=False,
-    )
+    with warnings.catch_warnings():  # valid by construction: rows < num_rows, columns < G * n_k (CUDA builds warn)
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled", category=UserWarning)
+        incidence = torch.sparse_coo_tensor(
+            torch.stack([rows_k.reshape(-1), columns.reshape(-1)]),
+            torch.ones(rows_k.numel(), dtype=v_flat.dtype, device=v_flat.device),
+            (num_rows, v_flat.shape[0]), check_invariants=False,
+        )
     table = torch.sparse.mm(incidence, v_flat)
     bags = rows_q.permute(0, 2, 1).reshape(-1, h)
     return torch.nn.functional.embedding_bag(bags, table, mode="sum")

@@ -254,11 +254,11 @@ def _check_decoder(config: dict) -> None:
 
 
 def run_info(args, config) -> dict:
-    """What ``config.json`` records beside the common run information: the machine."""
-    return {"machine": _machine()}
+    """What ``config.json`` records beside the common run information: the machine (and the GPU, on CUDA)."""
+    return {"machine": _machine(getattr(args, "device", "cpu"))}
 
 
-def _machine() -> str:
+def _machine(device: str = "cpu") -> str:
     import platform
 
     cpu = platform.processor() or platform.machine()
@@ -270,5 +270,8 @@ def _machine() -> str:
                     break
     except OSError:
         pass
-    return (f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} with "
+    gpu = ""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        gpu = f"{torch.cuda.get_device_name(torch.device(device))} (CUDA {torch.version.cuda}), "
+    return (f"{gpu}{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__} with "
             f"{torch.get_num_threads()} threads, Python {platform.python_version()}")
