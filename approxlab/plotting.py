@@ -90,15 +90,6 @@ METHOD_STYLES = {
     "snapkv": {"color": "#6699CC", "marker": "3", "label": "SnapKV"},
     "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
     "kernelized": {"color": "#444444", "marker": "+", "label": "Kernelized (exact)"},
-    "hyperattention": {"color": "#882255", "marker": "8", "label": "HyperAttention"},
-    "kdeformer": {"color": "#AA4499", "marker": "*", "label": "KDEformer"},
-    "polynomial": {"color": "#999933", "marker": "d", "label": "Polynomial (Alman-Song)"},
-    "topk": {"color": "#117733", "marker": "d", "label": "Top-k (oracle)"},
-    "topp": {"color": "#44AA99", "marker": "H", "label": "Top-p (oracle)"},
-    "quest": {"color": "#332288", "marker": ">", "label": "Quest"},
-    "streaming-llm": {"color": "#DDAA33", "marker": "<", "label": "StreamingLLM"},
-    "h2o": {"color": "#661100", "marker": "p", "label": "H2O"},
-    "snapkv": {"color": "#6699CC", "marker": "h", "label": "SnapKV"},
 }
 for _style in METHOD_STYLES.values():
     _style.setdefault("linestyle", "-")

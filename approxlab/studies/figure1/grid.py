@@ -17,7 +17,7 @@ __all__ = ["EXTRA_METHODS", "FULL_GRID", "QUICK_GRID", "DTYPES", "OPTIONS", "con
 
 EXTRA_METHODS = ("performer-lra", "yoso", "spectral-shifting", "nystrom", "linformer",
                  "hyperattention", "kdeformer", "polynomial", "topk", "topp", "quest")
-"""Methods added to the comparison (drawn as secondary curves). ``performer-lra`` is Performer as the
+r"""Methods added to the comparison (drawn as secondary curves). ``performer-lra`` is Performer as the
 Skyformer authors' code feeds it (:mod:`approxlab.methods.performer_lra`), to compare with the paper's
 Performer curve. The KV-cache policies (``streaming-llm``, ``h2o``, ``snapkv``) are causal-only and have no
 place in this study of bidirectional attention. ``polynomial`` is a small-budget probe here: its degree is the
