@@ -55,12 +55,12 @@ def _secondary(config):
     return lambda method: config["causal_forms"].get(method) != True  # noqa: E712 - "mask-renormalise"
 
 
-def _error_grid(config, rows, columns, select, ticks, *, title, ylabel, xlabel):
+def _error_grid(config, rows, columns, select, ticks, *, title, ylabel, xlabel, panel_size=(2.7, 2.25)):
     """A grid of error panels: ``select(row, column)`` the statistics of one panel (:func:`approxlab.plotting.
     error_panel`), ``title(row, column)`` its title; the legend below."""
     from ...plotting import error_panel, figure, figure_legend
 
-    fig, axes = figure(len(rows), len(columns), panel_size=(2.7, 2.25), sharex=True)
+    fig, axes = figure(len(rows), len(columns), panel_size=panel_size, sharex=True)
     for i, row in enumerate(rows):
         for j, column in enumerate(columns):
             ax = axes[i][j]
@@ -98,11 +98,12 @@ def _draw_kv(config, kv):
         [layer for layer in config["layers"] if layer in set(kv["layer"])],
         lambda condition, layer: panel[(panel["condition"] == condition) & (panel["layer"] == layer)],
         config["kv_budgets"], title=lambda condition, layer: f"{condition}, layer {layer}",
-        ylabel="continuation rows:\n" r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="budget (num_features)")
-    fig.suptitle(f"{config['checkpoint']}: KV-cache setting, a context of {config['kv_context']} tokens compressed, "
-                 f"then {config['kv_continuation']} continuation tokens;\nbudget: context tokens kept (cache "
-                 "policies) or the method's own num_features on the whole window (per-query methods); median over "
-                 "heads and windows, band: interquartile range")
+        ylabel="continuation rows:\n" r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="budget (num_features)",
+        panel_size=(3.6, 3.0))  # one row of panels: taller, so the legend below does not squeeze them
+    fig.suptitle(f"{config['checkpoint']}: KV-cache setting, a context of {config['kv_context']} tokens compressed,\n"
+                 f"then {config['kv_continuation']} continuation tokens; budget: context tokens kept (cache policies)\n"
+                 "or the method's own num_features on the whole window (per-query methods);\nmedian over heads and "
+                 "windows, band: interquartile range")
     return fig
 
 
