@@ -178,7 +178,9 @@ def test_the_rankings_of_the_committed_runs_are_read(folder):
     if not (ROOT / folder / "results.csv").is_file():
         pytest.skip(f"no committed {folder}")
     rows = pd.DataFrame(references.compute_reference({"reference": str(ROOT / folder), "n": 512}))
-    assert set(rows["study"]) == {folder.split("/")[1]} and (rows["reference_n"] == 512).all()
+    lengths = pd.read_csv(ROOT / folder / "results.csv", usecols=["n"])["n"].unique()
+    closest = min(lengths, key=lambda n: (abs(n - 512), n))  # the folder's length closest to this run's n
+    assert set(rows["study"]) == {folder.split("/")[1]} and (rows["reference_n"] == closest).all()
     assert rows["condition"].eq("pretrained").all() and np.isfinite(rows["error"]).any()
     assert "performer" in set(rows["method"]) and (rows["samples"] >= 1).all()
 
