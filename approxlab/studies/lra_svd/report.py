@@ -155,7 +155,7 @@ def summary_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, tr
                                  "test-batch acc.", "decay slope (mean ± std over the batch)", "values"])
     verdict = ordering(results, min_seeds=config["min_seeds"],
                        smallest_effect=config.get("smallest_effect", SMALLEST_EFFECT))
-    return [*_setting_lines(config), *markdown_table(rows, default=str, empty=None),
+    return [*_setting_lines(config), *markdown_table(rows, default=str, empty=None), "", _seeds_run_line(config, results),
             "", "## Against Appendix B (\"Pathfinder decays slower than ListOps\")", "", _ordering_text(verdict),
             "", *_coverage_lines(verdict), *_changes_lines(verdict),
             "", *_resolution_lines(spectra, config["model"]["embedding_dim"], measure_dtype(config)),
@@ -163,6 +163,16 @@ def summary_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, tr
             "accuracy on a GPU), so only the pre-declared slope comparison is made.", "",
             f"Compute: {results['seconds'].sum():.0f} s of cell time; {len(training)} evaluations. "
             f"Command: `{command}`."]
+
+
+def _seeds_run_line(config: dict, results: pd.DataFrame) -> str:
+    """``"Seeds run: ListOps (n=256) 6 of 12, ..."``, and, when some are missing, that the run resumes."""
+    run = results.groupby(["task", "n"])["seed"].nunique()
+    parts = [f"{_label(t['task'], t['n'])} {int(run.get((t['task'], t['n']), 0))} of {config['seeds']}"
+             for t in config["tasks"]]
+    whole = all(int(run.get((t["task"], t["n"]), 0)) >= config["seeds"] for t in config["tasks"])
+    return ("Seeds run: " + ", ".join(parts) + "." + ("" if whole else " **Partial run**: the statistics below use "
+            "the seeds present; the same command resumes it, computing only the missing seeds."))
 
 
 def sections(saved) -> list[str]:
