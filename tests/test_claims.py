@@ -15,7 +15,7 @@ import pytest
 from approxlab import stats
 from approxlab.studies import Claim
 from approxlab.studies import figure1
-from approxlab.studies.decoder import stats as decoder_stats
+from approxlab.studies.decoder import claims as decoder_claims
 from approxlab.studies.instability import stats as instability_stats
 from approxlab.studies.reporting import changes, claims
 
@@ -35,13 +35,9 @@ def test_one_unit_decides_nothing():
 def test_one_window_decides_nothing_in_the_decoder_and_figure1():
     """One window: every decoder claim and every Figure 1 claim is inconclusive, without an interval, where the
     former rules judged the zero-width interval."""
-    rows = [{"condition": "pretrained", "layer": 0, "n": n, "window": 0, "head": head, "alpha": n * (1 + head / 10),
-             "alpha_block": 2.0, "kappa": 3.0, "stable_rank": 3.0, "logit_bound": 4 * math.log(n),
-             "sqrt_log_n": math.sqrt(math.log(n))} for n in (256, 512, 1024) for head in range(3)]
-    table = decoder_stats.verdicts({"n": [256, 512, 1024], "conditions": ["pretrained"], "layers": [0]},
-                                   pd.DataFrame(rows))
-    assert set(table["verdict"]) == {"inconclusive"} and table["ci_low"].isna().all()
-    assert "inconclusive" not in set(table["former_verdict"]) and (table["windows"] == 1).all()
+    for claim in (*decoder_claims.CLAIMS, *decoder_claims.CORRELATION_CLAIMS):  # zero width, one window
+        assert claims.judge(claim, 0.3, 0.3, units=1) not in (claims.label(claim, "reproduced"),
+                                                            claims.label(claim, "not reproduced")), claim.id
     errors = [{"condition": "pretrained", "n": n, "dtype": "float64", "window": 0, "method": method, "num_features": d,
                "seed": 0, "checkpoint": "ckpt", "error_mean": e, "error_heads": f"{e!r} {e!r}", "status": "ok"}
               for n in (512, 1024) for method in figure1.PAPER_METHODS for d, e in ((16, 1.0), (256, 0.3))]

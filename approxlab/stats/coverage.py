@@ -100,7 +100,15 @@ class UnitModel:
 class Coverage:
     """The measured coverage of an interval method: ``coverage`` (the share of ``trials`` whose interval
     held the truth) with its Wilson 95% interval ``low``, ``high``; and what was measured (``method``,
-    ``statistic``, ``units``, nominal ``level``, ``log``, ``trials``, ``model``)."""
+    ``statistic``, ``units``, nominal ``level``, ``log``, ``trials``, ``model``).
+
+    Examples
+    --------
+    >>> from approxlab.stats import coverage
+    >>> found = coverage("t", 10, statistic="mean", trials=200, seed=0)
+    >>> found.method, found.units, found.low <= found.coverage <= found.high
+    ('t', 10, True)
+    """
 
     method: str
     statistic: str

@@ -48,7 +48,16 @@ class Interval:
 @dataclasses.dataclass(frozen=True)
 class Resamples:
     """A statistic on the units (``estimate``), its ``(resamples,)`` bootstrap ``values`` and the number of
-    ``units`` they resample (the smallest group's count): what :func:`bootstrap_interval` needs."""
+    ``units`` they resample (the smallest group's count): what :func:`bootstrap_interval` needs.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab.stats import Resamples
+    >>> found = Resamples(estimate=2.0, values=np.array([1.5, 2.0, 2.5]), units=3)
+    >>> found.units, float(found.values.mean())
+    (3, 2.0)
+    """
 
     estimate: float
     values: np.ndarray
