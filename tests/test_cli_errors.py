@@ -263,12 +263,12 @@ def test_a_directory_where_the_token_cache_goes_is_one_line(no_compute, capsys, 
     """approxlab's own CachePathError used to show its traceback; it names the file and --cache-dir."""
     import torch
 
-    from approxlab.data import wikitext
+    from approxlab.data import tokens
 
     cache = tmp_path / "cache"
     with monkeypatch.context() as patch:  # the cache file, written fast (its content does not matter here)
-        patch.setattr(wikitext, "tokenize", lambda text, tokenizer: torch.arange(8))
-        wikitext.wikitext_token_ids(load_tokenizer(), cache_dir=cache)
+        patch.setattr(tokens, "tokenize", lambda text, tokenizer: torch.arange(8))
+        tokens.wikitext_token_ids(load_tokenizer(), cache_dir=cache)
     token_file, = (cache / "tokens").iterdir()
     token_file.unlink()
     token_file.mkdir()

@@ -52,6 +52,7 @@ from approxlab.data import (
     windows,
 )
 from approxlab.data import models as models_module
+from approxlab.data import tokens as tokens_module
 from approxlab.data import wikitext as wikitext_module
 
 def tiny_config(**overrides):
@@ -305,7 +306,7 @@ def test_corpus_token_count_and_token_cache(tokenizer, isolated, monkeypatch):
         raise AssertionError("the token cache was not used")
 
     with monkeypatch.context() as patch:
-        patch.setattr(wikitext_module, "tokenize", must_not_run)
+        patch.setattr(tokens_module, "tokenize", must_not_run)
         assert torch.equal(wikitext_token_ids(tokenizer), ids)
 
     files[0].write_bytes(files[0].read_bytes()[:-100])

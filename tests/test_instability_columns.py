@@ -134,3 +134,21 @@ def test_mechanism_correlates_the_residual_ratio_with_the_seed_ratio():
     assert row["rms_kernelized"] == 7.0 and row["rms_kernelized_min"] == 4.0 and row["rms_softmax"] == 0.5
     assert row["rms_log_correlation"] == pytest.approx(1 - 6 * 2 / (6 * 35))  # Spearman, one swapped pair
     assert row["skyformer_vs_kernelized"] == pytest.approx(0.001)
+
+
+def test_a_seed_whose_reference_has_not_run_is_pending_not_failed():
+    results = _results(np.linspace(-0.2, 0.2, 4), seeds=4, steps=3)
+    running = results[~((results["seed"] == 3) & (results["attention"] == "softmax"))]  # seed 3: softmax still running
+    per_seed = study.ratios(running)
+    assert sorted(per_seed["seed"].unique()) == [0, 1, 2]
+    row = study.intervals(per_seed).set_index("attention").loc["kernelized"]
+    assert row["seeds"] == 3 and row["failed"] == 0
+    failed = results.copy()  # a softmax reference that ran and failed still makes the seed's entries failed
+    failed.loc[(failed["seed"] == 3) & (failed["attention"] == "softmax"), "status"] = "failed: FloatingPointError"
+    row = study.intervals(study.ratios(failed)).set_index("attention").loc["kernelized"]
+    assert row["seeds"] == 3 and row["failed"] == 1
+
+
+def test_the_residual_stream_runs_before_the_training_cells():
+    """A run stopped early keeps the cheap forward-pass measurement of the mechanism."""
+    assert [step.tables[0].name for step in study.STUDY.steps] == ["residual.csv", "results.csv"]

@@ -1,8 +1,9 @@
 """Data for the real-data studies: WikiText-2 and the queries/keys/values of transformers models.
 
 - :mod:`approxlab.data.wikitext`: find and verify the corpus (WikiText-2 raw test split, shipped
-  with approxlab under CC BY-SA 3.0: :func:`wikitext_attribution`), tokenise it (cached), cut it
-  into disjoint windows, pick windows reproducibly.
+  with approxlab under CC BY-SA 3.0: :func:`wikitext_attribution`), split it into its articles;
+  :mod:`approxlab.data.tokens`: tokenise it (cached), cut it into disjoint windows, pick windows
+  reproducibly.
 - :mod:`approxlab.data.models`: supported architectures (BERT, RoBERTa, DistilBERT; GPT-2,
   Llama/SmolLM2, Qwen2, Qwen3, Gemma 3), the ``"initialized"`` / ``"pretrained"`` conditions,
   checkpoints resolved offline and checked before use; :mod:`approxlab.data.gguf`: the packaged
@@ -57,13 +58,9 @@ from .wikitext import (
     find_wikitext,
     load_wikitext,
     packaged_wikitext,
-    pick_windows,
-    tokenize,
-    tokenizer_fingerprint,
     wikitext_attribution,
-    wikitext_token_ids,
-    windows,
 )
+from .tokens import pick_windows, tokenize, tokenizer_fingerprint, wikitext_token_ids, windows
 
 __all__ = [
     "ARCHITECTURES",

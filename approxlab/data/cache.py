@@ -20,7 +20,7 @@ class QKVKey:
 
     ``seed`` is None for pretrained weights; ``dtype`` is ``"float32"`` or ``"float64"``;
     ``corpus`` is the sha256 of the corpus text and ``tokenizer`` the
-    :func:`~approxlab.data.wikitext.tokenizer_fingerprint` (together they fix the token
+    :func:`~approxlab.data.tokens.tokenizer_fingerprint` (together they fix the token
     windows); ``init_versions`` records the transformers/torch versions for initialised weights
     (their random initialisation may change between versions) and is ``""`` otherwise;
     ``positions`` is the :data:`~approxlab.data.positions.POSITIONS` choice.

@@ -49,7 +49,8 @@ from .models import (
     resolve_checkpoint,
 )
 from .positions import POSITIONS, check_positions, max_positions, position_embeddings
-from .wikitext import corpus_sha256, load_wikitext, tokenizer_fingerprint, windows, wikitext_token_ids
+from .tokens import tokenizer_fingerprint, windows, wikitext_token_ids
+from .wikitext import corpus_sha256, load_wikitext
 
 __all__ = [
     "resolve_checkpoint",
@@ -274,7 +275,7 @@ def get_qkv(
         Window length (the attention matrices are n x n).
     window_ids : sequence of int
         Indices into the ``num_tokens // n`` disjoint windows of the tokenised corpus, e.g. from
-        :func:`~approxlab.data.wikitext.pick_windows`.
+        :func:`~approxlab.data.tokens.pick_windows`.
     mode : {"hidden", "embedding"}, default "hidden"
         ``"hidden"``: the model's real hidden states entering ``layer``; ``"embedding"``: the
         input embeddings projected by ``layer``'s attention, a shortcut asked for explicitly

@@ -140,7 +140,7 @@ def make_task(
         Source of all randomness (window choice and masking).
     data_dir, cache_dir : path, optional
         Where to find the corpus and cache its token ids
-        (:func:`approxlab.data.wikitext.wikitext_token_ids`).
+        (:func:`approxlab.data.tokens.wikitext_token_ids`).
     mask_rate : float
         Fraction of positions to predict (BERT: 0.15).
 
@@ -165,7 +165,7 @@ def make_task(
     >>> task.kind, task.vocab_size, task.batches[0].input_ids.shape, task.batches[0].labels.shape
     ('mlm', 30522, torch.Size([2, 64]), torch.Size([2, 64]))
     """
-    from ..data.wikitext import wikitext_token_ids, windows
+    from ..data.tokens import wikitext_token_ids, windows
 
     n = check_int(n, "n", low=2)
     batch_size = check_int(batch_size, "batch_size", low=1)

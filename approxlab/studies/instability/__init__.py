@@ -28,11 +28,11 @@ same parameter change (Skyformer's "more stable").
 The declaration :data:`STUDY`, behind ``approxlab instability``:
 
 1. **grid** -- :func:`~.grid.configure` (saved and hashed in ``config.json``);
-2. **cells** -- one cell per (task, n, seed, attention) (:mod:`.cells`; resumable, optional
-   Dask) writing the tidy table ``results.csv`` (one row per step); then one cell per (task, n,
-   seed) writing ``residual.csv``, the residual stream's RMS before the final LayerNorm for
-   softmax and kernelized attention at the initial weights (forward passes only; the mechanism of
-   the spread, :mod:`.spread`);
+2. **cells** (:mod:`.cells`; resumable, optional Dask) -- first one cell per (task, n, seed)
+   writing ``residual.csv``, the residual stream's RMS before the final LayerNorm for softmax and
+   kernelized attention at the initial weights (forward passes only, about a second a cell: the
+   mechanism of the spread, :mod:`.spread`, so a run stopped early still has it); then one cell
+   per (task, n, seed, attention) writing the tidy table ``results.csv`` (one row per step);
 3. **table** -- from the saved tables and ``config.json`` only: ``ratios.csv`` (one ratio per
    task x n x seed x attention, with the task's proxy), ``intervals.csv`` (means, 95% CIs, power,
    verdicts and decision per task x attention; :mod:`.stats`), ``table.md`` (laid out like Table
@@ -117,8 +117,8 @@ STUDY = Study(
     name="instability",
     description="Instability score of the approximations (Skyformer Appendix F / Table 3).",
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check,
-    steps=(Step((Table(RESULTS, KEY_COLUMNS, required=KEY_COLUMNS),), compute_cell, make_cells),
-           Step((Table(RESIDUAL, KEY_COLUMNS[:3], optional=True),), compute_residual_cell, make_residual_cells)),
+    steps=(Step((Table(RESIDUAL, KEY_COLUMNS[:3], optional=True),), compute_residual_cell, make_residual_cells),
+           Step((Table(RESULTS, KEY_COLUMNS, required=KEY_COLUMNS),), compute_cell, make_cells)),
     claims=(BELOW_ONE, AT_PAPER),
     products=(Product(RATIOS, _ratios), Product(INTERVALS, _intervals)),
     figures=(Figure("instability", plot),),

@@ -63,11 +63,14 @@ def ratios(results: pd.DataFrame) -> pd.DataFrame:
         Columns task (LRA's name), proxy (:func:`proxy`), n, seed, attention, ratio, steps, status.
         ``status`` is "ok", or
         why there is no ratio (the attention's or the reference's training failed); the
-        ratio of a failed entry is not computed.
+        ratio of a failed entry is not computed. A seed whose softmax reference has not run yet
+        (a run stopped or still running) has no rows: it is pending, not failed.
     """
     rows = []
     for (task, n, seed), group in results.groupby(["task", "n", "seed"], sort=False):
         reference = group[group["attention"] == "softmax"]
+        if not len(reference):
+            continue
         ref_ok = len(reference) and (reference["status"] == "ok").all()
         ref_tau = reference.set_index("step")["tau"] if ref_ok else None
         for attention, rows_a in group.groupby("attention", sort=False):
