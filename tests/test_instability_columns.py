@@ -152,3 +152,14 @@ def test_a_seed_whose_reference_has_not_run_is_pending_not_failed():
 def test_the_residual_stream_runs_before_the_training_cells():
     """A run stopped early keeps the cheap forward-pass measurement of the mechanism."""
     assert [step.tables[0].name for step in study.STUDY.steps] == ["residual.csv", "results.csv"]
+
+
+def test_a_run_with_fewer_seeds_than_configured_says_it_is_partial():
+    from approxlab.studies.instability.report import _seeds_line
+
+    config = study.build_config(tasks=["listops:256:8"], seeds=3)
+    per_seed = pd.DataFrame([{"task": "listops", "n": 256, "seed": s, "attention": "kernelized", "ratio": 1.0,
+                              "status": "ok"} for s in range(3)])
+    assert "Partial run" not in _seeds_line(config, per_seed)
+    line = _seeds_line(config, per_seed[per_seed["seed"] < 2])
+    assert "ListOps (n=256) 2 (of 3)" in line and "Partial run" in line
