@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -147,8 +148,18 @@ def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
     undecided = lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}))
     assert undecided["verdict"] == "not confirmed (underpowered)" and undecided["power"] < 0.8  # holds 0, power low
     assert undecided["former_verdict"] == "inconclusive"
-    assert lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}),
-                            smallest_effect=1.0)["verdict"] == "inconclusive"  # enough power for a huge effect
+    # Holds 0 but lies wholly below a (huge) smallest effect: a slower decay of that size is rejected.
+    huge = lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}), smallest_effect=1.0)
+    assert huge["verdict"] == "rejects Pathfinder slower by the smallest effect of interest"
+    assert huge["high"] < 1.0 and huge["former_verdict"] == "inconclusive"
+    assert "data reject a slower decay of that size" in report_text._ordering_text(huge)
+    # Holds 0 and the smallest effect, with 80% power there: inconclusive (10 seeds, the estimate half the effect).
+    base = np.array([-0.23, -0.17, -0.21, -0.19, -0.25, -0.15, -0.20, -0.22, -0.18, -0.20])
+    spread = {"listops": base, "pathfinder": base[::-1] + 0.02}
+    held = lra_svd.ordering(_results(spread, {"listops": [True] * 10, "pathfinder": [True] * 10}),
+                            smallest_effect=0.045)
+    assert held["low"] < 0 < 0.045 < held["high"] and held["power"] >= 0.8
+    assert held["verdict"] == "inconclusive"
 
 
 def test_gates_and_decay_indices_are_the_declared_ones():
