@@ -99,7 +99,7 @@ def _draw_kv(config, kv):
         lambda condition, layer: panel[(panel["condition"] == condition) & (panel["layer"] == layer)],
         config["kv_budgets"], title=lambda condition, layer: f"{condition}, layer {layer}",
         ylabel="continuation rows:\n" r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="budget (num_features)",
-        panel_size=(3.6, 3.0))  # one row of panels: taller, so the legend below does not squeeze them
+        panel_size=(3.6, 3.6))  # one row of panels: taller, so the legend below does not squeeze them
     fig.suptitle(f"{config['checkpoint']}: KV-cache setting, a context of {config['kv_context']} tokens compressed,\n"
                  f"then {config['kv_continuation']} continuation tokens; budget: context tokens kept (cache policies)\n"
                  "or the method's own num_features on the whole window (per-query methods);\nmedian over heads and "

@@ -77,7 +77,7 @@ def draw_d(saved) -> list[pathlib.Path]:
     config, table = saved.config, saved.product("delta.csv")
     panels = [layers for setting, layers in settings_of(table) if setting == WHOLE]
     with style():
-        fig, axes = figure(1, max(1, len(panels)), panel_size=(3.0, 2.6), sharey=True)
+        fig, axes = figure(1, max(1, len(panels)), panel_size=(3.2, 3.4), sharey=True)
         for ax, layers in zip(axes[0], panels):
             rows = table[(table["setting"] == WHOLE) & (table["layers"] == layers)]
             _curves(ax, rows, config, "delta", ("delta_low", "delta_high"))
@@ -101,7 +101,7 @@ def draw_error(saved) -> list[pathlib.Path]:
     correlations = saved.product("correlations.csv")
     panels = settings_of(table)
     with style():
-        fig, axes = figure(1, max(1, len(panels)), panel_size=(3.0, 2.6), sharey=True)
+        fig, axes = figure(1, max(1, len(panels)), panel_size=(3.2, 3.4), sharey=True)
         for ax, (setting, layers) in zip(axes[0], panels):
             rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
             for method, points in rows.groupby("method", sort=False):
