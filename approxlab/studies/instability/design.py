@@ -153,7 +153,16 @@ def reached(summary: pd.DataFrame) -> pd.DataFrame:
                                  "seeds for 80% (geometric)", "answer (geometric)"])
 
 
-def budget_lines(config: dict, results: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
+def _workers(run: dict) -> str:
+    """How the run's cells were computed, from ``config.json``'s run record (``"2 workers, 1 thread(s) each"``)."""
+    workers, threads = run.get("workers"), run.get("threads")
+    if not workers:
+        return "one process" + (f", {threads} thread(s)" if threads else "")
+    return f"{workers} workers" + (f", {threads} thread(s) each" if threads else "")
+
+
+def budget_lines(config: dict, results: pd.DataFrame, summary: pd.DataFrame,
+                 run: dict | None = None) -> list[str]:
     """The section of ``table.md`` on the seeds: whether each kernelized / Skyformer entry answers Table 3's
     question with the seeds run (:func:`reached`), how the seeds were sized (before the run, from the pilot),
     what the planned grid costs on one idle thread, and the cell time this run used."""
@@ -170,9 +179,11 @@ def budget_lines(config: dict, results: pd.DataFrame, summary: pd.DataFrame) -> 
     ok = results[results["status"] == "ok"] if "status" in results else results
     cells = ok.groupby(["task", "n", "seed", "attention"])["seconds"].first()
     used = cells.groupby(level="task").agg(["sum", "size"])
+    seed_median = cells.groupby(level=["task", "seed"]).sum().groupby(level="task").median()
     seeds_run = ok.groupby("task")["seed"].nunique()
     spent = "; ".join(f"{PAPER_COLUMN.get(task, task)}: {seeds_run.get(task, 0)} seeds, "
-                      f"{_duration(used.loc[task, 'sum'])}" for task in planned if task in used.index)
+                      f"{_duration(used.loc[task, 'sum'])} (median {seed_median[task]:.0f} s a seed)"
+                      for task in planned if task in used.index)
     per_seed = ", ".join(f"{PAPER_COLUMN[task]} {seconds:g} s" for task, seconds in SECONDS_PER_SEED.items())
     return [
         "## Does each column answer Table 3? The seeds: sized before the run, and what they cost", "",
@@ -193,6 +204,25 @@ def budget_lines(config: dict, results: pd.DataFrame, summary: pd.DataFrame) -> 
         "run; a run extends, and only new seeds are computed.", "",
         *markdown_table(shown, default=str, empty=None), "",
         f"CPU time of the planned grid on one idle thread: {hours:.2f} h (a seed of the four attentions at n = 256, "
-        f"batch 8, 20 steps: {per_seed}; about half that in wall time with `--workers 2` on two idle "
-        "cores). Cell time used by this run: " + (spent or "none yet") + ".", "",
+        f"batch 8, 20 steps: {per_seed}). Cell time used by this run, summed over its cells (with "
+        f"{_workers(run or {})}): " + (spent or "none yet") + ". Cells that share the cores run slower than on one "
+        "idle thread, so the per-seed times here are the ones to plan an extension with.", "",
+        *_open_lines(summary, seed_median),
     ]
+
+
+def _open_lines(summary: pd.DataFrame, seed_median: pd.Series) -> list[str]:
+    """For every kernelized / Skyformer entry still open on the paper's statistic: the seeds 80% power needs,
+    how many more than were run, and their cell time at this run's median seconds a seed."""
+    rows = summary[summary["attention"].isin(DECIDED) & summary["decision"].fillna("").str.startswith("open")]
+    needs = []
+    for r in rows.itertuples(index=False):
+        if pd.isna(r.seeds_for_80) or r.task not in seed_median.index:
+            continue
+        more = max(int(r.seeds_for_80) - int(r.seeds), 0)
+        needs.append(f"{PAPER_COLUMN.get(r.task, r.task)} {r.attention}: {int(r.seeds_for_80)} seeds, {more} more "
+                     f"than run, about {more * seed_median[r.task] / 3600:.1f} h of cell time")
+    if not needs:
+        return []
+    return ["What the open entries would take (on the arithmetic mean, at this run's per-seed SD; the seeds of a "
+            "column serve all its attentions): " + "; ".join(needs) + ".", ""]

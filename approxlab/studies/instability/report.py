@@ -229,7 +229,7 @@ def _seeds_line(config: dict, per_seed: pd.DataFrame) -> str:
 
 
 def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame,
-                  residual: pd.DataFrame | None = None) -> list[str]:
+                  residual: pd.DataFrame | None = None, run: dict | None = None) -> list[str]:
     """The lines of ``table.md`` under its title: intervals, verdicts with their power, the power analysis
     and the decision per entry, the seeds and their budget, where the spread comes from, the proxies, the
     settings against the paper's, Table 3 beside ours, and the compute used."""
@@ -252,7 +252,7 @@ def summary_lines(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame,
         *_coverage_lines(summary),
         *_changes_lines(summary),
         *_power_lines(summary),
-        *budget_lines(config, results, summary),
+        *budget_lines(config, results, summary, run=run),
         *spread_lines(results, per_seed, residual, _task_label, _columns(summary)),
         f"Model: 2-layer pre-LN encoder, embedding {config['model']['embedding_dim']}, feed-forward "
         f"{config['model']['hidden_dim']}, {config['model']['num_heads']} heads; padding keys masked inside every "
@@ -282,7 +282,8 @@ def summarize(config: dict, per_seed: pd.DataFrame, results: pd.DataFrame, resid
 
 def sections(saved) -> list[str]:
     """``table.md``'s lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
-    return summary_lines(saved.config, saved.product(RATIOS), saved.table(RESULTS), saved.table(RESIDUAL))
+    return summary_lines(saved.config, saved.product(RATIOS), saved.table(RESULTS), saved.table(RESIDUAL),
+                         run=saved.run)
 
 
 def _method_note(config: dict) -> str:
