@@ -163,3 +163,13 @@ def test_a_run_with_fewer_seeds_than_configured_says_it_is_partial():
     assert "Partial run" not in _seeds_line(config, per_seed)
     line = _seeds_line(config, per_seed[per_seed["seed"] < 2])
     assert "ListOps (n=256) 2 (of 3)" in line and "Partial run" in line
+
+
+def test_num_features_given_to_a_run_whose_attentions_all_ignore_it_is_refused():
+    config = study.build_config(tasks=["listops:64:4"], attentions=["softmax", "kernelized"], seeds=2,
+                                num_features=100000)
+    with pytest.raises(UsageError, match=r"^--num-features: a run with an attention that uses it .*got 100000$"):
+        study.check(argparse.Namespace(num_features=[100000], data_dir=None, cache_dir=None), config)
+    study.check(argparse.Namespace(num_features=None, data_dir=None, cache_dir=None), config)  # the default: fine
+    used = study.build_config(tasks=["listops:64:4"], attentions=["softmax", "skyformer"], seeds=2, num_features=32)
+    study.check(argparse.Namespace(num_features=[32], data_dir=None, cache_dir=None), used)

@@ -214,8 +214,14 @@ def check(args, config: dict) -> None:
     from ...tasks import make_task
     from ...training import ATTENTIONS
 
-    checks.check_num_features("--num-features", config["num_features"], [ATTENTIONS[a] for a in config["attentions"]],
-                              [t["n"] for t in config["tasks"]], at_most_n=True)
+    from ...methods import get
+
+    methods = [ATTENTIONS[a] for a in config["attentions"]]
+    checks.check_num_features("--num-features", config["num_features"], methods, [t["n"] for t in config["tasks"]],
+                              at_most_n=True)
+    if getattr(args, "num_features", None) is not None and all(get(m).features.startswith("ignored") for m in methods):
+        raise UsageError("--num-features", "a run with an attention that uses it (every attention of this run, "
+                         f"{', '.join(config['attentions'])}, ignores it)", config["num_features"])
     for entry in config["tasks"]:
         if entry["task"] in ("text", "retrieval", "image"):  # drawn from a finite data set: n has limits
             try:
