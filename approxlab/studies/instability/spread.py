@@ -152,9 +152,10 @@ def spread_lines(results: pd.DataFrame, per_seed: pd.DataFrame, residual: pd.Dat
                         default=str, empty="(no seeds yet)"), "",
     ]
     if len(both):
-        lines += [f"Pairing lowers the SD of the log ratio on {lowered} of {len(both)} entries; where it does not, the "
-                  "softmax reference varies little from seed to seed beside the method, so the spread is the "
-                  "method's own and only more seeds narrow the interval.", ""]
+        lines += [f"Pairing lowers the SD of the log ratio on {lowered} of {len(both)} entries"
+                  + ("; where it does not, the softmax reference varies little from seed to seed beside the method"
+                     if lowered < len(both) else "") + ". What is left is the spread of the method's own ratio "
+                  "from seed to seed, which only more seeds narrow.", ""]
     if residual is None or not len(residual):
         return lines + ["The residual-stream measurement (`residual.csv`) is not in this run.", ""]
     mech = _ordered(mechanism(residual, per_seed), columns)
