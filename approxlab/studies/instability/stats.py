@@ -71,7 +71,7 @@ def ratios(results: pd.DataFrame) -> pd.DataFrame:
         reference = group[group["attention"] == "softmax"]
         if not len(reference):
             continue
-        ref_ok = len(reference) and (reference["status"] == "ok").all()
+        ref_ok = (reference["status"] == "ok").all()
         ref_tau = reference.set_index("step")["tau"] if ref_ok else None
         for attention, rows_a in group.groupby("attention", sort=False):
             ok = (rows_a["status"] == "ok").all()

@@ -250,20 +250,22 @@ def _ordering_text(verdict: dict) -> str:
                  "differences, sd = sqrt(s_P^2 + s_L^2) = "
                  f"{verdict['sd']:.4f}). Seeds per task for 80% power across the interval (at its low end, half "
                  f"the estimate, the estimate, its high end): {across}.")
+    effect = verdict["smallest_effect"]
+    rejects = verdict["verdict"] == claims.label(SLOWER, "rejects paper")
     return (f"{seeds}. Pathfinder's slope minus ListOps': {verdict['difference']:+.4f} per index, 95% interval "
             f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}] (Welch t over seeds); verdict: **{verdict['verdict']}**"
-            + (" (Appendix B's ordering)." if verdict["verdict"] == "Pathfinder slower" else
+            + (" (Appendix B's ordering)." if verdict["verdict"] == claims.label(SLOWER, "reproduced") else
                f" (Appendix B has Pathfinder slower: the interval holds 0 but lies below the smallest slope "
-               f"difference of interest, {verdict['smallest_effect']:g}, so the data reject a slower decay of "
-               "that size in Pathfinder, though not a smaller one)." if verdict["verdict"].startswith("rejects") else
+               f"difference of interest, {effect:g}, so the data reject a slower decay of "
+               "that size in Pathfinder, though not a smaller one)." if rejects else
                " (Appendix B has Pathfinder slower).") + power
-            + (f" {_RULE_PROVENANCE}" if verdict["verdict"].startswith("rejects") else ""))
+            + (f" The smallest effect, {effect:g} per index, was declared before any seed ran; {_RULE_PROVENANCE}"
+               if rejects else ""))
 
 
-_RULE_PROVENANCE = ("The smallest effect, 0.02 per index, was declared before any seed ran; judging the interval "
-                    "against it (as the other studies judge an interval against the paper's value) was fixed after "
-                    "the first 12 seeds (6 per task; 11 pass their gates) had been seen, so this verdict rests "
-                    "on a rule chosen with those seeds in view.")
+_RULE_PROVENANCE = ("judging the interval against it (as the other studies judge an interval against the paper's "
+                    "value) was fixed after the first 12 seeds (6 per task; 11 pass their gates) had been seen, so "
+                    "this verdict rests on a rule chosen with those seeds in view.")
 
 
 def _coverage_lines(verdict: dict) -> list[str]:
