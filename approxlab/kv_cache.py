@@ -10,7 +10,8 @@ This is how kvpress evaluates a press (a compressed context, then questions) and
 Public API (re-exported by :mod:`approxlab`)::
 
     kv_cache_attention(method, q, k, v, *, context_length, num_features, generator=None, draw=None,
-                       key_mask=None, **options) -> Approximation
+                       key_mask=None, grouping="kv-head", **options) -> Approximation
+    GROUPINGS                      # ("kv-head", "query-head"): grouped-query attention's kept sets
 """
 
 from __future__ import annotations
@@ -19,35 +20,44 @@ import inspect
 
 import torch
 
-from ._validation import check_int, check_qkv
+from ._validation import check_choice, check_int, check_qkv
 from .attention import approximate
 from .methods import registry
 from .methods._base import MASK_RENORMALISE, Approximation
 from .methods._masking import check_key_mask
+from .methods._scores import checked_scores, pool_group, score_options, scores_of, top_budget
 from .methods._selection import attend_compressed, attend_selected, compressed_indices
 from .operators import ProductOperator, RowSparseOperator
 
-__all__ = ["kv_cache_attention"]
+__all__ = ["kv_cache_attention", "GROUPINGS"]
+
+GROUPINGS = ("kv-head", "query-head")
+"""``grouping`` with grouped-query attention: one kept set per KV head, the scores of its query heads averaged
+(kvpress), or one per query head after repeating the KV heads (SnapKV's published code)."""
 
 
 def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, context_length: int,
                        num_features: int, generator: torch.Generator | None = None, draw: dict | None = None,
-                       key_mask: torch.Tensor | None = None, **options) -> Approximation:
+                       key_mask: torch.Tensor | None = None, grouping: str = "kv-head", **options) -> Approximation:
     r"""The continuation rows of a window whose context a method has compressed.
 
     Parameters
     ----------
     method : str
         A registered method with a causal form (:func:`approxlab.methods.causal_support`): a method that
-        declares a compression step (``streaming-llm``, ``h2o``, ``snapkv``; ``register(..., compress=fn)``)
-        is run through it; any other causal method through its causal form on the whole window.
+        declares per-key scores or a compression step (``streaming-llm``, ``h2o``, ``snapkv``;
+        ``register(..., score=fn)`` or ``compress=fn``) is run through them; any other causal method through
+        its causal form on the whole window.
     q, k, v : torch.Tensor
-        The whole window, ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)`` (self-attention).
+        The whole window, ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)`` (self-attention); or
+        grouped-query attention, ``q`` ``(*batch, H, n, p)`` with ``k, v`` ``(*batch, H_kv, n, p)``,
+        ``(*batch, H_kv, n, p_v)``, :math:`H` a multiple of :math:`H_{kv}`, query head :math:`h` reading KV
+        head :math:`\lfloor h/g\rfloor`, :math:`g = H/H_{kv}` (transformers' ``repeat_kv``).
     context_length : int
         :math:`n_c`, the context (``1 <= n_c <= n - 1``); the continuation is the last :math:`n - n_c` rows.
     num_features : int
-        With a compression step: the cache budget :math:`b`, the context tokens kept per head
-        (``1 <= b <= n_c``). Without one: the method's own ``num_features`` (its table in
+        With a compression step: the cache budget :math:`b`, the context tokens kept per head (per KV head
+        with ``grouping="kv-head"``; ``1 <= b <= n_c``). Without one: the method's own ``num_features`` (its table in
         :mod:`approxlab.methods`), for its causal form on the whole window.
     generator : torch.Generator, optional
         A CPU generator for randomized methods (passed on).
@@ -55,7 +65,16 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         A randomized method's draw, instead of ``generator`` (methods without a compression step only).
     key_mask : torch.Tensor, optional
         ``(*batch, n)`` bool, True on real tokens: padded tokens are never attended, and the compression
-        step gets the context's part (a policy counts and scores real tokens only).
+        step gets the context's part (a policy counts and scores real tokens only). It broadcasts to the
+        keys' ``(*batch, H_kv, n)``.
+    grouping : {"kv-head", "query-head"}, default "kv-head"
+        Grouped-query attention only (:math:`g > 1`): ``"kv-head"`` keeps one set of at most :math:`b` tokens
+        per KV head, the top :math:`b` of its query heads' scores averaged (kvpress's ``ScorerPress``: each
+        query head's score, then the mean over the group), and every query head of the group attends it --
+        the cache a decoder holds; it needs a policy with ``score``. ``"query-head"`` repeats K/V to the
+        query heads and keeps a set per query head (SnapKV's published code, ``repeat_kv`` before
+        ``update_kv``): up to :math:`g b` distinct tokens per KV head. Without grouping both are the same
+        computation; methods without a compression step attend the repeated K/V either way.
     **options
         The compression step's options (e.g. ``sinks``, ``recent_size``, ``window``), or the method's
         options without one.
@@ -66,7 +85,8 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ``output`` ``(*batch, n - n_c, p_v)``, the continuation's rows; ``operator()`` their
         ``(*batch, n - n_c, n)`` rows of the approximate attention matrix (formed on request);
         ``info``: ``context_length``, ``setting`` (``"compressed"`` or the causal form used) and, with a
-        compression step, ``kept`` ``(*batch, b)`` the context tokens kept; without one, the method's own
+        compression step, ``kept`` the context tokens kept, ``(*batch, b)`` (``(*batch, H_kv, b)`` with
+        ``grouping="kv-head"``, ``(*batch, H, b)`` with ``"query-head"``); without one, the method's own
         ``info``.
 
     Raises
@@ -76,7 +96,11 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ``context_length`` not an integer in ``[1, n - 1]``; with a compression step, ``num_features`` not
         an integer in ``[1, context_length]``, an option the step does not take (the message lists those it
         does), a ``draw``, or a step whose result is not ``(*batch, b)`` integer indices in
-        ``[0, context_length)``; a method without a causal form (the message names those with one).
+        ``[0, context_length)`` (scores: not ``(*batch, n_c)`` floating, NaN, or :math:`+\infty` on more than
+        :math:`b` tokens); a method without a causal form (the message names those with one); query heads not
+        a multiple of the KV heads; a ``grouping`` not in :data:`GROUPINGS`; ``grouping="kv-head"`` with
+        grouped K/V for a policy that declares only ``compress`` (the message says to declare ``score=`` or
+        pass ``grouping="query-head"``).
 
     Notes
     -----
@@ -90,7 +114,17 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         \frac{e^{s_{ij}}}{\sum_{l\in \mathcal K\,\cup\,\{n_c,\dots,i\}} e^{s_{il}}}\, v_j .
 
     The context is compressed once and the continuation is never evicted, as kvpress presses a context
-    before the questions. How each built-in policy's step-by-step rule maps onto the kept set:
+    before the questions. A policy declaring ``score`` keeps ``scores.topk(b).indices`` (its own
+    ``compress``, when it declares one too, without grouping).
+
+    **Grouped-query attention** (``grouping="kv-head"``, :math:`g > 1`): with :math:`\sigma_h` the scores of
+    query head :math:`h` against its KV head, KV head :math:`c` keeps the top :math:`b` of
+    :math:`\bar\sigma_c = \frac1g\sum_{h:\lfloor h/g\rfloor = c}\sigma_h` (:math:`+\infty` if one head must
+    keep the token, :math:`-\infty` on padding), the mean kvpress takes of each query head's final score
+    (``ScorerPress`` subclasses: ``scores.view(bsz, num_key_value_heads, num_key_value_groups, k_len).mean(2)``,
+    after SnapKV's pooling, after H2O-like column sums); the :math:`g` query heads attend that one set, so the
+    cache holds :math:`b` context tokens per KV head, as the budget says. ``grouping="query-head"`` gives each
+    query head its own set, as SnapKV's code does after ``repeat_kv``. How each built-in policy's step-by-step rule maps onto the kept set:
 
     - ``streaming-llm``: ``StartRecentKVCache`` applied to the context: the first ``sinks`` tokens and the
       last :math:`b - \text{sinks}` (its rolling eviction, run over the context, leaves exactly these).
@@ -127,8 +161,21 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     >>> topk = approxlab.kv_cache_attention("topk", q, k, v, context_length=64, num_features=16)
     >>> topk.info["setting"]
     'causal'
+    >>> g = torch.Generator().manual_seed(1)
+    >>> q = torch.randn(1, 6, 96, 8, generator=g, dtype=torch.float64)  # 6 query heads ...
+    >>> k, v = (torch.randn(1, 2, 96, 8, generator=g, dtype=torch.float64) for _ in range(2))  # ... on 2 KV heads
+    >>> grouped = approxlab.kv_cache_attention("h2o", q, k, v, context_length=64, num_features=16)
+    >>> grouped.output.shape, grouped.info["kept"].shape  # one set of 16 context tokens per KV head
+    (torch.Size([1, 6, 32, 8]), torch.Size([1, 2, 16]))
     """
     spec = registry.get(method)
+    grouping = check_choice(grouping, "grouping", GROUPINGS)
+    groups = _groups(q, k, v)
+    if groups > 1:  # the mask is checked against the KV heads, then everything is read per query head
+        key_mask = check_key_mask(key_mask, k)
+        if key_mask is not None:
+            key_mask = _repeat_heads(key_mask.expand(k.shape[:-1]).unsqueeze(-1), groups).squeeze(-1)
+        k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
     check_qkv(q, k, v)
     n = q.shape[-2]
     if k.shape[-2] != n:
@@ -145,7 +192,14 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if draw is not None:
         raise ValueError(f"`draw` is for randomized methods; the compression step of {method!r} takes none; got a "
                          "draw.")
-    allowed = spec.compress_options()
+    pooled = groups > 1 and grouping == "kv-head"
+    if pooled and spec.score is None:
+        raise ValueError(f"method {method!r} declares a compression step but no per-key scores, so it keeps a set "
+                         f"per query head; grouped K/V ({q.shape[-3]} query heads, {q.shape[-3] // groups} KV heads) "
+                         "with grouping='kv-head' needs one set per KV head: register the policy with score=, or "
+                         "pass grouping='query-head'.")
+    step = spec.score if pooled else spec.compress
+    allowed = score_options(step) if pooled else spec.compress_options()
     for name, value in options.items():
         if allowed is not None and name not in allowed:
             raise TypeError(f"`{name}` is not an option of the compression step of method {method!r}; its "
@@ -153,12 +207,19 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     context = slice(0, context_length)
     step_options = dict(options)
     if key_mask is not None:
-        if "key_mask" not in inspect.signature(spec.compress).parameters:
+        if "key_mask" not in inspect.signature(step).parameters:
             raise ValueError(f"`key_mask` is not supported by the compression step of method {method!r}; got a "
                              "mask for it.")
         step_options["key_mask"] = key_mask[..., context]
-    kept = spec.compress(q[..., context, :], k[..., context, :], v[..., context, :], budget=budget,
-                         generator=generator, **step_options)
+    inputs = (q[..., context, :], k[..., context, :], v[..., context, :])
+    if pooled:  # the group's mean score per KV head, one kept set for the group's query heads
+        scores = scores_of(method, spec.score, *inputs, budget=budget, generator=generator, **step_options)
+        pooled_scores = checked_scores(method, pool_group(scores, groups), (*q.shape[:-3], q.shape[-3] // groups,
+                                                                            context_length), budget)
+        kept_per_kv_head = top_budget(pooled_scores, budget)
+        kept = kept_per_kv_head.repeat_interleave(groups, dim=-2)
+    else:
+        kept = spec.compress(*inputs, budget=budget, generator=generator, **step_options)
     kept = _checked_kept(method, kept, q, budget, context_length)
     width = budget + n - context_length
 
@@ -172,8 +233,29 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         _, indices, weights = attend_selected(continuation, k, v, selection, width=width, record=True)
         return RowSparseOperator(indices, weights, n)
 
-    info = {"context_length": context_length, "setting": "compressed", "kept": kept}
+    info = {"context_length": context_length, "setting": "compressed", "kept": kept_per_kv_head if pooled else kept}
     return Approximation(method, "softmax", output, build, info)
+
+
+def _groups(q, k, v) -> int:
+    """:math:`g = H / H_{kv}` for grouped-query attention (``q`` ``(*batch, H, n, p)``, ``k, v``
+    ``(*batch, H_kv, n, *)``), else 1 (then :func:`check_qkv` judges the shapes)."""
+    tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
+    if not tensors or q.ndim < 3 or not (q.ndim == k.ndim == v.ndim) or q.shape[:-3] != k.shape[:-3]:
+        return 1
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if heads == kv_heads or v.shape[:-1] != k.shape[:-1]:
+        return 1
+    if heads % kv_heads:
+        raise ValueError(f"`q` and `k` must share batch dimensions, or be grouped-query attention, q (*batch, H, n, "
+                         f"p) with k, v (*batch, H_kv, n, p) and H a multiple of H_kv; got H = {heads} query heads "
+                         f"and H_kv = {kv_heads} KV heads (q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}).")
+    return heads // kv_heads
+
+
+def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``(*batch, H_kv, n, d)`` -> ``(*batch, H_kv * groups, n, d)``, head :math:`h` a copy of :math:`h // g`."""
+    return x.unsqueeze(-3).expand(*x.shape[:-2], groups, *x.shape[-2:]).flatten(-4, -3)
 
 
 def _checked_kept(method: str, kept, q: torch.Tensor, budget: int, context_length: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ Public API::
     available() -> list[str]                     # every usable name: built-in, registered, installed
     get(name) -> MethodSpec
     register(name, function=None, *, target, features, max_features=None, randomized=True,
-             draw=None, causal=False, compress=None, overwrite=False)   # a call or a decorator
+             draw=None, causal=False, compress=None, score=None, overwrite=False)   # a call or a decorator
     causal_support(support) -> list[str]         # methods with causal=True / "only" / "mask-renormalise"
     unregister(name) -> MethodSpec
     load_plugin(module) -> module                # what `approxlab <study> --plugin MODULE` does

@@ -21,6 +21,7 @@ import torch
 from .._validation import check_int
 from ..errors import MethodResultError
 from ..operators import DenseOperator, LinearOperator
+from ._scores import scored_compress
 
 __all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS", "CAUSAL_SUPPORT", "MASK_RENORMALISE",
            "CAUSAL_ONLY"]
@@ -206,12 +207,19 @@ class MethodSpec:
         Its compression step in the KV-cache setting (:func:`approxlab.kv_cache_attention`):
         ``compress(q_context, k_context, v_context, *, budget, generator=None, key_mask=None, **options)``
         returns the ``(*batch, budget)`` indices of the context tokens it keeps, computed only from the
-        context. ``None``: the method is measured there by its causal form on the whole window.
+        context; for a policy that declares only ``score``, the top ``budget`` of its scores. ``None``: the
+        method is measured there by its causal form on the whole window.
     differentiable : bool
         Whether backpropagating through its output gives the derivative of that output with
         respect to ``q``, ``k`` and ``v`` for a fixed draw (the same generator state): the
         method can be trained by autograd. ``tests/test_gradients.py`` gradchecks every method
         that declares it.
+    score : callable or None
+        A cache policy's per-key score (:func:`approxlab.methods.register`, ``score=``):
+        ``score(q_context, k_context, v_context, *, generator=None, key_mask=None, **options)`` gives
+        ``(*batch, n_c)`` floating scores, the kept set being their top ``budget``; with grouped K/V the
+        KV-cache setting pools them over each group of query heads. ``None``: no scores (a policy with only
+        ``compress`` keeps a set per query head).
 
     Examples
     --------
@@ -234,6 +242,7 @@ class MethodSpec:
     causal: bool | str = False
     compress: Callable[..., Any] | None = None
     differentiable: bool = False
+    score: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any):
         return self.function(*args, **kwargs)
@@ -352,8 +361,23 @@ def _check_compress(name: str, compress) -> None:
                         f"{signature} ({error}).") from None
 
 
+def _check_score(name: str, score) -> None:
+    """``score`` is None or callable as ``score(q, k, v, generator=...)``."""
+    if score is None:
+        return
+    if not callable(score):
+        raise TypeError("`score` must be None or a function(q_context, k_context, v_context, *, generator=None, "
+                        f"key_mask=None, **options); got {type(score).__name__}.")
+    try:
+        signature = inspect.signature(score)
+        signature.bind(None, None, None, generator=None, **({"budget": 1} if "budget" in signature.parameters else {}))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"the score function of method {name!r} must accept score(q_context, k_context, v_context, "
+                        f"*, generator=None, key_mask=None, **options) ({error}).") from None
+
+
 def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None,
-              causal=False, compress=None, differentiable=False) -> MethodSpec:
+              causal=False, compress=None, differentiable=False, score=None) -> MethodSpec:
     """A validated :class:`MethodSpec` (the one validation block of :func:`method` and ``register``).
 
     Raises
@@ -366,9 +390,10 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         a ``draw`` that is not callable, or given for a method that is not randomized; a
         ``causal`` not in :data:`CAUSAL_SUPPORT`, ``causal=True`` for a function without a
         ``causal`` keyword, ``"mask-renormalise"`` for a target other than softmax attention;
-        a ``compress`` that is not callable as ``compress(q, k, v, *, budget, generator=None)``, or given
-        for a method without a causal form (``causal`` False or ``"mask-renormalise"``) or a target other
-        than softmax attention; a
+        a ``compress`` that is not callable as ``compress(q, k, v, *, budget, generator=None)`` or a
+        ``score`` not callable as ``score(q, k, v, *, generator=None)``, either given for a method without
+        a causal form (``causal`` False or ``"mask-renormalise"``) or a target other than softmax
+        attention; a
         non-bool ``differentiable``.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -396,23 +421,27 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
                          f"row-stochastic target); got target={target!r}.")
     _check_signature(name, function, draw, causal)
     _check_compress(name, compress)
-    if compress is not None and not (causal is True or causal == CAUSAL_ONLY):
-        raise ValueError(f"`compress` is a step of the KV-cache setting, which is causal: it needs causal=True or "
-                         f"causal={CAUSAL_ONLY!r}; got causal={causal!r}.")
-    if compress is not None and target != "softmax":
-        raise ValueError(f"`compress` keeps context tokens for exact softmax attention, so it needs "
-                         f"target='softmax'; got target={target!r}.")
+    _check_score(name, score)
+    for keyword, step in (("compress", compress), ("score", score)):
+        if step is not None and not (causal is True or causal == CAUSAL_ONLY):
+            raise ValueError(f"`{keyword}` is a step of the KV-cache setting, which is causal: it needs causal=True "
+                             f"or causal={CAUSAL_ONLY!r}; got causal={causal!r}.")
+        if step is not None and target != "softmax":
+            raise ValueError(f"`{keyword}` keeps context tokens for exact softmax attention, so it needs "
+                             f"target='softmax'; got target={target!r}.")
+    if score is not None and compress is None:
+        compress = scored_compress(name, score)
     return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw, causal,
-                      compress, differentiable)
+                      compress, differentiable, score)
 
 
 def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None,
-           causal=False, compress=None, differentiable=False):
+           causal=False, compress=None, differentiable=False, score=None):
     """Decorator that turns a built-in method function into a :class:`MethodSpec` (see :func:`make_spec`)."""
 
     def wrap(function):
         return make_spec(name, function, target=target, features=features, max_features=max_features,
                          randomized=randomized, draw=draw, causal=causal, compress=compress,
-                         differentiable=differentiable)
+                         differentiable=differentiable, score=score)
 
     return wrap

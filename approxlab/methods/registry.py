@@ -160,7 +160,8 @@ def causal_support(support) -> list[str]:
 
 
 def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
-             draw=None, causal=False, compress=None, differentiable: bool = False, overwrite: bool = False):
+             draw=None, causal=False, compress=None, differentiable: bool = False, overwrite: bool = False,
+             score=None):
     r"""Register ``function`` as method ``name``; usable as a decorator.
 
     Parameters
@@ -204,8 +205,23 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         ``compress(q_context, k_context, v_context, *, budget, generator=None, key_mask=None, **options)``
         returns the ``(*batch, budget)`` indices of the context tokens kept, computed from the context
         only; the continuation then attends exactly to them and causally to itself. Only with
-        ``causal=True`` or ``"only"`` and target ``"softmax"``. Without it, a causal method is measured in
-        that setting by its causal form on the whole window.
+        ``causal=True`` or ``"only"`` and target ``"softmax"``. Without it (and without ``score``), a causal
+        method is measured in that setting by its causal form on the whole window. A policy with only
+        ``compress`` keeps a set per query head: with grouped K/V it runs with ``grouping="query-head"``
+        only (``score`` is what lets it keep one set per KV head).
+    score : callable, optional
+        A cache policy's per-key score in the KV-cache setting: ``score(q, k, v, *, generator=None,
+        key_mask=None, **options) -> scores`` with ``q, k, v`` ``(*batch, n_c, p)`` the context of one query
+        head and the (repeated) KV head it reads, ``scores`` ``(*batch, n_c)`` floating. Higher is kept:
+        the kept set is ``scores.topk(budget, dim=-1).indices``. Tokens the policy must keep (sinks, a
+        recent or observation window) score :math:`+\infty` (at most ``budget`` of them), padded keys
+        (``key_mask`` False) :math:`-\infty`. A score function that declares a keyword ``budget`` gets
+        the budget too (e.g. a recent window that defaults to half of it). Declaring ``score`` derives
+        ``compress`` (the top ``budget`` per head) unless ``compress`` is given as well (then ``compress``
+        runs without grouping and per query head, the scores per KV head). With grouped-query attention
+        (:func:`approxlab.kv_cache_attention`, ``grouping="kv-head"``) the scores of a group's query heads
+        are averaged, as kvpress averages them, and one set is kept per KV head. Only with ``causal=True``
+        or ``"only"`` and target ``"softmax"``.
     differentiable : bool, default False
         Whether autograd through ``function``'s output gives its derivative with respect to ``q``,
         ``k`` and ``v`` (for a fixed draw): a claim the shared gradient test checks.
@@ -242,7 +258,7 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
                          randomized=randomized, draw=draw, causal=causal, compress=compress,
-                         differentiable=differentiable)
+                         differentiable=differentiable, score=score)
         with _STATE.lock:
             taken = name in available()
             if taken and not overwrite:

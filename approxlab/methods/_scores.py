@@ -1,0 +1,98 @@
+r"""A cache policy's per-key scores: the kept set they define, and its pooling over a group of query heads.
+
+A policy that declares ``score=`` (:func:`approxlab.methods.register`) gives each context key of one query head a
+score; the kept set of a budget :math:`b` is ``scores.topk(b, dim=-1).indices``. Tokens the policy must keep score
+:math:`+\infty`, padded keys :math:`-\infty`. With grouped-query attention (:math:`H` query heads reading
+:math:`H_{kv}` key/value heads, :math:`g = H/H_{kv}`), :func:`pool_group` pools the :math:`g` query heads' scores of
+a group into one score per key and KV head, as kvpress does (``ScorerPress`` subclasses, e.g. ``SnapKVPress.score``:
+each query head's final score, then ``scores.view(bsz, num_key_value_heads, num_key_value_groups, k_len).mean(2)``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+__all__ = ["scored_compress", "scores_of", "checked_scores", "pool_group", "top_budget", "score_options"]
+
+_PASSED = ("q", "k", "v", "generator", "key_mask")
+
+
+def checked_scores(method: str, scores, shape: tuple, budget: int) -> torch.Tensor:
+    r"""A score function's result as a floating ``shape`` = ``(*batch, n_c)`` tensor with at most ``budget``
+    :math:`+\infty` entries per row (the tokens it must keep), else an error naming ``method``."""
+    if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+        got = scores.dtype if isinstance(scores, torch.Tensor) else type(scores).__name__
+        raise TypeError(f"the score function of method {method!r} must return floating scores (*batch, n_c); got "
+                        f"{got}.")
+    if tuple(scores.shape) != tuple(shape):
+        raise ValueError(f"the score function of method {method!r} must return scores of shape (*batch, n_c) = "
+                         f"{tuple(shape)}; got {tuple(scores.shape)}.")
+    if bool(torch.isnan(scores).any()):
+        raise ValueError(f"the score function of method {method!r} returned NaN scores; scores are finite, +inf "
+                         "(must keep) or -inf (padding).")
+    kept_for_sure = int((scores == math.inf).sum(-1).max()) if scores.numel() else 0
+    if kept_for_sure > budget:
+        raise ValueError(f"the score function of method {method!r} scores +inf (must keep) more context tokens "
+                         f"than the budget allows: {kept_for_sure} > num_features = {budget}.")
+    return scores
+
+
+def scores_of(name: str, score, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, budget: int,
+              **options) -> torch.Tensor:
+    """``score(q, k, v, **options)`` (with ``budget=`` when it declares that keyword), checked: ``(*batch, n_c)``."""
+    takes_budget = "budget" in inspect.signature(score).parameters
+    scores = score(q, k, v, **({"budget": budget} if takes_budget else {}), **options)
+    shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), k.shape[-2])
+    return checked_scores(name, scores, shape, budget)
+
+
+def top_budget(scores: torch.Tensor, budget: int) -> torch.Tensor:
+    """The kept set of ``scores`` ``(*batch, n_c)``: ``scores.topk(budget, dim=-1).indices``, ``(*batch, budget)``."""
+    return scores.topk(budget, dim=-1).indices
+
+
+def pool_group(scores: torch.Tensor, groups: int) -> torch.Tensor:
+    r"""Pool the scores ``(*batch, H, n_c)`` of each group of ``groups`` consecutive query heads into
+    ``(*batch, H / groups, n_c)``: their mean (kvpress's ``scores.view(..., H_kv, g, n).mean(2)``).
+
+    Query head :math:`h` reads KV head :math:`\lfloor h / g\rfloor` (transformers' ``repeat_kv``). A token one head
+    must keep (:math:`+\infty`) is kept by the group; a padded one (:math:`-\infty`, padding is per sequence) stays
+    padded, also where another head of the group would keep it.
+    """
+    pooled = scores.unflatten(-2, (scores.shape[-2] // groups, groups)).mean(-2)
+    return pooled.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+
+
+def scored_compress(name: str, score):
+    r"""The compression step of a policy that declares only ``score``: the top ``budget`` of its scores.
+
+    The function returned takes ``compress(q, k, v, *, budget, generator=None, key_mask=None, **options)`` (its
+    signature is the score function's, with ``budget``) and returns :func:`top_budget` of :func:`scores_of`.
+    """
+    signature = inspect.signature(score)
+    takes_budget = "budget" in signature.parameters
+    parameters = list(signature.parameters.values())
+    if not takes_budget:
+        at = next((i for i, p in enumerate(parameters) if p.kind is inspect.Parameter.VAR_KEYWORD), len(parameters))
+        parameters.insert(at, inspect.Parameter("budget", inspect.Parameter.KEYWORD_ONLY))
+
+    def compress(q, k, v, *, budget, **options):
+        return top_budget(scores_of(name, score, q, k, v, budget=budget, **options), budget)
+
+    compress.__signature__ = signature.replace(parameters=parameters)
+    compress.__name__ = compress.__qualname__ = f"top_budget_of_{getattr(score, '__name__', 'score')}"
+    compress.__doc__ = f"The top ``budget`` context tokens of the scores of method {name!r} (derived from them)."
+    return compress
+
+
+def score_options(score) -> list[str] | None:
+    """The score function's own keywords (besides q, k, v, budget, generator, key_mask); None if it takes
+    ``**kwargs``."""
+    parameters = inspect.signature(score).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return sorted(name for name, p in parameters.items() if name not in (*_PASSED, "budget")
+                  and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
