@@ -13,9 +13,10 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
+from ._scores import top_budget
 from ._selection import logit_blocks, real_ranks, safe_softmax, sparse_approximation
 
-__all__ = ["h2o", "H2O", "compress_h2o"]
+__all__ = ["h2o", "H2O", "compress_h2o", "score_h2o"]
 
 SCORES = ("cache", "dense")
 """``scores``: accumulate the attention the query pays over the cache (the paper, the authors' cache code) or
@@ -30,14 +31,16 @@ def _recent_tokens(budget: int, recent_size) -> int:
     return check_int(recent_size, "recent_size", low=1, high=budget)
 
 
-def compress_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=None):
-    r"""The KV-cache compression step: the ``recent`` most recent context tokens and the ``budget - recent``
-    others with the largest attention accumulated over the context, :math:`F_j = \sum_{i} a_{ij}` summed
-    over the context's queries (causal softmax rows, real queries only); ``(*batch, budget)`` indices.
+def score_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=None):
+    r"""The KV-cache scores: the attention accumulated over the context, :math:`F_j = \sum_{i} a_{ij}` summed over
+    the context's queries (causal softmax rows, real queries only), :math:`+\infty` on the ``recent`` most recent
+    context tokens (real ones), :math:`-\infty` on padding; ``(*batch, n_c)``.
 
-    This is what the authors' cache (``h2o_hf/utils_real_drop``, ``H2OKVCache_LayerWise``) does after the
-    prefill: ``hh_score`` is the column sum of the prompt's attention, then ``topk(hh_score[:-recent],
-    hh_size)`` plus the last ``recent_size`` tokens. The column sums are formed in row blocks:
+    The top ``budget`` of these (:func:`compress_h2o`) is what the authors' cache (``h2o_hf/utils_real_drop``,
+    ``H2OKVCache_LayerWise``) keeps after the prefill: ``hh_score`` is the column sum of the prompt's attention,
+    then ``topk(hh_score[:-recent], hh_size)`` plus the last ``recent_size`` tokens. With grouped K/V,
+    :func:`approxlab.kv_cache_attention` averages them over a group's query heads, as kvpress's
+    ``ObservedAttentionPress`` averages its per-head scores. The column sums are formed in row blocks:
     :math:`O(n_c^2 p)` time (the prefill's own attention), memory :math:`O(n_c\cdot\text{block})`.
 
     Examples
@@ -45,9 +48,9 @@ def compress_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=
     >>> import torch
     >>> from approxlab.synthetic import synthetic_qkv
     >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
-    >>> kept = compress_h2o(q, k, v, budget=8, recent_size=3)
-    >>> kept.shape, sorted(kept[0].tolist())[-3:]  # 5 heavy hitters, then the last 3 tokens
-    (torch.Size([2, 8]), [29, 30, 31])
+    >>> scores = score_h2o(q, k, v, budget=8, recent_size=3)
+    >>> scores.shape, scores[0, -4:].isinf().tolist()  # the last 3 tokens are kept for sure
+    (torch.Size([2, 32]), [False, True, True, True])
     """
     key_mask = check_key_mask(key_mask, k)
     recent = _recent_tokens(budget, recent_size)
@@ -65,7 +68,24 @@ def compress_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=
     score = torch.where(ranks >= count - recent, torch.full_like(accumulated, math.inf), accumulated)
     if real is not None:
         score = score.masked_fill(~real, -math.inf)
-    return score.topk(budget, dim=-1).indices
+    return score
+
+
+def compress_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=None):
+    r"""The KV-cache compression step: the top ``budget`` of :func:`score_h2o`, the ``recent`` most recent context
+    tokens and the ``budget - recent`` others with the largest accumulated attention; ``(*batch, budget)`` indices.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
+    >>> kept = compress_h2o(q, k, v, budget=8, recent_size=3)
+    >>> kept.shape, sorted(kept[0].tolist())[-3:]  # 5 heavy hitters, then the last 3 tokens
+    (torch.Size([2, 8]), [29, 30, 31])
+    """
+    scores = score_h2o(q, k, v, budget=budget, recent_size=recent_size, key_mask=key_mask)
+    return top_budget(scores, budget)
 
 
 def _run_cache(q, k, v, *, budget, recent, scores, key_mask, record):
@@ -121,7 +141,7 @@ def _run_cache(q, k, v, *, budget, recent, scores, key_mask, record):
 
 
 @method("h2o", target="softmax", features="cache size: heavy hitters plus recent tokens", randomized=False,
-        causal=CAUSAL_ONLY, compress=compress_h2o)
+        causal=CAUSAL_ONLY, score=score_h2o)
 def h2o(q, k, v, *, num_features, generator=None, recent_size=None, scores="cache", key_mask=None, causal=True):
     r"""H2O's heavy-hitter cache, causal: row :math:`i` attends the ``num_features`` tokens the cache holds
     when token :math:`i` is decoded.

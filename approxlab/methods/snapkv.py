@@ -19,28 +19,36 @@ from ._masking import check_key_mask
 from ._selection import (attend_compressed, attend_selected, compressed_indices, logit_blocks, safe_softmax,
                          sparse_approximation)
 
-__all__ = ["snapkv", "SNAPKV", "compress_snapkv", "POOLINGS"]
+__all__ = ["snapkv", "SNAPKV", "compress_snapkv", "score_snapkv", "POOLINGS"]
 
 POOLINGS = ("max", "avg")
 """``pooling`` of the votes: ``"max"`` (``max_pool1d``, the authors' LongBench configurations) or ``"avg"``
 (``avg_pool1d``, zero padding counted, the default of their ``SnapKVCluster``)."""
 
 
-def compress_snapkv(q, k, v, *, budget, generator=None, window=32, kernel_size=5, pooling="max", key_mask=None):
-    r"""SnapKV's compression of a prompt ``q, k, v`` ``(*batch, n_c, p)`` to ``budget`` tokens per head.
+def _observed(window: int, budget: int) -> int:
+    """The observation window kept with a budget: ``min(window, budget)``."""
+    return min(window, budget)
 
-    Returns the ``(*batch, budget)`` indices kept: the :math:`b - w` prefix tokens with the largest pooled
-    votes, then the observation window :math:`w = \min(\text{window}, b)`, the last :math:`w` prompt
-    tokens (with ``budget >= n_c`` every token). See :func:`snapkv` for the rule.
+
+def score_snapkv(q, k, v, *, budget, generator=None, window=32, kernel_size=5, pooling="max", key_mask=None):
+    r"""SnapKV's scores of a prompt ``q, k, v`` ``(*batch, n_c, p)``: the pooled votes of the observation window
+    on the prefix, :math:`+\infty` on the window :math:`w = \min(\text{window}, b)` (every token with
+    ``budget >= n_c``), :math:`-\infty` on padding; ``(*batch, n_c)``.
+
+    The votes :math:`C_j = \sum_{i \ge n_c - w} a_{ij}` pooled over ``kernel_size`` neighbours (see
+    :func:`snapkv`). With grouped K/V, :func:`approxlab.kv_cache_attention` averages these pooled scores over a
+    group's query heads, as kvpress's ``SnapKVPress.score`` does (its votes are means over the window, ours
+    sums: the same ranking). With ``budget == w`` the prefix is not voted on (score 0).
 
     Examples
     --------
     >>> import torch
     >>> from approxlab.synthetic import synthetic_qkv
     >>> q, k, v = synthetic_qkv((2,), 64, 8, generator=torch.Generator().manual_seed(0))
-    >>> kept = compress_snapkv(q, k, v, budget=12, window=8)
-    >>> kept.shape, kept[0, -8:].tolist()  # 4 tokens by pooled votes, then the window
-    (torch.Size([2, 12]), [56, 57, 58, 59, 60, 61, 62, 63])
+    >>> scores = score_snapkv(q, k, v, budget=12, window=8)
+    >>> scores.shape, scores[0, -9:].isinf().tolist()  # the window of 8 is kept for sure
+    (torch.Size([2, 64]), [False, True, True, True, True, True, True, True, True])
     """
     window = check_int(window, "window", low=1)
     kernel_size = check_int(kernel_size, "kernel_size", low=1)
@@ -51,32 +59,61 @@ def compress_snapkv(q, k, v, *, budget, generator=None, window=32, kernel_size=5
     key_mask = check_key_mask(key_mask, k)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n = k.shape[-2]
+    observed = n if budget >= n else _observed(window, budget)
+    prefix = n - observed
+    pooled = q.new_zeros(*batch, prefix)
+    if budget > observed:
+        logits = (q[..., prefix:, :] @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        observation = torch.arange(prefix, n, device=q.device)
+        visible = torch.arange(n, device=q.device) <= observation.unsqueeze(-1)
+        if key_mask is not None:
+            visible = visible & key_mask.unsqueeze(-2)
+        weights = safe_softmax(logits.expand(*batch, observed, n).masked_fill(~visible, -math.inf))
+        if key_mask is not None:  # padded queries in the window do not vote
+            weights = weights * key_mask.expand(*batch, n)[..., prefix:].unsqueeze(-1).to(weights.dtype)
+        votes = weights[..., :prefix].sum(-2).reshape(-1, 1, prefix)
+        pool = torch.nn.functional.max_pool1d if pooling == "max" else torch.nn.functional.avg_pool1d
+        pooled = pool(votes, kernel_size, stride=1, padding=kernel_size // 2).reshape(*batch, prefix)
+    scores = torch.cat([pooled, q.new_full((*batch, observed), math.inf)], dim=-1)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask.expand(*batch, n), -math.inf)
+    return scores
+
+
+def compress_snapkv(q, k, v, *, budget, generator=None, window=32, kernel_size=5, pooling="max", key_mask=None):
+    r"""SnapKV's compression of a prompt ``q, k, v`` ``(*batch, n_c, p)`` to ``budget`` tokens per head.
+
+    Returns the ``(*batch, budget)`` indices kept: the :math:`b - w` prefix tokens with the largest pooled
+    votes (:func:`score_snapkv`; ties go to the earlier token), then the observation window
+    :math:`w = \min(\text{window}, b)`, the last :math:`w` prompt tokens (with ``budget >= n_c`` every token).
+    See :func:`snapkv` for the rule.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 64, 8, generator=torch.Generator().manual_seed(0))
+    >>> kept = compress_snapkv(q, k, v, budget=12, window=8)
+    >>> kept.shape, kept[0, -8:].tolist()  # 4 tokens by pooled votes, then the window
+    (torch.Size([2, 12]), [56, 57, 58, 59, 60, 61, 62, 63])
+    """
+    scores = score_snapkv(q, k, v, budget=budget, window=window, kernel_size=kernel_size, pooling=pooling,
+                          key_mask=key_mask)
+    batch, n = scores.shape[:-1], scores.shape[-1]
     if budget >= n:
         return torch.arange(n, device=q.device).expand(*batch, n)
-    observed = min(window, budget)
+    observed = _observed(window, budget)
     prefix = n - observed
-    observation = torch.arange(prefix, n, device=q.device)
+    observation = torch.arange(prefix, n, device=q.device).expand(*batch, observed)
     if budget == observed:
-        return observation.expand(*batch, observed)
-    logits = (q[..., prefix:, :] @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    visible = torch.arange(n, device=q.device) <= observation.unsqueeze(-1)
-    if key_mask is not None:
-        visible = visible & key_mask.unsqueeze(-2)
-    weights = safe_softmax(logits.expand(*batch, observed, n).masked_fill(~visible, -math.inf))
-    if key_mask is not None:  # padded queries in the window do not vote
-        weights = weights * key_mask.expand(*batch, n)[..., prefix:].unsqueeze(-1).to(weights.dtype)
-    votes = weights[..., :prefix].sum(-2).reshape(-1, 1, prefix)
-    pool = torch.nn.functional.max_pool1d if pooling == "max" else torch.nn.functional.avg_pool1d
-    pooled = pool(votes, kernel_size, stride=1, padding=kernel_size // 2).reshape(*batch, prefix)
-    if key_mask is not None:
-        pooled = pooled.masked_fill(~key_mask.expand(*batch, n)[..., :prefix], -math.inf)
+        return observation
     # max pooling ties neighbours of a peak: the earlier token wins (a stable sort), a rule torch.topk leaves open
-    chosen = torch.sort(pooled, dim=-1, descending=True, stable=True).indices[..., : budget - observed]
-    return torch.cat([chosen, observation.expand(*batch, observed)], dim=-1)
+    chosen = torch.sort(scores[..., :prefix], dim=-1, descending=True, stable=True).indices[..., : budget - observed]
+    return torch.cat([chosen, observation], dim=-1)
 
 
 @method("snapkv", target="softmax", features="kept prompt tokens per head (observation window included)",
-        randomized=False, causal=CAUSAL_ONLY, compress=compress_snapkv)
+        randomized=False, causal=CAUSAL_ONLY, compress=compress_snapkv, score=score_snapkv)
 def snapkv(q, k, v, *, num_features, generator=None, prompt_length=None, window=32, kernel_size=5, pooling="max",
            key_mask=None, causal=True):
     r"""SnapKV, causal: the prompt rows attend causally; the rows after the prompt attend the compressed

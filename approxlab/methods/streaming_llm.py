@@ -6,14 +6,17 @@ when token :math:`i` is decoded -- the first ``sinks`` tokens and the most recen
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._validation import check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
+from ._scores import top_budget
 from ._selection import attend_selected, real_ranks, sparse_approximation
 
-__all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "DEFAULT_SINKS"]
+__all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "score_streaming_llm", "DEFAULT_SINKS"]
 
 DEFAULT_SINKS = 4
 """``start_size`` of the authors' ``StartRecentKVCache`` and of the paper's experiments (Section 4)."""
@@ -24,9 +27,34 @@ def _ranks(q, k, key_mask):
     return real_ranks(key_mask, batch, k.shape[-2], q.device)
 
 
+def score_streaming_llm(q, k, v, *, budget, generator=None, sinks=DEFAULT_SINKS, key_mask=None):
+    r"""The KV-cache scores: :math:`+\infty` on the first ``min(sinks, budget)`` context tokens, the others their
+    position (the most recent score highest), :math:`-\infty` on padding; ``(*batch, n_c)``. Their top ``budget``
+    are the sinks and the most recent tokens; they do not depend on ``q`` and ``k``, so grouped query heads agree.
+
+    With ``key_mask``, sinks and positions are counted among the real tokens.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((1,), 8, 4, generator=torch.Generator().manual_seed(0))
+    >>> score_streaming_llm(q, k, v, budget=5, sinks=2)[0].tolist()
+    [inf, inf, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    """
+    sinks = check_int(sinks, "sinks", low=0)
+    key_mask = check_key_mask(key_mask, k)
+    ranks, _ = _ranks(q, k, key_mask)
+    scores = torch.where(ranks < min(sinks, budget), math.inf, ranks.to(q.dtype))
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask.expand(ranks.shape), -math.inf)
+    return scores
+
+
 def compress_streaming_llm(q, k, v, *, budget, generator=None, sinks=DEFAULT_SINKS, key_mask=None):
     """The KV-cache compression step: the first ``min(sinks, budget)`` context tokens and the most recent
-    ones, ``budget`` in all; ``(*batch, budget)`` indices (:func:`approxlab.kv_cache_attention`).
+    ones, ``budget`` in all (the top of :func:`score_streaming_llm`); ``(*batch, budget)`` indices
+    (:func:`approxlab.kv_cache_attention`).
 
     With ``key_mask``, sinks and recent tokens are counted among the real tokens; padding fills any slot
     left over (it is masked in attention).
@@ -39,18 +67,13 @@ def compress_streaming_llm(q, k, v, *, budget, generator=None, sinks=DEFAULT_SIN
     >>> sorted(compress_streaming_llm(q, k, v, budget=7, sinks=4)[0].tolist())
     [0, 1, 2, 3, 17, 18, 19]
     """
-    sinks = check_int(sinks, "sinks", low=0)
-    key_mask = check_key_mask(key_mask, k)
-    ranks, _ = _ranks(q, k, key_mask)
-    count = ranks[..., -1:] + 1  # real tokens per sequence
-    start = min(sinks, budget)
-    real = torch.ones_like(ranks, dtype=torch.bool) if key_mask is None else key_mask.expand(ranks.shape)
-    kept = real & ((ranks < start) | (ranks >= count - (budget - start)))
-    return kept.to(q.dtype).topk(budget, dim=-1).indices
+    scores = score_streaming_llm(q, k, v, budget=budget, sinks=sinks, key_mask=key_mask)
+    kept = torch.zeros_like(scores).scatter_(-1, top_budget(scores, budget), 1.0).masked_fill(scores == -math.inf, 0)
+    return kept.topk(budget, dim=-1).indices  # the kept tokens, padding after them, in the order of earlier versions
 
 
 @method("streaming-llm", target="softmax", features="cache size: sinks plus the most recent tokens",
-        randomized=False, causal=CAUSAL_ONLY, compress=compress_streaming_llm)
+        randomized=False, causal=CAUSAL_ONLY, compress=compress_streaming_llm, score=score_streaming_llm)
 def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS, key_mask=None, causal=True):
     r"""StreamingLLM's attention sinks and recent window, causal: row :math:`i` attends the first ``sinks``
     tokens and the most recent ones up to itself, ``num_features`` keys in all.
