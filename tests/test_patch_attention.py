@@ -292,6 +292,34 @@ def test_kv_cache_setting_one_pass_prefill_and_token_by_token_agree(kv_cache, mo
     assert patch.info[1][0]["kept"].shape[-1] == 6
 
 
+def _distinct_kept_per_kv_head(patch, kv_heads):
+    """Per layer, the most distinct context tokens any KV head's cache holds (query heads pooled by KV head)."""
+    counts = {}
+    for call in patch.calls:
+        kept = call.info["kept"]  # (S, H_kv, b) or (S, H, b)
+        per_kv_head = kept.unflatten(-2, (kv_heads, kept.shape[-2] // kv_heads)).flatten(-2)
+        counts[call.layer] = max(counts.get(call.layer, 0), max(len(set(row)) for row in
+                                                               per_kv_head.flatten(0, -2).tolist()))
+    return counts
+
+
+def test_kv_cache_setting_on_grouped_heads_keeps_the_budget_per_kv_head(models, ids):
+    model, context, budget = models["llama"], 24, 6  # 4 query heads on 2 KV heads
+    with torch.no_grad(), approxlab.patch_attention(model, "h2o", num_features=budget, context_length=context) as patch:
+        hidden(model, ids)
+    assert patch.grouping == "kv-head" and patch.info[0][0]["kept"].shape == (2, 2, budget)
+    assert _distinct_kept_per_kv_head(patch, 2) == {0: budget, 1: budget}
+    with torch.no_grad(), approxlab.patch_attention(model, "h2o", num_features=budget, context_length=context,
+                                                    grouping="query-head") as per_query_head:
+        hidden(model, ids)
+    assert per_query_head.info[0][0]["kept"].shape == (2, 4, budget)  # a set per query head
+    with pytest.raises(ValueError, match=r"`grouping` chooses the kept sets of the KV-cache setting: pass it with "
+                                         r"context_length; got grouping='kv-head' without a context_length"):
+        approxlab.patch_attention(model, "h2o", num_features=budget, grouping="kv-head")
+    with pytest.raises(ValueError, match=r"`grouping` must be one of \['kv-head', 'query-head'\]"):
+        approxlab.patch_attention(model, "h2o", num_features=budget, context_length=context, grouping="kv")
+
+
 def test_errors_before_anything_runs(models, registered):
     llama, gemma = models["llama"], models["gemma3"]
     unknown = seeded(lambda: AutoModel.from_config(MistralConfig(**_COMMON, num_key_value_heads=2)))

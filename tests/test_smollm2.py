@@ -72,6 +72,28 @@ def test_initialized_smollm2_is_seeded_from_the_same_config(smollm2, cache):
     assert qkv.checkpoint == info.checkpoint and qkv.q.shape == (1, 9, 64, 64) and "seed 3" in qkv.weights
 
 
+def test_kv_cache_setting_keeps_the_budget_per_kv_head_in_every_layer(smollm2):
+    """SmolLM2 (9 query heads on 3 KV heads): patched in the KV-cache setting, each layer's cache holds at most b
+    distinct context tokens per KV head (kv-head grouping, the default), where one set per query head holds up to
+    3b."""
+    ids = torch.randint(1000, 20000, (1, 48), generator=torch.Generator().manual_seed(0))
+    budget, context = 4, 32
+    counts = {}
+    for grouping in ("kv-head", "query-head"):
+        with torch.no_grad(), approxlab.patch_attention(smollm2.model, "snapkv", num_features=budget,
+                                                        context_length=context, grouping=grouping,
+                                                        window=2) as patch:
+            smollm2.model(input_ids=ids)
+        counts[grouping] = {}
+        for call in patch.calls:
+            kept = call.info["kept"]
+            per_kv_head = kept.unflatten(-2, (3, kept.shape[-2] // 3)).flatten(-2)
+            counts[grouping][call.layer] = max(len(set(row)) for row in per_kv_head.flatten(0, -2).tolist())
+    assert sorted(counts["kv-head"]) == list(range(30))
+    assert max(counts["kv-head"].values()) <= budget
+    assert max(counts["query-head"].values()) > budget  # SnapKV's code: a set per query head
+
+
 def test_decoder_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp_path, monkeypatch):
     """``approxlab decoder --quick --methods hyperattention,topk,streaming-llm,h2o,snapkv,quest`` offline: both
     conditions, layers 0 and 29, n = 256 and 512, the KV-cache setting on the first 256 tokens."""

@@ -20,10 +20,11 @@ from ..kv_cache import kv_cache_attention
 from .records import LayerCall
 
 
-def kv_cache_call(method, q, k, v, *, context_length, num_features, generator, **options):
-    """The KV-cache setting's one call: :func:`approxlab.kv_cache_attention` on the layer's window so far."""
+def kv_cache_call(method, q, k, v, *, context_length, num_features, generator, grouping="kv-head", **options):
+    """The KV-cache setting's one call: :func:`approxlab.kv_cache_attention` on the layer's window so far (``k, v``
+    per KV head)."""
     return kv_cache_attention(method, q, k, v, context_length=context_length, num_features=num_features,
-                              generator=generator, **options)
+                              generator=generator, grouping=grouping, **options)
 
 
 def padding_mask(attention_mask, n_q: int, m: int, causal: bool, layer: int):
@@ -75,10 +76,10 @@ class PatchedLayer:
         self.queries = None  # the KV-cache setting: this layer's queries of the current sequence so far
 
     def _inputs(self, query, key, value):
+        """``q`` rescaled, ``k, v`` per KV head, in the compute dtype."""
         dtype = self.patch.compute_dtype
         q = query.to(dtype)
-        q = q if self.factor is None else q * self.factor
-        return q, repeat_kv_heads(key.to(dtype), q.shape[-3]), repeat_kv_heads(value.to(dtype), q.shape[-3])
+        return q if self.factor is None else q * self.factor, key.to(dtype), value.to(dtype)
 
     def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
         check_call(module, self.layout, kwargs)
@@ -89,7 +90,8 @@ class PatchedLayer:
         key_mask = padding_mask(attention_mask, n_q, m, self.layout.causal, self.layer)
         q, k, v = self._inputs(query, key, value)
         if self.patch.context_length is None:
-            output = self._whole_window(q, k, v, key_mask)
+            heads = q.shape[-3]
+            output = self._whole_window(q, repeat_kv_heads(k, heads), repeat_kv_heads(v, heads), key_mask)
         else:
             output = self._kv_cache(q, k, v)
         return output.to(query.dtype).transpose(1, 2).contiguous(), None
@@ -122,7 +124,8 @@ class PatchedLayer:
 
     def _kv_cache(self, q, k, v):
         r"""Rows ``start = m - n_q`` to ``m`` of the KV-cache setting: context rows (before ``n_c``) exact, the
-        continuation's from the method on this layer's whole window so far (queries recorded call by call)."""
+        continuation's from the method on this layer's whole window so far (queries recorded call by call);
+        ``k, v`` per KV head, compressed per KV head or per query head as ``patch.grouping`` says."""
         patch = self.patch
         n_q, m = q.shape[-2], k.shape[-2]
         start = m - n_q
@@ -134,18 +137,21 @@ class PatchedLayer:
         q_all = q if start == 0 else torch.cat([self.queries, q], dim=-2)
         self.queries = q_all
         context = patch.context_length
+        heads = q.shape[-3]
+        k_heads, v_heads = repeat_kv_heads(k, heads), repeat_kv_heads(v, heads)
         parts = []
         if start < context:
             stop = min(m, context)
-            parts.append(exact_attention(q_all[..., :stop, :], k[..., :stop, :], v[..., :stop, :],
+            parts.append(exact_attention(q_all[..., :stop, :], k_heads[..., :stop, :], v_heads[..., :stop, :],
                                          causal=True)[..., start:, :])
         if m > context:
             first = max(start, context)
             # The KV-cache setting: the method compresses the context's keys and values (per layer and
             # head, from what it could see at compression time) and the continuation attends to them.
             result = kv_cache_call(patch.method, q_all, k, v, context_length=context,
-                                   num_features=patch.num_features, generator=self.generator, **patch.options)
+                                   num_features=patch.num_features, generator=self.generator,
+                                   grouping=patch.grouping, **patch.options)
             rows = result.output[..., first - context:, :]
             parts.append(rows)
-            self._record(result, (first, m), q_all, k, v, None, rows)
+            self._record(result, (first, m), q_all, k_heads, v_heads, None, rows)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)

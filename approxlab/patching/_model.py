@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validation import check_int
+from .._validation import check_choice, check_int
 from ..data.checkpoints import ARCHITECTURES, SUPPORTED, Architecture
 from ..data.layout import AttentionLayout, attention_module, get_attribute, layout_of
 from ..data.models import LoadedModel
+from ..kv_cache import GROUPINGS
 from ..methods import registry
 from ..methods._base import MASK_RENORMALISE, MethodSpec
 
@@ -154,3 +155,13 @@ def check_context_length(context_length, target: Target):
 def layer_seeds(generator: torch.Generator, count: int) -> tuple[int, ...]:
     """One seed per model layer, drawn from ``generator``: ``torch.randint(2**63 - 1, (count,))``."""
     return tuple(int(seed) for seed in torch.randint(2**63 - 1, (count,), generator=generator))
+
+
+def check_grouping(grouping, context_length):
+    """The KV-cache setting's ``grouping`` (default ``"kv-head"``); ``None`` outside it, where it is refused."""
+    if context_length is None:
+        if grouping is not None:
+            raise ValueError(f"`grouping` chooses the kept sets of the KV-cache setting: pass it with context_length; "
+                             f"got grouping={grouping!r} without a context_length.")
+        return None
+    return check_choice("kv-head" if grouping is None else grouping, "grouping", GROUPINGS)

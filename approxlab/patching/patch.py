@@ -66,6 +66,9 @@ class AttentionPatch:
         causal form) or ``"mask-renormalise"``.
     context_length : int or None
         The KV-cache setting's context length (``None``: whole windows).
+    grouping : str or None
+        The KV-cache setting's kept sets with grouped K/V (``"kv-head"`` or ``"query-head"``,
+        :func:`approxlab.kv_cache_attention`); ``None`` outside it.
     seeds : dict of int to int
         The seed of each patched layer's random stream.
     calls : list of LayerCall
@@ -89,7 +92,7 @@ class AttentionPatch:
     """
 
     def __init__(self, target, layers, spec, num_features, causal, options, seeds, context_length,
-                 record_inputs):
+                 record_inputs, grouping=None):
         self._target = target
         self.method = spec.name
         self.layers = layers
@@ -97,6 +100,7 @@ class AttentionPatch:
         self.options = options
         self.causal = causal
         self.context_length = context_length
+        self.grouping = grouping
         self.record_inputs = record_inputs
         self.seeds = {layer: seeds[layer] for layer in layers}
         self.calls: list = []
@@ -192,7 +196,8 @@ class AttentionPatch:
 
 
 def patch_attention(model, method: str, *, layers=None, num_features: int, generator: torch.Generator | None = None,
-                    context_length: int | None = None, record_inputs: bool = False, **options) -> AttentionPatch:
+                    context_length: int | None = None, record_inputs: bool = False, grouping: str | None = None,
+                    **options) -> AttentionPatch:
     r"""Compute the attention of chosen layers of a transformers model with an approximation.
 
     ``with patch_attention(model, method, ...) as patch:`` -- inside the block, every forward pass of
@@ -224,6 +229,13 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         Keep each run's q, k, v and output in :attr:`AttentionPatch.calls`, so that
         :meth:`AttentionPatch.errors` can compare the layer's output with exact attention on the same
         inputs (memory: three ``(S, H, n, p)`` tensors per patched layer and forward pass).
+    grouping : {"kv-head", "query-head"}, optional
+        The KV-cache setting in a model with grouped-query attention (SmolLM2: 9 query heads on 3 KV
+        heads): ``"kv-head"`` (the default there) keeps one set of ``num_features`` context tokens per
+        layer and KV head, from the mean score of its query heads (kvpress; the cache a decoder holds);
+        ``"query-head"`` one set per query head after repeating the KV heads (SnapKV's published code;
+        up to ``H / H_kv`` times the tokens). Only with ``context_length``
+        (:func:`approxlab.kv_cache_attention`).
     **options
         The method's own keywords, passed to every call.
 
@@ -243,7 +255,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         layers without one); an unknown ``method``, one without a causal form in a causal model, an
         option it does not take or one patched attention sets itself (``key_mask``, ``causal``,
         ``draw``); ``num_features`` not an integer >= 1; a bad ``generator``; ``context_length`` not an
-        integer >= 1 or given for an encoder; a non-bool ``record_inputs``.
+        integer >= 1 or given for an encoder; a non-bool ``record_inputs``; a ``grouping`` not in
+        ``("kv-head", "query-head")`` or given without ``context_length``.
     RuntimeError
         On entering a model that is already patched (nesting is refused), or re-entering a patch; during
         a forward pass: a cache that holds earlier tokens outside the KV-cache setting, or attention dropout
@@ -292,6 +305,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     time, and the continuation's queries attend to the compressed context and causally to themselves:
     each patched layer returns ``approxlab.kv_cache_attention(method, q, k, v, context_length=n_c, ...)``
     on its whole window for the continuation's rows, and exact causal attention for the context's rows.
+    With grouped-query attention the layer's K/V go to it per KV head, with ``grouping`` (``"kv-head"``
+    unless given): a policy keeps ``num_features`` context tokens per KV head, not per query head.
     This is how kvpress evaluates a press. The window may be run in one forward pass (the context's rows
     are exact either way, so it is the same computation) or as a prefill of the context followed by the
     continuation with the model's cache (``cache=``, ``past_key_values=`` in older transformers), even
@@ -332,7 +347,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     spec, num_features, causal = _model.check_method(method, num_features, options, target)
     generator = as_generator(generator)
     context_length = _model.check_context_length(context_length, target)
+    grouping = _model.check_grouping(grouping, context_length)
     record_inputs = check_bool(record_inputs, "record_inputs")
     seeds = _model.layer_seeds(generator, len(target.modules))
     return AttentionPatch(target, chosen, spec, num_features, causal, dict(options), seeds, context_length,
-                          record_inputs)
+                          record_inputs, grouping)
