@@ -1,0 +1,216 @@
+"""kvpress's scorers as approxlab cache policies (approxlab/methods/<name>.py), against kvpress's formulas.
+
+Each ``kvpress_*`` function below re-derives a press's ``score`` from kvpress's code (NVIDIA/kvpress at commit
+8bb29b9, ``kvpress/presses/<press>.py``) in float64 torch on kvpress's layout -- ``(B, H_kv, S, d)`` keys and
+values, ``(B, H, S, d)`` queries, pooling over the group of query heads inside the press -- independently of
+the implementations. The approxlab scorers run per query head on the repeated KV heads and their scores are
+averaged over each group here, as the framework does. Compared: the kept sets of several budgets (identical)
+and the largest difference of the scores (finite entries; ``+inf`` where kvpress writes ``max + 1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import approxlab
+from approxlab.methods._selection import attend_compressed
+from approxlab.methods.keydiff import keydiff_scores
+from approxlab.methods.knorm import knorm_scores
+from approxlab.methods.observed_attention import observed_attention_scores
+from approxlab.methods.random import random_scores
+from approxlab.methods.tova import tova_scores
+from _helpers import gen
+
+B, H, H_KV, S, D = 1, 4, 2, 40, 8
+GROUP = H // H_KV
+
+
+def _layer(seed=0, s=S, d=D, scale=1.0):
+    """kvpress's layout: queries (B, H, S, d), keys and values (B, H_kv, S, d), float64."""
+    g = gen(seed)
+    queries = scale * torch.randn(B, H, s, d, generator=g, dtype=torch.float64)
+    keys = scale * torch.randn(B, H_KV, s, d, generator=g, dtype=torch.float64)
+    values = torch.randn(B, H_KV, s, d, generator=g, dtype=torch.float64)
+    return queries, keys, values
+
+
+def repeat_kv(x):
+    """(B, H_kv, S, d) -> (B, H, S, d), each KV head repeated for its group (transformers' ``repeat_kv``)."""
+    return x.repeat_interleave(GROUP, dim=1)
+
+
+def pooled(scores):
+    """(B, H, S) per query head -> (B, H_kv, S): the mean over each group (the framework's pooling)."""
+    return scores.view(B, H_KV, GROUP, -1).mean(2)
+
+
+def causal_attention(queries, keys):
+    """``attentions`` of an eager forward: (B, H, S, S) causal softmax."""
+    s = queries.shape[-2]
+    logits = queries @ keys.transpose(-1, -2) / math.sqrt(queries.shape[-1])
+    logits = logits.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(logits, dim=-1)
+
+
+# ---- kvpress's formulas, re-derived from its code --------------------------------------------------------
+
+
+def kvpress_knorm(keys):
+    return -keys.norm(dim=-1)
+
+
+def kvpress_observed_attention(attentions, keys):
+    n = keys.shape[2]
+    scores = attentions.sum(2) / torch.arange(n, 0, -1, dtype=attentions.dtype)
+    return scores.view(keys.shape[0], keys.shape[1], -1, n).mean(2)
+
+
+def kvpress_tova(attentions, keys):
+    scores = attentions[..., -1:, :-1].mean(1).repeat(1, keys.shape[1], 1)
+    return torch.nn.functional.pad(scores, (0, 1), value=scores.max().item() + 1)
+
+
+def kvpress_keydiff(keys):
+    anchor = torch.nn.functional.normalize(keys, p=2, dim=-1).mean(dim=2, keepdim=True)
+    return -torch.nn.functional.cosine_similarity(keys, anchor, dim=-1)
+
+
+# ---- comparison ------------------------------------------------------------------------------------------
+
+
+def compare(ours, theirs, budgets=(1, 5, 12, 20, 39)):
+    """Kept sets identical for every budget; returns the largest difference of the finite scores."""
+    assert ours.shape == theirs.shape
+    for b in budgets:
+        kept = ours.topk(b, dim=-1).indices.sort(-1).values
+        reference = theirs.topk(b, dim=-1).indices.sort(-1).values
+        assert torch.equal(kept, reference), b
+    finite = torch.isfinite(ours)  # +inf where kvpress writes max + 1: above every other score of the row
+    protected = torch.where(finite, torch.full_like(theirs, math.inf), theirs).amin(-1)
+    assert (protected > torch.where(finite, theirs, torch.full_like(theirs, -math.inf)).amax(-1)).all()
+    return float((ours[finite] - theirs[finite]).abs().max())
+
+
+def per_head(score, queries, keys, values, **options):
+    """Run a scorer per query head on the repeated KV heads and pool over the group."""
+    return pooled(score(queries, repeat_kv(keys), repeat_kv(values), **options))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_knorm_matches_kvpress(seed):
+    queries, keys, values = _layer(seed)
+    assert compare(per_head(knorm_scores, queries, keys, values), kvpress_knorm(keys)) < 1e-14
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_observed_attention_matches_kvpress(seed):
+    queries, keys, values = _layer(seed)
+    theirs = kvpress_observed_attention(causal_attention(queries, repeat_kv(keys)), keys)
+    assert compare(per_head(observed_attention_scores, queries, keys, values), theirs) < 1e-14
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tova_with_the_layer_average_matches_kvpress(seed):
+    queries, keys, values = _layer(seed)
+    theirs = kvpress_tova(causal_attention(queries, repeat_kv(keys)), keys)
+    ours = per_head(tova_scores, queries, keys, values, average_heads=True)
+    assert torch.isinf(ours[..., -1]).all() and torch.isfinite(ours[..., :-1]).all()
+    assert compare(ours, theirs) < 1e-15
+
+
+def test_tova_per_head_is_each_heads_last_row():
+    queries, keys, values = _layer(4)
+    attentions = causal_attention(queries, repeat_kv(keys))
+    ours = tova_scores(queries, repeat_kv(keys), repeat_kv(values))
+    assert torch.allclose(ours[..., :-1], attentions[..., -1, :-1], rtol=0, atol=1e-15)
+    assert not torch.allclose(ours[..., :-1], attentions[..., -1, :-1].mean(1, keepdim=True), atol=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keydiff_matches_kvpress(seed):
+    queries, keys, values = _layer(seed)
+    assert compare(per_head(keydiff_scores, queries, keys, values), kvpress_keydiff(keys)) < 1e-14
+
+
+def test_random_is_reproducible_and_uniform():
+    queries, keys, values = _layer(0)
+    k = repeat_kv(keys)
+    first = random_scores(queries, k, k, generator=gen(5))
+    assert torch.equal(first, random_scores(queries, k, k, generator=gen(5)))
+    assert not torch.equal(first, random_scores(queries, k, k, generator=gen(6)))
+    assert ((first >= 0) & (first < 1)).all()
+    # a uniform kept set: every token is kept with probability b/n (here 10/40) over many draws
+    q1, k1 = queries[0, 0], keys[0, 0]
+    hits = torch.zeros(S)
+    for seed in range(400):
+        hits[random_scores(q1, k1, k1, generator=gen(seed)).topk(10).indices] += 1
+    assert (hits / 400 - 0.25).abs().max() < 0.1
+
+
+# ---- the contract, for every scorer ------------------------------------------------------------------------
+
+SCORERS = {
+    "knorm": (knorm_scores, {}),
+    "random": (random_scores, {}),
+    "observed-attention": (observed_attention_scores, {}),
+    "tova": (tova_scores, {}),
+    "keydiff": (keydiff_scores, {}),
+}
+
+
+def _context(dtype=torch.float64, n=24, seed=3, batch=(2, 3)):
+    g = gen(seed)
+    q, k, v = (torch.randn(*batch, n, D, generator=g, dtype=torch.float64).to(dtype) for _ in range(3))
+    mask = torch.ones(batch[0], 1, n, dtype=torch.bool)
+    mask[0, :, :5] = False  # left padding
+    mask[1, :, 17:] = False  # right padding
+    return q, k, v, mask
+
+
+def _options(name, q, k, v):
+    score, options = SCORERS[name]
+    return score, {key: (value(q, k, v) if callable(value) else value) for key, value in options.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", SCORERS)
+def test_scores_have_the_contracts_shape_dtype_and_infinities(name, dtype):
+    q, k, v, mask = _context(dtype)
+    score, options = _options(name, q, k, v)
+    scores = score(q, k, v, key_mask=mask, generator=gen(0), **options)
+    assert scores.shape == (2, 3, 24) and scores.dtype == dtype
+    padded = ~mask.expand(2, 3, 24)
+    assert (scores[padded] == -math.inf).all()
+    assert not torch.isnan(scores).any() and (scores[~padded] > -math.inf).all()
+    # padding cannot leak: the real tokens' scores do not depend on what the padded slots hold
+    garbage = [torch.where(padded.unsqueeze(-1), 7 * torch.ones_like(x), x) for x in (q, k, v)]
+    again = score(*garbage, key_mask=mask, generator=gen(0), **_options(name, *garbage)[1])
+    assert torch.allclose(again[~padded], scores[~padded], rtol=1e-5 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("name", SCORERS)
+def test_a_full_budget_keeps_every_token_and_gives_exact_attention(name):
+    n, context_length = 30, 22
+    g = gen(11)
+    q, k, v = (torch.randn(2, 3, n, D, generator=g, dtype=torch.float64) for _ in range(3))
+    c = slice(0, context_length)
+    score, options = _options(name, q[..., c, :], k[..., c, :], v[..., c, :])
+    scores = score(q[..., c, :], k[..., c, :], v[..., c, :], generator=gen(0), **options)
+    kept = scores.topk(context_length, dim=-1).indices
+    assert torch.equal(kept.sort(-1).values, torch.arange(context_length).expand(2, 3, context_length))
+    continuation = attend_compressed(q, k, v, kept, context_length, None)
+    exact = approxlab.exact_attention(q, k, v, causal=True)[..., context_length:, :]
+    assert float((continuation - exact).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("name", SCORERS)
+def test_bad_inputs_are_refused_with_their_names(name):
+    q, k, v, mask = _context()
+    score, options = _options(name, q, k, v)
+    with pytest.raises(ValueError, match="`q` and `k` must be the same context"):
+        score(q[..., :-1, :], k, v, **options)
+    with pytest.raises(ValueError, match="key_mask"):
+        score(q, k, v, key_mask=mask[..., :-1], **options)
