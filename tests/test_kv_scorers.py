@@ -17,6 +17,7 @@ import torch
 
 import approxlab
 from approxlab.methods._selection import attend_compressed
+from approxlab.methods.expected_attention import expected_attention_scores
 from approxlab.methods.keydiff import keydiff_scores
 from approxlab.methods.knorm import knorm_scores
 from approxlab.methods.observed_attention import observed_attention_scores
@@ -78,6 +79,51 @@ def kvpress_keydiff(keys):
     return -torch.nn.functional.cosine_similarity(keys, anchor, dim=-1)
 
 
+BASE = 10000.0
+
+
+def hf_cos_sin(positions, d, base=BASE):
+    """transformers' default rotary ``cos, sin`` (S, d) at ``positions``."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    emb = torch.cat([positions.double()[:, None] * inv_freq] * 2, dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    return torch.cat([-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]], dim=-1)
+
+
+def apply_rope(x):
+    cos, sin = hf_cos_sin(torch.arange(x.shape[-2]), x.shape[-1])
+    return x * cos + rotate_half(x) * sin
+
+
+def kvpress_average_rope(d, q_len, n_future_positions, base=BASE):
+    cos, sin = hf_cos_sin(torch.arange(q_len, q_len + n_future_positions), d, base)
+    identity, P = torch.eye(d, dtype=torch.float64), torch.zeros(d, d, dtype=torch.float64)
+    P[d // 2:, : d // 2], P[: d // 2, d // 2:] = torch.eye(d // 2), -torch.eye(d // 2)
+    return (cos.unsqueeze(1) * identity + sin.unsqueeze(1) * P).mean(dim=0)
+
+
+def kvpress_expected_attention(queries_pre, keys, values, n_sink=4, n_future_positions=512, epsilon=0.0):
+    """``queries_pre`` (B, H, S, d) stands for ``get_prerope_query_states(module, hidden_states)``."""
+    q_len = queries_pre.shape[2]
+    query_states = queries_pre[:, :, n_sink:]
+    mu = query_states.mean(dim=2, keepdim=True)
+    centered = query_states - mu
+    cov = torch.einsum("bnsi,bnsj->bnij", centered, centered) / (q_len - n_sink)
+    R = kvpress_average_rope(queries_pre.shape[-1], q_len, n_future_positions)
+    mu, cov = mu.squeeze(2) @ R.T, R @ cov @ R.T
+    keys, values = keys[:, :, n_sink:], values[:, :, n_sink:]
+    bsz, h_kv, n, d = keys.shape
+    keys = repeat_kv(keys).transpose(2, 3)
+    scores = (mu.unsqueeze(2) @ keys).squeeze(2) / math.sqrt(d)
+    scores = scores + torch.einsum("bhin, bhij, bhjn->bhn", keys, cov, keys) / d / 2
+    scores = torch.softmax(scores, dim=-1).view(bsz, h_kv, GROUP, n).mean(dim=2)
+    scores = (scores + epsilon) * values.norm(dim=-1)
+    return torch.nn.functional.pad(scores, (n_sink, 0), value=scores.max().item() + 1)
+
+
 # ---- comparison ------------------------------------------------------------------------------------------
 
 
@@ -135,6 +181,26 @@ def test_keydiff_matches_kvpress(seed):
     assert compare(per_head(keydiff_scores, queries, keys, values), kvpress_keydiff(keys)) < 1e-14
 
 
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("given", ["rope_base", "queries_pre_rope"])
+def test_expected_attention_matches_kvpress(seed, given):
+    queries_pre, keys_pre, values = _layer(seed)
+    keys = apply_rope(keys_pre)  # the cache holds post-RoPE keys
+    theirs = kvpress_expected_attention(queries_pre, keys, values, epsilon=0.01)
+    options = dict(rope_base=BASE) if given == "rope_base" else dict(
+        queries_pre_rope=queries_pre, rope_frequencies=1.0 / BASE ** (torch.arange(0, D, 2).double() / D))
+    ours = per_head(expected_attention_scores, apply_rope(queries_pre), keys, values, epsilon=0.01, **options)
+    assert compare(ours, theirs) < 1e-15
+
+
+def test_expected_attention_needs_the_models_rope():
+    queries_pre, keys_pre, values = _layer(0)
+    keys = apply_rope(keys_pre)
+    theirs = kvpress_expected_attention(queries_pre, keys, values)
+    ours = per_head(expected_attention_scores, apply_rope(queries_pre), keys, values)  # RoPE not declared
+    assert float((ours - theirs)[..., 4:].abs().max()) > 1e-3
+
+
 def test_random_is_reproducible_and_uniform():
     queries, keys, values = _layer(0)
     k = repeat_kv(keys)
@@ -158,6 +224,7 @@ SCORERS = {
     "observed-attention": (observed_attention_scores, {}),
     "tova": (tova_scores, {}),
     "keydiff": (keydiff_scores, {}),
+    "expected-attention": (expected_attention_scores, {"rope_base": BASE}),
 }
 
 
