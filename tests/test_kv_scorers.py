@@ -20,6 +20,8 @@ from approxlab.methods._selection import attend_compressed
 from approxlab.methods.expected_attention import expected_attention_scores
 from approxlab.methods.keydiff import keydiff_scores
 from approxlab.methods.knorm import knorm_scores
+from approxlab.methods.leverage_score import key_leverage_scores
+from approxlab.leverage import ridge_leverage_scores
 from approxlab.methods.observed_attention import observed_attention_scores
 from approxlab.methods.random import random_scores
 from approxlab.methods.tova import tova_scores
@@ -124,6 +126,17 @@ def kvpress_expected_attention(queries_pre, keys, values, n_sink=4, n_future_pos
     return torch.nn.functional.pad(scores, (n_sink, 0), value=scores.max().item() + 1)
 
 
+def kvpress_leverage(pre_rope_keys, Phi, zscore=True):
+    """``LeverageScorePress``: ``Phi`` (B, H_kv, d, k) stands for its ``torch.randn(...) / sqrt(k)``; float64
+    where kvpress casts the sketched keys to float32."""
+    X = (pre_rope_keys - pre_rope_keys.mean(dim=-2, keepdim=True)) @ Phi
+    XT = X.transpose(-2, -1)
+    G = XT @ X
+    L = torch.linalg.cholesky(0.5 * (G + G.transpose(-2, -1)) + 1e-2 * torch.eye(G.shape[-1], dtype=G.dtype))
+    scores = (X * torch.cholesky_solve(XT, L, upper=False).transpose(-2, -1)).sum(dim=-1).clamp_min(0)
+    return (scores - scores.mean()) / scores.std().clamp_min(1e-6) if zscore else scores
+
+
 # ---- comparison ------------------------------------------------------------------------------------------
 
 
@@ -201,6 +214,51 @@ def test_expected_attention_needs_the_models_rope():
     assert float((ours - theirs)[..., 4:].abs().max()) > 1e-3
 
 
+def _sketch(seed, h_kv=H_KV, r=6):
+    return torch.randn(B, h_kv, D, r, generator=gen(100 + seed), dtype=torch.float64) / math.sqrt(r)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_leverage_score_matches_kvpress_on_one_kv_head(seed):
+    _, keys_pre, values = _layer(seed)
+    queries = torch.randn(B, GROUP, S, D, generator=gen(seed), dtype=torch.float64)
+    keys_pre, values, Phi = keys_pre[:, :1], values[:, :1], _sketch(seed, 1)  # one KV head, its group
+    theirs = kvpress_leverage(keys_pre, Phi)
+    rep = (lambda x: x.expand(B, GROUP, *x.shape[2:]))
+    k = apply_rope(keys_pre)
+    ours = key_leverage_scores(queries, rep(k), rep(values), keys_pre_rope=rep(keys_pre), sketch=rep(Phi),
+                               sketch_dimension=6).mean(1, keepdim=True)
+    assert compare(ours, theirs) < 1e-13
+    rotated_back = key_leverage_scores(queries, rep(k), rep(values), rope_base=BASE, sketch=rep(Phi),
+                                       sketch_dimension=6).mean(1, keepdim=True)
+    assert float((rotated_back - ours).abs().max()) < 1e-12
+
+
+def test_leverage_score_keeps_kvpress_sets_on_a_layer_and_is_ridge_leverage():
+    queries, keys_pre, values = _layer(7)
+    Phi = _sketch(7)
+    theirs = kvpress_leverage(keys_pre, Phi)  # one z-score over both KV heads
+    ours = per_head(key_leverage_scores, queries, keys_pre, values, keys_pre_rope=repeat_kv(keys_pre),
+                    sketch=repeat_kv(Phi), sketch_dimension=6)
+    compare(ours, theirs)  # the same kept sets; the scores differ by each head's affine map
+    raw = key_leverage_scores(queries[:, :1], keys_pre[:, :1], values[:, :1], keys_pre_rope=keys_pre[:, :1],
+                              sketch=Phi[:, :1], sketch_dimension=6, zscore=False)
+    X = (keys_pre[:, :1] - keys_pre[:, :1].mean(-2, keepdim=True)) @ Phi[:, :1]
+    assert float((raw - ridge_leverage_scores(X @ X.mT, 1e-2)).abs().max()) < 1e-12
+    assert float((raw - kvpress_leverage(keys_pre[:, :1], Phi[:, :1], zscore=False)).abs().max()) < 1e-12
+
+
+def test_leverage_score_is_reproducible_and_names_its_missing_input():
+    q, k, v = _layer(0)[0], repeat_kv(_layer(0)[1]), repeat_kv(_layer(0)[2])
+    first = key_leverage_scores(q, k, v, keys_pre_rope=k, generator=gen(3))
+    assert torch.equal(first, key_leverage_scores(q, k, v, keys_pre_rope=k, generator=gen(3)))
+    assert not torch.equal(first, key_leverage_scores(q, k, v, keys_pre_rope=k, generator=gen(4)))
+    with pytest.raises(ValueError, match="leverage-score needs `keys_pre_rope`"):
+        key_leverage_scores(q, k, v)
+    with pytest.raises(ValueError, match="`sketch` must have shape"):
+        key_leverage_scores(q, k, v, keys_pre_rope=k, sketch=_sketch(0))
+
+
 def test_random_is_reproducible_and_uniform():
     queries, keys, values = _layer(0)
     k = repeat_kv(keys)
@@ -225,6 +283,7 @@ SCORERS = {
     "tova": (tova_scores, {}),
     "keydiff": (keydiff_scores, {}),
     "expected-attention": (expected_attention_scores, {"rope_base": BASE}),
+    "leverage-score": (key_leverage_scores, {"keys_pre_rope": lambda q, k, v: k}),
 }
 
 

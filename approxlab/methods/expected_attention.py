@@ -15,7 +15,7 @@ import torch
 from .._validation import check_bool, check_int, check_positive_float, check_tensor
 from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean
 
-__all__ = ["expected_attention_scores", "queries_before_rope", "average_future_rotation", "rotary_frequencies",
+__all__ = ["expected_attention_scores", "queries_before_rope", "before_rope", "average_future_rotation", "rotary_frequencies",
            "REGISTRATION"]
 
 
@@ -46,16 +46,22 @@ def _rotate(x, angles, sign=1.0):
     return cos * x + sign * sin * rotated
 
 
+def before_rope(x, context, frequencies):
+    r""":math:`R_{t_i}^\top x_i`, ``(*batch, n_c, p)``: the rows of ``x`` (queries or keys after the rotary
+    embedding) rotated back, :math:`t_i` the rank of token :math:`i` among the real tokens (its position in
+    the sequence without padding); ``x`` itself without RoPE (``frequencies`` None)."""
+    if frequencies is None:
+        return x
+    positions = context.ranks.clamp_min(0).to(torch.float64)
+    return _rotate(x, positions.unsqueeze(-1) * frequencies, sign=-1.0)
+
+
 def queries_before_rope(q, context, frequencies, queries_pre_rope=None):
-    r"""The context's queries before the rotary embedding, ``(*batch, n_c, p)``: ``queries_pre_rope`` when
-    given, else :math:`\tilde q_i = R_{t_i}^\top q_i` with :math:`t_i` the rank of token :math:`i` among the
-    real tokens (its position in the sequence without padding), else (no RoPE) ``q``."""
+    """The context's queries before the rotary embedding, ``(*batch, n_c, p)``: ``queries_pre_rope`` when
+    given, else ``q`` rotated back (:func:`before_rope`)."""
     if queries_pre_rope is not None:
         return check_extra_input(queries_pre_rope, "queries_pre_rope", "this policy", q, "")
-    if frequencies is None:
-        return q
-    positions = context.ranks.clamp_min(0).to(torch.float64)
-    return _rotate(q, positions.unsqueeze(-1) * frequencies, sign=-1.0)
+    return before_rope(q, context, frequencies)
 
 
 def average_future_rotation(context, frequencies, n_future_positions, p, dtype):
