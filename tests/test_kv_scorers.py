@@ -17,6 +17,8 @@ import torch
 
 import approxlab
 from approxlab.methods._selection import attend_compressed
+from approxlab.methods.cap import cap_scores
+from approxlab.methods.cur import cur_scores
 from approxlab.methods.expected_attention import expected_attention_scores
 from approxlab.methods.keydiff import keydiff_scores
 from approxlab.methods.knorm import knorm_scores
@@ -135,6 +137,42 @@ def kvpress_leverage(pre_rope_keys, Phi, zscore=True):
     L = torch.linalg.cholesky(0.5 * (G + G.transpose(-2, -1)) + 1e-2 * torch.eye(G.shape[-1], dtype=G.dtype))
     scores = (X * torch.cholesky_solve(XT, L, upper=False).transpose(-2, -1)).sum(dim=-1).clamp_min(0)
     return (scores - scores.mean()) / scores.std().clamp_min(1e-6) if zscore else scores
+
+
+def kvpress_cap(queries_pre, keys, values, tau=5.0, n_sink=4, n_future_positions=512, epsilon=1e-6):
+    """``CapPress`` (its ``torch.linalg.solve`` in float64 where kvpress casts to float32)."""
+    normalize = torch.nn.functional.normalize
+    R = kvpress_average_rope(queries_pre.shape[-1], queries_pre.shape[2], n_future_positions)
+    anchor = (queries_pre[:, :, n_sink:] @ R.T).mean(dim=2)
+    keys_rep, values_rep = repeat_kv(keys[:, :, n_sink:]), repeat_kv(values[:, :, n_sink:])
+    statistic = torch.einsum("bhd,bhtd->bht", normalize(anchor, p=2, dim=-1), normalize(keys_rep, p=2, dim=-1))
+    logits = tau * statistic.clamp(-1.0, 1.0)
+    weights = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    scaled = values_rep * torch.sqrt(weights + epsilon).unsqueeze(-1)
+    d = keys.shape[-1]
+    capacity = torch.eye(d, dtype=torch.float64).view(1, 1, d, d) + torch.einsum("bhtd,bhte->bhde", scaled, scaled)
+    values_t = values_rep.transpose(2, 3)
+    scores = weights * (values_t * torch.linalg.solve(capacity, values_t)).sum(dim=2)
+    scores = scores.view(B, keys.shape[1], GROUP, -1).mean(dim=2)
+    return torch.nn.functional.pad(scores, (n_sink, 0), value=scores.max().item() + 1)
+
+
+def kvpress_cur(keys, values, num_sinks=4, leverage_type="kv_product", use_local_approximation=True, w=16, G=None):
+    """``CURPress``; ``G`` (d, r) stands for its ``torch.randn(d, 20) / sqrt(20)``."""
+    if G is not None:
+        keys, values = keys @ G, values @ G
+    k2, v2 = (keys**2).sum(dim=-1), (values**2).sum(dim=-1)
+    if use_local_approximation:
+        b, h, n = k2.shape
+        pad = (w - n % w) % w
+        k2 = torch.nn.functional.pad(k2, (0, pad)).reshape(b, h, -1, w)
+        k2 = (k2 / k2.sum(dim=-1, keepdim=True)).reshape(b, h, -1)[:, :, :n]
+        v2 = torch.nn.functional.pad(v2, (0, pad)).reshape(b, h, -1, w)
+        v2 = (v2 / v2.sum(dim=-1, keepdim=True)).reshape(b, h, -1)[:, :, :n]
+    scores = {"key": k2, "value": v2, "kv_avg": (k2 + v2) / 2, "kv_product": k2 * v2}[leverage_type]
+    scores = scores / scores.sum(dim=-1, keepdim=True)
+    scores[:, :, :num_sinks] = 1.0
+    return scores
 
 
 # ---- comparison ------------------------------------------------------------------------------------------
@@ -259,6 +297,36 @@ def test_leverage_score_is_reproducible_and_names_its_missing_input():
         key_leverage_scores(q, k, v, keys_pre_rope=k, sketch=_sketch(0))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_cap_matches_kvpress(seed):
+    queries_pre, keys_pre, values = _layer(seed)
+    keys = apply_rope(keys_pre)
+    theirs = kvpress_cap(queries_pre, keys, values)
+    ours = per_head(cap_scores, apply_rope(queries_pre), keys, values, rope_base=BASE)
+    assert compare(ours, theirs) < 1e-15
+
+
+@pytest.mark.parametrize("leverage_type", ["kv_product", "key", "value", "kv_avg"])
+@pytest.mark.parametrize("local", [True, False])
+def test_cur_matches_kvpress(leverage_type, local):
+    queries, keys, values = _layer(2)
+    theirs = kvpress_cur(keys, values, leverage_type=leverage_type, use_local_approximation=local)
+    ours = per_head(cur_scores, queries, keys, values, leverage_type=leverage_type,
+                    local_window_size=16 if local else None)
+    assert compare(ours, theirs) < 1e-15
+
+
+def test_cur_with_a_random_projection_matches_kvpress_and_is_reproducible():
+    queries, keys, values = _layer(5)
+    G = torch.randn(D, 3, generator=gen(9), dtype=torch.float64) / math.sqrt(3)
+    ours = per_head(cur_scores, queries, keys, values, sketch_dimension=3, sketch=G)
+    assert compare(ours, kvpress_cur(keys, values, G=G)) < 1e-15
+    k, v = repeat_kv(keys), repeat_kv(values)
+    first = cur_scores(queries, k, v, sketch_dimension=3, generator=gen(1))
+    assert torch.equal(first, cur_scores(queries, k, v, sketch_dimension=3, generator=gen(1)))
+    assert not torch.equal(first, cur_scores(queries, k, v, sketch_dimension=3, generator=gen(2)))
+
+
 def test_random_is_reproducible_and_uniform():
     queries, keys, values = _layer(0)
     k = repeat_kv(keys)
@@ -284,6 +352,9 @@ SCORERS = {
     "keydiff": (keydiff_scores, {}),
     "expected-attention": (expected_attention_scores, {"rope_base": BASE}),
     "leverage-score": (key_leverage_scores, {"keys_pre_rope": lambda q, k, v: k}),
+    "cur": (cur_scores, {}),
+    "cur-sketched": (cur_scores, {"sketch_dimension": 3}),
+    "cap": (cap_scores, {"rope_base": BASE}),
 }
 
 
