@@ -18,6 +18,7 @@ import torch
 import approxlab
 from approxlab.methods._selection import attend_compressed
 from approxlab.methods.cap import cap_scores
+from approxlab.methods.compactor import compactor_scores
 from approxlab.methods.cur import cur_scores
 from approxlab.methods.expected_attention import expected_attention_scores
 from approxlab.methods.keydiff import keydiff_scores
@@ -175,6 +176,37 @@ def kvpress_cur(keys, values, num_sinks=4, leverage_type="kv_product", use_local
     return scores
 
 
+def kvpress_non_causal_chunked_attn(q, k, chunk_size):
+    """``NonCausalAttnPress.non_causal_chunked_attn``."""
+    b, h, s, d = k.shape
+    s_pad = math.ceil(s / chunk_size) * chunk_size
+    pad = s_pad - s
+    zeros = torch.zeros(b, h, pad, d, dtype=q.dtype)
+    q, k = torch.cat([q, zeros], dim=2), torch.cat([k, zeros], dim=2)
+    last_start = (s // chunk_size) * chunk_size if pad > 0 else ((s - 1) // chunk_size) * chunk_size
+    invalid = (torch.arange(last_start, s_pad) >= s).view(1, 1, chunk_size).expand(b, h, chunk_size)
+    q, k = q.view(b, h, -1, chunk_size, d), k.view(b, h, -1, chunk_size, d)
+    dots = q @ k.transpose(-2, -1)
+    dots[:, :, -1].masked_fill_(invalid.unsqueeze(-1), 0)
+    dots[:, :, -1].masked_fill_(invalid.unsqueeze(-2), -1e-9)
+    return torch.softmax(dots, dim=-1).sum(dim=-2).view(b, h, s_pad)[..., :s]
+
+
+def kvpress_compactor(queries, keys_pre, keys, values, Phi, start=8, end=4, chunk_size=8, blending=0.35):
+    """``CompactorPress.score`` with ``queries`` the post-RoPE queries ``NonCausalAttnPress`` forms."""
+    n = keys.shape[-2]
+    left = min(start, n)
+    right = min(end, max(0, n - left))
+    middle = slice(left, n - right)
+    leverage = kvpress_leverage(keys_pre[..., middle, :], Phi)
+    received = kvpress_non_causal_chunked_attn(queries[..., middle, :], repeat_kv(keys[..., middle, :]), chunk_size)
+    received = received.view(B, keys.shape[1], -1, received.shape[-1]).mean(dim=-2)
+    scores = torch.nn.functional.avg_pool1d(received * values[..., middle, :].norm(dim=-1), kernel_size=3,
+                                            padding=1, stride=1)
+    scores = blending * leverage + (scores - scores.mean()) / scores.std().clamp_min(1e-6)
+    return torch.nn.functional.pad(scores, (left, right), value=scores.max())
+
+
 # ---- comparison ------------------------------------------------------------------------------------------
 
 
@@ -185,9 +217,9 @@ def compare(ours, theirs, budgets=(1, 5, 12, 20, 39)):
         kept = ours.topk(b, dim=-1).indices.sort(-1).values
         reference = theirs.topk(b, dim=-1).indices.sort(-1).values
         assert torch.equal(kept, reference), b
-    finite = torch.isfinite(ours)  # +inf where kvpress writes max + 1: above every other score of the row
+    finite = torch.isfinite(ours)  # +inf where kvpress writes max + 1 (compactor: max): no other score above
     protected = torch.where(finite, torch.full_like(theirs, math.inf), theirs).amin(-1)
-    assert (protected > torch.where(finite, theirs, torch.full_like(theirs, -math.inf)).amax(-1)).all()
+    assert (protected >= torch.where(finite, theirs, torch.full_like(theirs, -math.inf)).amax(-1)).all()
     return float((ours[finite] - theirs[finite]).abs().max())
 
 
@@ -327,6 +359,25 @@ def test_cur_with_a_random_projection_matches_kvpress_and_is_reproducible():
     assert not torch.equal(first, cur_scores(queries, k, v, sketch_dimension=3, generator=gen(2)))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_compactor_matches_kvpress_on_one_head(seed):
+    queries_pre, keys_pre, values = (x[:, :1] for x in _layer(seed, s=44))  # 32 middle tokens: 4 whole chunks
+    global GROUP
+    Phi = _sketch(seed, 1)
+    keys, queries = apply_rope(keys_pre), apply_rope(queries_pre)
+    group, GROUP = GROUP, 1
+    try:
+        theirs = kvpress_compactor(queries, keys_pre, keys, values, Phi, blending=0.6)
+    finally:
+        GROUP = group
+    ours = compactor_scores(queries, keys, values, keys_pre_rope=keys_pre, sketch=Phi, sketch_dimension=6,
+                            chunk_size=8, blending=0.6)
+    assert compare(ours, theirs, budgets=(13, 20, 30, 43)) < 1e-13
+    rotated_back = compactor_scores(queries, keys, values, rope_base=BASE, sketch=Phi, sketch_dimension=6,
+                                    chunk_size=8, blending=0.6)
+    assert torch.allclose(rotated_back, ours, rtol=0, atol=1e-12)
+
+
 def test_random_is_reproducible_and_uniform():
     queries, keys, values = _layer(0)
     k = repeat_kv(keys)
@@ -355,6 +406,7 @@ SCORERS = {
     "cur": (cur_scores, {}),
     "cur-sketched": (cur_scores, {"sketch_dimension": 3}),
     "cap": (cap_scores, {"rope_base": BASE}),
+    "compactor": (compactor_scores, {"keys_pre_rope": lambda q, k, v: k, "chunk_size": 5}),
 }
 
 
