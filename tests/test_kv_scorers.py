@@ -378,6 +378,22 @@ def test_compactor_matches_kvpress_on_one_head(seed):
     assert torch.allclose(rotated_back, ours, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_compactor_on_a_layer_with_its_groups_matches_kvpress(seed):
+    queries_pre, keys_pre, values = _layer(seed, s=44)
+    Phi = _sketch(seed)
+    keys, queries = apply_rope(keys_pre), apply_rope(queries_pre)
+    theirs = kvpress_compactor(queries, keys_pre, keys, values, Phi, blending=0.6)
+    options = dict(keys_pre_rope=repeat_kv(keys_pre), sketch=repeat_kv(Phi), sketch_dimension=6, chunk_size=8,
+                   blending=0.6)
+    ours = per_head(compactor_scores, queries, keys, values, num_key_value_groups=GROUP, **options)
+    assert compare(ours, theirs, budgets=(13, 20, 30, 43)) < 1e-13
+    per_query_head = per_head(compactor_scores, queries, keys, values, **options)  # z-scores per query head
+    assert float((per_query_head - ours)[torch.isfinite(ours)].abs().max()) > 0.1
+    with pytest.raises(ValueError, match="`num_key_value_groups` must divide"):
+        compactor_scores(queries, repeat_kv(keys), repeat_kv(values), num_key_value_groups=3, **options)
+
+
 def test_random_is_reproducible_and_uniform():
     queries, keys, values = _layer(0)
     k = repeat_kv(keys)

@@ -34,9 +34,32 @@ def chunked_attention_received(q, k, used, chunk):
     return received
 
 
+def _layer_groups(groups, batch, shape):
+    """``groups`` checked against the layer's ``H`` heads at dimension -3; None stays None."""
+    if groups is None:
+        return None
+    groups = check_int(groups, "num_key_value_groups", low=1)
+    if len(batch) < 1 or batch[-1] % groups:
+        raise ValueError(f"`num_key_value_groups` must divide the layer's heads H at dimension -3 of (*batch, H, n_c, "
+                         f"p); got {groups} and q.shape={tuple(shape)}.")
+    return groups
+
+
+def _group_mean(x, groups):
+    """``(*batch, H, n)`` -> ``(*batch, H / g, n)``: the mean over each group of ``g`` consecutive heads."""
+    return x.unflatten(-2, (x.shape[-2] // groups, groups)).mean(-2)
+
+
+def _zscore(x, used, groups):
+    """z-scores over each head's ``used`` tokens, or (``groups``) over all heads of a sequence at once."""
+    if groups is None:
+        return masked_zscore(x, used)
+    return masked_zscore(x.flatten(-2), used.flatten(-2)).unflatten(-1, x.shape[-2:])
+
+
 def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=None, rope_base=None,
                      rope_frequencies=None, sink_size_start=8, sink_size_end=4, chunk_size=256, sketch_dimension=48,
-                     blending=0.35, ridge=1e-2, sketch=None):
+                     blending=0.35, ridge=1e-2, sketch=None, num_key_value_groups=None):
     r"""Compactor's blend :math:`s_j = \beta\,z(\ell_j) + z\big(\operatorname{pool}_3(A_j\lVert v_j\rVert_2)\big)`
     over the middle tokens, :math:`+\infty` on ``sink_size_start`` first and ``sink_size_end`` last tokens.
 
@@ -67,11 +90,17 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
         :math:`\lambda` of the leverage scores.
     sketch : torch.Tensor, optional
         ``(*batch, p, r)``, a given sketch.
+    num_key_value_groups : int, optional
+        :math:`g`: the inputs are a whole layer, ``(*batch, H, n_c, p)`` with the KV heads repeated over
+        groups of :math:`g` consecutive query heads; both terms are averaged over each group and z-scored
+        over all the layer's heads at once, the group's score returned for each of its heads -- kvpress's
+        rule (see below). None (default): per head.
 
     Returns
     -------
     torch.Tensor
-        ``(*batch, n_c)`` scores in ``q.dtype``; higher is kept.
+        ``(*batch, n_c)`` (``(*batch, H, n_c)`` with ``num_key_value_groups``) scores in ``q.dtype``; higher
+        is kept.
 
     Notes
     -----
@@ -85,9 +114,11 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     tokens); its attention logits are :math:`q^\top k` without the :math:`1/\sqrt p`, kept here.
 
     **What differs from kvpress.** (1) Its z-scores run over the whole ``(batch, KV heads, tokens)``
-    tensor and, for the attention term, after averaging :math:`A` over a group's query heads; here over
-    each head's middle tokens, before the pooling: equal scores for one query head reading one KV head,
-    different weights of the two terms otherwise. (2) In a last, partial chunk kvpress pads with zero
+    tensor and, for the attention term, after averaging :math:`A` over a group's query heads; per head
+    (the default) they run over each head's middle tokens, before the group pooling: equal scores for one
+    query head reading one KV head, different weights of the two terms otherwise. With
+    ``num_key_value_groups`` and the layer's heads passed together, kvpress's order is followed (z-scores
+    per sequence of the batch, over all its heads). (2) In a last, partial chunk kvpress pads with zero
     vectors whose keys get logit :math:`-10^{-9}` (not :math:`-\infty`): they take attention from the
     real queries, and the padding queries spread :math:`1/\text{chunk}` to every key of the chunk; here
     the partial chunk is a softmax over its real tokens only (equal when the middle length is a multiple
@@ -119,6 +150,7 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     chunk_size = check_int(chunk_size, "chunk_size", low=1)
     sketch_dimension = check_int(sketch_dimension, "sketch_dimension", low=1)
     blending, ridge = check_real(blending, "blending"), check_positive_float(ridge, "ridge")
+    group = _layer_groups(num_key_value_groups, context.batch, q.shape)
     if bool((context.count <= start + end).any()):
         raise ValueError(f"`sink_size_start + sink_size_end` must be below the real tokens of every context; got "
                          f"{start} + {end} and {int(context.count.min())} real tokens.")
@@ -127,13 +159,21 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     middle = context.real & ~sinks
     sketch = (draw_sketch(context.batch, k.shape[-1], sketch_dimension, generator, k) if sketch is None
               else check_sketch(sketch, context.batch, k.shape[-1], sketch_dimension, k))
-    leverage = masked_zscore(sketched_ridge_leverage(keys, middle, sketch, ridge), middle)
+    leverage = sketched_ridge_leverage(keys, middle, sketch, ridge)
     chunk = torch.where(middle, (context.ranks - start).clamp_min(0) // chunk_size, torch.full_like(context.ranks, -1))
-    received = chunked_attention_received(q, k, middle, chunk) * v.norm(dim=-1) * middle
-    padded = torch.nn.functional.pad(received, (1, 1))
+    received = chunked_attention_received(q, k, middle, chunk)
+    if group is not None:  # kvpress: the group's mean, then z-scores over the layer's heads
+        leverage, received, norms, used = (_group_mean(x, group) for x in (leverage, received, v.norm(dim=-1),
+                                                                            middle.to(q.dtype)))
+        used = used > 0.5
+    else:
+        norms, used = v.norm(dim=-1), middle
+    padded = torch.nn.functional.pad(received * norms * used, (1, 1))
     pooled = (padded[..., :-2] + padded[..., 1:-1] + padded[..., 2:]) / 3
-    attention = masked_zscore(pooled, middle)
-    scores = (blending * leverage).to(q.dtype) + attention
+    scores = blending * _zscore(leverage, used, group) + _zscore(pooled, used, group)
+    if group is not None:
+        scores = scores.repeat_interleave(group, dim=-2)
+    scores = scores.to(q.dtype)
     return finish(scores.masked_fill(~middle, 0.0), context, keep=sinks)
 
 
