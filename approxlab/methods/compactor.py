@@ -15,7 +15,7 @@ from ._scorers import FEATURES, check_context, finish, masked_zscore
 from ._selection import block_rows, safe_softmax
 from .leverage_score import check_sketch, draw_sketch, keys_before_rope, sketched_ridge_leverage
 
-__all__ = ["compactor_scores", "chunked_attention_received", "REGISTRATION"]
+__all__ = ["compactor_scores", "REGISTRATION"]
 
 
 def chunked_attention_received(q, k, used, chunk):

@@ -15,8 +15,7 @@ import torch
 from .._validation import check_bool, check_int, check_positive_float, check_tensor
 from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean
 
-__all__ = ["expected_attention_scores", "queries_before_rope", "before_rope", "average_future_rotation", "rotary_frequencies",
-           "REGISTRATION"]
+__all__ = ["expected_attention_scores", "REGISTRATION"]
 
 
 def rotary_frequencies(p: int, rope_base=None, frequencies=None, *, dtype=torch.float64, device=None):

@@ -13,7 +13,7 @@ from .._validation import as_generator, check_bool, check_int, check_positive_fl
 from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean, masked_zscore
 from .expected_attention import before_rope, rotary_frequencies
 
-__all__ = ["key_leverage_scores", "keys_before_rope", "sketched_ridge_leverage", "REGISTRATION"]
+__all__ = ["key_leverage_scores", "REGISTRATION"]
 
 HOW_PRE_ROPE = ("the context's keys before the rotary embedding: pass keys_pre_rope=(*batch, n_c, p), or "
                 "rope_base=/rope_frequencies= to rotate k back (keys_pre_rope=k for a model without RoPE)")
