@@ -35,14 +35,17 @@ def rotary_frequencies(p: int, rope_base=None, frequencies=None, *, dtype=torch.
     return base ** (-torch.arange(0, p, 2, dtype=torch.float64, device=device) / p)
 
 
-def _rotate(x, angles, sign=1.0):
-    r""":math:`R_t x = \cos(t\theta)\odot x + \sin(t\theta)\odot\operatorname{rotate\_half}(x)` (transformers'
-    layout: the two halves of ``x`` are the pairs), ``angles`` ``(..., p // 2)``; ``sign=-1`` applies
-    :math:`R_t^\top`."""
-    cos, sin = torch.cat([angles.cos()] * 2, -1).to(x.dtype), torch.cat([angles.sin()] * 2, -1).to(x.dtype)
+def _turn(x, cos, sin):
+    r""":math:`\cos\odot x + \sin\odot\operatorname{rotate\_half}(x)` (transformers' layout: the two halves of
+    ``x`` are the pairs), ``cos``, ``sin`` ``(..., p // 2)``, one per pair."""
+    cos, sin = torch.cat([cos] * 2, -1).to(x.dtype), torch.cat([sin] * 2, -1).to(x.dtype)
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return cos * x + sign * sin * rotated
+    return cos * x + sin * torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _rotate(x, angles, sign=1.0):
+    r""":math:`R_t x`, ``angles`` :math:`t\theta` ``(..., p // 2)``; ``sign=-1`` applies :math:`R_t^\top = R_{-t}`."""
+    return _turn(x, angles.cos(), sign * angles.sin())
 
 
 def before_rope(x, context, frequencies):
@@ -70,9 +73,12 @@ def average_future_rotation(context, frequencies, n_future_positions, p, dtype):
         return torch.eye(p, dtype=dtype, device=context.real.device).expand(*context.batch, p, p)
     future = context.count.to(torch.float64) + torch.arange(n_future_positions, dtype=torch.float64,
                                                             device=context.real.device)
-    angles = (future.unsqueeze(-1) * frequencies).unsqueeze(-2)  # (*batch, F, 1, p/2)
-    rows = _rotate(torch.eye(p, dtype=torch.float64, device=context.real.device), angles)  # row b: R_t e_b
-    return rows.mean(-3).transpose(-1, -2).to(dtype)
+    angles = future.unsqueeze(-1) * frequencies  # (*batch, F, p/2)
+    # R_t is linear in (cos t theta, sin t theta): its mean is the rotation formula at the mean cosines and sines
+    cos, sin = angles.cos().mean(-2).unsqueeze(-2), angles.sin().mean(-2).unsqueeze(-2)
+    rows = _turn(torch.eye(p, dtype=torch.float64, device=context.real.device), cos, sin)  # row b: R e_b
+    return rows.transpose(-1, -2).to(dtype)
+
 
 def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_frequencies=None,
                               queries_pre_rope=None, n_future_positions=512, n_sink=4, use_covariance=True,
