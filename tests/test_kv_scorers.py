@@ -10,6 +10,8 @@ and the largest difference of the scores (finite entries; ``+inf`` where kvpress
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 
 import pytest
@@ -479,3 +481,21 @@ def test_bad_inputs_are_refused_with_their_names(name):
         score(q[..., :-1, :], k, v, **options)
     with pytest.raises(ValueError, match="key_mask"):
         score(q, k, v, key_mask=mask[..., :-1], **options)
+
+
+MODULES = ("knorm", "random", "observed_attention", "tova", "keydiff", "expected_attention", "leverage_score", "cur",
+           "compactor", "cap")
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_registration_declares_the_contract(module):
+    registration = importlib.import_module(f"approxlab.methods.{module}").REGISTRATION
+    score = registration["score"]
+    assert set(registration) == {"score", "target", "features", "randomized", "inputs"}
+    assert registration["target"] == "softmax"
+    assert registration["features"] == "context tokens kept (the cache budget b)"
+    parameters = inspect.signature(score).parameters
+    assert list(parameters)[:3] == ["q", "k", "v"]
+    assert {"generator", "key_mask"} <= {name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY}
+    assert all(name in parameters for name in registration["inputs"])
+    assert registration["randomized"] == (module in ("random", "leverage_score", "compactor"))

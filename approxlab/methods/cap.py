@@ -106,5 +106,7 @@ def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_f
 
 
 REGISTRATION = dict(score=cap_scores, target="softmax", features=FEATURES, randomized=False,
-                    inputs=("rope_base or rope_frequencies (for a RoPE model)",))
-"""The keyword arguments of this policy's registration: ``register("cap", **REGISTRATION)``."""
+                    inputs=("rope_base",))
+"""The keyword arguments of this policy's registration: ``register("cap", **REGISTRATION)``.
+``inputs``: the options the caller must supply from the model -- ``rope_base`` (or ``rope_frequencies``) for a
+RoPE model; ``queries_pre_rope`` is optional."""

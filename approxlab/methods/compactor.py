@@ -178,5 +178,7 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
 
 
 REGISTRATION = dict(score=compactor_scores, target="softmax", features=FEATURES, randomized=True,
-                    inputs=("keys_pre_rope (or rope_base / rope_frequencies)",))
-"""The keyword arguments of this policy's registration: ``register("compactor", **REGISTRATION)``."""
+                    inputs=("keys_pre_rope",))
+"""The keyword arguments of this policy's registration: ``register("compactor", **REGISTRATION)``.
+``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
+to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""

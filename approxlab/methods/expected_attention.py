@@ -186,5 +186,7 @@ def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_ba
 
 
 REGISTRATION = dict(score=expected_attention_scores, target="softmax", features=FEATURES, randomized=False,
-                    inputs=("rope_base or rope_frequencies (for a RoPE model)",))
-"""The keyword arguments of this policy's registration: ``register("expected-attention", **REGISTRATION)``."""
+                    inputs=("rope_base",))
+"""The keyword arguments of this policy's registration: ``register("expected-attention", **REGISTRATION)``.
+``inputs``: the options the caller must supply from the model -- ``rope_base`` (or ``rope_frequencies``) for a
+RoPE model; ``queries_pre_rope`` is optional."""

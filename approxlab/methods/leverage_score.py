@@ -150,5 +150,7 @@ def key_leverage_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope
 
 
 REGISTRATION = dict(score=key_leverage_scores, target="softmax", features=FEATURES, randomized=True,
-                    inputs=("keys_pre_rope (or rope_base / rope_frequencies)",))
-"""The keyword arguments of this policy's registration: ``register("leverage-score", **REGISTRATION)``."""
+                    inputs=("keys_pre_rope",))
+"""The keyword arguments of this policy's registration: ``register("leverage-score", **REGISTRATION)``.
+``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
+to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""
