@@ -1,0 +1,66 @@
+r"""Random eviction: the floor every cache policy must beat (kvpress's ``RandomPress``).
+
+A per-key cache scorer (:mod:`approxlab.methods._scorers`): independent uniform scores, so the kept set
+of a budget :math:`b` is a uniformly random :math:`b`-subset of the real tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import as_generator
+from ._scorers import FEATURES, check_context, finish
+
+__all__ = ["random_scores", "REGISTRATION"]
+
+
+def random_scores(q, k, v, *, generator=None, key_mask=None):
+    r"""Independent :math:`U(0, 1)` scores, :math:`s_j \sim U[0, 1)`: a uniformly random kept set.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        ``(*batch, n_c, p)``, ``(*batch, n_c, p)``, ``(*batch, n_c, p_v)`` (validated, not used).
+    generator : torch.Generator, optional
+        The CPU generator the scores are drawn from (the draw is made on the CPU in float64, then cast
+        and moved, so a seed gives the same kept set on every device and dtype); None: a fresh one
+        seeded from OS entropy.
+    key_mask : torch.Tensor, optional
+        ``(*batch, n_c)`` bool, True on real tokens; padded keys score :math:`-\infty` (a kept set within
+        the real tokens is uniform among them).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(*batch, n_c)`` scores in ``k.dtype``; higher is kept.
+
+    Notes
+    -----
+    Since the scores are exchangeable and almost surely distinct, ``topk(b)`` of them is a uniform
+    :math:`b`-subset. kvpress's ``RandomPress`` draws ``torch.rand(*keys.shape[:-1])``, one score per KV
+    head, from a generator seeded with its ``seed`` (or the global one); here one draw per query head,
+    which the grouped-query pooling averages: the mean of independent uniforms still gives a uniform
+    random subset (exchangeable, distinct). Different draws, the same distribution of kept sets.
+    **Cost**: :math:`O(n_c)`.
+
+    References
+    ----------
+    kvpress (NVIDIA), ``kvpress/presses/random_press.py``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> k = torch.zeros(2, 6, 4, dtype=torch.float64)
+    >>> a = random_scores(k, k, k, generator=torch.Generator().manual_seed(0))
+    >>> b = random_scores(k, k, k, generator=torch.Generator().manual_seed(0))
+    >>> a.shape, bool((a == b).all())
+    (torch.Size([2, 6]), True)
+    """
+    context = check_context(q, k, v, key_mask)
+    generator = as_generator(generator)
+    draw = torch.rand(*context.batch, context.n, generator=generator, dtype=torch.float64)
+    return finish(draw.to(dtype=k.dtype, device=k.device), context)
+
+
+REGISTRATION = dict(score=random_scores, target="softmax", features=FEATURES, randomized=True, inputs=())
+"""The keyword arguments of this policy's registration: ``register("random", **REGISTRATION)``."""
