@@ -95,11 +95,11 @@ def test_register_validates_its_arguments(fresh_registry, arguments, error, matc
 
 
 def test_max_features_of_queries_and_keys(fresh_registry):
-    register("cap", _mean_of_values, target="softmax", features="ignored", randomized=False, max_features=5)
+    register("capped", _mean_of_values, target="softmax", features="ignored", randomized=False, max_features=5)
     register("queries", _mean_of_values, target="softmax", features="ignored", randomized=False,
              max_features=lambda n, m: n)
     q, k, v = _qkv(n=12, m=4)
-    assert get("cap").max_features(12, 4) == 5 and get("queries").max_features(12, 4) == 12
+    assert get("capped").max_features(12, 4) == 5 and get("queries").max_features(12, 4) == 12
     approxlab.approximate("queries", q, k, v, num_features=10)
     with pytest.raises(ValueError, match="1 <= num_features <= 5; got 6"):
         approxlab.approximate("cap", q, k, v, num_features=6)

@@ -12,10 +12,11 @@ import math
 import torch
 
 from .._validation import check_int, check_positive_float, check_real
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish, masked_mean
 from .expected_attention import average_future_rotation, queries_before_rope, rotary_frequencies
 
-__all__ = ["cap_scores", "REGISTRATION"]
+__all__ = ["cap_scores", "REGISTRATION", "CAP"]
 
 
 def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_frequencies=None,
@@ -110,3 +111,6 @@ REGISTRATION = dict(score=cap_scores, target="softmax", features=FEATURES, rando
 """The keyword arguments of this policy's registration: ``register("cap", **REGISTRATION)``.
 ``inputs``: the options the caller must supply from the model -- ``rope_base`` (or ``rope_frequencies``) for a
 RoPE model; ``queries_pre_rope`` is optional."""
+
+CAP = cache_policy("cap", **REGISTRATION)
+"""The built-in method 'cap': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

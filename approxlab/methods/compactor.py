@@ -11,11 +11,12 @@ import math
 import torch
 
 from .._validation import check_int, check_positive_float, check_real
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish, masked_zscore
 from ._selection import block_rows, safe_softmax
 from .leverage_score import check_sketch, draw_sketch, keys_before_rope, sketched_ridge_leverage
 
-__all__ = ["compactor_scores", "REGISTRATION"]
+__all__ = ["compactor_scores", "REGISTRATION", "COMPACTOR"]
 
 
 def chunked_attention_received(q, k, used, chunk):
@@ -182,3 +183,6 @@ REGISTRATION = dict(score=compactor_scores, target="softmax", features=FEATURES,
 """The keyword arguments of this policy's registration: ``register("compactor", **REGISTRATION)``.
 ``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
 to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""
+
+COMPACTOR = cache_policy("compactor", **REGISTRATION)
+"""The built-in method 'compactor': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

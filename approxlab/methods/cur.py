@@ -9,10 +9,11 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_choice, check_int
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish
 from .leverage_score import check_sketch, draw_sketch
 
-__all__ = ["cur_scores", "LEVERAGE_TYPES", "REGISTRATION"]
+__all__ = ["cur_scores", "LEVERAGE_TYPES", "REGISTRATION", "CUR"]
 
 LEVERAGE_TYPES = ("key", "value", "kv_avg", "kv_product")
 r"""``leverage_type``: :math:`\ell^K`, :math:`\ell^V`, their mean or their product (kvpress's default)."""
@@ -117,3 +118,6 @@ def cur_scores(q, k, v, *, generator=None, key_mask=None, num_sinks=4, leverage_
 REGISTRATION = dict(score=cur_scores, target="softmax", features=FEATURES, randomized=False, inputs=())
 """The keyword arguments of this policy's registration: ``register("cur", **REGISTRATION)`` (randomized only
 with ``sketch_dimension``)."""
+
+CUR = cache_policy("cur", **REGISTRATION)
+"""The built-in method 'cur': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

@@ -13,9 +13,10 @@ import math
 import torch
 
 from .._validation import check_bool, check_int, check_positive_float, check_tensor
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean
 
-__all__ = ["expected_attention_scores", "REGISTRATION"]
+__all__ = ["expected_attention_scores", "REGISTRATION", "EXPECTED_ATTENTION"]
 
 
 def rotary_frequencies(p: int, rope_base=None, frequencies=None, *, dtype=torch.float64, device=None):
@@ -190,3 +191,6 @@ REGISTRATION = dict(score=expected_attention_scores, target="softmax", features=
 """The keyword arguments of this policy's registration: ``register("expected-attention", **REGISTRATION)``.
 ``inputs``: the options the caller must supply from the model -- ``rope_base`` (or ``rope_frequencies``) for a
 RoPE model; ``queries_pre_rope`` is optional."""
+
+EXPECTED_ATTENTION = cache_policy("expected-attention", **REGISTRATION)
+"""The built-in method 'expected-attention': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish, masked_mean
 
-__all__ = ["keydiff_scores", "REGISTRATION"]
+__all__ = ["keydiff_scores", "REGISTRATION", "KEYDIFF"]
 
 
 def keydiff_scores(q, k, v, *, generator=None, key_mask=None):
@@ -66,3 +67,6 @@ def keydiff_scores(q, k, v, *, generator=None, key_mask=None):
 
 REGISTRATION = dict(score=keydiff_scores, target="softmax", features=FEATURES, randomized=False, inputs=())
 """The keyword arguments of this policy's registration: ``register("keydiff", **REGISTRATION)``."""
+
+KEYDIFF = cache_policy("keydiff", **REGISTRATION)
+"""The built-in method 'keydiff': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

@@ -6,9 +6,10 @@ A per-key cache scorer (:mod:`approxlab.methods._scorers`): the score of key :ma
 
 from __future__ import annotations
 
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish
 
-__all__ = ["knorm_scores", "REGISTRATION"]
+__all__ = ["knorm_scores", "REGISTRATION", "KNORM"]
 
 
 def knorm_scores(q, k, v, *, generator=None, key_mask=None):
@@ -55,3 +56,6 @@ def knorm_scores(q, k, v, *, generator=None, key_mask=None):
 
 REGISTRATION = dict(score=knorm_scores, target="softmax", features=FEATURES, randomized=False, inputs=())
 """The keyword arguments of this policy's registration: ``register("knorm", **REGISTRATION)``."""
+
+KNORM = cache_policy("knorm", **REGISTRATION)
+"""The built-in method 'knorm': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 
 from .._validation import as_generator, check_bool, check_int, check_positive_float, check_tensor
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean, masked_zscore
 from .expected_attention import before_rope, rotary_frequencies
 
-__all__ = ["key_leverage_scores", "REGISTRATION"]
+__all__ = ["key_leverage_scores", "REGISTRATION", "LEVERAGE_SCORE"]
 
 HOW_PRE_ROPE = ("the context's keys before the rotary embedding: pass keys_pre_rope=(*batch, n_c, p), or "
                 "rope_base=/rope_frequencies= to rotate k back (keys_pre_rope=k for a model without RoPE)")
@@ -154,3 +155,6 @@ REGISTRATION = dict(score=key_leverage_scores, target="softmax", features=FEATUR
 """The keyword arguments of this policy's registration: ``register("leverage-score", **REGISTRATION)``.
 ``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
 to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""
+
+LEVERAGE_SCORE = cache_policy("leverage-score", **REGISTRATION)
+"""The built-in method 'leverage-score': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

@@ -6,10 +6,11 @@ A per-key cache scorer (:mod:`approxlab.methods._scorers`).
 
 from __future__ import annotations
 
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish
 from ._selection import logit_blocks, safe_softmax
 
-__all__ = ["observed_attention_scores", "REGISTRATION"]
+__all__ = ["observed_attention_scores", "REGISTRATION", "OBSERVED_ATTENTION"]
 
 
 def observed_attention_scores(q, k, v, *, generator=None, key_mask=None):
@@ -70,3 +71,6 @@ def observed_attention_scores(q, k, v, *, generator=None, key_mask=None):
 REGISTRATION = dict(score=observed_attention_scores, target="softmax", features=FEATURES, randomized=False,
                     inputs=())
 """The keyword arguments of this policy's registration: ``register("observed-attention", **REGISTRATION)``."""
+
+OBSERVED_ATTENTION = cache_policy("observed-attention", **REGISTRATION)
+"""The built-in method 'observed-attention': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from .._validation import as_generator
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish
 
-__all__ = ["random_scores", "REGISTRATION"]
+__all__ = ["random_scores", "REGISTRATION", "RANDOM"]
 
 
 def random_scores(q, k, v, *, generator=None, key_mask=None):
@@ -64,3 +65,6 @@ def random_scores(q, k, v, *, generator=None, key_mask=None):
 
 REGISTRATION = dict(score=random_scores, target="softmax", features=FEATURES, randomized=True, inputs=())
 """The keyword arguments of this policy's registration: ``register("random", **REGISTRATION)``."""
+
+RANDOM = cache_policy("random", **REGISTRATION)
+"""The built-in method 'random': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

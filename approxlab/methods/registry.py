@@ -66,6 +66,16 @@ BUILTINS = {
     "hyperattention": "hyperattention:HYPERATTENTION",
     "kdeformer": "kdeformer:KDEFORMER",
     "polynomial": "polynomial:POLYNOMIAL",
+    "knorm": "knorm:KNORM",
+    "random": "random:RANDOM",
+    "observed-attention": "observed_attention:OBSERVED_ATTENTION",
+    "tova": "tova:TOVA",
+    "keydiff": "keydiff:KEYDIFF",
+    "expected-attention": "expected_attention:EXPECTED_ATTENTION",
+    "leverage-score": "leverage_score:LEVERAGE_SCORE",
+    "cur": "cur:CUR",
+    "compactor": "compactor:COMPACTOR",
+    "cap": "cap:CAP",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 

@@ -16,8 +16,8 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
-from ._selection import (attend_compressed, attend_selected, compressed_indices, logit_blocks, safe_softmax,
-                         sparse_approximation)
+from ._cache_policy import prompt_compressed, prompt_length_of
+from ._selection import safe_softmax
 
 __all__ = ["snapkv", "SNAPKV", "compress_snapkv", "score_snapkv", "POOLINGS"]
 
@@ -199,40 +199,12 @@ def snapkv(q, k, v, *, num_features, generator=None, prompt_length=None, window=
     if causal is not True:
         raise ValueError(f"snapkv is causal-only: pass causal=True; got causal={causal!r}.")
     key_mask = check_key_mask(key_mask, k)
-    n = k.shape[-2]
-    prompt = max(1, n // 2) if prompt_length is None else check_int(prompt_length, "prompt_length", low=1, high=n)
+    prompt = prompt_length_of(prompt_length, k.shape[-2])
     options = dict(window=window, kernel_size=kernel_size, pooling=pooling)
     context_mask = None if key_mask is None else key_mask[..., :prompt]
     kept = compress_snapkv(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :],
                            budget=min(num_features, prompt), key_mask=context_mask, **options)
-    width = kept.shape[-1] + n - prompt
-    prompt_rows = [safe_softmax(logits) @ v[..., :prompt, :] for _, _, logits in
-                   logit_blocks(q[..., :prompt, :], k[..., :prompt, :], causal=True, key_mask=context_mask)]
-
-    later_rows = attend_compressed(q, k, v, kept, prompt, key_mask) if prompt < n else None
-    output = torch.cat(prompt_rows + ([] if later_rows is None else [later_rows]), dim=-2)
-
-    def every(start, stop):  # prompt rows: keys 0..P-1 causally; later rows: the compressed prompt and after
-        batch, total = kept.shape[:-1], max(width, prompt)
-        columns = torch.arange(total, device=q.device)
-        rows = torch.arange(start, stop, device=q.device).unsqueeze(-1)
-        indices = torch.where(columns < prompt, columns, torch.zeros_like(columns)).expand(*batch, stop - start,
-                                                                                          total).clone()
-        valid = ((columns <= rows) & (columns < prompt)).expand(*batch, stop - start, total).clone()
-        if stop > prompt:
-            first = max(start, prompt)
-            later_indices, later_valid = compressed_indices(kept, prompt, n, first - prompt, stop - prompt, None)
-            indices[..., first - start:, :width] = later_indices
-            valid[..., first - start:, :] = False
-            valid[..., first - start:, :width] = later_valid
-        if key_mask is not None:
-            valid &= torch.gather(key_mask.expand(*batch, n), -1, indices.flatten(-2)).view_as(valid)
-        return indices, valid
-
-    record = lambda: attend_selected(q, k, v, every, width=max(width, prompt), record=True)[1:]  # noqa: E731
-
-    info = {"kept": kept, "prompt_length": prompt}
-    return sparse_approximation("snapkv", output, n, record, info)
+    return prompt_compressed("snapkv", q, k, v, kept, prompt, key_mask, {"kept": kept})
 
 
 SNAPKV = snapkv

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 
 from .._validation import check_bool
+from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish, last_real_query
 from ._selection import safe_softmax
 
-__all__ = ["tova_scores", "REGISTRATION"]
+__all__ = ["tova_scores", "REGISTRATION", "TOVA"]
 
 
 def tova_scores(q, k, v, *, generator=None, key_mask=None, average_heads=False):
@@ -86,3 +87,6 @@ def tova_scores(q, k, v, *, generator=None, key_mask=None, average_heads=False):
 
 REGISTRATION = dict(score=tova_scores, target="softmax", features=FEATURES, randomized=False, inputs=())
 """The keyword arguments of this policy's registration: ``register("tova", **REGISTRATION)``."""
+
+TOVA = cache_policy("tova", **REGISTRATION)
+"""The built-in method 'tova': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""

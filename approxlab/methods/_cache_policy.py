@@ -1,0 +1,122 @@
+r"""A KV-cache policy as a causal method: the prompt compressed once by the policy, then decoded.
+
+Every cache policy that compresses a prompt once (SnapKV's rule, kvpress's presses) has the same causal
+form: rows :math:`i < P` (the prompt, ``prompt_length``) attend causally to the prompt, uncompressed, as
+the prefill does; the prompt's cache is then compressed to ``b`` tokens per head, and every row
+:math:`i \ge P` is the exact softmax over the kept prompt tokens :math:`\mathcal K` and the tokens
+:math:`P, \dots, i`:
+
+.. math::
+
+    \tilde o_i = \sum_{j\in \mathcal K\,\cup\,\{P,\dots,i\}}
+    \frac{e^{s_{ij}}}{\sum_{l\in \mathcal K\,\cup\,\{P,\dots,i\}} e^{s_{il}}}\, v_j, \qquad i \ge P.
+
+Its rows :math:`i \ge P` are :func:`approxlab.kv_cache_attention` with ``context_length = P`` (and
+``grouping="query-head"``: one kept set per head of the batch).
+
+:func:`prompt_compressed` computes that form from a kept set; :func:`cache_policy` turns a per-key score
+(:mod:`approxlab.methods._scores`) into a registered causal-only method whose kept set is the top ``b`` of
+the scores of the prompt.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .._validation import check_int
+from ._base import CAUSAL_ONLY, method
+from ._masking import check_key_mask
+from ._scores import score_options, scored_compress
+from ._selection import (attend_compressed, attend_selected, compressed_indices, logit_blocks, safe_softmax,
+                         sparse_approximation)
+
+__all__ = ["prompt_length_of", "prompt_compressed", "cache_policy"]
+
+
+def prompt_length_of(prompt_length, n: int) -> int:
+    """The prompt :math:`P`: ``prompt_length`` (an integer in ``[1, n]``), default ``n // 2`` (at least 1)."""
+    return max(1, n // 2) if prompt_length is None else check_int(prompt_length, "prompt_length", low=1, high=n)
+
+
+def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
+                      prompt: int, key_mask: torch.Tensor | None, info: dict):
+    r"""The causal form of a prompt compressed to ``kept`` ``(*batch, b)`` (module docstring's equation).
+
+    ``q, k, v`` are ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``; ``kept`` the prompt tokens
+    (indices in ``[0, prompt)``) kept per head; ``key_mask`` ``(*batch, n)`` bool or None. Returns an
+    :class:`~approxlab.methods.Approximation` named ``name`` with ``output`` ``(*batch, n, p_v)``, a
+    row-sparse operator formed on request, and ``info`` (``prompt_length`` added).
+
+    **Cost**: the prompt's causal attention (:math:`O(P^2 p)`, the prefill's own, in row blocks) and
+    :math:`O((n-P)(b + n - P)p)` for the rows after the prompt.
+    """
+    n = k.shape[-2]
+    context_mask = None if key_mask is None else key_mask[..., :prompt]
+    width = kept.shape[-1] + n - prompt
+    prompt_rows = [safe_softmax(logits) @ v[..., :prompt, :] for _, _, logits in
+                   logit_blocks(q[..., :prompt, :], k[..., :prompt, :], causal=True, key_mask=context_mask)]
+    later_rows = attend_compressed(q, k, v, kept, prompt, key_mask) if prompt < n else None
+    output = torch.cat(prompt_rows + ([] if later_rows is None else [later_rows]), dim=-2)
+
+    def every(start, stop):  # prompt rows: keys 0..P-1 causally; later rows: the compressed prompt and after
+        batch, total = kept.shape[:-1], max(width, prompt)
+        columns = torch.arange(total, device=q.device)
+        rows = torch.arange(start, stop, device=q.device).unsqueeze(-1)
+        indices = torch.where(columns < prompt, columns, torch.zeros_like(columns)).expand(*batch, stop - start,
+                                                                                          total).clone()
+        valid = ((columns <= rows) & (columns < prompt)).expand(*batch, stop - start, total).clone()
+        if stop > prompt:
+            first = max(start, prompt)
+            later_indices, later_valid = compressed_indices(kept, prompt, n, first - prompt, stop - prompt, None)
+            indices[..., first - start:, :width] = later_indices
+            valid[..., first - start:, :] = False
+            valid[..., first - start:, :width] = later_valid
+        if key_mask is not None:
+            valid &= torch.gather(key_mask.expand(*batch, n), -1, indices.flatten(-2)).view_as(valid)
+        return indices, valid
+
+    record = lambda: attend_selected(q, k, v, every, width=max(width, prompt), record=True)[1:]  # noqa: E731
+    return sparse_approximation(name, output, n, record, {**info, "prompt_length": prompt})
+
+
+def cache_policy(name: str, *, score, target: str = "softmax", features: str, randomized: bool, inputs=()):
+    r"""A built-in :class:`~approxlab.methods.MethodSpec` for a cache policy given by its per-key ``score``.
+
+    The method is causal-only: ``approximate(name, q, k, v, num_features=b, causal=True,
+    prompt_length=P, **options)`` keeps the top ``min(b, P)`` scores of the prompt per head
+    (``score(q[:P], k[:P], v[:P], **options)``) and runs :func:`prompt_compressed`; ``info["kept"]`` is
+    ``(*batch, min(b, P))``. In :func:`approxlab.kv_cache_attention` the same ``score`` keeps one set per
+    KV head of a grouped model. ``inputs`` names the options the policy needs from the model (e.g.
+    ``keys_pre_rope``, ``rope_base``); the score function refuses their absence in one line.
+    """
+    compress = scored_compress(name, score)
+
+    def function(q, k, v, *, num_features, generator=None, prompt_length=None, key_mask=None, causal=True,
+                 **options):
+        if causal is not True:
+            raise ValueError(f"{name} is a KV-cache policy, causal-only: pass causal=True (or use "
+                             f"approxlab.kv_cache_attention); got causal={causal!r}.")
+        key_mask = check_key_mask(key_mask, k)
+        prompt = prompt_length_of(prompt_length, k.shape[-2])
+        context_mask = None if key_mask is None else key_mask[..., :prompt]
+        kept = compress(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :],
+                        budget=min(num_features, prompt), generator=generator, key_mask=context_mask, **options)
+        return prompt_compressed(name, q, k, v, kept, prompt, key_mask, {"kept": kept})
+
+    own = [inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, default=parameter.default)
+           for option, parameter in inspect.signature(score).parameters.items()
+           if option in (score_options(score) or ())]
+    base = [p for p in inspect.signature(function).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    if score_options(score) is None:  # the score takes **options: so does the method
+        own = [inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)]
+    function.__signature__ = inspect.Signature(base + own)
+    function.__name__ = function.__qualname__ = name.replace("-", "_")
+    function.__doc__ = (f"The KV-cache policy {name!r} as a causal method: the prompt (``prompt_length``, default "
+                        f"n // 2) compressed once to the top ``num_features`` of its scores "
+                        f"(:func:`{score.__module__}.{score.__name__}`), then decoded "
+                        "(:mod:`approxlab.methods._cache_policy`)."
+                        + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else ""))
+    return method(name, target=target, features=features, randomized=randomized, causal=CAUSAL_ONLY,
+                  score=score)(function)
