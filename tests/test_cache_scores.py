@@ -13,11 +13,17 @@ import torch
 import approxlab
 from _helpers import gen
 from approxlab.methods import available, get, register
+from approxlab.methods._scores import scores_of
 
 N, CONTEXT, HEADS, KV_HEADS = 40, 28, 6, 2
 GROUP = HEADS // KV_HEADS
 SCORED = [name for name in available() if get(name).score is not None]
 OPTIONS = {"snapkv": {"window": 6, "kernel_size": 3}}  # a window below the budgets, so the votes decide
+
+
+def _options(name):
+    """The policy's options, with a fresh generator of one seed for a randomized one (the same draw each call)."""
+    return {**OPTIONS.get(name, {}), **({"generator": gen(7)} if get(name).randomized else {})}
 
 
 def _grouped(seed=0, batch=(2,), scale=1.5):
@@ -46,7 +52,7 @@ def test_a_budget_covering_the_context_is_exact_causal_attention(name, grouping)
     q, k, v = _grouped(seed=1)
     exact = approxlab.exact_attention(q, _repeat(k), _repeat(v), causal=True)[..., CONTEXT:, :]
     result = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=CONTEXT,
-                                          grouping=grouping)
+                                          grouping=grouping, **_options(name))
     assert float((result.output - exact).abs().max()) <= 1e-12, name
 
 
@@ -54,7 +60,7 @@ def test_a_budget_covering_the_context_is_exact_causal_attention(name, grouping)
 @pytest.mark.parametrize("budget", [3, 9])
 def test_kv_head_grouping_keeps_one_set_per_kv_head_from_the_groups_mean_score(name, budget):
     q, k, v = _grouped(seed=2)
-    options = OPTIONS.get(name, {})
+    options = _options(name)
     result = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=budget, **options)
     kept = result.info["kept"]
     assert kept.shape == (2, KV_HEADS, budget)
@@ -65,8 +71,8 @@ def test_kv_head_grouping_keeps_one_set_per_kv_head_from_the_groups_mean_score(n
     assert int(attended.unflatten(-2, (KV_HEADS, GROUP)).any(-2).sum(-1).max()) <= budget
     # the set is the top b of the mean over the group of each query head's score (kvpress's pooling)
     context = slice(0, CONTEXT)
-    scores = get(name).score(q[..., context, :], _repeat(k)[..., context, :], _repeat(v)[..., context, :],
-                             budget=budget, **options)
+    scores = scores_of(name, get(name).score, q[..., context, :], _repeat(k)[..., context, :],
+                       _repeat(v)[..., context, :], budget=budget, **_options(name))
     mean = scores.view(2, KV_HEADS, GROUP, CONTEXT).mean(2)
     assert torch.equal(kept.sort(-1).values, mean.topk(budget, dim=-1).indices.sort(-1).values)
 
@@ -74,11 +80,11 @@ def test_kv_head_grouping_keeps_one_set_per_kv_head_from_the_groups_mean_score(n
 @pytest.mark.parametrize("name", SCORED)
 def test_query_head_grouping_is_kv_repeated_by_hand(name):
     q, k, v = _grouped(seed=3)
-    options = OPTIONS.get(name, {})
+    options = _options(name)
     grouped = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=7,
                                            grouping="query-head", **options)
     by_hand = approxlab.kv_cache_attention(name, q, _repeat(k), _repeat(v), context_length=CONTEXT, num_features=7,
-                                           **options)
+                                           **_options(name))
     assert torch.equal(grouped.output, by_hand.output) and torch.equal(grouped.info["kept"], by_hand.info["kept"])
     assert torch.equal(grouped.matrix(), by_hand.matrix())
     assert grouped.info["kept"].shape == (2, HEADS, 7)
@@ -89,11 +95,11 @@ def test_without_grouping_both_forms_are_the_compression_step(name):
     g = gen(4)
     q, k = (1.5 * torch.randn(2, 3, N, 6, generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn(2, 3, N, 5, generator=g, dtype=torch.float64)
-    options = OPTIONS.get(name, {})
+    options = _options(name)
     results = [approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=7,
-                                            grouping=grouping, **options) for grouping in ("kv-head", "query-head")]
+                                            grouping=grouping, **_options(name)) for grouping in ("kv-head", "query-head")]
     context = slice(0, CONTEXT)
-    kept = get(name).compress(q[..., context, :], k[..., context, :], v[..., context, :], budget=7, **options)
+    kept = get(name).compress(q[..., context, :], k[..., context, :], v[..., context, :], budget=7, **_options(name))
     for result in results:
         assert torch.equal(result.info["kept"], kept)
     assert torch.equal(results[0].output, results[1].output)
@@ -105,7 +111,7 @@ def test_padding_with_grouping_is_never_kept():
     mask[0, 0, :5] = False
     for name in SCORED:
         result = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=8, key_mask=mask,
-                                              **OPTIONS.get(name, {}))
+                                              **_options(name))
         assert bool(torch.gather(mask.expand(2, KV_HEADS, N), -1, result.info["kept"]).all()), name
         assert float(result.matrix()[0, ..., :5].abs().max()) == 0, name
 

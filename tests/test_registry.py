@@ -102,7 +102,7 @@ def test_max_features_of_queries_and_keys(fresh_registry):
     assert get("capped").max_features(12, 4) == 5 and get("queries").max_features(12, 4) == 12
     approxlab.approximate("queries", q, k, v, num_features=10)
     with pytest.raises(ValueError, match="1 <= num_features <= 5; got 6"):
-        approxlab.approximate("cap", q, k, v, num_features=6)
+        approxlab.approximate("capped", q, k, v, num_features=6)
 
 
 @pytest.mark.parametrize("returned, error, match", [

@@ -23,7 +23,7 @@ from ._masking import check_key_mask
 from ._selection import real_ranks
 
 __all__ = ["FEATURES", "Context", "check_context", "check_extra_input", "finish", "masked_mean", "masked_zscore",
-           "last_real_query"]
+           "last_real_query", "fit_sinks"]
 
 FEATURES = "context tokens kept (the cache budget b)"
 """What a scorer's budget counts (its ``features`` in the registry)."""
@@ -107,3 +107,17 @@ def last_real_query(q: torch.Tensor, context: Context) -> torch.Tensor:
     last = torch.where(context.real, positions, torch.full_like(positions, -1)).amax(-1)  # (*batch,)
     q = q.expand(*context.batch, *q.shape[-2:])
     return torch.gather(q, -2, last.view(*context.batch, 1, 1).expand(*context.batch, 1, q.shape[-1]))
+
+
+def fit_sinks(context: Context, budget, *sizes: int) -> tuple[int, ...]:
+    """Sink sizes (e.g. ``n_sink``, or the first and last sinks) that fit: their sum at most ``budget`` (when
+    given: the tokens a policy forces stay within what it may keep) and below the real tokens of the shortest
+    context (some token is scored). A size is shrunk from the last one backwards; sizes that fit are kept."""
+    limit = int(context.count.min()) - 1
+    if budget is not None:
+        limit = min(limit, int(budget))
+    fitted, excess = list(sizes), max(0, sum(sizes) - max(0, limit))
+    for at in reversed(range(len(fitted))):
+        cut = min(fitted[at], excess)
+        fitted[at], excess = fitted[at] - cut, excess - cut
+    return tuple(fitted)

@@ -13,14 +13,14 @@ import torch
 
 from .._validation import check_int, check_positive_float, check_real
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, masked_mean
+from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_mean
 from .expected_attention import average_future_rotation, queries_before_rope, rotary_frequencies
 
 __all__ = ["cap_scores", "REGISTRATION", "CAP"]
 
 
 def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_frequencies=None,
-               queries_pre_rope=None, tau=5.0, n_future_positions=512, n_sink=4, epsilon=1e-6):
+               queries_pre_rope=None, tau=5.0, n_future_positions=512, n_sink=4, epsilon=1e-6, budget=None):
     r"""CAPKV's score :math:`s_i = w_i\,v_i^\top A^{-1}v_i`, :math:`A = I + \sum_j (w_j + \epsilon)v_jv_j^\top`,
     :math:`w_i = e^{\tau(\cos(k_i, \bar q) - \max_j\cos(k_j, \bar q))}`; :math:`+\infty` on the first
     ``n_sink`` tokens.
@@ -43,6 +43,9 @@ def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_f
         :math:`F`, the future positions the query rotation is averaged over.
     n_sink : int, default 4
         The first tokens kept (:math:`+\infty`) and left out of the anchor and of :math:`A`.
+    budget : int, optional
+        The cache budget (given by the KV-cache setting): the sinks are cut to fit within it and below the
+        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
     epsilon : float, default 1e-6
         :math:`\epsilon \ge 0` added to the weights inside :math:`A`.
 
@@ -85,9 +88,7 @@ def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_f
     n_future_positions = check_int(n_future_positions, "n_future_positions", low=1)
     n_sink = check_int(n_sink, "n_sink", low=0)
     epsilon = check_positive_float(epsilon, "epsilon", allow_zero=True)
-    if bool((context.count <= n_sink).any()):
-        raise ValueError(f"`n_sink` must be below the real tokens of every context; got n_sink={n_sink} and "
-                         f"{int(context.count.min())} real tokens.")
+    (n_sink,) = fit_sinks(context, budget, n_sink)
     p = q.shape[-1]
     frequencies = rotary_frequencies(p, rope_base, rope_frequencies, device=q.device)
     queries = queries_before_rope(q, context, frequencies, queries_pre_rope).to(torch.float64)

@@ -12,7 +12,7 @@ import torch
 
 from .._validation import check_int, check_positive_float, check_real
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, masked_zscore
+from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_zscore
 from ._selection import block_rows, safe_softmax
 from .leverage_score import check_sketch, draw_sketch, keys_before_rope, sketched_ridge_leverage
 
@@ -60,7 +60,7 @@ def _zscore(x, used, groups):
 
 def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=None, rope_base=None,
                      rope_frequencies=None, sink_size_start=8, sink_size_end=4, chunk_size=256, sketch_dimension=48,
-                     blending=0.35, ridge=1e-2, sketch=None, num_key_value_groups=None):
+                     blending=0.35, ridge=1e-2, sketch=None, num_key_value_groups=None, budget=None):
     r"""Compactor's blend :math:`s_j = \beta\,z(\ell_j) + z\big(\operatorname{pool}_3(A_j\lVert v_j\rVert_2)\big)`
     over the middle tokens, :math:`+\infty` on ``sink_size_start`` first and ``sink_size_end`` last tokens.
 
@@ -78,7 +78,10 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
         The pre-RoPE keys of the leverage term, **required** as in
         :func:`~approxlab.methods.leverage_score.key_leverage_scores` (``keys_pre_rope=k`` without RoPE).
     sink_size_start, sink_size_end : int, default 8 and 4
-        The first and last tokens kept; the context must hold more real tokens than their sum.
+        The first and last tokens kept.
+    budget : int, optional
+        The cache budget (given by the KV-cache setting): the sinks are cut (the last ones first) to fit within it and below the
+        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
     chunk_size : int, default 256
         The chunks of the non-causal attention, consecutive middle tokens from the first one.
     sketch_dimension : int, default 48
@@ -152,9 +155,7 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     sketch_dimension = check_int(sketch_dimension, "sketch_dimension", low=1)
     blending, ridge = check_real(blending, "blending"), check_positive_float(ridge, "ridge")
     group = _layer_groups(num_key_value_groups, context.batch, q.shape)
-    if bool((context.count <= start + end).any()):
-        raise ValueError(f"`sink_size_start + sink_size_end` must be below the real tokens of every context; got "
-                         f"{start} + {end} and {int(context.count.min())} real tokens.")
+    start, end = fit_sinks(context, budget, start, end)
     keys = keys_before_rope(k, context, "compactor", keys_pre_rope, rope_base, rope_frequencies)
     sinks = context.ends(first=start, last=end)
     middle = context.real & ~sinks
@@ -179,7 +180,7 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
 
 
 REGISTRATION = dict(score=compactor_scores, target="softmax", features=FEATURES, randomized=True,
-                    inputs=("keys_pre_rope",))
+                    inputs=("rope_base",))
 """The keyword arguments of this policy's registration: ``register("compactor", **REGISTRATION)``.
 ``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
 to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""

@@ -10,7 +10,7 @@ import torch
 
 from .._validation import check_choice, check_int
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish
+from ._scorers import FEATURES, check_context, finish, fit_sinks
 from .leverage_score import check_sketch, draw_sketch
 
 __all__ = ["cur_scores", "LEVERAGE_TYPES", "REGISTRATION", "CUR"]
@@ -31,7 +31,7 @@ def _window_normalised(x, context, window):
 
 
 def cur_scores(q, k, v, *, generator=None, key_mask=None, num_sinks=4, leverage_type="kv_product",
-               local_window_size=16, sketch_dimension=None, sketch=None):
+               local_window_size=16, sketch_dimension=None, sketch=None, budget=None):
     r"""Leverage proxies :math:`\ell^K_j \propto \lVert k_j\rVert^2`, :math:`\ell^V_j \propto \lVert v_j\rVert^2`
     (normalised within windows), combined and normalised to sum 1; :math:`+\infty` on the first
     ``num_sinks`` tokens.
@@ -48,6 +48,9 @@ def cur_scores(q, k, v, *, generator=None, key_mask=None, num_sinks=4, leverage_
         :math:`-\infty`.
     num_sinks : int, default 4
         The first tokens kept (kvpress sets their score to 1.0, at least every other normalised score).
+    budget : int, optional
+        The cache budget (given by the KV-cache setting): the sinks are cut to fit within it and below the
+        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
     leverage_type : {"kv_product", "key", "value", "kv_avg"}, default "kv_product"
         The combination: :math:`\ell^K\ell^V`, :math:`\ell^K`, :math:`\ell^V` or :math:`(\ell^K+\ell^V)/2`.
     local_window_size : int or None, default 16
@@ -91,7 +94,7 @@ def cur_scores(q, k, v, *, generator=None, key_mask=None, num_sinks=4, leverage_
     [[0, 1, 6]]
     """
     context = check_context(q, k, v, key_mask)
-    num_sinks = check_int(num_sinks, "num_sinks", low=0)
+    (num_sinks,) = fit_sinks(context, budget, check_int(num_sinks, "num_sinks", low=0))
     check_choice(leverage_type, "leverage_type", LEVERAGE_TYPES)
     if local_window_size is not None:
         local_window_size = check_int(local_window_size, "local_window_size", low=1)

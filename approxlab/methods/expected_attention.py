@@ -14,7 +14,7 @@ import torch
 
 from .._validation import check_bool, check_int, check_positive_float, check_tensor
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean
+from ._scorers import FEATURES, check_context, check_extra_input, finish, fit_sinks, masked_mean
 
 __all__ = ["expected_attention_scores", "REGISTRATION", "EXPECTED_ATTENTION"]
 
@@ -82,7 +82,7 @@ def average_future_rotation(context, frequencies, n_future_positions, p, dtype):
 
 
 def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_frequencies=None,
-                              queries_pre_rope=None, n_future_positions=512, n_sink=4, use_covariance=True,
+                              queries_pre_rope=None, n_future_positions=512, n_sink=4, use_covariance=True, budget=None,
                               use_vnorm=True, epsilon=0.0):
     r"""Expected attention of future queries, :math:`s_j = \operatorname{softmax}_j\big(\bar\mu^\top k_j/\sqrt p +
     k_j^\top\bar\Sigma k_j/(2p)\big)\,\lVert v_j\rVert_2`, :math:`+\infty` on the first ``n_sink`` tokens.
@@ -111,8 +111,10 @@ def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_ba
     n_future_positions : int, default 512
         :math:`F`, the future positions the rotation is averaged over.
     n_sink : int, default 4
-        The first tokens kept (:math:`+\infty`) and left out of the statistics and the softmax; the
-        context must hold more real tokens.
+        The first tokens kept (:math:`+\infty`) and left out of the statistics and the softmax.
+    budget : int, optional
+        The cache budget (given by the KV-cache setting): the sinks are cut to fit within it and below the
+        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
     use_covariance, use_vnorm : bool, default True
         Include the covariance term; multiply by :math:`\lVert v_j\rVert_2`.
     epsilon : float, default 0.0
@@ -165,9 +167,7 @@ def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_ba
     n_sink = check_int(n_sink, "n_sink", low=0)
     use_covariance, use_vnorm = check_bool(use_covariance, "use_covariance"), check_bool(use_vnorm, "use_vnorm")
     epsilon = check_positive_float(epsilon, "epsilon", allow_zero=True)
-    if bool((context.count <= n_sink).any()):
-        raise ValueError(f"`n_sink` must be below the real tokens of every context; got n_sink={n_sink} and "
-                         f"{int(context.count.min())} real tokens.")
+    (n_sink,) = fit_sinks(context, budget, n_sink)
     p = q.shape[-1]
     frequencies = rotary_frequencies(p, rope_base, rope_frequencies, device=q.device)
     queries = queries_before_rope(q, context, frequencies, queries_pre_rope)

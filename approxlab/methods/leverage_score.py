@@ -21,11 +21,15 @@ HOW_PRE_ROPE = ("the context's keys before the rotary embedding: pass keys_pre_r
 
 
 def keys_before_rope(k, context, policy, keys_pre_rope, rope_base, rope_frequencies):
-    """``keys_pre_rope`` if given, else ``k`` rotated back by the declared RoPE; an error naming the missing
-    input otherwise (a post-RoPE key is not a pre-RoPE one: guessing would change the scores silently)."""
+    """``keys_pre_rope`` if given, else ``k`` rotated back by the declared RoPE (``rope_base`` or
+    ``rope_frequencies``), else ``k`` itself: without a declared RoPE the keys are taken as they are, as for a
+    model without rotary embeddings (as every RoPE-aware scorer here does; ``approxlab.patch_attention``
+    declares a model's RoPE)."""
     if keys_pre_rope is None and (rope_base is not None or rope_frequencies is not None):
         return before_rope(k, context, rotary_frequencies(k.shape[-1], rope_base, rope_frequencies,
                                                           device=k.device))
+    if keys_pre_rope is None:
+        return k
     return check_extra_input(keys_pre_rope, "keys_pre_rope", policy, k, HOW_PRE_ROPE)
 
 
@@ -79,9 +83,9 @@ def key_leverage_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope
         score :math:`-\infty`.
     keys_pre_rope : torch.Tensor
         ``(*batch, n_c, p)``, the keys before the rotary embedding :math:`\tilde K` (kvpress's ``k_proj`` of
-        the hidden states). **Required**, unless ``rope_base`` or ``rope_frequencies`` is given (then ``k``
-        is rotated back, positions counting real tokens); for a model without RoPE pass
-        ``keys_pre_rope=k``.
+        the hidden states). Optional: with ``rope_base`` or ``rope_frequencies`` ``k`` is rotated back
+        (positions counting real tokens); with neither, ``k`` is taken as it is (a model without RoPE).
+        For a RoPE model pass one of the three, or the scores are those of the rotated keys.
     rope_base : float, optional
         The model's RoPE base, to rotate ``k`` back (see
         :func:`approxlab.methods.expected_attention.expected_attention_scores`).
@@ -151,7 +155,7 @@ def key_leverage_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope
 
 
 REGISTRATION = dict(score=key_leverage_scores, target="softmax", features=FEATURES, randomized=True,
-                    inputs=("keys_pre_rope",))
+                    inputs=("rope_base",))
 """The keyword arguments of this policy's registration: ``register("leverage-score", **REGISTRATION)``.
 ``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
 to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""
