@@ -28,12 +28,14 @@ OPTIONS = {  # the options that change what a method draws
     "informer": [{}, {"measure_keys": "all"}, {"sample_size": 3}],
     "linformer": [{}, {"share_projection": True}],
 }
-CASES = [(name, options) for name in RANDOMIZED for options in OPTIONS.get(name, [{}])]
+CASES = [(name, {**options, **({"causal": True} if get(name).causal_only else {})})  # cache policies: causal only
+         for name in RANDOMIZED for options in OPTIONS.get(name, [{}])]
 
 
 def test_every_randomized_builtin_exposes_its_draw():
     assert set(RANDOMIZED) == {"skyformer", "skyformer-softmax", "nystrom", "yoso", "performer", "performer-lra",
-                               "informer", "linformer", "hyperattention", "kdeformer"}
+                               "informer", "linformer", "hyperattention", "kdeformer", "random", "leverage-score",
+                               "compactor"}
     assert all(get(name).draw is not None for name in RANDOMIZED)
     assert all(draw(name, *synthetic_qkv((1,), 8, 4, generator=gen(0))[:2], num_features=2) == {}
                for name in available() if not get(name).randomized)

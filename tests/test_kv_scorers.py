@@ -320,13 +320,12 @@ def test_leverage_score_keeps_kvpress_sets_on_a_layer_and_is_ridge_leverage():
     assert float((raw - kvpress_leverage(keys_pre[:, :1], Phi[:, :1], zscore=False)).abs().max()) < 1e-12
 
 
-def test_leverage_score_is_reproducible_and_names_its_missing_input():
+def test_leverage_score_is_reproducible_and_takes_k_as_pre_rope_without_a_declared_rope():
     q, k, v = _layer(0)[0], repeat_kv(_layer(0)[1]), repeat_kv(_layer(0)[2])
     first = key_leverage_scores(q, k, v, keys_pre_rope=k, generator=gen(3))
     assert torch.equal(first, key_leverage_scores(q, k, v, keys_pre_rope=k, generator=gen(3)))
     assert not torch.equal(first, key_leverage_scores(q, k, v, keys_pre_rope=k, generator=gen(4)))
-    with pytest.raises(ValueError, match="leverage-score needs `keys_pre_rope`"):
-        key_leverage_scores(q, k, v)
+    assert torch.equal(key_leverage_scores(q, k, v, generator=gen(3)), first)  # no RoPE declared: k as it is
     with pytest.raises(ValueError, match="`sketch` must have shape"):
         key_leverage_scores(q, k, v, keys_pre_rope=k, sketch=_sketch(0))
 
@@ -491,7 +490,9 @@ MODULES = ("knorm", "random", "observed_attention", "tova", "keydiff", "expected
 def test_registration_declares_the_contract(module):
     registration = importlib.import_module(f"approxlab.methods.{module}").REGISTRATION
     score = registration["score"]
-    assert set(registration) == {"score", "target", "features", "randomized", "inputs"}
+    assert {"score", "target", "features", "randomized", "inputs"} <= set(registration) <= {
+        "score", "target", "features", "randomized", "inputs", "draws"}
+    assert ("draws" in registration) == registration["randomized"]  # a randomized policy exposes its draw
     assert registration["target"] == "softmax"
     assert registration["features"] == "context tokens kept (the cache budget b)"
     parameters = inspect.signature(score).parameters

@@ -23,7 +23,10 @@ def _budget(name, n, wanted):
 
 
 def _approximate(name, q, k, v, **kwargs):
-    """``approximate``, in causal form for the causal-only methods (decode-time cache policies)."""
+    """``approximate``, in causal form for the causal-only methods (decode-time cache policies); a sketched cache
+    scorer with a sketch narrower than ``p`` (48 < 64 in a model; here p = 8), else every draw keeps one set."""
+    if get(name).randomized and "sketch_dimension" in (get(name).options() or []):
+        kwargs.setdefault("sketch_dimension", 4)
     return approxlab.approximate(name, q, k, v, causal=get(name).causal_only, **kwargs)
 
 

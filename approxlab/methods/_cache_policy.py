@@ -25,9 +25,10 @@ import inspect
 
 import torch
 
-from .._validation import check_int
+from .._validation import as_generator, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
+from .draws import check_draw
 from ._scores import score_options, scored_compress
 from ._selection import (attend_compressed, attend_selected, compressed_indices, logit_blocks, safe_softmax,
                          sparse_approximation)
@@ -81,7 +82,8 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return sparse_approximation(name, output, n, record, {**info, "prompt_length": prompt})
 
 
-def cache_policy(name: str, *, score, target: str = "softmax", features: str, randomized: bool, inputs=()):
+def cache_policy(name: str, *, score, target: str = "softmax", features: str, randomized: bool, inputs=(),
+                 draws=None):
     r"""A built-in :class:`~approxlab.methods.MethodSpec` for a cache policy given by its per-key ``score``.
 
     The method is causal-only: ``approximate(name, q, k, v, num_features=b, causal=True,
@@ -89,26 +91,44 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
     (``score(q[:P], k[:P], v[:P], **options)``) and runs :func:`prompt_compressed`; ``info["kept"]`` is
     ``(*batch, min(b, P))``. In :func:`approxlab.kv_cache_attention` the same ``score`` keeps one set per
     KV head of a grouped model. ``inputs`` names the options the policy needs from the model (e.g.
-    ``keys_pre_rope``, ``rope_base``); the score function refuses their absence in one line.
+    ``rope_base``). A randomized policy gives ``draws(batch, prompt, p, **options)``: key -> ``(DrawEntry,
+    sample)``, ``sample(generator)`` the float64 CPU tensor that the score function would draw, handed to it
+    as the option named by the key (:func:`approxlab.methods.draw`, ``approximate(..., draw=...)``).
     """
     compress = scored_compress(name, score)
 
+    def layout(q, k, prompt_length, options):
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        return draws(batch, prompt_length_of(prompt_length, k.shape[-2]), k.shape[-1], **options)
+
     def function(q, k, v, *, num_features, generator=None, prompt_length=None, key_mask=None, causal=True,
-                 **options):
+                 draw=None, **options):
         if causal is not True:
             raise ValueError(f"{name} is a KV-cache policy, causal-only: pass causal=True (or use "
                              f"approxlab.kv_cache_attention); got causal={causal!r}.")
         key_mask = check_key_mask(key_mask, k)
         prompt = prompt_length_of(prompt_length, k.shape[-2])
+        if draw is not None:
+            expected = {key: entry for key, (entry, _) in layout(q, k, prompt_length, options).items()}
+            options, generator = {**options, **check_draw(name, draw, expected, device=q.device)}, None
         context_mask = None if key_mask is None else key_mask[..., :prompt]
         kept = compress(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :],
                         budget=min(num_features, prompt), generator=generator, key_mask=context_mask, **options)
         return prompt_compressed(name, q, k, v, kept, prompt, key_mask, {"kept": kept})
 
+    def draw_of(q, k, *, num_features, generator=None, prompt_length=None, **options):
+        generator = as_generator(generator)
+        return {key: sample(generator).to(q.device) for key, (_, sample) in
+                layout(q, k, prompt_length, {o: x for o, x in options.items() if o in draw_options}).items()}
+
     own = [inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, default=parameter.default)
            for option, parameter in inspect.signature(score).parameters.items()
            if option in (score_options(score) or ())]
     base = [p for p in inspect.signature(function).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    if draws is None:
+        base = [p for p in base if p.name != "draw"]
+    draw_options = [] if draws is None else [o for o in inspect.signature(draws).parameters
+                                             if o not in ("batch", "prompt", "p")]
     if score_options(score) is None:  # the score takes **options: so does the method
         own = [inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)]
     function.__signature__ = inspect.Signature(base + own)
@@ -119,4 +139,4 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
                         "(:mod:`approxlab.methods._cache_policy`)."
                         + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else ""))
     return method(name, target=target, features=features, randomized=randomized, causal=CAUSAL_ONLY,
-                  score=score)(function)
+                  score=score, draw=None if draws is None else draw_of)(function)

@@ -19,11 +19,12 @@ import math
 import torch
 
 from .._validation import check_qkv, check_tensor
+from ..linalg.scaling import balance
 from ._masking import check_key_mask
 from ._selection import real_ranks
 
 __all__ = ["FEATURES", "Context", "check_context", "check_extra_input", "finish", "masked_mean", "masked_zscore",
-           "last_real_query", "fit_sinks"]
+           "last_real_query", "fit_sinks", "unit_scale"]
 
 FEATURES = "context tokens kept (the cache budget b)"
 """What a scorer's budget counts (its ``features`` in the registry)."""
@@ -121,3 +122,10 @@ def fit_sinks(context: Context, budget, *sizes: int) -> tuple[int, ...]:
         cut = min(fitted[at], excess)
         fitted[at], excess = fitted[at] - cut, excess - cut
     return tuple(fitted)
+
+
+def unit_scale(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(*batch, n_c, p)`` times the power of two that brings each head's largest entry into [0.5, 1):
+    exact, so a scorer that squares or sums values neither overflows nor underflows, and a global scale of the
+    values (which leaves attention's output linear in them) leaves the kept set alone."""
+    return balance(x)[0]

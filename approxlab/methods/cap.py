@@ -13,7 +13,7 @@ import torch
 
 from .._validation import check_int, check_positive_float, check_real
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_mean
+from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_mean, unit_scale
 from .expected_attention import average_future_rotation, queries_before_rope, rotary_frequencies
 
 __all__ = ["cap_scores", "REGISTRATION", "CAP"]
@@ -95,7 +95,7 @@ def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_f
     used = context.real & (context.ranks >= n_sink)
     rotation = average_future_rotation(context, frequencies, n_future_positions, p, torch.float64)
     anchor = masked_mean(queries @ rotation.transpose(-1, -2), used, -2)  # (*batch, 1, p)
-    keys, values = k.to(torch.float64), v.to(torch.float64)
+    keys, values = k.to(torch.float64), unit_scale(v).to(torch.float64)
     unit_anchor = anchor / anchor.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     unit_keys = keys / keys.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     alignment = (unit_keys @ unit_anchor.transpose(-1, -2)).squeeze(-1).clamp(-1.0, 1.0)

@@ -12,9 +12,9 @@ import torch
 
 from .._validation import check_int, check_positive_float, check_real
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_zscore
+from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_zscore, unit_scale
 from ._selection import block_rows, safe_softmax
-from .leverage_score import check_sketch, draw_sketch, keys_before_rope, sketched_ridge_leverage
+from .leverage_score import sketch_draws, check_sketch, draw_sketch, keys_before_rope, sketched_ridge_leverage
 
 __all__ = ["compactor_scores", "REGISTRATION", "COMPACTOR"]
 
@@ -149,6 +149,7 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     (True, True)
     """
     context = check_context(q, k, v, key_mask)
+    v = unit_scale(v)  # the values' norms below: overflow-safe, the kept set blind to their global scale
     start = check_int(sink_size_start, "sink_size_start", low=0)
     end = check_int(sink_size_end, "sink_size_end", low=0)
     chunk_size = check_int(chunk_size, "chunk_size", low=1)
@@ -180,7 +181,7 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
 
 
 REGISTRATION = dict(score=compactor_scores, target="softmax", features=FEATURES, randomized=True,
-                    inputs=("rope_base",))
+                    inputs=("rope_base",), draws=sketch_draws)
 """The keyword arguments of this policy's registration: ``register("compactor", **REGISTRATION)``.
 ``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
 to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""

@@ -10,7 +10,7 @@ import torch
 
 from .._validation import check_choice, check_int
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, fit_sinks
+from ._scorers import FEATURES, check_context, finish, fit_sinks, unit_scale
 from .leverage_score import check_sketch, draw_sketch
 
 __all__ = ["cur_scores", "LEVERAGE_TYPES", "REGISTRATION", "CUR"]
@@ -98,7 +98,7 @@ def cur_scores(q, k, v, *, generator=None, key_mask=None, num_sinks=4, leverage_
     check_choice(leverage_type, "leverage_type", LEVERAGE_TYPES)
     if local_window_size is not None:
         local_window_size = check_int(local_window_size, "local_window_size", low=1)
-    keys, values = k, v
+    keys, values = k, unit_scale(v)
     if sketch_dimension is not None:
         r = check_int(sketch_dimension, "sketch_dimension", low=1)
         if v.shape[-1] != k.shape[-1]:

@@ -14,7 +14,7 @@ import torch
 
 from .._validation import check_bool, check_int, check_positive_float, check_tensor
 from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, check_extra_input, finish, fit_sinks, masked_mean
+from ._scorers import FEATURES, check_context, check_extra_input, finish, fit_sinks, masked_mean, unit_scale
 
 __all__ = ["expected_attention_scores", "REGISTRATION", "EXPECTED_ATTENTION"]
 
@@ -182,7 +182,7 @@ def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_ba
         logits = logits + ((k @ covariance) * k).sum(-1) / (2 * p)
     scores = torch.softmax(logits.masked_fill(~used, -math.inf), dim=-1)
     if use_vnorm:
-        scores = (scores + epsilon) * v.norm(dim=-1)
+        scores = (scores + epsilon) * unit_scale(v).norm(dim=-1)  # overflow-safe; blind to v's global scale
     return finish(scores, context, keep=context.ends(first=n_sink))
 
 

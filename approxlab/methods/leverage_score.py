@@ -11,10 +11,11 @@ import torch
 
 from .._validation import as_generator, check_bool, check_int, check_positive_float, check_tensor
 from ._cache_policy import cache_policy
+from .draws import DrawEntry
 from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean, masked_zscore
 from .expected_attention import before_rope, rotary_frequencies
 
-__all__ = ["key_leverage_scores", "REGISTRATION", "LEVERAGE_SCORE"]
+__all__ = ["key_leverage_scores", "sketch_draws", "REGISTRATION", "LEVERAGE_SCORE"]
 
 HOW_PRE_ROPE = ("the context's keys before the rotary embedding: pass keys_pre_rope=(*batch, n_c, p), or "
                 "rope_base=/rope_frequencies= to rotate k back (keys_pre_rope=k for a model without RoPE)")
@@ -154,8 +155,15 @@ def key_leverage_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope
     return finish(scores.to(k.dtype), context)
 
 
+def sketch_draws(batch, prompt, p, *, sketch_dimension=48):
+    """The draw of the causal form: ``sketch`` ``(*batch, p, r)``, as :func:`draw_sketch` draws it (float64)."""
+    return {"sketch": (DrawEntry((*batch, p, sketch_dimension), "(*batch, p, sketch_dimension)"),
+                       lambda generator: draw_sketch(batch, p, sketch_dimension, generator,
+                                                     torch.empty(0, dtype=torch.float64)))}
+
+
 REGISTRATION = dict(score=key_leverage_scores, target="softmax", features=FEATURES, randomized=True,
-                    inputs=("rope_base",))
+                    inputs=("rope_base",), draws=sketch_draws)
 """The keyword arguments of this policy's registration: ``register("leverage-score", **REGISTRATION)``.
 ``inputs``: the options the caller must supply -- ``keys_pre_rope`` (or ``rope_base``/``rope_frequencies``
 to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import as_generator
+from .._validation import as_generator, check_tensor
 from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish
+from .draws import DrawEntry
 
 __all__ = ["random_scores", "REGISTRATION", "RANDOM"]
 
 
-def random_scores(q, k, v, *, generator=None, key_mask=None):
+def random_scores(q, k, v, *, generator=None, key_mask=None, uniform=None):
     r"""Independent :math:`U(0, 1)` scores, :math:`s_j \sim U[0, 1)`: a uniformly random kept set.
 
     Parameters
@@ -26,6 +27,8 @@ def random_scores(q, k, v, *, generator=None, key_mask=None):
         The CPU generator the scores are drawn from (the draw is made on the CPU in float64, then cast
         and moved, so a seed gives the same kept set on every device and dtype); None: a fresh one
         seeded from OS entropy.
+    uniform : torch.Tensor, optional
+        ``(*batch, n_c)`` the scores themselves, a given draw (the causal method's draw ``uniform``).
     key_mask : torch.Tensor, optional
         ``(*batch, n_c)`` bool, True on real tokens; padded keys score :math:`-\infty` (a kept set within
         the real tokens is uniform among them).
@@ -58,12 +61,25 @@ def random_scores(q, k, v, *, generator=None, key_mask=None):
     (torch.Size([2, 6]), True)
     """
     context = check_context(q, k, v, key_mask)
-    generator = as_generator(generator)
-    draw = torch.rand(*context.batch, context.n, generator=generator, dtype=torch.float64)
+    if uniform is None:
+        draw = torch.rand(*context.batch, context.n, generator=as_generator(generator), dtype=torch.float64)
+    else:
+        check_tensor(uniform, "uniform")
+        if tuple(uniform.shape) != (*context.batch, context.n):
+            raise ValueError(f"`uniform` must have shape (*batch, n_c) = {(*context.batch, context.n)}; got "
+                             f"{tuple(uniform.shape)}.")
+        draw = uniform
     return finish(draw.to(dtype=k.dtype, device=k.device), context)
 
 
-REGISTRATION = dict(score=random_scores, target="softmax", features=FEATURES, randomized=True, inputs=())
+def _draws(batch, prompt, p):
+    """The draw of the causal form: ``uniform`` ``(*batch, P)``, the prompt's scores."""
+    return {"uniform": (DrawEntry((*batch, prompt), "(*batch, prompt_length)"),
+                        lambda generator: torch.rand(*batch, prompt, generator=generator, dtype=torch.float64))}
+
+
+REGISTRATION = dict(score=random_scores, target="softmax", features=FEATURES, randomized=True, inputs=(),
+                    draws=_draws)
 """The keyword arguments of this policy's registration: ``register("random", **REGISTRATION)``."""
 
 RANDOM = cache_policy("random", **REGISTRATION)
