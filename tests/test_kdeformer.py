@@ -20,7 +20,8 @@ def _qkv(n, seed=0):
     return q, k, v.double()
 
 
-@pytest.mark.parametrize("options", [{}, {"sampling": "augmented", "order": "code", "block_size": 5}])
+@pytest.mark.parametrize("options", [{}, {"sampling": "augmented", "order": "code", "block_size": 5},
+                                     {"sampling": "augmented", "weights": "code"}])
 def test_is_its_dense_definition_with_the_same_draw(options):
     """A~ = M^H . A + ((1 - M^H) . A) Pi^T Pi with p_j from sampling_weights and weight 1 / (m p_j);
     output A~ V / A~ 1 (n = 26: a short last block)."""
@@ -32,7 +33,7 @@ def test_is_its_dense_definition_with_the_same_draw(options):
     heavy = sortlsh.sortlsh_mask(q, k, block_size=block, hyperplanes=drawn["hyperplanes"],
                                  order=options.get("order", "gray")).double()
     a = torch.exp(q @ k.mT / 2)
-    weights = sampling_weights(v, sampling=options.get("sampling", "value-norms"))
+    weights = sampling_weights(v, sampling=options.get("sampling", "value-norms"), weights=options.get("weights", "norm"))
     cumulative = weights.cumsum(-1)
     chosen = (cumulative.unsqueeze(-2) <= drawn["column_uniforms"].unsqueeze(-1) * cumulative[..., -1:, None]).sum(-1)
     assert torch.equal(result.info["columns"], chosen)
@@ -63,6 +64,34 @@ def test_sampling_weights_by_hand():
         [3 / norm + 1 / 3, 4 / norm + 1 / 3, 0.0, math.sqrt(2) / norm + 1 / 3], dtype=torch.float64))
     torch.testing.assert_close(sampling_weights(1e-300 * v), sampling_weights(v))  # scale-free
     assert bool((sampling_weights(torch.zeros(3, 2, dtype=torch.float64)) == 1 / 3).all())  # V = 0: uniform
+
+
+def test_the_codes_weights_divide_by_the_squared_norm_its_power_method_estimates():
+    """KDEformer.py's power_method iterates on the Gram matrix V^T V: it converges to ||V||_2^2, and the code's
+    weights are ||v_j|| / ||V||_2^2 + 1/n, which (unlike the default's) change with the scale of V."""
+    g = gen(5)
+    v = torch.randn(40, 3, generator=g, dtype=torch.float64) + 2.0
+    gram = v.mT @ v
+    x = torch.randn(3, generator=g, dtype=torch.float64)
+    for _ in range(200):  # the code's iteration, run to convergence: ||Gram x|| for a unit x
+        y = gram @ (x / x.norm())
+        x = y
+    estimate = float(y.norm())
+    assert estimate == pytest.approx(float(torch.linalg.matrix_norm(v, ord=2)) ** 2, rel=1e-12)
+    code = sampling_weights(v, weights="code")
+    torch.testing.assert_close(code, torch.linalg.vector_norm(v, dim=-1) / estimate + 1 / 40, rtol=1e-12, atol=0)
+    torch.testing.assert_close(sampling_weights(3.0 * v), sampling_weights(v))  # the default is scale-free
+    torch.testing.assert_close(sampling_weights(3.0 * v, weights="code") - 1 / 40, (code - 1 / 40) / 3.0)
+    mask = torch.arange(40) < 30
+    torch.testing.assert_close(sampling_weights(v, mask, weights="code")[:30],
+                               sampling_weights(v[:30], weights="code"))
+    q, k, _ = _qkv(40, seed=6)
+    drawn = draw("kdeformer", q, k, num_features=6, generator=gen(7))
+    norm, coded = (approxlab.approximate("kdeformer", q, k, v.expand(2, 40, 3), num_features=6, draw=drawn,
+                                         weights=w) for w in ("norm", "code"))
+    assert not torch.equal(norm.info["columns"], coded.info["columns"])
+    with pytest.raises(ValueError, match=r"`weights` must be one of \['code', 'norm'\]; got 'paper'"):
+        approxlab.approximate("kdeformer", q, k, v.expand(2, 40, 3), num_features=6, weights="paper")
 
 
 def test_one_block_holding_every_key_is_exact_attention():

@@ -17,9 +17,14 @@ from ._masking import check_key_mask, query_mask
 from ._sampled_blocks import (Piece, block_logits, check_uniform_draw, logits_at, operator_from_pieces,
                               piece_output, uniform_entry, value_weights)
 
-__all__ = ["kdeformer", "KDEFORMER", "draw_kdeformer", "sampling_weights", "SAMPLINGS"]
+__all__ = ["kdeformer", "KDEFORMER", "draw_kdeformer", "sampling_weights", "SAMPLINGS", "WEIGHTS"]
 
 SAMPLINGS = ("value-norms", "augmented")
+
+WEIGHTS = ("norm", "code")
+r"""The residual columns' weights: ``"norm"`` :math:`\|v_j\|/\|V\|_2 + 1/m_k` (unchanged when :math:`V` is scaled);
+``"code"`` :math:`\|v_j\|/\|V\|_2^2 + 1/m_k`, what ``KDEformer.py`` computes (its ``power_method`` iterates on the Gram
+matrix :math:`V^\top V`, whose largest eigenvalue is :math:`\|V\|_2^2`)."""
 
 
 def _block_size(block_size, num_features) -> int:
@@ -56,8 +61,10 @@ def draw_kdeformer(q, k, *, num_features, generator=None, bits=sortlsh.DEFAULT_B
     return {"hyperplanes": planes, "column_uniforms": uniforms}
 
 
-def sampling_weights(v: torch.Tensor, key_mask: torch.Tensor | None = None, sampling: str = "value-norms"):
-    r"""KDEformer's unnormalised column probabilities :math:`\|v_j\|/\|V\|_2 + 1/m_k`: ``(*batch, m_k)`` float64.
+def sampling_weights(v: torch.Tensor, key_mask: torch.Tensor | None = None, sampling: str = "value-norms",
+                     weights: str = "norm"):
+    r"""KDEformer's unnormalised column probabilities :math:`\|v_j\|/\|V\|_2 + 1/m_k` (``weights="norm"``) or
+    :math:`\|v_j\|/\|V\|_2^2 + 1/m_k` (``"code"``): ``(*batch, m_k)`` float64.
 
     Parameters
     ----------
@@ -66,15 +73,23 @@ def sampling_weights(v: torch.Tensor, key_mask: torch.Tensor | None = None, samp
     key_mask : torch.Tensor, optional
         ``(*batch, m_k)`` bool: padded keys get weight 0, and :math:`m_k` counts the real keys.
     sampling : {"value-norms", "augmented"}
-        ``"value-norms"``: the norms of :math:`V` itself, so the sample does not depend on the scale of
-        :math:`V`; ``"augmented"``: those of :math:`[V, \mathbf 1]`, the values with the column of ones that
-        the code appends to compute the row sums in the same product (``value_aug``), as the code does.
+        ``"value-norms"``: the norms of :math:`V` itself; ``"augmented"``: those of :math:`[V, \mathbf 1]`, the
+        values with the column of ones that the code appends to compute the row sums in the same product
+        (``value_aug``), as the code does.
+    weights : {"norm", "code"}
+        ``"norm"``: the ratio :math:`\|v_j\|/\|V\|_2`, so the sample does not depend on the scale of :math:`V`;
+        ``"code"``: :math:`\|v_j\|/\|V\|_2^2`, as ``KDEformer.py`` computes it (``calc_A_res``:
+        ``power_method(Gram_V)`` with ``Gram_V`` :math:`= V^\top V`, whose power iteration converges to the
+        largest eigenvalue :math:`\|V\|_2^2`, not to :math:`\|V\|_2`). The two differ by the factor
+        :math:`\|V\|_2` in front of the uniform :math:`1/m_k`: scaling :math:`V` by :math:`c` scales the code's
+        first term by :math:`1/c`, so its sample moves towards uniform as the values grow.
 
     Notes
     -----
-    :math:`\|V\|_2` is computed exactly (the singular values of :math:`V`); the code estimates it with 20
-    power iterations on :math:`V^\top V` from a start drawn from torch's global generator
-    (``power_method``). :math:`V = 0` gives :math:`0/0`, taken as 0: uniform weights.
+    :math:`\|V\|_2` is computed exactly (the singular values of :math:`V`); the code runs 20 power iterations on
+    :math:`V^\top V` from a start drawn from torch's global generator (``power_method``), an estimate of
+    :math:`\|V\|_2^2` that the iteration may leave a few percent short. :math:`V = 0` gives :math:`0/0`, taken as 0:
+    uniform weights.
 
     Examples
     --------
@@ -83,15 +98,20 @@ def sampling_weights(v: torch.Tensor, key_mask: torch.Tensor | None = None, samp
     >>> v = torch.tensor([[3.0, 0.0], [0.0, 4.0], [0.0, 0.0]], dtype=torch.float64)
     >>> sampling_weights(v)        # ||V||_2 = 4, 1/m_k = 1/3
     tensor([1.0833, 1.3333, 0.3333], dtype=torch.float64)
+    >>> sampling_weights(v, weights="code")  # ||V||_2^2 = 16, as KDEformer.py
+    tensor([0.5208, 0.5833, 0.3333], dtype=torch.float64)
     """
     check_choice(sampling, "sampling", SAMPLINGS)
+    check_choice(weights, "weights", WEIGHTS)
     if sampling == "augmented":
         v = torch.cat([v, torch.ones_like(v[..., :1])], -1)
     if key_mask is not None:
         v = v * key_mask.unsqueeze(-1).to(v.dtype)
-    norms = value_weights(v, key_mask, 1.0)
+    norms = value_weights(v, key_mask, 1.0)  # ||v_j|| / s for the largest entry s of V
     scale = v.detach().to(torch.float64).abs().flatten(-2).amax(-1).clamp_min(torch.finfo(torch.float64).tiny)
     operator_norm = torch.linalg.matrix_norm(v.detach().to(torch.float64) / scale[..., None, None], ord=2)
+    if weights == "code":  # ||v_j|| / ||V||_2^2 = (||v_j|| / s) / (||V / s||_2 ||V||_2)
+        operator_norm = operator_norm * operator_norm * scale
     ratio = torch.where(operator_norm[..., None] > 0, norms / operator_norm.clamp_min(1e-300)[..., None], 0.0)
     real = v.shape[-2] if key_mask is None else key_mask.sum(-1, keepdim=True).to(torch.float64)
     uniform = 1.0 / real if key_mask is None else key_mask.to(torch.float64) / real
@@ -106,7 +126,7 @@ def sampling_weights(v: torch.Tensor, key_mask: torch.Tensor | None = None, samp
     draw=draw_kdeformer,
 )
 def kdeformer(q, k, v, *, num_features, generator=None, block_size=None, bits=sortlsh.DEFAULT_BITS,
-              sampling="value-norms", order="gray", draw=None, key_mask=None):
+              sampling="value-norms", weights="norm", order="gray", draw=None, key_mask=None):
     r"""KDEformer: exact sortLSH blocks plus value-norm sampled columns, :math:`\tilde D^{-1}\tilde AV`.
 
     Parameters
@@ -122,8 +142,11 @@ def kdeformer(q, k, v, *, num_features, generator=None, block_size=None, bits=so
     bits : int, default 7
         Hyperplanes of the hash (the code's ``num_projs=7``).
     sampling : {"value-norms", "augmented"}
-        The column probabilities (:func:`sampling_weights`): :math:`\propto \|v_j\|/\|V\|_2 + 1/m_k`, of
-        :math:`V` (default) or of the code's :math:`[V, \mathbf 1]`.
+        The column probabilities (:func:`sampling_weights`) from the rows of :math:`V` (default) or of the
+        code's :math:`[V, \mathbf 1]`.
+    weights : {"norm", "code"}
+        :math:`p_j \propto \|v_j\|/\|V\|_2 + 1/m_k` (default, unchanged by a scale of :math:`V`) or the code's
+        :math:`\|v_j\|/\|V\|_2^2 + 1/m_k` (:func:`sampling_weights`).
     order : {"gray", "code"}
         The bucket order of sortLSH (:func:`approxlab.sortlsh.bucket_ranks`): the Hamming (Gray) order of
         the paper's Section 4, or the code's ``perm[bucket]``.
@@ -162,8 +185,10 @@ def kdeformer(q, k, v, *, num_features, generator=None, block_size=None, bits=so
 
     **Where the published code departs** (majid-daliri/kdeformer ``KDEformer.py``, commit 427df2d):
 
-    - the probabilities use :math:`[V, \mathbf 1]` (``sampling="augmented"``), and :math:`\|\cdot\|_2`
-      from 20 power iterations started from torch's global generator (approxlab: exact);
+    - the probabilities use :math:`[V, \mathbf 1]` (``sampling="augmented"``) and divide :math:`\|v_j\|` by
+      the squared norm :math:`\|[V, \mathbf 1]\|_2^2` (``weights="code"``): its ``power_method`` iterates
+      on the Gram matrix :math:`V^\top V`, whose largest eigenvalue is :math:`\|V\|_2^2`; it runs 20
+      iterations from a start drawn from torch's global generator (approxlab: the exact norm);
     - buckets are sorted by ``perm[bucket]`` (``order="code"``) with an unstable ``torch.sort`` (approxlab:
       stable; ties in one bucket keep the token order);
     - the logits are :math:`q^\top k` without :math:`1/\sqrt p` (its GloVe demo divides the inputs by
@@ -197,6 +222,7 @@ def kdeformer(q, k, v, *, num_features, generator=None, block_size=None, bits=so
     block_size = _block_size(block_size, num_features)
     bits = check_int(bits, "bits", low=1, high=30)
     check_choice(sampling, "sampling", SAMPLINGS)
+    check_choice(weights, "weights", WEIGHTS)
     check_choice(order, "order", sortlsh.ORDERS)
     key_mask = check_key_mask(key_mask, k)
     if key_mask is not None:
@@ -210,9 +236,10 @@ def kdeformer(q, k, v, *, num_features, generator=None, block_size=None, bits=so
     blocks = sortlsh.heavy_keys(q, k, block_size=block_size, hyperplanes=draw["hyperplanes"], order=order,
                                 key_mask=key_mask, query_mask=query_mask(key_mask, q, k))
     heavy = block_logits(q, k, blocks, block_size)
-    weights = sampling_weights(v, key_mask, sampling)
-    columns = sketch.inverse_cdf(weights, draw["column_uniforms"]).to(q.device)
-    probability = (torch.gather(weights, -1, columns.to(weights.device)) / weights.sum(-1, keepdim=True))
+    column_weights = sampling_weights(v, key_mask, sampling, weights)
+    columns = sketch.inverse_cdf(column_weights, draw["column_uniforms"]).to(q.device)
+    probability = (torch.gather(column_weights, -1, columns.to(column_weights.device))
+                   / column_weights.sum(-1, keepdim=True))
     log_weight = -torch.log(probability.to(device=q.device, dtype=q.dtype) * num_features)  # 1 / (m p_j)
     in_block = torch.gather(blocks.key_block, -1, columns).unsqueeze(-2) == blocks.query_block.unsqueeze(-1)
     residual = (logits_at(q, k, columns) + log_weight.unsqueeze(-2)).masked_fill_(in_block, float("-inf"))

@@ -85,7 +85,8 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
         :math:`S`, tokens per page (the paper's 16); pages are consecutive, the last one may be short.
     budget_rounding : {"ceil", "floor"}, default "ceil"
         ``"ceil"``: whole pages covering the budget (``num_features = m`` is exact attention); ``"floor"``:
-        ``token_budget // chunk_size`` pages, as the authors' evaluation code.
+        ``token_budget // chunk_size`` pages, as the authors' evaluation code while its cache holds at
+        least ``token_budget`` tokens (Notes).
     min_pages : int, default 1
         At least this many pages per query (the authors' evaluation code: 3).
     key_mask : torch.Tensor, optional
@@ -117,8 +118,12 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
     :math:`q^+ M^\top + q^- m^\top` (:func:`page_bounds`).
 
     **Where the published code departs** (mit-han-lab/Quest, ``evaluation/quest_attention.py``, the code
-    behind the paper's accuracy results): (1) it keeps ``max(3, token_budget // chunk_size)`` pages
-    (``budget_rounding="floor", min_pages=3``); (2) it applies Quest to decode steps only, the prompt
+    behind the paper's accuracy results): (1) it keeps ``max(3, min(kv_len, token_budget) // chunk_size)``
+    pages (at most all of them) for a cache of ``kv_len`` tokens (``budget_rounding="floor", min_pages=3``
+    while ``kv_len >= token_budget``); a cache of fewer than :math:`S\lfloor B/S\rfloor` tokens whose length
+    is not a multiple of the page then keeps :math:`\lfloor\text{kv\_len}/S\rfloor` of its :math:`\lceil\text{kv\_len}/S\rceil` pages (once
+    that is at least 3), dropping the page of lowest bound, where this method keeps every page (exact
+    attention for such a query); (2) it applies Quest to decode steps only, the prompt
     (``q_len > 1``) and the first two layers attending densely; (3) it forms the bound per token
     (``sign(q) * q`` against the page's ``max(sign(q) * k)``, repeated over the page) before taking the
     page maximum -- the same number as :math:`U_{iP}`; its bound is not divided by :math:`\sqrt p`, which

@@ -60,7 +60,8 @@ def run_lines(runs, config, results, assumptions, kv) -> list[str]:
              f"windows of {max(config['n'])} tokens); {config['seeds']} seed(s) for randomized methods.",
              f"- KV-cache setting: the first {config['kv_context'] + config['kv_continuation']} tokens of each "
              f"window, a context of {config['kv_context']} and a continuation of {config['kv_continuation']}; "
-             f"budgets {config['kv_budgets']}.",
+             f"budgets {config['kv_budgets']}; K/V repeated to the query heads, so a policy keeps b tokens per query "
+             "head (`grouping=\"query-head\"`, SnapKV's code; up to H/H_kv times b per KV head).",
              "- Methods: " + ", ".join(f"{m} ({'own causal form' if config['causal_forms'][m] is True else 'mask-renormalise'})"
                                        for m in config["methods"]) + ".",
              "- Left out (a value above a method's limit there): " + ("; ".join(skipped) if skipped else "nothing")

@@ -23,7 +23,7 @@ import torch
 from ...errors import UsageError
 from ...patching import patch_attention, token_nll
 from ..engine.keys import cell_seed
-from .grid import ALL_LAYERS, KV_CACHE, WHOLE
+from .grid import ALL_LAYERS, KV_CACHE, KV_GROUPING, WHOLE
 
 __all__ = ["BASELINE_KEY", "DECODER_KEY", "ENCODER_KEY", "COST_KEY", "MEASURES", "decoder_model", "encoder_model",
            "window_tokens", "compute_baseline", "compute_decoder", "compute_encoder", "compute_cost"]
@@ -153,7 +153,7 @@ def compute_decoder(cell: dict) -> dict:
     key = tuple(cell[c] for c in DECODER_KEY)
     options = {"model": model, "layers": None if cell["layers"] == ALL_LAYERS else layers}
     if cell["setting"] == KV_CACHE:
-        options["context_length"] = cell["context"]
+        options.update(context_length=cell["context"], grouping=KV_GROUPING)
     nll, patch, status, caught = _run(cell, key, lambda: token_nll(model, ids), **options)
     scored = None if nll is None else _scored(nll, cell)
     errors = [] if patch is None else patch.errors()

@@ -34,6 +34,10 @@ CONTROL = "exact"
 the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
 
 WHOLE, KV_CACHE = "whole", "kv-cache"
+KV_GROUPING = "kv-head"
+"""The KV-cache setting's kept sets on a grouped-query model: b context tokens per layer and KV head (the query
+heads' scores averaged, as kvpress does; ``patch_attention(..., grouping=...)``). Runs before it held a set per
+query head (``"query-head"``), which a config without ``kv_grouping`` means."""
 ALL_LAYERS = "all"
 
 FULL_GRID = {
@@ -170,7 +174,7 @@ def build_config(*, num_layers: int, quick: bool = False, window_pool: int = 64,
         "checkpoint": str(checkpoint), "encoder_checkpoint": ENCODER_CHECKPOINT,
         "window_tokens": max(grid["n"], grid["context"] + grid["continuation"]),
         "window_pool": int(window_pool), "window_seed": int(window_seed), "base_seed": int(base_seed),
-        "cost_repeats": int(cost_repeats),
+        "cost_repeats": int(cost_repeats), "kv_grouping": KV_GROUPING,
         "cost_features": grid["num_features"][len(grid["num_features"]) // 2],
         "scored": {WHOLE: "every prediction of the first n tokens (n - 1 per window)",
                    KV_CACHE: "the predictions made at the continuation's positions (continuation - 1 per window)"},

@@ -48,7 +48,9 @@ def _run(saved, delta, baseline) -> list[str]:
         f"disjoint windows of {config['window_tokens']} tokens); the whole-window setting reads their first "
         f"n = {config['n']} tokens and scores its {config['n'] - 1} predictions; the KV-cache setting compresses a "
         f"context of n_c = {config['context']} tokens in every layer and scores the {config['continuation'] - 1} "
-        f"predictions made in the {config['continuation']}-token continuation.",
+        f"predictions made in the {config['continuation']}-token continuation; its kept sets: "
+        f"`grouping=\"{config.get('kv_grouping', 'query-head')}\"` (kv-head: b tokens per KV head; query-head: b per "
+        "query head, up to H/H_kv times b per KV head).",
         f"- Replaced: {', '.join(config['layers'])} (whole window); every layer (KV cache). d (the budget b in the KV "
         f"cache): {config['num_features']}; a method that ignores d runs once.",
         "- Methods (decoder): " + ", ".join(config["methods"]) + f"; control: `{config['control']}` through the patch "
