@@ -500,3 +500,12 @@ def test_registration_declares_the_contract(module):
     assert {"generator", "key_mask"} <= {name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY}
     assert all(name in parameters for name in registration["inputs"])
     assert registration["randomized"] == (module in ("random", "leverage_score", "compactor"))
+
+
+@pytest.mark.parametrize("name", ["random", "leverage-score", "cur-sketched", "compactor"])
+def test_randomized_scorers_are_reproducible_from_their_generator(name):
+    q, k, v, mask = _context()
+    score, options = _options(name, q, k, v)
+    first = score(q, k, v, key_mask=mask, generator=gen(21), **options)
+    assert torch.equal(first, score(q, k, v, key_mask=mask, generator=gen(21), **options))
+    assert not torch.equal(first, score(q, k, v, key_mask=mask, generator=gen(22), **options))
