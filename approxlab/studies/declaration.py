@@ -324,6 +324,29 @@ class Study:
         unknown = set(self.executors) - set(EXECUTORS)
         if unknown:
             raise ValueError(f"`executors` must be among {EXECUTORS}; got {sorted(unknown)}.")
+        self._check_unique()
+
+    def _check_unique(self) -> None:
+        """Each option flag and destination declared once, each table written by one step: one line naming the
+        study, the field and the values that clash (argparse would raise ``ArgumentError`` while it builds the
+        command line, and two steps writing one table would overwrite each other's rows)."""
+        if not all(isinstance(option, Option) for option in self.options):
+            raise ValueError(f"study {self.name!r}: `options` must be a tuple of Option; got "
+                             f"{[type(option).__name__ for option in self.options]}.")
+        seen = {}
+        for option in self.options:
+            for what in (*option.flags, f"dest={option.dest!r}"):
+                if what in seen:
+                    raise ValueError(f"study {self.name!r}: `options` declares {what} twice (in the options with "
+                                     f"flags {seen[what]} and {list(option.flags)}); declare each option once.")
+                seen[what] = list(option.flags)
+        writers = {}
+        for index, step in enumerate(self.steps):
+            for table in step.tables:
+                if table.name in writers:
+                    raise ValueError(f"study {self.name!r}: `steps` {writers[table.name]} and {index} both write "
+                                     f"{table.name!r}; each table is written by one step.")
+                writers[table.name] = index
 
     @property
     def tables(self) -> tuple:
