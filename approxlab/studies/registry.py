@@ -92,7 +92,7 @@ def _check_common_options(study: Study) -> None:
     flags = {flag for action in parser._actions for flag in action.option_strings}
     dests = {action.dest for action in parser._actions}
     for option in study.options:
-        taken = [flag for flag in option.flags if flag in flags] or ([f"dest={option.dest!r}"]
+        taken = [flag for flag in (*option.flags, *option.deprecated) if flag in flags] or ([f"dest={option.dest!r}"]
                                                                       if option.dest in dests else [])
         if taken:
             raise ValueError(f"study {study.name!r}: `options` declares {taken[0]} (the option with flags "
