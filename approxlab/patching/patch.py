@@ -320,7 +320,7 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     rescaled by :math:`s\sqrt p` for the model's scaling :math:`s` (Gemma 3's ``query_pre_attn_scalar``,
     GPT-2's per-layer scaling; :func:`~approxlab.data.capture.query_factor`), ``causal`` as the model is
     (see :attr:`AttentionPatch.causal`), and the padding of ``attention_mask`` as ``key_mask`` (an encoder's
-padded batch needs a method that takes one: checked when the forward pass starts). In a causal
+    padded batch needs a method that takes one: checked when the forward pass starts). In a causal
     model padding must follow the tokens (right padding: a real token never attends it, so no mask is
     passed); the causal methods take no ``key_mask``. The method runs in the model's dtype (float32 or
     float64; half-precision models in float32, the output cast back). With ``exact``, the patched model
