@@ -415,9 +415,11 @@ SAMPLES = {"tasks": {"instability": "listops:64:2", "lra-svd": "listops:32"}, "l
 
 def _list_options(study: str) -> list:
     from approxlab.cli import build_parser
+    from approxlab.studies.declaration import DeprecatedAlias
 
-    parser = build_parser(study).study_parser
-    return [action for action in parser._actions if action.option_strings and action.nargs in ("+", "*")]
+    parser = build_parser(study).study_parser  # a deprecated flag is its option's (named by the new flag)
+    return [action for action in parser._actions if action.option_strings and action.nargs in ("+", "*")
+            and not isinstance(action, DeprecatedAlias)]
 
 
 def _sample(declared, action) -> str:
