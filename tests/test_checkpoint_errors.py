@@ -328,3 +328,18 @@ def test_bad_checkpoint_on_the_command_line_is_one_line(study, arguments, messag
     assert_one_line_error(status, err, study, message.split(":", 1)[0])
     assert re.search(message, err.strip()), err
     assert not (tmp_path / "out").exists()  # the refused run left nothing behind
+
+
+@pytest.mark.parametrize("condition", ["pretrained", "initialized"])
+def test_a_config_transformers_validators_refuse_is_a_checkpoint_error(condition, tmp_path):
+    """A Llama config whose heads do not divide its hidden size surfaced as huggingface_hub's
+    StrictDataclassClassValidationError (not a ValueError): it is approxlab's CheckpointError naming the
+    checkpoint and transformers' reason."""
+    folder = save_tiny_checkpoint("llama", tmp_path / "llama")
+    config = json.loads((tmp_path / "llama" / "config.json").read_text())
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 3}))
+    with pytest.raises(CheckpointError, match=r"^`checkpoint` must be a checkpoint whose config\.json passes "
+                                              r"transformers' checks of its architecture; got '.*llama' \(The hidden "
+                                              r"size \(32\) is not a multiple of the number of attention heads "
+                                              r"\(3\)\)\.$"):
+        load_model(condition, checkpoint=str(folder))

@@ -116,6 +116,8 @@ CASES = [
     ("decoder", ["--plot-only", "--out", "{missing}"], "--plot-only"),
     ("perplexity", ["--methods", "linformer"], "--methods"),
     ("perplexity", ["--encoder-methods", "h2o"], "--encoder-methods"),
+    ("perplexity", ["--methods", "exact,performer"],
+     "--methods: methods other than 'exact', which always runs as the control, got exact,performer"),
     ("perplexity", ["--layer-settings", "top"], "--layer-settings"),
     ("perplexity", ["--n", "512,1024"], "--n"),
     ("perplexity", ["--continuation", "1"], "--continuation"),

@@ -200,3 +200,20 @@ def test_methods_causal_forms_and_default_layers():
     assert "nystromformer at n=16: d=32" in config["skipped"]  # beyond the limit at one n: left out, and said so
     assert "h2o in the KV-cache setting: budget 24" in config["skipped"]
     assert all(claim.min_units == 2 for claim in decoder_claims.CLAIMS + decoder_claims.CORRELATION_CLAIMS)
+
+
+def test_the_kv_cache_defaults_follow_the_lengths_asked_for(capsys):
+    """``--n 16`` (any n below 2,048) was refused unless --kv-context, --kv-continuation and --kv-budgets were all
+    given (their defaults, 1,536 + 512, fit only the full grid's lengths): the defaults that do not fit follow the
+    smallest n (a context of 3/4 of it, the rest continuation, the budgets below the context); given values stay."""
+    config = decoder.build_config(layers=[0], n=[16])
+    assert (config["kv_context"], config["kv_continuation"], config["kv_budgets"]) == (12, 4, [3, 6])
+    config = decoder.build_config(layers=[0], n=[128, 1024])
+    assert (config["kv_context"], config["kv_continuation"], config["kv_budgets"]) == (96, 32, [16, 64])
+    config = decoder.build_config(layers=[0], n=[128, 1024], kv_context=64, kv_budgets=[8])
+    assert (config["kv_context"], config["kv_continuation"], config["kv_budgets"]) == (64, 64, [8])  # the rest of the smallest n
+    config = decoder.build_config(layers=[0])  # the full grid keeps its own
+    assert (config["kv_context"], config["kv_continuation"], config["kv_budgets"]) == (1536, 512, [16, 64, 256, 1024])
+    with pytest.raises(SystemExit):
+        main(["decoder", "--help"])
+    assert "3/4 of the smallest n" in " ".join(capsys.readouterr().out.split())

@@ -186,3 +186,17 @@ def test_unknown_option_is_approxlabs_message(name):
     with pytest.raises(TypeError, match=rf"`colums` is not an option of method '{name}' \(unexpected keyword "
                                         r"argument 'colums'\); its options are \['columns', 'core', "):
         approxlab.approximate(name, q, k, v, num_features=2, colums=None)
+
+
+@pytest.mark.parametrize("name", ["nystrom", "skyformer"])
+@pytest.mark.parametrize("value", [1.0, -0.25])
+def test_pivot_uniforms_out_of_range_are_refused_naming_the_draw(name, value):
+    """An RPCholesky draw holding 1.0 was refused as "`uniforms` must lie in [0, 1)", naming no ``draw``."""
+    q, k, v = (torch.randn(2, 16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    made = draw(name, q, k, num_features=4, generator=torch.Generator().manual_seed(0),
+                          sampling="rpcholesky")
+    made["pivot_uniforms"][0, 0] = value
+    with pytest.raises(ValueError, match=rf"^`draw\['pivot_uniforms'\]` of method '{name}' must hold uniforms in "
+                                         rf"\[0, 1\); got values in \[.*{value}"):
+        approxlab.approximate(name, q, k, v, num_features=4, draw=made, sampling="rpcholesky")

@@ -260,3 +260,17 @@ def test_full_grid_uses_the_papers_optimiser_settings():
     assert {(t["n"], t["batch_size"]) for t in config["tasks"]} == {(256, 8)} and config["num_features"] == 128
     cells = study.make_cells(config, {"data_dir": None, "cache_dir": None, "device": "cpu"})
     assert [c["seed"] for c in cells[:20]] == [0] * 20  # seed by seed: a stopped run holds whole seeds
+
+
+def test_a_run_of_the_softmax_reference_alone_writes_its_report(tmp_path, capsys):
+    """``--attentions softmax`` computed every cell and then the report raised ``KeyError: 'decision'`` (an empty
+    summary of the entries still open), with ``--plot-only`` too: both write table.md."""
+    from approxlab.cli import main
+
+    out = tmp_path / "run"
+    assert main(["instability", "--attentions", "softmax", "--tasks", "text:16:1", "--seeds", "2", "--steps", "2",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert "| softmax | 1 (reference) |" in (out / "table.md").read_text()
+    (out / "table.md").unlink()
+    assert main(["instability", "--out", str(out), "--plot-only"]) == 0
+    assert (out / "table.md").is_file() and "Traceback" not in capsys.readouterr().err

@@ -3,6 +3,8 @@
 A new method is one file plus one registry line; it is picked up here automatically.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -163,3 +165,40 @@ def test_registry_modules_declare_their_name():
     for name in METHODS:
         assert get(name).name == name
         assert get(name).features
+
+
+REFUSED_SHAPES = {
+    "nystrom": r"`q` and `k` must have the same length n for plain Nyström \(one index set S for rows "
+                           r"and columns\); got 1 and 3\.",
+}
+"""The shapes a method refuses, and the one line that says why (documented in the method's docstring)."""
+
+
+def _forms(name):
+    """The forms of ``name`` to run: its bidirectional one unless it is causal-only, and each causal one it has."""
+    causal = get(name).causal
+    return ([] if causal == "only" else [False]) + ([True] if causal in (True, "only") else []) + (
+        ["mask-renormalise"] if causal == "mask-renormalise" else [])
+
+
+@pytest.mark.parametrize("lead", [(), (2,)], ids=["(n, p)", "(b, n, p)"])
+@pytest.mark.parametrize("n, m", [(5, 5), (1, 1), (1, 3)], ids=["n=m=5", "n=m=1", "n=1,m=3"])
+@pytest.mark.parametrize("name", METHODS)
+def test_unbatched_inputs_and_a_single_token(name, n, m, lead):
+    """Every method takes ``(n, p)`` inputs (no batch dimension) and one query (n=1, with one key or a few), in
+    each of its forms (causal ones where the shapes allow: n = m), or refuses in one documented line; polynomial
+    raised torch's ``tensor.mT is only supported on matrices`` on ``(n, p)`` inputs."""
+    g = _gen(0)
+    q, k, v = (torch.randn(*lead, rows, 4, dtype=torch.float64, generator=g) for rows in (n, m, m))
+    for causal in _forms(name):
+        if causal and n != m:
+            continue
+        try:
+            result = approxlab.approximate(name, q, k, v, num_features=1, causal=causal, generator=_gen(1))
+        except ValueError as error:
+            message = str(error)
+            assert name in REFUSED_SHAPES and "\n" not in message, message
+            assert re.fullmatch(REFUSED_SHAPES[name], message), message
+            continue
+        assert result.output.shape == (*lead, n, 4), (causal, result.output.shape)
+        assert bool(torch.isfinite(result.output).all()), causal

@@ -399,3 +399,53 @@ def test_half_precision_models_compute_in_float32(ids):
         exact = hidden(model, ids)
     assert patch.compute_dtype == torch.float32 and exact.dtype == torch.bfloat16
     assert relative(exact, before) <= 2e-2
+
+
+@pytest.mark.parametrize("positional", [False, True], ids=["keyword", "positional"])
+def test_padding_for_a_method_without_a_key_mask_is_refused_before_any_layer_runs(positional, models, ids):
+    """A padded BERT batch with nystrom was refused inside the first patched layer, about a `key_mask` the user
+    never passed: the forward pass is refused before any layer runs, saying the padding becomes a key mask and
+    which methods take one; a method that takes one runs, and after the block the model runs unpatched."""
+    model = models["bert"]
+    mask = torch.ones_like(ids)
+    mask[1, N // 2:] = 0
+    before = hidden(model, ids, attention_mask=mask)
+    with pytest.raises(ValueError, match=r"^`attention_mask` pads 1 of the 2 sequences of this forward pass: patched "
+                                         r"attention passes an encoder's padding to the method as `key_mask`, and "
+                                         r"method 'nystrom' takes none; patch with one that does \(exact, .*"
+                                         r"nystromformer, .*\) or run sequences of one length without padding\.$"):
+        with approxlab.patch_attention(model, "nystrom", num_features=4, generator=gen(), record_inputs=True) as patch:
+            with torch.no_grad():
+                model(ids, mask) if positional else model(input_ids=ids, attention_mask=mask)
+    assert patch.calls == []  # no layer ran
+    with approxlab.patch_attention(model, "nystrom", num_features=4, generator=gen()):
+        hidden(model, ids)  # no padding: nothing to refuse
+    with approxlab.patch_attention(model, "nystromformer", num_features=4, generator=gen()) as patch:
+        hidden(model, ids, attention_mask=mask)
+    assert len(patch.calls) == 2
+    assert torch.equal(hidden(model, ids, attention_mask=mask), before) and not model._forward_pre_hooks
+
+
+def test_the_global_attention_registration_is_undone_on_exit(models, ids):
+    """patch_attention's function stayed registered in transformers' AttentionInterface after every block: it is
+    removed when the last active block is left, normally or on an exception, and kept while another is active."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    def registered():
+        return [patch_module.IMPLEMENTATION in interface._global_mapping
+                for interface in (AttentionInterface, AttentionMaskInterface)]
+
+    assert registered() == [False, False]
+    with approxlab.patch_attention(models["bert"], "exact", num_features=1):
+        assert registered() == [True, True]
+        with approxlab.patch_attention(models["llama"], "exact", num_features=1):
+            hidden(models["llama"], ids)
+        assert registered() == [True, True]  # the bert block is still active
+        hidden(models["bert"], ids)
+    assert registered() == [False, False]
+    with pytest.raises(KeyError, match="inside the block"):
+        with approxlab.patch_attention(models["bert"], "exact", num_features=1):
+            raise KeyError("inside the block")
+    assert registered() == [False, False]
+    with approxlab.patch_attention(models["bert"], "exact", num_features=1):  # registered again when needed
+        assert relative(hidden(models["bert"], ids), hidden(models["bert"], ids)) == 0

@@ -197,3 +197,41 @@ def test_grid_errors_name_the_option(tmp_path):
     config = perplexity.build_config(num_layers=30, layer_settings=["last", 29, "all"], methods=["topk"])
     assert config["layers"] == ["layer 29", "all"] and config["methods"] == ["topk"]
     assert grid.method_features(config, "yoso-e") == [16] and grid.method_features(config, "topk") == [16, 64, 256]
+
+
+def _raises(q, k, v, *, num_features, generator=None, causal=False):
+    raise RuntimeError("the plugin's own bug")
+
+
+def _non_finite(q, k, v, *, num_features, generator=None, causal=False):
+    return torch.full((*q.shape[:-1], v.shape[-1]), math.nan, dtype=v.dtype)
+
+
+def test_a_method_that_fails_gets_failed_rows_and_the_report_is_written(fresh_registry, llama, cache, tmp_path,
+                                                                         capsys):
+    """A registered method raising RuntimeError used to end the run with a traceback (only ArithmeticError and
+    LinAlgError were caught), and one with a non-finite output raised FloatingPointError from the cost step:
+    both are failed rows naming their error (inf nll, inf cost), and the run writes its report."""
+    from approxlab.methods import register
+
+    register("raises", _raises, target="softmax", features="ignored", randomized=False, causal=True)
+    register("non-finite", _non_finite, target="softmax", features="ignored", randomized=False, causal=True)
+    out = tmp_path / "run"
+    grid = [*GRID]
+    grid[grid.index("--methods") + 1] = "raises,non-finite,performer"
+    grid[grid.index("--windows") + 1] = "2"
+    grid[grid.index("--layer-settings") + 1] = "last"
+    assert main(["perplexity", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "method 'raises' failed in" in err, err
+    rows = read_results(out / "perplexity.csv")
+    failed = rows[rows["method"] == "raises"]
+    assert len(failed) and (failed["status"] == "RuntimeError: the plugin's own bug").all()
+    assert (failed["nll"] == math.inf).all()
+    assert (rows.loc[rows["method"] == "non-finite", "status"].str.startswith("FloatingPointError")).all()
+    assert (rows.loc[rows["method"] == "performer", "status"] == "ok").all()
+    cost = read_results(out / "cost.csv").set_index("method")
+    assert cost.loc["raises", "status"] == "RuntimeError: the plugin's own bug"
+    assert cost.loc["non-finite", "status"].startswith("FloatingPointError")
+    assert cost.loc["non-finite", "ratio"] == math.inf and cost.loc["performer", "status"] == "ok"
+    assert (out / "summary.md").is_file()

@@ -72,3 +72,29 @@ def test_a_list_option_takes_spaces_and_commas_alike():
     for name in ("figure1", "sv-decay", "decoder"):
         parser = parsers[name]
         assert parser.parse_args(["--n", "512", "1024"]).n == parser.parse_args(["--n", "512,1024"]).n == [512, 1024]
+
+
+def test_a_renamed_option_keeps_its_old_flag_until_the_next_minor_version(capsys):
+    """sv-decay's --approximations became --methods without notice (the old flag was refused): it works again, as
+    a deprecated alias that prints one line on stderr and is hidden from --help; any option can declare one."""
+    import argparse
+
+    from approxlab.cli import build_parser
+    from approxlab.studies import Option
+    from approxlab.studies.options import REMOVED_IN
+
+    assert REMOVED_IN == "0.2.0"
+    parser = build_parser("sv-decay")
+    args, unknown = parser.parse_known_args(["sv-decay", "--approximations", "performer,nystromformer", "skyformer"])
+    assert args.methods == ["performer", "nystromformer", "skyformer"] and unknown == []
+    assert capsys.readouterr().err == ("approxlab sv-decay: FutureWarning: --approximations is deprecated and will be "
+                                       "removed in approxlab 0.2.0; use --methods\n")
+    assert "--approximations" not in parser.study_parser.format_help()
+    generic = argparse.ArgumentParser(prog="approxlab toy")
+    Option(("--count",), "count", "a count", type=int, default=1, deprecated={"--number": "9.0.0"}).add_to(generic)
+    Option(("--fast",), "fast", "go fast", action="store_true", default=False, deprecated={"--quickly": "9.0.0"}).add_to(generic)
+    assert vars(generic.parse_args(["--number", "3", "--quickly"])) == {"count": 3, "fast": True}
+    assert capsys.readouterr().err.splitlines() == [
+        "approxlab toy: FutureWarning: --number is deprecated and will be removed in approxlab 9.0.0; use --count",
+        "approxlab toy: FutureWarning: --quickly is deprecated and will be removed in approxlab 9.0.0; use --fast"]
+    assert vars(generic.parse_args([])) == {"count": 1, "fast": False} and capsys.readouterr().err == ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import pathlib
 import sys
 import textwrap
@@ -121,3 +122,104 @@ def test_an_installed_study_is_loaded_only_when_needed_and_a_broken_one_warns(tm
         if "landmarks" in registry.available() and registry.get("landmarks"):
             registry.unregister("landmarks")
         sys.modules.pop(MODULE, None)
+
+
+def _no_cell_runs(cell):
+    raise AssertionError("no cell may run")
+
+
+def _cells_without_b(config, settings):
+    return [{"a": 0}]
+
+
+def _one_cell_twice(config, settings):
+    return [{"a": 0, "b": 1}, {"a": 0, "b": 1}]
+
+
+def _a_study(**changes):
+    from approxlab.studies import Step, Study, Table
+
+    fields = {"name": "faulty", "description": "A study declared wrongly.", "full": {}, "quick": {},
+              "configure": lambda args: {"study": "faulty"},
+              "steps": (Step((Table("results.csv", ("a", "b")),), _no_cell_runs, _one_cell_twice),)}
+    return Study(**{**fields, **changes})
+
+
+def _declarations():
+    from approxlab.studies import Step, Table
+    from approxlab.studies.options import METHODS, N
+
+    step = Step((Table("results.csv", ("a", "b")),), _no_cell_runs, _one_cell_twice)
+    return {
+        "option-twice": ({"options": (METHODS, N, METHODS)},
+                         r"study 'faulty': `options` declares --methods twice \(in the options with flags "
+                         r"\['--methods'\] and \['--methods'\]\); declare each option once\."),
+        "dest-twice": ({"options": (METHODS, N.but(flags=("--lengths",), dest="methods"))},
+                       r"study 'faulty': `options` declares dest='methods' twice"),
+        "a-common-option": ({"options": (N.but(flags=("--out",), dest="where"),)},
+                            r"study 'faulty': `options` declares --out \(the option with flags \['--out'\]\), which "
+                            r"every study already has"),
+        "two-steps-one-table": ({"steps": (step, step)},
+                                r"study 'faulty': `steps` 0 and 1 both write 'results.csv'; each table is written "
+                                r"by one step\."),
+    }
+
+
+@pytest.mark.parametrize("case", ["option-twice", "dest-twice", "a-common-option", "two-steps-one-table"])
+def test_a_declaration_that_cannot_run_is_refused_at_registration(case, fresh_registry, tmp_path, monkeypatch,
+                                                                  capsys):
+    """An option declared twice raised argparse.ArgumentError when the command line was built, and two steps
+    writing one table were refused only when the study ran: each is one line naming the study, the field and
+    what came in, when the study is registered -- through --plugin: one line naming the plugin, exit status 2."""
+    changes, message = _declarations()[case]
+    with pytest.raises(ValueError, match=message):
+        registry.register(_a_study(**changes))
+    assert "faulty" not in registry.available()
+    plugin = f"faulty_{case.replace('-', '_')}"
+    (tmp_path / f"{plugin}.py").write_text(textwrap.dedent(f"""
+        from test_writing_a_study import _a_study, _declarations
+        from approxlab.studies import register
+        register(_a_study(**_declarations()[{case!r}][0]))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    status, err = _run(["faulty", "--plugin", plugin, "--out", str(tmp_path / "out")], capsys)
+    assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"approxlab faulty: error: --plugin: ") and plugin in err, err
+    assert re.search(message, err), err
+    sys.modules.pop(plugin, None)
+
+
+def _run(argv, capsys):
+    try:
+        status = main(argv)
+    except SystemExit as exit_info:
+        status = exit_info.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["configure-none", "cells-without-a-key", "one-cell-twice"])
+def test_cells_and_a_config_a_study_cannot_run_are_refused_before_any_cell(case, fresh_registry, tmp_path, capsys):
+    """`configure` returning None, `cells()` missing a key column (a KeyError traceback) and one cell given twice
+    (refused as "a value of a list option is given twice") are one line naming the study, where it is defined,
+    the field and what came in, before any cell runs."""
+    from approxlab.studies import Step, Table
+
+    where = r"study 'faulty' \(defined in test_writing_a_study\): "
+    changes, message = {
+        "configure-none": ({"configure": lambda args: None},
+                           where + r"`configure` must return the config, a dict; got None\."),
+        "cells-without-a-key": ({"steps": (Step((Table("results.csv", ("a", "b")),), _no_cell_runs,
+                                                _cells_without_b),)},
+                                where + r"`cells` of the step writing \['results.csv'\] must give every cell the key "
+                                        r"columns \['a', 'b'\]; cell 0 lacks \['b'\] \(it has \['a'\]\)\."),
+        "one-cell-twice": ({}, where + r"`cells` of the step writing \['results.csv'\] must give each cell once; got "
+                                       r"the cell \(a=0, b=1\) twice\."),
+    }[case]
+    registry.register(_a_study(**changes))
+    try:
+        status, err = _run(["faulty", "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    finally:
+        registry.unregister("faulty")
+    assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.fullmatch("approxlab faulty: error: " + message + "\n", err), err

@@ -212,6 +212,16 @@ def _hub_error(label: str, local, exc: Exception) -> CheckpointError:
                     f"{one_line(exc)}"))
 
 
+def _config_validation_errors() -> tuple:
+    """What transformers raises for a config its validators refuse (e.g. a hidden size the heads do not divide):
+    huggingface_hub's ``StrictDataclassError`` (not a ValueError), where it exists."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: its configs raise ValueError, caught above
+        return ()
+    return (StrictDataclassError,)
+
+
 def load_config(checkpoint, local_files_only, cache_dir):
     """``(label, source, local, config, architecture, gguf)`` of a checkpoint; no weights are read.
 
@@ -233,6 +243,9 @@ def load_config(checkpoint, local_files_only, cache_dir):
             raise _hub_error(label, local, exc) from exc
         raise CheckpointError("a checkpoint whose config.json transformers can read",
                               got(label, one_line(exc))) from exc
+    except _config_validation_errors() as exc:  # a config transformers reads but its own validators refuse
+        raise CheckpointError("a checkpoint whose config.json passes transformers' checks of its architecture",
+                              got(label, " ".join(str(exc.__cause__ or exc).split()).rstrip("."))) from exc
     architecture = architecture_of(config, label)
     check_config(config, architecture, label)
     return label, source, local, config, architecture, gguf

@@ -63,7 +63,8 @@ class DrawEntry:
         The shape in words, e.g. ``"(*batch, d)"`` (for messages).
     high : int or None
         For an index draw: entries must lie in ``[0, high)`` (integer dtype). None: a real-valued
-        draw (float32 or float64, finite).
+        draw (float32 or float64, finite); one whose key ends in ``uniforms`` (``pivot_uniforms``,
+        ``column_uniforms``, ...) must also lie in ``[0, 1)``.
 
     Examples
     --------
@@ -98,6 +99,10 @@ def _check_entry(method: str, key: str, value, entry: DrawEntry, device) -> torc
         raise TypeError(f"{where} must have dtype float32 or float64; got {value.dtype}.")
     if value.numel() and not bool(torch.isfinite(value).all()):
         raise ValueError(f"{where} must be finite; got {int((~torch.isfinite(value)).sum())} non-finite entries.")
+    if key.endswith("uniforms") and value.numel():  # every draw's ``*uniforms`` are uniforms in [0, 1)
+        low, high = (float(x) for x in torch.aminmax(value))
+        if low < 0 or high >= 1:
+            raise ValueError(f"{where} must hold uniforms in [0, 1); got values in [{low}, {high}].")
     return value.to(device=device)
 
 

@@ -92,7 +92,8 @@ def chebyshev_exp_coefficients(radius: torch.Tensor, degree: int) -> torch.Tenso
         to_monomial[j, : j + 1] = np.polynomial.chebyshev.cheb2poly(np.eye(degree + 1)[j])[: j + 1]
     nodes_t = torch.as_tensor(nodes, dtype=torch.float64, device=radius.device)
     values = torch.exp(radius.to(torch.float64).unsqueeze(-1) * (nodes_t - 1.0))  # (*batch, g + 1), <= 1
-    chebyshev = torch.linalg.solve(torch.as_tensor(basis, dtype=torch.float64, device=radius.device), values.mT).mT
+    basis_t = torch.as_tensor(basis, dtype=torch.float64, device=radius.device)
+    chebyshev = torch.linalg.solve(basis_t, values.unsqueeze(-1)).squeeze(-1)  # (*batch, g + 1), batch () too
     return chebyshev @ torch.as_tensor(to_monomial, dtype=torch.float64, device=radius.device)
 
 

@@ -1,7 +1,8 @@
 r"""Run a transformers model with an approximation in its attention: :func:`patch_attention`.
 
 approxlab registers one attention function with transformers' ``AttentionInterface`` (its masks built by
-transformers' SDPA mask builder, as in :mod:`approxlab.data.capture`). Inside ``with
+transformers' SDPA mask builder, as in :mod:`approxlab.data.capture`) while a patch is active, and removes it
+when the last block is left (normally or on an exception). Inside ``with
 patch_attention(...)`` the model's attention implementation is that function: the patched layers call
 :func:`approxlab.approximate` on their own q, k, v, every other layer runs PyTorch's fused SDPA kernel
 as ``attn_implementation="sdpa"`` does. On exit the model's implementation is set back; nothing else of
@@ -10,7 +11,7 @@ the model is ever changed.
 
 from __future__ import annotations
 
-import functools
+import inspect
 import threading
 import weakref
 
@@ -39,14 +40,42 @@ def _patched_attention(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-@functools.cache
+_ACTIVE = [0]  # patches entered and not yet left (under _LOCK): the registration lives as long as one does
+
+
 def _register() -> str:
+    """Register patched attention (and its mask builder) with transformers, for the first active patch."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
 
-    AttentionInterface.register(IMPLEMENTATION, _patched_attention)
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    if _ACTIVE[0] == 0:
+        AttentionInterface.register(IMPLEMENTATION, _patched_attention)
+        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    _ACTIVE[0] += 1
     return IMPLEMENTATION
+
+
+def _unregister() -> None:
+    """Undo :func:`_register` when the last active patch leaves: transformers' interfaces hold no approxlab
+    function after every block (transformers has no public call to remove one: its class-wide mapping)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    _ACTIVE[0] -= 1
+    if _ACTIVE[0] == 0:
+        for interface in (AttentionInterface, AttentionMaskInterface):
+            interface._global_mapping.pop(IMPLEMENTATION, None)
+
+
+def takes_key_mask(spec) -> bool:
+    """Whether the registered method ``spec`` takes a ``key_mask`` (the padding of an encoder's batch)."""
+    return "key_mask" in inspect.signature(spec.function).parameters
+
+
+def key_mask_methods() -> list[str]:
+    """The registered methods an encoder with padding can be patched with (they take a ``key_mask``)."""
+    from ..methods import available, get
+
+    return [name for name in available() if get(name).causal != "only" and takes_key_mask(get(name))]
 
 
 class AttentionPatch:
@@ -108,6 +137,9 @@ class AttentionPatch:
         self.compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         self._state = "new"
         self._previous = None
+        self._padding_check = None
+        self._registered = False
+        self._takes_key_mask = takes_key_mask(spec)
 
     def __repr__(self) -> str:
         return (f"AttentionPatch(method={self.method!r}, layers={self.layers}, num_features={self.num_features}, "
@@ -165,18 +197,40 @@ class AttentionPatch:
                 for layer in self.layers:
                     _LAYERS[target.modules[layer]] = PatchedLayer(self, layer, target.layouts[layer],
                                                                   generators[layer])
-                model.set_attn_implementation(_register())
+                self._registered = bool(_register())
+                model.set_attn_implementation(IMPLEMENTATION)
                 if model.config._attn_implementation != IMPLEMENTATION:
                     raise RuntimeError(f"{type(model).__name__} did not take approxlab's attention function "
                                        "(transformers' set_attn_implementation left it unchanged).")
+                if not target.causal and not self._takes_key_mask:
+                    self._padding_check = model.register_forward_pre_hook(self._refuse_padding, with_kwargs=True)
             except BaseException:
                 self._restore()
                 raise
             self._state = "active"
         return self
 
+    def _refuse_padding(self, model, args, kwargs) -> None:
+        """Before any layer runs: an encoder's padding reaches the method as ``key_mask``; a method without one
+        is refused here, in one line, rather than in the first patched layer."""
+        try:
+            bound = inspect.signature(model.forward).bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return  # the model's own forward refuses these arguments
+        mask = bound.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or bool((mask != 0).all()):
+            return
+        padded = int((mask == 0).any(dim=-1).sum())
+        raise ValueError(f"`attention_mask` pads {padded} of the {mask.shape[0]} sequences of this forward pass: "
+                         f"patched attention passes an encoder's padding to the method as `key_mask`, and method "
+                         f"{self.method!r} takes none; patch with one that does ({', '.join(key_mask_methods())}) "
+                         "or run sequences of one length without padding.")
+
     def _restore(self) -> None:
         target = self._target
+        if self._padding_check is not None:
+            self._padding_check.remove()
+            self._padding_check = None
         try:
             if target.model.config._attn_implementation != self._previous:
                 target.model.set_attn_implementation(self._previous)
@@ -185,6 +239,9 @@ class AttentionPatch:
                 layer = _LAYERS.get(module)
                 if layer is not None and layer.patch is self:
                     del _LAYERS[module]
+            if self._registered:
+                self._registered = False
+                _unregister()
 
     def __exit__(self, *exc_info) -> None:
         with _LOCK:
@@ -262,8 +319,10 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         a forward pass: a cache that holds earlier tokens outside the KV-cache setting, or attention dropout
         (a model in training mode).
     ValueError
-        During a forward pass: ``num_features`` above the method's maximum for the window, padding before
-        the tokens in a causal model, a mask that is not padding, or the method's own errors.
+        At a forward pass of an encoder, before any layer runs: an ``attention_mask`` with padding when the
+        method takes no ``key_mask`` (the message lists those that do). During a forward pass:
+        ``num_features`` above the method's maximum for the window, padding before the tokens in a causal
+        model, a mask that is not padding, or the method's own errors.
 
     Notes
     -----
@@ -273,7 +332,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     heads repeated to the ``H`` query heads (query head :math:`h` uses :math:`h // (H/H_{kv})`), ``q``
     rescaled by :math:`s\sqrt p` for the model's scaling :math:`s` (Gemma 3's ``query_pre_attn_scalar``,
     GPT-2's per-layer scaling; :func:`~approxlab.data.capture.query_factor`), ``causal`` as the model is
-    (see :attr:`AttentionPatch.causal`), and the padding of ``attention_mask`` as ``key_mask``. In a causal
+    (see :attr:`AttentionPatch.causal`), and the padding of ``attention_mask`` as ``key_mask`` (an encoder's
+    padded batch needs a method that takes one: checked when the forward pass starts). In a causal
     model padding must follow the tokens (right padding: a real token never attends it, so no mask is
     passed); the causal methods take no ``key_mask``. The method runs in the model's dtype (float32 or
     float64; half-precision models in float32, the output cast back). With ``exact``, the patched model
@@ -289,7 +349,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
 
     **Restoration.** On leaving the block -- normally, on an exception or on ``KeyboardInterrupt`` --
     the model's attention implementation is set back and nothing else of it was touched, so its outputs
-    after the block equal those before bit for bit. The layers' other computations run inside the block
+    after the block equal those before bit for bit; when no other block is active, approxlab's function is
+    removed from transformers' ``AttentionInterface`` too. The layers' other computations run inside the block
     through PyTorch's SDPA kernel, whatever the model's own implementation (``"eager"`` gives the same
     values up to rounding).
 

@@ -36,6 +36,7 @@ import time
 from ..errors import CachePathError, CheckpointError, CorruptResultsError, StudyError, UsageError
 from .checks import exists
 from .engine import runner
+from .engine.keys import canonical, cell_key
 from .engine.failures import failure_lines
 from .engine.lock import LOCK_NAME, OutputLockedError, output_lock
 from .engine.record import append_timing
@@ -56,10 +57,37 @@ def compute(study, config: dict, out, *, data_dir=None, cache_dir=None, device: 
     """
     settings = {"data_dir": None if data_dir is None else str(data_dir),
                 "cache_dir": None if cache_dir is None else str(cache_dir), "device": device, **settings}
-    steps = [(step, step.cells(config, settings)) for step in study.steps]
+    steps = [(step, _checked_cells(study, step, step.cells(config, settings))) for step in study.steps]
     return runner.run_steps(steps, out, config=config, run_info=run_info, scheduler=scheduler, workers=workers,
                             progress=progress, flush_every_seconds=study.flush_every_seconds, restart=restart,
                             grows=study.grows)
+
+
+def _who(study) -> str:
+    return f"study {study.name!r} (defined in {_defined_in(study)})"
+
+
+def _checked_cells(study, step, cells) -> list:
+    """What ``step.cells`` returned, checked before any cell runs: a list of dicts, each holding the step's key
+    columns; a study defined outside approxlab that gives one cell twice is named with that cell (a built-in
+    study's grid comes from its options: the runner names the list option given twice)."""
+    where = f"{_who(study)}: `cells` of the step writing {[table.name for table in step.tables]}"
+    if not isinstance(cells, (list, tuple)) or not all(isinstance(cell, dict) for cell in cells):
+        got = type(cells).__name__ if not isinstance(cells, (list, tuple)) else \
+            next(type(cell).__name__ for cell in cells if not isinstance(cell, dict))
+        raise StudyError(f"{where} must return a list of dicts; got {got}.")
+    first = {}
+    for index, cell in enumerate(cells):
+        missing = [column for column in step.key if column not in cell]
+        if missing:
+            raise StudyError(f"{where} must give every cell the key columns {list(step.key)}; cell {index} lacks "
+                             f"{missing} (it has {sorted(cell)}).")
+        key = cell_key(cell, step.key)
+        if key in first and not _built_in(study) and canonical(cell) == canonical(first[key]):
+            shown = ", ".join(f"{column}={value!r}" for column, value in zip(step.key, key))
+            raise StudyError(f"{where} must give each cell once; got the cell ({shown}) twice.")
+        first.setdefault(key, cell)
+    return list(cells)
 
 
 def report(study, out) -> list[pathlib.Path]:
@@ -137,6 +165,9 @@ def run(study, args) -> int:
     check_folder_study(study, out)
     if not args.plot_only:
         config = study.configure(args)
+        if not isinstance(config, dict):
+            got = "None" if config is None else type(config).__name__
+            raise StudyError(f"{_who(study)}: `configure` must return the config, a dict; got {got}.")
         if study.check is not None:
             study.check(args, config)
         info = _run_info(study, args, config)

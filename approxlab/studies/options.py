@@ -48,6 +48,7 @@ Public API::
     str_list, int_list, names_among, positive_int, nonnegative_int, int_at_least, positive_float, probability,
     path_option, thread_count, Flatten        # the value types (:mod:`approxlab.studies.option_types`)
     check_option_pairs(args, parser)
+    REMOVED_IN                                # the version that removes a deprecated flag (the next minor)
 """
 
 from __future__ import annotations
@@ -55,11 +56,24 @@ from __future__ import annotations
 import argparse
 import pathlib
 
+from .. import __version__
 from ..errors import UsageError
-from .declaration import Option
+from .declaration import DeprecatedAlias, Option
 from .option_types import (Flatten, check_distinct, int_at_least, int_list, layer_list, method_list, names_among,
                            nonnegative_int, path_option, positive_float, positive_int, probability, str_list,
                            thread_count)
+
+
+def _next_minor(version: str) -> str:
+    """The minor version after ``version``: ``"0.1.0"`` -> ``"0.2.0"``."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return f"{major}.{minor + 1}.0"
+
+
+REMOVED_IN = _next_minor(__version__)
+"""The version that removes an option's deprecated flags (:attr:`~approxlab.studies.Option.deprecated`): the
+next minor one. ``METHODS.but(deprecated={"--approximations": REMOVED_IN})`` keeps an old flag working until
+then, with one line on stderr."""
 
 __all__ = ["RESULTS_FOLDER", "default_output_dir", "add_common", "METHODS", "CONDITIONS_OPTION", "N",
            "NUM_FEATURES", "WINDOWS", "SEEDS", "STEPS", "TASKS", "LAYERS", "POSITIONS", "CHECKPOINT", "SHARED",
@@ -242,7 +256,8 @@ def check_option_pairs(args, parser: argparse.ArgumentParser) -> None:
     * ``--plot-only`` with any option that only shapes the computation (``--n``, ``--workers``,
       ``--device``, ...): the figure is redrawn from the saved results and their ``config.json``.
     """
-    actions = {action.dest: action for action in parser._actions if action.option_strings}
+    actions = {action.dest: action for action in parser._actions
+               if action.option_strings and not isinstance(action, DeprecatedAlias)}  # named by their new flag
     for dest, action in actions.items():
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():

@@ -66,10 +66,14 @@ def register(study: Study) -> Study:
     TypeError
         ``study`` is not a :class:`~approxlab.studies.Study`.
     ValueError
-        Its name is a built-in study's or already registered (:func:`unregister` it first).
+        Its name is a built-in study's or already registered (:func:`unregister` it first); one of its
+        options takes a flag or destination of the options every study shares (``--out``, ``--quick``, ...).
+        (An option declared twice, or two steps writing one table, are refused when the
+        :class:`~approxlab.studies.Study` is made.)
     """
     if not isinstance(study, Study):
         raise TypeError(f"`study` must be an approxlab.studies.Study; got {type(study).__name__}.")
+    _check_common_options(study)
     with _LOCK:
         if study.name in STUDIES or study.name in _REGISTERED:
             where = "a built-in study" if study.name in STUDIES else "already registered"
@@ -77,6 +81,22 @@ def register(study: Study) -> Study:
                              + ("" if study.name in STUDIES else " or unregister it first") + ".")
         _REGISTERED[study.name] = study
     return study
+
+
+def _check_common_options(study: Study) -> None:
+    """No option of ``study`` takes a flag or destination of :func:`~approxlab.studies.options.add_common`'s."""
+    from .options import add_common
+
+    parser = argparse.ArgumentParser(add_help=True)
+    add_common(parser, study.name)
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    dests = {action.dest for action in parser._actions}
+    for option in study.options:
+        taken = [flag for flag in (*option.flags, *option.deprecated) if flag in flags] or ([f"dest={option.dest!r}"]
+                                                                      if option.dest in dests else [])
+        if taken:
+            raise ValueError(f"study {study.name!r}: `options` declares {taken[0]} (the option with flags "
+                             f"{list(option.flags)}), which every study already has; choose another flag and dest.")
 
 
 def unregister(name: str) -> Study:

@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from ..engine.failures import METHOD_ERRORS, method_status
 from .parts import approximation, measured_row, timed_causal, timing_options
 from .timing import measure
 from ...linalg.normal_lanczos import default_row_block
@@ -45,9 +46,9 @@ def forward_rows(config, method, q, k, v, n, common, device):
         return rows
     try:
         approx, m = measure(approximation, config, method, q, k, v, n, **timed)
-    except (ImportError, ValueError, FloatingPointError, RuntimeError, MemoryError) as error:
+    except METHOD_ERRORS as error:
         # Recorded, not hidden: the row says the method failed at this n and why (stderr).
-        print(f"approxlab bench: {method} failed at n={n}: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"approxlab bench: {method} failed at n={n}: {method_status(method, error)}", file=sys.stderr)
         return [{"algorithm": "approximation-failed", "compute_dtype": common["dtype"], "failed": 1.0, **common}]
     rows.append(measured_row("approximation", m, compute_dtype=common["dtype"], causal=float(timed_causal(method)),
                              **common))

@@ -134,7 +134,7 @@ def _row_sum_counts(approx) -> dict:
 def _measured(method: str, run, output, output_norm) -> tuple[dict, object]:
     """Run ``run() -> Approximation`` of ``method`` against the exact ``output`` ``(heads, rows, p_v)``: the per-head
     errors, the seconds, the warnings and a ``status`` ("ok", or the method's error: a failed method has ``inf``
-    errors; an error that is not the method's failure re-raises, :func:`~..engine.failures.method_status`)."""
+    errors: any exception it raises, :func:`~..engine.failures.method_status`)."""
     heads = output.shape[0]
     start, approx = time.perf_counter(), None
     with warnings.catch_warnings(record=True) as caught:
@@ -142,7 +142,7 @@ def _measured(method: str, run, output, output_norm) -> tuple[dict, object]:
         try:
             approx = run()
             error, status = spectral_norm((approx.output - output).detach().cpu()), "ok"
-        except METHOD_ERRORS as failure:  # the method's failure: a failed row (a bug of approxlab re-raises)
+        except METHOD_ERRORS as failure:  # the method's failure: a failed row
             error = torch.full((heads,), math.inf, dtype=torch.float64)
             status = method_status(method, failure)
     relative = error / output_norm
@@ -169,8 +169,9 @@ def _one(cell, ref, d, seed) -> dict:
 def compute_errors(cell: dict) -> list[dict]:
     """Rows of one condition x n x layer x window x method cell: all its d x seeds.
 
-    A method that fails (``FloatingPointError`` for a non-finite output, ``ArithmeticError``,
-    ``LinAlgError``) gives ``inf`` errors and a ``status`` naming the error; warnings are counted.
+    A method that fails (any exception it raises, e.g. ``FloatingPointError`` for a non-finite output:
+    :mod:`approxlab.studies.engine.failures`) gives ``inf`` errors and a ``status`` naming the error; warnings
+    are counted.
     """
     ref = _reference(cell)
     return [_one(cell, ref, d, seed) for d in cell["num_features"] for seed in cell["seeds"]]

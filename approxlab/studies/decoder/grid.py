@@ -71,12 +71,16 @@ OPTIONS = (
                             "a larger count is refused)"),
     shared.SEEDS.but(help="seeds per randomized method"),
     Option(("--kv-context",), "kv_context", "KV-cache setting: context tokens n_c that a method compresses "
-           "(default 1536; --quick 384)", type=shared.positive_int, metavar="TOKENS"),
+           f"(default {FULL_GRID['kv_context']}; --quick {QUICK_GRID['kv_context']}; when the default context plus "
+           "continuation exceed max(n): 3/4 of the smallest n)", type=shared.positive_int, metavar="TOKENS"),
     Option(("--kv-continuation",), "kv_continuation", "KV-cache setting: continuation tokens after the context, "
-           "the rows whose error is measured (default 512; --quick 128); n_c plus this is at most max(n)",
-           type=shared.positive_int, metavar="TOKENS"),
+           f"the rows whose error is measured (default {FULL_GRID['kv_continuation']}; --quick "
+           f"{QUICK_GRID['kv_continuation']}; with a context of 3/4 of the smallest n: the rest of it); n_c plus "
+           "this is at most max(n)", type=shared.positive_int, metavar="TOKENS"),
     Option(("--kv-budgets",), "kv_budgets", "KV-cache setting: budgets (num_features: context tokens kept by a "
-           "cache policy, a per-query method's own budget), comma-separated (default 16,64,256,1024)",
+           "cache policy, a per-query method's own budget), comma-separated (default "
+           f"{','.join(map(str, FULL_GRID['kv_budgets']))}; --quick {','.join(map(str, QUICK_GRID['kv_budgets']))}; "
+           "with a scaled context: those below it, else 1/4 and 1/2 of it)",
            type=shared.int_list, nargs="+", action=shared.Flatten, metavar="B"),
     Option(("--rank-max-n",), "rank_max_n", f"largest n with a numerical rank (dense SVD per head; default "
            f"{RANK_MAX_N})", type=shared.nonnegative_int, default=RANK_MAX_N),
@@ -161,8 +165,39 @@ def _check_grid(grid: dict, window_pool: int) -> list[str]:
     return skipped
 
 
+def kv_defaults(base: dict, n, *, context=None, continuation=None, budgets=None) -> dict:
+    """The KV-cache setting's context, continuation and budgets for the lengths ``n``: those given, and for the
+    others ``base``'s when its window (context + continuation) fits in ``max(n)``, else values that follow the
+    smallest length n_min: the context 3/4 of n_min, the continuation the rest, and the budgets of ``base`` below
+    the context (else a quarter and a half of it).
+
+    Examples
+    --------
+    >>> kv_defaults(FULL_GRID, [768, 4096])
+    {'kv_context': 1536, 'kv_continuation': 512, 'kv_budgets': [16, 64, 256, 1024]}
+    >>> kv_defaults(FULL_GRID, [16])
+    {'kv_context': 12, 'kv_continuation': 4, 'kv_budgets': [3, 6]}
+    >>> kv_defaults(FULL_GRID, [128, 512])
+    {'kv_context': 96, 'kv_continuation': 32, 'kv_budgets': [16, 64]}
+    """
+    fits = base["kv_context"] + base["kv_continuation"] <= max(n)
+    window = min(n)
+    if context is None:
+        context = base["kv_context"] if fits else 3 * window // 4
+    if continuation is None:
+        continuation = base["kv_continuation"] if fits else max(1, window - context)
+    if budgets is None:
+        budgets = list(base["kv_budgets"]) if fits else ([b for b in base["kv_budgets"] if b < context]
+                                                         or sorted({max(1, context // 4), max(1, context // 2)}))
+    return {"kv_context": context, "kv_continuation": continuation, "kv_budgets": budgets}
+
+
 def _grid(quick, args) -> dict:
-    grid = shared.grid(QUICK_GRID if quick else FULL_GRID, args, OPTIONS)
+    base = QUICK_GRID if quick else FULL_GRID
+    grid = shared.grid(base, args, OPTIONS)
+    grid.update(kv_defaults(base, grid["n"], context=getattr(args, "kv_context", None),
+                            continuation=getattr(args, "kv_continuation", None),
+                            budgets=getattr(args, "kv_budgets", None)))
     grid["kv_budgets"] = sorted({int(b) for b in grid["kv_budgets"]})
     for method in grid["methods"]:
         causal_form(method)

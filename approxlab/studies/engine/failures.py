@@ -1,23 +1,20 @@
-"""A method that fails inside a cell: a failed row for the method's own failure, a traceback for a bug of approxlab.
+"""A method that fails inside a cell: failed rows naming its error, and the sweep goes on to its report.
 
 A study's cell computes the methods of its grid and catches what a method raises, so that one failing
 method gives rows whose ``status`` names the error (with ``inf`` errors) while the sweep goes on and
-the report shows the failure. Which failures are the method's:
-
-* a numerical failure of any method (``ArithmeticError``, e.g. ``FloatingPointError`` for a non-finite
-  output, and ``torch.linalg.LinAlgError``);
-* anything a method registered from outside approxlab raises (:func:`approxlab.methods.register`,
-  ``--plugin``, an entry point): its own exceptions, approxlab's check of its result
-  (:class:`~approxlab.errors.MethodResultError`: an output of the wrong shape, dtype or device) and
-  ``sys.exit`` (``SystemExit``), which would otherwise end the whole study with exit status 0.
-
-Anything else a built-in method raises is a bug of approxlab and keeps its traceback. ``KeyboardInterrupt``
-(Ctrl-C, the studies' orderly stop on ``SIGTERM``) is never caught.
+the report shows the failure. Every exception a method raises is its failure, whether the method is a
+built-in or registered from outside approxlab (:func:`approxlab.methods.register`, ``--plugin``, an entry
+point): a numerical failure (``ArithmeticError``, e.g. ``FloatingPointError`` for a non-finite output,
+``torch.linalg.LinAlgError``), approxlab's check of its result (:class:`~approxlab.errors.MethodResultError`:
+an output of the wrong shape, dtype or device), any other exception, and ``sys.exit`` (``SystemExit``),
+which would otherwise end the whole study with exit status 0. The run goes on to its report, which names
+each failing method in one line (:func:`failure_lines`). ``KeyboardInterrupt`` (Ctrl-C, the studies' orderly
+stop on ``SIGTERM``) is never caught.
 
 Public API::
 
     METHOD_ERRORS                         # catch these around a method's call
-    method_status(method, error) -> str   # the row's status, or the error re-raised
+    method_status(method, error) -> str   # the row's status: "Type: message" on one line
     failure_lines(tables) -> list[str]    # one line per method whose rows failed
 """
 
@@ -29,30 +26,18 @@ METHOD_ERRORS = (Exception, SystemExit)
 """What a cell catches around a method's call (:func:`method_status` sorts it out); never ``KeyboardInterrupt``."""
 
 
-def _registered_outside(method: str) -> bool:
-    """Whether ``method`` runs a function defined outside approxlab (a plugin's, a user's)."""
-    from ...methods import get
-
-    module = getattr(get(method).function, "__module__", None) or ""
-    return not (module == "approxlab" or module.startswith("approxlab."))
-
-
 def method_status(method: str, error: BaseException) -> str:
     """The ``status`` of the result rows of ``method``, which raised ``error``: ``"Type: message"`` on one line.
 
-    Re-raises ``error`` (with its traceback) when it is not the method's failure (see the module
-    docstring): a bug of approxlab must not hide in a table.
+    Every study's cells record a method's failure through this one function (see the module docstring).
 
     Examples
     --------
     >>> method_status("nystromformer", FloatingPointError("non-finite output"))
     'FloatingPointError: non-finite output'
+    >>> method_status("mine", SystemExit(3))
+    'SystemExit: the method called sys.exit(3)'
     """
-    import torch
-
-    numerical = isinstance(error, (ArithmeticError, torch.linalg.LinAlgError))
-    if not numerical and not _registered_outside(method):
-        raise error
     if isinstance(error, SystemExit):
         return f"SystemExit: the method called sys.exit({error.code!r})"
     return " ".join(f"{type(error).__name__}: {error}".split())

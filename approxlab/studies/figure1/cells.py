@@ -118,9 +118,9 @@ def compute_cell(cell: dict) -> list[dict]:
     """Rows of one (condition, n, window, method) cell: all its num_features x seeds.
 
     Warnings the method raises are counted (``num_warnings``, ``warnings``) rather than
-    propagated; a method that fails (``FloatingPointError`` for a non-finite output,
-    ``ArithmeticError``, ``torch.linalg.LinAlgError``; anything a registered method raises or
-    returns wrongly: :mod:`approxlab.studies.engine.failures`) gives a row with ``status`` naming
+    propagated; a method that fails (any exception it raises, e.g. ``FloatingPointError`` for a
+    non-finite output, or a registered method's result of the wrong shape:
+    :mod:`approxlab.studies.engine.failures`) gives a row with ``status`` naming
     the error and ``inf`` errors, so the sweep goes on and the failure is visible.
     """
     ref = _reference(cell)
@@ -137,7 +137,7 @@ def compute_cell(cell: dict) -> list[dict]:
                                          generator=_generator(cell, cell["method"], d, seed))
                     error = spectral_norm((approx.output - ref["output"]).detach().cpu())
                     status = "ok"
-                except METHOD_ERRORS as failure:  # the method's failure: a failed row (a bug re-raises)
+                except METHOD_ERRORS as failure:  # the method's failure: a failed row
                     error = torch.full((heads,), math.inf, dtype=torch.float64)
                     status = method_status(cell["method"], failure)
             seconds = time.perf_counter() - start

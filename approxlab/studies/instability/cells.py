@@ -16,6 +16,7 @@ import warnings
 
 import torch
 
+from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs.tasks import to_device, training_batches
 from .grid import MODEL
@@ -66,8 +67,8 @@ def compute_cell(cell: dict) -> list[dict]:
                                       total_steps=max(cell["total_steps"], len(batches)),
                                       clip_value=cell["clip_value"])
             status = "ok"
-        except (FloatingPointError, ValueError, RuntimeError, ImportError, torch.linalg.LinAlgError) as error:
-            trace, status = None, f"failed: {type(error).__name__}: {error}"
+        except METHOD_ERRORS as error:  # the attention's failure: a failed row
+            trace, status = None, f"failed: {method_status(cell['attention'], error)}"
     seconds = time.perf_counter() - start
     common = {"seconds": seconds, "warnings": len(caught), "status": status}
     if trace is None:

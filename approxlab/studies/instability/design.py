@@ -214,6 +214,8 @@ def budget_lines(config: dict, results: pd.DataFrame, summary: pd.DataFrame,
 def _open_lines(summary: pd.DataFrame, seed_median: pd.Series) -> list[str]:
     """For every kernelized / Skyformer entry still open on the paper's statistic: the seeds 80% power needs,
     how many more than were run, and their cell time at this run's median seconds a seed."""
+    if summary.empty or "decision" not in summary.columns:  # no attention beside the softmax reference was run
+        return []
     rows = summary[summary["attention"].isin(DECIDED) & summary["decision"].fillna("").str.startswith("open")]
     needs = []
     for r in rows.itertuples(index=False):

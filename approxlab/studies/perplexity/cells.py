@@ -7,8 +7,9 @@ relative spectral, Frobenius and worst-query errors of the layer's output agains
 inputs that layer received in that run (:meth:`approxlab.patching.AttentionPatch.errors`): with every layer
 replaced those are the patched model's own inputs, which drift from the unpatched model's.
 
-A method that fails (``FloatingPointError`` for a non-finite output, any ``ArithmeticError``,
-``LinAlgError``) gives ``inf`` log-likelihood and errors and a ``status`` naming the error; warnings are counted.
+A method that fails (any exception it raises: ``FloatingPointError`` for a non-finite output, a plugin's own
+error, ...; :mod:`approxlab.studies.engine.failures`) gives ``inf`` log-likelihood, errors and seconds and a
+``status`` naming the error, and the run goes on to its report; warnings are counted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from ...errors import UsageError
 from ...patching import patch_attention, token_nll
+from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from .grid import ALL_LAYERS, KV_CACHE, KV_GROUPING, WHOLE
 
@@ -34,9 +36,6 @@ ENCODER_KEY = ("method", "num_features", "window")
 COST_KEY = ("method",)
 MEASURES = ("spectral", "frobenius", "worst_query")
 """The error measures of :func:`approxlab.patching.output_errors`, relative, per layer and head."""
-
-_FAILURES = (ArithmeticError, torch.linalg.LinAlgError)
-
 
 def decoder_model(cell):
     """The cell's decoder (:func:`approxlab.data.load_model`), built once per process."""
@@ -110,8 +109,8 @@ def _run(cell, key, forward, **patch_options):
                                  generator=generator, record_inputs=True, **patch_options) as patch:
                 result = forward()
             return result, patch, "ok", caught
-        except _FAILURES as failure:
-            return None, None, f"{type(failure).__name__}: {failure}".replace("\n", " "), caught
+        except METHOD_ERRORS as failure:  # the method's failure: a failed row
+            return None, None, method_status(cell["method"], failure), caught
 
 
 def _layer_rows(errors, patch, layers) -> list[dict]:
@@ -199,14 +198,22 @@ def compute_encoder(cell: dict) -> list[dict]:
 
 
 def compute_cost(cell: dict) -> list[dict]:
-    """The cost of a patched forward pass against its parts (:func:`.cost.patched_forward_cost`)."""
-    from .cost import COST_PARTS, patched_forward_cost
+    """The cost of a patched forward pass against its parts (:func:`.cost.patched_forward_cost`); a method that
+    fails has ``inf`` seconds and ratio and a ``status`` naming its error."""
+    from .cost import COST_PARTS, _clock, patched_forward_cost
 
     ids = window_tokens(cell)[:, :cell["n"]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = patched_forward_cost(decoder_model(cell), cell["method"], ids, layer=cell["layer"],
-                                     num_features=cell["cost_features"], repeats=cell["repeats"],
-                                     seed=cell_seed(cell["method"], "cost", base_seed=cell["base_seed"]))
+        try:
+            found = patched_forward_cost(decoder_model(cell), cell["method"], ids, layer=cell["layer"],
+                                         num_features=cell["cost_features"], repeats=cell["repeats"],
+                                         seed=cell_seed(cell["method"], "cost", base_seed=cell["base_seed"]))
+            status = "ok"
+        except METHOD_ERRORS as failure:  # the method's failure: a failed row
+            found = {**dict.fromkeys((*COST_PARTS, "overhead", "ratio"), math.inf), "clock": _clock()[1],
+                     "repeats": cell["repeats"]}
+            status = method_status(cell["method"], failure)
     named = {f"{part}_seconds" if part in COST_PARTS + ("overhead",) else part: value for part, value in found.items()}
-    return [{"layer": cell["layer"], "num_features": cell["cost_features"], "tokens": int(ids.shape[1]), **named}]
+    return [{"layer": cell["layer"], "num_features": cell["cost_features"], "tokens": int(ids.shape[1]), **named,
+             "status": status}]

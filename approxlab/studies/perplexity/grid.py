@@ -135,6 +135,11 @@ def _grid(quick: bool, args) -> dict:
 
     grid = shared.grid(QUICK_GRID if quick else FULL_GRID, args, OPTIONS)
     grid["n"] = shared.one_value("--n", grid["n"])
+    for option in ("methods", "encoder_methods"):
+        if CONTROL in grid[option]:
+            flag = "--" + option.replace("_", "-")
+            raise UsageError(flag, f"methods other than {CONTROL!r}, which always runs as the control",
+                             ",".join(grid[option]))
     for method in grid["methods"]:
         if get(method).causal is False:
             raise UsageError("--methods", "methods with a causal form (their own, mask-renormalise, or a cache "

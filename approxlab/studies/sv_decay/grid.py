@@ -8,8 +8,8 @@ from ...errors import UsageError
 from .. import checks
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows, num_layers
-from ..options import (CHECKPOINT, CONDITIONS_OPTION, LAYERS, METHODS, N, NUM_FEATURES, POSITIONS, WINDOWS, grid,
-                       one_value, positive_int)
+from ..options import (CHECKPOINT, CONDITIONS_OPTION, LAYERS, METHODS, N, NUM_FEATURES, POSITIONS, REMOVED_IN,
+                       WINDOWS, grid, one_value, positive_int)
 from .spectra import APPROXIMATIONS
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "configure", "build_config", "window_ids", "cells", "check"]
@@ -34,7 +34,7 @@ OPTIONS = (
                                        "named; --quick: first)"),
     N, WINDOWS, Option(("--heads",), "heads", "first H heads (default: 12 at 512, 3 at 2048)", type=positive_int),
     METHODS.but(help="approximations whose dense matrix is analysed (registered method names, comma-separated; "
-                     f"default {','.join(APPROXIMATIONS)})"),
+                     f"default {','.join(APPROXIMATIONS)})", deprecated={"--approximations": REMOVED_IN}),
     NUM_FEATURES.but(help="d of the approximations (one value; default 64; at most every n: a larger d is refused, "
                           "not lowered)"),
     POSITIONS.but(help="positions beyond BERT's 512-row table in the embedding-mode cells (n > 512): interpolate "
