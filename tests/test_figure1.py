@@ -236,13 +236,14 @@ def test_every_method_visible_on_a_log_axis():
     plt.close("all")
 
 
-def test_window_rank_needs_a_dense_svd_only_up_to_dense_max_n(synthetic_data):
+def test_window_rank_needs_a_dense_a_only_up_to_dense_max_n(synthetic_data):
     cell = {"condition": "initialized", "n": 48, "window": 0, "mode": "embedding", "layer": 0, "model_seed": 0,
-            "data_dir": None, "cache_dir": None, "device": "cpu", "positions": "interpolate", "checkpoint": None}
+            "data_dir": None, "cache_dir": None, "device": "cpu", "positions": "interpolate", "checkpoint": None,
+            "base_seed": 0}
     dense = figure1.compute_window({**cell, "dense_max_n": 48})[0]
     assert dense["rank_a"] == 48 and dense["distinct_q_rows"] == 48
     above = figure1.compute_window({**cell, "dense_max_n": 32})[0]
-    assert above["rank_a"] != above["rank_a"]  # NaN: no O(n^3) SVD above --matrix-free-above
+    assert above["rank_a"] != above["rank_a"]  # NaN: no O(n^3) factorisation above --matrix-free-above
     assert above["distinct_q_rows"] == 48
 
 
@@ -337,3 +338,24 @@ def test_polynomial_is_refused_where_its_features_do_not_fit():
     default = figure1.build_config()
     bert_base = types.SimpleNamespace(num_heads=12, head_dim=64)
     figure1.grid.check_polynomial_features(default, {"initialized": bert_base, "pretrained": minilm})
+
+
+def test_panel_reuses_the_core_condition_of_its_window_cell(synthetic_data, monkeypatch):
+    """The panel's core condition number, read from the seed-0 Skyformer run of its window's
+    approximation cell, equals the one the panel computes itself; without that run it is computed."""
+    from approxlab.studies.figure1 import cells
+
+    config = figure1.build_config(n=[48], num_features=[4, 8], methods=["skyformer-softmax"], windows=1, seeds=2,
+                                  dtypes=["float64"], conditions=["initialized"])
+    settings = {"data_dir": None, "cache_dir": None, "device": "cpu", "dense_max_n": 4096}
+    (panel,) = figure1.panel_cells(config, settings)
+    monkeypatch.setattr(cells, "_CORE_CONDITIONS", type(cells._CORE_CONDITIONS)())
+    computed = figure1.compute_panel(panel)
+    for cell in figure1.approximation_cells(config, settings):
+        figure1.compute_cell(cell)
+    assert len(cells._CORE_CONDITIONS) == 2  # d = 4, 8 at seed 0
+    calls = []
+    monkeypatch.setattr(cells, "approximate", lambda *a, **k: calls.append(a))
+    reused = figure1.compute_panel(panel)
+    assert not calls  # read, not recomputed
+    assert reused == computed and "core_condition_number_median" in reused[0]

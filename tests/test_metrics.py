@@ -15,6 +15,7 @@ from approxlab.metrics import (
     is_numerically_singular,
     loewner_min_eig,
     numerical_rank,
+    numerical_rank_lu,
     singular_value_decay_rate,
     spectral_error,
     spectral_norm,
@@ -199,6 +200,59 @@ def test_ranks_of_prescribed_spectrum():
     torch.testing.assert_close(effective_rank(batch), torch.tensor([2.0, 1.0], dtype=torch.float64))
     assert numerical_rank(batch).tolist() == [2, 1]
     assert numerical_rank(torch.zeros(3, 3)) == 0
+
+
+def _geometric_with_tail(n, small, seed, *, margin=100.0):
+    """n singular values from 1 down to 1e-6 (geometric), the last ``small`` of them replaced by
+    values ``margin`` and more below the threshold n * eps64 * sigma_1."""
+    sigma = torch.logspace(0, -6, n, dtype=torch.float64)
+    if small:
+        tau = n * torch.finfo(torch.float64).eps
+        sigma[n - small:] = tau / margin * torch.logspace(0, -2, small, dtype=torch.float64)
+    return _with_spectrum(sigma, seed=seed)
+
+
+def test_numerical_rank_lu_counts_prescribed_small_singular_values():
+    """Rank n - s for s singular values 100x below tau = n eps sigma_1 (and 0 to block - 2 of them):
+    the LU count equals the SVD's on every seed; beyond the block (and for an exactly singular
+    matrix) the SVD's count is returned."""
+    n = 120
+    tau_rtol = n * torch.finfo(torch.float64).eps
+    for seed in range(8):
+        for small in (0, 1, 3, 12):
+            x = _geometric_with_tail(n, small, seed)
+            rank = numerical_rank_lu(x, tau_rtol, block=16, generator=_gen(seed))
+            assert rank == n - small == numerical_rank(x, tau_rtol)
+    many = _geometric_with_tail(n, 40, 0)  # more than the block holds: the SVD decides
+    assert numerical_rank_lu(many, tau_rtol, block=16, generator=_gen(0)) == n - 40
+    repeated = torch.rand(6, n, dtype=torch.float64, generator=_gen(1))[torch.arange(n) % 6]  # rank 6
+    assert numerical_rank_lu(repeated, tau_rtol, block=16, generator=_gen(1)) == numerical_rank(repeated, tau_rtol) == 6
+    batch = torch.stack([_geometric_with_tail(n, 2, 3), torch.eye(n, dtype=torch.float64)])
+    assert numerical_rank_lu(batch, tau_rtol, block=8, generator=_gen(2)).tolist() == [n - 2, n]
+    assert numerical_rank_lu(torch.zeros(4, 4), generator=_gen(0)) == 0
+
+
+def test_numerical_rank_lu_agrees_with_svd_on_attention_matrices():
+    """A = exp(QK^T/sqrt p) at the SVD's rounding level (rtol = n eps64), as Figure 1's windows.csv
+    counts it: the LU count equals the SVD's over seeds and scales (some with singular values below tau)."""
+    for seed in range(6):
+        for scale in (1.0, 3.0):
+            q, k, _ = synthetic_qkv((), n=160, p=8, generator=_gen(seed))
+            logits = kernels.scaled_logits(scale * q, scale * k)
+            a = torch.exp(logits - logits.max())
+            rtol = 160 * torch.finfo(torch.float64).eps
+            assert numerical_rank_lu(a, rtol, generator=_gen(seed)) == numerical_rank(a, rtol)
+
+
+def test_numerical_rank_lu_validation():
+    with pytest.raises(ValueError, match=r"`M` must be square"):
+        numerical_rank_lu(torch.ones(3, 4))
+    with pytest.raises(ValueError, match=r"`block` must be an integer with 2 <= block <= inf; got 1"):
+        numerical_rank_lu(torch.eye(3), block=1)
+    with pytest.raises(ValueError, match=r"`rtol` must satisfy 0 <= rtol < 1; got 2.0"):
+        numerical_rank_lu(torch.eye(3), rtol=2.0)
+    with pytest.raises(ValueError, match=r"`max_iter` must be an integer with 1 <= max_iter"):
+        numerical_rank_lu(torch.eye(3), max_iter=0)
 
 
 def test_decay_rate_of_exponential_spectrum():

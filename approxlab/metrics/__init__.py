@@ -5,7 +5,9 @@ r"""Every metric of the spectral-error studies, in one place.
 * conditioning: :func:`condition_number` (``inf`` when numerically singular),
   :func:`is_numerically_singular`;
 * the singular-value study (Skyformer Appendix B): :func:`stable_rank`,
-  :func:`numerical_rank`, :func:`effective_rank`, :func:`singular_value_decay_rate`;
+  :func:`numerical_rank` (:func:`numerical_rank_lu`: the same count from an LU factorisation, for
+  square matrices with few small singular values), :func:`effective_rank`,
+  :func:`singular_value_decay_rate`;
 * Loewner order: :func:`loewner_min_eig`;
 * ridge leverage (Skyformer Theorem 2), re-exported from :mod:`approxlab.leverage`:
   ``ridge_leverage_scores``, ``statistical_dimension``, ``coherence``,
@@ -39,7 +41,8 @@ from ..leverage import (
 from ..linalg.conditioning import condition_number, is_numerically_singular
 from ..linalg.lanczos import SpectralNormEstimate
 from .norms import loewner_min_eig, spectral_error, spectral_norm
-from .spectrum import effective_rank, numerical_rank, singular_value_decay_rate, spectrum_measures, stable_rank
+from .spectrum import (effective_rank, numerical_rank, numerical_rank_lu, singular_value_decay_rate, spectrum_measures,
+                       stable_rank)
 
 __all__ = [
     "spectral_norm",
@@ -49,6 +52,7 @@ __all__ = [
     "is_numerically_singular",
     "stable_rank",
     "numerical_rank",
+    "numerical_rank_lu",
     "effective_rank",
     "singular_value_decay_rate",
     "spectrum_measures",

@@ -73,7 +73,7 @@ def _figure1_ratio_rows(cell, n, common):
     against float64 SDPA exact attention of the same window's heads. Three more rows split it:
     ``figure1-cell-methods``, the methods' own ``seconds`` in ``results.csv`` (approximation and its
     error); ``figure1-cell-window-rank``, the window diagnostics' ``seconds`` in ``windows.csv`` (the
-    dense SVD for the rank of A, added to the cell after its target was set); and
+    rank of A, an LU factorisation, added to the cell after its target was set); and
     ``figure1-cell-without-window-rank``, the compute less that, i.e. the cell the target was set for."""
     import tempfile
 
@@ -126,7 +126,7 @@ TARGETS = {"operator-matmat": 1.3, "operator-rmatmat": 1.3, "spectral-error-sdpa
 CELL_PARTS = {
     "figure1-cell-methods": "its methods' own seconds (approximations and their errors, as results.csv reports "
                             "them) / the same",
-    "figure1-cell-window-rank": "its window diagnostics (the dense SVD for the rank of A; windows.csv "
+    "figure1-cell-window-rank": "its window diagnostics (the rank of A, an LU factorisation; windows.csv "
                                 "seconds) / the same",
     "figure1-cell-without-window-rank": "its compute less the window diagnostics (the cell the target was set for) "
                                         "/ the same",

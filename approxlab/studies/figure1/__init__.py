@@ -59,8 +59,9 @@ std, min and max over the heads (``error_*``), the same for the relative error
 raised and a ``status`` ("ok", or the error that stopped the method, whose errors are then ``inf``).
 
 ``windows.csv``: one row per condition x n x window: distinct tokens, distinct rows of Q
-(head 0), the numerical rank of A (head 0; singular values above ``n * eps64 * sigma_1``) and
-the wall time of these diagnostics (``seconds``; the dense SVD is nearly all of it).
+(head 0), the numerical rank of A (head 0; singular values above ``n * eps64 * sigma_1``, from an
+LU factorisation of A: :func:`approxlab.metrics.numerical_rank_lu`) and the wall time of these
+diagnostics (``seconds``; the factorisation is nearly all of it).
 
 ``panel_stats.csv``, ``verdicts.csv`` (median and mean) and ``paper_comparison.csv``: written by
 the report step from ``results.csv`` (:mod:`.stats`, :mod:`.paper`).

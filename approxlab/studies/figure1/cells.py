@@ -9,6 +9,7 @@ d, seed), so results do not depend on run order or executor.
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 import warnings
@@ -20,7 +21,7 @@ from ...attention import approximate
 from ...kernels import kernelized_matrix
 from ...leverage import completion_operator, estimate_ridge_quantities
 from ...methods import get
-from ...metrics import spectral_norm
+from ...metrics import numerical_rank_lu, spectral_norm
 from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs import wikitext
@@ -92,6 +93,27 @@ def _generator(cell, method, d, seed):
     return torch.Generator().manual_seed(cell_seed(*key, base_seed=cell["base_seed"]))
 
 
+_CORE_CONDITIONS: collections.OrderedDict = collections.OrderedDict()
+"""The sampled-core condition numbers of the seed-0 approximations this process has run, by
+:func:`_core_key` (at most :data:`_CORE_CONDITIONS_SIZE`, oldest dropped): the panel cell of a
+(condition, n) reads the one its window's approximation cell computed instead of running the
+method again (the same inputs and generator, so the same numbers)."""
+
+_CORE_CONDITIONS_SIZE = 64
+
+
+def _core_key(cell, method, d):
+    return (_window(cell), cell["dtype"], cell.get("dense_max_n", DENSE_MAX_N), cell["base_seed"], method, d)
+
+
+def _remember_core_condition(cell, d, info) -> None:
+    kappa = _core_condition_number(info)
+    if kappa is not None:
+        _CORE_CONDITIONS[_core_key(cell, cell["method"], d)] = kappa
+        while len(_CORE_CONDITIONS) > _CORE_CONDITIONS_SIZE:
+            _CORE_CONDITIONS.popitem(last=False)
+
+
 def _summary_stats(prefix, values: torch.Tensor) -> dict:
     values = values.to(torch.float64)
     return {f"{prefix}_mean": float(values.mean()), f"{prefix}_std": float(values.std(correction=0)),
@@ -137,6 +159,8 @@ def compute_cell(cell: dict) -> list[dict]:
                                          generator=_generator(cell, cell["method"], d, seed))
                     error = spectral_norm((approx.output - ref["output"]).detach().cpu())
                     status = "ok"
+                    if seed == 0:
+                        _remember_core_condition(cell, d, approx.info)
                 except METHOD_ERRORS as failure:  # the method's failure: a failed row
                     error = torch.full((heads,), math.inf, dtype=torch.float64)
                     status = method_status(cell["method"], failure)
@@ -188,7 +212,9 @@ def compute_panel(cell: dict) -> list[dict]:
     eigenvalues :math:`\mu_i \ge 0` of :math:`\bar C`, for ``cell["stat_heads"]`` (from
     :data:`ESTIMATE_DSTAT_FROM_N` on, the matrix-free estimate; column
     ``statistical_dimension_method``); and the sampled-core condition number that
-    ``skyformer-softmax`` reports in ``info`` (seed 0).
+    ``skyformer-softmax`` reports in ``info`` (seed 0): the one its approximation cell of the same
+    window computed when that ran in this process (:data:`_CORE_CONDITIONS`), else computed here
+    (the same inputs and generator either way).
     """
     ref = _reference(cell)
     heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
@@ -207,11 +233,13 @@ def compute_panel(cell: dict) -> list[dict]:
             "statistical_dimension_method": "estimate" if estimated else "eigvalsh",
         }
         if method is not None and d <= get(method).max_features(cell["n"]):
-            with warnings.catch_warnings(record=True):
-                warnings.simplefilter("always")
-                info = approximate(method, ref["q"], ref["k"], ref["v"], num_features=d,
-                                   generator=_generator(cell, method, d, 0)).info
-            kappa = _core_condition_number(info)
+            kappa = _CORE_CONDITIONS.get(_core_key(cell, method, d))
+            if kappa is None:  # not run in this process (another worker, or a resumed run)
+                with warnings.catch_warnings(record=True):
+                    warnings.simplefilter("always")
+                    info = approximate(method, ref["q"], ref["k"], ref["v"], num_features=d,
+                                       generator=_generator(cell, method, d, 0)).info
+                kappa = _core_condition_number(info)
             if kappa is not None:
                 row["core_condition_number_median"] = float(kappa.median())
                 row["core_condition_number_max"] = float(kappa.max())
@@ -224,10 +252,15 @@ def compute_window(cell: dict) -> list[dict]:
 
     ``distinct_tokens``; ``distinct_q_rows`` of head 0 (at most the distinct tokens without
     positions); ``rank_a``: numerical rank of head 0's :math:`A = \exp(QK^\top/\sqrt p)`
-    (float64; singular values above ``n * eps64 * sigma_1``, the rounding level of an SVD). The
-    rank needs a dense SVD, :math:`O(n^3)` (24 s on one core at n = 4096, the largest single cost
-    of a Figure-1 window): above ``n = dense_max_n`` (``--matrix-free-above``) it is NaN.
-    ``seconds``: the wall time of these diagnostics, the window's loading excluded.
+    (float64; singular values above :math:`\tau = n\,\epsilon_{64}\,\sigma_1`, the rounding level
+    of an SVD), by :func:`approxlab.metrics.numerical_rank_lu`: an LU factorisation of :math:`A`
+    (:math:`\tfrac23 n^3` flops) and subspace iteration on :math:`(A^\top A)^{-1}`, whose Ritz values
+    certify each singular value it counts below :math:`\tau`; where more than a block's worth lie
+    below it (e.g. ``--positions none``: rank at most the distinct tokens) the count comes from the
+    dense SVD, as every count did before (the same counts on the committed run's 32 windows; at
+    n = 4096 about a fifth of the SVD's time). Above ``n = dense_max_n`` (``--matrix-free-above``)
+    it is NaN: both need :math:`A` in memory. ``seconds``: the wall time of these diagnostics, the
+    window's loading excluded.
     """
     from ...kernels import scaled_logits
 
@@ -238,8 +271,8 @@ def compute_window(cell: dict) -> list[dict]:
     n, rank = q0.shape[0], math.nan
     if n <= cell.get("dense_max_n", DENSE_MAX_N):
         logits = scaled_logits(q0, k0)
-        sigma = torch.linalg.svdvals(torch.exp(logits - logits.max()))
-        rank = int((sigma > n * torch.finfo(torch.float64).eps * sigma[0]).sum())
+        rank = numerical_rank_lu(torch.exp(logits - logits.max()), n * torch.finfo(torch.float64).eps,
+                                 generator=_generator(cell, "rank-of-a", 0, 0))
     return [{"distinct_tokens": int(torch.as_tensor(ids).unique().numel()),
              "distinct_q_rows": int(torch.unique(q0, dim=0).shape[0]),
              "rank_a": rank, "positions": cell["positions"], "seconds": time.perf_counter() - start}]
