@@ -22,7 +22,8 @@ from approxlab.methods import available, causal_support, get, register
 from approxlab.methods.performer import CAUSAL_CHUNK, positive_random_features
 from approxlab.methods.yoso_e import collision_probability
 
-OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "streaming-llm", "h2o", "snapkv",
+OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "vattention", "magicpig", "streaming-llm",
+       "h2o", "snapkv",
        "quest", "hyperattention"]
 ONLY = ["streaming-llm", "h2o", "snapkv"]
 VARIANT = ["skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting"]

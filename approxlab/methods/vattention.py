@@ -17,8 +17,31 @@ from ._base import method
 from ._masking import check_key_mask
 from ._selection import logit_blocks
 from ._weighted_keys import assemble, fixed_keys, row_weights, weighted_output
+from .draws import DrawEntry, check_draw
 
-__all__ = ["vattention", "VATTENTION", "sample_size"]
+__all__ = ["vattention", "VATTENTION", "sample_size", "draw_uniforms"]
+
+
+def draw_uniforms(q, k, *, num_features, generator=None, **options):
+    r"""The random draw of :func:`vattention`: ``{"uniform": (*batch, n, m) float64}``, i.i.d. uniform on [0, 1).
+
+    Query :math:`i`'s ``r``-th tail sample is the tail key of rank :math:`\lfloor N_T u_{ir}\rfloor` (keys in
+    increasing position); a query never draws more than :math:`N_T < m` samples (at :math:`b \ge N_T` its tail
+    is attended exactly), so ``m`` variates per query are enough. Drawn on the CPU in float64 (memory
+    :math:`O(nm)`), then moved to ``q.device``; ``options`` are ignored (the sample sizes depend on the data,
+    the variates do not).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.vattention import draw_uniforms
+    >>> q = k = torch.zeros(2, 16, 4, dtype=torch.float64)
+    >>> draw_uniforms(q, k, num_features=4, generator=torch.Generator().manual_seed(0))["uniform"].shape
+    torch.Size([2, 16, 16])
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    uniform = torch.rand(*batch, q.shape[-2], k.shape[-2], generator=as_generator(generator), dtype=torch.float64)
+    return {"uniform": uniform.to(q.device)}
 
 
 def sample_size(trace_covariance: torch.Tensor, denominator: torch.Tensor, output_norm: torch.Tensor, *,
@@ -52,9 +75,9 @@ def sample_size(trace_covariance: torch.Tensor, denominator: torch.Tensor, outpu
 
 
 @method("vattention", target="softmax", features="keys kept exactly per query (the largest logits), "
-        "besides a sampled tail sized by (epsilon, delta)", randomized=True, causal=True)
+        "besides a sampled tail sized by (epsilon, delta)", randomized=True, draw=draw_uniforms, causal=True)
 def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1, sink=0, window=0,
-               key_mask=None, causal=False):
+               draw=None, key_mask=None, causal=False):
     r"""vAttention: top-k plus a uniform sample of the tail with an :math:`(\epsilon, \delta)` guarantee per query.
 
     Parameters
@@ -64,8 +87,8 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
     num_features : int
         The keys of largest logit attended exactly per query, besides sinks and window (``1 <= k <= m``).
     generator : torch.Generator, optional
-        CPU generator for the tail samples (uniform variates drawn in float64 on the CPU, so float32 and
-        float64 inputs draw the same keys).
+        CPU generator for the tail samples (:func:`draw_uniforms`: uniform variates drawn in float64 on the
+        CPU, so float32 and float64 inputs draw the same keys).
     epsilon : float, default 0.3
         The relative :math:`\ell_2` error allowed per query, ``0 < epsilon`` (the largest value of the hub's
         search grid, 0.05 to 0.3).
@@ -75,6 +98,8 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         Keys ``0 .. sink - 1`` attended exactly by every query (attention sinks).
     window : int, default 0
         Keys :math:`i - \text{window} < j \le i` attended exactly by query :math:`i` (the local window).
+    draw : dict, optional
+        ``{"uniform": (*batch, n, m)}`` from :func:`draw_uniforms`, used instead of ``generator``.
     key_mask : torch.Tensor, optional
         ``(*batch, m)`` bool, True on keys that may be attended.
     causal : bool, default False
@@ -121,8 +146,8 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         P\big(\|\tilde o - o\| > \epsilon\|o\|\big) \lesssim \delta,
 
     to first order in :math:`b^{-1/2}` (:math:`\tilde D = D` up to a relative error of the same order). When
-    :math:`b \ge N_T` the tail is attended exactly instead (no error); an empty tail needs no sample, and a
-    tail with :math:`\operatorname{tr}\Sigma = 0` one draw. :math:`\operatorname{tr}\Sigma`, :math:`D` and
+    :math:`b \ge N_T` the tail is attended exactly instead (no error), as is a tail of one key; a longer tail with
+    :math:`\operatorname{tr}\Sigma = 0` needs one draw. :math:`\operatorname{tr}\Sigma`, :math:`D` and
     :math:`o` are computed here from every logit in float64 (an oracle budget, as the top-k oracle); vAttention
     estimates them from a base sample of the tail (the hub's ``base_rate_sampling``), which the guarantee then
     assumes accurate. The hub's budget, :math:`(\Phi^{-1}(1-\delta)\,\hat\sigma N_T/(\epsilon\hat D))^2` with
@@ -160,12 +185,17 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         raise ValueError(f"`delta` must be a probability in (0, 1); got {delta!r}.")
     sink = check_int(sink, "sink", low=0)
     window = check_int(window, "window", low=0)
-    g = as_generator(generator)
+    if draw is None:
+        draw = draw_uniforms(q, k, num_features=num_features, generator=generator)
+    else:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        layout = {"uniform": DrawEntry((*batch, q.shape[-2], k.shape[-2]), "(*batch, n, m)")}
+        draw = check_draw("vattention", draw, layout, device=q.device)
     dtype = q.dtype
     q, k, v = q.double(), k.double(), v.double()
     v = v.expand(*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), *v.shape[-2:])
     blocks, stats = [], []
-    for start, _, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
+    for start, stop, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
         fixed = fixed_keys(logits, start, heavy=num_features, sink=sink, window=window)
         tail = torch.isfinite(logits) & ~fixed
         weights = row_weights(logits)
@@ -181,19 +211,18 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         mean = tail_weights @ v - tail_weights.sum(-1, keepdim=True) * output
         trace = (size * spread - (mean * mean).sum(-1)).clamp(min=0.0)
         required = sample_size(trace, safe, output.norm(dim=-1), epsilon=epsilon, delta=delta)
-        required = torch.nan_to_num(required, nan=float("inf"))
-        exact_tail = required >= size
-        samples = torch.where(exact_tail | (size == 0), torch.zeros_like(size),
-                              required.clamp(min=1).nan_to_num(posinf=0).long())
+        needed = torch.nan_to_num(required, nan=float("inf")).clamp(min=1)  # a tail with tr(Sigma) = 0: one draw
+        exact_tail = needed >= size
+        samples = torch.where(exact_tail, torch.zeros_like(size), needed.nan_to_num(posinf=0).long())
         coefficients = weights * (fixed | (tail & exact_tail.unsqueeze(-1)))
         width = int(samples.max()) if samples.numel() else 0
         if width:
-            uniform = torch.rand(*samples.shape, width, generator=g, dtype=torch.float64).to(logits.device)
+            uniform = draw["uniform"][..., start:stop, :width].double().expand(*samples.shape, width)
             rank = (uniform * size.unsqueeze(-1)).long().clamp(max=logits.shape[-1] - 1)
             order = torch.argsort((~tail).to(torch.int8), dim=-1, stable=True)  # tail keys first, ascending
             drawn = torch.gather(order, -1, rank)
             used = torch.arange(width, device=logits.device) < samples.unsqueeze(-1)
-            scale = size / samples.clamp(min=1)
+            scale = size.double() / samples.clamp(min=1)
             contribution = torch.gather(weights, -1, drawn) * scale.unsqueeze(-1) * used
             coefficients = coefficients.scatter_add(-1, drawn, contribution)
         blocks.append(weighted_output(coefficients, v))
