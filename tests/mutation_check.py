@@ -279,6 +279,13 @@ MUTATIONS = [
         ["tests/test_vattention.py::test_theorem_fraction_of_queries_beyond_epsilon_is_at_most_delta"],
     ),
     (
+        "MagicPIG: a key is sampled with the probability of at least t collisions in L tables (t -> t - 1)",
+        "approxlab/methods/magicpig.py",
+        "for s in range(1, min_collisions):",
+        "for s in range(1, min_collisions - 1):",
+        ["tests/test_magicpig.py::test_a_key_is_sampled_with_its_probability_over_hyperplane_draws"],
+    ),
+    (
         "HyperAttention Algorithm 4: the causal recursion splits n positions at ceil(n/2) (-> floor(n/2))",
         "approxlab/methods/hyperattention.py",
         "return start + (stop - start + 1) // 2",

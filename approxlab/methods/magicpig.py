@@ -50,8 +50,9 @@ def sampling_probability(cosine: torch.Tensor, *, bits: int, tables: int, min_co
     u = torch.where(certain, torch.full_like(u, 0.5), u)
     ratio = u / (1 - u)
     series = torch.zeros_like(u)
-    for s in range(1, min_collisions):
-        series = series + math.comb(tables, s) * ratio ** s
+    for s in range(1, min_collisions):  # binomial coefficients through lgamma: no integer overflow
+        log_binomial = math.lgamma(tables + 1) - math.lgamma(s + 1) - math.lgamma(tables - s + 1)
+        series = series + torch.exp(log_binomial + s * torch.log(ratio))
     log_below = tables * torch.log1p(-u) + torch.log1p(series)
     return torch.where(certain, torch.ones_like(u), -torch.expm1(log_below))
 
