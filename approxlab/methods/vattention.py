@@ -194,6 +194,8 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
     dtype = q.dtype
     q, k, v = q.double(), k.double(), v.double()
     v = v.expand(*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), *v.shape[-2:])
+    # the budget is invariant to the scale of v: its statistics use v / max|v| (no under- or overflow of v^2)
+    unit = v / v.abs().amax((-2, -1), keepdim=True).clamp(min=torch.finfo(torch.float64).tiny)
     blocks, stats = [], []
     for start, stop, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
         fixed = fixed_keys(logits, start, heavy=num_features, sink=sink, window=window)
@@ -202,13 +204,13 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         tail_weights = weights * tail
         denominator = weights.sum(-1)
         safe = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
-        output = (weights @ v) / safe.unsqueeze(-1)
+        output = (weights @ unit) / safe.unsqueeze(-1)
         size = tail.sum(-1)
         # tr(Sigma) = N_T sum_T w_j^2 |v_j - o|^2 - |mu|^2,  mu = sum_T w_j (v_j - o)
         squared = tail_weights * tail_weights
-        spread = (squared @ (v * v).sum(-1, keepdim=True)).squeeze(-1) \
-            - 2 * ((squared @ v) * output).sum(-1) + squared.sum(-1) * (output * output).sum(-1)
-        mean = tail_weights @ v - tail_weights.sum(-1, keepdim=True) * output
+        spread = (squared @ (unit * unit).sum(-1, keepdim=True)).squeeze(-1) \
+            - 2 * ((squared @ unit) * output).sum(-1) + squared.sum(-1) * (output * output).sum(-1)
+        mean = tail_weights @ unit - tail_weights.sum(-1, keepdim=True) * output
         trace = (size * spread - (mean * mean).sum(-1)).clamp(min=0.0)
         required = sample_size(trace, safe, output.norm(dim=-1), epsilon=epsilon, delta=delta)
         needed = torch.nan_to_num(required, nan=float("inf")).clamp(min=1)  # a tail with tr(Sigma) = 0: one draw
