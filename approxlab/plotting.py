@@ -85,6 +85,8 @@ METHOD_STYLES = {
     # hollow: where the nucleus holds more than d keys top-p is top-k, and its circles ring top-k's triangles
     "topp": {"color": "#44AA99", "marker": "o", "markerfacecolor": "none", "label": "Top-p (oracle)"},
     "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
+    "vattention": {"color": "#88CCEE", "marker": "8", "label": "vAttention"},
+    "magicpig": {"color": "#CC6677", "marker": "x", "label": "MagicPIG"},
     "streaming-llm": {"color": "#DDCC77", "marker": "1", "label": "StreamingLLM"},
     "h2o": {"color": "#661100", "marker": "2", "label": "H2O"},
     "snapkv": {"color": "#6699CC", "marker": "3", "label": "SnapKV"},

@@ -5,6 +5,7 @@ Usage (from the repository root)::
     python3 tests/mutation_check.py            # all mutations
     python3 tests/mutation_check.py --list     # print the table and exit
     python3 tests/mutation_check.py --baseline # first run the named tests unmutated
+    python3 tests/mutation_check.py --match vattention  # only the rows whose statement says so
 
 For each row of ``MUTATIONS`` below -- (statement, file, exact old text, new text, tests) -- the
 check copies ``approxlab/``, ``tests/`` and ``pyproject.toml`` into a temporary directory,
@@ -271,6 +272,20 @@ MUTATIONS = [
         ["tests/test_sparse_attention.py::test_topk_theorem_dropped_mass_bounds_each_rows_error"],
     ),
     (
+        "vAttention: the tail sample size scales as epsilon^-2 (the factor dropped)",
+        "approxlab/methods/vattention.py",
+        "trace_covariance / (epsilon * denominator * output_norm) ** 2",
+        "trace_covariance / (denominator * output_norm) ** 2",
+        ["tests/test_vattention.py::test_theorem_fraction_of_queries_beyond_epsilon_is_at_most_delta"],
+    ),
+    (
+        "MagicPIG: a key is sampled with the probability of at least t collisions in L tables (t -> t - 1)",
+        "approxlab/methods/magicpig.py",
+        "for s in range(1, min_collisions):",
+        "for s in range(1, min_collisions - 1):",
+        ["tests/test_magicpig.py::test_a_key_is_sampled_with_its_probability_over_hyperplane_draws"],
+    ),
+    (
         "HyperAttention Algorithm 4: the causal recursion splits n positions at ceil(n/2) (-> floor(n/2))",
         "approxlab/methods/hyperattention.py",
         "return start + (stop - start + 1) // 2",
@@ -403,12 +418,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print the mutation table and exit")
     parser.add_argument("--baseline", action="store_true", help="also run the named tests unmutated first")
+    parser.add_argument("--match", metavar="TEXT", default="",
+                        help="only the mutations whose statement contains TEXT (case-insensitive)")
     args = parser.parse_args(argv)
+    mutations = [row for row in MUTATIONS if args.match.lower() in row[0].lower()]
+    if not mutations:
+        parser.error(f"--match {args.match!r} names no mutation")
     if args.list:
-        for statement, path, old, new, tests in MUTATIONS:
+        for statement, path, old, new, tests in mutations:
             print(f"{statement}\n    {path}: {old!r} -> {new!r}\n    tests: {' '.join(tests)}")
         return 0
-    return _run(MUTATIONS, args.baseline)
+    return _run(mutations, args.baseline)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from approxlab.methods.yoso_e import collision_probability
 
 SCORERS = ["knorm", "random", "observed-attention", "tova", "keydiff", "expected-attention", "leverage-score", "cur",
            "compactor", "cap"]  # kvpress's presses: a prompt compressed once by their scores
-OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "streaming-llm", "h2o", "snapkv",
-       "quest", "hyperattention", *SCORERS]
+OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "vattention", "magicpig",
+       "streaming-llm", "h2o", "snapkv", "quest", "hyperattention", *SCORERS]
 ONLY = ["streaming-llm", "h2o", "snapkv", *SCORERS]
 VARIANT = ["skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting"]
 

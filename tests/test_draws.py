@@ -27,6 +27,7 @@ OPTIONS = {  # the options that change what a method draws
     "performer-lra": [{}, {"orthogonal": False}],
     "informer": [{}, {"measure_keys": "all"}, {"sample_size": 3}],
     "linformer": [{}, {"share_projection": True}],
+    "magicpig": [{}, {"bits": 3, "min_collisions": 1}],
 }
 CASES = [(name, {**options, **({"causal": True} if get(name).causal_only else {})})  # cache policies: causal only
          for name in RANDOMIZED for options in OPTIONS.get(name, [{}])]
@@ -34,8 +35,8 @@ CASES = [(name, {**options, **({"causal": True} if get(name).causal_only else {}
 
 def test_every_randomized_builtin_exposes_its_draw():
     assert set(RANDOMIZED) == {"skyformer", "skyformer-softmax", "nystrom", "yoso", "performer", "performer-lra",
-                               "informer", "linformer", "hyperattention", "kdeformer", "random", "leverage-score",
-                               "compactor"}
+                               "informer", "linformer", "vattention", "magicpig", "hyperattention",
+                               "kdeformer", "random", "leverage-score", "compactor"}
     assert all(get(name).draw is not None for name in RANDOMIZED)
     assert all(draw(name, *synthetic_qkv((1,), 8, 4, generator=gen(0))[:2], num_features=2) == {}
                for name in available() if not get(name).randomized)

@@ -59,6 +59,8 @@ BUILTINS = {
     "linformer": "linformer:LINFORMER",
     "topk": "topk:TOPK",
     "topp": "topp:TOPP",
+    "vattention": "vattention:VATTENTION",
+    "magicpig": "magicpig:MAGICPIG",
     "streaming-llm": "streaming_llm:STREAMING_LLM",
     "h2o": "h2o:H2O",
     "snapkv": "snapkv:SNAPKV",

@@ -1,0 +1,72 @@
+r"""What ``vattention`` and ``magicpig`` share: a deterministic set of keys per query (attention sinks, a local
+window, the largest logits) and a row of importance weights over the keys.
+
+Both methods form every logit in row blocks (:func:`~approxlab.methods._selection.logit_blocks`), decide per
+query a *fixed* set :math:`F_i` that is attended exactly and a random set of further keys, and return the
+output :math:`\tilde o_i = \sum_j c_{ij} v_j / \sum_j c_{ij}` for non-negative coefficients :math:`c_{ij}`
+(the softmax numerator on :math:`F_i`, an importance-weighted one on the sampled keys). The operator is the
+:class:`~approxlab.operators.RowSparseOperator` of the normalised coefficients' non-zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._selection import sparse_approximation
+
+__all__ = ["fixed_keys", "row_weights", "weighted_output", "assemble"]
+
+
+def fixed_keys(logits: torch.Tensor, start: int, *, heavy: int, sink: int, window: int) -> torch.Tensor:
+    r"""``(*batch, rows, m)`` bool: the keys attended exactly by rows ``start .. start + rows - 1``.
+
+    The union of the attention sinks (keys ``j < sink``), the local window (keys
+    :math:`i - \text{window} < j \le i` of query :math:`i`) and the ``heavy`` largest logits among the other
+    keys (sparse-attention-hub's sink, local and ``oracle_top_k`` maskers, composed in that order); only
+    visible keys (finite logits) are ever fixed.
+    """
+    visible = torch.isfinite(logits)
+    rows, m = logits.shape[-2:]
+    keys = torch.arange(m, device=logits.device)
+    queries = torch.arange(start, start + rows, device=logits.device).unsqueeze(-1)
+    fixed = visible & ((keys < sink) | ((keys <= queries) & (keys > queries - window)))
+    if heavy > 0:
+        values, indices = logits.masked_fill(fixed, float("-inf")).topk(min(heavy, m), dim=-1)
+        fixed = fixed | torch.zeros_like(fixed).scatter(-1, indices, torch.isfinite(values))
+    return fixed
+
+
+def row_weights(logits: torch.Tensor) -> torch.Tensor:
+    r"""``exp(logits - max)`` per row in the logits' dtype; 0 on invisible keys and on rows that see no key."""
+    peak = logits.amax(-1, keepdim=True)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    return torch.exp(logits - peak)
+
+
+def weighted_output(coefficients: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""``(output, indices, weights)`` of one row block from its ``(*batch, rows, m)`` coefficients :math:`c_{ij}\ge 0`.
+
+    ``output`` ``(*batch, rows, p_v)`` is :math:`\sum_j c_{ij} v_j / \sum_j c_{ij}` (0 on a row without
+    coefficients); ``indices`` and ``weights`` ``(*batch, rows, s)`` are the non-zero columns of the normalised
+    row and their values (weight 0 on unused slots), ``s`` the most non-zeros of a row in the block.
+    """
+    sums = coefficients.sum(-1, keepdim=True)
+    normalised = coefficients / torch.where(sums > 0, sums, torch.ones_like(sums))
+    output = normalised @ v
+    nonzero = normalised != 0
+    width = max(1, int(nonzero.sum(-1).max()))
+    indices = torch.argsort(nonzero.to(torch.int8), dim=-1, descending=True, stable=True)[..., :width]
+    return output, indices, torch.gather(normalised, -1, indices)
+
+
+def assemble(name: str, blocks: list, m: int, dtype: torch.dtype, info: dict):
+    """The :class:`Approximation` of the row blocks ``[(output, indices, weights), ...]`` (outputs cast to ``dtype``)."""
+    width = max(block[1].shape[-1] for block in blocks)
+
+    def pad(x):
+        return torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+    output = torch.cat([block[0] for block in blocks], dim=-2).to(dtype)
+    indices = torch.cat([pad(block[1]) for block in blocks], dim=-2)
+    weights = torch.cat([pad(block[2]) for block in blocks], dim=-2).to(dtype)
+    return sparse_approximation(name, output, m, lambda: (indices, weights), info)

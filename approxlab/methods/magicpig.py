@@ -1,0 +1,219 @@
+r"""MagicPIG: attention sinks and a local window exactly, the rest sampled by SimHash collisions and
+importance-weighted by the collision probability (Chen et al., 2024).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import lsh
+from .._validation import as_generator, check_int
+from ._base import method
+from ._masking import check_key_mask
+from ._selection import logit_blocks
+from ._weighted_keys import assemble, fixed_keys, weighted_output
+from .draws import DrawEntry, check_draw
+
+__all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability"]
+
+MAX_TABLES = 4096
+"""Largest number of hash tables ``L`` accepted (MagicPIG's configurations use 75 to 300)."""
+
+
+def sampling_probability(cosine: torch.Tensor, *, bits: int, tables: int, min_collisions: int) -> torch.Tensor:
+    r"""The probability that a key collides with the query in at least ``min_collisions`` of ``tables`` tables.
+
+    One table concatenates ``bits`` SimHash bits, so it collides with probability
+    :math:`u = (1-\theta/\pi)^K` (:func:`approxlab.lsh.collision_probability`), independently across tables:
+
+    .. math::
+
+        P = 1 - \sum_{s < t}\binom{L}{s} u^s (1-u)^{L-s}
+          = -\operatorname{expm1}\Big(L\log(1-u) + \log\sum_{s<t}\binom{L}{s}\big(\tfrac{u}{1-u}\big)^s\Big),
+
+    the second form accurate when :math:`P` is tiny. For :math:`t = 2` this is MagicPIG's
+    ``1 - (1-u)^L - L(1-u)^{L-1}u`` (``evaluations/RULER/pred/cache_ref.py``); for :math:`t = 1`,
+    sparse-attention-hub's ``1 - (1-u)^L`` (``magic_pig.py``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.magicpig import sampling_probability
+    >>> cosine = torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64)
+    >>> sampling_probability(cosine, bits=1, tables=2, min_collisions=1)  # u = 1, 1/2, 0
+    tensor([1.0000, 0.7500, 0.0000], dtype=torch.float64)
+    """
+    u = lsh.collision_probability(cosine, bits)
+    certain = u >= 1
+    u = torch.where(certain, torch.full_like(u, 0.5), u)
+    ratio = u / (1 - u)
+    series = torch.zeros_like(u)
+    for s in range(1, min_collisions):  # binomial coefficients through lgamma: no integer overflow
+        log_binomial = math.lgamma(tables + 1) - math.lgamma(s + 1) - math.lgamma(tables - s + 1)
+        series = series + torch.exp(log_binomial + s * torch.log(ratio))
+    log_below = tables * torch.log1p(-u) + torch.log1p(series)
+    return torch.where(certain, torch.ones_like(u), -torch.expm1(log_below))
+
+
+def draw_tables(q, k, *, num_features, generator=None, bits=8, **options):
+    r"""The random draw of :func:`magicpig`: ``L`` tables of ``bits`` Gaussian hyperplanes each.
+
+    Returns ``{"hyperplanes": (*batch, L, bits, p) float64}`` on ``q.device``, one set per batch element
+    (:func:`approxlab.lsh.draw_hyperplanes`); ``options`` (MagicPIG's other keywords) are ignored.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.magicpig import draw_tables
+    >>> q = k = torch.zeros(2, 16, 4, dtype=torch.float64)
+    >>> draw_tables(q, k, num_features=5, bits=3, generator=torch.Generator().manual_seed(0))["hyperplanes"].shape
+    torch.Size([2, 5, 3, 4])
+    """
+    num_features = check_int(num_features, "num_features", low=1, high=MAX_TABLES)
+    bits = check_int(bits, "bits", low=1, high=lsh.MAX_TAU)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    planes = lsh.draw_hyperplanes(batch, num_features, bits, q.shape[-1], generator=as_generator(generator),
+                                  dtype=torch.float64, device=q.device)
+    return {"hyperplanes": planes}
+
+
+@method("magicpig", target="softmax", features="hash tables L (each of `bits` concatenated SimHash bits)",
+        max_features=MAX_TABLES, randomized=True, draw=draw_tables, causal=True)
+def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=2, sink=0, window=0,
+             center=True, draw=None, key_mask=None, causal=False):
+    r"""MagicPIG: softmax over the sinks, the window and the keys that collide with the query in enough tables,
+    each sampled key's weight divided by its probability of being sampled.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        ``(*batch, n, p)``, ``(*batch, m, p)``, ``(*batch, m, p_v)``.
+    num_features : int
+        ``L``, the hash tables (``1 <= L <= MAX_TABLES``).
+    generator : torch.Generator, optional
+        CPU generator for the hyperplanes (:func:`draw_tables`).
+    bits : int, default 8
+        ``K``, SimHash bits per table (MagicPIG's configurations: K = 8 to 11).
+    min_collisions : int, default 2
+        A key is sampled when it collides with the query in at least this many tables (MagicPIG's 2;
+        sparse-attention-hub's masker uses 1). ``1 <= min_collisions <= L``.
+    sink, window : int, default 0
+        Attention sinks (keys ``j < sink``) and the local window (:math:`i - \text{window} < j \le i`),
+        attended exactly and never sampled (MagicPIG keeps 4 sinks and a window of 64).
+    center : bool, default True
+        Hash the keys minus their mean (over the keys that may be attended), as MagicPIG does; the query is
+        hashed as it is. Centering shifts every logit of a query by the same amount, so it changes which
+        keys collide, not the softmax.
+    draw : dict, optional
+        ``{"hyperplanes": (*batch, L, bits, p)}`` from :func:`draw_tables`, used instead of ``generator``.
+    key_mask : torch.Tensor, optional
+        ``(*batch, m)`` bool, True on keys that may be attended.
+    causal : bool, default False
+        Query :math:`i` attends keys :math:`j \le i` only.
+
+    Returns
+    -------
+    Approximation
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`;
+        ``info``: ``fixed`` and ``sampled`` ``(*batch, n)`` the keys attended exactly and the keys sampled,
+        ``hyperplanes`` the draw.
+
+    Notes
+    -----
+    Let :math:`\theta_{ij}` be the angle between :math:`q_i` and the centred key :math:`k_j - \bar k`,
+    :math:`P_{ij}` the probability of :func:`sampling_probability`, :math:`F_i` the fixed keys and
+    :math:`S_i` the keys colliding with :math:`q_i` in at least ``min_collisions`` of the ``L`` tables. Then
+    (MagicPIG, Sec. 4, the self-normalised importance sampling estimator; ``cache_ref.py`` subtracts
+    :math:`\log P_{ij}` from the logit before the softmax)
+
+    .. math::
+
+        \tilde o_i = \frac{\sum_{j\in F_i} e^{s_{ij}} v_j + \sum_{j\in S_i\setminus F_i} e^{s_{ij}} v_j / P_{ij}}
+                          {\sum_{j\in F_i} e^{s_{ij}} + \sum_{j\in S_i\setminus F_i} e^{s_{ij}} / P_{ij}}.
+
+    Numerator and denominator are each unbiased for the exact ones (:math:`P(j\in S_i) = P_{ij}`), so the ratio
+    is consistent; keys whose :math:`P_{ij}` is tiny but which collide get large weights (MagicPIG adds
+    :math:`10^{-4}` to :math:`P`, which biases; not done here). A query that collides with nothing and has
+    no fixed key gets output 0.
+
+    **Differences from the published code.** MagicPIG draws one projection per layer group, shared across
+    heads; here each batch element (sequence and head) gets its own. sparse-attention-hub's masker also maps
+    keys and queries through the Neyshabur--Srebro transform (keys scaled by the largest key norm and
+    augmented, the query normalised) before hashing and centres the query too; here MagicPIG's own choice
+    (centred keys, raw query). See the docs page for the comparison on shared hyperplanes.
+
+    **Cost**: all :math:`nm` logits and the :math:`nmL` code comparisons in row blocks; hashing
+    :math:`O((n+m)LKp)`.
+
+    References
+    ----------
+    Z. Chen, R. Sadhukhan, Z. Ye, Y. Zhou, J. Zhang, N. Nolte, Y. Tian, M. Douze, L. Bottou, Z. Jia, B. Chen,
+    "MagicPIG: LSH Sampling for Efficient LLM Generation" (2024), arXiv:2410.16179.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 128, 16, scale=1.5, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("magicpig", q, k, v, num_features=150, bits=4, sink=4, window=16,
+    ...                                generator=torch.Generator().manual_seed(1))
+    >>> exact = approxlab.exact_attention(q, k, v)
+    >>> bool((approx.output - exact).norm() < 0.5 * exact.norm())
+    True
+    """
+    num_features = check_int(num_features, "num_features", low=1, high=MAX_TABLES)
+    bits = check_int(bits, "bits", low=1, high=lsh.MAX_TAU)
+    min_collisions = check_int(min_collisions, "min_collisions", low=1, high=num_features)
+    sink = check_int(sink, "sink", low=0)
+    window = check_int(window, "window", low=0)
+    if not isinstance(center, bool):
+        raise TypeError(f"`center` must be a bool; got {type(center).__name__}.")
+    key_mask = check_key_mask(key_mask, k)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if draw is None:
+        draw = draw_tables(q, k, num_features=num_features, generator=generator, bits=bits)
+    else:
+        layout = {"hyperplanes": DrawEntry((*batch, num_features, bits, q.shape[-1]),
+                                           "(*batch, L, bits, p)")}
+        draw = check_draw("magicpig", draw, layout, device=q.device)
+    dtype = q.dtype
+    q, k, v = q.double(), k.double(), v.double()
+    k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
+    hyperplanes = draw["hyperplanes"].double()
+    if center:
+        real = torch.ones(k.shape[:-1], dtype=torch.bool, device=k.device) if key_mask is None \
+            else key_mask.expand(k.shape[:-1])
+        counts = real.sum(-1, keepdim=True).clamp(min=1).unsqueeze(-1)
+        hashed = k - (k * real.unsqueeze(-1)).sum(-2, keepdim=True) / counts
+    else:
+        hashed = k
+    codes_q = lsh.hash_codes(q.expand(*batch, *q.shape[-2:]), hyperplanes)  # (*batch, L, n)
+    codes_k = lsh.hash_codes(hashed, hyperplanes)  # (*batch, L, m)
+    key_norms = hashed.norm(dim=-1)
+    blocks, fixed_counts, sampled_counts = [], [], []
+    for start, stop, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
+        fixed = fixed_keys(logits, start, heavy=0, sink=sink, window=window)
+        collisions = torch.zeros(logits.shape, dtype=torch.int32, device=logits.device)
+        for table in range(num_features):
+            collisions += codes_q[..., table, start:stop, None] == codes_k[..., table, None, :]
+        rows = q[..., start:stop, :].expand(*batch, stop - start, q.shape[-1])
+        cosine = (rows @ hashed.transpose(-1, -2)) / (rows.norm(dim=-1, keepdim=True) * key_norms.unsqueeze(-2)
+                                                      ).clamp(min=torch.finfo(torch.float64).tiny)
+        probability = sampling_probability(cosine, bits=bits, tables=num_features, min_collisions=min_collisions)
+        sampled = (collisions >= min_collisions) & torch.isfinite(logits) & ~fixed & (probability > 0)
+        weighted = torch.where(fixed, logits, torch.where(sampled, logits - torch.log(probability.clamp(
+            min=torch.finfo(torch.float64).tiny)), torch.full_like(logits, float("-inf"))))
+        peak = weighted.amax(-1, keepdim=True)
+        peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+        blocks.append(weighted_output(torch.exp(weighted - peak), v))
+        fixed_counts.append(fixed.sum(-1))
+        sampled_counts.append(sampled.sum(-1))
+    info = {"fixed": torch.cat(fixed_counts, dim=-1), "sampled": torch.cat(sampled_counts, dim=-1),
+            "hyperplanes": draw["hyperplanes"]}
+    return assemble("magicpig", blocks, k.shape[-2], dtype, info)
+
+
+MAGICPIG = magicpig
+__test__ = {"magicpig": magicpig.function}  # doctest skips a MethodSpec: run its function's examples

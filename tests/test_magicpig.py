@@ -1,0 +1,95 @@
+"""magicpig: the sampling probability, its frequency over hyperplane draws, the authors' estimator, edges."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import approxlab
+from approxlab.methods import draw
+from approxlab.methods.magicpig import sampling_probability
+from approxlab.synthetic import synthetic_qkv
+from _helpers import gen
+
+
+@pytest.mark.parametrize("tables, min_collisions", [(1, 1), (10, 1), (10, 2), (75, 2), (20, 5)])
+def test_sampling_probability_is_the_binomial_tail(tables, min_collisions):
+    cosine = torch.linspace(-0.99, 0.99, 41, dtype=torch.float64)
+    bits = 3
+    u = (1 - torch.arccos(cosine) / math.pi) ** bits
+    direct = sum(float(math.comb(tables, s)) * u ** s * (1 - u) ** (tables - s) for s in range(min_collisions, tables + 1))
+    got = sampling_probability(cosine, bits=bits, tables=tables, min_collisions=min_collisions)
+    torch.testing.assert_close(got, direct, rtol=1e-10, atol=1e-15)
+
+
+def test_sampling_probability_is_accurate_when_tiny_and_one_when_parallel():
+    cosine = torch.tensor([-0.999999, 1.0], dtype=torch.float64)
+    u = float((1 - torch.arccos(cosine[0]) / math.pi) ** 10)
+    got = sampling_probability(cosine, bits=10, tables=100, min_collisions=2)
+    assert float(got[0]) == pytest.approx(math.comb(100, 2) * u * u, rel=1e-6)  # 1 - (...) would round to 0
+    assert float(got[1]) == 1.0
+
+
+def test_a_key_is_sampled_with_its_probability_over_hyperplane_draws():
+    """P(j in S_i) = P_ij: the frequency over 600 draws is within 5 binomial standard deviations (+0.01) of
+    the probability, for every (query, key) pair (a correct implementation fails with probability < 1e-4)."""
+    q, k, v = synthetic_qkv((1,), 12, 4, generator=gen(0))
+    counts = torch.zeros(12, 12, dtype=torch.float64)
+    draws = 600
+    for seed in range(draws):
+        approx = approxlab.approximate("magicpig", q, k, v, num_features=6, bits=2, min_collisions=2,
+                                       generator=gen(seed))
+        counts += approx.matrix()[0] > 0
+    centred = k[0] - k[0].mean(0)
+    cosine = (q[0] @ centred.T) / (q[0].norm(dim=-1, keepdim=True) * centred.norm(dim=-1))
+    probability = sampling_probability(cosine, bits=2, tables=6, min_collisions=2)
+    frequency = counts / draws
+    tolerance = 5 * torch.sqrt(probability * (1 - probability) / draws) + 0.01
+    assert bool(((frequency - probability).abs() <= tolerance).all())
+
+
+def test_matches_the_authors_decode_attention_on_shared_hyperplanes():
+    """Infini-AI-Lab/MagicPIG evaluations/RULER/pred/cache_ref.py (commit ac9aa36) re-typed: keys centred by
+    their mean, codes of the normalised query, mask = at least 2 equal codes, logit - log(weight); the same
+    output to 1e-12 once its +1e-4 inside the log is left out."""
+    q, k, v = synthetic_qkv((2,), 64, 8, scale=1.2, generator=gen(1))
+    tables, bits = 40, 3
+    drawn = draw("magicpig", q, k, num_features=tables, bits=bits, generator=gen(2))
+    ours = approxlab.approximate("magicpig", q, k, v, num_features=tables, bits=bits, draw=drawn)
+    for head in range(2):
+        hash_matrix = drawn["hyperplanes"][head].reshape(tables * bits, 8).T
+        centred = k[head] - k[head].mean(0, keepdim=True)
+        key_code = (centred @ hash_matrix).reshape(64, tables, bits).gt(0)
+        key_code = sum(key_code[..., i].long() * 2 ** i for i in range(bits))
+        unit = q[head] / q[head].norm(dim=-1, keepdim=True)
+        query_code = (unit @ hash_matrix).reshape(64, tables, bits).gt(0)
+        query_code = sum(query_code[..., i].long() * 2 ** i for i in range(bits))
+        mask = (query_code[:, None, :] == key_code[None, :, :]).int().sum(-1) >= 2
+        scores = q[head] @ centred.T
+        cosine = scores / (centred.norm(dim=-1)[None, :] * q[head].norm(dim=-1, keepdim=True))
+        weight = 1 - torch.arccos(cosine) / math.pi
+        weight = 1 - (1 - weight ** bits) ** tables - tables * ((1 - weight ** bits) ** (tables - 1)) * weight ** bits
+        logits = (scores / math.sqrt(8) - torch.log(weight)).masked_fill(~mask, float("-inf"))
+        rows = mask.any(-1)
+        expected = torch.softmax(logits[rows], dim=-1) @ v[head]
+        assert torch.equal(ours.matrix()[head][rows] > 0, mask[rows])
+        torch.testing.assert_close(ours.output[head][rows], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_sinks_and_window_covering_every_key_are_exact_attention():
+    q, k, v = synthetic_qkv((2,), 32, 8, generator=gen(3))
+    full = approxlab.approximate("magicpig", q, k, v, num_features=4, sink=32, generator=gen(4))
+    torch.testing.assert_close(full.output, approxlab.exact_attention(q, k, v), rtol=1e-12, atol=1e-12)
+    causal = approxlab.approximate("magicpig", q, k, v, num_features=4, window=32, causal=True, generator=gen(4))
+    torch.testing.assert_close(causal.output, approxlab.exact_attention(q, k, v, causal=True), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_bad_options():
+    q, k, v = synthetic_qkv((1,), 16, 4, generator=gen(0))
+    with pytest.raises(ValueError, match="`min_collisions`"):
+        approxlab.approximate("magicpig", q, k, v, num_features=2, min_collisions=3)
+    with pytest.raises(TypeError, match="`center` must be a bool"):
+        approxlab.approximate("magicpig", q, k, v, num_features=2, center=1)
