@@ -30,8 +30,8 @@ from ..kernels import causal_mask
 from ..operators.sparse import RowSparseOperator
 from ._base import Approximation
 
-__all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "real_ranks",
-           "compressed_indices", "attend_compressed", "oracle_selection", "sparse_approximation"]
+__all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "gather_rows",
+           "real_ranks", "compressed_indices", "attend_compressed", "oracle_selection", "sparse_approximation"]
 
 BLOCK_ELEMENTS = 1 << 22
 """Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
@@ -98,19 +98,17 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, p, p_v = q.shape[-2], q.shape[-1], v.shape[-1]
-    k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
     block = block_rows(batch, width * max(p, p_v))
+    key_rows, value_rows = gather_rows(k, batch), gather_rows(v, batch)
     outputs, all_indices, all_weights = [], [], []
     for start in range(0, n, block):
         stop = min(start + block, n)
         indices, valid = selection(start, stop)
         rows = stop - start
-        keys = torch.gather(k.unsqueeze(-3).expand(*batch, rows, *k.shape[-2:]), -2,
-                            indices.unsqueeze(-1).expand(*batch, rows, width, p))
+        keys = key_rows(indices)
         logits = (keys @ q[..., start:stop, :].expand(*batch, rows, p).unsqueeze(-1)).squeeze(-1) / math.sqrt(p)
         weights = safe_softmax(logits.masked_fill(~valid, float("-inf")))
-        values = torch.gather(v.unsqueeze(-3).expand(*batch, rows, *v.shape[-2:]), -2,
-                              indices.unsqueeze(-1).expand(*batch, rows, width, p_v))
+        values = value_rows(indices)
         outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
         if record:
             all_indices.append(indices)
@@ -119,6 +117,27 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if record:
         return output, torch.cat(all_indices, dim=-2), torch.cat(all_weights, dim=-2)
     return output
+
+
+def gather_rows(x: torch.Tensor, batch: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``take(indices)``: rows ``x[..., indices[..., r, s], :]`` of ``x`` ``(*batch, m, c)`` for indices
+    ``(*batch, *shape)`` in ``[0, m)``, ``(*batch, *shape, c)``.
+
+    The same tensor as ``torch.gather`` over ``x`` expanded to the indices' shape, by one row lookup into ``x``
+    flattened to ``(prod(batch) * m, c)`` (a copy of whole rows, not one index per entry).
+    """
+    m, c = x.shape[-2], x.shape[-1]
+    flat = x.expand(*batch, m, c).reshape(-1, c)
+    offsets = (torch.arange(int(torch.Size(batch).numel()), device=x.device) * m).view(*batch, 1) if batch else None
+
+    def take(indices: torch.Tensor) -> torch.Tensor:
+        shape = indices.shape
+        rows = indices.reshape(*batch, -1)
+        if offsets is not None:
+            rows = rows + offsets
+        return flat[rows.reshape(-1)].view(*shape, c)
+
+    return take
 
 
 def real_ranks(key_mask: torch.Tensor | None, batch: tuple, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
