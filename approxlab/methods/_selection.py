@@ -135,7 +135,7 @@ def gather_rows(x: torch.Tensor, batch: tuple) -> Callable[[torch.Tensor], torch
         rows = indices.reshape(*batch, -1)
         if offsets is not None:
             rows = rows + offsets
-        return flat[rows.reshape(-1)].view(*shape, c)
+        return torch.index_select(flat, 0, rows.reshape(-1)).view(*shape, c)
 
     return take
 

@@ -6,17 +6,22 @@ when token :math:`i` is decoded -- the first ``sinks`` tokens and the most recen
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._validation import check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
-from ._selection import attend_selected, real_ranks, sparse_approximation
+from ._selection import attend_selected, real_ranks, safe_softmax, sparse_approximation
 
 __all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "DEFAULT_SINKS"]
 
 DEFAULT_SINKS = 4
 """``start_size`` of the authors' ``StartRecentKVCache`` and of the paper's experiments (Section 4)."""
+
+_BAND_ROWS = 64
+"""Queries per block of the banded form (:func:`_banded`)."""
 
 
 def _ranks(q, k, key_mask):
@@ -47,6 +52,35 @@ def compress_streaming_llm(q, k, v, *, budget, generator=None, sinks=DEFAULT_SIN
     real = torch.ones_like(ranks, dtype=torch.bool) if key_mask is None else key_mask.expand(ranks.shape)
     kept = real & ((ranks < start) | (ranks >= count - (budget - start)))
     return kept.to(q.dtype).topk(budget, dim=-1).indices
+
+
+def _banded(q, k, v, sinks: int, window: int) -> torch.Tensor:
+    r"""StreamingLLM's rows without a key mask, by query blocks: rows ``r0:r1`` attend the sinks below their band
+    and the band of keys ``r0 - window + 1 .. r1 - 1`` (contiguous slices, no gather), masked to each row's
+    window and sinks; ``(*batch, n, p_v)``.
+
+    Per block :math:`O(c\,(c + w + s)\,p)` for ``c`` rows, so :math:`O(n\,(c + b)\,p)` in all; the numbers are
+    those of :func:`~approxlab.methods._selection.attend_selected` on the same keys up to the order of the sums
+    (the softmax sums and the products with ``v`` run over the band, masked keys adding exact zeros).
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, p = q.shape[-2], q.shape[-1]
+    rows = max(_BAND_ROWS, 1)
+    outputs = []
+    for first in range(0, n, rows):
+        stop = min(first + rows, n)
+        low = max(0, first - window + 1)  # the band: keys low .. stop - 1
+        below = min(sinks, low)  # sinks below the band: visible to every row of the block
+        keys = torch.cat([k[..., :below, :], k[..., low:stop, :]], dim=-2) if below else k[..., low:stop, :]
+        values = torch.cat([v[..., :below, :], v[..., low:stop, :]], dim=-2) if below else v[..., low:stop, :]
+        logits = (q[..., first:stop, :] @ keys.transpose(-1, -2)) / math.sqrt(p)
+        query = torch.arange(first, stop, device=q.device).unsqueeze(-1)
+        key = torch.arange(low, stop, device=q.device)
+        seen = (key <= query) & ((key > query - window) | (key < sinks))
+        if below:
+            seen = torch.cat([seen.new_ones(stop - first, below), seen], dim=-1)
+        outputs.append(safe_softmax(logits.masked_fill(~seen, float("-inf"))) @ values)
+    return torch.cat(outputs, dim=-2).expand(*batch, n, v.shape[-1])
 
 
 @method("streaming-llm", target="softmax", features="cache size: sinks plus the most recent tokens",
@@ -143,7 +177,10 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
         rows = positions.unsqueeze(-2).expand(*current.shape[:-1], n)
         return torch.gather(rows, -1, slot_ranks), valid
 
-    output = attend_selected(q, k, v, selection, width=budget)
+    if key_mask is None:
+        output = _banded(q, k, v, start, window)
+    else:
+        output = attend_selected(q, k, v, selection, width=budget)
     info = {"sinks": start, "recent": window}
     record = lambda: attend_selected(q, k, v, selection, width=budget, record=True)[1:]  # noqa: E731
     return sparse_approximation("streaming-llm", output, n, record, info)
