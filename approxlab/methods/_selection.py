@@ -205,9 +205,13 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
     return torch.cat(outputs, dim=-2)
 
 
-def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
+def oracle_selection(q, k, v, *, causal: bool, key_mask, keep, width: int = 0) -> tuple:
     r"""Run an oracle row block by row block: ``keep(logits, log_normaliser) -> (indices, valid)`` picks the kept
-    keys of a block from its ``(*batch, block, m)`` logits (:math:`-\infty` on invisible keys).
+    keys of a block from its ``(*batch, block, w)`` logits (:math:`-\infty` on invisible keys).
+
+    Without ``causal`` the logits are those of every key, ``w = m``; with ``causal`` only the keys a block's rows
+    can see are formed, ``w = min(m, max(stop, width))`` for rows ``start:stop`` (``width``: the fewest
+    columns ``keep`` needs, e.g. the ``k`` of a top-k), so the causal oracle costs half the logits.
 
     Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
     ``(*batch, n, s)`` with the softmax over the kept keys (0 on unused slots), ``kept_mass`` and
@@ -216,8 +220,21 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
     log ratio, accurate when tiny); ``counts`` ``(*batch, n)`` the keys kept per row. Shared by ``topk`` and
     ``topp``.
     """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
+    block = block_rows(batch, m)
+    values_of = gather_rows(v, torch.broadcast_shapes(batch, v.shape[:-2]))
     outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
-    for _, _, logits in logit_blocks(q, k, causal=causal, key_mask=key_mask):
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        columns = min(m, max(stop, width)) if causal else m
+        logits = (q[..., start:stop, :] @ k[..., :columns, :].transpose(-1, -2)).div_(math.sqrt(p))
+        logits = logits.expand(*batch, stop - start, columns)
+        if causal:
+            logits = logits.masked_fill(~causal_mask(stop - start, columns, row_offset=start, device=q.device),
+                                        float("-inf"))
+        if key_mask is not None:
+            logits = logits.masked_fill(~key_mask[..., :columns].unsqueeze(-2), float("-inf"))
         log_normaliser = torch.logsumexp(logits, dim=-1)
         empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
         log_normaliser = log_normaliser.masked_fill(empty, 0.0)
@@ -226,9 +243,7 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
         chosen = torch.gather(logits, -1, indices).masked_fill(~valid, float("-inf"))
         log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
         weights = torch.exp(chosen - log_kept.unsqueeze(-1))
-        values = torch.gather(v.unsqueeze(-3).expand(*logits.shape[:-1], *v.shape[-2:]), -2,
-                              indices.unsqueeze(-1).expand(*indices.shape, v.shape[-1]))
-        outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
+        outputs.append((weights.unsqueeze(-2) @ values_of(indices)).squeeze(-2))
         all_indices.append(indices)
         all_weights.append(weights)
         kept.append(torch.exp(log_kept - log_normaliser))
