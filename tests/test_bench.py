@@ -40,7 +40,9 @@ def test_bench_cli_smoke(tmp_path, capsys):
     timed = results[(results["algorithm"] == "approximation") & (results["quantity"] == "causal")]
     assert timed.set_index("method")["value"].to_dict() == {"nystromformer": 0.0, "streaming-llm": 1.0}
     patch = wide[wide["part"] == "patch"].set_index("algorithm")
-    assert set(patch.index) == {"forward-unpatched", "forward-patched", "layer-approximation", "layer-sdpa"}
+    assert set(patch.index) == {"forward-unpatched", "forward-patched", "layer-approximation", "layer-sdpa",
+                                "forward-patched-all"}
+    assert patch.loc["forward-patched-all", "ratio_vs_unpatched"] > 0
     assert patch.loc["forward-patched", "ratio_vs_budget"] > 0 and (patch["repeats"] >= 5).all()
     assert (forward["repeats"] >= 5).all() and (forward["warmup"] == 1).all()
     assert (forward["wall_min_s"] <= forward["wall_s"]).all() and (forward["wall_s"] <= forward["wall_max_s"]).all()
@@ -60,8 +62,10 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert "## Training step against a pure-SDPA model" in summary and "| nystromformer | `nystromformer` |" in summary
     assert "## Forward cost against SDPA" in summary and "| `streaming-llm` | causal | " in summary
     assert "## A forward pass with one layer patched" in summary and "| 64 | `streaming-llm` | 1 |" in summary
+    assert "Cache policies in every layer" in summary
     causal = wide[wide["part"] == "causal"]
-    assert {"torch-sdpa-causal", "causal/h2o", "causal/quest", "causal/topk", "kv-cache/snapkv"} <= set(causal["algorithm"])
+    assert {"torch-sdpa-causal", "causal/h2o", "causal/quest", "causal/topk",
+            "kv-cache/snapkv"} <= set(causal["algorithm"])
     assert (causal.dropna(subset=["ratio_vs_sdpa"])["ratio_vs_sdpa"] > 0).all()
     assert "## Causal forms against causal SDPA" in summary and "| `causal/streaming-llm` | " in summary
     before = (out / "results.csv").read_bytes()

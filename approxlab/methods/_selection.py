@@ -183,7 +183,9 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
     ``(*batch, b)`` and, causally, the continuation; ``(*batch, n - context_length, p_v)``.
 
     The same numbers as :func:`attend_selected` with :func:`compressed_indices`, by dense products against the
-    ``b + n - context_length`` keys of the compressed cache (the cache a decoder holds), in row blocks.
+    ``b + n - context_length`` keys of the compressed cache (the cache a decoder holds), in row blocks, each
+    against the columns its rows can see (the kept tokens and the continuation up to the block's last row).
+    With no kept token and ``context_length = 0`` it is exact causal attention.
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, budget = k.shape[-2], kept.shape[-1]
@@ -197,11 +199,17 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
         real = key_mask.expand(*batch, n)
         cache_mask = torch.cat([torch.gather(real, -1, kept), real[..., context_length:]], dim=-1)
     rows = q[..., context_length:, :].expand(*batch, n - context_length, q.shape[-1])
+    block = block_rows(batch, cache_keys.shape[-2])
     outputs = []
-    for start, stop, logits in logit_blocks(rows, cache_keys, key_mask=cache_mask):
-        future = ~causal_mask(stop - start, n - context_length, row_offset=start, device=q.device)
+    for start in range(0, n - context_length, block):  # rows start:stop see the kept tokens and b + stop columns
+        stop = min(start + block, n - context_length)
+        width = budget + stop
+        logits = (rows[..., start:stop, :] @ cache_keys[..., :width, :].transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
+        future = ~causal_mask(stop - start, stop, row_offset=start, device=q.device)
         hidden = torch.cat([future.new_zeros(stop - start, budget), future], dim=-1)
-        outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ cache_values)
+        if cache_mask is not None:
+            hidden = hidden | ~cache_mask[..., :width].unsqueeze(-2)
+        outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ cache_values[..., :width, :])
     return torch.cat(outputs, dim=-2)
 
 

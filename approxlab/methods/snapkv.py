@@ -16,8 +16,7 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
-from ._selection import (attend_compressed, attend_selected, compressed_indices, logit_blocks, safe_softmax,
-                         sparse_approximation)
+from ._selection import attend_compressed, attend_selected, compressed_indices, safe_softmax, sparse_approximation
 
 __all__ = ["snapkv", "SNAPKV", "compress_snapkv", "POOLINGS"]
 
@@ -169,11 +168,11 @@ def snapkv(q, k, v, *, num_features, generator=None, prompt_length=None, window=
     kept = compress_snapkv(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :],
                            budget=min(num_features, prompt), key_mask=context_mask, **options)
     width = kept.shape[-1] + n - prompt
-    prompt_rows = [safe_softmax(logits) @ v[..., :prompt, :] for _, _, logits in
-                   logit_blocks(q[..., :prompt, :], k[..., :prompt, :], causal=True, key_mask=context_mask)]
-
+    nothing = kept[..., :0]
+    prompt_rows = attend_compressed(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :], nothing, 0,
+                                    context_mask)  # exact causal attention over the prompt
     later_rows = attend_compressed(q, k, v, kept, prompt, key_mask) if prompt < n else None
-    output = torch.cat(prompt_rows + ([] if later_rows is None else [later_rows]), dim=-2)
+    output = prompt_rows if later_rows is None else torch.cat([prompt_rows, later_rows], dim=-2)
 
     def every(start, stop):  # prompt rows: keys 0..P-1 causally; later rows: the compressed prompt and after
         batch, total = kept.shape[:-1], max(width, prompt)

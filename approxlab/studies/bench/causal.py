@@ -38,7 +38,8 @@ SELECTION_METHODS = ("topk", "topp", "quest")
 """Per-query selection methods timed in their own causal form beside the cache policies."""
 
 TARGETS = {"streaming-llm": 1.0, "topk": 5.0, "topp": 5.0}
-"""Largest time / causal SDPA per method in its causal form, at the largest n; every other policy (h2o, quest, snapkv, any cache policy
+"""Largest time / causal SDPA per method in its causal form, at the largest n; every other policy (h2o, quest,
+snapkv, any cache policy
 or scorer registered later): :data:`DEFAULT_TARGET`."""
 
 DEFAULT_TARGET = 3.0

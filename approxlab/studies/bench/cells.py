@@ -1,8 +1,8 @@
 """The benchmark's cell: one (part, n, method), measured in this process, its rows tidy.
 
 A cell dispatches to its part (:mod:`.spectral`, :mod:`.forward`, :mod:`.ratios`, :mod:`.training`,
-:mod:`.patched` or :mod:`.causal`), which returns wide measurement rows; :func:`compute` turns them into tidy rows ``(algorithm,
-compute_dtype, quantity, value)``.
+:mod:`.patched` or :mod:`.causal`), which returns wide measurement rows; :func:`compute` turns them into tidy
+rows ``(algorithm, compute_dtype, quantity, value)``.
 """
 
 from __future__ import annotations
