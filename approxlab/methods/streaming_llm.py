@@ -138,7 +138,9 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
     it changes the logits, not which tokens are kept.
 
     **Cost**: :math:`O(nbp)` time, memory :math:`O(\text{block}\cdot b\cdot p)`; no :math:`n\times n`
-    array (the operator, when asked for, stores :math:`nb` entries).
+    array (the operator, when asked for, stores :math:`nb` entries). Without ``key_mask`` the rows go in blocks
+    of 64 against their sinks and a contiguous band of keys (:func:`_banded`, no gathered copy per query; the
+    same numbers up to the order of the sums); with one, each row's keys are gathered.
 
     References
     ----------
