@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 
 import pandas as pd
+import torch
 import pytest
 
+import approxlab
 from approxlab.cli import main
 from approxlab.errors import StudyError
 from approxlab.studies.engine import environment, runner
@@ -21,11 +23,11 @@ def test_bench_cli_smoke(tmp_path, capsys):
             "--accuracy-n", "96", "--scale-n", "128", "--forward-n", "96",
             "--forward-methods", "nystromformer", "streaming-llm", "--num-features", "16",
             "--training-n", "48", "--training-batch", "2", "--training-features", "8",
-            "--patch-n", "64", "--patch-methods", "streaming-llm"]
+            "--patch-n", "64", "--patch-methods", "streaming-llm", "--causal-n", "48", "64", "--causal-budget", "8"]
     assert main(argv) == 0
     results = pd.read_csv(out / "results.csv")
     assert not results.isna().any().any()
-    assert set(results["part"]) == {"accuracy", "scale", "forward", "ratios", "training", "patch"}
+    assert set(results["part"]) == {"accuracy", "scale", "forward", "ratios", "training", "patch", "causal"}
     wide = results.pivot_table(index=["part", "n", "algorithm"], columns="quantity", values="value").reset_index()
     accuracy = wide[wide["part"] == "accuracy"].set_index("algorithm")
     assert set(accuracy.index) == {"dense", "golub-kahan", "block-lanczos", "scipy"}
@@ -38,7 +40,9 @@ def test_bench_cli_smoke(tmp_path, capsys):
     timed = results[(results["algorithm"] == "approximation") & (results["quantity"] == "causal")]
     assert timed.set_index("method")["value"].to_dict() == {"nystromformer": 0.0, "streaming-llm": 1.0}
     patch = wide[wide["part"] == "patch"].set_index("algorithm")
-    assert set(patch.index) == {"forward-unpatched", "forward-patched", "layer-approximation", "layer-sdpa"}
+    assert set(patch.index) == {"forward-unpatched", "forward-patched", "layer-approximation", "layer-sdpa",
+                                "forward-patched-all"}
+    assert patch.loc["forward-patched-all", "ratio_vs_unpatched"] > 0
     assert patch.loc["forward-patched", "ratio_vs_budget"] > 0 and (patch["repeats"] >= 5).all()
     assert (forward["repeats"] >= 5).all() and (forward["warmup"] == 1).all()
     assert (forward["wall_min_s"] <= forward["wall_s"]).all() and (forward["wall_s"] <= forward["wall_max_s"]).all()
@@ -58,6 +62,12 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert "## Training step against a pure-SDPA model" in summary and "| nystromformer | `nystromformer` |" in summary
     assert "## Forward cost against SDPA" in summary and "| `streaming-llm` | causal | " in summary
     assert "## A forward pass with one layer patched" in summary and "| 64 | `streaming-llm` | 1 |" in summary
+    assert "Cache policies in every layer" in summary
+    causal = wide[wide["part"] == "causal"]
+    assert {"torch-sdpa-causal", "causal/h2o", "causal/quest", "causal/topk",
+            "kv-cache/snapkv"} <= set(causal["algorithm"])
+    assert (causal.dropna(subset=["ratio_vs_sdpa"])["ratio_vs_sdpa"] > 0).all()
+    assert "## Causal forms against causal SDPA" in summary and "| `causal/streaming-llm` | " in summary
     before = (out / "results.csv").read_bytes()
     assert main(["bench", "--out", str(out), "--plot-only", "--no-progress"]) == 0
     assert (out / "results.csv").read_bytes() == before
@@ -188,3 +198,27 @@ def test_the_patch_part_refuses_a_layer_or_window_its_decoder_lacks(options, mes
     argv = ["bench", "--quick", "--source", "synthetic", "--parts", "patch", "--out", str(tmp_path), *options]
     assert main(argv) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_the_causal_part_times_every_cache_policy_the_registry_holds(fresh_registry):
+    """A cache policy registered later (with a compression step) is timed through kv_cache_attention without a
+    change to the bench; the selection methods and causal-only policies in their causal form."""
+    from approxlab.methods import register
+    from approxlab.studies.bench.causal import _verdict, policies
+
+    def keep_first(q, k, v, *, budget, generator=None, key_mask=None):
+        return torch.arange(budget).expand(*k.shape[:-2], budget)
+
+    @register("first-tokens", target="softmax", features="cache size", randomized=False, causal="only",
+              compress=keep_first)
+    def first_tokens(q, k, v, *, num_features, generator=None, causal=True):
+        return approxlab.approximate("streaming-llm", q, k, v, num_features=num_features, sinks=num_features,
+                                     causal=True).output
+
+    found = policies()
+    assert {("causal", "first-tokens"), ("kv-cache", "first-tokens"), ("causal", "topk"), ("causal", "h2o"),
+            ("kv-cache", "h2o")} <= set(found)
+    assert ("causal", "performer") not in found
+    assert _verdict("causal", "streaming-llm", {2048: 1.5, 4096: 0.9}, None).startswith("not met: growth exponent")
+    assert _verdict("causal", "topk", {2048: 6.0, 4096: 4.9}, None) == "met"
+    assert _verdict("kv-cache", "first-tokens", {4096: 3.5}, None) == "not met: 3.50x at n = 4096 (target <= 3x)"

@@ -3,6 +3,7 @@ by hand in float64: which tokens the cache holds when token i is decoded, then t
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -46,6 +47,20 @@ def test_streaming_llm_is_sinks_plus_recent_window(budget, sinks):
     assert int(keep.sum(-1).max()) == min(budget, 30)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("budget,sinks", [(12, 4), (5, 0), (40, 2)])
+def test_streaming_llm_bands_of_queries_are_the_window(monkeypatch, rows, budget, sinks):
+    """The banded form (query blocks against their sinks and a band of keys) is the sinks-plus-window rule on
+    every row, whatever the block length, past several blocks."""
+    monkeypatch.setattr(importlib.import_module("approxlab.methods.streaming_llm"), "_BAND_ROWS", rows)
+    q, k, v = _qkv(n=150, batch=(2,), seed=8, scale=1.5)
+    start = min(sinks, budget - 1)
+    i, j = torch.arange(150).unsqueeze(-1), torch.arange(150)
+    keep = (j <= i) & ((j < start) | (j > i - (budget - start)))
+    result = approxlab.approximate("streaming-llm", q, k, v, num_features=budget, sinks=sinks, causal=True)
+    torch.testing.assert_close(result.output, _masked_softmax(_logits(q, k), keep) @ v, rtol=1e-12, atol=1e-13)
+
+
 def _h2o_cache_by_hand(q, k, budget, recent, scores):
     """Algorithm 1 of H2O with a recent window, one head: the keep mask (n, n)."""
     n = q.shape[0]
@@ -79,6 +94,20 @@ def test_h2o_is_algorithm_1_token_by_token(budget, recent, scores):
     torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(result.matrix(), expected, rtol=1e-12, atol=1e-14)
     assert result.info == {"recent": window, "heavy": budget - window}
+
+
+@pytest.mark.parametrize("steps", [1, 5, 64])
+@pytest.mark.parametrize("scores", ["cache", "dense"])
+def test_h2o_blocks_of_steps_keep_algorithm_1(monkeypatch, steps, scores):
+    """The decode in blocks of steps keeps the token-by-token caches of Algorithm 1 at every block length,
+    over several blocks."""
+    monkeypatch.setattr(importlib.import_module("approxlab.methods.h2o"), "_STEPS", steps)
+    q, k, v = _qkv(n=150, batch=(2,), seed=7, scale=1.5)
+    result = approxlab.approximate("h2o", q, k, v, num_features=12, recent_size=3, scores=scores, causal=True)
+    keep = torch.stack([_h2o_cache_by_hand(q[b], k[b], 12, 3, scores) for b in range(2)])
+    expected = _masked_softmax(_logits(q, k), keep)
+    torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(result.matrix(), expected, rtol=1e-12, atol=1e-14)
 
 
 def _snapkv_kept_by_hand(q, k, prompt, budget, window, kernel, pooling):
@@ -128,11 +157,13 @@ def test_full_budget_cache_policies_equal_exact_causal_attention():
         assert float((out - exact).abs().max()) <= 1e-10, (name, options)
 
 
+@pytest.mark.parametrize("steps", [3, 64])
 @pytest.mark.parametrize("name,options", [("streaming-llm", {"sinks": 2}), ("h2o", {"recent_size": 2}),
                                           ("h2o", {"recent_size": 2, "scores": "dense"})])
-def test_padding_is_removed_from_the_cache(name, options):
+def test_padding_is_removed_from_the_cache(monkeypatch, name, options, steps):
     """With a key mask, the real rows are what the policy gives on the sequence with its padding removed
-    (padding at the start, in the middle and at the end)."""
+    (padding at the start, in the middle and at the end), also when H2O's blocks of steps cut the padding."""
+    monkeypatch.setattr(importlib.import_module("approxlab.methods.h2o"), "_STEPS", steps)
     q, k, v = _qkv(n=20, batch=(3, 2), seed=5)
     mask = torch.ones(3, 1, 20, dtype=torch.bool)
     mask[0, 0, :5] = False

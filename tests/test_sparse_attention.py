@@ -35,8 +35,16 @@ def _visible(n, m, causal):
     return torch.ones(n, m, dtype=torch.bool).tril() if causal else torch.ones(n, m, dtype=torch.bool)
 
 
+def _small_blocks(monkeypatch, elements):
+    """Row blocks of ``elements`` logits (a few rows each), so a causal oracle forms the keys of each block only."""
+    if elements:
+        monkeypatch.setattr("approxlab.methods._selection.BLOCK_ELEMENTS", elements)
+
+
+@pytest.mark.parametrize("elements", [0, 300])
 @pytest.mark.parametrize("causal", [False, True])
-def test_topk_is_the_softmax_over_each_rows_k_largest_logits(causal):
+def test_topk_is_the_softmax_over_each_rows_k_largest_logits(monkeypatch, causal, elements):
+    _small_blocks(monkeypatch, elements)
     q, k, v = _qkv(seed=1)
     logits = _logits(q, k)
     visible = _visible(24, 24, causal)
@@ -52,8 +60,10 @@ def test_topk_is_the_softmax_over_each_rows_k_largest_logits(causal):
         torch.testing.assert_close(result.info["dropped_mass"], dropped, rtol=1e-9, atol=1e-15)
 
 
+@pytest.mark.parametrize("elements", [0, 100])
 @pytest.mark.parametrize("causal", [False, True])
-def test_topp_keeps_the_smallest_nucleus_of_mass_p_under_the_cap(causal):
+def test_topp_keeps_the_smallest_nucleus_of_mass_p_under_the_cap(monkeypatch, causal, elements):
+    _small_blocks(monkeypatch, elements)
     q, k, v = _qkv(n=16, batch=(2,), seed=2, scale=1.5)
     logits = _logits(q, k)
     visible = _visible(16, 16, causal)

@@ -30,8 +30,7 @@ from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from .draws import check_draw
 from ._scores import score_options, scored_compress
-from ._selection import (attend_compressed, attend_selected, compressed_indices, logit_blocks, safe_softmax,
-                         sparse_approximation)
+from ._selection import attend_compressed, attend_selected, compressed_indices, sparse_approximation
 
 __all__ = ["prompt_length_of", "prompt_compressed", "cache_policy"]
 
@@ -56,10 +55,10 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     n = k.shape[-2]
     context_mask = None if key_mask is None else key_mask[..., :prompt]
     width = kept.shape[-1] + n - prompt
-    prompt_rows = [safe_softmax(logits) @ v[..., :prompt, :] for _, _, logits in
-                   logit_blocks(q[..., :prompt, :], k[..., :prompt, :], causal=True, key_mask=context_mask)]
+    prompt_rows = attend_compressed(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :], kept[..., :0], 0,
+                                    context_mask)  # exact causal attention over the prompt, visible columns only
     later_rows = attend_compressed(q, k, v, kept, prompt, key_mask) if prompt < n else None
-    output = torch.cat(prompt_rows + ([] if later_rows is None else [later_rows]), dim=-2)
+    output = prompt_rows if later_rows is None else torch.cat([prompt_rows, later_rows], dim=-2)
 
     def every(start, stop):  # prompt rows: keys 0..P-1 causally; later rows: the compressed prompt and after
         batch, total = kept.shape[:-1], max(width, prompt)

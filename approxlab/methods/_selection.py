@@ -30,8 +30,8 @@ from ..kernels import causal_mask
 from ..operators.sparse import RowSparseOperator
 from ._base import Approximation
 
-__all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "real_ranks",
-           "compressed_indices", "attend_compressed", "oracle_selection", "sparse_approximation"]
+__all__ = ["BLOCK_ELEMENTS", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "gather_rows",
+           "real_ranks", "compressed_indices", "attend_compressed", "oracle_selection", "sparse_approximation"]
 
 BLOCK_ELEMENTS = 1 << 22
 """Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
@@ -98,19 +98,17 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, p, p_v = q.shape[-2], q.shape[-1], v.shape[-1]
-    k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
     block = block_rows(batch, width * max(p, p_v))
+    key_rows, value_rows = gather_rows(k, batch), gather_rows(v, batch)
     outputs, all_indices, all_weights = [], [], []
     for start in range(0, n, block):
         stop = min(start + block, n)
         indices, valid = selection(start, stop)
         rows = stop - start
-        keys = torch.gather(k.unsqueeze(-3).expand(*batch, rows, *k.shape[-2:]), -2,
-                            indices.unsqueeze(-1).expand(*batch, rows, width, p))
+        keys = key_rows(indices)
         logits = (keys @ q[..., start:stop, :].expand(*batch, rows, p).unsqueeze(-1)).squeeze(-1) / math.sqrt(p)
         weights = safe_softmax(logits.masked_fill(~valid, float("-inf")))
-        values = torch.gather(v.unsqueeze(-3).expand(*batch, rows, *v.shape[-2:]), -2,
-                              indices.unsqueeze(-1).expand(*batch, rows, width, p_v))
+        values = value_rows(indices)
         outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
         if record:
             all_indices.append(indices)
@@ -119,6 +117,27 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if record:
         return output, torch.cat(all_indices, dim=-2), torch.cat(all_weights, dim=-2)
     return output
+
+
+def gather_rows(x: torch.Tensor, batch: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``take(indices)``: rows ``x[..., indices[..., r, s], :]`` of ``x`` ``(*batch, m, c)`` for indices
+    ``(*batch, *shape)`` in ``[0, m)``, ``(*batch, *shape, c)``.
+
+    The same tensor as ``torch.gather`` over ``x`` expanded to the indices' shape, by one row lookup into ``x``
+    flattened to ``(prod(batch) * m, c)`` (a copy of whole rows, not one index per entry).
+    """
+    m, c = x.shape[-2], x.shape[-1]
+    flat = x.expand(*batch, m, c).reshape(-1, c)
+    offsets = (torch.arange(int(torch.Size(batch).numel()), device=x.device) * m).view(*batch, 1) if batch else None
+
+    def take(indices: torch.Tensor) -> torch.Tensor:
+        shape = indices.shape
+        rows = indices.reshape(*batch, -1)
+        if offsets is not None:
+            rows = rows + offsets
+        return torch.index_select(flat, 0, rows.reshape(-1)).view(*shape, c)
+
+    return take
 
 
 def real_ranks(key_mask: torch.Tensor | None, batch: tuple, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +183,9 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
     ``(*batch, b)`` and, causally, the continuation; ``(*batch, n - context_length, p_v)``.
 
     The same numbers as :func:`attend_selected` with :func:`compressed_indices`, by dense products against the
-    ``b + n - context_length`` keys of the compressed cache (the cache a decoder holds), in row blocks.
+    ``b + n - context_length`` keys of the compressed cache (the cache a decoder holds), in row blocks, each
+    against the columns its rows can see (the kept tokens and the continuation up to the block's last row).
+    With no kept token and ``context_length = 0`` it is exact causal attention.
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, budget = k.shape[-2], kept.shape[-1]
@@ -178,17 +199,27 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
         real = key_mask.expand(*batch, n)
         cache_mask = torch.cat([torch.gather(real, -1, kept), real[..., context_length:]], dim=-1)
     rows = q[..., context_length:, :].expand(*batch, n - context_length, q.shape[-1])
+    block = block_rows(batch, cache_keys.shape[-2])
     outputs = []
-    for start, stop, logits in logit_blocks(rows, cache_keys, key_mask=cache_mask):
-        future = ~causal_mask(stop - start, n - context_length, row_offset=start, device=q.device)
+    for start in range(0, n - context_length, block):  # rows start:stop see the kept tokens and b + stop columns
+        stop = min(start + block, n - context_length)
+        width = budget + stop
+        logits = (rows[..., start:stop, :] @ cache_keys[..., :width, :].transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
+        future = ~causal_mask(stop - start, stop, row_offset=start, device=q.device)
         hidden = torch.cat([future.new_zeros(stop - start, budget), future], dim=-1)
-        outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ cache_values)
+        if cache_mask is not None:
+            hidden = hidden | ~cache_mask[..., :width].unsqueeze(-2)
+        outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ cache_values[..., :width, :])
     return torch.cat(outputs, dim=-2)
 
 
-def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
+def oracle_selection(q, k, v, *, causal: bool, key_mask, keep, width: int = 0) -> tuple:
     r"""Run an oracle row block by row block: ``keep(logits, log_normaliser) -> (indices, valid)`` picks the kept
-    keys of a block from its ``(*batch, block, m)`` logits (:math:`-\infty` on invisible keys).
+    keys of a block from its ``(*batch, block, w)`` logits (:math:`-\infty` on invisible keys).
+
+    Without ``causal`` the logits are those of every key, ``w = m``; with ``causal`` only the keys a block's rows
+    can see are formed, ``w = min(m, max(stop, width))`` for rows ``start:stop`` (``width``: the fewest
+    columns ``keep`` needs, e.g. the ``k`` of a top-k), so the causal oracle costs half the logits.
 
     Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
     ``(*batch, n, s)`` with the softmax over the kept keys (0 on unused slots), ``kept_mass`` and
@@ -197,8 +228,21 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
     log ratio, accurate when tiny); ``counts`` ``(*batch, n)`` the keys kept per row. Shared by ``topk`` and
     ``topp``.
     """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
+    block = block_rows(batch, m)
+    values_of = gather_rows(v, torch.broadcast_shapes(batch, v.shape[:-2]))
     outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
-    for _, _, logits in logit_blocks(q, k, causal=causal, key_mask=key_mask):
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        columns = min(m, max(stop, width)) if causal else m
+        logits = (q[..., start:stop, :] @ k[..., :columns, :].transpose(-1, -2)).div_(math.sqrt(p))
+        logits = logits.expand(*batch, stop - start, columns)
+        if causal:
+            logits = logits.masked_fill(~causal_mask(stop - start, columns, row_offset=start, device=q.device),
+                                        float("-inf"))
+        if key_mask is not None:
+            logits = logits.masked_fill(~key_mask[..., :columns].unsqueeze(-2), float("-inf"))
         log_normaliser = torch.logsumexp(logits, dim=-1)
         empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
         log_normaliser = log_normaliser.masked_fill(empty, 0.0)
@@ -207,9 +251,7 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, keep) -> tuple:
         chosen = torch.gather(logits, -1, indices).masked_fill(~valid, float("-inf"))
         log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
         weights = torch.exp(chosen - log_kept.unsqueeze(-1))
-        values = torch.gather(v.unsqueeze(-3).expand(*logits.shape[:-1], *v.shape[-2:]), -2,
-                              indices.unsqueeze(-1).expand(*indices.shape, v.shape[-1]))
-        outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
+        outputs.append((weights.unsqueeze(-2) @ values_of(indices)).squeeze(-2))
         all_indices.append(indices)
         all_weights.append(weights)
         kept.append(torch.exp(log_kept - log_normaliser))

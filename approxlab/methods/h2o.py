@@ -13,8 +13,9 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
+from ..kernels import causal_mask
 from ._scores import top_budget
-from ._selection import logit_blocks, real_ranks, safe_softmax, sparse_approximation
+from ._selection import gather_rows, logit_blocks, real_ranks, safe_softmax, sparse_approximation
 
 __all__ = ["h2o", "H2O", "compress_h2o", "score_h2o"]
 
@@ -88,55 +89,102 @@ def compress_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=
     return top_budget(scores, budget)
 
 
+_STEPS = 64
+"""Decode steps per block of :func:`_run_cache` (its candidates are the cache and the block's tokens)."""
+
+
 def _run_cache(q, k, v, *, budget, recent, scores, key_mask, record):
-    """Decode token by token through the H2O cache; returns the output and, with ``record``, the ``(*batch, n,
-    budget)`` cache positions (-1 on empty slots) and attention weights of every step."""
+    """Decode token by token through the H2O cache, in blocks of :data:`_STEPS` steps; returns the output and,
+    with ``record``, the ``(*batch, n, budget)`` positions (-1 on unused slots) and attention weights of every
+    step.
+
+    A block of steps ``i0 .. i1 - 1`` can only attend the cache it starts with and its own tokens: those
+    ``budget + i1 - i0`` candidates, ordered by position, carry a penalty (0 for a cached token, a huge
+    number otherwise) and the block's logits against them are one product. A step is then four tensor
+    operations on ``(*batch, candidates)``: the eviction key (accumulated score plus penalties, the recent
+    window's penalty precomputed per step), its ``argmin`` (the first minimum: the oldest token among ties),
+    a ``scatter_`` of the penalty onto the evicted token, the softmax of the row over the cached tokens,
+    and the accumulation of the attention paid. A step with nothing to evict (cache not full, padded token)
+    evicts a spare column instead. The block's outputs are one product of its weights with the candidates'
+    values. The step itself cannot be vectorised across rows: whom step ``i`` evicts depends on the scores
+    accumulated with the softmax over the cache of every earlier step, a normaliser that depends on the
+    earlier evictions (no associative scan exists for it).
+    """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, p, p_v = q.shape[-2], q.shape[-1], v.shape[-1]
     q, k, v = (x.expand(*batch, *x.shape[-2:]) for x in (q, k, v))
-    real = None if key_mask is None else key_mask.expand(*batch, n)
-    position = torch.full((*batch, budget), -1, dtype=torch.long, device=q.device)  # -1: empty slot
+    device, dtype = q.device, q.dtype
+    real = torch.ones(*batch, n, dtype=torch.bool, device=device) if key_mask is None else key_mask.expand(*batch, n)
+    ranks, _ = real_ranks(key_mask, batch, n, device)
+    before = ranks + 1 - real.long()  # real tokens before step i: the paper's cache has min(before, budget) of them
+    big = torch.finfo(dtype).max / 16  # penalties: 0, big; the spare column -4 big (nothing to evict) or 4 big
+    big_ = torch.tensor(big, dtype=dtype, device=device)
+    position = torch.full((*batch, budget), -1, dtype=torch.long, device=device)
     rank = torch.full_like(position, -1)
+    accumulated = q.new_zeros(*batch, budget)
+    cached = torch.zeros(*batch, budget, dtype=torch.bool, device=device)
     keys, values = q.new_zeros(*batch, budget, p), q.new_zeros(*batch, budget, p_v)
-    accumulated = q.new_zeros(*batch, budget)  # F of the paper, per cache slot
-    inserted = torch.zeros(batch, dtype=torch.long, device=q.device)  # real tokens so far
-    slots = torch.arange(budget, device=q.device)
     outputs, positions, all_weights = [], [], []
-    for i in range(n):
-        is_real = torch.ones(batch, dtype=torch.bool, device=q.device) if real is None else real[..., i]
-        filled = (position >= 0).sum(-1)
-        full = filled >= budget
-        # evict the lowest accumulated score outside the recent window (ties: the oldest token)
-        candidate = (position >= 0) & (rank <= (inserted - recent).unsqueeze(-1))
-        key = torch.where(candidate, accumulated, torch.full_like(accumulated, math.inf))
-        tied = candidate & (key == key.amin(-1, keepdim=True))
-        oldest = torch.where(tied, position, torch.full_like(position, n)).argmin(-1)
-        slot = torch.where(full, oldest, filled.clamp(max=budget - 1))
-        write = (slots == slot.unsqueeze(-1)) & is_real.unsqueeze(-1)  # (*batch, budget)
-        keys = torch.where(write.unsqueeze(-1), k[..., i, :].unsqueeze(-2), keys)
-        values = torch.where(write.unsqueeze(-1), v[..., i, :].unsqueeze(-2), values)
-        position = torch.where(write, torch.full_like(position, i), position)
-        rank = torch.where(write, inserted.unsqueeze(-1), rank)
-        accumulated = accumulated.masked_fill(write, 0.0)
-        inserted = inserted + is_real.long()
-        logits = (keys @ q[..., i, :].unsqueeze(-1)).squeeze(-1) / math.sqrt(p)
-        weights = safe_softmax(logits.masked_fill(position < 0, -math.inf))
-        outputs.append((weights.unsqueeze(-2) @ values).squeeze(-2))
-        if scores == "cache":
-            paid = weights
-        else:  # the simulation: the query's softmax over its whole causal row, read at the cached tokens
-            row = (k[..., : i + 1, :] @ q[..., i, :].unsqueeze(-1)).squeeze(-1) / math.sqrt(p)
-            if real is not None:
-                row = row.masked_fill(~real[..., : i + 1], -math.inf)
-            full_row = torch.cat([safe_softmax(row), row.new_zeros(*batch, 1)], dim=-1)
-            paid = torch.gather(full_row, -1, torch.where(position >= 0, position, torch.full_like(position, i + 1)))
-        accumulated = accumulated + paid * is_real.unsqueeze(-1).to(paid.dtype)
+    for first in range(0, n, _STEPS):
+        stop = min(first + _STEPS, n)
+        steps = stop - first
+        width = budget + steps
+        candidate_position = torch.cat([position, torch.arange(first, stop, device=device).expand(*batch, steps)], -1)
+        candidate_rank = torch.cat([rank, ranks[..., first:stop]], dim=-1)
+        member = torch.cat([cached, real[..., first:stop]], dim=-1)  # the block's real tokens, inserted ahead
+        candidate_keys = torch.cat([keys, k[..., first:stop, :]], dim=-2)
+        candidate_values = torch.cat([values, v[..., first:stop, :]], dim=-2)
+        penalty = q.new_zeros(*batch, width + 1)
+        penalty[..., :width].masked_fill_(~member, big)
+        score = torch.cat([accumulated, q.new_zeros(*batch, steps + 1)], dim=-1)
+        logits = (q[..., first:stop, :] @ candidate_keys.transpose(-1, -2)) / math.sqrt(p)
+        ahead = ~torch.ones(steps, steps, dtype=torch.bool, device=device).tril()  # tokens inserted ahead of time
+        logits[..., budget:].masked_fill_(ahead, -math.inf)
+        threshold = (before[..., first:stop] - recent).unsqueeze(-1)  # eviction candidates: rank <= threshold
+        evicting = real[..., first:stop] & (before[..., first:stop] >= budget)
+        step_penalty = torch.cat([torch.where(candidate_rank.unsqueeze(-2) <= threshold, 0, big_),
+                                  torch.where(evicting, 4 * big_, -4 * big_).unsqueeze(-1)], dim=-1)
+        paid_scale = real[..., first:stop].to(dtype).unsqueeze(-1)
+        if scores == "dense":  # the query's softmax over its whole causal row, read at the candidates
+            row = (q[..., first:stop, :] @ k[..., :stop, :].transpose(-1, -2)) / math.sqrt(p)
+            row = row.masked_fill(~causal_mask(steps, stop, row_offset=first, device=device), -math.inf)
+            if key_mask is not None:
+                row = row.masked_fill(~real[..., :stop].unsqueeze(-2), -math.inf)
+            dense = torch.gather(safe_softmax(row), -1,
+                                 candidate_position.clamp(min=0).unsqueeze(-2).expand(*batch, steps, width))
+        weights = q.new_empty(*batch, steps, width)
+        visible_penalty, visible_score = penalty[..., :width], score[..., :width]
+        held = [] if record else None
+        for t in range(steps):
+            evicted = torch.add(score, penalty).add_(step_penalty[..., t, :]).argmin(-1, keepdim=True)
+            penalty.scatter_(-1, evicted, big)
+            row_weights = torch.softmax(logits[..., t, :] - visible_penalty, dim=-1)
+            weights[..., t, :] = row_weights
+            visible_score.addcmul_(dense[..., t, :] if scores == "dense" else row_weights, paid_scale[..., t, :])
+            if record:
+                held.append(visible_penalty == 0)
+        weights.masked_fill_((ranks[..., first:stop] < 0).unsqueeze(-1), 0.0)  # no real token yet: output 0
+        outputs.append(weights @ candidate_values)
         if record:
-            positions.append(position.clone())
-            all_weights.append(weights)
-    output = torch.stack(outputs, dim=-2)
+            visible = torch.stack(held, dim=-2)
+            visible[..., budget:] &= ~ahead
+            slots = visible.to(dtype).topk(budget, dim=-1).indices  # every visible candidate (at most budget)
+            visible = torch.gather(visible, -1, slots)
+            positions.append(torch.where(visible, torch.gather(candidate_position.unsqueeze(-2).expand(
+                *batch, steps, width), -1, slots), -1))
+            all_weights.append(torch.gather(weights, -1, slots))
+        # the cache after the block: its tokens by position (empty slots last)
+        kept = visible_penalty == 0
+        order = torch.sort(torch.where(kept, candidate_position, n), dim=-1, stable=True).indices[..., :budget]
+        cached = torch.gather(kept, -1, order)
+        position = torch.where(cached, torch.gather(candidate_position, -1, order), -1)
+        rank = torch.gather(candidate_rank, -1, order)
+        accumulated = torch.gather(visible_score, -1, order)
+        keys = gather_rows(candidate_keys, batch)(order)
+        values = gather_rows(candidate_values, batch)(order)
+    output = torch.cat(outputs, dim=-2)
     if record:
-        return output, torch.stack(positions, dim=-2), torch.stack(all_weights, dim=-2)
+        return output, torch.cat(positions, dim=-2), torch.cat(all_weights, dim=-2)
     return output
 
 
@@ -199,8 +247,14 @@ def h2o(q, k, v, *, num_features, generator=None, recent_size=None, scores="cach
     so a decode step attends ``hh_size + recent_size + 1`` keys: this method with ``num_features =
     hh_size + recent_size + 1`` and ``recent_size = recent + 1``. See the docs page for the comparison.
 
-    **Cost**: :math:`n` sequential steps of :math:`O(bp)` each per head, :math:`O(nbp)` in all, memory
-    :math:`O(bp)` per head; no :math:`n\times n` array (``scores="dense"``: :math:`O(n^2p)` time).
+    **Cost**: :math:`n` sequential steps, taken in blocks of :math:`c` = 64 (``_run_cache``): per block one
+    product of its :math:`c` queries with the :math:`b + c` candidate keys (the cache it starts with and its
+    own tokens) and one with their values, per step five tensor operations on the :math:`b + c` candidates
+    (no product); :math:`O(n(b + c)p)` in all, memory :math:`O(c(b + c) + bp)` per head; no :math:`n\times n`
+    array (``scores="dense"``: :math:`O(n^2p)` time). The steps stay sequential: which token step :math:`i`
+    evicts depends on :math:`F`, accumulated with the softmax over the cache of every earlier step, whose
+    normaliser depends on the earlier evictions, so no scan over the rows computes it. The numbers are those
+    of the token-by-token cache up to the order of the softmax sums (a few ulps).
 
     References
     ----------

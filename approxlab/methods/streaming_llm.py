@@ -14,12 +14,15 @@ from .._validation import check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from ._scores import top_budget
-from ._selection import attend_selected, real_ranks, sparse_approximation
+from ._selection import attend_selected, real_ranks, safe_softmax, sparse_approximation
 
 __all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "score_streaming_llm", "DEFAULT_SINKS"]
 
 DEFAULT_SINKS = 4
 """``start_size`` of the authors' ``StartRecentKVCache`` and of the paper's experiments (Section 4)."""
+
+_BAND_ROWS = 64
+"""Queries per block of the banded form (:func:`_banded`)."""
 
 
 def _ranks(q, k, key_mask):
@@ -70,6 +73,35 @@ def compress_streaming_llm(q, k, v, *, budget, generator=None, sinks=DEFAULT_SIN
     scores = score_streaming_llm(q, k, v, budget=budget, sinks=sinks, key_mask=key_mask)
     kept = torch.zeros_like(scores).scatter_(-1, top_budget(scores, budget), 1.0).masked_fill(scores == -math.inf, 0)
     return kept.topk(budget, dim=-1).indices  # the kept tokens, padding after them, in the order of earlier versions
+
+
+def _banded(q, k, v, sinks: int, window: int) -> torch.Tensor:
+    r"""StreamingLLM's rows without a key mask, by query blocks: rows ``r0:r1`` attend the sinks below their band
+    and the band of keys ``r0 - window + 1 .. r1 - 1`` (contiguous slices, no gather), masked to each row's
+    window and sinks; ``(*batch, n, p_v)``.
+
+    Per block :math:`O(c\,(c + w + s)\,p)` for ``c`` rows, so :math:`O(n\,(c + b)\,p)` in all; the numbers are
+    those of :func:`~approxlab.methods._selection.attend_selected` on the same keys up to the order of the sums
+    (the softmax sums and the products with ``v`` run over the band, masked keys adding exact zeros).
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, p = q.shape[-2], q.shape[-1]
+    rows = max(_BAND_ROWS, 1)
+    outputs = []
+    for first in range(0, n, rows):
+        stop = min(first + rows, n)
+        low = max(0, first - window + 1)  # the band: keys low .. stop - 1
+        below = min(sinks, low)  # sinks below the band: visible to every row of the block
+        keys = torch.cat([k[..., :below, :], k[..., low:stop, :]], dim=-2) if below else k[..., low:stop, :]
+        values = torch.cat([v[..., :below, :], v[..., low:stop, :]], dim=-2) if below else v[..., low:stop, :]
+        logits = (q[..., first:stop, :] @ keys.transpose(-1, -2)) / math.sqrt(p)
+        query = torch.arange(first, stop, device=q.device).unsqueeze(-1)
+        key = torch.arange(low, stop, device=q.device)
+        seen = (key <= query) & ((key > query - window) | (key < sinks))
+        if below:
+            seen = torch.cat([seen.new_ones(stop - first, below), seen], dim=-1)
+        outputs.append(safe_softmax(logits.masked_fill(~seen, float("-inf"))) @ values)
+    return torch.cat(outputs, dim=-2).expand(*batch, n, v.shape[-1])
 
 
 @method("streaming-llm", target="softmax", features="cache size: sinks plus the most recent tokens",
@@ -127,7 +159,9 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
     it changes the logits, not which tokens are kept.
 
     **Cost**: :math:`O(nbp)` time, memory :math:`O(\text{block}\cdot b\cdot p)`; no :math:`n\times n`
-    array (the operator, when asked for, stores :math:`nb` entries).
+    array (the operator, when asked for, stores :math:`nb` entries). Without ``key_mask`` the rows go in blocks
+    of 64 against their sinks and a contiguous band of keys (:func:`_banded`, no gathered copy per query; the
+    same numbers up to the order of the sums); with one, each row's keys are gathered.
 
     References
     ----------
@@ -166,7 +200,10 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
         rows = positions.unsqueeze(-2).expand(*current.shape[:-1], n)
         return torch.gather(rows, -1, slot_ranks), valid
 
-    output = attend_selected(q, k, v, selection, width=budget)
+    if key_mask is None:
+        output = _banded(q, k, v, start, window)
+    else:
+        output = attend_selected(q, k, v, selection, width=budget)
     info = {"sinks": start, "recent": window}
     record = lambda: attend_selected(q, k, v, selection, width=budget, record=True)[1:]  # noqa: E731
     return sparse_approximation("streaming-llm", output, n, record, info)

@@ -66,7 +66,8 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
 
     **Cost**: all :math:`n m` logits (:math:`O(nmp)` time, as exact attention), formed in row blocks
     of at most :math:`2^{22}` entries, so memory is :math:`O(n\cdot\text{block} + nk)`; the selection
-    is ``torch.topk`` per row block, :math:`O(nm\log k)`; the output :math:`O(nkp_v)`.
+    is ``torch.topk`` per row block, :math:`O(nm\log k)`; the output :math:`O(nkp_v)`. Causal, a row block
+    forms the logits of the keys its rows can see only (half of them in all).
 
     **Published code**: MagicPIG (Infini-AI-Lab/MagicPIG, ``evaluations/RULER/pred/topk_cache.py``)
     and sparse-attention-hub's ``oracle_top_k`` masker compute the same oracle on the model's own
@@ -98,7 +99,7 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
         return indices, torch.isfinite(values)
 
     output, indices, weights, kept, dropped, _ = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, keep=keep)
+                                                               key_mask=key_mask, keep=keep, width=budget)
     info = {"indices": indices, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topk", output, k.shape[-2], lambda: (indices, weights), info)
 

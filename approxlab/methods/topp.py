@@ -87,7 +87,7 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
         return indices, torch.isfinite(values) & (before < p)
 
     output, indices, weights, kept, dropped, counts = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, keep=keep)
+                                                               key_mask=key_mask, keep=keep, width=budget)
     info = {"indices": indices, "kept": counts, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topp", output, k.shape[-2], lambda: (indices, weights), info)
 

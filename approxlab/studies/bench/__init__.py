@@ -52,6 +52,14 @@ head 0, one contiguous window of ``n`` tokens):
    layer's queries, keys and values and the layer's exact causal attention on them: the ratio
    patched / (unpatched + approximation), at most 1 when a patched forward costs no more than the
    method's own approximation plus the unpatched forward; :mod:`.patched`.
+7. ``causal`` part, n in {2048, 4096, 8192} (``--quick``: 128, 256, 512): the causal forms of the
+   per-query selection methods (``topk``, ``topp``, ``quest``) and of every cache policy in the registry
+   (causal-only methods through ``approximate(..., causal=True)``, methods with a compression step or a
+   cache scorer also through :func:`approxlab.kv_cache_attention`), 3 heads, head dimension 64, float32,
+   budget ``--causal-budget`` (128), timed in turn with torch's causal SDPA in one run: each ratio, each
+   growth exponent in n with its interval, and the targets (streaming-llm <= 1x, h2o/quest/snapkv <= 3x,
+   topk/topp <= 5x; exponent <= 1.1 for streaming-llm, quest, h2o) met or not, with the reason;
+   :mod:`.causal`.
 
 The fused blocked path (``block-lanczos``)
 -------------------------------------------

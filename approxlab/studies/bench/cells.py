@@ -1,13 +1,14 @@
 """The benchmark's cell: one (part, n, method), measured in this process, its rows tidy.
 
-A cell dispatches to its part (:mod:`.spectral`, :mod:`.forward`, :mod:`.ratios`, :mod:`.training`
-or :mod:`.patched`), which returns wide measurement rows; :func:`compute` turns them into tidy rows ``(algorithm,
-compute_dtype, quantity, value)``.
+A cell dispatches to its part (:mod:`.spectral`, :mod:`.forward`, :mod:`.ratios`, :mod:`.training`,
+:mod:`.patched` or :mod:`.causal`), which returns wide measurement rows; :func:`compute` turns them into tidy
+rows ``(algorithm, compute_dtype, quantity, value)``.
 """
 
 from __future__ import annotations
 
 from ..engine.keys import cell_seed
+from .causal import causal_rows
 from .forward import forward_rows
 from .grid import DTYPES
 from .parts import load_head
@@ -27,6 +28,8 @@ def compute(cell: dict) -> list[dict]:
         return _tidy(training_rows(cell))
     if part == "patch":
         return _tidy(patch_rows(cell))
+    if part == "causal":
+        return _tidy(causal_rows(cell))
     q, k, v = load_head(config, n, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"], device=cell["device"])
     p = int(q.shape[-1])
     compute_dtype = DTYPES[config["compute_dtype"]]

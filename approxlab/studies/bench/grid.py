@@ -61,7 +61,7 @@ FULL_GRID = {
     "lanczos_block": 4,
     "compute_dtype": "float32",
     "scipy_its": 20,
-    "parts": ["accuracy", "scale", "forward", "ratios", "training", "patch"],
+    "parts": ["accuracy", "scale", "forward", "ratios", "training", "patch", "causal"],
     "seed": 0,
     "repeats": 5,
     "ratio_n": 16384,
@@ -75,6 +75,8 @@ FULL_GRID = {
     "patch_n": [512, 1024],
     "patch_methods": ["hyperattention", "topk", "streaming-llm", "h2o"],
     "patch_layer": None,
+    "causal_n": [2048, 4096, 8192],
+    "causal_budget": 128,
 }
 """The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
 
@@ -94,11 +96,13 @@ QUICK_GRID = {
     "training_features": 32,
     "patch_n": [128],
     "patch_methods": ["streaming-llm"],
+    "causal_n": [128, 256, 512],
+    "causal_budget": 16,
 }
 """``--quick``: the same measurements at small n (seconds)."""
 
 KEY_COLUMNS = ("part", "n", "method")
-PARTS = ("accuracy", "scale", "forward", "ratios", "training", "patch")
+PARTS = ("accuracy", "scale", "forward", "ratios", "training", "patch", "causal")
 MIN_REPEATS = 5
 """Fewest timed calls of a forward-type measurement (``--repeats``): a median of fewer is one noisy call."""
 
@@ -147,6 +151,9 @@ OPTIONS = (
            "in its causal form", nargs="+", choices=_causal_methods),
     Option(("--patch-layer",), "patch_layer", "the layer the patch part patches (default: the middle one)",
            type=nonnegative_int),
+    _lengths("--causal-n", "causal"),
+    Option(("--causal-budget",), "causal_budget", "keys per query b of the causal part's policies",
+           type=positive_int),
     Option(("--repeats",), "repeats", f"timed calls per forward-type measurement (median; an integer >= "
            f"{MIN_REPEATS}), after one warm-up", type=repeat_count),
 )
@@ -164,7 +171,7 @@ def configure(args) -> dict:
     config["num_features"] = options.one_value("--num-features", config["num_features"])
     if getattr(args, "training_threads", None) is None and getattr(args, "threads_source", None) == "--threads":
         config["training_threads"] = args.threads
-    for key in ("accuracy_n", "scale_n", "forward_n", "patch_n"):
+    for key in ("accuracy_n", "scale_n", "forward_n", "patch_n", "causal_n"):
         bad = [n for n in config[key] if int(n) < 2]
         if bad:
             raise UsageError(f"--{key.replace('_', '-')}", "integers >= 2", bad)
@@ -204,6 +211,8 @@ def build_cells(config: dict, settings: dict) -> list[dict]:
     if "patch" in config["parts"]:
         cells += [{"part": "patch", "n": int(n), "method": method, **common}
                   for n in config["patch_n"] for method in config["patch_methods"]]
+    if "causal" in config["parts"]:
+        cells += [{"part": "causal", "n": int(n), "method": "policies", **common} for n in config["causal_n"]]
     return cells
 
 
@@ -225,6 +234,9 @@ def check(args, config) -> None:
         checks.check_heads("--head", config["head"], [config["condition"]], index=True)
     elif config["head"] != 0:
         raise UsageError("--head", "0 (the synthetic source has one head)", config["head"])
+    if "causal" in config["parts"] and config["causal_budget"] > min(int(n) for n in config["causal_n"]):
+        raise UsageError("--causal-budget", f"at most the smallest --causal-n ({min(config['causal_n'])})",
+                         config["causal_budget"])
     if "patch" in config["parts"]:
         checks.check_num_features("--num-features", config["num_features"], config["patch_methods"], config["patch_n"],
                                   at_most_n=True)

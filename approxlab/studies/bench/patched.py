@@ -21,7 +21,9 @@ forward, ``record_inputs=True``), timed in turn too:
 approximation) in wall time (``cpu_ratio_vs_budget``: in process CPU time, which a loaded machine disturbs less): a patched forward costs no more than the method's own approximation plus the unpatched
 model when it is at most 1; and ``overhead_s`` = patched - (unpatched - layer SDPA + approximation), what
 the patch machinery adds (moving the inputs to approxlab's conventions, the key/value heads repeated to
-the query heads, the records). See :mod:`approxlab.studies.bench`.
+the query heads, the records). A cache policy (a causal-only method) is also timed with every layer patched
+(``forward-patched-all``, with ``ratio_vs_unpatched``; target :data:`ALL_LAYERS_TARGET`). See
+:mod:`approxlab.studies.bench`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from ..engine.keys import cell_seed
 from .timing import measure_interleaved
 
 __all__ = ["patch_rows", "patch_lines", "load_decoder"]
+
+ALL_LAYERS_TARGET = 1.3
+"""Largest patched / unpatched forward with a cache policy in every layer."""
 
 SYNTHETIC_LAYERS = 2
 """Layers of the synthetic decoder (``source="synthetic"``)."""
@@ -76,6 +81,7 @@ def _layer(model, config) -> int:
 def patch_rows(cell: dict) -> list[dict]:
     """Rows of one ``patch`` cell (n, method): the two forwards, the layer's approximation and SDPA."""
     from ...attention import approximate, exact_attention
+    from ...methods import get
     from ...patching import patch_attention
 
     config, n, method, device = cell["config"], cell["n"], cell["method"], cell["device"]
@@ -91,12 +97,18 @@ def patch_rows(cell: dict) -> list[dict]:
             model(input_ids)
         return patch
 
+    def every_layer():
+        with patch_attention(model, method, num_features=features, generator=torch.Generator().manual_seed(seed)):
+            model(input_ids)
+
+    policy = get(method).causal_only  # a cache policy: also timed in every layer
     with torch.no_grad():
         recorded = patched(record=True)
         (call,) = recorded.calls
         q, k, v = call.inputs
-        unpatched_m, patched_m = measure_interleaved([lambda: model(input_ids), patched], repeats=config["repeats"],
-                                                     warmup=1, device=device)
+        unpatched_m, patched_m, *all_m = measure_interleaved(
+            [lambda: model(input_ids), patched, *([every_layer] if policy else [])], repeats=config["repeats"],
+            warmup=1, device=device)
         approximation_m, sdpa_m = measure_interleaved(
             [lambda: approximate(method, q, k, v, num_features=features, causal=recorded.causal,
                                  generator=torch.Generator().manual_seed(seed)),
@@ -111,7 +123,10 @@ def patch_rows(cell: dict) -> list[dict]:
              "ratio_vs_budget": patched_m.wall_s / budget["wall_s"], "cpu_ratio_vs_budget": patched_m.cpu_s / budget["cpu_s"],
              "overhead_s": overhead},
             {"algorithm": "layer-approximation", **common, **approximation_m.as_row()},
-            {"algorithm": "layer-sdpa", **common, **sdpa_m.as_row()}]
+            {"algorithm": "layer-sdpa", **common, **sdpa_m.as_row()}] + [
+            {"algorithm": "forward-patched-all", **common, **m.as_row(),
+             "ratio_vs_unpatched": m.wall_s / unpatched_m.wall_s,
+             "cpu_ratio_vs_unpatched": m.cpu_s / unpatched_m.cpu_s} for m in all_m]
 
 
 def patch_lines(wide) -> list[str]:
@@ -130,6 +145,18 @@ def patch_lines(wide) -> list[str]:
                      f"{patched['wall_s']:.3f} | {by.loc['layer-approximation', 'wall_s']:.4f} | "
                      f"{by.loc['layer-sdpa', 'wall_s']:.4f} | {patched['ratio_vs_budget']:.2f} | "
                      f"{_number(patched, 'cpu_ratio_vs_budget')} | {patched['overhead_s']:+.4f} |")
+    every = rows[rows["algorithm"] == "forward-patched-all"]
+    if len(every):
+        lines += ["", f"Cache policies in every layer (target: a patched forward <= {ALL_LAYERS_TARGET:g}x the "
+                  "unpatched one at 2048 tokens, timed in turn with it):", "",
+                  "| n | method | every layer patched (s) | / unpatched | the same in CPU time | target |",
+                  "|---|---|---|---|---|---|"]
+        for (n, method), group in every.groupby(["n", "method"]):
+            row = group.iloc[0]
+            ratio = row["ratio_vs_unpatched"]
+            verdict = "met" if ratio <= ALL_LAYERS_TARGET else f"not met: {ratio:.2f}x"
+            lines.append(f"| {int(n)} | `{method}` | {row['wall_s']:.3f} | {ratio:.2f} | "
+                         f"{_number(row, 'cpu_ratio_vs_unpatched')} | {verdict} |")
     patched = rows[rows["algorithm"] == "forward-patched"]
     worst = [f"{patched[column].max():.2f}" if column in patched else "—"
              for column in ("ratio_vs_budget", "cpu_ratio_vs_budget")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..reporting.markdown import markdown_table
+from .causal import causal_lines
 from .growth import forward_cost_lines
 from .patched import patch_lines
 from .ratios import ratio_lines
@@ -173,6 +174,7 @@ def summary_lines(results, config_record: dict) -> list[str]:
     ]
     lines += ratio_lines(wide)
     lines += forward_cost_lines(wide)
+    lines += causal_lines(wide)
     lines += patch_lines(wide)
     lines += training_lines(wide)
     accuracy = wide[wide["part"] == "accuracy"].sort_values(["n", "algorithm"])
