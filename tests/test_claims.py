@@ -165,3 +165,14 @@ def test_p_value_is_the_inversion_of_the_interval():
     percentile = claims.interval(Claim("k", "x", "mean", side="below", threshold=1.0), resampled)
     assert (measured.p_value(below, resampled=resampled) < 0.05) == (percentile.high < 1.0)
 
+
+
+def test_every_claim_declares_the_level_its_units_vary_at():
+    from approxlab.studies.lra_svd import report as lra_report
+    claimed = [*decoder_claims.CLAIMS, *decoder_claims.CORRELATION_CLAIMS, instability_stats.BELOW_ONE,
+               lra_report.SLOWER, *figure1.CLAIMS]
+    assert all(claim.varies for claim in claimed)
+    within = {claim.id: claim.within for claim in decoder_claims.CORRELATION_CLAIMS}
+    assert within == {"hyper_alpha": "layer x window", "hyper_kappa": "layer x window"}
+    assert {claim.varies for claim in decoder_claims.CORRELATION_CLAIMS} == {"head within layer x window"}
+    assert all(claim.family for claim in figure1.CLAIMS)

@@ -165,16 +165,16 @@ _BOTH = ("median", "mean")
 
 CLAIMS = (
     Claim("a", "{sky} error falls markedly as d grows", "{agg} error ratio d_max/d_min", side="at most",
-          threshold=0.5, aggregations=_BOTH, interval="bootstrap-se", scale="log"),
+          threshold=0.5, aggregations=_BOTH, interval="bootstrap-se", scale="log", family="a"),
     Claim("b", "{method} gains little as d grows", "{agg} error ratio d_max/d_min", side="at least",
-          threshold=0.8, aggregations=_BOTH, interval="bootstrap-se", scale="log"),
+          threshold=0.8, aggregations=_BOTH, interval="bootstrap-se", scale="log", family="b"),
     Claim("b-comparative", "{sky} gains more than {method} as d grows",
           "{sky}'s {agg} error ratio d_max/d_min / the baseline's", side="below", threshold=1.0, aggregations=_BOTH,
-          interval="bootstrap-se", scale="log"),
+          interval="bootstrap-se", scale="log", family="b-comparative"),
     Claim("c", "{sky} beats {baselines} at d_max", "(best baseline - {sky}) / best baseline, {agg} errors at d_max",
-          side="above", threshold=0.0, aggregations=_BOTH, interval="bootstrap-se"),
+          side="above", threshold=0.0, aggregations=_BOTH, interval="bootstrap-se", family="c"),
     Claim("d", "the gap of (c) grows with n", "gap(n_max) - gap(n_min)", side="above", threshold=0.0,
-          aggregations=_BOTH, interval="bootstrap-se"),
+          aggregations=_BOTH, interval="bootstrap-se", family="d"),
 )
 """The claims, with their thresholds fixed before the first run ((b-comparative) has no free threshold:
 Skyformer's ratio below the baseline's), judged per condition x n (x baseline) under both aggregations.
