@@ -78,8 +78,9 @@ def measured_coverage(compute, units, *, size: int | None = None, trials: int = 
     compute : callable
         ``compute(sample) -> (estimate, low, high)`` for a list of units (a unit may appear more than once:
         it counts as that many units).
-    units : sequence
-        The run's units (windows, seeds, ...), the population.
+    units : sequence, or dict of group -> sequence
+        The run's units (windows, seeds, ...), the population; a dict: each group (a task's seeds) drawn at its
+        own count, the draw passed to ``compute`` as one list (the groups in order).
     size : int, optional
         Units per draw (default: as many as the run has).
     trials, seed : int
@@ -97,15 +98,18 @@ def measured_coverage(compute, units, *, size: int | None = None, trials: int = 
     >>> measured_coverage(t, [1.0, 2.0, 3.0], trials=200).coverage   # 3 units: t's wide interval, or none
     0.94
     """
-    units = list(units)
-    if not units:
-        raise ValueError("`units` must hold at least one unit; got none.")
-    size = len(units) if size is None else int(size)
-    truth = float(compute(units)[0])
+    groups = {g: list(u) for g, u in units.items()} if isinstance(units, dict) else {None: list(units)}
+    if not all(groups.values()):
+        raise ValueError("`units` must hold at least one unit in every group; got none.")
+    everything = [unit for members in groups.values() for unit in members]
+    size = len(everything) if size is None else int(size)
+    scale = size / len(everything)
+    truth = float(compute(everything)[0])
     rng = np.random.default_rng(seed)
     held = 0
     for _ in range(int(trials)):
-        sample = [units[i] for i in rng.integers(0, len(units), size=size)]
+        sample = [members[i] for members in groups.values()
+                  for i in rng.integers(0, len(members), size=max(1, round(len(members) * scale)))]
         _, low, high = compute(sample)
         held += bool(low <= truth <= high)  # NaN bounds (no interval) hold nothing
     rate = held / int(trials)
