@@ -81,7 +81,9 @@ def test_the_geometric_mean_is_judged_with_the_power_of_the_logs():
                                                                  sd=float(np.std(logs, ddof=1)))
     assert row["geo_low"] < 0.77 < 1 < row["geo_high"]
     assert row["geo_verdict"] == "inconclusive" and row["former_geo_verdict"] == "not confirmed (underpowered)"
-    assert row["verdict"] == "not confirmed (underpowered)"  # the arithmetic mean keeps its own power
+    # the arithmetic mean keeps its own power; with 10 skewed seeds its t interval covers 84.5% of draws of them
+    assert row["former_verdict"] == "not confirmed (underpowered)"
+    assert row["verdict"] == f"no verdict: coverage {row['coverage']:.1%} < 90%"
 
 
 def test_bootstrap_se_claims_and_the_coverage_beside_them():
@@ -153,7 +155,7 @@ def test_holm_within_a_family():
     assert found["p_holm"].round(3).tolist() == [0.04, 0.06, 0.06, 0.06, 0.04]
     assert found["holm_decided"].tolist() == [True, False, False, False, True]
     lines = measured.family_lines(found.assign(decided=True), family="family", what="verdicts")
-    assert "2 of the 5 decided verdicts hold" in lines[0] and "per comparison" in lines[0]
+    assert "2 of the 5 verdicts decided by their interval hold" in lines[0] and "per comparison" in lines[0]
 
 
 def test_p_value_is_the_inversion_of_the_interval():
