@@ -191,7 +191,8 @@ def decision(verdict: str, paper_verdict, power: float, needed) -> str | None:
     verdict is "below 1" or "above 1"), ``"decided: rejects the paper's value"`` (the :data:`AT_PAPER`
     interval lies wholly on one side of it), ``"backed: power 0.83"`` (neither, with at least
     :data:`POWER_GOAL` power at the paper's value), else ``"open: N seeds for 80% power"``.
-    None where the entry has no paper value away from 1 (``paper_verdict`` None).
+    None where the entry has no paper value (``paper_verdict`` None); an entry whose value is within
+    :data:`NEAR_ONE` of 1 has no power sized for it, so it is decided or "open".
 
     Examples
     --------
@@ -309,7 +310,7 @@ def _reading(row: dict):
 
 def _against_paper(row: dict, *, units: int) -> dict:
     """Both means' intervals judged on :data:`AT_PAPER` at the entry's Table 3 value, and their :func:`decision`
-    (None where the entry has no paper value away from 1)."""
+    (None where the entry has no paper value; every paper value alike, near 1 or not)."""
     sized = row["paper"] is not None  # every entry with a paper value alike (Nystromformer's near 1 too)
     found = {}
     for prefix in ("", "geo_"):
