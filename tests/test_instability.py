@@ -270,11 +270,15 @@ def test_the_papers_value_is_placed_among_the_seeds_and_a_disagreement_of_the_me
     assert row["paper_percentile"] == pytest.approx(float(np.mean(values <= 0.74)))
     assert 0.1 <= row["paper_percentile"] <= 0.5 and row["pred_low"] < 0.74 < row["pred_high"]
     assert instability_stats.PRIMARY_MEAN == "geometric"
+    assert row["reading"] == instability_stats._reading(row.to_dict())
     if (row["paper_verdict"] == "holds the paper's value") != (row["geo_paper_verdict"] == "holds the paper's value"):
         assert row["reading"] == instability_stats.DEPENDS
-    else:
-        assert row["reading"] == row["geo_paper_verdict"]
     assert instability_stats._reading({"paper_verdict": "above the paper's value", "geo_paper_verdict": "holds the paper's value"}) \
+        == "depends on the statistic"
+    # Pathfinder-like: the arithmetic mean holds 1 and rejects 0.74, the geometric mean is below 1
+    assert instability_stats._reading({"paper_verdict": "above the paper's value",
+                                       "geo_paper_verdict": "above the paper's value",
+                                       "verdict": "rejects the paper's value", "geo_verdict": "below 1"}) \
         == "depends on the statistic"
 
 

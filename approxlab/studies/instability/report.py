@@ -75,7 +75,8 @@ def _interval_cell(row, prefix: str = "") -> str:
 def _verdict_cell(row) -> str:
     """The verdict, the power beside it where the paper gives a value to size for, and the geometric
     mean's verdict (with its power on the log scale) where it differs."""
-    text = row.verdict + _power_text(getattr(row, "power", None))
+    text = (f"{DEPENDS}: " if getattr(row, "reading", None) == DEPENDS else "") + row.verdict \
+        + _power_text(getattr(row, "power", None))
     geo = getattr(row, "geo_verdict", None)
     if isinstance(geo, str) and geo != row.verdict:
         text += f"; geometric mean: {geo}" + _power_text(getattr(row, "geo_power", None), " on the logs")

@@ -298,12 +298,19 @@ def _t_quantile(df: int, level: float = 0.95) -> float:
 
 def _reading(row: dict):
     """What the entry says about the paper's value: the two means' :data:`AT_PAPER` verdicts where they agree,
-    :data:`DEPENDS` where one rejects the paper's value and the other holds it."""
+    :data:`DEPENDS` where one rejects the paper's value and the other holds it, or where one mean's
+    :data:`BELOW_ONE` verdict bears the paper out ("below 1") and the other's contradicts it ("above 1", "rejects
+    the paper's value")."""
     first, second = row.get("paper_verdict"), row.get("geo_paper_verdict")
     if first is None or second is None:
         return None
     holds = claims.label(AT_PAPER, "inconclusive")
     if (first == holds) != (second == holds):
+        return DEPENDS
+    below = claims.label(BELOW_ONE, "reproduced")
+    against = (claims.label(BELOW_ONE, "not reproduced"), claims.label(BELOW_ONE, "rejects paper"))
+    sides = {row.get("verdict"), row.get("geo_verdict")}
+    if below in sides and sides & set(against):  # one mean bears the paper out (below 1), the other contradicts it
         return DEPENDS
     return second
 
