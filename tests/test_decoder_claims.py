@@ -48,7 +48,8 @@ CONFIG = {"n": NS, "conditions": ["pretrained"], "layers": [0]}
 
 
 def test_growth_sampling_and_bounded_entries_verdicts():
-    table = claims.verdicts(CONFIG, _assumptions(), _levels())
+    table = claims.verdicts(CONFIG, _assumptions(windows=10), _levels(windows=10))
+    assert (table["coverage"] >= 0.9).all()
     by = {(row.claim, row.depth if not math.isnan(row.depth) else None): row for row in table.itertuples()}
     assert by[("alpha_block", None)].verdict == "reproduced"  # exponent 0.5 < 1
     assert by[("alpha_block", None)].estimate == pytest.approx(0.5, abs=0.05)
@@ -56,11 +57,23 @@ def test_growth_sampling_and_bounded_entries_verdicts():
     assert by[("stable_rank", None)].verdict == "reproduced"  # flat
     assert by[("sampling", 0)].verdict == "reproduced" and by[("sampling", 1)].verdict == "not reproduced"
     assert by[("bounded_entries", None)].verdict == "fails for every split"  # lower bound 2 > 1
-    below = claims.verdicts(CONFIG, _assumptions(ratio=0.3, balanced=2.0), _levels()).set_index("claim")
+    below = claims.verdicts(CONFIG, _assumptions(ratio=0.3, balanced=2.0, windows=10), _levels(windows=10)) \
+        .set_index("claim")
     assert below.loc["bounded_entries", "verdict"] == "undetermined"  # a lower bound below 1 shows nothing
-    explicit = claims.verdicts(CONFIG, _assumptions(ratio=0.3, balanced=0.5), _levels()).set_index("claim")
+    explicit = claims.verdicts(CONFIG, _assumptions(ratio=0.3, balanced=0.5, windows=10), _levels(windows=10)) \
+        .set_index("claim")
     assert explicit.loc["bounded_entries", "verdict"] == "holds for an explicit split"
     assert (table["ci_low"] <= table["estimate"]).all() and (table["estimate"] <= table["ci_high"]).all()
+
+
+def test_three_windows_give_the_t_verdicts_no_verdict_by_their_measured_coverage():
+    """Three windows: a t interval over their values, drawn from those three, misses whenever a draw repeats one
+    window (no spread): at most 89% coverage, so no verdict, where the former rules said "reproduced"."""
+    table = claims.verdicts(CONFIG, _assumptions(), _levels()).set_index("claim")
+    row = table.loc["alpha_block"]
+    assert row["former_verdict"] == "reproduced" and row["coverage"] < 0.9
+    assert row["verdict"] == f"no verdict: coverage {row['coverage']:.1%} < 90%"
+    assert row["windows_for_90"] >= 6
 
 
 def test_no_verdict_from_one_window_or_fewer_than_four_lengths():
@@ -71,28 +84,44 @@ def test_no_verdict_from_one_window_or_fewer_than_four_lengths():
     assert (growth["verdict"] == "inconclusive").all() and growth["note"].str.contains("needs 4").all()
 
 
-def _heads(slope, windows=3, heads=9):
+def _heads(slope, windows=8, heads=9, *, layer_shift=0.0):
+    """Heads of two layers; ``layer_shift``: layer 15's alpha and error both larger by that factor (log scale),
+    a contrast between layers with no association within them when ``slope`` is 0."""
     rng = np.random.default_rng(1)
     rows = []
     for window in range(windows):
         for layer in (0, 15):
             for head in range(heads):
-                alpha = rng.uniform(1, 100)
+                shift = math.exp(layer_shift * (layer > 0))
+                alpha = rng.uniform(1, 100) * shift
                 rows.append({"condition": "pretrained", "layer": layer, "window": window, "head": head, "n": 4096,
                              "num_features": 256, "alpha_worst": alpha, "kappa_worst": rng.uniform(1, 100),
-                             "relative_error": alpha**slope * rng.uniform(0.95, 1.05)})
+                             "relative_error": (alpha / shift)**slope * rng.uniform(0.5, 1.5) * shift})
     return pd.DataFrame(rows)
 
 
 def test_correlation_claims_follow_the_interval_against_zero():
     grows = claims.correlations(_heads(1.0), bootstrap=FEW).set_index("claim")
-    assert grows.loc["hyper_alpha", "verdict"] == "reproduced" and grows.loc["hyper_alpha", "estimate"] > 0.9
-    assert grows.loc["hyper_kappa", "verdict"] == "inconclusive"  # unrelated: the interval holds 0
-    assert grows.loc["hyper_alpha", "heads"] == 54 and grows.loc["hyper_alpha", "windows"] == 3
-    falls = claims.correlations(_heads(-1.0), bootstrap=FEW).set_index("claim")
+    assert grows.loc["hyper_alpha", "verdict"] == "reproduced" and grows.loc["hyper_alpha", "estimate"] > 0.8
+    kappa = grows.loc["hyper_kappa"]  # unrelated: the interval holds 0 (and covers less than 90% with 8 windows)
+    assert kappa["former_verdict"] == "inconclusive" and kappa["verdict"] not in ("reproduced", "not reproduced")
+    assert grows.loc["hyper_alpha", "heads"] == 144 and grows.loc["hyper_alpha", "windows"] == 8
+    assert grows.loc["hyper_alpha", "heads_per_layer"] == 9
+    falls = claims.correlations(_heads(-1.0, windows=20), bootstrap=FEW).set_index("claim")
     assert falls.loc["hyper_alpha", "verdict"] == "not reproduced"
     single = claims.correlations(_heads(1.0, windows=1), bootstrap=FEW).set_index("claim")
     assert single.loc["hyper_alpha", "verdict"] == "inconclusive"  # one window: no interval
+
+
+def test_the_correlation_is_judged_within_layers_not_across_them():
+    """Two layers apart in both alpha and error, no association within either: the rho pooled over every head
+    is the contrast between the two layer clusters (the former statistic, decided), the rho within layer x window
+    holds 0."""
+    clusters = claims.correlations(_heads(0.0, layer_shift=4.0), bootstrap=FEW).set_index("claim")
+    row = clusters.loc["hyper_alpha"]
+    assert row["pooled"] > 0.5 and row["former_verdict"] == "reproduced"
+    assert abs(row["estimate"]) < 0.2 and row["ci_low"] < 0 < row["ci_high"]
+    assert row["verdict"] not in ("reproduced", "not reproduced")
 
 
 def test_level_rows_take_each_depths_worst_block():

@@ -145,3 +145,17 @@ def test_summary_names_the_deviations_history_and_the_claims_that_change(tailed_
                    "## The paper beside this run", "| a | pretrained | 512 | skyformer-softmax |"):
         assert phrase in text, phrase
     assert "change verdict between the two statistics" in text and "Why they differ: the tail" in text
+
+
+def test_each_family_states_holm_and_every_instance_its_own_window_coverage(tailed_verdicts):
+    """The verdicts are per comparison: p (the test each interval inverts) and Holm's p within claim x aggregation
+    beside them; each instance's coverage is measured by recomputing its own statistic (the gaps (c), (d) included)
+    on draws of the run's windows, and one below 90% gives no verdict (the former table had none of these)."""
+    table = tailed_verdicts
+    assert {"p", "p_holm", "holm_decided", "coverage"} <= set(table.columns)
+    for _, family in table.dropna(subset=["p"]).groupby(["claim", "aggregation"]):
+        assert (family["p_holm"] >= family["p"] - 1e-12).all()
+    gaps = table[table["claim"].isin(["c", "d"])]
+    assert gaps["coverage"].notna().all() and gaps["coverage"].between(0, 1).all()
+    low = table[table["coverage"] < 0.9]
+    assert low["verdict"].str.startswith("no verdict: coverage").all()

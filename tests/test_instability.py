@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+from approxlab.studies.instability import stats as instability_stats
 from approxlab import tasks
 from approxlab.training import TinyEncoder, instability_ratio, instability_score, instability_trace
 from approxlab.errors import StudyError
@@ -239,7 +240,8 @@ def test_intervals_report_geometric_mean_power_and_both_verdicts():
     _, log_low, log_high = study.ratio_interval(np.log(ratios))
     assert (row["geo_low"], row["geo_high"]) == pytest.approx((math.exp(log_low), math.exp(log_high)))
     assert row["paper"] == 0.77 and 0 < row["power"] < 0.8
-    assert row["verdict"] == "not confirmed (underpowered)" and row["geo_verdict"] == "not confirmed (underpowered)"
+    assert row["former_verdict"] == "not confirmed (underpowered)"  # 5 skewed seeds: the t interval covers 64.5%
+    assert row["verdict"] == f"no verdict: coverage {row['coverage']:.1%} < 90%" and row["coverage"] < 0.9
     from approxlab.stats import t_test_power  # the geometric mean's power is the t-test's on the logs
 
     logs = np.log(ratios)
@@ -248,7 +250,46 @@ def test_intervals_report_geometric_mean_power_and_both_verdicts():
     cell = instability_report._verdict_cell(next(summary.reset_index().itertuples(index=False)))  # softmax row: no power
     assert cell == "reference"
     text = instability_report._verdict_cell(next(r for r in summary.reset_index().itertuples(index=False) if r.attention == "kernelized"))
-    assert text.startswith("not confirmed (underpowered) (power 0.")
+    assert text.startswith("no verdict: coverage 64.5% < 90% (power 0.")
+
+
+def _skewed(attention="kernelized", task="pathfinder", count=40, seed=0, location=0.0):
+    rng = np.random.default_rng(seed)
+    ratios = np.exp(rng.normal(location, 0.5, size=count))
+    return pd.DataFrame([{"task": task, "n": 256, "seed": s, "attention": a, "steps": 20, "ratio": r, "status": "ok"}
+                         for s, value in enumerate(ratios) for a, r in (("softmax", 1.0), (attention, value))])
+
+
+def test_the_papers_value_is_placed_among_the_seeds_and_a_disagreement_of_the_means_depends_on_the_statistic():
+    """Table 3's value is one seed's statistic: its percentile among the seeds and the prediction interval for
+    one new seed beside the population mean's interval. Lognormal seeds (sigma 0.5, median 0.87): the arithmetic
+    mean (about 0.99) excludes the paper's 0.74 while the geometric mean's interval need not; where they disagree,
+    the reading is "depends on the statistic" (the former table gave only the arithmetic verdict)."""
+    row = study.intervals(_skewed(location=math.log(0.87))).set_index("attention").loc["kernelized"]
+    values = _skewed(location=math.log(0.87)).query("attention == 'kernelized'")["ratio"].to_numpy()
+    assert row["paper_percentile"] == pytest.approx(float(np.mean(values <= 0.74)))
+    assert 0.1 <= row["paper_percentile"] <= 0.5 and row["pred_low"] < 0.74 < row["pred_high"]
+    assert instability_stats.PRIMARY_MEAN == "geometric"
+    assert row["reading"] == instability_stats._reading(row.to_dict())
+    if (row["paper_verdict"] == "holds the paper's value") != (row["geo_paper_verdict"] == "holds the paper's value"):
+        assert row["reading"] == instability_stats.DEPENDS
+    assert instability_stats._reading({"paper_verdict": "above the paper's value", "geo_paper_verdict": "holds the paper's value"}) \
+        == "depends on the statistic"
+    # Pathfinder-like: the arithmetic mean holds 1 and rejects 0.74, the geometric mean is below 1
+    assert instability_stats._reading({"paper_verdict": "above the paper's value",
+                                       "geo_paper_verdict": "above the paper's value",
+                                       "verdict": "rejects the paper's value", "geo_verdict": "below 1"}) \
+        == "depends on the statistic"
+
+
+def test_a_paper_value_near_1_is_tested_like_any_other():
+    """Nystromformer's 1.02: an interval wholly below it rejects it, as for every other entry (the former rule
+    exempted values within 0.05 of 1 and called the entry inconclusive)."""
+    row = study.intervals(_skewed("nystromformer", task="image", count=60, location=math.log(0.6))) \
+        .set_index("attention").loc["nystromformer"]
+    assert row["paper"] == 1.02 and row["high"] < 1.02 and row["low"] < 1.0
+    assert row["paper_verdict"] == "below the paper's value"
+    assert row["former_verdict"] in ("below 1", "inconclusive")
 
 
 def test_full_grid_uses_the_papers_optimiser_settings():

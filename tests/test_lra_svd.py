@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+
+from approxlab.studies.lra_svd import report as lra_svd_report
 import torch
 
 from approxlab import tasks
@@ -126,7 +128,9 @@ def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
     interval = stats.ttest_ind(slopes["pathfinder"], slopes["listops"], equal_var=False).confidence_interval(0.95)
     pooled = stats.ttest_ind(slopes["pathfinder"], slopes["listops"], equal_var=True).confidence_interval(0.95)
     assert abs(interval.low - pooled.low) > 1e-4  # the data tell Welch's interval from the pooled one
-    assert verdict["verdict"] == "Pathfinder slower" and verdict["difference"] == pytest.approx(0.125)
+    assert verdict["exploratory_verdict"] == "Pathfinder slower" and verdict["difference"] == pytest.approx(0.125)
+    # 3 and 4 seeds: Welch's interval, with these seeds as the population, covers less than 90%: no verdict
+    assert verdict["coverage"].coverage < 0.9 and verdict["verdict"].startswith("no verdict: coverage")
     assert (verdict["low"], verdict["high"]) == pytest.approx((interval.low, interval.high))
     from approxlab.stats import t_test_power
     sd = math.hypot(pd.Series(slopes["pathfinder"]).std(), pd.Series(slopes["listops"]).std())
@@ -140,19 +144,23 @@ def test_ordering_needs_three_passing_seeds_per_task_and_uses_welch():
     assert "80% power there needs" in report_text._ordering_text(verdict)
     flipped = lra_svd.ordering(_results({"listops": slopes["pathfinder"], "pathfinder": slopes["listops"]},
                                         {"listops": [True] * 3, "pathfinder": [True] * 3}))
-    assert flipped["verdict"] == "Pathfinder faster"
+    assert flipped["exploratory_verdict"] == "Pathfinder faster"  # 3 seeds each: Welch covers 69% of their draws
+    assert flipped["verdict"] == f"no verdict: coverage {flipped['coverage'].coverage:.1%} < 90%"
     gated = lra_svd.ordering(_results(slopes, {"listops": [True] * 3, "pathfinder": [True, True, False]}))
     assert gated["verdict"] == "not compared (gate)" and gated["seeds_pathfinder"] == 2
     assert "says nothing about the ordering" in report_text._ordering_text(gated)
     mixed = {"listops": [-0.20, -0.10, -0.15], "pathfinder": [-0.19, -0.11, -0.14]}
     undecided = lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}))
-    assert undecided["verdict"] == "not confirmed (underpowered)" and undecided["power"] < 0.8  # holds 0, power low
+    assert undecided["exploratory_verdict"] == "not confirmed (underpowered)" and undecided["power"] < 0.8  # holds 0
     assert undecided["former_verdict"] == "inconclusive"
     # Holds 0 but lies wholly below a (huge) smallest effect: a slower decay of that size is rejected.
     huge = lra_svd.ordering(_results(mixed, {"listops": [True] * 3, "pathfinder": [True] * 3}), smallest_effect=1.0)
-    assert huge["verdict"] == "rejects Pathfinder slower by the smallest effect of interest"
+    assert huge["exploratory_verdict"] == "rejects Pathfinder slower by the smallest effect of interest"
+    # the headline: the rule declared before the data (the former headline was the exploratory verdict)
+    assert huge["verdict"] in ("inconclusive", f"no verdict: coverage {huge['coverage'].coverage:.1%} < 90%")
     assert huge["high"] < 1.0 and huge["former_verdict"] == "inconclusive"
-    assert "data reject a slower decay of that size" in report_text._ordering_text(huge)
+    assert "**Exploratory**" in report_text._ordering_text(huge) and "would reject a slower decay of that size" \
+        in report_text._ordering_text(huge)
     # Holds 0 and the smallest effect, with 80% power there: inconclusive (10 seeds, the estimate half the effect).
     base = np.array([-0.23, -0.17, -0.21, -0.19, -0.25, -0.15, -0.20, -0.22, -0.18, -0.20])
     spread = {"listops": base, "pathfinder": base[::-1] + 0.02}
@@ -192,3 +200,12 @@ def test_one_cell_writes_its_rows_of_the_three_tables(tmp_path):
 def test_bad_task_spec():
     with pytest.raises(StudyError, match="NAME:N"):
         lra_svd.build_config(tasks=["listops"])
+
+
+def test_the_exact_permutation_test_beside_welch():
+    """Five Pathfinder slopes all below six ListOps slopes: 2 of the 462 splits are as extreme, p = 0.0043."""
+    from approxlab import stats
+
+    assert stats.permutation_test([-0.20, -0.19, -0.18, -0.17, -0.16], [-0.15, -0.14, -0.13, -0.12, -0.11, -0.10]) \
+        == pytest.approx(2 / 462)
+    assert lra_svd_report.DECLARED_SEEDS == 13

@@ -177,6 +177,21 @@ def test_bootstrap_resamples_unequal_groups_at_their_own_size_as_scipy_does():
         assert (intervals[g].low, intervals[g].high) == (reference.low, reference.high)
 
 
+def test_bootstrap_gives_each_group_its_own_degrees_of_freedom():
+    """Groups of 8 and 3 units: the standard-error interval of a's mean uses t with 7 degrees of freedom, not the
+    smallest group's 2 (the former rule: every key took the smallest group's count); a statistic over both groups
+    keeps the smallest count."""
+    units = {"a": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 9.0], "b": [1.0, 2.0, 4.0]}
+    found = stats.resample(lambda u: {**{g: float(np.mean(v)) for g, v in u.items()},
+                                      ("a", "spread"): float(np.std(u["a"])),
+                                      "both": float(np.mean(u["a"]) - np.mean(u["b"]))}, units, resamples=500, seed=0)
+    assert (found["a"].units, found["b"].units, found[("a", "spread")].units, found["both"].units) == (8, 3, 8, 3)
+    interval = stats.bootstrap_interval(found["a"], method="standard-error")
+    half = scipy_stats.t.ppf(0.975, 7) * float(np.std(found["a"].values, ddof=1))
+    assert interval.high - interval.estimate == pytest.approx(half)
+    assert interval.units == 8
+
+
 def test_bootstrap_pairs_only_groups_of_equal_size():
     units = {"a": [1.0, 2.0, 3.0], "b": [10.0, 20.0, 30.0], "c": [5.0, 6.0, 7.0, 8.0], "d": [50.0, 60.0, 70.0, 80.0]}
     record, seen = _recording(_medians)

@@ -151,3 +151,24 @@ def test_nothing_drawn_below_the_noise_floor():
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     assert band.min() >= floor * (1 - 1e-12)
     plt.close(fig)
+
+
+def test_the_conditioning_verdict_rests_on_an_interval_over_windows_within_cases():
+    """The former summary's verdict had no interval, unit or test: now the median log10 kappa ratio (kernelized
+    over softmax, same head and window) with a stratified bootstrap over windows within each case, and no verdict
+    with too few windows."""
+    from approxlab.studies.sv_decay import claims as sv_claims
+
+    rng = np.random.default_rng(0)
+
+    def run(windows):
+        return pd.DataFrame([{"condition": "initialized", "layer": layer, "n": 512, "window": w, "head": h,
+                              "matrix": matrix, "condition_number": 1e6 * (10.0 if matrix == "kernelized" else 1.0)
+                              * rng.uniform(0.5, 2.0)}
+                             for layer in ("first", "last") for w in range(windows) for h in range(4)
+                             for matrix in ("softmax", "kernelized")])
+    many = sv_claims.conditioning(run(25)).iloc[0]
+    assert many["ci_low"] > 0 and many["windows"] == 50 and many["cases"] == 2 and many["heads"] == 200
+    assert many["coverage"] >= 0.9 and many["verdict"] == "kernelized worse conditioned"
+    few = sv_claims.conditioning(run(2)).iloc[0]
+    assert few["verdict"].startswith("no verdict: coverage")

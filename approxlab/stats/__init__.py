@@ -15,6 +15,7 @@ Public API::
     bootstrap_interval(resamples, *, method="percentile", level=0.95, log=False) -> Interval
     verdict(low, high, threshold, side) -> "reproduced" | "not reproduced" | "inconclusive"
     win_rate(first, second, *, level=0.95, lower_is_better=True) -> WinRate
+    permutation_test(first, second) -> float                                # exact, two-sided, equal means
     t_test_power(n, *, difference, sd, alpha=0.05, alternative="two-sided") -> float
     t_test_sample_size(*, difference, sd, power=0.8, alpha=0.05, alternative="two-sided") -> int
     t_interval(values, *, level=0.95) -> Interval                           # the mean over units, Student t
@@ -38,7 +39,7 @@ from .intervals import (BOOTSTRAP_METHODS, Interval, Resamples, bootstrap, boots
                         welch_interval)
 from .power import ALTERNATIVES, t_test_power, t_test_sample_size
 from .summaries import AGGREGATIONS, UnitAggregate, describe
-from .verdicts import SIDES, WinRate, verdict, win_rate
+from .verdicts import SIDES, WinRate, permutation_test, verdict, win_rate
 
 __all__ = [
     "AGGREGATIONS",
@@ -55,6 +56,7 @@ __all__ = [
     "verdict",
     "WinRate",
     "win_rate",
+    "permutation_test",
     "t_test_power",
     "t_test_sample_size",
     "t_interval",

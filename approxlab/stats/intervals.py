@@ -28,8 +28,8 @@ BOOTSTRAP_METHODS = ("percentile", "standard-error")
 class Interval:
     """A statistic and its interval over independent units.
 
-    ``units``: how many units the interval rests on (the smallest group's count for a bootstrap over
-    groups; None where not recorded). Fewer than 2 units give no interval: NaN bounds.
+    ``units``: how many units the interval rests on (for a bootstrap over groups, the count of the group the
+    statistic's key names, else the smallest group's; None where not recorded). Fewer than 2 units give no interval: NaN bounds.
 
     Examples
     --------
@@ -117,8 +117,20 @@ def resample(statistic: Callable[[dict], Mapping], units: Mapping[object, Sequen
         if values is None or values.shape != (resamples,):
             raise TypeError(f"`statistic` must return a dict of key -> number; got a value that is not a number for "
                             f"key {key!r} on a resample.")
-        found[key] = Resamples(value, values, count)
+        found[key] = Resamples(value, values, _units_of(key, groups, count) if grouped else count)
     return found
+
+
+def _units_of(key, groups: dict, smallest: int) -> int:
+    """The units a statistic's ``key`` rests on: its own group's count where the key names a group (or a tuple
+    whose first element does), else the smallest group's (a statistic over several groups)."""
+    for name in (key, key[0] if isinstance(key, tuple) and key else None):
+        try:
+            if name is not None and name in groups:
+                return len(groups[name])
+        except TypeError:  # an unhashable key names no group
+            pass
+    return smallest
 
 
 def bootstrap_interval(resamples: Resamples, *, method: str = "percentile", level: float = 0.95,
@@ -242,7 +254,9 @@ def bootstrap(statistic: Callable[[dict], Mapping], units: Mapping[object, Seque
         ``estimate`` = the statistic on ``units``; ``low``, ``high`` by ``method``
         (:func:`bootstrap_interval`; percentile: the ``(1 - level)/2`` and ``(1 + level)/2`` quantiles of
         the resampled statistics, widened to include the estimate where they miss it); ``units`` = the
-        smallest group's count. NaN bounds when a group has a single unit (there is nothing to
+        count of the group the key names (a key equal to a group, or a tuple starting with one), else the
+        smallest group's: the standard-error interval's Student quantile has ``units - 1`` degrees of freedom
+        per group, not the smallest group's for every key. NaN bounds when a group has a single unit (there is nothing to
         resample: no interval), or when a resampled value is not finite (or a resample lacks the key).
 
     Raises

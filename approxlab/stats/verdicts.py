@@ -10,7 +10,7 @@ from scipy import stats as _scipy_stats
 
 from ._checks import choice, flag, is_real, probability, reals
 
-__all__ = ['SIDES', 'verdict', 'WinRate', 'win_rate']
+__all__ = ['SIDES', 'verdict', 'WinRate', 'win_rate', 'permutation_test']
 
 SIDES = ("at least", "above", "at most", "below")
 """On which side of its threshold a claim holds (:func:`verdict`)."""
@@ -141,3 +141,39 @@ def wilson_bounds(rate: float, count: int, level: float) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+
+
+def permutation_test(first, second, *, alternative: str = "two-sided") -> float:
+    r"""The exact permutation test of equal means of two independent groups: the share of the
+    :math:`\binom{n_1+n_2}{n_1}` splits of the pooled values whose difference of means (first minus second) is
+    at least as extreme as the observed one (no normality assumed; exact under exchangeability of the units).
+    ``alternative``: ``"two-sided"`` (as far from 0), ``"less"`` (as low) or ``"greater"`` (as high).
+
+    Examples
+    --------
+    >>> round(permutation_test([1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]), 4)  # 2 of 462 splits
+    0.0043
+    >>> round(permutation_test([1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, 8.0, 9.0, 10.0, 11.0], alternative="less"), 4)
+    0.0022
+    """
+    alternative = choice(alternative, "alternative", ("two-sided", "less", "greater"))
+    import itertools
+
+    first, second = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+    if first.size < 1 or second.size < 1:
+        raise ValueError(f"`first` and `second` must each hold at least one value; got {first.size} and "
+                         f"{second.size}.")
+    pooled, size = np.concatenate([first, second]), first.size
+    if math.comb(pooled.size, size) > 2_000_000:
+        raise ValueError(f"`first` and `second` give {math.comb(pooled.size, size):,} splits; at most 2,000,000 "
+                         "are enumerated.")
+    sign = {"two-sided": 0, "less": -1, "greater": 1}[alternative]
+    observed, total = first.mean() - second.mean(), pooled.sum()
+    extreme = count = 0
+    for chosen in itertools.combinations(range(pooled.size), size):
+        part = pooled[list(chosen)].sum()
+        difference = part / size - (total - part) / (pooled.size - size)
+        extreme += int(abs(difference) >= abs(observed) - 1e-12 if sign == 0 else
+                       sign * difference >= sign * observed - 1e-12)
+        count += 1
+    return float(extreme / count)

@@ -217,6 +217,15 @@ class Claim:
         The paper's own value of the statistic, where one value serves every row: an undecided
         interval that excludes it "rejects the paper's value" (a study with one paper value per
         row passes it to :func:`~approxlab.studies.reporting.claims.judge` instead).
+    varies : str
+        The level at which the claim's units vary, in words (``"window"``, ``"seed"``, ``"head within layer x
+        window"``, ``"method"``): what an interval's units are draws of. Default: ``unit``.
+    within : str, optional
+        The clusters the statistic is computed within (stratified: ranks within each layer x window, then
+        pooled), where units nest in clusters that differ systematically; None: the units are pooled.
+    family : str, optional
+        The family of claims it is judged with (a Holm-adjusted p-value within the family is stated beside
+        each per-comparison verdict, :func:`~approxlab.studies.reporting.measured.holm_column`).
     """
 
     id: str
@@ -234,8 +243,13 @@ class Claim:
     strict: bool = False
     scale: str = "linear"
     paper_value: float | None = None
+    varies: str | None = None
+    within: str | None = None
+    family: str | None = None
 
     def __post_init__(self):
+        if self.varies is None:
+            object.__setattr__(self, "varies", self.unit)
         if self.side not in ("at least", "above", "at most", "below"):
             raise ValueError(f"`side` must be 'at least', 'above', 'at most' or 'below'; got {self.side!r}.")
         if self.interval not in ("bootstrap", "bootstrap-se", "t", "welch"):

@@ -52,10 +52,11 @@ import numpy as np
 import pandas as pd
 
 from ... import stats
-from ...assumptions import MIN_LENGTHS, growth_exponent_interval
+from ...assumptions import MIN_LENGTHS, growth_exponents
 from ...assumptions.bounded_entries import HOLDS_FOR_AN_EXPLICIT_SPLIT
 from ..declaration import Claim
 from ..reporting import claims as engine
+from ..reporting import measured
 from .stats import BOOTSTRAP, head_errors
 
 __all__ = ["CLAIMS", "CORRELATION_CLAIMS", "VERDICT_COLUMNS", "CORRELATION_COLUMNS", "STRUCTURAL_NOTE",
@@ -63,45 +64,75 @@ __all__ = ["CLAIMS", "CORRELATION_CLAIMS", "VERDICT_COLUMNS", "CORRELATION_COLUM
 
 _GROWTH = "growth exponent in n (per window over the run's lengths; mean over windows, Student t)"
 _FEW = {"too few units": "inconclusive"}
+_WITHIN = ("Spearman rho of error and {} within each layer x window (ranks within the cluster, pooled over clusters), "
+           "percentile bootstrap over windows")
 
 CLAIMS = (
     Claim("alpha_block", "HyperAttention: uniform sampling of the top unmasked block saves work at large n (its "
           "alpha/eps^2 samples grow slower than the block's n/2 columns)", _GROWTH, side="below", threshold=1.0,
-          interval="t", min_units=2, labels=_FEW, quantity="alpha_block", strict=True),
+          interval="t", min_units=2, labels=_FEW, quantity="alpha_block", strict=True, family="assumptions"),
     Claim("sampling", "HyperAttention: at the largest n, uniform sampling saves work on the worst block of each depth "
           "of the causal recursion (samples needed at eps fewer than the block's columns)",
           "samples needed / columns, worst block (geometric mean over windows, t on the logs)", side="below",
-          threshold=1.0, interval="t", min_units=2, labels=_FEW, quantity="sampling_ratio", strict=True),
+          threshold=1.0, interval="t", min_units=2, labels=_FEW, quantity="sampling_ratio", strict=True,
+          family="assumptions"),
     Claim("kappa", "HyperAttention: kappa with sortLSH's own mask (top block) grows slower than n (Lemma 1's "
           "samples, at least linear in kappa, stay below the block's columns)", _GROWTH, side="below",
-          threshold=1.0, interval="t", min_units=2, labels=_FEW, quantity="kappa_sortlsh", strict=True),
+          threshold=1.0, interval="t", min_units=2, labels=_FEW, quantity="kappa_sortlsh", strict=True,
+          family="assumptions"),
     Claim("stable_rank", "low stable rank: the stable rank of the causal D^-1 A grows slower than n (a budget "
           "proportional to it stays below the n columns)", _GROWTH, side="below", threshold=1.0, interval="t",
-          min_units=2, labels=_FEW, quantity="stable_rank", strict=True),
+          min_units=2, labels=_FEW, quantity="stable_rank", strict=True, family="assumptions"),
     Claim("bounded_entries", "Alman-Song: B = o(sqrt(log n))", "lower bound on B over every split / sqrt(ln n) at "
           "the largest n (mean over windows, Student t)", side="below", threshold=1.0, interval="t", min_units=2,
           labels={"reproduced": "undetermined", "not reproduced": "fails for every split",
-                  "inconclusive": "undetermined", **_FEW}, quantity="entry_ratio"),
+                  "inconclusive": "undetermined", **_FEW}, quantity="entry_ratio", family="assumptions"),
 )
 """The assumption claims (see the module docstring); thresholds fixed before the run."""
 
 CORRELATION_CLAIMS = (
-    Claim("hyper_alpha", "HyperAttention's error grows with alpha across heads (worst unmasked block)",
-          "Spearman rho of error and alpha over heads, bootstrap over windows", side="above", threshold=0.0,
-          min_units=2, labels=_FEW, quantity="alpha_worst", strict=True),
-    Claim("hyper_kappa", "HyperAttention's error grows with kappa across heads (sortLSH, worst sampled block)",
-          "Spearman rho of error and kappa over heads, bootstrap over windows", side="above", threshold=0.0,
-          min_units=2, labels=_FEW, quantity="kappa_worst", strict=True),
+    Claim("hyper_alpha", "HyperAttention's error grows with alpha across the heads of a layer (worst unmasked block)",
+          _WITHIN.format("alpha"), side="above", threshold=0.0, min_units=2, labels=_FEW, quantity="alpha_worst",
+          strict=True, varies="head within layer x window", within="layer x window", family="correlation"),
+    Claim("hyper_kappa", "HyperAttention's error grows with kappa across the heads of a layer (sortLSH, worst sampled "
+          "block)", _WITHIN.format("kappa"), side="above", threshold=0.0, min_units=2, labels=_FEW,
+          quantity="kappa_worst", strict=True, varies="head within layer x window", within="layer x window",
+          family="correlation"),
 )
 """The claims on HyperAttention's error against its assumptions (see the module docstring)."""
 
 STRUCTURAL_NOTE = ("alpha of the causal D^-1 A is structural: row 0 of any causal row-stochastic matrix is e_0, "
                    "so alpha >= n whatever the model; reported, not judged")
 
+_MEASURED = ["coverage", "coverage_low", "coverage_high", "windows_for_90", "former_verdict"]
 VERDICT_COLUMNS = ["claim", "condition", "layer", "depth", "quantity", "statistic", "estimate", "ci_low", "ci_high",
-                   "interval", "threshold", "verdict", "windows", "note"]
-CORRELATION_COLUMNS = ["claim", "condition", "layers", "n", "num_features", "quantity", "heads", "estimate",
-                       "ci_low", "ci_high", "threshold", "verdict", "windows", "note"]
+                   "interval", "threshold", "verdict", "windows", "note", *_MEASURED]
+CORRELATION_COLUMNS = ["claim", "condition", "layers", "n", "num_features", "quantity", "heads", "heads_per_layer",
+                       "estimate", "ci_low", "ci_high", "threshold", "verdict", "windows", "note", "pooled",
+                       "pooled_low", "pooled_high", *_MEASURED]
+"""``coverage``: the interval's coverage measured on the run's own windows
+(:func:`approxlab.studies.reporting.measured.measured_coverage`, with its Wilson interval); below 90% the verdict
+is "no verdict" and ``windows_for_90`` says how many windows would reach it (empty: none of 12 times the run's);
+``former_verdict``: the verdict before the gate (and, for the correlations, of the pooled rho over every head of
+the run's layers, the former statistic: ``pooled``, ``pooled_low``, ``pooled_high``)."""
+
+
+def _t(values) -> tuple[float, float, float]:
+    found = stats.t_interval(np.asarray(values, dtype=float))
+    return found.estimate, found.low, found.high
+
+
+def _measure(compute, values) -> dict:
+    """The coverage of ``compute``'s interval on the run's own windows (``values``, one per window), and the windows
+    90% needs where it falls short."""
+    values = list(values)
+    if len(values) < 2:
+        return {"measured": None, "coverage": math.nan, "coverage_low": math.nan, "coverage_high": math.nan,
+                "windows_for_90": None}
+    found = measured.measured_coverage(compute, values)
+    needed = measured.units_needed(compute, values) if found.coverage < measured.GATE else None
+    return {"measured": found, "coverage": found.coverage, "coverage_low": found.low, "coverage_high": found.high,
+            "windows_for_90": needed}
 
 
 def _per_window(frame: pd.DataFrame, column: str, ns) -> pd.DataFrame:
@@ -110,12 +141,15 @@ def _per_window(frame: pd.DataFrame, column: str, ns) -> pd.DataFrame:
     return table.where(np.isfinite(table) & (table > 0))
 
 
-def _row(claim, condition, layer, estimate, low, high, windows, note="", depth=math.nan, verdict=None) -> dict:
+def _row(claim, condition, layer, estimate, low, high, windows, note="", depth=math.nan, verdict=None,
+         coverage=None) -> dict:
     verdict = verdict or engine.judge(claim, low, high, units=windows)
+    coverage = dict(coverage or _measure(None, []))
+    found = coverage.pop("measured")
     return {"claim": claim.id, "condition": condition, "layer": layer, "depth": depth, "quantity": claim.quantity,
             "statistic": claim.statistic, "estimate": estimate, "ci_low": low, "ci_high": high,
-            "interval": claim.interval, "threshold": claim.threshold, "verdict": verdict, "windows": windows,
-            "note": note}
+            "interval": claim.interval, "threshold": claim.threshold, "verdict": measured.gate(claim, verdict, found),
+            "windows": windows, "note": note, **coverage, "former_verdict": verdict}
 
 
 def _growth(claim, frame, condition, layer, ns) -> dict:
@@ -125,9 +159,10 @@ def _growth(claim, frame, condition, layer, ns) -> dict:
         return _row(claim, condition, layer, math.nan, math.nan, math.nan, len(table),
                     f"{len(lengths)} length(s) with a value in every window; the exponent needs {MIN_LENGTHS}",
                     verdict=engine.label(claim, "too few units"))
-    interval = growth_exponent_interval(lengths, table.to_numpy())
-    return _row(claim, condition, layer, interval.estimate, interval.low, interval.high, len(table),
-                f"n = {', '.join(map(str, lengths))}")
+    slopes = growth_exponents(lengths, table.to_numpy())  # the t interval over windows of their exponents
+    estimate, low, high = _t(slopes)
+    return _row(claim, condition, layer, estimate, low, high, len(table), f"n = {', '.join(map(str, lengths))}",
+                coverage=_measure(_t, slopes))
 
 
 def _log_mean(values) -> tuple[float, float, float]:
@@ -144,7 +179,7 @@ def _sampling(claim, levels, condition, layer, n) -> list[dict]:
         estimate, low, high = _log_mean(values)
         rows.append(_row(claim, condition, layer, estimate, low, high, len(values),
                          f"n = {n}; blocks of {int(frame['rows'].min())} x {int(frame['columns'].min())}",
-                         depth=int(depth)))
+                         depth=int(depth), coverage=_measure(_log_mean, values.to_numpy(dtype=float))))
     return rows
 
 
@@ -157,7 +192,7 @@ def _bounded(claim, frame, condition, layer, n) -> dict:
         verdict = HOLDS_FOR_AN_EXPLICIT_SPLIT
     return _row(claim, condition, layer, lower.estimate, lower.low, lower.high, len(at_n),
                 f"n = {n}; balanced split {explicit.estimate:.3g} [{explicit.low:.3g}, {explicit.high:.3g}]",
-                verdict=verdict)
+                verdict=verdict, coverage=_measure(_t, at_n["entry_ratio"].to_numpy(dtype=float)))
 
 
 def verdicts(config: dict, assumptions: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
@@ -204,27 +239,75 @@ def hyperattention_heads(config: dict, results: pd.DataFrame, assumptions: pd.Da
     return table[columns]
 
 
+def _window_sums(used: pd.DataFrame, quantity: str) -> tuple[list, np.ndarray]:
+    """Per window, the sums over its layers' heads of the products and squares of the ranks centred within each
+    layer x window (ties: mean ranks): ``(windows, (W, 3) array of [sum rx*ry, sum rx^2, sum ry^2])``."""
+    grouped = used.groupby(["layer", "window"])
+    centred = {c: used[c].groupby([used["layer"], used["window"]]).rank() - grouped[c].transform(
+        lambda s: (len(s) + 1) / 2) for c in (quantity, "relative_error")}
+    x, y = centred[quantity], centred["relative_error"]
+    sums = pd.DataFrame({"xy": x * y, "xx": x * x, "yy": y * y, "window": used["window"]}).groupby("window").sum()
+    return list(sums.index), sums[["xy", "xx", "yy"]].to_numpy(dtype=float)
+
+
+def _stratified(sums: np.ndarray) -> np.ndarray:
+    """Spearman's rho within clusters, pooled: sum rx*ry / sqrt(sum rx^2 sum ry^2) over the last-but-one axis."""
+    total = sums.sum(axis=-2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total[..., 0] / np.sqrt(total[..., 1] * total[..., 2])
+
+
+def within_layer_rho(sums: np.ndarray, *, resamples: int = 2000, seed: int = 0,
+                     level: float = 0.95) -> tuple[float, float, float]:
+    r"""Spearman's :math:`\rho` within layer x window clusters, pooled, with a percentile bootstrap over windows.
+
+    ``sums``: ``(W, 3)`` per window (:func:`_window_sums`). The ranks are taken within each layer x window, so a
+    layer whose heads all err more (and have larger alpha) adds nothing: the statistic is the association among
+    the heads of one layer, which is what the theorem's per-head guarantee speaks to. A window drawn twice counts
+    twice. ``(estimate, low, high)``; NaN bounds for one window.
+    """
+    sums = np.asarray(sums, dtype=float)
+    estimate = float(_stratified(sums))
+    if len(sums) < 2:
+        return estimate, math.nan, math.nan
+    draws = np.random.default_rng(seed).integers(0, len(sums), size=(resamples, len(sums)))
+    found = stats.bootstrap_interval(stats.Resamples(estimate, _stratified(sums[draws]), len(sums)), level=level)
+    return found.estimate, found.low, found.high
+
+
 def correlations(heads: pd.DataFrame, *, bootstrap: dict = BOOTSTRAP) -> pd.DataFrame:
     """``correlations.csv``: each claim of :data:`CORRELATION_CLAIMS` per condition, over every head with the
-    quantity defined (layers pooled), Spearman's rho with a bootstrap interval over windows (``bootstrap``: its
-    ``resamples``, ``seed`` and ``level``), and its verdict."""
+    quantity defined: Spearman's rho within each layer x window, pooled (:func:`within_layer_rho`; ``bootstrap``:
+    its ``resamples``, ``seed`` and ``level``), its coverage measured on the run's own windows and its verdict;
+    beside it the rho pooled over every head of the run's layers (``pooled``: it mixes the contrast between
+    layers with the association within them) and the verdict the former rules gave on it."""
     rows = []
     for condition, frame in heads.groupby("condition", sort=False):
         for claim in CORRELATION_CLAIMS:
             used = frame.dropna(subset=[claim.quantity, "relative_error"])
             windows = int(used["window"].nunique())
+            per_layer = used.groupby(["layer", "window"]).size()
             base = {"claim": claim.id, "condition": condition,
                     "layers": " ".join(map(str, sorted(set(used["layer"])))), "n": int(frame["n"].iloc[0]),
                     "num_features": int(frame["num_features"].iloc[0]), "quantity": claim.quantity,
-                    "heads": len(used), "threshold": claim.threshold, "windows": windows}
+                    "heads": len(used), "heads_per_layer": int(per_layer.max()) if len(per_layer) else 0,
+                    "threshold": claim.threshold, "windows": windows}
             if len(used) < 3 or used[claim.quantity].nunique() < 2 or used["relative_error"].nunique() < 2:
                 rows.append({**base, "estimate": math.nan, "ci_low": math.nan, "ci_high": math.nan,
                              "verdict": engine.label(claim, "too few units"),
                              "note": "fewer than 3 heads with distinct values"})
                 continue
-            found = stats.rank_correlation(used[claim.quantity], used["relative_error"], units=used["window"],
-                                           method="spearman", **bootstrap)
-            rows.append({**base, "estimate": found.estimate, "ci_low": found.low, "ci_high": found.high,
-                         "verdict": engine.judge(claim, found.low, found.high, units=windows),
-                         "note": "percentile bootstrap over windows"})
+            pooled = stats.rank_correlation(used[claim.quantity], used["relative_error"], units=used["window"],
+                                            method="spearman", **bootstrap)
+            _, sums = _window_sums(used, claim.quantity)
+            estimate, low, high = within_layer_rho(sums, **bootstrap)
+            coverage = _measure(lambda sample: within_layer_rho(np.asarray(sample), resamples=400,
+                                                                seed=bootstrap["seed"], level=bootstrap["level"]),
+                                list(sums))
+            found = coverage.pop("measured")
+            rows.append({**base, "estimate": estimate, "ci_low": low, "ci_high": high,
+                         "verdict": engine.judge(claim, low, high, units=windows, measured=found),
+                         "note": "ranks within layer x window, pooled; percentile bootstrap over windows",
+                         "pooled": pooled.estimate, "pooled_low": pooled.low, "pooled_high": pooled.high, **coverage,
+                         "former_verdict": engine.judge(claim, pooled.low, pooled.high, units=windows)})
     return pd.DataFrame(rows, columns=CORRELATION_COLUMNS)

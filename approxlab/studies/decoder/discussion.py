@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..reporting.claims import coverage_lines, tally
+from ..reporting.changes import changes_lines
+from ..reporting.claims import coverage, coverage_lines, tally
+from ..reporting.measured import MEASURED, Measured, measured_lines
 from ..reporting.markdown import format_number as _fmt
 from ..reporting.markdown import markdown_table as _markdown
 from .cells import ASSUMPTIONS, KV_CACHE, PERFORMER, RESULTS
@@ -29,25 +31,42 @@ def hyperattention_lines(correlations, heads) -> list[str]:
     if correlations.empty:
         return lines + ["Not in this run (hyperattention is not among the methods)."]
     first = correlations.iloc[0]
+    layers = len(str(first["layers"]).split())
     lines += ["Claim fixed in code before the run (`CORRELATION_CLAIMS` in approxlab/studies/decoder/claims.py): "
-              "**does HyperAttention's error grow with alpha and kappa across heads, as its theorem says?** "
-              f"At n = {int(first['n'])} and m = {int(first['num_features'])} sampled columns, Spearman's rho between "
-              "causal HyperAttention's relative error per head and (alpha) the largest alpha over every unmasked block "
-              "of its causal recursion -- Algorithm 4 applies Theorem 1 to each block with the same m, so the "
-              "guarantee for the whole matrix needs every block and the worst one binds -- or (kappa) the largest "
-              "sortLSH kappa (the algorithm's own mask and block size) over the blocks that sample. Every head of "
-              f"the run's layers is one observation; the {BOOTSTRAP['resamples']}-resample percentile bootstrap "
-              "draws windows (the independent unit) with all their heads; the claim holds when the interval lies "
-              "above 0, fails when it lies below.", ""]
+              "**does HyperAttention's error grow with alpha and kappa across the heads of a layer, as its theorem "
+              f"says?** At n = {int(first['n'])} and m = {int(first['num_features'])} sampled columns, Spearman's rho "
+              "between causal HyperAttention's relative error per head and (alpha) the largest alpha over every "
+              "unmasked block of its causal recursion -- Algorithm 4 applies Theorem 1 to each block with the same m, "
+              "so the guarantee for the whole matrix needs every block and the worst one binds -- or (kappa) the "
+              "largest sortLSH kappa (the algorithm's own mask and block size) over the blocks that sample. The units "
+              "vary at the level of the head within a layer and window: the ranks are taken within each layer x "
+              "window and pooled over the clusters (a stratified rho), so that layers which differ in both error and "
+              f"alpha do not make a correlation of their own. The observations are {int(first['heads_per_layer'])} "
+              f"heads per layer x {layers} layers x {int(first['windows'])} windows; the "
+              f"{BOOTSTRAP['resamples']}-resample percentile bootstrap draws windows (the independent unit) with all "
+              "their heads; the claim holds when the interval lies above 0, fails when it lies below, and gives no "
+              "verdict when its coverage measured on the run's own windows is below 90%.", ""]
     for claim in CORRELATION_CLAIMS:
         rows = correlations[correlations["claim"] == claim.id]
-        lines.append(f"- ({claim.id}) {claim.text}: {tally(claim, rows['verdict'])}.")
-    shown = correlations.assign(rho=_interval_column(correlations))
-    lines += ["", *_markdown(shown[["claim", "condition", "layers", "heads", "windows", "rho", "verdict"]]), ""]
+        lines.append(f"- ({claim.id}) {claim.text}: " + ", ".join(f"{v}" for v in rows["verdict"]) + " (former, "
+                     "on the rho pooled over layers: " + ", ".join(map(str, rows["former_verdict"])) + ").")
+    shown = correlations.assign(rho=_interval_column(correlations),
+                                pooled_rho=_interval_column(correlations, "pooled", "pooled_low", "pooled_high"),
+                                coverage=[f"{c:.1%}" if pd.notna(c) else "" for c in correlations["coverage"]])
+    lines += ["", *_markdown(shown[["claim", "condition", "layers", "heads_per_layer", "windows", "rho", "coverage",
+                                    "windows_for_90", "verdict", "pooled_rho"]], default=str), "",
+              "`rho`: within layer x window, pooled [95% interval, windows resampled]; `pooled_rho`: the rho over "
+              "every head of the run's layers at once, which is dominated by the contrast between the layers (each "
+              "layer a cluster of heads with its own level of error and alpha): a description of how layers differ, "
+              "not of the theorem's per-head relation; it was the former statistic.", ""]
     if int(correlations["windows"].min()) >= 1:
         lines += [*coverage_lines([{"claims": "rho (windows resampled; simulated for the median of the windows' "
                                               "values)", "claim": CORRELATION_CLAIMS[0],
                                     "units": int(correlations["windows"].min())}]), ""]
+        lines += [*_measured(correlations, CORRELATION_CLAIMS, "claim"), ""]
+    lines += changes_lines(correlations, ["claim", "condition"], what="correlation claim",
+                           rules="they judged the rho pooled over every head of the run's layers, without the "
+                                 "coverage gate") + [""]
     per_layer = []
     for (condition, layer), frame in heads.groupby(["condition", "layer"], sort=True):
         row = {"condition": condition, "layer": layer, "heads": len(frame),
@@ -76,20 +95,47 @@ def verdict_lines(table: pd.DataFrame) -> list[str]:
         rows = table[table["claim"] == claim.id]
         outcomes = ("reproduced", "not reproduced", "inconclusive")
         words = sorted(set(rows["verdict"])) if claim.id == "bounded_entries" else None
+        gated = int(rows["verdict"].astype(str).str.startswith("no verdict").sum())
         counts = (", ".join(f"{(rows['verdict'] == w).sum()} {w}" for w in words) if words is not None
-                  else tally(claim, rows["verdict"], outcomes))
+                  else tally(claim, rows["verdict"], outcomes) + f", {gated} no verdict (coverage below 90%)")
         lines.append(f"- ({claim.id}) {claim.text}. Statistic: {claim.statistic}; holds {claim.side} "
                      f"{claim.threshold:g}: {counts} (of {len(rows)}).")
     if table.empty:
         return lines + ["", "(no verdicts)"]
     if int(table["windows"].min()) >= 1:
-        lines += ["", *coverage_lines([{"claims": "every criterion (Student t over windows)", "claim": CLAIMS[0],
-                                        "units": int(table["windows"].min())}])]
+        lines += ["", "The intervals below are nominally 95% Student-t intervals over windows; the coverage each "
+                  "actually has is stated twice, under a model and on the run's own windows, and a criterion whose "
+                  "own-window coverage is below 90% gets no verdict (`coverage` column).", "",
+                  *coverage_lines([{"claims": "every criterion (Student t over windows)", "claim": CLAIMS[0],
+                                    "units": int(table["windows"].min())}]), "", *_measured(table, CLAIMS, "claim")]
     shown = table.assign(interval=_interval_column(table), depth=table["depth"].map(
         lambda d: "" if pd.isna(d) else str(int(d))))
     shown["holds?"] = shown["verdict"].map(lambda v: _SHORT.get(v, v))
-    return lines + ["", *_markdown(shown[["claim", "condition", "layer", "depth", "interval", "windows", "holds?",
-                                          "note"]], default=str)]
+    shown["coverage"] = [f"{c:.1%}" if pd.notna(c) else "" for c in shown["coverage"]]
+    lines += ["", *_markdown(shown[["claim", "condition", "layer", "depth", "interval", "windows", "coverage",
+                                    "holds?", "note"]], default=str)]
+    return lines + changes_lines(table, ["claim", "condition", "layer", "depth"], what="criterion",
+                                 rules="they gave every t interval's verdict whatever its coverage")
+
+
+def _measured(table, declared, key) -> list[str]:
+    """The measured-coverage table: per claim, the smallest coverage on the run's own windows among its rows."""
+    entries = []
+    for claim in declared:
+        rows = table[(table[key] == claim.id) & table["coverage"].notna()]
+        if rows.empty:
+            continue
+        worst = rows.loc[rows["coverage"].idxmin()]
+
+
+        needed = rows["windows_for_90"].dropna()
+        model = coverage(claim, int(worst["windows"]))
+        entries.append({"claim": claim, "claims": f"{claim.id} (lowest of {len(rows)})",
+                        "parametric": f"{model.coverage:.1%} ({model.statistic}, {model.method})",
+                        "measured": Measured(float(worst["coverage"]), float(worst["coverage_low"]),
+                                             float(worst["coverage_high"]), int(worst["windows"]), MEASURED["trials"], float("nan")),
+                        "needed": int(needed.max()) if len(needed) else None})
+    return measured_lines(entries) if entries else []
 
 
 def level_lines(levels: pd.DataFrame, config) -> list[str]:

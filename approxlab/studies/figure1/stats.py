@@ -22,12 +22,14 @@ against the best baseline (:func:`win_rates`, :func:`approxlab.stats.win_rate`).
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ... import stats
 from ..declaration import Claim
 from ..reporting import changes
 from ..reporting import claims as engine
+from ..reporting import measured
 
 __all__ = [
     "PAPER_METHODS",
@@ -42,6 +44,8 @@ __all__ = [
     "CLAIMS",
     "BOOTSTRAP",
     "COVERAGE",
+    "OWN_COVERAGE",
+    "own_coverage",
     "VERDICT_COLUMNS",
     "verdicts",
     "aggregation_differences",
@@ -165,16 +169,16 @@ _BOTH = ("median", "mean")
 
 CLAIMS = (
     Claim("a", "{sky} error falls markedly as d grows", "{agg} error ratio d_max/d_min", side="at most",
-          threshold=0.5, aggregations=_BOTH, interval="bootstrap-se", scale="log"),
+          threshold=0.5, aggregations=_BOTH, interval="bootstrap-se", scale="log", family="a"),
     Claim("b", "{method} gains little as d grows", "{agg} error ratio d_max/d_min", side="at least",
-          threshold=0.8, aggregations=_BOTH, interval="bootstrap-se", scale="log"),
+          threshold=0.8, aggregations=_BOTH, interval="bootstrap-se", scale="log", family="b"),
     Claim("b-comparative", "{sky} gains more than {method} as d grows",
           "{sky}'s {agg} error ratio d_max/d_min / the baseline's", side="below", threshold=1.0, aggregations=_BOTH,
-          interval="bootstrap-se", scale="log"),
+          interval="bootstrap-se", scale="log", family="b-comparative"),
     Claim("c", "{sky} beats {baselines} at d_max", "(best baseline - {sky}) / best baseline, {agg} errors at d_max",
-          side="above", threshold=0.0, aggregations=_BOTH, interval="bootstrap-se"),
+          side="above", threshold=0.0, aggregations=_BOTH, interval="bootstrap-se", family="c"),
     Claim("d", "the gap of (c) grows with n", "gap(n_max) - gap(n_min)", side="above", threshold=0.0,
-          aggregations=_BOTH, interval="bootstrap-se"),
+          aggregations=_BOTH, interval="bootstrap-se", family="d"),
 )
 """The claims, with their thresholds fixed before the first run ((b-comparative) has no free threshold:
 Skyformer's ratio below the baseline's), judged per condition x n (x baseline) under both aggregations.
@@ -199,10 +203,39 @@ COVERAGE = {"median": "ratio of medians", "mean": "ratio of means"}
 on the log scale, the gaps (c), (d) -- one minus a ratio of two methods' errors -- on the linear one."""
 
 VERDICT_COLUMNS = ["claim", "aggregation", "condition", "n", "method", "statistic", "estimate", "ci_low", "ci_high",
-                   "threshold", "verdict", "interval", "windows", "former_low", "former_high", "former_verdict"]
+                   "threshold", "verdict", "interval", "windows", "coverage", "decided", "p", "p_holm", "holm_decided",
+                   "former_low", "former_high", "former_verdict"]
 """``ci_low``, ``ci_high``: the claim's interval (``interval``); ``former_low``, ``former_high``: the percentile
 interval of the same resamples (zero width over one window) and ``former_verdict`` the verdict the former rules
-gave on it (:mod:`approxlab.studies.reporting.changes`)."""
+gave on it (:mod:`approxlab.studies.reporting.changes`). ``coverage``: the interval's coverage with the run's own
+windows as the population (:func:`own_coverage`; below 90%: no verdict); ``p``: the test the interval inverts
+(:func:`approxlab.studies.reporting.measured.p_value`), ``p_holm`` Holm's adjustment within the claim's family
+(claim x aggregation) and ``holm_decided`` whether the verdict holds with it (the verdicts are per comparison)."""
+
+OWN_COVERAGE = {"trials": 200, "resamples": 500, "seed": 1}
+""":func:`own_coverage`: 200 draws of the run's windows (the coverage to about +-2-4%), each with 500 bootstrap
+resamples (the interval's standard error is stable at 500; the claims themselves use 2,000)."""
+
+
+def own_coverage(statistic, windows: dict, claims_by_key, *, level: float, trials: int = OWN_COVERAGE["trials"],
+                 resamples: int = OWN_COVERAGE["resamples"], seed: int = OWN_COVERAGE["seed"]) -> dict:
+    """Per key of ``statistic``: how often its claim's interval holds the statistic on all the run's windows, over
+    ``trials`` draws of as many windows (the same draw at every n, as the claims pair them), each with its own
+    bootstrap (:func:`approxlab.studies.reporting.measured.measured_coverage`, vectorised over the keys: each
+    claim's own statistic -- a gap with a minimum over baselines, a difference of gaps -- is what is recomputed)."""
+    statistic = engine._per_multiset(statistic)  # every draw is a multiset of the run's windows: computed once each
+    truth = statistic(windows)
+    count = min(len(w) for w in windows.values())
+    rng = np.random.default_rng(seed)
+    held = {key: 0 for key in truth}
+    for trial in range(trials):
+        picks = rng.integers(0, count, size=count)
+        sample = {n: [w[i] for i in picks] for n, w in windows.items()}
+        found = engine.resample(statistic, sample, resamples=resamples, seed=seed + 1 + trial)
+        for key, resampled in found.items():
+            interval = engine.interval(claims_by_key(key), resampled, level=level)
+            held[key] += bool(interval.low <= truth[key] <= interval.high)
+    return {key: value / trials for key, value in held.items()}
 
 
 def _claim_statistics(config, med, windows, methods) -> dict:
@@ -256,21 +289,31 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
     for how in order:
         aggregate = stats.UnitAggregate(errors, by=["condition", "n", "method", "num_features"], unit="window",
                                         column="error", how=how)
-        found = engine.resample(lambda units: _claim_statistics(config, aggregate, units, methods), windows,
-                                resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"])
+        def statistic(units, aggregate=aggregate):
+            return _claim_statistics(config, aggregate, units, methods)
+        found = engine.resample(statistic, windows, resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"])
+        covered = own_coverage(statistic, windows, lambda key: declared[key[0]], level=BOOTSTRAP["level"]) \
+            if min(len(w) for w in windows.values()) > 1 else {}
         for (claim, condition, n, method), resampled in found.items():
             declared_claim = declared[claim]
             interval = engine.interval(declared_claim, resampled, level=BOOTSTRAP["level"])
             former = changes.former_interval(resampled, level=BOOTSTRAP["level"])
+            coverage = covered.get((claim, condition, n, method))
+            verdict = engine.judge(declared_claim, interval.low, interval.high, units=resampled.units)
             rows.append({"claim": claim, "aggregation": how, "condition": condition, "n": n, "method": method,
                          "statistic": declared_claim.statistic.format(sky=PAPER_METHODS[0], agg=how),
                          "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
                          "threshold": declared_claim.threshold,
-                         "verdict": engine.judge(declared_claim, interval.low, interval.high, units=resampled.units),
+                         "verdict": verdict if coverage is None or coverage >= measured.GATE else
+                         f"no verdict: coverage {coverage:.1%} < {measured.GATE:.0%}",
                          "interval": declared_claim.interval + (" (log)" if declared_claim.scale == "log" else ""),
-                         "windows": resampled.units, "former_low": former[0], "former_high": former[1],
+                         "windows": resampled.units, "coverage": coverage,
+                         "p": measured.p_value(declared_claim, resampled=resampled), "decided": verdict in (
+                             engine.label(declared_claim, "reproduced"), engine.label(declared_claim, "not reproduced")),
+                         "former_low": former[0], "former_high": former[1],
                          "former_verdict": changes.former_judge(declared_claim, *former)})
-    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+    table = pd.DataFrame(rows, columns=[c for c in VERDICT_COLUMNS if c not in ("p_holm", "holm_decided")])
+    table = measured.holm_column(table, family=["claim", "aggregation"], level=BOOTSTRAP["level"])[VERDICT_COLUMNS]
     table.attrs["windows"] = min(len(w) for w in windows.values())
     return table
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ...tasks import image, retrieval, text
 from ..declaration import Claim
-from ..reporting import changes, claims
+from ..reporting import changes, claims, measured
 
 __all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "PROXIES", "POWER_GOAL", "BELOW_ONE", "AT_PAPER", "ratios",
            "ratio_interval", "verdict", "power_analysis", "table3_value", "proxy", "decision", "intervals"]
@@ -35,8 +35,18 @@ POWER_GOAL = 0.8
 """Power a verdict needs before "no difference from 1" may be read as such (two-sided t, 5%)."""
 
 NEAR_ONE = 0.05
-"""A Table 3 ratio this close to 1 is no "below 1" claim: no power is sized for it, and the verdict does not
-test it as the paper's value."""
+"""A Table 3 ratio this close to 1 is no "below 1" claim: no power is sized for it (a power at an effect of a few
+percent says nothing). The verdict tests every entry's paper value alike, near 1 or not (rule 3 of
+:func:`approxlab.studies.reporting.claims.judge`)."""
+
+PRIMARY_MEAN = "geometric"
+"""The mean that leads, declared with its reason: the per-seed ratios are right-skewed (skewness 1.6-2.0 in the
+committed run) and their logarithms roughly symmetric, so the t interval is taken on the log scale (the geometric
+mean); the arithmetic mean, Table 3's own statistic over seeds, is reported beside it. Where the two disagree about
+the paper's value the reading is "depends on the statistic", not either verdict."""
+
+DEPENDS = "depends on the statistic"
+"""The reading of an entry whose arithmetic and geometric means disagree about the paper's value."""
 
 PAPER_TABLE3 = {
     "nystromformer": {"Text": 1.03, "ListOps": 1.01, "Retrieval": 0.97, "Pathfinder": 0.99, "Image": 1.02},
@@ -181,7 +191,8 @@ def decision(verdict: str, paper_verdict, power: float, needed) -> str | None:
     verdict is "below 1" or "above 1"), ``"decided: rejects the paper's value"`` (the :data:`AT_PAPER`
     interval lies wholly on one side of it), ``"backed: power 0.83"`` (neither, with at least
     :data:`POWER_GOAL` power at the paper's value), else ``"open: N seeds for 80% power"``.
-    None where the entry has no paper value away from 1 (``paper_verdict`` None).
+    None where the entry has no paper value (``paper_verdict`` None); an entry whose value is within
+    :data:`NEAR_ONE` of 1 has no power sized for it, so it is decided or "open".
 
     Examples
     --------
@@ -231,23 +242,83 @@ def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
         sd, power, needed = power_analysis(values, paper)
         geo_sd, geo_power, geo_needed = power_analysis(values, paper, log=True)
         geo_low, geo_high = float(np.exp(log_low)), float(np.exp(log_high))
+        coverage = _measured(values)
         rows.append({**entry, "mean": mean, "low": low, "high": high, "geo_mean": float(np.exp(log_mean)),
                      "geo_low": geo_low, "geo_high": geo_high, "sd": sd, "paper": paper, "power": power,
                      "seeds_for_80": needed, "geo_sd": geo_sd, "geo_power": geo_power, "geo_seeds_for_80": geo_needed,
-                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok), paper=_sized(paper)),
+                     **_seed_draw(values, paper),
+                     "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok), paper=paper,
+                                             measured=coverage["arithmetic"]),
                      "geo_verdict": claims.judge(BELOW_ONE, geo_low, geo_high, power=geo_power, units=len(ok),
-                                                 paper=_sized(paper)),
+                                                 paper=paper, measured=coverage["geometric"]),
+                     "coverage": _rate(coverage["arithmetic"]), "geo_coverage": _rate(coverage["geometric"]),
                      "former_verdict": changes.former_judge(BELOW_ONE, low, high, power=power, units=len(ok)),
                      "former_geo_verdict": changes.former_judge(BELOW_ONE, geo_low, geo_high, power=power,
                                                                 units=len(ok))})
         rows[-1].update(_against_paper(rows[-1], units=len(ok)))
+        rows[-1]["reading"] = _reading(rows[-1])
     return pd.DataFrame.from_records(rows)
+
+
+def _geometric(values) -> tuple[float, float, float]:
+    return tuple(float(np.exp(x)) for x in ratio_interval(np.log(np.asarray(values, dtype=float))))
+
+
+def _measured(values) -> dict:
+    """Each mean's t interval's coverage measured on the run's own seeds (None for fewer than 2 seeds)."""
+    if len(values) < 2:
+        return {"arithmetic": None, "geometric": None}
+    return {"arithmetic": measured.measured_coverage(ratio_interval, list(values)),
+            "geometric": measured.measured_coverage(_geometric, list(values))}
+
+
+def _rate(found):
+    return None if found is None else found.coverage
+
+
+def _seed_draw(values, paper) -> dict:
+    r"""Table 3's value as what it is, one draw of the per-seed statistic (Appendix F: one run's 20 per-step ratios
+    averaged): ``paper_percentile``, the share of seeds whose ratio is at or below it, and ``pred_low``,
+    ``pred_high``, the 95% prediction interval for one new seed's ratio, on the log scale (the logs are roughly
+    normal): :math:`\exp(\bar\ell \pm t_{s-1}\, s_\ell \sqrt{1 + 1/s})`."""
+    logs = np.log(np.asarray(values, dtype=float))
+    found = {"paper_percentile": float(np.mean(values <= paper)) if paper is not None else None,
+             "pred_low": None, "pred_high": None}
+    if logs.size > 1:
+        half = float(_t_quantile(logs.size - 1) * logs.std(ddof=1) * np.sqrt(1 + 1 / logs.size))
+        found["pred_low"], found["pred_high"] = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+    return found
+
+
+def _t_quantile(df: int, level: float = 0.95) -> float:
+    from scipy import stats as scipy_stats
+
+    return float(scipy_stats.t.ppf(0.5 + level / 2, df))
+
+
+def _reading(row: dict):
+    """What the entry says about the paper's value: the two means' :data:`AT_PAPER` verdicts where they agree,
+    :data:`DEPENDS` where one rejects the paper's value and the other holds it, or where one mean's
+    :data:`BELOW_ONE` verdict bears the paper out ("below 1") and the other's contradicts it ("above 1", "rejects
+    the paper's value")."""
+    first, second = row.get("paper_verdict"), row.get("geo_paper_verdict")
+    if first is None or second is None:
+        return None
+    holds = claims.label(AT_PAPER, "inconclusive")
+    if (first == holds) != (second == holds):
+        return DEPENDS
+    below = claims.label(BELOW_ONE, "reproduced")
+    against = (claims.label(BELOW_ONE, "not reproduced"), claims.label(BELOW_ONE, "rejects paper"))
+    sides = {row.get("verdict"), row.get("geo_verdict")}
+    if below in sides and sides & set(against):  # one mean bears the paper out (below 1), the other contradicts it
+        return DEPENDS
+    return second
 
 
 def _against_paper(row: dict, *, units: int) -> dict:
     """Both means' intervals judged on :data:`AT_PAPER` at the entry's Table 3 value, and their :func:`decision`
-    (None where the entry has no paper value away from 1)."""
-    sized = not np.isnan(row["power"]) if row["power"] is not None else False
+    (None where the entry has no paper value; every paper value alike, near 1 or not)."""
+    sized = row["paper"] is not None  # every entry with a paper value alike (Nystromformer's near 1 too)
     found = {}
     for prefix in ("", "geo_"):
         paper_verdict = (claims.judge(at_paper(row["paper"]), row[prefix + "low"], row[prefix + "high"], units=units)

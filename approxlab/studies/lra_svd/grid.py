@@ -9,7 +9,7 @@ from ...errors import UsageError
 from .. import options
 from ..options import SEEDS, STEPS, TASKS
 
-__all__ = ["GATES", "DECAY_INDICES", "MIN_SEEDS", "TASK_OPTIONS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "configure",
+__all__ = ["GATES", "DECAY_INDICES", "MIN_SEEDS", "DECLARED_SEEDS", "SECONDS_PER_SEED", "TASK_OPTIONS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "configure",
            "build_config", "cells"]
 
 GATES = {"listops": 0.30, "pathfinder": 0.65}
@@ -26,6 +26,14 @@ MIN_SEEDS = 3
 """The task ordering is compared only when at least this many seeds of each task pass their gate."""
 
 SMALLEST_EFFECT = 0.02
+DECLARED_SEEDS = 13
+"""Seeds per task declared for 80% power at the difference the committed run observed (-0.057 per index), before
+they run: the audit's two-sample count, above the 9 that the summary's own t-test on seed-paired differences gives
+(its SD is itself uncertain with 5 and 6 seeds). Not yet run. Each seed takes about 10 minutes of one core per task
+(about 4.3 core-hours for 13 seeds of both tasks, 2.3 of them new); ``approxlab lra-svd --out figures/lra_svd
+--seeds 13`` runs them (only the missing seeds are computed)."""
+SECONDS_PER_SEED = 600
+"""One seed of one task on one core (2,000 steps and the float64 spectrum), as measured by the committed run."""
 r"""The smallest difference of decay slopes (per index) worth detecting, declared before the seeds
 run: over the fitted indices 2..64 a slope difference of 0.02 changes
 :math:`\sigma_{64}/\sigma_2` by a factor :math:`e^{0.02 \cdot 62} \approx 3.5`, about a tenth of the

@@ -25,7 +25,15 @@ the side of it on which the claim holds and how its uncertainty is measured. The
      this setting gives, though they cannot place it on either side of the threshold;
   4. otherwise **not confirmed (underpowered)** where the claim sets a power goal that the units miss
      at the effect the study sizes for (declared before the run, never the observed effect), else
-     **inconclusive**.
+     **inconclusive**;
+  5. whatever rules 2-4 say, an interval whose coverage measured on the run's own units (``measured``:
+     :func:`approxlab.studies.reporting.measured.measured_coverage`) is below 90% gives **no verdict**,
+     written ``"no verdict: coverage 75.8% < 90%"`` (:func:`approxlab.studies.reporting.measured.gate`).
+
+Each claim declares the level at which its units vary (``Claim.varies``), the clusters its statistic is
+computed within (``Claim.within``) and its family (``Claim.family``); a summary names them beside the coverage
+(:func:`approxlab.studies.reporting.measured.measured_lines`) and states the family's Holm-adjusted p-values
+(:func:`approxlab.studies.reporting.measured.holm_column`).
 
 A study names these outcomes in its own words through the claim's ``labels`` (Table 3's "below 1" /
 "above 1"). Every rule that turns an interval into a word is in :func:`judge`, so a change of rule is
@@ -35,7 +43,7 @@ and lists the verdicts that differ.
 Public API::
 
     LABELS, OUTCOMES, INTERVALS
-    judge(claim, low, high, *, power=nan, units=None, paper=None) -> str
+    judge(claim, low, high, *, power=nan, units=None, paper=None, measured=None) -> str
     label(claim, outcome) -> str
     threshold_outcome(claim, low, high) -> str          # rule 2 alone, an outcome of OUTCOMES
     resample(statistic, units, *, resamples, seed, memoize=False) -> {key: approxlab.stats.Resamples}
@@ -60,6 +68,7 @@ import pandas as pd
 
 from ... import stats
 from .markdown import markdown_table
+from .measured import gate
 
 __all__ = ["LABELS", "OUTCOMES", "INTERVALS", "SIMULATION", "judge", "label", "threshold_outcome", "resample",
            "interval", "bootstrap", "t_interval", "welch_interval", "power", "coverage", "coverage_lines", "model_text",
@@ -94,8 +103,8 @@ def label(claim, outcome: str) -> str:
 
 
 def judge(claim, low: float, high: float, *, power: float = math.nan, units: int | None = None,
-          paper: float | None = None) -> str:
-    """The verdict on ``claim`` from its interval ``[low, high]``, in the claim's words (the rules 1-4 of the
+          paper: float | None = None, measured=None) -> str:
+    """The verdict on ``claim`` from its interval ``[low, high]``, in the claim's words (the rules 1-5 of the
     module docstring).
 
     Parameters
@@ -110,6 +119,8 @@ def judge(claim, low: float, high: float, *, power: float = math.nan, units: int
         How many units the interval is over; fewer than 2 (or than ``claim.min_units``) decide nothing.
     paper : float, optional
         The paper's own value of the statistic (default: ``claim.paper_value``).
+    measured : approxlab.studies.reporting.measured.Measured, optional
+        The interval's coverage on the run's own units: below 90%, no verdict (rule 5).
 
     Examples
     --------
@@ -125,9 +136,14 @@ def judge(claim, low: float, high: float, *, power: float = math.nan, units: int
     ('below 1', 'not confirmed (underpowered)', 'inconclusive')
     >>> judge(below, 0.97, 1.85, power=0.3, paper=0.77)       # holds 1, excludes the paper's 0.77
     "rejects the paper's value"
+    >>> from approxlab.studies.reporting.measured import Measured
+    >>> judge(below, 0.7, 0.9, measured=Measured(0.838, 0.80, 0.87, 3, 400, 0.8))
+    'no verdict: coverage 83.8% < 90%'
     """
     if units is not None and units < max(2, claim.min_units or 2):
         return label(claim, "too few units")
+    if measured is not None:
+        return gate(claim, judge(claim, low, high, power=power, units=units, paper=paper), measured)
     outcome = threshold_outcome(claim, low, high)
     paper = claim.paper_value if paper is None else paper
     if outcome == "inconclusive" and paper is not None and math.isfinite(low) and math.isfinite(high) \
