@@ -15,8 +15,8 @@ import math
 
 import torch
 
-__all__ = ["scored_compress", "scores_of", "checked_scores", "pool_group", "top_budget", "score_options", "MODEL_INPUTS",
-           "model_inputs"]
+__all__ = ["scored_compress", "scores_of", "checked_scores", "pool_group", "top_budget", "score_options",
+           "MODEL_INPUTS", "model_inputs"]
 
 _PASSED = ("q", "k", "v", "generator", "key_mask")
 
