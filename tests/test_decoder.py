@@ -74,7 +74,7 @@ def test_tables_figures_and_summary(tiny_run):
     assert set(correlations["claim"]) == {"hyper_alpha", "hyper_kappa"} and (correlations["verdict"] == "inconclusive").all()
 
 
-def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_run, llama, cache):
+def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_run, llama, cache, monkeypatch):
     """A window of n tokens is the first n tokens of the longest window: its Q/K/V are the first n rows of
     the longest extraction (a causal model), and the reference is exact causal attention of those; a full budget
     makes the methods exact, in the whole window and in the KV-cache setting."""
@@ -97,6 +97,25 @@ def test_errors_are_against_exact_causal_attention_of_the_windows_prefixes(tiny_
         rows = decoder.compute_kv_cache({**cell, "n": 16, "context": 12, "method": method, "budgets": [budget],
                                          "seeds": [0]})
         assert rows[0]["continuation"] == 4 and rows[0]["relative_error_max"] < 1e-9, (method, rows[0])
+    # the captured K is after RoPE: a RoPE-aware policy gets the model's inv_freq, read from the checkpoint's config
+    from transformers import AutoConfig  # noqa: PLC0415
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: PLC0415
+
+    from approxlab.studies.inputs import wikitext  # noqa: PLC0415
+
+    frequencies = wikitext.rotary_frequencies(decoder_cells._source(cell))
+    assert torch.equal(frequencies, LlamaRotaryEmbedding(AutoConfig.from_pretrained(llama)).inv_freq)
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return approxlab.kv_cache_attention(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_cells, "kv_cache_attention", spy)
+    for method in ("expected-attention", "h2o"):
+        rows = decoder.compute_kv_cache({**cell, "context": 12, "method": method, "budgets": [4], "seeds": [0]})
+        assert rows[0]["status"] == "ok", rows[0]
+    assert torch.equal(seen[0]["rope_frequencies"], frequencies) and "rope_frequencies" not in seen[1]
 
 
 def test_performer_control_shares_the_error_cells_projection(tiny_run):
@@ -187,7 +206,9 @@ def test_methods_causal_forms_and_default_layers():
     """The default set is every softmax approximation with a causal form (own, causal-only or mask-renormalise)."""
     with_form = {m for m in available() if get(m).target == "softmax" and m != "exact"
                  and (get(m).causal in (True, "mask-renormalise") or get(m).causal_only)}
-    assert set(decoder.METHODS) == with_form and len(decoder.METHODS) == 13
+    assert set(decoder.METHODS) == with_form and len(decoder.METHODS) == 23
+    policies = {m for m in available() if get(m).score is not None or get(m).compress is not None}
+    assert {"h2o", "snapkv", "knorm", "expected-attention", "cap"} <= policies <= set(decoder.METHODS)
     assert decoder.causal_form("performer") is True and decoder.causal_form("nystrom") == "mask-renormalise"
     assert decoder.causal_form("h2o") is True and decoder.causal_form("snapkv") is True
     for method in ("linformer", "kdeformer", "polynomial"):

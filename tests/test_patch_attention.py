@@ -449,3 +449,55 @@ def test_the_global_attention_registration_is_undone_on_exit(models, ids):
     assert registered() == [False, False]
     with approxlab.patch_attention(models["bert"], "exact", num_features=1):  # registered again when needed
         assert relative(hidden(models["bert"], ids), hidden(models["bert"], ids)) == 0
+
+
+# -- what the model supplies: the RoPE of a RoPE-aware cache policy ------------------------------------------------
+
+
+def test_rope_aware_policies_get_the_models_rotary_frequencies(models, ids):
+    from approxlab.methods._scores import pool_group, top_budget
+    from approxlab.methods.expected_attention import expected_attention_scores
+
+    model, context, budget = models["llama"], 24, 6  # 4 query heads on 2 KV heads
+    inv_freq = model.rotary_emb.inv_freq
+    with torch.no_grad(), approxlab.patch_attention(model, "expected-attention", layers=[1], num_features=budget,
+                                                    context_length=context, record_inputs=True) as patch:
+        hidden(model, ids)
+    assert patch.supplied == ("rope_frequencies",) and torch.equal(patch.options["rope_frequencies"], inv_freq)
+    (call,) = patch.calls
+    q, k, v = (x[..., :context, :] for x in call.inputs)  # the KV heads repeated to the 4 query heads
+
+    by_hand = expected_attention_scores(q, k, v, budget=budget, rope_frequencies=inv_freq)
+    assert torch.equal(call.info["kept"].sort(-1).values, top_budget(pool_group(by_hand, 2), budget).sort(-1).values)
+    unrotated = expected_attention_scores(q, k, v, budget=budget)
+    assert not torch.allclose(by_hand, unrotated)  # the frequencies change the scores
+    with approxlab.patch_attention(model, "expected-attention", num_features=budget, context_length=context,
+                                   rope_base=10.0) as own:
+        pass
+    assert own.supplied == () and "rope_frequencies" not in own.options  # the caller's input is kept
+    with approxlab.patch_attention(models["gpt2"], "cap", num_features=budget, context_length=context) as no_rope:
+        pass
+    assert no_rope.supplied == () and "rope_frequencies" not in no_rope.options  # GPT-2 has no RoPE
+    with approxlab.patch_attention(model, "h2o", num_features=budget, context_length=context) as other:
+        pass
+    assert other.supplied == ()
+
+
+def test_a_policy_input_the_model_cannot_supply_is_refused(models):
+    def needs_pre_rope_keys(q, k, v, *, keys_pre_rope=None, generator=None, key_mask=None):
+        return keys_pre_rope.norm(dim=-1)
+
+    def causal_form(q, k, v, *, num_features, generator=None, causal=True, keys_pre_rope=None):
+        raise AssertionError("never run")
+
+    register("needs-pre-rope-keys", causal_form, target="softmax", features="kept context tokens", randomized=False,
+             causal="only", score=needs_pre_rope_keys, inputs=("keys_pre_rope",))
+    model = models["llama"]
+    implementation = model.config._attn_implementation
+    try:
+        with pytest.raises(ValueError, match=r"^method 'needs-pre-rope-keys' needs `keys_pre_rope`, which the model "
+                                             r"\(a rotary embedding\) cannot supply: .* got no keys_pre_rope\.$"):
+            approxlab.patch_attention(model, "needs-pre-rope-keys", num_features=4, context_length=24)
+    finally:
+        unregister("needs-pre-rope-keys")
+    assert model.config._attn_implementation == implementation and not patch_module._LAYERS

@@ -243,6 +243,7 @@ class MethodSpec:
     compress: Callable[..., Any] | None = None
     differentiable: bool = False
     score: Callable[..., Any] | None = None
+    inputs: tuple = ()
 
     def __call__(self, *args: Any, **kwargs: Any):
         return self.function(*args, **kwargs)
@@ -377,7 +378,7 @@ def _check_score(name: str, score) -> None:
 
 
 def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None,
-              causal=False, compress=None, differentiable=False, score=None) -> MethodSpec:
+              causal=False, compress=None, differentiable=False, score=None, inputs=()) -> MethodSpec:
     """A validated :class:`MethodSpec` (the one validation block of :func:`method` and ``register``).
 
     Raises
@@ -429,19 +430,22 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         if step is not None and target != "softmax":
             raise ValueError(f"`{keyword}` keeps context tokens for exact softmax attention, so it needs "
                              f"target='softmax'; got target={target!r}.")
+    if not isinstance(inputs, tuple) or not all(isinstance(i, str) for i in inputs):
+        raise TypeError(f"`inputs` must be a tuple of option names (what the policy needs from the model); got "
+                        f"{inputs!r}.")
     if score is not None and compress is None:
         compress = scored_compress(name, score)
     return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw, causal,
-                      compress, differentiable, score)
+                      compress, differentiable, score, inputs)
 
 
 def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None,
-           causal=False, compress=None, differentiable=False, score=None):
+           causal=False, compress=None, differentiable=False, score=None, inputs=()):
     """Decorator that turns a built-in method function into a :class:`MethodSpec` (see :func:`make_spec`)."""
 
     def wrap(function):
         return make_spec(name, function, target=target, features=features, max_features=max_features,
                          randomized=randomized, draw=draw, causal=causal, compress=compress,
-                         differentiable=differentiable, score=score)
+                         differentiable=differentiable, score=score, inputs=inputs)
 
     return wrap

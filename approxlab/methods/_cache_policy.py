@@ -138,4 +138,4 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
                         "(:mod:`approxlab.methods._cache_policy`)."
                         + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else ""))
     return method(name, target=target, features=features, randomized=randomized, causal=CAUSAL_ONLY,
-                  score=score, draw=None if draws is None else draw_of)(function)
+                  score=score, draw=None if draws is None else draw_of, inputs=tuple(inputs))(function)

@@ -15,7 +15,8 @@ import math
 
 import torch
 
-__all__ = ["scored_compress", "scores_of", "checked_scores", "pool_group", "top_budget", "score_options"]
+__all__ = ["scored_compress", "scores_of", "checked_scores", "pool_group", "top_budget", "score_options",
+           "MODEL_INPUTS", "model_inputs"]
 
 _PASSED = ("q", "k", "v", "generator", "key_mask")
 
@@ -96,3 +97,42 @@ def score_options(score) -> list[str] | None:
         return None
     return sorted(name for name, p in parameters.items() if name not in (*_PASSED, "budget")
                   and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+
+MODEL_INPUTS = ("rope_base", "rope_frequencies")
+"""The options a model supplies to a cache policy (:func:`model_inputs`): its rotary embedding."""
+
+
+def model_inputs(spec, options: dict, *, rope_frequencies=None) -> dict:
+    r"""The options a model supplies to ``spec``'s compression step, beside the caller's ``options``.
+
+    A step (``spec.score``, else ``spec.compress``) that takes ``rope_base`` or ``rope_frequencies`` gets
+    ``rope_frequencies`` -- the model's ``inv_freq`` ``(p // 2,)``, which covers a scaled RoPE -- unless the caller
+    passed either; a model without a rotary embedding (``rope_frequencies`` None) supplies nothing, and the policy
+    reads its keys as un-rotated. An input the policy declares (``spec.inputs``, :func:`approxlab.methods.register`)
+    that is none of :data:`MODEL_INPUTS` and that the caller did not pass is refused, before anything runs.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods import get
+    >>> sorted(model_inputs(get("cap"), {}, rope_frequencies=torch.ones(4)))
+    ['rope_frequencies']
+    >>> model_inputs(get("cap"), {"rope_base": 1e4}, rope_frequencies=torch.ones(4)), model_inputs(get("knorm"), {})
+    ({}, {})
+    """
+    step = spec.score if spec.score is not None else spec.compress
+    if step is None:
+        return {}
+    parameters = inspect.signature(step).parameters
+    supplied = {}
+    if (rope_frequencies is not None and any(name in parameters for name in MODEL_INPUTS)
+            and not any(name in options for name in MODEL_INPUTS)):
+        supplied["rope_frequencies"] = rope_frequencies
+    missing = [name for name in getattr(spec, "inputs", ()) if name not in MODEL_INPUTS and name not in options]
+    if missing:
+        model = "a rotary embedding" if rope_frequencies is not None else "no rotary embedding"
+        raise ValueError(f"method {spec.name!r} needs `{missing[0]}`, which the model ({model}) cannot supply: the "
+                         f"model supplies only {' or '.join(MODEL_INPUTS)} from its RoPE; pass {missing[0]}=... "
+                         f"yourself; got no {missing[0]}.")
+    return supplied

@@ -160,8 +160,8 @@ def causal_support(support) -> list[str]:
     >>> from approxlab.methods import causal_support
     >>> causal_support(True)[:5]
     ['exact', 'kernelized', 'yoso-e', 'performer', 'informer']
-    >>> causal_support("only")
-    ['streaming-llm', 'h2o', 'snapkv']
+    >>> causal_support("only")[:4]
+    ['streaming-llm', 'h2o', 'snapkv', 'knorm']
     """
     def declares(spec) -> bool:
         if support is True:
@@ -173,7 +173,7 @@ def causal_support(support) -> list[str]:
 
 def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
              draw=None, causal=False, compress=None, differentiable: bool = False, overwrite: bool = False,
-             score=None):
+             score=None, inputs=()):
     r"""Register ``function`` as method ``name``; usable as a decorator.
 
     Parameters
@@ -234,6 +234,11 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         (:func:`approxlab.kv_cache_attention`, ``grouping="kv-head"``) the scores of a group's query heads
         are averaged, as kvpress averages them, and one set is kept per KV head. Only with ``causal=True``
         or ``"only"`` and target ``"softmax"``.
+    inputs : tuple of str, default ()
+        The options a cache policy needs from the model. ``"rope_base"`` (or ``"rope_frequencies"``): the model
+        path supplies the model's RoPE frequencies, nothing for a model without RoPE
+        (:func:`approxlab.patch_attention`); any other name must be passed by the caller, and a patch without
+        it is refused before anything runs.
     differentiable : bool, default False
         Whether autograd through ``function``'s output gives its derivative with respect to ``q``,
         ``k`` and ``v`` (for a fixed draw): a claim the shared gradient test checks.
@@ -270,7 +275,7 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
                          randomized=randomized, draw=draw, causal=causal, compress=compress,
-                         differentiable=differentiable, score=score)
+                         differentiable=differentiable, score=score, inputs=tuple(inputs))
         with _STATE.lock:
             taken = name in available()
             if taken and not overwrite:

@@ -14,7 +14,9 @@ from ..data.layout import AttentionLayout, attention_module, get_attribute, layo
 from ..data.models import LoadedModel
 from ..kv_cache import GROUPINGS
 from ..methods import registry
+from ..data.rope import rotary_frequencies_of_module
 from ..methods._base import MASK_RENORMALISE, MethodSpec
+from ..methods._scores import model_inputs
 
 _RESERVED = ("q", "k", "v", "generator", "draw", "key_mask", "causal")
 """Keywords that patched attention sets itself, per layer and call."""
@@ -165,3 +167,17 @@ def check_grouping(grouping, context_length):
                              f"got grouping={grouping!r} without a context_length.")
         return None
     return check_choice("kv-head" if grouping is None else grouping, "grouping", GROUPINGS)
+
+
+def supplied_inputs(spec: MethodSpec, options: dict, target: Target, layers) -> dict:
+    """The options the model supplies to the method (:func:`approxlab.methods._scores.model_inputs`): the RoPE
+    frequencies of the patched layers (``inv_freq``) to a policy that takes ``rope_base``/``rope_frequencies``
+    and got neither; nothing from a model without RoPE. A required input it cannot supply is refused."""
+    base = getattr(target.model, "base_model", target.model)
+    found = [rotary_frequencies_of_module(base, layer) for layer in layers]
+    frequencies = found[0]
+    if any((f is None) != (frequencies is None) or (f is not None and not torch.equal(f, frequencies)) for f in found):
+        raise ValueError(f"`layers` must share one rotary embedding for method {spec.name!r}, which reads the "
+                         f"model's RoPE frequencies; got layers {list(layers)} with different ones: patch them in "
+                         "separate blocks or pass rope_frequencies yourself.")
+    return model_inputs(spec, options, rope_frequencies=frequencies)

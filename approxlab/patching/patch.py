@@ -89,7 +89,10 @@ class AttentionPatch:
         The patched layers (every layer of the model for ``layers=None``).
     num_features : int
     options : dict
-        The method's own keywords.
+        The method's own keywords: the caller's and those the model supplied.
+    supplied : tuple of str
+        The options the model supplied (``("rope_frequencies",)`` for a RoPE-aware cache policy in a RoPE
+        model, see :func:`patch_attention`'s Notes); empty otherwise.
     causal : bool or str
         What ``approximate(..., causal=...)`` gets: ``False`` (an encoder), ``True`` (the method's own
         causal form) or ``"mask-renormalise"``.
@@ -121,12 +124,13 @@ class AttentionPatch:
     """
 
     def __init__(self, target, layers, spec, num_features, causal, options, seeds, context_length,
-                 record_inputs, grouping=None):
+                 record_inputs, grouping=None, supplied=()):
         self._target = target
         self.method = spec.name
         self.layers = layers
         self.num_features = num_features
         self.options = options
+        self.supplied = supplied
         self.causal = causal
         self.context_length = context_length
         self.grouping = grouping
@@ -311,7 +315,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         empty, or naming a layer with a sliding window (Gemma 3's local layers; the message lists the
         layers without one); an unknown ``method``, one without a causal form in a causal model, an
         option it does not take or one patched attention sets itself (``key_mask``, ``causal``,
-        ``draw``); ``num_features`` not an integer >= 1; a bad ``generator``; ``context_length`` not an
+        ``draw``), or a keyword the method requires that neither the caller nor the model supplies;
+        ``num_features`` not an integer >= 1; a bad ``generator``; ``context_length`` not an
         integer >= 1 or given for an encoder; a non-bool ``record_inputs``; a ``grouping`` not in
         ``("kv-head", "query-head")`` or given without ``context_length``.
     RuntimeError
@@ -340,6 +345,13 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     is the unpatched one up to rounding. A ``"mask-renormalise"`` method (the Nyström family) is not a
     causal method: its landmarks pool every position, so each token's output depends on later tokens,
     and a causal language model scored with it sees the future.
+
+    **What the model supplies.** A cache policy whose score (or compression step) takes ``rope_base`` or
+    ``rope_frequencies`` -- expected-attention, CAP, leverage-score, Compactor: they rotate the keys or queries
+    back, or average the rotation over future positions -- gets ``rope_frequencies``, the patched layers' rotary
+    ``inv_freq`` (so a scaled RoPE, Llama 3's or YaRN's, is the model's own), unless the caller passed
+    ``rope_base`` or ``rope_frequencies``. A model without RoPE (BERT, GPT-2) supplies nothing and the policy
+    reads its keys as un-rotated, as they are. :attr:`AttentionPatch.supplied` names what was supplied.
 
     **Random streams.** When ``patch_attention`` is called it draws one seed per layer of the model,
     ``torch.randint(2**63 - 1, (num_layers,), generator=generator)``; layer :math:`\ell` draws from a
@@ -410,6 +422,7 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     context_length = _model.check_context_length(context_length, target)
     grouping = _model.check_grouping(grouping, context_length)
     record_inputs = check_bool(record_inputs, "record_inputs")
+    supplied = _model.supplied_inputs(spec, options, target, chosen)
     seeds = _model.layer_seeds(generator, len(target.modules))
-    return AttentionPatch(target, chosen, spec, num_features, causal, dict(options), seeds, context_length,
-                          record_inputs, grouping)
+    return AttentionPatch(target, chosen, spec, num_features, causal, {**supplied, **options}, seeds, context_length,
+                          record_inputs, grouping, supplied=tuple(supplied))

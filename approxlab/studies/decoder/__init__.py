@@ -38,7 +38,7 @@ first ``n`` rows of the longest window's; windows, not lengths, are the independ
 Grid (full run, :data:`~.grid.FULL_GRID`)
 -----------------------------------------
 conditions {pretrained, initialized} x n {768, 1024, 2048, 4096} x layers first, middle, last (``--layers``) x
-num_features {16, 32, 64, 128, 256} x the 13 methods of :data:`~.grid.METHODS` (own causal forms, causal-only
+num_features {16, 32, 64, 128, 256} x the methods of :data:`~.grid.METHODS` (own causal forms, causal-only
 cache policies, mask-renormalise) x 3 windows x 1 seed; the KV-cache setting on each window's first 2048 tokens
 (context 1536, continuation 512) at budgets {16, 64, 256, 1024}; exact references and approximations in float64.
 ``--quick``: n {256, 512}, the first and last layers, d {16, 64}, 1 window, KV-cache context 192 and

@@ -19,6 +19,8 @@ import torch
 from ...assumptions import block_levels, measure_assumptions, relative_error_at_scale
 from ...attention import approximate
 from ...kv_cache import kv_cache_attention
+from ...methods import get
+from ...methods._scores import model_inputs
 from ...metrics import spectral_norm
 from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
@@ -182,10 +184,13 @@ def compute_kv_cache(cell: dict) -> list[dict]:
 
     The window's first ``n`` tokens (``n`` = context + continuation) split into the context ``cell["context"]``
     and the continuation; :func:`approxlab.kv_cache_attention` gives the continuation's rows, compared with exact
-    causal attention's rows :math:`n_c, \dots, n-1` (relative to their own spectral norm, per head).
+    causal attention's rows :math:`n_c, \dots, n-1` (relative to their own spectral norm, per head). The captured
+    ``q``, ``k`` are after RoPE: a policy that takes ``rope_base``/``rope_frequencies`` gets the model's rotary
+    ``inv_freq`` (:func:`approxlab.methods._scores.model_inputs`).
     """
     ref = _reference(cell)
     context = cell["context"]
+    options = model_inputs(get(cell["method"]), {}, rope_frequencies=wikitext.rotary_frequencies(_source(cell)))
     exact = ref["output"][..., context:, :]
     norm = spectral_norm(exact.detach().cpu())
     rows = []
@@ -194,7 +199,7 @@ def compute_kv_cache(cell: dict) -> list[dict]:
             generator = _generator(*(cell[c] for c in KV_KEY), budget, seed, base_seed=cell["base_seed"])
             row, approx = _measured(cell["method"], lambda: kv_cache_attention(cell["method"], ref["q"], ref["k"], ref["v"],
                                                                context_length=context, num_features=budget,
-                                                               generator=generator), exact, norm)
+                                                               generator=generator, **options), exact, norm)
             rows.append({"n": cell["n"], "context": context, "continuation": cell["n"] - context, "budget": budget,
                          "seed": seed, "checkpoint": ref["checkpoint"],
                          "setting": "failed" if approx is None else str(approx.info.get("setting")), **row})

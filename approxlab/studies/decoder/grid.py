@@ -18,11 +18,22 @@ __all__ = ["DEFAULT_CHECKPOINT", "METHODS", "FULL_GRID", "QUICK_GRID", "OPTIONS"
            "configure", "build_config", "window_ids", "make_cells", "budgets", "check", "run_info"]
 
 DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
-METHODS = ("performer", "informer", "hyperattention", "topk", "topp", "quest", "streaming-llm", "h2o", "snapkv",
-           "skyformer-softmax", "nystromformer", "nystrom", "spectral-shifting")
-"""Every built-in approximation of softmax attention with a causal form: its own (``causal=True``), the
-causal-only cache policies (``causal="only"``) and the evaluation variant ``causal="mask-renormalise"``
-(``exact``, and ``kernelized``/``yoso-e``, exact attention of other kernels, are references, not approximations)."""
+REFERENCES = ("exact",)
+"""Causal softmax methods that are references, not approximations (exact attention itself)."""
+
+
+def _methods() -> tuple[str, ...]:
+    from ...methods.registry import BUILTINS
+
+    return tuple(name for name in BUILTINS if name not in REFERENCES and get(name).target == "softmax"
+                 and (get(name).causal in (True, "mask-renormalise") or get(name).causal_only))
+
+
+METHODS = _methods()
+"""Every built-in approximation of softmax attention with a causal form, read from the registry: its own
+(``causal=True``), the causal-only cache policies (``causal="only"``: every registered ``score``/``compress`` policy,
+h2o, snapkv and kvpress's scorers) and the evaluation variant ``causal="mask-renormalise"`` (``exact``, and
+``kernelized``/``yoso-e``, exact attention of other kernels, are references, not approximations)."""
 
 FULL_GRID = {
     "conditions": ["pretrained", "initialized"],

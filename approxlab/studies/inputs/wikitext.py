@@ -103,6 +103,19 @@ def qkv(window: Window):
     return load_qkv(window)
 
 
+@functools.lru_cache(maxsize=4)
+def rotary_frequencies(window: Window):
+    """The RoPE frequencies ``(p // 2,)`` of ``window``'s layer (the rotary ``inv_freq`` transformers builds from the
+    model's config, no weights read), or None for a model without RoPE: its captured ``q``, ``k`` are after RoPE."""
+    from ...data.checkpoints import load_config
+    from ...data.rope import rotary_frequencies_of_config
+
+    if not qkv(window).rotary:
+        return None
+    config = load_config(window.checkpoint, None, window.cache_dir)[3]
+    return rotary_frequencies_of_config(config, window.layer)
+
+
 @functools.lru_cache(maxsize=2)
 def reference(window: Window, n: int | None = None, dtype: str = "float64", causal: bool = False,
               dense_max_n: int = DENSE_MAX_N) -> dict:
