@@ -90,6 +90,17 @@ METHOD_STYLES = {
     "streaming-llm": {"color": "#DDCC77", "marker": "1", "label": "StreamingLLM"},
     "h2o": {"color": "#661100", "marker": "2", "label": "H2O"},
     "snapkv": {"color": "#6699CC", "marker": "3", "label": "SnapKV"},
+    # kvpress's scorers (Paul Tol's light palette; thin markers, as for the other cache policies)
+    "knorm": {"color": "#EEDD88", "marker": "4", "label": "Knorm"},
+    "random": {"color": "#BBBBBB", "marker": "_", "label": "Random (floor)"},
+    "observed-attention": {"color": "#661100", "marker": "4", "label": "Observed attention"},
+    "tova": {"color": "#99DDFF", "marker": "3", "label": "TOVA"},
+    "keydiff": {"color": "#44BB99", "marker": "|", "label": "KeyDiff"},
+    "expected-attention": {"color": "#AA3377", "marker": "*", "label": "Expected attention"},
+    "leverage-score": {"color": "#AAAA00", "marker": "s", "label": "Leverage scores (keys)"},
+    "cur": {"color": "#FFAABB", "marker": "D", "label": "CUR"},
+    "compactor": {"color": "#99DDFF", "marker": "P", "label": "Compactor"},
+    "cap": {"color": "#EEDD88", "marker": "X", "label": "CAP"},
     "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
     "kernelized": {"color": "#444444", "marker": "+", "label": "Kernelized (exact)"},
 }

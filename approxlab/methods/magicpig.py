@@ -81,7 +81,7 @@ def draw_tables(q, k, *, num_features, generator=None, bits=8, **options):
 
 @method("magicpig", target="softmax", features="hash tables L (each of `bits` concatenated SimHash bits)",
         max_features=MAX_TABLES, randomized=True, draw=draw_tables, causal=True)
-def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=2, sink=0, window=0,
+def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=None, sink=0, window=0,
              center=True, draw=None, key_mask=None, causal=False):
     r"""MagicPIG: softmax over the sinks, the window and the keys that collide with the query in enough tables,
     each sampled key's weight divided by its probability of being sampled.
@@ -96,9 +96,10 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=2,
         CPU generator for the hyperplanes (:func:`draw_tables`).
     bits : int, default 8
         ``K``, SimHash bits per table (MagicPIG's configurations: K = 8 to 11).
-    min_collisions : int, default 2
+    min_collisions : int, optional
         A key is sampled when it collides with the query in at least this many tables (MagicPIG's 2;
-        sparse-attention-hub's masker uses 1). ``1 <= min_collisions <= L``.
+        sparse-attention-hub's masker uses 1). ``1 <= min_collisions <= L``; default ``min(2, L)`` (MagicPIG's
+        2, or 1 with a single table).
     sink, window : int, default 0
         Attention sinks (keys ``j < sink``) and the local window (:math:`i - \text{window} < j \le i`),
         attended exactly and never sampled (MagicPIG keeps 4 sinks and a window of 64).
@@ -165,7 +166,8 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=2,
     """
     num_features = check_int(num_features, "num_features", low=1, high=MAX_TABLES)
     bits = check_int(bits, "bits", low=1, high=lsh.MAX_TAU)
-    min_collisions = check_int(min_collisions, "min_collisions", low=1, high=num_features)
+    min_collisions = (min(2, num_features) if min_collisions is None
+                      else check_int(min_collisions, "min_collisions", low=1, high=num_features))
     sink = check_int(sink, "sink", low=0)
     window = check_int(window, "window", low=0)
     if not isinstance(center, bool):
