@@ -89,7 +89,7 @@ class AttentionPatch:
     """
 
     def __init__(self, target, layers, spec, num_features, causal, options, seeds, context_length,
-                 record_inputs):
+                 record_inputs, record_attention=False):
         self._target = target
         self.method = spec.name
         self.layers = layers
@@ -98,6 +98,7 @@ class AttentionPatch:
         self.causal = causal
         self.context_length = context_length
         self.record_inputs = record_inputs
+        self.record_attention = record_attention
         self.seeds = {layer: seeds[layer] for layer in layers}
         self.calls: list = []
         dtype = target.dtype
@@ -192,7 +193,8 @@ class AttentionPatch:
 
 
 def patch_attention(model, method: str, *, layers=None, num_features: int, generator: torch.Generator | None = None,
-                    context_length: int | None = None, record_inputs: bool = False, **options) -> AttentionPatch:
+                    context_length: int | None = None, record_inputs: bool = False, record_attention: bool = False,
+                    **options) -> AttentionPatch:
     r"""Compute the attention of chosen layers of a transformers model with an approximation.
 
     ``with patch_attention(model, method, ...) as patch:`` -- inside the block, every forward pass of
@@ -224,6 +226,11 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         Keep each run's q, k, v and output in :attr:`AttentionPatch.calls`, so that
         :meth:`AttentionPatch.errors` can compare the layer's output with exact attention on the same
         inputs (memory: three ``(S, H, n, p)`` tensors per patched layer and forward pass).
+    record_attention : bool, default False
+        Measure each run's attention weights against exact attention on the same inputs
+        (:func:`~approxlab.patching.records.attention_measures`: the rows' total variation distance and the
+        exact attention mass on the keys the method kept), kept per run as ``LayerCall.attention``; NaN for a
+        method whose ``Approximation`` gives no matrix. Costs an ``(S, H, n, m)`` float64 matrix per run.
     **options
         The method's own keywords, passed to every call.
 
@@ -317,7 +324,7 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     >>> before = model(ids).last_hidden_state
     >>> with approxlab.patch_attention(model, "exact", num_features=1):
     ...     exact = model(ids).last_hidden_state
-    >>> bool(torch.allclose(exact, before, atol=1e-5))  # exact attention in every layer
+    >>> bool(torch.allclose(exact, before, atol=1e-5))  # exact attention in every layer (a tiny model)
     True
     >>> with approxlab.patch_attention(model, "performer", layers=[0], num_features=4,
     ...                                generator=torch.Generator().manual_seed(0)):
@@ -333,6 +340,7 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     generator = as_generator(generator)
     context_length = _model.check_context_length(context_length, target)
     record_inputs = check_bool(record_inputs, "record_inputs")
+    record_attention = check_bool(record_attention, "record_attention")
     seeds = _model.layer_seeds(generator, len(target.modules))
     return AttentionPatch(target, chosen, spec, num_features, causal, dict(options), seeds, context_length,
-                          record_inputs)
+                          record_inputs, record_attention)
