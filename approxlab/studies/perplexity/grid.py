@@ -92,7 +92,7 @@ def layer_settings(text: str) -> list:
 
 def long_lengths(text: str) -> list:
     """``--long-n``: lengths >= 1, comma-separated, or 0 (none)."""
-    if str(text).strip() == "0":
+    if str(text).strip() in ("0", ""):  # "" : the empty list, checked again after parsing
         return []
     return shared.int_list(text)
 
@@ -197,7 +197,7 @@ def build_config(*, num_layers: int, quick: bool = False, window_pool: int = 64,
     --------
     >>> config = build_config(num_layers=30)
     >>> config["layers"], config["window_tokens"], config["windows"]
-    (['layer 0', 'layer 15', 'layer 29', 'all'], 768, 6)
+    (['layer 0', 'all'], 512, 12)
     """
     grid = _grid(quick, argparse.Namespace(**{name: values.get(name) for name in _GRID_OPTIONS}), checked_references)
     layers = _resolve_layers(grid.pop("layer_settings"), num_layers)
