@@ -268,3 +268,19 @@ def test_the_default_methods_come_from_the_registry():
 
     assert set(grid.METHODS) == (set(causal_support(True)) | set(causal_support("mask-renormalise"))) - {"exact"}
     assert grid.FULL_GRID["windows"] >= 12 and len(grid.FULL_GRID["num_features"]) >= claims.MIN_BUDGETS
+
+
+def test_a_reference_without_finite_errors_is_refused_before_any_cell(tmp_path):
+    """A compared run whose errors are all non-finite gives no ranking: refused when the run is configured (not
+    after its cells, as a KeyError or ValueError of the report)."""
+    if not (FIGURE1 / "results.csv").is_file():
+        pytest.skip("no committed figure1")
+    folder = tmp_path / "figure1"
+    folder.mkdir()
+    for name in ("config.json", "results.csv"):
+        (folder / name).write_bytes((FIGURE1 / name).read_bytes())
+    results = pd.read_csv(folder / "results.csv")
+    results["relative_error_mean"] = math.inf
+    results.to_csv(folder / "results.csv", index=False)
+    with pytest.raises(UsageError, match="--compare-with: .*no finite relative_error_mean"):
+        perplexity.build_config(num_layers=30, compare_with=[str(folder)])
