@@ -23,13 +23,14 @@ from approxlab.errors import UsageError
 from approxlab.patching import token_nll
 from approxlab.studies import perplexity
 from approxlab.studies.engine import read_results
-from approxlab.studies.perplexity import cells, grid, references, stats
+from approxlab.studies.perplexity import cells, claims, grid, judging, prediction, references, resampling, stats
+from approxlab.studies.perplexity.agreement import agreement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIGURE1 = ROOT / "figures" / "figure1"
 GRID = ["--n", "32", "--context", "24", "--continuation", "8", "--num-features", "8,16", "--methods",
         "performer,informer,nystromformer,streaming-llm", "--encoder-methods", "nystromformer", "--layer-settings",
-        "last,all", "--windows", "3", "--no-progress",
+        "last,all", "--windows", "3", "--long-n", "96", "--long-features", "4", "--long-windows", "1", "--no-progress",
         *(["--compare-with", str(FIGURE1)] if (FIGURE1 / "results.csv").is_file() else [])]
 
 
@@ -46,9 +47,13 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def fewer_resamples():
-    """200 bootstrap resamples instead of 2,000 (the intervals' code is the same; the tests check it, not coverage)."""
+    """200 bootstrap resamples instead of 2,000, a coverage of 5 draws (the intervals' code is the same; the tests
+    check it, not coverage)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(stats.BOOTSTRAP, "resamples", 200)
+        patch.setitem(claims.RESAMPLING, "resamples", 200)
+        patch.setitem(prediction.COVERAGE_TRIALS, "trials", 5)
+        patch.setitem(prediction.COVERAGE_TRIALS, "resamples", 20)
+        patch.setitem(prediction.COVERAGE_TRIALS, "subsets", 2)
         yield
 
 
@@ -60,31 +65,39 @@ def run(llama, cache, tmp_path_factory):
 
 
 def test_tables_figures_claims_and_summary(run):
-    for name in ("baseline.csv", "perplexity.csv", "layer_errors.csv", "encoder.csv", "cost.csv", "delta.csv",
-                 "correlations.csv", "verdicts.csv", "encoder_stats.csv", "summary.md", "perplexity-d.png",
-                 "perplexity-error.pdf", "perplexity-kv.png", "config.json", "timing.json"):
+    for name in ("baseline.csv", "perplexity.csv", "layer_errors.csv", "encoder.csv", "cost.csv", "long.csv",
+                 "delta.csv", "observations.csv", "correlations.csv", "verdicts.csv", "prediction.csv",
+                 "calibration.csv", "encoder_stats.csv", "long_stats.csv", "summary.md", "perplexity-d.png",
+                 "perplexity-error.pdf", "perplexity-kv.png", "perplexity-within.png", "perplexity-long.png",
+                 "config.json", "timing.json"):
         assert (run / name).is_file(), name
     runs = read_results(run / "perplexity.csv")
     assert (runs["status"] == "ok").all(), runs.loc[runs["status"] != "ok", "status"]
     # settings: layer 1 (last), all, KV cache; methods: the control once, four methods at two d; 3 windows
     assert len(runs) == 3 * (1 + 4 * 2) * 3
     assert set(runs["layers"]) == {"layer 1", "all"} and set(runs["setting"]) == {"whole", "kv-cache"}
+    assert set(runs.loc[runs["method"] == "nystromformer", "causal"]) == {"mask-renormalise"}
+    # the attention measures: a sparse cache policy's kept mass, every matrix method's total variation
+    assert runs.loc[runs["method"] == "performer", "total_variation_median"].gt(0).all()
     layers = read_results(run / "layer_errors.csv")
     assert len(layers) == 3 * 9 * (1 + 2 + 2)  # one row per replaced layer: 1, then 2, then 2 (the KV cache)
     control = runs[runs["method"] == "exact"]
     assert (control["spectral_median"] < 1e-5).all()
+    observed = read_results(run / "observations.csv")
+    assert (observed["mask_renormalise"] == 1).all() and (observed["methods"] == 3).all()
     verdicts = read_results(run / "verdicts.csv")
-    compared = "--compare-with" in GRID
-    assert len(verdicts[verdicts["claim"] != "p3"]) == 3 * (1 + 2)
-    # p3: figure1's ranking (one encoder layer, its d 16..256) against both whole-window settings at d = 16, over
-    # the three methods both ran (streaming-llm is causal only)
-    p3 = verdicts[verdicts["claim"] == "p3"]
-    assert len(p3) == (2 if compared else 0) and (p3["num_features"] == 16).all() and (p3["methods"] == 3).all()
-    assert set(verdicts["verdict"]) <= {"ranks the losses", "does not rank the losses", "better than spectral",
-                                        "worse than spectral", "inconclusive", "same places", "different places"}
+    # 3 methods: below the 5 a claim across methods needs, so every verdict across methods is withheld
+    across = verdicts[verdicts["claim"].isin(["p1", "p1d", "p2", "p3"])]
+    assert len(across) and (across["verdict"] == "no verdict (too few units)").all()
+    assert not (verdicts["method"] == "nystromformer").any()
+    # long context: 2 settings x (the unpatched model, the control, 3 decoder-valid methods) x 1 window x 2 depths
+    long = read_results(run / "long.csv")
+    assert len(long) == 2 * 5 * 2 and "nystromformer" not in set(long["method"])
+    assert set(long["correct"]) <= {0.0, 1.0} and (long["answer_logprob"] <= 0).all()
     summary = (run / "summary.md").read_text()
-    for text in ("## Claims", "(p1)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder", "## The encoder",
-                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget b)"):
+    for text in ("## Claims", "(p1)", "(p1w)", "(p1d)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder",
+                 "What entered the claims", "Not decoder attention", "## Long context", "## The encoder",
+                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget b)", "Coverage"):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())
 
@@ -120,43 +133,93 @@ def test_resume_computes_nothing_and_plot_only_redraws(run, llama, cache, monkey
     summary = (run / "summary.md").read_text()
     assert main(["perplexity", "--out", str(run), "--plot-only", "--no-progress"]) == 0
     assert (run / "summary.md").read_text() == summary
+    if "--compare-with" in GRID:  # dropping --compare-with keeps the saved comparison, recomputes nothing
+        references = read_results(run / "references.csv")
+        without = GRID[:GRID.index("--compare-with")] + GRID[GRID.index("--compare-with") + 2:]
+        assert main(["perplexity", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(run),
+                     *without]) == 0
+        pd.testing.assert_frame_equal(read_results(run / "references.csv"), references)
+        assert "(p3)" in (run / "summary.md").read_text() and "not decided" not in (run / "summary.md").read_text()
 
 
-def _frame(deltas, errors, windows=(0, 1, 2)) -> pd.DataFrame:
-    """Cells of one setting: methods x windows with the given per-method change and error (plus window noise)."""
+def _cells(rho_sign=1.0, methods=6, budgets=(8, 16, 32, 64, 128), windows=4, within_sign=1.0) -> pd.DataFrame:
+    """Observations of one setting: method i's loss grows with its error across methods (``rho_sign``); within a
+    method the loss follows its error over budgets with ``within_sign``."""
     rows = []
-    for w in windows:
-        for i, (method, delta) in enumerate(deltas.items()):
-            spectral = errors[i] * (1 + 0.01 * w)
-            rows.append({"setting": "whole", "layers": "layer 0", "method": method, "num_features": 8, "window": w,
-                         "delta": delta + 1e-3 * w, "ok": True, "spectral_median": spectral,
-                         "frobenius_median": errors[::-1][i], "worst_query_median": spectral ** 2})
+    for i in range(methods):
+        for j, d in enumerate(budgets):
+            for w in range(windows):
+                error = (i + 1) * 0.1 + 0.001 * j
+                delta = rho_sign * (i + 1) + within_sign * 0.01 * j + 1e-4 * w
+                rows.append({"method": f"m{i}", "window": w, "budget": float(d), "delta": delta, "spectral": error,
+                             "frobenius": error, "worst_query": -error, "missed_mass": np.nan,
+                             "total_variation": error, "inverse_budget": 1.0 / d})
     return pd.DataFrame(rows)
 
 
-def test_p1_and_p2_follow_the_ranks():
-    """The spectral error orders the losses exactly (rho = 1): p1 holds; the Frobenius measure, reversed, is worse."""
-    frame = _frame({"a": 0.1, "b": 0.2, "c": 0.4, "d": 0.8}, [0.1, 0.2, 0.3, 0.5])
-    found = stats.correlations(frame, control="exact")
-    spectral = found[found["measure"] == "spectral"].iloc[0]
-    assert spectral["rho"] > 0.95 and spectral["points"] == 12 and spectral["windows"] == 3
-    table = stats.verdicts(frame, pd.DataFrame(), "exact", found)
-    assert table.set_index(["claim", "measure"]).loc[("p1", "spectral"), "verdict"] == "ranks the losses"
+def test_p1_across_and_within_methods_are_told_apart():
+    """Across methods the error ranks the losses; within each method, over its budgets, it ranks them backwards:
+    p1 holds (over 10 methods: with 6, resampling the methods leaves the interval wide), p1w and every p1m are
+    rejected, each at a fixed budget holds."""
+    cells_ = _cells(within_sign=-1.0, methods=10)
+    verdicts, correlations = judging.judge_setting(cells_, "whole", "all")
+    table = pd.DataFrame(verdicts)
+    assert table.set_index("claim").loc["p1", "verdict"] == "ranks the losses"
+    assert table.set_index("claim").loc["p1w", "estimate"] == pytest.approx(-1.0)
+    assert table.set_index("claim").loc["p1w", "verdict"] == "does not rank the losses"
+    assert set(table.loc[table["claim"] == "p1d", "verdict"]) == {"ranks the losses"}
+    per = pd.DataFrame(judging.per_method(cells_, "whole", "all"))
+    assert len(per) == 10 and (per["verdict"] == "does not rank the losses").all()
     p2 = table[table["claim"] == "p2"].set_index("measure")
-    assert p2.loc["frobenius", "verdict"] == "worse than spectral" and p2.loc["frobenius", "estimate"] < -1.5
-    assert p2.loc["worst_query", "estimate"] == pytest.approx(0.0, abs=1e-12)  # a monotone map: the same ranks
-    assert p2.loc["worst_query", "verdict"] == "inconclusive"
+    assert p2.loc["worst_query", "verdict"] == "worse than spectral"
+    assert "missed_mass" not in p2.index  # a measure no method recorded is not compared
+    assert set(pd.DataFrame(correlations)["measure"]) == set(claims.MEASURES)
 
 
-def test_p3_compares_the_methods_both_runs_measured():
-    frame = _frame({"a": 0.1, "b": 0.2, "c": 0.4, "d": 0.8}, [0.1, 0.2, 0.3, 0.5])
-    ranking = pd.DataFrame({"reference": "r", "study": ["decoder"] * 4 + ["figure1"] * 4, "layer": [0] * 8,
-                            "method": list("abce") * 2, "num_features": 8, "error": [1, 2, 3, 4, 3, 2, 1, 4]})
-    rows = pd.DataFrame(stats.reference_agreement(frame, ranking, "exact"))
-    assert set(rows["methods"]) == {3}  # "d" and "e" are in one ranking each
-    found = rows.set_index("reference")["estimate"]
-    assert found["decoder (r, layer 0)"] > 0.9 and found["figure1 (r, layer 0)"] < -0.9
-    assert rows.set_index("reference").loc["decoder (r, layer 0)", "verdict"] == "same places"
+def test_the_interval_across_methods_resamples_methods():
+    """Four windows that agree perfectly: an interval over windows alone would be a point; the two-level interval
+    still has width from the methods (two of the six reversed)."""
+    cells_ = _cells()
+    cells_.loc[cells_["method"].isin(["m0", "m5"]), "spectral"] *= -1  # two methods out of order
+    found = resampling.two_level(cells_, {"p1": resampling.across("spectral")}, columns=claims.MEASURES,
+                                 resamples=200, seed=0)["p1"]
+    low, high = resampling.percentile(found[0], found[1])
+    assert high - low > 0.2 and found[2] == 6
+
+
+def test_floor_ties_degenerate_points_and_mask_renormalise_leave_the_claims():
+    frame = pd.DataFrame([
+        {"setting": "kv-cache", "layers": "all", "method": m, "num_features": d, "window": w, "ok": True,
+         "delta": delta + 1e-7 * w, "spectral_median": error, "frobenius_median": error, "worst_query_median": error,
+         "causal": causal}
+        for w in range(3)
+        for m, d, delta, error, causal in [("exact", 8, 1e-6, 1e-9, "True"), ("a", 8, 0.5, 0.3, "True"),
+                                           ("a", 32, 1e-7, 0.01, "True"), ("b", 8, 0.2, 1e-8, "True"),
+                                           ("c", 8, 0.1, 0.2, "mask-renormalise"), ("d", 64, 0.3, 0.3, "only")]])
+    cells_, counts = judging.observations(frame, {"control": "exact", "context": 64, "n": 128})
+    assert counts["mask_renormalise"] == 1 and "c" not in set(cells_["method"])
+    # b returned exact attention, d's budget covers the context: both dropped and counted
+    assert counts["degenerate"] == 2 and set(cells_["method"]) == {"a"}
+    assert counts["floor"] == pytest.approx(1.2e-6 + 2 * np.std([1e-6, 1.1e-6, 1.2e-6], ddof=1))
+    assert counts["tied"] == 3 and (cells_.loc[cells_["budget"] == 32, "delta"] == 0).all()
+
+
+def test_p3_on_method_means_reaches_its_threshold():
+    """The reference orders the methods as their mean losses do, though windows disagree: rho = 1 on the means."""
+    cells_ = _cells(budgets=(8,), windows=12, methods=10)
+    cells_["delta"] += np.where(cells_["window"] % 2 == 0, 1.5, -1.5) * (cells_["method"] == "m2")  # crosses m1, m3
+    reference = pd.DataFrame({"reference": "r", "study": "decoder", "layer": 0, "checkpoint": "ckpt",
+                              "reference_n": 512, "method": [f"m{i}" for i in range(10)] + ["gone"],
+                              "num_features": 8, "error": [*range(1, 11), math.inf]})
+    rows, labels = agreement({("whole", "layer 0"): (cells_, {})}, reference, {"checkpoint": "ckpt"})
+    assert rows[0]["estimate"] == pytest.approx(1.0) and rows[0]["verdict"] == "same places"
+    assert labels["failed_in_reference"].iloc[0] == "gone"
+    assert labels["compared_with"].iloc[0] == "layer 0 (same layer)" and "same model" in labels["model"].iloc[0]
+
+
+def test_leave_one_method_out_prefers_the_measure_that_orders_the_losses():
+    rows = pd.DataFrame(prediction.leave_one_method_out(_cells(), 1e-6, "whole", "all")).set_index("measure")
+    assert rows.loc["spectral", "held_out_error"] < rows.loc["inverse_budget", "held_out_error"]
 
 
 def test_deltas_mark_failures_as_inf_and_statistics_leave_them_out():
@@ -196,7 +259,8 @@ def test_grid_errors_name_the_option(tmp_path):
         perplexity.build_config(num_layers=30, methods=["topk", "topk"])
     config = perplexity.build_config(num_layers=30, layer_settings=["last", 29, "all"], methods=["topk"])
     assert config["layers"] == ["layer 29", "all"] and config["methods"] == ["topk"]
-    assert grid.method_features(config, "yoso-e") == [16] and grid.method_features(config, "topk") == [16, 64, 256]
+    assert grid.method_features(config, "yoso-e") == [16]
+    assert grid.method_features(config, "topk") == [16, 32, 64, 128, 256]
 
 
 def _raises(q, k, v, *, num_features, generator=None, causal=False):
@@ -235,3 +299,26 @@ def test_a_method_that_fails_gets_failed_rows_and_the_report_is_written(fresh_re
     assert cost.loc["non-finite", "status"].startswith("FloatingPointError")
     assert cost.loc["non-finite", "ratio"] == math.inf and cost.loc["performer", "status"] == "ok"
     assert (out / "summary.md").is_file()
+
+
+def test_the_default_methods_come_from_the_registry():
+    from approxlab.methods import causal_support
+
+    assert set(grid.METHODS) == (set(causal_support(True)) | set(causal_support("mask-renormalise"))) - {"exact"}
+    assert grid.FULL_GRID["windows"] >= 12 and len(grid.FULL_GRID["num_features"]) >= claims.MIN_BUDGETS
+
+
+def test_a_reference_without_finite_errors_is_refused_before_any_cell(tmp_path):
+    """A compared run whose errors are all non-finite gives no ranking: refused when the run is configured (not
+    after its cells, as a KeyError or ValueError of the report)."""
+    if not (FIGURE1 / "results.csv").is_file():
+        pytest.skip("no committed figure1")
+    folder = tmp_path / "figure1"
+    folder.mkdir()
+    for name in ("config.json", "results.csv"):
+        (folder / name).write_bytes((FIGURE1 / name).read_bytes())
+    results = pd.read_csv(folder / "results.csv")
+    results["relative_error_mean"] = math.inf
+    results.to_csv(folder / "results.csv", index=False)
+    with pytest.raises(UsageError, match="--compare-with: .*no finite relative_error_mean"):
+        perplexity.build_config(num_layers=30, compare_with=[str(folder)])

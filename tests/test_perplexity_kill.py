@@ -30,9 +30,11 @@ TABLES = {"baseline.csv": ["setting", "window"], "perplexity.csv": ["setting", "
           "layer_errors.csv": ["setting", "layers", "method", "num_features", "window"],
           "encoder.csv": ["method", "num_features", "window"], "cost.csv": ["method"]}
 VALUES = {"n": [16], "context": 12, "continuation": 4, "num_features": [4], "methods": ["performer"],
-          "encoder_methods": ["nystromformer"], "layer_settings": ["all"], "windows": 2}
+          "encoder_methods": ["nystromformer"], "layer_settings": ["all"], "windows": 2,
+          "long_n": []}
 ARGUMENTS = ["--n", "16", "--context", "12", "--continuation", "4", "--num-features", "4", "--methods", "performer",
-             "--encoder-methods", "nystromformer", "--layer-settings", "all", "--windows", "2"]  # 8 patched cells
+             "--encoder-methods", "nystromformer", "--layer-settings", "all", "--windows", "2",
+             "--long-n", "0"]  # 8 patched cells
 KILLS = [(signal.SIGKILL, 2), (signal.SIGTERM, 4)]
 PROGRESS = re.compile(r"^(?P<folder>[^:]+)/perplexity\.csv: (?P<done>\d+)/(?P<total>\d+) cells")
 TIMINGS = ["seconds", "cpu_seconds", "unpatched_seconds", "patched_seconds", "method_seconds", "layer_attention_seconds",

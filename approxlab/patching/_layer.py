@@ -17,7 +17,7 @@ from ..attention import approximate, exact_attention
 from ..data.capture import check_call, query_factor, repeat_kv_heads
 from ..kernels import causal_mask
 from ..kv_cache import kv_cache_attention
-from .records import LayerCall
+from .records import LayerCall, attention_measures
 
 
 def kv_cache_call(method, q, k, v, *, context_length, num_features, generator, grouping="kv-head", **options):
@@ -105,6 +105,8 @@ class PatchedLayer:
             layer=self.layer, call=self.runs, rows=rows, info=info, causal=patch.causal,
             inputs=tuple(x.detach() for x in (q, k, v)) if keep else None,
             output=output.detach() if keep else None, key_mask=key_mask,
+            attention=attention_measures(result, q, k, rows, patch.causal, key_mask)
+            if patch.record_attention else None,
         ))
         self.runs += 1
 

@@ -43,7 +43,7 @@ def _output_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
                      f"{type(model).__name__} with untied embeddings.")
 
 
-def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
+def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False):
     r"""Per-token negative log-likelihood :math:`\ell_t` of a causal language model, float64 ``(S, n - 1)``.
 
     Parameters
@@ -54,13 +54,17 @@ def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
         GPT-2, Gemma 3; e.g. from :func:`approxlab.data.load_model`).
     input_ids : torch.Tensor
         ``(S, n)`` integer token ids, ``n >= 2``, one sequence per row (no padding).
+    hits : bool, default False
+        Also return, per token, whether it is the model's most likely next token (greedy decoding would
+        produce it, teacher-forced).
 
     Returns
     -------
     torch.Tensor
         ``(S, n - 1)`` float64, on the CPU: entry ``t`` is :math:`-\log p(x_{t+1} \mid x_{\le t})` (module docstring).
         The logits are formed ``256`` positions at a time and their log-softmax taken in float64 (Gemma's
-        final logit soft-cap applied where the config has one).
+        final logit soft-cap applied where the config has one). With ``hits=True``, ``(nll, hits)``:
+        ``hits`` a ``(S, n - 1)`` bool tensor, entry ``t`` true where :math:`x_{t+1}` is the argmax.
 
     Raises
     ------
@@ -107,7 +111,7 @@ def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
         inputs["use_cache"] = False
     cap = getattr(model.config, "final_logit_softcapping", None)
     targets = inputs["input_ids"][:, 1:]
-    losses = []
+    losses, found = [], []
     with torch.no_grad():
         hidden = base(**inputs).last_hidden_state[:, :-1]
         for start in range(0, n - 1, _CHUNK):
@@ -116,4 +120,6 @@ def token_nll(model, input_ids: torch.Tensor) -> torch.Tensor:
                 logits = cap * torch.tanh(logits / cap)
             chosen = targets[:, start:start + _CHUNK].unsqueeze(-1)
             losses.append(-torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1))
-    return torch.cat(losses, dim=-1).cpu()
+            found.append(logits.argmax(dim=-1) == chosen.squeeze(-1))
+    nll = torch.cat(losses, dim=-1).cpu()
+    return (nll, torch.cat(found, dim=-1).cpu()) if hits else nll

@@ -124,7 +124,7 @@ class AttentionPatch:
     """
 
     def __init__(self, target, layers, spec, num_features, causal, options, seeds, context_length,
-                 record_inputs, grouping=None, supplied=()):
+                 record_inputs, grouping=None, supplied=(), record_attention=False):
         self._target = target
         self.method = spec.name
         self.layers = layers
@@ -135,6 +135,7 @@ class AttentionPatch:
         self.context_length = context_length
         self.grouping = grouping
         self.record_inputs = record_inputs
+        self.record_attention = record_attention
         self.seeds = {layer: seeds[layer] for layer in layers}
         self.calls: list = []
         dtype = target.dtype
@@ -258,6 +259,7 @@ class AttentionPatch:
 
 def patch_attention(model, method: str, *, layers=None, num_features: int, generator: torch.Generator | None = None,
                     context_length: int | None = None, record_inputs: bool = False, grouping: str | None = None,
+                    record_attention: bool = False,
                     **options) -> AttentionPatch:
     r"""Compute the attention of chosen layers of a transformers model with an approximation.
 
@@ -297,6 +299,11 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         ``"query-head"`` one set per query head after repeating the KV heads (SnapKV's published code;
         up to ``H / H_kv`` times the tokens). Only with ``context_length``
         (:func:`approxlab.kv_cache_attention`).
+    record_attention : bool, default False
+        Measure each run's attention weights against exact attention on the same inputs
+        (:func:`~approxlab.patching.records.attention_measures`: the rows' total variation distance and the
+        exact attention mass on the keys the method kept), kept per run as ``LayerCall.attention``; NaN for a
+        method whose ``Approximation`` gives no matrix. Costs an ``(S, H, n, m)`` float64 matrix per run.
     **options
         The method's own keywords, passed to every call.
 
@@ -405,7 +412,7 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     >>> before = model(ids).last_hidden_state
     >>> with approxlab.patch_attention(model, "exact", num_features=1):
     ...     exact = model(ids).last_hidden_state
-    >>> bool(torch.allclose(exact, before, atol=1e-5))  # exact attention in every layer
+    >>> bool(torch.allclose(exact, before, atol=1e-5))  # exact attention in every layer (a tiny model)
     True
     >>> with approxlab.patch_attention(model, "performer", layers=[0], num_features=4,
     ...                                generator=torch.Generator().manual_seed(0)):
@@ -422,7 +429,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     context_length = _model.check_context_length(context_length, target)
     grouping = _model.check_grouping(grouping, context_length)
     record_inputs = check_bool(record_inputs, "record_inputs")
+    record_attention = check_bool(record_attention, "record_attention")
     supplied = _model.supplied_inputs(spec, options, target, chosen)
     seeds = _model.layer_seeds(generator, len(target.modules))
     return AttentionPatch(target, chosen, spec, num_features, causal, {**supplied, **options}, seeds, context_length,
-                          record_inputs, grouping, supplied=tuple(supplied))
+                          record_inputs, grouping, supplied=tuple(supplied), record_attention=record_attention)

@@ -23,7 +23,7 @@ import torch
 from ..attention import approximate, exact_attention
 from ..metrics import spectral_error
 
-__all__ = ["LayerCall", "output_errors", "ERROR_MEASURES"]
+__all__ = ["LayerCall", "output_errors", "attention_measures", "ERROR_MEASURES", "ATTENTION_MEASURES"]
 
 ERROR_MEASURES = ("spectral", "frobenius", "worst_query")
 """The keys of :func:`output_errors`."""
@@ -75,6 +75,66 @@ def output_errors(approx: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.
             "worst_query": ratios.amax(dim=-1)}
 
 
+ATTENTION_MEASURES = ("total_variation", "kept_mass")
+"""The keys of :func:`attention_measures`."""
+
+
+def attention_measures(result, q: torch.Tensor, k: torch.Tensor, rows: tuple, causal, key_mask=None) -> dict:
+    r"""How a method's attention weights differ from exact attention's on the same inputs, per sequence and head.
+
+    With :math:`A` the exact (softmax) attention matrix and :math:`\tilde A` the method's (``result.matrix()``),
+    over the query rows ``rows``:
+
+    * ``total_variation``: :math:`\frac{1}{r}\sum_i \tfrac12 \sum_j |\tilde a_{ij} - a_{ij}|`, the rows' mean
+      total variation distance (0: the same weights; 1: disjoint supports);
+    * ``kept_mass``: :math:`\frac{1}{r}\sum_i \sum_{j:\,\tilde a_{ij} \ne 0} a_{ij}`, the exact attention mass
+      on the keys the method kept -- only for a sparse :math:`\tilde A` (some visible key given weight 0),
+      NaN otherwise.
+
+    Returns ``{name: float64 (S, H)}``; NaN tensors where the method gives no matrix (``NotImplementedError``)
+    or one of another shape.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import approxlab
+    >>> from approxlab.patching.records import attention_measures
+    >>> q = k = torch.eye(4, dtype=torch.float64).reshape(1, 1, 4, 4)
+    >>> result = approxlab.approximate("topk", q, k, k, num_features=1)
+    >>> found = attention_measures(result, q, k, (0, 4), False)
+    >>> round(float(found["kept_mass"]), 4), round(float(found["total_variation"]), 4)  # e^0.5 / (e^0.5 + 3) kept
+    (0.3547, 0.6453)
+    """
+    q, k = q.detach().to(torch.float64), k.detach().to(torch.float64)
+    first, stop = rows
+    shape = (*q.shape[:-2],)
+    empty = {name: torch.full(shape, float("nan"), dtype=torch.float64) for name in ATTENTION_MEASURES}
+    try:
+        approx = result.matrix()
+    except (NotImplementedError, RuntimeError, ValueError):
+        return empty
+    approx = approx.detach().to(torch.float64)
+    if approx.shape[-1] != k.shape[-2] or approx.shape[-2] not in (stop - first, q.shape[-2]):
+        return empty
+    if approx.shape[-2] != stop - first:
+        approx = approx[..., first:stop, :]
+    scores = q[..., first:stop, :] @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    visible = torch.ones_like(scores, dtype=torch.bool)
+    if causal:
+        positions = torch.arange(k.shape[-2])
+        visible = positions.unsqueeze(0) <= torch.arange(first, stop).unsqueeze(-1)
+        visible = visible.expand_as(scores)
+    if key_mask is not None:
+        visible = visible & key_mask.unsqueeze(-2)
+    exact = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    total_variation = 0.5 * (approx - exact).abs().sum(dim=-1).mean(dim=-1)
+    kept = (approx != 0) & visible
+    sparse = (~kept & visible).flatten(-2).any(dim=-1)
+    mass = (exact * kept).sum(dim=-1).mean(dim=-1)
+    return {"total_variation": total_variation.expand(shape).clone(),
+            "kept_mass": torch.where(sparse.expand(shape), mass.expand(shape), float("nan"))}
+
+
 @dataclass
 class LayerCall:
     r"""One run of the method in a patched layer (one forward pass through it).
@@ -100,6 +160,8 @@ class LayerCall:
         With ``record_inputs=True``: the method's output rows ``rows``, ``(S, H, stop - first, p_v)``.
     key_mask : torch.Tensor or None
         The padding mask passed to the method, ``(S, 1, m)`` bool (None: no padding).
+    attention : dict or None
+        With ``record_attention=True``: :func:`attention_measures` of the run, float64 ``(S, H)`` each.
 
     Examples
     --------
@@ -119,6 +181,7 @@ class LayerCall:
     inputs: tuple | None = None
     output: torch.Tensor | None = None
     key_mask: torch.Tensor | None = field(default=None, repr=False)
+    attention: dict | None = field(default=None, repr=False)
 
     def exact_output(self) -> torch.Tensor:
         """Exact (softmax) attention on :attr:`inputs`, rows :attr:`rows`, in float64 ``(S, H, r, p_v)``."""

@@ -29,36 +29,20 @@ from ..declaration import Figure, Product, Step, Study, Summary, Table
 from .cells import (BASELINE_KEY, COST_KEY, DECODER_KEY, ENCODER_KEY, compute_baseline, compute_cost, compute_decoder,
                     compute_encoder)
 from .cost import patched_forward_cost
-from .figures import draw_d, draw_error, draw_kv
+from .figures import draw_d, draw_error, draw_kv, draw_within
+from .long_report import draw_long
 from .grid import (CONTROL, ENCODER_METHODS, FULL_GRID, METHODS, OPTIONS, QUICK_GRID, baseline_cells, build_config,
-                   check, configure, cost_cells, decoder_cells, encoder_cells, reference_cells, run_info)
+                   check, configure, cost_cells, decoder_cells, encoder_cells, long_study_cells, reference_cells,
+                   run_info)
+from .long import LONG_KEY, compute_long
 from .references import compute_reference
-from .stats import CLAIMS, correlations, delta_statistics, deltas, encoder_statistics, verdicts
+from .claims import CLAIMS, DECLARED
+from .products import (agreement_labels, calibration, claim_verdicts, correlations, delta_table, encoder, long_stats,
+                       observed, prediction_table)
 from .summary import TITLE, sections
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "METHODS", "ENCODER_METHODS", "CONTROL", "CLAIMS",
-           "build_config", "configure", "patched_forward_cost"]
-
-
-def _deltas(saved):
-    return deltas(saved.table("perplexity.csv"), saved.table("baseline.csv"))
-
-
-def _delta(saved):
-    return delta_statistics(_deltas(saved))
-
-
-def _correlations(saved):
-    return correlations(_deltas(saved), saved.config["control"])
-
-
-def _verdicts(saved):
-    return verdicts(_deltas(saved), saved.table("references.csv"), saved.config["control"],
-                    saved.product("correlations.csv"))
-
-
-def _encoder(saved):
-    return encoder_statistics(saved.table("encoder.csv"))
+           "DECLARED", "build_config", "configure", "patched_forward_cost"]
 
 
 STUDY = Study(
@@ -71,12 +55,18 @@ STUDY = Study(
                 decoder_cells),
            Step((Table("encoder.csv", ENCODER_KEY),), compute_encoder, encoder_cells),
            Step((Table("cost.csv", COST_KEY),), compute_cost, cost_cells),
+           Step((Table("long.csv", LONG_KEY, optional=True),), compute_long, long_study_cells),
            Step((Table("references.csv", ("reference",), optional=True),), compute_reference, reference_cells)),
     claims=CLAIMS,
-    products=(Product("delta.csv", _delta), Product("correlations.csv", _correlations),
-              Product("verdicts.csv", _verdicts), Product("encoder_stats.csv", _encoder)),
-    figures=(Figure("perplexity-d", draw_d), Figure("perplexity-error", draw_error), Figure("perplexity-kv", draw_kv)),
+    products=(Product("delta.csv", delta_table), Product("observations.csv", observed),
+              Product("correlations.csv", correlations), Product("verdicts.csv", claim_verdicts),
+              Product("references_used.csv", agreement_labels), Product("prediction.csv", prediction_table),
+              Product("calibration.csv", calibration), Product("long_stats.csv", long_stats),
+              Product("encoder_stats.csv", encoder)),
+    figures=(Figure("perplexity-error", draw_error), Figure("perplexity-within", draw_within),
+             Figure("perplexity-d", draw_d), Figure("perplexity-kv", draw_kv), Figure("perplexity-long", draw_long)),
     summary=Summary(TITLE, (sections,)),
-    grows=("windows", "methods", "encoder_methods", "layers", "compare_with"),
+    grows=("windows", "methods", "encoder_methods", "layers", "compare_with", "long_n", "long_windows",
+           "long_features"),
 )
 """The perplexity study, declared: ``approxlab perplexity``."""

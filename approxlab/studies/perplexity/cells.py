@@ -150,7 +150,7 @@ def compute_decoder(cell: dict) -> dict:
     layers = (list(range(cell["num_layers"])) if cell["layers"] == ALL_LAYERS
               else [int(cell["layers"].split()[-1])])
     key = tuple(cell[c] for c in DECODER_KEY)
-    options = {"model": model, "layers": None if cell["layers"] == ALL_LAYERS else layers}
+    options = {"model": model, "layers": None if cell["layers"] == ALL_LAYERS else layers, "record_attention": True}
     if cell["setting"] == KV_CACHE:
         options.update(context_length=cell["context"], grouping=KV_GROUPING)
     nll, patch, status, caught = _run(cell, key, lambda: token_nll(model, ids), **options)
@@ -159,9 +159,29 @@ def compute_decoder(cell: dict) -> dict:
     row = {"scored": int(ids.shape[1] - 1 - (cell["context"] if cell["setting"] == KV_CACHE else 0)),
            "nll": math.inf if scored is None else float(scored.mean()), "replaced": len(layers),
            "error_inputs": "the patched run's own (drifting)" if len(layers) > 1 else "the unpatched model's",
-           **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
-           "cpu_seconds": time.thread_time() - cpu}
+           **_pooled(errors, patch), **_attention(patch), "causal": _causal_form(cell, patch), "status": status,
+           **_warnings(caught), "seconds": time.perf_counter() - start, "cpu_seconds": time.thread_time() - cpu}
     return {"perplexity.csv": [row], "layer_errors.csv": _layer_rows(errors, patch, layers)}
+
+
+def _attention(patch) -> dict:
+    """The median over replaced layers and heads of each run's attention measures
+    (:func:`approxlab.patching.records.attention_measures`; NaN where the method gives no matrix)."""
+    from ...patching.records import ATTENTION_MEASURES
+
+    found = {}
+    for name in ATTENTION_MEASURES:
+        values = torch.cat([call.attention[name].flatten() for call in (patch.calls if patch else [])
+                            if call.attention is not None] or [torch.full((1,), math.nan, dtype=torch.float64)])
+        found[f"{name}_median"] = float(values.nanmedian()) if bool(values.isfinite().any()) else math.nan
+    return found
+
+
+def _causal_form(cell, patch) -> str:
+    """The causal form the method ran with (``True``, ``"mask-renormalise"``, ...), from the patch or the registry."""
+    from ...methods import get
+
+    return str(patch.causal) if patch is not None else str(get(cell["method"]).causal)
 
 
 @functools.lru_cache(maxsize=2)

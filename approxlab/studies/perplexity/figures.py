@@ -18,9 +18,10 @@ import pathlib
 import numpy as np
 
 from .grid import KV_CACHE, WHOLE, ignores_features
+from .judging import EXACT_ERROR
 from .stats import settings_of
 
-__all__ = ["LINEAR_WITHIN", "draw_d", "draw_error", "draw_kv"]
+__all__ = ["LINEAR_WITHIN", "family", "draw_d", "draw_error", "draw_within", "draw_kv"]
 
 LINEAR_WITHIN = 1e-3
 """The symmetric-log axis of the change in log-perplexity is linear on [-LINEAR_WITHIN, LINEAR_WITHIN]."""
@@ -92,37 +93,121 @@ def draw_d(saved) -> list[pathlib.Path]:
         return save_figure(fig, saved.out / "perplexity-d")
 
 
+def family(method: str) -> str:
+    """The panel a method is drawn in, from its registration: cache policies, sparse selection, the Nystrom family
+    (``mask-renormalise``: not a decoder) and the other causal forms (low-rank, kernel, sampling)."""
+    from ...methods import available, get
+
+    if method not in available():
+        return "other"
+    spec = get(method)
+    if spec.causal == "only":
+        return "cache policies"
+    if spec.causal == "mask-renormalise":
+        return "Nyström family (not decoder)"
+    if spec.features.startswith(("kept keys", "the most keys", "token budget")):
+        return "sparse selection"
+    return "low-rank, kernel, sampling"
+
+
+_FAMILIES = ("cache policies", "sparse selection", "low-rank, kernel, sampling", "Nyström family (not decoder)",
+             "other")
+
+
+def _title(setting, layers) -> str:
+    return "KV cache, every layer" if setting == KV_CACHE else ("every layer" if layers == "all" else layers)
+
+
+def _rho(verdicts, claim, setting, layers) -> str:
+    found = verdicts[(verdicts["claim"] == claim) & (verdicts["setting"] == setting) & (verdicts["layers"] == layers)]
+    if found.empty or not np.isfinite(found["estimate"].iloc[0]):
+        return ""
+    row = found.iloc[0]
+    if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
+        return f"ρ = {row['estimate']:.2f} (no interval: {int(row['methods'])} methods)"
+    return f"ρ = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+
+
+def _sizes(ds, all_ds) -> np.ndarray:
+    """Marker area grows with d (the budget): 12 at the smallest d of the grid, 90 at the largest."""
+    ranks = np.searchsorted(sorted(all_ds), ds) / max(1, len(all_ds) - 1)
+    return 12 + 78 * ranks
+
+
 def draw_error(saved) -> list[pathlib.Path]:
-    """``perplexity-error``: the change in log-perplexity against the relative spectral error, one panel per setting."""
+    """``perplexity-error``: the change in log-perplexity against the relative spectral error, one row per setting,
+    one panel per family of methods; marker size: d; shaded: the noise floor; title: (p1)'s rho [two-level CI]."""
     from ...plotting import figure, figure_legend, method_label, method_style, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
     table = table[table["method"] != config["control"]]
-    correlations = saved.product("correlations.csv")
-    panels = settings_of(table)
+    verdicts, observed = saved.product("verdicts.csv"), saved.product("observations.csv")
+    pairs = settings_of(table)
+    families = [f for f in _FAMILIES if f in {family(m) for m in table["method"]}]
     with style():
-        fig, axes = figure(1, max(1, len(panels)), panel_size=(3.2, 3.4), sharey=True)
-        for ax, (setting, layers) in zip(axes[0], panels):
+        fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True,
+                           sharex=True)
+        for r, (setting, layers) in enumerate(pairs):
+            rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
+            floor = observed[(observed["setting"] == setting) & (observed["layers"] == layers)]["floor"]
+            for c, name in enumerate(families):
+                ax = axes[r][c]
+                chosen = np.array([family(m) == name for m in rows["method"]], dtype=bool)
+                for method, points in rows[chosen].groupby("method", sort=False):
+                    finite = points[np.isfinite(points["delta"]) & np.isfinite(points["spectral_median"])]
+                    look = method_style(method)
+                    ax.scatter(finite["spectral_median"], finite["delta"], s=_sizes(finite["num_features"],
+                               config["num_features"]), marker=look["marker"], color=look["color"], alpha=0.8,
+                               label=method_label(method))
+                if len(floor):
+                    ax.axhspan(-float(floor.iloc[0]), float(floor.iloc[0]), color="#cccccc", alpha=0.6, zorder=0)
+                ax.set_xscale("log")
+                _delta_axis(ax)
+                rho = "" if name.startswith("Nyström") else "\n(p1) " + _rho(verdicts, "p1", setting, layers)
+                ax.set_title(f"{_title(setting, layers)}: {name}{rho}", fontsize=8)
+                if r == len(pairs) - 1:
+                    ax.set_xlabel("relative spectral error (median)")
+            axes[r][0].set_ylabel(_DELTA)
+        figure_legend(fig, axes, ncol=6)
+        fig.suptitle("change in log-perplexity against the replaced layers' relative spectral error\none point per "
+                     "method and d (mean over windows), larger markers: larger d; grey band: the noise floor\n(p1): "
+                     "Spearman rho over the decoder-valid methods x d x windows [95% interval, methods and windows "
+                     "resampled]", fontsize=9)
+        return save_figure(fig, saved.out / "perplexity-error")
+
+
+def draw_within(saved) -> list[pathlib.Path]:
+    """``perplexity-within``: each method's path over its budgets (error against loss), one panel per setting; the
+    title gives the pooled within-method rho (p1w) [CI]."""
+    from ...plotting import figure, figure_legend, method_label, method_style, save_figure, style
+
+    config, table = saved.config, saved.product("delta.csv")
+    decoder = np.array([not family(m).startswith("Nyström") for m in table["method"]], dtype=bool)
+    exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
+    table = table[(table["method"] != config["control"]).to_numpy() & decoder & ~exact]
+    verdicts = saved.product("verdicts.csv")
+    pairs = settings_of(table)
+    with style():
+        fig, axes = figure(1, max(1, len(pairs)), panel_size=(3.2, 3.0), sharey=True)
+        for ax, (setting, layers) in zip(axes[0], pairs):
             rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
             for method, points in rows.groupby("method", sort=False):
-                finite = points[np.isfinite(points["delta"]) & np.isfinite(points["spectral_median"])]
-                style_ = method_style(method)
-                ax.plot(finite["spectral_median"], finite["delta"], linestyle="none", marker=style_["marker"],
-                        color=style_["color"], markersize=4, label=method_label(method))
-            found = correlations[(correlations["setting"] == setting) & (correlations["layers"] == layers)
-                                 & (correlations["measure"] == "spectral")]
-            rho = f", ρ = {found['rho'].iloc[0]:.2f}" if len(found) and np.isfinite(found["rho"].iloc[0]) else ""
+                points = points[np.isfinite(points["delta"])].sort_values("num_features")
+                if len(points) < 2:
+                    continue
+                look = method_style(method)
+                ax.plot(points["spectral_median"], points["delta"], color=look["color"], linewidth=0.8,
+                        marker=look["marker"], markersize=3, label=method_label(method))
             ax.set_xscale("log")
             _delta_axis(ax)
-            title = "KV cache, every layer" if setting == KV_CACHE else (
-                "every layer" if layers == "all" else layers)
-            ax.set(title=title + rho, xlabel="relative spectral error (median)")
+            pooled = _rho(verdicts, "p1w", setting, layers) or "no estimate (fewer than 5 budgets)"
+            ax.set(title=f"{_title(setting, layers)}\n(p1w) {pooled}",
+                   xlabel="relative spectral error (median)")
         axes[0][0].set_ylabel(_DELTA)
-        figure_legend(fig, axes, ncol=5)
-        fig.suptitle("change in log-perplexity against the replaced layers' relative spectral error (median over "
-                     "layers and heads, on each layer's own inputs)\none point per method and d: mean over windows; "
-                     "ρ: Spearman over methods x d x windows")
-        return save_figure(fig, saved.out / "perplexity-error")
+        figure_legend(fig, axes, ncol=6)
+        fig.suptitle("within a method: its budgets joined in order of d (decoder-valid methods)\n(p1w): the mean "
+                     "over methods of the within-method Spearman rho", fontsize=9)
+        return save_figure(fig, saved.out / "perplexity-within")
 
 
 def draw_kv(saved) -> list[pathlib.Path]:

@@ -12,24 +12,32 @@ from ..inputs.wikitext import draw_windows
 from .references import check_reference
 
 __all__ = ["DEFAULT_CHECKPOINT", "ENCODER_CHECKPOINT", "METHODS", "ENCODER_METHODS", "CONTROL", "FULL_GRID",
-           "QUICK_GRID", "OPTIONS", "WHOLE", "KV_CACHE", "ALL_LAYERS", "layer_label", "ignores_features",
+           "QUICK_GRID", "OPTIONS", "WHOLE", "KV_CACHE", "ALL_LAYERS", "LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY",
+           "long_cells", "layer_label", "ignores_features",
            "configure", "build_config", "window_ids", "method_features", "baseline_cells", "decoder_cells",
-           "encoder_cells", "cost_cells", "reference_cells", "check", "run_info"]
+           "encoder_cells", "cost_cells", "long_study_cells", "reference_cells", "check", "run_info"]
 
 DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENCODER_CHECKPOINT = "sentence-transformers/all-MiniLM-L6-v2"
 
-METHODS = ("performer", "informer", "hyperattention", "topk", "topp", "quest", "streaming-llm", "h2o", "snapkv",
-           "skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting", "yoso-e", "kernelized")
-"""Every built-in method with a causal form but ``exact`` (the control, run in every setting): their own
-(``causal=True``), the cache policies' (causal only), and ``"mask-renormalise"`` (the Nystrom family)."""
-
-ENCODER_METHODS = ("performer", "informer", "hyperattention", "topk", "topp", "quest", "skyformer-softmax", "nystrom",
-                   "nystromformer", "spectral-shifting", "yoso", "yoso-e", "skyformer", "performer-lra", "linformer",
-                   "kdeformer", "polynomial", "kernelized")
-"""Every built-in method that runs without a causal mask (the cache policies are causal only)."""
-
 CONTROL = "exact"
+
+
+def _registered(encoder: bool) -> tuple:
+    from ...methods import available, get
+
+    if encoder:
+        return tuple(m for m in available() if m != CONTROL and get(m).causal != "only")
+    return tuple(m for m in available() if m != CONTROL and get(m).causal in (True, "only", "mask-renormalise"))
+
+
+METHODS = _registered(encoder=False)
+"""Every registered method with a causal form but ``exact`` (the control, run in every setting): their own
+(``causal=True``), the cache policies' (causal only), and ``"mask-renormalise"`` (the Nystrom family, reported
+apart from the decoder claims); read from the registry, so a method registered later joins the default grid."""
+
+ENCODER_METHODS = _registered(encoder=True)
+"""Every registered method that runs without a causal mask (the cache policies are causal only)."""
 """Run beside the methods in every setting: exact attention through the patch (its change in log-perplexity is
 the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
 
@@ -38,24 +46,36 @@ KV_GROUPING = "kv-head"
 """The KV-cache setting's kept sets on a grouped-query model: b context tokens per layer and KV head (the query
 heads' scores averaged, as kvpress does; ``patch_attention(..., grouping=...)``). Runs before it held a set per
 query head (``"query-head"``), which a config without ``kv_grouping`` means."""
+LONG_WHOLE, LONG_KV = "long-whole", "long-kv"
+UNPATCHED = "unpatched"
+LONG_KEY = ("setting", "long_n", "method", "num_features", "window", "depth")
+
+
 ALL_LAYERS = "all"
 
 FULL_GRID = {
     "n": [512],
-    "context": 512,
-    "continuation": 256,
-    "layer_settings": ["first", "middle", "last", ALL_LAYERS],
-    "num_features": [16, 64, 256],
+    "context": 384,
+    "continuation": 128,
+    "layer_settings": ["first", ALL_LAYERS],
+    "num_features": [16, 32, 64, 128, 256],
     "methods": list(METHODS),
     "encoder_methods": list(ENCODER_METHODS),
-    "windows": 6,
+    "windows": 12,
     "compare_with": [],
+    "long_n": [1024, 2048],
+    "long_features": [64, 512],
+    "long_windows": 3,
+    "long_depths": [0.25, 0.75],
 }
-"""The full grid: about 50 minutes on 2 idle cores with ``--workers 2`` (docs/studies/perplexity.rst)."""
+"""The full grid, declared before its run: 12 windows, 5 budgets, the first layer alone, every layer, the KV cache;
+the long-context settings at 1,024 and 2,048 tokens (3 windows x 2 depths of the pass key, 2 budgets, decoder-valid
+methods).
+Its estimated cost is in docs/studies/perplexity.rst (about 3 hours on 2 workers)."""
 
 QUICK_GRID = {**FULL_GRID, "n": [64], "context": 48, "continuation": 16, "layer_settings": ["middle", ALL_LAYERS],
               "num_features": [8, 32], "methods": ["performer", "streaming-llm"], "encoder_methods": ["nystromformer"],
-              "windows": 1}
+              "windows": 1, "long_n": [96], "long_features": [8], "long_windows": 1, "long_depths": [0.5]}
 """``--quick``: a smoke run for the test suite (seconds once the model is converted)."""
 
 _SETTING_NAMES = ("first", "middle", "last", ALL_LAYERS)
@@ -72,6 +92,13 @@ def layer_settings(text: str) -> list:
         raise argparse.ArgumentTypeError(f"comma-separated layer indices >= 0, first, middle, last or all, "
                                          f"got {text!r}")
     return chosen
+
+
+def long_lengths(text: str) -> list:
+    """``--long-n``: lengths >= 1, comma-separated, or 0 (none)."""
+    if str(text).strip() in ("0", ""):  # "" : the empty list, checked again after parsing
+        return []
+    return shared.int_list(text)
 
 
 OPTIONS = (
@@ -95,6 +122,13 @@ OPTIONS = (
            "compresses (default 512)", type=shared.positive_int, metavar="N"),
     Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored (default 256)",
            type=shared.positive_int, metavar="N"),
+    Option(("--long-n",), "long_n", "tokens of the long-context sequences (a pass key in WikiText-2), comma-separated; "
+           "0: no long-context settings (default 1024,2048)", type=long_lengths, nargs="+", action=shared.Flatten,
+           metavar="N"),
+    Option(("--long-features",), "long_features", "budgets of the long-context settings, comma-separated (default "
+           "64,512)", type=shared.int_list, nargs="+", action=shared.Flatten, metavar="D"),
+    Option(("--long-windows",), "long_windows", "WikiText-2 windows of the long-context settings (default 3)",
+           type=shared.positive_int, metavar="N"),
     Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
            "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated; default none)",
            type=shared.str_list, nargs="+", action=shared.Flatten, metavar="FOLDERS"),
@@ -102,7 +136,7 @@ OPTIONS = (
 """The options of ``approxlab perplexity`` besides the common ones."""
 
 _GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "num_features", "methods", "encoder_methods",
-                 "windows", "compare_with")
+                 "windows", "compare_with", "long_n", "long_features", "long_windows")
 
 
 def ignores_features(method: str) -> bool:
@@ -130,7 +164,7 @@ def _resolve_layers(settings, num_layers: int) -> list[str]:
     return labels
 
 
-def _grid(quick: bool, args) -> dict:
+def _grid(quick: bool, args, checked=()) -> dict:
     from ...methods import get
 
     grid = shared.grid(QUICK_GRID if quick else FULL_GRID, args, OPTIONS)
@@ -154,12 +188,14 @@ def _grid(quick: bool, args) -> dict:
     for name in ("methods", "encoder_methods", "compare_with", "layer_settings"):
         grid[name] = list(dict.fromkeys(grid[name]))  # a repeated entry is one setting
     for folder in grid["compare_with"]:
-        check_reference(folder)
+        if folder not in checked:  # a folder the saved run already read is in its references.csv
+            check_reference(folder)
     return grid
 
 
 def build_config(*, num_layers: int, quick: bool = False, window_pool: int = 64, window_seed: int = 0,
-                 base_seed: int = 0, checkpoint=DEFAULT_CHECKPOINT, cost_repeats: int = 3, **values) -> dict:
+                 base_seed: int = 0, checkpoint=DEFAULT_CHECKPOINT, cost_repeats: int = 3, checked_references=(),
+                 **values) -> dict:
     """The grid-defining config (saved and hashed in ``config.json``).
 
     ``values``: overrides of the grid (``n``, ``context``, ``continuation``, ``layer_settings``,
@@ -170,9 +206,9 @@ def build_config(*, num_layers: int, quick: bool = False, window_pool: int = 64,
     --------
     >>> config = build_config(num_layers=30)
     >>> config["layers"], config["window_tokens"], config["windows"]
-    (['layer 0', 'layer 15', 'layer 29', 'all'], 768, 6)
+    (['layer 0', 'all'], 512, 12)
     """
-    grid = _grid(quick, argparse.Namespace(**{name: values.get(name) for name in _GRID_OPTIONS}))
+    grid = _grid(quick, argparse.Namespace(**{name: values.get(name) for name in _GRID_OPTIONS}), checked_references)
     layers = _resolve_layers(grid.pop("layer_settings"), num_layers)
     return {
         "study": "perplexity", **grid, "layers": layers, "num_layers": int(num_layers), "control": CONTROL,
@@ -201,14 +237,36 @@ def configure(args) -> dict:
     """The config of the parsed options: the grid checked first, then the model (whose layers name first, middle and
     last)."""
     quick = bool(getattr(args, "quick", False))
-    _grid(quick, args)  # a bad option is refused before any model is read
+    saved = _saved_references(args)
+    if getattr(args, "compare_with", None) is None and saved:
+        args = argparse.Namespace(**{**vars(args), "compare_with": saved})
+    _grid(quick, args, saved)  # a bad option is refused before any model is read
     args = argparse.Namespace(**{"checkpoint": DEFAULT_CHECKPOINT, "cache_dir": None, **vars(args)})
     info = _describe(args.checkpoint, args.cache_dir)
     if not info.causal:
         raise UsageError("--checkpoint", "a causal language model (llama, qwen2, qwen3, gpt2, gemma3)",
                          f"{args.checkpoint!r} (a bidirectional {info.model_type} model)")
-    return build_config(num_layers=info.num_layers, quick=quick, checkpoint=args.checkpoint,
+    return build_config(num_layers=info.num_layers, quick=quick, checkpoint=args.checkpoint, checked_references=saved,
                         **{name: getattr(args, name, None) for name in _GRID_OPTIONS})
+
+
+def _saved_references(args) -> list:
+    """The ``--compare-with`` folders of the run saved in ``--out``: a comparison belongs to the report, so a rerun
+    without the option keeps them (nothing computed is invalidated, nothing is read again); ``--restart`` drops
+    them."""
+    import pathlib
+
+    from ..engine.store import read_json
+
+    out = getattr(args, "out", None)
+    if out is None or getattr(args, "restart", False):
+        return []
+    try:
+        record = read_json(pathlib.Path(out) / "config.json")
+    except (OSError, ValueError):
+        return []
+    found = record.get("config", {}).get("compare_with", []) if isinstance(record, dict) else []
+    return [str(folder) for folder in found] if isinstance(found, list) else []
 
 
 def window_ids(config: dict) -> list[int]:
@@ -267,6 +325,33 @@ def cost_cells(config: dict, settings: dict) -> list[dict]:
             for method in config["methods"]]
 
 
+def long_cells(config: dict, common: dict, methods, features_of) -> list[dict]:
+    """One cell per long setting x method x d x window x depth; the unpatched model and the control first."""
+    if not config.get("long_n"):
+        return []
+    cells = []
+    for length, setting in [(n, s) for n in config["long_n"] for s in (LONG_WHOLE, LONG_KV)]:
+        runs = [(UNPATCHED, 0), (config["control"], config["long_features"][0])]
+        runs += [(m, d) for m in methods for d in features_of(m)]
+        for method, d in runs:
+            for window in range(config["long_windows"]):
+                for depth in config["long_depths"]:
+                    cells.append({"setting": setting, "long_n": length, "method": method, "num_features": d,
+                                  "window": window, "depth": depth, **common})
+    return cells
+
+
+def long_study_cells(config: dict, settings: dict) -> list[dict]:
+    """The long-context cells (:func:`.long.long_cells`): the decoder-valid methods (not ``mask-renormalise``) at
+    ``long_features`` (a method that ignores d at the first)."""
+    from ...methods import get
+
+    methods = [m for m in config["methods"] if get(m).causal != "mask-renormalise"]
+    features = config.get("long_features") or [1]
+    return long_cells(config, _common(config, settings), methods,
+                      lambda m: features[:1] if ignores_features(m) else list(features))
+
+
 def reference_cells(config: dict, settings: dict) -> list[dict]:
     """One cell per ``--compare-with`` folder: its error ranking, read once and kept in this run's folder."""
     return [{"reference": folder, "n": config["n"], "num_layers": config["num_layers"]}
@@ -298,6 +383,18 @@ def check(args, config: dict) -> None:
                               [m for m in config["methods"] if not ignores_features(m)], [config["n"]])
     checks.check_num_features("--num-features", max(config["num_features"]),
                               [m for m in config["encoder_methods"] if not ignores_features(m)], [config["n"]])
+    if config.get("long_n"):
+        longest, shortest = max(config["long_n"]), min(config["long_n"])
+        if longest > info.max_positions:
+            raise UsageError("--long-n", f"at most the model's context, {info.max_positions} tokens", longest)
+        if max(config["long_features"]) >= shortest // 2:
+            raise UsageError("--long-features", f"budgets below half the shortest long sequence ({shortest} tokens)",
+                             max(config["long_features"]))
+        long = corpus_window_count("pretrained", longest, checkpoint=config["checkpoint"], data_dir=args.data_dir,
+                                   cache_dir=args.cache_dir)
+        if long < config["long_windows"]:
+            raise UsageError("--long-windows", f"at most the corpus's {long} windows of {longest} tokens",
+                             config["long_windows"])
     if max(config["num_features"]) > config["context"]:
         raise UsageError("--num-features", f"budgets at most the context, {config['context']} tokens",
                          max(config["num_features"]))

@@ -16,7 +16,7 @@ import pathlib
 
 from ...errors import UsageError
 
-__all__ = ["COMPARABLE", "check_reference", "compute_reference"]
+__all__ = ["COMPARABLE", "REQUIRED", "check_reference", "compute_reference"]
 
 COMPARABLE = ("figure1", "decoder")
 """The studies whose error rankings (p3) can be compared with: those whose results hold
@@ -43,9 +43,33 @@ def _load(folder):
         raise UsageError("--compare-with", allowed, f"{str(folder)!r} ({error})") from None
 
 
+REQUIRED = ("method", "num_features", "n", "relative_error_mean", "checkpoint")
+"""The columns a compared run's ``results.csv`` must hold."""
+
+
 def check_reference(folder) -> None:
-    """``folder`` holds a saved ``figure1`` or ``decoder`` run (a :class:`~approxlab.errors.UsageError` if not)."""
-    _load(folder)
+    """``folder`` holds a saved ``figure1`` or ``decoder`` run whose results give a ranking: the columns of
+    :data:`REQUIRED` and at least one finite error at the condition compared (a
+    :class:`~approxlab.errors.UsageError` if not), checked when the run is configured, before any cell runs."""
+    saved = _load(folder)
+    allowed = f"result folders of {' or '.join(COMPARABLE)} runs whose results.csv has {', '.join(REQUIRED)}"
+    results = saved.table("results.csv")
+    missing = [c for c in REQUIRED if c not in results]
+    if missing:
+        raise UsageError("--compare-with", allowed, f"{str(folder)!r} (no column {', '.join(missing)})")
+    chosen = _chosen(results)
+    if not chosen["relative_error_mean"].map(lambda v: v == v and abs(v) != float("inf")).any():
+        raise UsageError("--compare-with", allowed, f"{str(folder)!r} (no finite relative_error_mean at its "
+                         "pretrained condition)")
+
+
+def _chosen(results):
+    """The rows compared: the pretrained condition (when run), float64 (when run)."""
+    if "condition" in results and "pretrained" in set(results["condition"]):
+        results = results[results["condition"] == "pretrained"]
+    if "dtype" in results and "float64" in set(results["dtype"]):
+        results = results[results["dtype"] == "float64"]
+    return results
 
 
 def _closest(values, n):
@@ -58,16 +82,15 @@ def compute_reference(cell: dict) -> list[dict]:
     saved = _load(cell["reference"])
     config, results = saved.config, saved.table("results.csv")
     study = config["study"]
-    results = results[results["condition"] == "pretrained"] if "pretrained" in set(results["condition"]) else results
-    if "dtype" in results and "float64" in set(results["dtype"]):
-        results = results[results["dtype"] == "float64"]
+    results = _chosen(results)
     n = _closest(results["n"], cell["n"])
     results = results[results["n"] == n]
     layer_column = "layer" if "layer" in results else None
     groups = [*([layer_column] if layer_column else []), "method", "num_features"]
     medians = results.groupby(groups, sort=True)["relative_error_mean"].agg(["median", "size"]).reset_index()
     checkpoint = str(results["checkpoint"].iloc[0]) if len(results) else "n/a"
-    return [{"study": study, "checkpoint": checkpoint, "condition": str(results["condition"].iloc[0]),
+    return [{"study": study, "checkpoint": checkpoint,
+             "condition": str(results["condition"].iloc[0]) if "condition" in results else "n/a",
              "reference_n": n, "layer": int(row[layer_column]) if layer_column else int(config.get("layer", 0)),
              "inputs": "the hidden states entering the layer" if study == "decoder" or config.get("layer", 0)
              else "the input embedding through layer 0's projections (BERT-family encoder)",

@@ -8,11 +8,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..reporting.claims import tally
 from ..reporting.markdown import format_number as fmt
 from ..reporting.markdown import markdown_table
 from .grid import KV_CACHE, WHOLE
-from .stats import BOOTSTRAP, MIN_WINDOWS, P1, P1_REASON, P2, P2_REASON, P3, P3_REASON, settings_of
+from .claims_summary import claim_sections
+from .long_report import long_lines
+from .stats import settings_of
 
 __all__ = ["TITLE", "HYPERATTENTION_PERPLEXITY", "sections"]
 
@@ -56,8 +57,10 @@ def _run(saved, delta, baseline) -> list[str]:
         "- Methods (decoder): " + ", ".join(config["methods"]) + f"; control: `{config['control']}` through the patch "
         "(its change in log-perplexity is the floor of the measurement).",
         "- Methods (encoder): " + ", ".join(config["encoder_methods"]) + ".",
-        "- Figures: `perplexity-d.png` (change in log-perplexity against d), `perplexity-error.png` (against the "
-        "relative spectral error, log-symlog), `perplexity-kv.png` (KV cache, against the budget).",
+        "- Figures: `perplexity-error.png` (against the relative spectral error, one panel per family, d as marker "
+        "size, the noise floor shaded), `perplexity-within.png` (each method over its budgets), `perplexity-d.png` "
+        "(against d), `perplexity-kv.png` (KV cache, against the budget)"
+        + (", `perplexity-long.png` (pass-key retrieval against the budget)." if config.get("long_n") else "."),
     ]
     return lines
 
@@ -74,68 +77,14 @@ def _deviations(saved, baseline) -> list[str]:
             "StreamingLLM: PG19).",
             f"- Lengths: n = {saved.config['n']} tokens per window; continuation {saved.config['continuation']} "
             f"tokens after a context of {saved.config['context']}; far shorter than the papers' contexts.",
-            "- Causal forms: performer, informer, hyperattention, topk, topp, quest, yoso-e, kernelized run their own; "
-            "streaming-llm, h2o and snapkv their cache policy (causal only); the Nystrom family "
-            "(skyformer-softmax, nystrom, nystromformer, spectral-shifting) runs as `mask-renormalise`, whose "
-            "landmarks pool every position: a token's output then depends on later tokens, so its perplexity is "
-            "not that of a decoder layer.",
+            "- Causal forms: each method runs its own, or its cache policy (causal only); the Nystrom family runs as "
+            "`mask-renormalise`, whose landmarks pool every position: a token's output then depends on later "
+            "tokens, so its perplexity is not that of a decoder layer (reported apart, in no decoder claim).",
             "- Errors with every layer replaced are measured on the patched run's own inputs, which drift from "
             "the unpatched model's; with one layer replaced, the layer's inputs are the unpatched model's.",
             "- Encoder windows: n word pieces of all-MiniLM-L6-v2's tokenizer, without [CLS]/[SEP] (its sentence "
             "embedding is the mean over tokens of the last hidden state; the cosine is unchanged by its final "
             "normalisation)."]
-
-
-def _claim_rows(table, claim) -> pd.DataFrame:
-    rows = table[table["claim"] == claim.id].copy()
-    rows["estimate [95% CI]"] = [_interval(*v) for v in rows[["estimate", "ci_low", "ci_high"]].to_numpy()]
-    return rows
-
-
-def _claims(saved, verdicts) -> list[str]:
-    units = f"{BOOTSTRAP['resamples']} bootstrap resamples of whole windows, no verdict below {MIN_WINDOWS} windows"
-    lines = ["", "## Claims (fixed in code before the first full run)", "",
-             "Observations: the cells of a setting (method x d x window; the control and failed runs left out); a "
-             "cell's error is the median over its replaced layers and heads, its loss the change in log-perplexity "
-             f"against the unpatched model on the same tokens; intervals: 95% percentile, {units}.", ""]
-    p1, p2 = _claim_rows(verdicts, P1), _claim_rows(verdicts, P2)
-    lines += [f"- **(p1)** {P1.text.format(where='per setting')}: {P1.statistic}, holds at rho >= {P1.threshold:g} "
-              f"({P1_REASON}): {tally(P1, p1['verdict'], _OUTCOMES)}.", "",
-              *markdown_table(p1[["setting", "layers", "estimate [95% CI]", "verdict", "points", "methods",
-                                  "windows"]]), ""]
-    correlations = saved.product("correlations.csv")
-    best = []
-    for (setting, layers), group in correlations.groupby(["setting", "layers"], sort=False):
-        finite = group[np.isfinite(group["rho"])]
-        if len(finite):
-            top = finite.loc[finite["rho"].idxmax()]
-            best.append({"setting": setting, "layers": layers, "best measure": top["measure"],
-                         **{m: _interval(*r) for m, r in zip(group["measure"],
-                                                               group[["rho", "ci_low", "ci_high"]].to_numpy())}})
-    lines += [f"- **(p2)** which measure ranks the losses best: each measure's rho [95% CI]; then "
-              f"{P2.statistic} for the Frobenius and the worst query's measure, the measure better when the whole "
-              f"interval is above 0 ({P2_REASON}): {tally(P2, p2['verdict'], _OUTCOMES)}.", "",
-              *markdown_table(pd.DataFrame(best)), "",
-              *markdown_table(p2[["setting", "layers", "measure", "estimate [95% CI]", "verdict"]]), ""]
-    p3 = _claim_rows(verdicts, P3)
-    compared = saved.config["compare_with"]
-    if not compared:
-        lines.append("- **(p3)** not decided: no `--compare-with` folders were named (the committed command names "
-                     "the committed figure1 and decoder runs).")
-    else:
-        references = saved.table("references.csv")
-        common = sorted(set(references["method"]) & set(saved.config["methods"]))
-        lines += [f"- **(p3)** {P3.text.format(reference='each compared run', where='per setting and d')}: "
-                  f"{P3.statistic}, holds at rho >= {P3.threshold:g} ({P3_REASON}): "
-                  f"{tally(P3, p3['verdict'], _OUTCOMES)}. "
-                  f"Only part of the question can be decided: the methods both runs measured ({', '.join(common)}); "
-                  "figure1's ranking is of a BERT-family encoder's non-causal attention at one layer (compared "
-                  "with every whole-window setting), decoder's of this model's causal attention (compared layer by "
-                  "layer); the d both ran; the reference's ranking is held fixed (its own uncertainty is not in the "
-                  "interval); the KV-cache setting has no reference ranking.", "",
-                  *markdown_table(p3[["reference", "layers", "num_features", "estimate [95% CI]", "verdict",
-                                      "methods", "windows"]])]
-    return lines
 
 
 def _delta_tables(delta, config) -> list[str]:
@@ -212,5 +161,6 @@ def sections(saved) -> list[str]:
     """The summary's lines under its title (numbers from the saved tables only)."""
     baseline, delta = saved.table("baseline.csv"), saved.product("delta.csv")
     return [*_run(saved, delta, baseline), *_deviations(saved, baseline),
-            *_claims(saved, saved.product("verdicts.csv")), *_delta_tables(delta, saved.config), *_encoder(saved),
+            *claim_sections(saved), *long_lines(saved, saved.product("verdicts.csv")),
+            *_delta_tables(delta, saved.config), *_encoder(saved),
             *_cost(saved), *_papers(delta, saved.config)]

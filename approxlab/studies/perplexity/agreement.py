@@ -1,0 +1,86 @@
+r"""Claim (p3): does a compared run's error ranking of the methods give their places in the loss ranking?
+
+The reference (``references.csv``, :mod:`.references`) holds one error per method, layer and d; the losses
+vary over windows. A per-window rank correlation with a per-method constant cannot reach 1 when windows
+disagree, so (p3) compares the reference's error with each method's **mean** :math:`\Delta` over windows, at
+one d, across the methods both runs measured: the interval resamples methods and windows within
+(:func:`.resampling.two_level`, the reference's error travelling with its method).
+
+Each comparison is labelled with what the reference measured: its study and model (``same model`` when its
+checkpoint is this run's decoder, else ``another model``), its length and its layer (``same layer`` when it
+is the replaced layer, else ``other layers``). Methods this run measured that the reference lacks, and those
+it ran but failed (a non-finite error), are listed and left out (the study's rule: a failed run enters no
+rank statistic).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import resampling
+from .claims import MEASURES, MIN_METHODS, P3, RESAMPLING
+from .grid import WHOLE
+from .judging import verdict_row
+
+__all__ = ["COLUMNS", "label", "agreement"]
+
+COLUMNS = ["reference", "model", "reference_n", "reference_layer", "compared_with", "num_features", "methods_used",
+           "missing", "failed_in_reference"]
+
+
+def label(ranking: pd.DataFrame, config: dict, layers: str, run: dict | None = None) -> dict:
+    """What a reference measured beside this run: ``model``, ``reference_n``, ``reference_layer``, ``compared_with``
+    (the same model: the reference's checkpoint is this run's, as named or as resolved in ``run``)."""
+    first = ranking.iloc[0]
+    names = {str(config["checkpoint"]), str((run or {}).get("checkpoints", {}).get("decoder"))}
+    same_model = str(first["checkpoint"]) in names
+    layer = int(first["layer"])
+    same_layer = layers == f"layer {layer}"
+    return {"model": f"{first['checkpoint']} ({'same model' if same_model else 'another model'})",
+            "reference_n": int(first["reference_n"]), "reference_layer": layer,
+            "compared_with": f"{layers} ({'same layer' if same_layer and same_model else 'other layers'})"}
+
+
+def _pairs(references: pd.DataFrame, settings: list[str]):
+    """(reference key, ranking, layers compared): a decoder layer with the same replaced layer, else (no such
+    layer in this run, or a figure1 run) every single-layer setting, labelled as other layers."""
+    for (reference, study, layer), ranking in references.groupby(["reference", "study", "layer"], sort=False):
+        same = [s for s in settings if s == f"layer {int(layer)}"]
+        for layers in (same if study == "decoder" and same else [s for s in settings if s != "all"]):
+            yield (reference, study, int(layer)), ranking, layers
+
+
+def agreement(inputs: dict, references: pd.DataFrame, config: dict, run: dict | None = None) -> tuple:
+    """``(verdict rows of p3, labels)`` per reference x whole-window setting x d both ran (``inputs``: the
+    settings' observations, :func:`.stats.claim_inputs`)."""
+    rows, labels = [], []
+    if references is None or references.empty:
+        return rows, pd.DataFrame(columns=COLUMNS)
+    settings = [layers for setting, layers in inputs if setting == WHOLE]
+    for (reference, study, layer), ranking, layers in _pairs(references, settings):
+        cells = inputs[(WHOLE, layers)][0]
+        for d, at in cells.groupby("budget", sort=True):
+            errors = ranking[ranking["num_features"] == int(d)].set_index("method")["error"]
+            if errors.empty:
+                continue
+            failed = sorted(m for m in errors.index if not np.isfinite(errors[m]))
+            missing = sorted(set(at["method"]) - set(errors.index))
+            used = at[at["method"].isin([m for m in errors.index if np.isfinite(errors[m])])].copy()
+            used["reference"] = errors.reindex(used["method"]).to_numpy(float)
+            name = f"{study} ({reference}, layer {layer})"
+            labels.append({"reference": name, **label(ranking, config, layers, run), "num_features": int(d),
+                           "methods_used": int(used["method"].nunique()), "missing": ", ".join(missing) or "none",
+                           "failed_in_reference": ", ".join(failed) or "none"})
+            if used["method"].nunique() < 3:
+                continue
+            enough = used["method"].nunique() >= MIN_METHODS
+            found = resampling.two_level(used, {"p3": resampling.at_budget("reference", d)}, columns=
+                                         (*MEASURES, "reference"), resamples=RESAMPLING["resamples"] if enough else 0,
+                                         seed=RESAMPLING["seed"])["p3"]
+            low, high = resampling.percentile(found[0], found[1], RESAMPLING["level"])
+            methods = int(used["method"].nunique())
+            rows.append(verdict_row(P3, WHOLE, layers, found[0], low, high, reference=name, num_features=int(d),
+                                    methods=methods, windows=int(used["window"].nunique()), points=len(used),
+                                    units=methods))
+    return rows, pd.DataFrame(labels, columns=COLUMNS)

@@ -1,0 +1,118 @@
+r"""The long-context settings: :math:`\Delta` log-perplexity and pass-key retrieval at ``long_n`` tokens.
+
+A sequence (:func:`.passkey.passkey_sequence`) is a WikiText-2 window of ``long_n`` tokens (each length of the
+grid) with the pass key at a depth, the question and the key. Two settings, every layer replaced:
+
+* ``long-whole``: the method on the whole sequence (its causal form); scored: every prediction;
+* ``long-kv``: the KV-cache setting with the context ending where the question starts (the method compresses
+  the text holding the key; the question and the key attend to what it kept); scored: the question's and the
+  key's predictions.
+
+Each cell (``long.csv``, key :data:`LONG_KEY`) records the mean NLL of the scored predictions, the key's
+summed log-probability and whether greedy decoding (teacher-forced) gives every key token, the layers'
+errors and attention measures. The unpatched model runs as the method ``"unpatched"`` on the same sequences:
+its accuracy is the gate of claim (p4) (:data:`.claims.GATE`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+import torch
+
+from ...patching import token_nll
+from ..engine.keys import cell_seed
+from .cells import _FAILURES, _attention, _causal_form, _pooled, _warnings, decoder_model
+from .grid import LONG_KEY, LONG_KV, LONG_WHOLE, UNPATCHED, long_cells
+from .passkey import QUESTION, answer_scores, passkey_sequence
+
+__all__ = ["LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY", "long_cells", "long_sequence", "compute_long",
+           "long_frame", "long_statistics"]
+
+def long_sequence(cell) -> tuple:
+    """``(ids (1, long_n), answer (first, stop), question_start)``: the cell's sequence, its key drawn from the
+    window and depth (the same for every method)."""
+    from ...data import windows
+    from .cells import _token_ids
+
+    loaded = decoder_model({**cell, "device": "cpu"})
+    ids = _token_ids(cell["checkpoint"], cell["data_dir"], cell["cache_dir"], False)
+    filler = windows(ids, cell["long_n"])[cell["window"]]
+    key = 10000 + cell_seed("passkey", cell["window"], cell["depth"], base_seed=cell["base_seed"]) % 90000
+    sequence, answer = passkey_sequence(loaded.tokenizer, filler, length=cell["long_n"], depth=cell["depth"],
+                                        key=key)
+    question = len(loaded.tokenizer(QUESTION, add_special_tokens=False)["input_ids"])
+    return sequence, answer, answer[0] - question
+
+
+def compute_long(cell: dict) -> list[dict]:
+    """One long-context cell: the scored NLL, the key's log-probability and retrieval, errors (``long.csv``)."""
+    import warnings
+
+    from ...patching import patch_attention
+
+    start, cpu = time.perf_counter(), time.thread_time()
+    model = decoder_model(cell)
+    ids, answer, question = long_sequence(cell)
+    first = question if cell["setting"] == LONG_KV else 0
+    patch, status, caught, nll, hits = None, "ok", [], None, None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cell["method"] == UNPATCHED:
+            nll, hits = token_nll(model, ids, hits=True)
+        else:
+            key = tuple(cell[c] for c in LONG_KEY)
+            generator = torch.Generator().manual_seed(cell_seed(*key, base_seed=cell["base_seed"]))
+            options = {"context_length": question} if cell["setting"] == LONG_KV else {}
+            try:
+                with patch_attention(model, cell["method"], num_features=cell["num_features"], generator=generator,
+                                     record_inputs=True, record_attention=True, **options) as patch:
+                    nll, hits = token_nll(model, ids, hits=True)
+            except _FAILURES as failure:
+                patch, status = None, f"{type(failure).__name__}: {failure}".replace("\n", " ")
+    errors = [] if patch is None else patch.errors()
+    scores = {"answer_logprob": -math.inf, "correct": 0.0} if nll is None else answer_scores(nll, hits, answer)
+    return [{"tokens": int(ids.shape[1]), "scored": int(ids.shape[1] - 1 - first),
+             "nll": math.inf if nll is None else float(nll[0, first:].mean()),
+             "answer_tokens": answer[1] - answer[0], **scores,
+             **(_pooled(errors, patch) if cell["method"] != UNPATCHED else _pooled([], None)),
+             **_attention(patch), "causal": "none" if cell["method"] == UNPATCHED else _causal_form(cell, patch),
+             "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
+             "cpu_seconds": time.thread_time() - cpu}]
+
+
+def long_frame(long) -> pd.DataFrame:
+    """``long.csv`` with ``sequence`` (window x depth), ``delta`` (the scored mean NLL minus the unpatched model's)
+    and ``delta_key`` (the key's negative log-probability minus the unpatched model's), ``ok``."""
+    import numpy as np
+
+    if long is None or long.empty:
+        return long
+    keys = ["setting", "long_n", "window", "depth"]
+    base = long[long["method"] == UNPATCHED][[*keys, "nll", "answer_logprob"]]
+    frame = long.merge(base.rename(columns={"nll": "base_nll", "answer_logprob": "base_logprob"}), on=keys,
+                       how="left")
+    frame["ok"] = frame["status"] == "ok"
+    frame["delta"] = np.where(frame["ok"], frame["nll"] - frame["base_nll"], np.inf)
+    frame["delta_key"] = np.where(frame["ok"], frame["base_logprob"] - frame["answer_logprob"], np.inf)
+    frame["sequence"] = [f"{w}@{d:g}" for w, d in frame[["window", "depth"]].itertuples(index=False)]
+    return frame
+
+
+def long_statistics(long) -> pd.DataFrame:
+    """``long_stats.csv``: per long setting x method x d, the retrieval accuracy, the mean change in the key's
+    negative log-probability and in log-perplexity, and the median spectral error over sequences."""
+    frame = long_frame(long)
+    if frame is None or frame.empty:
+        return pd.DataFrame(columns=["setting", "long_n", "method", "num_features", "sequences", "accuracy",
+                                     "delta_key",
+                                     "delta", "spectral_median", "failures"])
+    ok = frame[frame["ok"]]
+    by = ["setting", "long_n", "method", "num_features"]
+    table = ok.groupby(by, sort=False).agg(
+        sequences=("sequence", "nunique"), accuracy=("correct", "mean"), delta_key=("delta_key", "mean"),
+        delta=("delta", "mean"), spectral_median=("spectral_median", "median")).reset_index()
+    failures = frame.groupby(by, sort=False)["ok"].agg(lambda s: int((~s).sum()))
+    return table.merge(failures.rename("failures").reset_index(), on=by)
