@@ -24,7 +24,8 @@ import torch
 
 from ...patching import token_nll
 from ..engine.keys import cell_seed
-from .cells import _FAILURES, _attention, _causal_form, _pooled, _warnings, decoder_model
+from ..engine.failures import METHOD_ERRORS, method_status
+from .cells import _attention, _causal_form, _pooled, _warnings, decoder_model
 from .grid import LONG_KEY, LONG_KV, LONG_WHOLE, UNPATCHED, long_cells
 from .passkey import QUESTION, answer_scores, passkey_sequence
 
@@ -70,8 +71,8 @@ def compute_long(cell: dict) -> list[dict]:
                 with patch_attention(model, cell["method"], num_features=cell["num_features"], generator=generator,
                                      record_inputs=True, record_attention=True, **options) as patch:
                     nll, hits = token_nll(model, ids, hits=True)
-            except _FAILURES as failure:
-                patch, status = None, f"{type(failure).__name__}: {failure}".replace("\n", " ")
+            except METHOD_ERRORS as failure:  # the method's failure: a failed row
+                patch, status = None, method_status(cell["method"], failure)
     errors = [] if patch is None else patch.errors()
     scores = {"answer_logprob": -math.inf, "correct": 0.0} if nll is None else answer_scores(nll, hits, answer)
     return [{"tokens": int(ids.shape[1]), "scored": int(ids.shape[1] - 1 - first),
