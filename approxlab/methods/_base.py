@@ -343,38 +343,24 @@ def _check_signature(name: str, function, draw, causal=False) -> None:
                         f"signature {signature} ({error}).") from None
 
 
-def _check_compress(name: str, compress) -> None:
-    """``compress`` is None or callable as ``compress(q, k, v, budget=..., generator=...)``."""
-    if compress is None:
+def _check_step(name: str, step, what: str, keyword: str, role: str) -> None:
+    """``step`` (a policy's ``compress`` or ``score``) is None or callable as ``step(q, k, v, *, generator=None,
+    ...)``, with ``keyword`` (``budget``) too where ``step`` takes it; ``role`` names it in messages."""
+    if step is None:
         return
-    if not callable(compress):
-        raise TypeError("`compress` must be None or a function(q_context, k_context, v_context, *, budget, "
-                        f"generator=None, **options); got {type(compress).__name__}.")
+    call = f"{what}(q_context, k_context, v_context, *, {keyword}generator=None, **options)"
+    if not callable(step):
+        raise TypeError(f"`{what}` must be None or a function {call}; got {type(step).__name__}.")
     try:
-        signature = inspect.signature(compress)
+        signature = inspect.signature(step)
     except (TypeError, ValueError):  # a builtin without a signature: trust it
         return
+    budget = {"budget": 1} if keyword or "budget" in signature.parameters else {}
     try:
-        signature.bind(None, None, None, budget=1, generator=None)
+        signature.bind(None, None, None, generator=None, **budget)
     except TypeError as error:
-        raise TypeError(f"the compression step of method {name!r} must accept compress(q_context, k_context, "
-                        f"v_context, *, budget, generator=None, **options); got a function with signature "
+        raise TypeError(f"the {role} of method {name!r} must accept {call}; got a function with signature "
                         f"{signature} ({error}).") from None
-
-
-def _check_score(name: str, score) -> None:
-    """``score`` is None or callable as ``score(q, k, v, generator=...)``."""
-    if score is None:
-        return
-    if not callable(score):
-        raise TypeError("`score` must be None or a function(q_context, k_context, v_context, *, generator=None, "
-                        f"key_mask=None, **options); got {type(score).__name__}.")
-    try:
-        signature = inspect.signature(score)
-        signature.bind(None, None, None, generator=None, **({"budget": 1} if "budget" in signature.parameters else {}))
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"the score function of method {name!r} must accept score(q_context, k_context, v_context, "
-                        f"*, generator=None, key_mask=None, **options) ({error}).") from None
 
 
 def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None,
@@ -421,8 +407,8 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         raise ValueError(f"`causal={MASK_RENORMALISE!r}` renormalises rows, so it needs target='softmax' (a "
                          f"row-stochastic target); got target={target!r}.")
     _check_signature(name, function, draw, causal)
-    _check_compress(name, compress)
-    _check_score(name, score)
+    _check_step(name, compress, "compress", "budget, ", "compression step")
+    _check_step(name, score, "score", "", "score function")
     for keyword, step in (("compress", compress), ("score", score)):
         if step is not None and not (causal is True or causal == CAUSAL_ONLY):
             raise ValueError(f"`{keyword}` is a step of the KV-cache setting, which is causal: it needs causal=True "
