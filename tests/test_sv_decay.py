@@ -135,6 +135,36 @@ def test_study_end_to_end_tiny(tmp_path, monkeypatch):
         sv_decay.build_config(layers=["second"])
 
 
+def _raises(q, k, v, *, num_features, generator=None):
+    raise RuntimeError("the plugin's own bug")
+
+
+def test_a_method_that_raises_gets_failed_rows_and_the_report_is_written(tmp_path, monkeypatch, fresh_registry):
+    """A registered method raising RuntimeError ended the sv-decay run with a traceback: its rows now hold the
+    error as their status (inf measures, no spectrum), every other matrix is computed and the report written."""
+    from approxlab.methods import register
+
+    def fake_qkv(window):
+        q, k, v = synthetic_qkv((3,), window.n, 8, generator=_g(window.window + window.n))
+        return types.SimpleNamespace(q=q[None], k=k[None], v=v[None], checkpoint="synthetic")
+
+    register("raises", _raises, target="softmax", features="ignored", randomized=False)
+    wikitext.clear_caches()
+    monkeypatch.setattr(wikitext, "load_qkv", fake_qkv)
+    config = sv_decay.build_config(quick=True, n=[32], heads=2, num_features=8, conditions=["pretrained"],
+                                   approximations=["raises", "nystromformer"])
+    tables = compute(sv_decay.STUDY, config, tmp_path, progress=False)
+    wikitext.clear_caches()
+    results, spectra = tables["results.csv"], tables["spectra.csv"]
+    failed = results[results["matrix"] == "raises"]
+    assert len(failed) == 2 and (failed["status"] == "RuntimeError: the plugin's own bug").all()
+    assert not results.isna().any().any() and (failed["stable_rank"] == math.inf).all()
+    assert (results.loc[results["matrix"] != "raises", "status"] == "ok").all()
+    assert "raises" not in set(spectra["matrix"]) and "nystromformer" in set(spectra["matrix"])
+    report(sv_decay.STUDY, tmp_path)
+    assert (tmp_path / "summary.md").is_file()
+
+
 def test_nothing_drawn_below_the_noise_floor():
     """Ratios below 2 n eps64 are rounding noise and are not drawn."""
     import matplotlib.pyplot as plt

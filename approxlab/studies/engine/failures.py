@@ -47,14 +47,14 @@ def failure_lines(tables: dict, *, limit: int = 5) -> list[str]:
     """One line per method (at most ``limit``) whose rows in ``tables`` (``{name: DataFrame}``) failed.
 
     A table with a ``status`` column holds ``"ok"`` or the error of a failed row; the line names the
-    table, the method (``method`` or ``attention`` column), how many of its rows failed and the first
+    table, the method (``method``, ``attention`` or ``matrix`` column), how many of its rows failed and the first
     error. Tables without ``status`` say nothing.
     """
     lines = []
     for name, frame in tables.items():
         if "status" not in getattr(frame, "columns", ()) or not len(frame):
             continue
-        column = next((c for c in ("method", "attention") if c in frame.columns), None)
+        column = next((c for c in ("method", "attention", "matrix") if c in frame.columns), None)
         failed = frame[frame["status"].astype(str) != "ok"]
         groups = failed.groupby(column, sort=False) if column else [(None, failed)] if len(failed) else []
         for value, rows in groups:

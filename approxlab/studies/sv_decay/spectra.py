@@ -7,6 +7,7 @@ the mean, min and max over heads of :math:`\log_{10}(\sigma_i/\sigma_1)`).
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from ...metrics import spectrum_measures
+from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs import wikitext
 
@@ -73,9 +75,10 @@ def attention_spectra(q, k, v, *, approximations=APPROXIMATIONS, num_features=64
 
     Returns
     -------
-    dict of str -> (sigma ``(*batch, r)``, shape ``(n, k)``)
+    dict of str -> (sigma ``(*batch, r)``, shape ``(n, k)``) or str
         Keys from :data:`MATRICES` (those computed). ``completion`` holds the eigenvalues
-        of :math:`\bar C` (clamped at 0), descending.
+        of :math:`\bar C` (clamped at 0), descending. An approximation that raised maps to its error
+        (:func:`~approxlab.studies.engine.method_status`), not to a spectrum.
     """
     from ...attention import approximate
     from ...kernels import kernelized_matrix, scaled_logits, softmax_matrix
@@ -94,8 +97,11 @@ def attention_spectra(q, k, v, *, approximations=APPROXIMATIONS, num_features=64
         "output": (torch.linalg.svdvals(softmax @ v), tuple(v.shape[-2:])),
     }
     for name in approximations:
-        matrix = approximate(name, q, k, v, num_features=num_features, generator=generator).matrix()
-        out[name] = (torch.linalg.svdvals(matrix), (n, n))
+        try:
+            matrix = approximate(name, q, k, v, num_features=num_features, generator=generator).matrix()
+            out[name] = (torch.linalg.svdvals(matrix), (n, n))
+        except METHOD_ERRORS as failure:  # the method's failure: its rows record it (compute_cell)
+            out[name] = method_status(name, failure)
     return out
 
 
@@ -134,12 +140,19 @@ def compute_cell(cell: dict) -> dict:
                                     generator=torch.Generator().manual_seed(seed))
     rows, curves = [], []
     common = {"layer_index": index, "checkpoint": checkpoint, "mode": cell["mode"], "warnings": len(caught)}
-    for name, (sigma, shape) in spectra.items():
+    names = []  # the measures' columns, from the exact matrices (computed first, never failing)
+    for name, spectrum in spectra.items():
+        if isinstance(spectrum, str):  # a failed approximation: a row per head holding its error, inf measures
+            rows.extend({"head": h, "matrix": name, **dict.fromkeys(names, math.inf), "sigma_1": math.inf,
+                         "status": spectrum, **common} for h in range(heads))
+            continue
+        sigma, shape = spectrum
         sigma = sigma.cpu()
         measures = spectrum_measures(sigma, shape)
+        names = list(measures)
         for h in range(heads):
             rows.append({"head": h, "matrix": name, **{key: float(val[h]) for key, val in measures.items()},
-                         "sigma_1": float(sigma[h, 0]), **common})
+                         "sigma_1": float(sigma[h, 0]), "status": "ok", **common})
         ratio = (sigma / sigma[:, :1]).clamp_min(10.0**LOG10_FLOOR)
         logs = torch.log10(ratio).numpy()
         for i in _spectrum_indices(sigma.shape[-1]):
