@@ -222,3 +222,25 @@ def test_the_causal_part_times_every_cache_policy_the_registry_holds(fresh_regis
     assert _verdict("causal", "streaming-llm", {2048: 1.5, 4096: 0.9}, None).startswith("not met: growth exponent")
     assert _verdict("causal", "topk", {2048: 6.0, 4096: 4.9}, None) == "met"
     assert _verdict("kv-cache", "first-tokens", {4096: 3.5}, None) == "not met: 3.50x at n = 4096 (target <= 3x)"
+
+
+def test_a_policy_that_raises_is_a_failed_row_of_the_causal_part(fresh_registry, capsys):
+    """A registered cache policy raising RuntimeError ended the causal part (and the bench) with a traceback: its
+    row now holds the error as its status, every other policy is timed, and the summary says it failed."""
+    import pandas as pd
+
+    from approxlab.methods import register
+    from approxlab.studies.bench.causal import causal_lines, causal_rows
+
+    @register("raises", target="softmax", features="cache size", randomized=False, causal="only")
+    def raises(q, k, v, *, num_features, generator=None, causal=True):
+        raise RuntimeError("the plugin's own bug")
+
+    rows = causal_rows({"config": {"causal_budget": 8, "seed": 0, "repeats": 1}, "n": 32, "device": "cpu"})
+    frame = pd.DataFrame(rows).assign(part="causal", n=32)
+    failed = frame[frame["algorithm"] == "causal/raises"]
+    assert len(failed) == 1 and failed["failed"].iloc[0] == 1 and "wall_s" not in failed.dropna(axis=1)
+    assert "causal/raises failed at n=32: RuntimeError: the plugin's own bug" in capsys.readouterr().err
+    assert frame.loc[frame["algorithm"] == "causal/h2o", "ratio_vs_sdpa"].notna().all()
+    text = "\n".join(causal_lines(frame))
+    assert "`causal/raises` | failed at n = 32" in text

@@ -30,14 +30,34 @@ def _read(rotary, config, layer: int):
 
 def rotary_frequencies_of_module(base: torch.nn.Module, layer: int):
     """The RoPE frequencies ``(p // 2,)`` of ``layer`` in a bare transformers model ``base`` (its ``rotary_emb``),
-    or None without a rotary embedding."""
+    or None without a rotary embedding.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaModel
+    >>> config = LlamaConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=1, intermediate_size=32,
+    ...                      vocab_size=32, rope_theta=10000.0)
+    >>> frequencies = rotary_frequencies_of_module(LlamaModel(config), 0)
+    >>> frequencies.shape, bool(torch.allclose(frequencies.double(), 10000.0 ** -(torch.arange(0, 8, 2) / 8).double()))
+    (torch.Size([4]), True)
+    """
     rotary = getattr(base, "rotary_emb", None)
     return None if rotary is None else _read(rotary, base.config, layer)
 
 
 def rotary_frequencies_of_config(config, layer: int):
     """The RoPE frequencies ``(p // 2,)`` of ``layer`` of a model of ``config`` (its rotary module built from the
-    config alone, no weights), or None for a family without one."""
+    config alone, no weights), or None for a family without one.
+
+    Examples
+    --------
+    >>> from transformers import BertConfig, LlamaConfig
+    >>> config = LlamaConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=1, intermediate_size=32,
+    ...                      vocab_size=32, rope_theta=10000.0)
+    >>> rotary_frequencies_of_config(config, 0).shape, rotary_frequencies_of_config(BertConfig(), 0)
+    (torch.Size([4]), None)
+    """
     config = getattr(config, "get_text_config", lambda: config)()
     module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
     prefix = type(config).__name__.removesuffix("Config")

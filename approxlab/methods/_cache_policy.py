@@ -35,6 +35,24 @@ from ._selection import attend_compressed, attend_selected, compressed_indices, 
 __all__ = ["prompt_length_of", "prompt_compressed", "cache_policy"]
 
 
+_EXAMPLES = """
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
+    >>> approx = approxlab.approximate("{name}", q, k, v, num_features=8, causal=True,
+    ...                                generator=torch.Generator().manual_seed(0))
+    >>> approx.output.shape, approx.info["kept"].shape, approx.info["prompt_length"]  # 16 prompt tokens -> 8
+    (torch.Size([2, 32, 8]), torch.Size([2, 8]), 16)
+    >>> full = approxlab.approximate("{name}", q, k, v, num_features=16, causal=True,
+    ...                              generator=torch.Generator().manual_seed(0))
+    >>> float((full.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12  # all kept
+    True
+"""
+
+
 def prompt_length_of(prompt_length, n: int) -> int:
     """The prompt :math:`P`: ``prompt_length`` (an integer in ``[1, n]``), default ``n // 2`` (at least 1)."""
     return max(1, n // 2) if prompt_length is None else check_int(prompt_length, "prompt_length", low=1, high=n)
@@ -136,6 +154,8 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
                         f"n // 2) compressed once to the top ``num_features`` of its scores "
                         f"(:func:`{score.__module__}.{score.__name__}`), then decoded "
                         "(:mod:`approxlab.methods._cache_policy`)."
-                        + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else ""))
+                        + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else "")
+                        + _EXAMPLES.format(name=name))
+    function.__module__ = score.__module__  # documented, and doctested (its ``__test__``), beside its score
     return method(name, target=target, features=features, randomized=randomized, causal=CAUSAL_ONLY,
                   score=score, draw=None if draws is None else draw_of, inputs=tuple(inputs))(function)

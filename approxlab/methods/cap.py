@@ -115,3 +115,5 @@ RoPE model; ``queries_pre_rope`` is optional."""
 
 CAP = cache_policy("cap", **REGISTRATION)
 """The built-in method 'cap': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"cap": CAP.function}  # doctest skips a MethodSpec: run its function's examples
+

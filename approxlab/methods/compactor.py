@@ -188,3 +188,5 @@ to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""
 
 COMPACTOR = cache_policy("compactor", **REGISTRATION)
 """The built-in method 'compactor': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"compactor": COMPACTOR.function}  # doctest skips a MethodSpec: run its function's examples
+

@@ -124,3 +124,5 @@ with ``sketch_dimension``)."""
 
 CUR = cache_policy("cur", **REGISTRATION)
 """The built-in method 'cur': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"cur": CUR.function}  # doctest skips a MethodSpec: run its function's examples
+

@@ -194,3 +194,5 @@ RoPE model; ``queries_pre_rope`` is optional."""
 
 EXPECTED_ATTENTION = cache_policy("expected-attention", **REGISTRATION)
 """The built-in method 'expected-attention': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"expected_attention": EXPECTED_ATTENTION.function}  # doctest skips a MethodSpec: run its function's examples
+

@@ -70,3 +70,5 @@ REGISTRATION = dict(score=keydiff_scores, target="softmax", features=FEATURES, r
 
 KEYDIFF = cache_policy("keydiff", **REGISTRATION)
 """The built-in method 'keydiff': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"keydiff": KEYDIFF.function}  # doctest skips a MethodSpec: run its function's examples
+

@@ -59,3 +59,5 @@ REGISTRATION = dict(score=knorm_scores, target="softmax", features=FEATURES, ran
 
 KNORM = cache_policy("knorm", **REGISTRATION)
 """The built-in method 'knorm': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"knorm": KNORM.function}  # doctest skips a MethodSpec: run its function's examples
+

@@ -156,7 +156,15 @@ def key_leverage_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope
 
 
 def sketch_draws(batch, prompt, p, *, sketch_dimension=48):
-    """The draw of the causal form: ``sketch`` ``(*batch, p, r)``, as :func:`draw_sketch` draws it (float64)."""
+    """The draw of the causal form: ``sketch`` ``(*batch, p, r)``, as :func:`draw_sketch` draws it (float64).
+
+    Examples
+    --------
+    >>> import torch
+    >>> entry, sample = sketch_draws((2,), 16, 8, sketch_dimension=4)["sketch"]
+    >>> entry.shape, sample(torch.Generator().manual_seed(0)).dtype
+    ((2, 8, 4), torch.float64)
+    """
     return {"sketch": (DrawEntry((*batch, p, sketch_dimension), "(*batch, p, sketch_dimension)"),
                        lambda generator: draw_sketch(batch, p, sketch_dimension, generator,
                                                      torch.empty(0, dtype=torch.float64)))}
@@ -170,3 +178,5 @@ to rotate ``k`` back); missing, the scorer raises a one-line error naming it."""
 
 LEVERAGE_SCORE = cache_policy("leverage-score", **REGISTRATION)
 """The built-in method 'leverage-score': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"leverage_score": LEVERAGE_SCORE.function}  # doctest skips a MethodSpec: run its function's examples
+

@@ -74,3 +74,5 @@ REGISTRATION = dict(score=observed_attention_scores, target="softmax", features=
 
 OBSERVED_ATTENTION = cache_policy("observed-attention", **REGISTRATION)
 """The built-in method 'observed-attention': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"observed_attention": OBSERVED_ATTENTION.function}  # doctest skips a MethodSpec: run its function's examples
+

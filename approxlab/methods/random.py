@@ -84,3 +84,5 @@ REGISTRATION = dict(score=random_scores, target="softmax", features=FEATURES, ra
 
 RANDOM = cache_policy("random", **REGISTRATION)
 """The built-in method 'random': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"random": RANDOM.function}  # doctest skips a MethodSpec: run its function's examples
+

@@ -90,3 +90,5 @@ REGISTRATION = dict(score=tova_scores, target="softmax", features=FEATURES, rand
 
 TOVA = cache_policy("tova", **REGISTRATION)
 """The built-in method 'tova': this policy's prompt compression as a causal method, its scores in the KV-cache setting."""
+__test__ = {"tova": TOVA.function}  # doctest skips a MethodSpec: run its function's examples
+

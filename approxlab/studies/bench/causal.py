@@ -22,9 +22,11 @@ its 95% interval), and :data:`TARGETS` are marked met or not, with the reason wh
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
+from ..engine.failures import METHOD_ERRORS, method_status
 from .growth import growth_exponent
 from .timing import measure_interleaved
 
@@ -84,16 +86,27 @@ def causal_rows(cell: dict) -> list[dict]:
     budget = min(int(config["causal_budget"]), n)
     generator = torch.Generator().manual_seed(cell_seed("causal", n, base_seed=config["seed"]))
     q, k, v = (torch.randn(HEADS, n, HEAD_DIM, generator=generator).to(device) for _ in range(3))
-    timed = policies()
-    functions = [lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)]
-    functions += [_call(form, method, q, k, v, budget) for form, method in timed]
-    base, *measured = measure_interleaved(functions, repeats=int(config["repeats"]), warmup=1, device=device)
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    sdpa()  # the warm-up call; a policy's warm-up call is also its check
     common = {"heads": HEADS, "p": HEAD_DIM, "num_features": budget, "compute_dtype": "float32"}
+    timed, failed = [], []
+    for form, method in policies():
+        function = _call(form, method, q, k, v, budget)
+        try:
+            function()
+            timed.append(((form, method), function))
+        except METHOD_ERRORS as error:  # the method's failure: a failed row (the error on stderr, as the
+            # forward part says it), the others are timed
+            print(f"approxlab bench: {form}/{method} failed at n={n}: {method_status(method, error)}",
+                  file=sys.stderr)
+            failed.append({"algorithm": f"{form}/{method}", **common, "failed": 1.0})
+    base, *measured = measure_interleaved([sdpa, *(function for _, function in timed)],
+                                          repeats=int(config["repeats"]), warmup=0, device=device)
     rows = [{"algorithm": SDPA, **common, **base.as_row()}]
-    for (form, method), m in zip(timed, measured):
+    for ((form, method), _), m in zip(timed, measured):
         rows.append({"algorithm": f"{form}/{method}", **common, **m.as_row(), "ratio_vs_sdpa": m.wall_s / base.wall_s,
                      "cpu_ratio_vs_sdpa": m.cpu_s / base.cpu_s})
-    return rows
+    return rows + failed
 
 
 def _verdict(form: str, method: str, ratios: dict, exponent) -> str:
@@ -116,6 +129,8 @@ def causal_lines(wide) -> list[str]:
     rows = wide[wide["part"] == "causal"]
     if rows.empty or "wall_s" not in rows:
         return []
+    failed = rows[rows["failed"] == 1] if "failed" in rows else rows.iloc[:0]
+    rows = rows.drop(failed.index)
     ns = sorted({int(n) for n in rows["n"]})
     budget = int(rows["num_features"].max()) if "num_features" in rows else "?"
     lines = ["## Causal forms against causal SDPA", "",
@@ -139,6 +154,9 @@ def causal_lines(wide) -> list[str]:
         shown = ", ".join(f"{ratios[n]:.2f}" if n in ratios else "—" for n in ns)
         form, method = algorithm.split("/", 1)
         lines.append(f"| `{algorithm}` | {shown} | {_fit_text(fit)} | {_verdict(form, method, ratios, fit)} |")
+    for algorithm, group in failed.groupby("algorithm", sort=True):
+        lines.append(f"| `{algorithm}` | failed at n = {', '.join(str(int(n)) for n in sorted(group['n']))} (the "
+                     "error is on the run's stderr) | — | not measured |")
     return lines + [""]
 
 

@@ -202,6 +202,8 @@ def _coverage_lines(summary: pd.DataFrame) -> list[str]:
 def _seed_lines(summary: pd.DataFrame) -> list[str]:
     """Table 3's value as one seed's statistic, apart from the population mean's interval against 1."""
     rows = summary[summary["paper"].notna()] if "paper" in summary else summary.iloc[:0]
+    if rows.empty:  # e.g. the softmax reference alone: no entry of Table 3 to place
+        return []
     table = pd.DataFrame({"attention": rows["attention"], "task": [_task_label(t, n) for t, n in zip(rows["task"],
                                                                                                    rows["n"])],
                           "paper": rows["paper"], "seeds at or below it": [f"{p:.0%}" for p in rows["paper_percentile"]],
