@@ -244,3 +244,24 @@ def test_a_policy_that_raises_is_a_failed_row_of_the_causal_part(fresh_registry,
     assert frame.loc[frame["algorithm"] == "causal/h2o", "ratio_vs_sdpa"].notna().all()
     text = "\n".join(causal_lines(frame))
     assert "`causal/raises` | failed at n = 32" in text
+
+
+def test_an_error_method_that_raises_is_a_failed_cell_and_the_report_is_written(tmp_path, capsys, fresh_registry):
+    """A registered method raising RuntimeError as --error-method ended the bench with a traceback in the accuracy
+    and ratios parts: each cell is a failed row (its error on stderr, one line), and the summary is written."""
+    from approxlab.methods import register
+
+    @register("raises", target="softmax", features="ignored", randomized=False)
+    def raises(q, k, v, *, num_features, generator=None):
+        raise RuntimeError("the plugin's own bug")
+
+    out = tmp_path / "bench"
+    argv = ["bench", "--quick", "--source", "synthetic", "--out", str(out), "--no-progress", "--parts", "accuracy",
+            "ratios", "--accuracy-n", "64", "--error-method", "raises", "--num-features", "8"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "raises failed in the accuracy part at n=64: RuntimeError: the plugin's own bug" in err
+    results = pd.read_csv(out / "results.csv")
+    assert not results.isna().any().any()
+    assert {"accuracy-failed", "ratios-failed"} <= set(results["algorithm"])
+    assert (out / "summary.md").is_file()

@@ -7,6 +7,9 @@ rows ``(algorithm, compute_dtype, quantity, value)``.
 
 from __future__ import annotations
 
+import sys
+
+from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from .causal import causal_rows
 from .forward import forward_rows
@@ -27,7 +30,7 @@ def compute(cell: dict) -> list[dict]:
     if part == "training":
         return _tidy(training_rows(cell))
     if part == "patch":
-        return _tidy(patch_rows(cell))
+        return _guarded(cell, lambda: patch_rows(cell))
     if part == "causal":
         return _tidy(causal_rows(cell))
     q, k, v = load_head(config, n, data_dir=cell["data_dir"], cache_dir=cell["cache_dir"], device=cell["device"])
@@ -38,8 +41,21 @@ def compute(cell: dict) -> list[dict]:
     if part == "forward":
         return _tidy(forward_rows(config, method, q, k, v, n, common, cell["device"]))
     if part == "ratios":
-        return _tidy(ratio_rows(cell, q, k, v, common))
-    return _tidy(spectral_rows(config, part, method, q, k, v, n, common, seed, compute_dtype))
+        return _guarded(cell, lambda: ratio_rows(cell, q, k, v, common))
+    return _guarded(cell, lambda: spectral_rows(config, part, method, q, k, v, n, common, seed, compute_dtype))
+
+
+def _guarded(cell: dict, rows) -> list[dict]:
+    """``_tidy(rows())``; a method that raises is the cell's failure, as in the forward part: its error in one line
+    on stderr and one ``<part>-failed`` row (``failed = 1``), and the run goes on to its report."""
+    try:
+        return _tidy(rows())
+    except METHOD_ERRORS as error:
+        method = cell["config"]["error_method"] if cell["part"] == "ratios" else cell["method"]
+        print(f"approxlab bench: {method} failed in the {cell['part']} part at n={cell['n']}: "
+              f"{method_status(method, error)}", file=sys.stderr)
+        return _tidy([{"algorithm": f"{cell['part']}-failed", "compute_dtype": cell["config"]["compute_dtype"],
+                       "failed": 1.0}])
 
 
 def _tidy(rows: list[dict]) -> list[dict]:
