@@ -64,7 +64,7 @@ FULL_GRID = {
     "windows": 12,
     "compare_with": [],
     "long_n": [1024, 2048],
-    "long_features": [64, 512],
+    "long_features": [64, 256],
     "long_windows": 3,
     "long_depths": [0.25, 0.75],
 }
@@ -126,7 +126,7 @@ OPTIONS = (
            "0: no long-context settings (default 1024,2048)", type=long_lengths, nargs="+", action=shared.Flatten,
            metavar="N"),
     Option(("--long-features",), "long_features", "budgets of the long-context settings, comma-separated (default "
-           "64,512)", type=shared.int_list, nargs="+", action=shared.Flatten, metavar="D"),
+           "64,256)", type=shared.int_list, nargs="+", action=shared.Flatten, metavar="D"),
     Option(("--long-windows",), "long_windows", "WikiText-2 windows of the long-context settings (default 3)",
            type=shared.positive_int, metavar="N"),
     Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
