@@ -36,6 +36,7 @@ import time
 from ..errors import CachePathError, CheckpointError, CorruptResultsError, StudyError, UsageError
 from .checks import exists
 from .engine import runner
+from .engine.clock import Stopwatch
 from .engine.keys import canonical, cell_key
 from .engine.failures import failure_lines
 from .engine.lock import LOCK_NAME, OutputLockedError, output_lock
@@ -172,7 +173,7 @@ def run(study, args) -> int:
             study.check(args, config)
         info = _run_info(study, args, config)
         settings = study.settings(args) if study.settings is not None else {}
-        start = time.perf_counter()
+        watch = Stopwatch()
         try:
             tables = compute(study, config, out, data_dir=args.data_dir, cache_dir=args.cache_dir, device=args.device,
                              scheduler=getattr(args, "scheduler", None), workers=getattr(args, "workers", None),
@@ -182,7 +183,7 @@ def run(study, args) -> int:
                 raise  # a bug of approxlab: its traceback
             raise StudyError(f"the study {study.name!r} (defined in {_defined_in(study)}) returned what the runner "
                              f"cannot use: {error}") from None
-        seconds = time.perf_counter() - start
+        seconds = watch.seconds()
         for line in failure_lines(tables):
             print(f"approxlab {study.name}: {line}", file=sys.stderr)
         append_timing(out, {"command": info["command"], "wall_seconds": round(seconds, 1),

@@ -11,7 +11,6 @@ layer x window serves every n (the shared, cached :func:`approxlab.studies.input
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
 import torch
@@ -22,6 +21,7 @@ from ...kv_cache import kv_cache_attention
 from ...methods import get
 from ...methods._scores import model_inputs
 from ...metrics import spectral_norm
+from ..engine.clock import Stopwatch
 from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs import wikitext
@@ -59,12 +59,12 @@ def _generator(*values, base_seed) -> torch.Generator:
 
 def compute_window(cell: dict) -> list[dict]:
     """One row per condition x layer x window: the extraction (cached on disk for the other tables)."""
-    start = time.perf_counter()
+    watch = Stopwatch()
     qkv = _qkv(cell)
     return [{"n_max": cell["n_max"], "checkpoint": qkv.checkpoint, "weights": qkv.weights,
              "distinct_tokens": int(qkv.input_ids[0].unique().numel()), "heads": qkv.num_heads,
              "kv_heads": int(qkv.kv_heads or qkv.num_heads), "sliding_window": qkv.sliding_window,
-             "from_cache": bool(qkv.from_cache[0]), "seconds": time.perf_counter() - start}]
+             "from_cache": bool(qkv.from_cache[0]), "seconds": watch.seconds()}]
 
 
 def level_rows(levels, heads: int, epsilon: float) -> list[dict]:
@@ -107,19 +107,19 @@ def compute_assumptions(cell: dict) -> dict:
     ref = _reference(cell)
     qkv = _qkv(cell)
     key = tuple(cell[c] for c in ASSUMPTION_KEY)
-    start = time.perf_counter()
+    watch = Stopwatch()
     found = measure_assumptions(ref["q"], ref["k"], heavy=cell["heavy"], rank_max_n=cell["rank_max_n"],
                                 block_size=cell["block_size"], hashes=cell["hashes"],
                                 generator=_generator(*key, "golub-kahan", base_seed=cell["base_seed"]))
     heads = ref["q"].shape[0]
-    seconds = (time.perf_counter() - start) / heads
+    seconds = watch.seconds() / heads
     assumptions = [{"head": h, "kv_head": qkv.kv_head(h), "checkpoint": ref["checkpoint"],
                     **{name: float(values[h]) for name, values in found.items()},
                     "sqrt_log_n": math.sqrt(math.log(cell["n"])), "seconds": seconds} for h in range(heads)]
-    start = time.perf_counter()
+    watch = Stopwatch()
     levels = block_levels(ref["q"], ref["k"], block_size=cell["block_size"], heavy=cell["heavy"],
                           hashes=cell["hashes"], generator=_generator(*key, "sortlsh", base_seed=cell["base_seed"]))
-    seconds = (time.perf_counter() - start) / heads
+    seconds = watch.seconds() / heads
     rows = [{**row, "seconds": seconds} for row in level_rows(levels, heads, cell["epsilon"])]
     return {ASSUMPTIONS: assumptions, LEVELS: rows}
 
@@ -138,7 +138,7 @@ def _measured(method: str, run, output, output_norm) -> tuple[dict, object]:
     errors, the seconds, the warnings and a ``status`` ("ok", or the method's error: a failed method has ``inf``
     errors: any exception it raises, :func:`~..engine.failures.method_status`)."""
     heads = output.shape[0]
-    start, approx = time.perf_counter(), None
+    watch, approx = Stopwatch(), None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -153,7 +153,7 @@ def _measured(method: str, run, output, output_norm) -> tuple[dict, object]:
             "relative_error_heads": " ".join(repr(float(e)) for e in relative),
             "error_mean": float(error.mean()), "error_max": float(error.max()),
             "relative_error_mean": float(relative.mean()), "relative_error_max": float(relative.max()),
-            "output_norm_mean": float(output_norm.mean()), "seconds": time.perf_counter() - start, "status": status,
+            "output_norm_mean": float(output_norm.mean()), "seconds": watch.seconds(), "status": status,
             "num_warnings": len(caught), "warnings": ";".join(kinds) if kinds else "none"}, approx
 
 

@@ -5,10 +5,12 @@ into tables, resume, journal, progress), the table store (:mod:`.store`: CSV tab
 cell manifests and journals), the output-folder lock (:mod:`.lock`), the run record
 (:mod:`.record`: ``config.json`` and ``timing.json``), the executors (:mod:`.executors`: in-process
 or Dask), the keys and seeds of cells (:mod:`.keys`), the environment a study computes in
-(:mod:`.environment`: threads, third-party progress bars) and what a method's failure inside a cell
-becomes (:mod:`.failures`: a failed row, or the traceback of a bug).
+(:mod:`.environment`: threads, third-party progress bars), what a method's failure inside a cell
+becomes (:mod:`.failures`: a failed row, or the traceback of a bug) and the timer of the cells
+(:mod:`.clock`: wall and thread CPU seconds, and the clock timings are compared on).
 """
 
+from .clock import Stopwatch
 from .environment import requested_threads, restored_environ, study_threads, third_party_bars_off
 from .executors import DASHBOARD_ADDRESS
 from .failures import METHOD_ERRORS, failure_lines, method_status
@@ -25,4 +27,4 @@ __all__ = ["run_steps", "run_cells", "CellResultError", "cell_key", "cell_seed",
            "journal_path", "append_journal", "read_journal", "remove_journal", "JOURNAL_SUFFIX", "output_lock",
            "remove_stale_temp_files", "OutputLockedError", "LOCK_NAME", "ProgressLog", "DASHBOARD_ADDRESS",
            "requested_threads", "study_threads", "third_party_bars_off", "restored_environ", "METHOD_ERRORS",
-           "method_status", "failure_lines"]
+           "method_status", "failure_lines", "Stopwatch"]

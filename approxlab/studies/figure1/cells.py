@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import math
-import time
 import warnings
 
 import numpy as np
@@ -22,6 +21,7 @@ from ...kernels import kernelized_matrix
 from ...leverage import completion_operator, estimate_ridge_quantities
 from ...methods import get
 from ...metrics import numerical_rank_lu, spectral_norm
+from ..engine.clock import Stopwatch
 from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs import wikitext
@@ -150,7 +150,7 @@ def compute_cell(cell: dict) -> list[dict]:
     rows = []
     for d in cell["num_features"]:
         for seed in cell["seeds"]:
-            start = time.perf_counter()
+            watch = Stopwatch()
             approx = None
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -164,7 +164,7 @@ def compute_cell(cell: dict) -> list[dict]:
                 except METHOD_ERRORS as failure:  # the method's failure: a failed row
                     error = torch.full((heads,), math.inf, dtype=torch.float64)
                     status = method_status(cell["method"], failure)
-            seconds = time.perf_counter() - start
+            seconds = watch.seconds()
             kinds = sorted({w.category.__name__ for w in caught})
             rows.append({
                 "num_features": d, "seed": seed, "checkpoint": ref["checkpoint"], "heads": heads,
@@ -266,7 +266,7 @@ def compute_window(cell: dict) -> list[dict]:
 
     record = wikitext.qkv(_window(cell))
     ids, q, k = record.input_ids[0], record.q[0], record.k[0]
-    start = time.perf_counter()
+    watch = Stopwatch()
     q0, k0 = q[0].detach().cpu().to(torch.float64), k[0].detach().cpu().to(torch.float64)
     n, rank = q0.shape[0], math.nan
     if n <= cell.get("dense_max_n", DENSE_MAX_N):
@@ -275,4 +275,4 @@ def compute_window(cell: dict) -> list[dict]:
                                  generator=_generator(cell, "rank-of-a", 0, 0))
     return [{"distinct_tokens": int(torch.as_tensor(ids).unique().numel()),
              "distinct_q_rows": int(torch.unique(q0, dim=0).shape[0]),
-             "rank_a": rank, "positions": cell["positions"], "seconds": time.perf_counter() - start}]
+             "rank_a": rank, "positions": cell["positions"], "seconds": watch.seconds()}]

@@ -11,11 +11,11 @@ same landmarks.
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
 
+from ..engine.clock import Stopwatch
 from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs.tasks import to_device, training_batches
@@ -54,7 +54,7 @@ def compute_cell(cell: dict) -> list[dict]:
     """Train one attention on one (task, n, seed) and return one row per step."""
     from ...training import instability_trace
 
-    start = time.perf_counter()
+    watch = Stopwatch()
     task = _task(cell)
     attention_seed = _attention_seed(cell)
     model = _model(cell, task, cell["attention"])
@@ -69,7 +69,7 @@ def compute_cell(cell: dict) -> list[dict]:
             status = "ok"
         except METHOD_ERRORS as error:  # the attention's failure: a failed row
             trace, status = None, f"failed: {method_status(cell['attention'], error)}"
-    seconds = time.perf_counter() - start
+    seconds = watch.seconds()
     common = {"seconds": seconds, "warnings": len(caught), "status": status}
     if trace is None:
         return [{"step": 0, "tau": None, "output_change": None, "parameter_change": None, "loss": None, **common}]
@@ -97,7 +97,7 @@ def compute_residual_cell(cell: dict) -> list[dict]:
     list of dict
         One row: ``rms_<attention>`` per attention, ``seconds``.
     """
-    start = time.perf_counter()
+    watch = Stopwatch()
     task = _task(cell)
     batch = to_device(task.batches[0], cell["device"])
     row = {}
@@ -111,4 +111,4 @@ def compute_residual_cell(cell: dict) -> list[dict]:
             hook.remove()
         stream = captured[0].reshape(*batch.mask.shape, -1)[batch.mask]  # (real tokens, embedding_dim)
         row[f"rms_{attention}"] = float(stream.double().square().mean().sqrt())
-    return [{**row, "seconds": time.perf_counter() - start}]
+    return [{**row, "seconds": watch.seconds()}]

@@ -9,10 +9,10 @@ seeds (:func:`approxlab.studies.inputs.tasks.training_pool`).
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 
+from ..engine.clock import Stopwatch
 from ..engine.keys import cell_seed
 from ..inputs.tasks import seeded_task, training_pool
 from .grid import DECAY_INDICES, GATES, MODEL, RESULTS, SPECTRA, TRAINING
@@ -98,7 +98,7 @@ def compute_cell(cell: dict) -> dict:
     """Train and measure one (task, seed): its rows of the three tables."""
     from ...training import accuracy
 
-    start = time.perf_counter()
+    watch = Stopwatch()
     model, trained, test, majority = _train(cell)
     sigma = attention_output_spectrum(model, test, layer=1, dtype=getattr(torch, cell["measure_dtype"]))
     last = DECAY_INDICES[1]
@@ -109,7 +109,7 @@ def compute_cell(cell: dict) -> dict:
                "passed": bool(trained["final_accuracy"] >= gate),
                "test_batch_accuracy": accuracy(model, [test]), "decay_slope": float(slope.mean()),
                "decay_slope_std": float(slope.std()) if slope.numel() > 1 else 0.0,
-               "num_singular_values": sigma.shape[-1], "seconds": time.perf_counter() - start}
+               "num_singular_values": sigma.shape[-1], "seconds": watch.seconds()}
     spectra = [{"index": j + 1, "mean": float(sigma[:, j].mean()), "min": float(sigma[:, j].min()),
                 "max": float(sigma[:, j].max())} for j in range(sigma.shape[-1])]
     training = [{c: row[c] for c in ("step", "train_loss", "validation_accuracy")} for row in trained["history"]]

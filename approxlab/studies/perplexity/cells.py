@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 import warnings
 
 import torch
 
 from ...errors import UsageError
 from ...patching import patch_attention, token_nll
+from ..engine.clock import Stopwatch
 from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from .grid import ALL_LAYERS, KV_CACHE, KV_GROUPING, WHOLE
@@ -88,7 +88,7 @@ def _inputs(cell) -> torch.Tensor:
 
 def compute_baseline(cell: dict) -> list[dict]:
     """The unpatched model's mean negative log-likelihood (nats per token) of the window's scored tokens."""
-    start = time.perf_counter()
+    watch = Stopwatch()
     ids = _inputs(cell)
     try:
         nll = _scored(token_nll(decoder_model(cell), ids), cell)
@@ -96,7 +96,7 @@ def compute_baseline(cell: dict) -> list[dict]:
         raise UsageError("--checkpoint", "a causal language model with its output head (or tied embeddings)",
                          f"{cell['checkpoint']!r} ({error})") from None
     return [{"tokens": int(ids.shape[1]), "scored": int(nll.numel()), "nll": float(nll.mean()),
-             "distinct_tokens": int(ids.unique().numel()), "seconds": time.perf_counter() - start}]
+             "distinct_tokens": int(ids.unique().numel()), "seconds": watch.seconds()}]
 
 
 def _run(cell, key, forward, **patch_options):
@@ -144,7 +144,7 @@ def _warnings(caught) -> dict:
 
 def compute_decoder(cell: dict) -> dict:
     """A patched forward pass: ``perplexity.csv`` (one row) and ``layer_errors.csv`` (one row per replaced layer)."""
-    start, cpu = time.perf_counter(), time.thread_time()
+    watch = Stopwatch()
     model = decoder_model(cell)
     ids = _inputs(cell)
     layers = (list(range(cell["num_layers"])) if cell["layers"] == ALL_LAYERS
@@ -160,7 +160,7 @@ def compute_decoder(cell: dict) -> dict:
            "nll": math.inf if scored is None else float(scored.mean()), "replaced": len(layers),
            "error_inputs": "the patched run's own (drifting)" if len(layers) > 1 else "the unpatched model's",
            **_pooled(errors, patch), **_attention(patch), "causal": _causal_form(cell, patch), "status": status,
-           **_warnings(caught), "seconds": time.perf_counter() - start, "cpu_seconds": time.thread_time() - cpu}
+           **_warnings(caught), **watch.times()}
     return {"perplexity.csv": [row], "layer_errors.csv": _layer_rows(errors, patch, layers)}
 
 
@@ -202,7 +202,7 @@ def _embedding(loaded, ids) -> torch.Tensor:
 def compute_encoder(cell: dict) -> list[dict]:
     """Every layer of the encoder replaced: one minus the cosine similarity of the mean-pooled embedding to the
     exact model's (``cosine_distance``), and the errors pooled over layers and heads."""
-    start, cpu = time.perf_counter(), time.thread_time()
+    watch = Stopwatch()
     loaded = encoder_model(cell)
     ids = window_tokens(cell, encoder=True)
     exact = _exact_embedding(cell["window"], cell["n"], cell["checkpoint"], cell["data_dir"], cell["cache_dir"],
@@ -213,14 +213,13 @@ def compute_encoder(cell: dict) -> list[dict]:
                                                                                                      dim=0))
     errors = [] if patch is None else patch.errors()
     return [{"cosine_distance": distance, "replaced": int(loaded.model.config.num_hidden_layers),
-             **_pooled(errors, patch), "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
-             "cpu_seconds": time.thread_time() - cpu}]
+             **_pooled(errors, patch), "status": status, **_warnings(caught), **watch.times()}]
 
 
 def compute_cost(cell: dict) -> list[dict]:
     """The cost of a patched forward pass against its parts (:func:`.cost.patched_forward_cost`); a method that
     fails has ``inf`` seconds and ratio and a ``status`` naming its error."""
-    from .cost import COST_PARTS, _clock, patched_forward_cost
+    from .cost import COST_PARTS, patched_forward_cost
 
     ids = window_tokens(cell)[:, :cell["n"]]
     with warnings.catch_warnings():
@@ -231,7 +230,7 @@ def compute_cost(cell: dict) -> list[dict]:
                                          seed=cell_seed(cell["method"], "cost", base_seed=cell["base_seed"]))
             status = "ok"
         except METHOD_ERRORS as failure:  # the method's failure: a failed row
-            found = {**dict.fromkeys((*COST_PARTS, "overhead", "ratio"), math.inf), "clock": _clock()[1],
+            found = {**dict.fromkeys((*COST_PARTS, "overhead", "ratio"), math.inf), "clock": Stopwatch.steady_clock(),
                      "repeats": cell["repeats"]}
             status = method_status(cell["method"], failure)
     named = {f"{part}_seconds" if part in COST_PARTS + ("overhead",) else part: value for part, value in found.items()}

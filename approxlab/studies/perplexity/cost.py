@@ -10,22 +10,16 @@ The bench can call it for any model and method; the perplexity study reports it 
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
+
+from ..engine.clock import Stopwatch
 
 __all__ = ["COST_PARTS", "patched_forward_cost"]
 
 COST_PARTS = ("unpatched", "patched", "method", "layer_attention")
 """The timed parts, in seconds: the unpatched forward pass, the patched one, the method on the layer's inputs
 alone, and exact attention (PyTorch's SDPA) on those inputs -- what the patch takes out of the unpatched pass."""
-
-
-def _clock():
-    """CPU time of this thread when torch computes in it alone (robust to other processes on the machine), else
-    wall time."""
-    return (time.thread_time, "thread CPU seconds") if torch.get_num_threads() == 1 else \
-        (time.perf_counter, "wall seconds")
 
 
 def patched_forward_cost(model, method: str, input_ids: torch.Tensor, *, layer: int, num_features: int,
@@ -120,17 +114,17 @@ def patched_forward_cost(model, method: str, input_ids: torch.Tensor, *, layer: 
     def layer_attention():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
-    clock, unit = _clock()
+    unit = Stopwatch.steady_clock()
 
     def timed(part):
         if part == "patched":
             with patch():
-                start = clock()
+                watch = Stopwatch()
                 forward()
-                return clock() - start
-        start = clock()
+                return watch.seconds(unit)
+        watch = Stopwatch()
         {"unpatched": forward, "method": method_alone, "layer_attention": layer_attention}[part]()
-        return clock() - start
+        return watch.seconds(unit)
 
     seconds = {part: [] for part in COST_PARTS}
     for repeat in range(repeats):

@@ -8,13 +8,13 @@ the mean, min and max over heads of :math:`\log_{10}(\sigma_i/\sigma_1)`).
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
 import numpy as np
 import torch
 
 from ...metrics import spectrum_measures
+from ..engine.clock import Stopwatch
 from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from ..inputs import wikitext
@@ -128,7 +128,7 @@ def _load(cell):
 
 def compute_cell(cell: dict) -> dict:
     """Spectra of one window: ``{"results.csv": rows (head x matrix), "spectra.csv": rows}``."""
-    start = time.perf_counter()
+    watch = Stopwatch()
     q, k, v, index, checkpoint = _load(cell)
     heads = min(int(cell["heads"]), q.shape[0])
     q, k, v = q[:heads], k[:heads], v[:heads]
@@ -160,7 +160,7 @@ def compute_cell(cell: dict) -> dict:
             curves.append({"matrix": name, "index": int(i),
                            **{f"log10_{stat}": round(float(getattr(column, stat)()), SPECTRUM_DECIMALS)
                               for stat in ("mean", "min", "max")}, "heads": heads})
-    seconds = time.perf_counter() - start
+    seconds = watch.seconds()
     for row in rows:
         row["seconds"] = seconds
     return {RESULTS: rows, SPECTRA: curves}
