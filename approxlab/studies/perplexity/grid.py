@@ -1,4 +1,7 @@
-"""The perplexity study's grid: the full and ``--quick`` grids, the options, the config, the checks and the cells."""
+"""The perplexity study's grid: the full and ``--quick`` grids, the options, the config, the checks and the cells.
+
+The long-context settings' names, options, cells and checks are in :mod:`.long_grid` (re-exported here).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,12 @@ from .. import checks
 from .. import options as shared
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows
+from .long_grid import LONG_KEY, LONG_KV, LONG_OPTIONS, LONG_WHOLE, UNPATCHED, check_long, long_cells, long_lengths
 from .references import check_reference
 
 __all__ = ["DEFAULT_CHECKPOINT", "ENCODER_CHECKPOINT", "METHODS", "ENCODER_METHODS", "CONTROL", "FULL_GRID",
            "QUICK_GRID", "OPTIONS", "WHOLE", "KV_CACHE", "ALL_LAYERS", "LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY",
-           "long_cells", "layer_label", "ignores_features",
+           "long_cells", "long_lengths", "layer_label", "ignores_features",
            "configure", "build_config", "window_ids", "method_features", "baseline_cells", "decoder_cells",
            "encoder_cells", "cost_cells", "long_study_cells", "reference_cells", "check", "run_info"]
 
@@ -21,6 +25,8 @@ DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENCODER_CHECKPOINT = "sentence-transformers/all-MiniLM-L6-v2"
 
 CONTROL = "exact"
+"""Run beside the methods in every setting: exact attention through the patch (its change in log-perplexity is
+the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
 
 
 def _registered(encoder: bool) -> tuple:
@@ -38,18 +44,12 @@ apart from the decoder claims); read from the registry, so a method registered l
 
 ENCODER_METHODS = _registered(encoder=True)
 """Every registered method that runs without a causal mask (the cache policies are causal only)."""
-"""Run beside the methods in every setting: exact attention through the patch (its change in log-perplexity is
-the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
 
 WHOLE, KV_CACHE = "whole", "kv-cache"
 KV_GROUPING = "kv-head"
 """The KV-cache setting's kept sets on a grouped-query model: b context tokens per layer and KV head (the query
 heads' scores averaged, as kvpress does; ``patch_attention(..., grouping=...)``). Runs before it held a set per
 query head (``"query-head"``), which a config without ``kv_grouping`` means."""
-LONG_WHOLE, LONG_KV = "long-whole", "long-kv"
-UNPATCHED = "unpatched"
-LONG_KEY = ("setting", "long_n", "method", "num_features", "window", "depth")
-
 
 ALL_LAYERS = "all"
 
@@ -94,13 +94,6 @@ def layer_settings(text: str) -> list:
     return chosen
 
 
-def long_lengths(text: str) -> list:
-    """``--long-n``: lengths >= 1, comma-separated, or 0 (none)."""
-    if str(text).strip() in ("0", ""):  # "" : the empty list, checked again after parsing
-        return []
-    return shared.int_list(text)
-
-
 OPTIONS = (
     shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="the causal language model (Hub id with network, local "
                           "folder or .gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline)"),
@@ -122,13 +115,7 @@ OPTIONS = (
            "compresses (default 512)", type=shared.positive_int, metavar="N"),
     Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored (default 256)",
            type=shared.positive_int, metavar="N"),
-    Option(("--long-n",), "long_n", "tokens of the long-context sequences (a pass key in WikiText-2), comma-separated; "
-           "0: no long-context settings (default 1024,2048)", type=long_lengths, nargs="+", action=shared.Flatten,
-           metavar="N"),
-    Option(("--long-features",), "long_features", "budgets of the long-context settings, comma-separated (default "
-           "64,256)", type=shared.int_list, nargs="+", action=shared.Flatten, metavar="D"),
-    Option(("--long-windows",), "long_windows", "WikiText-2 windows of the long-context settings (default 3)",
-           type=shared.positive_int, metavar="N"),
+    *LONG_OPTIONS,
     Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
            "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated; default none)",
            type=shared.str_list, nargs="+", action=shared.Flatten, metavar="FOLDERS"),
@@ -325,24 +312,8 @@ def cost_cells(config: dict, settings: dict) -> list[dict]:
             for method in config["methods"]]
 
 
-def long_cells(config: dict, common: dict, methods, features_of) -> list[dict]:
-    """One cell per long setting x method x d x window x depth; the unpatched model and the control first."""
-    if not config.get("long_n"):
-        return []
-    cells = []
-    for length, setting in [(n, s) for n in config["long_n"] for s in (LONG_WHOLE, LONG_KV)]:
-        runs = [(UNPATCHED, 0), (config["control"], config["long_features"][0])]
-        runs += [(m, d) for m in methods for d in features_of(m)]
-        for method, d in runs:
-            for window in range(config["long_windows"]):
-                for depth in config["long_depths"]:
-                    cells.append({"setting": setting, "long_n": length, "method": method, "num_features": d,
-                                  "window": window, "depth": depth, **common})
-    return cells
-
-
 def long_study_cells(config: dict, settings: dict) -> list[dict]:
-    """The long-context cells (:func:`.long.long_cells`): the decoder-valid methods (not ``mask-renormalise``) at
+    """The long-context cells (:func:`.long_grid.long_cells`): the decoder-valid methods (not ``mask-renormalise``) at
     ``long_features`` (a method that ignores d at the first)."""
     from ...methods import get
 
@@ -383,18 +354,7 @@ def check(args, config: dict) -> None:
                               [m for m in config["methods"] if not ignores_features(m)], [config["n"]])
     checks.check_num_features("--num-features", max(config["num_features"]),
                               [m for m in config["encoder_methods"] if not ignores_features(m)], [config["n"]])
-    if config.get("long_n"):
-        longest, shortest = max(config["long_n"]), min(config["long_n"])
-        if longest > info.max_positions:
-            raise UsageError("--long-n", f"at most the model's context, {info.max_positions} tokens", longest)
-        if max(config["long_features"]) >= shortest // 2:
-            raise UsageError("--long-features", f"budgets below half the shortest long sequence ({shortest} tokens)",
-                             max(config["long_features"]))
-        long = corpus_window_count("pretrained", longest, checkpoint=config["checkpoint"], data_dir=args.data_dir,
-                                   cache_dir=args.cache_dir)
-        if long < config["long_windows"]:
-            raise UsageError("--long-windows", f"at most the corpus's {long} windows of {longest} tokens",
-                             config["long_windows"])
+    check_long(args, config, info)
     if max(config["num_features"]) > config["context"]:
         raise UsageError("--num-features", f"budgets at most the context, {config['context']} tokens",
                          max(config["num_features"]))
