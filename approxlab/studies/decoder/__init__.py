@@ -10,7 +10,8 @@ equations: :mod:`approxlab.assumptions`).
 
 The declaration :data:`STUDY`, behind ``approxlab decoder``:
 
-1. **grid** -- :func:`~.grid.configure` (:mod:`.grid`; saved and hashed in ``config.json``).
+1. **grid** -- :func:`~.grid.configure` (:mod:`.grid`, the KV-cache setting's part in :mod:`.kv_setting`;
+   saved and hashed in ``config.json``).
 2. **cells** -- five steps (:mod:`.cells`; resumable, ``--workers`` for a local Dask cluster: each worker loads
    the model at most once per condition): ``windows.csv`` (the Q/K/V of each condition x layer x window,
    extracted once at the longest n and cached on disk); ``assumptions.csv`` (one row per condition x n x layer x

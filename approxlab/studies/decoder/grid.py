@@ -1,4 +1,8 @@
-"""The decoder study's grid: full and ``--quick`` grids, the methods' causal forms, the layers, the checks."""
+"""The decoder study's grid: full and ``--quick`` grids, the methods' causal forms, the layers, the checks.
+
+The KV-cache setting's values, options and defaults at other lengths are in :mod:`.kv_setting` (re-exported
+here).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ from .. import checks
 from .. import options as shared
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows, method_seeds
+from .kv_setting import KV_FULL, KV_KEY, KV_OPTIONS, KV_QUICK, kv_defaults
 
 __all__ = ["DEFAULT_CHECKPOINT", "METHODS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "EPSILON", "PERFORMER_SCALE",
            "WINDOW_POOL", "WINDOW_KEY", "ASSUMPTION_KEY", "RESULT_KEY", "KV_KEY", "causal_form", "default_layers",
-           "configure", "build_config", "window_ids", "make_cells", "budgets", "check", "run_info"]
+           "kv_defaults", "configure", "build_config", "window_ids", "make_cells", "budgets", "check", "run_info"]
 
 DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 REFERENCES = ("exact",)
@@ -43,16 +48,14 @@ FULL_GRID = {
     "methods": list(METHODS),
     "windows": 3,
     "seeds": 1,
-    "kv_context": 1536,
-    "kv_continuation": 512,
-    "kv_budgets": [16, 64, 256, 1024],
+    **KV_FULL,  # the KV-cache setting (kv_setting.py): context 1536, continuation 512, budgets 16 to 1024
 }
 """The full grid. Four lengths from 768 (the smallest n whose top unmasked block, n/2 columns, holds more than
 one sortLSH block of 256 keys, so that sortLSH's kappa is defined at every n) to 4096; 3 windows, the
 independent units of every interval; the KV-cache setting on the first 2048 tokens of each window."""
 
 QUICK_GRID = {**FULL_GRID, "n": [256, 512], "num_features": [16, 64], "windows": 1, "layers": "first-last",
-              "kv_context": 192, "kv_continuation": 64, "kv_budgets": [16, 64]}
+              **KV_QUICK}
 """``--quick``: a CI smoke run (one window: its verdicts are inconclusive by design)."""
 
 EPSILON = 0.1
@@ -68,7 +71,6 @@ WINDOW_POOL = 32
 WINDOW_KEY = ("condition", "layer", "window")
 ASSUMPTION_KEY = ("condition", "n", "layer", "window")
 RESULT_KEY = ("condition", "n", "layer", "window", "method")
-KV_KEY = ("condition", "layer", "window", "method")
 
 OPTIONS = (
     shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="a causal decoder (Hub id with network, local folder or "
@@ -81,18 +83,7 @@ OPTIONS = (
     shared.WINDOWS.but(help=f"number of WikiText-2 windows, at most {WINDOW_POOL} (the pool they are drawn from; "
                             "a larger count is refused)"),
     shared.SEEDS.but(help="seeds per randomized method"),
-    Option(("--kv-context",), "kv_context", "KV-cache setting: context tokens n_c that a method compresses "
-           f"(default {FULL_GRID['kv_context']}; --quick {QUICK_GRID['kv_context']}; when the default context plus "
-           "continuation exceed max(n): 3/4 of the smallest n)", type=shared.positive_int, metavar="TOKENS"),
-    Option(("--kv-continuation",), "kv_continuation", "KV-cache setting: continuation tokens after the context, "
-           f"the rows whose error is measured (default {FULL_GRID['kv_continuation']}; --quick "
-           f"{QUICK_GRID['kv_continuation']}; with a context of 3/4 of the smallest n: the rest of it); n_c plus "
-           "this is at most max(n)", type=shared.positive_int, metavar="TOKENS"),
-    Option(("--kv-budgets",), "kv_budgets", "KV-cache setting: budgets (num_features: context tokens kept by a "
-           "cache policy, a per-query method's own budget), comma-separated (default "
-           f"{','.join(map(str, FULL_GRID['kv_budgets']))}; --quick {','.join(map(str, QUICK_GRID['kv_budgets']))}; "
-           "with a scaled context: those below it, else 1/4 and 1/2 of it)",
-           type=shared.int_list, nargs="+", action=shared.Flatten, metavar="B"),
+    *KV_OPTIONS,
     Option(("--rank-max-n",), "rank_max_n", f"largest n with a numerical rank (dense SVD per head; default "
            f"{RANK_MAX_N})", type=shared.nonnegative_int, default=RANK_MAX_N),
 )
@@ -174,33 +165,6 @@ def _check_grid(grid: dict, window_pool: int) -> list[str]:
                              ",".join(map(str, grid["kv_budgets"])))
         skipped += [f"{method} in the KV-cache setting: budget {b}" for b in grid["kv_budgets"] if b not in kept]
     return skipped
-
-
-def kv_defaults(base: dict, n, *, context=None, continuation=None, budgets=None) -> dict:
-    """The KV-cache setting's context, continuation and budgets for the lengths ``n``: those given, and for the
-    others ``base``'s when its window (context + continuation) fits in ``max(n)``, else values that follow the
-    smallest length n_min: the context 3/4 of n_min, the continuation the rest, and the budgets of ``base`` below
-    the context (else a quarter and a half of it).
-
-    Examples
-    --------
-    >>> kv_defaults(FULL_GRID, [768, 4096])
-    {'kv_context': 1536, 'kv_continuation': 512, 'kv_budgets': [16, 64, 256, 1024]}
-    >>> kv_defaults(FULL_GRID, [16])
-    {'kv_context': 12, 'kv_continuation': 4, 'kv_budgets': [3, 6]}
-    >>> kv_defaults(FULL_GRID, [128, 512])
-    {'kv_context': 96, 'kv_continuation': 32, 'kv_budgets': [16, 64]}
-    """
-    fits = base["kv_context"] + base["kv_continuation"] <= max(n)
-    window = min(n)
-    if context is None:
-        context = base["kv_context"] if fits else 3 * window // 4
-    if continuation is None:
-        continuation = base["kv_continuation"] if fits else max(1, window - context)
-    if budgets is None:
-        budgets = list(base["kv_budgets"]) if fits else ([b for b in base["kv_budgets"] if b < context]
-                                                         or sorted({max(1, context // 4), max(1, context // 2)}))
-    return {"kv_context": context, "kv_continuation": continuation, "kv_budgets": budgets}
 
 
 def _grid(quick, args) -> dict:
