@@ -19,12 +19,12 @@ its accuracy is the gate of claim (p4) (:data:`.claims.GATE`).
 from __future__ import annotations
 
 import math
-import time
 
 import pandas as pd
 import torch
 
 from ...patching import token_nll
+from ..engine.clock import Stopwatch
 from ..engine.keys import cell_seed
 from ..engine.failures import METHOD_ERRORS, method_status
 from .cells import _attention, _causal_form, _pooled, _warnings, decoder_model
@@ -56,7 +56,7 @@ def compute_long(cell: dict) -> list[dict]:
 
     from ...patching import patch_attention
 
-    start, cpu = time.perf_counter(), time.thread_time()
+    watch = Stopwatch()
     model = decoder_model(cell)
     ids, answer, question = long_sequence(cell)
     first = question if cell["setting"] == LONG_KV else 0
@@ -82,8 +82,7 @@ def compute_long(cell: dict) -> list[dict]:
              "answer_tokens": answer[1] - answer[0], **scores,
              **(_pooled(errors, patch) if cell["method"] != UNPATCHED else _pooled([], None)),
              **_attention(patch), "causal": "none" if cell["method"] == UNPATCHED else _causal_form(cell, patch),
-             "status": status, **_warnings(caught), "seconds": time.perf_counter() - start,
-             "cpu_seconds": time.thread_time() - cpu}]
+             "status": status, **_warnings(caught), **watch.times()}]
 
 
 def long_frame(long) -> pd.DataFrame:
