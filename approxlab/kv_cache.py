@@ -153,6 +153,13 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
       context queries vote, the votes are pooled, the top :math:`b - w` and the window are kept. Its causal
       form with ``prompt_length = n_c`` gives the same continuation rows.
 
+    **Head-adaptive budgets** (``allocation="adakv"``, AdaKV, Feng et al. 2024, arXiv:2407.11550, Algorithm 1):
+    with :math:`\sigma_{hj}` the (pooled) scores of the :math:`H` heads, each head's top
+    :math:`\lfloor\alpha b\rfloor` are raised to the largest finite float and the layer keeps the top :math:`H b`
+    of all :math:`H n_c` scores (:func:`approxlab.kv_budgets.adakv_keep`; kvpress's ``AdaKVPress``): the heads'
+    kept sets differ in size, and each continuation row attends its head's. The layer schedule (PyramidKV) needs
+    the layer's index: :func:`approxlab.patch_attention`'s ``layer_budgets``.
+
     **Without a compression step** the method's causal form runs on the whole window
     (``approximate(method, q, k, v, causal=True)``, or ``causal="mask-renormalise"`` for the methods that
     only have the evaluation variant) and its rows :math:`n_c, \dots, n-1` are returned: a per-query
@@ -184,6 +191,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     >>> grouped = approxlab.kv_cache_attention("h2o", q, k, v, context_length=64, num_features=16)
     >>> grouped.output.shape, grouped.info["kept"].shape  # one set of 16 context tokens per KV head
     (torch.Size([1, 6, 32, 8]), torch.Size([1, 2, 16]))
+    >>> ada = approxlab.kv_cache_attention("h2o", q, k, v, context_length=64, num_features=16, allocation="adakv")
+    >>> ada.info["kept"].shape, int(ada.info["kept"].sum())  # the 2 KV heads share 2 * 16 tokens (AdaKV)
+    (torch.Size([1, 2, 64]), 32)
     """
     spec = registry.get(method)
     grouping = check_choice(grouping, "grouping", GROUPINGS)

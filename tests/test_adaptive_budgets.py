@@ -112,7 +112,8 @@ def test_adakv_gives_heads_different_counts_and_equals_kvpress_on_the_pooled_sco
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("alpha", [0.0, 0.2, 0.5, 1.0])
 def test_adakv_keeps_kvpress_sets_on_random_scores(seed, alpha):
-    scores = torch.randn(3, KV_HEADS, 50, generator=gen(seed), dtype=torch.float64) * torch.tensor([[0.1], [1.0], [3.0]])
+    scales = torch.tensor([[0.1], [1.0], [3.0]])  # heads on different scales: their shares differ
+    scores = torch.randn(3, KV_HEADS, 50, generator=gen(seed), dtype=torch.float64) * scales
     for budget in (1, 7, 25, 50):
         assert torch.equal(adakv_keep(scores, budget, alpha_safeguard=alpha), _kvpress_adakv(scores, budget, alpha))
 

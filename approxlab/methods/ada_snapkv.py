@@ -27,8 +27,8 @@ under ``grouping="kv-head"``) for context token :math:`j` (:math:`+\infty` on th
 .. math::
 
     \mathcal K = \operatorname{top}_{Hb}\{\hat\sigma_{hj}\}_{h, j}, \qquad
-    \hat\sigma_{hj} = \begin{cases} \sigma_{\max} & j \in \operatorname{top}_{\lfloor \alpha b\rfloor}(\sigma_{h\cdot}) \\
-    \sigma_{hj} & \text{otherwise,} \end{cases}
+    \hat\sigma_{hj} = \begin{cases} \sigma_{\max} & j \in \operatorname{top}_{\lfloor \alpha b\rfloor}
+    (\sigma_{h\cdot}) \\ \sigma_{hj} & \text{otherwise,} \end{cases}
 
 :math:`\sigma_{\max}` the largest finite float and :math:`\alpha` = ``alpha_safeguard`` (0.2, kvpress's
 default): :math:`H b` tokens per layer in all, :math:`|\mathcal K_h| \ge \lfloor \alpha b\rfloor` per head.
