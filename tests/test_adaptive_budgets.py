@@ -284,3 +284,12 @@ def test_pyramid_window_keeps_the_window_and_the_total():
     assert pyramid_budgets(3, 10, window=10) == [10, 10, 10]
     with pytest.raises(ValueError, match=r"`window` must be an integer with 0 <= window <= 10; got 11"):
         pyramid_budgets(3, 10, window=11)
+
+
+def test_whole_windows_pass_alpha_safeguard_to_ada_snapkvs_causal_form(smollm2_shaped_model):
+    model, ids = smollm2_shaped_model
+    with torch.no_grad(), approxlab.patch_attention(model, "ada-snapkv", layers=[0], num_features=6, window=2,
+                                                    alpha_safeguard=1.0) as patch:
+        model(input_ids=ids)
+    assert patch.options["alpha_safeguard"] == 1.0 and patch.allocation is None
+    assert patch.calls[0].info["kept"].sum(-1).unique().tolist() == [6]  # alpha = 1: every head keeps b

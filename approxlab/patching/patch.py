@@ -319,7 +319,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         num_features`` tokens go to the largest scores of its heads jointly).
     alpha_safeguard : float, optional
         With ``allocation="adakv"`` only: each head's minimum share of ``num_features``, in ``[0, 1]``; default
-        0.2 (kvpress's).
+        0.2 (kvpress's). Outside the KV-cache setting, the option of a method whose causal form takes it
+        (``ada-snapkv``).
     layer_budgets : {"uniform", "pyramid"}, optional
         The KV-cache setting only, a cache policy's budget over the model's layers (default: the method's own;
         ``"pyramid"`` for ``pyramidkv``): ``"uniform"`` keeps ``num_features`` per head in every layer;
@@ -462,6 +463,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     generator = as_generator(generator)
     context_length = _model.check_context_length(context_length, target)
     grouping = _model.check_grouping(grouping, context_length)
+    if context_length is None and alpha_safeguard is not None and "alpha_safeguard" in (spec.options() or ()):
+        options, alpha_safeguard = {**options, "alpha_safeguard": alpha_safeguard}, None  # its causal form's option
     budgets = _model.check_budgets(spec, num_features, options, len(target.modules), context_length,
                                    allocation=allocation, alpha_safeguard=alpha_safeguard,
                                    layer_budgets=layer_budgets, pyramid_beta=pyramid_beta)
