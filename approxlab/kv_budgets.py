@@ -12,6 +12,10 @@ decide *how many* keys each head and each layer keeps:
 * :func:`attend_kept`: the continuation's exact attention over a per-head kept set of any size;
 * :func:`pyramid_budgets`: per-layer budgets decreasing linearly from the bottom layer to the top with the same
   total (PyramidKV);
+
+(:func:`adakv_keep` and :func:`pyramid_budgets` live in :mod:`approxlab.methods._allocation`, where the cache
+policies' causal forms use them too; :func:`approxlab.kv_cache_attention` and :func:`approxlab.patch_attention`
+take them as ``allocation="adakv"`` and ``layer_budgets="pyramid"``.)
 * :func:`compose_scores` and :func:`with_sink_and_window`: attention sinks and a local window forced into any
   scorer's choice (sparse-attention-hub's sink, local and top-k maskers).
 """
@@ -20,71 +24,12 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_int, check_positive_float, check_qkv, check_tensor
+from ._validation import check_int, check_qkv, check_tensor
+from .methods._allocation import adakv_keep, kept_as_indices, pyramid_budgets
 from .methods._masking import check_key_mask
-from .methods._selection import attend_selected, compressed_indices
+from .methods._selection import attend_compressed
 
 __all__ = ["adakv_keep", "attend_kept", "pyramid_budgets", "compose_scores", "with_sink_and_window"]
-
-
-def adakv_keep(scores: torch.Tensor, budget: int, *, alpha_safeguard: float = 0.2) -> torch.Tensor:
-    r"""AdaKV's head-adaptive allocation: keep the ``H * budget`` largest scores of a layer across its heads.
-
-    Parameters
-    ----------
-    scores : torch.Tensor
-        ``(*batch, H, n_c)``: the scores of all ``H`` (query or key-value) heads of one layer, higher kept,
-        :math:`+\infty` forced, :math:`-\infty` padded.
-    budget : int
-        ``b``, the keys kept per head *on average*, ``1 <= b <= n_c``.
-    alpha_safeguard : float, default 0.2
-        Each head first keeps its own ``int(alpha_safeguard * b)`` best keys (kvpress's ``alpha_safeguard``),
-        ``0 <= alpha_safeguard <= 1``; ``1`` gives every head ``b`` keys (uniform allocation).
-
-    Returns
-    -------
-    torch.Tensor
-        ``(*batch, H, n_c)`` bool, True on the kept keys: ``H * b`` per layer (fewer only where fewer keys are
-        not padded), at least ``int(alpha_safeguard * b)`` per head.
-
-    Notes
-    -----
-    AdaKV (Feng et al., 2024, Algorithm 1) bounds the layer's output error by a sum over heads of the attention
-    mass each head drops, and minimises that bound at a fixed layer total by keeping the largest scores
-    *across* heads rather than per head; a safeguard fraction :math:`\alpha` of each head's budget is kept
-    first so that no head is starved. As in kvpress's ``AdaKVPress`` (commit 8bb29b9), the safeguard keys get
-    the largest finite score and the layer keeps its top :math:`Hb` of the ``(H n_c)`` flattened scores.
-    Scores of different heads must be comparable (e.g. attention weights, which sum to 1 per head).
-
-    References
-    ----------
-    Y. Feng, J. Lv, Y. Cao, X. Xie, S. K. Zhou, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget
-    Allocation for Efficient LLM Inference" (2024), arXiv:2407.11550.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from approxlab.kv_budgets import adakv_keep
-    >>> scores = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.1, 0.0, -0.1, -0.2]])  # head 0 dominates
-    >>> adakv_keep(scores, 2, alpha_safeguard=0.5).sum(-1)  # 4 keys: 3 to head 0, the safeguard 1 to head 1
-    tensor([3, 1])
-    """
-    check_tensor(scores, "scores", min_ndim=2, finite=False)
-    heads, length = scores.shape[-2:]
-    budget = check_int(budget, "budget", low=1, high=length)
-    alpha_safeguard = check_positive_float(alpha_safeguard, "alpha_safeguard", allow_zero=True)
-    if alpha_safeguard > 1:
-        raise ValueError(f"`alpha_safeguard` must be a fraction in [0, 1]; got {alpha_safeguard!r}.")
-    safe = int(budget * alpha_safeguard)
-    scores = scores.double()
-    if safe:
-        values, indices = scores.topk(safe, dim=-1)
-        top = torch.finfo(torch.float64).max
-        scores = scores.scatter(-1, indices, torch.where(values > float("-inf"), torch.full_like(values, top), values))
-    flat = scores.flatten(-2)
-    values, indices = flat.topk(heads * budget, dim=-1)
-    keep = torch.zeros_like(flat, dtype=torch.bool).scatter(-1, indices, values > float("-inf"))
-    return keep.view(scores.shape)
 
 
 def attend_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, *, context_length: int,
@@ -130,84 +75,8 @@ def attend_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.T
     if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.shape[-1] != context_length:
         raise ValueError(f"`keep` must be a bool tensor (*batch, context_length={context_length}); got "
                          f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}.")
-    keep = keep.expand(*batch, context_length)
-    width = max(1, int(keep.sum(-1).max()))
-    # kept keys first (in position order), padded with unused slots
-    order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[..., :width]
-    used = torch.gather(keep, -1, order)
-
-    def selection(start, stop):
-        indices, valid = compressed_indices(order, context_length, n, start, stop, key_mask)
-        valid[..., :width] &= used.unsqueeze(-2)
-        return indices, valid
-
-    return attend_selected(q[..., context_length:, :], k, v, selection, width=width + n - context_length)
-
-
-def pyramid_budgets(num_layers: int, budget: int, *, beta: float = 20, context_length: int | None = None
-                    ) -> list[int]:
-    r"""PyramidKV's per-layer budgets: linear from the bottom layer to the top, averaging ``budget``.
-
-    Parameters
-    ----------
-    num_layers : int
-        ``L >= 1``.
-    budget : int
-        ``b >= 1``, the keys kept per layer on average (besides any observation window).
-    beta : float, default 20
-        The top layer keeps :math:`b/\beta` (``beta >= 1``; 1 is uniform).
-    context_length : int, optional
-        The keys a layer can keep at most (kvpress: the prompt length minus the window); the bottom layer is
-        capped there and the top raised to keep the total.
-
-    Returns
-    -------
-    list of int
-        ``L`` budgets, non-increasing from layer 0, summing to exactly ``L * b``.
-
-    Notes
-    -----
-    PyramidKV (Cai et al., 2024, Sec. 3; kvpress ``pyramidkv_press.py``, KVCache-Factory
-    ``pyramidkv_utils.py``): the top layer keeps :math:`b_{\min} = b/\beta`, the bottom
-    :math:`b_{\max} = 2b - b_{\min}` (capped at ``context_length``, then :math:`b_{\min} = 2b - b_{\max}`),
-    and layer :math:`l` keeps :math:`b_{\max} - l\,(b_{\max} - b_{\min})/(L-1)`, so the mean is :math:`b`.
-    kvpress rounds each layer's value; here they are rounded by largest remainders so the total is exactly
-    :math:`Lb` (each differs from kvpress's by less than 1).
-
-    References
-    ----------
-    Z. Cai, Y. Zhang, B. Gao, Y. Liu, T. Liu, K. Lu, W. Xiong, Y. Dong, B. Chang, J. Hu, W. Xiao, "PyramidKV:
-    Dynamic KV Cache Compression based on Pyramidal Information Funneling" (2024), arXiv:2406.02069.
-
-    Examples
-    --------
-    >>> from approxlab.kv_budgets import pyramid_budgets
-    >>> pyramid_budgets(4, 100, beta=4)
-    [175, 125, 75, 25]
-    >>> sum(pyramid_budgets(30, 64)) == 30 * 64
-    True
-    """
-    num_layers = check_int(num_layers, "num_layers", low=1)
-    budget = check_int(budget, "budget", low=1)
-    beta = check_positive_float(beta, "beta")
-    if beta < 1:
-        raise ValueError(f"`beta` must be >= 1 (the bottom-to-top ratio); got {beta!r}.")
-    if context_length is not None:
-        context_length = check_int(context_length, "context_length", low=budget)
-    if num_layers == 1:
-        return [budget]
-    low = budget / beta
-    high = 2 * budget - low
-    if context_length is not None and high > context_length:
-        high = float(context_length)
-        low = 2 * budget - high
-    step = (high - low) / (num_layers - 1)
-    exact = [high - layer * step for layer in range(num_layers)]
-    floors = [int(value) for value in exact]
-    short = num_layers * budget - sum(floors)
-    for layer in sorted(range(num_layers), key=lambda l: (floors[l] - exact[l], l))[:short]:
-        floors[layer] += 1
-    return floors
+    indices, mask = kept_as_indices(keep.expand(*batch, context_length), key_mask, n)
+    return attend_compressed(q, k, v, indices, context_length, mask)
 
 
 def compose_scores(scores: torch.Tensor, *, sink: int = 0, window: int = 0,

@@ -10,8 +10,10 @@ This is how kvpress evaluates a press (a compressed context, then questions) and
 Public API (re-exported by :mod:`approxlab`)::
 
     kv_cache_attention(method, q, k, v, *, context_length, num_features, generator=None, draw=None,
-                       key_mask=None, grouping="kv-head", **options) -> Approximation
+                       key_mask=None, grouping="kv-head", allocation=None, alpha_safeguard=None,
+                       **options) -> Approximation
     GROUPINGS                      # ("kv-head", "query-head"): grouped-query attention's kept sets
+    ALLOCATIONS                    # ("uniform", "adakv"): a layer's budget over its heads
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import torch
 from ._validation import check_choice, check_int, check_qkv
 from .attention import approximate
 from .methods import registry
+from .methods._allocation import ALLOCATIONS, adakv_keep, check_allocation, kept_as_indices
 from .methods._base import MASK_RENORMALISE, Approximation
 from .methods._masking import check_key_mask
 from .methods._scores import checked_scores, pool_group, score_options, scores_of, top_budget
 from .methods._selection import attend_compressed, attend_selected, compressed_indices
 from .operators import ProductOperator, RowSparseOperator
 
-__all__ = ["kv_cache_attention", "GROUPINGS"]
+__all__ = ["kv_cache_attention", "GROUPINGS", "ALLOCATIONS"]
 
 GROUPINGS = ("kv-head", "query-head")
 """``grouping`` with grouped-query attention: one kept set per KV head, the scores of its query heads averaged
@@ -38,7 +41,8 @@ GROUPINGS = ("kv-head", "query-head")
 
 def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, context_length: int,
                        num_features: int, generator: torch.Generator | None = None, draw: dict | None = None,
-                       key_mask: torch.Tensor | None = None, grouping: str = "kv-head", **options) -> Approximation:
+                       key_mask: torch.Tensor | None = None, grouping: str = "kv-head", allocation: str | None = None,
+                       alpha_safeguard: float | None = None, **options) -> Approximation:
     r"""The continuation rows of a window whose context a method has compressed.
 
     Parameters
@@ -75,6 +79,16 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         query heads and keeps a set per query head (SnapKV's published code, ``repeat_kv`` before
         ``update_kv``): up to :math:`g b` distinct tokens per KV head. Without grouping both are the same
         computation; methods without a compression step attend the repeated K/V either way.
+    allocation : {"uniform", "adakv"}, optional
+        How a layer's budget is spread over its heads (:data:`ALLOCATIONS`); default: the method's own
+        (``"adakv"`` for ``ada-snapkv``, else ``"uniform"``). ``"uniform"``: every head keeps :math:`b`.
+        ``"adakv"`` (a policy with ``score`` only): AdaKV's head-adaptive allocation, the layer's :math:`H b`
+        tokens (:math:`H_{kv} b` with ``grouping="kv-head"``) going to the largest scores of all its heads
+        jointly (:func:`approxlab.kv_budgets.adakv_keep`); heads are dimension -3 of ``q`` (``(*batch, H, n,
+        p)``), the KV heads under ``"kv-head"``, the query heads otherwise.
+    alpha_safeguard : float, optional
+        With ``allocation="adakv"`` only: the fraction of :math:`b` each head keeps for sure, in ``[0, 1]``;
+        default 0.2 (kvpress's ``AdaKVPress.alpha_safeguard``).
     **options
         The compression step's options (e.g. ``sinks``, ``recent_size``, ``window``), or the method's
         options without one.
@@ -86,8 +100,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ``(*batch, n - n_c, n)`` rows of the approximate attention matrix (formed on request);
         ``info``: ``context_length``, ``setting`` (``"compressed"`` or the causal form used) and, with a
         compression step, ``kept`` the context tokens kept, ``(*batch, b)`` (``(*batch, H_kv, b)`` with
-        ``grouping="kv-head"``, ``(*batch, H, b)`` with ``"query-head"``); without one, the method's own
-        ``info``.
+        ``grouping="kv-head"``, ``(*batch, H, b)`` with ``"query-head"``) -- with ``allocation="adakv"`` the
+        bool ``(*batch, H_kv, n_c)`` (or ``(*batch, H, n_c)``) of the tokens each head kept, in numbers that
+        differ by head; without one, the method's own ``info``.
 
     Raises
     ------
@@ -100,7 +115,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         :math:`b` tokens); a method without a causal form (the message names those with one); query heads not
         a multiple of the KV heads; a ``grouping`` not in :data:`GROUPINGS`; ``grouping="kv-head"`` with
         grouped K/V for a policy that declares only ``compress`` (the message says to declare ``score=`` or
-        pass ``grouping="query-head"``).
+        pass ``grouping="query-head"``); an ``allocation`` not in :data:`ALLOCATIONS`, ``"adakv"`` for a method
+        without ``score`` or a ``q`` without a head dimension, ``alpha_safeguard`` without ``"adakv"`` or outside
+        ``[0, 1]``.
 
     Notes
     -----
@@ -136,6 +153,13 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
       context queries vote, the votes are pooled, the top :math:`b - w` and the window are kept. Its causal
       form with ``prompt_length = n_c`` gives the same continuation rows.
 
+    **Head-adaptive budgets** (``allocation="adakv"``, AdaKV, Feng et al. 2024, arXiv:2407.11550, Algorithm 1):
+    with :math:`\sigma_{hj}` the (pooled) scores of the :math:`H` heads, each head's top
+    :math:`\lfloor\alpha b\rfloor` are raised to the largest finite float and the layer keeps the top :math:`H b`
+    of all :math:`H n_c` scores (:func:`approxlab.kv_budgets.adakv_keep`; kvpress's ``AdaKVPress``): the heads'
+    kept sets differ in size, and each continuation row attends its head's. The layer schedule (PyramidKV) needs
+    the layer's index: :func:`approxlab.patch_attention`'s ``layer_budgets``.
+
     **Without a compression step** the method's causal form runs on the whole window
     (``approximate(method, q, k, v, causal=True)``, or ``causal="mask-renormalise"`` for the methods that
     only have the evaluation variant) and its rows :math:`n_c, \dots, n-1` are returned: a per-query
@@ -167,9 +191,18 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     >>> grouped = approxlab.kv_cache_attention("h2o", q, k, v, context_length=64, num_features=16)
     >>> grouped.output.shape, grouped.info["kept"].shape  # one set of 16 context tokens per KV head
     (torch.Size([1, 6, 32, 8]), torch.Size([1, 2, 16]))
+    >>> ada = approxlab.kv_cache_attention("h2o", q, k, v, context_length=64, num_features=16, allocation="adakv")
+    >>> ada.info["kept"].shape, int(ada.info["kept"].sum())  # the 2 KV heads share 2 * 16 tokens (AdaKV)
+    (torch.Size([1, 2, 64]), 32)
     """
     spec = registry.get(method)
     grouping = check_choice(grouping, "grouping", GROUPINGS)
+    allocation, alpha_safeguard = check_allocation(spec, allocation, alpha_safeguard)
+    adaptive = allocation == "adakv"
+    if adaptive and (not isinstance(q, torch.Tensor) or q.ndim < 3):
+        raise ValueError(f"`allocation` 'adakv' spreads a layer's budget over its heads, dimension -3 of q (*batch, "
+                         f"H, n, p); allowed for a q without one is 'uniform'; got q of shape "
+                         f"{tuple(getattr(q, 'shape', ()))} and allocation='adakv'.")
     groups = _groups(q, k, v)
     if groups > 1:  # the mask is checked against the KV heads, then everything is read per query head
         key_mask = check_key_mask(key_mask, k)
@@ -198,8 +231,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
                          f"per query head; grouped K/V ({q.shape[-3]} query heads, {q.shape[-3] // groups} KV heads) "
                          "with grouping='kv-head' needs one set per KV head: register the policy with score=, or "
                          "pass grouping='query-head'.")
-    step = spec.score if pooled else spec.compress
-    allowed = score_options(step) if pooled else spec.compress_options()
+    scored = pooled or adaptive
+    step = spec.score if scored else spec.compress
+    allowed = score_options(step) if scored else spec.compress_options()
     for name, value in options.items():
         if allowed is not None and name not in allowed:
             raise TypeError(f"`{name}` is not an option of the compression step of method {method!r}; its "
@@ -212,16 +246,23 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
                              "mask for it.")
         step_options["key_mask"] = key_mask[..., context]
     inputs = (q[..., context, :], k[..., context, :], v[..., context, :])
-    if pooled:  # the group's mean score per KV head, one kept set for the group's query heads
+    if scored:
         scores = scores_of(method, spec.score, *inputs, budget=budget, generator=generator, **step_options)
-        pooled_scores = checked_scores(method, pool_group(scores, groups), (*q.shape[:-3], q.shape[-3] // groups,
-                                                                            context_length), budget)
-        kept_per_kv_head = top_budget(pooled_scores, budget)
-        kept = kept_per_kv_head.repeat_interleave(groups, dim=-2)
+        if pooled:  # the group's mean score per KV head, one kept set for the group's query heads
+            scores = checked_scores(method, pool_group(scores, groups), (*q.shape[:-3], q.shape[-3] // groups,
+                                                                         context_length), budget)
+    if adaptive:  # AdaKV: the layer's heads share their total, each head a kept set of its own size
+        kept_by_head = adakv_keep(scores, budget, alpha_safeguard=alpha_safeguard)
+        keep = kept_by_head.repeat_interleave(groups, dim=-2) if pooled else kept_by_head
+        kept, key_mask = kept_as_indices(keep, key_mask, n)  # slots a head left over: hidden by the mask
+        kept = kept.to(q.device)
+    elif pooled:
+        kept_by_head = top_budget(scores, budget)
+        kept = _checked_kept(method, kept_by_head.repeat_interleave(groups, dim=-2), q, budget, context_length)
     else:
-        kept = spec.compress(*inputs, budget=budget, generator=generator, **step_options)
-    kept = _checked_kept(method, kept, q, budget, context_length)
-    width = budget + n - context_length
+        kept = kept_by_head = _checked_kept(method, spec.compress(*inputs, budget=budget, generator=generator,
+                                                                  **step_options), q, budget, context_length)
+    width = kept.shape[-1] + n - context_length
 
     def selection(start, stop):
         return compressed_indices(kept, context_length, n, start, stop, key_mask)
@@ -233,7 +274,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         _, indices, weights = attend_selected(continuation, k, v, selection, width=width, record=True)
         return RowSparseOperator(indices, weights, n)
 
-    info = {"context_length": context_length, "setting": "compressed", "kept": kept_per_kv_head if pooled else kept}
+    info = {"context_length": context_length, "setting": "compressed", "kept": kept_by_head}
     return Approximation(method, "softmax", output, build, info)
 
 

@@ -101,6 +101,9 @@ METHOD_STYLES = {
     "cur": {"color": "#FFAABB", "marker": "D", "label": "CUR"},
     "compactor": {"color": "#99DDFF", "marker": "P", "label": "Compactor"},
     "cap": {"color": "#EEDD88", "marker": "X", "label": "CAP"},
+    # SnapKV's scores with adaptive budgets: SnapKV's colour, its thin marker family
+    "ada-snapkv": {"color": "#6699CC", "marker": "4", "linestyle": "--", "label": "Ada-SnapKV"},
+    "pyramidkv": {"color": "#6699CC", "marker": "2", "linestyle": ":", "label": "PyramidKV"},
     "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
     "kernelized": {"color": "#444444", "marker": "+", "label": "Kernelized (exact)"},
 }

@@ -21,6 +21,7 @@ import torch
 from .._validation import check_int
 from ..errors import MethodResultError
 from ..operators import DenseOperator, LinearOperator
+from ._allocation import ALLOCATIONS, LAYER_BUDGETS, check_schedule
 from ._scores import scored_compress
 
 __all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS", "CAUSAL_SUPPORT", "MASK_RENORMALISE",
@@ -220,6 +221,15 @@ class MethodSpec:
         ``(*batch, n_c)`` floating scores, the kept set being their top ``budget``; with grouped K/V the
         KV-cache setting pools them over each group of query heads. ``None``: no scores (a policy with only
         ``compress`` keeps a set per query head).
+    inputs : tuple of str
+        The options a cache policy needs from the model.
+    allocation : {"uniform", "adakv"}
+        How the KV-cache setting spreads a layer's budget over its heads by ``score``: the same :math:`b` per
+        head, or AdaKV's shared top :math:`H b` (:mod:`approxlab.methods._allocation`); the default of
+        ``allocation=`` in :func:`approxlab.kv_cache_attention` and :func:`approxlab.patch_attention`.
+    layer_budgets : {"uniform", "pyramid"}
+        How :func:`approxlab.patch_attention`'s KV-cache setting spreads the budget over the model's layers: the
+        same :math:`b` per layer, or PyramidKV's linear schedule (its default of ``layer_budgets=``).
 
     Examples
     --------
@@ -244,6 +254,8 @@ class MethodSpec:
     differentiable: bool = False
     score: Callable[..., Any] | None = None
     inputs: tuple = ()
+    allocation: str = "uniform"
+    layer_budgets: str = "uniform"
 
     def __call__(self, *args: Any, **kwargs: Any):
         return self.function(*args, **kwargs)
@@ -364,7 +376,8 @@ def _check_step(name: str, step, what: str, keyword: str, role: str) -> None:
 
 
 def make_spec(name, function, *, target, features, max_features=None, randomized=True, draw=None,
-              causal=False, compress=None, differentiable=False, score=None, inputs=()) -> MethodSpec:
+              causal=False, compress=None, differentiable=False, score=None, inputs=(), allocation="uniform",
+              layer_budgets="uniform") -> MethodSpec:
     """A validated :class:`MethodSpec` (the one validation block of :func:`method` and ``register``).
 
     Raises
@@ -381,7 +394,8 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
         ``score`` not callable as ``score(q, k, v, *, generator=None)``, either given for a method without
         a causal form (``causal`` False or ``"mask-renormalise"``) or a target other than softmax
         attention; a
-        non-bool ``differentiable``.
+        non-bool ``differentiable``; an ``allocation`` not in ``("uniform", "adakv")`` or a ``layer_budgets``
+        not in ``("uniform", "pyramid")``, or either non-uniform without ``score``.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError("`name` must be a non-empty word of letters, digits and _.+- (no spaces or commas: it "
@@ -419,19 +433,23 @@ def make_spec(name, function, *, target, features, max_features=None, randomized
     if not isinstance(inputs, tuple) or not all(isinstance(i, str) for i in inputs):
         raise TypeError(f"`inputs` must be a tuple of option names (what the policy needs from the model); got "
                         f"{inputs!r}.")
+    allocation = check_schedule(allocation, "allocation", ALLOCATIONS, {"score": score})
+    layer_budgets = check_schedule(layer_budgets, "layer_budgets", LAYER_BUDGETS, {"score": score})
     if score is not None and compress is None:
         compress = scored_compress(name, score)
     return MethodSpec(name, function, target, features, _feature_limit(max_features), randomized, draw, causal,
-                      compress, differentiable, score, inputs)
+                      compress, differentiable, score, inputs, allocation, layer_budgets)
 
 
 def method(name: str, *, target: str, features: str, max_features=None, randomized: bool = True, draw=None,
-           causal=False, compress=None, differentiable=False, score=None, inputs=()):
+           causal=False, compress=None, differentiable=False, score=None, inputs=(), allocation="uniform",
+           layer_budgets="uniform"):
     """Decorator that turns a built-in method function into a :class:`MethodSpec` (see :func:`make_spec`)."""
 
     def wrap(function):
         return make_spec(name, function, target=target, features=features, max_features=max_features,
                          randomized=randomized, draw=draw, causal=causal, compress=compress,
-                         differentiable=differentiable, score=score, inputs=inputs)
+                         differentiable=differentiable, score=score, inputs=inputs, allocation=allocation,
+                         layer_budgets=layer_budgets)
 
     return wrap

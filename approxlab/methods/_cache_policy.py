@@ -26,10 +26,11 @@ import inspect
 import torch
 
 from .._validation import as_generator, check_int
+from ._allocation import ALPHA_SAFEGUARD, adakv_keep, check_alpha_safeguard, kept_as_indices
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from .draws import check_draw
-from ._scores import score_options, scored_compress
+from ._scores import score_options, scored_compress, scores_of
 from ._selection import attend_compressed, attend_selected, compressed_indices, sparse_approximation
 
 __all__ = ["prompt_length_of", "prompt_compressed", "cache_policy"]
@@ -53,19 +54,40 @@ _EXAMPLES = """
 """
 
 
+_ADAKV_EXAMPLES = """
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(1, 3, 32, 8, generator=g, dtype=torch.float64) for _ in range(3))  # 3 heads
+    >>> approx = approxlab.approximate("{name}", q, k, v, num_features=8, causal=True)
+    >>> kept = approx.info["kept"]  # (1, 3, 16) bool: 16 prompt tokens, 3 * 8 kept across the heads
+    >>> kept.shape, int(kept.sum()), bool((kept.sum(-1) >= 1).all())  # each head keeps int(0.2 * 8) or more
+    (torch.Size([1, 3, 16]), 24, True)
+    >>> full = approxlab.approximate("{name}", q, k, v, num_features=16, causal=True)
+    >>> float((full.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12  # all kept
+    True
+"""
+
+
 def prompt_length_of(prompt_length, n: int) -> int:
     """The prompt :math:`P`: ``prompt_length`` (an integer in ``[1, n]``), default ``n // 2`` (at least 1)."""
     return max(1, n // 2) if prompt_length is None else check_int(prompt_length, "prompt_length", low=1, high=n)
 
 
 def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
-                      prompt: int, key_mask: torch.Tensor | None, info: dict):
+                      prompt: int, key_mask: torch.Tensor | None, info: dict, *,
+                      later_mask: torch.Tensor | None = None):
     r"""The causal form of a prompt compressed to ``kept`` ``(*batch, b)`` (module docstring's equation).
 
     ``q, k, v`` are ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``; ``kept`` the prompt tokens
     (indices in ``[0, prompt)``) kept per head; ``key_mask`` ``(*batch, n)`` bool or None. Returns an
     :class:`~approxlab.methods.Approximation` named ``name`` with ``output`` ``(*batch, n, p_v)``, a
-    row-sparse operator formed on request, and ``info`` (``prompt_length`` added).
+    row-sparse operator formed on request, and ``info`` (``prompt_length`` added). ``later_mask`` ``(*batch, n)``
+    bool, when given, is the key mask of the rows after the prompt instead of ``key_mask``: with heads that keep
+    different numbers of tokens, :func:`~approxlab.methods._allocation.kept_as_indices`'s (the slots a head
+    left over hidden).
 
     **Cost**: the prompt's causal attention (:math:`O(P^2 p)`, the prefill's own, in row blocks) and
     :math:`O((n-P)(b + n - P)p)` for the rows after the prompt.
@@ -75,7 +97,8 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     width = kept.shape[-1] + n - prompt
     prompt_rows = attend_compressed(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :], kept[..., :0], 0,
                                     context_mask)  # exact causal attention over the prompt, visible columns only
-    later_rows = attend_compressed(q, k, v, kept, prompt, key_mask) if prompt < n else None
+    later = key_mask if later_mask is None else later_mask
+    later_rows = attend_compressed(q, k, v, kept, prompt, later) if prompt < n else None
     output = prompt_rows if later_rows is None else torch.cat([prompt_rows, later_rows], dim=-2)
 
     def every(start, stop):  # prompt rows: keys 0..P-1 causally; later rows: the compressed prompt and after
@@ -91,8 +114,11 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             indices[..., first - start:, :width] = later_indices
             valid[..., first - start:, :] = False
             valid[..., first - start:, :width] = later_valid
-        if key_mask is not None:
-            valid &= torch.gather(key_mask.expand(*batch, n), -1, indices.flatten(-2)).view_as(valid)
+        split = min(max(prompt - start, 0), stop - start)  # rows before it are the prompt's
+        for mask, rows in ((key_mask, slice(0, split)), (later, slice(split, stop - start))):
+            if mask is not None:
+                part = indices[..., rows, :]
+                valid[..., rows, :] &= torch.gather(mask.expand(*batch, n), -1, part.flatten(-2)).view_as(part)
         return indices, valid
 
     record = lambda: attend_selected(q, k, v, every, width=max(width, prompt), record=True)[1:]  # noqa: E731
@@ -100,7 +126,7 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def cache_policy(name: str, *, score, target: str = "softmax", features: str, randomized: bool, inputs=(),
-                 draws=None):
+                 draws=None, allocation: str = "uniform", layer_budgets: str = "uniform"):
     r"""A built-in :class:`~approxlab.methods.MethodSpec` for a cache policy given by its per-key ``score``.
 
     The method is causal-only: ``approximate(name, q, k, v, num_features=b, causal=True,
@@ -111,8 +137,15 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
     ``rope_base``). A randomized policy gives ``draws(batch, prompt, p, **options)``: key -> ``(DrawEntry,
     sample)``, ``sample(generator)`` the float64 CPU tensor that the score function would draw, handed to it
     as the option named by the key (:func:`approxlab.methods.draw`, ``approximate(..., draw=...)``).
+
+    ``allocation="adakv"`` (:mod:`approxlab.methods._allocation`) makes the causal form keep AdaKV's top
+    ``H * min(b, P)`` scores of the ``H`` heads of dimension -3 jointly (``q`` ``(*batch, H, n, p)``; a ``q``
+    without that dimension is one head), with an option ``alpha_safeguard`` (default 0.2), and ``info["kept"]``
+    the ``(*batch, P)`` bool kept set; it is also the default ``allocation`` of the KV-cache setting for this
+    method, as ``layer_budgets`` is for :func:`approxlab.patch_attention`'s.
     """
     compress = scored_compress(name, score)
+    adaptive = allocation == "adakv"
 
     def layout(q, k, prompt_length, options):
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
@@ -129,8 +162,18 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
             expected = {key: entry for key, (entry, _) in layout(q, k, prompt_length, options).items()}
             options, generator = {**options, **check_draw(name, draw, expected, device=q.device)}, None
         context_mask = None if key_mask is None else key_mask[..., :prompt]
-        kept = compress(q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :],
-                        budget=min(num_features, prompt), generator=generator, key_mask=context_mask, **options)
+        budget = min(num_features, prompt)
+        inputs = (q[..., :prompt, :], k[..., :prompt, :], v[..., :prompt, :])
+        if adaptive:  # AdaKV over the heads of dimension -3: a kept set of its own size per head
+            alpha_safeguard = check_alpha_safeguard(options.pop("alpha_safeguard", ALPHA_SAFEGUARD))
+            scores = scores_of(name, score, *inputs, budget=budget, generator=generator, key_mask=context_mask,
+                               **options)
+            heads = scores if scores.ndim >= 2 else scores.unsqueeze(0)
+            keep = adakv_keep(heads, budget, alpha_safeguard=alpha_safeguard).view(scores.shape)
+            indices, later = kept_as_indices(keep, key_mask, k.shape[-2])
+            return prompt_compressed(name, q, k, v, indices.to(q.device), prompt, key_mask, {"kept": keep},
+                                     later_mask=later)
+        kept = compress(*inputs, budget=budget, generator=generator, key_mask=context_mask, **options)
         return prompt_compressed(name, q, k, v, kept, prompt, key_mask, {"kept": kept})
 
     def draw_of(q, k, *, num_features, generator=None, prompt_length=None, **options):
@@ -146,16 +189,21 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
         base = [p for p in base if p.name != "draw"]
     draw_options = [] if draws is None else [o for o in inspect.signature(draws).parameters
                                              if o not in ("batch", "prompt", "p")]
+    if adaptive:
+        own.append(inspect.Parameter("alpha_safeguard", inspect.Parameter.KEYWORD_ONLY, default=ALPHA_SAFEGUARD))
     if score_options(score) is None:  # the score takes **options: so does the method
         own = [inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD)]
     function.__signature__ = inspect.Signature(base + own)
     function.__name__ = function.__qualname__ = name.replace("-", "_")
     function.__doc__ = (f"The KV-cache policy {name!r} as a causal method: the prompt (``prompt_length``, default "
                         f"n // 2) compressed once to the top ``num_features`` of its scores "
-                        f"(:func:`{score.__module__}.{score.__name__}`), then decoded "
+                        + ("(per head on average, AdaKV's allocation over the heads of dimension -3) " if adaptive
+                           else "")
+                        + f"(:func:`{score.__module__}.{score.__name__}`), then decoded "
                         "(:mod:`approxlab.methods._cache_policy`)."
                         + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else "")
-                        + _EXAMPLES.format(name=name))
+                        + (_ADAKV_EXAMPLES if adaptive else _EXAMPLES).format(name=name))
     function.__module__ = score.__module__  # documented, and doctested (its ``__test__``), beside its score
     return method(name, target=target, features=features, randomized=randomized, causal=CAUSAL_ONLY,
-                  score=score, draw=None if draws is None else draw_of, inputs=tuple(inputs))(function)
+                  score=score, draw=None if draws is None else draw_of, inputs=tuple(inputs), allocation=allocation,
+                  layer_budgets=layer_budgets)(function)

@@ -78,6 +78,8 @@ BUILTINS = {
     "cur": "cur:CUR",
     "compactor": "compactor:COMPACTOR",
     "cap": "cap:CAP",
+    "ada-snapkv": "ada_snapkv:ADA_SNAPKV",
+    "pyramidkv": "pyramidkv:PYRAMIDKV",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 
@@ -173,7 +175,7 @@ def causal_support(support) -> list[str]:
 
 def register(name: str, function=None, *, target: str, features: str, max_features=None, randomized: bool = True,
              draw=None, causal=False, compress=None, differentiable: bool = False, overwrite: bool = False,
-             score=None, inputs=()):
+             score=None, inputs=(), allocation="uniform", layer_budgets="uniform"):
     r"""Register ``function`` as method ``name``; usable as a decorator.
 
     Parameters
@@ -239,6 +241,13 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         path supplies the model's RoPE frequencies, nothing for a model without RoPE
         (:func:`approxlab.patch_attention`); any other name must be passed by the caller, and a patch without
         it is refused before anything runs.
+    allocation : {"uniform", "adakv"}, default "uniform"
+        With ``score``: how the KV-cache setting spreads a layer's budget over its heads -- the same :math:`b`
+        per head, or AdaKV's top :math:`H b` scores of the layer's heads jointly
+        (:func:`approxlab.kv_cache_attention`, whose ``allocation=`` it sets by default).
+    layer_budgets : {"uniform", "pyramid"}, default "uniform"
+        With ``score``: how :func:`approxlab.patch_attention`'s KV-cache setting spreads the budget over the
+        model's layers -- the same :math:`b` per layer, or PyramidKV's linear schedule.
     differentiable : bool, default False
         Whether autograd through ``function``'s output gives its derivative with respect to ``q``,
         ``k`` and ``v`` (for a fixed draw): a claim the shared gradient test checks.
@@ -275,7 +284,8 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
                          randomized=randomized, draw=draw, causal=causal, compress=compress,
-                         differentiable=differentiable, score=score, inputs=tuple(inputs))
+                         differentiable=differentiable, score=score, inputs=tuple(inputs), allocation=allocation,
+                         layer_budgets=layer_budgets)
         with _STATE.lock:
             taken = name in available()
             if taken and not overwrite:

@@ -20,11 +20,13 @@ from ..kv_cache import kv_cache_attention
 from .records import LayerCall, attention_measures
 
 
-def kv_cache_call(method, q, k, v, *, context_length, num_features, generator, grouping="kv-head", **options):
+def kv_cache_call(method, q, k, v, *, context_length, num_features, generator, grouping="kv-head", allocation=None,
+                  alpha_safeguard=None, **options):
     """The KV-cache setting's one call: :func:`approxlab.kv_cache_attention` on the layer's window so far (``k, v``
-    per KV head)."""
+    per KV head), with the layer's own ``num_features``."""
     return kv_cache_attention(method, q, k, v, context_length=context_length, num_features=num_features,
-                              generator=generator, grouping=grouping, **options)
+                              generator=generator, grouping=grouping, allocation=allocation,
+                              alpha_safeguard=alpha_safeguard, **options)
 
 
 def padding_mask(attention_mask, n_q: int, m: int, causal: bool, layer: int):
@@ -151,8 +153,9 @@ class PatchedLayer:
             # The KV-cache setting: the method compresses the context's keys and values (per layer and
             # head, from what it could see at compression time) and the continuation attends to them.
             result = kv_cache_call(patch.method, q_all, k, v, context_length=context,
-                                   num_features=patch.num_features, generator=self.generator,
-                                   grouping=patch.grouping, **patch.options)
+                                   num_features=patch.budgets[self.layer], generator=self.generator,
+                                   grouping=patch.grouping, allocation=patch.allocation,
+                                   alpha_safeguard=patch.alpha_safeguard, **patch.options)
             rows = result.output[..., first - context:, :]
             parts.append(rows)
             self._record(result, (first, m), q_all, k_heads, v_heads, None, rows)

@@ -3,6 +3,7 @@ before anything runs."""
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from ..data.models import LoadedModel
 from ..kv_cache import GROUPINGS
 from ..methods import registry
 from ..data.rope import rotary_frequencies_of_module
+from ..methods._allocation import LAYER_BUDGETS, PYRAMID_BETA, check_allocation, pyramid_budgets
 from ..methods._base import MASK_RENORMALISE, MethodSpec
 from ..methods._scores import model_inputs
 
@@ -181,3 +183,48 @@ def supplied_inputs(spec: MethodSpec, options: dict, target: Target, layers) -> 
                          f"model's RoPE frequencies; got layers {list(layers)} with different ones: patch them in "
                          "separate blocks or pass rope_frequencies yourself.")
     return model_inputs(spec, options, rope_frequencies=frequencies)
+
+
+_BUDGET_OPTIONS = ("allocation", "alpha_safeguard", "layer_budgets", "pyramid_beta")
+
+
+def kept_window(spec: MethodSpec, options: dict, budget: int) -> int:
+    """The keys a policy keeps at every layer besides its share: ``min(window, budget)`` for a step that takes
+    ``window`` (SnapKV's observation window; the caller's value, else the step's default), else 0."""
+    step = spec.score if spec.score is not None else spec.compress
+    parameter = inspect.signature(step).parameters.get("window")
+    if parameter is None:
+        return 0
+    window = options.get("window", parameter.default)
+    return min(window, budget) if isinstance(window, numbers.Integral) and window >= 0 else 0
+
+
+def check_budgets(spec: MethodSpec, num_features: int, options: dict, num_layers: int, context_length, *,
+                  allocation=None, alpha_safeguard=None, layer_budgets=None, pyramid_beta=None) -> tuple:
+    """The KV-cache setting's budgets: ``(allocation, alpha_safeguard, layer_budgets, budgets)``, ``budgets`` the
+    ``num_features`` of each of the model's ``num_layers`` layers (PyramidKV's schedule or ``num_features``
+    throughout); ``(None, None, None, None)`` outside the setting, where every one of them is refused."""
+    given = {"allocation": allocation, "alpha_safeguard": alpha_safeguard, "layer_budgets": layer_budgets,
+             "pyramid_beta": pyramid_beta}
+    if context_length is None:
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(f"`{name}` spreads the cache budget of the KV-cache setting: pass it with "
+                                 f"context_length; got {name}={value!r} without a context_length.")
+        return None, None, None, None
+    allocation, alpha_safeguard = check_allocation(spec, allocation, alpha_safeguard)
+    schedule = spec.layer_budgets if layer_budgets is None else check_choice(layer_budgets, "layer_budgets",
+                                                                             LAYER_BUDGETS)
+    if schedule == "uniform":
+        if pyramid_beta is not None:
+            raise ValueError(f"`pyramid_beta` shapes PyramidKV's schedule, allowed with layer_budgets='pyramid' only; "
+                             f"got pyramid_beta={pyramid_beta!r} with layer_budgets='uniform'.")
+        return allocation, alpha_safeguard, schedule, (num_features,) * num_layers
+    if spec.compress is None:
+        raise ValueError(f"`layer_budgets` 'pyramid' spreads a cache policy's budget over the layers, and method "
+                         f"{spec.name!r} compresses no cache (no score= or compress=): allowed for it is 'uniform'; "
+                         "got layer_budgets='pyramid'.")
+    beta = PYRAMID_BETA if pyramid_beta is None else pyramid_beta
+    budgets = pyramid_budgets(num_layers, num_features, beta=beta, context_length=context_length,
+                              window=kept_window(spec, options, num_features))
+    return allocation, alpha_safeguard, schedule, tuple(budgets)

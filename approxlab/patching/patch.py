@@ -101,6 +101,17 @@ class AttentionPatch:
     grouping : str or None
         The KV-cache setting's kept sets with grouped K/V (``"kv-head"`` or ``"query-head"``,
         :func:`approxlab.kv_cache_attention`); ``None`` outside it.
+    allocation : str or None
+        The KV-cache setting's spread of a layer's budget over its heads (``"uniform"`` or ``"adakv"``); ``None``
+        outside it.
+    alpha_safeguard : float or None
+        AdaKV's per-head minimum share with ``allocation="adakv"``; ``None`` otherwise.
+    layer_budgets : str or None
+        The KV-cache setting's spread of the budget over the layers (``"uniform"`` or ``"pyramid"``); ``None``
+        outside it.
+    budgets : dict of int to int, or None
+        The ``num_features`` each patched layer runs with in the KV-cache setting (``num_features`` itself, or
+        its PyramidKV share); ``None`` outside it.
     seeds : dict of int to int
         The seed of each patched layer's random stream.
     calls : list of LayerCall
@@ -124,7 +135,7 @@ class AttentionPatch:
     """
 
     def __init__(self, target, layers, spec, num_features, causal, options, seeds, context_length,
-                 record_inputs, grouping=None, supplied=(), record_attention=False):
+                 record_inputs, grouping=None, supplied=(), record_attention=False, budgets=(None, None, None, None)):
         self._target = target
         self.method = spec.name
         self.layers = layers
@@ -134,6 +145,8 @@ class AttentionPatch:
         self.causal = causal
         self.context_length = context_length
         self.grouping = grouping
+        self.allocation, self.alpha_safeguard, self.layer_budgets, per_layer = budgets
+        self.budgets = None if per_layer is None else {layer: per_layer[layer] for layer in layers}
         self.record_inputs = record_inputs
         self.record_attention = record_attention
         self.seeds = {layer: seeds[layer] for layer in layers}
@@ -259,8 +272,9 @@ class AttentionPatch:
 
 def patch_attention(model, method: str, *, layers=None, num_features: int, generator: torch.Generator | None = None,
                     context_length: int | None = None, record_inputs: bool = False, grouping: str | None = None,
-                    record_attention: bool = False,
-                    **options) -> AttentionPatch:
+                    record_attention: bool = False, allocation: str | None = None,
+                    alpha_safeguard: float | None = None, layer_budgets: str | None = None,
+                    pyramid_beta: float | None = None, **options) -> AttentionPatch:
     r"""Compute the attention of chosen layers of a transformers model with an approximation.
 
     ``with patch_attention(model, method, ...) as patch:`` -- inside the block, every forward pass of
@@ -299,6 +313,24 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         ``"query-head"`` one set per query head after repeating the KV heads (SnapKV's published code;
         up to ``H / H_kv`` times the tokens). Only with ``context_length``
         (:func:`approxlab.kv_cache_attention`).
+    allocation : {"uniform", "adakv"}, optional
+        The KV-cache setting only: a layer's budget over its heads, as in :func:`approxlab.kv_cache_attention`
+        (default: the method's own; ``"adakv"`` for a policy with per-key scores: the layer's ``H_kv *
+        num_features`` tokens go to the largest scores of its heads jointly).
+    alpha_safeguard : float, optional
+        With ``allocation="adakv"`` only: each head's minimum share of ``num_features``, in ``[0, 1]``; default
+        0.2 (kvpress's). Outside the KV-cache setting, the option of a method whose causal form takes it
+        (``ada-snapkv``).
+    layer_budgets : {"uniform", "pyramid"}, optional
+        The KV-cache setting only, a cache policy's budget over the model's layers (default: the method's own;
+        ``"pyramid"`` for ``pyramidkv``): ``"uniform"`` keeps ``num_features`` per head in every layer;
+        ``"pyramid"`` gives layer :math:`l` of the model's :math:`L` layers PyramidKV's
+        :math:`b_l` (:func:`approxlab.kv_budgets.pyramid_budgets`, with the policy's observation window, its
+        option ``window`` if it has one, kept at every layer), :math:`\sum_l b_l = L\,` ``num_features``;
+        :attr:`AttentionPatch.budgets` holds them.
+    pyramid_beta : float, optional
+        With ``layer_budgets="pyramid"`` only: PyramidKV's :math:`\beta \ge 1`, the top layer keeping
+        :math:`1/\beta` of the bottom-to-top mean share; default 20 (the authors' and kvpress's ``beta``).
     record_attention : bool, default False
         Measure each run's attention weights against exact attention on the same inputs
         (:func:`~approxlab.patching.records.attention_measures`: the rows' total variation distance and the
@@ -325,7 +357,10 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         ``draw``), or a keyword the method requires that neither the caller nor the model supplies;
         ``num_features`` not an integer >= 1; a bad ``generator``; ``context_length`` not an
         integer >= 1 or given for an encoder; a non-bool ``record_inputs``; a ``grouping`` not in
-        ``("kv-head", "query-head")`` or given without ``context_length``.
+        ``("kv-head", "query-head")`` or given without ``context_length``; ``allocation``, ``alpha_safeguard``,
+        ``layer_budgets`` or ``pyramid_beta`` without ``context_length``, outside their values, ``"adakv"`` for
+        a method without scores, ``"pyramid"`` for one without a compression step, or ``alpha_safeguard`` /
+        ``pyramid_beta`` without ``"adakv"`` / ``"pyramid"``.
     RuntimeError
         On entering a model that is already patched (nesting is refused), or re-entering a patch; during
         a forward pass: a cache that holds earlier tokens outside the KV-cache setting, or attention dropout
@@ -428,9 +463,15 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     generator = as_generator(generator)
     context_length = _model.check_context_length(context_length, target)
     grouping = _model.check_grouping(grouping, context_length)
+    if context_length is None and alpha_safeguard is not None and "alpha_safeguard" in (spec.options() or ()):
+        options, alpha_safeguard = {**options, "alpha_safeguard": alpha_safeguard}, None  # its causal form's option
+    budgets = _model.check_budgets(spec, num_features, options, len(target.modules), context_length,
+                                   allocation=allocation, alpha_safeguard=alpha_safeguard,
+                                   layer_budgets=layer_budgets, pyramid_beta=pyramid_beta)
     record_inputs = check_bool(record_inputs, "record_inputs")
     record_attention = check_bool(record_attention, "record_attention")
     supplied = _model.supplied_inputs(spec, options, target, chosen)
     seeds = _model.layer_seeds(generator, len(target.modules))
     return AttentionPatch(target, chosen, spec, num_features, causal, {**supplied, **options}, seeds, context_length,
-                          record_inputs, grouping, supplied=tuple(supplied), record_attention=record_attention)
+                          record_inputs, grouping, supplied=tuple(supplied), record_attention=record_attention,
+                          budgets=budgets)
