@@ -90,10 +90,16 @@ def check_tensor(x, name: str, *, min_ndim: int = 2, finite: bool = True) -> tor
         )
     if x.numel() == 0:
         raise ValueError(f"`{name}` must be non-empty (every dimension >= 1); got shape {tuple(x.shape)}.")
-    if finite and not math.isfinite(peak_magnitude(x)):
+    if finite:
+        _check_finite(x, name, peak_magnitude(x))
+    return x
+
+
+def _check_finite(x: torch.Tensor, name: str, peak: float) -> None:
+    """Refuse a non-finite ``x`` given its :func:`peak_magnitude` ``peak``."""
+    if not math.isfinite(peak):
         bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"`{name}` must be finite; got {bad} non-finite entries (NaN or inf).")
-    return x
 
 
 def peak_magnitude(x: torch.Tensor) -> float:
@@ -106,11 +112,12 @@ def peak_magnitude(x: torch.Tensor) -> float:
     return math.nan if math.isnan(low) or math.isnan(high) else max(-low, high)
 
 
-def _check_magnitude(x: torch.Tensor, name: str) -> None:
-    """Refuse entries so large that :math:`\\|x_i\\|^2` (hence a logit) would overflow ``x.dtype``."""
+def _check_magnitude(x: torch.Tensor, name: str, peak: float | None = None) -> None:
+    """Refuse entries so large that :math:`\\|x_i\\|^2` (hence a logit) would overflow ``x.dtype``
+    (``peak``: :func:`peak_magnitude` of ``x`` when already known)."""
     p = x.shape[-1]
     limit = torch.finfo(x.dtype).max / 4
-    peak = peak_magnitude(x)
+    peak = peak_magnitude(x) if peak is None else peak
     if p * peak * peak > limit:
         raise ValueError(
             f"`{name}` must have entries small enough that p * max|{name}|^2 <= finfo({x.dtype}).max / 4 = "
@@ -139,8 +146,12 @@ def check_qkv(q, k, v=_NO_V):
     logit :math:`q_i^\\top k_j` or squared norm overflows (Cauchy--Schwarz). ``v`` is
     required wherever it is passed: ``v=None`` is an error.
     """
-    check_tensor(q, "q")
-    check_tensor(k, "k")
+    check_tensor(q, "q", finite=False)  # finiteness and magnitude from one pass over each
+    peak_q = peak_magnitude(q)
+    _check_finite(q, "q", peak_q)
+    check_tensor(k, "k", finite=False)
+    peak_k = peak_magnitude(k)
+    _check_finite(k, "k", peak_k)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"`q` and `k` must share the feature dimension p; got q.shape={tuple(q.shape)} and "
@@ -151,8 +162,8 @@ def check_qkv(q, k, v=_NO_V):
             f"`q` and `k` must share batch dimensions; got {tuple(q.shape[:-2])} and {tuple(k.shape[:-2])}."
         )
     _check_same_dtype_device(k, "k", q, "q")
-    _check_magnitude(q, "q")
-    _check_magnitude(k, "k")
+    _check_magnitude(q, "q", peak_q)
+    _check_magnitude(k, "k", peak_k)
     if v is _NO_V:
         return q, k, None
     check_tensor(v, "v")
