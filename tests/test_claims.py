@@ -135,6 +135,21 @@ def test_a_claim_whose_interval_covers_less_than_90_percent_gets_no_verdict():
     assert needed in (16, 32)  # more windows than the run has
 
 
+def test_units_needed_counts_every_unit_of_grouped_units():
+    """Units in groups (each case's windows, drawn at their count): the sizes tried are multiples of all the
+    units, not of the groups (the former count: 2 groups, so 4 units tried -- fewer than the run's 8)."""
+    groups = {"a": [0.10, 0.12, 0.15, 0.90], "b": [0.20, 0.22, 0.25, 1.00]}
+    tried = []
+
+    def pooled(sample):
+        tried.append(len(sample))
+        return _mean_percentile(sample)
+
+    measured.units_needed(pooled, groups, trials=20)
+    assert min(set(tried) - {8}) == 16  # 2 x the 8 units (each size's first call is the population itself)
+    assert measured.needed_size(lambda size: {"x": size / 20, "y": 0.95}, 8) == {"x": 24, "y": 16}
+
+
 def test_measured_coverage_keeps_a_verdict_whose_interval_covers():
     seeds = list(np.random.default_rng(0).lognormal(0.0, 0.3, size=30))
 

@@ -159,3 +159,17 @@ def test_each_family_states_holm_and_every_instance_its_own_window_coverage(tail
     assert gaps["coverage"].notna().all() and gaps["coverage"].between(0, 1).all()
     low = table[table["coverage"] < 0.9]
     assert low["verdict"].str.startswith("no verdict: coverage").all()
+
+
+def test_an_instance_without_a_verdict_says_how_many_windows_it_would_need(tailed_verdicts):
+    """Below 90% coverage an instance gets no verdict, and the summary names the windows it would need: the same
+    measurement on draws of more windows than the run's 3 (the former summary said they were not sized)."""
+    table = tailed_verdicts
+    low = table[table["coverage"] < 0.9]
+    assert len(low) and table.loc[table["coverage"] >= 0.9, "windows_for_90"].isna().all()
+    sized = low["windows_for_90"].dropna()
+    assert len(sized) and (sized > 3).all() and (sized % 3 == 0).all()  # multiples of the run's windows
+    results = _tailed()
+    text = figure1.summarize(_config(), results, figure1.panel_statistics(results), verdict_table=table)
+    assert "| windows for 90% (each below it) |" in text and "not sized here" not in text
+    assert f"{int(sized.min())} (" in text

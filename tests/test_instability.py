@@ -282,6 +282,20 @@ def test_the_papers_value_is_placed_among_the_seeds_and_a_disagreement_of_the_me
         == "depends on the statistic"
 
 
+def test_the_changes_of_verdict_list_an_entry_that_depends_on_the_statistic():
+    """An entry whose two means disagree about the paper's value reads "depends on the statistic", an outcome the
+    former rules did not have (they gave each mean's verdict alone): the Changes list names it, with both means'
+    intervals and former verdicts."""
+    summary = study.intervals(_skewed(location=math.log(0.87)))
+    row = summary.set_index("attention").loc["kernelized"]
+    summary.loc[summary["attention"] == "kernelized", "reading"] = instability_stats.DEPENDS
+    lines = instability_report._changes_lines(summary)
+    entry = [line for line in lines if line.startswith("| kernelized | Pathfinder (n=256) | both (the entry) |")]
+    assert len(entry) == 1 and entry[0].endswith(f"| {row['former_verdict']} / {row['former_geo_verdict']} | "
+                                                  "depends on the statistic |")
+    assert "of 3 verdict(s) change" in "\n".join(lines)
+
+
 def test_a_paper_value_near_1_is_tested_like_any_other():
     """Nystromformer's 1.02: an interval wholly below it rejects it, as for every other entry (the former rule
     exempted values within 0.05 of 1 and called the entry inconclusive)."""

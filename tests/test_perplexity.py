@@ -23,7 +23,8 @@ from approxlab.errors import UsageError
 from approxlab.patching import token_nll
 from approxlab.studies import perplexity
 from approxlab.studies.engine import read_results
-from approxlab.studies.perplexity import cells, claims, grid, judging, prediction, references, resampling, stats
+from approxlab.studies.perplexity import (cells, claims, gating, grid, judging, prediction, references, resampling,
+                                         stats)
 from approxlab.studies.perplexity.agreement import agreement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -54,6 +55,9 @@ def fewer_resamples():
         patch.setitem(prediction.COVERAGE_TRIALS, "trials", 5)
         patch.setitem(prediction.COVERAGE_TRIALS, "resamples", 20)
         patch.setitem(prediction.COVERAGE_TRIALS, "subsets", 2)
+        patch.setitem(gating.SIZING, "trials", 3)
+        patch.setitem(gating.SIZING, "resamples", 10)
+        patch.setitem(gating.SIZING, "multiples", (2,))
         yield
 
 
@@ -97,7 +101,8 @@ def test_tables_figures_claims_and_summary(run):
     summary = (run / "summary.md").read_text()
     for text in ("## Claims", "(p1)", "(p1w)", "(p1d)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder",
                  "What entered the claims", "Not decoder attention", "## Long context", "## The encoder",
-                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget b)", "Coverage"):
+                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget b)", "Coverage",
+                 "### Changes of verdict", "| coverage (own units) | methods for 90% |"):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())
 
@@ -163,17 +168,39 @@ def test_p1_across_and_within_methods_are_told_apart():
     rejected, each at a fixed budget holds."""
     cells_ = _cells(within_sign=-1.0, methods=10)
     verdicts, correlations = judging.judge_setting(cells_, "whole", "all")
-    table = pd.DataFrame(verdicts)
-    assert table.set_index("claim").loc["p1", "verdict"] == "ranks the losses"
+    table = pd.DataFrame(verdicts)  # the verdicts by the intervals (before the coverage gate: former_verdict)
+    assert table.set_index("claim").loc["p1", "former_verdict"] == "ranks the losses"
     assert table.set_index("claim").loc["p1w", "estimate"] == pytest.approx(-1.0)
-    assert table.set_index("claim").loc["p1w", "verdict"] == "does not rank the losses"
-    assert set(table.loc[table["claim"] == "p1d", "verdict"]) == {"ranks the losses"}
+    assert table.set_index("claim").loc["p1w", "former_verdict"] == "does not rank the losses"
+    assert set(table.loc[table["claim"] == "p1d", "former_verdict"]) == {"ranks the losses"}
     per = pd.DataFrame(judging.per_method(cells_, "whole", "all"))
-    assert len(per) == 10 and (per["verdict"] == "does not rank the losses").all()
+    assert len(per) == 10 and (per["former_verdict"] == "does not rank the losses").all()
     p2 = table[table["claim"] == "p2"].set_index("measure")
-    assert p2.loc["worst_query", "verdict"] == "worse than spectral"
+    assert p2.loc["worst_query", "former_verdict"] == "worse than spectral"
     assert "missed_mass" not in p2.index  # a measure no method recorded is not compared
     assert set(pd.DataFrame(correlations)["measure"]) == set(claims.MEASURES)
+
+
+def test_no_verdict_rests_on_an_interval_that_covers_less_than_90_percent_of_the_run_s_own_units():
+    """Every claim across methods -- (p2) and (p1d) too, which the former rules never measured -- has its interval's
+    coverage measured on the run's own methods and windows; below 90% the verdict is withheld and the methods it
+    would need are sized. Ten methods whose ranks agree perfectly: a method drawn twice ties with itself in its
+    error but not in its mean loss (its windows drawn anew), and the drawn data sets' intervals fall below the run's
+    rho."""
+    verdicts, _ = judging.judge_setting(_cells(within_sign=-1.0, methods=10), "whole", "all")
+    table = pd.DataFrame(verdicts)
+    judged = table[~table["former_verdict"].str.startswith("no verdict")]
+    assert {"p1", "p1d", "p2"} <= set(judged["claim"]) and judged["coverage"].between(0, 1).all()
+    short = judged[judged["coverage"] < 0.9]
+    assert len(short) and short["claim"].isin(["p2", "p1d"]).any()
+    assert (short["verdict"] == [f"no verdict: coverage {c:.1%} < 90%" for c in short["coverage"]]).all()
+    assert short["units_for_90"].map(lambda n: n is None or n == 20).all()  # 2 x the 10 methods, or more
+    kept = judged[judged["coverage"] >= 0.9]
+    assert (kept["verdict"] == kept["former_verdict"]).all()
+    rows, _ = agreement({("whole", "layer 0"): (_cells(budgets=(8,), methods=10), {})}, pd.DataFrame(
+        {"reference": "r", "study": "decoder", "layer": 0, "checkpoint": "c", "reference_n": 512,
+         "method": [f"m{i}" for i in range(10)], "num_features": 8, "error": range(1, 11)}), {"checkpoint": "c"})
+    assert 0 <= rows[0]["coverage"] <= 1 and rows[0]["former_verdict"] == "same places"  # (p3) measured too
 
 
 def test_the_interval_across_methods_resamples_methods():
@@ -212,7 +239,7 @@ def test_p3_on_method_means_reaches_its_threshold():
                               "reference_n": 512, "method": [f"m{i}" for i in range(10)] + ["gone"],
                               "num_features": 8, "error": [*range(1, 11), math.inf]})
     rows, labels = agreement({("whole", "layer 0"): (cells_, {})}, reference, {"checkpoint": "ckpt"})
-    assert rows[0]["estimate"] == pytest.approx(1.0) and rows[0]["verdict"] == "same places"
+    assert rows[0]["estimate"] == pytest.approx(1.0) and rows[0]["former_verdict"] == "same places"
     assert labels["failed_in_reference"].iloc[0] == "gone"
     assert labels["compared_with"].iloc[0] == "layer 0 (same layer)" and "same model" in labels["model"].iloc[0]
 

@@ -202,3 +202,26 @@ def test_the_conditioning_verdict_rests_on_an_interval_over_windows_within_cases
     assert many["coverage"] >= 0.9 and many["verdict"] == "kernelized worse conditioned"
     few = sv_claims.conditioning(run(2)).iloc[0]
     assert few["verdict"].startswith("no verdict: coverage")
+    assert pd.isna(many["windows_for_90"])  # it covers: nothing to size
+
+
+def test_a_conditioning_claim_without_a_verdict_says_how_many_windows_it_would_need(monkeypatch):
+    """2 windows per case cover less than 90%: the summary names the windows the same resampling reaches 90% with
+    (the former summary said they were not sized)."""
+    from approxlab.studies.sv_decay import claims as sv_claims
+    from approxlab.studies.sv_decay import summary as sv_summary
+
+    monkeypatch.setitem(sv_claims.OWN_COVERAGE, "trials", 60)
+    rng = np.random.default_rng(1)
+    results = pd.DataFrame([{"condition": "initialized", "layer": layer, "n": 512, "window": w, "head": h,
+                             "matrix": matrix, "condition_number": 1e6 * (10.0 if matrix == "kernelized" else 1.0)
+                             * rng.uniform(0.5, 2.0) * (1 + 3 * w)}
+                            for layer in ("first", "last") for w in range(2) for h in range(4)
+                            for matrix in ("softmax", "kernelized")])
+    row = sv_claims.conditioning(results).iloc[0]
+    assert row["verdict"].startswith("no verdict: coverage")
+    assert row["windows_for_90"] is None or row["windows_for_90"] > 4
+    text = "\n".join(sv_summary._conditioning_lines(results))
+    assert "| windows for 90% |" in text and "not sized" not in text
+    needed = row["windows_for_90"]
+    assert (f"at {needed} windows" if needed else "still does at 12 times as many") in text

@@ -19,8 +19,8 @@ from ..reporting.markdown import markdown_table
 from ..reporting.summary import render
 from .discussion import aggregation_text, deviations_text, paper_text, win_rate_text
 from .figures import figure_groups
-from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, COVERAGE, NEAR_ZERO_ROW, OWN_COVERAGE, PAPER_METHODS, PRECISION_TOLERANCE,
-                    precision_table, verdicts)
+from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, COVERAGE, NEAR_ZERO_ROW, OWN_COVERAGE, PAPER_METHODS,
+                    PRECISION_TOLERANCE, SIZING, precision_table, verdicts)
 
 __all__ = ["TITLE", "RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "PAPER_COMPARISON",
            "summary_lines", "summarize", "sections"]
@@ -159,7 +159,7 @@ def _own_coverage_text(table: pd.DataFrame) -> list[str]:
     rows = [{"claim": claim.id, "aggregation": how, "claim instances": len(group),
              "coverage on own windows (lowest / median)": f"{group['coverage'].min():.1%} / "
                                                           f"{group['coverage'].median():.1%}",
-             "below 90%": int((group["coverage"] < 0.9).sum())}
+             "below 90%": int((group["coverage"] < 0.9).sum()), "windows for 90% (each below it)": _needed(group)}
             for claim in CLAIMS for how in ("median", "mean")
             for group in [table[(table["claim"] == claim.id) & (table["aggregation"] == how)]] if len(group)]
     family = table.assign(family=table["claim"] + " / " + table["aggregation"])
@@ -168,10 +168,23 @@ def _own_coverage_text(table: pd.DataFrame) -> list[str]:
             f"draw at every n, {OWN_COVERAGE['trials']} draws of {OWN_COVERAGE['resamples']} bootstrap resamples "
             "each: how often the interval holds the statistic on all the windows (`coverage` column). An instance "
             "below 90% gets no verdict. The simulated coverage above takes (c) and (d) as a ratio of medians, "
-            "which they are not; this measurement is the one the verdicts use. More windows than the run's would "
-            "be needed for those below 90% (not sized here: each size costs a full nested resampling).", "",
+            "which they are not; this measurement is the one the verdicts use. For an instance below 90%, the windows it "
+            "would need: the same measurement at 2, 3, 4, 6, 8 and 12 times the run's windows (drawn from the run's, "
+            f"{SIZING['trials']} draws of {SIZING['resamples']} resamples each), the first that reaches 90% (column "
+            "`windows_for_90`; an approximation: the run's windows stand for the population at every size).", "",
             *markdown_table(pd.DataFrame(rows), default=str), "",
             *family_lines(family, family="family", what="claim instances", level=BOOTSTRAP["level"])]
+
+
+def _needed(group: pd.DataFrame) -> str:
+    """``"8 (3), 12 (1), more than 48 (1)"``: how many of the instances below 90% need each count of windows."""
+    below = group[group["coverage"] < 0.9]
+    if below.empty or "windows_for_90" not in below:
+        return ""
+    windows = int(below["windows"].max())
+    found = [int(v) if pd.notna(v) else None for v in below["windows_for_90"]]
+    parts = [f"{v} ({found.count(v)})" for v in sorted({v for v in found if v is not None})]
+    return ", ".join(parts + ([f"more than {12 * windows} ({found.count(None)})"] if None in found else []))
 
 
 def _coverage_text(windows: int) -> list[str]:

@@ -234,9 +234,18 @@ def _changes_lines(summary: pd.DataFrame) -> list[str]:
                                     high=judged["geo_high"])])
     both["interval"] = [f"[{low:.3f}, {high:.3f}]" if pd.notna(low) else "-" for low, high in
                         zip(both["low"], both["high"])]
+    depends = judged[judged["reading"] == DEPENDS] if "reading" in judged else judged.iloc[:0]
+    entries = depends.assign(mean="both (the entry)", verdict=DEPENDS, interval=[
+        f"[{a:.3f}, {b:.3f}] / [{c:.3f}, {d:.3f}]" for a, b, c, d in
+        depends[["low", "high", "geo_low", "geo_high"]].to_numpy(float)], former_verdict=[
+        f"{a} / {g}" for a, g in zip(depends["former_verdict"], depends["former_geo_verdict"])])
+    both = pd.concat([both, entries], ignore_index=True)
     return [*changes_lines(both, ["attention", "task", "mean"], shown=["interval", "paper"], what="verdict",
-                           rules="no verdict for an undecided interval that excludes the paper's value, and the "
-                                 "geometric mean judged with the power of the arithmetic scale")[1:], ""]
+                           rules="no verdict for an undecided interval that excludes the paper's value, the "
+                                 "geometric mean judged with the power of the arithmetic scale, and each mean's "
+                                 f"verdict given alone: no entry read \"{DEPENDS}\" where the two means disagree "
+                                 "about the paper's value (its rows: both means' intervals, arithmetic / geometric, "
+                                 "and their former verdicts)")[1:], ""]
 
 
 def _seeds_line(config: dict, per_seed: pd.DataFrame) -> str:

@@ -4,7 +4,8 @@ The reference (``references.csv``, :mod:`.references`) holds one error per metho
 vary over windows. A per-window rank correlation with a per-method constant cannot reach 1 when windows
 disagree, so (p3) compares the reference's error with each method's **mean** :math:`\Delta` over windows, at
 one d, across the methods both runs measured: the interval resamples methods and windows within
-(:func:`.resampling.two_level`, the reference's error travelling with its method).
+(:func:`.resampling.two_level`, the reference's error travelling with its method), and its coverage is measured on
+the run's own methods and windows (:func:`.gating.gate_rows`: below 90%, no verdict).
 
 Each comparison is labelled with what the reference measured: its study and model (``same model`` when its
 checkpoint is this run's decoder, else ``another model``), its length and its layer (``same layer`` when it
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import resampling
+from . import gating, resampling
 from .claims import MEASURES, MIN_METHODS, P3, RESAMPLING
 from .grid import WHOLE
 from .judging import verdict_row
@@ -75,12 +76,13 @@ def agreement(inputs: dict, references: pd.DataFrame, config: dict, run: dict | 
             if used["method"].nunique() < 3:
                 continue
             enough = used["method"].nunique() >= MIN_METHODS
-            found = resampling.two_level(used, {"p3": resampling.at_budget("reference", d)}, columns=
-                                         (*MEASURES, "reference"), resamples=RESAMPLING["resamples"] if enough else 0,
+            statistic = {"p3": resampling.at_budget("reference", d)}
+            found = resampling.two_level(used, statistic, columns=(*MEASURES, "reference"),
+                                         resamples=RESAMPLING["resamples"] if enough else 0,
                                          seed=RESAMPLING["seed"])["p3"]
             low, high = resampling.percentile(found[0], found[1], RESAMPLING["level"])
             methods = int(used["method"].nunique())
-            rows.append(verdict_row(P3, WHOLE, layers, found[0], low, high, reference=name, num_features=int(d),
-                                    methods=methods, windows=int(used["window"].nunique()), points=len(used),
-                                    units=methods))
+            row = verdict_row(P3, WHOLE, layers, found[0], low, high, reference=name, num_features=int(d),
+                              methods=methods, windows=int(used["window"].nunique()), points=len(used), units=methods)
+            rows += gating.gate_rows([{**row, "_statistic": "p3"}], used, statistic, columns=(*MEASURES, "reference"))
     return rows, pd.DataFrame(labels, columns=COLUMNS)

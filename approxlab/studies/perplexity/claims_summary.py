@@ -9,14 +9,18 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..reporting.changes import changes_lines
 from ..reporting.claims import tally
 from ..reporting.markdown import format_number as fmt
 from ..reporting.markdown import markdown_table
+from ..reporting.measured import GATE
 from .claims import (DECLARED, DECODER_VALID, DEGENERATE, FLOOR, MEASURE_TEXT, MIN_BUDGETS, MIN_METHODS, P1,
                      P1_BUDGET, P1_METHOD, P1_WITHIN, P2, P3, RESAMPLING)
+from .gating import SIZING
+from .prediction import COVERAGE_TRIALS
 from .grid import KV_CACHE
 
-__all__ = ["claim_sections"]
+__all__ = ["claim_sections", "coverage_cell", "needed_cell"]
 
 _OUTCOMES = ("reproduced", "not reproduced", "inconclusive", "too few units")
 
@@ -37,7 +41,30 @@ def _rows(verdicts, claim) -> pd.DataFrame:
     rows = verdicts[verdicts["claim"] == claim.id].copy()
     rows["setting "] = [_where(s, layer) for s, layer in rows[["setting", "layers"]].itertuples(index=False)]
     rows["estimate [95% CI]"] = [_interval(*v) for v in rows[["estimate", "ci_low", "ci_high"]].to_numpy(float)]
+    rows["coverage (own units)"] = [coverage_cell(*v) for v in rows[["coverage", "coverage_low", "coverage_high"]]
+                                    .to_numpy(float)] if "coverage" in rows else ""
+    largest = 12 if claim.unit == "window" else max(SIZING["multiples"])
+    rows[f"{claim.unit}s for 90%"] = [needed_cell(c, n, u, largest) for c, n, u in zip(
+        rows.get("coverage", pd.Series(np.nan, index=rows.index)), rows.get("units_for_90", pd.Series(
+            np.nan, index=rows.index)), rows["windows" if claim.unit == "window" else "methods"])]
     return rows
+
+
+def coverage_cell(rate, low, high) -> str:
+    """``"93% [87%, 97%]"``: a coverage measured on the run's own units with its Wilson interval."""
+    return "not measured" if not math.isfinite(rate) else f"{rate:.0%} [{low:.0%}, {high:.0%}]"
+
+
+def needed_cell(rate, needed, units, largest: int = 12) -> str:
+    """The units 90% coverage would need, for a row below it: a count, or more than ``largest`` times the run's."""
+    if not math.isfinite(rate) or rate >= GATE:
+        return ""
+    return str(int(needed)) if pd.notna(needed) else f"more than {largest * int(units)}"
+
+
+def _tally(claim, rows) -> str:
+    gated = int(rows["verdict"].astype(str).str.startswith("no verdict: coverage").sum())
+    return f"{tally(claim, rows['verdict'], _OUTCOMES)}, {gated} no verdict (coverage below 90%)"
 
 
 def _declared() -> list[str]:
@@ -72,22 +99,23 @@ def _table(rows, columns) -> list[str]:
 
 def _p1(verdicts) -> list[str]:
     p1, within, per, budget = (_rows(verdicts, c) for c in (P1, P1_WITHIN, P1_METHOD, P1_BUDGET))
-    lines = [f"- **(p1) across methods**: {P1.statistic}; {tally(P1, p1['verdict'], _OUTCOMES)}.", "",
-             *_table(p1, ["setting ", "estimate [95% CI]", "verdict", "methods", "windows", "points"]),
-             f"- **(p1w) within a method, pooled**: {P1_WITHIN.statistic}; "
-             f"{tally(P1_WITHIN, within['verdict'], _OUTCOMES)}.", "",
-             *_table(within, ["setting ", "estimate [95% CI]", "verdict", "methods"])]
+    measured = ["coverage (own units)", "methods for 90%"]
+    lines = [f"- **(p1) across methods**: {P1.statistic}; holds at rho >= {P1.threshold:g}; {_tally(P1, p1)}.", "",
+             *_table(p1, ["setting ", "estimate [95% CI]", *measured, "verdict", "methods", "windows", "points"]),
+             f"- **(p1w) within a method, pooled**: {P1_WITHIN.statistic}; holds at mean rho >= "
+             f"{P1_WITHIN.threshold:g}; {_tally(P1_WITHIN, within)}.", "",
+             *_table(within, ["setting ", "estimate [95% CI]", *measured, "verdict", "methods"])]
     if len(per):
         table = per.pivot_table(index="method", columns="setting ", values="estimate [95% CI]", aggfunc="first",
                                 fill_value="").reset_index()
-        lines += [f"- **(p1m) within each method** ({P1_METHOD.statistic}; interval over windows): "
-                  f"{tally(P1_METHOD, per['verdict'], _OUTCOMES)}.", "", *markdown_table(table), ""]
+        lines += [f"- **(p1m) within each method** ({P1_METHOD.statistic}; interval over windows, holds at rho >= "
+                  f"{P1_METHOD.threshold:g}): {_tally(P1_METHOD, per)}.", "", *markdown_table(table), "",
+                  *_table(per, ["method", "setting ", "estimate [95% CI]", "coverage (own units)", "windows for 90%",
+                                "verdict", "windows"])]
     if len(budget):
-        table = budget.pivot_table(index="setting ", columns="num_features", values="estimate [95% CI]",
-                                   aggfunc="first", fill_value="").reset_index()
-        table.columns = ["setting", *[f"d = {d}" for d in table.columns[1:]]]
-        lines += [f"- **(p1d) at a fixed budget** ({P1_BUDGET.statistic}): "
-                  f"{tally(P1_BUDGET, budget['verdict'], _OUTCOMES)}.", "", *markdown_table(table), ""]
+        lines += [f"- **(p1d) at a fixed budget** ({P1_BUDGET.statistic}; holds at rho >= {P1_BUDGET.threshold:g}): "
+                  f"{_tally(P1_BUDGET, budget)}.", "",
+                  *_table(budget, ["setting ", "num_features", "estimate [95% CI]", *measured, "verdict", "methods"])]
     return lines
 
 
@@ -104,8 +132,9 @@ def _p2(verdicts, correlations, prediction) -> list[str]:
         lines += ["- **(p2) which measure ranks the losses**: each measure's rho across methods [two-level 95% CI] "
                   "(a measure a run did not record is n/a):", "", *markdown_table(table), ""]
     p2 = _rows(verdicts, P2)
-    lines += [f"  Paired, {P2.statistic}: {tally(P2, p2['verdict'], _OUTCOMES)}.", "",
-              *_table(p2, ["setting ", "measure", "estimate [95% CI]", "verdict", "methods"])]
+    lines += [f"  Paired, {P2.statistic}; better when the whole interval is above {P2.threshold:g}: {_tally(P2, p2)}.",
+              "", *_table(p2, ["setting ", "measure", "estimate [95% CI]", "coverage (own units)", "methods for 90%",
+                               "verdict", "methods"])]
     if len(prediction):
         shown = prediction.assign(**{"held-out error [95% CI]": [_interval(*v) for v in prediction[
             ["held_out_error", "ci_low", "ci_high"]].to_numpy(float)], "minus spectral's [95% CI]": [
@@ -124,11 +153,12 @@ def _p3(saved, verdicts, labels) -> list[str]:
     if not saved.config.get("compare_with"):
         return ["- **(p3)** not decided: no `--compare-with` folders were named.", ""]
     p3 = _rows(verdicts, P3)
-    return [f"- **(p3)** {P3.statistic}, holds at rho >= {P3.threshold:g}: {tally(P3, p3['verdict'], _OUTCOMES)}. "
+    return [f"- **(p3)** {P3.statistic}, holds at rho >= {P3.threshold:g}: {_tally(P3, p3)}. "
             "On method means (a per-window comparison with a per-method constant cannot reach 1); each reference's "
             "model, length and layer, and the methods it lacks or failed (left out):", "",
             *_table(labels, list(labels.columns)),
-            *_table(p3, ["reference", "setting ", "num_features", "estimate [95% CI]", "verdict", "methods"])]
+            *_table(p3, ["reference", "setting ", "num_features", "estimate [95% CI]", "coverage (own units)",
+                         "methods for 90%", "verdict", "methods"])]
 
 
 def _calibration(calibration) -> list[str]:
@@ -137,10 +167,42 @@ def _calibration(calibration) -> list[str]:
     shown = calibration.assign(**{"setting": [_where(s, layer) for s, layer in
                                               calibration[["setting", "layers"]].itertuples(index=False)]})
     shown = shown.drop(columns=["layers"]).map(lambda v: fmt(v) if isinstance(v, float) else v)
-    return ["**Coverage and width.** Coverage of the 95% two-level interval at this run's units, measured on the "
-            "run's own data (the run as the population, its estimate as the truth, 100 data sets drawn as the run "
-            "was, 200 resamples each; about +-4 points), and the (p1) interval's mean width on random subsets of "
-            "5, 10 and all methods (how it narrows with the number of methods):", "", *markdown_table(shown), ""]
+    return ["**Width.** The (p1) interval's mean width on random subsets of 5, 10 and all methods (how it narrows "
+            "with the number of methods), beside the coverage of the (p1) and (p1w) intervals on the run's own units "
+            "(`calibration.csv`):", "", *markdown_table(shown), ""]
+
+
+def _measured_lines() -> list[str]:
+    return ["**Coverage on the run's own units** (every `coverage (own units)` above; `approxlab.studies.perplexity."
+            "gating`). The claims' units vary at the level of the method (then the window within it): the run is "
+            f"taken as the population and its estimate as the truth; {COVERAGE_TRIALS['trials']} data sets are drawn "
+            "from it as the run was drawn (methods with replacement, then each drawn method's windows), each with "
+            f"its own {COVERAGE_TRIALS['resamples']}-resample two-level interval, every claim of a setting on the "
+            "same draws, and the share of the intervals that hold the truth is the coverage (Wilson 95% interval; "
+            "(p1m): the method's windows drawn, `measured_coverage`). A verdict whose interval covers less than "
+            f"{GATE:.0%} is withheld (\"no verdict: coverage ... < 90%\"); the methods (windows for (p1m)) it would "
+            "need are the first of " + ", ".join(map(str, SIZING["multiples"])) + " times the run's methods (2-12 "
+            "times the windows for (p1m)) at which the same measurement reaches 90% "
+            f"({SIZING['trials']} data sets of {SIZING['resamples']} resamples per count, to keep the report's cost "
+            "modest: a size, not a verdict, rests on it; an approximation, the run's methods standing for the "
+            "population).", ""]
+
+
+def _changes(verdicts) -> list[str]:
+    if verdicts.empty or "former_verdict" not in verdicts:
+        return []
+    shown = verdicts.assign(**{"setting ": [_where(s, layer) for s, layer in
+                                            verdicts[["setting", "layers"]].itertuples(index=False)],
+                               "estimate [95% CI]": [_interval(*v) for v in verdicts[["estimate", "ci_low",
+                                                                                      "ci_high"]].to_numpy(float)],
+                               "coverage": [coverage_cell(*v) for v in verdicts[["coverage", "coverage_low",
+                                                                           "coverage_high"]].to_numpy(float)]})
+    shown["num_features"] = shown["num_features"].map(lambda d: "" if d < 0 else str(int(d)))
+    return [*changes_lines(shown, ["claim", "setting ", "measure", "method", "reference", "num_features"],
+                           shown=["estimate [95% CI]", "coverage"], what="verdict",
+                           rules="the same intervals and thresholds, but a verdict given whatever its interval's "
+                                 "coverage: only (p1)'s was measured (`calibration.csv`), and no verdict was withheld "
+                                 "on it"), ""]
 
 
 def _excluded(saved, delta) -> list[str]:
@@ -168,5 +230,6 @@ def claim_sections(saved) -> list[str]:
     lines = ["", *_declared(), *_entered(saved.product("observations.csv")), *_p1(verdicts),
              *_p2(verdicts, saved.product("correlations.csv"), saved.product("prediction.csv")),
              *_p3(saved, verdicts, saved.product("references_used.csv")),
-             *_calibration(saved.product("calibration.csv")), *_excluded(saved, saved.product("delta.csv"))]
+             *_measured_lines(), *_calibration(saved.product("calibration.csv")), *_changes(verdicts),
+             *_excluded(saved, saved.product("delta.csv"))]
     return [line if not isinstance(line, float) or np.isfinite(line) else "" for line in lines]

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from ..reporting import claims as engine
-from . import resampling
+from . import gating, resampling
 from .claims import MEASURES, MIN_BUDGETS, MIN_METHODS, P1, P1_BUDGET, P1_METHOD, P1_WITHIN, P2, RESAMPLING
 from .grid import KV_CACHE
+from .prediction import COVERAGE_TRIALS
 
 __all__ = ["EXACT_ERROR", "VERDICT_COLUMNS", "causal_form", "noise_floor", "degenerate", "observations",
            "judge_setting", "per_method", "verdict_row"]
@@ -24,7 +25,9 @@ EXACT_ERROR = 1e-6
 """A median relative spectral error below this: the method returned exact attention (a degenerate point)."""
 
 VERDICT_COLUMNS = ["claim", "setting", "layers", "measure", "method", "reference", "num_features", "estimate",
-                   "ci_low", "ci_high", "threshold", "verdict", "methods", "windows", "points"]
+                   "ci_low", "ci_high", "threshold", "verdict", "methods", "windows", "points", *gating.COLUMNS]
+"""Every claim's row of ``verdicts.csv``; :data:`.gating.COLUMNS`: its interval's coverage measured on the run's own
+units, the units 90% would need, and the verdict before the 90% gate."""
 
 
 def causal_form(frame: pd.DataFrame) -> pd.Series:
@@ -140,7 +143,7 @@ def judge_setting(cells: pd.DataFrame, setting: str, layers: str) -> tuple[list[
     def row(claim, name, **extra):
         estimate, values, _ = found[name]
         low, high = resampling.percentile(estimate, values, RESAMPLING["level"])
-        return verdict_row(claim, setting, layers, estimate, low, high, **{**common, **extra})
+        return {**verdict_row(claim, setting, layers, estimate, low, high, **{**common, **extra}), "_statistic": name}
 
     verdicts = [row(P1, "across spectral")]
     within = cells.groupby("method")["budget"].nunique()
@@ -157,6 +160,7 @@ def judge_setting(cells: pd.DataFrame, setting: str, layers: str) -> tuple[list[
             subset = cells[np.isfinite(cells[measure])]
             verdicts.append(row(P2, name, measure=measure, methods=int(subset["method"].nunique()),
                                 units=int(subset["method"].nunique()), points=len(subset)))
+    verdicts = gating.gate_rows(verdicts, cells, statistics)
     correlations = []
     for measure in MEASURES:
         estimate, values, _ = found[f"across {measure}"]
@@ -179,15 +183,27 @@ def per_method(cells: pd.DataFrame, setting: str, layers: str) -> list[dict]:
                   for c in ("spectral", "delta")}
         x, y = (tables[c].to_numpy(float) for c in ("spectral", "delta"))
         windows = len(x)
-
-        def rho(chosen):
-            return resampling.spearman(np.nanmean(x[chosen], axis=0), np.nanmean(y[chosen], axis=0))
-
-        estimate = rho(np.arange(windows))
-        rng = np.random.default_rng(RESAMPLING["seed"])
-        values = np.array([rho(rng.integers(0, windows, windows))
-                           for _ in range(RESAMPLING["resamples"] if windows > 1 else 0)])
-        low, high = resampling.percentile(estimate, values, RESAMPLING["level"]) if len(values) else (np.nan, np.nan)
-        rows.append(verdict_row(P1_METHOD, setting, layers, estimate, low, high, method=method, methods=1,
-                                windows=windows, points=len(group), units=windows))
+        estimate, low, high = _over_windows(x, y, RESAMPLING["resamples"])(range(windows))
+        row = verdict_row(P1_METHOD, setting, layers, estimate, low, high, method=method, methods=1, windows=windows,
+                          points=len(group), units=windows)
+        rows.append(gating.gate_over_windows(row, _over_windows(x, y, COVERAGE_TRIALS["resamples"]), windows))
     return rows
+
+
+def _over_windows(x: np.ndarray, y: np.ndarray, resamples: int):
+    """``compute(windows) -> (rho, low, high)``: rho over budgets of the means over ``windows`` (row positions of
+    ``x``, ``y``: windows x budgets; a repeat counts twice) with its percentile interval, windows resampled."""
+
+    def rho(chosen):
+        return resampling.spearman(np.nanmean(x[chosen], axis=0), np.nanmean(y[chosen], axis=0))
+
+    def compute(windows):
+        chosen = np.asarray(list(windows), dtype=int)
+        rng = np.random.default_rng(RESAMPLING["seed"])
+        values = np.array([rho(chosen[rng.integers(0, len(chosen), len(chosen))])
+                           for _ in range(resamples if len(chosen) > 1 else 0)])
+        low, high = resampling.percentile(rho(chosen), values, RESAMPLING["level"]) if len(values) else (np.nan,
+                                                                                                      np.nan)
+        return rho(chosen), low, high
+
+    return compute

@@ -9,8 +9,9 @@ import pandas as pd
 from ..reporting.claims import tally
 from ..reporting.markdown import format_number as fmt
 from ..reporting.markdown import markdown_table
-from . import resampling
+from . import gating, resampling
 from .claims import GATE, MEASURES, MIN_METHODS, P4, RESAMPLING
+from .claims_summary import coverage_cell, needed_cell
 from .judging import _measures, causal_form, verdict_row
 from .long import UNPATCHED, long_frame, long_statistics
 
@@ -35,7 +36,8 @@ def gate(frame: pd.DataFrame) -> dict:
 
 def long_verdicts(long: pd.DataFrame, config: dict) -> list[dict]:
     """(p4) per long setting: rho(spectral error, Delta of the key's NLL) across decoder-valid methods, methods and
-    sequences resampled; no verdict when the unpatched model fails the gate."""
+    sequences resampled; no verdict when the interval's coverage on the run's own methods and sequences is below 90%
+    (:func:`.gating.gate_rows`), nor when the unpatched model fails the retrieval gate."""
     frame = long_frame(long)
     if frame is None or frame.empty:
         return []
@@ -49,17 +51,18 @@ def long_verdicts(long: pd.DataFrame, config: dict) -> list[dict]:
         cells["window"], cells["budget"] = methods["sequence"], methods["num_features"].astype(float)
         cells["delta"] = methods["delta_key"].astype(float)
         enough = cells["method"].nunique() >= MIN_METHODS
-        found = resampling.two_level(cells.reset_index(drop=True), {"p4": resampling.across("spectral")},
-                                     columns=MEASURES, resamples=RESAMPLING["resamples"] if enough else 0,
-                                     seed=RESAMPLING["seed"])["p4"]
+        cells = cells.reset_index(drop=True)
+        statistic = {"p4": resampling.across("spectral")}
+        found = resampling.two_level(cells, statistic, columns=MEASURES,
+                                     resamples=RESAMPLING["resamples"] if enough else 0, seed=RESAMPLING["seed"])["p4"]
         low, high = resampling.percentile(found[0], found[1], RESAMPLING["level"])
         count = int(cells["method"].nunique())
         row = verdict_row(P4, setting, f"all, {length} tokens", found[0], low, high, methods=count,
                           windows=int(cells["window"].nunique()), points=len(cells), units=count)
         passed = accuracy.get((setting, length), 0.0)
-        if passed < GATE:
+        if passed < GATE:  # the model cannot do the task: no verdict, and no interval to measure
             row["verdict"] = f"no verdict (the exact model retrieves {passed:.0%} < {GATE:.0%})"
-        rows.append(row)
+        rows += gating.gate_rows([{**row, "_statistic": "p4"}], cells, statistic)
     return rows
 
 
@@ -75,7 +78,11 @@ def long_lines(saved, verdicts: pd.DataFrame) -> list[str]:
                                                                      "spectral_median")})
     p4 = verdicts[verdicts["claim"] == P4.id]
     shown = p4.assign(**{"estimate [95% CI]": [f"{fmt(e)} [{fmt(lo)}, {fmt(hi)}]" for e, lo, hi in
-                                               p4[["estimate", "ci_low", "ci_high"]].to_numpy(float)]})
+                                               p4[["estimate", "ci_low", "ci_high"]].to_numpy(float)],
+                         "coverage (own units)": [coverage_cell(*v) for v in p4[["coverage", "coverage_low",
+                                                                                  "coverage_high"]].to_numpy(float)],
+                         "methods for 90%": [needed_cell(c, n, m, max(gating.SIZING["multiples"])) for c, n, m in
+                                             p4[["coverage", "units_for_90", "methods"]].itertuples(index=False)]})
     return ["", "## Long context: pass-key retrieval", "",
             f"Sequences of {' and '.join(map(str, config['long_n']))} tokens: {config['long_windows']} WikiText-2 "
             "windows x the key at depths "
@@ -83,8 +90,13 @@ def long_lines(saved, verdicts: pd.DataFrame) -> list[str]:
             "sequence (long-whole) or the context up to the question compressed (long-kv). The exact (unpatched) model "
             "retrieves the key in " + ", ".join(f"{s} at {n} tokens: {a:.0%}" for (s, n), a in accuracy.items())
             + f" of the sequences (the gate of (p4): {GATE:.0%}).", "",
-            f"- **(p4)** {P4.statistic}: {tally(P4, p4['verdict'])}.", "",
-            *markdown_table(shown[["setting", "layers", "estimate [95% CI]", "verdict", "methods", "windows"]]), "",
+            f"- **(p4)** {P4.statistic}, holds at rho >= {P4.threshold:g} (methods and sequences resampled; no verdict "
+            "where the interval's coverage on the run's own units is below 90%): "
+            f"{tally(P4, p4['verdict'])}, "
+            f"{int(p4['verdict'].astype(str).str.startswith('no verdict: coverage').sum())} no verdict (coverage "
+            "below 90%).", "",
+            *markdown_table(shown[["setting", "layers", "estimate [95% CI]", "coverage (own units)", "methods for 90%",
+                                   "verdict", "methods", "windows"]]), "",
             "Per method and budget: retrieval accuracy, mean change of the key's NLL (nats, summed over its tokens), "
             "mean change in log-perplexity, median spectral error (`long_stats.csv`):", "",
             *markdown_table(table), ""]

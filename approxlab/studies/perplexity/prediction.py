@@ -12,7 +12,8 @@ over the same methods.
 (:func:`coverage`): the run is taken as the population, its estimate as the truth; a data set is drawn from it
 as the run was (methods with replacement, windows within), the interval computed on that, and the share of
 draws whose interval holds the truth is the coverage (a double bootstrap: P. Hall, *The Bootstrap and Edgeworth
-Expansion*, 1992, Section 3.11).
+Expansion*, 1992, Section 3.11). Drawn with more methods than the run has, the same measurement sizes the methods
+a claim would need (:mod:`.gating`).
 
 **Width against methods** (:func:`narrowing`): the (p1) interval's mean width on random subsets of 5, 10 and
 all methods.
@@ -24,6 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import isotonic_regression
 
+from ...stats.verdicts import wilson_bounds
+from ..reporting.measured import Measured
 from . import resampling
 from .claims import MEASURES, RESAMPLING
 
@@ -88,39 +91,56 @@ def _interval(cells: pd.DataFrame, statistic, resamples: int, seed: int) -> tupl
     return (estimate, *resampling.percentile(estimate, values, RESAMPLING["level"]))
 
 
-def _draw(cells: pd.DataFrame, index: list, rng) -> pd.DataFrame:
-    """A data set drawn from the run as the run was drawn: methods with replacement (a copy is a new method),
-    then each drawn method's windows with replacement (``index``: per method, its windows' row positions)."""
-    rows, methods, windows = [], [], []
-    for copy, m in enumerate(rng.integers(0, len(index), len(index))):
+def _draw(cells: pd.DataFrame, index: list, rng, methods: int | None = None) -> pd.DataFrame:
+    """A data set drawn from the run as the run was drawn: ``methods`` methods (default: as many as the run has)
+    with replacement (a copy is a new method), then each drawn method's windows with replacement (``index``: per
+    method, its windows' row positions)."""
+    rows, copies, windows = [], [], []
+    for copy, m in enumerate(rng.integers(0, len(index), len(index) if methods is None else int(methods))):
         for slot, w in enumerate(rng.integers(0, len(index[m]), len(index[m]))):
             block = index[m][w]
             rows.append(block)
-            methods.append(np.full(len(block), copy))
+            copies.append(np.full(len(block), copy))
             windows.append(np.full(len(block), slot))
     drawn = cells.iloc[np.concatenate(rows)].reset_index(drop=True)
-    return drawn.assign(method=np.concatenate(methods), window=np.concatenate(windows))
+    return drawn.assign(method=np.concatenate(copies), window=np.concatenate(windows))
 
 
-def coverage(cells: pd.DataFrame, statistics: dict) -> dict:
-    """``{name: share of draws whose interval holds the run's estimate}`` (NaN below 3 methods or 2 windows)."""
+def coverage(cells: pd.DataFrame, statistics: dict, *, columns=MEASURES, methods: int | None = None,
+             trials: int | None = None, resamples: int | None = None) -> dict:
+    """``{name: Measured}``: the share of data sets drawn from the run (:func:`_draw`, ``methods`` methods each,
+    default the run's) whose two-level interval holds the run's estimate, over the draws whose interval exists
+    (``trials`` of them drawn, ``resamples`` each: default :data:`COVERAGE_TRIALS`), with its Wilson 95% interval;
+    None below 3 methods or 2 windows, or where no draw gave an interval. ``columns``: the columns the statistics
+    read besides ``budget`` and ``delta``."""
     if cells["method"].nunique() < 3 or cells["window"].nunique() < 2:
-        return {name: np.nan for name in statistics}
-    trials = COVERAGE_TRIALS
-    truth = {name: resampling.two_level(cells, {name: f}, columns=MEASURES, resamples=0, seed=0)[name][0]
-             for name, f in statistics.items()}
-    rng = np.random.default_rng(trials["seed"])
-    held = {name: [] for name in statistics}
+        return {name: None for name in statistics}
+    trials = COVERAGE_TRIALS["trials"] if trials is None else int(trials)
+    resamples = COVERAGE_TRIALS["resamples"] if resamples is None else int(resamples)
     cells = cells.reset_index(drop=True)
+    truth = {name: value[0] for name, value in
+             resampling.two_level(cells, statistics, columns=columns, resamples=0, seed=0).items()}
+    rng = np.random.default_rng(COVERAGE_TRIALS["seed"])
+    held = {name: [] for name in statistics}
     index = resampling.window_index(cells)
-    for t in range(trials["trials"]):
-        drawn = _draw(cells, index, rng)
-        found = resampling.two_level(drawn, statistics, columns=MEASURES, resamples=trials["resamples"], seed=t)
+    for t in range(trials):
+        drawn = _draw(cells, index, rng, methods)
+        found = resampling.two_level(drawn, statistics, columns=columns, resamples=resamples, seed=t)
         for name, (estimate, values, _) in found.items():
             low, high = resampling.percentile(estimate, values, RESAMPLING["level"])
-            if np.isfinite(low) and np.isfinite(truth[name]):
-                held[name].append(low <= truth[name] <= high)
-    return {name: float(np.mean(v)) if v else np.nan for name, v in held.items()}
+            if np.isfinite(low) and np.isfinite(truth[name]):  # equal up to rounding holds (a rho of 1, [1, 1])
+                slack = 1e-12 * max(1.0, abs(truth[name]))
+                held[name].append(low - slack <= truth[name] <= high + slack)
+    out = {}
+    for name, values in held.items():
+        if not values:
+            out[name] = None
+            continue
+        rate = float(np.mean(values))
+        low, high = wilson_bounds(rate, len(values), 0.95)
+        out[name] = Measured(rate, float(low), float(high), int(methods or len(index)), len(values),
+                             float(truth[name]))
+    return out
 
 
 def narrowing(cells: pd.DataFrame, sizes=(5, 10)) -> list[dict]:

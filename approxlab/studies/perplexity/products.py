@@ -6,7 +6,6 @@ from __future__ import annotations
 import pandas as pd
 
 from . import agreement, judging, prediction as predict
-from .claims import MIN_BUDGETS
 from .stats import claim_inputs, claim_tables, counts_table, delta_statistics, deltas, encoder_statistics
 
 __all__ = ["inputs", "delta_table", "observed", "correlations", "claim_verdicts", "agreement_labels",
@@ -91,21 +90,20 @@ def prediction_table(saved) -> pd.DataFrame:
 
 
 def calibration(saved) -> pd.DataFrame:
-    """``calibration.csv``: per setting, the measured coverage of the (p1) and (p1w) intervals at the run's units,
-    and the (p1) interval's width on 5, 10 and all methods."""
-    from . import resampling
-
+    """``calibration.csv``: per setting, the measured coverage of the (p1) and (p1w) intervals at the run's units
+    (:mod:`.gating`, as their verdicts use it), and the (p1) interval's width on 5, 10 and all methods."""
+    verdicts = _claims(saved)[0]
     rows = []
     for (setting, layers), (cells, _) in inputs(saved).items():
         if cells.empty:
             continue
-        found = predict.coverage(cells, {"p1": resampling.across("spectral"),
-                                        "p1w": resampling.within("spectral", MIN_BUDGETS)})
+        mine = verdicts[(verdicts["setting"] == setting) & (verdicts["layers"] == layers)].set_index("claim")
         widths = {f"width_{row['label']}": row["mean_width"]
                   for row in predict.narrowing(cells)} if cells["method"].nunique() >= 3 else {}
         rows.append({"setting": setting, "layers": layers, "methods": int(cells["method"].nunique()),
-                     "windows": int(cells["window"].nunique()), "coverage_p1": found["p1"],
-                     "coverage_p1w": found["p1w"], **widths})
+                     "windows": int(cells["window"].nunique()),
+                     **{f"coverage_{c}": float(mine.loc[c, "coverage"]) if c in mine.index else float("nan")
+                        for c in ("p1", "p1w")}, **widths})
     return pd.DataFrame(rows)
 
 

@@ -18,17 +18,43 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import rankdata
 
-__all__ = ["spearman", "across", "within", "at_budget", "method_means", "window_index", "two_level", "percentile"]
+__all__ = ["ranks", "spearman", "across", "within", "at_budget", "method_means", "window_index", "two_level", "percentile"]
+
+
+def ranks(x: np.ndarray) -> np.ndarray:
+    """The ranks of ``x`` (1-based), ties given their average rank: :func:`scipy.stats.rankdata` without its
+    checks (it is called for every resample of every statistic).
+
+    Examples
+    --------
+    >>> ranks(np.array([3.0, 1.0, 3.0, 2.0])).tolist()
+    [3.5, 1.0, 3.5, 2.0]
+    """
+    order = np.argsort(x, kind="mergesort")
+    ordered = x[order]
+    group = np.cumsum(np.concatenate([[True], ordered[1:] != ordered[:-1]])) - 1
+    counts = np.bincount(group)
+    average = np.cumsum(counts) - (counts - 1) / 2.0
+    found = np.empty(len(x))
+    found[order] = average[group]
+    return found
 
 
 def spearman(x, y) -> float:
-    """Spearman's rho with average ranks for ties; NaN when either side is constant or fewer than 3 pairs."""
+    """Spearman's rho with average ranks for ties; NaN when either side is constant or fewer than 3 pairs.
+
+    Examples
+    --------
+    >>> from scipy.stats import spearmanr
+    >>> x, y = [1.0, 2.0, 2.0, 5.0, 3.0], [0.5, 0.1, 0.4, 0.9, 0.9]
+    >>> bool(np.isclose(spearman(x, y), spearmanr(x, y).statistic))
+    True
+    """
     x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+    if len(x) < 3 or np.isnan(x).any() or np.isnan(y).any() or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")  # a NaN (a measure a run did not record) leaves rho undefined, as rankdata's
+    return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
 
 
 def across(measure: str):
@@ -38,14 +64,18 @@ def across(measure: str):
 
 def method_means(data: dict, measure: str) -> dict:
     """Per (method copy, budget): the mean over its windows of ``measure`` and of delta, as arrays ``copy``,
-    ``budget``, ``x`` and ``delta``."""
+    ``budget``, ``x`` and ``delta`` (computed once per resample and measure: kept in ``data``)."""
+    cached = data.setdefault("_means", {})
+    if measure in cached:
+        return cached[measure]
     keys = np.stack([data["copy"].astype(float), data["budget"]])
     unique, inverse = np.unique(keys, axis=1, return_inverse=True)
     inverse = inverse.ravel()
     counts = np.bincount(inverse)
-    return {"copy": unique[0], "budget": unique[1],
-            "x": np.bincount(inverse, weights=data[measure]) / counts,
-            "delta": np.bincount(inverse, weights=data["delta"]) / counts}
+    cached[measure] = {"copy": unique[0], "budget": unique[1],
+                       "x": np.bincount(inverse, weights=data[measure]) / counts,
+                       "delta": np.bincount(inverse, weights=data["delta"]) / counts}
+    return cached[measure]
 
 
 def within(measure: str, min_budgets: int = 3):

@@ -24,6 +24,7 @@ Public API::
     Measured(coverage, low, high, units, trials, truth)
     measured_coverage(compute, units, *, size=None, trials=MEASURED["trials"], seed=MEASURED["seed"]) -> Measured
     units_needed(compute, units, *, sizes=None, trials=..., seed=..., goal=GATE) -> int | None
+    sizes_for(count) -> list[int]; needed_size(coverage_at, count, *, sizes=None, goal=GATE) -> int | None | dict
     gate(claim, verdict, measured) -> str
     coverage_text(measured) -> str
     p_value(claim, *, values=None, resampled=None) -> float
@@ -44,8 +45,8 @@ from scipy import stats as _scipy_stats
 from ...stats.verdicts import wilson_bounds
 from .markdown import markdown_table
 
-__all__ = ["GATE", "MEASURED", "Measured", "measured_coverage", "units_needed", "gate", "coverage_text", "p_value",
-           "holm", "holm_column", "measured_lines", "family_lines"]
+__all__ = ["GATE", "MEASURED", "Measured", "measured_coverage", "units_needed", "sizes_for", "needed_size", "gate",
+           "coverage_text", "p_value", "holm", "holm_column", "measured_lines", "family_lines"]
 
 GATE = 0.90
 """A claim whose interval covers less often than this, measured on the run's own units, gets no verdict."""
@@ -119,15 +120,56 @@ def measured_coverage(compute, units, *, size: int | None = None, trials: int = 
 
 def units_needed(compute, units, *, sizes=None, trials: int = MEASURED["trials"], seed: int = MEASURED["seed"],
                  goal: float = GATE) -> int | None:
-    """The fewest units (of ``sizes``, default 2, 3, 4, 6, 8 and 12 times the run's count) whose interval reaches
-    ``goal`` coverage of the population value, by :func:`measured_coverage` at that size; None where none does.
-    An approximation: the run's few units stand for the population at every size."""
-    count = len(list(units))
-    sizes = [count * k for k in (2, 3, 4, 6, 8, 12)] if sizes is None else list(sizes)
+    """The fewest units (of ``sizes``, default 2, 3, 4, 6, 8 and 12 times the run's count: :func:`sizes_for`) whose
+    interval reaches ``goal`` coverage of the population value, by :func:`measured_coverage` at that size; None where
+    none does. An approximation: the run's few units stand for the population at every size. ``units`` as in
+    :func:`measured_coverage` (a dict: its groups scaled together, the count being their total).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab import stats
+    >>> def t(sample):
+    ...     found = stats.t_interval(sample)
+    ...     return found.estimate, found.low, found.high
+    >>> units_needed(t, [1.0, 2.0, 3.0, 10.0], trials=200)   # 4 skewed units cover less than 90%; 12 do
+    12
+    """
+    count = sum(len(list(u)) for u in units.values()) if isinstance(units, dict) else len(list(units))
+    return needed_size(lambda size: measured_coverage(compute, units, size=size, trials=trials, seed=seed).coverage,
+                       count, sizes=sizes, goal=goal)
+
+
+def sizes_for(count: int) -> list[int]:
+    """The unit counts :func:`units_needed` tries: 2, 3, 4, 6, 8 and 12 times the run's ``count``."""
+    return [int(count) * k for k in (2, 3, 4, 6, 8, 12)]
+
+
+def needed_size(coverage_at, count: int, *, sizes=None, goal: float = GATE):
+    """The search of :func:`units_needed` over a study's own measurement: ``coverage_at(size)`` is the coverage at
+    ``size`` units (a float), or of many claims at once (a dict key -> float, from one nested resampling per size);
+    the first of ``sizes`` (default :func:`sizes_for` ``count``) whose coverage reaches ``goal``, None where none
+    does -- per key for a dict, the search stopping once every key has its size.
+
+    Examples
+    --------
+    >>> needed_size(lambda size: {"a": 0.8 + size / 100, "b": 0.5}, 4)   # "a" reaches 90% at 12 units, "b" never
+    {'a': 12, 'b': None}
+    """
+    sizes = sizes_for(count) if sizes is None else list(sizes)
+    found, single = {}, None
     for size in sizes:
-        if measured_coverage(compute, units, size=size, trials=trials, seed=seed).coverage >= goal:
-            return int(size)
-    return None
+        covered = coverage_at(size)
+        single = not isinstance(covered, dict)
+        covered = {None: covered} if single else covered
+        for key, value in covered.items():
+            if key not in found or found[key] is None:
+                found[key] = int(size) if value >= goal else None
+        if all(v is not None for v in found.values()):
+            break
+    if single is None:
+        return None
+    return found.get(None) if single else found
 
 
 def gate(claim, verdict: str, measured: Measured | None) -> str:

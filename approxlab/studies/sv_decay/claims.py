@@ -9,7 +9,8 @@ layer x n): heads share a window's text, cases differ systematically (hidden sta
 interval is a percentile bootstrap that resamples windows within each case (stratified), the median pooled over
 the cases. Test: the interval against 0 -- below 0 the kernelized matrix is better conditioned, above 0 worse.
 Its coverage is measured on the run's own windows (:func:`approxlab.studies.reporting.measured.measured_coverage`,
-each case's windows drawn at their count): below 90%, no verdict.
+each case's windows drawn at their count): below 90%, no verdict, and the windows it would need are sized by the
+same resampling at more windows (:func:`approxlab.studies.reporting.measured.units_needed`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..declaration import Claim
 from ..reporting import claims as engine
 from ..reporting import measured
 
-__all__ = ["CONDITIONING", "log_ratios", "conditioning"]
+__all__ = ["CONDITIONING", "OWN_COVERAGE", "log_ratios", "conditioning"]
 
 CONDITIONING = Claim("conditioning", "kernelized C is better conditioned than D^-1 A",
                      "median over heads x windows of log10(kappa_2(C) / kappa_2(D^-1 A)), same head and window",
@@ -66,10 +67,21 @@ def _interval(units, *, resamples: int = 2000, seed: int = 0, level: float = 0.9
     return found.estimate, found.low, found.high
 
 
+OWN_COVERAGE = {"trials": 200, "seed": 1}
+"""The coverage on the run's own windows (:func:`approxlab.studies.reporting.measured.measured_coverage`): 200 draws
+of the windows of every case at its count, each interval of 300 resamples; the same at 2, 3, 4, 6, 8 and 12 times
+the windows for the windows 90% needs (:func:`approxlab.studies.reporting.measured.units_needed`)."""
+
+
+def _inner(sample):
+    return _interval(sample, resamples=300)
+
+
 def conditioning(results: pd.DataFrame, *, by=None) -> pd.DataFrame:
     """The claim :data:`CONDITIONING` over the whole run (``by`` None) or per value of the column ``by`` (``"n"``):
-    estimate, interval, windows (the units), heads, the coverage measured on the run's own windows and the
-    verdict."""
+    estimate, interval, windows (the units), heads, the coverage measured on the run's own windows, the windows
+    its interval would need for 90% (``windows_for_90``, where it falls short; None where even 12 times the run's
+    do not reach it) and the verdict."""
     table = log_ratios(results)
     rows = []
     for key, part in ([(None, table)] if by is None else list(table.groupby(by, sort=True))):
@@ -78,16 +90,19 @@ def conditioning(results: pd.DataFrame, *, by=None) -> pd.DataFrame:
         units = [((case[:3]), values) for case, values in units]
         estimate, low, high = _interval(units)
         smallest = min((sum(1 for c, _ in units if c == case) for case in {c for c, _ in units}), default=0)
-        found = None
+        found, needed = None, None
         if smallest > 1:
             groups = {}
             for case, values in units:
                 groups.setdefault(case, []).append((case, values))
-            found = measured.measured_coverage(lambda sample: _interval(sample, resamples=300), groups, trials=200)
+            found = measured.measured_coverage(_inner, groups, **OWN_COVERAGE)
+            if found.coverage < measured.GATE:
+                needed = measured.units_needed(_inner, groups, **OWN_COVERAGE)
         verdict = engine.judge(CONDITIONING, low, high, units=smallest, measured=found)
         rows.append({"subset": "all cases" if by is None else f"{by} = {key}", "estimate": estimate, "ci_low": low,
                      "ci_high": high, "windows": len(units), "cases": len({c for c, _ in units}),
                      "heads": int(sum(v.size for _, v in units)),
-                     "coverage": None if found is None else found.coverage, "verdict": verdict,
+                     "coverage": None if found is None else found.coverage, "windows_for_90": needed,
+                     "verdict": verdict,
                      "former_verdict": "not better conditioned" if by is None else None})
     return pd.DataFrame(rows)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..reporting.markdown import markdown_table
+from ..reporting.measured import GATE
 from ..reporting.summary import render
 from .claims import CONDITIONING, conditioning
 from .spectra import MATRICES, RESULTS
@@ -55,25 +56,47 @@ def _conditioning_lines(results: pd.DataFrame) -> list[str]:
     shown = table.assign(log10_ratio=[f"{e:+.2f} [{lo:+.2f}, {hi:+.2f}]" for e, lo, hi in
                                       zip(table["estimate"], table["ci_low"], table["ci_high"])],
                          coverage=[f"{c:.1%}" if pd.notna(c) else "no draw (1 window per case)"
-                                   for c in table["coverage"]])
+                                   for c in table["coverage"]],
+                         windows_for_90=[_needed(c, n, w) for c, n, w in
+                                         zip(table["coverage"], table["windows_for_90"], table["windows"])])
     first = table.iloc[0]
     lines = [f"Statistic ({CONDITIONING.statistic}): below 0 the kernelized matrix is better conditioned. Units: "
              f"{CONDITIONING.varies}; 95% percentile bootstrap of the windows within each case (stratified), the "
              "median pooled over the cases; test: the interval against 0; no verdict where the interval's coverage "
              "measured on the run's own windows is below 90%.", "",
-             *markdown_table(shown[["subset", "cases", "windows", "heads", "log10_ratio", "coverage", "verdict"]],
+             *markdown_table(shown[["subset", "cases", "windows", "heads", "log10_ratio", "coverage",
+                                    "windows_for_90", "verdict"]].rename(columns={"windows_for_90": "windows for 90%"}),
                              default=str), "",
              f"Verdict (all cases): **{first['verdict']}** -- median log10 kappa ratio {first['estimate']:+.2f} "
              f"[{first['ci_low']:+.2f}, {first['ci_high']:+.2f}] over {int(first['heads'])} heads in "
-             f"{int(first['windows'])} windows of {int(first['cases'])} cases. With "
-             f"{int(first['windows']) // max(1, int(first['cases']))} windows per case the stratified bootstrap cannot "
-             "reach 90% coverage; the windows per case it would need are not sized here (rerun with more --windows).",
-             "",
+             f"{int(first['windows'])} windows of {int(first['cases'])} cases." + _sized(first), "",
              "### Changes of verdict", "",
              "The former summary said \"kernelized C is not better conditioned than D^-1 A here\" from the pooled "
              "shares of singular heads and medians, with no interval, unit or test; it is replaced by the verdict "
              f"above (**{first['verdict']}**)."]
     return lines
+
+
+def _needed(coverage, needed, windows) -> str:
+    """The windows 90% coverage needs, for a row below it: a count, or more than 12 times the run's."""
+    if pd.isna(coverage) or coverage >= GATE:
+        return ""
+    return f"{int(needed)}" if pd.notna(needed) else f"more than {12 * int(windows)}"
+
+
+def _sized(row) -> str:
+    """What the windows per case would have to be for a verdict (nothing where the coverage reaches 90%)."""
+    if pd.isna(row["coverage"]) or row["coverage"] >= GATE:
+        return ""
+    per_case = int(row["windows"]) // max(1, int(row["cases"]))
+    if pd.isna(row["windows_for_90"]):
+        return (f" With {per_case} windows per case the stratified bootstrap covers less than 90%, and still does at "
+                f"12 times as many ({12 * per_case} per case), by the same resampling of the run's windows.")
+    return (f" With {per_case} windows per case the stratified bootstrap covers less than 90%; by the same resampling "
+            f"of the run's windows at larger counts it reaches 90% at {int(row['windows_for_90'])} windows "
+            f"({int(row['windows_for_90']) // max(1, int(row['cases']))} per case, `--windows` "
+            f"{int(row['windows_for_90']) // max(1, int(row['cases']))}; an approximation, the run's windows standing "
+            "for the population).")
 
 
 def _survival_text(config: dict, table: pd.DataFrame) -> list[str]:
