@@ -29,7 +29,7 @@ from .methods._allocation import ALLOCATIONS, adakv_keep, check_allocation, kept
 from .methods._base import MASK_RENORMALISE, Approximation
 from .methods._masking import check_key_mask
 from .methods._scores import checked_scores, pool_group, score_options, scores_of, top_budget
-from .methods._selection import attend_compressed, attend_selected, compressed_indices
+from .methods._selection import attend_compressed, compressed_indices, selected_weights
 from .operators import ProductOperator, RowSparseOperator
 
 __all__ = ["kv_cache_attention", "GROUPINGS", "ALLOCATIONS"]
@@ -271,7 +271,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     output = attend_compressed(q, k, v, kept, context_length, key_mask)
 
     def build():
-        _, indices, weights = attend_selected(continuation, k, v, selection, width=width, record=True)
+        indices, weights = selected_weights(continuation, k, v, selection, width=width)
         return RowSparseOperator(indices, weights, n)
 
     info = {"context_length": context_length, "setting": "compressed", "kept": kept_by_head}

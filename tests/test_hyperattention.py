@@ -107,6 +107,24 @@ def test_causal_recursion_is_its_masked_dense_definition_with_the_same_draw(vari
     assert torch.equal(again.output, result.output)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_operator_is_formed_from_the_run_that_gave_the_output(monkeypatch, causal):
+    """matrix() reuses the pieces of the call's own run (the algorithm is not run a second time), and its rows
+    applied to v are that run's output."""
+    from approxlab.methods import hyperattention as module
+
+    q, k, v = _qkv(37, seed=6)
+    result = approxlab.approximate("hyperattention", q, k, v, num_features=5, block_size=8, generator=gen(7),
+                                   causal=causal)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the algorithm ran again to form the operator")
+
+    monkeypatch.setattr(module._Run, "unmasked", refuse)
+    monkeypatch.setattr(module._Run, "causal", refuse)
+    torch.testing.assert_close(result.matrix() @ v, result.output, rtol=1e-12, atol=1e-12)
+
+
 def test_full_budget_code_variant_is_exact_attention():
     """One block holds every key: nothing is sampled (non-causal); causal, both halves are exact and
     the unmasked block is one block."""

@@ -14,6 +14,7 @@ from approxlab.operators import (
     ExactAttentionOperator,
     LinearOperator,
     ProductOperator,
+    RowSparseOperator,
     SumOperator,
     aslinearoperator,
 )
@@ -79,6 +80,24 @@ def test_operator_matches_dense_reference(name):
     op32 = op.to(torch.float32)
     assert op32.dtype == torch.float32
     torch.testing.assert_close(op32.matmat(x.float()), (dense @ x).float(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_products_dense_matrix_starts_from_its_last_factors():
+    """to_dense of a product applies the other factors to the last one's dense matrix: a sparse last factor is
+    formed from its entries, not multiplied by an m x m identity (which costs O(n T m) for a row-sparse one)."""
+    columns = torch.randint(6, (7, 3), generator=_gen(5))
+    sparse = RowSparseOperator(columns, _randn(7, 3, seed=6), 6)
+
+    def refuse(x):
+        raise AssertionError("the last factor's product was used to form the dense matrix")
+
+    sparse._matmat = refuse
+    a, c = _randn(2, 5, 4, seed=7), _randn(4, 7, seed=8)
+    for factors, dense in (((a, c, sparse), a @ c @ sparse.to_dense()), ((c, sparse), c @ sparse.to_dense())):
+        product = ProductOperator(*factors)
+        found = product.to_dense()
+        assert found.shape == dense.shape == product.shape
+        torch.testing.assert_close(found, dense, rtol=1e-12, atol=1e-12)
 
 
 def test_operator_shape_errors():

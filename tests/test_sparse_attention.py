@@ -190,3 +190,29 @@ def test_topp_validation_and_dropped_mass_at_most_one_minus_p():
         approxlab.approximate("quest", q, k, v, num_features=4, budget_rounding="round")
     with pytest.raises(ValueError, match=r"`page_size` must be an integer"):
         approxlab.approximate("quest", q, k, v, num_features=4, page_size=0)
+
+
+@pytest.mark.parametrize("elements", [0, 200])
+def test_selected_weights_are_those_attend_selected_applies(monkeypatch, elements):
+    """The operator's entries (selected_weights) without the output: the softmax over each row's valid slots,
+    the weights whose product with the gathered values is attend_selected's output, block for block."""
+    from approxlab.methods._selection import attend_selected, selected_weights
+
+    _small_blocks(monkeypatch, elements)
+    q, k, v = _qkv(n=20, m=9, seed=7)
+    g = gen(8)
+    indices = torch.randint(9, (2, 3, 20, 4), generator=g)
+    valid = torch.rand(2, 3, 20, 4, generator=g) > 0.3
+    valid[..., 0] = True
+
+    def selection(start, stop):
+        return indices[..., start:stop, :], valid[..., start:stop, :]
+
+    found_indices, weights = selected_weights(q, k, v, selection, width=4)
+    assert torch.equal(found_indices, indices)
+    logits = torch.gather(_logits(q, k), -1, indices)
+    torch.testing.assert_close(weights, _masked_softmax(logits, valid), rtol=1e-12, atol=1e-15)
+    assert bool((weights[~valid] == 0).all())
+    values = torch.gather(v.unsqueeze(-3).expand(2, 3, 20, 9, 5), -2, indices.unsqueeze(-1).expand(2, 3, 20, 4, 5))
+    expected = (weights.unsqueeze(-2) @ values).squeeze(-2)
+    torch.testing.assert_close(attend_selected(q, k, v, selection, width=4), expected, rtol=1e-13, atol=1e-15)

@@ -31,7 +31,7 @@ from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from .draws import check_draw
 from ._scores import score_options, scored_compress, scores_of
-from ._selection import attend_compressed, attend_selected, compressed_indices, sparse_approximation
+from ._selection import attend_compressed, compressed_indices, selected_weights, sparse_approximation
 
 __all__ = ["prompt_length_of", "prompt_compressed", "cache_policy"]
 
@@ -121,7 +121,7 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                 valid[..., rows, :] &= torch.gather(mask.expand(*batch, n), -1, part.flatten(-2)).view_as(part)
         return indices, valid
 
-    record = lambda: attend_selected(q, k, v, every, width=max(width, prompt), record=True)[1:]  # noqa: E731
+    record = lambda: selected_weights(q, k, v, every, width=max(width, prompt))  # noqa: E731
     return sparse_approximation(name, output, n, record, {**info, "prompt_length": prompt})
 
 

@@ -30,8 +30,9 @@ from ..kernels import causal_mask
 from ..operators.sparse import RowSparseOperator
 from ._base import Approximation
 
-__all__ = ["BLOCK_ELEMENTS", "DENSE_SELECTION", "weighted_values", "block_rows", "safe_softmax", "logit_blocks", "attend_selected", "gather_rows",
-           "real_ranks", "compressed_indices", "attend_compressed", "oracle_selection", "sparse_approximation"]
+__all__ = ["BLOCK_ELEMENTS", "DENSE_SELECTION", "weighted_values", "block_rows", "safe_softmax", "logit_blocks",
+           "attend_selected", "selected_weights", "gather_rows", "real_ranks", "compressed_indices",
+           "attend_compressed", "oracle_selection", "sparse_approximation"]
 
 BLOCK_ELEMENTS = 1 << 22
 """Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
@@ -98,7 +99,7 @@ def logit_blocks(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False,
 
 def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     selection: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
-                    width: int, record: bool = False):
+                    width: int) -> torch.Tensor:
     r"""Exact softmax of each query over its selected keys, in row blocks.
 
     Parameters
@@ -110,21 +111,33 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         rows ``start:stop`` (indices in ``[0, m)``; ``valid`` False on unused slots).
     width : int
         ``s``, the slots per row.
-    record : bool
-        Also return the ``(*batch, n, s)`` indices and weights (for the operator).
 
     Returns
     -------
-    output : torch.Tensor
-        ``(*batch, n, p_v)``.
-    indices, weights : torch.Tensor
-        Only with ``record``: the selection and its softmax weights (0 on unused slots).
+    torch.Tensor
+        ``(*batch, n, p_v)``. :func:`selected_weights` gives the weights of the same blocks (for the operator).
     """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    value_rows = gather_rows(v, batch)
+    return torch.cat([weighted_values(weights, indices, v, value_rows)
+                      for indices, weights in _weighted_blocks(q, k, v, selection, width)], dim=-2)
+
+
+def selected_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     selection: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]], *,
+                     width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(*batch, n, s)`` indices and softmax weights (0 on unused slots) of :func:`attend_selected` -- the
+    same row blocks, the same numbers -- without gathering the values or forming the output."""
+    indices, weights = zip(*_weighted_blocks(q, k, v, selection, width))
+    return torch.cat(indices, dim=-2), torch.cat(weights, dim=-2)
+
+
+def _weighted_blocks(q, k, v, selection, width: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(indices, weights)`` of each row block of :func:`attend_selected` (``v`` sets the blocks' size)."""
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, p, p_v = q.shape[-2], q.shape[-1], v.shape[-1]
     block = block_rows(batch, width * max(p, p_v))
-    key_rows, value_rows = gather_rows(k, batch), gather_rows(v, batch)
-    outputs, all_indices, all_weights = [], [], []
+    key_rows = gather_rows(k, batch)
     for start in range(0, n, block):
         stop = min(start + block, n)
         indices, valid = selection(start, stop)
@@ -135,15 +148,7 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         else:  # many keys per row: the selected logits of the block's dense logits (DENSE_SELECTION)
             every = (q[..., start:stop, :] @ k.transpose(-1, -2)).div_(math.sqrt(p))
             logits = torch.gather(every.expand(*batch, rows, k.shape[-2]), -1, indices)
-        weights = safe_softmax(logits.masked_fill(~valid, float("-inf")))
-        outputs.append(weighted_values(weights, indices, v, value_rows))
-        if record:
-            all_indices.append(indices)
-            all_weights.append(weights)
-    output = torch.cat(outputs, dim=-2)
-    if record:
-        return output, torch.cat(all_indices, dim=-2), torch.cat(all_weights, dim=-2)
-    return output
+        yield indices, safe_softmax(logits.masked_fill(~valid, float("-inf")))
 
 
 def gather_rows(x: torch.Tensor, batch: tuple) -> Callable[[torch.Tensor], torch.Tensor]:

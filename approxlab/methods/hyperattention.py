@@ -384,18 +384,13 @@ def hyperattention(q, k, v, *, num_features, generator=None, block_size=DEFAULT_
         key_mask = key_mask.expand(*k.shape[:-1])
     options = (block_size, variant, kappa, clip, min_seq_len)
 
-    def run():
-        state = _Run(q, k, v, options, draw, key_mask)
-        everything = slice(0, k.shape[-2])
-        output, log_row_sums = (state.causal(0, q.shape[-2]) if causal
-                                else state.unmasked(slice(0, q.shape[-2]), everything))
-        return state, output, log_row_sums
-
-    _, output, log_row_sums = run()
+    state = _Run(q, k, v, options, draw, key_mask)
+    output, log_row_sums = (state.causal(0, q.shape[-2]) if causal
+                            else state.unmasked(slice(0, q.shape[-2]), slice(0, k.shape[-2])))
+    pieces = state.pieces  # kept for the operator (O(n T), as the operator itself), not computed again
 
     def build_operator():
-        state, _, log_rows = run()
-        return operator_from_pieces(state.pieces, log_rows, k.shape[-2])
+        return operator_from_pieces(pieces, log_row_sums, k.shape[-2])
 
     info = {"hyperplanes": draw["hyperplanes"], "log_row_sums": log_row_sums}
     return Approximation("hyperattention", "softmax", output.to(q.dtype), build_operator, info)

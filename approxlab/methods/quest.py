@@ -14,7 +14,7 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import method
 from ._masking import check_key_mask
-from ._selection import attend_selected, sparse_approximation
+from ._selection import attend_selected, selected_weights, sparse_approximation
 
 __all__ = ["quest", "QUEST", "page_bounds", "pages_kept"]
 
@@ -193,7 +193,7 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
 
     output = attend_selected(q, k, v, selection, width=kept * size)
     info = {"pages": torch.cat(chosen_pages, dim=-2), "pages_per_query": kept}
-    record = lambda: attend_selected(q, k, v, selection, width=kept * size, record=True)[1:]  # noqa: E731
+    record = lambda: selected_weights(q, k, v, selection, width=kept * size)  # noqa: E731
     return sparse_approximation("quest", output, m, record, info)
 
 

@@ -14,7 +14,7 @@ from .._validation import check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from ._scores import top_budget
-from ._selection import attend_selected, real_ranks, safe_softmax, sparse_approximation
+from ._selection import attend_selected, real_ranks, safe_softmax, selected_weights, sparse_approximation
 
 __all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "score_streaming_llm", "DEFAULT_SINKS"]
 
@@ -205,7 +205,7 @@ def streaming_llm(q, k, v, *, num_features, generator=None, sinks=DEFAULT_SINKS,
     else:
         output = attend_selected(q, k, v, selection, width=budget)
     info = {"sinks": start, "recent": window}
-    record = lambda: attend_selected(q, k, v, selection, width=budget, record=True)[1:]  # noqa: E731
+    record = lambda: selected_weights(q, k, v, selection, width=budget)  # noqa: E731
     return sparse_approximation("streaming-llm", output, n, record, info)
 
 

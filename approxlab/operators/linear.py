@@ -252,6 +252,14 @@ class ProductOperator(LinearOperator):
             y = f.rmatmat(y)
         return y
 
+    def to_dense(self):
+        """The last factor's dense matrix with the others applied on its left (no identity pushed through
+        every factor: a sparse last factor forms its matrix in :math:`O(\\text{nonzeros})`)."""
+        x = self.factors[-1].to_dense()
+        for f in reversed(self.factors[:-1]):
+            x = f.matmat(x)
+        return x
+
     def to(self, dtype):
         return ProductOperator(*(f.to(dtype) for f in self.factors))
 

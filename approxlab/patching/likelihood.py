@@ -120,6 +120,7 @@ def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False):
                 logits = cap * torch.tanh(logits / cap)
             chosen = targets[:, start:start + _CHUNK].unsqueeze(-1)
             losses.append(-torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1))
-            found.append(logits.argmax(dim=-1) == chosen.squeeze(-1))
+            if hits:
+                found.append(logits.argmax(dim=-1) == chosen.squeeze(-1))
     nll = torch.cat(losses, dim=-1).cpu()
     return (nll, torch.cat(found, dim=-1).cpu()) if hits else nll

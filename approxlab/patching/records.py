@@ -16,11 +16,13 @@ the relative Frobenius norm (what sparse-attention-hub logs) and the worst query
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
 
 from ..attention import approximate, exact_attention
+from ..kernels import causal_mask
 from ..metrics import spectral_error
 
 __all__ = ["LayerCall", "output_errors", "attention_measures", "ERROR_MEASURES", "ATTENTION_MEASURES"]
@@ -78,6 +80,10 @@ def output_errors(approx: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.
 ATTENTION_MEASURES = ("total_variation", "kept_mass")
 """The keys of :func:`attention_measures`."""
 
+_BLOCK_ELEMENTS = 1 << 16
+"""Scores per block of query rows in :func:`attention_measures`: 512 KiB in float64, so that a block's few arrays
+stay in cache (a whole ``(S, H, r, m)`` temporary per step costs more than the arithmetic)."""
+
 
 def attention_measures(result, q: torch.Tensor, k: torch.Tensor, rows: tuple, causal, key_mask=None) -> dict:
     r"""How a method's attention weights differ from exact attention's on the same inputs, per sequence and head.
@@ -113,26 +119,42 @@ def attention_measures(result, q: torch.Tensor, k: torch.Tensor, rows: tuple, ca
         approx = result.matrix()
     except (NotImplementedError, RuntimeError, ValueError):
         return empty
-    approx = approx.detach().to(torch.float64)
-    if approx.shape[-1] != k.shape[-2] or approx.shape[-2] not in (stop - first, q.shape[-2]):
+    approx = approx.detach()
+    m = k.shape[-2]
+    if approx.shape[-1] != m or approx.shape[-2] not in (stop - first, q.shape[-2]):
         return empty
-    if approx.shape[-2] != stop - first:
-        approx = approx[..., first:stop, :]
-    scores = q[..., first:stop, :] @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    visible = torch.ones_like(scores, dtype=torch.bool)
-    if causal:
-        positions = torch.arange(k.shape[-2])
-        visible = positions.unsqueeze(0) <= torch.arange(first, stop).unsqueeze(-1)
-        visible = visible.expand_as(scores)
-    if key_mask is not None:
-        visible = visible & key_mask.unsqueeze(-2)
-    exact = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-    total_variation = 0.5 * (approx - exact).abs().sum(dim=-1).mean(dim=-1)
-    kept = (approx != 0) & visible
-    sparse = (~kept & visible).flatten(-2).any(dim=-1)
-    mass = (exact * kept).sum(dim=-1).mean(dim=-1)
+    offset = first if approx.shape[-2] == stop - first else 0  # approx holds rows offset, offset + 1, ...
+    scores = (q[..., first:stop, :] @ k.transpose(-1, -2)).div_(q.shape[-1] ** 0.5)  # one product: its round-off
+    batch = torch.broadcast_shapes(scores.shape[:-2], approx.shape[:-2])
+    r = stop - first
+    # One sequence and head at a time, in blocks of query rows: every array but ``scores`` is a block's, and a
+    # row's softmax and sums are those of the whole matrix, bit for bit.
+    scores = scores.expand(*batch, r, m).reshape(-1, r, m)
+    weights = approx.expand(*batch, *approx.shape[-2:]).reshape(-1, approx.shape[-2], m)  # cast to float64 on use
+    keys = None if key_mask is None else key_mask.expand(*batch, m).reshape(-1, m)
+    block = max(1, _BLOCK_ELEMENTS // m)
+    blocks = [(start, min(stop, start + block)) for start in range(first, max(stop, first + 1), block)]
+    hidden = {start: ~causal_mask(end - start, m, row_offset=start, device=scores.device) if causal else None
+              for start, end in blocks}
+    variation = torch.empty(scores.shape[:-1], dtype=torch.float64)
+    mass, sparse = torch.empty_like(variation), torch.zeros(scores.shape[0], dtype=torch.bool)
+    for b, (start, end) in itertools.product(range(scores.shape[0]), blocks):
+        rows_of = slice(start - first, end - first)
+        logits = scores[b, rows_of]
+        masked = hidden[start] if keys is None else (~keys[b] if hidden[start] is None else hidden[start] | ~keys[b])
+        if masked is not None:
+            logits.masked_fill_(masked, float("-inf"))
+        exact = torch.softmax(logits, dim=-1)
+        block_weights = weights[b, start - offset:end - offset]
+        kept = block_weights != 0
+        variation[b, rows_of] = torch.sub(block_weights, exact, out=logits).abs_().sum(dim=-1)
+        mass[b, rows_of] = exact.mul_(kept).sum(dim=-1)  # exact is 0 on the keys not visible
+        dropped = kept.logical_not_() if masked is None else kept.logical_not_().logical_and_(~masked)
+        sparse[b] = dropped.any()
+    total_variation = (0.5 * variation.mean(dim=-1)).reshape(batch)
+    mass = mass.mean(dim=-1).reshape(batch)
     return {"total_variation": total_variation.expand(shape).clone(),
-            "kept_mass": torch.where(sparse.expand(shape), mass.expand(shape), float("nan"))}
+            "kept_mass": torch.where(sparse.reshape(batch).expand(shape), mass.expand(shape), float("nan"))}
 
 
 @dataclass
