@@ -70,8 +70,8 @@ FULL_GRID = {
 }
 """The full grid, declared before its run: 12 windows, 5 budgets, the first layer alone, every layer, the KV cache;
 the long-context settings at 1,024 and 2,048 tokens (3 windows x 2 depths of the pass key, 2 budgets, decoder-valid
-methods).
-Its estimated cost is in docs/studies/perplexity.rst (about 6.5 hours on 2 workers with the 29 causal methods of the registry)."""
+methods). Its estimated cost is in docs/studies/perplexity.rst (about 6.5 hours on 2 workers with the 29 causal
+methods of the registry)."""
 
 QUICK_GRID = {**FULL_GRID, "n": [64], "context": 48, "continuation": 16, "layer_settings": ["middle", ALL_LAYERS],
               "num_features": [8, 32], "methods": ["performer", "streaming-llm"], "encoder_methods": ["nystromformer"],
