@@ -223,8 +223,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     options)
     budget = check_int(num_features, "num_features", low=1, high=context_length)
     if draw is not None:
-        raise ValueError(f"`draw` is for randomized methods; the compression step of {method!r} takes none; got a "
-                         "draw.")
+        raise ValueError(f"`draw` is for randomized methods; the compression step of {method!r} takes none; got one.")
     pooled = groups > 1 and grouping == "kv-head"
     if pooled and spec.score is None:
         raise ValueError(f"method {method!r} declares a compression step but no per-key scores, so it keeps a set "

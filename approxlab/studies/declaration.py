@@ -33,7 +33,8 @@ from typing import Callable, Mapping
 
 from .option_declaration import DeprecatedAlias, Option
 
-__all__ = ["Study", "Step", "Table", "Option", "DeprecatedAlias", "Claim", "Product", "Figure", "Summary", "EXECUTORS"]
+__all__ = ["Study", "Step", "Table", "Claim", "Product", "Figure", "Summary", "EXECUTORS"]
+# Option and DeprecatedAlias are imported here too (from .option_declaration, where they are documented)
 
 EXECUTORS = ("process", "local", "scheduler")
 """Where a study's cells may run: in this process, on a local Dask cluster (``--workers``), on a
