@@ -185,9 +185,6 @@ def supplied_inputs(spec: MethodSpec, options: dict, target: Target, layers) -> 
     return model_inputs(spec, options, rope_frequencies=frequencies)
 
 
-_BUDGET_OPTIONS = ("allocation", "alpha_safeguard", "layer_budgets", "pyramid_beta")
-
-
 def kept_window(spec: MethodSpec, options: dict, budget: int) -> int:
     """The keys a policy keeps at every layer besides its share: ``min(window, budget)`` for a step that takes
     ``window`` (SnapKV's observation window; the caller's value, else the step's default), else 0."""

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["ranks", "spearman", "across", "within", "at_budget", "method_means", "window_index", "two_level", "percentile"]
+__all__ = ["ranks", "spearman", "across", "within", "at_budget", "method_means", "window_index", "two_level",
+           "percentile"]
 
 
 def ranks(x: np.ndarray) -> np.ndarray:
