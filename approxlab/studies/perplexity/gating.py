@@ -10,9 +10,10 @@ resampled, is measured by :func:`approxlab.studies.reporting.measured.measured_c
 
 A verdict whose measured coverage is below 90% is withheld (:func:`approxlab.studies.reporting.measured.gate`:
 ``"no verdict: coverage 83.0% < 90%"``), and the units it would need -- methods, or windows for (p1m) -- are found
-by the same measurement on draws of more methods than the run's (:func:`approxlab.studies.reporting.measured.needed_size`
-at :data:`SIZING`'s counts and its fewer draws: a size rests on it, not a verdict; (p1m): 2-12 times its windows). The verdict before the gate is kept (``former_verdict``: the former rules had no gate) for the
-summary's "Changes of verdict".
+by the same measurement on draws of more methods than the run's
+(:func:`approxlab.studies.reporting.measured.needed_size` at :data:`SIZING`'s counts and its fewer draws: a size
+rests on it, not a verdict; (p1m): 2-12 times its windows). The verdict before the gate is kept
+(``former_verdict``: the former rules had no gate) for the summary's "Changes of verdict".
 
 Public API::
 
@@ -60,7 +61,8 @@ def _gated(row: dict, found, needed) -> dict:
 
 
 def _methods_needed(cells: pd.DataFrame, statistics: dict, columns) -> dict:
-    """Per statistic: the fewest methods (of 2-12 times the run's) whose interval covers 90%, or None."""
+    """Per statistic: the fewest methods (of :data:`SIZING`'s multiples of the run's) whose interval covers 90%,
+    or None."""
     pending = set(statistics)
 
     def coverage_at(size):
