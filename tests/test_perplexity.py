@@ -348,3 +348,36 @@ def test_a_reference_without_finite_errors_is_refused_before_any_cell(tmp_path):
     results.to_csv(folder / "results.csv", index=False)
     with pytest.raises(UsageError, match="--compare-with: .*no finite relative_error_mean"):
         perplexity.build_config(num_layers=30, compare_with=[str(folder)])
+
+
+class _DigitTokenizer:
+    """Words and punctuation as tokens, a space before a digit as a token of its own, each digit a token (as
+    SmolLM2's tokenizer writes " 40076"); ``merge=True``: a space and the digits as one token (as GPT-2 does)."""
+
+    def __init__(self, merge=False):
+        self.merge, self.vocab = merge, {}
+
+    def _pieces(self, text):
+        return re.findall(r" ?[A-Za-z]+|[?.\n]| ?\d+" if self.merge else r" ?[A-Za-z]+|[?.\n]| (?=\d)|\d", text)
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [self.vocab.setdefault(piece, len(self.vocab)) for piece in self._pieces(text)]}
+
+    def decode(self, ids):
+        words = {i: piece for piece, i in self.vocab.items()}
+        return "".join(words[int(i)] for i in ids)
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_the_pass_key_scores_the_key_s_tokens_not_a_space_before_them(merge):
+    from approxlab.studies.perplexity import passkey
+
+    tokenizer = _DigitTokenizer(merge)
+    question, answer = passkey.question_and_key(tokenizer, 40076)
+    assert tokenizer.decode(answer).strip() == "40076"
+    assert tokenizer.decode(answer) == ("40076" if not merge else " 40076")  # a space token stays in the question
+    filler = torch.arange(1000, 1400)
+    ids, (first, stop), start = passkey.passkey_sequence(tokenizer, filler, length=300, depth=0.5, key=40076)
+    assert ids.shape == (1, 300) and stop == 300
+    assert ids[0, first:stop].tolist() == answer.tolist()
+    assert ids[0, start:first].tolist() == question.tolist()

@@ -29,7 +29,7 @@ from ..engine.keys import cell_seed
 from ..engine.failures import METHOD_ERRORS, method_status
 from .cells import _attention, _causal_form, _pooled, _warnings, decoder_model
 from .grid import LONG_KEY, LONG_KV, LONG_WHOLE, UNPATCHED, long_cells
-from .passkey import QUESTION, answer_scores, passkey_sequence
+from .passkey import answer_scores, passkey_sequence
 
 __all__ = ["LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY", "long_cells", "long_sequence", "compute_long",
            "long_frame", "long_statistics"]
@@ -44,10 +44,7 @@ def long_sequence(cell) -> tuple:
     ids = _token_ids(cell["checkpoint"], cell["data_dir"], cell["cache_dir"], False)
     filler = windows(ids, cell["long_n"])[cell["window"]]
     key = 10000 + cell_seed("passkey", cell["window"], cell["depth"], base_seed=cell["base_seed"]) % 90000
-    sequence, answer = passkey_sequence(loaded.tokenizer, filler, length=cell["long_n"], depth=cell["depth"],
-                                        key=key)
-    question = len(loaded.tokenizer(QUESTION, add_special_tokens=False)["input_ids"])
-    return sequence, answer, answer[0] - question
+    return passkey_sequence(loaded.tokenizer, filler, length=cell["long_n"], depth=cell["depth"], key=key)
 
 
 def compute_long(cell: dict) -> list[dict]:
