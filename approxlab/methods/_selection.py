@@ -214,10 +214,12 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
     r"""The continuation rows ``context_length .. n-1``: each the exact softmax over the kept context tokens ``kept``
     ``(*batch, b)`` and, causally, the continuation; ``(*batch, n - context_length, p_v)``.
 
-    The same numbers as :func:`attend_selected` with :func:`compressed_indices`, by dense products against the
-    ``b + n - context_length`` keys of the compressed cache (the cache a decoder holds), in row blocks, each
-    against the columns its rows can see (the kept tokens and the continuation up to the block's last row).
-    With no kept token and ``context_length = 0`` it is exact causal attention.
+    The same numbers as :func:`attend_selected` with :func:`compressed_indices` (to rounding), by attention against
+    the ``b + n - context_length`` keys of the compressed cache (the cache a decoder holds), in row blocks, each
+    against the columns its rows can see (the kept tokens and the continuation up to the block's last row). A
+    block whose rows each see a key is torch's ``scaled_dot_product_attention`` with that boolean mask (its fused
+    kernel: the cost of causal SDPA on the cache); a block with a row that sees none (padding) is the explicit
+    softmax, whose empty rows are 0. With no kept token and ``context_length = 0`` it is exact causal attention.
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, budget = k.shape[-2], kept.shape[-1]
@@ -231,18 +233,41 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
         real = key_mask.expand(*batch, n)
         cache_mask = torch.cat([torch.gather(real, -1, kept), real[..., context_length:]], dim=-1)
     rows = q[..., context_length:, :].expand(*batch, n - context_length, q.shape[-1])
-    block = block_rows(batch, cache_keys.shape[-2])
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if cache_mask is None and budget == 0 and context_length == 0:  # exact causal attention, the fused kernel
+        return _fused_attention(rows, cache_keys, cache_values, None, scale)
+    # without a key mask every row sees itself, and a block's mask is (rows, width) booleans, whatever the batch
+    block = block_rows(batch if cache_mask is not None else (), cache_keys.shape[-2])
     outputs = []
     for start in range(0, n - context_length, block):  # rows start:stop see the kept tokens and b + stop columns
         stop = min(start + block, n - context_length)
         width = budget + stop
-        logits = (rows[..., start:stop, :] @ cache_keys[..., :width, :].transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
         future = ~causal_mask(stop - start, stop, row_offset=start, device=q.device)
         hidden = torch.cat([future.new_zeros(stop - start, budget), future], dim=-1)
         if cache_mask is not None:
             hidden = hidden | ~cache_mask[..., :width].unsqueeze(-2)
-        outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ cache_values[..., :width, :])
+        keys, values = cache_keys[..., :width, :], cache_values[..., :width, :]
+        if cache_mask is None or not bool(hidden.all(-1).any()):  # every row sees a key: the fused kernel
+            outputs.append(_fused_attention(rows[..., start:stop, :], keys, values, ~hidden, scale))
+            continue
+        logits = (rows[..., start:stop, :] @ keys.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
+        outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ values)
     return torch.cat(outputs, dim=-2)
+
+
+def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """``softmax(scale * q k^T, over the visible keys) v`` by torch's ``scaled_dot_product_attention`` for
+    ``(*batch, r, p)``, ``(*batch, w, p)``, ``(*batch, w, p_v)`` and a boolean ``visible`` ``(r, w)`` or ``(*batch,
+    r, w)`` in which every row has a key (``None``: causal, ``r == w``); the batch flattened to ``(1, B)`` (the
+    kernel's own layout: with three dimensions torch takes its unfused path)."""
+    batch = q.shape[:-2]
+    flat = lambda x: x.reshape(1, -1, *x.shape[-2:])  # noqa: E731
+    if visible is not None and visible.dim() > 2:
+        visible = flat(visible.expand(*batch, *visible.shape[-2:]))
+    out = torch.nn.functional.scaled_dot_product_attention(flat(q), flat(k), flat(v), attn_mask=visible,
+                                                           is_causal=visible is None, scale=scale)
+    return out.reshape(*batch, *out.shape[-2:])
 
 
 def oracle_selection(q, k, v, *, causal: bool, key_mask, keep, width: int = 0) -> tuple:
