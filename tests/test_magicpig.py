@@ -93,3 +93,17 @@ def test_bad_options():
         approxlab.approximate("magicpig", q, k, v, num_features=2, min_collisions=3)
     with pytest.raises(TypeError, match="`center` must be a bool"):
         approxlab.approximate("magicpig", q, k, v, num_features=2, center=1)
+
+
+@pytest.mark.parametrize("batch, tables, queries, keys, bits", [((), 3, 5, 7, 2), ((2,), 16, 40, 33, 3),
+                                                                 ((2, 3), 8, 17, 64, 1), ((1,), 64, 64, 200, 8),
+                                                                 ((3,), 4, 1, 1, 4), ((2,), 5, 30, 30, 0)])
+def test_collisions_by_bucket_lookup_are_the_table_by_table_comparisons(batch, tables, queries, keys, bits):
+    from approxlab.methods.magicpig import collision_counts
+
+    g = torch.Generator().manual_seed(len(batch) * 100 + tables)
+    codes_q = torch.randint(2 ** bits, (*batch, tables, queries), generator=g)
+    codes_k = torch.randint(2 ** bits, (*batch, tables, keys), generator=g)
+    compared = sum((codes_q[..., t, :, None] == codes_k[..., t, None, :]).to(torch.int32) for t in range(tables))
+    counted = collision_counts(codes_q, codes_k)
+    assert counted.dtype == torch.int32 and torch.equal(counted, compared)

@@ -16,7 +16,7 @@ from ._selection import logit_blocks
 from ._weighted_keys import assemble, fixed_keys, weighted_output
 from .draws import DrawEntry, check_draw
 
-__all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability"]
+__all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability", "collision_counts"]
 
 MAX_TABLES = 4096
 """Largest number of hash tables ``L`` accepted (MagicPIG's configurations use 75 to 300)."""
@@ -145,8 +145,9 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     augmented, the query normalised) before hashing and centres the query too; here MagicPIG's own choice
     (centred keys, raw query). See the docs page for the comparison on shared hyperplanes.
 
-    **Cost**: all :math:`nm` logits and the :math:`nmL` code comparisons in row blocks; hashing
-    :math:`O((n+m)LKp)`.
+    **Cost**: all :math:`nm` logits in row blocks (the sampling probability is formed where a key may be
+    sampled: the estimator above reads it there only); the collisions by bucket lookups
+    (:func:`collision_counts`), :math:`O(nmL/2^K)` for codes spread over the buckets; hashing :math:`O((n+m)LKp)`.
 
     References
     ----------
@@ -193,13 +194,12 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
         hashed = k
     codes_q = lsh.hash_codes(q.expand(*batch, *q.shape[-2:]), hyperplanes)  # (*batch, L, n)
     codes_k = lsh.hash_codes(hashed, hyperplanes)  # (*batch, L, m)
+    buckets = codes_k.sort(dim=-1, stable=True)  # each table's keys by code: its buckets are runs
     key_norms = hashed.norm(dim=-1)
     blocks, fixed_counts, sampled_counts = [], [], []
     for start, stop, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
         fixed = fixed_keys(logits, start, heavy=0, sink=sink, window=window)
-        collisions = torch.zeros(logits.shape, dtype=torch.int32, device=logits.device)
-        for table in range(num_features):
-            collisions += codes_q[..., table, start:stop, None] == codes_k[..., table, None, :]
+        collisions = collision_counts(codes_q[..., start:stop], codes_k, buckets)
         rows = q[..., start:stop, :].expand(*batch, stop - start, q.shape[-1])
         cosine = (rows @ hashed.transpose(-1, -2)) / (rows.norm(dim=-1, keepdim=True) * key_norms.unsqueeze(-2)
                                                       ).clamp(min=torch.finfo(torch.float64).tiny)
@@ -215,6 +215,53 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     info = {"fixed": torch.cat(fixed_counts, dim=-1), "sampled": torch.cat(sampled_counts, dim=-1),
             "hyperplanes": draw["hyperplanes"]}
     return assemble("magicpig", blocks, k.shape[-2], dtype, info)
+
+
+PAIRS_PER_ENTRY = 4
+""":func:`collision_counts` gathers the colliding (query, table, key) triples bucket by bucket while they number at
+most this many times the (query, key) pairs of the block; beyond (codes crowded into few buckets) it compares the
+tables one by one, in the same memory as the block's logits."""
+
+
+def collision_counts(codes_q: torch.Tensor, codes_k: torch.Tensor, buckets=None) -> torch.Tensor:
+    r"""In how many of the ``L`` tables query :math:`i` and key :math:`j` share a code: ``(*batch, r, m)`` int32.
+
+    ``codes_q`` ``(*batch, L, r)`` and ``codes_k`` ``(*batch, L, m)`` (:func:`approxlab.lsh.hash_codes`);
+    ``buckets``: ``codes_k.sort(dim=-1, stable=True)``, given when the keys serve several blocks of queries.
+    Each query's bucket in each table is a run of the sorted keys (two ``searchsorted``), and the collisions are
+    the counts of the (query, key) pairs over those runs (``bincount``): :math:`O(L\,r\,m / 2^K)` work for codes
+    spread over :math:`2^K` buckets, as MagicPIG's tables are looked up, instead of the :math:`O(L\,r\,m)` code
+    comparisons. The counts are the comparisons' exactly.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.magicpig import collision_counts
+    >>> codes_q = torch.tensor([[[0, 1], [2, 2]]])  # 1 sequence, 2 tables, 2 queries
+    >>> codes_k = torch.tensor([[[0, 0, 1], [2, 3, 2]]])  # 3 keys
+    >>> collision_counts(codes_q, codes_k).tolist()
+    [[[2, 1, 1], [1, 0, 2]]]
+    """
+    batch, (tables, r), m = codes_q.shape[:-2], codes_q.shape[-2:], codes_k.shape[-1]
+    codes_k = codes_k.expand(*batch, tables, m)
+    sorted_codes, order = codes_k.sort(dim=-1, stable=True) if buckets is None else buckets
+    sorted_codes, order = sorted_codes.expand(*batch, tables, m), order.expand(*batch, tables, m)
+    codes_q = codes_q.contiguous()
+    first = torch.searchsorted(sorted_codes.contiguous(), codes_q)
+    counts = (torch.searchsorted(sorted_codes.contiguous(), codes_q, right=True) - first).flatten()
+    sequences = int(torch.Size(batch).numel())
+    total = int(counts.sum())
+    if total > PAIRS_PER_ENTRY * sequences * r * m:  # crowded buckets: compare the codes table by table
+        collisions = torch.zeros(*batch, r, m, dtype=torch.int32, device=codes_q.device)
+        for table in range(tables):
+            collisions += codes_q[..., table, :, None] == codes_k[..., table, None, :]
+        return collisions
+    entry = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)  # (sequence, table, i)
+    within = torch.arange(total, device=counts.device) - (counts.cumsum(0) - counts)[entry]
+    run = entry // r  # sequence * tables + table
+    key = order.reshape(-1, m)[run, first.flatten()[entry] + within]
+    pair = ((run // tables) * r + entry % r) * m + key
+    return torch.bincount(pair, minlength=sequences * r * m).view(*batch, r, m).to(torch.int32)
 
 
 MAGICPIG = magicpig
