@@ -16,7 +16,8 @@ from ._selection import logit_blocks
 from ._weighted_keys import assemble, fixed_keys, weighted_output
 from .draws import DrawEntry, check_draw
 
-__all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability", "collision_counts"]
+__all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability", "collision_counts",
+           "sorted_buckets"]
 
 MAX_TABLES = 4096
 """Largest number of hash tables ``L`` accepted (MagicPIG's configurations use 75 to 300)."""
@@ -194,7 +195,7 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
         hashed = k
     codes_q = lsh.hash_codes(q.expand(*batch, *q.shape[-2:]), hyperplanes)  # (*batch, L, n)
     codes_k = lsh.hash_codes(hashed, hyperplanes)  # (*batch, L, m)
-    buckets = codes_k.sort(dim=-1, stable=True)  # each table's keys by code: its buckets are runs
+    buckets = sorted_buckets(codes_k)  # each table's keys by code: its buckets are runs
     key_norms = hashed.norm(dim=-1)
     blocks, fixed_counts, sampled_counts = [], [], []
     for start, stop, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
@@ -227,7 +228,7 @@ def collision_counts(codes_q: torch.Tensor, codes_k: torch.Tensor, buckets=None)
     r"""In how many of the ``L`` tables query :math:`i` and key :math:`j` share a code: ``(*batch, r, m)`` int32.
 
     ``codes_q`` ``(*batch, L, r)`` and ``codes_k`` ``(*batch, L, m)`` (:func:`approxlab.lsh.hash_codes`);
-    ``buckets``: ``codes_k.sort(dim=-1, stable=True)``, given when the keys serve several blocks of queries.
+    ``buckets``: :func:`sorted_buckets` of ``codes_k``, given when the keys serve several blocks of queries.
     Each query's bucket in each table is a run of the sorted keys (two ``searchsorted``), and the collisions are
     the counts of the (query, key) pairs over those runs (``bincount``): :math:`O(L\,r\,m / 2^K)` work for codes
     spread over :math:`2^K` buckets, as MagicPIG's tables are looked up, instead of the :math:`O(L\,r\,m)` code
@@ -244,11 +245,14 @@ def collision_counts(codes_q: torch.Tensor, codes_k: torch.Tensor, buckets=None)
     """
     batch, (tables, r), m = codes_q.shape[:-2], codes_q.shape[-2:], codes_k.shape[-1]
     codes_k = codes_k.expand(*batch, tables, m)
-    sorted_codes, order = codes_k.sort(dim=-1, stable=True) if buckets is None else buckets
-    sorted_codes, order = sorted_codes.expand(*batch, tables, m), order.expand(*batch, tables, m)
+    if buckets is None:
+        buckets = sorted_buckets(codes_k)
+    sorted_codes, order = (x.expand(*batch, tables, m) for x in buckets)
+    if not sorted_codes.is_contiguous():
+        sorted_codes = sorted_codes.contiguous()
     codes_q = codes_q.contiguous()
-    first = torch.searchsorted(sorted_codes.contiguous(), codes_q)
-    counts = (torch.searchsorted(sorted_codes.contiguous(), codes_q, right=True) - first).flatten()
+    first = torch.searchsorted(sorted_codes, codes_q)  # (*batch, L, r): each query's run in each table
+    counts = (torch.searchsorted(sorted_codes, codes_q, right=True) - first).flatten()
     sequences = int(torch.Size(batch).numel())
     total = int(counts.sum())
     if total > PAIRS_PER_ENTRY * sequences * r * m:  # crowded buckets: compare the codes table by table
@@ -256,12 +260,31 @@ def collision_counts(codes_q: torch.Tensor, codes_k: torch.Tensor, buckets=None)
         for table in range(tables):
             collisions += codes_q[..., table, :, None] == codes_k[..., table, None, :]
         return collisions
-    entry = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)  # (sequence, table, i)
-    within = torch.arange(total, device=counts.device) - (counts.cumsum(0) - counts)[entry]
-    run = entry // r  # sequence * tables + table
-    key = order.reshape(-1, m)[run, first.flatten()[entry] + within]
-    pair = ((run // tables) * r + entry % r) * m + key
-    return torch.bincount(pair, minlength=sequences * r * m).view(*batch, r, m).to(torch.int32)
+    # per (sequence, table, query) entry: where its run starts in the flattened order, and its row of the counts
+    device = counts.device
+    entries = torch.arange(counts.numel(), device=device)
+    run_start = (entries // r) * m + first.flatten() - (counts.cumsum(0) - counts)
+    row = ((entries // (tables * r)) * r + entries % r) * m
+    keys = order.reshape(-1).index_select(0, torch.arange(total, device=device).add_(
+        torch.repeat_interleave(run_start, counts)))
+    pairs = torch.repeat_interleave(row, counts).add_(keys)
+    return torch.bincount(pairs, minlength=sequences * r * m).view(*batch, r, m).to(torch.int32)
+
+
+def sorted_buckets(codes_k: torch.Tensor) -> tuple:
+    """``(codes, order)``: each table's key codes sorted (stable) and the keys in that order, contiguous: the
+    buckets of :func:`collision_counts`, formed once for every block of queries.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods.magicpig import sorted_buckets
+    >>> codes, order = sorted_buckets(torch.tensor([[[3, 1, 3, 0]]]))  # 1 sequence, 1 table, 4 keys
+    >>> codes.tolist(), order.tolist()
+    ([[[0, 1, 3, 3]]], [[[3, 1, 0, 2]]])
+    """
+    codes, order = codes_k.sort(dim=-1, stable=True)
+    return codes.contiguous(), order.contiguous()
 
 
 MAGICPIG = magicpig
