@@ -381,3 +381,15 @@ def test_the_pass_key_scores_the_key_s_tokens_not_a_space_before_them(merge):
     assert ids.shape == (1, 300) and stop == 300
     assert ids[0, first:stop].tolist() == answer.tolist()
     assert ids[0, start:first].tolist() == question.tolist()
+
+
+def test_the_long_settings_run_the_decoder_valid_methods_but_the_simulations():
+    from approxlab.methods import get
+
+    config = grid.build_config(num_layers=30)
+    long = config["long_methods"]
+    assert "magicpig" not in long and "vattention" not in long and "h2o" in long and "snapkv" in long
+    assert all(get(m).causal in (True, "only") for m in long)
+    assert {c["method"] for c in grid.long_study_cells(config, {})} == {*long, "unpatched", "exact"}
+    chosen = grid.build_config(num_layers=30, long_methods=["magicpig"])["long_methods"]
+    assert chosen == ["magicpig"]

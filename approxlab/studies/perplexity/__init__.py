@@ -68,6 +68,6 @@ STUDY = Study(
              Figure("perplexity-d", draw_d), Figure("perplexity-kv", draw_kv), Figure("perplexity-long", draw_long)),
     summary=Summary(TITLE, (sections,)),
     grows=("windows", "methods", "encoder_methods", "layers", "compare_with", "long_n", "long_windows",
-           "long_features"),
+           "long_features", "long_methods"),
 )
 """The perplexity study, declared: ``approxlab perplexity``."""

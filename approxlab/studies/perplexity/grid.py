@@ -12,7 +12,8 @@ from .. import checks
 from .. import options as shared
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows
-from .long_grid import LONG_KEY, LONG_KV, LONG_OPTIONS, LONG_WHOLE, UNPATCHED, check_long, long_cells, long_lengths
+from .long_grid import (LONG_KEY, LONG_KV, LONG_OPTIONS, LONG_WHOLE, UNPATCHED, check_long, default_long_methods,
+                        long_cells, long_lengths)
 from .references import check_reference
 
 __all__ = ["DEFAULT_CHECKPOINT", "ENCODER_CHECKPOINT", "METHODS", "ENCODER_METHODS", "CONTROL", "FULL_GRID",
@@ -63,19 +64,21 @@ FULL_GRID = {
     "encoder_methods": list(ENCODER_METHODS),
     "windows": 12,
     "compare_with": [],
-    "long_n": [1024, 2048],
+    "long_n": [2048],
+    "long_methods": None,
     "long_features": [64, 256],
     "long_windows": 3,
     "long_depths": [0.25, 0.75],
 }
 """The full grid, declared before its run: 12 windows, 5 budgets, the first layer alone, every layer, the KV cache;
-the long-context settings at 1,024 and 2,048 tokens (3 windows x 2 depths of the pass key, 2 budgets, decoder-valid
-methods). Its estimated cost is in docs/studies/perplexity.rst (about 6.5 hours on 2 workers with the 29 causal
-methods of the registry)."""
+the long-context settings at 2,048 tokens (3 windows x 2 depths of the pass key, 2 budgets, the decoder-valid
+methods but the two simulations of :data:`.long_grid.LONG_SIMULATIONS`; ``long_methods`` None: that default,
+resolved in the config). Its estimated cost is in docs/studies/perplexity.rst."""
 
 QUICK_GRID = {**FULL_GRID, "n": [64], "context": 48, "continuation": 16, "layer_settings": ["middle", ALL_LAYERS],
               "num_features": [8, 32], "methods": ["performer", "streaming-llm"], "encoder_methods": ["nystromformer"],
-              "windows": 1, "long_n": [96], "long_features": [8], "long_windows": 1, "long_depths": [0.5]}
+              "windows": 1, "long_n": [96], "long_features": [8], "long_windows": 1, "long_depths": [0.5],
+              "long_methods": None}
 """``--quick``: a smoke run for the test suite (seconds once the model is converted)."""
 
 _SETTING_NAMES = ("first", "middle", "last", ALL_LAYERS)
@@ -123,7 +126,7 @@ OPTIONS = (
 """The options of ``approxlab perplexity`` besides the common ones."""
 
 _GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "num_features", "methods", "encoder_methods",
-                 "windows", "compare_with", "long_n", "long_features", "long_windows")
+                 "windows", "compare_with", "long_n", "long_methods", "long_features", "long_windows")
 
 
 def ignores_features(method: str) -> bool:
@@ -156,8 +159,8 @@ def _grid(quick: bool, args, checked=()) -> dict:
 
     grid = shared.grid(QUICK_GRID if quick else FULL_GRID, args, OPTIONS)
     grid["n"] = shared.one_value("--n", grid["n"])
-    for option in ("methods", "encoder_methods"):
-        if CONTROL in grid[option]:
+    for option in ("methods", "encoder_methods", "long_methods"):
+        if CONTROL in (grid[option] or ()):
             flag = "--" + option.replace("_", "-")
             raise UsageError(flag, f"methods other than {CONTROL!r}, which always runs as the control",
                              ",".join(grid[option]))
@@ -172,7 +175,9 @@ def _grid(quick: bool, args, checked=()) -> dict:
     if grid["context"] < 2 or grid["continuation"] < 2:
         raise UsageError("--context" if grid["context"] < 2 else "--continuation", "at least 2 tokens",
                          min(grid["context"], grid["continuation"]))
-    for name in ("methods", "encoder_methods", "compare_with", "layer_settings"):
+    if grid["long_methods"] is None:
+        grid["long_methods"] = default_long_methods(grid["methods"])
+    for name in ("methods", "encoder_methods", "compare_with", "layer_settings", "long_methods"):
         grid[name] = list(dict.fromkeys(grid[name]))  # a repeated entry is one setting
     for folder in grid["compare_with"]:
         if folder not in checked:  # a folder the saved run already read is in its references.csv
@@ -313,11 +318,14 @@ def cost_cells(config: dict, settings: dict) -> list[dict]:
 
 
 def long_study_cells(config: dict, settings: dict) -> list[dict]:
-    """The long-context cells (:func:`.long_grid.long_cells`): the decoder-valid methods (not ``mask-renormalise``) at
-    ``long_features`` (a method that ignores d at the first)."""
+    """The long-context cells (:func:`.long_grid.long_cells`): ``long_methods`` (a config without them, saved before
+    the option: every decoder-valid method, not ``mask-renormalise``) at ``long_features`` (a method that ignores d
+    at the first)."""
     from ...methods import get
 
-    methods = [m for m in config["methods"] if get(m).causal != "mask-renormalise"]
+    methods = config.get("long_methods")
+    if methods is None:
+        methods = [m for m in config["methods"] if get(m).causal != "mask-renormalise"]
     features = config.get("long_features") or [1]
     return long_cells(config, _common(config, settings), methods,
                       lambda m: features[:1] if ignores_features(m) else list(features))

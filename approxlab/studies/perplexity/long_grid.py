@@ -2,15 +2,17 @@
 
 Two settings at each ``--long-n`` length (a pass key hidden in WikiText-2, :mod:`.long`): ``long-whole`` (every
 prediction of the sequence) and ``long-kv`` (the KV cache compressed to a budget), each run unpatched, with the
-control and with every decoder-valid method at each ``--long-features`` budget, over ``--long-windows`` windows
-and the pass key's depths. :mod:`.grid` declares their values in the study's full and ``--quick`` grids and
+control and with each ``--long-methods`` method (default :func:`default_long_methods`) at each ``--long-features``
+budget, over ``--long-windows`` windows and the pass key's depths. :mod:`.grid` declares their values in the study's full and ``--quick`` grids and
 re-exports every name here.
 
 Public API::
 
     LONG_WHOLE, LONG_KV, UNPATCHED, LONG_KEY
-    LONG_OPTIONS                                       # --long-n, --long-features, --long-windows
+    LONG_OPTIONS                                       # --long-n, --long-methods, --long-features, --long-windows
+    LONG_SIMULATIONS                                   # left out of the default --long-methods
     long_lengths(text) -> list                         # the type of --long-n
+    default_long_methods(methods) -> list              # the decoder-valid methods but the simulations
     long_cells(config, common, methods, features_of) -> list of dict
     check_long(args, config, info)                     # against the model's context and the corpus
 """
@@ -21,12 +23,28 @@ from ...errors import UsageError
 from .. import options as shared
 from ..declaration import Option
 
-__all__ = ["LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY", "LONG_OPTIONS", "long_lengths", "long_cells",
-           "check_long"]
+__all__ = ["LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY", "LONG_OPTIONS", "LONG_SIMULATIONS", "long_lengths",
+           "default_long_methods", "long_cells", "check_long"]
 
 LONG_WHOLE, LONG_KV = "long-whole", "long-kv"
 UNPATCHED = "unpatched"
 LONG_KEY = ("setting", "long_n", "method", "num_features", "window", "depth")
+
+
+LONG_SIMULATIONS = ("magicpig", "vattention")
+"""Methods left out of the default ``--long-methods``: simulations of a sampler that form every logit and (vAttention)
+every uniform variate of the n x n problem in float64. Measured at 2,048 tokens (9 heads, causal, one thread, on
+a loaded machine): 5.2 and 8.4 s per layer for MagicPIG (64 and 256 tables), 4.4 and 4.5 s for vAttention, against
+0.05 s for causal SDPA and 0.05-0.9 s for every other method; in every layer of the model their long cells would
+be 46% of the long-context settings' cost. They run in the 512-token settings; ``--long-methods`` takes them."""
+
+
+def default_long_methods(methods) -> list:
+    """The long-context methods by default: the decoder-valid ``methods`` (not ``mask-renormalise``, whose
+    landmarks see later tokens) but :data:`LONG_SIMULATIONS`."""
+    from ...methods import get
+
+    return [m for m in methods if get(m).causal != "mask-renormalise" and m not in LONG_SIMULATIONS]
 
 
 def long_lengths(text: str) -> list:
@@ -38,8 +56,11 @@ def long_lengths(text: str) -> list:
 
 LONG_OPTIONS = (
     Option(("--long-n",), "long_n", "tokens of the long-context sequences (a pass key in WikiText-2), comma-separated; "
-           "0: no long-context settings (default 1024,2048)", type=long_lengths, nargs="+", action=shared.Flatten,
+           "0: no long-context settings (default 2048)", type=long_lengths, nargs="+", action=shared.Flatten,
            metavar="N"),
+    shared.METHODS.but(flags=("--long-methods",), dest="long_methods", help="methods of the long-context settings, "
+                       "comma-separated (default: the decoder-valid --methods but the simulations "
+                       f"{', '.join(LONG_SIMULATIONS)})"),
     Option(("--long-features",), "long_features", "budgets of the long-context settings, comma-separated (default "
            "64,256)", type=shared.int_list, nargs="+", action=shared.Flatten, metavar="D"),
     Option(("--long-windows",), "long_windows", "WikiText-2 windows of the long-context settings (default 3)",
@@ -68,11 +89,18 @@ def long_cells(config: dict, common: dict, methods, features_of) -> list[dict]:
 def check_long(args, config: dict, info) -> None:
     """The long-context settings against the decoder (``info``, its :class:`~approxlab.data.ModelInfo`) and the
     corpus: the longest sequence within the model's context, every budget below half the shortest sequence, and
-    ``--long-windows`` windows of the longest in the corpus. Nothing to check without ``long_n``."""
+    ``--long-windows`` windows of the longest in the corpus, ``--long-methods`` decoder-valid. Nothing to check
+    without ``long_n``."""
     from ...data import corpus_window_count
 
     if not config.get("long_n"):
         return
+    from ...methods import get
+
+    for method in config.get("long_methods") or ():
+        if get(method).causal not in (True, "only"):
+            raise UsageError("--long-methods", "decoder-valid methods (a causal form of their own or a cache policy's; "
+                             "not mask-renormalise, whose landmarks see later tokens)", repr(method))
     longest, shortest = max(config["long_n"]), min(config["long_n"])
     if longest > info.max_positions:
         raise UsageError("--long-n", f"at most the model's context, {info.max_positions} tokens", longest)
