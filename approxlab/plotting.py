@@ -435,6 +435,7 @@ def save_figure(fig, path_without_suffix, *, dpi: int = 150, formats=("png", "pd
     if base.suffix.lstrip(".") in formats:
         base = base.with_suffix("")
     written = []
+    freeze = close and fig.get_layout_engine() is not None
     with plt.rc_context(RC_PARAMS):
         for fmt in formats:
             buffer = io.BytesIO()
@@ -442,6 +443,9 @@ def save_figure(fig, path_without_suffix, *, dpi: int = 150, formats=("png", "pd
             metadata = {"CreationDate": None} if fmt == "pdf" else ({"Software": None} if fmt == "png" else None)
             fig.savefig(buffer, format=fmt, dpi=dpi, metadata=metadata)
             written.append(atomic_write_bytes(base.with_name(f"{base.name}.{fmt}"), buffer.getvalue()))
+            if freeze:  # the first format's layout serves the others (the figure is closed after): laid out once
+                fig.set_layout_engine("none")
+                freeze = False
     if close:
         plt.close(fig)
     return written
