@@ -64,7 +64,7 @@ def test_bench_cli_smoke(tmp_path, capsys):
     assert "## A forward pass with one layer patched" in summary and "| 64 | `streaming-llm` | 1 |" in summary
     assert "Cache policies in every layer" in summary
     causal = wide[wide["part"] == "causal"]
-    assert {"torch-sdpa-causal", "causal/h2o", "causal/quest", "causal/topk",
+    assert {"torch-sdpa-causal", "causal/h2o", "causal/quest", "causal/topk", "causal/vattention", "causal/magicpig",
             "kv-cache/snapkv"} <= set(causal["algorithm"])
     assert (causal.dropna(subset=["ratio_vs_sdpa"])["ratio_vs_sdpa"] > 0).all()
     assert "## Causal forms against causal SDPA" in summary and "| `causal/streaming-llm` | " in summary

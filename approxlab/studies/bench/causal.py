@@ -36,10 +36,10 @@ __all__ = ["SELECTION_METHODS", "TARGETS", "EXPONENT_TARGETS", "HEADS", "HEAD_DI
 HEADS, HEAD_DIM = 3, 64
 """The heads and head dimension of the part's Q, K, V."""
 
-SELECTION_METHODS = ("topk", "topp", "quest")
-"""Per-query selection methods timed in their own causal form beside the cache policies."""
+SELECTION_METHODS = ("topk", "topp", "quest", "vattention", "magicpig")
+"""Per-query selection and sampling methods timed in their own causal form beside the cache policies."""
 
-TARGETS = {"streaming-llm": 1.0, "topk": 5.0, "topp": 5.0}
+TARGETS = {"streaming-llm": 1.0, "topk": 5.0, "topp": 5.0, "vattention": 5.0}
 """Largest time / causal SDPA per method in its causal form, at the largest n; every other policy (h2o, quest,
 snapkv, any cache policy
 or scorer registered later): :data:`DEFAULT_TARGET`."""
@@ -136,7 +136,8 @@ def causal_lines(wide) -> list[str]:
     lines = ["## Causal forms against causal SDPA", "",
              f"Q, K, V of {HEADS} heads, head dimension {HEAD_DIM}, float32, budget b = {budget}; each policy and "
              "torch's causal SDPA timed in turn in one run (median wall time). Targets: streaming-llm <= 1x causal "
-             "SDPA; h2o, quest, snapkv and any cache policy (and every KV-cache form) <= 3x; topk, topp <= 5x, at the "
+             "SDPA; h2o, quest, snapkv, magicpig and any cache policy (and every KV-cache form) <= 3x; topk, topp and "
+             "vattention (oracles: every logit first) <= 5x, at the "
              "largest n (smaller n show the per-call overhead); growth exponent <= 1.1 for the causal forms of "
              "streaming-llm, quest and h2o (its 95% interval beside it). The KV-cache forms compress the first half "
              "of the window once (the prefill's attention: quadratic in n, like SDPA).", "",
