@@ -146,9 +146,9 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     augmented, the query normalised) before hashing and centres the query too; here MagicPIG's own choice
     (centred keys, raw query). See the docs page for the comparison on shared hyperplanes.
 
-    **Cost**: all :math:`nm` logits in row blocks (the sampling probability is formed where a key may be
-    sampled: the estimator above reads it there only); the collisions by bucket lookups
-    (:func:`collision_counts`), :math:`O(nmL/2^K)` for codes spread over the buckets; hashing :math:`O((n+m)LKp)`.
+    **Cost**: all :math:`nm` logits, cosines and sampling probabilities in row blocks, in float64; the collisions
+    by bucket lookups (:func:`collision_counts`), :math:`O(nmL/2^K)` for codes spread over the :math:`2^K`
+    buckets; hashing :math:`O((n+m)LKp)`.
 
     References
     ----------
