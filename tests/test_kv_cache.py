@@ -169,3 +169,28 @@ def test_kv_cache_validation():
                                      num_features=8)
     with pytest.raises(ValueError, match=r"`draw` is for randomized methods"):
         approxlab.kv_cache_attention("h2o", q, k, v, context_length=CONTEXT, num_features=8, draw={})
+
+
+@pytest.mark.parametrize("masking", ["none", "padding", "rows that see no key"])
+def test_the_compressed_cache_attended_through_the_fused_kernel_equals_the_selection(masking):
+    """``attend_compressed`` (torch's fused SDPA on blocks whose rows each see a key, the explicit softmax on the
+    others) gives the rows :func:`attend_selected` gives for the same selection, to rounding; a row that sees no
+    key is 0."""
+    from approxlab.methods._selection import attend_compressed, attend_selected, compressed_indices
+
+    g = torch.Generator().manual_seed(["none", "padding", "rows that see no key"].index(masking))
+    for _ in range(8):
+        n = int(torch.randint(8, 60, (1,), generator=g))
+        context = int(torch.randint(1, n, (1,), generator=g))
+        budget = int(torch.randint(1, context + 1, (1,), generator=g))
+        q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
+        kept = torch.stack([torch.randperm(context, generator=g)[:budget] for _ in range(6)]).view(2, 3, budget)
+        mask = None if masking == "none" else torch.rand(2, 1, n, generator=g) > 0.3
+        if masking == "rows that see no key":
+            mask[..., :context + 2] = False
+        out = attend_compressed(q, k, v, kept, context, mask)
+        ref = attend_selected(q[..., context:, :], k, v, lambda s, e: compressed_indices(kept, context, n, s, e, mask),
+                              width=budget + n - context)
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-13)
+        if masking == "rows that see no key":
+            assert (out[..., :2, :] == 0).all()
