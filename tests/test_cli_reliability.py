@@ -409,7 +409,8 @@ def test_every_study_refuses_a_damaged_folder_to_plot(study, results, config, me
 # ------------------------------------------------ rules that hold for every study's command line
 
 SAMPLES = {"tasks": {"instability": "listops:64:2", "lra-svd": "listops:32"}, "layers": "first",
-           "methods": "nystromformer", "num_features": "16", "compare_with": "figures/figure1"}
+           "methods": "nystromformer", "num_features": "16", "compare_with": "figures/figure1",
+           "long_methods": "streaming-llm"}
 """A valid value of a list option where the study's ``--quick`` grid does not give one."""
 
 
