@@ -250,6 +250,7 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
         if cache_mask is None or not bool(hidden.all(-1).any()):  # every row sees a key: the fused kernel
             outputs.append(_fused_attention(rows[..., start:stop, :], keys, values, ~hidden, scale))
             continue
+        # the explicit softmax, whose empty rows are 0 (the kernel's would not be)
         logits = (rows[..., start:stop, :] @ keys.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
         outputs.append(safe_softmax(logits.masked_fill(hidden, float("-inf"))) @ values)
     return torch.cat(outputs, dim=-2)

@@ -3,8 +3,8 @@
 Two settings at each ``--long-n`` length (a pass key hidden in WikiText-2, :mod:`.long`): ``long-whole`` (every
 prediction of the sequence) and ``long-kv`` (the KV cache compressed to a budget), each run unpatched, with the
 control and with each ``--long-methods`` method (default :func:`default_long_methods`) at each ``--long-features``
-budget, over ``--long-windows`` windows and the pass key's depths. :mod:`.grid` declares their values in the study's full and ``--quick`` grids and
-re-exports every name here.
+budget, over ``--long-windows`` windows and the pass key's depths. :mod:`.grid` declares their values in the
+study's full and ``--quick`` grids and re-exports every name here.
 
 Public API::
 
@@ -92,11 +92,10 @@ def check_long(args, config: dict, info) -> None:
     ``--long-windows`` windows of the longest in the corpus, ``--long-methods`` decoder-valid. Nothing to check
     without ``long_n``."""
     from ...data import corpus_window_count
+    from ...methods import get
 
     if not config.get("long_n"):
         return
-    from ...methods import get
-
     for method in config.get("long_methods") or ():
         if get(method).causal not in (True, "only"):
             raise UsageError("--long-methods", "decoder-valid methods (a causal form of their own or a cache policy's; "

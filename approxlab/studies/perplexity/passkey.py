@@ -6,8 +6,9 @@ and the key itself (:func:`passkey_sequence`). A model retrieves the key when, t
 tokens is its most likely next token (``correct``); ``answer_logprob`` is the key tokens' summed log-probability
 (nats). The key's tokens are those of the key's characters in the question and key tokenized together; a token
 of whitespace alone before them (SmolLM2's tokenizer writes " 40076" as " ", "4", "0", "0", "7", "6") ends the
-question and is not scored: it is the question's wording, not the retrieval. Built offline, from the corpus the study already reads (the "pass key" task of Mohtashami and Jaggi,
-2023, with a WikiText filler in place of their repeated sentence).
+question and is not scored: it is the question's wording, not the retrieval. Built offline, from the corpus the
+study already reads (the "pass key" task of Mohtashami and Jaggi, 2023, with a WikiText filler in place of their
+repeated sentence).
 
 Measured with SmolLM2-135M-Instruct (the packaged GGUF, unpatched; every digit of the key greedy-correct) on the
 study's sequences (3 windows x depths 25% and 75%): 6 of 6 at 1,024 tokens and 6 of 6 at 2,048. Scored with the
