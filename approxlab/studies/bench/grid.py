@@ -56,8 +56,9 @@ FULL_GRID = {
     "training_features": 128,
     "training_threads": 1,
     "training_attentions": ["softmax", "kernelized", "skyformer", "nystromformer", "spectral-shifting", "yoso"],
-    "patch_n": [512, 1024],
-    "patch_methods": ["hyperattention", "topk", "streaming-llm", "h2o"],
+    # 2048: the length of the every-layer target (ALL_LAYERS_TARGET); every cache policy of the registry is timed there
+    "patch_n": [512, 2048],
+    "patch_methods": ["hyperattention", "topk", "quest", *(m for m in BUILTINS if get(m).causal_only)],
     "patch_layer": None,
     "causal_n": [2048, 4096, 8192],
     "causal_budget": 128,

@@ -38,7 +38,10 @@ from .timing import measure_interleaved
 __all__ = ["patch_rows", "patch_lines", "load_decoder"]
 
 ALL_LAYERS_TARGET = 1.3
-"""Largest patched / unpatched forward with a cache policy in every layer."""
+"""Largest patched / unpatched forward with a cache policy in every layer, at :data:`ALL_LAYERS_N` tokens."""
+
+ALL_LAYERS_N = 2048
+"""The length at which :data:`ALL_LAYERS_TARGET` applies (a shorter forward shows the per-call overhead)."""
 
 SYNTHETIC_LAYERS = 2
 """Layers of the synthetic decoder (``source="synthetic"``)."""
@@ -148,13 +151,14 @@ def patch_lines(wide) -> list[str]:
     every = rows[rows["algorithm"] == "forward-patched-all"]
     if len(every):
         lines += ["", f"Cache policies in every layer (target: a patched forward <= {ALL_LAYERS_TARGET:g}x the "
-                  "unpatched one at 2048 tokens, timed in turn with it):", "",
+                  f"unpatched one at {ALL_LAYERS_N} tokens, timed in turn with it; judged at that length only):", "",
                   "| n | method | every layer patched (s) | / unpatched | the same in CPU time | target |",
                   "|---|---|---|---|---|---|"]
         for (n, method), group in every.groupby(["n", "method"]):
             row = group.iloc[0]
             ratio = row["ratio_vs_unpatched"]
-            verdict = "met" if ratio <= ALL_LAYERS_TARGET else f"not met: {ratio:.2f}x"
+            verdict = ("—" if int(n) != ALL_LAYERS_N else "met" if ratio <= ALL_LAYERS_TARGET
+                       else f"not met: {ratio:.2f}x")
             lines.append(f"| {int(n)} | `{method}` | {row['wall_s']:.3f} | {ratio:.2f} | "
                          f"{_number(row, 'cpu_ratio_vs_unpatched')} | {verdict} |")
     patched = rows[rows["algorithm"] == "forward-patched"]
