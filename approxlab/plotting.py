@@ -87,23 +87,25 @@ METHOD_STYLES = {
     "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
     "vattention": {"color": "#88CCEE", "marker": "8", "label": "vAttention"},
     "magicpig": {"color": "#CC6677", "marker": "x", "label": "MagicPIG"},
-    "streaming-llm": {"color": "#DDCC77", "marker": "1", "label": "StreamingLLM"},
-    "h2o": {"color": "#661100", "marker": "2", "label": "H2O"},
-    "snapkv": {"color": "#6699CC", "marker": "3", "label": "SnapKV"},
-    # kvpress's scorers (Paul Tol's light palette; thin markers, as for the other cache policies)
-    "knorm": {"color": "#EEDD88", "marker": "4", "label": "Knorm"},
-    "random": {"color": "#BBBBBB", "marker": "_", "label": "Random (floor)"},
-    "observed-attention": {"color": "#661100", "marker": "4", "label": "Observed attention"},
-    "tova": {"color": "#99DDFF", "marker": "3", "label": "TOVA"},
-    "keydiff": {"color": "#44BB99", "marker": "|", "label": "KeyDiff"},
-    "expected-attention": {"color": "#AA3377", "marker": "*", "label": "Expected attention"},
-    "leverage-score": {"color": "#AAAA00", "marker": "s", "label": "Leverage scores (keys)"},
-    "cur": {"color": "#FFAABB", "marker": "D", "label": "CUR"},
-    "compactor": {"color": "#99DDFF", "marker": "P", "label": "Compactor"},
-    "cap": {"color": "#EEDD88", "marker": "X", "label": "CAP"},
-    # SnapKV's scores with adaptive budgets: SnapKV's colour, its thin marker family
-    "ada-snapkv": {"color": "#6699CC", "marker": "4", "linestyle": "--", "label": "Ada-SnapKV"},
-    "pyramidkv": {"color": "#6699CC", "marker": "2", "linestyle": ":", "label": "PyramidKV"},
+    # The cache policies, drawn in two groups (the perplexity study's panels): filled markers, and colours that
+    # differ within each group. Those that rank tokens by attention (Paul Tol's vibrant palette):
+    "h2o": {"color": "#CC3311", "marker": "o", "label": "H2O"},
+    "observed-attention": {"color": "#EE7733", "marker": "s", "label": "Observed attention"},
+    "tova": {"color": "#009988", "marker": "^", "label": "TOVA"},
+    "snapkv": {"color": "#0077BB", "marker": "D", "label": "SnapKV"},
+    # SnapKV's scores with adaptive budgets: SnapKV's blue family
+    "ada-snapkv": {"color": "#33BBEE", "marker": "v", "linestyle": "--", "label": "Ada-SnapKV"},
+    "pyramidkv": {"color": "#332288", "marker": "<", "linestyle": ":", "label": "PyramidKV"},
+    "expected-attention": {"color": "#EE3377", "marker": "P", "label": "Expected attention"},
+    # those that rank tokens by position or by the keys' geometry (Okabe-Ito's palette)
+    "streaming-llm": {"color": "#E69F00", "marker": "h", "label": "StreamingLLM"},
+    "random": {"color": "#999999", "marker": "X", "label": "Random (floor)"},
+    "knorm": {"color": "#56B4E9", "marker": "s", "label": "Knorm"},
+    "keydiff": {"color": "#009E73", "marker": "D", "label": "KeyDiff"},
+    "leverage-score": {"color": "#D55E00", "marker": "^", "label": "Leverage scores (keys)"},
+    "cur": {"color": "#CC79A7", "marker": "v", "label": "CUR"},
+    "compactor": {"color": "#0072B2", "marker": "P", "label": "Compactor"},
+    "cap": {"color": "#000000", "marker": "d", "label": "CAP"},
     "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
     "kernelized": {"color": "#444444", "marker": "+", "label": "Kernelized (exact)"},
 }

@@ -393,3 +393,19 @@ def test_the_long_settings_run_the_decoder_valid_methods_but_the_simulations():
     assert {c["method"] for c in grid.long_study_cells(config, {})} == {*long, "unpatched", "exact"}
     chosen = grid.build_config(num_layers=30, long_methods=["magicpig"])["long_methods"]
     assert chosen == ["magicpig"]
+
+
+def test_every_built_in_cache_policy_has_its_panel_and_a_plugin_s_its_own(fresh_registry):
+    """The figures draw the cache policies in two panels (by attention; by position or key geometry): every built-in
+    policy is in one of them, not both, and a policy registered by a user lands in a third panel, not among them."""
+    from approxlab.methods import available, get, register
+    from approxlab.studies.perplexity import figures
+
+    policies = {m for m in available() if get(m).causal == "only"}
+    assert not set(figures.ATTENTION_POLICIES) & set(figures.GEOMETRY_POLICIES)
+    assert policies == set(figures.ATTENTION_POLICIES) | set(figures.GEOMETRY_POLICIES)
+    assert {figures.family(m) for m in figures.ATTENTION_POLICIES} == {"cache: attention scores"}
+    assert {figures.family(m) for m in figures.GEOMETRY_POLICIES} == {"cache: position, keys"}
+    register("my-policy", get("knorm").function, target="softmax", features="cache size", randomized=False,
+             causal="only", score=get("knorm").score)
+    assert figures.family("my-policy") == "cache: other policies"

@@ -93,16 +93,25 @@ def draw_d(saved) -> list[pathlib.Path]:
         return save_figure(fig, saved.out / "perplexity-d")
 
 
+ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv", "pyramidkv", "expected-attention")
+"""The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected)."""
+
+GEOMETRY_POLICIES = ("streaming-llm", "random", "knorm", "keydiff", "leverage-score", "cur", "compactor", "cap")
+"""The built-in cache policies that rank tokens by position or by the geometry of the keys (and values)."""
+
+
 def family(method: str) -> str:
-    """The panel a method is drawn in, from its registration: cache policies, sparse selection, the Nystrom family
-    (``mask-renormalise``: not a decoder) and the other causal forms (low-rank, kernel, sampling)."""
+    """The panel a method is drawn in, from its registration: the cache policies (by attention; by position or key
+    geometry; another's), sparse selection, the Nystrom family (``mask-renormalise``: not a decoder) and the other
+    causal forms (low-rank, kernel, sampling)."""
     from ...methods import available, get
 
     if method not in available():
         return "other"
     spec = get(method)
     if spec.causal == "only":
-        return "cache policies"
+        return ("cache: attention scores" if method in ATTENTION_POLICIES
+                else "cache: position, keys" if method in GEOMETRY_POLICIES else "cache: other policies")
     if spec.causal == "mask-renormalise":
         return "Nyström family (not decoder)"
     if spec.features.startswith(("kept keys", "the most keys", "token budget")):
@@ -110,8 +119,8 @@ def family(method: str) -> str:
     return "low-rank, kernel, sampling"
 
 
-_FAMILIES = ("cache policies", "sparse selection", "low-rank, kernel, sampling", "Nyström family (not decoder)",
-             "other")
+_FAMILIES = ("cache: attention scores", "cache: position, keys", "cache: other policies", "sparse selection",
+             "low-rank, kernel, sampling", "Nyström family (not decoder)", "other")
 
 
 def _title(setting, layers) -> str:
@@ -141,6 +150,8 @@ def draw_error(saved) -> list[pathlib.Path]:
 
     config, table = saved.config, saved.product("delta.csv")
     table = table[table["method"] != config["control"]]
+    exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
+    table = table[~exact]
     verdicts, observed = saved.product("verdicts.csv"), saved.product("observations.csv")
     pairs = settings_of(table)
     families = [f for f in _FAMILIES if f in {family(m) for m in table["method"]}]
@@ -170,15 +181,16 @@ def draw_error(saved) -> list[pathlib.Path]:
             axes[r][0].set_ylabel(_DELTA)
         figure_legend(fig, axes, ncol=6)
         fig.suptitle("change in log-perplexity against the replaced layers' relative spectral error\none point per "
-                     "method and d (mean over windows), larger markers: larger d; grey band: the noise floor\n(p1): "
+                     "method and d (mean over windows), larger markers: larger d; grey band: the noise floor; "
+                     f"left out: {int(exact.sum())} points of exact attention (a budget covering the tokens)\n(p1): "
                      "Spearman rho over the decoder-valid methods x d x windows [95% interval, methods and windows "
                      "resampled]", fontsize=9)
         return save_figure(fig, saved.out / "perplexity-error")
 
 
 def draw_within(saved) -> list[pathlib.Path]:
-    """``perplexity-within``: each method's path over its budgets (error against loss), one panel per setting; the
-    title gives the pooled within-method rho (p1w) [CI]."""
+    """``perplexity-within``: each method's path over its budgets (error against loss), one row per setting and one
+    panel per family of decoder-valid methods; the titles give the pooled within-method rho (p1w) [CI]."""
     from ...plotting import figure, figure_legend, method_label, method_style, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
@@ -187,26 +199,33 @@ def draw_within(saved) -> list[pathlib.Path]:
     table = table[(table["method"] != config["control"]).to_numpy() & decoder & ~exact]
     verdicts = saved.product("verdicts.csv")
     pairs = settings_of(table)
+    families = [f for f in _FAMILIES if f in {family(m) for m in table["method"]}]
     with style():
-        fig, axes = figure(1, max(1, len(pairs)), panel_size=(3.2, 3.0), sharey=True)
-        for ax, (setting, layers) in zip(axes[0], pairs):
+        fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True,
+                           sharex=True)
+        for r, (setting, layers) in enumerate(pairs):
             rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
-            for method, points in rows.groupby("method", sort=False):
-                points = points[np.isfinite(points["delta"])].sort_values("num_features")
-                if len(points) < 2:
-                    continue
-                look = method_style(method)
-                ax.plot(points["spectral_median"], points["delta"], color=look["color"], linewidth=0.8,
-                        marker=look["marker"], markersize=3, label=method_label(method))
-            ax.set_xscale("log")
-            _delta_axis(ax)
             pooled = _rho(verdicts, "p1w", setting, layers) or "no estimate (fewer than 5 budgets)"
-            ax.set(title=f"{_title(setting, layers)}\n(p1w) {pooled}",
-                   xlabel="relative spectral error (median)")
-        axes[0][0].set_ylabel(_DELTA)
+            for c, name in enumerate(families):
+                ax = axes[r][c]
+                chosen = np.array([family(m) == name for m in rows["method"]], dtype=bool)
+                for method, points in rows[chosen].groupby("method", sort=False):
+                    points = points[np.isfinite(points["delta"])].sort_values("num_features")
+                    if len(points) < 2:
+                        continue
+                    look = method_style(method)
+                    ax.plot(points["spectral_median"], points["delta"], color=look["color"], linewidth=0.8,
+                            marker=look["marker"], markersize=3, label=method_label(method))
+                ax.set_xscale("log")
+                _delta_axis(ax)
+                ax.set_title(f"{_title(setting, layers)}: {name}\n(p1w) {pooled}", fontsize=8)
+                if r == len(pairs) - 1:
+                    ax.set_xlabel("relative spectral error (median)")
+            axes[r][0].set_ylabel(_DELTA)
         figure_legend(fig, axes, ncol=6)
-        fig.suptitle("within a method: its budgets joined in order of d (decoder-valid methods)\n(p1w): the mean "
-                     "over methods of the within-method Spearman rho", fontsize=9)
+        fig.suptitle("within a method: its budgets joined in order of d (decoder-valid methods; points of exact "
+                     "attention left out)\n(p1w): the mean over methods of the within-method Spearman rho, pooled "
+                     "over every family of the row", fontsize=9)
         return save_figure(fig, saved.out / "perplexity-within")
 
 

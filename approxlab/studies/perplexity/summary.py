@@ -58,7 +58,8 @@ def _run(saved, delta, baseline) -> list[str]:
         "(its change in log-perplexity is the floor of the measurement).",
         "- Methods (encoder): " + ", ".join(config["encoder_methods"]) + ".",
         "- Figures: `perplexity-error.png` (against the relative spectral error, one panel per family, d as marker "
-        "size, the noise floor shaded), `perplexity-within.png` (each method over its budgets), `perplexity-d.png` "
+        "size, the noise floor shaded, points of exact attention left out), `perplexity-within.png` (each method over "
+        "its budgets, one panel per family), `perplexity-d.png` "
         "(against d), `perplexity-kv.png` (KV cache, against the budget)"
         + (", `perplexity-long.png` (pass-key retrieval against the budget)." if config.get("long_n") else "."),
     ]
