@@ -54,7 +54,7 @@ head 0, one contiguous window of ``n`` tokens):
    layer's queries, keys and values and the layer's exact causal attention on them: the ratio
    patched / (unpatched + approximation), at most 1 when a patched forward costs no more than the
    method's own approximation plus the unpatched forward; :mod:`.patched`.
-7. ``causal`` part, n in {2048, 4096, 8192} (``--quick``: 128, 256, 512): the causal forms of the
+7. ``causal`` part, n in {2048, 2896, 4096, 5792, 8192} (``--quick``: 128, 256, 512): the causal forms of the
    per-query selection methods (``topk``, ``topp``, ``quest``) and of every cache policy in the registry
    (causal-only methods through ``approximate(..., causal=True)``, methods with a compression step or a
    cache scorer also through :func:`approxlab.kv_cache_attention`), 3 heads, head dimension 64, float32,

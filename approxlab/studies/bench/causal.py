@@ -1,7 +1,7 @@
 r"""The ``causal`` part of ``approxlab bench``: the sparse and KV-cache methods against causal SDPA.
 
-One cell per n (``--causal-n``; default 2048, 4096, 8192; ``--quick``: 128, 256, 512): Q, K, V of 3 heads,
-head dimension 64, float32, standard normal entries (seeded per n), a budget of
+One cell per n (``--causal-n``; default 2048, 2896, 4096, 5792, 8192; ``--quick``: 128, 256, 512): Q, K, V of 3
+heads, head dimension 64, float32, standard normal entries (seeded per n), a budget of
 :math:`b` = ``--causal-budget`` keys per query (128; ``--quick``: 16). Torch's causal
 ``scaled_dot_product_attention`` and every policy are timed in turn in that cell
 (:func:`~.timing.measure_interleaved`, on the bench's ``--threads``, one by default), so each ratio

@@ -60,7 +60,9 @@ FULL_GRID = {
     "patch_n": [512, 2048],
     "patch_methods": ["hyperattention", "topk", "quest", *(m for m in BUILTINS if get(m).causal_only)],
     "patch_layer": None,
-    "causal_n": [2048, 4096, 8192],
+    # five lengths (a factor sqrt(2) apart, multiples of 16): the growth exponent's Student-t interval has 3 degrees
+    # of freedom (with three lengths it had one, and a t quantile of 12.7)
+    "causal_n": [2048, 2896, 4096, 5792, 8192],
     "causal_budget": 128,
 }
 """The full benchmark (``python3 -m approxlab bench``; see ``benchmarks/README.md``)."""
