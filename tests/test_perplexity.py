@@ -409,3 +409,30 @@ def test_every_built_in_cache_policy_has_its_panel_and_a_plugin_s_its_own(fresh_
     register("my-policy", get("knorm").function, target="softmax", features="cache size", randomized=False,
              causal="only", score=get("knorm").score)
     assert figures.family("my-policy") == "cache: other policies"
+
+
+def test_in_short_says_where_the_premise_holds_fails_and_is_undecided_from_the_verdicts_alone():
+    """The summary's first section words each level from the verdicts: a 'reproduced' label holds, a 'not
+    reproduced' one fails, anything else (inconclusive, no verdict) is undecided and counted as neither."""
+    from approxlab.studies.perplexity.claims import P1, P1_METHOD
+    from approxlab.studies.perplexity.in_short import in_short_lines
+
+    def row(claim, layers, verdict, estimate, low, high, **extra):
+        return {"claim": claim, "setting": "whole", "layers": layers, "measure": "spectral", "method": "",
+                "num_features": -1, "estimate": estimate, "ci_low": low, "ci_high": high, "verdict": verdict, **extra}
+
+    verdicts = pd.DataFrame([
+        row("p1", "layer 0", P1.labels["reproduced"], 0.9, 0.8, 0.95),
+        row("p1", "all", P1.labels["not reproduced"], 0.3, 0.1, 0.5),
+        row("p1", "layer 15", "no verdict: coverage 62.0% < 90%", 0.8, 0.6, 0.9),
+        row("p1m", "all", P1_METHOD.labels["reproduced"], 1.0, 0.9, 1.0, method="h2o"),
+        row("p1m", "all", "inconclusive", 0.5, -0.2, 0.9, method="tova"),
+    ])
+    observed = pd.DataFrame({"no_loss": [3, 4], "points": [10, 20]})
+    text = "\n".join(in_short_lines(verdicts, observed))
+    assert "Holds in layer 0 replaced: rho 0.9 [0.8, 0.95]" in text
+    assert "Fails in all replaced: rho 0.3 [0.1, 0.5]" in text
+    assert "Undecided in layer 15 replaced: rho 0.8 [0.6, 0.9], no verdict: coverage 62.0% < 90%" in text
+    assert "all replaced (1 holds, 0 fails, 1 undecided of 2 methods with five budgets)" in text
+    assert "across methods, the premise holds in 1 of 3 settings, fails in 1" in text
+    assert "7 of 30 points" in text

@@ -20,7 +20,7 @@ from .gating import SIZING
 from .prediction import COVERAGE_TRIALS
 from .grid import KV_CACHE
 
-__all__ = ["claim_sections", "coverage_cell", "needed_cell"]
+__all__ = ["claim_sections", "coverage_cell", "needed_cell", "setting_text"]
 
 _OUTCOMES = ("reproduced", "not reproduced", "inconclusive", "too few units")
 
@@ -33,13 +33,14 @@ def _interval(estimate, low, high) -> str:
     return f"{fmt(estimate)} [{fmt(low)}, {fmt(high)}]"
 
 
-def _where(setting, layers) -> str:
+def setting_text(setting, layers) -> str:
+    """A setting in the summary's words: ``"layer 0 replaced"``, ``"all replaced"``, ``"KV cache, all layers"``."""
     return f"KV cache, {layers} layers" if setting == KV_CACHE else f"{layers} replaced"
 
 
 def _rows(verdicts, claim) -> pd.DataFrame:
     rows = verdicts[verdicts["claim"] == claim.id].copy()
-    rows["setting "] = [_where(s, layer) for s, layer in rows[["setting", "layers"]].itertuples(index=False)]
+    rows["setting "] = [setting_text(s, layer) for s, layer in rows[["setting", "layers"]].itertuples(index=False)]
     rows["estimate [95% CI]"] = [_interval(*v) for v in rows[["estimate", "ci_low", "ci_high"]].to_numpy(float)]
     rows["coverage (own units)"] = [coverage_cell(*v) for v in rows[["coverage", "coverage_low", "coverage_high"]]
                                     .to_numpy(float)] if "coverage" in rows else ""
@@ -82,7 +83,7 @@ def _entered(observed) -> list[str]:
     if observed.empty:
         return []
     shown = pd.DataFrame({
-        "setting": [_where(s, layer) for s, layer in observed[["setting", "layers"]].itertuples(index=False)],
+        "setting": [setting_text(s, layer) for s, layer in observed[["setting", "layers"]].itertuples(index=False)],
         "methods": observed["methods"], "windows": observed["windows"], "cells": observed["cells"],
         "noise floor (nats)": [fmt(v) for v in observed["floor"]],
         "cells tied at 0": observed["tied"],
@@ -122,7 +123,7 @@ def _p1(verdicts) -> list[str]:
 def _p2(verdicts, correlations, prediction) -> list[str]:
     lines = []
     if len(correlations):
-        shown = correlations.assign(**{"setting ": [_where(s, layer) for s, layer in
+        shown = correlations.assign(**{"setting ": [setting_text(s, layer) for s, layer in
                                                     correlations[["setting", "layers"]].itertuples(index=False)],
                                        "rho [95% CI]": [_interval(*v) for v in correlations[["rho", "ci_low",
                                                                                              "ci_high"]].to_numpy()]})
@@ -140,7 +141,7 @@ def _p2(verdicts, correlations, prediction) -> list[str]:
             ["held_out_error", "ci_low", "ci_high"]].to_numpy(float)], "minus spectral's [95% CI]": [
             _interval(*v) for v in prediction[["minus_spectral", "minus_spectral_low",
                                                "minus_spectral_high"]].to_numpy(float)],
-            "setting ": [_where(s, layer) for s, layer in prediction[["setting", "layers"]].itertuples(index=False)]})
+            "setting ": [setting_text(s, layer) for s, layer in prediction[["setting", "layers"]].itertuples(index=False)]})
         lines += ["- **Leave one method out**: an isotonic fit of log10 Delta on the measure over the other methods "
                   "predicts the held-out method's points; mean absolute error in decades over methods [95% CI, "
                   "methods resampled], and minus the spectral error's on the same methods (below 0: predicts "
@@ -164,7 +165,7 @@ def _p3(saved, verdicts, labels) -> list[str]:
 def _calibration(calibration) -> list[str]:
     if calibration.empty:
         return []
-    shown = calibration.assign(**{"setting": [_where(s, layer) for s, layer in
+    shown = calibration.assign(**{"setting": [setting_text(s, layer) for s, layer in
                                               calibration[["setting", "layers"]].itertuples(index=False)]})
     shown = shown.drop(columns=["layers"]).map(lambda v: fmt(v) if isinstance(v, float) else v)
     return ["**Width.** The (p1) interval's mean width on random subsets of 5, 10 and all methods (how it narrows "
@@ -191,7 +192,7 @@ def _measured_lines() -> list[str]:
 def _changes(verdicts) -> list[str]:
     if verdicts.empty or "former_verdict" not in verdicts:
         return []
-    shown = verdicts.assign(**{"setting ": [_where(s, layer) for s, layer in
+    shown = verdicts.assign(**{"setting ": [setting_text(s, layer) for s, layer in
                                             verdicts[["setting", "layers"]].itertuples(index=False)],
                                "estimate [95% CI]": [_interval(*v) for v in verdicts[["estimate", "ci_low",
                                                                                       "ci_high"]].to_numpy(float)],
@@ -213,7 +214,7 @@ def _excluded(saved, delta) -> list[str]:
     if rows.empty:
         return []
     shown = rows.assign(cell=[_interval(*v) for v in rows[["delta", "delta_low", "delta_high"]].to_numpy(float)])
-    shown = shown.assign(setting=[_where(s, layer) for s, layer in
+    shown = shown.assign(setting=[setting_text(s, layer) for s, layer in
                                   shown[["setting", "layers"]].itertuples(index=False)])
     table = shown.pivot_table(index=["setting", "method"], columns="num_features", values="cell", aggfunc="first",
                               fill_value="").reset_index()

@@ -12,6 +12,7 @@ from ..reporting.markdown import format_number as fmt
 from ..reporting.markdown import markdown_table
 from .grid import KV_CACHE, WHOLE
 from .claims_summary import claim_sections
+from .in_short import in_short_lines
 from .long_report import long_lines
 from .stats import settings_of
 
@@ -161,7 +162,8 @@ def _papers(delta, config) -> list[str]:
 def sections(saved) -> list[str]:
     """The summary's lines under its title (numbers from the saved tables only)."""
     baseline, delta = saved.table("baseline.csv"), saved.product("delta.csv")
-    return [*_run(saved, delta, baseline), *_deviations(saved, baseline),
+    return [*in_short_lines(saved.product("verdicts.csv"), saved.product("observations.csv")),
+            *_run(saved, delta, baseline), *_deviations(saved, baseline),
             *claim_sections(saved), *long_lines(saved, saved.product("verdicts.csv")),
             *_delta_tables(delta, saved.config), *_encoder(saved),
             *_cost(saved), *_papers(delta, saved.config)]
