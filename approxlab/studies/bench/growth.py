@@ -116,8 +116,8 @@ def forward_cost_lines(wide) -> list[str]:
              f"({', '.join(_short(n) for n in ns)}), with its 95% Student-t interval from the fit's residuals "
              "(timing noise and any departure from one power law; none below three n), of the median wall "
              "time and of the median process CPU time (which a loaded machine disturbs less). Bidirectional "
-             "methods are timed against torch's SDPA (wall time); the causal-only KV-cache policies "
-             "(streaming-llm, h2o, snapkv) in their causal form, against torch's causal SDPA.", "",
+             "methods are timed against torch's SDPA (wall time); the causal-only KV-cache policies (form "
+             "'causal') in their causal form, against torch's causal SDPA.", "",
              "| method | form | time / SDPA at n = " + ", ".join(_short(n) for n in ns) + " | seconds at the largest n "
              "| growth exponent [95% interval] | the same in CPU time |", "|---|---|---|---|---|---|"]
     for algorithm, name in BASELINES.items():

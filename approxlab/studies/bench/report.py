@@ -102,7 +102,8 @@ def plot(results, path_without_suffix) -> list:
     return save_figure(fig, path_without_suffix)
 
 
-SPARSE_METHODS = ("hyperattention", "kdeformer", "topk", "topp", "quest", "informer", "yoso", "yoso-e")
+SPARSE_METHODS = ("hyperattention", "kdeformer", "topk", "topp", "quest", "informer", "yoso", "yoso-e", "vattention",
+                  "magicpig")
 """Forward panel of the sparse, sampled and hashing methods; the others (low-rank, kernel, and methods
 registered by users) share one panel, and the methods timed in their causal form a third."""
 

@@ -139,7 +139,7 @@ def kv_lines(kv, config) -> list[str]:
         return lines + ["Not in this run (`kv_cache.csv` holds no rows)."]
     found = error_intervals(kv_errors(kv), ("condition", "layer", "method", "budget"))
     lines += [f"Each window's first {config['kv_context'] + config['kv_continuation']} tokens: a context of "
-              f"{config['kv_context']} tokens, compressed by the cache policies (streaming-llm, h2o, snapkv: "
+              f"{config['kv_context']} tokens, compressed by the cache policies ("
               "`approxlab.kv_cache_attention`, using only what they could see when compressing), then "
               f"{config['kv_continuation']} continuation tokens whose rows are compared with exact causal attention "
               "(relative spectral error of the (continuation, p_v) output, per head). A method without a compression "
