@@ -143,42 +143,55 @@ def _sizes(ds, all_ds) -> np.ndarray:
     return 12 + 78 * ranks
 
 
+def _family_grid(table, draw) -> tuple:
+    """``(fig, axes)``: one row per setting of ``table``, one panel per family of its methods; ``draw(ax, rows, name,
+    setting, layers)`` draws the panel's rows (that family in that setting) and returns its title; the axes are
+    the shared ones (log error, the symmetric-log change in log-perplexity)."""
+    from ...plotting import figure
+
+    pairs = settings_of(table)
+    families = [f for f in _FAMILIES if f in {family(m) for m in table["method"]}]
+    fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True, sharex=True)
+    for r, (setting, layers) in enumerate(pairs):
+        rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
+        for c, name in enumerate(families):
+            ax = axes[r][c]
+            chosen = np.array([family(m) == name for m in rows["method"]], dtype=bool)
+            ax.set_title(draw(ax, rows[chosen], name, setting, layers), fontsize=8)
+            ax.set_xscale("log")
+            _delta_axis(ax)
+            if r == len(pairs) - 1:
+                ax.set_xlabel("relative spectral error (median)")
+        axes[r][0].set_ylabel(_DELTA)
+    return fig, axes
+
+
 def draw_error(saved) -> list[pathlib.Path]:
     """``perplexity-error``: the change in log-perplexity against the relative spectral error, one row per setting,
     one panel per family of methods; marker size: d; shaded: the noise floor; title: (p1)'s rho [two-level CI]."""
-    from ...plotting import figure, figure_legend, method_label, method_style, save_figure, style
+    from ...plotting import figure_legend, method_label, method_style, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
     table = table[table["method"] != config["control"]]
     exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
     table = table[~exact]
     verdicts, observed = saved.product("verdicts.csv"), saved.product("observations.csv")
-    pairs = settings_of(table)
-    families = [f for f in _FAMILIES if f in {family(m) for m in table["method"]}]
+
+    def draw(ax, rows, name, setting, layers):
+        for method, points in rows.groupby("method", sort=False):
+            finite = points[np.isfinite(points["delta"]) & np.isfinite(points["spectral_median"])]
+            look = method_style(method)
+            ax.scatter(finite["spectral_median"], finite["delta"], s=_sizes(finite["num_features"],
+                       config["num_features"]), marker=look["marker"], color=look["color"], alpha=0.8,
+                       label=method_label(method))
+        floor = observed[(observed["setting"] == setting) & (observed["layers"] == layers)]["floor"]
+        if len(floor):
+            ax.axhspan(-float(floor.iloc[0]), float(floor.iloc[0]), color="#cccccc", alpha=0.6, zorder=0)
+        rho = "" if name.startswith("Nyström") else "\n(p1) " + _rho(verdicts, "p1", setting, layers)
+        return f"{_title(setting, layers)}: {name}{rho}"
+
     with style():
-        fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True,
-                           sharex=True)
-        for r, (setting, layers) in enumerate(pairs):
-            rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
-            floor = observed[(observed["setting"] == setting) & (observed["layers"] == layers)]["floor"]
-            for c, name in enumerate(families):
-                ax = axes[r][c]
-                chosen = np.array([family(m) == name for m in rows["method"]], dtype=bool)
-                for method, points in rows[chosen].groupby("method", sort=False):
-                    finite = points[np.isfinite(points["delta"]) & np.isfinite(points["spectral_median"])]
-                    look = method_style(method)
-                    ax.scatter(finite["spectral_median"], finite["delta"], s=_sizes(finite["num_features"],
-                               config["num_features"]), marker=look["marker"], color=look["color"], alpha=0.8,
-                               label=method_label(method))
-                if len(floor):
-                    ax.axhspan(-float(floor.iloc[0]), float(floor.iloc[0]), color="#cccccc", alpha=0.6, zorder=0)
-                ax.set_xscale("log")
-                _delta_axis(ax)
-                rho = "" if name.startswith("Nyström") else "\n(p1) " + _rho(verdicts, "p1", setting, layers)
-                ax.set_title(f"{_title(setting, layers)}: {name}{rho}", fontsize=8)
-                if r == len(pairs) - 1:
-                    ax.set_xlabel("relative spectral error (median)")
-            axes[r][0].set_ylabel(_DELTA)
+        fig, axes = _family_grid(table, draw)
         figure_legend(fig, axes, ncol=6)
         fig.suptitle("change in log-perplexity against the replaced layers' relative spectral error\none point per "
                      "method and d (mean over windows), larger markers: larger d; grey band: the noise floor; "
@@ -191,37 +204,27 @@ def draw_error(saved) -> list[pathlib.Path]:
 def draw_within(saved) -> list[pathlib.Path]:
     """``perplexity-within``: each method's path over its budgets (error against loss), one row per setting and one
     panel per family of decoder-valid methods; the titles give the pooled within-method rho (p1w) [CI]."""
-    from ...plotting import figure, figure_legend, method_label, method_style, save_figure, style
+    from ...plotting import figure_legend, method_label, method_style, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
     decoder = np.array([not family(m).startswith("Nyström") for m in table["method"]], dtype=bool)
     exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
     table = table[(table["method"] != config["control"]).to_numpy() & decoder & ~exact]
     verdicts = saved.product("verdicts.csv")
-    pairs = settings_of(table)
-    families = [f for f in _FAMILIES if f in {family(m) for m in table["method"]}]
+
+    def draw(ax, rows, name, setting, layers):
+        for method, points in rows.groupby("method", sort=False):
+            points = points[np.isfinite(points["delta"])].sort_values("num_features")
+            if len(points) < 2:
+                continue
+            look = method_style(method)
+            ax.plot(points["spectral_median"], points["delta"], color=look["color"], linewidth=0.8,
+                    marker=look["marker"], markersize=3, label=method_label(method))
+        pooled = _rho(verdicts, "p1w", setting, layers) or "no estimate (fewer than 5 budgets)"
+        return f"{_title(setting, layers)}: {name}\n(p1w) {pooled}"
+
     with style():
-        fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True,
-                           sharex=True)
-        for r, (setting, layers) in enumerate(pairs):
-            rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
-            pooled = _rho(verdicts, "p1w", setting, layers) or "no estimate (fewer than 5 budgets)"
-            for c, name in enumerate(families):
-                ax = axes[r][c]
-                chosen = np.array([family(m) == name for m in rows["method"]], dtype=bool)
-                for method, points in rows[chosen].groupby("method", sort=False):
-                    points = points[np.isfinite(points["delta"])].sort_values("num_features")
-                    if len(points) < 2:
-                        continue
-                    look = method_style(method)
-                    ax.plot(points["spectral_median"], points["delta"], color=look["color"], linewidth=0.8,
-                            marker=look["marker"], markersize=3, label=method_label(method))
-                ax.set_xscale("log")
-                _delta_axis(ax)
-                ax.set_title(f"{_title(setting, layers)}: {name}\n(p1w) {pooled}", fontsize=8)
-                if r == len(pairs) - 1:
-                    ax.set_xlabel("relative spectral error (median)")
-            axes[r][0].set_ylabel(_DELTA)
+        fig, axes = _family_grid(table, draw)
         figure_legend(fig, axes, ncol=6)
         fig.suptitle("within a method: its budgets joined in order of d (decoder-valid methods; points of exact "
                      "attention left out)\n(p1w): the mean over methods of the within-method Spearman rho, pooled "
