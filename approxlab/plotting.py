@@ -5,6 +5,7 @@ Public API::
     METHOD_STYLES                      # name -> dict(color, marker, linestyle, label)
     method_style(name, *, secondary=False) -> dict   # kwargs for Axes.plot
     method_label(name) -> str          # legend name, with the target when it is not softmax attention
+    method_family(name) -> str         # the group a method is drawn with (FAMILIES; FAMILY_FILES: file names)
     DTYPE_LINESTYLES                   # {"float64": "-", "float32": ":"}
     method_curve(ax, curve, method, *, x="num_features", center="median", band=("q25", "q75"),
                  dtype_column="dtype", dtypes=("float64", "float32"), secondary=False)
@@ -40,9 +41,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["METHOD_STYLES", "method_style", "method_label", "DTYPE_LINESTYLES", "method_curve", "error_panel",
-           "share_ylimits",
-           "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
+__all__ = ["METHOD_STYLES", "method_style", "method_label", "method_family", "FAMILIES", "FAMILY_FILES",
+           "ATTENTION_POLICIES", "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel",
+           "share_ylimits", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
     "font.size": 8,
@@ -185,6 +186,48 @@ def method_label(name: str) -> str:
     if name in available() and get(name).target != "softmax":
         label += f" (target: {TARGET_NAMES[get(name).target]})"
     return label
+
+
+ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv", "pyramidkv", "expected-attention")
+"""The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected)."""
+
+GEOMETRY_POLICIES = ("streaming-llm", "random", "knorm", "keydiff", "leverage-score", "cur", "compactor", "cap")
+"""The built-in cache policies that rank tokens by position or by the geometry of the keys (and values)."""
+
+FAMILY_FILES = {"cache: attention scores": "cache-attention", "cache: position, keys": "cache-geometry",
+                "cache: other policies": "cache-other", "sparse selection": "sparse",
+                "low-rank, kernel, sampling": "low-rank", "Nyström family (not decoder)": "nystrom", "other": "other"}
+"""The families of :func:`method_family` in drawing order, each with the suffix of a figure file drawn per family."""
+
+FAMILIES = tuple(FAMILY_FILES)
+"""The families of :func:`method_family`, in drawing order."""
+
+
+def method_family(name: str) -> str:
+    """The family method ``name`` is drawn with (one of :data:`FAMILIES`), from its registration: the cache
+    policies (ranking by attention, :data:`ATTENTION_POLICIES`; by position or key geometry,
+    :data:`GEOMETRY_POLICIES`; a user's), sparse selection, the Nystrom family (``causal="mask-renormalise"``: no
+    decoder of its own) and the other causal forms (low-rank, kernel, sampling); ``"other"`` when not registered.
+
+    Examples
+    --------
+    >>> from approxlab.plotting import method_family
+    >>> method_family("h2o"), method_family("topk"), method_family("performer"), method_family("my-method")
+    ('cache: attention scores', 'sparse selection', 'low-rank, kernel, sampling', 'other')
+    """
+    from .methods import available, get
+
+    if name not in available():
+        return "other"
+    spec = get(name)
+    if spec.causal == "only":
+        return ("cache: attention scores" if name in ATTENTION_POLICIES
+                else "cache: position, keys" if name in GEOMETRY_POLICIES else "cache: other policies")
+    if spec.causal == "mask-renormalise":
+        return "Nyström family (not decoder)"
+    if spec.features.startswith(("kept keys", "the most keys", "token budget")):
+        return "sparse selection"
+    return "low-rank, kernel, sampling"
 
 
 DTYPE_LINESTYLES = {"float64": "-", "float32": ":"}

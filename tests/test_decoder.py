@@ -47,8 +47,9 @@ def tiny_run(llama, cache, tmp_path_factory):
 def test_tables_figures_and_summary(tiny_run):
     for name in (*TABLES, "error_stats.csv", "kv_stats.csv", "assumption_stats.csv", "level_stats.csv",
                  "performer_stats.csv", "verdicts.csv", "hyperattention.csv", "correlations.csv", "config.json",
-                 "timing.json", "summary.md", "decoder-assumptions.png", "decoder-errors-pretrained.png",
-                 "decoder-errors-pretrained.pdf", "decoder-kv-cache.png", "decoder-hyperattention.png"):
+                 "timing.json", "summary.md", "decoder-assumptions.png", "decoder-errors-pretrained-sparse.png",
+                 "decoder-errors-pretrained-sparse.pdf", "decoder-errors-pretrained-cache-attention.png",
+                 "decoder-errors-pretrained-nystrom.png", "decoder-kv-cache.png", "decoder-hyperattention.png"):
         assert (tiny_run / name).is_file(), name
     results, assumptions = read_results(tiny_run / "results.csv"), read_results(tiny_run / "assumptions.csv")
     kv, performer = read_results(tiny_run / "kv_cache.csv"), read_results(tiny_run / "performer.csv")

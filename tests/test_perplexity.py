@@ -399,16 +399,16 @@ def test_every_built_in_cache_policy_has_its_panel_and_a_plugin_s_its_own(fresh_
     """The figures draw the cache policies in two panels (by attention; by position or key geometry): every built-in
     policy is in one of them, not both, and a policy registered by a user lands in a third panel, not among them."""
     from approxlab.methods import available, get, register
-    from approxlab.studies.perplexity import figures
+    from approxlab import plotting
 
     policies = {m for m in available() if get(m).causal == "only"}
-    assert not set(figures.ATTENTION_POLICIES) & set(figures.GEOMETRY_POLICIES)
-    assert policies == set(figures.ATTENTION_POLICIES) | set(figures.GEOMETRY_POLICIES)
-    assert {figures.family(m) for m in figures.ATTENTION_POLICIES} == {"cache: attention scores"}
-    assert {figures.family(m) for m in figures.GEOMETRY_POLICIES} == {"cache: position, keys"}
+    assert not set(plotting.ATTENTION_POLICIES) & set(plotting.GEOMETRY_POLICIES)
+    assert policies == set(plotting.ATTENTION_POLICIES) | set(plotting.GEOMETRY_POLICIES)
+    assert {plotting.method_family(m) for m in plotting.ATTENTION_POLICIES} == {"cache: attention scores"}
+    assert {plotting.method_family(m) for m in plotting.GEOMETRY_POLICIES} == {"cache: position, keys"}
     register("my-policy", get("knorm").function, target="softmax", features="cache size", randomized=False,
              causal="only", score=get("knorm").score)
-    assert figures.family("my-policy") == "cache: other policies"
+    assert plotting.method_family("my-policy") == "cache: other policies"
 
 
 def test_in_short_says_where_the_premise_holds_fails_and_is_undecided_from_the_verdicts_alone():

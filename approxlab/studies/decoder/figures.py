@@ -1,9 +1,10 @@
 r"""The decoder study's figures, drawn from its saved tables only (``approxlab decoder --plot-only``).
 
-* ``decoder-errors-<condition>``: relative error against d, one panel per layer x n (the same y-limits per
-  panel in every condition's figure);
+* ``decoder-errors-<condition>-<family>``: relative error against d, one panel per layer x n, one figure per
+  family of methods (:data:`approxlab.plotting.FAMILY_FILES`: ``cache-attention``, ``cache-geometry``,
+  ``sparse``, ``low-rank``, ``nystrom``; a family's panels have the same y-limits in every condition's figure);
 * ``decoder-kv-cache``: the KV-cache setting, relative error of the continuation's rows against the budget,
-  one panel per condition x layer;
+  one row of panels per family x condition, one column per layer;
 * ``decoder-assumptions``: the assumption parameters against n, one line per condition x layer;
 * ``decoder-sampling``: the uniform samples HyperAttention's residual needs on each block of its causal
   recursion (:math:`(c/r)\,\alpha/\varepsilon^2`) against the block's columns: above the diagonal sampling saves
@@ -55,16 +56,28 @@ def _secondary(config):
     return lambda method: config["causal_forms"].get(method) != True  # noqa: E712 - "mask-renormalise"
 
 
-def _error_grid(config, rows, columns, select, ticks, *, title, ylabel, xlabel, panel_size=(2.7, 2.25)):
+def _families(config) -> dict:
+    """Family -> the run's methods in it, in the order of :data:`approxlab.plotting.FAMILIES` (families with none
+    left out)."""
+    from ...plotting import FAMILIES, method_family
+
+    groups = {name: [m for m in config["methods"] if method_family(m) == name] for name in FAMILIES}
+    return {name: methods for name, methods in groups.items() if methods}
+
+
+def _error_grid(config, rows, columns, select, ticks, *, title, ylabel, xlabel, methods=None,
+                panel_size=(2.7, 2.25)):
     """A grid of error panels: ``select(row, column)`` the statistics of one panel (:func:`approxlab.plotting.
-    error_panel`), ``title(row, column)`` its title; the legend below."""
+    error_panel`), ``title(row, column)`` its title, ``methods(row)`` the methods drawn in a row (default: all
+    of the run's); the legend below."""
     from ...plotting import error_panel, figure, figure_legend
 
     fig, axes = figure(len(rows), len(columns), panel_size=panel_size, sharex=True)
     for i, row in enumerate(rows):
         for j, column in enumerate(columns):
             ax = axes[i][j]
-            error_panel(ax, select(row, column), config["methods"], ticks, secondary=_secondary(config))
+            drawn = config["methods"] if methods is None else methods(row)
+            error_panel(ax, select(row, column), drawn, ticks, secondary=_secondary(config))
             ax.set_title(title(row, column))
             if j == 0:
                 ax.set_ylabel(ylabel)
@@ -74,32 +87,35 @@ def _error_grid(config, rows, columns, select, ticks, *, title, ylabel, xlabel, 
     return fig, axes
 
 
-def _draw_errors(config, panel, condition):
-    """One condition's error figure: rows = layers, columns = n, relative error against d."""
+def _draw_errors(config, panel, condition, family, methods):
+    """One condition's error figure for one family of methods: rows = layers, columns = n, error against d."""
     layers = [layer for layer in config["layers"] if layer in set(panel["layer"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
     fig, axes = _error_grid(
         config, layers, ns,
         lambda layer, n: panel[(panel["condition"] == condition) & (panel["layer"] == layer) & (panel["n"] == n)],
         config["num_features"], title=lambda layer, n: f"layer {layer}, n = {n}",
-        ylabel=r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="number of features d")
-    fig.suptitle(f"{config['checkpoint']} ({condition}):\nrelative spectral error against exact causal attention "
-                 "(float64); line: median over heads and windows, band: interquartile range;\nthick lines: the "
-                 "method's own causal form; thin lines: mask-renormalise (bidirectional landmarks, masked); "
-                 "▲ at the top: not finite")
+        ylabel=r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="number of features d", methods=lambda layer: methods)
+    masked = any(_secondary(config)(m) for m in methods)
+    fig.suptitle(f"{config['checkpoint']} ({condition}), {family}:\nrelative spectral error against exact causal attention "
+                 "(float64); line: median over heads and windows, band: interquartile range;\n"
+                 + ("thin lines: mask-renormalise (bidirectional landmarks, masked); " if masked else "")
+                 + "▲ at the top: not finite")
     return fig, axes
 
 
 def _draw_kv(config, kv):
-    """The KV-cache figure: rows = conditions, columns = layers, error of the continuation against the budget."""
+    """The KV-cache figure: rows = family x condition, columns = layers, error of the continuation against the
+    budget."""
     panel = kv.rename(columns={"budget": "num_features"})
+    families = _families(config)
+    rows = [(name, c) for name in families for c in config["conditions"] if c in set(kv["condition"])]
     fig, _ = _error_grid(
-        config, [c for c in config["conditions"] if c in set(kv["condition"])],
-        [layer for layer in config["layers"] if layer in set(kv["layer"])],
-        lambda condition, layer: panel[(panel["condition"] == condition) & (panel["layer"] == layer)],
-        config["kv_budgets"], title=lambda condition, layer: f"{condition}, layer {layer}",
+        config, rows, [layer for layer in config["layers"] if layer in set(kv["layer"])],
+        lambda row, layer: panel[(panel["condition"] == row[1]) & (panel["layer"] == layer)],
+        config["kv_budgets"], title=lambda row, layer: f"{row[0]}\n{row[1]}, layer {layer}",
         ylabel="continuation rows:\n" r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="budget (num_features)",
-        panel_size=(3.6, 3.6))  # one row of panels: taller, so the legend below does not squeeze them
+        methods=lambda row: families[row[0]], panel_size=(3.4, 2.6 if len(rows) > 1 else 3.6))
     fig.suptitle(f"{config['checkpoint']}: KV-cache setting, a context of {config['kv_context']} tokens compressed,\n"
                  f"then {config['kv_continuation']} continuation tokens; budget: context tokens kept (cache policies)\n"
                  "or the method's own num_features on the whole window (per-query methods);\nmedian over heads and "
@@ -200,16 +216,18 @@ def _draw_hyperattention(config, heads):
 
 def plot(saved) -> list[pathlib.Path]:
     """Every figure from the saved tables (a figure whose table the run did not write is left out)."""
-    from ...plotting import save_figure, share_ylimits, style
+    from ...plotting import FAMILY_FILES, save_figure, share_ylimits, style
 
     config = saved.config
     panel, medians = saved.product("error_stats.csv"), saved.product("assumption_stats.csv")
     written = []
     with style():
-        drawn = {c: _draw_errors(config, panel, c) for c in config["conditions"] if c in set(panel["condition"])}
-        share_ylimits(*(axes for _, axes in drawn.values()))
-        for condition, (fig, _) in drawn.items():
-            written += save_figure(fig, saved.out / f"decoder-errors-{condition}")
+        drawn = {(c, name): _draw_errors(config, panel, c, name, methods) for c in config["conditions"]
+                 if c in set(panel["condition"]) for name, methods in _families(config).items()}
+        for name in {name for _, name in drawn}:  # a family's panels read the same in every condition
+            share_ylimits(*(axes for (_, family), (_, axes) in drawn.items() if family == name))
+        for (condition, name), (fig, _) in drawn.items():
+            written += save_figure(fig, saved.out / f"decoder-errors-{condition}-{FAMILY_FILES[name]}")
         written += save_figure(_draw_assumptions(config, medians), saved.out / "decoder-assumptions")
         others = (("kv_stats.csv", _draw_kv, "decoder-kv-cache"), ("level_stats.csv", _draw_sampling,
                                                                      "decoder-sampling"),

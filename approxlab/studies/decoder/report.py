@@ -52,7 +52,10 @@ def _completeness_text(config, results, assumptions, kv) -> list[str]:
 
 def run_lines(runs, config, results, assumptions, kv) -> list[str]:
     """``## Run``: the command and its time, the grid, the cells present, what was left out."""
+    from ...plotting import FAMILIES, FAMILY_FILES, method_family
+
     skipped = config.get("skipped", [])
+    families = [f for f in FAMILIES if any(method_family(m) == f for m in config["methods"])]
     lines = ["## Run", "", *_timing_text(runs, config), *_completeness_text(config, results, assumptions, kv),
              f"- Grid: checkpoint `{config['checkpoint']}`; conditions {config['conditions']}; layers "
              f"{config['layers']}; n = {config['n']}; d = {config['num_features']}; {config['windows']} window(s) "
@@ -66,7 +69,8 @@ def run_lines(runs, config, results, assumptions, kv) -> list[str]:
                                        for m in config["methods"]) + ".",
              "- Left out (a value above a method's limit there): " + ("; ".join(skipped) if skipped else "nothing")
              + ".",
-             "- Figures: " + ", ".join(f"`decoder-errors-{c}.png`" for c in config["conditions"])
+             "- Figures: " + ", ".join(f"`decoder-errors-{c}-<family>.png`" for c in config["conditions"])
+             + " (one per family of methods: " + ", ".join(FAMILY_FILES[f] for f in families) + ")"
              + ", `decoder-kv-cache.png`, `decoder-assumptions.png`, `decoder-sampling.png`, "
              "`decoder-hyperattention.png`."]
     return lines
@@ -83,6 +87,13 @@ def _cost_text(results) -> str:
             "tokens included: an evaluation variant, not a decoder layer).")
 
 
+def _cache_policies(config) -> list[str]:
+    """The run's methods that exist only causally (the cache policies), from the registry."""
+    from ...methods import available, get
+
+    return [m for m in config["methods"] if m in available() and get(m).causal == "only"] or ["no cache policy"]
+
+
 def deviation_lines(config, windows, results) -> list[str]:
     """``## Deviations from the papers' settings``."""
     weights = "; ".join(sorted(set(windows["weights"]))) if len(windows) and "weights" in windows else "n/a"
@@ -95,7 +106,8 @@ def deviation_lines(config, windows, results) -> list[str]:
         "resampling unit.",
         "- Causal forms: performer (prefix-sum FAVOR+), informer (causal ProbSparse), hyperattention (Algorithm 4's "
         "recursion, paper variant, block size 256), topk/topp (oracles over the causal row), quest (per-query "
-        "pages) are the methods' own; streaming-llm, h2o and snapkv exist only causally (row i sees what the policy "
+        "pages), vattention and magicpig (sampling over the causal row) are the methods' own; "
+        + ", ".join(_cache_policies(config)) + " exist only causally (row i sees what the policy "
         "keeps when i is the current decode step; their published defaults); the Nystrom family runs as "
         "`causal=\"mask-renormalise\"`.",
         _cost_text(results),
@@ -129,7 +141,15 @@ def error_lines(results, config) -> list[str]:
              f"bootstrap interval over windows]; every point in `error_stats.csv`. Failed approximations: "
              f"{len(failed)} of {len(results)} rows; rows with a masked row sum <= 0 (mask-renormalise divides by "
              f"it): {int((results['nonpositive_rows'] > 0).sum())}.", ""]
-    return lines + (["(none)"] if found.empty else _pivot(found, "method", config))
+    if found.empty:
+        return lines + ["(none)"]
+    found = found.assign(column=[f"{c}, layer {layer}" for c, layer in zip(found["condition"], found["layer"])],
+                         shown=[interval_text(m, lo, hi) for m, lo, hi in
+                                zip(found["median"], found["ci_low"], found["ci_high"])])
+    table = found.pivot_table(index="method", columns="column", values="shown", aggfunc="first")
+    columns = list(dict.fromkeys(found.sort_values(["condition", "layer"])["column"]))
+    rows = [m for m in config["methods"] if m in table.index]  # one row per method, in the run's order
+    return lines + _markdown(table.loc[rows, columns].reset_index())
 
 
 def kv_lines(kv, config) -> list[str]:

@@ -21,7 +21,7 @@ from .grid import KV_CACHE, WHOLE, ignores_features
 from .judging import EXACT_ERROR
 from .stats import settings_of
 
-__all__ = ["LINEAR_WITHIN", "family", "draw_d", "draw_error", "draw_within", "draw_kv"]
+__all__ = ["LINEAR_WITHIN", "draw_d", "draw_error", "draw_within", "draw_kv"]
 
 LINEAR_WITHIN = 1e-3
 """The symmetric-log axis of the change in log-perplexity is linear on [-LINEAR_WITHIN, LINEAR_WITHIN]."""
@@ -93,36 +93,6 @@ def draw_d(saved) -> list[pathlib.Path]:
         return save_figure(fig, saved.out / "perplexity-d")
 
 
-ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv", "pyramidkv", "expected-attention")
-"""The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected)."""
-
-GEOMETRY_POLICIES = ("streaming-llm", "random", "knorm", "keydiff", "leverage-score", "cur", "compactor", "cap")
-"""The built-in cache policies that rank tokens by position or by the geometry of the keys (and values)."""
-
-
-def family(method: str) -> str:
-    """The panel a method is drawn in, from its registration: the cache policies (by attention; by position or key
-    geometry; another's), sparse selection, the Nystrom family (``mask-renormalise``: not a decoder) and the other
-    causal forms (low-rank, kernel, sampling)."""
-    from ...methods import available, get
-
-    if method not in available():
-        return "other"
-    spec = get(method)
-    if spec.causal == "only":
-        return ("cache: attention scores" if method in ATTENTION_POLICIES
-                else "cache: position, keys" if method in GEOMETRY_POLICIES else "cache: other policies")
-    if spec.causal == "mask-renormalise":
-        return "Nyström family (not decoder)"
-    if spec.features.startswith(("kept keys", "the most keys", "token budget")):
-        return "sparse selection"
-    return "low-rank, kernel, sampling"
-
-
-_FAMILIES = ("cache: attention scores", "cache: position, keys", "cache: other policies", "sparse selection",
-             "low-rank, kernel, sampling", "Nyström family (not decoder)", "other")
-
-
 def _title(setting, layers) -> str:
     return "KV cache, every layer" if setting == KV_CACHE else ("every layer" if layers == "all" else layers)
 
@@ -147,16 +117,16 @@ def _family_grid(table, draw) -> tuple:
     """``(fig, axes)``: one row per setting of ``table``, one panel per family of its methods; ``draw(ax, rows, name,
     setting, layers)`` draws the panel's rows (that family in that setting) and returns its title; the axes are
     the shared ones (log error, the symmetric-log change in log-perplexity)."""
-    from ...plotting import figure
+    from ...plotting import FAMILIES, figure, method_family
 
     pairs = settings_of(table)
-    families = [f for f in _FAMILIES if f in {family(m) for m in table["method"]}]
+    families = [f for f in FAMILIES if f in {method_family(m) for m in table["method"]}]
     fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True, sharex=True)
     for r, (setting, layers) in enumerate(pairs):
         rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
         for c, name in enumerate(families):
             ax = axes[r][c]
-            chosen = np.array([family(m) == name for m in rows["method"]], dtype=bool)
+            chosen = np.array([method_family(m) == name for m in rows["method"]], dtype=bool)
             ax.set_title(draw(ax, rows[chosen], name, setting, layers), fontsize=8)
             ax.set_xscale("log")
             _delta_axis(ax)
@@ -204,10 +174,10 @@ def draw_error(saved) -> list[pathlib.Path]:
 def draw_within(saved) -> list[pathlib.Path]:
     """``perplexity-within``: each method's path over its budgets (error against loss), one row per setting and one
     panel per family of decoder-valid methods; the titles give the pooled within-method rho (p1w) [CI]."""
-    from ...plotting import figure_legend, method_label, method_style, save_figure, style
+    from ...plotting import figure_legend, method_family, method_label, method_style, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
-    decoder = np.array([not family(m).startswith("Nyström") for m in table["method"]], dtype=bool)
+    decoder = np.array([not method_family(m).startswith("Nyström") for m in table["method"]], dtype=bool)
     exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
     table = table[(table["method"] != config["control"]).to_numpy() & decoder & ~exact]
     verdicts = saved.product("verdicts.csv")
