@@ -6,6 +6,7 @@ Public API::
     method_style(name, *, secondary=False) -> dict   # kwargs for Axes.plot
     method_label(name) -> str          # legend name, with the target when it is not softmax attention
     method_family(name) -> str         # the group a method is drawn with (FAMILIES; FAMILY_FILES: file names)
+    group_by_family(methods) -> dict   # family -> its methods, in FAMILIES order
     DTYPE_LINESTYLES                   # {"float64": "-", "float32": ":"}
     method_curve(ax, curve, method, *, x="num_features", center="median", band=("q25", "q75"),
                  dtype_column="dtype", dtypes=("float64", "float32"), secondary=False)
@@ -41,8 +42,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ._io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["METHOD_STYLES", "method_style", "method_label", "method_family", "FAMILIES", "FAMILY_FILES",
-           "ATTENTION_POLICIES", "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel",
+__all__ = ["METHOD_STYLES", "method_style", "method_label", "method_family", "group_by_family", "FAMILIES",
+           "FAMILY_FILES", "ATTENTION_POLICIES", "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel",
            "share_ylimits", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
@@ -228,6 +229,22 @@ def method_family(name: str) -> str:
     if spec.features.startswith(("kept keys", "the most keys", "token budget")):
         return "sparse selection"
     return "low-rank, kernel, sampling"
+
+
+def group_by_family(methods) -> dict:
+    """Family -> the ``methods`` in it (in their order), for the families of :data:`FAMILIES` that hold one, in
+    that order.
+
+    Examples
+    --------
+    >>> from approxlab.plotting import group_by_family
+    >>> groups = group_by_family(["performer", "h2o", "topk", "snapkv"])
+    >>> groups["cache: attention scores"], list(groups)[1:]
+    (['h2o', 'snapkv'], ['sparse selection', 'low-rank, kernel, sampling'])
+    """
+    found = [(m, method_family(m)) for m in methods]
+    groups = {name: [m for m, family in found if family == name] for name in FAMILIES}
+    return {name: chosen for name, chosen in groups.items() if chosen}
 
 
 DTYPE_LINESTYLES = {"float64": "-", "float32": ":"}

@@ -56,15 +56,6 @@ def _secondary(config):
     return lambda method: config["causal_forms"].get(method) != True  # noqa: E712 - "mask-renormalise"
 
 
-def _families(config) -> dict:
-    """Family -> the run's methods in it, in the order of :data:`approxlab.plotting.FAMILIES` (families with none
-    left out)."""
-    from ...plotting import FAMILIES, method_family
-
-    groups = {name: [m for m in config["methods"] if method_family(m) == name] for name in FAMILIES}
-    return {name: methods for name, methods in groups.items() if methods}
-
-
 def _error_grid(config, rows, columns, select, ticks, *, title, ylabel, xlabel, methods=None,
                 panel_size=(2.7, 2.25)):
     """A grid of error panels: ``select(row, column)`` the statistics of one panel (:func:`approxlab.plotting.
@@ -107,8 +98,10 @@ def _draw_errors(config, panel, condition, family, methods):
 def _draw_kv(config, kv):
     """The KV-cache figure: rows = family x condition, columns = layers, error of the continuation against the
     budget."""
+    from ...plotting import group_by_family
+
     panel = kv.rename(columns={"budget": "num_features"})
-    families = _families(config)
+    families = group_by_family(config["methods"])
     rows = [(name, c) for name in families for c in config["conditions"] if c in set(kv["condition"])]
     fig, _ = _error_grid(
         config, rows, [layer for layer in config["layers"] if layer in set(kv["layer"])],
@@ -216,14 +209,14 @@ def _draw_hyperattention(config, heads):
 
 def plot(saved) -> list[pathlib.Path]:
     """Every figure from the saved tables (a figure whose table the run did not write is left out)."""
-    from ...plotting import FAMILY_FILES, save_figure, share_ylimits, style
+    from ...plotting import FAMILY_FILES, group_by_family, save_figure, share_ylimits, style
 
     config = saved.config
     panel, medians = saved.product("error_stats.csv"), saved.product("assumption_stats.csv")
     written = []
     with style():
         drawn = {(c, name): _draw_errors(config, panel, c, name, methods) for c in config["conditions"]
-                 if c in set(panel["condition"]) for name, methods in _families(config).items()}
+                 if c in set(panel["condition"]) for name, methods in group_by_family(config["methods"]).items()}
         for name in {name for _, name in drawn}:  # a family's panels read the same in every condition
             share_ylimits(*(axes for (_, family), (_, axes) in drawn.items() if family == name))
         for (condition, name), (fig, _) in drawn.items():

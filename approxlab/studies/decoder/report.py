@@ -52,10 +52,10 @@ def _completeness_text(config, results, assumptions, kv) -> list[str]:
 
 def run_lines(runs, config, results, assumptions, kv) -> list[str]:
     """``## Run``: the command and its time, the grid, the cells present, what was left out."""
-    from ...plotting import FAMILIES, FAMILY_FILES, method_family
+    from ...plotting import FAMILY_FILES, group_by_family
 
     skipped = config.get("skipped", [])
-    families = [f for f in FAMILIES if any(method_family(m) == f for m in config["methods"])]
+    families = group_by_family(config["methods"])
     lines = ["## Run", "", *_timing_text(runs, config), *_completeness_text(config, results, assumptions, kv),
              f"- Grid: checkpoint `{config['checkpoint']}`; conditions {config['conditions']}; layers "
              f"{config['layers']}; n = {config['n']}; d = {config['num_features']}; {config['windows']} window(s) "
@@ -122,12 +122,15 @@ def deviation_lines(config, windows, results) -> list[str]:
     ]
 
 
-def _pivot(found, columns, config, index=("condition", "layer")) -> list[str]:
+def _pivot(found, columns, order, index=("condition", "layer"), rows=None) -> list[str]:
+    """A markdown table of ``found``'s intervals: one row per ``index``, one column per value of ``columns`` in
+    ``order``; ``rows``: the order of a single ``index`` (default: sorted)."""
     found = found.assign(shown=[interval_text(m, lo, hi) for m, lo, hi in
                                 zip(found["median"], found["ci_low"], found["ci_high"])])
-    table = found.pivot_table(index=list(index), columns=columns, values="shown", aggfunc="first").reset_index()
-    order = [c for c in (config["methods"] if columns == "method" else config["kv_budgets"]) if c in table]
-    return _markdown(table[[*index, *order]].rename(columns=str))
+    table = found.pivot_table(index=list(index), columns=columns, values="shown", aggfunc="first")
+    if rows is not None:
+        table = table.loc[[r for r in rows if r in table.index]]
+    return _markdown(table[[c for c in order if c in table]].reset_index().rename(columns=str))
 
 
 def error_lines(results, config) -> list[str]:
@@ -143,13 +146,10 @@ def error_lines(results, config) -> list[str]:
              f"it): {int((results['nonpositive_rows'] > 0).sum())}.", ""]
     if found.empty:
         return lines + ["(none)"]
-    found = found.assign(column=[f"{c}, layer {layer}" for c, layer in zip(found["condition"], found["layer"])],
-                         shown=[interval_text(m, lo, hi) for m, lo, hi in
-                                zip(found["median"], found["ci_low"], found["ci_high"])])
-    table = found.pivot_table(index="method", columns="column", values="shown", aggfunc="first")
-    columns = list(dict.fromkeys(found.sort_values(["condition", "layer"])["column"]))
-    rows = [m for m in config["methods"] if m in table.index]  # one row per method, in the run's order
-    return lines + _markdown(table.loc[rows, columns].reset_index())
+    found = found.sort_values(["condition", "layer"])
+    found = found.assign(column=[f"{c}, layer {layer}" for c, layer in zip(found["condition"], found["layer"])])
+    return lines + _pivot(found, "column", list(dict.fromkeys(found["column"])), index=("method",),
+                          rows=config["methods"])  # one row per method, in the run's order
 
 
 def kv_lines(kv, config) -> list[str]:
@@ -167,7 +167,7 @@ def kv_lines(kv, config) -> list[str]:
               "heads x windows x seeds [95% bootstrap interval over windows]; `kv_stats.csv` has the quartiles.", ""]
     for condition in [c for c in config["conditions"] if c in set(found["condition"])]:
         shown = found[found["condition"] == condition]
-        lines += [f"**{condition}**", "", *_pivot(shown, "budget", config, index=("layer", "method")), ""]
+        lines += [f"**{condition}**", "", *_pivot(shown, "budget", config["kv_budgets"], index=("layer", "method")), ""]
     return lines
 
 

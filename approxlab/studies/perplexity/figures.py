@@ -117,10 +117,10 @@ def _family_grid(table, draw) -> tuple:
     """``(fig, axes)``: one row per setting of ``table``, one panel per family of its methods; ``draw(ax, rows, name,
     setting, layers)`` draws the panel's rows (that family in that setting) and returns its title; the axes are
     the shared ones (log error, the symmetric-log change in log-perplexity)."""
-    from ...plotting import FAMILIES, figure, method_family
+    from ...plotting import figure, group_by_family, method_family
 
     pairs = settings_of(table)
-    families = [f for f in FAMILIES if f in {method_family(m) for m in table["method"]}]
+    families = list(group_by_family(table["method"].unique()))
     fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True, sharex=True)
     for r, (setting, layers) in enumerate(pairs):
         rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
