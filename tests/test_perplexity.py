@@ -105,6 +105,9 @@ def test_tables_figures_claims_and_summary(run):
                  "### Changes of verdict", "| coverage (own units) | methods for 90% |"):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())
+    timed = [read_results(run / name)["seconds"]
+             for name in ("baseline.csv", "perplexity.csv", "encoder.csv", "long.csv")]
+    assert f"over {sum(int(seconds.map(math.isfinite).sum()) for seconds in timed):,} cells" in summary
 
 
 def test_the_change_in_log_perplexity_is_the_patched_minus_the_unpatched_nll(run, llama, cache):

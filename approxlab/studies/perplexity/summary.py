@@ -37,6 +37,7 @@ def _run(saved, delta, baseline) -> list[str]:
     lines += [f"- Run: `{run['command']}`: {run['wall_seconds']:,.0f} s wall ({run['wall_seconds'] / 60:.1f} min), "
               f"workers {run['workers']}, {run['threads']} thread(s) per process, finished {run['finished']}."
               for run in saved.timing] or ["- **Not finished**: no finished run is recorded in `timing.json`."]
+    lines += _cell_compute(saved)
     perplexity = saved.table("perplexity.csv")
     failed = int((perplexity["status"] != "ok").sum())
     lines.append(f"- Cells: `perplexity.csv` {len(perplexity)} patched runs ({failed} failed), `baseline.csv` "
@@ -65,6 +66,29 @@ def _run(saved, delta, baseline) -> list[str]:
         + (", `perplexity-long.png` (pass-key retrieval against the budget)." if config.get("long_n") else "."),
     ]
     return lines
+
+
+_TIMED_TABLES = ("baseline.csv", "perplexity.csv", "encoder.csv", "long.csv")
+"""The tables whose rows carry their cell's own timing (``seconds``, and ``cpu_seconds`` but in the baseline)."""
+
+
+def _cell_compute(saved) -> list[str]:
+    """The run's compute summed over its cells: every stretch of a resumed run, where ``timing.json`` lists only
+    the compute runs that finished."""
+    wall = cpu = 0.0
+    cells = 0
+    for name in _TIMED_TABLES:
+        table = saved.table(name)
+        if table.empty or "seconds" not in table:
+            continue
+        finite = table[np.isfinite(table["seconds"])]
+        cells, wall = cells + len(finite), wall + float(finite["seconds"].sum())
+        cpu += float(finite["cpu_seconds"].sum()) if "cpu_seconds" in finite else 0.0
+    if not cells:
+        return []
+    return [f"- Compute in the cells: {wall / 3600:,.1f} worker-hours wall, {cpu / 3600:,.1f} thread CPU-hours over "
+            f"{cells:,} cells ({', '.join(f'`{name}`' for name in _TIMED_TABLES)}: the sums of their `seconds` and "
+            "`cpu_seconds`), every stretch of the run included; the cost cells' timed repeats are not counted."]
 
 
 def _deviations(saved, baseline) -> list[str]:
