@@ -34,8 +34,9 @@ def _interval(estimate, low, high) -> str:
 def _run(saved, delta, baseline) -> list[str]:
     config = saved.config
     lines = ["## Run", "", f"- Command: `{saved.command}`"]
-    lines += [f"- Run: `{run['command']}`: {run['wall_seconds']:,.0f} s wall ({run['wall_seconds'] / 60:.1f} min), "
-              f"workers {run['workers']}, {run['threads']} thread(s) per process, finished {run['finished']}."
+    lines += [f"- Compute run that finished: `{run['command']}`: {run['wall_seconds']:,.0f} s wall "
+              f"({run['wall_seconds'] / 60:.1f} min), workers {run['workers']}, {run['threads']} thread(s) per process, "
+              f"finished {run['finished']} (a run resumed after an interruption times here only its last stretch)."
               for run in saved.timing] or ["- **Not finished**: no finished run is recorded in `timing.json`."]
     lines += _cell_compute(saved)
     perplexity = saved.table("perplexity.csv")
