@@ -89,7 +89,8 @@ def _cell_compute(saved) -> list[str]:
         return []
     return [f"- Compute in the cells: {wall / 3600:,.1f} worker-hours wall, {cpu / 3600:,.1f} thread CPU-hours over "
             f"{cells:,} cells ({', '.join(f'`{name}`' for name in _TIMED_TABLES)}: the sums of their `seconds` and "
-            "`cpu_seconds`), every stretch of the run included; the cost cells' timed repeats are not counted."]
+            "`cpu_seconds`; the baseline's cells record wall seconds only), every stretch of the run included; the cost "
+            "cells' timed repeats are not counted."]
 
 
 def _deviations(saved, baseline) -> list[str]:
