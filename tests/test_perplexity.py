@@ -10,6 +10,7 @@ import dataclasses
 import math
 import pathlib
 import re
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -215,6 +216,35 @@ def test_the_interval_across_methods_resamples_methods():
                                  resamples=200, seed=0)["p1"]
     low, high = resampling.percentile(found[0], found[1])
     assert high - low > 0.2 and found[2] == 6
+
+
+def test_the_report_does_without_the_per_layer_table(run, tmp_path):
+    """``layer_errors.csv`` (one row per replaced layer: 20 MB for the full grid, kept out of the repository) is
+    read by no claim, table or figure: without it, ``--plot-only`` writes the same summary."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for name in ("layer_errors.csv", "layer_errors.csv.cells"):
+        (copy / name).unlink()
+    assert main(["perplexity", "--out", str(copy), "--plot-only", "--no-progress"]) == 0
+    assert (copy / "summary.md").read_text() == (run / "summary.md").read_text()
+
+
+def test_a_measure_some_methods_lack_is_ranked_where_it_exists():
+    """The kept attention mass exists for sparse methods only: its rho is over the cells where it is finite (as its
+    paired difference is), not NaN because one method lacks it; a measure no method recorded stays NaN."""
+    cells_ = _cells()
+    cells_.loc[cells_["method"] != "m0", "missed_mass"] = cells_["spectral"]  # m0 is not sparse
+    data = {c: cells_[c].to_numpy(float) for c in ("missed_mass", "delta", "spectral")}
+    assert resampling.across("missed_mass")(data) == pytest.approx(resampling.spearman(
+        data["spectral"][1 * 5 * 4:], data["delta"][1 * 5 * 4:]))
+    assert math.isfinite(resampling.across("missed_mass")(data))
+    assert math.isnan(resampling.across("missed_mass")({**data, "missed_mass": np.full(len(cells_), np.nan)}))
+
+
+def test_long_settings_are_named_apart_in_the_summary():
+    from approxlab.studies.perplexity.claims_summary import setting_text
+    assert setting_text("long-whole", "all, 2048 tokens") != setting_text("long-kv", "all, 2048 tokens")
+    assert setting_text("kv-cache", "all") == "KV cache, all layers" and setting_text("whole", "0") == "0 replaced"
 
 
 def test_floor_ties_degenerate_points_and_mask_renormalise_leave_the_claims():

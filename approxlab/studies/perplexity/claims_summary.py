@@ -19,6 +19,7 @@ from .claims import (DECLARED, DECODER_VALID, DEGENERATE, FLOOR, MEASURE_TEXT, M
 from .gating import SIZING
 from .prediction import COVERAGE_TRIALS
 from .grid import KV_CACHE
+from .long_grid import LONG_KV, LONG_WHOLE
 
 __all__ = ["claim_sections", "coverage_cell", "needed_cell", "setting_text"]
 
@@ -34,8 +35,11 @@ def _interval(estimate, low, high) -> str:
 
 
 def setting_text(setting, layers) -> str:
-    """A setting in the summary's words: ``"layer 0 replaced"``, ``"all replaced"``, ``"KV cache, all layers"``."""
-    return f"KV cache, {layers} layers" if setting == KV_CACHE else f"{layers} replaced"
+    """A setting in the summary's words: ``"layer 0 replaced"``, ``"all replaced"``, ``"KV cache, all layers"``;
+    a long-context one by its name, ``"long-kv: all, 2048 tokens"``."""
+    if setting == KV_CACHE:
+        return f"KV cache, {layers} layers"
+    return f"{setting}: {layers}" if setting in (LONG_WHOLE, LONG_KV) else f"{layers} replaced"
 
 
 def _rows(verdicts, claim) -> pd.DataFrame:

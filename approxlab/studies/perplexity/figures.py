@@ -78,7 +78,7 @@ def draw_d(saved) -> list[pathlib.Path]:
     config, table = saved.config, saved.product("delta.csv")
     panels = [layers for setting, layers in settings_of(table) if setting == WHOLE]
     with style():
-        fig, axes = figure(1, max(1, len(panels)), panel_size=(3.2, 3.4), sharey=True)
+        fig, axes = figure(1, max(1, len(panels)), panel_size=(4.4, 3.8), sharey=True)
         for ax, layers in zip(axes[0], panels):
             rows = table[(table["setting"] == WHOLE) & (table["layers"] == layers)]
             _curves(ax, rows, config, "delta", ("delta_low", "delta_high"))
@@ -209,7 +209,7 @@ def draw_kv(saved) -> list[pathlib.Path]:
     config, table = saved.config, saved.product("delta.csv")
     rows = table[table["setting"] == KV_CACHE]
     with style():
-        fig, axes = figure(1, 2, panel_size=(3.4, 2.8))
+        fig, axes = figure(1, 2, panel_size=(4.6, 3.8))  # room beside the legend of ~30 methods
         _curves(axes[0][0], rows, config, "delta", ("delta_low", "delta_high"))
         _delta_axis(axes[0][0])
         errors = rows[rows["method"] != config["control"]]
@@ -221,8 +221,8 @@ def draw_kv(saved) -> list[pathlib.Path]:
         axes[0][0].set(ylabel=_DELTA, title="continuation's change in log-perplexity")
         axes[0][1].set(ylabel="relative spectral error (median)", title="the layers' continuation rows")
         figure_legend(fig, axes, ncol=5)
-        fig.suptitle(f"KV-cache setting: a context of n_c = {config['context']} tokens compressed in every layer, a "
-                     f"continuation of {config['continuation']} tokens scored ({_windows(config)})\nb: the context "
-                     "tokens kept per head (cache policies), d of the causal form (every other method); line: mean "
-                     "over windows, band: 95% bootstrap interval")
+        fig.suptitle(f"KV-cache setting: a context of n_c = {config['context']} tokens compressed in every layer,\na "
+                     f"continuation of {config['continuation']} tokens scored ({_windows(config)}); b: the context "
+                     "tokens kept per head (cache policies),\nd of the causal form (every other method); line: mean "
+                     "over windows, band: 95% bootstrap interval; ▲ at the top: the run failed")
         return save_figure(fig, saved.out / "perplexity-kv")

@@ -102,7 +102,8 @@ def long_frame(long) -> pd.DataFrame:
 
 def long_statistics(long) -> pd.DataFrame:
     """``long_stats.csv``: per long setting x method x d, the retrieval accuracy, the mean change in the key's
-    negative log-probability and in log-perplexity, and the median spectral error over sequences."""
+    negative log-probability and in log-perplexity, and the median spectral error over sequences (NaN for the
+    unpatched model, which replaces no layer)."""
     frame = long_frame(long)
     if frame is None or frame.empty:
         return pd.DataFrame(columns=["setting", "long_n", "method", "num_features", "sequences", "accuracy",
@@ -114,4 +115,5 @@ def long_statistics(long) -> pd.DataFrame:
         sequences=("sequence", "nunique"), accuracy=("correct", "mean"), delta_key=("delta_key", "mean"),
         delta=("delta", "mean"), spectral_median=("spectral_median", "median")).reset_index()
     failures = frame.groupby(by, sort=False)["ok"].agg(lambda s: int((~s).sum()))
+    table.loc[table["method"] == UNPATCHED, "spectral_median"] = math.nan  # no layer replaced: no error to measure
     return table.merge(failures.rename("failures").reset_index(), on=by)

@@ -128,6 +128,9 @@ def draw_long(saved):
             axes[0][column].set(title=f"{setting[0]}, {setting[1]} tokens", ylim=(-0.05, 1.05),
                                 ylabel="retrieval accuracy")
             axes[1][column].set(xscale="log", xlabel="budget d", ylabel="Δ NLL of the key (nats)")
+            budgets = sorted(int(d) for d in table["num_features"].unique())
+            axes[1][column].set_xticks(budgets, [str(d) for d in budgets])  # the budgets run, not decades
+            axes[1][column].minorticks_off()
             axes[1][column].axhline(0.0, color="#999999", linewidth=0.8)
         figure_legend(fig, axes, ncol=5)
         fig.suptitle("pass-key retrieval against the budget (mean over sequences); dotted: the exact model")

@@ -59,8 +59,14 @@ def spearman(x, y) -> float:
 
 
 def across(measure: str):
-    """rho(measure, delta) over every observation of the resample (methods x budgets x windows)."""
-    return lambda data: spearman(data[measure], data["delta"])
+    """rho(measure, delta) over every observation of the resample (methods x budgets x windows) where the measure
+    is finite (the attention mass a method keeps exists for sparse methods only; NaN when none is)."""
+
+    def statistic(data):
+        finite = np.isfinite(data[measure])
+        return spearman(data[measure][finite], data["delta"][finite])
+
+    return statistic
 
 
 def method_means(data: dict, measure: str) -> dict:
