@@ -113,6 +113,7 @@ def draw_long(saved):
     table = table[~table["method"].isin([UNPATCHED, saved.config["control"]])]
     settings = list(dict.fromkeys(map(tuple, table[["setting", "long_n"]].itertuples(index=False, name=None))))
     accuracy = gate(long_frame(long))
+    budgets = sorted(int(d) for d in table["num_features"].unique())
     with style():
         fig, axes = figure(2, max(1, len(settings)), panel_size=(3.4, 2.6), sharex=True)
         for column, setting in enumerate(settings):
@@ -128,7 +129,6 @@ def draw_long(saved):
             axes[0][column].set(title=f"{setting[0]}, {setting[1]} tokens", ylim=(-0.05, 1.05),
                                 ylabel="retrieval accuracy")
             axes[1][column].set(xscale="log", xlabel="budget d", ylabel="Δ NLL of the key (nats)")
-            budgets = sorted(int(d) for d in table["num_features"].unique())
             axes[1][column].set_xticks(budgets, [str(d) for d in budgets])  # the budgets run, not decades
             axes[1][column].minorticks_off()
             axes[1][column].axhline(0.0, color="#999999", linewidth=0.8)
