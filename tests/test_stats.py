@@ -290,6 +290,23 @@ STATS_BAD_INPUTS = [
      r"^`first` must be an array of real numbers; got dtype bool"),
     ("win-rate-lower-is-better-str", lambda: stats.win_rate([1.0], [2.0], lower_is_better="yes"), TypeError,
      r"^`lower_is_better` must be a bool \(True or False\); got 'yes' \(str\)\.$"),
+    ("permutation-nan", lambda: stats.permutation_test([1.0, math.nan, 3.0], [4.0, 5.0, 6.0]), ValueError,
+     r"^`first` must hold finite numbers \(a NaN or an inf has no place in a mean\); got 1 NaN and 0 inf of 3 "
+     r"values\.$"),
+    ("permutation-inf", lambda: stats.permutation_test([1.0, 2.0, 3.0], [4.0, math.inf, 6.0]), ValueError,
+     r"^`second` must hold finite numbers .*; got 0 NaN and 1 inf of 3 values\.$"),
+    ("permutation-strings", lambda: stats.permutation_test(["a", "b"], [1.0, 2.0]), TypeError,
+     r"^`first` must be an array of real numbers; got dtype <U1"),
+    ("permutation-2d", lambda: stats.permutation_test([[1.0, 2.0], [3.0, 4.0]], [5.0, 6.0]), ValueError,
+     r"^`first` must be one-dimensional \(one real number per unit\); got shape \(2, 2\)\.$"),
+    ("permutation-scalar", lambda: stats.permutation_test([1.0, 2.0], 3.0), ValueError,
+     r"^`second` must be one-dimensional \(one real number per unit\); got shape \(\)\.$"),
+    ("permutation-ragged", lambda: stats.permutation_test([1.0, [2.0, 3.0]], [4.0]), TypeError,
+     r"^`first` must be an array of real numbers; got a ragged sequence"),
+    ("permutation-empty", lambda: stats.permutation_test([], [1.0, 2.0]), ValueError,
+     r"^`first` must hold at least one value; got none\.$"),
+    ("permutation-alternative", lambda: stats.permutation_test([1.0], [2.0], alternative="lower"), ValueError,
+     r"^`alternative` must be one of \['two-sided', 'less', 'greater'\]; got 'lower'\.$"),
     ("power-n-float", lambda: stats.t_test_power(10.0, difference=0.5, sd=1.0), TypeError,
      r"^`n` must be an integer >= 2 \(a t-test needs a variance\); got 10\.0 \(float\)\.$"),
     ("power-difference-str", lambda: stats.t_test_power(10, difference="0.5", sd=1.0), TypeError,
@@ -316,3 +333,14 @@ def test_stats_accept_what_they_document():
     assert stats.verdict(np.float32(0.6), np.float64(0.9), 0.5, "at least") == "reproduced"
     assert stats.t_test_sample_size(difference=0.5, sd=1.0, max_n=np.int64(100)) == 34
     assert stats.win_rate(np.array([1, 2], dtype=object), [2.0, 1.0]).wins == 1
+
+
+def test_permutation_test_counts_ties_at_the_scale_of_the_values():
+    """A split whose difference equals the observed one up to the rounding of the sums is as extreme: the tie
+    tolerance follows the values' magnitude (an absolute 1e-12 misses ties among values near 1e6)."""
+    for scale in (0.0, 1e6, 1e9):  # equal means in exact arithmetic: every split is as far from 0, p = 1
+        first, second = [scale + 0.1, scale + 0.7], [scale + 0.3, scale + 0.5]
+        assert stats.permutation_test(first, second) == 1.0 and stats.permutation_test(second, first) == 1.0
+    small = [0.1, 0.2, 0.3]
+    assert stats.permutation_test(small, [0.3, 0.1, 0.2]) == 1.0
+    assert stats.permutation_test(np.float32([1.0, 2.0]), (3, 4)) == pytest.approx(2 / 6)

@@ -11,7 +11,8 @@ import pandas as pd
 ALTERNATIVES = ("two-sided", "greater", "less")
 """The alternative hypotheses of :func:`~approxlab.stats.t_test_power`."""
 
-__all__ = ["ALTERNATIVES", 'choice', 'is_real', 'probability', 'integer', 'flag', 'check_frame', 'reals', 'check_effect']
+__all__ = ["ALTERNATIVES", 'choice', 'is_real', 'probability', 'integer', 'flag', 'check_frame', 'reals', 'unit_values',
+           'check_effect']
 
 def choice(value, name, allowed):
     try:
@@ -79,7 +80,15 @@ def check_frame(frame, by, column, **others) -> list:
 
 def reals(values, name) -> np.ndarray:
     """``values`` as a flat float64 array of real numbers (strings, bools and objects refused)."""
-    array = np.asarray(values)
+    return _real_array(values, name).astype(float).ravel()
+
+
+def _real_array(values, name) -> np.ndarray:
+    """``values`` as an array of real numbers, its shape kept (strings, bools, objects and ragged lists refused)."""
+    try:
+        array = np.asarray(values)
+    except ValueError:  # a ragged nesting of lists
+        raise TypeError(f"`{name}` must be an array of real numbers; got a ragged sequence {values!r}.") from None
     if array.dtype.kind == "O":
         try:
             array = array.astype(float)
@@ -89,7 +98,24 @@ def reals(values, name) -> np.ndarray:
         example = array.ravel()[0] if array.size else None
         raise TypeError(f"`{name}` must be an array of real numbers; got dtype {array.dtype}"
                         + (f" (e.g. {example!r})." if array.size else "."))
-    return array.astype(float).ravel()
+    return array
+
+
+def unit_values(values, name) -> np.ndarray:
+    """``values`` as a one-dimensional float64 array of finite real numbers, one per unit, at least one: a
+    string, a bool, a 2-D array, a NaN or an inf is refused with a message naming ``name``."""
+    array = _real_array(values, name)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be one-dimensional (one real number per unit); got shape {array.shape}.")
+    array = array.astype(float)
+    if array.size == 0:
+        raise ValueError(f"`{name}` must hold at least one value; got none.")
+    bad = int((~np.isfinite(array)).sum())
+    if bad:
+        raise ValueError(f"`{name}` must hold finite numbers (a NaN or an inf has no place in a mean); got "
+                         f"{int(np.isnan(array).sum())} NaN and {int(np.isinf(array).sum())} inf of {array.size} "
+                         "values.")
+    return array
 
 
 def check_effect(difference, sd, alpha, alternative):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 from scipy import stats as _scipy_stats
 
-from ._checks import choice, flag, is_real, probability, reals
+from ._checks import choice, flag, is_real, probability, reals, unit_values
 
 __all__ = ['SIDES', 'verdict', 'WinRate', 'win_rate', 'permutation_test']
 
@@ -148,6 +148,10 @@ def permutation_test(first, second, *, alternative: str = "two-sided") -> float:
     :math:`\binom{n_1+n_2}{n_1}` splits of the pooled values whose difference of means (first minus second) is
     at least as extreme as the observed one (no normality assumed; exact under exchangeability of the units).
     ``alternative``: ``"two-sided"`` (as far from 0), ``"less"`` (as low) or ``"greater"`` (as high).
+    ``first`` and ``second``: one-dimensional, one finite real number per unit, at least one each (a NaN or
+    an inf is refused: it has no mean, and would make every split look as extreme, or none). Splits whose
+    difference lies within the rounding of the sums, :math:`4 N \epsilon \max_i |x_i|` for :math:`N` pooled
+    values, count as ties (as extreme).
 
     Examples
     --------
@@ -159,21 +163,19 @@ def permutation_test(first, second, *, alternative: str = "two-sided") -> float:
     alternative = choice(alternative, "alternative", ("two-sided", "less", "greater"))
     import itertools
 
-    first, second = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
-    if first.size < 1 or second.size < 1:
-        raise ValueError(f"`first` and `second` must each hold at least one value; got {first.size} and "
-                         f"{second.size}.")
+    first, second = unit_values(first, "first"), unit_values(second, "second")
     pooled, size = np.concatenate([first, second]), first.size
     if math.comb(pooled.size, size) > 2_000_000:
         raise ValueError(f"`first` and `second` give {math.comb(pooled.size, size):,} splits; at most 2,000,000 "
                          "are enumerated.")
     sign = {"two-sided": 0, "less": -1, "greater": 1}[alternative]
     observed, total = first.mean() - second.mean(), pooled.sum()
+    tie = 4 * pooled.size * np.finfo(float).eps * float(np.abs(pooled).max())  # the sums' rounding
     extreme = count = 0
     for chosen in itertools.combinations(range(pooled.size), size):
         part = pooled[list(chosen)].sum()
         difference = part / size - (total - part) / (pooled.size - size)
-        extreme += int(abs(difference) >= abs(observed) - 1e-12 if sign == 0 else
-                       sign * difference >= sign * observed - 1e-12)
+        extreme += int(abs(difference) >= abs(observed) - tie if sign == 0 else
+                       sign * difference >= sign * observed - tie)
         count += 1
     return float(extreme / count)
