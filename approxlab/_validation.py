@@ -26,6 +26,7 @@ __all__ = [
     "check_choice",
     "check_bool",
     "check_key_mask",
+    "check_mask_shape",
 ]
 
 
@@ -295,22 +296,28 @@ def check_key_mask(key_mask, k: torch.Tensor) -> torch.Tensor | None:
         raise TypeError(f"`key_mask` must be a bool torch.Tensor (True on keys to attend); got {got}.")
     if key_mask.is_meta:
         raise ValueError("`key_mask` must hold data (a CPU or accelerator tensor); got a tensor on the meta device.")
-    target = tuple(k.shape[:-1])
     _refuse_attention_mask(key_mask, k)
-    if key_mask.ndim < 1 or key_mask.shape[-1] != target[-1]:
-        raise ValueError(
-            f"`key_mask` must have shape (*batch, n_k) with n_k={target[-1]}; got {tuple(key_mask.shape)}."
-        )
-    shape = tuple(key_mask.shape)
-    fits = len(shape) <= len(target) and all(m in (1, t) for m, t in zip(reversed(shape), reversed(target)))
-    if not fits:
-        raise ValueError(
-            f"`key_mask` of shape {shape} does not broadcast to the keys' (*batch, n_k) = {target} without "
-            f"widening it: it must have at most {len(target)} dimensions, each 1 or the keys' size."
-        )
+    check_mask_shape(key_mask, "key_mask", tuple(k.shape[:-1]), length="n_k", whose="the keys'")
     if not bool(key_mask.any(-1).all()):
         raise ValueError("`key_mask` must keep at least one key in every sequence; got an all-False row.")
     return key_mask.to(k.device)
+
+
+def check_mask_shape(mask: torch.Tensor, name: str, target: tuple, *, length: str, whose: str) -> None:
+    """Check that a mask ``(*mask_batch, L)`` broadcasts **to** ``target`` = ``(*batch, L)`` without widening it:
+    its last dimension is ``L`` (called ``length`` in the message), and it has at most ``len(target)``
+    dimensions, each 1 or ``target``'s (``whose`` names what ``target`` is the shape of, e.g. "the keys'")."""
+    if mask.ndim < 1 or mask.shape[-1] != target[-1]:
+        raise ValueError(
+            f"`{name}` must have shape (*batch, {length}) with {length}={target[-1]}; got {tuple(mask.shape)}."
+        )
+    shape = tuple(mask.shape)
+    fits = len(shape) <= len(target) and all(m in (1, t) for m, t in zip(reversed(shape), reversed(target)))
+    if not fits:
+        raise ValueError(
+            f"`{name}` of shape {shape} does not broadcast to {whose} (*batch, {length}) = {target} without "
+            f"widening it: it must have at most {len(target)} dimensions, each 1 or {whose} size."
+        )
 
 
 def _refuse_attention_mask(key_mask: torch.Tensor, k: torch.Tensor) -> None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_int, check_qkv, check_tensor
-from .methods._allocation import adakv_keep, kept_as_indices, pyramid_budgets
+from ._validation import check_int, check_mask_shape, check_qkv
+from .methods._allocation import adakv_keep, check_scores, kept_as_indices, pyramid_budgets
 from .methods._masking import check_key_mask
 from .methods._selection import attend_compressed
 
@@ -48,6 +48,13 @@ def attend_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.T
         ``1 <= context_length < n``.
     key_mask : torch.Tensor, optional
         ``(*batch, n)`` bool, True on real tokens (padding is never attended).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`approxlab.kv_cache_attention` for ``q, k, v``, ``context_length`` and ``key_mask``; a ``keep``
+        that is not a bool tensor, or whose shape is not ``(*batch, context_length)`` or does not broadcast to it
+        without widening the heads' batch.
 
     Returns
     -------
@@ -72,9 +79,11 @@ def attend_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.T
     context_length = check_int(context_length, "context_length", low=1, high=n - 1)
     key_mask = check_key_mask(key_mask, k)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.shape[-1] != context_length:
-        raise ValueError(f"`keep` must be a bool tensor (*batch, context_length={context_length}); got "
-                         f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}.")
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+        got = keep.dtype if isinstance(keep, torch.Tensor) else type(keep).__name__
+        raise TypeError(f"`keep` must be a bool torch.Tensor (True on the context keys each head kept); got {got}.")
+    check_mask_shape(keep, "keep", (*batch, context_length), length="context_length", whose="the heads'")
+    keep = keep.to(q.device)
     indices, mask = kept_as_indices(keep.expand(*batch, context_length), key_mask, n)
     return attend_compressed(q, k, v, indices, context_length, mask)
 
@@ -96,7 +105,15 @@ def compose_scores(scores: torch.Tensor, *, sink: int = 0, window: int = 0,
         Keys ``j < sink`` and ``j >= n_c - window`` are forced.
     key_mask : torch.Tensor, optional
         ``(*batch, n_c)`` bool, True on real tokens; padding gets ``-inf`` even where forced. Sink and window
-        count positions, padding included.
+        count positions, padding included. Checked as :func:`approxlab.kv_cache_attention` checks its own: a bool
+        tensor whose last dimension is ``n_c`` and that broadcasts to ``scores`` without widening it, with a real
+        token in every row.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``scores`` not a float32/float64 tensor with a key dimension, or holding NaN (scores are finite,
+        :math:`+\infty` or :math:`-\infty`); ``sink`` or ``window`` not an integer ``>= 0``; a ``key_mask`` as above.
 
     Examples
     --------
@@ -105,9 +122,10 @@ def compose_scores(scores: torch.Tensor, *, sink: int = 0, window: int = 0,
     >>> compose_scores(torch.tensor([0.5, 0.1, 0.9, 0.2, 0.3]), sink=1, window=1)
     tensor([   inf, 0.1000, 0.9000, 0.2000,    inf])
     """
-    check_tensor(scores, "scores", min_ndim=1, finite=False)
+    check_scores(scores, min_ndim=1)
     sink = check_int(sink, "sink", low=0)
     window = check_int(window, "window", low=0)
+    key_mask = check_key_mask(key_mask, scores.unsqueeze(-1))  # the mask of the keys scored
     length = scores.shape[-1]
     position = torch.arange(length, device=scores.device)
     forced = (position < sink) | (position >= length - window)

@@ -139,3 +139,53 @@ def test_with_sink_and_window_keeps_the_scorer_contract():
     assert scores.shape == (2, 16)
     assert bool(torch.isinf(scores[:, [0, 14, 15]]).all())
     torch.testing.assert_close(scores[:, 1:14], v.norm(dim=-1)[:, 1:14] ** 2)
+
+
+_Q, _K, _V = synthetic_qkv((2, 3), 24, 4, generator=gen(11))
+_KEEP = torch.ones(2, 3, 16, dtype=torch.bool)
+
+BUDGET_BAD_INPUTS = [
+    ("adakv-nan", lambda: adakv_keep(_scores(0).index_put((torch.tensor([0]), torch.tensor([2]), torch.tensor([5])),
+                                                         torch.tensor([float("nan")], dtype=torch.float64)), 10),
+     ValueError, r"^`scores` must hold no NaN \(a score is finite, \+inf for a key that must be kept or -inf for "
+                 r"padding\); got 1 NaN of 2400 entries\.$"),
+    ("adakv-ints", lambda: adakv_keep(torch.ones(2, 5, dtype=torch.int64), 2), TypeError,
+     r"^`scores` must have dtype float32 or float64; got torch\.int64\.$"),
+    ("adakv-one-head-axis", lambda: adakv_keep(torch.ones(5, dtype=torch.float64), 2), ValueError,
+     r"^`scores` must have at least 2 dimensions"),
+    ("adakv-too-many-forced", lambda: adakv_keep(torch.full((2, 5), float("inf"), dtype=torch.float64), 2),
+     ValueError, r"^`scores` must mark at most H \* budget = 4 keys of a layer \+inf \(must keep\); got 10\.$"),
+    ("compose-nan", lambda: compose_scores(torch.tensor([0.5, float("nan")])), ValueError,
+     r"^`scores` must hold no NaN .*; got 1 NaN of 2 entries\.$"),
+    ("compose-mask-length", lambda: compose_scores(torch.rand(2, 5), key_mask=torch.ones(4, dtype=torch.bool)),
+     ValueError, r"^`key_mask` must have shape \(\*batch, n_k\) with n_k=5; got \(4,\)\.$"),
+    ("compose-float-mask", lambda: compose_scores(torch.rand(2, 5), key_mask=torch.ones(2, 5)), TypeError,
+     r"^`key_mask` must be a bool torch\.Tensor \(True on keys to attend\); got torch\.float32\.$"),
+    ("compose-wider-mask", lambda: compose_scores(torch.rand(2, 5), key_mask=torch.ones(3, 2, 5, dtype=torch.bool)),
+     ValueError, r"^`key_mask` of shape \(3, 2, 5\) does not broadcast to the keys' \(\*batch, n_k\) = \(2, 5\)"),
+    ("compose-empty-row", lambda: compose_scores(torch.rand(2, 5), key_mask=torch.zeros(5, dtype=torch.bool)),
+     ValueError, r"^`key_mask` must keep at least one key in every sequence; got an all-False row\.$"),
+    ("attend-keep-float", lambda: attend_kept(_Q, _K, _V, _KEEP.double(), context_length=16), TypeError,
+     r"^`keep` must be a bool torch\.Tensor \(True on the context keys each head kept\); got torch\.float64\.$"),
+    ("attend-keep-length", lambda: attend_kept(_Q, _K, _V, _KEEP[..., :15], context_length=16), ValueError,
+     r"^`keep` must have shape \(\*batch, context_length\) with context_length=16; got \(2, 3, 15\)\.$"),
+    ("attend-keep-batch", lambda: attend_kept(_Q, _K, _V, torch.ones(4, 16, dtype=torch.bool), context_length=16),
+     ValueError, r"^`keep` of shape \(4, 16\) does not broadcast to the heads' \(\*batch, context_length\) = "
+                 r"\(2, 3, 16\) without widening it: it must have at most 3 dimensions, each 1 or the heads' size\.$"),
+    ("attend-keep-list", lambda: attend_kept(_Q, _K, _V, [True] * 16, context_length=16), TypeError,
+     r"^`keep` must be a bool torch\.Tensor .*; got list\.$"),
+]
+
+
+@pytest.mark.parametrize("call, error, match", [case[1:] for case in BUDGET_BAD_INPUTS],
+                         ids=[case[0] for case in BUDGET_BAD_INPUTS])
+def test_budget_helpers_refuse_bad_inputs_naming_the_parameter(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_keep_mask_broadcasts_over_the_heads():
+    """One keep mask for every head broadcasts, as a key mask does: the same as the mask repeated."""
+    keep = torch.rand(16, generator=gen(12)) < 0.5
+    assert torch.equal(attend_kept(_Q, _K, _V, keep, context_length=16),  # the same computation: bitwise
+                       attend_kept(_Q, _K, _V, keep.expand(2, 3, 16), context_length=16))

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_choice, check_int, check_positive_float
+from .._validation import check_choice, check_int, check_positive_float, check_tensor
 
 __all__ = ["ALLOCATIONS", "LAYER_BUDGETS", "ALPHA_SAFEGUARD", "PYRAMID_BETA", "adakv_keep", "pyramid_budgets",
-           "kept_as_indices", "check_allocation", "check_schedule", "check_alpha_safeguard"]
+           "kept_as_indices", "check_allocation", "check_schedule", "check_alpha_safeguard", "check_scores"]
 
 ALLOCATIONS = ("uniform", "adakv")
 """``allocation``: every head keeps the budget (``"uniform"``), or a layer shares its heads' total by the scores
@@ -45,6 +45,18 @@ def check_alpha_safeguard(alpha_safeguard) -> float:
     return alpha_safeguard
 
 
+def check_scores(scores, *, min_ndim: int) -> torch.Tensor:
+    r"""``scores`` as a cache scorer gives them: a float32/float64 tensor with at least ``min_ndim`` dimensions,
+    finite, :math:`+\infty` (must keep) or :math:`-\infty` (padding), never NaN (a NaN is neither kept nor
+    dropped by ``topk``: it would silently shrink the kept set)."""
+    check_tensor(scores, "scores", min_ndim=min_ndim, finite=False)
+    missing = int(torch.isnan(scores).sum())
+    if missing:
+        raise ValueError(f"`scores` must hold no NaN (a score is finite, +inf for a key that must be kept or -inf "
+                         f"for padding); got {missing} NaN of {scores.numel()} entries.")
+    return scores
+
+
 def adakv_keep(scores: torch.Tensor, budget: int, *, alpha_safeguard: float = ALPHA_SAFEGUARD) -> torch.Tensor:
     r"""AdaKV's head-adaptive allocation: keep the ``H * budget`` largest scores of a layer across its heads.
 
@@ -64,6 +76,13 @@ def adakv_keep(scores: torch.Tensor, budget: int, *, alpha_safeguard: float = AL
     torch.Tensor
         ``(*batch, H, n_c)`` bool, True on the kept keys: ``H * b`` per layer (fewer only where fewer keys are
         not padded), at least ``int(alpha_safeguard * b)`` per head.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``scores`` not a float32/float64 tensor ``(*batch, H, n_c)``, holding NaN (which ``topk`` would neither
+        keep nor drop: the layer would keep fewer than ``H * b`` keys), or marking more than ``H * b`` keys of a
+        layer :math:`+\infty`; ``budget`` not an integer in ``[1, n_c]``; ``alpha_safeguard`` outside ``[0, 1]``.
 
     Notes
     -----
@@ -88,11 +107,13 @@ def adakv_keep(scores: torch.Tensor, budget: int, *, alpha_safeguard: float = AL
     >>> adakv_keep(scores, 2, alpha_safeguard=0.5).sum(-1)  # 4 keys: 3 to head 0, the safeguard 1 to head 1
     tensor([3, 1])
     """
-    if not isinstance(scores, torch.Tensor) or scores.ndim < 2 or not scores.is_floating_point():
-        raise ValueError(f"`scores` must be a floating tensor (*batch, H, n_c); got "
-                         f"{getattr(scores, 'dtype', type(scores).__name__)} {tuple(getattr(scores, 'shape', ()))}.")
+    check_scores(scores, min_ndim=2)
     heads, length = scores.shape[-2:]
     budget = check_int(budget, "budget", low=1, high=length)
+    forced = int((scores == float("inf")).sum((-2, -1)).max())
+    if forced > heads * budget:
+        raise ValueError(f"`scores` must mark at most H * budget = {heads * budget} keys of a layer +inf (must keep); "
+                         f"got {forced}.")
     alpha_safeguard = check_alpha_safeguard(alpha_safeguard)
     safe = int(budget * alpha_safeguard)
     scores = scores.double()
