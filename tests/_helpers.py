@@ -17,6 +17,19 @@ DEVICES = [
 ]
 
 
+def rounding_bound(size: int, condition: float, dtype=torch.float64) -> float:
+    """``size * eps * condition``: how far two backward-stable computations of a quantity of magnitude <= 1 that
+    solves (or eigendecomposes) a ``size``-by-``size`` system of this condition number may differ.
+
+    A backward-stable method's result is exact for a problem perturbed by about ``size * eps`` relative to its
+    norm; the perturbation reaches the result amplified by at most the condition number (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2nd ed., 2002, Sec. 7.1-7.2, first order). Two methods, or two BLAS
+    kernels, may land anywhere within that: a bound on their difference follows from the problem's size and
+    conditioning, never from the rounding one machine happens to give.
+    """
+    return size * torch.finfo(dtype).eps * condition
+
+
 def gen(seed: int) -> torch.Generator:
     """A fresh CPU generator seeded with ``seed``."""
     return torch.Generator().manual_seed(seed)
