@@ -25,6 +25,7 @@ from ._validation import as_generator, check_choice, check_key_mask, check_qkv, 
 from .errors import MethodResultError
 from .methods import registry
 from .methods import Approximation
+from .methods._scores import warn_without_rope
 from .methods.causal import check_causal_support, mask_renormalise
 from .operators import check_causal, softmax_attention
 
@@ -234,6 +235,7 @@ def approximate(
         options["key_mask"] = key_mask
     if causal is True:
         options["causal"] = True
+    warn_without_rope(spec, options)
     result = spec.function(q, k, v, num_features=num_features, generator=generator, **options)
     result = _checked_result(spec, result, q, k, v)
     if causal == "mask-renormalise":

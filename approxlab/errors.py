@@ -13,6 +13,8 @@ __all__ = [
     "SingularMatrixWarning",
     "CacheWarning",
     "PluginWarning",
+    "RepeatedKVWarning",
+    "RopeWarning",
     "CorpusChecksumError",
     "CorpusNotFoundError",
     "CachePathError",
@@ -146,6 +148,59 @@ class PluginWarning(RuntimeWarning):
         return cls(f"approxlab: the entry point {entry.name!r} = {entry.value!r}"
                    + (f" of distribution {source!r}" if source else "")
                    + f" in group {group!r} failed to load ({type(error).__name__}: {error}); {missing}.")
+
+
+class RepeatedKVWarning(UserWarning):
+    """Keys and values repeated to the query heads reached a cache policy that keeps a set per KV head.
+
+    Grouped-query attention's K/V, repeated to the ``H`` query heads (transformers' ``repeat_kv``;
+    :func:`approxlab.data.get_qkv` by default), look to :func:`approxlab.kv_cache_attention` like ``H``
+    independent heads: a policy then keeps ``b`` tokens per *query* head, up to ``g * b`` distinct tokens per
+    KV head (``g`` query heads per KV head), not the ``b`` a decoder's cache holds. Pass the KV heads
+    (``get_qkv(..., grouped=True)``, or ``k[..., ::g, :, :]``) for one set per KV head, or
+    ``grouping="query-head"`` to keep a set per query head on purpose.
+
+    Examples
+    --------
+    >>> import warnings, torch, approxlab
+    >>> from approxlab.errors import RepeatedKVWarning
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q = torch.randn(1, 6, 32, 8, generator=g, dtype=torch.float64)  # 6 query heads ...
+    >>> k, v = (torch.randn(1, 2, 32, 8, generator=g, dtype=torch.float64) for _ in range(2))  # ... on 2 KV heads
+    >>> repeated = k.repeat_interleave(3, dim=-3), v.repeat_interleave(3, dim=-3)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = approxlab.kv_cache_attention("h2o", q, *repeated, context_length=16, num_features=4)
+    >>> type(caught[0].message).__name__
+    'RepeatedKVWarning'
+    >>> approxlab.kv_cache_attention("h2o", q, k, v, context_length=16, num_features=4).info["kept"].shape
+    torch.Size([1, 2, 4])
+    """
+
+
+class RopeWarning(UserWarning):
+    """A RoPE-aware cache policy (one that declares ``inputs=("rope_base",)``: expected-attention, CAP,
+    leverage-score, Compactor) ran without the model's rotary frequencies.
+
+    Without ``rope_frequencies`` (or ``rope_base``) the policy reads the keys and queries as un-rotated, right
+    only for a model without RoPE; on post-RoPE keys (a Llama, SmolLM2, Qwen or Gemma layer) its scores are
+    computed in the wrong frame. Pass ``rope_frequencies=`` (the layer's ``inv_freq``, ``(p // 2,)``) or
+    ``rope_base=`` (``rope_theta``); ``rope_frequencies=None`` states that the keys carry no RoPE.
+    :func:`approxlab.patch_attention` supplies the model's own.
+
+    Examples
+    --------
+    >>> import warnings, torch, approxlab
+    >>> from approxlab.errors import RopeWarning
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = approxlab.kv_cache_attention("cap", q, k, v, context_length=16, num_features=4)
+    >>> [type(w.message).__name__ for w in caught]
+    ['RopeWarning']
+    >>> _ = approxlab.kv_cache_attention("cap", q, k, v, context_length=16, num_features=4, rope_frequencies=None)
+    """
 
 
 class CorpusChecksumError(ValueError):

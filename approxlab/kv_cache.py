@@ -19,16 +19,18 @@ Public API (re-exported by :mod:`approxlab`)::
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 
 from ._validation import check_choice, check_int, check_qkv
 from .attention import approximate
+from .errors import RepeatedKVWarning
 from .methods import registry
 from .methods._allocation import ALLOCATIONS, adakv_keep, check_allocation, kept_as_indices
 from .methods._base import MASK_RENORMALISE, Approximation
 from .methods._masking import check_key_mask
-from .methods._scores import checked_scores, pool_group, score_options, scores_of, top_budget
+from .methods._scores import checked_scores, pool_group, score_options, scores_of, top_budget, warn_without_rope
 from .methods._selection import attend_compressed, compressed_indices, selected_weights
 from .operators import ProductOperator, RowSparseOperator
 
@@ -196,6 +198,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     (torch.Size([1, 2, 64]), 32)
     """
     spec = registry.get(method)
+    grouping_default = grouping == "kv-head"  # a set per KV head asked for (the default)
     grouping = check_choice(grouping, "grouping", GROUPINGS)
     allocation, alpha_safeguard = check_allocation(spec, allocation, alpha_safeguard)
     adaptive = allocation == "adakv"
@@ -245,6 +248,15 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
                              "mask for it.")
         step_options["key_mask"] = key_mask[..., context]
     inputs = (q[..., context, :], k[..., context, :], v[..., context, :])
+    if groups == 1 and grouping_default and (repeats := repeated_heads(k, v)) > 1:
+        warnings.warn(RepeatedKVWarning(
+            f"`k` and `v` repeat each of their heads {repeats} times (dimension -3: {k.shape[-3]} heads, "
+            f"{k.shape[-3] // repeats} distinct), as K/V repeated to the query heads do (transformers' repeat_kv; "
+            f"approxlab.data.get_qkv by default): method {method!r} keeps {budget} tokens per query head, up to "
+            f"{repeats * budget} per KV head, not the {budget} per KV head a decoder's cache holds. Pass the KV heads "
+            f"(get_qkv(..., grouped=True), or k[..., ::{repeats}, :, :] and v[..., ::{repeats}, :, :]) for one set "
+            "per KV head, or grouping='query-head' to keep a set per query head on purpose."), stacklevel=2)
+    warn_without_rope(spec, options)
     if scored:
         scores = scores_of(method, spec.score, *inputs, budget=budget, generator=generator, **step_options)
         if pooled:  # the group's mean score per KV head, one kept set for the group's query heads
@@ -291,6 +303,33 @@ def _groups(q, k, v) -> int:
                          f"p) with k, v (*batch, H_kv, n, p) and H a multiple of H_kv; got H = {heads} query heads "
                          f"and H_kv = {kv_heads} KV heads (q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}).")
     return heads // kv_heads
+
+
+def repeated_heads(k: torch.Tensor, v: torch.Tensor) -> int:
+    r"""The :math:`g > 1` with which ``k`` and ``v`` ``(*batch, H, n, *)`` repeat each of their heads in turn --
+    heads :math:`c g, \dots, c g + g - 1` exact copies of one another (transformers' ``repeat_kv``), for every
+    :math:`c` -- else 1 (a ``k`` without a head dimension, or distinct heads).
+
+    Examples
+    --------
+    >>> import torch
+    >>> k = torch.randn(1, 2, 5, 4, generator=torch.Generator().manual_seed(0)).repeat_interleave(3, dim=-3)
+    >>> repeated_heads(k, k), repeated_heads(k[:, :4], k[:, :4]), repeated_heads(k[:, 2:4], k[:, 2:4])
+    (3, 1, 1)
+    """
+    if k.ndim < 3 or k.shape[-3] < 2:
+        return 1
+    heads = k.shape[-3]
+
+    def same(h):  # head h a copy of head h - 1, in k and in v
+        return torch.equal(k[..., h, :, :], k[..., h - 1, :, :]) and torch.equal(v[..., h, :, :], v[..., h - 1, :, :])
+
+    group = 1
+    while group < heads and same(group):
+        group += 1
+    if group == 1 or heads % group:
+        return 1
+    return group if all(same(h) == bool(h % group) for h in range(group, heads)) else 1
 
 
 def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:

@@ -30,6 +30,16 @@ def rounding_bound(size: int, condition: float, dtype=torch.float64) -> float:
     return size * torch.finfo(dtype).eps * condition
 
 
+def rope_stated(name: str) -> dict:
+    """``{"rope_frequencies": None}`` for a method that reads the model's rotary embedding (it declares
+    ``inputs=("rope_base",)``: expected-attention, CAP, leverage-score, Compactor), else ``{}``: synthetic Q/K/V
+    carry no RoPE, and saying so keeps :class:`approxlab.errors.RopeWarning` for the calls that forget it."""
+    from approxlab.methods import get
+    from approxlab.methods._scores import MODEL_INPUTS
+
+    return {"rope_frequencies": None} if any(name in MODEL_INPUTS for name in get(name).inputs) else {}
+
+
 def gen(seed: int) -> torch.Generator:
     """A fresh CPU generator seeded with ``seed``."""
     return torch.Generator().manual_seed(seed)

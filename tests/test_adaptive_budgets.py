@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaModel
 
 import approxlab
-from _helpers import gen
+from _helpers import gen, rope_stated
 from approxlab.kv_budgets import adakv_keep, pyramid_budgets
 from approxlab.methods import available, get, register
 from approxlab.methods._scores import pool_group, scores_of
@@ -24,7 +24,7 @@ OPTIONS = {"snapkv": SNAPKV_OPTIONS, "ada-snapkv": SNAPKV_OPTIONS, "pyramidkv": 
 
 
 def _options(name):
-    return {**OPTIONS.get(name, {}), **({"generator": gen(7)} if get(name).randomized else {})}
+    return {**OPTIONS.get(name, {}), **({"generator": gen(7)} if get(name).randomized else {}), **rope_stated(name)}
 
 
 def _smollm2_shaped(seed=0, batch=(2,)):
@@ -138,7 +138,7 @@ def test_adakv_causal_form_is_the_kv_cache_setting_per_query_head():
     causal = approxlab.approximate("ada-snapkv", q, k, v, num_features=6, prompt_length=CONTEXT, causal=True,
                                    key_mask=mask, alpha_safeguard=0.5, **SNAPKV_OPTIONS)
     cached = approxlab.kv_cache_attention("ada-snapkv", q, k, v, context_length=CONTEXT, num_features=6,
-                                          key_mask=mask, alpha_safeguard=0.5, **SNAPKV_OPTIONS)
+                                          key_mask=mask, alpha_safeguard=0.5, grouping="query-head", **SNAPKV_OPTIONS)
     assert torch.equal(causal.info["kept"], cached.info["kept"])
     assert int(cached.info["kept"].sum(-1).min()) >= 3 and not bool(cached.info["kept"][1, :, 3:6].any())
     torch.testing.assert_close(causal.output[..., CONTEXT:, :], cached.output, rtol=0, atol=1e-12)

@@ -12,7 +12,7 @@ import approxlab
 from approxlab.methods import available, draw, get
 from approxlab.methods.registry import BUILTINS
 from approxlab.synthetic import synthetic_qkv
-from _helpers import gen
+from _helpers import gen, rope_stated
 
 RANDOMIZED = [name for name in BUILTINS if get(name).randomized]
 """Every randomized built-in (``MethodSpec.randomized``)."""
@@ -29,8 +29,8 @@ OPTIONS = {  # the options that change what a method draws
     "linformer": [{}, {"share_projection": True}],
     "magicpig": [{}, {"bits": 3, "min_collisions": 1}],
 }
-CASES = [(name, {**options, **({"causal": True} if get(name).causal_only else {})})  # cache policies: causal only
-         for name in RANDOMIZED for options in OPTIONS.get(name, [{}])]
+CASES = [(name, {**options, **({"causal": True} if get(name).causal_only else {}), **rope_stated(name)})
+         for name in RANDOMIZED for options in OPTIONS.get(name, [{}])]  # cache policies: causal only, no RoPE here
 
 
 def test_every_randomized_builtin_exposes_its_draw():

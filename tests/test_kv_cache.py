@@ -194,3 +194,85 @@ def test_the_compressed_cache_attended_through_the_fused_kernel_equals_the_selec
         torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-13)
         if masking == "rows that see no key":
             assert (out[..., :2, :] == 0).all()
+
+
+# -- traps that used to run without a word: repeated K/V, a RoPE-aware policy without the RoPE ----------------------
+
+
+def _grouped_layer(seed=0, heads=6, kv_heads=2, n=40, p=8):
+    g = gen(seed)
+    q = torch.randn(1, heads, n, p, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, kv_heads, n, p, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, v
+
+
+def test_repeated_kv_reaching_a_cache_policy_warns_and_says_how_to_keep_b_per_kv_head():
+    """K/V repeated to the query heads (get_qkv's default) keep a set per query head: g * b per KV head, with a
+    RepeatedKVWarning naming g and the way out; the KV heads themselves keep b per KV head, silently."""
+    q, k, v = _grouped_layer()
+    repeated = k.repeat_interleave(3, dim=-3), v.repeat_interleave(3, dim=-3)
+    with pytest.warns(approxlab.errors.RepeatedKVWarning) as caught:
+        per_query_head = approxlab.kv_cache_attention("snapkv", q, *repeated, context_length=24, num_features=6,
+                                                      window=2)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "repeat each of their heads 3 times (dimension -3: 6 heads, 2 distinct)" in message
+    assert "up to 18 per KV head" in message and "k[..., ::3, :, :]" in message and "grouped=True" in message
+    kept = per_query_head.info["kept"]
+    assert kept.shape == (1, 6, 6) and len({tuple(s.tolist()) for s in kept.sort(-1).values[0, :3]}) > 1
+    per_kv_head = approxlab.kv_cache_attention("snapkv", q, k, v, context_length=24, num_features=6, window=2)
+    assert per_kv_head.info["kept"].shape == (1, 2, 6)
+    # Said on purpose, or nothing to keep per head: no warning (warnings fail the tests).
+    approxlab.kv_cache_attention("snapkv", q, *repeated, context_length=24, num_features=6, window=2,
+                                 grouping="query-head")
+    approxlab.kv_cache_attention("topk", q, *repeated, context_length=24, num_features=6)
+    approxlab.kv_cache_attention("snapkv", q, *(x.repeat(1, 3, 1, 1) for x in (k, v)), context_length=24,
+                                 num_features=6, window=2)  # heads 0, 1, 0, 1, ...: not a repeat in groups
+
+
+def test_repeated_heads_finds_the_group_size_only_for_whole_groups():
+    from approxlab.kv_cache import repeated_heads
+
+    k = torch.randn(2, 3, 5, 4, generator=gen(1), dtype=torch.float64)
+    assert [repeated_heads(k.repeat_interleave(g, dim=-3), k.repeat_interleave(g, dim=-3)) for g in (1, 2, 4)] == [1, 2, 4]
+    assert repeated_heads(k[:, :1].expand(2, 5, 5, 4), k[:, :1].expand(2, 5, 5, 4)) == 5  # one KV head (MQA)
+    uneven = torch.cat([k[:, :1], k[:, :1], k[:, 1:2], k[:, 1:2], k[:, 1:2], k[:, 2:]], dim=-3)  # 2, 3, 1
+    assert repeated_heads(uneven, uneven) == 1
+    v = torch.randn(2, 6, 5, 4, generator=gen(2), dtype=torch.float64)
+    assert repeated_heads(k.repeat_interleave(2, dim=-3), v) == 1  # the values differ: not a repeat
+    assert repeated_heads(k[0, 0], k[0, 0]) == 1  # no head dimension
+
+
+@pytest.mark.parametrize("method", ["expected-attention", "cap", "leverage-score", "compactor"])
+def test_a_rope_aware_policy_without_the_rope_warns_once_per_call(method):
+    """Without rope_frequencies/rope_base a RoPE-aware policy reads post-RoPE keys as un-rotated: one RopeWarning
+    per call, naming how to pass them; rope_frequencies=None (no RoPE) or the frequencies silence it."""
+    q, k, v = _grouped_layer(3)
+    generator = gen(4)
+    call = lambda **options: approxlab.kv_cache_attention(method, q, k, v, context_length=24,  # noqa: E731
+                                                          num_features=6, generator=generator, **options)
+    with pytest.warns(approxlab.errors.RopeWarning) as caught:
+        call()
+    assert len(caught) == 1
+    assert f"method {method!r} reads the rotary embedding" in str(caught[0].message)
+    assert "Pass rope_frequencies= (the layer's inv_freq, (p // 2,)) or rope_base=" in str(caught[0].message)
+    with pytest.warns(approxlab.errors.RopeWarning) as caught:  # the causal form too
+        approxlab.approximate(method, q, k.repeat_interleave(3, dim=-3), v.repeat_interleave(3, dim=-3),
+                              num_features=6, causal=True, generator=gen(4))
+    assert len(caught) == 1
+    call(rope_frequencies=None)
+    call(rope_base=10_000.0)
+    call(rope_frequencies=torch.ones(4, dtype=torch.float64))
+
+
+def test_a_randomized_rope_aware_policy_takes_a_draw_beside_its_rope():
+    """leverage-score's draw ignores the options that do not shape it (rope_base raised a TypeError)."""
+    from approxlab.methods import draw
+
+    q, k, v = _grouped_layer(5, heads=2)
+    drawn = draw("leverage-score", q, k, num_features=6, generator=gen(6), causal=True, rope_base=10_000.0)
+    by_draw = approxlab.approximate("leverage-score", q, k, v, num_features=6, causal=True, draw=drawn,
+                                    rope_base=10_000.0)
+    by_generator = approxlab.approximate("leverage-score", q, k, v, num_features=6, causal=True, generator=gen(6),
+                                         rope_base=10_000.0)
+    assert torch.equal(by_draw.output, by_generator.output)

@@ -16,6 +16,7 @@ from approxlab.kernels import kernelized_matrix
 from approxlab.methods import available, get
 from approxlab.tasks import Batch
 from approxlab.training import ATTENTIONS, TRAINING_OPTIONS, TinyEncoder
+from _helpers import rope_stated
 
 N, P = 6, 4
 MASKED = [name for name in available() if "key_mask" in inspect.signature(get(name).function).parameters]
@@ -176,7 +177,8 @@ _OPTIONS = {"skyformer": [{"core": "pinv"}, {"core": "schulz"}, {"sampling": "rp
             "quest": [{"page_size": 3}, {"page_size": 3, "causal": True}],
             "h2o": [{"causal": True}, {"causal": True, "scores": "dense"}],
             "snapkv": [{"causal": True, "window": 2, "kernel_size": 3, "pooling": pooling} for pooling in ("max", "avg")]}
-_CASES = [(name, {"causal": True} if get(name).causal_only else {}) if options is None else (name, options)
+_CASES = [(name, {"causal": True, **rope_stated(name)} if get(name).causal_only else {}) if options is None
+          else (name, options)
           for name in MASKED for options in _OPTIONS.get(name, [None])]
 
 

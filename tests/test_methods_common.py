@@ -11,7 +11,7 @@ import torch
 import approxlab
 from approxlab.methods import available, get
 from approxlab.synthetic import synthetic_qkv
-from _helpers import DEVICES, opposed_logits_80_qkv
+from _helpers import DEVICES, opposed_logits_80_qkv, rope_stated
 
 METHODS = available()
 
@@ -29,7 +29,7 @@ def _approximate(name, q, k, v, **kwargs):
     scorer with a sketch narrower than ``p`` (48 < 64 in a model; here p = 8), else every draw keeps one set."""
     if get(name).randomized and "sketch_dimension" in (get(name).options() or []):
         kwargs.setdefault("sketch_dimension", 4)
-    return approxlab.approximate(name, q, k, v, causal=get(name).causal_only, **kwargs)
+    return approxlab.approximate(name, q, k, v, causal=get(name).causal_only, **rope_stated(name), **kwargs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -194,7 +194,8 @@ def test_unbatched_inputs_and_a_single_token(name, n, m, lead):
         if causal and n != m:
             continue
         try:
-            result = approxlab.approximate(name, q, k, v, num_features=1, causal=causal, generator=_gen(1))
+            result = approxlab.approximate(name, q, k, v, num_features=1, causal=causal, generator=_gen(1),
+                                           **rope_stated(name))
         except ValueError as error:
             message = str(error)
             assert name in REFUSED_SHAPES and "\n" not in message, message

@@ -128,6 +128,29 @@ def test_grouped_query_heads_are_repeated_and_mapped(checkpoints, cache):
     assert again.from_cache == (True,) and torch.equal(again.k, qkv.k)
 
 
+def test_grouped_qkv_keeps_the_kv_heads_and_a_cache_policy_keeps_b_per_kv_head(checkpoints, cache):
+    """``get_qkv(..., grouped=True)`` gives the layer's 2 key/value heads; passed to a cache policy they keep one
+    set of b per KV head, while the repeated K/V of the default keep one per query head and warn."""
+    folder = str(checkpoints["llama"])
+    repeated = get_qkv("pretrained", 64, [0], layer=0, checkpoint=folder, cache_dir=cache, dtype=torch.float64)
+    grouped = get_qkv("pretrained", 64, [0], layer=0, checkpoint=folder, cache_dir=cache, dtype=torch.float64,
+                      grouped=True)
+    assert grouped.grouped and not repeated.grouped and grouped.group_size == repeated.group_size == 2
+    assert grouped.k.shape == (1, 2, 64, 8) and grouped.q.shape == repeated.q.shape == (1, 4, 64, 8)
+    assert torch.equal(grouped.k.repeat_interleave(2, dim=1), repeated.k)
+    assert torch.equal(grouped.v.repeat_interleave(2, dim=1), repeated.v)
+    per_kv_head = approxlab.kv_cache_attention("h2o", grouped.q, grouped.k, grouped.v, context_length=48,
+                                               num_features=8)
+    assert per_kv_head.info["kept"].shape == (1, 2, 8)
+    with pytest.warns(approxlab.errors.RepeatedKVWarning, match=r"repeat each of their heads 2 times .* keeps 8 "
+                      r"tokens per query head, up to 16 per KV head"):
+        per_query_head = approxlab.kv_cache_attention("h2o", repeated.q, repeated.k, repeated.v, context_length=48,
+                                                      num_features=8)
+    assert per_query_head.info["kept"].shape == (1, 4, 8)
+    with pytest.raises(TypeError, match=r"`grouped` must be a bool \(True or False\); got 1 \(int\)"):
+        get_qkv("pretrained", 64, [0], layer=0, checkpoint=folder, cache_dir=cache, grouped=1)
+
+
 def test_gemma3_scaling_and_sliding_window(checkpoints, cache):
     """Gemma 3 scales logits by query_pre_attn_scalar**-0.5 (24 here, head_dim 16): q carries the
     ratio. Its sliding layer (0) masks keys 16 or more positions back: QKV says so, and the

@@ -18,6 +18,7 @@ import torch
 import approxlab
 from approxlab import kernels, leverage, linalg, metrics, operators, sketch, synthetic
 from approxlab.linalg.scaling import balance, safe_norm, times_power_of_two, unit_rows
+from _helpers import rope_stated
 
 F64 = torch.float64
 
@@ -199,6 +200,7 @@ Q, K, V = synthetic.synthetic_qkv((2,), 12, 4, generator=_gen(0))
 
 def _approximate(method, q=Q, k=K, v=V, **options):
     options.setdefault("causal", approxlab.methods.get(method).causal_only)  # the cache policies are causal-only
+    options = {**rope_stated(method), **options}  # synthetic Q/K/V: no RoPE
     return approxlab.approximate(method, q, k, v, num_features=4, generator=_gen(5), **options).output
 
 

@@ -475,9 +475,10 @@ def test_rope_aware_policies_get_the_models_rotary_frequencies(models, ids):
                                    rope_base=10.0) as own:
         pass
     assert own.supplied == () and "rope_frequencies" not in own.options  # the caller's input is kept
-    with approxlab.patch_attention(models["gpt2"], "cap", num_features=budget, context_length=context) as no_rope:
-        pass
-    assert no_rope.supplied == () and "rope_frequencies" not in no_rope.options  # GPT-2 has no RoPE
+    with torch.no_grad(), approxlab.patch_attention(models["gpt2"], "cap", num_features=budget,
+                                                    context_length=context) as no_rope:
+        hidden(models["gpt2"], ids)  # no RopeWarning (warnings fail the tests): the model states it has no RoPE
+    assert no_rope.supplied == ("rope_frequencies",) and no_rope.options["rope_frequencies"] is None  # GPT-2
     with approxlab.patch_attention(model, "h2o", num_features=budget, context_length=context) as other:
         pass
     assert other.supplied == ()
@@ -501,3 +502,54 @@ def test_a_policy_input_the_model_cannot_supply_is_refused(models):
     finally:
         unregister("needs-pre-rope-keys")
     assert model.config._attn_implementation == implementation and not patch_module._LAYERS
+
+
+# -- a kvpress user's path: a causal LM with generate(), the continuation scored alone ----------------------------
+
+
+def _tiny_llama_config():
+    return LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                       max_position_embeddings=128)
+
+
+def test_load_model_with_lm_head_generates_inside_a_kv_cache_patch():
+    """``load_model(..., lm_head=True)`` is the causal LM around the bare model the default still gives (the same
+    weights for a seed): ``generate()`` runs inside ``patch_attention``, which supplies the RoPE (no warning)."""
+    from approxlab.data import load_model
+
+    decoder = load_model("initialized", config=_tiny_llama_config(), seed=0, lm_head=True)
+    bare = load_model("initialized", config=_tiny_llama_config(), seed=0)
+    assert type(decoder.model).__name__ == "LlamaForCausalLM" and type(bare.model).__name__ == "LlamaModel"
+    assert decoder.attention(1).num_kv_heads == 2  # the layout is read through the bare model
+    ids = torch.randint(30522, (2, 24), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(token_nll(decoder, ids), token_nll(bare, ids))
+    with approxlab.patch_attention(decoder, "expected-attention", num_features=4, context_length=16) as patch:
+        generated = decoder.model.generate(ids[:, :20], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert generated.shape == (2, 24) and torch.equal(generated[:, :20], ids[:, :20])
+    assert patch.supplied == ("rope_frequencies",) and len(patch.calls) > 0
+    with pytest.raises(ValueError, match=r"^`lm_head` True gives a causal language model, which needs a causal decoder "
+                                         r".*; got lm_head=True for a bert model, which attends in both directions\.$"):
+        load_model("initialized", config=BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                                    intermediate_size=64), lm_head=True)
+    with pytest.raises(TypeError, match=r"^`lm_head` must be a bool \(True or False\); got 1 \(int\)\.$"):
+        load_model("initialized", config=_tiny_llama_config(), lm_head=1)
+
+
+def test_token_nll_from_start_scores_the_continuation_alone():
+    """``token_nll(..., start=n_c)`` is ``token_nll(...)[:, n_c:]``: the predictions made at the continuation's
+    positions, the head applied to those only."""
+    from approxlab.data import load_model
+
+    loaded = load_model("initialized", config=_tiny_llama_config(), seed=1)
+    ids = torch.randint(30522, (2, 24), generator=torch.Generator().manual_seed(2))
+    whole, hits = token_nll(loaded, ids, hits=True)
+    continuation, continuation_hits = token_nll(loaded, ids, hits=True, start=16)
+    assert continuation.shape == continuation_hits.shape == (2, 7)
+    torch.testing.assert_close(continuation, whole[:, 16:], rtol=0, atol=1e-4)  # float32 logits, another product
+    assert torch.equal(token_nll(loaded, ids, start=0), whole)
+    for start, error, match in [(23, ValueError, r"^`start` must be an integer with 0 <= start <= 22; got 23\.$"),
+                                (-1, ValueError, r"^`start` must be an integer with 0 <= start <= 22; got -1\.$"),
+                                (1.5, TypeError, r"^`start` must be an integer; got 1\.5 \(float\)\.$")]:
+        with pytest.raises(error, match=match):
+            token_nll(loaded, ids, start=start)

@@ -196,7 +196,7 @@ def capture_attention(loaded, ids: torch.Tensor, *, layer: int, mode: str, posit
     (torch.Size([2, 4, 16, 8]), torch.float32)
     """
     check_choice(mode, "mode", MODES)
-    model, architecture = loaded.model, loaded.architecture
+    model, architecture = loaded.model.base_model, loaded.architecture  # a causal LM's bare model (lm_head=True)
     target = attention_module(model, architecture, layer)
     capture = _Capture(target, layout_of(target, model.config))
     with _LOCK:

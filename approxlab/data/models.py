@@ -140,7 +140,9 @@ class LoadedModel(ModelInfo):
     Attributes
     ----------
     model : transformers.PreTrainedModel
-        The bare model, in eval mode, on the requested device.
+        The bare model, in eval mode, on the requested device; with ``load_model(..., lm_head=True)``
+        the causal language model around it (``LlamaForCausalLM``, ``GPT2LMHeadModel``, ...: its
+        ``generate()``; the bare model is ``model.base_model``).
     tokenizer : transformers.PreTrainedTokenizerBase
     seed : int or None
         Initialisation seed (None for pretrained weights).
@@ -167,7 +169,7 @@ class LoadedModel(ModelInfo):
     def attention(self, layer: int):
         """:class:`~approxlab.data.layout.AttentionLayout` of ``layer`` (scaling, causal, window)."""
         layer = check_int(layer, "layer", low=0, high=self.num_layers - 1)
-        return layout_of(attention_module(self.model, self.architecture, layer), self.model.config)
+        return layout_of(attention_module(self.model.base_model, self.architecture, layer), self.model.config)
 
 
 @dataclass(frozen=True)
@@ -340,9 +342,14 @@ def _load_tokenizer(source: _Source):
     return tokenizer
 
 
-def _model_class(architecture: Architecture):
+def _model_class(architecture: Architecture, config=None, lm_head: bool = False):
+    """The bare model class of ``architecture``, or (``lm_head``) the causal language model of ``config``."""
     import transformers
 
+    if lm_head:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     return getattr(transformers, architecture.model_class)
 
 
@@ -360,14 +367,16 @@ def _no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
-def _load_weights(source: _Source):
-    """The pretrained model of ``source`` in float32; refused if unreadable, incomplete or non-finite."""
+def _load_weights(source: _Source, lm_head: bool = False):
+    """The pretrained model of ``source`` in float32 (its causal language model with ``lm_head``); refused if
+    unreadable, incomplete (an untied output head the checkpoint lacks included) or non-finite."""
     from safetensors import SafetensorError
 
-    model_class = _model_class(source.architecture)
+    model_class = _model_class(source.architecture, source.config, lm_head)
     folder = source.weights
-    if source.gguf is not None:
-        folder = str(_gguf.converted_weights(source.gguf, Path(folder), model_class, source.config, source.checkpoint))
+    if source.gguf is not None:  # converted for the bare model; its head is the tied input embedding
+        folder = str(_gguf.converted_weights(source.gguf, Path(folder), _model_class(source.architecture),
+                                             source.config, source.checkpoint))
     try:
         with _no_progress_bars():
             model, info = from_pretrained(model_class.from_pretrained, folder, source.local_files_only,
@@ -387,7 +396,7 @@ def _load_weights(source: _Source):
     return model
 
 
-def _build(source: _Source, seed: int, device) -> LoadedModel:
+def _build(source: _Source, seed: int, device, lm_head: bool = False) -> LoadedModel:
     tokenizer = _load_tokenizer(source)
     if source.weights is None:
         # Hugging Face initialises weights from the global CPU generator. fork_rng saves and
@@ -395,10 +404,10 @@ def _build(source: _Source, seed: int, device) -> LoadedModel:
         # generator is seeded (torch.manual_seed would also queue a seed for every CUDA device).
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)
-            model = _model_class(source.architecture)(source.config)
+            model = _model_class(source.architecture, source.config, lm_head)(source.config)
         description = f"{source.description} (seed {seed})"
     else:
-        model, seed, description = _load_weights(source), None, source.description
+        model, seed, description = _load_weights(source, lm_head), None, source.description
     model = model.to(device).eval()
     info = _info(source)
     info["weights"] = description
@@ -442,7 +451,7 @@ def check_device(device) -> torch.device:
 
 
 def load_model(condition, *, checkpoint=None, seed=0, device="cpu", config=None, local_files_only=None,
-               cache_dir=None) -> LoadedModel:
+               cache_dir=None, lm_head=False) -> LoadedModel:
     """Load a model of a supported architecture for one of the two conditions.
 
     Parameters
@@ -472,6 +481,12 @@ def load_model(condition, *, checkpoint=None, seed=0, device="cpu", config=None,
     cache_dir : str or os.PathLike, optional
         Cache root for converted GGUF checkpoints (default ``$APPROXLAB_CACHE`` or
         ``~/.cache/approxlab``).
+    lm_head : bool, default False
+        ``False``: the bare model (``LlamaModel``, ...), what Q/K/V extraction reads. ``True`` (a
+        causal decoder only): its causal language model (``LlamaForCausalLM``, ``GPT2LMHeadModel``,
+        ``Gemma3ForCausalLM``, ...), with ``generate()``; :func:`approxlab.patch_attention` and
+        :func:`approxlab.patching.token_nll` take either. The head is the checkpoint's, or its tied
+        input embedding (SmolLM2, GPT-2, Gemma 3); a checkpoint without one is refused.
 
     Returns
     -------
@@ -502,13 +517,28 @@ def load_model(condition, *, checkpoint=None, seed=0, device="cpu", config=None,
     True
     >>> type(first.model).__name__, first.model.training
     ('BertModel', False)
+    >>> from transformers import LlamaConfig
+    >>> llama = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    >>> decoder = load_model("initialized", config=llama, seed=0, lm_head=True)
+    >>> type(decoder.model).__name__, type(decoder.model.base_model).__name__
+    ('LlamaForCausalLM', 'LlamaModel')
+    >>> ids = torch.tensor([[101, 2023, 2003]])
+    >>> decoder.model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0).shape
+    torch.Size([1, 5])
     """
     check_choice(condition, "condition", CONDITIONS)
     seed = check_int(seed, "seed", low=0, high=SEED_MAX)
     _check_local_files_only(local_files_only)
     device = check_device(device)
     cache_dir = _check_folder(cache_dir, "cache_dir")
-    return _build(_resolve_source(condition, checkpoint, config, local_files_only, cache_dir), seed, device)
+    lm_head = check_bool(lm_head, "lm_head")
+    source = _resolve_source(condition, checkpoint, config, local_files_only, cache_dir)
+    if lm_head and not _info(source)["causal"]:
+        raise ValueError(f"`lm_head` True gives a causal language model, which needs a causal decoder (gpt2, llama, "
+                         f"qwen2, qwen3, gemma3_text); got lm_head=True for a {source.config.model_type} model, "
+                         "which attends in both directions.")
+    return _build(source, seed, device, lm_head)
 
 
 def built_model(source: _Source, seed: int, device) -> LoadedModel:

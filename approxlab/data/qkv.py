@@ -85,8 +85,10 @@ class QKV:
     ----------
     q, k, v : torch.Tensor
         ``(len(window_ids), num_heads, n, head_dim)``. ``k`` and ``v`` are repeated to the query
-        heads (query head ``h`` uses key/value head ``h // (num_heads // kv_heads)``), and ``q``
-        is scaled so that :math:`\\operatorname{softmax}(QK^\\top/\\sqrt p)V` -- with the causal
+        heads (query head ``h`` uses key/value head ``h // (num_heads // kv_heads)``) -- or, from
+        ``get_qkv(..., grouped=True)``, ``(len(window_ids), kv_heads, n, head_dim)``, one per
+        key/value head, the layout :func:`approxlab.kv_cache_attention` reads as grouped-query
+        attention -- and ``q`` is scaled so that :math:`\\operatorname{softmax}(QK^\\top/\\sqrt p)V` -- with the causal
         mask when ``causal`` -- is the layer's attention output.
     checkpoint, condition, seed, mode, layer, n :
         What produced them (``seed`` is None for pretrained weights).
@@ -116,6 +118,9 @@ class QKV:
         Positions are rotary (RoPE, already applied to ``q`` and ``k``) rather than a table.
     weights : str
         Where the weights come from, in words (e.g. "4-bit quantized ... dequantized to float32").
+    grouped : bool
+        ``k`` and ``v`` hold the ``kv_heads`` key/value heads (``get_qkv(..., grouped=True)``), not
+        their copies for every query head.
 
     Examples
     --------
@@ -154,15 +159,21 @@ class QKV:
     kv_heads: int | None = None
     rotary: bool = False
     weights: str = ""
+    grouped: bool = False
 
     @property
     def num_heads(self) -> int:
         return int(self.q.shape[-3])
 
+    @property
+    def group_size(self) -> int:
+        """:math:`g`, the query heads that read one key/value head (1 without grouped-query attention)."""
+        return self.num_heads // (self.kv_heads or self.num_heads)
+
     def kv_head(self, head: int) -> int:
         """The key/value head that query head ``head`` uses, ``head // (num_heads // kv_heads)``."""
         head = check_int(head, "head", low=0, high=self.num_heads - 1)
-        return head // (self.num_heads // (self.kv_heads or self.num_heads))
+        return head // self.group_size
 
 
 def _init_versions() -> str:
@@ -261,6 +272,7 @@ def get_qkv(
     local_files_only=None,
     verify=True,
     positions="interpolate",
+    grouped=False,
 ) -> QKV:
     """Q/K/V of WikiText-2 windows at one layer of a model, from the cache when valid.
 
@@ -290,12 +302,21 @@ def get_qkv(
         ``$APPROXLAB_CACHE`` or ``~/.cache/approxlab``).
     device : str or torch.device, default "cpu"
         Where the model runs (if anything must be computed) and where the results are placed.
+    grouped : bool, default False
+        ``False``: ``k`` and ``v`` repeated to the query heads, ``(len(window_ids), num_heads, n,
+        head_dim)`` -- what dense attention per head reads. ``True``: the layer's own ``kv_heads``
+        key/value heads, ``(len(window_ids), kv_heads, n, head_dim)`` (grouped-query attention,
+        SmolLM2's 3 for 9 query heads), so that :func:`approxlab.kv_cache_attention` keeps one set
+        per KV head, the cache a decoder holds. Repeated K/V given to a cache policy keep a set per
+        query head, :math:`g` times the budget per KV head (it warns:
+        :class:`~approxlab.errors.RepeatedKVWarning`). The cache is the same either way.
 
     Returns
     -------
     QKV
-        ``q, k, v: (len(window_ids), num_heads, n, head_dim)``, with ``causal``, ``scaling``,
-        ``sliding_window``, ``kv_heads`` of the layer.
+        ``q: (len(window_ids), num_heads, n, head_dim)`` and ``k, v`` of ``num_heads`` heads
+        (``kv_heads`` with ``grouped=True``), with ``causal``, ``scaling``, ``sliding_window``,
+        ``kv_heads``, ``group_size`` of the layer.
 
     Raises
     ------
@@ -335,6 +356,7 @@ def get_qkv(
     """
     n, window_ids, dtype_name, seed, device = _check_arguments(
         condition, n, window_ids, mode, dtype, seed, device, data_dir, cache_dir, local_files_only, verify)
+    grouped = check_bool(grouped, "grouped")
     source = _resolve_source(condition, checkpoint, config, local_files_only, cache_dir)
     layer = check_int(layer, "layer", low=0, high=int(source.config.num_hidden_layers) - 1)
     layout = config_layout(source.config, source.architecture, layer)
@@ -359,8 +381,10 @@ def get_qkv(
             cache.save(keys[w], q[i], k[i], v[i])
             found[w] = (q[i], k[i], v[i])
     q, k, v = (torch.stack([found[w][j].to(device) for w in window_ids]) for j in range(3))
+    if not grouped:
+        k, v = repeat_kv_heads(k, layout.num_heads), repeat_kv_heads(v, layout.num_heads)
     return QKV(
-        q=q, k=repeat_kv_heads(k, layout.num_heads), v=repeat_kv_heads(v, layout.num_heads),
+        q=q, k=k, v=v, grouped=grouped,
         checkpoint=source.checkpoint, condition=condition, seed=key_seed, mode=mode, layer=layer, n=n,
         window_ids=window_ids, from_cache=tuple(w not in missing for w in window_ids), corpus_sha256=corpus,
         positions=positions, input_ids=all_windows[list(window_ids)], model_type=source.config.model_type,

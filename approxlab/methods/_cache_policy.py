@@ -43,11 +43,11 @@ _EXAMPLES = """
     >>> import torch, approxlab
     >>> from approxlab.synthetic import synthetic_qkv
     >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
-    >>> approx = approxlab.approximate("{name}", q, k, v, num_features=8, causal=True,
+    >>> approx = approxlab.approximate("{name}", q, k, v, num_features=8, causal=True{rope},
     ...                                generator=torch.Generator().manual_seed(0))
     >>> approx.output.shape, approx.info["kept"].shape, approx.info["prompt_length"]  # 16 prompt tokens -> 8
     (torch.Size([2, 32, 8]), torch.Size([2, 8]), 16)
-    >>> full = approxlab.approximate("{name}", q, k, v, num_features=16, causal=True,
+    >>> full = approxlab.approximate("{name}", q, k, v, num_features=16, causal=True{rope},
     ...                              generator=torch.Generator().manual_seed(0))
     >>> float((full.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12  # all kept
     True
@@ -61,11 +61,11 @@ _ADAKV_EXAMPLES = """
     >>> import torch, approxlab
     >>> g = torch.Generator().manual_seed(0)
     >>> q, k, v = (torch.randn(1, 3, 32, 8, generator=g, dtype=torch.float64) for _ in range(3))  # 3 heads
-    >>> approx = approxlab.approximate("{name}", q, k, v, num_features=8, causal=True)
+    >>> approx = approxlab.approximate("{name}", q, k, v, num_features=8, causal=True{rope})
     >>> kept = approx.info["kept"]  # (1, 3, 16) bool: 16 prompt tokens, 3 * 8 kept across the heads
     >>> kept.shape, int(kept.sum()), bool((kept.sum(-1) >= 1).all())  # each head keeps int(0.2 * 8) or more
     (torch.Size([1, 3, 16]), 24, True)
-    >>> full = approxlab.approximate("{name}", q, k, v, num_features=16, causal=True)
+    >>> full = approxlab.approximate("{name}", q, k, v, num_features=16, causal=True{rope})
     >>> float((full.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12  # all kept
     True
 """
@@ -204,7 +204,8 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
                         + f"(:func:`{score.__module__}.{score.__name__}`), then decoded "
                         "(:mod:`approxlab.methods._cache_policy`)."
                         + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else "")
-                        + (_ADAKV_EXAMPLES if adaptive else _EXAMPLES).format(name=name))
+                        + (_ADAKV_EXAMPLES if adaptive else _EXAMPLES).format(
+                            name=name, rope=", rope_frequencies=None" if "rope_base" in inputs else ""))
     function.__module__ = score.__module__  # documented, and doctested (its ``__test__``), beside its score
     return method(name, target=target, features=features, randomized=randomized, causal=CAUSAL_ONLY,
                   score=score, draw=None if draws is None else draw_of, inputs=tuple(inputs), allocation=allocation,

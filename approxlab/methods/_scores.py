@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import torch
 
+from ..errors import RopeWarning
+
 __all__ = ["scored_compress", "scores_of", "checked_scores", "pool_group", "top_budget", "score_options",
-           "MODEL_INPUTS", "model_inputs"]
+           "MODEL_INPUTS", "model_inputs", "warn_without_rope"]
 
 _PASSED = ("q", "k", "v", "generator", "key_mask")
 
@@ -108,8 +111,8 @@ def model_inputs(spec, options: dict, *, rope_frequencies=None) -> dict:
 
     A step (``spec.score``, else ``spec.compress``) that takes ``rope_base`` or ``rope_frequencies`` gets
     ``rope_frequencies`` -- the model's ``inv_freq`` ``(p // 2,)``, which covers a scaled RoPE -- unless the caller
-    passed either; a model without a rotary embedding (``rope_frequencies`` None) supplies nothing, and the policy
-    reads its keys as un-rotated. An input the policy declares (``spec.inputs``, :func:`approxlab.methods.register`)
+    passed either; a model without a rotary embedding supplies ``rope_frequencies=None``, and the policy reads its
+    keys as un-rotated (stated, so :func:`warn_without_rope` stays silent). An input the policy declares (``spec.inputs``, :func:`approxlab.methods.register`)
     that is none of :data:`MODEL_INPUTS` and that the caller did not pass is refused, before anything runs.
 
     Examples
@@ -118,6 +121,8 @@ def model_inputs(spec, options: dict, *, rope_frequencies=None) -> dict:
     >>> from approxlab.methods import get
     >>> sorted(model_inputs(get("cap"), {}, rope_frequencies=torch.ones(4)))
     ['rope_frequencies']
+    >>> model_inputs(get("cap"), {})  # a model without RoPE
+    {'rope_frequencies': None}
     >>> model_inputs(get("cap"), {"rope_base": 1e4}, rope_frequencies=torch.ones(4)), model_inputs(get("knorm"), {})
     ({}, {})
     """
@@ -126,8 +131,7 @@ def model_inputs(spec, options: dict, *, rope_frequencies=None) -> dict:
         return {}
     parameters = inspect.signature(step).parameters
     supplied = {}
-    if (rope_frequencies is not None and any(name in parameters for name in MODEL_INPUTS)
-            and not any(name in options for name in MODEL_INPUTS)):
+    if any(name in parameters for name in MODEL_INPUTS) and not any(name in options for name in MODEL_INPUTS):
         supplied["rope_frequencies"] = rope_frequencies
     missing = [name for name in getattr(spec, "inputs", ()) if name not in MODEL_INPUTS and name not in options]
     if missing:
@@ -136,3 +140,24 @@ def model_inputs(spec, options: dict, *, rope_frequencies=None) -> dict:
                          f"model supplies only {' or '.join(MODEL_INPUTS)} from its RoPE; pass {missing[0]}=... "
                          f"yourself; got no {missing[0]}.")
     return supplied
+
+
+ROPE_STATED = (*MODEL_INPUTS, "keys_pre_rope")
+"""The options that tell a RoPE-aware policy how the keys were rotated: the frequencies (``None``: no RoPE), or
+the keys before the rotation."""
+
+
+def warn_without_rope(spec, options: dict) -> None:
+    r"""Warn (:class:`~approxlab.errors.RopeWarning`, once per call of the caller's caller) when ``spec`` declares
+    that it reads the model's RoPE (``"rope_base"`` or ``"rope_frequencies"`` in ``spec.inputs``: expected-attention,
+    CAP, leverage-score, Compactor) and ``options`` state none of :data:`ROPE_STATED`: the policy would read
+    post-RoPE keys as un-rotated without a word. ``rope_frequencies=None`` states a model without RoPE."""
+    declared = [name for name in getattr(spec, "inputs", ()) if name in MODEL_INPUTS]
+    if not declared or any(name in options for name in ROPE_STATED):
+        return
+    warnings.warn(RopeWarning(
+        f"method {spec.name!r} reads the rotary embedding (it declares inputs={tuple(spec.inputs)!r}) but got no "
+        "rope_frequencies or rope_base: it takes the keys and queries as un-rotated, which is right only for a "
+        "model without RoPE. Pass rope_frequencies= (the layer's inv_freq, (p // 2,)) or rope_base= (the model's "
+        "rope_theta), or rope_frequencies=None for keys without RoPE; approxlab.patch_attention supplies the "
+        "model's own."), stacklevel=3)

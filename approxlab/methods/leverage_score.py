@@ -155,8 +155,10 @@ def key_leverage_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope
     return finish(scores.to(k.dtype), context)
 
 
-def sketch_draws(batch, prompt, p, *, sketch_dimension=48):
+def sketch_draws(batch, prompt, p, *, sketch_dimension=48, **others):
     """The draw of the causal form: ``sketch`` ``(*batch, p, r)``, as :func:`draw_sketch` draws it (float64).
+    The policy's ``others`` options (``rope_base``, ``rope_frequencies``, ``keys_pre_rope``, ``ridge``, ...) do not
+    shape the draw: they are accepted and ignored, as :func:`approxlab.methods.draw` documents.
 
     Examples
     --------

@@ -19,6 +19,7 @@ import inspect
 
 import torch
 
+from .._validation import check_int
 from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
 from . import _model
@@ -43,8 +44,8 @@ def _output_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
                      f"{type(model).__name__} with untied embeddings.")
 
 
-def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False):
-    r"""Per-token negative log-likelihood :math:`\ell_t` of a causal language model, float64 ``(S, n - 1)``.
+def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False, start: int = 0):
+    r"""Per-token negative log-likelihood :math:`\ell_t` of a causal language model, float64 ``(S, n - 1 - start)``.
 
     Parameters
     ----------
@@ -57,21 +58,30 @@ def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False):
     hits : bool, default False
         Also return, per token, whether it is the model's most likely next token (greedy decoding would
         produce it, teacher-forced).
+    start : int, default 0
+        Score only the predictions made at positions ``start .. n - 2`` (0-based), ``0 <= start <= n - 2``:
+        ``token_nll(model, input_ids)[:, start:]`` (to the rounding of the head's product in the model's dtype),
+        with the output head applied to those positions only. With a context of :math:`n_c` tokens compressed by the KV-cache setting
+        (``patch_attention(..., context_length=n_c)``), ``start=n_c`` scores the continuation from the
+        positions whose attention reads the compressed cache; the prediction of the continuation's first token,
+        made at the context's last position, does not (the prefill attends the whole context).
 
     Returns
     -------
     torch.Tensor
-        ``(S, n - 1)`` float64, on the CPU: entry ``t`` is :math:`-\log p(x_{t+1} \mid x_{\le t})` (module docstring).
+        ``(S, n - 1 - start)`` float64, on the CPU: entry ``t - start`` is
+        :math:`-\log p(x_{t+1} \mid x_{\le t})` (module docstring).
         The logits are formed ``256`` positions at a time and their log-softmax taken in float64 (Gemma's
         final logit soft-cap applied where the config has one). With ``hits=True``, ``(nll, hits)``:
-        ``hits`` a ``(S, n - 1)`` bool tensor, entry ``t`` true where :math:`x_{t+1}` is the argmax.
+        ``hits`` a ``(S, n - 1 - start)`` bool tensor, entry ``t - start`` true where :math:`x_{t+1}` is the
+        argmax.
 
     Raises
     ------
     TypeError, ValueError
         A ``model`` that is not a causal model of a supported family or has no output head; ``input_ids``
         that are not integer ``(S, n)`` ids in the vocabulary, with ``n < 2`` or ``n`` beyond the model's
-        positions.
+        positions; ``start`` not an integer in ``[0, n - 2]``.
 
     Notes
     -----
@@ -93,6 +103,9 @@ def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False):
     (torch.Size([2, 15]), torch.float64)
     >>> abs(float(nll.mean()) - torch.log(torch.tensor(30522.0)).item()) < 0.1  # a random model: about log V
     True
+    >>> continuation = token_nll(model, ids, start=10)  # the predictions made at positions 10 .. 14
+    >>> continuation.shape, torch.allclose(continuation, nll[:, 10:], rtol=0, atol=1e-4)  # float32 logits
+    (torch.Size([2, 5]), True)
     """
     target = _model.resolve_model(model)
     model = target.model
@@ -105,20 +118,21 @@ def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False):
     if not 2 <= n <= limit:
         raise ValueError(f"`input_ids` must have 2 <= n <= {limit} tokens per sequence (the model's positions); "
                          f"got n = {n}.")
+    start = check_int(start, "start", low=0, high=n - 2)
     base = model.base_model
     inputs = {"input_ids": input_ids.to(weight.device)}
     if "use_cache" in inspect.signature(base.forward).parameters:
         inputs["use_cache"] = False
     cap = getattr(model.config, "final_logit_softcapping", None)
-    targets = inputs["input_ids"][:, 1:]
+    targets = inputs["input_ids"][:, start + 1:]
     losses, found = [], []
     with torch.no_grad():
-        hidden = base(**inputs).last_hidden_state[:, :-1]
-        for start in range(0, n - 1, _CHUNK):
-            logits = torch.nn.functional.linear(hidden[:, start:start + _CHUNK], weight, bias).to(torch.float64)
+        hidden = base(**inputs).last_hidden_state[:, start:-1]
+        for first in range(0, n - 1 - start, _CHUNK):
+            logits = torch.nn.functional.linear(hidden[:, first:first + _CHUNK], weight, bias).to(torch.float64)
             if cap:
                 logits = cap * torch.tanh(logits / cap)
-            chosen = targets[:, start:start + _CHUNK].unsqueeze(-1)
+            chosen = targets[:, first:first + _CHUNK].unsqueeze(-1)
             losses.append(-torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1))
             if hits:
                 found.append(logits.argmax(dim=-1) == chosen.squeeze(-1))

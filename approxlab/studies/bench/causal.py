@@ -69,13 +69,17 @@ def policies() -> list[tuple[str, str]]:
 def _call(form: str, method: str, q, k, v, budget: int):
     from ...attention import approximate
     from ...kv_cache import kv_cache_attention
+    from ...methods import get
+    from ...methods._scores import model_inputs
 
     generator = torch.Generator().manual_seed(0)
+    rope = model_inputs(get(method), {})  # random Q/K/V carry no RoPE: said to a RoPE-aware policy
     if form == "causal":
-        return lambda: approximate(method, q, k, v, num_features=budget, causal=True, generator=generator).output
+        return lambda: approximate(method, q, k, v, num_features=budget, causal=True, generator=generator,
+                                   **rope).output
     context = q.shape[-2] // 2
     return lambda: kv_cache_attention(method, q, k, v, context_length=context, num_features=min(budget, context),
-                                      generator=generator).output
+                                      generator=generator, **rope).output
 
 
 def causal_rows(cell: dict) -> list[dict]:

@@ -49,10 +49,12 @@ def approximation(config, method, q, k, v, n):
     """``approximate(method, q, k, v)`` with the cell's ``num_features`` and generator, causal where
     :func:`timed_causal` says."""
     from ...attention import approximate
+    from ...methods import get
+    from ...methods._scores import model_inputs
 
     generator = torch.Generator().manual_seed(cell_seed(method, n, base_seed=config["seed"]))
     return approximate(method, q, k, v, num_features=min(config["num_features"], n), generator=generator,
-                       causal=timed_causal(method))
+                       causal=timed_causal(method), **model_inputs(get(method), {}))  # BERT's Q/K/V: no RoPE
 
 
 def measured_row(algorithm, measurement, **values) -> dict:

@@ -114,7 +114,7 @@ def patch_rows(cell: dict) -> list[dict]:
             warmup=1, device=device)
         approximation_m, sdpa_m = measure_interleaved(
             [lambda: approximate(method, q, k, v, num_features=features, causal=recorded.causal,
-                                 generator=torch.Generator().manual_seed(seed)),
+                                 generator=torch.Generator().manual_seed(seed), **recorded.options),
              lambda: exact_attention(q, k, v, causal=True)],
             repeats=config["repeats"], warmup=1, device=device)
     common = {"layer": layer, "heads": int(q.shape[-3]), "p": int(q.shape[-1]), "num_features": features,
