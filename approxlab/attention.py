@@ -198,6 +198,13 @@ def approximate(
         If the approximate output has non-finite entries (e.g. an approximate row sum
         of zero); the message names the method and the count.
 
+    Warns
+    -----
+    RopeWarning
+        Once per call, for a cache policy that reads the model's RoPE (it declares
+        ``inputs=("rope_base",)``) given neither ``rope_frequencies`` nor ``rope_base`` (nor
+        ``keys_pre_rope``): pass ``rope_frequencies=None`` for keys without RoPE.
+
     Examples
     --------
     >>> import torch, approxlab

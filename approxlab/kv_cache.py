@@ -121,6 +121,19 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         without ``score`` or a ``q`` without a head dimension, ``alpha_safeguard`` without ``"adakv"`` or outside
         ``[0, 1]``.
 
+    Warns
+    -----
+    RepeatedKVWarning
+        Once per call, for a method with a compression step, the default ``grouping``, and ``k``, ``v`` whose
+        heads repeat in groups of :math:`g > 1` (K/V repeated to the query heads, as
+        ``approxlab.data.get_qkv`` returns them by default): each query head keeps its own set, up to
+        :math:`g b` tokens per KV head. Pass the KV heads (``get_qkv(..., grouped=True)``), or
+        ``grouping="query-head"`` to keep a set per query head on purpose.
+    RopeWarning
+        Once per call, for a policy that reads the model's RoPE (``inputs=("rope_base",)``) given neither
+        ``rope_frequencies`` nor ``rope_base`` (nor ``keys_pre_rope``); ``rope_frequencies=None`` states keys
+        without RoPE.
+
     Notes
     -----
     **With a compression step** ``kept = compress(q[:n_c], k[:n_c], v[:n_c], budget=b)``, continuation row
