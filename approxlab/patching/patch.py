@@ -91,8 +91,8 @@ class AttentionPatch:
     options : dict
         The method's own keywords: the caller's and those the model supplied.
     supplied : tuple of str
-        The options the model supplied (``("rope_frequencies",)`` for a RoPE-aware cache policy in a RoPE
-        model, see :func:`patch_attention`'s Notes); empty otherwise.
+        The options the model supplied (``("rope_frequencies",)`` for a RoPE-aware cache policy: the model's
+        frequencies, or ``None`` for a model without RoPE; see :func:`patch_attention`'s Notes); empty otherwise.
     causal : bool or str
         What ``approximate(..., causal=...)`` gets: ``False`` (an encoder), ``True`` (the method's own
         causal form) or ``"mask-renormalise"``.
@@ -392,8 +392,9 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     ``rope_frequencies`` -- expected-attention, CAP, leverage-score, Compactor: they rotate the keys or queries
     back, or average the rotation over future positions -- gets ``rope_frequencies``, the patched layers' rotary
     ``inv_freq`` (so a scaled RoPE, Llama 3's or YaRN's, is the model's own), unless the caller passed
-    ``rope_base`` or ``rope_frequencies``. A model without RoPE (BERT, GPT-2) supplies nothing and the policy
-    reads its keys as un-rotated, as they are. :attr:`AttentionPatch.supplied` names what was supplied.
+    ``rope_base`` or ``rope_frequencies``. A model without RoPE (BERT, GPT-2) supplies ``rope_frequencies=None``
+    and the policy reads its keys as un-rotated, as they are (called directly without either, such a policy
+    warns: :class:`~approxlab.errors.RopeWarning`). :attr:`AttentionPatch.supplied` names what was supplied.
 
     **Random streams.** When ``patch_attention`` is called it draws one seed per layer of the model,
     ``torch.randint(2**63 - 1, (num_layers,), generator=generator)``; layer :math:`\ell` draws from a

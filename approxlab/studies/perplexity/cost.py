@@ -109,7 +109,7 @@ def patched_forward_cost(model, method: str, input_ids: torch.Tensor, *, layer: 
 
     def method_alone():
         approximate(method, q, k, v, num_features=num_features, causal=causal,
-                    generator=torch.Generator().manual_seed(seed), **options)
+                    generator=torch.Generator().manual_seed(seed), **recorded.options)  # the model's RoPE too
 
     def layer_attention():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
