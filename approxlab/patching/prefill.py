@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .._validation import as_generator, check_choice, check_int
-from ..data.capture import _check_input_ids, check_call, query_factor, repeat_kv_heads
+from ..data.capture import _check_input_ids, check_call, query_factor
 from ..data.positions import max_positions
 from ..kv_cache import kept_for_query_heads
-from ..methods._selection import attend_compressed
+from ..kernels import causal_mask
+from ..methods._selection import attend_compressed_rows
 from . import _model
 from ._layer import kv_cache_call, padding_mask
 from .likelihood import _output_head, next_token_losses
@@ -116,13 +117,30 @@ class Continuation:
         return rows
 
 
-def _exact_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_length: int) -> torch.Tensor:
-    """Exact causal attention's rows ``context_length .. m - 1`` in float64, ``q`` the window's ``(S, H, m, p)`` and
-    ``k, v`` per KV head: every context token kept, :math:`O(t\\,m\\,p)` work (not the :math:`m^2` matrix)."""
-    heads = q.shape[-3]
-    q, k, v = (x.to(torch.float64) for x in (q, repeat_kv_heads(k, heads), repeat_kv_heads(v, heads)))
-    every = torch.arange(context_length, device=q.device).expand(*k.shape[:-2], context_length)
-    return attend_compressed(q, k, v, every, context_length, None)
+def _exact_rows(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    r"""Exact causal attention of the continuation's queries ``(S, H, t, p)`` (positions :math:`m - t, \dots, m - 1`)
+    over the window's keys and values per KV head ``(S, H_kv, m, p)``, in float64: :math:`O(t\,m\,p)` work, not
+    the :math:`m^2` of the whole window."""
+    t, m = queries.shape[-2], k.shape[-2]
+    visible = causal_mask(t, m, row_offset=m - t, device=queries.device)
+    return torch.nn.functional.scaled_dot_product_attention(
+        queries.to(torch.float64), k.to(torch.float64), v.to(torch.float64), attn_mask=visible,
+        enable_gqa=queries.shape[-3] != k.shape[-3])
+
+
+def _read_cache(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
+                context_length: int) -> torch.Tensor:
+    """The continuation's rows ``(S, H, t, p_v)`` from the compressed cache: ``queries`` ``(S, H, t, p)`` every
+    continuation query so far, ``k, v`` per KV head over the window, ``kept`` as ``info["kept"]`` of
+    :func:`approxlab.kv_cache_attention`; the query heads of a KV head read it as views (no repeated K/V)."""
+    heads, kv_heads = queries.shape[-3], k.shape[-3]
+    indices, key_mask = kept_for_query_heads(kept, heads, k.shape[-2])
+    def split(x, dim):  # the query heads (dimension dim) as (H_kv, g)
+        return x.unflatten(dim, (kv_heads, heads // kv_heads))
+
+    rows = attend_compressed_rows(split(queries, -3), k.unsqueeze(-3), v.unsqueeze(-3), split(indices, -2),
+                                  context_length, None if key_mask is None else split(key_mask, -2))
+    return rows.flatten(-4, -3)
 
 
 class _Layer:
@@ -134,7 +152,7 @@ class _Layer:
         self.factor = query_factor(self.layout)
         self.queries = None  # the continuation's queries so far (S, H, T, p)
         self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
-        self.first = None  # the teacher-forced call's (q window, k, v per KV head, output rows or None)
+        self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
 
     def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
         check_call(module, self.layout, kwargs)
@@ -148,38 +166,34 @@ class _Layer:
         k, v = key.to(dtype), value.to(dtype)
         seen = m - n_q - self.prefill.context_length  # continuation tokens already in the cache
         self.queries = q if seen == 0 else torch.cat([self.queries[..., :seen, :], q], dim=-2)
-        window = torch.cat([self.prefill.queries[self.layer], self.queries], dim=-2)
-        heads = q.shape[-3]
         if self.policy is None:
-            output = self._sdpa(module, query, key, value, attention_mask, kwargs)
-            rows = None
+            output, rows = _sdpa(module, query, key, value, attention_mask, kwargs), None
         else:
-            rows = self._policy_rows(window, k, v, heads)[..., seen:, :]
+            rows = self._policy_rows(k, v)[..., seen:, :]
             output = (rows.to(query.dtype).transpose(1, 2).contiguous(), None)
         if self.first is None:
-            self.first = (window, k, v, rows)
+            self.first = (self.queries, k, v, rows)
         return output
 
-    @staticmethod
-    def _sdpa(module, query, key, value, attention_mask, kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    def _policy_rows(self, k, v):
+        """Every continuation row so far from the compressed cache: compressed on the first call (by
+        :func:`approxlab.kv_cache_attention` on the window, exactly as a patched layer does), read again later."""
+        policy, context = self.policy, self.prefill.context_length
+        if self.kept is not None:
+            return _read_cache(self.queries, k, v, self.kept, context)
+        window = torch.cat([self.prefill.queries[self.layer], self.queries], dim=-2)
+        result = kv_cache_call(policy.method, window, k, v, context_length=context,
+                               num_features=policy.budgets[self.layer], generator=self.generator, **policy.options)
+        if result.info.get("setting") == "compressed":
+            self.kept = result.info["kept"]
+        return result.output
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
-    def _policy_rows(self, window, k, v, heads):
-        """The continuation rows of the window from the compressed cache: compressed on the first call (by
-        :func:`approxlab.kv_cache_attention`, exactly as a patched layer does), read again on later calls."""
-        policy = self.policy
-        if self.kept is None:
-            result = kv_cache_call(policy.method, window, k, v, context_length=self.prefill.context_length,
-                                   num_features=policy.budgets[self.layer], generator=self.generator,
-                                   **policy.options)
-            if result.info.get("setting") == "compressed":
-                self.kept = result.info["kept"]
-            return result.output
-        kept, key_mask = kept_for_query_heads(self.kept, heads, window.shape[-2])
-        return attend_compressed(window, repeat_kv_heads(k, heads), repeat_kv_heads(v, heads), kept,
-                                 self.prefill.context_length, key_mask)
+def _sdpa(module, query, key, value, attention_mask, kwargs):
+    """The unpatched layer: transformers' SDPA attention, as ``attn_implementation="sdpa"`` runs it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
 @dataclass
@@ -290,7 +304,7 @@ class ExactPrefill:
             nll, hits, generated = self._run(handlers, continuation_ids, answer_length)
             seconds = time.perf_counter() - start
             inputs = [handlers[layer].first[:3] for layer in range(len(self.queries))]
-            exact = [_exact_rows(*window, self.context_length) for window in inputs]
+            exact = [_exact_rows(*window) for window in inputs]
             result = Continuation("unpatched", None, nll, hits, generated, _answer(continuation_ids, answer_length),
                                   seconds=seconds)
             self._clean = {key: (result, inputs, exact)}  # the last continuation only (memory)
@@ -358,8 +372,7 @@ class ExactPrefill:
         layer's continuation rows are ``kv_cache_attention(method, q, k, v, context_length=n_c, ...)`` on its window
         (the prefill's queries and keys, then the continuation's), so the result equals the per-cell path (the
         whole sequence in one patched forward pass) to rounding -- a test checks it. The compression depends on the
-        context alone, so generated tokens read the same kept set, attended by
-        :func:`~approxlab.methods._selection.attend_compressed`.
+        context alone, so generated tokens read the same kept set (:func:`~approxlab.methods._selection.attend_compressed_rows`).
 
         **Errors.** With :math:`\tilde o_i` a layer's continuation row and :math:`o_i` exact causal attention,
         :math:`\|\tilde O - O\|_2 / \|O\|_2` and the other measures over the :math:`t` rows, per sequence and head:
@@ -432,16 +445,14 @@ class ExactPrefill:
         context = self.context_length
         for layer in chosen:
             handler = handlers[layer]
-            window, k, v, rows = handler.first
-            patched = output_errors(rows, _exact_rows(window, k, v, context))
+            queries, k, v, rows = handler.first
+            patched = output_errors(rows, _exact_rows(queries, k, v))
             q_clean, k_clean, v_clean = clean_inputs[layer]
-            heads = q_clean.shape[-3]
             if handler.kept is not None:
-                kept, key_mask = kept_for_query_heads(handler.kept, heads, q_clean.shape[-2])
-                approx = attend_compressed(q_clean, repeat_kv_heads(k_clean, heads), repeat_kv_heads(v_clean, heads),
-                                           kept, context, key_mask)
+                approx = _read_cache(q_clean, k_clean, v_clean, handler.kept, context)
             else:  # a method without a compression step: its causal form, on the layer's own stream's seed
-                approx = kv_cache_call(policy.method, q_clean, k_clean, v_clean, context_length=context,
+                window = torch.cat([self.queries[layer], q_clean], dim=-2)
+                approx = kv_cache_call(policy.method, window, k_clean, v_clean, context_length=context,
                                        num_features=policy.budgets[layer],
                                        generator=torch.Generator().manual_seed(policy.seeds[layer]),
                                        **policy.options).output
@@ -469,7 +480,7 @@ class _Recorder:
         q = query.detach().to(self.dtype)
         self.queries = q if self.factor is None else q * self.factor
         self.first_keys, self.first_values = key.detach().to(self.dtype), value.detach().to(self.dtype)
-        return _Layer._sdpa(module, query, key, value, attention_mask, kwargs)
+        return _sdpa(module, query, key, value, attention_mask, kwargs)
 
 
 def exact_prefill(model, context_ids: torch.Tensor) -> ExactPrefill:
