@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from _helpers import tiny_llama
 
 from approxlab.patching import token_nll
 from approxlab.patching.key_tokens import key_tokens
@@ -19,11 +19,7 @@ VOCAB, N, SHORT, STRIDE = 64, 48, 12, 5
 
 @pytest.fixture(scope="module")
 def model():
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).to(torch.float64).eval()
+    return tiny_llama(VOCAB, 2)
 
 
 @pytest.fixture(scope="module")

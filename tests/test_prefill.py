@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from _helpers import tiny_llama
 
 import approxlab
 from approxlab.patching import exact_prefill, output_errors, token_nll
@@ -33,11 +33,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def model():
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).to(torch.float64).eval()
+    return tiny_llama(VOCAB, 3)
 
 
 @pytest.fixture(scope="module")

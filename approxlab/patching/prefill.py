@@ -34,7 +34,7 @@ from ..kv_cache import kept_for_query_heads
 from ..kernels import causal_mask
 from ..methods._selection import attend_compressed_rows
 from . import _model
-from ._layer import kv_cache_call, padding_mask
+from ._layer import check_layer_call, kv_cache_call, padding_mask
 from .likelihood import _output_head, next_token_losses
 from .patch import _LOCK, give_back, take_over
 from .records import ERROR_MEASURES, output_errors
@@ -155,11 +155,8 @@ class _Layer:
         self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
 
     def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
-        check_call(module, self.layout, kwargs)
-        if kwargs.get("dropout"):
-            raise RuntimeError(f"layer {self.layer} asked for attention dropout {kwargs['dropout']}: call "
-                               "model.eval() before exact_prefill.")
         n_q, m = query.shape[-2], key.shape[-2]
+        check_layer_call(module, self.layout, self.layer, kwargs)
         padding_mask(attention_mask, n_q, m, True, self.layer)  # causality only (refuses anything else)
         dtype = self.prefill.compute_dtype
         q = query.to(dtype) if self.factor is None else query.to(dtype) * self.factor
@@ -521,16 +518,16 @@ def exact_prefill(model, context_ids: torch.Tensor) -> ExactPrefill:
 
     Examples
     --------
+    A tiny random GPT-2 (4 heads of width 8); :meth:`ExactPrefill.continue_with` has an example with grouped heads:
+
     >>> import torch
-    >>> from transformers import LlamaConfig
+    >>> from transformers import GPT2Config
     >>> from approxlab.data import load_model
     >>> from approxlab.patching import exact_prefill
-    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-    >>> model = load_model("initialized", config=config, seed=0)
-    >>> prefill = exact_prefill(model, torch.randint(30522, (1, 64), generator=torch.Generator().manual_seed(0)))
-    >>> prefill.queries[0].shape, prefill.keys[0].shape  # 4 query heads on 2 KV heads
-    (torch.Size([1, 4, 64, 8]), torch.Size([1, 2, 64, 8]))
+    >>> model = load_model("initialized", config=GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64), seed=0)
+    >>> prefill = exact_prefill(model, torch.randint(30522, (1, 48), generator=torch.Generator().manual_seed(0)))
+    >>> prefill.queries[0].shape, prefill.keys[0].shape, prefill.context_length
+    (torch.Size([1, 4, 48, 8]), torch.Size([1, 4, 48, 8]), 48)
     """
     from transformers import DynamicCache
 
