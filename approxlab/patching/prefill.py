@@ -70,6 +70,8 @@ class Continuation:
     generated : torch.Tensor
         ``(S, k)`` long: the greedy answer, ``k = answer_length`` tokens generated one by one after the question
         ``c_{<t-k}`` on the compressed cache.
+    answer : torch.Tensor
+        ``(S, k)`` long: the answer's tokens, the last ``k`` of the continuation.
     errors : dict
         ``{inputs: {measure: float64 (L', S, H)}}`` for ``inputs`` in :data:`ERROR_INPUTS` and ``measure`` in
         :data:`~approxlab.patching.ERROR_MEASURES`, over the continuation's :math:`t` rows of each replaced layer
