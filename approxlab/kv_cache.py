@@ -34,7 +34,7 @@ from .methods._scores import checked_scores, pool_group, score_options, scores_o
 from .methods._selection import attend_compressed, compressed_indices, selected_weights
 from .operators import ProductOperator, RowSparseOperator
 
-__all__ = ["kv_cache_attention", "GROUPINGS", "ALLOCATIONS"]
+__all__ = ["kv_cache_attention", "kept_for_query_heads", "GROUPINGS", "ALLOCATIONS"]
 
 GROUPINGS = ("kv-head", "query-head")
 """``grouping`` with grouped-query attention: one kept set per KV head, the scores of its query heads averaged
@@ -277,8 +277,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
                                                                          context_length), budget)
     if adaptive:  # AdaKV: the layer's heads share their total, each head a kept set of its own size
         kept_by_head = adakv_keep(scores, budget, alpha_safeguard=alpha_safeguard)
-        keep = kept_by_head.repeat_interleave(groups, dim=-2) if pooled else kept_by_head
-        kept, key_mask = kept_as_indices(keep, key_mask, n)  # slots a head left over: hidden by the mask
+        kept, key_mask = kept_for_query_heads(kept_by_head, q.shape[-3], n, key_mask)  # slots left over: masked
         kept = kept.to(q.device)
     elif pooled:
         kept_by_head = top_budget(scores, budget)
@@ -300,6 +299,33 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     info = {"context_length": context_length, "setting": "compressed", "kept": kept_by_head}
     return Approximation(method, "softmax", output, build, info)
+
+
+def kept_for_query_heads(kept: torch.Tensor, heads: int, n: int,
+                         key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    r"""``info["kept"]`` of :func:`kv_cache_attention` as what each of the ``heads`` query heads attends in a window
+    of ``n`` tokens: ``(indices, key_mask)`` for :func:`~approxlab.methods._selection.attend_compressed`.
+
+    ``kept`` is ``(*batch, H_kv, b)`` indices (one set per KV head, repeated to its :math:`g = H / H_{kv}` query
+    heads), ``(*batch, H, b)`` (one per query head), or AdaKV's bool ``(*batch, H_kv, n_c)`` (or ``(*batch, H,
+    n_c)``), whose sets of different sizes become fixed-width indices with the slots left over hidden by the
+    returned mask (:func:`~approxlab.methods._allocation.kept_as_indices`, combined with ``key_mask``
+    ``(*batch, n)``). The compressed cache is thereby read again, by later queries, without compressing again.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.kv_cache import kept_for_query_heads
+    >>> kept = torch.tensor([[[0, 2], [1, 3]]])  # 2 KV heads keep 2 context tokens each
+    >>> indices, mask = kept_for_query_heads(kept, 4, 6)  # 4 query heads, a window of 6
+    >>> indices.tolist(), mask
+    ([[[0, 2], [0, 2], [1, 3], [1, 3]]], None)
+    """
+    groups = heads // kept.shape[-2]
+    keep = kept.repeat_interleave(groups, dim=-2) if groups > 1 else kept
+    if keep.dtype == torch.bool:
+        return kept_as_indices(keep, key_mask, n)
+    return keep, key_mask
 
 
 def _groups(q, k, v) -> int:

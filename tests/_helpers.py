@@ -75,3 +75,15 @@ def replace_compute(monkeypatch, module, step: int, function):
     steps = list(study.steps)
     steps[step] = dataclasses.replace(steps[step], compute=function)
     monkeypatch.setattr(module, "STUDY", dataclasses.replace(study, steps=tuple(steps)))
+
+
+def tiny_llama(vocab_size: int, num_layers: int):
+    """A tiny random ``LlamaForCausalLM`` in float64, eval mode (4 query heads on 2 KV heads, width 32), its
+    weights drawn with the global CPU generator seeded 0 and the caller's RNG state left as it was."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config).to(torch.float64).eval()

@@ -32,7 +32,7 @@ from ._base import Approximation
 
 __all__ = ["BLOCK_ELEMENTS", "DENSE_SELECTION", "weighted_values", "block_rows", "safe_softmax", "logit_blocks",
            "attend_selected", "selected_weights", "gather_rows", "real_ranks", "compressed_indices",
-           "attend_compressed", "oracle_selection", "sparse_approximation"]
+           "attend_compressed", "attend_compressed_rows", "oracle_selection", "sparse_approximation"]
 
 BLOCK_ELEMENTS = 1 << 22
 """Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
@@ -221,6 +221,14 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
     kernel: the cost of causal SDPA on the cache); a block with a row that sees none (padding) is the explicit
     softmax, whose empty rows are 0. With no kept token and ``context_length = 0`` it is exact causal attention.
     """
+    return attend_compressed_rows(q[..., context_length:, :], k, v, kept, context_length, key_mask)
+
+
+def attend_compressed_rows(rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
+                           context_length: int, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """:func:`attend_compressed` given the continuation's queries alone, ``rows`` ``(*batch, n - context_length,
+    p)`` (``n`` the keys): a decoder's later steps, whose context queries are not needed again."""
+    q = rows
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, budget = k.shape[-2], kept.shape[-1]
     k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
@@ -232,7 +240,7 @@ def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: t
     if key_mask is not None:
         real = key_mask.expand(*batch, n)
         cache_mask = torch.cat([torch.gather(real, -1, kept), real[..., context_length:]], dim=-1)
-    rows = q[..., context_length:, :].expand(*batch, n - context_length, q.shape[-1])
+    rows = q.expand(*batch, n - context_length, q.shape[-1])
     scale = 1.0 / math.sqrt(q.shape[-1])
     if cache_mask is None and budget == 0 and context_length == 0:  # exact causal attention, the fused kernel
         return _fused_attention(rows, cache_keys, cache_values, None, scale)

@@ -6,6 +6,11 @@
 - :class:`LayerCall`, :func:`output_errors` (:mod:`approxlab.patching.records`): one run's record, and the
   relative spectral, Frobenius and worst-query errors of a layer's output against exact attention on the
   same inputs.
+- :func:`exact_prefill` (:mod:`approxlab.patching.prefill`): the KV-cache setting at long context, one exact
+  prefill shared by every policy and budget; :meth:`ExactPrefill.continue_with` compresses its cache and runs a
+  continuation (per-token NLL, greedy answer, per-layer errors on clean and on patched inputs).
+- :func:`key_tokens` (:mod:`approxlab.patching.key_tokens`): LongPPL's key tokens, those whose prediction needs
+  distant context, and the change in NLL on them (:meth:`KeyTokens.delta`).
 - :func:`token_nll` (:mod:`approxlab.patching.likelihood`): per-token negative log-likelihood of a causal
   language model, in float64: the change in log-perplexity a patch causes.
 
@@ -22,8 +27,11 @@ Typical use::
     patch.errors()                        # the layer's relative errors, per sequence and head
 """
 
+from .key_tokens import KeyTokens, key_tokens
 from .likelihood import token_nll
 from .patch import AttentionPatch, patch_attention
+from .prefill import ERROR_INPUTS, Continuation, ExactPrefill, exact_prefill
 from .records import ERROR_MEASURES, LayerCall, output_errors
 
-__all__ = ["patch_attention", "AttentionPatch", "LayerCall", "output_errors", "ERROR_MEASURES", "token_nll"]
+__all__ = ["patch_attention", "AttentionPatch", "LayerCall", "output_errors", "ERROR_MEASURES", "token_nll",
+           "exact_prefill", "ExactPrefill", "Continuation", "ERROR_INPUTS", "key_tokens", "KeyTokens"]

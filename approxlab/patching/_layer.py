@@ -29,6 +29,15 @@ def kv_cache_call(method, q, k, v, *, context_length, num_features, generator, g
                               alpha_safeguard=alpha_safeguard, **options)
 
 
+def check_layer_call(module, layout, layer: int, kwargs: dict) -> None:
+    """What transformers passes agrees with the module's layout (:func:`~approxlab.data.capture.check_call`) and
+    asks for no attention dropout, which approxlab's attention does not apply."""
+    check_call(module, layout, kwargs)
+    if kwargs.get("dropout"):
+        raise RuntimeError(f"layer {layer} asked for attention dropout {kwargs['dropout']}, which patched "
+                           "attention does not apply: call model.eval() before the forward pass.")
+
+
 def padding_mask(attention_mask, n_q: int, m: int, causal: bool, layer: int):
     """The keys' padding ``(S, h, m)`` bool (True: attend) read from a 4-d attention mask, or None.
 
@@ -84,10 +93,7 @@ class PatchedLayer:
         return q if self.factor is None else q * self.factor, key.to(dtype), value.to(dtype)
 
     def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
-        check_call(module, self.layout, kwargs)
-        if kwargs.get("dropout"):
-            raise RuntimeError(f"layer {self.layer} asked for attention dropout {kwargs['dropout']}, which patched "
-                               "attention does not apply: call model.eval() before the forward pass.")
+        check_layer_call(module, self.layout, self.layer, kwargs)
         n_q, m = query.shape[-2], key.shape[-2]
         key_mask = padding_mask(attention_mask, n_q, m, self.layout.causal, self.layer)
         q, k, v = self._inputs(query, key, value)

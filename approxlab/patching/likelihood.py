@@ -24,7 +24,7 @@ from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
 from . import _model
 
-__all__ = ["token_nll"]
+__all__ = ["token_nll", "next_token_losses"]
 
 _CHUNK = 256
 """Positions whose logits over the vocabulary are formed at once (``(S, 256, V)`` float64)."""
@@ -123,18 +123,26 @@ def token_nll(model, input_ids: torch.Tensor, *, hits: bool = False, start: int 
     inputs = {"input_ids": input_ids.to(weight.device)}
     if "use_cache" in inspect.signature(base.forward).parameters:
         inputs["use_cache"] = False
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    targets = inputs["input_ids"][:, start + 1:]
-    losses, found = [], []
     with torch.no_grad():
         hidden = base(**inputs).last_hidden_state[:, start:-1]
-        for first in range(0, n - 1 - start, _CHUNK):
-            logits = torch.nn.functional.linear(hidden[:, first:first + _CHUNK], weight, bias).to(torch.float64)
-            if cap:
-                logits = cap * torch.tanh(logits / cap)
-            chosen = targets[:, first:first + _CHUNK].unsqueeze(-1)
-            losses.append(-torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1))
-            if hits:
-                found.append(logits.argmax(dim=-1) == chosen.squeeze(-1))
-    nll = torch.cat(losses, dim=-1).cpu()
-    return (nll, torch.cat(found, dim=-1).cpu()) if hits else nll
+        nll, predicted = next_token_losses(model, hidden, inputs["input_ids"][:, start + 1:])
+    return (nll, predicted == input_ids[:, start + 1:].cpu()) if hits else nll
+
+
+def next_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``(nll, predicted)``: :math:`-\log p(\text{targets} \mid h)` in float64 and the most likely next token,
+    ``(S, t)`` each on the CPU, from the last hidden states ``hidden`` ``(S, t, h)`` of a causal language model
+    (its output head applied :data:`_CHUNK` positions at a time, Gemma's final logit soft-cap where the config has
+    one); ``targets`` ``(S, t)`` the token each position predicts."""
+    weight, bias = _output_head(model)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    targets = targets.to(weight.device)
+    losses, found = [], []
+    for start in range(0, hidden.shape[1], _CHUNK):
+        logits = torch.nn.functional.linear(hidden[:, start:start + _CHUNK], weight, bias).to(torch.float64)
+        if cap:
+            logits = cap * torch.tanh(logits / cap)
+        chosen = targets[:, start:start + _CHUNK].unsqueeze(-1)
+        losses.append(-torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1))
+        found.append(logits.argmax(dim=-1))
+    return torch.cat(losses, dim=-1).cpu(), torch.cat(found, dim=-1).cpu()

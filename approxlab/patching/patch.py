@@ -66,6 +66,47 @@ def _unregister() -> None:
             interface._global_mapping.pop(IMPLEMENTATION, None)
 
 
+def take_over(target, handlers: dict) -> bool:
+    """Make ``handlers`` (``{layer: callable}``, each called as ``handler(module, query, key, value,
+    attention_mask, kwargs)``) the attention of their layers of ``target``'s model, every other layer SDPA; the
+    caller holds :data:`_LOCK` and later calls :func:`give_back`. Returns True (approxlab's function registered);
+    on a failure everything is given back before the error propagates."""
+    model = target.model
+    if model.config._attn_implementation == IMPLEMENTATION or any(m in _LAYERS for m in target.modules):
+        raise RuntimeError("`model` is already patched by another patch_attention block: one patch per "
+                           "model at a time (patch every layer you need in one call, or leave the other "
+                           f"block first); got a model whose attention implementation is {IMPLEMENTATION!r}.")
+    previous, registered = model.config._attn_implementation, False
+    try:
+        for layer, handler in handlers.items():
+            _LAYERS[target.modules[layer]] = handler
+        registered = bool(_register())
+        model.set_attn_implementation(IMPLEMENTATION)
+        if model.config._attn_implementation != IMPLEMENTATION:
+            raise RuntimeError(f"{type(model).__name__} did not take approxlab's attention function "
+                               "(transformers' set_attn_implementation left it unchanged).")
+    except BaseException:
+        mine = set(map(id, handlers.values()))
+        give_back(target, previous, lambda handler: id(handler) in mine, registered)
+        raise
+    return registered
+
+
+def give_back(target, previous: str, owned, registered: bool) -> None:
+    """Undo :func:`take_over`: the model's attention implementation ``previous`` again, the handlers for which
+    ``owned(handler)`` is true removed, approxlab's function unregistered if ``registered``."""
+    try:
+        if target.model.config._attn_implementation != previous:
+            target.model.set_attn_implementation(previous)
+    finally:
+        for module in target.modules:
+            handler = _LAYERS.get(module)
+            if handler is not None and owned(handler):
+                del _LAYERS[module]
+        if registered:
+            _unregister()
+
+
 def takes_key_mask(spec) -> bool:
     """Whether the registered method ``spec`` takes a ``key_mask`` (the padding of an encoder's batch)."""
     return "key_mask" in inspect.signature(spec.function).parameters
@@ -203,25 +244,16 @@ class AttentionPatch:
             raise RuntimeError(f"an AttentionPatch is entered once; got one that is {self._state}: call "
                                "patch_attention again for another block.")
         target = self._target
-        model = target.model
         with _LOCK:
-            if model.config._attn_implementation == IMPLEMENTATION or any(m in _LAYERS for m in target.modules):
-                raise RuntimeError("`model` is already patched by another patch_attention block: one patch per "
-                                   "model at a time (patch every layer you need in one call, or leave the other "
-                                   f"block first); got a model whose attention implementation is {IMPLEMENTATION!r}.")
-            self._previous = model.config._attn_implementation
+            self._previous = target.model.config._attn_implementation
             generators = {layer: torch.Generator().manual_seed(seed) for layer, seed in self.seeds.items()}
+            handlers = {layer: PatchedLayer(self, layer, target.layouts[layer], generators[layer])
+                        for layer in self.layers}
+            self._registered = take_over(target, handlers)
             try:
-                for layer in self.layers:
-                    _LAYERS[target.modules[layer]] = PatchedLayer(self, layer, target.layouts[layer],
-                                                                  generators[layer])
-                self._registered = bool(_register())
-                model.set_attn_implementation(IMPLEMENTATION)
-                if model.config._attn_implementation != IMPLEMENTATION:
-                    raise RuntimeError(f"{type(model).__name__} did not take approxlab's attention function "
-                                       "(transformers' set_attn_implementation left it unchanged).")
                 if not target.causal and not self._takes_key_mask:
-                    self._padding_check = model.register_forward_pre_hook(self._refuse_padding, with_kwargs=True)
+                    self._padding_check = target.model.register_forward_pre_hook(self._refuse_padding,
+                                                                                 with_kwargs=True)
             except BaseException:
                 self._restore()
                 raise
@@ -249,17 +281,8 @@ class AttentionPatch:
         if self._padding_check is not None:
             self._padding_check.remove()
             self._padding_check = None
-        try:
-            if target.model.config._attn_implementation != self._previous:
-                target.model.set_attn_implementation(self._previous)
-        finally:
-            for module in target.modules:
-                layer = _LAYERS.get(module)
-                if layer is not None and layer.patch is self:
-                    del _LAYERS[module]
-            if self._registered:
-                self._registered = False
-                _unregister()
+        registered, self._registered = self._registered, False
+        give_back(target, self._previous, lambda handler: handler.patch is self, registered)
 
     def __exit__(self, *exc_info) -> None:
         with _LOCK:

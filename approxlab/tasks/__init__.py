@@ -17,6 +17,10 @@ The five columns of Skyformer's Table 3 (LRA's tasks), under LRA's names:
 
 ``"wikitext-mlm"`` is masked-language modelling on WikiText-2 (no Table 3 column).
 
+Not a training task: :mod:`approxlab.tasks.ruler` builds RULER-style long-context retrieval sequences
+(needles of random keys in a WikiText-2 haystack) for evaluating a model, e.g. with
+:func:`approxlab.patching.exact_prefill`.
+
 Every factory has the signature::
 
     make_task(*, n, batch_size, num_batches, generator=None, data_dir=None) -> Task

@@ -1,0 +1,568 @@
+r"""One exact prefill, many compressed caches: the KV-cache setting at long context without a model run per policy.
+
+In the KV-cache setting (:func:`~approxlab.patching.patch_attention` with ``context_length``) a context of
+:math:`n_c` tokens is processed exactly -- its hidden states, queries, keys and values are the unpatched model's --
+and only the continuation reads the compressed cache. Every policy and budget can therefore share one prefill,
+as kvpress's pipeline does (prefill, compress, then generate): :func:`exact_prefill` runs the unpatched model over
+the context once and keeps, per layer, its keys and values (the cache) and the queries that the policies' scores
+read (SnapKV's observation window, H2O's accumulated attention, computed blockwise by the policy from them).
+:meth:`ExactPrefill.continue_with` then, for one policy and budget, compresses each layer's cache per KV head
+exactly as :func:`approxlab.kv_cache_attention` does and runs only the continuation on it: the cost of a
+policy is its compression and a continuation of :math:`t` tokens, :math:`O(L\,t\,(b + t))` attention work
+instead of a forward pass over :math:`n_c + t` tokens.
+
+Public API (re-exported by :mod:`approxlab.patching`)::
+
+    exact_prefill(model, context_ids) -> ExactPrefill
+    ExactPrefill.continue_with(method, *, num_features, continuation_ids, answer_length=0, ...) -> Continuation
+    ExactPrefill.unpatched(continuation_ids, *, answer_length=0) -> Continuation
+    Continuation      # nll, hits, generated, correct, errors, error_rows(), seconds, status
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .._validation import as_generator, check_choice, check_int
+from ..data.capture import _check_input_ids, check_call, query_factor
+from ..data.positions import max_positions
+from ..kv_cache import kept_for_query_heads
+from ..kernels import causal_mask
+from ..methods._selection import attend_compressed_rows
+from . import _model
+from ._layer import check_layer_call, kv_cache_call, padding_mask
+from .likelihood import _output_head, next_token_losses
+from .patch import _LOCK, give_back, take_over
+from .records import ERROR_MEASURES, output_errors
+
+__all__ = ["exact_prefill", "ExactPrefill", "Continuation", "ERROR_INPUTS"]
+
+ERROR_INPUTS = ("clean", "patched")
+r"""The inputs a layer's error is measured on: ``"clean"``, the unpatched model's (context and continuation run
+exactly, the policy applied to their q, k, v); ``"patched"``, the patched run's own, which drift from the
+unpatched ones after the first compressed layer."""
+
+ON_FAILURE = ("raise", "record")
+
+
+@dataclass
+class Continuation:
+    r"""One policy and budget on a shared prefill (:meth:`ExactPrefill.continue_with`), or the unpatched model.
+
+    Attributes
+    ----------
+    method : str
+        The policy (``"unpatched"`` for :meth:`ExactPrefill.unpatched`).
+    num_features : int or None
+        The budget :math:`b` (``None`` unpatched).
+    budgets : dict of int to int
+        The budget of each replaced layer (``num_features``, or its PyramidKV share).
+    nll : torch.Tensor
+        ``(S, t)`` float64: entry :math:`j` is :math:`-\log p(c_j \mid x_{<n_c},\, c_{<j})`, the continuation's
+        token :math:`j` predicted from everything before it; entry 0 is predicted from the context alone (the
+        exact prefill's, the same for every policy).
+    hits : torch.Tensor
+        ``(S, t)`` bool: :math:`c_j` is the most likely next token there (teacher-forced).
+    generated : torch.Tensor
+        ``(S, k)`` long: the greedy answer, ``k = answer_length`` tokens generated one by one after the question
+        ``c_{<t-k}`` on the compressed cache.
+    answer : torch.Tensor
+        ``(S, k)`` long: the answer's tokens, the last ``k`` of the continuation.
+    errors : dict
+        ``{inputs: {measure: float64 (L', S, H)}}`` for ``inputs`` in :data:`ERROR_INPUTS` and ``measure`` in
+        :data:`~approxlab.patching.ERROR_MEASURES`, over the continuation's :math:`t` rows of each replaced layer
+        (in :attr:`layers` order); empty for the unpatched model.
+    layers : tuple of int
+    seconds : float
+        Wall seconds of the continuation: compression, teacher-forced pass, generation and both errors.
+    status : str
+        ``"ok"``, or the method's failure on one line (``on_failure="record"``), then ``nll`` is :math:`+\infty`.
+    """
+
+    method: str
+    num_features: int | None
+    nll: torch.Tensor
+    hits: torch.Tensor
+    generated: torch.Tensor
+    answer: torch.Tensor
+    layers: tuple = ()
+    budgets: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict, repr=False)
+    seconds: float = 0.0
+    status: str = "ok"
+
+    @property
+    def correct(self) -> torch.Tensor:
+        """``(S,)`` bool: the greedy answer equals the answer (exact match); all True without an answer."""
+        return (self.generated == self.answer).all(dim=-1)
+
+    def answer_logprob(self) -> torch.Tensor:
+        """``(S,)`` float64: the answer tokens' summed log-probability, teacher-forced."""
+        k = self.answer.shape[-1]
+        return -self.nll[:, self.nll.shape[-1] - k:].sum(dim=-1)
+
+    def error_rows(self) -> list[dict]:
+        """One row per inputs, replaced layer, sequence and head: ``inputs``, ``layer``, ``sequence``, ``head`` and
+        the measures of :data:`~approxlab.patching.ERROR_MEASURES`."""
+        rows = []
+        for inputs, measures in self.errors.items():
+            layers, sequences, heads = measures["spectral"].shape
+            for index in range(layers):
+                for s in range(sequences):
+                    rows.extend({"inputs": inputs, "layer": self.layers[index], "sequence": s, "head": h,
+                                 **{name: float(value[index, s, h]) for name, value in measures.items()}}
+                                for h in range(heads))
+        return rows
+
+
+def _exact_rows(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    r"""Exact causal attention of the continuation's queries ``(S, H, t, p)`` (positions :math:`m - t, \dots, m - 1`)
+    over the window's keys and values per KV head ``(S, H_kv, m, p)``, in float64: :math:`O(t\,m\,p)` work, not
+    the :math:`m^2` of the whole window."""
+    t, m = queries.shape[-2], k.shape[-2]
+    visible = causal_mask(t, m, row_offset=m - t, device=queries.device)
+    return torch.nn.functional.scaled_dot_product_attention(
+        queries.to(torch.float64), k.to(torch.float64), v.to(torch.float64), attn_mask=visible,
+        enable_gqa=queries.shape[-3] != k.shape[-3])
+
+
+def _read_cache(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
+                context_length: int) -> torch.Tensor:
+    """The continuation's rows ``(S, H, t, p_v)`` from the compressed cache: ``queries`` ``(S, H, t, p)`` every
+    continuation query so far, ``k, v`` per KV head over the window, ``kept`` as ``info["kept"]`` of
+    :func:`approxlab.kv_cache_attention`; the query heads of a KV head read it as views (no repeated K/V)."""
+    heads, kv_heads = queries.shape[-3], k.shape[-3]
+    indices, key_mask = kept_for_query_heads(kept, heads, k.shape[-2])
+    def split(x, dim):  # the query heads (dimension dim) as (H_kv, g)
+        return x.unflatten(dim, (kv_heads, heads // kv_heads))
+
+    rows = attend_compressed_rows(split(queries, -3), k.unsqueeze(-3), v.unsqueeze(-3), split(indices, -2),
+                                  context_length, None if key_mask is None else split(key_mask, -2))
+    return rows.flatten(-4, -3)
+
+
+class _Layer:
+    """One layer's attention during a continuation: SDPA on the exact cache (unpatched), or the policy."""
+
+    def __init__(self, prefill: "ExactPrefill", layer: int, policy=None, generator=None):
+        self.prefill, self.layer, self.policy, self.generator = prefill, layer, policy, generator
+        self.layout = prefill._target.layouts[layer]
+        self.factor = query_factor(self.layout)
+        self.queries = None  # the continuation's queries so far (S, H, T, p)
+        self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
+        self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
+
+    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
+        n_q, m = query.shape[-2], key.shape[-2]
+        check_layer_call(module, self.layout, self.layer, kwargs)
+        padding_mask(attention_mask, n_q, m, True, self.layer)  # causality only (refuses anything else)
+        dtype = self.prefill.compute_dtype
+        q = query.to(dtype) if self.factor is None else query.to(dtype) * self.factor
+        k, v = key.to(dtype), value.to(dtype)
+        seen = m - n_q - self.prefill.context_length  # continuation tokens already in the cache
+        self.queries = q if seen == 0 else torch.cat([self.queries[..., :seen, :], q], dim=-2)
+        if self.policy is None:
+            output, rows = _sdpa(module, query, key, value, attention_mask, kwargs), None
+        else:
+            rows = self._policy_rows(k, v)[..., seen:, :]
+            output = (rows.to(query.dtype).transpose(1, 2).contiguous(), None)
+        if self.first is None:
+            self.first = (self.queries, k, v, rows)
+        return output
+
+    def _policy_rows(self, k, v):
+        """Every continuation row so far from the compressed cache: compressed on the first call (by
+        :func:`approxlab.kv_cache_attention` on the window, exactly as a patched layer does), read again later."""
+        policy, context = self.policy, self.prefill.context_length
+        if self.kept is not None:
+            return _read_cache(self.queries, k, v, self.kept, context)
+        window = torch.cat([self.prefill.queries[self.layer], self.queries], dim=-2)
+        result = kv_cache_call(policy.method, window, k, v, context_length=context,
+                               num_features=policy.budgets[self.layer], generator=self.generator, **policy.options)
+        if result.info.get("setting") == "compressed":
+            self.kept = result.info["kept"]
+        return result.output
+
+
+def _sdpa(module, query, key, value, attention_mask, kwargs):
+    """The unpatched layer: transformers' SDPA attention, as ``attn_implementation="sdpa"`` runs it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+@dataclass
+class _Policy:
+    method: str
+    budgets: dict
+    options: dict
+    seeds: dict
+
+
+class ExactPrefill:
+    r"""The unpatched model's pass over a context, shared by every policy and budget (:func:`exact_prefill`).
+
+    Attributes
+    ----------
+    context_length : int
+        :math:`n_c`.
+    context_ids : torch.Tensor
+        ``(S, n_c)``.
+    queries, keys, values : tuple of torch.Tensor
+        Per layer, the context's ``(S, H, n_c, p)`` queries (rescaled to the :math:`1/\sqrt p` convention) and
+        ``(S, H_kv, n_c, p)``, ``(S, H_kv, n_c, p_v)`` keys and values (RoPE applied), in the compute dtype (the
+        model's, float32 for a half-precision model). Memory: about :math:`L\,n_c\,p\,(H + 2H_{kv})` numbers
+        (566 MB in float32 for SmolLM2 at 8,192 tokens, besides the model's own cache of the same K/V).
+    seconds : float
+        Wall seconds of the prefill.
+    """
+
+    def __init__(self, target, context_ids, cache, last_hidden, recorders, seconds, implementation):
+        self._target = target
+        self._implementation = implementation  # the model's own attention, set back after each pass
+        self._cache = cache
+        self._last_hidden = last_hidden  # (S, 1, h): predicts the continuation's first token
+        self.context_ids = context_ids
+        self.context_length = int(context_ids.shape[1])
+        dtype = target.dtype
+        self.compute_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        self.queries = tuple(r.queries for r in recorders)
+        self.keys = tuple(r.first_keys for r in recorders)
+        self.values = tuple(r.first_values for r in recorders)
+        self.seconds = seconds
+        self._clean = {}  # continuation ids -> (unpatched Continuation, per layer clean (q, k, v), exact rows)
+
+    def __repr__(self) -> str:
+        return (f"ExactPrefill(context_length={self.context_length}, sequences={self.context_ids.shape[0]}, "
+                f"layers={len(self.queries)}, seconds={self.seconds:.3g})")
+
+    # -- running a continuation on the cache ---------------------------------------------------------------
+
+    def _check_continuation(self, continuation_ids, answer_length):
+        model = self._target.model
+        _check_input_ids(continuation_ids, int(model.config.vocab_size))
+        sequences, t = continuation_ids.shape
+        if sequences != self.context_ids.shape[0]:
+            raise ValueError(f"`continuation_ids` must have one row per context sequence ({self.context_ids.shape[0]}); "
+                             f"got {sequences}.")
+        limit = max_positions(self._target.architecture, model.config)
+        if self.context_length + t > limit:
+            raise ValueError(f"`continuation_ids` must fit the model's positions with the context: t <= "
+                             f"{limit - self.context_length}; got t = {t}.")
+        return check_int(answer_length, "answer_length", low=0, high=t)
+
+    def _run(self, handlers: dict, continuation_ids: torch.Tensor, answer_length: int):
+        """Teacher-forced pass over the continuation, then greedy generation of the answer; the cache is cut back
+        to the context before and after. Returns ``(nll, hits, generated)``."""
+        target, cache, context = self._target, self._cache, self.context_length
+        model, base = target.model, target.model.base_model
+        device = self._last_hidden.device
+        ids = continuation_ids.to(device)
+        t = ids.shape[1]
+
+        def cut(length):
+            extra = cache.get_seq_length() - length
+            if extra > 0:
+                cache.crop(-extra)
+
+        def step(tokens):
+            return base(input_ids=tokens, cache=cache, use_cache=True).last_hidden_state
+
+        cut(context)
+        with _LOCK:
+            registered = take_over(target, handlers)
+        try:
+            with torch.no_grad():
+                hidden = torch.cat([self._last_hidden, step(ids)[:, :-1]], dim=1)
+                nll, predicted = next_token_losses(model, hidden, ids)
+                generated = predicted[:, t - answer_length:t - answer_length + 1] if answer_length else \
+                    predicted[:, :0]
+                cut(context + t - answer_length)
+                while generated.shape[1] < answer_length:
+                    last = step(generated[:, -1:].to(device))[:, -1:]
+                    weight, bias = _output_head(model)
+                    logits = torch.nn.functional.linear(last, weight, bias)
+                    generated = torch.cat([generated, logits.argmax(dim=-1).cpu()], dim=1)
+        finally:
+            with _LOCK:
+                give_back(target, self._implementation, lambda handler: handler in handlers.values(), registered)
+            cut(context)
+        return nll, predicted == continuation_ids.cpu(), generated
+
+    def _clean_pass(self, continuation_ids: torch.Tensor, answer_length: int):
+        """The unpatched continuation (computed once per continuation): its result, each layer's clean q (window),
+        k, v (per query head) and exact continuation rows in float64."""
+        key = (tuple(continuation_ids.shape), tuple(continuation_ids.flatten().tolist()), answer_length)
+        if key not in self._clean:
+            start = time.perf_counter()
+            handlers = {layer: _Layer(self, layer) for layer in range(len(self.queries))}
+            nll, hits, generated = self._run(handlers, continuation_ids, answer_length)
+            seconds = time.perf_counter() - start
+            inputs = [handlers[layer].first[:3] for layer in range(len(self.queries))]
+            exact = [_exact_rows(*window) for window in inputs]
+            result = Continuation("unpatched", None, nll, hits, generated, _answer(continuation_ids, answer_length),
+                                  seconds=seconds)
+            self._clean = {key: (result, inputs, exact)}  # the last continuation only (memory)
+        return self._clean[key]
+
+    def unpatched(self, continuation_ids: torch.Tensor, *, answer_length: int = 0) -> Continuation:
+        """The unpatched model's continuation on the exact cache (the reference every policy is compared with): a
+        :class:`Continuation` with ``method="unpatched"`` and no errors. Its clean q, k, v are kept for the
+        policies' clean-input errors on the same continuation."""
+        answer_length = self._check_continuation(continuation_ids, answer_length)
+        return self._clean_pass(continuation_ids, answer_length)[0]
+
+    def continue_with(self, method: str, *, num_features: int, continuation_ids: torch.Tensor,
+                      answer_length: int = 0, layers=None, generator: torch.Generator | None = None,
+                      grouping: str | None = None, allocation: str | None = None,
+                      alpha_safeguard: float | None = None, layer_budgets: str | None = None,
+                      pyramid_beta: float | None = None, on_failure: str = "raise", **options) -> Continuation:
+        r"""The continuation with ``method`` compressing each replaced layer's cache to ``num_features`` tokens.
+
+        Parameters
+        ----------
+        method : str
+            A registered method with a causal form: a cache policy (``score=``/``compress=``: ``streaming-llm``,
+            ``snapkv``, ``h2o``, ``knorm``, a user's) compresses the prefill's cache once per layer; any other
+            causal method runs its causal form on the window so far at every call, as in
+            :func:`approxlab.kv_cache_attention`.
+        num_features : int
+            The budget :math:`b` (context tokens kept per KV head), or the method's ``num_features``.
+        continuation_ids : torch.Tensor
+            ``(S, t)`` token ids after the context (e.g. a question and its answer), teacher-forced.
+        answer_length : int, default 0
+            :math:`k`, the last ``k`` continuation tokens are the answer: generated greedily after the first
+            ``t - k`` (``Continuation.generated``), scored by exact match and by their log-probability.
+        layers : None, int or sequence of int
+            The layers whose cache is compressed (default: every layer); the others read the exact cache.
+        generator : torch.Generator, optional
+            The random streams of the layers, drawn as :func:`~approxlab.patching.patch_attention` draws them (one
+            seed per model layer), so that a randomized policy takes the same draws in both.
+        grouping, allocation, alpha_safeguard, layer_budgets, pyramid_beta
+            As in :func:`~approxlab.patching.patch_attention`'s KV-cache setting.
+        on_failure : {"raise", "record"}, default "raise"
+            What a failure of the method does: propagate, or give a :class:`Continuation` whose ``status`` names it
+            (``nll`` :math:`+\infty`, no errors), so that a sweep goes on.
+        **options
+            The method's options (e.g. ``window``, ``sinks``).
+
+        Returns
+        -------
+        Continuation
+            Its ``errors`` hold, for each replaced layer, the relative errors of the continuation's rows
+            (:func:`~approxlab.patching.output_errors`, float64) on two inputs (:data:`ERROR_INPUTS`).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :func:`~approxlab.patching.patch_attention` for ``method``, ``num_features``, ``layers`` and the
+            budget options; ``continuation_ids`` not ``(S, t)`` ids of the model's vocabulary with one row per
+            context sequence, or beyond the model's positions; ``answer_length`` not in ``[0, t]``; ``on_failure``
+            not in ``("raise", "record")``.
+
+        Notes
+        -----
+        **Exactness.** The prefill is the unpatched model's, as in the KV-cache setting of
+        :func:`~approxlab.patching.patch_attention`, where the context's rows are exact attention; each replaced
+        layer's continuation rows are ``kv_cache_attention(method, q, k, v, context_length=n_c, ...)`` on its window
+        (the prefill's queries and keys, then the continuation's), so the result equals the per-cell path (the
+        whole sequence in one patched forward pass) to rounding -- a test checks it. The compression depends on the
+        context alone, so generated tokens read the same kept set (:func:`~approxlab.methods._selection.attend_compressed_rows`).
+
+        **Errors.** With :math:`\tilde o_i` a layer's continuation row and :math:`o_i` exact causal attention,
+        :math:`\|\tilde O - O\|_2 / \|O\|_2` and the other measures over the :math:`t` rows, per sequence and head:
+
+        * ``"patched"``: on the q, k, v the patched run gave the layer (the teacher-forced pass);
+        * ``"clean"``: on the unpatched run's (the exact prefill and one unpatched pass over the continuation,
+          :meth:`unpatched`), the same kept set: the error the layer would make on the model's own inputs, free of
+          the drift earlier layers cause. The clean q, k, v are computed once per continuation and shared.
+
+        **Cost.** Per replaced layer: the compression (e.g. H2O's column sums, :math:`O(n_c^2 p)` in row blocks),
+        :math:`O(t(b + t)p)` for the rows, and :math:`O(t\,n_c\,p)` float64 for each exact reference; the MLPs of
+        :math:`t` tokens; no pass over the context.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformers import LlamaConfig
+        >>> from approxlab.data import load_model
+        >>> from approxlab.patching import exact_prefill
+        >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+        >>> model = load_model("initialized", config=config, seed=0)
+        >>> ids = torch.randint(30522, (1, 72), generator=torch.Generator().manual_seed(0))
+        >>> prefill = exact_prefill(model, ids[:, :64])           # one pass over the context
+        >>> exact = prefill.unpatched(ids[:, 64:], answer_length=3)
+        >>> kept = prefill.continue_with("snapkv", num_features=16, window=4, continuation_ids=ids[:, 64:],
+        ...                              answer_length=3)         # every policy and budget: a continuation
+        >>> kept.nll.shape, kept.generated.shape, kept.errors["clean"]["spectral"].shape  # 2 layers, 4 heads
+        (torch.Size([1, 8]), torch.Size([1, 3]), torch.Size([2, 1, 4]))
+        >>> bool(torch.equal(kept.nll[:, 0], exact.nll[:, 0]))    # the first token is predicted by the context
+        True
+        """
+        start = time.perf_counter()
+        target = self._target
+        answer_length = self._check_continuation(continuation_ids, answer_length)
+        on_failure = check_choice(on_failure, "on_failure", ON_FAILURE)
+        chosen = _model.check_layers(layers, target)
+        spec, num_features, _ = _model.check_method(method, num_features, options, target)
+        grouping = _model.check_grouping(grouping, self.context_length)
+        generator = as_generator(generator)
+        allocation, alpha_safeguard, _, per_layer = _model.check_budgets(
+            spec, num_features, options, len(target.modules), self.context_length, allocation=allocation,
+            alpha_safeguard=alpha_safeguard, layer_budgets=layer_budgets, pyramid_beta=pyramid_beta)
+        supplied = _model.supplied_inputs(spec, options, target, chosen)
+        seeds = _model.layer_seeds(generator, len(target.modules))
+        step_options = {**supplied, **options, "grouping": grouping, "allocation": allocation,
+                        "alpha_safeguard": alpha_safeguard}
+        policy = _Policy(spec.name, {layer: per_layer[layer] for layer in chosen}, step_options, seeds)
+        clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
+        answer = _answer(continuation_ids, answer_length)
+        handlers = {layer: _Layer(self, layer, policy, torch.Generator().manual_seed(seeds[layer]))
+                    for layer in chosen}
+        try:
+            nll, hits, generated = self._run(handlers, continuation_ids, answer_length)
+            errors = self._errors(handlers, chosen, policy, clean_inputs, clean_exact)
+        except Exception as failure:  # noqa: BLE001 - the method's failure, recorded when asked
+            if on_failure == "raise":
+                raise
+            status = " ".join(f"{type(failure).__name__}: {failure}".split())
+            return Continuation(spec.name, num_features, torch.full_like(clean.nll, torch.inf),
+                                torch.zeros_like(clean.hits), torch.zeros_like(clean.generated), answer,
+                                layers=chosen, budgets=policy.budgets, seconds=time.perf_counter() - start,
+                                status=status)
+        return Continuation(spec.name, num_features, nll, hits, generated, answer, layers=chosen,
+                            budgets=policy.budgets, errors=errors, seconds=time.perf_counter() - start)
+
+    def _errors(self, handlers, chosen, policy, clean_inputs, clean_exact) -> dict:
+        """``{"clean": ..., "patched": ...}``, each ``{measure: (L', S, H)}`` (see :meth:`continue_with`)."""
+        found = {inputs: {name: [] for name in ERROR_MEASURES} for inputs in ERROR_INPUTS}
+        context = self.context_length
+        for layer in chosen:
+            handler = handlers[layer]
+            queries, k, v, rows = handler.first
+            patched = output_errors(rows, _exact_rows(queries, k, v))
+            q_clean, k_clean, v_clean = clean_inputs[layer]
+            if handler.kept is not None:
+                approx = _read_cache(q_clean, k_clean, v_clean, handler.kept, context)
+            else:  # a method without a compression step: its causal form, on the layer's own stream's seed
+                window = torch.cat([self.queries[layer], q_clean], dim=-2)
+                approx = kv_cache_call(policy.method, window, k_clean, v_clean, context_length=context,
+                                       num_features=policy.budgets[layer],
+                                       generator=torch.Generator().manual_seed(policy.seeds[layer]),
+                                       **policy.options).output
+            clean = output_errors(approx, clean_exact[layer])
+            for inputs, measures in (("clean", clean), ("patched", patched)):
+                for name in ERROR_MEASURES:
+                    found[inputs][name].append(measures[name])
+        return {inputs: {name: torch.stack(values) for name, values in measures.items()}
+                for inputs, measures in found.items()}
+
+
+def _answer(continuation_ids: torch.Tensor, answer_length: int) -> torch.Tensor:
+    return continuation_ids[:, continuation_ids.shape[1] - answer_length:].cpu()
+
+
+class _Recorder:
+    """A layer's attention during the prefill: SDPA (the unpatched model), the context's q, k, v kept."""
+
+    def __init__(self, layout, dtype):
+        self.layout, self.factor, self.dtype = layout, query_factor(layout), dtype
+        self.queries = self.first_keys = self.first_values = None
+
+    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
+        check_call(module, self.layout, kwargs)
+        q = query.detach().to(self.dtype)
+        self.queries = q if self.factor is None else q * self.factor
+        self.first_keys, self.first_values = key.detach().to(self.dtype), value.detach().to(self.dtype)
+        return _sdpa(module, query, key, value, attention_mask, kwargs)
+
+
+def exact_prefill(model, context_ids: torch.Tensor) -> ExactPrefill:
+    r"""Run the unpatched model over a context once, keeping what every cache policy needs.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel or LoadedModel
+        A causal language model of a family approxlab reads (with its output head, or tied embeddings), in
+        ``eval()`` mode; it is not changed (its attention is taken over only while a pass runs, as
+        :func:`~approxlab.patching.patch_attention` does).
+    context_ids : torch.Tensor
+        ``(S, n_c)`` integer token ids, ``n_c >= 1``, no padding.
+
+    Returns
+    -------
+    ExactPrefill
+        The context's cache, the queries of every layer and the hidden state that predicts the first token
+        after it; :meth:`ExactPrefill.continue_with` runs a policy's continuation on it.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``model`` not a causal model of a supported family or without an output head; ``context_ids`` not
+        integer ``(S, n_c)`` ids of its vocabulary within its positions; a model with sliding-window layers.
+
+    Notes
+    -----
+    One forward pass of the bare model with a ``DynamicCache``, every layer's attention PyTorch's SDPA (as
+    ``attn_implementation="sdpa"``): the hidden states, keys and values are those of the unpatched model, which
+    is what the KV-cache setting assumes of the context (kvpress: prefill, compress, then the questions). The
+    queries are kept whole: a policy's scores may read any of them (SnapKV the last window's, H2O all of them
+    through its column sums, a user's policy whatever it declares).
+
+    References
+    ----------
+    .. [1] NVIDIA kvpress: a press compresses the prefilled cache; the questions follow.
+
+    Examples
+    --------
+    A tiny random GPT-2 (4 heads of width 8); :meth:`ExactPrefill.continue_with` has an example with grouped heads:
+
+    >>> import torch
+    >>> from transformers import GPT2Config
+    >>> from approxlab.data import load_model
+    >>> from approxlab.patching import exact_prefill
+    >>> model = load_model("initialized", config=GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64), seed=0)
+    >>> prefill = exact_prefill(model, torch.randint(30522, (1, 48), generator=torch.Generator().manual_seed(0)))
+    >>> prefill.queries[0].shape, prefill.keys[0].shape, prefill.context_length
+    (torch.Size([1, 4, 48, 8]), torch.Size([1, 4, 48, 8]), 48)
+    """
+    from transformers import DynamicCache
+
+    start = time.perf_counter()
+    target = _model.resolve_model(model)
+    if not target.causal:
+        raise ValueError(f"`model` must be a causal language model (a decoder); got a "
+                         f"{target.architecture.model_type} model, which attends in both directions.")
+    _model.check_layers(None, target)  # refuses sliding-window layers
+    base_model = target.model
+    weight, _ = _output_head(base_model)
+    _check_input_ids(context_ids, int(base_model.config.vocab_size))
+    limit = max_positions(target.architecture, base_model.config)
+    if not 1 <= context_ids.shape[1] < limit:
+        raise ValueError(f"`context_ids` must have 1 <= n_c < {limit} tokens per sequence (the model's positions, "
+                         f"one left for a continuation); got n_c = {context_ids.shape[1]}.")
+    if "cache" not in inspect.signature(base_model.base_model.forward).parameters:
+        raise ValueError(f"`model` must take a cache in its forward pass (transformers' `cache=`); got a "
+                         f"{type(base_model.base_model).__name__} without one.")
+    dtype = target.dtype if target.dtype in (torch.float32, torch.float64) else torch.float32
+    recorders = {layer: _Recorder(target.layouts[layer], dtype) for layer in range(len(target.modules))}
+    cache = DynamicCache(config=base_model.config)
+    previous = base_model.config._attn_implementation
+    with _LOCK:
+        registered = take_over(target, recorders)
+    try:
+        with torch.no_grad():
+            hidden = base_model.base_model(input_ids=context_ids.to(weight.device), cache=cache,
+                                           use_cache=True).last_hidden_state
+    finally:
+        with _LOCK:
+            give_back(target, previous, lambda handler: handler in recorders.values(), registered)
+    prefill = ExactPrefill(target, context_ids.cpu(), cache, hidden[:, -1:], [recorders[layer] for layer in
+                                                                             range(len(target.modules))],
+                           time.perf_counter() - start, previous)
+    return prefill
