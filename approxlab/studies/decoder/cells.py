@@ -186,7 +186,10 @@ def compute_kv_cache(cell: dict) -> list[dict]:
     and the continuation; :func:`approxlab.kv_cache_attention` gives the continuation's rows, compared with exact
     causal attention's rows :math:`n_c, \dots, n-1` (relative to their own spectral norm, per head). The captured
     ``q``, ``k`` are after RoPE: a policy that takes ``rope_base``/``rope_frequencies`` gets the model's rotary
-    ``inv_freq`` (:func:`approxlab.methods._scores.model_inputs`).
+    ``inv_freq`` (:func:`approxlab.methods._scores.model_inputs`). The captured K/V are repeated to the query
+    heads, and each query head keeps its own ``b`` tokens (``grouping="query-head"``, stated so that no
+    :class:`~approxlab.errors.RepeatedKVWarning` is raised: the kept sets are the ones a per-KV-head default would
+    give on these repeated heads).
     """
     ref = _reference(cell)
     context = cell["context"]
@@ -199,7 +202,8 @@ def compute_kv_cache(cell: dict) -> list[dict]:
             generator = _generator(*(cell[c] for c in KV_KEY), budget, seed, base_seed=cell["base_seed"])
             row, approx = _measured(cell["method"], lambda: kv_cache_attention(cell["method"], ref["q"], ref["k"], ref["v"],
                                                                context_length=context, num_features=budget,
-                                                               generator=generator, **options), exact, norm)
+                                                               generator=generator, grouping="query-head",
+                                                               **options), exact, norm)
             rows.append({"n": cell["n"], "context": context, "continuation": cell["n"] - context, "budget": budget,
                          "seed": seed, "checkpoint": ref["checkpoint"],
                          "setting": "failed" if approx is None else str(approx.info.get("setting")), **row})
