@@ -36,6 +36,7 @@ Public API::
              draw=None, causal=False, compress=None, score=None, overwrite=False)   # a call or a decorator
     causal_support(support) -> list[str]         # methods with causal=True / "only" / "mask-renormalise"
     cache_policy(name, *, score, features, randomized, ...) -> MethodSpec   # a whole cache policy from its score
+    from_press(press, *, name, ...) -> MethodSpec    # a kvpress press (its scorer interface), registered
     unregister(name) -> MethodSpec
     load_plugin(module) -> module                # what `approxlab <study> --plugin MODULE` does
     draw(method, q, k, *, num_features, generator=None, **options) -> dict[str, Tensor]
@@ -81,6 +82,7 @@ top-k,skyformer-softmax`` (``my_attention.py`` holding the function, on ``PYTHON
 from ._base import CAUSAL_ONLY, CAUSAL_SUPPORT, TARGETS, Approximation, MethodSpec
 from ._cache_policy import cache_policy
 from .draws import draw
+from .press import PressModule, from_press
 from .registry import (ENTRY_POINT_GROUP, available, causal_support, get, load_plugin, plugin_modules, register,
                        unregister)
 
@@ -94,6 +96,8 @@ __all__ = [
     "draw",
     "causal_support",
     "cache_policy",
+    "from_press",
+    "PressModule",
     "Approximation",
     "MethodSpec",
     "TARGETS",
