@@ -225,19 +225,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
             key_mask = _repeat_heads(key_mask.expand(k.shape[:-1]).unsqueeze(-1), groups).squeeze(-1)
         k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
     check_qkv(q, k, v)
-    n = q.shape[-2]
-    if k.shape[-2] != n:
-        raise ValueError(f"`q` and `k` must be one window (self-attention, as many keys as queries); got "
-                         f"{n} queries and {k.shape[-2]} keys.")
-    if n < 2:
-        raise ValueError(f"the window must hold a context and a continuation (n >= 2 tokens); got n = {n}.")
-    context_length = check_int(context_length, "context_length", low=1, high=n - 1)
+    n, context_length = _check_window(q, k, context_length)
     key_mask = check_key_mask(key_mask, k)
-    if compression_ratio is not None and spec.compress is None:
-        raise ValueError(f"`compression_ratio` states a cache budget, for a method with a compression step (a "
-                         f"cache policy); method {method!r} has none (its num_features is its own budget): pass "
-                         f"num_features; got compression_ratio={compression_ratio!r}.")
-    num_features = cache_budget(num_features, compression_ratio, context_length)
+    num_features = cache_budget(spec, num_features, compression_ratio, context_length)
     if spec.compress is None:
         return _through_causal_form(spec, q, k, v, context_length, num_features, generator, draw, key_mask,
                                     options)
@@ -293,10 +283,20 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         indices, weights = selected_weights(continuation, k, v, selection, width=width)
         return RowSparseOperator(indices, weights, n)
 
-    ratio = 1 - budget / context_length if compression_ratio is None else float(compression_ratio)
     info = {"context_length": context_length, "setting": "compressed", "kept": kept_by_head, "num_features": budget,
-            "compression_ratio": ratio}
+            "compression_ratio": 1 - budget / context_length if compression_ratio is None else compression_ratio}
     return Approximation(method, "softmax", output, build, info)
+
+
+def _check_window(q, k, context_length) -> tuple[int, int]:
+    """``(n, context_length)`` of one self-attention window that holds a context and a continuation."""
+    n = q.shape[-2]
+    if k.shape[-2] != n:
+        raise ValueError(f"`q` and `k` must be one window (self-attention, as many keys as queries); got "
+                         f"{n} queries and {k.shape[-2]} keys.")
+    if n < 2:
+        raise ValueError(f"the window must hold a context and a continuation (n >= 2 tokens); got n = {n}.")
+    return n, check_int(context_length, "context_length", low=1, high=n - 1)
 
 
 def _groups(q, k, v) -> int:

@@ -52,12 +52,19 @@ def kept_count(compression_ratio, context_length: int) -> int:
     return max(1, int(context_length * (1 - ratio)))
 
 
-def cache_budget(num_features, compression_ratio, context_length: int) -> int:
-    """The budget given as exactly one of ``num_features`` (a count) and ``compression_ratio`` (kvpress's ratio,
-    through :func:`kept_count` of ``context_length``); the count itself is checked by the caller."""
+def cache_budget(spec, num_features, compression_ratio, context_length: int) -> int:
+    """The budget of method ``spec`` (a :class:`~approxlab.methods.MethodSpec`) given as exactly one of
+    ``num_features`` (a count, checked by the caller) and ``compression_ratio`` (kvpress's ratio, through
+    :func:`kept_count` of ``context_length``; only for a method with a compression step)."""
     if (num_features is None) == (compression_ratio is None):
         got = "both" if num_features is not None else "neither"
         raise ValueError(f"exactly one of `num_features` (the context tokens kept per head) and `compression_ratio` "
                          f"(the fraction removed, kvpress's way) must be given; got {got} (num_features="
                          f"{num_features!r}, compression_ratio={compression_ratio!r}).")
-    return num_features if compression_ratio is None else kept_count(compression_ratio, context_length)
+    if compression_ratio is None:
+        return num_features
+    if spec.compress is None:
+        raise ValueError(f"`compression_ratio` states a cache budget, for a method with a compression step (a "
+                         f"cache policy); method {spec.name!r} has none (its num_features is its own budget): pass "
+                         f"num_features; got compression_ratio={compression_ratio!r}.")
+    return kept_count(compression_ratio, context_length)

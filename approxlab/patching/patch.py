@@ -503,8 +503,5 @@ def _ratio_budget(method, num_features, compression_ratio, context_length) -> in
         if context_length is None:
             raise ValueError(f"`compression_ratio` is a fraction of the context, the KV-cache setting's: pass it with "
                              f"context_length; got compression_ratio={compression_ratio!r} without a context_length.")
-        if registry.get(method).compress is None:
-            raise ValueError(f"`compression_ratio` states a cache budget, for a method with a compression step (a "
-                             f"cache policy); method {method!r} has none (its num_features is its own budget): pass "
-                             f"num_features; got compression_ratio={compression_ratio!r}.")
-    return cache_budget(num_features, compression_ratio, 1 if context_length is None else context_length)
+    return cache_budget(registry.get(method), num_features, compression_ratio,
+                        1 if context_length is None else context_length)
