@@ -7,12 +7,10 @@ import textwrap
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaModel
-
 import approxlab
 from approxlab.methods import available, from_press, get, load_plugin
 from approxlab.synthetic import synthetic_qkv
-from _helpers import gen
+from _helpers import gen, tiny_grouped_llama
 
 
 class KnormLikePress:
@@ -67,11 +65,7 @@ def test_a_knorm_like_press_is_knorm_everywhere(fresh_registry):
             knorm = approxlab.kv_cache_attention("knorm", q, k, v, context_length=32, num_features=8,
                                                  grouping=grouping, allocation=allocation)
             assert torch.equal(ours.info["kept"], knorm.info["kept"]) and torch.equal(ours.output, knorm.output)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaModel(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2)).eval()
-    ids = torch.randint(0, 64, (1, 40), generator=gen(5))
+    model, ids = tiny_grouped_llama()
     outputs = {}
     for name in ("press-knorm", "knorm"):
         with torch.no_grad(), approxlab.patch_attention(model, name, compression_ratio=0.75,

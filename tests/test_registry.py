@@ -14,7 +14,7 @@ from approxlab.errors import PluginWarning
 from approxlab.methods import Approximation, available, get, load_plugin, plugin_modules, register, unregister
 from approxlab.methods.registry import BUILTINS
 from approxlab.synthetic import synthetic_qkv
-from _helpers import gen
+from _helpers import gen, tiny_grouped_llama
 
 
 def _qkv(n=24, m=None, batch=(2,)):
@@ -245,13 +245,7 @@ def test_a_score_alone_registers_a_whole_cache_policy(fresh_registry):
     cached = approxlab.kv_cache_attention("small-keys", q4, k2, v2, context_length=32, num_features=5)
     expected = approxlab.kv_cache_attention("knorm", q4, k2, v2, context_length=32, num_features=5)
     assert cached.info["kept"].shape == (1, 2, 5) and torch.equal(cached.output, expected.output)
-    from transformers import LlamaConfig, LlamaModel
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaModel(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2)).eval()
-    ids = torch.randint(0, 64, (1, 40), generator=gen(5))
+    model, ids = tiny_grouped_llama()
     outputs = {}
     for name in ("small-keys", "knorm"):
         for setting in ({"context_length": 24}, {}):  # the KV-cache setting, then the causal form in every layer
