@@ -174,7 +174,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     **Without a compression step** the method's causal form runs on the whole window
     (``approximate(method, q, k, v, causal=True)``, or ``causal="mask-renormalise"`` for the methods that
-    only have the evaluation variant) and its rows :math:`n_c, \dots, n-1` are returned: a per-query
+    only have the evaluation variant) and its rows :math:`n_c, \dots, n-1` are returned (a causal form with a
+    prefill, ``prompt_length``, e.g. ``magicpig``'s, gets ``prompt_length = n_c`` unless given: the context is
+    the prefill): a per-query
     method (``topk``, ``quest``, ``performer``, ...) then selects from the full context, as it would when
     serving with the whole cache.
 
@@ -346,6 +348,8 @@ def _through_causal_form(spec, q, k, v, context_length, num_features, generator,
         usable = registry.causal_support(True) + registry.causal_support(MASK_RENORMALISE)
         raise ValueError(f"method {spec.name!r} has no causal form, which the KV-cache setting needs; methods "
                          f"with one: {usable}; got {spec.name!r}.")
+    if causal is True and "prompt_length" in (spec.options() or ()) and "prompt_length" not in options:
+        options = {**options, "prompt_length": context_length}  # a causal form with a prefill: the context is it
     result = approximate(spec.name, q, k, v, num_features=num_features, generator=generator, draw=draw,
                          key_mask=key_mask, causal=causal, **options)
     n = q.shape[-2]

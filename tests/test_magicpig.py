@@ -189,3 +189,15 @@ def test_prompt_length_is_for_the_causal_form():
         approxlab.approximate("magicpig", q, k, v, num_features=2, prompt_length=4)
     with pytest.raises(ValueError, match="`prompt_length`"):
         approxlab.approximate("magicpig", q, k, v, num_features=2, prompt_length=17, causal=True)
+
+
+def test_in_the_kv_cache_setting_the_context_is_the_prefill():
+    """kv_cache_attention runs magicpig's causal form with prompt_length = context_length: the context is exact
+    and fixes the centring mean, as MagicPIG's prefill does."""
+    q, k, v = synthetic_qkv((2,), 96, 8, scale=1.2, generator=gen(11))
+    drawn = draw("magicpig", q, k, num_features=30, bits=3, generator=gen(12))
+    cached = approxlab.kv_cache_attention("magicpig", q, k, v, context_length=64, num_features=30, bits=3, sink=2,
+                                          window=8, draw=drawn)
+    causal = approxlab.approximate("magicpig", q, k, v, num_features=30, bits=3, sink=2, window=8, draw=drawn,
+                                   causal=True, prompt_length=64)
+    assert cached.info["prompt_length"] == 64 and torch.equal(cached.output, causal.output[..., 64:, :])
