@@ -186,7 +186,8 @@ def compute_kv_cache(cell: dict) -> list[dict]:
     and the continuation; :func:`approxlab.kv_cache_attention` gives the continuation's rows, compared with exact
     causal attention's rows :math:`n_c, \dots, n-1` (relative to their own spectral norm, per head). The captured
     ``q``, ``k`` are after RoPE: a policy that takes ``rope_base``/``rope_frequencies`` gets the model's rotary
-    ``inv_freq`` (:func:`approxlab.methods._scores.model_inputs`).
+    ``inv_freq`` (:func:`approxlab.methods._scores.model_inputs`). With budgets given as compression ratios
+    (``cell["ratios"]``, ``--kv-ratios``) each row carries its ``compression_ratio`` beside its ``budget``.
     """
     ref = _reference(cell)
     context = cell["context"]
@@ -194,6 +195,7 @@ def compute_kv_cache(cell: dict) -> list[dict]:
     exact = ref["output"][..., context:, :]
     norm = spectral_norm(exact.detach().cpu())
     rows = []
+    ratios = dict(zip(cell["budgets"], cell["ratios"])) if "ratios" in cell else {}  # budgets given as ratios
     for budget in cell["budgets"]:
         for seed in cell["seeds"]:
             generator = _generator(*(cell[c] for c in KV_KEY), budget, seed, base_seed=cell["base_seed"])
@@ -201,7 +203,8 @@ def compute_kv_cache(cell: dict) -> list[dict]:
                                                                context_length=context, num_features=budget,
                                                                generator=generator, **options), exact, norm)
             rows.append({"n": cell["n"], "context": context, "continuation": cell["n"] - context, "budget": budget,
-                         "seed": seed, "checkpoint": ref["checkpoint"],
+                         **({"compression_ratio": ratios[budget]} if ratios else {}), "seed": seed,
+                         "checkpoint": ref["checkpoint"],
                          "setting": "failed" if approx is None else str(approx.info.get("setting")), **row})
     return rows
 
