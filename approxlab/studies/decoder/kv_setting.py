@@ -101,15 +101,15 @@ def ratio_budgets(ratios, context: int) -> dict[int, float]:
     """``{budget: ratio}``: each compression ratio's kept count of a context of ``context`` tokens
     (:func:`approxlab.kv_cache.kept_count`, kvpress's rounding), in increasing budget.
 
-    Examples
-    --------
-    >>> ratio_budgets([0.875, 0.5, 0.75], 1536)
-    {192: 0.875, 384: 0.75, 768: 0.5}
-
     Raises
     ------
     UsageError
         Two ratios that keep the same count of this context.
+
+    Examples
+    --------
+    >>> ratio_budgets([0.875, 0.5, 0.75], 1536)
+    {192: 0.875, 384: 0.75, 768: 0.5}
     """
     budgets = {}
     for ratio in sorted(ratios, reverse=True):
