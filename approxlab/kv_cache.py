@@ -9,9 +9,10 @@ This is how kvpress evaluates a press (a compressed context, then questions) and
 
 Public API (re-exported by :mod:`approxlab`)::
 
-    kv_cache_attention(method, q, k, v, *, context_length, num_features, generator=None, draw=None,
-                       key_mask=None, grouping="kv-head", allocation=None, alpha_safeguard=None,
-                       **options) -> Approximation
+    kv_cache_attention(method, q, k, v, *, context_length, num_features=None, compression_ratio=None,
+                       generator=None, draw=None, key_mask=None, grouping="kv-head", allocation=None,
+                       alpha_safeguard=None, **options) -> Approximation
+    kept_count(compression_ratio, context_length) -> int   # kvpress's max(1, int(n_c * (1 - ratio)))
     GROUPINGS                      # ("kv-head", "query-head"): grouped-query attention's kept sets
     ALLOCATIONS                    # ("uniform", "adakv"): a layer's budget over its heads
 """
@@ -29,12 +30,13 @@ from .errors import RepeatedKVWarning
 from .methods import registry
 from .methods._allocation import ALLOCATIONS, adakv_keep, check_allocation, kept_as_indices
 from .methods._base import MASK_RENORMALISE, Approximation
+from .methods._compression_ratio import cache_budget, kept_count
 from .methods._masking import check_key_mask
 from .methods._scores import checked_scores, pool_group, score_options, scores_of, top_budget, warn_without_rope
 from .methods._selection import attend_compressed, compressed_indices, selected_weights
 from .operators import ProductOperator, RowSparseOperator
 
-__all__ = ["kv_cache_attention", "kept_for_query_heads", "GROUPINGS", "ALLOCATIONS"]
+__all__ = ["kv_cache_attention", "kept_count", "kept_for_query_heads", "GROUPINGS", "ALLOCATIONS"]
 
 GROUPINGS = ("kv-head", "query-head")
 """``grouping`` with grouped-query attention: one kept set per KV head, the scores of its query heads averaged
@@ -42,7 +44,8 @@ GROUPINGS = ("kv-head", "query-head")
 
 
 def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, context_length: int,
-                       num_features: int, generator: torch.Generator | None = None, draw: dict | None = None,
+                       num_features: int | None = None, compression_ratio: float | None = None,
+                       generator: torch.Generator | None = None, draw: dict | None = None,
                        key_mask: torch.Tensor | None = None, grouping: str = "kv-head", allocation: str | None = None,
                        alpha_safeguard: float | None = None, **options) -> Approximation:
     r"""The continuation rows of a window whose context a method has compressed.
@@ -64,7 +67,13 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     num_features : int
         With a compression step: the cache budget :math:`b`, the context tokens kept per head (per KV head
         with ``grouping="kv-head"``; ``1 <= b <= n_c``). Without one: the method's own ``num_features`` (its table in
-        :mod:`approxlab.methods`), for its causal form on the whole window.
+        :mod:`approxlab.methods`), for its causal form on the whole window. Exactly one of ``num_features`` and
+        ``compression_ratio`` is given.
+    compression_ratio : float, optional
+        The budget as kvpress states it (a method with a compression step only): the fraction :math:`r \in [0, 1)`
+        of the context removed, :math:`b = \max(1, \lfloor n_c (1 - r)\rfloor)` kept per head in Python's float
+        arithmetic, kvpress's ``ScorerPress`` rounding (:func:`kept_count`; e.g. :math:`n_c = 20, r = 0.9` keeps
+        1 token, :math:`20 \times 0.1` being 1.9999999999999996 in floats).
     generator : torch.Generator, optional
         A CPU generator for randomized methods (passed on).
     draw : dict, optional
@@ -101,7 +110,8 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ``output`` ``(*batch, n - n_c, p_v)``, the continuation's rows; ``operator()`` their
         ``(*batch, n - n_c, n)`` rows of the approximate attention matrix (formed on request);
         ``info``: ``context_length``, ``setting`` (``"compressed"`` or the causal form used) and, with a
-        compression step, ``kept`` the context tokens kept, ``(*batch, b)`` (``(*batch, H_kv, b)`` with
+        compression step, ``num_features`` the budget :math:`b` and ``compression_ratio`` (the one given, or
+        :math:`1 - b / n_c`), ``kept`` the context tokens kept, ``(*batch, b)`` (``(*batch, H_kv, b)`` with
         ``grouping="kv-head"``, ``(*batch, H, b)`` with ``"query-head"``) -- with ``allocation="adakv"`` the
         bool ``(*batch, H_kv, n_c)`` (or ``(*batch, H, n_c)``) of the tokens each head kept, in numbers that
         differ by head; without one, the method's own ``info``.
@@ -109,7 +119,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     Raises
     ------
     TypeError, ValueError
-        For the inputs of :func:`approxlab.approximate`; ``n != m`` (the window is self-attention);
+        For the inputs of :func:`approxlab.approximate`; both or neither of ``num_features`` and
+        ``compression_ratio``, a ratio not a real number in ``[0, 1)`` or for a method without a compression
+        step; ``n != m`` (the window is self-attention);
         ``context_length`` not an integer in ``[1, n - 1]``; with a compression step, ``num_features`` not
         an integer in ``[1, context_length]``, an option the step does not take (the message lists those it
         does), a ``draw``, or a step whose result is not ``(*batch, b)`` integer indices in
@@ -177,7 +189,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     **Without a compression step** the method's causal form runs on the whole window
     (``approximate(method, q, k, v, causal=True)``, or ``causal="mask-renormalise"`` for the methods that
-    only have the evaluation variant) and its rows :math:`n_c, \dots, n-1` are returned: a per-query
+    only have the evaluation variant) and its rows :math:`n_c, \dots, n-1` are returned (a causal form with a
+    prefill, ``prompt_length``, e.g. ``magicpig``'s, gets ``prompt_length = n_c`` unless given: the context is
+    the prefill): a per-query
     method (``topk``, ``quest``, ``performer``, ...) then selects from the full context, as it would when
     serving with the whole cache.
 
@@ -209,6 +223,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     >>> ada = approxlab.kv_cache_attention("h2o", q, k, v, context_length=64, num_features=16, allocation="adakv")
     >>> ada.info["kept"].shape, int(ada.info["kept"].sum())  # the 2 KV heads share 2 * 16 tokens (AdaKV)
     (torch.Size([1, 2, 64]), 32)
+    >>> ratio = approxlab.kv_cache_attention("h2o", q, k, v, context_length=64, compression_ratio=0.75)
+    >>> ratio.info["num_features"], ratio.info["compression_ratio"]  # kvpress's int(64 * (1 - 0.75)) kept
+    (16, 0.75)
     """
     spec = registry.get(method)
     grouping_default = grouping == "kv-head"  # a set per KV head asked for (the default)
@@ -226,14 +243,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
             key_mask = _repeat_heads(key_mask.expand(k.shape[:-1]).unsqueeze(-1), groups).squeeze(-1)
         k, v = _repeat_heads(k, groups), _repeat_heads(v, groups)
     check_qkv(q, k, v)
-    n = q.shape[-2]
-    if k.shape[-2] != n:
-        raise ValueError(f"`q` and `k` must be one window (self-attention, as many keys as queries); got "
-                         f"{n} queries and {k.shape[-2]} keys.")
-    if n < 2:
-        raise ValueError(f"the window must hold a context and a continuation (n >= 2 tokens); got n = {n}.")
-    context_length = check_int(context_length, "context_length", low=1, high=n - 1)
+    n, context_length = _check_window(q, k, context_length)
     key_mask = check_key_mask(key_mask, k)
+    num_features = cache_budget(spec, num_features, compression_ratio, context_length)
     if spec.compress is None:
         return _through_causal_form(spec, q, k, v, context_length, num_features, generator, draw, key_mask,
                                     options)
@@ -297,7 +309,8 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         indices, weights = selected_weights(continuation, k, v, selection, width=width)
         return RowSparseOperator(indices, weights, n)
 
-    info = {"context_length": context_length, "setting": "compressed", "kept": kept_by_head}
+    info = {"context_length": context_length, "setting": "compressed", "kept": kept_by_head, "num_features": budget,
+            "compression_ratio": 1 - budget / context_length if compression_ratio is None else compression_ratio}
     return Approximation(method, "softmax", output, build, info)
 
 
@@ -326,6 +339,17 @@ def kept_for_query_heads(kept: torch.Tensor, heads: int, n: int,
     if keep.dtype == torch.bool:
         return kept_as_indices(keep, key_mask, n)
     return keep, key_mask
+
+
+def _check_window(q, k, context_length) -> tuple[int, int]:
+    """``(n, context_length)`` of one self-attention window that holds a context and a continuation."""
+    n = q.shape[-2]
+    if k.shape[-2] != n:
+        raise ValueError(f"`q` and `k` must be one window (self-attention, as many keys as queries); got "
+                         f"{n} queries and {k.shape[-2]} keys.")
+    if n < 2:
+        raise ValueError(f"the window must hold a context and a continuation (n >= 2 tokens); got n = {n}.")
+    return n, check_int(context_length, "context_length", low=1, high=n - 1)
 
 
 def _groups(q, k, v) -> int:
@@ -402,6 +426,8 @@ def _through_causal_form(spec, q, k, v, context_length, num_features, generator,
         usable = registry.causal_support(True) + registry.causal_support(MASK_RENORMALISE)
         raise ValueError(f"method {spec.name!r} has no causal form, which the KV-cache setting needs; methods "
                          f"with one: {usable}; got {spec.name!r}.")
+    if causal is True and "prompt_length" in (spec.options() or ()) and "prompt_length" not in options:
+        options = {**options, "prompt_length": context_length}  # a causal form with a prefill: the context is it
     result = approximate(spec.name, q, k, v, num_features=num_features, generator=generator, draw=draw,
                          key_mask=key_mask, causal=causal, **options)
     n = q.shape[-2]

@@ -87,3 +87,15 @@ def tiny_llama(vocab_size: int, num_layers: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def tiny_grouped_llama():
+    """``(model, ids)``: a random 2-layer Llama with 4 query heads on 2 KV heads (seeded 0, the caller's RNG state
+    left as it was) and one sequence of 40 token ids."""
+    from transformers import LlamaConfig, LlamaModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaModel(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2)).eval()
+    return model, torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(5))

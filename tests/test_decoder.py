@@ -239,3 +239,34 @@ def test_the_kv_cache_defaults_follow_the_lengths_asked_for(capsys):
     with pytest.raises(SystemExit):
         main(["decoder", "--help"])
     assert "3/4 of the smallest n" in " ".join(capsys.readouterr().out.split())
+
+
+def test_kv_budgets_as_compression_ratios(llama, cache, tmp_path, capsys):
+    """--kv-ratios: kvpress's compression ratios become the budgets max(1, int(n_c * (1 - r))), and kv_cache.csv
+    carries each row's ratio beside its budget; with --kv-budgets, or ratios that keep one count twice, one line."""
+    config = decoder.build_config(layers=[0], n=[32], kv_context=24, kv_continuation=8, kv_ratios=[0.5, 0.875])
+    assert (config["kv_budgets"], config["kv_ratios"]) == ([3, 12], [0.875, 0.5])  # int(24 * 0.125) = 3
+    assert "kv_ratios" not in decoder.build_config(layers=[0], n=[32], kv_context=24, kv_continuation=8,
+                                                   kv_budgets=[4])
+    out = tmp_path / "out"
+    assert main(["decoder", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), "--conditions",
+                 "pretrained", "--n", "32", "--layers", "1", "--windows", "1", "--num-features", "8", "--methods",
+                 "h2o,topk", "--kv-context", "24", "--kv-continuation", "8", "--kv-ratios", "0.5,0.875",
+                 "--no-progress"]) == 0
+    rows = pd.read_csv(out / "kv_cache.csv")
+    assert set(zip(rows["budget"], rows["compression_ratio"])) == {(3, 0.875), (12, 0.5)}
+    assert (rows["status"] == "ok").all() and set(rows["method"]) == {"h2o", "topk"}
+    capsys.readouterr()
+    for extra, message in ((["--kv-budgets", "4"], "either --kv-budgets (counts) or --kv-ratios"),
+                           ([], "ratios that keep different numbers of the 24 context tokens"),
+                           (["--kv-ratios", "1.5"], "comma-separated compression ratios in [0, 1)")):
+        ratios = ["--kv-ratios", "0.96,0.99"] if not extra else (["--kv-ratios", "0.5"] if extra[0] != "--kv-ratios"
+                                                                else [])
+        try:  # argparse's own refusals exit
+            status = main(["decoder", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out",
+                           str(tmp_path / "x"), "--n", "32", "--layers", "1", "--kv-context", "24", "--kv-continuation",
+                           "8", *ratios, *extra, "--no-progress"])
+        except SystemExit as exit_:
+            status = exit_.code
+        err = capsys.readouterr().err
+        assert status == 2 and message in err and "Traceback" not in err, err

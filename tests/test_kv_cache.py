@@ -12,6 +12,7 @@ import torch
 import approxlab
 from _helpers import gen
 from approxlab.methods import register
+from approxlab.synthetic import synthetic_qkv
 
 N, CONTEXT = 40, 28
 
@@ -79,6 +80,8 @@ def test_snapkv_in_the_kv_cache_setting_is_its_causal_form_after_the_prompt():
 
 @pytest.mark.parametrize("name,options,causal", [("topk", {}, True), ("quest", {"page_size": 4}, True),
                                                  ("exact", {}, True), ("nystromformer", {}, "mask-renormalise")])
+
+
 def test_methods_without_a_compression_step_run_their_causal_form_on_the_window(name, options, causal):
     q, k, v = _qkv(seed=3)
     result = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=8, **options)
@@ -276,3 +279,40 @@ def test_a_randomized_rope_aware_policy_takes_a_draw_beside_its_rope():
     by_generator = approxlab.approximate("leverage-score", q, k, v, num_features=6, causal=True, generator=gen(6),
                                          rope_base=10_000.0)
     assert torch.equal(by_draw.output, by_generator.output)
+
+
+def test_a_compression_ratio_keeps_kvpress_count():
+    """compression_ratio r keeps max(1, int(n_c * (1 - r))) per head (kvpress's ScorerPress), floats included."""
+    from approxlab.kv_cache import kept_count
+
+    assert [kept_count(r, 4096) for r in (0.25, 0.5, 0.75, 0.875)] == [3072, 2048, 1024, 512]
+    assert kept_count(0.9, 20) == 1  # 20 * (1 - 0.9) is 1.9999999999999996: int() gives 1, as kvpress keeps
+    assert kept_count(0.0, 7) == 7 and kept_count(0.99, 10) == 1
+    q, k, v = synthetic_qkv((2,), 60, 8, generator=torch.Generator().manual_seed(0))
+    for ratio in (0.25, 0.5, 0.9):
+        budget = max(1, int(40 * (1 - ratio)))
+        by_ratio = approxlab.kv_cache_attention("h2o", q, k, v, context_length=40, compression_ratio=ratio)
+        by_count = approxlab.kv_cache_attention("h2o", q, k, v, context_length=40, num_features=budget)
+        assert torch.equal(by_ratio.output, by_count.output) and by_ratio.info["kept"].shape[-1] == budget
+        assert (by_ratio.info["num_features"], by_ratio.info["compression_ratio"]) == (budget, ratio)
+    assert by_count.info["num_features"] == 3 and by_count.info["compression_ratio"] == 1 - 3 / 40  # 40 * 0.1 < 4
+
+
+@pytest.mark.parametrize("arguments, error, match", [
+    ({"num_features": 4, "compression_ratio": 0.5}, ValueError, r"exactly one of `num_features` .* got both"),
+    ({}, ValueError, r"exactly one of `num_features` .* got neither"),
+    ({"compression_ratio": 1.0}, ValueError, r"`compression_ratio` must be in \[0, 1\) .* got 1.0"),
+    ({"compression_ratio": -0.1}, ValueError, r"`compression_ratio` must be in \[0, 1\)"),
+    ({"compression_ratio": float("nan")}, ValueError, r"`compression_ratio` must be in \[0, 1\)"),
+    ({"compression_ratio": True}, TypeError, r"`compression_ratio` must be a real number .* got True"),
+    ({"compression_ratio": "0.5"}, TypeError, r"`compression_ratio` must be a real number"),
+])
+
+
+def test_compression_ratio_errors(arguments, error, match):
+    q, k, v = synthetic_qkv((1,), 20, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(error, match=match):
+        approxlab.kv_cache_attention("h2o", q, k, v, context_length=10, **arguments)
+    with pytest.raises(ValueError, match=r"`compression_ratio` states a cache budget, for a method with a compression "
+                                         r"step .* method 'topk' has none"):
+        approxlab.kv_cache_attention("topk", q, k, v, context_length=10, compression_ratio=0.5)

@@ -553,3 +553,23 @@ def test_token_nll_from_start_scores_the_continuation_alone():
                                 (1.5, TypeError, r"^`start` must be an integer; got 1\.5 \(float\)\.$")]:
         with pytest.raises(error, match=match):
             token_nll(loaded, ids, start=start)
+
+
+def test_a_compression_ratio_is_kvpress_count_in_every_layer(models, ids):
+    model, context = models["llama"], 24
+    with torch.no_grad(), approxlab.patch_attention(model, "knorm", compression_ratio=0.75,
+                                                    context_length=context) as by_ratio:
+        ratio_output = hidden(model, ids)
+    with torch.no_grad(), approxlab.patch_attention(model, "knorm", num_features=6, context_length=context) as by_count:
+        count_output = hidden(model, ids)
+    assert (by_ratio.num_features, by_ratio.compression_ratio, by_count.compression_ratio) == (6, 0.75, None)
+    assert torch.equal(ratio_output, count_output) and by_ratio.info[0][0]["kept"].shape[-1] == 6
+    with pytest.raises(ValueError, match=r"`compression_ratio` is a fraction of the context, the KV-cache setting's: "
+                                         r"pass it with context_length; got compression_ratio=0.5 without"):
+        approxlab.patch_attention(model, "knorm", compression_ratio=0.5)
+    with pytest.raises(ValueError, match=r"method 'performer' has none"):
+        approxlab.patch_attention(model, "performer", compression_ratio=0.5, context_length=context)
+    with pytest.raises(ValueError, match=r"exactly one of `num_features` .* got both"):
+        approxlab.patch_attention(model, "knorm", num_features=4, compression_ratio=0.5, context_length=context)
+    with pytest.raises(ValueError, match=r"exactly one of `num_features` .* got neither"):
+        approxlab.patch_attention(model, "knorm", context_length=context)

@@ -14,7 +14,7 @@ from approxlab.errors import PluginWarning
 from approxlab.methods import Approximation, available, get, load_plugin, plugin_modules, register, unregister
 from approxlab.methods.registry import BUILTINS
 from approxlab.synthetic import synthetic_qkv
-from _helpers import gen
+from _helpers import gen, tiny_grouped_llama
 
 
 def _qkv(n=24, m=None, batch=(2,)):
@@ -221,3 +221,45 @@ def test_installed_entry_points_appear_without_an_import(tmp_path, monkeypatch, 
     finally:
         for module in ("approxlab_topk_ep", "approxlab_meanv_ep"):
             sys.modules.pop(module, None)
+
+
+def _small_keys(q, k, v, *, generator=None, key_mask=None):
+    """Knorm's score, written as a user would: the keys of smallest norm kept."""
+    scores = -k.norm(dim=-1)
+    return scores if key_mask is None else scores.masked_fill(~key_mask, float("-inf"))
+
+
+def test_a_score_alone_registers_a_whole_cache_policy(fresh_registry):
+    """register(name, score=f) without a function: the causal form, the KV-cache setting and a patched model run
+    it, with the built-in knorm's results (the same score)."""
+    returned = register("small-keys", score=_small_keys, target="softmax", features="kept context tokens",
+                        randomized=False)
+    assert "small-keys" in available() and get("small-keys").causal == "only" and returned is get("small-keys").function
+    q, k, v = synthetic_qkv((2,), 48, 8, generator=gen(3))
+    ours = approxlab.approximate("small-keys", q, k, v, num_features=6, causal=True)
+    knorm = approxlab.approximate("knorm", q, k, v, num_features=6, causal=True)
+    assert torch.equal(ours.output, knorm.output) and torch.equal(ours.info["kept"], knorm.info["kept"])
+    g = torch.Generator().manual_seed(4)
+    q4 = torch.randn(1, 4, 48, 8, generator=g, dtype=torch.float64)
+    k2, v2 = (torch.randn(1, 2, 48, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    cached = approxlab.kv_cache_attention("small-keys", q4, k2, v2, context_length=32, num_features=5)
+    expected = approxlab.kv_cache_attention("knorm", q4, k2, v2, context_length=32, num_features=5)
+    assert cached.info["kept"].shape == (1, 2, 5) and torch.equal(cached.output, expected.output)
+    model, ids = tiny_grouped_llama()
+    outputs = {}
+    for name in ("small-keys", "knorm"):
+        for setting in ({"context_length": 24}, {}):  # the KV-cache setting, then the causal form in every layer
+            with torch.no_grad(), approxlab.patch_attention(model, name, num_features=6, **setting) as patch:
+                outputs[name, bool(setting)] = model(input_ids=ids).last_hidden_state
+            assert len(patch.calls) == 2  # both layers ran the policy
+    for setting in (True, False):
+        assert torch.equal(outputs["small-keys", setting], outputs["knorm", setting])
+
+
+@pytest.mark.parametrize("extra, match", [({"causal": True}, r"allowed `causal` are False or 'only'; got causal=True"),
+                                          ({"draw": lambda *a, **o: {}}, r"pass `function` as well to give `draw`"),
+                                          ({"max_features": 4}, r"to give `max_features`; got max_features")])
+def test_a_score_alone_refuses_what_it_cannot_have(fresh_registry, extra, match):
+    with pytest.raises(ValueError, match=match):
+        register("small-keys", score=_small_keys, target="softmax", features="x", randomized=False, **extra)
+    assert "small-keys" not in available()

@@ -35,6 +35,8 @@ Public API::
     register(name, function=None, *, target, features, max_features=None, randomized=True,
              draw=None, causal=False, compress=None, score=None, overwrite=False)   # a call or a decorator
     causal_support(support) -> list[str]         # methods with causal=True / "only" / "mask-renormalise"
+    cache_policy(name, *, score, features, randomized, ...) -> MethodSpec   # a whole cache policy from its score
+    from_press(press, *, name, ...) -> MethodSpec    # a kvpress press (its scorer interface), registered
     unregister(name) -> MethodSpec
     load_plugin(module) -> module                # what `approxlab <study> --plugin MODULE` does
     draw(method, q, k, *, num_features, generator=None, **options) -> dict[str, Tensor]
@@ -78,7 +80,9 @@ top-k,skyformer-softmax`` (``my_attention.py`` holding the function, on ``PYTHON
 """
 
 from ._base import CAUSAL_ONLY, CAUSAL_SUPPORT, TARGETS, Approximation, MethodSpec
+from ._cache_policy import cache_policy
 from .draws import draw
+from .press import PressModule, from_press
 from .registry import (ENTRY_POINT_GROUP, available, causal_support, get, load_plugin, plugin_modules, register,
                        unregister)
 
@@ -91,6 +95,9 @@ __all__ = [
     "plugin_modules",
     "draw",
     "causal_support",
+    "cache_policy",
+    "from_press",
+    "PressModule",
     "Approximation",
     "MethodSpec",
     "TARGETS",

@@ -129,7 +129,13 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def cache_policy(name: str, *, score, target: str = "softmax", features: str, randomized: bool, inputs=(),
                  draws=None, allocation: str = "uniform", layer_budgets: str = "uniform"):
-    r"""A built-in :class:`~approxlab.methods.MethodSpec` for a cache policy given by its per-key ``score``.
+    r"""The :class:`~approxlab.methods.MethodSpec` of a cache policy given by its per-key ``score``, whole.
+
+    Public as :func:`approxlab.methods.cache_policy`: every built-in scorer is made by it, and
+    ``register(name, score=fn, ...)`` without a ``function`` registers what it builds. The spec is not
+    registered here (``registry.get`` does not know it); its ``function`` is the causal form below, its
+    ``compress`` the top ``b`` of the scores, its ``score`` the given one, so the KV-cache setting, the
+    patch and every study's row (whole window, cost, long context) run it like a built-in.
 
     The method is causal-only: ``approximate(name, q, k, v, num_features=b, causal=True,
     prompt_length=P, **options)`` keeps the top ``min(b, P)`` scores of the prompt per head
@@ -145,6 +151,19 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
     without that dimension is one head), with an option ``alpha_safeguard`` (default 0.2), and ``info["kept"]``
     the ``(*batch, P)`` bool kept set; it is also the default ``allocation`` of the KV-cache setting for this
     method, as ``layer_budgets`` is for :func:`approxlab.patch_attention`'s.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.methods import cache_policy
+    >>> def small_keys(q, k, v, *, generator=None, key_mask=None):  # Knorm's score
+    ...     return -k.norm(dim=-1)
+    >>> spec = cache_policy("small-keys", score=small_keys, features="kept context tokens", randomized=False)
+    >>> spec.causal, spec.score is small_keys
+    ('only', True)
+    >>> q = k = v = torch.randn(1, 32, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> spec.function(q, k, v, num_features=4).info["kept"].shape  # the prompt's 16 tokens compressed to 4
+    torch.Size([1, 4])
     """
     compress = scored_compress(name, score)
     adaptive = allocation == "adakv"

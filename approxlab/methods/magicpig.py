@@ -1,5 +1,6 @@
 r"""MagicPIG: attention sinks and a local window exactly, the rest sampled by SimHash collisions and
-importance-weighted by the collision probability (Chen et al., 2024).
+importance-weighted by the collision probability (Chen et al., 2024); the keys hashed after subtracting the mean
+of the keys between the sinks and the window, fixed at prefill, as the authors' code does.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import torch
 from .. import lsh
 from .._validation import as_generator, check_int
 from ._base import method
+from ._cache_policy import prompt_length_of
 from ._masking import check_key_mask
 from ._selection import logit_blocks
 from ._weighted_keys import assemble, fixed_keys, weighted_output
 from .draws import DrawEntry, check_draw
 
 __all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability", "collision_counts",
-           "sorted_buckets"]
+           "sorted_buckets", "centring_keys"]
 
 MAX_TABLES = 4096
 """Largest number of hash tables ``L`` accepted (MagicPIG's configurations use 75 to 300)."""
@@ -83,7 +85,7 @@ def draw_tables(q, k, *, num_features, generator=None, bits=8, **options):
 @method("magicpig", target="softmax", features="hash tables L (each of `bits` concatenated SimHash bits)",
         max_features=MAX_TABLES, randomized=True, draw=draw_tables, causal=True)
 def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=None, sink=0, window=0,
-             center=True, draw=None, key_mask=None, causal=False):
+             center=True, draw=None, key_mask=None, causal=False, prompt_length=None):
     r"""MagicPIG: softmax over the sinks, the window and the keys that collide with the query in enough tables,
     each sampled key's weight divided by its probability of being sampled.
 
@@ -105,15 +107,19 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
         Attention sinks (keys ``j < sink``) and the local window (:math:`i - \text{window} < j \le i`),
         attended exactly and never sampled (MagicPIG keeps 4 sinks and a window of 64).
     center : bool, default True
-        Hash the keys minus their mean (over the keys that may be attended), as MagicPIG does; the query is
-        hashed as it is. Centering shifts every logit of a query by the same amount, so it changes which
-        keys collide, not the softmax.
+        Hash the keys minus :math:`\bar k`, the mean of the keys between the sinks and the local window fixed at
+        prefill (:func:`centring_keys`), as MagicPIG's code does; the query is hashed as it is. Centring shifts
+        every logit of a query by the same amount, so it changes which keys collide, not the softmax.
     draw : dict, optional
         ``{"hyperplanes": (*batch, L, bits, p)}`` from :func:`draw_tables`, used instead of ``generator``.
     key_mask : torch.Tensor, optional
         ``(*batch, m)`` bool, True on keys that may be attended.
     causal : bool, default False
-        Query :math:`i` attends keys :math:`j \le i` only.
+        Query :math:`i` attends keys :math:`j \le i` only; the rows of the prompt (the prefill) are exact causal
+        attention, as MagicPIG's prefill is, and the rows after it decode (see Notes).
+    prompt_length : int, optional
+        Causal form only: :math:`P`, the prefill (``1 <= P <= n``; default ``n // 2``, as the cache policies'),
+        whose keys fix :math:`\bar k`.
 
     Returns
     -------
@@ -124,6 +130,17 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
 
     Notes
     -----
+    **Centring** (``center=True``). MagicPIG's ``SimCache.select_kv_cache`` (``evaluations/RULER/pred/cache_ref.py``)
+    splits the prefilled cache into the attended part (the sinks and the last ``window`` tokens) and the sampled
+    part between them, subtracts the sampled part's mean :math:`\bar k` from every key before hashing, and keeps
+    that mean for the rest of the generation (each generated key is centred by it too). Here
+    :math:`\bar k` is the mean of those keys (:func:`centring_keys`): the real keys between the sinks and the
+    window, :math:`\text{sink} \le j < m - \text{window}` bidirectionally (the ``m`` keys are the cache) and
+    :math:`\text{sink} \le j < \min(P, P - \text{window} + 1)` in the causal form (the prefill's keys that the
+    first decoded row samples); with no key there, :math:`\bar k = 0`. In the causal form no row depends on
+    a later key: rows :math:`i < P` are the prefill's exact causal attention, and every row :math:`i \ge P`
+    reads only keys :math:`j \le i` and :math:`\bar k`, a function of keys before :math:`P`.
+
     Let :math:`\theta_{ij}` be the angle between :math:`q_i` and the centred key :math:`k_j - \bar k`,
     :math:`P_{ij}` the probability of :func:`sampling_probability`, :math:`F_i` the fixed keys and
     :math:`S_i` the keys colliding with :math:`q_i` in at least ``min_collisions`` of the ``L`` tables. Then
@@ -141,7 +158,10 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     no fixed key gets output 0.
 
     **Differences from the published code.** MagicPIG draws one projection per layer group, shared across
-    heads; here each batch element (sequence and head) gets its own. sparse-attention-hub's masker also maps
+    heads; here each batch element (sequence and head) gets its own. In the causal form the window slides with
+    the query (keys :math:`i - \text{window} < j \le i`) and the keys that leave it are sampled, centred by the
+    prefill's :math:`\bar k`; MagicPIG's code attends every generated token exactly and samples only among
+    the prefill's keys between the sinks and its last ``window`` tokens. sparse-attention-hub's masker also maps
     keys and queries through the Neyshabur--Srebro transform (keys scaled by the largest key norm and
     augmented, the query normalised) before hashing and centres the query too; here MagicPIG's own choice
     (centred keys, raw query). See the docs page for the comparison on shared hyperplanes.
@@ -175,6 +195,10 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     if not isinstance(center, bool):
         raise TypeError(f"`center` must be a bool; got {type(center).__name__}.")
     key_mask = check_key_mask(key_mask, k)
+    if prompt_length is not None and causal is not True:
+        raise ValueError(f"`prompt_length` is the prefill of magicpig's causal form: pass causal=True with it; got "
+                         f"prompt_length={prompt_length!r} and causal={causal!r}.")
+    prompt = prompt_length_of(prompt_length, k.shape[-2]) if causal is True else None
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     if draw is None:
         draw = draw_tables(q, k, num_features=num_features, generator=generator, bits=bits)
@@ -187,10 +211,10 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
     hyperplanes = draw["hyperplanes"].double()
     if center:
-        real = torch.ones(k.shape[:-1], dtype=torch.bool, device=k.device) if key_mask is None \
-            else key_mask.expand(k.shape[:-1])
-        counts = real.sum(-1, keepdim=True).clamp(min=1).unsqueeze(-1)
-        hashed = k - (k * real.unsqueeze(-1)).sum(-2, keepdim=True) / counts
+        middle = centring_keys(k.shape[-2], sink=sink, window=window, prompt_length=prompt, key_mask=key_mask,
+                               device=k.device).expand(k.shape[:-1])
+        counts = middle.sum(-1, keepdim=True).clamp(min=1).unsqueeze(-1)
+        hashed = k - (k * middle.unsqueeze(-1)).sum(-2, keepdim=True) / counts
     else:
         hashed = k
     codes_q = lsh.hash_codes(q.expand(*batch, *q.shape[-2:]), hyperplanes)  # (*batch, L, n)
@@ -200,6 +224,9 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     blocks, fixed_counts, sampled_counts = [], [], []
     for start, stop, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
         fixed = fixed_keys(logits, start, heavy=0, sink=sink, window=window)
+        if prompt is not None:  # the prefill's rows: exact causal attention
+            prefill = torch.arange(start, stop, device=logits.device).unsqueeze(-1) < prompt
+            fixed = fixed | (prefill & torch.isfinite(logits))
         collisions = collision_counts(codes_q[..., start:stop], codes_k, buckets)
         rows = q[..., start:stop, :].expand(*batch, stop - start, q.shape[-1])
         cosine = (rows @ hashed.transpose(-1, -2)) / (rows.norm(dim=-1, keepdim=True) * key_norms.unsqueeze(-2)
@@ -215,7 +242,36 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
         sampled_counts.append(sampled.sum(-1))
     info = {"fixed": torch.cat(fixed_counts, dim=-1), "sampled": torch.cat(sampled_counts, dim=-1),
             "hyperplanes": draw["hyperplanes"]}
+    if prompt is not None:
+        info["prompt_length"] = prompt
     return assemble("magicpig", blocks, k.shape[-2], dtype, info)
+
+
+def centring_keys(m: int, *, sink: int, window: int, prompt_length: int | None = None, key_mask=None,
+                  device=None) -> torch.Tensor:
+    r"""The keys whose mean MagicPIG subtracts before hashing: ``(*batch, m)`` bool (``(m,)`` without a mask).
+
+    The real keys of the prefilled cache that are neither sinks nor in the window of the query reading it
+    (MagicPIG's ``select_kv_cache``: ``k_cache[..., num_activate_tokens:-window_size, :]``, whose mean is its
+    ``avg_key``). Bidirectionally the cache is the ``m`` keys and the query the last one (position
+    :math:`m - 1`, window :math:`m - \text{window} \le j`): :math:`\text{sink} \le j < m - \text{window}`. In the
+    causal form the cache is the prefill's :math:`P` keys (``prompt_length``) and the query the first decoded
+    one (position :math:`P`, window :math:`P - \text{window} < j \le P`):
+    :math:`\text{sink} \le j < \min(P, P - \text{window} + 1)` -- MagicPIG's cache with its window of
+    ``window - 1`` prefill tokens, the query's own key attended exactly besides.
+
+    Examples
+    --------
+    >>> from approxlab.methods.magicpig import centring_keys
+    >>> centring_keys(8, sink=2, window=3).int().tolist()  # between the 2 sinks and the last 3 keys
+    [0, 0, 1, 1, 1, 0, 0, 0]
+    >>> centring_keys(8, sink=1, window=2, prompt_length=4).int().tolist()  # the prefill's 4 keys; row 4's window
+    [0, 1, 1, 0, 0, 0, 0, 0]
+    """
+    end = m - window if prompt_length is None else min(prompt_length, prompt_length - window + 1)
+    positions = torch.arange(m, device=device)
+    middle = (positions >= sink) & (positions < end)
+    return middle if key_mask is None else middle & key_mask
 
 
 PAIRS_PER_ENTRY = 4

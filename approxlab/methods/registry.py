@@ -189,7 +189,11 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
         ``(*batch, n, p_v)`` or an :class:`~approxlab.methods.Approximation` (which can carry an
         operator or the dense matrix). :func:`approxlab.approximate` validates the inputs and the
         budget before the call and the result after it (shape, dtype, device, finite), as for a
-        built-in. Omitted: ``register(...)`` returns a decorator.
+        built-in. Omitted with ``score`` given: the policy is registered at once, whole, by
+        :func:`approxlab.methods.cache_policy` (its causal form the prompt compressed once to the top of its
+        scores, then decoded; causal-only), and ``register`` returns that causal form's function; ``draw``,
+        ``compress``, ``max_features``, ``differentiable`` and a ``causal`` other than False or ``"only"`` are
+        then refused. Omitted without ``score``: ``register(...)`` returns a decorator.
     target : {"softmax", "kernelized", "yoso"}
         The exact attention the method approximates.
     features : str
@@ -258,7 +262,8 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
     Returns
     -------
     callable
-        ``function`` itself (so the decorator leaves it callable as before).
+        ``function`` itself (so the decorator leaves it callable as before); for a policy registered by its
+        ``score`` alone, the causal form built for it.
 
     Raises
     ------
@@ -277,27 +282,70 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
     >>> approxlab.approximate("uniform", q, k, v, num_features=1).output.shape
     torch.Size([1, 4, 2])
     >>> _ = unregister("uniform")
+
+    A cache policy by its score alone (kvpress's Knorm, the keys of smallest norm kept) is a whole method:
+
+    >>> def small_keys(q, k, v, *, generator=None, key_mask=None):
+    ...     scores = -k.norm(dim=-1)
+    ...     return scores if key_mask is None else scores.masked_fill(~key_mask, float("-inf"))
+    >>> _ = register("small-keys", score=small_keys, target="softmax", features="kept context tokens",
+    ...              randomized=False)
+    >>> q = k = v = torch.randn(1, 32, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> approxlab.approximate("small-keys", q, k, v, num_features=4, causal=True).info["kept"].shape
+    torch.Size([1, 4])
+    >>> approxlab.kv_cache_attention("small-keys", q, k, v, context_length=24, num_features=4).output.shape
+    torch.Size([1, 8, 4])
+    >>> _ = unregister("small-keys")
     """
     if not isinstance(overwrite, bool):
         raise TypeError(f"`overwrite` must be a bool; got {overwrite!r}.")
+    if function is None and score is not None:  # a score alone: the whole policy, registered now
+        _check_score_only(name, causal=causal, draw=draw, compress=compress, max_features=max_features,
+                          differentiable=differentiable)
+        from ._cache_policy import cache_policy  # here: _cache_policy imports draws, which imports this module
+
+        spec = cache_policy(name, score=score, target=target, features=features, randomized=randomized,
+                            inputs=tuple(inputs), allocation=allocation, layer_budgets=layer_budgets)
+        _store(name, spec, overwrite)
+        return spec.function
 
     def add(function):
         spec = make_spec(name, function, target=target, features=features, max_features=max_features,
                          randomized=randomized, draw=draw, causal=causal, compress=compress,
                          differentiable=differentiable, score=score, inputs=tuple(inputs), allocation=allocation,
                          layer_budgets=layer_budgets)
-        with _STATE.lock:
-            taken = name in available()
-            if taken and not overwrite:
-                holder = get(name).function
-                where = f"{getattr(holder, '__module__', '?')}.{getattr(holder, '__qualname__', holder)}"
-                raise ValueError(f"`name` {name!r} is already registered (by {where}); pass overwrite=True to "
-                                 "replace it, or choose another name.")
-            _STATE.registered.pop(name, None)
-            _STATE.registered[name] = spec
+        _store(name, spec, overwrite)
         return function
 
     return add if function is None else add(function)
+
+
+def _check_score_only(name, *, causal, draw, compress, max_features, differentiable) -> None:
+    """Refuse what a policy registered by its ``score`` alone cannot have (its causal form is built for it)."""
+    if not (causal is False or causal == "only"):
+        raise ValueError(f"a policy registered by its `score` alone is causal-only (its causal form is built from "
+                         f"the score: the prompt compressed once, then decoded); allowed `causal` are False or "
+                         f"'only'; got causal={causal!r} for {name!r}. Pass `function` for a causal form of its own.")
+    given = {"draw": draw, "compress": compress, "max_features": max_features}
+    given = [key for key, value in given.items() if value is not None] + (["differentiable"] if differentiable
+                                                                           else [])
+    if given:
+        raise ValueError(f"a policy registered by its `score` alone gets its causal form, compression step and "
+                         f"budget limit from the score (approxlab.methods.cache_policy); pass `function` as well to "
+                         f"give {', '.join(f'`{key}`' for key in given)}; got {', '.join(given)} for {name!r}.")
+
+
+def _store(name: str, spec: MethodSpec, overwrite: bool) -> None:
+    """Put ``spec`` in the registry as ``name`` (a taken name only with ``overwrite``)."""
+    with _STATE.lock:
+        taken = name in available()
+        if taken and not overwrite:
+            holder = get(name).function
+            where = f"{getattr(holder, '__module__', '?')}.{getattr(holder, '__qualname__', holder)}"
+            raise ValueError(f"`name` {name!r} is already registered (by {where}); pass overwrite=True to "
+                             "replace it, or choose another name.")
+        _STATE.registered.pop(name, None)
+        _STATE.registered[name] = spec
 
 
 def unregister(name: str) -> MethodSpec:

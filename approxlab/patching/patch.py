@@ -18,6 +18,8 @@ import weakref
 import torch
 
 from .._validation import as_generator, check_bool
+from ..methods import registry
+from ..methods._compression_ratio import cache_budget
 from . import _model
 from ._layer import PatchedLayer
 
@@ -129,6 +131,9 @@ class AttentionPatch:
     layers : tuple of int
         The patched layers (every layer of the model for ``layers=None``).
     num_features : int
+    compression_ratio : float or None
+        The budget as given in kvpress's way (``num_features`` then its kept count); ``None`` when
+        ``num_features`` was given.
     options : dict
         The method's own keywords: the caller's and those the model supplied.
     supplied : tuple of str
@@ -181,6 +186,7 @@ class AttentionPatch:
         self.method = spec.name
         self.layers = layers
         self.num_features = num_features
+        self.compression_ratio = None
         self.options = options
         self.supplied = supplied
         self.causal = causal
@@ -293,7 +299,8 @@ class AttentionPatch:
                 self._target = None  # the records outlive the block; the model is not held
 
 
-def patch_attention(model, method: str, *, layers=None, num_features: int, generator: torch.Generator | None = None,
+def patch_attention(model, method: str, *, layers=None, num_features: int | None = None,
+                    compression_ratio: float | None = None, generator: torch.Generator | None = None,
                     context_length: int | None = None, record_inputs: bool = False, grouping: str | None = None,
                     record_attention: bool = False, allocation: str | None = None,
                     alpha_safeguard: float | None = None, layer_budgets: str | None = None,
@@ -318,7 +325,13 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         The layers to patch (indices from 0); ``None`` (default): every layer.
     num_features : int
         The method's budget (see :mod:`approxlab.methods`), checked against each window's length when
-        the method runs.
+        the method runs. Exactly one of ``num_features`` and ``compression_ratio`` is given.
+    compression_ratio : float, optional
+        The KV-cache setting's budget as kvpress states it (with ``context_length``, for a method with a
+        compression step): the fraction :math:`r \in [0, 1)` of the context removed; every layer keeps
+        :math:`\max(1, \lfloor n_c (1 - r)\rfloor)` context tokens per head, kvpress's rounding
+        (:func:`approxlab.kv_cache.kept_count`), which becomes ``num_features`` (PyramidKV's schedule spreads it
+        over the layers as it does a count).
     generator : torch.Generator, optional
         A CPU generator; ``None``: a fresh, OS-seeded one. The random streams of the layers come from
         it (Notes).
@@ -378,7 +391,9 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
         layers without one); an unknown ``method``, one without a causal form in a causal model, an
         option it does not take or one patched attention sets itself (``key_mask``, ``causal``,
         ``draw``), or a keyword the method requires that neither the caller nor the model supplies;
-        ``num_features`` not an integer >= 1; a bad ``generator``; ``context_length`` not an
+        ``num_features`` not an integer >= 1; both or neither of ``num_features`` and ``compression_ratio``, a
+        ratio outside ``[0, 1)``, without ``context_length`` or for a method without a compression step; a bad
+        ``generator``; ``context_length`` not an
         integer >= 1 or given for an encoder; a non-bool ``record_inputs``; a ``grouping`` not in
         ``("kv-head", "query-head")`` or given without ``context_length``; ``allocation``, ``alpha_safeguard``,
         ``layer_budgets`` or ``pyramid_beta`` without ``context_length``, outside their values, ``"adakv"`` for
@@ -483,6 +498,9 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     """
     target = _model.resolve_model(model)
     chosen = _model.check_layers(layers, target)
+    if compression_ratio is not None or num_features is None:
+        num_features = _ratio_budget(method, num_features, compression_ratio,
+                                     _model.check_context_length(context_length, target))
     spec, num_features, causal = _model.check_method(method, num_features, options, target)
     generator = as_generator(generator)
     context_length = _model.check_context_length(context_length, target)
@@ -496,6 +514,18 @@ def patch_attention(model, method: str, *, layers=None, num_features: int, gener
     record_attention = check_bool(record_attention, "record_attention")
     supplied = _model.supplied_inputs(spec, options, target, chosen)
     seeds = _model.layer_seeds(generator, len(target.modules))
-    return AttentionPatch(target, chosen, spec, num_features, causal, {**supplied, **options}, seeds, context_length,
-                          record_inputs, grouping, supplied=tuple(supplied), record_attention=record_attention,
-                          budgets=budgets)
+    patch = AttentionPatch(target, chosen, spec, num_features, causal, {**supplied, **options}, seeds, context_length,
+                           record_inputs, grouping, supplied=tuple(supplied), record_attention=record_attention,
+                           budgets=budgets)
+    patch.compression_ratio = None if compression_ratio is None else float(compression_ratio)
+    return patch
+
+
+def _ratio_budget(method, num_features, compression_ratio, context_length) -> int:
+    """``num_features`` from exactly one of it and kvpress's ``compression_ratio`` (the KV-cache setting's)."""
+    if compression_ratio is not None:
+        if context_length is None:
+            raise ValueError(f"`compression_ratio` is a fraction of the context, the KV-cache setting's: pass it with "
+                             f"context_length; got compression_ratio={compression_ratio!r} without a context_length.")
+    return cache_budget(registry.get(method), num_features, compression_ratio,
+                        1 if context_length is None else context_length)

@@ -189,7 +189,8 @@ def compute_kv_cache(cell: dict) -> list[dict]:
     ``inv_freq`` (:func:`approxlab.methods._scores.model_inputs`). The captured K/V are repeated to the query
     heads, and each query head keeps its own ``b`` tokens (``grouping="query-head"``, stated so that no
     :class:`~approxlab.errors.RepeatedKVWarning` is raised: the kept sets are the ones a per-KV-head default would
-    give on these repeated heads).
+    give on these repeated heads). With budgets given as compression ratios
+    (``cell["ratios"]``, ``--kv-ratios``) each row carries its ``compression_ratio`` beside its ``budget``.
     """
     ref = _reference(cell)
     context = cell["context"]
@@ -197,6 +198,7 @@ def compute_kv_cache(cell: dict) -> list[dict]:
     exact = ref["output"][..., context:, :]
     norm = spectral_norm(exact.detach().cpu())
     rows = []
+    ratios = dict(zip(cell["budgets"], cell["ratios"])) if "ratios" in cell else {}  # budgets given as ratios
     for budget in cell["budgets"]:
         for seed in cell["seeds"]:
             generator = _generator(*(cell[c] for c in KV_KEY), budget, seed, base_seed=cell["base_seed"])
@@ -205,7 +207,8 @@ def compute_kv_cache(cell: dict) -> list[dict]:
                                                                generator=generator, grouping="query-head",
                                                                **options), exact, norm)
             rows.append({"n": cell["n"], "context": context, "continuation": cell["n"] - context, "budget": budget,
-                         "seed": seed, "checkpoint": ref["checkpoint"],
+                         **({"compression_ratio": ratios[budget]} if ratios else {}), "seed": seed,
+                         "checkpoint": ref["checkpoint"],
                          "setting": "failed" if approx is None else str(approx.info.get("setting")), **row})
     return rows
 

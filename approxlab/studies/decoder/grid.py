@@ -16,7 +16,7 @@ from .. import checks
 from .. import options as shared
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows, method_seeds
-from .kv_setting import KV_FULL, KV_KEY, KV_OPTIONS, KV_QUICK, kv_defaults
+from .kv_setting import KV_FULL, KV_KEY, KV_OPTIONS, KV_QUICK, KV_RATIOS, kv_defaults, ratio_budgets
 
 __all__ = ["DEFAULT_CHECKPOINT", "METHODS", "FULL_GRID", "QUICK_GRID", "OPTIONS", "EPSILON", "PERFORMER_SCALE",
            "WINDOW_POOL", "WINDOW_KEY", "ASSUMPTION_KEY", "RESULT_KEY", "KV_KEY", "causal_form", "default_layers",
@@ -84,6 +84,7 @@ OPTIONS = (
                             "a larger count is refused)"),
     shared.SEEDS.but(help="seeds per randomized method"),
     *KV_OPTIONS,
+    KV_RATIOS,
     Option(("--rank-max-n",), "rank_max_n", f"largest n with a numerical rank (dense SVD per head; default "
            f"{RANK_MAX_N})", type=shared.nonnegative_int, default=RANK_MAX_N),
 )
@@ -120,7 +121,7 @@ def default_layers(num_layers: int, which="first-middle-last") -> list[int]:
 
 
 _GRID_OPTIONS = ("conditions", "n", "num_features", "methods", "windows", "seeds", "kv_context", "kv_continuation",
-                 "kv_budgets")
+                 "kv_budgets", "kv_ratios")
 
 
 def _limit(method: str, n: int, context: int | None = None) -> int:
@@ -174,13 +175,21 @@ def _grid(quick, args) -> dict:
                             continuation=getattr(args, "kv_continuation", None),
                             budgets=getattr(args, "kv_budgets", None)))
     grid["kv_budgets"] = sorted({int(b) for b in grid["kv_budgets"]})
+    ratios = getattr(args, "kv_ratios", None)
+    if ratios is not None:  # kvpress's way: the budgets from the ratios, the config names both
+        if getattr(args, "kv_budgets", None) is not None:
+            raise UsageError("--kv-ratios", "either --kv-budgets (counts) or --kv-ratios (kvpress's compression "
+                                            "ratios), not both", list(ratios))
+        shared.check_value(KV_RATIOS, ratios)
+        budgets = ratio_budgets(ratios, grid["kv_context"])
+        grid["kv_budgets"], grid["kv_ratios"] = list(budgets), list(budgets.values())
     for method in grid["methods"]:
         causal_form(method)
     return grid
 
 
 def build_config(*, layers, quick: bool = False, conditions=None, n=None, num_features=None, methods=None,
-                 windows=None, seeds=None, kv_context=None, kv_continuation=None, kv_budgets=None,
+                 windows=None, seeds=None, kv_context=None, kv_continuation=None, kv_budgets=None, kv_ratios=None,
                  checkpoint=DEFAULT_CHECKPOINT, heavy: int = HEAVY_PER_ROW, rank_max_n: int = RANK_MAX_N,
                  window_pool: int = WINDOW_POOL, window_seed: int = 0, base_seed: int = 0,
                  model_seed: int = 0) -> dict:
@@ -194,6 +203,9 @@ def build_config(*, layers, quick: bool = False, conditions=None, n=None, num_fe
         Start from :data:`QUICK_GRID` instead of :data:`FULL_GRID`.
     conditions, n, num_features, methods, windows, seeds, kv_context, kv_continuation, kv_budgets
         Overrides of the grid (``None``: keep).
+    kv_ratios : list of float, optional
+        The KV-cache budgets as kvpress's compression ratios instead of ``kv_budgets`` (the config then holds
+        both: ``kv_budgets`` their kept counts, ``kv_ratios`` the ratios, in the same order).
     checkpoint : str
         The decoder (Hub id, local folder or GGUF file; default the packaged SmolLM2).
     heavy, rank_max_n
@@ -219,7 +231,8 @@ def build_config(*, layers, quick: bool = False, conditions=None, n=None, num_fe
     """
     grid = _grid(quick, argparse.Namespace(conditions=conditions, n=n, num_features=num_features, methods=methods,
                                            windows=windows, seeds=seeds, kv_context=kv_context,
-                                           kv_continuation=kv_continuation, kv_budgets=kv_budgets))
+                                           kv_continuation=kv_continuation, kv_budgets=kv_budgets,
+                                           kv_ratios=kv_ratios))
     skipped = _check_grid(grid, int(window_pool))
     grid["layers"] = sorted({int(layer) for layer in layers})
     return {
@@ -271,10 +284,13 @@ def make_cells(config: dict, settings: dict) -> dict:
                                                    "num_features": max(budgets("performer", config["num_features"], n)),
                                                    "seeds": method_seeds(config["seeds"], "performer")})
                 for method in config["methods"]:
-                    cells["kv_cache"].append({**base, "method": method, "n": n_kv, "context": config["kv_context"],
-                                              "budgets": budgets(method, config["kv_budgets"], n_kv,
-                                                                 context=config["kv_context"]),
-                                              "seeds": method_seeds(config["seeds"], method)})
+                    kv_cell = {**base, "method": method, "n": n_kv, "context": config["kv_context"],
+                               "budgets": budgets(method, config["kv_budgets"], n_kv, context=config["kv_context"]),
+                               "seeds": method_seeds(config["seeds"], method)}
+                    if "kv_ratios" in config:  # the budgets were given as ratios: the rows carry both
+                        ratio_of = dict(zip(config["kv_budgets"], config["kv_ratios"]))
+                        kv_cell["ratios"] = [ratio_of[budget] for budget in kv_cell["budgets"]]
+                    cells["kv_cache"].append(kv_cell)
     return cells
 
 

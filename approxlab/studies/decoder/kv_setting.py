@@ -9,15 +9,21 @@ Public API::
 
     KV_FULL, KV_QUICK, KV_KEY
     KV_OPTIONS                       # --kv-context, --kv-continuation, --kv-budgets
+    KV_RATIOS                        # --kv-ratios: the budgets as kvpress's compression ratios
     kv_defaults(base, n, *, context=None, continuation=None, budgets=None) -> dict
+    ratio_budgets(ratios, context) -> dict[int, float]
 """
 
 from __future__ import annotations
 
+import argparse
+
+from ...errors import UsageError
+from ...kv_cache import kept_count
 from .. import options as shared
 from ..declaration import Option
 
-__all__ = ["KV_FULL", "KV_QUICK", "KV_KEY", "KV_OPTIONS", "kv_defaults"]
+__all__ = ["KV_FULL", "KV_QUICK", "KV_KEY", "KV_OPTIONS", "KV_RATIOS", "kv_defaults", "ratio_budgets", "ratio_list"]
 
 KV_FULL = {"kv_context": 1536, "kv_continuation": 512, "kv_budgets": [16, 64, 256, 1024]}
 """The setting in the full grid: a context of 1536 tokens and a continuation of 512 (the first 2048 tokens of each
@@ -70,3 +76,46 @@ def kv_defaults(base: dict, n, *, context=None, continuation=None, budgets=None)
         budgets = list(base["kv_budgets"]) if fits else ([b for b in base["kv_budgets"] if b < context]
                                                          or sorted({max(1, context // 4), max(1, context // 2)}))
     return {"kv_context": context, "kv_continuation": continuation, "kv_budgets": budgets}
+
+
+def ratio_list(text: str) -> list[float]:
+    """``"0.5,0.875"`` -> ``[0.5, 0.875]``; every entry a compression ratio in ``[0, 1)`` (argparse ``type=``)."""
+    try:
+        values = [float(x) for x in shared.str_list(text)]
+    except (ValueError, argparse.ArgumentTypeError):
+        values = []
+    if not values or not all(0 <= value < 1 for value in values):
+        raise argparse.ArgumentTypeError(f"comma-separated compression ratios in [0, 1), got {text!r}")
+    return values
+
+
+KV_RATIOS = Option(("--kv-ratios",), "kv_ratios", "KV-cache setting: the budgets as compression ratios, kvpress's "
+                   "way (the fraction of the context removed, in [0, 1)), instead of --kv-budgets: each ratio r keeps "
+                   "max(1, int(n_c * (1 - r))) context tokens, as kvpress rounds it, and kv_cache.csv carries both "
+                   "(default: none, the budgets of --kv-budgets)", type=ratio_list, nargs="+", action=shared.Flatten,
+                   metavar="R")
+"""The KV-cache setting's budgets stated as compression ratios (:func:`ratio_budgets`)."""
+
+
+def ratio_budgets(ratios, context: int) -> dict[int, float]:
+    """``{budget: ratio}``: each compression ratio's kept count of a context of ``context`` tokens
+    (:func:`approxlab.kv_cache.kept_count`, kvpress's rounding), in increasing budget.
+
+    Raises
+    ------
+    UsageError
+        Two ratios that keep the same count of this context.
+
+    Examples
+    --------
+    >>> ratio_budgets([0.875, 0.5, 0.75], 1536)
+    {192: 0.875, 384: 0.75, 768: 0.5}
+    """
+    budgets = {}
+    for ratio in sorted(ratios, reverse=True):
+        budget = kept_count(ratio, context)
+        if budget in budgets:
+            raise UsageError("--kv-ratios", f"ratios that keep different numbers of the {context} context tokens "
+                                            f"({budgets[budget]} and {ratio} both keep {budget})", list(ratios))
+        budgets[budget] = float(ratio)
+    return budgets
