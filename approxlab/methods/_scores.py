@@ -149,10 +149,12 @@ the keys before the rotation."""
 
 def warn_without_rope(spec, options: dict) -> None:
     r"""Warn (:class:`~approxlab.errors.RopeWarning`, once per call of the caller's caller) when ``spec`` declares
-    that it reads the model's RoPE (``"rope_base"`` or ``"rope_frequencies"`` in ``spec.inputs``: expected-attention,
-    CAP, leverage-score, Compactor) and ``options`` state none of :data:`ROPE_STATED`: the policy would read
-    post-RoPE keys as un-rotated without a word. ``rope_frequencies=None`` states a model without RoPE."""
-    declared = [name for name in getattr(spec, "inputs", ()) if name in MODEL_INPUTS]
+    that it un-rotates keys with the model's RoPE (``"rope_base"`` in ``spec.inputs``: expected-attention, CAP,
+    leverage-score, Compactor) and ``options`` state none of :data:`ROPE_STATED`: the policy would read post-RoPE
+    keys as un-rotated without a word. ``rope_frequencies=None`` states a model without RoPE. A policy that declares
+    only ``"rope_frequencies"`` (a press of :func:`~approxlab.methods.from_press`, handed the frequencies on its
+    stand-in module) takes the keys as they come and is not warned."""
+    declared = [name for name in getattr(spec, "inputs", ()) if name == "rope_base"]
     if not declared or any(name in options for name in ROPE_STATED):
         return
     warnings.warn(RopeWarning(
