@@ -84,8 +84,22 @@ class _StudyList(argparse.RawDescriptionHelpFormatter):
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``<prog>: error: <message>``), exit status 2."""
 
+    deprecation_notes = None
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {driver.one_line(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, with the deprecated flags' notes (:class:`~approxlab.studies.DeprecatedAlias`) printed
+        after the command line is read, so that an error is the one line a refused command prints."""
+        self.deprecation_notes = []
+        try:
+            parsed = super().parse_known_args(args, namespace)
+            for note in self.deprecation_notes:
+                print(note, file=sys.stderr)
+            return parsed
+        finally:
+            self.deprecation_notes = None
 
 
 def _add_study_options(sub, study) -> None:

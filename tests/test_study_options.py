@@ -98,3 +98,43 @@ def test_a_renamed_option_keeps_its_old_flag_until_the_next_minor_version(capsys
         "approxlab toy: FutureWarning: --number is deprecated and will be removed in approxlab 9.0.0; use --count",
         "approxlab toy: FutureWarning: --quickly is deprecated and will be removed in approxlab 9.0.0; use --fast"]
     assert vars(generic.parse_args([])) == {"count": 1, "fast": False} and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_an_option_given_twice_or_with_its_deprecated_flag_is_refused_not_dropped(study, capsys, tmp_path):
+    """``sv-decay --approximations A --methods B`` ran B alone and dropped A without a word (argparse keeps the
+    last); so did ``--methods A --methods B``. Every option of every study, by any of its flags, in either order:
+    one line naming both uses, exit 2, nothing created (options that gather, ``--plugin``, may repeat)."""
+    from approxlab.studies import registry
+    from test_cli_errors import assert_one_line_error, run_main
+
+    declared, out = registry.get(study), tmp_path / "out"
+    pairs = [(option.flags[0], option.flags[0]) for option in declared.options]
+    pairs += [(old, option.flags[0]) for option in declared.options for old in option.deprecated]
+    pairs += [(new, old) for old, new in pairs if old != new]
+    assert pairs
+    parser = build_parser(study).study_parser
+    for first, second in pairs:
+        action = _action(parser, next(o.dest for o in declared.options if first in (*o.flags, *o.deprecated)))
+        value = [] if action.nargs == 0 else [_valid(declared, action)]
+        message = _error(parser, [first, *value, second, *value, "--out", str(out)])
+        assert message.startswith(f"argument {action.option_strings[0]}: given once"), message
+        assert f"got '{first}" in message and f"' and '{second}" in message, message
+    old, new = pairs[-1]
+    status, err = run_main([study, old, *value, new, *value, "--out", str(out)], capsys)
+    assert_one_line_error(status, err, study, f"argument {action.option_strings[0]}: given once")
+    assert not out.exists()
+
+
+def _valid(declared, action) -> str:
+    """A value ``action`` parses (the value itself does not matter: the second use is refused first)."""
+    from test_cli_reliability import SAMPLES
+
+    sample = SAMPLES.get(action.dest)
+    if isinstance(sample, dict):
+        sample = sample.get(declared.name)
+    if sample is None and action.choices is not None:
+        sample = list(action.choices)[0]
+    value = declared.quick.get(action.dest, action.default) if sample is None else sample
+    value = value[0] if isinstance(value, list) and value else value
+    return str(value) if isinstance(value, (str, int, float)) else "1"  # bench --patch-layer, sv-decay --heads
