@@ -126,6 +126,10 @@ CASES = [
     ("perplexity", ["--context", "0"], "--context"),
     ("perplexity", ["--compare-with", "{missing}"], "--compare-with"),
     ("perplexity", ["--compare-with", "{empty}"], "--compare-with"),
+    # claim (p3) would compare nothing: it dropped the folder without a word
+    ("perplexity", ["--layer-settings", "all", "--compare-with", "figures/decoder"],
+     "--compare-with: a run with a single-layer --layer-settings"),
+    ("perplexity", ["--quick", "--num-features", "8", "--compare-with", "figures/decoder"], "--compare-with: result folders with a d of this run"),
 ]
 
 

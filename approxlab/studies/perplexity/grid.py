@@ -179,9 +179,13 @@ def _grid(quick: bool, args, checked=()) -> dict:
         grid["long_methods"] = default_long_methods(grid["methods"])
     for name in ("methods", "encoder_methods", "compare_with", "layer_settings", "long_methods"):
         grid[name] = list(dict.fromkeys(grid[name]))  # a repeated entry is one setting
+    if grid["compare_with"] and all(s == ALL_LAYERS for s in grid["layer_settings"]):
+        raise UsageError("--compare-with", "a run with a single-layer --layer-settings (claim (p3) compares a run "
+                         "that replaces one layer at a time; 'all' is not compared)",
+                         f"--layer-settings {','.join(map(str, grid['layer_settings']))}")
     for folder in grid["compare_with"]:
         if folder not in checked:  # a folder the saved run already read is in its references.csv
-            check_reference(folder)
+            check_reference(folder, budgets=grid["num_features"])
     return grid
 
 
