@@ -59,7 +59,7 @@ from .errors import CorruptResultsError, StudyError
 from .studies import driver, registry
 from .studies.checks import check_common, check_output_dir
 from .studies.engine.environment import requested_threads, study_threads, third_party_bars_off
-from .studies.options import RESULTS_FOLDER, add_common, check_option_pairs, default_output_dir
+from .studies.options import RESULTS_FOLDER, add_common, check_option_pairs, default_output_dir, with_grid_default
 
 __all__ = ["main", "build_parser"]
 
@@ -106,7 +106,7 @@ def _add_study_options(sub, study) -> None:
     if study.options:
         group = sub.add_argument_group(f"{study.name} options (defaults: the full grid, or the --quick one)")
         for option in study.options:
-            option.add_to(group)
+            with_grid_default(option, study.full, study.quick).add_to(group)
 
 
 def build_parser(study: str | None = None) -> argparse.ArgumentParser:

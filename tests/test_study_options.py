@@ -138,3 +138,31 @@ def _valid(declared, action) -> str:
     value = declared.quick.get(action.dest, action.default) if sample is None else sample
     value = value[0] if isinstance(value, list) and value else value
     return str(value) if isinstance(value, (str, int, float)) else "1"  # bench --patch-layer, sv-decay --heads
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_every_help_default_is_read_from_the_declared_grid(study):
+    """``perplexity --help`` stated an old grid's defaults (d 16,64,256; 6 windows; context 512; continuation 256)
+    where the declared ones were five budgets, 12 windows, 384 and 128. Every option of every study that the grid
+    holds shows the grid's value and the --quick one; a default an option's own text writes in figures is its own
+    ``default`` (an option outside the grid)."""
+    import re
+
+    from approxlab.studies import registry
+    from approxlab.studies.options import shown_default
+
+    declared = registry.get(study)
+    text = "".join(build_parser(study).study_parser.format_help().split())  # argparse wraps inside long words
+    checked = 0
+    for option in declared.options:
+        written = re.search(r"default (\d+)", option.help)  # a default written by hand: the option's own, off the grid
+        assert not written or (option.dest not in declared.full and written.group(1) == str(option.default)), (
+            option.flags[0], option.help)
+        value = declared.full.get(option.dest)
+        if option.dest not in declared.full or value is None:
+            continue
+        default, short = shown_default(value), shown_default(declared.quick.get(option.dest, value))
+        shown = f"(default {default}{'' if short == default else f'; --quick {short}'})"
+        assert "".join(shown.split()) in text, (option.flags[0], shown)
+        checked += 1
+    assert checked >= min(3, len(declared.options))

@@ -46,7 +46,7 @@ DTYPES = ("float64", "float32")
 
 OPTIONS = (
     METHODS, CONDITIONS_OPTION, N, NUM_FEATURES, WINDOWS, SEEDS.but(help="seeds per randomized method"),
-    Option(("--dtypes",), "dtypes", "precisions of the approximations, a grid axis (default float64,float32)",
+    Option(("--dtypes",), "dtypes", "precisions of the approximations, a grid axis",
            type=names_among(DTYPES, "precisions"), nargs="+", action=Flatten, metavar="DTYPES"),
     POSITIONS,
     CHECKPOINT.but(help="BERT-family checkpoint (Hub id with network, local folder always), with its tokenizer; "

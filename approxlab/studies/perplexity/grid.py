@@ -100,27 +100,25 @@ def layer_settings(text: str) -> list:
 OPTIONS = (
     shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="the causal language model (Hub id with network, local "
                           "folder or .gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline)"),
-    shared.METHODS.but(help=f"methods with a causal form for the decoder, comma-separated (default "
-                            f"{','.join(METHODS)}; {CONTROL} always runs as the control)"),
-    Option(("--encoder-methods",), "encoder_methods", "methods for the encoder (all-MiniLM-L6-v2), comma-separated "
-           f"(default {','.join(ENCODER_METHODS)})", type=shared.method_list, nargs="+", action=shared.Flatten,
+    shared.METHODS.but(help=f"methods with a causal form for the decoder, comma-separated ({CONTROL} always runs as the "
+                            "control)"),
+    Option(("--encoder-methods",), "encoder_methods", "methods for the encoder (all-MiniLM-L6-v2), comma-separated", type=shared.method_list, nargs="+", action=shared.Flatten,
            metavar="NAMES"),
     shared.NUM_FEATURES.but(help="numbers of features d, the KV-cache budget b in the KV-cache setting, "
-                                 "comma-separated (default 16,64,256)"),
-    shared.WINDOWS.but(help="WikiText-2 windows, the units of every interval (default 6)"),
+                                 "comma-separated"),
+    shared.WINDOWS.but(help="WikiText-2 windows, the units of every interval"),
     Option(("--layer-settings",), "layer_settings", "which layers are replaced in the whole-window setting, one "
            "setting each: layer indices or first, middle, last (one layer at a time), all (every layer together); "
-           "comma-separated (default first,middle,last,all)", type=layer_settings, nargs="+", action=shared.Flatten,
+           "comma-separated", type=layer_settings, nargs="+", action=shared.Flatten,
            metavar="LAYERS"),
-    shared.N.but(help="tokens of a window in the whole-window setting, and of the encoder's windows: one length "
-                      "(default 512)"),
+    shared.N.but(help="tokens of a window in the whole-window setting, and of the encoder's windows: one length"),
     Option(("--context",), "context", "KV-cache setting: tokens of the context n_c, whose cache the method "
-           "compresses (default 512)", type=shared.positive_int, metavar="N"),
-    Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored (default 256)",
+           "compresses", type=shared.positive_int, metavar="N"),
+    Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored",
            type=shared.positive_int, metavar="N"),
     *LONG_OPTIONS,
     Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
-           "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated; default none)",
+           "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated)",
            type=shared.str_list, nargs="+", action=shared.Flatten, metavar="FOLDERS"),
 )
 """The options of ``approxlab perplexity`` besides the common ones."""
