@@ -103,16 +103,18 @@ def test_a_renamed_option_keeps_its_old_flag_until_the_next_minor_version(capsys
 @pytest.mark.parametrize("study", sorted(STUDIES))
 def test_an_option_given_twice_or_with_its_deprecated_flag_is_refused_not_dropped(study, capsys, tmp_path):
     """``sv-decay --approximations A --methods B`` ran B alone and dropped A without a word (argparse keeps the
-    last); so did ``--methods A --methods B``. Every option of every study, by any of its flags, in either order:
-    one line naming both uses, exit 2, nothing created (options that gather, ``--plugin``, may repeat)."""
+    last); so did ``--methods A --methods B``. Every list option of every study, and every option with a deprecated
+    flag, by any of its flags, in either order: one line naming both uses, exit 2, nothing created (a one-value
+    option given again takes the last value; options that gather, ``--plugin``, may repeat)."""
     from approxlab.studies import registry
     from test_cli_errors import assert_one_line_error, run_main
 
     declared, out = registry.get(study), tmp_path / "out"
-    pairs = [(option.flags[0], option.flags[0]) for option in declared.options]
+    pairs = [(option.flags[0], option.flags[0]) for option in declared.options if option.nargs in ("+", "*")]
     pairs += [(old, option.flags[0]) for option in declared.options for old in option.deprecated]
     pairs += [(new, old) for old, new in pairs if old != new]
-    assert pairs
+    if not pairs:  # a study with no list option
+        return
     parser = build_parser(study).study_parser
     for first, second in pairs:
         action = _action(parser, next(o.dest for o in declared.options if first in (*o.flags, *o.deprecated)))

@@ -12,10 +12,11 @@ Public API::
     Option.but(**changes) -> Option, Option.add_to(parser) -> argparse.Action
     DeprecatedAlias                     # the argparse action of a deprecated flag
 
-An option is given once on a command line, by one of its flags: ``--methods A --methods B`` or
-``--approximations A --methods B`` (a deprecated flag with its new one) is one line of error naming both, where
-argparse would keep the last and drop ``A`` without a word. Options that gather their values (``action="append"``,
-``"count"``) may repeat.
+A list option, and an option with a deprecated flag, is given once on a command line, by one of its flags:
+``--methods A --methods B`` or ``--approximations A --methods B`` (a deprecated flag with its new one) is one line
+of error naming both, where argparse would keep the last and drop ``A`` without a word. A one-value option given
+again takes the last value, as every command line does (a script's later ``--seeds 1`` overrides its base
+command's); options that gather their values (``action="append"``, ``"count"``) may repeat.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class Option:
                 kwargs[name] = value() if name == "choices" and callable(value) else value
         inner = _action_class(self.action)
         given = _Given((*self.flags, *self.deprecated))
-        once = inner if issubclass(inner, _GATHERING) else _given_once(inner)
+        listed = self.nargs in ("+", "*")
+        once = _given_once(inner) if (listed or self.deprecated) and not issubclass(inner, _GATHERING) else inner
         added = parser.add_argument(*self.flags, **{**kwargs, "action": once})
         added.given = given
         for alias, removed_in in self.deprecated.items():
