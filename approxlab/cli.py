@@ -59,7 +59,7 @@ from .errors import CorruptResultsError, StudyError
 from .studies import driver, registry
 from .studies.checks import check_common, check_output_dir
 from .studies.engine.environment import requested_threads, study_threads, third_party_bars_off
-from .studies.options import RESULTS_FOLDER, add_common, check_option_pairs, default_output_dir
+from .studies.options import RESULTS_FOLDER, add_common, check_option_pairs, default_output_dir, with_grid_default
 
 __all__ = ["main", "build_parser"]
 
@@ -84,15 +84,29 @@ class _StudyList(argparse.RawDescriptionHelpFormatter):
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``<prog>: error: <message>``), exit status 2."""
 
+    deprecation_notes = None
+
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {driver.one_line(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, with the deprecated flags' notes (:class:`~approxlab.studies.DeprecatedAlias`) printed
+        after the command line is read, so that an error is the one line a refused command prints."""
+        self.deprecation_notes = []
+        try:
+            parsed = super().parse_known_args(args, namespace)
+            for note in self.deprecation_notes:
+                print(note, file=sys.stderr)
+            return parsed
+        finally:
+            self.deprecation_notes = None
 
 
 def _add_study_options(sub, study) -> None:
     if study.options:
         group = sub.add_argument_group(f"{study.name} options (defaults: the full grid, or the --quick one)")
         for option in study.options:
-            option.add_to(group)
+            with_grid_default(option, study.full, study.quick).add_to(group)
 
 
 def build_parser(study: str | None = None) -> argparse.ArgumentParser:

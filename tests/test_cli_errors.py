@@ -98,6 +98,8 @@ CASES = [
     ("bench", ["--workers", "2"], "--workers"),
     ("bench", ["--repeats", "0"], "--repeats: an integer >= 5, got '0'"),  # was raised to 5 without a word
     ("bench", ["--source", "synthetic", "--training-features", "100000"], "--training-features: at most 1024"),
+    # the KV-cache form compresses the first half of the window: a budget of 40 at n = 64 was lowered to 32 silently
+    ("bench", ["--parts", "causal", "--causal-n", "64", "--causal-budget", "40"], "--causal-budget: at most 32"),
     ("lra-svd", ["--tasks", "nope:1000"], "--tasks"),
     ("lra-svd", ["--tasks", "listops:0"], "--tasks"),
     ("lra-svd", ["--steps", "0"], "--steps"),
@@ -124,6 +126,10 @@ CASES = [
     ("perplexity", ["--context", "0"], "--context"),
     ("perplexity", ["--compare-with", "{missing}"], "--compare-with"),
     ("perplexity", ["--compare-with", "{empty}"], "--compare-with"),
+    # claim (p3) would compare nothing: it dropped the folder without a word
+    ("perplexity", ["--layer-settings", "all", "--compare-with", "figures/decoder"],
+     "--compare-with: a run with a single-layer --layer-settings"),
+    ("perplexity", ["--quick", "--num-features", "8", "--compare-with", "figures/decoder"], "--compare-with: result folders with a d of this run"),
 ]
 
 

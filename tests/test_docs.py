@@ -69,3 +69,71 @@ def test_docs_build_offline_with_warnings_as_errors(tmp_path):
         assert page in pages, page
     examples = sorted(p.stem for p in (ROOT / "docs" / "examples").glob("plot_*.py"))
     assert examples and all(f"auto_examples/{name}.html" in pages for name in examples)
+    # a page whose source has a table shows one (docs/usage.md rendered its API table as code, and -W passed)
+    for source in sorted((ROOT / "docs").rglob("*.md")):
+        if "_build" in source.parts or not any(_TABLE_RULE.match(line) for line in source.read_text().splitlines()):
+            continue
+        page = out / source.relative_to(ROOT / "docs").with_suffix(".html")
+        if page.is_file():  # else a fragment another page includes (studies/coverage.md)
+            assert "<table" in page.read_text(encoding="utf-8"), page
+    assert "<table" in (out / "usage.html").read_text(encoding="utf-8")
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_TABLE_RULE = re.compile(r"^\s*\|(?:\s*:?-{3,}:?\s*\|)+\s*$")
+_HEADING = re.compile(r"^#{2,6} \S")  # a Python or shell comment starts with one #
+
+
+def prose_in_code(text: str) -> list[str]:
+    """``line: what`` for every place where a Markdown page's prose falls into a code block.
+
+    Fences pair as CommonMark pairs them (a closing fence: the opening's character, at least as long, nothing after
+    it). Reported: a fence left open at the end of the page (the rest of the page renders as code); inside a block,
+    an opening fence with a language as long as the block's own (a block opened where one was meant to close), a
+    table's rule line, or a Markdown heading of level 2 or more (a comment in code has one ``#``).
+    """
+    found, opened = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        fence = _FENCE.match(line)
+        if opened is None:
+            if fence and not (fence.group(1)[0] == "`" and "`" in fence.group(2)):
+                opened = (number, fence.group(1))
+            continue
+        start, marker = opened
+        if fence and fence.group(1)[0] == marker[0] and len(fence.group(1)) >= len(marker) and not fence.group(2).strip():
+            opened = None
+        elif fence and fence.group(2).strip() and len(fence.group(1)) >= len(marker):
+            found.append(f"{number}: a fence with a language inside the code block opened at line {start}")
+        elif _TABLE_RULE.match(line):
+            found.append(f"{number}: a table inside the code block opened at line {start}")
+        elif _HEADING.match(line):
+            found.append(f"{number}: a heading inside the code block opened at line {start}")
+    if opened is not None:
+        found.append(f"{opened[0]}: a code block left open to the end of the page")
+    return found
+
+
+def _markdown_sources() -> list[Path]:
+    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts),
+            *sorted((ROOT / "benchmarks").rglob("*.md"))]
+
+
+def test_the_check_for_prose_in_a_code_block_finds_the_broken_usage_page():
+    """``docs/usage.md`` rendered as one code block (a stray output line and a lone fence swallowed its API table and
+    "Your own method"), and neither ``sphinx -W`` nor this file noticed."""
+    broken = ("# Using the library\n\nThe calls below.\n\nd_stat 182.3, core kappa 164\n```\n\nEverything takes "
+              "tensors.\n\n| call | what |\n|---|---|\n| `a` | b |\n\n## Your own method\n\n```python\nimport x\n```\n")
+    assert prose_in_code(broken) == ["11: a table inside the code block opened at line 6",
+                                     "14: a heading inside the code block opened at line 6",
+                                     "16: a fence with a language inside the code block opened at line 6"]
+    assert prose_in_code(broken.rsplit("```python", 1)[0]) == [
+        "11: a table inside the code block opened at line 6", "14: a heading inside the code block opened at line 6",
+        "6: a code block left open to the end of the page"]
+    fine = "# A page\n\n```python\n# a comment\nx = 1\n```\n\n````md\n```python\n```\n````\n\n~~~\n|---|\n~~~\n"
+    assert prose_in_code(fine) == ["14: a table inside the code block opened at line 13"]
+    assert prose_in_code(fine.replace("|---|", "x")) == []
+
+
+@pytest.mark.parametrize("path", _markdown_sources(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_page_s_prose_falls_into_a_code_block(path):
+    assert prose_in_code(path.read_text(encoding="utf-8")) == []

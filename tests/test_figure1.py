@@ -128,7 +128,7 @@ def test_grids_and_windows():
     assert full["windows"] >= 4 and full["seeds"] >= 3 and full["mode"] == "embedding" and full["layer"] == 0
     assert full["dtypes"] == ["float64", "float32"] and full["positions"] == "interpolate"
     quick = figure1.build_config(quick=True)
-    assert quick["n"] == [256, 512] and quick["num_features"] == [16, 64, 256]
+    assert quick["n"] == [256, 512] and quick["num_features"] == [16, 64, 128]  # every d below every n
     assert quick["windows"] == 1 and quick["seeds"] == 1
     ids = figure1.window_ids(full)
     assert ids == figure1.window_ids(figure1.build_config()) and len(set(ids)) == 4

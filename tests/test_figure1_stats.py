@@ -173,3 +173,22 @@ def test_an_instance_without_a_verdict_says_how_many_windows_it_would_need(taile
     text = figure1.summarize(_config(), results, figure1.panel_statistics(results), verdict_table=table)
     assert "| windows for 90% (each below it) |" in text and "not sized here" not in text
     assert f"{int(sized.min())} (" in text
+
+
+def test_no_claim_is_computed_where_the_largest_d_reaches_n():
+    """``figure1 --quick`` ran d = n = 256, where Informer is exact: its error of 1e-14 made the gap (c) -5.84e+12
+    and (d) with it. Claims are computed only at lengths above the largest d; the summary says which were left out,
+    and the quick grid keeps every d below every n."""
+    data = _tailed(ns=(256, 512))
+    data.loc[(data["n"] == 256) & (data["method"] == INF) & (data["num_features"] == 256), "error_heads"] = \
+        "1e-14 1e-14 1e-14"
+    config = {**figure1.build_config(conditions=["pretrained"], n=[256, 512], num_features=[16, 256]),
+              "_command": "approxlab figure1 --test"}
+    table = figure1.verdicts(config, data)
+    assert set(table["n"]) == {512} and "d" not in set(table["claim"])
+    assert table["estimate"].abs().max() < 1e3  # the tail of 100 in the fixture, not a gap over 1e-14
+    assert figure1_stats.degenerate_lengths(config) == [256]
+    text = "\n".join(figure1.summary.summary_lines(config, data, figure1.panel_statistics(data), verdict_table=table))
+    assert "No claim is computed at n = 256: the largest d (256) reaches n there" in text
+    quick = figure1.build_config(quick=True)
+    assert max(quick["num_features"]) < min(quick["n"]) and figure1_stats.degenerate_lengths(quick) == []

@@ -469,3 +469,26 @@ def test_in_short_says_where_the_premise_holds_fails_and_is_undecided_from_the_v
     assert "all replaced (1 holds, 0 fails, 1 undecided of 2 methods with five budgets)" in text
     assert "across methods, the premise holds in 1 of 3 settings, fails in 1" in text
     assert "7 of 30 points" in text
+
+
+def test_p3_names_every_comparison_it_does_not_make():
+    """A reference without this run's d, or a run with no single-layer setting, left (p3) with nothing to compare and
+    nothing said; a reference without the replaced layer is compared at it as another layer. Each is a row of the
+    labels (``compared``), and :func:`not_compared` lists the rows left out (the summary counts them, stderr names
+    them)."""
+    from approxlab.studies.perplexity.agreement import not_compared
+
+    cells_ = _cells(budgets=(8, 16), methods=10)
+    reference = pd.concat([pd.DataFrame({"reference": "r", "study": "decoder", "layer": layer, "checkpoint": "c",
+                                         "reference_n": 512, "method": [f"m{i}" for i in range(10)],
+                                         "num_features": 8, "error": range(1, 11)}) for layer in (0, 15, 29)])
+    rows, labels = agreement({("whole", "layer 1"): (cells_, {}), ("whole", "all"): (cells_, {})}, reference,
+                             {"checkpoint": "c"})
+    assert len(rows) == 3 and len(labels) == 6
+    compared = labels.set_index(["reference_layer", "num_features"])["compared"]
+    assert compared[(15, 8)] == "yes, at another layer: the reference has no layer 1"
+    assert compared[(15, 16)] == "no: the reference has no d = 16"
+    assert sorted(not_compared(labels)["num_features"]) == [16, 16, 16]
+    rows, labels = agreement({("whole", "all"): (cells_, {})}, reference, {"checkpoint": "c"})
+    assert rows == [] and len(not_compared(labels)) == 3
+    assert labels["compared"].str.startswith("no: this run replaces no single layer").all()

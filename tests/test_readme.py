@@ -54,3 +54,38 @@ def test_readme_links_point_to_files_in_the_repository():
     targets = re.findall(r"\]\(([^)#]+)\)", README.read_text())
     local = [t for t in targets if "://" not in t]
     assert local and all((README.parent / t).exists() for t in local), local
+
+
+def test_readme_and_docs_list_the_registry_s_methods():
+    """The README named about 30 methods in its own words and docs/index.rst named 7: both now hold the list
+    ``tools/method_list.py`` writes from the registry, and it must be the registry's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("method_list", README.parent / "tools" / "method_list.py")
+    method_list = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(method_list)
+    from approxlab.methods.registry import BUILTINS
+
+    for page, (_, quote, _) in method_list.PAGES.items():
+        assert method_list.listed(page) == method_list.method_line(quote), (
+            f"{page.name}: the method list is not the registry's; run python3 tools/method_list.py")
+        assert all(quote.format(name) in method_list.listed(page) for name in BUILTINS)
+
+
+def test_readme_and_quickstart_name_every_file_figure1_writes():
+    """``--quick`` writes ``figure1-quick/``, not ``figure1/``; the file lists left out ``paper_comparison.csv``,
+    ``timing.json`` and the PDFs. Every table, product, figure (PNG and PDF) and record of the study is named."""
+    from approxlab.studies import figure1
+    from approxlab.studies.options import default_output_dir
+
+    study = figure1.STUDY
+    files = {table.name for step in study.steps for table in step.tables} | {p.name for p in study.products}
+    files |= {f"{figure.name}.{kind}" for figure in study.figures for kind in ("png", "pdf")}
+    files |= {"summary.md", "config.json", "timing.json"}
+    readme = README.read_text()
+    quickstart = (README.parent / "docs" / "quickstart.rst").read_text()
+    for name in sorted(files):
+        assert f"`{name}`" in readme or (name.endswith(".pdf") and "(each also as PDF)" in readme), name
+        assert f"``{name}``" in quickstart or (name.endswith(".pdf") and "(and their PDFs)" in quickstart), name
+    quick = default_output_dir("figure1", quick=True).as_posix()
+    assert f"`--quick`" in readme and f"`{quick}/`" in readme and f"{quick}/" in quickstart

@@ -98,3 +98,70 @@ def test_a_renamed_option_keeps_its_old_flag_until_the_next_minor_version(capsys
         "approxlab toy: FutureWarning: --number is deprecated and will be removed in approxlab 9.0.0; use --count",
         "approxlab toy: FutureWarning: --quickly is deprecated and will be removed in approxlab 9.0.0; use --fast"]
     assert vars(generic.parse_args([])) == {"count": 1, "fast": False} and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_an_option_given_twice_or_with_its_deprecated_flag_is_refused_not_dropped(study, capsys, tmp_path):
+    """``sv-decay --approximations A --methods B`` ran B alone and dropped A without a word (argparse keeps the
+    last); so did ``--methods A --methods B``. Every list option of every study, and every option with a deprecated
+    flag, by any of its flags, in either order: one line naming both uses, exit 2, nothing created (a one-value
+    option given again takes the last value; options that gather, ``--plugin``, may repeat)."""
+    from approxlab.studies import registry
+    from test_cli_errors import assert_one_line_error, run_main
+
+    declared, out = registry.get(study), tmp_path / "out"
+    pairs = [(option.flags[0], option.flags[0]) for option in declared.options if option.nargs in ("+", "*")]
+    pairs += [(old, option.flags[0]) for option in declared.options for old in option.deprecated]
+    pairs += [(new, old) for old, new in pairs if old != new]
+    if not pairs:  # a study with no list option
+        return
+    parser = build_parser(study).study_parser
+    for first, second in pairs:
+        action = _action(parser, next(o.dest for o in declared.options if first in (*o.flags, *o.deprecated)))
+        value = [] if action.nargs == 0 else [_valid(declared, action)]
+        message = _error(parser, [first, *value, second, *value, "--out", str(out)])
+        assert message.startswith(f"argument {action.option_strings[0]}: given once"), message
+        assert f"got '{first}" in message and f"' and '{second}" in message, message
+    old, new = pairs[-1]
+    status, err = run_main([study, old, *value, new, *value, "--out", str(out)], capsys)
+    assert_one_line_error(status, err, study, f"argument {action.option_strings[0]}: given once")
+    assert not out.exists()
+
+
+def _valid(declared, action) -> str:
+    """A value ``action`` parses (the value itself does not matter: the second use is refused first)."""
+    from test_cli_reliability import _sample
+
+    try:
+        return _sample(declared, action)
+    except AssertionError:  # not in the quick grid: the option's own default, else 1 (bench --patch-layer)
+        default = action.default
+        return str(default) if isinstance(default, (str, int, float)) and not isinstance(default, bool) else "1"
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_every_help_default_is_read_from_the_declared_grid(study):
+    """``perplexity --help`` stated an old grid's defaults (d 16,64,256; 6 windows; context 512; continuation 256)
+    where the declared ones were five budgets, 12 windows, 384 and 128. Every option of every study that the grid
+    holds shows the grid's value and the --quick one; a default an option's own text writes in figures is its own
+    ``default`` (an option outside the grid)."""
+    import re
+
+    from approxlab.studies import registry
+    from approxlab.studies.options import shown_default
+
+    declared = registry.get(study)
+    text = "".join(build_parser(study).study_parser.format_help().split())  # argparse wraps inside long words
+    checked = 0
+    for option in declared.options:
+        written = re.search(r"default (\d+)", option.help)  # a default written by hand: the option's own, off the grid
+        assert not written or (option.dest not in declared.full and written.group(1) == str(option.default)), (
+            option.flags[0], option.help)
+        value = declared.full.get(option.dest)
+        if option.dest not in declared.full or value is None:
+            continue
+        default, short = shown_default(value), shown_default(declared.quick.get(option.dest, value))
+        shown = f"(default {default}{'' if short == default else f'; --quick {short}'})"
+        assert "".join(shown.split()) in text, (option.flags[0], shown)
+        checked += 1
+    assert checked >= min(3, len(declared.options))

@@ -43,6 +43,7 @@ Public API::
     SHARED                                    # {dest: Option} of the shared set
     grid(defaults, args, options) -> dict     # the grid with the given options put in, each checked
     check_value(option, value)                # a value given in code, checked as the command line checks it
+    shown_default(value), with_grid_default(option, full, quick)  # --help's defaults, read from the grids
     check_distinct(option, values, shown=None)  # a list option's values, each at most once
     one_value(option, values) -> int          # a list option that this study takes once
     str_list, int_list, names_among, positive_int, nonnegative_int, int_at_least, positive_float, probability,
@@ -79,7 +80,8 @@ __all__ = ["RESULTS_FOLDER", "default_output_dir", "add_common", "METHODS", "CON
            "NUM_FEATURES", "WINDOWS", "SEEDS", "STEPS", "TASKS", "LAYERS", "POSITIONS", "CHECKPOINT", "SHARED",
            "CONDITIONS", "POSITION_MODES", "grid", "check_value", "check_distinct", "one_value", "str_list",
            "int_list", "names_among", "positive_int", "nonnegative_int", "int_at_least", "positive_float",
-           "probability", "path_option", "thread_count", "Flatten", "check_option_pairs", "PLOT_ONLY_OPTIONS"]
+           "probability", "path_option", "thread_count", "Flatten", "check_option_pairs", "PLOT_ONLY_OPTIONS",
+           "shown_default", "with_grid_default"]
 
 RESULTS_FOLDER = "approxlab-results"
 """The folder, in the current directory, that holds every study's default output folder."""
@@ -189,6 +191,37 @@ def grid(defaults: dict, args, options) -> dict:
         if isinstance(values.get(name), list) and name in defaults:
             values[name] = sorted(int(x) for x in values[name])
     return values
+
+
+def shown_default(value) -> str:
+    """A grid value as a command line writes it: ``[16, 64]`` -> ``"16,64"``, ``[]`` -> ``"none"``, a task entry
+    ``{"task": "listops", "n": 64, "batch_size": 4}`` -> ``"listops:64:4"`` (its plain fields, in order), a
+    mapping by n ``{"512": 12}`` -> ``"12 at 512"``.
+
+    Examples
+    --------
+    >>> shown_default([{"task": "text", "n": 256, "batch_size": 8, "seeds": 40}, {"task": "listops", "n": 64}])
+    'text:256:8:40,listops:64'
+    >>> shown_default({"512": 12, "2048": 3}), shown_default(1e-06), shown_default([])
+    ('12 at 512, 3 at 2048', '1e-06', 'none')
+    """
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(shown_default, value)) if value else "none"
+    if isinstance(value, dict) and "task" in value:
+        return ":".join(str(v) for v in value.values() if isinstance(v, (str, int, float)))
+    if isinstance(value, dict):
+        return ", ".join(f"{shown_default(v)} at {k}" for k, v in value.items())
+    return str(value)
+
+
+def with_grid_default(option: Option, full: dict, quick: dict) -> Option:
+    """``option`` with its default read from the study's declared grids appended to its help: ``(default 16,64;
+    --quick 8)``, so ``--help`` never states another grid's values. An option outside the grid, or whose grid value
+    is None (resolved when the run is configured; its help says how, as ``(default: ...)``), keeps its help."""
+    if option.dest not in full or full[option.dest] is None or option.help == argparse.SUPPRESS:
+        return option
+    default, short = shown_default(full[option.dest]), shown_default(quick.get(option.dest, full[option.dest]))
+    return option.but(help=f"{option.help} (default {default}{'' if short == default else f'; --quick {short}'})")
 
 
 def one_value(option: str, values) -> int:

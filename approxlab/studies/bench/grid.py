@@ -221,13 +221,22 @@ def check(args, config) -> None:
         checks.check_heads("--head", config["head"], [config["condition"]], index=True)
     elif config["head"] != 0:
         raise UsageError("--head", "0 (the synthetic source has one head)", config["head"])
-    if "causal" in config["parts"] and config["causal_budget"] > min(int(n) for n in config["causal_n"]):
-        raise UsageError("--causal-budget", f"at most the smallest --causal-n ({min(config['causal_n'])})",
-                         config["causal_budget"])
+    if "causal" in config["parts"]:
+        _check_causal_budget(config)
     if "patch" in config["parts"]:
         checks.check_num_features("--num-features", config["num_features"], config["patch_methods"], config["patch_n"],
                                   at_most_n=True)
         _check_decoder(config)
+
+
+def _check_causal_budget(config: dict) -> None:
+    """``--causal-budget`` fits every ``--causal-n``: the KV-cache form of the causal part compresses the first half
+    of the window (:func:`~.causal.policies`), so a budget above half the smallest n would be lowered to that half."""
+    shortest = min(int(n) for n in config["causal_n"])
+    if config["causal_budget"] > shortest // 2:
+        raise UsageError("--causal-budget", f"at most {shortest // 2}: the context the KV-cache policies compress is "
+                         f"the first half of the smallest --causal-n ({shortest}), and a larger budget would be "
+                         "lowered to it", config["causal_budget"])
 
 
 def _check_decoder(config: dict) -> None:

@@ -78,7 +78,7 @@ OPTIONS = (
                           "with a sliding window shorter than max(n) are refused"),
     shared.LAYERS.but(help="layers: indices, first, middle, last (comma-separated), or all (default: first, "
                            "middle and last; --quick: first and last)"),
-    shared.METHODS.but(help=f"methods with a causal form, comma-separated (default {','.join(METHODS)})"),
+    shared.METHODS.but(help="methods with a causal form, comma-separated"),
     shared.CONDITIONS_OPTION, shared.N, shared.NUM_FEATURES,
     shared.WINDOWS.but(help=f"number of WikiText-2 windows, at most {WINDOW_POOL} (the pool they are drawn from; "
                             "a larger count is refused)"),

@@ -36,16 +36,13 @@ KV_KEY = ("condition", "layer", "window", "method")
 
 KV_OPTIONS = (
     Option(("--kv-context",), "kv_context", "KV-cache setting: context tokens n_c that a method compresses "
-           f"(default {KV_FULL['kv_context']}; --quick {KV_QUICK['kv_context']}; when the default context plus "
-           "continuation exceed max(n): 3/4 of the smallest n)", type=shared.positive_int, metavar="TOKENS"),
+           "(when the default context plus continuation exceed max(n): 3/4 of the smallest n)", type=shared.positive_int, metavar="TOKENS"),
     Option(("--kv-continuation",), "kv_continuation", "KV-cache setting: continuation tokens after the context, "
-           f"the rows whose error is measured (default {KV_FULL['kv_continuation']}; --quick "
-           f"{KV_QUICK['kv_continuation']}; with a context of 3/4 of the smallest n: the rest of it); n_c plus "
+           f"the rows whose error is measured (with a context of 3/4 of the smallest n: the rest of it); n_c plus "
            "this is at most max(n)", type=shared.positive_int, metavar="TOKENS"),
     Option(("--kv-budgets",), "kv_budgets", "KV-cache setting: budgets (num_features: context tokens kept by a "
-           "cache policy, a per-query method's own budget), comma-separated (default "
-           f"{','.join(map(str, KV_FULL['kv_budgets']))}; --quick {','.join(map(str, KV_QUICK['kv_budgets']))}; "
-           "with a scaled context: those below it, else 1/4 and 1/2 of it)",
+           "cache policy, a per-query method's own budget), comma-separated (with a scaled context: those below "
+           "the default, else 1/4 and 1/2 of it)",
            type=shared.int_list, nargs="+", action=shared.Flatten, metavar="B"),
 )
 """The options of the KV-cache setting."""

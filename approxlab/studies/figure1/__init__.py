@@ -39,7 +39,7 @@ position distinct — Position Interpolation, Chen et al. 2023; ViT fine-tuning)
 (no positions: rows of Q fixed by token identity, rank of A at most the number of distinct
 tokens). ``--checkpoint`` picks the BERT-family model (see :func:`approxlab.data.load_model`).
 
-``--quick``: n {256, 512}, d {16, 64, 256}, 1 window, 1 seed, float64. Output: ``--out``,
+``--quick``: n {256, 512}, d {16, 64, 128} (every d below every n), 1 window, 1 seed, float64. Output: ``--out``,
 by default ``approxlab-results/figure1`` in the current directory (``figure1-quick`` with
 ``--quick``, so a smoke run never resumes into the full run); the committed run in
 ``figures/figure1/`` is rewritten only with ``--out figures/figure1``.

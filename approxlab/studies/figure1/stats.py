@@ -49,6 +49,7 @@ __all__ = [
     "SIZING",
     "windows_needed",
     "VERDICT_COLUMNS",
+    "degenerate_lengths",
     "verdicts",
     "aggregation_differences",
     "PRECISION_TOLERANCE",
@@ -291,6 +292,20 @@ def _claim_statistics(config, med, windows, methods) -> dict:
     return out
 
 
+def degenerate_lengths(config: dict) -> list[int]:
+    """The lengths n of ``config`` at which the largest d is at least n: there a method of d keys or landmarks can be
+    exact (Informer and top-k keep every key), its error a rounding error of about 1e-14, and a relative gap divided
+    by it is meaningless (a quick run's (c) and (d) read -5.84e+12). No claim is computed at them (:func:`verdicts`).
+
+    Examples
+    --------
+    >>> degenerate_lengths({"n": [256, 512], "num_features": [16, 64, 256]})
+    [256]
+    """
+    largest = max(int(d) for d in config["num_features"])
+    return [int(n) for n in config["n"] if largest >= int(n)]
+
+
 def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
     """``verdicts.csv``: each claim's statistic, bootstrap 95% interval and verdict, under both aggregations.
 
@@ -298,6 +313,7 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
     or ``mean`` over heads x windows x seeds (float64 runs, :class:`approxlab.stats.UnitAggregate`),
     with the same thresholds. The interval is each claim's (:data:`CLAIMS`: the bootstrap standard error of
     :data:`BOOTSTRAP` resamples of the windows times Student's t, the same draws for both aggregations;
+    no claim at a length where the largest d reaches n, :func:`degenerate_lengths`;
     :func:`approxlab.studies.reporting.claims.interval`); ``inconclusive`` when it reaches across the threshold
     or rests on one window (:func:`approxlab.studies.reporting.claims.judge`). Beside it, the percentile interval
     of the same resamples and the former rules' verdict on it.
@@ -305,7 +321,7 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
     errors = head_errors(results)
     errors = errors[errors["dtype"] == BOOTSTRAP["dtype"]]
     methods = set(errors["method"])
-    ns = [n for n in config["n"] if n in set(errors["n"])]
+    ns = [n for n in config["n"] if n in set(errors["n"]) and n not in degenerate_lengths(config)]
     config = {**config, "n": ns, "conditions": [c for c in config["conditions"] if c in set(errors["condition"])]}
     if not ns:
         return pd.DataFrame(columns=VERDICT_COLUMNS)

@@ -20,7 +20,7 @@ from ..reporting.summary import render
 from .discussion import aggregation_text, deviations_text, paper_text, win_rate_text
 from .figures import figure_groups
 from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, COVERAGE, NEAR_ZERO_ROW, OWN_COVERAGE, PAPER_METHODS,
-                    PRECISION_TOLERANCE, SIZING, precision_table, verdicts)
+                    PRECISION_TOLERANCE, SIZING, degenerate_lengths, precision_table, verdicts)
 
 __all__ = ["TITLE", "RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "PAPER_COMPARISON",
            "summary_lines", "summarize", "sections"]
@@ -130,8 +130,10 @@ def _verdict_text(table: pd.DataFrame) -> list[str]:
              "fewer than 2 windows. Each claim under the median and under the mean over heads x windows x seeds.", "",
              *_coverage_text(windows), "", *_own_coverage_text(table), ""]
     if windows < 2:
-        lines += ["With a single window there is nothing to resample: no claim has an interval, and every verdict "
-                  "is inconclusive (run more --windows).", ""]
+        lines += ["**What this run can and cannot decide.** With a single window there is nothing to resample: no "
+                  "claim has an interval, and every verdict is inconclusive (run more --windows, e.g. the full grid's "
+                  "4). What it shows: each method's error against d at each n (the figure), the estimates below as "
+                  "point values, and whether every method runs on the real data; not whether a claim holds.", ""]
     aggregations = list(dict.fromkeys(table["aggregation"])) if "aggregation" in table else [None]
     for claim in CLAIMS:
         counts = []
@@ -218,6 +220,15 @@ def _precision_text(parted: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _degenerate_text(config: dict) -> list[str]:
+    degenerate = degenerate_lengths(config)
+    if not degenerate:
+        return []
+    return ["", f"No claim is computed at n = {', '.join(map(str, degenerate))}: the largest d "
+                f"({max(config['num_features'])}) reaches n there, where a method of d keys or landmarks can be exact "
+                "(Informer, top-k) and a relative gap would divide by a rounding error."]
+
+
 def summary_lines(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, windows=None, conditioning=None,
                   verdict_table=None) -> list[str]:
     """The sections of ``summary.md`` after its title, rendered from the tables (numbers are computed elsewhere).
@@ -229,7 +240,8 @@ def summary_lines(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, w
     conditioning = pd.DataFrame() if conditioning is None else conditioning
     verdict_table = verdicts(config, results) if verdict_table is None else verdict_table
     return [*_conditions_text(config, results, windows), *deviations_text(config, results),
-            *aggregation_text(verdict_table, stats), *_verdict_text(verdict_table), *win_rate_text(stats, config),
+            *aggregation_text(verdict_table, stats), *_verdict_text(verdict_table), *_degenerate_text(config),
+            *win_rate_text(stats, config),
             *paper_text(stats, config), *_panel_text(stats, conditioning), *_precision_text(precision_table(stats))]
 
 

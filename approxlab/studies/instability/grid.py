@@ -49,7 +49,8 @@ OPTIONS = (
               "task's seed count, default --seeds)"),
     Option(("--attentions",), "attentions", "comma-separated attentions (softmax is always included)",
            type=str_list, nargs="+", action=Flatten, metavar="NAMES"),
-    SEEDS.but(help="seeds of every task that names no count of its own (default: the counts sized for Table 3)"),
+    SEEDS.but(help="seeds of every task that names no count of its own (the full grid's tasks name the counts sized "
+                   "for Table 3)"),
     STEPS.but(help="Adam steps per run (paper: 20)"),
     NUM_FEATURES.but(help="landmarks/features (one value; paper: 128, --quick: 64); at most every task's N, a "
                           "larger value is refused, not lowered"),

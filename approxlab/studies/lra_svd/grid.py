@@ -86,8 +86,8 @@ QUICK_GRID = {**FULL_GRID, "tasks": [{"task": "listops", "n": 96, "positions": "
 
 OPTIONS = (
     TASKS.but(help="comma-separated NAME:N[:learned|2d], e.g. listops:256,pathfinder:256:2d"),
-    STEPS.but(help="fixed step budget per seed (default 2000)"),
-    SEEDS.but(help="seeds per task (default 12)"),
+    STEPS.but(help="fixed step budget per seed"),
+    SEEDS.but(help="seeds per task"),
 )
 """The options of ``approxlab lra-svd`` besides the common ones."""
 

@@ -11,7 +11,10 @@ Each comparison is labelled with what the reference measured: its study and mode
 checkpoint is this run's decoder, else ``another model``), its length and its layer (``same layer`` when it
 is the replaced layer, else ``other layers``). Methods this run measured that the reference lacks, and those
 it ran but failed (a non-finite error), are listed and left out (the study's rule: a failed run enters no
-rank statistic).
+rank statistic). Every reference layer and d is a row of the labels, its ``compared`` column saying whether (p3)
+compared it and, where not or not at the same layer, why: a reference without this run's d, fewer than 3 methods
+both measured, a run with no single-layer setting, a reference layer this run does not replace (compared at the
+run's single-layer settings, as other layers); :func:`not_compared` lists the rows (p3) left out.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ from .claims import MEASURES, MIN_METHODS, P3, RESAMPLING
 from .grid import WHOLE
 from .judging import verdict_row
 
-__all__ = ["COLUMNS", "label", "agreement"]
+__all__ = ["COLUMNS", "label", "agreement", "not_compared"]
 
 COLUMNS = ["reference", "model", "reference_n", "reference_layer", "compared_with", "num_features", "methods_used",
-           "missing", "failed_in_reference"]
+           "missing", "failed_in_reference", "compared"]
 
 
 def label(ranking: pd.DataFrame, config: dict, layers: str, run: dict | None = None) -> dict:
@@ -48,8 +51,15 @@ def _pairs(references: pd.DataFrame, settings: list[str]):
     layer in this run, or a figure1 run) every single-layer setting, labelled as other layers."""
     for (reference, study, layer), ranking in references.groupby(["reference", "study", "layer"], sort=False):
         same = [s for s in settings if s == f"layer {int(layer)}"]
-        for layers in (same if study == "decoder" and same else [s for s in settings if s != "all"]):
+        for layers in (same if study == "decoder" and same else [s for s in settings if s != "all"]) or [None]:
             yield (reference, study, int(layer)), ranking, layers
+
+
+def not_compared(labels: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``labels`` (:func:`agreement`'s) that (p3) did not compare."""
+    if "compared" not in labels:
+        return labels.iloc[:0]
+    return labels[~labels["compared"].astype(str).str.startswith("yes")]
 
 
 def agreement(inputs: dict, references: pd.DataFrame, config: dict, run: dict | None = None) -> tuple:
@@ -60,20 +70,31 @@ def agreement(inputs: dict, references: pd.DataFrame, config: dict, run: dict | 
         return rows, pd.DataFrame(columns=COLUMNS)
     settings = [layers for setting, layers in inputs if setting == WHOLE]
     for (reference, study, layer), ranking, layers in _pairs(references, settings):
+        name = f"{study} ({reference}, layer {layer})"
+        if layers is None:
+            labels.append({"reference": name, "reference_layer": layer, "methods_used": 0,
+                           "compared": "no: this run replaces no single layer (p3 compares a run that replaces one "
+                                       "layer at a time; 'all' is not compared)"})
+            continue
         cells = inputs[(WHOLE, layers)][0]
+        compared = ("yes" if study != "decoder" or layers == f"layer {layer}" else
+                    f"yes, at another layer: the reference has no {layers}")
         for d, at in cells.groupby("budget", sort=True):
             errors = ranking[ranking["num_features"] == int(d)].set_index("method")["error"]
             if errors.empty:
+                labels.append({"reference": name, **label(ranking, config, layers, run), "num_features": int(d),
+                               "methods_used": 0, "compared": f"no: the reference has no d = {int(d)}"})
                 continue
             failed = sorted(m for m in errors.index if not np.isfinite(errors[m]))
             missing = sorted(set(at["method"]) - set(errors.index))
             used = at[at["method"].isin([m for m in errors.index if np.isfinite(errors[m])])].copy()
             used["reference"] = errors.reindex(used["method"]).to_numpy(float)
-            name = f"{study} ({reference}, layer {layer})"
+            methods = int(used["method"].nunique())
             labels.append({"reference": name, **label(ranking, config, layers, run), "num_features": int(d),
-                           "methods_used": int(used["method"].nunique()), "missing": ", ".join(missing) or "none",
-                           "failed_in_reference": ", ".join(failed) or "none"})
-            if used["method"].nunique() < 3:
+                           "methods_used": methods, "missing": ", ".join(missing) or "none",
+                           "failed_in_reference": ", ".join(failed) or "none",
+                           "compared": compared if methods >= 3 else f"no: {methods} methods both measured (3 needed)"})
+            if methods < 3:
                 continue
             enough = used["method"].nunique() >= MIN_METHODS
             statistic = {"p3": resampling.at_budget("reference", d)}

@@ -14,6 +14,7 @@ from ..reporting.claims import tally
 from ..reporting.markdown import format_number as fmt
 from ..reporting.markdown import markdown_table
 from ..reporting.measured import GATE
+from .agreement import not_compared
 from .claims import (DECLARED, DECODER_VALID, DEGENERATE, FLOOR, MEASURE_TEXT, MIN_BUDGETS, MIN_METHODS, P1,
                      P1_BUDGET, P1_METHOD, P1_WITHIN, P2, P3, RESAMPLING)
 from .gating import SIZING
@@ -158,7 +159,10 @@ def _p3(saved, verdicts, labels) -> list[str]:
     if not saved.config.get("compare_with"):
         return ["- **(p3)** not decided: no `--compare-with` folders were named.", ""]
     p3 = _rows(verdicts, P3)
-    return [f"- **(p3)** {P3.statistic}, holds at rho >= {P3.threshold:g}: {_tally(P3, p3)}. "
+    skipped = len(not_compared(labels))
+    left_out = (f" **{skipped} comparison{'s' if skipped != 1 else ''} not made** (the `compared` column says why)."
+                if skipped else "")
+    return [f"- **(p3)** {P3.statistic}, holds at rho >= {P3.threshold:g}: {_tally(P3, p3)}.{left_out} "
             "On method means (a per-window comparison with a per-method constant cannot reach 1); each reference's "
             "model, length and layer, and the methods it lacks or failed (left out):", "",
             *_table(labels, list(labels.columns)),

@@ -100,27 +100,25 @@ def layer_settings(text: str) -> list:
 OPTIONS = (
     shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="the causal language model (Hub id with network, local "
                           "folder or .gguf file; default the packaged SmolLM2-135M-Instruct, 4-bit GGUF, offline)"),
-    shared.METHODS.but(help=f"methods with a causal form for the decoder, comma-separated (default "
-                            f"{','.join(METHODS)}; {CONTROL} always runs as the control)"),
-    Option(("--encoder-methods",), "encoder_methods", "methods for the encoder (all-MiniLM-L6-v2), comma-separated "
-           f"(default {','.join(ENCODER_METHODS)})", type=shared.method_list, nargs="+", action=shared.Flatten,
+    shared.METHODS.but(help=f"methods with a causal form for the decoder, comma-separated ({CONTROL} always runs as the "
+                            "control)"),
+    Option(("--encoder-methods",), "encoder_methods", "methods for the encoder (all-MiniLM-L6-v2), comma-separated", type=shared.method_list, nargs="+", action=shared.Flatten,
            metavar="NAMES"),
     shared.NUM_FEATURES.but(help="numbers of features d, the KV-cache budget b in the KV-cache setting, "
-                                 "comma-separated (default 16,64,256)"),
-    shared.WINDOWS.but(help="WikiText-2 windows, the units of every interval (default 6)"),
+                                 "comma-separated"),
+    shared.WINDOWS.but(help="WikiText-2 windows, the units of every interval"),
     Option(("--layer-settings",), "layer_settings", "which layers are replaced in the whole-window setting, one "
            "setting each: layer indices or first, middle, last (one layer at a time), all (every layer together); "
-           "comma-separated (default first,middle,last,all)", type=layer_settings, nargs="+", action=shared.Flatten,
+           "comma-separated", type=layer_settings, nargs="+", action=shared.Flatten,
            metavar="LAYERS"),
-    shared.N.but(help="tokens of a window in the whole-window setting, and of the encoder's windows: one length "
-                      "(default 512)"),
+    shared.N.but(help="tokens of a window in the whole-window setting, and of the encoder's windows: one length"),
     Option(("--context",), "context", "KV-cache setting: tokens of the context n_c, whose cache the method "
-           "compresses (default 512)", type=shared.positive_int, metavar="N"),
-    Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored (default 256)",
+           "compresses", type=shared.positive_int, metavar="N"),
+    Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored",
            type=shared.positive_int, metavar="N"),
     *LONG_OPTIONS,
     Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
-           "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated; default none)",
+           "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated)",
            type=shared.str_list, nargs="+", action=shared.Flatten, metavar="FOLDERS"),
 )
 """The options of ``approxlab perplexity`` besides the common ones."""
@@ -179,9 +177,13 @@ def _grid(quick: bool, args, checked=()) -> dict:
         grid["long_methods"] = default_long_methods(grid["methods"])
     for name in ("methods", "encoder_methods", "compare_with", "layer_settings", "long_methods"):
         grid[name] = list(dict.fromkeys(grid[name]))  # a repeated entry is one setting
+    if grid["compare_with"] and all(s == ALL_LAYERS for s in grid["layer_settings"]):
+        raise UsageError("--compare-with", "a run with a single-layer --layer-settings (claim (p3) compares a run "
+                         "that replaces one layer at a time; 'all' is not compared)",
+                         f"--layer-settings {','.join(map(str, grid['layer_settings']))}")
     for folder in grid["compare_with"]:
         if folder not in checked:  # a folder the saved run already read is in its references.csv
-            check_reference(folder)
+            check_reference(folder, budgets=grid["num_features"])
     return grid
 
 

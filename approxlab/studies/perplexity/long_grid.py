@@ -56,14 +56,13 @@ def long_lengths(text: str) -> list:
 
 LONG_OPTIONS = (
     Option(("--long-n",), "long_n", "tokens of the long-context sequences (a pass key in WikiText-2), comma-separated; "
-           "0: no long-context settings (default 2048)", type=long_lengths, nargs="+", action=shared.Flatten,
+           "0: no long-context settings", type=long_lengths, nargs="+", action=shared.Flatten,
            metavar="N"),
     shared.METHODS.but(flags=("--long-methods",), dest="long_methods", help="methods of the long-context settings, "
                        "comma-separated (default: the decoder-valid --methods but the simulations "
                        f"{', '.join(LONG_SIMULATIONS)})"),
-    Option(("--long-features",), "long_features", "budgets of the long-context settings, comma-separated (default "
-           "64,256)", type=shared.int_list, nargs="+", action=shared.Flatten, metavar="D"),
-    Option(("--long-windows",), "long_windows", "WikiText-2 windows of the long-context settings (default 3)",
+    Option(("--long-features",), "long_features", "budgets of the long-context settings, comma-separated", type=shared.int_list, nargs="+", action=shared.Flatten, metavar="D"),
+    Option(("--long-windows",), "long_windows", "WikiText-2 windows of the long-context settings",
            type=shared.positive_int, metavar="N"),
 )
 """The options of the long-context settings (in the study's options between ``--continuation`` and

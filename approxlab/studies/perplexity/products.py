@@ -3,6 +3,8 @@ the settings' observations are gathered once per loaded run and shared by every 
 
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
 from . import agreement, judging, prediction as predict
@@ -43,8 +45,17 @@ def _claims(saved):
 
 
 def _agreement(saved):
-    return _cached(saved, "agreement", lambda: agreement.agreement(inputs(saved), saved.table("references.csv"),
-                                                                   saved.config, saved.run))
+    return _cached(saved, "agreement", lambda: _warn_not_compared(agreement.agreement(
+        inputs(saved), saved.table("references.csv"), saved.config, saved.run)))
+
+
+def _warn_not_compared(found):
+    """``found`` (:func:`.agreement.agreement`'s), with one line on stderr per comparison (p3) left out."""
+    for _, row in agreement.not_compared(found[1]).iterrows():
+        where = "" if row["num_features"] != row["num_features"] else f" at d = {int(row['num_features'])}"
+        print(f"perplexity: warning: claim (p3) did not compare {row['reference']}{where}: "
+              f"{row['compared'][len('no: '):]}", file=sys.stderr)
+    return found
 
 
 def correlations(saved) -> pd.DataFrame:

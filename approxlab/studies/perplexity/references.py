@@ -47,10 +47,11 @@ REQUIRED = ("method", "num_features", "n", "relative_error_mean", "checkpoint")
 """The columns a compared run's ``results.csv`` must hold."""
 
 
-def check_reference(folder) -> None:
+def check_reference(folder, budgets=None) -> None:
     """``folder`` holds a saved ``figure1`` or ``decoder`` run whose results give a ranking: the columns of
-    :data:`REQUIRED` and at least one finite error at the condition compared (a
-    :class:`~approxlab.errors.UsageError` if not), checked when the run is configured, before any cell runs."""
+    :data:`REQUIRED`, at least one finite error at the condition compared and, when ``budgets`` (this run's d) are
+    given, one of them (a :class:`~approxlab.errors.UsageError` if not: (p3) would compare nothing), checked when the
+    run is configured, before any cell runs."""
     saved = _load(folder)
     allowed = f"result folders of {' or '.join(COMPARABLE)} runs whose results.csv has {', '.join(REQUIRED)}"
     results = saved.table("results.csv")
@@ -61,6 +62,10 @@ def check_reference(folder) -> None:
     if not chosen["relative_error_mean"].map(lambda v: v == v and abs(v) != float("inf")).any():
         raise UsageError("--compare-with", allowed, f"{str(folder)!r} (no finite relative_error_mean at its "
                          "pretrained condition)")
+    found = sorted(set(int(d) for d in chosen["num_features"]))
+    if budgets is not None and not set(int(d) for d in budgets) & set(found):
+        raise UsageError("--compare-with", f"result folders with a d of this run ({', '.join(map(str, budgets))}: "
+                         "claim (p3) compares at one d)", f"{str(folder)!r} (d = {', '.join(map(str, found))})")
 
 
 def _chosen(results):

@@ -30,13 +30,11 @@ QUICK_GRID = {**FULL_GRID, "layers": ["first"], "n": [512], "windows": 1, "heads
 """``--quick``: a smoke run (about a minute on 2 CPU cores)."""
 
 OPTIONS = (
-    CONDITIONS_OPTION, LAYERS.but(help="layers: first, middle, last or indices, comma-separated (default: all three "
-                                       "named; --quick: first)"),
-    N, WINDOWS, Option(("--heads",), "heads", "first H heads (default: 12 at 512, 3 at 2048)", type=positive_int),
+    CONDITIONS_OPTION, LAYERS.but(help="layers: first, middle, last or indices, comma-separated"),
+    N, WINDOWS, Option(("--heads",), "heads", "first H heads, per n", type=positive_int),
     METHODS.but(help="approximations whose dense matrix is analysed (registered method names, comma-separated; "
                      f"default {','.join(APPROXIMATIONS)})", deprecated={"--approximations": REMOVED_IN}),
-    NUM_FEATURES.but(help="d of the approximations (one value; default 64; at most every n: a larger d is refused, "
-                          "not lowered)"),
+    NUM_FEATURES.but(help="d of the approximations (one value; at most every n: a larger d is refused, not lowered)"),
     POSITIONS.but(help="positions beyond BERT's 512-row table in the embedding-mode cells (n > 512): interpolate "
                        "(default), copy (Longformer), none"),
     CHECKPOINT.but(help="BERT-family checkpoint (Hub id with network, local folder always); the initialized "
