@@ -15,6 +15,7 @@ Public API::
                  dtype_column="dtype", dtypes=("float64", "float32"), secondary=False)
     error_panel(ax, panel, methods, num_features, *, secondary=lambda method: False)   # curves against d, log axes
     share_ylimits(*axes_grids)         # the same y-limits per panel across figures
+    tidy_log_axis(ax, *, decades=1.0)  # a log y axis of at least one decade, labelled at its decades only
     figure_legend(fig, axes, *, ncol=4)   # one legend below the panels, every method once
     style()                            # context manager: the house rc settings
     figure(nrows=1, ncols=1, *, panel_size=(3.2, 2.6), **kwargs) -> (Figure, axes)
@@ -48,7 +49,7 @@ from ._io import atomic_write_bytes  # noqa: E402
 __all__ = ["METHOD_STYLES", "method_style", "method_label", "method_family", "group_by_family", "FAMILIES",
            "FAMILY_FILES", "MAX_LINES", "BUDGET_LABEL", "panel_groups", "panel_lines", "ATTENTION_POLICIES",
            "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel",
-           "share_ylimits", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
+           "share_ylimits", "tidy_log_axis", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
     "font.size": 8,
@@ -445,6 +446,36 @@ def share_ylimits(*axes_grids) -> None:
         low, high = min(lim[0] for lim in limits), max(lim[1] for lim in limits)
         for grid in grids:
             grid[index].set_ylim(low, high)
+
+
+def tidy_log_axis(ax, *, decades: float = 1.0) -> None:
+    """Widen the log y axis of ``ax`` about its geometric centre to span at least ``decades`` decades, and label
+    its major ticks only: a panel whose curves span less than a decade otherwise gets a label at every minor tick
+    (``2x10^0, 3x10^0, ...``) crowding its axis. A linear axis is left as it is.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from approxlab import plotting
+    >>> fig, axes = plotting.figure()
+    >>> axes[0, 0].set_yscale("log")
+    >>> _ = axes[0, 0].set_ylim(2.0, 5.0)
+    >>> plotting.tidy_log_axis(axes[0, 0])
+    >>> low, high = axes[0, 0].get_ylim()
+    >>> round(float(high / low), 6)
+    10.0
+    >>> plt.close(fig)
+    """
+    from matplotlib.ticker import NullFormatter
+
+    if ax.get_yscale() != "log":
+        return
+    low, high = ax.get_ylim()
+    span = np.log10(high / low) if low > 0 and high > 0 else np.inf
+    if span < decades:
+        centre, half = (np.log10(low) + np.log10(high)) / 2, decades / 2
+        ax.set_ylim(float(10 ** (centre - half)), float(10 ** (centre + half)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def figure_legend(fig, axes, *, ncol: int = 4):
