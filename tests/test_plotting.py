@@ -142,3 +142,23 @@ def test_pass_key_retrieval_is_shown_per_depth(captured, tmp_path):
     (fig,) = captured
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert ticks == ["d=64\n25%", "d=64\n75%"]
+
+
+def test_figure1_keeps_its_own_y_limits_and_its_companion_covers_them(captured, tmp_path):
+    """figure1.png took the union of its y-limits with figure1-extra.png's: curves near 10 on an axis reaching the
+    companion's 1,000, about 40% of the figure blank. Now the main figure fits its own curves; the companion's
+    panels cover both."""
+    from approxlab.studies.figure1 import figures as figure1_figures
+
+    panel = pd.DataFrame([{"condition": "pretrained", "n": 512, "method": method, "num_features": d,
+                           "dtype": "float64", "median": level / d ** 0.1, "q25": 0.9 * level / d ** 0.1,
+                           "q75": 1.1 * level / d ** 0.1}
+                          for method, level in (("performer", 10.0), ("yoso", 1000.0)) for d in BUDGETS])
+    config = {"methods": ["performer", "yoso"], "conditions": ["pretrained"], "n": [512], "num_features": BUDGETS,
+              "positions": "interpolate"}
+    saved = types.SimpleNamespace(config=config, out=tmp_path, table=lambda name: pd.DataFrame({"error_heads": []}),
+                                  product=lambda name: panel)
+    figure1_figures.plot(saved)
+    main, extra = (fig.axes[0] for fig in captured)
+    assert main.get_ylim()[1] < 100 < 1000 / 2 ** 0.8 < extra.get_ylim()[1]
+    assert extra.get_ylim()[0] <= main.get_ylim()[0]

@@ -56,14 +56,14 @@ def plot(saved) -> list[pathlib.Path]:
         drawn = {name: _draw(config, panel, methods, FIGURES[name], over,
                              twins=[f"{twin}.png" for twin in groups if twin != name and name != "figure1"])
                  for name, methods in groups.items()}
+        for _, axes in drawn.values():
+            for ax in axes.ravel():
+                tidy_log_axis(ax)
         if "figure1" in drawn:  # the companion covers the main figure's limits; the main figure keeps its own
             own = [ax.get_ylim() for ax in drawn["figure1"][1].ravel()]
             share_ylimits(*(axes for _, axes in drawn.values()))
             for ax, limits in zip(drawn["figure1"][1].ravel(), own):
                 ax.set_ylim(*limits)
-        for _, axes in drawn.values():
-            for ax in axes.ravel():
-                tidy_log_axis(ax)
         return [path for name, (fig, _) in drawn.items() for path in save_figure(fig, saved.out / name)]
 
 
