@@ -10,6 +10,7 @@ that cover the main figure's too (so a curve there reads against the paper's met
 from __future__ import annotations
 
 import pathlib
+import textwrap
 
 from .paper import PAPER_COUNTERPARTS, paper_curves
 from .stats import PAPER_METHODS
@@ -93,13 +94,16 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
         axes[0][0].plot([], [], color="0.35", linestyle=":", linewidth=1.0, marker="o", markersize=2.5,
                         markerfacecolor="none", label=FLOAT32_LABEL)
     figure_legend(fig, axes, ncol=3)
-    fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error against softmax attention "
-                 f"(positions: {config.get('positions', 'none')})\n"
-                 f"line: median over {over} (float64), band: interquartile range; "
-                 + ("thin dotted, hollow markers: float32 median; " if "float32" in set(panel["dtype"]) else "")
-                 + "▲ at the top: not finite" + (f"; y-limits per panel cover {', '.join(twins)}" if twins else "")
-                 + ("\nwide pale line, no markers: the paper's own curve in the method's colour "
-                    "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
+    title = (f"Skyformer Figure 1, {label}: spectral-norm error against softmax attention "
+             f"(positions: {config.get('positions', 'none')})\n"
+             f"line: median over {over} (float64), band: interquartile range; "
+             + ("thin dotted, hollow markers: float32 median; " if "float32" in set(panel["dtype"]) else "")
+             + "▲ at the top: not finite" + (f"; y-limits per panel cover {', '.join(twins)}" if twins else "")
+             + ("\nwide pale line, no markers: the paper's own curve in the method's colour "
+                "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
+    # wrapped to the panels' width: a title wider than the figure widens it, leaving margins blank
+    width = max(60, 52 * len(ns))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")))
     return fig, axes
 
 
