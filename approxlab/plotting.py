@@ -7,11 +7,15 @@ Public API::
     method_label(name) -> str          # legend name, with the target when it is not softmax attention
     method_family(name) -> str         # the group a method is drawn with (FAMILIES; FAMILY_FILES: file names)
     group_by_family(methods) -> dict   # family -> its methods, in FAMILIES order
+    panel_groups(methods, *, limit=MAX_LINES) -> dict   # panel title -> at most `limit` methods, by family
+    panel_lines(ax) -> list            # the labelled lines and markers of a panel (what its legend would hold)
+    MAX_LINES, BUDGET_LABEL            # at most 10 lines to a panel; the x label of every budget axis
     DTYPE_LINESTYLES                   # {"float64": "-", "float32": ":"}
     method_curve(ax, curve, method, *, x="num_features", center="median", band=("q25", "q75"),
                  dtype_column="dtype", dtypes=("float64", "float32"), secondary=False)
     error_panel(ax, panel, methods, num_features, *, secondary=lambda method: False)   # curves against d, log axes
     share_ylimits(*axes_grids)         # the same y-limits per panel across figures
+    tidy_log_axis(ax, *, decades=1.0)  # a log y axis of at least one decade, labelled at its decades only
     figure_legend(fig, axes, *, ncol=4)   # one legend below the panels, every method once
     style()                            # context manager: the house rc settings
     figure(nrows=1, ncols=1, *, panel_size=(3.2, 2.6), **kwargs) -> (Figure, axes)
@@ -43,8 +47,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ._io import atomic_write_bytes  # noqa: E402
 
 __all__ = ["METHOD_STYLES", "method_style", "method_label", "method_family", "group_by_family", "FAMILIES",
-           "FAMILY_FILES", "ATTENTION_POLICIES", "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel",
-           "share_ylimits", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
+           "FAMILY_FILES", "MAX_LINES", "BUDGET_LABEL", "panel_groups", "panel_lines", "ATTENTION_POLICIES",
+           "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel",
+           "share_ylimits", "tidy_log_axis", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
     "font.size": 8,
@@ -88,7 +93,7 @@ METHOD_STYLES = {
     "topp": {"color": "#44AA99", "marker": "o", "markerfacecolor": "none", "label": "Top-p (oracle)"},
     "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
     "vattention": {"color": "#88CCEE", "marker": "8", "label": "vAttention"},
-    "magicpig": {"color": "#CC6677", "marker": "x", "label": "MagicPIG"},
+    "magicpig": {"color": "#A6761D", "marker": "x", "label": "MagicPIG"},
     # The cache policies, drawn in two groups (the perplexity study's panels): filled markers, and colours that
     # differ within each group. Those that rank tokens by attention (Paul Tol's vibrant palette):
     "h2o": {"color": "#CC3311", "marker": "o", "label": "H2O"},
@@ -107,9 +112,10 @@ METHOD_STYLES = {
     "leverage-score": {"color": "#D55E00", "marker": "^", "label": "Leverage scores (keys)"},
     "cur": {"color": "#CC79A7", "marker": "v", "label": "CUR"},
     "compactor": {"color": "#0072B2", "marker": "P", "label": "Compactor"},
-    "cap": {"color": "#000000", "marker": "d", "label": "CAP"},
+    "cap": {"color": "#7F3C8D", "marker": "d", "label": "CAP"},  # not black: the control (exact) is drawn beside it
     "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
-    "kernelized": {"color": "#444444", "marker": "+", "label": "Kernelized (exact)"},
+    # computes Skyformer's Gaussian-kernel attention CV exactly: not softmax attention (its target is named beside)
+    "kernelized": {"color": "#444444", "marker": "+", "label": "Gaussian kernel CV"},
 }
 for _style in METHOD_STYLES.values():
     _style.setdefault("linestyle", "-")
@@ -245,6 +251,60 @@ def group_by_family(methods) -> dict:
     found = [(m, method_family(m)) for m in methods]
     groups = {name: [m for m, family in found if family == name] for name in FAMILIES}
     return {name: chosen for name, chosen in groups.items() if chosen}
+
+
+MAX_LINES = 10
+"""The most method lines a panel holds: more are split over panels (:func:`panel_groups`)."""
+
+BUDGET_LABEL = "budget d (num_features)"
+"""The x label of every axis of the budget: the library's ``num_features``, written d in every figure (a cache
+policy's context tokens kept per head, a sketch's features, landmarks or sampled keys)."""
+
+
+def panel_groups(methods, *, limit: int = MAX_LINES) -> dict:
+    """Panel title -> the ``methods`` drawn in it: one panel per family (:func:`group_by_family`), a family of more
+    than ``limit`` methods split into parts of at most ``limit`` (``"sparse selection (1 of 2)"``).
+
+    Parameters
+    ----------
+    methods : sequence of str
+    limit : int
+        The most methods to a panel, ``>= 1`` (leave room for a control drawn in every panel).
+
+    Examples
+    --------
+    >>> from approxlab.plotting import panel_groups
+    >>> panel_groups(["h2o", "snapkv", "tova", "performer"], limit=2)
+    {'cache: attention scores (1 of 2)': ['h2o', 'snapkv'], 'cache: attention scores (2 of 2)': ['tova'], \
+'low-rank, kernel, sampling': ['performer']}
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"`limit` must be an integer >= 1; got {limit!r}.")
+    panels = {}
+    for family, chosen in group_by_family(methods).items():
+        parts = [chosen[i:i + limit] for i in range(0, len(chosen), limit)]
+        for index, part in enumerate(parts):
+            panels[family if len(parts) == 1 else f"{family} ({index + 1} of {len(parts)})"] = part
+    return panels
+
+
+def panel_lines(ax) -> list:
+    """The labelled artists of panel ``ax`` (lines and scatter points whose label does not start with ``_``):
+    what a legend of the panel would hold, so that tests can count a panel's lines and their colours.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from approxlab import plotting
+    >>> fig, axes = plotting.figure()
+    >>> _ = axes[0, 0].plot([1, 2], [1, 2], **plotting.method_style("performer"))
+    >>> _ = axes[0, 0].plot([1, 2], [2, 2], color="grey")   # no label: not counted
+    >>> [line.get_label() for line in plotting.panel_lines(axes[0, 0])]
+    ['Performer']
+    >>> plt.close(fig)
+    """
+    return [artist for artist in [*ax.get_lines(), *ax.collections]
+            if not str(artist.get_label()).startswith("_")]
 
 
 DTYPE_LINESTYLES = {"float64": "-", "float32": ":"}
@@ -386,6 +446,36 @@ def share_ylimits(*axes_grids) -> None:
         low, high = min(lim[0] for lim in limits), max(lim[1] for lim in limits)
         for grid in grids:
             grid[index].set_ylim(low, high)
+
+
+def tidy_log_axis(ax, *, decades: float = 1.0) -> None:
+    """Widen the log y axis of ``ax`` about its geometric centre to span at least ``decades`` decades, and label
+    its major ticks only: a panel whose curves span less than a decade otherwise gets a label at every minor tick
+    (``2x10^0, 3x10^0, ...``) crowding its axis. A linear axis is left as it is.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from approxlab import plotting
+    >>> fig, axes = plotting.figure()
+    >>> axes[0, 0].set_yscale("log")
+    >>> _ = axes[0, 0].set_ylim(2.0, 5.0)
+    >>> plotting.tidy_log_axis(axes[0, 0])
+    >>> low, high = axes[0, 0].get_ylim()
+    >>> round(float(high / low), 6)
+    10.0
+    >>> plt.close(fig)
+    """
+    from matplotlib.ticker import NullFormatter
+
+    if ax.get_yscale() != "log":
+        return
+    low, high = ax.get_ylim()
+    span = np.log10(high / low) if low > 0 and high > 0 else np.inf
+    if span < decades:
+        centre, half = (np.log10(low) + np.log10(high)) / 2, decades / 2
+        ax.set_ylim(float(10 ** (centre - half)), float(10 ** (centre + half)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def figure_legend(fig, axes, *, ncol: int = 4):

@@ -119,20 +119,31 @@ def test_paper_comparison_shapes_and_orderings():
     assert figure1_paper.paper_claim_b(curves) == (2, 3)
 
 
-def test_paper_curves_drawn_faintly_with_one_legend_entry():
+def test_paper_curves_and_float32_medians_are_told_apart_each_with_one_legend_entry():
+    """The paper's curves (wide, pale, no markers) and the float32 medians (thin, dotted, hollow markers) look
+    different and each has its own legend entry: formerly both were faint broken lines with hollow markers and
+    only the paper's was named."""
     import matplotlib.pyplot as plt
 
     paper, panel = _panel_from_paper()
+    panel = pd.concat([panel, panel.assign(dtype="float32")], ignore_index=True)
     config = {"conditions": ["pretrained"], "n": [512], "num_features": [16, 32, 64, 128, 256]}
     cell = panel[(panel["condition"] == "pretrained") & (panel["n"] == 512)].assign(q25=1.0, q75=2.0)
     fig, axes = figure1_report._draw(config, cell, [SKY, NYS, PERF, INF, "performer-lra"], "test")
     lines = axes[0][0].get_lines()
-    faint = [line for line in lines if line.get_alpha() == 0.5 and line.get_label() == "_nolegend_"]
+    pale = [line for line in lines if line.get_alpha() == figure1_report.PAPER_ALPHA
+            and line.get_label() == "_nolegend_"]
     expected = paper[(paper["condition"] == "pretrained") & (paper["n"] == 512) & (paper["method"] == SKY)]
-    assert len(faint) == 4
-    assert any(np.allclose(line.get_ydata(), expected["error"]) for line in faint)
+    assert len(pale) == 4
+    assert any(np.allclose(line.get_ydata(), expected["error"]) for line in pale)
+    dotted = [line for line in lines if line.get_linestyle() == ":" and len(line.get_xdata())]
+    assert dotted  # the float32 medians
+    for line in pale:
+        assert line.get_marker() in ("None", None, "") and line.get_linestyle() == "-"
+        assert line.get_linewidth() > 2 * max(d.get_linewidth() for d in dotted)
     labels = [text.get_text() for text in fig.legends[0].get_texts()]
-    assert labels.count(figure1_report.PAPER_LABEL) == 1 and len(labels) == 6
+    assert labels.count(figure1_report.PAPER_LABEL) == 1 and labels.count(figure1_report.FLOAT32_LABEL) == 1
+    assert len(labels) == 7
     plt.close(fig)
 
 

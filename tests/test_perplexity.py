@@ -99,10 +99,15 @@ def test_tables_figures_claims_and_summary(run):
     long = read_results(run / "long.csv")
     assert len(long) == 2 * 5 * 2 and "nystromformer" not in set(long["method"])
     assert set(long["correct"]) <= {0.0, 1.0} and (long["answer_logprob"] <= 0).all()
+    # the unpatched model replaces no layer: its errors are not measured (NaN), not failed (inf)
+    unpatched = long[long["method"] == "unpatched"]
+    errors = [f"{m}_{s}" for m in ("spectral", "frobenius", "worst_query") for s in ("median", "max")]
+    assert len(unpatched) and unpatched[errors].isna().all().all()
+    assert np.isfinite(long.loc[long["method"] != "unpatched", "spectral_median"]).all()
     summary = (run / "summary.md").read_text()
     for text in ("## Claims", "(p1)", "(p1w)", "(p1d)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder",
                  "What entered the claims", "Not decoder attention", "## Long context", "## The encoder",
-                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget b)", "Coverage",
+                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget d)", "Coverage",
                  "### Changes of verdict", "| coverage (own units) | methods for 90% |"):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())
@@ -294,6 +299,37 @@ def test_deltas_mark_failures_as_inf_and_statistics_leave_them_out():
     table = stats.delta_statistics(frame)
     assert table["delta"].iloc[0] == pytest.approx(0.375) and table["failures"].iloc[0] == 1
     assert table["windows"].iloc[0] == 3
+
+
+def test_a_point_with_failed_windows_gets_an_interval_over_its_own_windows_and_its_failures_beside():
+    """The KV row that read `nystrom | 12.5 [inf, inf]`: 9 of 12 windows failed, and the interval resampled every
+    window of the run, so a resample without any of the 3 survivors gave no value and the bounds inf, the estimate
+    outside them. Now each point resamples its own windows; one survivor gives no interval (n/a), none gives n/a."""
+    rows = []
+    for method, failed in (("full", set()), ("most-failed", set(range(9))), ("one-left", set(range(11))),
+                           ("none-left", set(range(12)))):
+        for window in range(12):
+            bad = window in failed
+            rows.append({"setting": "kv-cache", "layers": "all", "method": method, "num_features": 8,
+                         "window": window, "nll": math.inf if bad else 3.0 + 0.1 * window + 0.01 * len(failed),
+                         "status": "FloatingPointError: x" if bad else "ok",
+                         "spectral_median": math.inf if bad else 0.5, "frobenius_median": 0.1,
+                         "worst_query_median": 0.2})
+    baseline = pd.DataFrame({"setting": "kv-cache", "window": range(12), "nll": 3.0})
+    table = stats.delta_statistics(stats.deltas(pd.DataFrame(rows), baseline)).set_index("method")
+    assert np.isfinite(table.loc[["full", "most-failed"], ["delta_low", "delta_high"]].to_numpy()).all()
+    for method in ("full", "most-failed"):
+        assert table.loc[method, "delta_low"] <= table.loc[method, "delta"] <= table.loc[method, "delta_high"]
+    assert np.isnan(table.loc["one-left", ["delta_low", "delta_high"]].astype(float)).all()
+    assert table.loc["none-left", "delta"] == math.inf
+    from approxlab.studies.perplexity.claims_summary import delta_cells
+
+    cells_ = dict(zip(table.index, delta_cells(table.reset_index())))
+    assert re.fullmatch(r"[\d.]+ \[[\d.]+, [\d.]+\]", cells_["full"])
+    assert re.fullmatch(r"[\d.]+ \[[\d.]+, [\d.]+\] \(9 of 12 failed\)", cells_["most-failed"])
+    assert re.fullmatch(r"[\d.]+ \[n/a\] \(11 of 12 failed\)", cells_["one-left"])
+    assert cells_["none-left"] == "n/a (12 of 12 failed)"
+    assert not any("inf" in cell for cell in cells_.values())
 
 
 @pytest.mark.parametrize("folder", ["figures/decoder", "figures/figure1"])

@@ -80,13 +80,15 @@ def _error_grid(config, rows, columns, select, ticks, *, title, ylabel, xlabel, 
 
 def _draw_errors(config, panel, condition, family, methods):
     """One condition's error figure for one family of methods: rows = layers, columns = n, error against d."""
+    from ...plotting import BUDGET_LABEL
+
     layers = [layer for layer in config["layers"] if layer in set(panel["layer"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
     fig, axes = _error_grid(
         config, layers, ns,
         lambda layer, n: panel[(panel["condition"] == condition) & (panel["layer"] == layer) & (panel["n"] == n)],
         config["num_features"], title=lambda layer, n: f"layer {layer}, n = {n}",
-        ylabel=r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="number of features d", methods=lambda layer: methods)
+        ylabel=r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel=BUDGET_LABEL, methods=lambda layer: methods)
     masked = any(_secondary(config)(m) for m in methods)
     fig.suptitle(f"{config['checkpoint']} ({condition}), {family}:\nrelative spectral error against exact causal attention "
                  "(float64); line: median over heads and windows, band: interquartile range;\n"
@@ -98,21 +100,23 @@ def _draw_errors(config, panel, condition, family, methods):
 def _draw_kv(config, kv):
     """The KV-cache figure: rows = family x condition, columns = layers, error of the continuation against the
     budget."""
-    from ...plotting import group_by_family
+    from ...plotting import BUDGET_LABEL, group_by_family, tidy_log_axis
 
     panel = kv.rename(columns={"budget": "num_features"})
     families = group_by_family(config["methods"])
     rows = [(name, c) for name in families for c in config["conditions"] if c in set(kv["condition"])]
-    fig, _ = _error_grid(
+    fig, axes = _error_grid(
         config, rows, [layer for layer in config["layers"] if layer in set(kv["layer"])],
         lambda row, layer: panel[(panel["condition"] == row[1]) & (panel["layer"] == layer)],
         config["kv_budgets"], title=lambda row, layer: f"{row[0]}\n{row[1]}, layer {layer}",
-        ylabel="continuation rows:\n" r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel="budget (num_features)",
+        ylabel="continuation rows:\n" r"$\|\tilde O - O\|_2 / \|O\|_2$", xlabel=BUDGET_LABEL,
         methods=lambda row: families[row[0]], panel_size=(3.4, 2.6 if len(rows) > 1 else 3.6))
+    for ax in axes.ravel():
+        tidy_log_axis(ax)
     fig.suptitle(f"{config['checkpoint']}: KV-cache setting, a context of {config['kv_context']} tokens compressed,\n"
-                 f"then {config['kv_continuation']} continuation tokens; budget: context tokens kept (cache policies)\n"
-                 "or the method's own num_features on the whole window (per-query methods);\nmedian over heads and "
-                 "windows, band: interquartile range")
+                 f"then {config['kv_continuation']} continuation tokens; budget d: context tokens kept (cache "
+                 "policies)\nor the method's own num_features on the whole window (per-query methods);\n"
+                 "median over heads and windows, band: interquartile range")
     return fig
 
 
@@ -209,7 +213,7 @@ def _draw_hyperattention(config, heads):
 
 def plot(saved) -> list[pathlib.Path]:
     """Every figure from the saved tables (a figure whose table the run did not write is left out)."""
-    from ...plotting import FAMILY_FILES, group_by_family, save_figure, share_ylimits, style
+    from ...plotting import FAMILY_FILES, group_by_family, save_figure, share_ylimits, style, tidy_log_axis
 
     config = saved.config
     panel, medians = saved.product("error_stats.csv"), saved.product("assumption_stats.csv")
@@ -219,6 +223,9 @@ def plot(saved) -> list[pathlib.Path]:
                  if c in set(panel["condition"]) for name, methods in group_by_family(config["methods"]).items()}
         for name in {name for _, name in drawn}:  # a family's panels read the same in every condition
             share_ylimits(*(axes for (_, family), (_, axes) in drawn.items() if family == name))
+        for _, axes in drawn.values():
+            for ax in axes.ravel():
+                tidy_log_axis(ax)
         for (condition, name), (fig, _) in drawn.items():
             written += save_figure(fig, saved.out / f"decoder-errors-{condition}-{FAMILY_FILES[name]}")
         written += save_figure(_draw_assumptions(config, medians), saved.out / "decoder-assumptions")

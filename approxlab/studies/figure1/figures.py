@@ -1,19 +1,22 @@
 """Figure 1's figures, drawn from its saved tables only: ``figure1.png/.pdf`` and ``figure1-extra.png/.pdf``.
 
 ``figure1`` shows the paper's methods (:data:`~approxlab.studies.figure1.stats.PAPER_METHODS`), their
-variants (:data:`~approxlab.studies.figure1.paper.PAPER_COUNTERPARTS`) and the paper's own curves drawn
-faintly; ``figure1-extra`` every other method the run computed, built-in or registered, with the same
-y-limits per panel as the main figure.
+variants (:data:`~approxlab.studies.figure1.paper.PAPER_COUNTERPARTS`) and the paper's own curves (wide, pale
+lines, told apart from the thin dotted float32 medians in the legend), each panel's y-limits fitting its own
+curves; ``figure1-extra`` every other method the run computed, built-in or registered, with y-limits per panel
+that cover the main figure's too (so a curve there reads against the paper's methods).
 """
 
 from __future__ import annotations
 
 import pathlib
+import textwrap
 
 from .paper import PAPER_COUNTERPARTS, paper_curves
 from .stats import PAPER_METHODS
 
-__all__ = ["RESULTS", "PANEL_STATS", "FIGURES", "PAPER_LABEL", "figure_groups", "plot"]
+__all__ = ["RESULTS", "PANEL_STATS", "FIGURES", "PAPER_LABEL", "FLOAT32_LABEL", "PAPER_ALPHA", "figure_groups",
+           "plot"]
 
 RESULTS = "results.csv"
 PANEL_STATS = "panel_stats.csv"
@@ -35,33 +38,40 @@ def plot(saved) -> list[pathlib.Path]:
     """Draw ``figure1.png/.pdf`` (the paper's methods) and ``figure1-extra.png/.pdf`` (every other
     method of the run) from the saved run (:class:`~approxlab.studies.reporting.Saved`).
 
-    Rows: conditions; columns: n. x: number of features d (log2 axis); y: the error
-    :math:`\\|\\tilde O - O\\|_2` on a log axis, the same limits per panel in both figures
-    (:func:`approxlab.plotting.share_ylimits`). Solid line: median over heads x windows x seeds
-    in float64, band: its interquartile range; dotted line: the float32 median
-    (:func:`approxlab.plotting.method_curve`). A method whose median is not finite at some d
-    (failures) is marked by a triangle at the top edge. The paper's own curves
-    (:func:`~approxlab.studies.figure1_paper.paper_curves`) are drawn faintly (thin, dashed, hollow
-    markers, the method's colour) in the panels of the methods they belong to.
+    Rows: conditions; columns: n. x: the budget d (log2 axis); y: the error
+    :math:`\\|\\tilde O - O\\|_2` on a log axis: the main figure's limits fit its own curves, the companion's
+    cover both figures' (:func:`approxlab.plotting.share_ylimits`, the main figure's limits kept). Solid line:
+    median over heads x windows x seeds in float64, band: its interquartile range; thin dotted line with hollow
+    markers: the float32 median (:func:`approxlab.plotting.method_curve`). A method whose median is not finite
+    at some d (failures) is marked by a triangle at the top edge. The paper's own curves
+    (:func:`~approxlab.studies.figure1_paper.paper_curves`) are wide, pale lines in the method's colour, without
+    markers, in the panels of the methods they belong to; each kind has its own legend entry.
     """
-    from ...plotting import save_figure, share_ylimits, style
+    from ...plotting import save_figure, share_ylimits, style, tidy_log_axis
 
     config, results, panel = saved.config, saved.table(RESULTS), saved.product(PANEL_STATS)
     over = ("heads, windows and seeds" if "error_heads" in results
             else "windows and seeds of head means (no per-head errors saved)")
     with style():
         groups = figure_groups(config, set(panel["method"]))
-        drawn = {name: _draw(config, panel, methods, FIGURES[name], over, twins=[f"{twin}.png" for twin in groups
-                                                                                 if twin != name])
+        drawn = {name: _draw(config, panel, methods, FIGURES[name], over,
+                             twins=[f"{twin}.png" for twin in groups if twin != name and name != "figure1"])
                  for name, methods in groups.items()}
-        share_ylimits(*(axes for _, axes in drawn.values()))
+        for _, axes in drawn.values():
+            for ax in axes.ravel():
+                tidy_log_axis(ax)
+        if "figure1" in drawn:  # the companion covers the main figure's limits; the main figure keeps its own
+            own = [ax.get_ylim() for ax in drawn["figure1"][1].ravel()]
+            share_ylimits(*(axes for _, axes in drawn.values()))
+            for ax, limits in zip(drawn["figure1"][1].ravel(), own):
+                ax.set_ylim(*limits)
         return [path for name, (fig, _) in drawn.items() for path in save_figure(fig, saved.out / name)]
 
 
 def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=()):
     """One figure of ``methods``: ``(fig, axes)``, rows = conditions, columns = n (not saved yet);
-    ``twins``: the figures drawn with the same y-limits per panel (named in the title)."""
-    from ...plotting import error_panel, figure, figure_legend
+    ``twins``: the figures whose y-limits per panel this one's cover (named in the title)."""
+    from ...plotting import BUDGET_LABEL, error_panel, figure, figure_legend
 
     conditions = [c for c in config["conditions"] if c in set(panel["condition"])]
     ns = [n for n in config["n"] if n in set(panel["n"])]
@@ -79,27 +89,39 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
             if j == 0:
                 ax.set_ylabel(r"$\|\tilde O - O\|_2$")
             if i == len(conditions) - 1:
-                ax.set_xlabel("number of features d")
+                ax.set_xlabel(BUDGET_LABEL)
+    if "float32" in set(panel["dtype"]):  # the dotted curves, named once (drawn without a label of their own)
+        axes[0][0].plot([], [], color="0.35", linestyle=":", linewidth=1.0, marker="o", markersize=2.5,
+                        markerfacecolor="none", label=FLOAT32_LABEL)
     figure_legend(fig, axes, ncol=3)
-    fig.suptitle(f"Skyformer Figure 1, {label}: spectral-norm error against softmax attention "
-                 f"(positions: {config.get('positions', 'none')})\n"
-                 f"line: median over {over} (float64), band: interquartile range; "
-                 + ("dotted: float32 median; " if "float32" in set(panel["dtype"]) else "")
-                 + "▲ at the top: not finite" + (f"; y-limits per panel as in {', '.join(twins)}" if twins else "")
-                 + ("\nfaint dashed with hollow markers: the paper's own curve in the method's colour "
-                    "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
+    title = (f"Skyformer Figure 1, {label}: spectral-norm error against softmax attention "
+             f"(positions: {config.get('positions', 'none')})\n"
+             f"line: median over {over} (float64), band: interquartile range; "
+             + ("thin dotted, hollow markers: float32 median; " if "float32" in set(panel["dtype"]) else "")
+             + "▲ at the top: not finite" + (f"; y-limits per panel cover {', '.join(twins)}" if twins else "")
+             + ("\nwide pale line, no markers: the paper's own curve in the method's colour "
+                "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
+    # wrapped to the panels' width: a title wider than the figure widens it, leaving margins blank
+    width = max(60, 52 * len(ns))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")))
     return fig, axes
 
 
 CROWDED = 6
 """Above this many methods a figure's panels are drawn taller."""
 
-PAPER_LABEL = "the paper's curve (faint, dashed)"
-"""Legend entry of the paper's faint curves (one entry for all of them)."""
+PAPER_LABEL = "the paper's curve (wide, pale; Chen et al. 2021)"
+"""Legend entry of the paper's curves (one entry for all of them)."""
+
+FLOAT32_LABEL = "float32 median (thin, dotted)"
+"""Legend entry of the float32 medians (one entry for all of them)."""
+
+PAPER_ALPHA = 0.35
+"""Opacity of the paper's curves: wide and pale, below the run's curves."""
 
 
 def _draw_paper(ax, condition, n, methods) -> bool:
-    """The paper's curves of the paper methods among ``methods`` on ``ax`` (faint; one legend entry);
+    """The paper's curves of the paper methods among ``methods`` on ``ax`` (wide, pale; one legend entry);
     whether there was any (the paper has no panel beyond n = 4096)."""
     from ...plotting import method_style
 
@@ -111,11 +133,9 @@ def _draw_paper(ax, condition, n, methods) -> bool:
         if rows.empty:
             continue
         style = method_style(method)
-        ax.plot(rows["num_features"], rows["error"], color=style["color"], marker=style["marker"], markersize=3.5,
-                markerfacecolor="none", linestyle=(0, (4, 2)), linewidth=0.9, alpha=0.5, zorder=1,
-                label="_nolegend_")
+        ax.plot(rows["num_features"], rows["error"], color=style["color"], linestyle="-", linewidth=3.5,
+                alpha=PAPER_ALPHA, solid_capstyle="round", zorder=1, label="_nolegend_")
         drawn = True
     if drawn:
-        ax.plot([], [], color="0.45", marker="o", markersize=3.5, markerfacecolor="none", linestyle=(0, (4, 2)),
-                linewidth=0.9, alpha=0.7, label=PAPER_LABEL)
+        ax.plot([], [], color="0.45", linestyle="-", linewidth=3.5, alpha=PAPER_ALPHA, label=PAPER_LABEL)
     return drawn

@@ -12,9 +12,10 @@ The declaration :data:`STUDY`, behind ``approxlab perplexity``:
 
 1. **grid** (:mod:`.grid`) -- the whole-window setting with one layer replaced at a time (first, middle,
    last) and every layer together; the KV-cache setting (a context of :math:`n_c` tokens compressed in every
-   layer, a continuation scored); every built-in method with a causal form, over d (the budget b in the KV
-   cache), and ``exact`` as the control; the encoder all-MiniLM-L6-v2 with every non-causal method; the
-   long-context settings (:mod:`.long_grid`: a pass key in sequences of ``--long-n`` tokens).
+   layer, a continuation scored); every built-in method with a causal form, over the budget d (``num_features``;
+   in the KV cache: the context tokens kept per head), and ``exact`` as the control; the encoder all-MiniLM-L6-v2
+   with every non-causal method; the long-context settings (:mod:`.long_grid`: a pass key in sequences of
+   ``--long-n`` tokens).
 2. **cells** (:mod:`.cells`; resumable, ``--workers``) -- ``baseline.csv`` (the unpatched model, per setting
    and window), ``perplexity.csv`` and ``layer_errors.csv`` (a patched forward pass: one row, and one per
    replaced layer), ``encoder.csv``, ``cost.csv`` (:func:`.cost.patched_forward_cost`) and

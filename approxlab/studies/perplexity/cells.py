@@ -129,12 +129,18 @@ def _layer_rows(errors, patch, layers) -> list[dict]:
 
 
 def _pooled(errors, patch) -> dict:
-    """Each measure's median and max over every replaced layer and head of a run."""
+    """Each measure's median and max over every replaced layer and head of a run; ``inf`` for a failed run."""
     if patch is None:
         return {f"{m}_{s}": math.inf for m in MEASURES for s in ("median", "max")}
     values = {m: torch.tensor([row[m] for row in errors], dtype=torch.float64) for m in MEASURES}
     return {**{f"{m}_median": float(values[m].median()) for m in MEASURES},
             **{f"{m}_max": float(values[m].max()) for m in MEASURES}}
+
+
+def _unmeasured() -> dict:
+    """Each measure's median and max as NaN: a run that replaced no layer (the unpatched model) has no error to
+    measure, which is not a failure (``inf``, :func:`_pooled`)."""
+    return {f"{m}_{s}": math.nan for m in MEASURES for s in ("median", "max")}
 
 
 def _warnings(caught) -> dict:

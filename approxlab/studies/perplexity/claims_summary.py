@@ -11,8 +11,9 @@ import pandas as pd
 
 from ..reporting.changes import changes_lines
 from ..reporting.claims import tally
+from ..reporting.markdown import format_interval, markdown_table
+from ..reporting.markdown import format_interval as _interval
 from ..reporting.markdown import format_number as fmt
-from ..reporting.markdown import markdown_table
 from ..reporting.measured import GATE
 from .agreement import not_compared
 from .claims import (DECLARED, DECODER_VALID, DEGENERATE, FLOOR, MEASURE_TEXT, MIN_BUDGETS, MIN_METHODS, P1,
@@ -22,17 +23,15 @@ from .prediction import COVERAGE_TRIALS
 from .grid import KV_CACHE
 from .long_grid import LONG_KV, LONG_WHOLE
 
-__all__ = ["claim_sections", "coverage_cell", "needed_cell", "setting_text"]
+__all__ = ["claim_sections", "coverage_cell", "needed_cell", "setting_text", "delta_cells"]
 
 _OUTCOMES = ("reproduced", "not reproduced", "inconclusive", "too few units")
 
 
-def _interval(estimate, low, high) -> str:
-    if not math.isfinite(estimate):
-        return "n/a"
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return f"{fmt(estimate)} [no interval]"
-    return f"{fmt(estimate)} [{fmt(low)}, {fmt(high)}]"
+def delta_cells(delta: pd.DataFrame) -> list[str]:
+    """Each row of ``delta.csv`` as ``"mean [low, high] (k of n failed)"`` (:func:`format_interval`)."""
+    return [format_interval(e, lo, hi, failed=f, units=w) for e, lo, hi, f, w in
+            delta[["delta", "delta_low", "delta_high", "failures", "windows"]].itertuples(index=False)]
 
 
 def setting_text(setting, layers) -> str:
@@ -221,7 +220,7 @@ def _excluded(saved, delta) -> list[str]:
     rows = delta[(form == "mask-renormalise").to_numpy()]
     if rows.empty:
         return []
-    shown = rows.assign(cell=[_interval(*v) for v in rows[["delta", "delta_low", "delta_high"]].to_numpy(float)])
+    shown = rows.assign(cell=delta_cells(rows))
     shown = shown.assign(setting=[setting_text(s, layer) for s, layer in
                                   shown[["setting", "layers"]].itertuples(index=False)])
     table = shown.pivot_table(index=["setting", "method"], columns="num_features", values="cell", aggfunc="first",

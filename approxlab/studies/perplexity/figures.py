@@ -1,11 +1,16 @@
 r"""The perplexity study's figures, drawn from its saved tables only (``approxlab perplexity --plot-only``).
 
-* ``perplexity-d.png/.pdf``: the change in log-perplexity against d, one line per method, one panel per
-  whole-window setting (a layer replaced alone, or all of them);
+* ``perplexity-d.png/.pdf``: the change in log-perplexity against the budget d, one line per method, one row of
+  panels per whole-window setting (a layer replaced alone, or all of them), one panel per family of methods;
 * ``perplexity-error.png/.pdf``: the change in log-perplexity against the relative spectral error of the
-  replaced layers, one point per method and d, coloured by method, one panel per setting (the KV cache last);
-* ``perplexity-kv.png/.pdf``: the KV-cache setting: the change in log-perplexity of the continuation, and the
-  layers' relative spectral error, against the budget b.
+  replaced layers, one point per method and d, coloured by method, one row per setting (the KV cache last), one
+  panel per family;
+* ``perplexity-within.png/.pdf``: each method's budgets joined in order, error against loss, the same panels;
+* ``perplexity-kv.png/.pdf``: the KV-cache setting: the change in log-perplexity of the continuation (top row)
+  and the layers' relative spectral error (bottom row) against the budget d, one column per family.
+
+Every panel holds at most :data:`approxlab.plotting.MAX_LINES` methods (:func:`approxlab.plotting.panel_groups`)
+and every x axis of the budget is labelled :data:`approxlab.plotting.BUDGET_LABEL`.
 
 The change in log-perplexity can be negative (a method may happen to help on a window) and is drawn on a
 symmetric-log axis: logarithmic beyond :data:`LINEAR_WITHIN` nats per token, linear within it.
@@ -71,25 +76,60 @@ def _curves(ax, table, config, center: str, band) -> None:
                        linewidth=1.0, label=method_label(method) + (" (control)" if control else " (no d)"))
 
 
+def _panels(table, config) -> dict:
+    """Panel title -> the methods of ``table`` drawn in it (the control apart: it is drawn in every panel)."""
+    from ...plotting import panel_groups
+
+    present = set(table["method"])
+    return panel_groups([m for m in config["methods"] if m in present and m != config["control"]])
+
+
+def _curve_grid(rows, panels, config, draw, *, title, ylabel):
+    """``(fig, axes)``: one row per entry of ``rows``, one column per panel of ``panels`` (title -> methods);
+    ``draw(ax, row, methods)`` draws a panel's curves against d; ``title(row)`` and ``ylabel(row)`` name them."""
+    from ...plotting import BUDGET_LABEL, figure
+
+    fig, axes = figure(len(rows), max(1, len(panels)), panel_size=(3.0, 2.7), sharex=True, sharey="row")
+    for r, row in enumerate(rows):
+        for c, (name, methods) in enumerate(panels.items()):
+            ax = axes[r][c]
+            draw(ax, row, methods)
+            _d_axis(ax, config["num_features"])
+            ax.set_title(f"{title(row)}: {name}", fontsize=8)
+            if r == len(rows) - 1:
+                ax.set_xlabel(BUDGET_LABEL)
+        axes[r][0].set_ylabel(ylabel(row))
+    return fig, axes
+
+
+def _panel_curves(ax, table, config, methods, center, band, *, control=True) -> None:
+    """The curves of ``methods`` (and the control's level, when ``control``) from ``table``."""
+    chosen = {**config, "methods": methods, "control": config["control"] if control else None}
+    _curves(ax, table[table["method"].isin([chosen["control"], *methods])], chosen, center, band)
+
+
 def draw_d(saved) -> list[pathlib.Path]:
-    """``perplexity-d``: the change in log-perplexity against d, one panel per whole-window setting."""
-    from ...plotting import figure, figure_legend, save_figure, style
+    """``perplexity-d``: the change in log-perplexity against d, one row per whole-window setting, one panel per
+    family of methods."""
+    from ...plotting import figure_legend, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
-    panels = [layers for setting, layers in settings_of(table) if setting == WHOLE]
+    settings = [layers for setting, layers in settings_of(table) if setting == WHOLE]
+    whole = table[table["setting"] == WHOLE]
     with style():
-        fig, axes = figure(1, max(1, len(panels)), panel_size=(4.4, 3.8), sharey=True)
-        for ax, layers in zip(axes[0], panels):
-            rows = table[(table["setting"] == WHOLE) & (table["layers"] == layers)]
-            _curves(ax, rows, config, "delta", ("delta_low", "delta_high"))
+        fig, axes = _curve_grid(settings, _panels(whole, config), config,
+                                lambda ax, layers, methods: _panel_curves(ax, whole[whole["layers"] == layers],
+                                                                          config, methods, "delta",
+                                                                          ("delta_low", "delta_high")),
+                                title=lambda layers: "every layer" if layers == "all" else layers,
+                                ylabel=lambda layers: _DELTA)
+        for ax in axes.ravel():
             _delta_axis(ax)
-            _d_axis(ax, config["num_features"])
-            ax.set(title="every layer replaced" if layers == "all" else f"{layers} replaced", xlabel="d")
-        axes[0][0].set_ylabel(_DELTA)
         figure_legend(fig, axes, ncol=5)
         fig.suptitle(f"{config['checkpoint']}, {_windows(config)} of WikiText-2, {config['n']} tokens each: change "
-                     "in log-perplexity against d\nline: mean over windows, band: 95% bootstrap interval; "
-                     "▲ at the top: the run failed")
+                     "in log-perplexity against the budget d, one row per replaced setting, one panel per family\n"
+                     "line: mean over windows, band: 95% bootstrap interval; dotted: the control; dashed: a method "
+                     "that ignores d; ▲ at the top: the run failed")
         return save_figure(fig, saved.out / "perplexity-d")
 
 
@@ -114,20 +154,20 @@ def _sizes(ds, all_ds) -> np.ndarray:
 
 
 def _family_grid(table, draw) -> tuple:
-    """``(fig, axes)``: one row per setting of ``table``, one panel per family of its methods; ``draw(ax, rows, name,
-    setting, layers)`` draws the panel's rows (that family in that setting) and returns its title; the axes are
-    the shared ones (log error, the symmetric-log change in log-perplexity)."""
-    from ...plotting import figure, group_by_family, method_family
+    """``(fig, axes)``: one row per setting of ``table``, one panel per family of its methods (at most
+    :data:`approxlab.plotting.MAX_LINES` to a panel); ``draw(ax, rows, name, setting, layers)`` draws the panel's
+    rows (those methods in that setting) and returns its title; the axes are the shared ones (log error, the
+    symmetric-log change in log-perplexity)."""
+    from ...plotting import figure, panel_groups
 
     pairs = settings_of(table)
-    families = list(group_by_family(table["method"].unique()))
-    fig, axes = figure(max(1, len(pairs)), max(1, len(families)), panel_size=(3.0, 2.5), sharey=True, sharex=True)
+    panels = panel_groups(list(dict.fromkeys(table["method"])))
+    fig, axes = figure(max(1, len(pairs)), max(1, len(panels)), panel_size=(3.0, 2.5), sharey=True, sharex=True)
     for r, (setting, layers) in enumerate(pairs):
         rows = table[(table["setting"] == setting) & (table["layers"] == layers)]
-        for c, name in enumerate(families):
+        for c, (name, methods) in enumerate(panels.items()):
             ax = axes[r][c]
-            chosen = np.array([method_family(m) == name for m in rows["method"]], dtype=bool)
-            ax.set_title(draw(ax, rows[chosen], name, setting, layers), fontsize=8)
+            ax.set_title(draw(ax, rows[rows["method"].isin(methods)], name, setting, layers), fontsize=8)
             ax.set_xscale("log")
             _delta_axis(ax)
             if r == len(pairs) - 1:
@@ -203,26 +243,29 @@ def draw_within(saved) -> list[pathlib.Path]:
 
 
 def draw_kv(saved) -> list[pathlib.Path]:
-    """``perplexity-kv``: the KV-cache setting against the budget b: the change in log-perplexity and the error."""
-    from ...plotting import figure, figure_legend, save_figure, style
+    """``perplexity-kv``: the KV-cache setting against the budget d: the change in log-perplexity (top row) and the
+    layers' error (bottom row), one column per family of methods."""
+    from ...plotting import figure_legend, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
     rows = table[table["setting"] == KV_CACHE]
+    bands = {"delta": ("delta_low", "delta_high"), "spectral_median": None}
     with style():
-        fig, axes = figure(1, 2, panel_size=(4.6, 3.8))  # room beside the legend of ~30 methods
-        _curves(axes[0][0], rows, config, "delta", ("delta_low", "delta_high"))
-        _delta_axis(axes[0][0])
-        errors = rows[rows["method"] != config["control"]]
-        _curves(axes[0][1], errors, {**config, "control": None}, "spectral_median", None)
-        axes[0][1].set_yscale("log")
+        fig, axes = _curve_grid(list(bands), _panels(rows, config), config,
+                                lambda ax, quantity, methods: _panel_curves(ax, rows, config, methods, quantity,
+                                                                            bands[quantity],
+                                                                            control=quantity == "delta"),
+                                title=lambda q: "Δ log-perplexity" if q == "delta" else "spectral error",
+                                ylabel=lambda q: _DELTA if q == "delta" else "rel. spectral error (median)")
         for ax in axes[0]:
-            _d_axis(ax, config["num_features"])
-            ax.set_xlabel("budget b")
-        axes[0][0].set(ylabel=_DELTA, title="continuation's change in log-perplexity")
-        axes[0][1].set(ylabel="relative spectral error (median)", title="the layers' continuation rows")
+            _delta_axis(ax)
+        for ax in axes[1]:
+            ax.set_yscale("log")
         figure_legend(fig, axes, ncol=5)
-        fig.suptitle(f"KV-cache setting: a context of n_c = {config['context']} tokens compressed in every layer,\na "
-                     f"continuation of {config['continuation']} tokens scored ({_windows(config)}); b: the context "
-                     "tokens kept per head (cache policies),\nd of the causal form (every other method); line: mean "
-                     "over windows, band: 95% bootstrap interval; ▲ at the top: the run failed")
+        fig.suptitle(f"KV-cache setting: a context of n_c = {config['context']} tokens compressed in every layer, a "
+                     f"continuation of {config['continuation']} tokens scored ({_windows(config)});\nd: the context "
+                     "tokens kept per head (cache policies), the features of the causal form (every other method); "
+                     "top: the continuation's change in log-perplexity, bottom: the error of the layers' continuation "
+                     "rows;\nline: mean over windows, band: 95% bootstrap interval; dotted: the control; dashed: a "
+                     "method that ignores d; ▲ at the top: the run failed")
         return save_figure(fig, saved.out / "perplexity-kv")

@@ -12,8 +12,9 @@ Each cell (``long.csv``, key :data:`LONG_KEY`) records the mean NLL of the score
 summed log-probability and whether greedy decoding (teacher-forced) gives every key token, and the layers'
 errors. The attention measures (total variation, kept mass) are not recorded at these lengths: in float64 over
 every layer they took 60% of a 2,048-token cell (62 of 104 s), and the cheap-measure comparison is made in the
-512-token settings; their columns are NaN. The unpatched model runs as the method ``"unpatched"`` on the same sequences:
-its accuracy is the gate of claim (p4) (:data:`.claims.GATE`).
+512-token settings; their columns are NaN. The unpatched model runs as the method ``"unpatched"`` on the same
+sequences: its accuracy is the gate of claim (p4) (:data:`.claims.GATE`); it replaces no layer, so its error
+columns are NaN (not measured), where a failed run's are ``inf``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ...patching import token_nll
 from ..engine.clock import Stopwatch
 from ..engine.keys import cell_seed
 from ..engine.failures import METHOD_ERRORS, method_status
-from .cells import _attention, _causal_form, _pooled, _warnings, decoder_model
+from .cells import _attention, _causal_form, _pooled, _unmeasured, _warnings, decoder_model
 from .grid import LONG_KEY, LONG_KV, LONG_WHOLE, UNPATCHED, long_cells
 from .passkey import answer_scores, passkey_sequence
 
@@ -77,7 +78,7 @@ def compute_long(cell: dict) -> list[dict]:
     return [{"tokens": int(ids.shape[1]), "scored": int(ids.shape[1] - 1 - first),
              "nll": math.inf if nll is None else float(nll[0, first:].mean()),
              "answer_tokens": answer[1] - answer[0], **scores,
-             **(_pooled(errors, patch) if cell["method"] != UNPATCHED else _pooled([], None)),
+             **(_pooled(errors, patch) if cell["method"] != UNPATCHED else _unmeasured()),
              **_attention(patch), "causal": "none" if cell["method"] == UNPATCHED else _causal_form(cell, patch),
              "status": status, **_warnings(caught), **watch.times()}]
 

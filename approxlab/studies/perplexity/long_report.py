@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 
 from ..reporting.claims import tally
+from ..reporting.markdown import format_interval, markdown_table
 from ..reporting.markdown import format_number as fmt
-from ..reporting.markdown import markdown_table
 from . import gating, resampling
 from .claims import GATE, MEASURES, MIN_METHODS, P4, RESAMPLING
 from .claims_summary import coverage_cell, needed_cell
@@ -77,7 +77,7 @@ def long_lines(saved, verdicts: pd.DataFrame) -> list[str]:
     table = table.assign(**{c: [fmt(float(v)) for v in table[c]] for c in ("accuracy", "delta_key", "delta",
                                                                      "spectral_median")})
     p4 = verdicts[verdicts["claim"] == P4.id]
-    shown = p4.assign(**{"estimate [95% CI]": [f"{fmt(e)} [{fmt(lo)}, {fmt(hi)}]" for e, lo, hi in
+    shown = p4.assign(**{"estimate [95% CI]": [format_interval(e, lo, hi) for e, lo, hi in
                                                p4[["estimate", "ci_low", "ci_high"]].to_numpy(float)],
                          "coverage (own units)": [coverage_cell(*v) for v in p4[["coverage", "coverage_low",
                                                                                   "coverage_high"]].to_numpy(float)],
@@ -102,36 +102,89 @@ def long_lines(saved, verdicts: pd.DataFrame) -> list[str]:
             *markdown_table(table), ""]
 
 
+def depth_table(long: pd.DataFrame, config: dict) -> dict:
+    """Per long setting ``(setting, long_n)``: two frames, ``accuracy`` and ``delta_key``, one row per method
+    (the unpatched model first, then the methods of ``config`` in order; the control left out) and one column per
+    budget x depth (``"d = 64, depth 25%"``): the retrieval accuracy and the mean change of the key's negative
+    log-probability over the windows whose run succeeded at that depth (NaN where the method did not run: a
+    method that ignores d runs at one budget); and ``failed``, the failed runs of each cell."""
+    frame = long_frame(long)
+    if frame is None or frame.empty:
+        return {}
+    order = [UNPATCHED, *[m for m in config["methods"] if m != config["control"]]]
+    found = {}
+    for key, rows in frame.groupby(["setting", "long_n"], sort=False):
+        rows = rows[rows["method"].isin(order)]
+        budgets = sorted(int(d) for d in rows.loc[rows["method"] != UNPATCHED, "num_features"].unique())
+        columns = [(d, depth) for d in budgets for depth in sorted(rows["depth"].unique())]
+        names = [f"d = {d}, depth {depth:.0%}" for d, depth in columns]
+        methods = [m for m in order if m in set(rows["method"])]
+        tables = {name: pd.DataFrame(np.nan, index=methods, columns=names) for name in ("accuracy", "delta_key")}
+        failed = pd.DataFrame(0, index=methods, columns=names)
+        for (method, d, depth), cell in rows.groupby(["method", "num_features", "depth"]):
+            targets = [name for (budget, at), name in zip(columns, names)
+                       if at == depth and (budget == d or method == UNPATCHED)]
+            ok = cell[cell["ok"]]
+            for name in targets:
+                failed.loc[method, name] = int((~cell["ok"]).sum())
+                if len(ok):
+                    tables["accuracy"].loc[method, name] = float(ok["correct"].mean())
+                    tables["delta_key"].loc[method, name] = float(ok["delta_key"].mean())
+        found[key] = {**tables, "failed": failed}
+    return found
+
+
+def _heatmap(ax, table, failed, *, cmap, vmin, vmax, fmt_cell) -> object:
+    """``table`` (methods x columns) as coloured cells with their values written in; a cell of no run is blank, a
+    cell with failed runs says how many."""
+    values = table.to_numpy(dtype=float)
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            value, lost = values[i, j], int(failed.iat[i, j])
+            text = ("" if not np.isfinite(value) else fmt_cell(value)) + (f" ({lost} failed)" if lost else "")
+            if text:  # dark text on a light cell, light text on a dark one
+                red, green, blue, _ = image.cmap(image.norm(value)) if np.isfinite(value) else (1, 1, 1, 1)
+                ax.text(j, i, text, ha="center", va="center", fontsize=5.5,
+                        color="black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white")
+    ax.set_xticks(range(values.shape[1]), [c.replace("d = ", "d=").replace(", depth ", "\n") for c in table.columns],
+                  fontsize=6)
+    ax.set_yticks(range(values.shape[0]), list(table.index), fontsize=6)
+    ax.grid(False)
+    return image
+
+
 def draw_long(saved):
-    """``perplexity-long``: retrieval (accuracy and the key's change in NLL) against the budget, per long setting."""
-    from ...plotting import figure, figure_legend, method_label, method_style, save_figure, style
+    """``perplexity-long``: pass-key retrieval per method, budget and depth of the key, per long setting: the
+    accuracy over windows, and the mean change of the key's negative log-probability."""
+    from ...plotting import figure, method_label, save_figure, style
 
     long = saved_long(saved)
     if long.empty:
         return []
-    table = long_statistics(long)
-    table = table[~table["method"].isin([UNPATCHED, saved.config["control"]])]
-    settings = list(dict.fromkeys(map(tuple, table[["setting", "long_n"]].itertuples(index=False, name=None))))
+    tables = depth_table(long, saved.config)
+    if not tables:
+        return []
     accuracy = gate(long_frame(long))
-    budgets = sorted(int(d) for d in table["num_features"].unique())
+    rows = max(len(t["accuracy"]) for t in tables.values())
     with style():
-        fig, axes = figure(2, max(1, len(settings)), panel_size=(3.4, 2.6), sharex=True)
-        for column, setting in enumerate(settings):
-            rows = table[(table["setting"] == setting[0]) & (table["long_n"] == setting[1])]
-            for method, points in rows.groupby("method", sort=False):
-                points = points.sort_values("num_features")
-                look = method_style(method)
-                for row, value in ((0, "accuracy"), (1, "delta_key")):
-                    axes[row][column].plot(points["num_features"], points[value], marker=look["marker"],
-                                           color=look["color"], label=method_label(method) if row == 0 else None)
-            axes[0][column].axhline(accuracy.get(setting, np.nan), color="black", linestyle=":", linewidth=1,
-                                    label="exact model" if column == 0 else None)
-            axes[0][column].set(title=f"{setting[0]}, {setting[1]} tokens", ylim=(-0.05, 1.05),
-                                ylabel="retrieval accuracy")
-            axes[1][column].set(xscale="log", xlabel="budget d", ylabel="Δ NLL of the key (nats)")
-            axes[1][column].set_xticks(budgets, [str(d) for d in budgets])  # the budgets run, not decades
-            axes[1][column].minorticks_off()
-            axes[1][column].axhline(0.0, color="#999999", linewidth=0.8)
-        figure_legend(fig, axes, ncol=5)
-        fig.suptitle("pass-key retrieval against the budget (mean over sequences); dotted: the exact model")
+        fig, axes = figure(1, 2 * len(tables), panel_size=(2.7, 0.22 * rows + 1.2), sharey=True)
+        for column, ((setting, length), found) in enumerate(tables.items()):
+            labels = {m: "exact model (unpatched)" if m == UNPATCHED else method_label(m)
+                      for m in found["accuracy"].index}
+            for offset, (quantity, look) in enumerate((
+                    ("accuracy", {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0, "fmt_cell": lambda v: f"{v:.2f}"}),
+                    ("delta_key", {"cmap": "magma_r", "vmin": 0.0, "vmax": max(1.0, float(np.nanmax(
+                        np.clip(found["delta_key"].to_numpy(dtype=float), 0, None)))), "fmt_cell": fmt}))):
+                ax = axes[0][2 * column + offset]
+                image = _heatmap(ax, found[quantity].rename(index=labels), found["failed"].rename(index=labels),
+                                 **look)
+                what = "retrieval accuracy" if quantity == "accuracy" else "Δ NLL of the key (nats)"
+                ax.set_title(f"{setting}, {length} tokens:\n{what}", fontsize=8)
+                fig.colorbar(image, ax=ax, shrink=0.4, pad=0.02)
+                ax.set_xlabel("budget d, depth of the key", fontsize=7)
+        fig.suptitle("pass-key retrieval per budget d and depth of the key (the share of the sequence before it); mean "
+                     "over windows; the exact model retrieves "
+                     + ", ".join(f"{a:.0%} ({s}, {n} tokens)" for (s, n), a in accuracy.items())
+                     + "\nblank: not run (a method that ignores d runs at one budget)", fontsize=8)
         return save_figure(fig, saved.out / "perplexity-long")

@@ -49,13 +49,16 @@ def deltas(perplexity: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mean_intervals(frame: pd.DataFrame, by: list, column: str, how: str = "mean") -> pd.DataFrame:
-    """The mean (or median) of ``column`` over windows per point of ``by``, with a bootstrap interval over windows."""
+    """The mean (or median) of ``column`` over windows per point of ``by``, with a bootstrap interval over that
+    point's own windows (those whose run succeeded: a resample never lacks the point, so the interval holds its
+    estimate; NaN bounds for a point of one window)."""
     if frame.empty:
         return pd.DataFrame(columns=[*by, "estimate", "ci_low", "ci_high"])
     aggregate = stats.UnitAggregate(frame, by=by, unit="window", column=column, how=how)
-    points = sorted(set(map(tuple, frame[by].itertuples(index=False, name=None))), key=str)
-    found = engine.bootstrap(lambda u: {p: aggregate(u, *p) for p in points}, sorted(set(frame["window"])),
-                             memoize=True, **BOOTSTRAP)
+    windows = {point: sorted(set(rows["window"])) for point, rows in frame.groupby(by, sort=False)}
+    points = sorted(windows, key=str)
+    found = engine.bootstrap(lambda u: {p: aggregate(u[p], *p) for p in points}, {p: windows[p] for p in points},
+                             **BOOTSTRAP)
     return pd.DataFrame([{**dict(zip(by, point)), "estimate": i.estimate, "ci_low": i.low, "ci_high": i.high}
                          for point, i in found.items()])
 
@@ -67,14 +70,16 @@ def _counts(frame: pd.DataFrame, by: list) -> pd.DataFrame:
 
 def delta_statistics(frame: pd.DataFrame) -> pd.DataFrame:
     """``delta.csv``: per setting x layers x method x d, the mean change in log-perplexity over the windows whose
-    run succeeded [95% bootstrap interval], each error measure's median over windows, the runs and failures."""
+    run succeeded [95% bootstrap interval over those windows], each error measure's median over windows, the runs
+    (``windows``) and ``failures``. ``delta`` is ``inf`` where every run failed; the bounds are NaN where no
+    interval exists (fewer than two windows succeeded)."""
     ok = frame[frame["ok"]]
     counts = _counts(frame, GROUP)
     errors = ok.groupby(GROUP, sort=False)[[f"{m}_median" for m in MEASURES]].median()
     found = _mean_intervals(ok, GROUP, "delta").rename(columns={"estimate": "delta", "ci_low": "delta_low",
                                                                    "ci_high": "delta_high"})
     table = counts.join(errors).reset_index().merge(found, on=GROUP, how="left")
-    table[["delta", "delta_low", "delta_high"]] = table[["delta", "delta_low", "delta_high"]].fillna(np.inf)
+    table["delta"] = table["delta"].fillna(np.inf)  # every run failed; bounds not computed stay NaN
     return table[[*GROUP, "delta", "delta_low", "delta_high", *[f"{m}_median" for m in MEASURES], "windows",
                   "failures"]]
 
@@ -114,7 +119,9 @@ def claim_tables(inputs: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def encoder_statistics(encoder: pd.DataFrame) -> pd.DataFrame:
     """``encoder_stats.csv``: per method x d, the median over windows of one minus the cosine similarity of the
-    embedding to the exact model's [95% bootstrap interval], the errors' medians, the runs and failures."""
+    embedding to the exact model's [95% bootstrap interval over the windows whose run succeeded], the errors'
+    medians, the runs (``windows``) and ``failures`` (``inf`` where every run failed; NaN bounds where no interval
+    exists)."""
     frame = encoder.assign(ok=encoder["status"] == "ok")
     by = ["method", "num_features"]
     counts = _counts(frame, by)
@@ -123,8 +130,7 @@ def encoder_statistics(encoder: pd.DataFrame) -> pd.DataFrame:
     found = _mean_intervals(ok, by, "cosine_distance", how="median").rename(
         columns={"estimate": "cosine_distance", "ci_low": "cosine_distance_low", "ci_high": "cosine_distance_high"})
     table = counts.join(errors).reset_index().merge(found, on=by, how="left")
-    for column in ("cosine_distance", "cosine_distance_low", "cosine_distance_high"):
-        table[column] = table[column].fillna(np.inf)
+    table["cosine_distance"] = table["cosine_distance"].fillna(np.inf)  # every run failed; bounds stay NaN
     return table
 
 

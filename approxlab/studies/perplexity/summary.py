@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..reporting.markdown import format_interval, markdown_table
 from ..reporting.markdown import format_number as fmt
-from ..reporting.markdown import markdown_table
 from .grid import KV_CACHE, WHOLE
-from .claims_summary import claim_sections
+from .claims_summary import claim_sections, delta_cells
 from .in_short import in_short_lines
 from .long_report import long_lines
 from .stats import settings_of
@@ -25,10 +25,6 @@ _OUTCOMES = ("reproduced", "not reproduced", "inconclusive", "too few units")
 HYPERATTENTION_PERPLEXITY = (5.6, 6.3)
 """Perplexity of ChatGLM2-6B-32k before and after HyperAttention replaced the attention of its final layers, at a
 32k context (Han et al., ICLR 2024, abstract)."""
-
-
-def _interval(estimate, low, high) -> str:
-    return f"{fmt(estimate)} [{fmt(low)}, {fmt(high)}]"
 
 
 def _run(saved, delta, baseline) -> list[str]:
@@ -53,18 +49,21 @@ def _run(saved, delta, baseline) -> list[str]:
         f"n = {config['n']} tokens and scores its {config['n'] - 1} predictions; the KV-cache setting compresses a "
         f"context of n_c = {config['context']} tokens in every layer and scores the {config['continuation'] - 1} "
         f"predictions made in the {config['continuation']}-token continuation; its kept sets: "
-        f"`grouping=\"{config.get('kv_grouping', 'query-head')}\"` (kv-head: b tokens per KV head; query-head: b per "
-        "query head, up to H/H_kv times b per KV head).",
-        f"- Replaced: {', '.join(config['layers'])} (whole window); every layer (KV cache). d (the budget b in the KV "
-        f"cache): {config['num_features']}; a method that ignores d runs once.",
+        f"`grouping=\"{config.get('kv_grouping', 'query-head')}\"` (kv-head: d tokens per KV head; query-head: d per "
+        "query head, up to H/H_kv times d per KV head).",
+        f"- Replaced: {', '.join(config['layers'])} (whole window); every layer (KV cache). The budget d "
+        f"(`num_features`: the context tokens a cache policy keeps per head, the features of every other method): "
+        f"{config['num_features']}; a method that ignores d runs once.",
         "- Methods (decoder): " + ", ".join(config["methods"]) + f"; control: `{config['control']}` through the patch "
         "(its change in log-perplexity is the floor of the measurement).",
         "- Methods (encoder): " + ", ".join(config["encoder_methods"]) + ".",
         "- Figures: `perplexity-error.png` (against the relative spectral error, one panel per family, d as marker "
         "size, the noise floor shaded, points of exact attention left out), `perplexity-within.png` (each method over "
         "its budgets, one panel per family), `perplexity-d.png` "
-        "(against d), `perplexity-kv.png` (KV cache, against the budget)"
-        + (", `perplexity-long.png` (pass-key retrieval against the budget)." if config.get("long_n") else "."),
+        "(against the budget d, one panel per family), `perplexity-kv.png` (KV cache, against the budget d, one "
+        "panel per family)"
+        + (", `perplexity-long.png` (pass-key retrieval per method, budget d and depth of the key)."
+           if config.get("long_n") else "."),
     ]
     return lines
 
@@ -117,13 +116,14 @@ def _deviations(saved, baseline) -> list[str]:
 
 def _delta_tables(delta, config) -> list[str]:
     lines = ["", "## Change in log-perplexity", "",
-             "Mean over windows [95% bootstrap interval], nats per token; `inf`: every run failed; every point and "
-             "its errors in `delta.csv`, every run in `perplexity.csv`, every layer in `layer_errors.csv`.", ""]
-    shown = delta.assign(cell=[_interval(*v) if math.isfinite(v[0]) else "inf (failed)"
-                               for v in delta[["delta", "delta_low", "delta_high"]].to_numpy()])
+             "Mean over the windows whose run succeeded [95% bootstrap interval over those windows], nats per token; "
+             "(k of n failed): runs that failed, left out of the mean; `n/a`: not computable (no run succeeded, or "
+             "one window left: no interval); every point and its errors in `delta.csv`, every run in "
+             "`perplexity.csv`, every layer in `layer_errors.csv`.", ""]
+    shown = delta.assign(cell=delta_cells(delta))
     for setting, layers in settings_of(shown):
         rows = shown[(shown["setting"] == setting) & (shown["layers"] == layers)]
-        title = "KV cache (budget b), every layer" if setting == KV_CACHE else f"{layers} replaced"
+        title = "KV cache (budget d), every layer" if setting == KV_CACHE else f"{layers} replaced"
         table = rows.pivot_table(index="method", columns="num_features", values="cell", aggfunc="first",
                                  fill_value="")
         order = [m for m in [config["control"], *config["methods"]] if m in table.index]
@@ -135,14 +135,15 @@ def _delta_tables(delta, config) -> list[str]:
 
 def _encoder(saved) -> list[str]:
     table = saved.product("encoder_stats.csv")
-    table = table.assign(**{"1 - cos [95% CI]": [_interval(*v) for v in
-                                                  table[["cosine_distance", "cosine_distance_low",
-                                                         "cosine_distance_high"]].to_numpy()]})
+    table = table.assign(**{"1 - cos [95% CI]": [
+        format_interval(e, lo, hi, failed=f, units=w) for e, lo, hi, f, w in
+        table[["cosine_distance", "cosine_distance_low", "cosine_distance_high", "failures", "windows"]]
+        .itertuples(index=False)]})
     return ["", "## The encoder: all-MiniLM-L6-v2's sentence embedding", "",
             "Every layer replaced; one minus the cosine similarity of the mean-pooled embedding to the exact model's "
-            "(median over windows [95% bootstrap interval]) beside the relative spectral error (median over layers, "
-            "heads and windows).", "",
-            *markdown_table(table[["method", "num_features", "1 - cos [95% CI]", "spectral_median", "failures"]])]
+            "(median over the windows whose run succeeded [95% bootstrap interval over them], the failed runs "
+            "beside) and the relative spectral error (median over layers, heads and windows).", "",
+            *markdown_table(table[["method", "num_features", "1 - cos [95% CI]", "spectral_median"]])]
 
 
 def _cost(saved) -> list[str]:
@@ -166,12 +167,11 @@ def _papers(delta, config) -> list[str]:
     before, after = HYPERATTENTION_PERPLEXITY
     reported = math.log(after / before)
     hyper = delta[(delta["method"] == "hyperattention") & (delta["layers"] == "all")]
-    ours = "; ".join(f"{'KV cache' if row.setting == KV_CACHE else 'whole windows'}, d = {row.num_features}: "
-                     f"{fmt(row.delta)} [{fmt(row.delta_low)}, {fmt(row.delta_high)}]"
-                     for row in hyper.itertuples(index=False)) or "not run"
+    ours = "; ".join(f"{'KV cache' if setting == KV_CACHE else 'whole windows'}, d = {d}: {cell}"
+                     for setting, d, cell in zip(hyper["setting"], hyper["num_features"], delta_cells(hyper))
+                     ) or "not run"
     streaming = delta[(delta["method"] == "streaming-llm") & (delta["setting"] == KV_CACHE)]
-    kept = "; ".join(f"b = {row.num_features}: {fmt(row.delta)} [{fmt(row.delta_low)}, {fmt(row.delta_high)}]"
-                     for row in streaming.itertuples(index=False))
+    kept = "; ".join(f"d = {d}: {cell}" for d, cell in zip(streaming["num_features"], delta_cells(streaming)))
     return ["", "## Against the papers", "",
             f"- HyperAttention (Han et al., ICLR 2024) reports ChatGLM2-6B-32k's perplexity rising from {before} to "
             f"{after} with its final layers replaced at a 32k context: a change in log-perplexity of "
