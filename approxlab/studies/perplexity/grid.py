@@ -104,7 +104,7 @@ OPTIONS = (
                             "control)"),
     Option(("--encoder-methods",), "encoder_methods", "methods for the encoder (all-MiniLM-L6-v2), comma-separated", type=shared.method_list, nargs="+", action=shared.Flatten,
            metavar="NAMES"),
-    shared.NUM_FEATURES.but(help="numbers of features d, the KV-cache budget b in the KV-cache setting, "
+    shared.NUM_FEATURES.but(help="numbers of features d, in the KV-cache setting the budget d (tokens kept per KV head), "
                                  "comma-separated"),
     shared.WINDOWS.but(help="WikiText-2 windows, the units of every interval"),
     Option(("--layer-settings",), "layer_settings", "which layers are replaced in the whole-window setting, one "
