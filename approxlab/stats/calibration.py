@@ -35,7 +35,9 @@ Two choices are made here, and stated wherever a verdict rests on them:
 * calibration **fails** -- no calibrated interval, and the reason in words -- where more than :math:`\alpha/2`
   of the replicates give no interval at all (too few distinct units), where the calibrated bound is not finite,
   or where the calibrated interval has zero width (a statistic that does not vary under resampling is never
-  judged by its coverage).
+  judged by its coverage). A replicate whose truth lies beyond all its inner draws has a root of 0 or 1; where more
+  than :math:`\alpha/2` of them do, the calibrated bound is the extreme of the resampled values (level 100%), as
+  the adjusted percentile method takes it: the calibrated level then says so.
 
 The coverage of the declared interval, the share of replicates whose :math:`\lambda_0` interval holds
 :math:`\hat\theta`, is reported with its Wilson 95% interval (the Monte-Carlo error of the outer draws);
@@ -299,8 +301,8 @@ def calibrated_bounds(family: IntervalFamily, found: Calibration) -> tuple[tuple
         return (math.nan, math.nan), found.reason
     low, high = family.between(found.lower, found.upper)
     if not (math.isfinite(low) and math.isfinite(high)):
-        return (math.nan, math.nan), (f"the calibrated interval has no finite bound at levels "
-                                      f"[{found.lower:.4f}, {found.upper:.4f}]")
+        return (math.nan, math.nan), (f"no finite interval reaches {found.level:.2%} nominal (one-sided levels "
+                                      f"{found.lower:.4f}, {found.upper:.4f}): too few units to calibrate")
     if low == high:
         return (math.nan, math.nan), f"the interval has zero width (every resample gives {low:.6g})"
     return (low, high), None
