@@ -111,14 +111,14 @@ VERDICT_COLUMNS = ["claim", "condition", "layer", "depth", "quantity", "statisti
                    "interval", "threshold", "verdict", "windows", "note", *_MEASURED]
 CORRELATION_COLUMNS = ["claim", "condition", "layers", "n", "num_features", "quantity", "heads", "heads_per_layer",
                        "estimate", "ci_low", "ci_high", "threshold", "verdict", "windows", "note", "pooled",
-                       "pooled_low", "pooled_high", *_MEASURED]
+                       "pooled_low", "pooled_high", *_MEASURED, "gated_verdict"]
 """``ci_low``, ``ci_high``: the interval calibrated on the run's own windows
 (:func:`approxlab.studies.reporting.calibrated.calibrate`; the columns of
 :data:`approxlab.studies.reporting.calibrated.CALIBRATED_COLUMNS`: the declared 95% interval, its coverage with the
 Monte-Carlo interval and draws, the calibrated level and why calibration fails where it does), the verdict read from
 it; ``former_verdict``: the verdict the former rule gave (the declared interval, no verdict where its coverage on
-the first 400 draws was below 90%; for the correlations, beside it, the rho pooled over every head of the run's
-layers: ``pooled``, ``pooled_low``, ``pooled_high``)."""
+the first 400 draws was below 90%; for the correlations that reading is ``gated_verdict``, and ``former_verdict``
+the verdict on the rho pooled over every head of the run's layers: ``pooled``, ``pooled_low``, ``pooled_high``)."""
 
 
 def _t(sample, _=None) -> IntervalFamily:
@@ -321,6 +321,7 @@ def correlations(heads: pd.DataFrame, *, bootstrap: dict = BOOTSTRAP) -> pd.Data
                          "note": "ranks within layer x window, pooled; percentile bootstrap over windows, calibrated",
                          "pooled": pooled.estimate, "pooled_low": pooled.low, "pooled_high": pooled.high,
                          **calibrated.calibrated_columns(found),
-                         "former_verdict": calibrated.former_verdict(claim, found, units=windows) if found else
-                         engine.judge(claim, low, high, units=windows)})
+                         "gated_verdict": calibrated.former_verdict(claim, found, units=windows) if found else
+                         engine.judge(claim, low, high, units=windows),
+                         "former_verdict": engine.judge(claim, pooled.low, pooled.high, units=windows)})
     return pd.DataFrame(rows, columns=CORRELATION_COLUMNS)

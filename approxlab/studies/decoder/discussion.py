@@ -49,7 +49,8 @@ def hyperattention_lines(correlations, heads) -> list[str]:
     for claim in CORRELATION_CLAIMS:
         rows = correlations[correlations["claim"] == claim.id]
         lines.append(f"- ({claim.id}) {claim.text}: " + ", ".join(f"{v}" for v in rows["verdict"]) + " (former, "
-                     "the 90% coverage gate: " + ", ".join(map(str, rows["former_verdict"])) + ").")
+                     "the 90% coverage gate: " + ", ".join(map(str, rows["gated_verdict"])) + "; on the rho pooled over "
+                     "layers: " + ", ".join(map(str, rows["former_verdict"])) + ").")
     shown = correlations.assign(rho=_interval_column(correlations),
                                 pooled_rho=_interval_column(correlations, "pooled", "pooled_low", "pooled_high"))
     lines += ["", *_markdown(shown[["claim", "condition", "layers", "heads_per_layer", "windows", "rho", "verdict",
@@ -63,8 +64,9 @@ def hyperattention_lines(correlations, heads) -> list[str]:
                                               "values)", "claim": CORRELATION_CLAIMS[0],
                                     "units": int(correlations["windows"].min())}]), ""]
         lines += [*calibration_lines("correlation claims"), "",
-                  *calibration_table(correlations, ["claim", "condition"]), ""]
-    lines += changes_lines(correlations, ["claim", "condition"], what="correlation claim", rules=_GATE_RULE) + [""]
+                  *calibration_table(correlations, ["claim", "condition"], former="gated_verdict"), ""]
+    lines += changes_lines(correlations, ["claim", "condition"], former="gated_verdict", what="correlation claim",
+                           rules=_GATE_RULE) + [""]
     per_layer = []
     for (condition, layer), frame in heads.groupby(["condition", "layer"], sort=True):
         row = {"condition": condition, "layer": layer, "heads": len(frame),
