@@ -106,7 +106,7 @@ CORRELATION_CLAIMS = (
 STRUCTURAL_NOTE = ("alpha of the causal D^-1 A is structural: row 0 of any causal row-stochastic matrix is e_0, "
                    "so alpha >= n whatever the model; reported, not judged")
 
-_MEASURED = [*calibrated.CALIBRATED_COLUMNS, "former_verdict"]
+_MEASURED = [*calibrated.CALIBRATED_COLUMNS, "p", "former_verdict"]
 VERDICT_COLUMNS = ["claim", "condition", "layer", "depth", "quantity", "statistic", "estimate", "ci_low", "ci_high",
                    "interval", "threshold", "verdict", "windows", "note", *_MEASURED]
 CORRELATION_COLUMNS = ["claim", "condition", "layers", "n", "num_features", "quantity", "heads", "heads_per_layer",
@@ -158,7 +158,8 @@ def _row(claim, condition, layer, estimate, low, high, windows, note="", depth=m
     return {"claim": claim.id, "condition": condition, "layer": layer, "depth": depth, "quantity": claim.quantity,
             "statistic": claim.statistic, "estimate": estimate, "ci_low": low, "ci_high": high,
             "interval": claim.interval, "threshold": claim.threshold, "verdict": word,
-            "windows": windows, "note": note, **calibrated.calibrated_columns(found), "former_verdict": former}
+            "windows": windows, "note": note, **calibrated.calibrated_columns(found, threshold=claim.threshold),
+            "former_verdict": former}
 
 
 def _growth(claim, frame, condition, layer, ns) -> dict:
@@ -320,7 +321,7 @@ def correlations(heads: pd.DataFrame, *, bootstrap: dict = BOOTSTRAP) -> pd.Data
                          "verdict": engine.judge(claim, low, high, units=windows, calibrated=found),
                          "note": "ranks within layer x window, pooled; percentile bootstrap over windows, calibrated",
                          "pooled": pooled.estimate, "pooled_low": pooled.low, "pooled_high": pooled.high,
-                         **calibrated.calibrated_columns(found),
+                         **calibrated.calibrated_columns(found, threshold=claim.threshold),
                          "gated_verdict": calibrated.former_verdict(claim, found, units=windows) if found else
                          engine.judge(claim, low, high, units=windows),
                          "former_verdict": engine.judge(claim, pooled.low, pooled.high, units=windows)})

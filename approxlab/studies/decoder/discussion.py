@@ -8,7 +8,8 @@ import pandas as pd
 
 from ..reporting.changes import changes_lines
 from ..reporting.claims import coverage_lines, label, tally
-from ..reporting.calibrated import calibration_lines, calibration_table, coverage_cell, in_short_lines
+from ..reporting.calibrated import (calibration_lines, calibration_table, coverage_cell, holm_lines,
+                                     in_short_lines)
 from ..reporting.markdown import format_number as _fmt
 from ..reporting.markdown import markdown_table as _markdown
 from .cells import ASSUMPTIONS, KV_CACHE, PERFORMER, RESULTS
@@ -64,7 +65,9 @@ def hyperattention_lines(correlations, heads) -> list[str]:
                                               "values)", "claim": CORRELATION_CLAIMS[0],
                                     "units": int(correlations["windows"].min())}]), ""]
         lines += [*calibration_lines("correlation claims"), "",
-                  *calibration_table(correlations, ["claim", "condition"], former="gated_verdict"), ""]
+                  *calibration_table(correlations, ["claim", "condition"], former="gated_verdict"), "",
+                  *holm_lines(correlations, ["claim", "condition"], family="condition",
+                              decided=_decided(CORRELATION_CLAIMS))]
     lines += changes_lines(correlations, ["claim", "condition"], former="gated_verdict", what="correlation claim",
                            rules=_GATE_RULE) + [""]
     per_layer = []
@@ -108,7 +111,8 @@ def verdict_lines(table: pd.DataFrame) -> list[str]:
                   "the run's own windows.", "",
                   *coverage_lines([{"claims": "every criterion (Student t over windows)", "claim": CLAIMS[0],
                                     "units": int(table["windows"].min())}]), "", *calibration_lines("criteria"), "",
-                  *calibration_table(table, ["claim", "condition", "layer", "depth"])]
+                  *calibration_table(table, ["claim", "condition", "layer", "depth"]), "",
+                  *holm_lines(table, ["claim", "condition", "layer", "depth"], family="claim", decided=_decided(CLAIMS))]
     shown = table.assign(interval=_interval_column(table), depth=table["depth"].map(
         lambda d: "" if pd.isna(d) else str(int(d))))
     shown["holds?"] = shown["verdict"].map(lambda v: _SHORT.get(v, v))
@@ -116,6 +120,11 @@ def verdict_lines(table: pd.DataFrame) -> list[str]:
     lines += ["", *_markdown(shown[["claim", "condition", "layer", "depth", "interval", "windows", "coverage",
                                     "holds?", "note"]], default=str)]
     return lines + changes_lines(table, ["claim", "condition", "layer", "depth"], what="criterion", rules=_GATE_RULE)
+
+
+def _decided(declared) -> tuple:
+    """The verdict words that decide a claim of ``declared`` (reproduced, not reproduced, in each claim's words)."""
+    return tuple({label(c, o) for c in declared for o in ("reproduced", "not reproduced")})
 
 
 _GATE_RULE = ("the declared 95% interval judged, and no verdict where its coverage on the run's own windows, estimated "

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ...stats import UnitModel
 from ..reporting.calibrated import (CALIBRATED_COLUMNS, calibration_lines, calibration_table,
-                                     in_short_lines)
+                                     holm_lines, in_short_lines)
 from ..reporting.changes import changes_lines
 from ..reporting.claims import coverage_lines
 from ..reporting.markdown import markdown_table
@@ -207,13 +207,15 @@ def _calibration_lines(summary: pd.DataFrame) -> list[str]:
     if judged.empty:
         return []
     judged = judged.assign(task=[_task_label(t, n) for t, n in zip(judged["task"], judged["n"])])
-    geometric = judged.assign(**{k: judged["geo_" + k] for k in CALIBRATED_COLUMNS}, ci_low=judged["geo_low"],
+    geometric = judged.assign(**{k: judged["geo_" + k] for k in [*CALIBRATED_COLUMNS, "p"]}, ci_low=judged["geo_low"],
                               ci_high=judged["geo_high"], verdict=judged["geo_verdict"],
                               former_verdict=judged["former_geo_verdict"], mean="geometric")
     both = pd.concat([judged.assign(ci_low=judged["low"], ci_high=judged["high"], mean="arithmetic"), geometric],
                      ignore_index=True)
     return [*calibration_lines("means"), "",
-            *calibration_table(both, ["attention", "task", "mean"]), ""]
+            *calibration_table(both, ["attention", "task", "mean"]), "",
+            *holm_lines(both, ["attention", "task", "mean"], family="mean",
+                        decided=(BELOW_ONE.labels["reproduced"], BELOW_ONE.labels["not reproduced"]))]
 
 
 def _in_short(summary: pd.DataFrame) -> list[str]:

@@ -255,8 +255,9 @@ def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
                                              calibrated=arithmetic),
                      "geo_verdict": claims.judge(BELOW_ONE, geo_low, geo_high, power=geo_power, units=len(ok),
                                                  paper=paper, calibrated=geometric),
-                     **calibrated.calibrated_columns(arithmetic),
-                     **{"geo_" + k: v for k, v in calibrated.calibrated_columns(geometric).items()},
+                     **calibrated.calibrated_columns(arithmetic, threshold=BELOW_ONE.threshold),
+                     **{"geo_" + k: v for k, v in
+                        calibrated.calibrated_columns(geometric, threshold=BELOW_ONE.threshold).items()},
                      "former_verdict": _former(arithmetic, power, len(ok), paper, low, high),
                      "former_geo_verdict": _former(geometric, geo_power, len(ok), paper, geo_low, geo_high)})
         rows[-1].update(_against_paper(rows[-1], units=len(ok)))

@@ -84,7 +84,8 @@ def ordering(results: pd.DataFrame, *, level: float = 0.95, min_seeds: int = MIN
     low, high = found.low, found.high  # the verdicts read the calibrated interval
     declared = claims.judge(headline, low, high, power=power, units=seeds, calibrated=found)
     return {**entry, "difference": difference, "low": low, "high": high, "sd": sd, "verdict": declared,
-            **calibrated.calibrated_columns(found), "gated_verdict": gated, "calibrated": found,
+            **calibrated.calibrated_columns(found, threshold=headline.threshold), "gated_verdict": gated,
+            "calibrated": found,
             "exploratory_verdict": claims.judge(claim, low, high, power=power, units=seeds, paper=smallest_effect,
                                                 calibrated=found),
             "permutation_p": stats.permutation_test(slopes["pathfinder"], slopes["listops"]),
@@ -331,7 +332,9 @@ def _coverage_lines(verdict: dict) -> list[str]:
         row = pd.DataFrame([{**verdict, "claim": SLOWER.id, "ci_low": verdict["low"], "ci_high": verdict["high"],
                              "former_verdict": verdict["gated_verdict"]}])
         lines += [*calibrated.calibration_lines("seeds' slopes (each task's seeds drawn at their count)"), "",
-                  *calibrated.calibration_table(row, ["claim"]), ""]
+                  *calibrated.calibration_table(row, ["claim"]), "",
+                  *calibrated.holm_lines(row, ["claim"], family="claim", decided=(
+                      claims.label(SLOWER, "reproduced"), claims.label(SLOWER, "not reproduced")))]
     return lines
 
 

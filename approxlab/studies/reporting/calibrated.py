@@ -27,12 +27,13 @@ Public API::
     Calibrated(...)                        # the calibrated interval, its level, the coverage and its MC interval
     calibrate(compute, units, *, paired=False, former_draws=None, **CALIBRATION) -> Calibrated | {key: Calibrated}
     former_verdict(claim, calibrated, *, power=nan, units=None, paper=None) -> str   # the 90% gate, as it was
-    calibrated_columns(calibrated) -> dict   # the columns a verdict table carries for one claim instance
+    calibrated_columns(calibrated, threshold=None) -> dict   # the columns a verdict table carries (and p)
     coverage_cell(row) -> str                # "88.5% [86.4, 90.4] (1,000)" from those columns
     calibration_lines(what="claims") -> list[str]   # the summary's paragraph on the method
     calibration_table(table, key, *, verdict="verdict", former="former_verdict") -> list[str]
     interval_cell(low, high) -> str; level_cell(row) -> str
     in_short_lines(reproduces, fails, open_, *, notes=()) -> list[str]   # the "In short" section, first
+    holm_lines(table, key, *, family, decided, level=0.95) -> list[str]  # Holm per claim family, beside each verdict
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ import pandas as pd
 from ...stats import calibration as _calibration
 from ...stats.verdicts import wilson_bounds
 from .markdown import markdown_table
-from .measured import Measured, gate
+from .measured import Measured, gate, holm_column
 
 __all__ = ["CALIBRATION", "Calibrated", "calibrate", "former_verdict", "calibrated_columns", "coverage_cell",
-           "calibration_lines", "calibration_table", "interval_cell", "level_cell", "in_short_lines", "CALIBRATED_COLUMNS"]
+           "calibration_lines", "calibration_table", "interval_cell", "level_cell", "in_short_lines", "holm_lines", "CALIBRATED_COLUMNS"]
 
 CALIBRATION = {"target": 0.95, "level": 0.95, "batch": 100, "min_draws": 200, "max_draws": 2500, "seed": 1}
 """How :func:`calibrate` draws: the coverage the calibrated interval targets (95%), the declared level (95%),
@@ -217,16 +218,19 @@ def former_verdict(claim, calibrated: Calibrated, *, power: float = math.nan, un
     return gate(claim, verdict, calibrated.former)
 
 
-def calibrated_columns(calibrated: Calibrated | None) -> dict:
-    """The :data:`CALIBRATED_COLUMNS` of one claim instance (NaN and "" where there is none)."""
+def calibrated_columns(calibrated: Calibrated | None, threshold: float | None = None) -> dict:
+    """The :data:`CALIBRATED_COLUMNS` of one claim instance (NaN and "" where there is none), and with a
+    ``threshold`` its calibrated p-value ``p`` (:meth:`Calibrated.p_value`)."""
+    extra = {} if threshold is None else {"p": math.nan if calibrated is None else calibrated.p_value(threshold)}
     if calibrated is None:
         return {"nominal_low": math.nan, "nominal_high": math.nan, "calibrated_level": math.nan,
                 "coverage": math.nan, "coverage_low": math.nan, "coverage_high": math.nan, "coverage_draws": 0,
-                "calibration": "no interval"}
+                "calibration": "no interval", **extra}
     found = calibrated.calibration
     return {"nominal_low": calibrated.nominal_low, "nominal_high": calibrated.nominal_high,
             "calibrated_level": calibrated.level, "coverage": found.coverage, "coverage_low": found.low,
-            "coverage_high": found.high, "coverage_draws": found.draws, "calibration": calibrated.reason or ""}
+            "coverage_high": found.high, "coverage_draws": found.draws, "calibration": calibrated.reason or "",
+            **extra}
 
 
 def coverage_cell(row) -> str:
@@ -296,3 +300,28 @@ def in_short_lines(reproduces, fails, open_, *, notes=()) -> list[str]:
             f"- **Does not reproduce ({len(list(fails))}):** {joined(fails)}.",
             f"- **Cannot be told from this run ({len(list(open_))}):** {joined(open_)}.",
             *[f"- {note}" for note in notes], ""]
+
+
+def holm_lines(table: pd.DataFrame, key, *, family, decided, level: float = 0.95) -> list[str]:
+    """A summary's multiplicity table: each claim instance's calibrated p-value (column ``p``), Holm's adjustment
+    within its ``family`` (a column or list of columns; :func:`approxlab.studies.reporting.measured.holm_column`),
+    and its verdict beside the one that stands with Holm (a verdict whose adjusted p-value is not below
+    ``1 - level`` reads "not decided with Holm"). ``decided``: the verdict words that decide (reproduced / not
+    reproduced, in the claim's words)."""
+    if table is None or not len(table) or "p" not in table:
+        return []
+    table = holm_column(table, family=family, p="p", level=level)
+    rows = [{**{k: row[k] for k in key}, "verdict": row["verdict"],
+             "p": "" if not np.isfinite(float(row["p"])) else f"{float(row['p']):.3g}",
+             "p (Holm)": "" if not np.isfinite(float(row["p_holm"])) else f"{float(row['p_holm']):.3g}",
+             "verdict with Holm": row["verdict"] if row["verdict"] not in decided or row["holm_decided"]
+             else "not decided with Holm"} for _, row in table.iterrows()]
+    families = table[family].astype(str).drop_duplicates() if isinstance(family, str) else \
+        table[list(family)].astype(str).drop_duplicates()
+    kept = sum(1 for r in rows if r["verdict"] in decided and r["verdict with Holm"] == r["verdict"])
+    total = sum(1 for r in rows if r["verdict"] in decided)
+    return [f"**Multiplicity.** The verdicts above are per comparison ({1 - level:.0%} each). Holm's adjustment within "
+            f"each claim family ({len(families)} famil{'y' if len(families) == 1 else 'ies'}) on the calibrated "
+            "p-values (the test each calibrated interval inverts: `Calibrated.p_value`): "
+            f"{kept} of the {total} decided verdicts stand with it.", "",
+            *markdown_table(pd.DataFrame(rows), default=str), ""]

@@ -100,7 +100,8 @@ def conditioning(results: pd.DataFrame, *, by=None) -> pd.DataFrame:
         gated = verdict if found is None else calibrated.former_verdict(CONDITIONING, found, units=smallest)
         rows.append({"subset": "all cases" if by is None else f"{by} = {key}", "estimate": estimate, "ci_low": low,
                      "ci_high": high, "windows": len(units), "cases": len({c for c, _ in units}),
-                     "heads": int(sum(v.size for _, v in units)), **calibrated.calibrated_columns(found),
+                     "heads": int(sum(v.size for _, v in units)),
+                     **calibrated.calibrated_columns(found, threshold=CONDITIONING.threshold),
                      "verdict": verdict, "gated_verdict": gated,
                      "former_verdict": "not better conditioned" if by is None else None})
     return pd.DataFrame(rows)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..reporting.markdown import markdown_table
-from ..reporting.calibrated import calibration_lines, calibration_table, in_short_lines
+from ..reporting.calibrated import calibration_lines, calibration_table, holm_lines, in_short_lines
 from ..reporting.summary import render
 from .claims import CONDITIONING, conditioning
 from .spectra import MATRICES, RESULTS
@@ -73,6 +73,8 @@ def _conditioning_lines(table: pd.DataFrame) -> list[str]:
              f"{int(first['windows'])} windows of {int(first['cases'])} cases.", "",
              *calibration_lines("windows"), "",
              *calibration_table(table, ["subset"], former="gated_verdict"), "",
+             *holm_lines(table.assign(family=CONDITIONING.id), ["subset"], family="family",
+                         decided=(CONDITIONING.labels["reproduced"], CONDITIONING.labels["not reproduced"])),
              "### Changes of verdict", "",
              "Each verdict is also computed as the former rule gave it (the declared 95% percentile interval judged, "
              "and no verdict where its coverage on the run's own windows, estimated from 200 draws, was below 90%): "
