@@ -33,7 +33,8 @@ Two choices are made here, and stated wherever a verdict rests on them:
   :math:`p_U \ge (1 + \lambda_0)/2`): calibration only widens an interval that covers too little, so no verdict
   rests on an interval narrower than the declared one;
 * calibration **fails** -- no calibrated interval, and the reason in words -- where more than :math:`\alpha/2`
-  of the replicates give no interval at all (too few distinct units), where the calibrated bound is not finite,
+  of the replicates give no interval at all or one of zero width (too few distinct units: with 3 units, 1 draw in 9
+  repeats one unit), where the calibrated bound is not finite,
   or where the calibrated interval has zero width (a statistic that does not vary under resampling is never
   judged by its coverage). A replicate whose truth lies beyond all its inner draws has a root of 0 or 1; where more
   than :math:`\alpha/2` of them do, the calibrated bound is the extreme of the resampled values (level 100%), as
@@ -175,21 +176,21 @@ class IntervalFamily:
     def position(self, value: float) -> float:
         """The one-sided level at which a bound of this family reaches ``value`` (the root of the calibration): the
         share of ``draws`` below it, ties counted half, or the t distribution's CDF at its standardised distance;
-        NaN where there is no interval."""
+        NaN where there is no interval, or one of zero width (draws that do not vary, no spread): such a draw is
+        never judged by its coverage, it counts as a draw without an interval."""
         if self.units < 2:
             return math.nan
         if self.kind == "percentile":
-            if not math.isfinite(self.estimate) or not np.isfinite(self.draws).all():
+            if not math.isfinite(self.estimate) or not np.isfinite(self.draws).all() or \
+                    self.draws.min() == self.draws.max():
                 return math.nan
             return float((np.sum(self.draws < value) + 0.5 * np.sum(self.draws == value)) / self.draws.size)
-        if not (math.isfinite(self.centre) and math.isfinite(self.scale)):
+        if not (math.isfinite(self.centre) and math.isfinite(self.scale)) or self.scale == 0:
             return math.nan
         if self.log:
             if value <= 0:
                 return 0.0
             value = math.log(value)
-        if self.scale == 0:
-            return 0.5 if value == self.centre else float(value > self.centre)
         distance = (value - self.centre) / self.scale
         return float(_scipy_stats.t.cdf(distance, self.df) if math.isfinite(self.df) else
                      _scipy_stats.norm.cdf(distance))
