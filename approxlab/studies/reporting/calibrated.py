@@ -114,8 +114,11 @@ class Calibrated:
         u = self.family.position(threshold)
         if not math.isfinite(u):
             return math.nan
-        roots = self.roots
-        g = (np.sum(roots < u) + 0.5 * np.sum(roots == u)) / roots.size  # NaN roots count on neither side
+        roots = self.roots  # NaN roots (draws without an interval) count on neither side
+        if 0 < u < 1:
+            g = (np.sum(roots < u) + 0.5 * np.sum(roots == u)) / roots.size
+        else:  # the threshold beyond every resampled value: the calibrated interval (at most their range) excludes it
+            g = float(u)
         return float(min(1.0, max(2 * min(u, 1 - u), 2 * min(g, 1 - g))))
 
 
