@@ -19,8 +19,9 @@ at 94%."""
 def test_calibrated_percentile_interval_reaches_93_percent_where_the_plain_one_misses_90():
     """Exponential population (skewness 2), n = 10 units, the mean (truth 1). Over the same 1,000 simulated data
     sets (fixed seeds: the test is deterministic), the plain 95% percentile interval (2,000 resamples) covers less
-    than 90% and the calibrated one (400 outer x 200 inner draws) at least 93%; each estimate's Monte-Carlo
-    standard error is about 1 point (plain) and 0.75 points (calibrated), stated in the assertions."""
+    than 90% and the calibrated one (400 outer x 200 inner draws) at least 93% (measured: 87.9% and 94.8%); each
+    estimate's Monte-Carlo standard error is about 1 point (plain) and 0.7 points (calibrated), stated in the
+    assertions' messages."""
     units, truth = 10, 1.0
     rng = np.random.default_rng(2026)
     data = rng.exponential(size=(SETS, units))
