@@ -54,7 +54,9 @@ import pandas as pd
 from ... import stats
 from ...assumptions import MIN_LENGTHS, growth_exponents
 from ...assumptions.bounded_entries import HOLDS_FOR_AN_EXPLICIT_SPLIT
+from ...stats.calibration import IntervalFamily
 from ..declaration import Claim
+from ..reporting import calibrated
 from ..reporting import claims as engine
 from ..reporting import measured
 from .stats import BOOTSTRAP, head_errors
@@ -104,35 +106,36 @@ CORRELATION_CLAIMS = (
 STRUCTURAL_NOTE = ("alpha of the causal D^-1 A is structural: row 0 of any causal row-stochastic matrix is e_0, "
                    "so alpha >= n whatever the model; reported, not judged")
 
-_MEASURED = ["coverage", "coverage_low", "coverage_high", "windows_for_90", "former_verdict"]
+_MEASURED = [*calibrated.CALIBRATED_COLUMNS, "p", "former_verdict"]
 VERDICT_COLUMNS = ["claim", "condition", "layer", "depth", "quantity", "statistic", "estimate", "ci_low", "ci_high",
                    "interval", "threshold", "verdict", "windows", "note", *_MEASURED]
 CORRELATION_COLUMNS = ["claim", "condition", "layers", "n", "num_features", "quantity", "heads", "heads_per_layer",
                        "estimate", "ci_low", "ci_high", "threshold", "verdict", "windows", "note", "pooled",
-                       "pooled_low", "pooled_high", *_MEASURED]
-"""``coverage``: the interval's coverage measured on the run's own windows
-(:func:`approxlab.studies.reporting.measured.measured_coverage`, with its Wilson interval); below 90% the verdict
-is "no verdict" and ``windows_for_90`` says how many windows would reach it (empty: none of 12 times the run's);
-``former_verdict``: the verdict before the gate (and, for the correlations, of the pooled rho over every head of
-the run's layers, the former statistic: ``pooled``, ``pooled_low``, ``pooled_high``)."""
+                       "pooled_low", "pooled_high", *_MEASURED, "gated_verdict"]
+"""``ci_low``, ``ci_high``: the interval calibrated on the run's own windows
+(:func:`approxlab.studies.reporting.calibrated.calibrate`; the columns of
+:data:`approxlab.studies.reporting.calibrated.CALIBRATED_COLUMNS`: the declared 95% interval, its coverage with the
+Monte-Carlo interval and draws, the calibrated level and why calibration fails where it does), the verdict read from
+it; ``former_verdict``: the verdict the former rule gave (the declared interval, no verdict where its coverage on
+the first 400 draws was below 90%; for the correlations that reading is ``gated_verdict``, and ``former_verdict``
+the verdict on the rho pooled over every head of the run's layers: ``pooled``, ``pooled_low``, ``pooled_high``)."""
 
 
-def _t(values) -> tuple[float, float, float]:
-    found = stats.t_interval(np.asarray(values, dtype=float))
-    return found.estimate, found.low, found.high
+def _t(sample, _=None) -> IntervalFamily:
+    return IntervalFamily.student(sample)
 
 
-def _measure(compute, values) -> dict:
-    """The coverage of ``compute``'s interval on the run's own windows (``values``, one per window), and the windows
-    90% needs where it falls short."""
+def _log_mean(sample, _=None) -> IntervalFamily:
+    return IntervalFamily.student(sample, log=True)
+
+
+def _calibrate(family, values):
+    """``family``'s interval calibrated on the run's own windows (``values``, one per window); None for fewer than 2
+    windows. The first 400 draws are the former coverage estimate."""
     values = list(values)
     if len(values) < 2:
-        return {"measured": None, "coverage": math.nan, "coverage_low": math.nan, "coverage_high": math.nan,
-                "windows_for_90": None}
-    found = measured.measured_coverage(compute, values)
-    needed = measured.units_needed(compute, values) if found.coverage < measured.GATE else None
-    return {"measured": found, "coverage": found.coverage, "coverage_low": found.low, "coverage_high": found.high,
-            "windows_for_90": needed}
+        return None
+    return calibrated.calibrate(family, values, former_draws=measured.MEASURED["trials"])
 
 
 def _per_window(frame: pd.DataFrame, column: str, ns) -> pd.DataFrame:
@@ -142,14 +145,21 @@ def _per_window(frame: pd.DataFrame, column: str, ns) -> pd.DataFrame:
 
 
 def _row(claim, condition, layer, estimate, low, high, windows, note="", depth=math.nan, verdict=None,
-         coverage=None) -> dict:
-    verdict = verdict or engine.judge(claim, low, high, units=windows)
-    coverage = dict(coverage or _measure(None, []))
-    found = coverage.pop("measured")
+         found=None) -> dict:
+    """One verdict row; with ``found`` (a calibration) the interval is the calibrated one and ``verdict`` (a
+    function of the interval, or None for :func:`approxlab.studies.reporting.claims.judge`) is read from it."""
+    judged = verdict or (lambda lo, hi: engine.judge(claim, lo, hi, units=windows))
+    if found is not None:
+        low, high = found.low, found.high
+    word = f"no verdict: {found.reason}" if found is not None and found.reason else judged(low, high)
+    former = judged(found.nominal_low, found.nominal_high) if found is not None else word
+    if found is not None and found.former is not None and found.former.coverage < measured.GATE:
+        former = measured.gate(claim, former, found.former)
     return {"claim": claim.id, "condition": condition, "layer": layer, "depth": depth, "quantity": claim.quantity,
             "statistic": claim.statistic, "estimate": estimate, "ci_low": low, "ci_high": high,
-            "interval": claim.interval, "threshold": claim.threshold, "verdict": measured.gate(claim, verdict, found),
-            "windows": windows, "note": note, **coverage, "former_verdict": verdict}
+            "interval": claim.interval, "threshold": claim.threshold, "verdict": word,
+            "windows": windows, "note": note, **calibrated.calibrated_columns(found, threshold=claim.threshold),
+            "former_verdict": former}
 
 
 def _growth(claim, frame, condition, layer, ns) -> dict:
@@ -158,28 +168,22 @@ def _growth(claim, frame, condition, layer, ns) -> dict:
     if len(lengths) < MIN_LENGTHS or table.empty:
         return _row(claim, condition, layer, math.nan, math.nan, math.nan, len(table),
                     f"{len(lengths)} length(s) with a value in every window; the exponent needs {MIN_LENGTHS}",
-                    verdict=engine.label(claim, "too few units"))
+                    verdict=lambda lo, hi: engine.label(claim, "too few units"))
     slopes = growth_exponents(lengths, table.to_numpy())  # the t interval over windows of their exponents
-    estimate, low, high = _t(slopes)
-    return _row(claim, condition, layer, estimate, low, high, len(table), f"n = {', '.join(map(str, lengths))}",
-                coverage=_measure(_t, slopes))
-
-
-def _log_mean(values) -> tuple[float, float, float]:
-    interval = stats.t_interval(np.log(np.asarray(values, dtype=float)))
-    return tuple(math.exp(x) if math.isfinite(x) else math.nan for x in (interval.estimate, interval.low,
-                                                                         interval.high))
+    whole = _t(slopes)
+    return _row(claim, condition, layer, whole.estimate, *whole.interval(0.95), len(table),
+                f"n = {', '.join(map(str, lengths))}", found=_calibrate(_t, slopes))
 
 
 def _sampling(claim, levels, condition, layer, n) -> list[dict]:
     rows = []
     at_n = levels[(levels["n"] == n) & (levels["depth"] >= 0)]
     for depth, frame in at_n.groupby("depth", sort=True):
-        values = frame.groupby("window")[claim.quantity].median()
-        estimate, low, high = _log_mean(values)
-        rows.append(_row(claim, condition, layer, estimate, low, high, len(values),
+        values = frame.groupby("window")[claim.quantity].median().to_numpy(dtype=float)
+        whole = _log_mean(values)
+        rows.append(_row(claim, condition, layer, whole.estimate, *whole.interval(0.95), len(values),
                          f"n = {n}; blocks of {int(frame['rows'].min())} x {int(frame['columns'].min())}",
-                         depth=int(depth), coverage=_measure(_log_mean, values.to_numpy(dtype=float))))
+                         depth=int(depth), found=_calibrate(_log_mean, values)))
     return rows
 
 
@@ -187,12 +191,14 @@ def _bounded(claim, frame, condition, layer, n) -> dict:
     at_n = frame[frame["n"] == n].groupby("window")[["entry_ratio", "entry_ratio_balanced_split"]].median()
     lower = stats.t_interval(at_n["entry_ratio"].to_numpy())
     explicit = stats.t_interval(at_n["entry_ratio_balanced_split"].to_numpy())
-    verdict = engine.judge(claim, lower.low, lower.high, units=len(at_n))
-    if verdict == "undetermined" and explicit.high < claim.threshold:
-        verdict = HOLDS_FOR_AN_EXPLICIT_SPLIT
+
+    def verdict(low, high):
+        word = engine.judge(claim, low, high, units=len(at_n))
+        return HOLDS_FOR_AN_EXPLICIT_SPLIT if word == "undetermined" and explicit.high < claim.threshold else word
+
     return _row(claim, condition, layer, lower.estimate, lower.low, lower.high, len(at_n),
                 f"n = {n}; balanced split {explicit.estimate:.3g} [{explicit.low:.3g}, {explicit.high:.3g}]",
-                verdict=verdict, coverage=_measure(_t, at_n["entry_ratio"].to_numpy(dtype=float)))
+                verdict=verdict, found=_calibrate(_t, at_n["entry_ratio"].to_numpy(dtype=float)))
 
 
 def verdicts(config: dict, assumptions: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
@@ -266,13 +272,18 @@ def within_layer_rho(sums: np.ndarray, *, resamples: int = 2000, seed: int = 0,
     the heads of one layer, which is what the theorem's per-head guarantee speaks to. A window drawn twice counts
     twice. ``(estimate, low, high)``; NaN bounds for one window.
     """
+    found = _rho_family(sums, resamples=resamples, seed=seed)
+    return (found.estimate, *found.interval(level)) if found.units > 1 else (found.estimate, math.nan, math.nan)
+
+
+def _rho_family(sums: np.ndarray, *, resamples: int, seed: int) -> IntervalFamily:
+    """The percentile interval family of :func:`within_layer_rho` (windows resampled, ``seed``)."""
     sums = np.asarray(sums, dtype=float)
     estimate = float(_stratified(sums))
     if len(sums) < 2:
-        return estimate, math.nan, math.nan
+        return IntervalFamily.percentile(stats.Resamples(estimate, np.full(1, estimate), len(sums)))
     draws = np.random.default_rng(seed).integers(0, len(sums), size=(resamples, len(sums)))
-    found = stats.bootstrap_interval(stats.Resamples(estimate, _stratified(sums[draws]), len(sums)), level=level)
-    return found.estimate, found.low, found.high
+    return IntervalFamily.percentile(stats.Resamples(estimate, _stratified(sums[draws]), len(sums)))
 
 
 def correlations(heads: pd.DataFrame, *, bootstrap: dict = BOOTSTRAP) -> pd.DataFrame:
@@ -300,14 +311,18 @@ def correlations(heads: pd.DataFrame, *, bootstrap: dict = BOOTSTRAP) -> pd.Data
             pooled = stats.rank_correlation(used[claim.quantity], used["relative_error"], units=used["window"],
                                             method="spearman", **bootstrap)
             _, sums = _window_sums(used, claim.quantity)
-            estimate, low, high = within_layer_rho(sums, **bootstrap)
-            coverage = _measure(lambda sample: within_layer_rho(np.asarray(sample), resamples=400,
-                                                                seed=bootstrap["seed"], level=bootstrap["level"]),
-                                list(sums))
-            found = coverage.pop("measured")
-            rows.append({**base, "estimate": estimate, "ci_low": low, "ci_high": high,
-                         "verdict": engine.judge(claim, low, high, units=windows, measured=found),
-                         "note": "ranks within layer x window, pooled; percentile bootstrap over windows",
-                         "pooled": pooled.estimate, "pooled_low": pooled.low, "pooled_high": pooled.high, **coverage,
+            def family(sample, trial):
+                return _rho_family(np.asarray(sample), resamples=bootstrap["resamples"] if trial < 0 else 400,
+                                   seed=bootstrap["seed"])
+            found = _calibrate(family, list(sums))
+            whole = family(list(sums), -1)
+            low, high = (found.low, found.high) if found is not None else whole.interval(bootstrap["level"])
+            rows.append({**base, "estimate": whole.estimate, "ci_low": low, "ci_high": high,
+                         "verdict": engine.judge(claim, low, high, units=windows, calibrated=found),
+                         "note": "ranks within layer x window, pooled; percentile bootstrap over windows, calibrated",
+                         "pooled": pooled.estimate, "pooled_low": pooled.low, "pooled_high": pooled.high,
+                         **calibrated.calibrated_columns(found, threshold=claim.threshold),
+                         "gated_verdict": calibrated.former_verdict(claim, found, units=windows) if found else
+                         engine.judge(claim, low, high, units=windows),
                          "former_verdict": engine.judge(claim, pooled.low, pooled.high, units=windows)})
     return pd.DataFrame(rows, columns=CORRELATION_COLUMNS)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ..reporting.changes import changes_lines
-from ..reporting.claims import coverage, coverage_lines, tally
-from ..reporting.measured import MEASURED, Measured, measured_lines
+from ..reporting.claims import coverage_lines, label, tally
+from ..reporting.calibrated import (calibration_lines, calibration_table, coverage_cell, holm_lines,
+                                     in_short_lines)
 from ..reporting.markdown import format_number as _fmt
 from ..reporting.markdown import markdown_table as _markdown
 from .cells import ASSUMPTIONS, KV_CACHE, PERFORMER, RESULTS
@@ -44,18 +45,18 @@ def hyperattention_lines(correlations, heads) -> list[str]:
               f"alpha do not make a correlation of their own. The observations are {int(first['heads_per_layer'])} "
               f"heads per layer x {layers} layers x {int(first['windows'])} windows; the "
               f"{BOOTSTRAP['resamples']}-resample percentile bootstrap draws windows (the independent unit) with all "
-              "their heads; the claim holds when the interval lies above 0, fails when it lies below, and gives no "
-              "verdict when its coverage measured on the run's own windows is below 90%.", ""]
+              "their heads, the interval calibrated on the run's own windows; the claim holds when the calibrated "
+              "interval lies above 0 and fails when it lies below.", ""]
     for claim in CORRELATION_CLAIMS:
         rows = correlations[correlations["claim"] == claim.id]
         lines.append(f"- ({claim.id}) {claim.text}: " + ", ".join(f"{v}" for v in rows["verdict"]) + " (former, "
-                     "on the rho pooled over layers: " + ", ".join(map(str, rows["former_verdict"])) + ").")
+                     "the 90% coverage gate: " + ", ".join(map(str, rows["gated_verdict"])) + "; on the rho pooled over "
+                     "layers: " + ", ".join(map(str, rows["former_verdict"])) + ").")
     shown = correlations.assign(rho=_interval_column(correlations),
-                                pooled_rho=_interval_column(correlations, "pooled", "pooled_low", "pooled_high"),
-                                coverage=[f"{c:.1%}" if pd.notna(c) else "" for c in correlations["coverage"]])
-    lines += ["", *_markdown(shown[["claim", "condition", "layers", "heads_per_layer", "windows", "rho", "coverage",
-                                    "windows_for_90", "verdict", "pooled_rho"]], default=str), "",
-              "`rho`: within layer x window, pooled [95% interval, windows resampled]; `pooled_rho`: the rho over "
+                                pooled_rho=_interval_column(correlations, "pooled", "pooled_low", "pooled_high"))
+    lines += ["", *_markdown(shown[["claim", "condition", "layers", "heads_per_layer", "windows", "rho", "verdict",
+                                    "pooled_rho"]], default=str), "",
+              "`rho`: within layer x window, pooled [calibrated 95% interval, windows resampled]; `pooled_rho`: the rho over "
               "every head of the run's layers at once, which is dominated by the contrast between the layers (each "
               "layer a cluster of heads with its own level of error and alpha): a description of how layers differ, "
               "not of the theorem's per-head relation; it was the former statistic.", ""]
@@ -63,10 +64,12 @@ def hyperattention_lines(correlations, heads) -> list[str]:
         lines += [*coverage_lines([{"claims": "rho (windows resampled; simulated for the median of the windows' "
                                               "values)", "claim": CORRELATION_CLAIMS[0],
                                     "units": int(correlations["windows"].min())}]), ""]
-        lines += [*_measured(correlations, CORRELATION_CLAIMS, "claim"), ""]
-    lines += changes_lines(correlations, ["claim", "condition"], what="correlation claim",
-                           rules="they judged the rho pooled over every head of the run's layers, without the "
-                                 "coverage gate") + [""]
+        lines += [*calibration_lines("correlation claims"), "",
+                  *calibration_table(correlations, ["claim", "condition"], former="gated_verdict"), "",
+                  *holm_lines(correlations, ["claim", "condition"], family="condition",
+                              decided=_decided(CORRELATION_CLAIMS))]
+    lines += changes_lines(correlations, ["claim", "condition"], former="gated_verdict", what="correlation claim",
+                           rules=_GATE_RULE) + [""]
     per_layer = []
     for (condition, layer), frame in heads.groupby(["condition", "layer"], sort=True):
         row = {"condition": condition, "layer": layer, "heads": len(frame),
@@ -97,45 +100,35 @@ def verdict_lines(table: pd.DataFrame) -> list[str]:
         words = sorted(set(rows["verdict"])) if claim.id == "bounded_entries" else None
         gated = int(rows["verdict"].astype(str).str.startswith("no verdict").sum())
         counts = (", ".join(f"{(rows['verdict'] == w).sum()} {w}" for w in words) if words is not None
-                  else tally(claim, rows["verdict"], outcomes) + f", {gated} no verdict (coverage below 90%)")
+                  else tally(claim, rows["verdict"], outcomes) + f", {gated} no verdict (calibration fails)")
         lines.append(f"- ({claim.id}) {claim.text}. Statistic: {claim.statistic}; holds {claim.side} "
                      f"{claim.threshold:g}: {counts} (of {len(rows)}).")
     if table.empty:
         return lines + ["", "(no verdicts)"]
     if int(table["windows"].min()) >= 1:
-        lines += ["", "The intervals below are nominally 95% Student-t intervals over windows; the coverage each "
-                  "actually has is stated twice, under a model and on the run's own windows, and a criterion whose "
-                  "own-window coverage is below 90% gets no verdict (`coverage` column).", "",
+        lines += ["", "The intervals below are 95% Student-t intervals over windows calibrated on the run's own "
+                  "windows; the coverage of the declared ones is stated under a model and, beside each verdict, on "
+                  "the run's own windows.", "",
                   *coverage_lines([{"claims": "every criterion (Student t over windows)", "claim": CLAIMS[0],
-                                    "units": int(table["windows"].min())}]), "", *_measured(table, CLAIMS, "claim")]
+                                    "units": int(table["windows"].min())}]), "", *calibration_lines("criteria"), "",
+                  *calibration_table(table, ["claim", "condition", "layer", "depth"]), "",
+                  *holm_lines(table, ["claim", "condition", "layer", "depth"], family="claim", decided=_decided(CLAIMS))]
     shown = table.assign(interval=_interval_column(table), depth=table["depth"].map(
         lambda d: "" if pd.isna(d) else str(int(d))))
     shown["holds?"] = shown["verdict"].map(lambda v: _SHORT.get(v, v))
-    shown["coverage"] = [f"{c:.1%}" if pd.notna(c) else "" for c in shown["coverage"]]
+    shown["coverage"] = [coverage_cell(r) for _, r in table.iterrows()]
     lines += ["", *_markdown(shown[["claim", "condition", "layer", "depth", "interval", "windows", "coverage",
                                     "holds?", "note"]], default=str)]
-    return lines + changes_lines(table, ["claim", "condition", "layer", "depth"], what="criterion",
-                                 rules="they gave every t interval's verdict whatever its coverage")
+    return lines + changes_lines(table, ["claim", "condition", "layer", "depth"], what="criterion", rules=_GATE_RULE)
 
 
-def _measured(table, declared, key) -> list[str]:
-    """The measured-coverage table: per claim, the smallest coverage on the run's own windows among its rows."""
-    entries = []
-    for claim in declared:
-        rows = table[(table[key] == claim.id) & table["coverage"].notna()]
-        if rows.empty:
-            continue
-        worst = rows.loc[rows["coverage"].idxmin()]
+def _decided(declared) -> tuple:
+    """The verdict words that decide a claim of ``declared`` (reproduced, not reproduced, in each claim's words)."""
+    return tuple({label(c, o) for c in declared for o in ("reproduced", "not reproduced")})
 
 
-        needed = rows["windows_for_90"].dropna()
-        model = coverage(claim, int(worst["windows"]))
-        entries.append({"claim": claim, "claims": f"{claim.id} (lowest of {len(rows)})",
-                        "parametric": f"{model.coverage:.1%} ({model.statistic}, {model.method})",
-                        "measured": Measured(float(worst["coverage"]), float(worst["coverage_low"]),
-                                             float(worst["coverage_high"]), int(worst["windows"]), MEASURED["trials"], float("nan")),
-                        "needed": int(needed.max()) if len(needed) else None})
-    return measured_lines(entries) if entries else []
+_GATE_RULE = ("the declared 95% interval judged, and no verdict where its coverage on the run's own windows, estimated "
+              "from the first 400 draws, was below 90%")
 
 
 def level_lines(levels: pd.DataFrame, config) -> list[str]:
@@ -191,13 +184,32 @@ def head_lines(assumptions) -> list[str]:
             *_markdown(shown.drop(columns=["condition", "n"]))]
 
 
+def _in_short(correlations: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """The "In short" section: HyperAttention's theorem (its error grows with alpha and kappa across heads) per
+    condition, and each assumption criterion counted over its layers, each judged by its calibrated interval."""
+    found = {"reproduced": [], "not reproduced": [], None: []}
+    for claim in CORRELATION_CLAIMS:
+        for row in correlations[correlations["claim"] == claim.id].itertuples(index=False):
+            outcome = next((o for o in ("reproduced", "not reproduced") if row.verdict == label(claim, o)), None)
+            found[outcome].append(f"({claim.id}) {claim.text}, {row.condition}: {row.verdict}")
+    for claim in CLAIMS:
+        rows = table[table["claim"] == claim.id]
+        for outcome in ("reproduced", "not reproduced", None):
+            words = [label(claim, o) for o in ("reproduced", "not reproduced")]
+            chosen = rows[rows["verdict"] == label(claim, outcome)] if outcome else rows[~rows["verdict"].isin(words)]
+            if len(chosen):
+                found[outcome].append(f"({claim.id}) {claim.text}: {len(chosen)} of {len(rows)} layers")
+    return in_short_lines(found["reproduced"], found["not reproduced"], found[None])
+
+
 def sections(saved) -> list[str]:
     """The summary's lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
     config = {**saved.config, "_run": saved.run}
     results = require_rows(saved.table(RESULTS), RESULTS, saved.out)
     assumptions = require_rows(saved.table(ASSUMPTIONS), ASSUMPTIONS, saved.out)
     kv = saved.table(KV_CACHE)
-    return [*run_lines(saved.timing, config, results, assumptions, kv),
+    return [*_in_short(saved.product("correlations.csv"), saved.product("verdicts.csv")),
+            *run_lines(saved.timing, config, results, assumptions, kv),
             *deviation_lines(config, saved.table("windows.csv"), results),
             *hyperattention_lines(saved.product("correlations.csv"), saved.product("hyperattention.csv")),
             *verdict_lines(saved.product("verdicts.csv")),

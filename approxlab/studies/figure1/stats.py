@@ -27,7 +27,8 @@ import pandas as pd
 
 from ... import stats
 from ..declaration import Claim
-from ..reporting import changes
+from ...stats.calibration import IntervalFamily
+from ..reporting import calibrated
 from ..reporting import claims as engine
 from ..reporting import measured
 
@@ -45,9 +46,7 @@ __all__ = [
     "BOOTSTRAP",
     "COVERAGE",
     "OWN_COVERAGE",
-    "own_coverage",
-    "SIZING",
-    "windows_needed",
+    "calibrated_verdicts",
     "VERDICT_COLUMNS",
     "degenerate_lengths",
     "verdicts",
@@ -206,64 +205,46 @@ COVERAGE = {"median": "ratio of medians", "mean": "ratio of means"}
 on the log scale, the gaps (c), (d) -- one minus a ratio of two methods' errors -- on the linear one."""
 
 VERDICT_COLUMNS = ["claim", "aggregation", "condition", "n", "method", "statistic", "estimate", "ci_low", "ci_high",
-                   "threshold", "verdict", "interval", "windows", "coverage", "windows_for_90", "decided", "p", "p_holm",
-                   "holm_decided", "former_low", "former_high", "former_verdict"]
-"""``ci_low``, ``ci_high``: the claim's interval (``interval``); ``former_low``, ``former_high``: the percentile
-interval of the same resamples (zero width over one window) and ``former_verdict`` the verdict the former rules
-gave on it (:mod:`approxlab.studies.reporting.changes`). ``coverage``: the interval's coverage with the run's own
-windows as the population (:func:`own_coverage`; below 90%: no verdict), and ``windows_for_90`` the windows it
-would need (:func:`windows_needed`; empty where it covers, or where 12 times the run's windows do not reach 90%);
-``p``: the test the interval inverts
-(:func:`approxlab.studies.reporting.measured.p_value`), ``p_holm`` Holm's adjustment within the claim's family
-(claim x aggregation) and ``holm_decided`` whether the verdict holds with it (the verdicts are per comparison)."""
+                   "threshold", "verdict", "interval", "windows", *calibrated.CALIBRATED_COLUMNS, "decided", "p",
+                   "p_holm", "holm_decided", "former_verdict"]
+"""``ci_low``, ``ci_high``: the claim's interval (``interval``) calibrated on the run's own windows
+(:func:`calibrated_verdicts`; ``nominal_low``, ``nominal_high`` the declared 95% interval, ``calibrated_level`` its
+calibrated nominal level, ``coverage`` the declared interval's coverage with its Monte-Carlo interval
+``coverage_low``, ``coverage_high`` over ``coverage_draws`` draws, ``calibration`` why calibration fails where it
+does); the verdict is read from the calibrated interval. ``former_verdict``: the verdict the former rule gave (the
+declared interval, no verdict where the coverage of the first 200 draws was below 90%). ``p``: the calibrated test
+(:meth:`approxlab.studies.reporting.calibrated.Calibrated.p_value`), ``p_holm`` Holm's adjustment within the claim's
+family (claim x aggregation) and ``holm_decided`` whether the verdict holds with it (the verdicts are per
+comparison)."""
 
 OWN_COVERAGE = {"trials": 200, "resamples": 500, "seed": 1}
-SIZING = {"trials": 100, "resamples": 200}
-""":data:`SIZING`: the windows an instance below 90% would need (``windows_for_90``) are found by :func:`own_coverage`
-at 2, 3, 4, 6, 8 and 12 times the run's windows (:func:`approxlab.studies.reporting.measured.needed_size`) with 100
-draws of 200 resamples each (the coverage to about +-3-6%: a size, not a verdict, rests on it).
-
-:func:`own_coverage`: 200 draws of the run's windows (the coverage to about +-2-4%), each with 500 bootstrap
-resamples (the interval's standard error is stable at 500; the claims themselves use 2,000)."""
+""":func:`calibrated_verdicts`: each draw of the run's windows (the same draw at every n) gets the claim's interval
+from 500 bootstrap resamples (seed 2 + the draw's number, as the former coverage estimate drew them); the first
+200 draws (seed 1) are that former estimate."""
 
 
-def own_coverage(statistic, windows: dict, claims_by_key, *, level: float, trials: int = OWN_COVERAGE["trials"],
-                 resamples: int = OWN_COVERAGE["resamples"], seed: int = OWN_COVERAGE["seed"], size: int | None = None,
-                 keys=None) -> dict:
-    """Per key of ``statistic`` (or of ``keys``): how often its claim's interval holds the statistic on all the run's
-    windows, over ``trials`` draws of as many windows (or ``size``; the same draw at every n, as the claims pair
-    them), each with its own bootstrap (:func:`approxlab.studies.reporting.measured.measured_coverage`, vectorised
-    over the keys: each claim's own statistic -- a gap with a minimum over baselines, a difference of gaps -- is
-    what is recomputed)."""
+def calibrated_verdicts(statistic, windows: dict, claims_by_key, *, level: float) -> dict:
+    """Per key of ``statistic``: its claim's interval calibrated on the run's own windows
+    (:func:`approxlab.studies.reporting.calibrated.calibrate`, paired: the same draw at every n; each claim's own
+    statistic -- a gap with a minimum over baselines, a difference of gaps -- is what is recomputed)."""
     statistic = engine._per_multiset(statistic)  # every draw is a multiset of the run's windows: computed once each
-    truth = statistic(windows)
-    count = min(len(w) for w in windows.values())
-    rng = np.random.default_rng(seed)
-    held = {key: 0 for key in truth if keys is None or key in keys}
-    for trial in range(trials):
-        picks = rng.integers(0, count, size=count if size is None else int(size))
-        sample = {n: [w[i] for i in picks] for n, w in windows.items()}
-        found = engine.resample(statistic, sample, resamples=resamples, seed=seed + 1 + trial)
-        for key in held:
-            interval = engine.interval(claims_by_key(key), found[key], level=level)
-            held[key] += bool(interval.low <= truth[key] <= interval.high)
-    return {key: value / trials for key, value in held.items()}
+
+    def compute(sample, trial):
+        found = engine.resample(statistic, sample, resamples=BOOTSTRAP["resamples"] if trial < 0 else
+                                OWN_COVERAGE["resamples"], seed=BOOTSTRAP["seed"] if trial < 0 else
+                                OWN_COVERAGE["seed"] + 1 + trial)
+        return {key: _family(claims_by_key(key), resampled) for key, resampled in found.items()}
+
+    return calibrated.calibrate(compute, windows, paired=True, former_draws=OWN_COVERAGE["trials"],
+                                seed=OWN_COVERAGE["seed"], level=level)
 
 
-def windows_needed(statistic, windows: dict, claims_by_key, covered: dict, *, level: float) -> dict:
-    """Per key whose ``covered`` (:func:`own_coverage`) is below 90%: the fewest windows whose interval reaches it
-    (:func:`approxlab.studies.reporting.measured.needed_size` over :func:`own_coverage` at :data:`SIZING`); None
-    where even 12 times the run's windows do not."""
-    pending = {key for key, value in covered.items() if value < measured.GATE}
-    if not pending:
-        return {}
-
-    def coverage_at(size):
-        found = own_coverage(statistic, windows, claims_by_key, level=level, size=size, keys=set(pending), **SIZING)
-        pending.difference_update(key for key, value in found.items() if value >= measured.GATE)
-        return found
-
-    return measured.needed_size(coverage_at, min(len(w) for w in windows.values()))
+def _family(claim, resampled) -> IntervalFamily:
+    """The claim's interval family on one bootstrap distribution (the bootstrap standard error x Student t on the
+    claim's scale, or the percentile interval)."""
+    if claim.interval == "bootstrap-se":
+        return IntervalFamily.standard_error(resampled, log=claim.scale == "log")
+    return IntervalFamily.percentile(resampled)
 
 
 def _claim_statistics(config, med, windows, methods) -> dict:
@@ -334,29 +315,31 @@ def verdicts(config: dict, results: pd.DataFrame) -> pd.DataFrame:
                                         column="error", how=how)
         def statistic(units, aggregate=aggregate):
             return _claim_statistics(config, aggregate, units, methods)
-        found = engine.resample(statistic, windows, resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"])
-        covered = own_coverage(statistic, windows, lambda key: declared[key[0]], level=BOOTSTRAP["level"]) \
-            if min(len(w) for w in windows.values()) > 1 else {}
-        needed = windows_needed(statistic, windows, lambda key: declared[key[0]], covered, level=BOOTSTRAP["level"])
-        for (claim, condition, n, method), resampled in found.items():
+        found = calibrated_verdicts(statistic, windows, lambda key: declared[key[0]], level=BOOTSTRAP["level"]) \
+            if min(len(w) for w in windows.values()) > 1 else None
+        nominal = engine.resample(statistic, windows, resamples=BOOTSTRAP["resamples"], seed=BOOTSTRAP["seed"]) \
+            if found is None else {}
+        for key in (found if found is not None else nominal):
+            claim, condition, n, method = key
             declared_claim = declared[claim]
-            interval = engine.interval(declared_claim, resampled, level=BOOTSTRAP["level"])
-            former = changes.former_interval(resampled, level=BOOTSTRAP["level"])
-            coverage = covered.get((claim, condition, n, method))
-            verdict = engine.judge(declared_claim, interval.low, interval.high, units=resampled.units)
+            if found is not None:
+                calibration = found[key]
+                estimate, low, high, units = calibration.estimate, calibration.low, calibration.high, len(windows[n])
+            else:  # one window: nothing to resample, nothing to calibrate
+                calibration, interval = None, engine.interval(declared_claim, nominal[key], level=BOOTSTRAP["level"])
+                estimate, low, high, units = interval.estimate, interval.low, interval.high, nominal[key].units
+            verdict = engine.judge(declared_claim, low, high, units=units, calibrated=calibration)
             rows.append({"claim": claim, "aggregation": how, "condition": condition, "n": n, "method": method,
                          "statistic": declared_claim.statistic.format(sky=PAPER_METHODS[0], agg=how),
-                         "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
-                         "threshold": declared_claim.threshold,
-                         "verdict": verdict if coverage is None or coverage >= measured.GATE else
-                         f"no verdict: coverage {coverage:.1%} < {measured.GATE:.0%}",
+                         "estimate": estimate, "ci_low": low, "ci_high": high,
+                         "threshold": declared_claim.threshold, "verdict": verdict,
                          "interval": declared_claim.interval + (" (log)" if declared_claim.scale == "log" else ""),
-                         "windows": resampled.units, "coverage": coverage,
-                         "windows_for_90": needed.get((claim, condition, n, method)),
-                         "p": measured.p_value(declared_claim, resampled=resampled), "decided": verdict in (
-                             engine.label(declared_claim, "reproduced"), engine.label(declared_claim, "not reproduced")),
-                         "former_low": former[0], "former_high": former[1],
-                         "former_verdict": changes.former_judge(declared_claim, *former)})
+                         "windows": units, **calibrated.calibrated_columns(calibration),
+                         "p": calibration.p_value(declared_claim.threshold) if calibration else float("nan"),
+                         "decided": verdict in (engine.label(declared_claim, "reproduced"),
+                                                engine.label(declared_claim, "not reproduced")),
+                         "former_verdict": calibrated.former_verdict(declared_claim, calibration, units=units)
+                         if calibration else verdict})
     table = pd.DataFrame(rows, columns=[c for c in VERDICT_COLUMNS if c not in ("p_holm", "holm_decided")])
     table = measured.holm_column(table, family=["claim", "aggregation"], level=BOOTSTRAP["level"])[VERDICT_COLUMNS]
     table.attrs["windows"] = min(len(w) for w in windows.values())

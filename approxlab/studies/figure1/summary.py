@@ -14,13 +14,15 @@ import pandas as pd
 
 from ..reporting.changes import changes_lines
 from ..reporting.claims import coverage_lines, tally
+from ..reporting.calibrated import calibration_lines, coverage_cell, in_short_lines, interval_cell, level_cell
+from ..reporting.claims import label as engine_label
 from ..reporting.measured import family_lines
 from ..reporting.markdown import markdown_table
 from ..reporting.summary import render
 from .discussion import aggregation_text, deviations_text, paper_text, win_rate_text
 from .figures import figure_groups
 from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, COVERAGE, NEAR_ZERO_ROW, OWN_COVERAGE, PAPER_METHODS,
-                    PRECISION_TOLERANCE, SIZING, degenerate_lengths, precision_table, verdicts)
+                    PRECISION_TOLERANCE, degenerate_lengths, precision_table, verdicts)
 
 __all__ = ["TITLE", "RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "PAPER_COMPARISON",
            "summary_lines", "summarize", "sections"]
@@ -140,53 +142,71 @@ def _verdict_text(table: pd.DataFrame) -> list[str]:
         for how in aggregations:
             rows = table[(table["claim"] == claim.id) & ((table["aggregation"] == how) if how else True)]
             gated = int(rows["verdict"].astype(str).str.startswith("no verdict").sum())
+            kept = int(rows["holm_decided"].astype(bool).sum()) if "holm_decided" in rows else 0
             counts.append((f"{how}: " if how else "") + tally(claim, rows["verdict"]) + f", {gated} no verdict "
-                          "(coverage below 90%)")
+                          f"(calibration fails); {kept} of {int(rows['decided'].sum())} decided hold with Holm")
         described = claim.text.format(sky=sky, method="each baseline", baselines=", ".join(PAPER_METHODS[1:]))
         lines.append(f"- ({claim.id}) {described}: statistic {claim.statistic.format(sky=sky, agg='median (or mean)')}, "
                      f"claim holds {claim.side} {claim.threshold:g}: {'; '.join(counts)}.")
-    shown = table.drop(columns=["statistic", "interval", "windows", "former_low", "former_high", "former_verdict",
-                                "decided"], errors="ignore")
-    return lines + ["", *markdown_table(shown),
+    shown = table.assign(coverage=[coverage_cell(r) for _, r in table.iterrows()],
+                         calibrated_level=[level_cell(r) for _, r in table.iterrows()],
+                         nominal=[interval_cell(lo, hi) for lo, hi in zip(table["nominal_low"], table["nominal_high"])])
+    shown = shown.drop(columns=["statistic", "interval", "windows", "former_verdict", "decided", "nominal_low",
+                                "nominal_high", "coverage_low", "coverage_high", "calibration"], errors="ignore")
+    shown = shown.rename(columns={"coverage": "coverage [MC 95%]", "calibrated_level": "calibrated level",
+                                  "nominal": "95% interval", "coverage_draws": "draws"})
+    return lines + ["", *markdown_table(shown, default=str),
                     *changes_lines(table, ["claim", "aggregation", "condition", "n", "method"],
-                                   shown=["estimate", "former_low", "former_high", "ci_low", "ci_high"],
-                                   rules="percentile intervals over the windows, and a one-window interval of zero "
-                                         "width judged like any other")]
+                                   shown=["estimate", "nominal_low", "nominal_high", "ci_low", "ci_high"],
+                                   rules="the declared 95% interval judged, and no verdict where its coverage on the "
+                                         "run's own windows, estimated from the first 200 draws, was below 90%")]
+
+
+def _in_short(table: pd.DataFrame) -> list[str]:
+    """The "In short" section: per claim, under the declared aggregation (the median), how many instances reproduce,
+    how many do not and how many this run cannot tell, with how many decided ones keep Holm's adjustment."""
+    found = {"reproduced": [], "not reproduced": [], None: []}
+    primary = table[table["aggregation"] == "median"] if "aggregation" in table else table
+    sky = PAPER_METHODS[0]
+    for claim in CLAIMS:
+        rows = primary[primary["claim"] == claim.id]
+        if not len(rows):
+            continue
+        text = claim.text.format(sky=sky, method="a baseline", baselines=", ".join(PAPER_METHODS[1:]))
+        for outcome in ("reproduced", "not reproduced", None):
+            words = [engine_label(claim, outcome)] if outcome else None
+            chosen = rows[rows["verdict"].isin(words)] if words else rows[~rows["verdict"].isin(
+                [engine_label(claim, "reproduced"), engine_label(claim, "not reproduced")])]
+            if len(chosen):
+                holm = f", {int(chosen['holm_decided'].sum())} with Holm" if outcome else ""
+                found[outcome].append(f"({claim.id}) {text}: {len(chosen)} of {len(rows)} instances{holm}")
+    return in_short_lines(found["reproduced"], found["not reproduced"], found[None], notes=[
+        "Counts are claim instances (condition x n x method) under the median over heads x windows x seeds, each "
+        "judged by its calibrated 95% interval; \"with Holm\": the decided ones that keep Holm's adjustment within "
+        "the claim's family."])
 
 
 def _own_coverage_text(table: pd.DataFrame) -> list[str]:
-    """The coverage measured on the run's own windows per claim and aggregation, and the multiplicity statement."""
+    """The calibration on the run's own windows per claim and aggregation, and the multiplicity statement."""
     if table.empty or "coverage" not in table or table["coverage"].isna().all():
         return []
     rows = [{"claim": claim.id, "aggregation": how, "claim instances": len(group),
-             "coverage on own windows (lowest / median)": f"{group['coverage'].min():.1%} / "
-                                                          f"{group['coverage'].median():.1%}",
-             "below 90%": int((group["coverage"] < 0.9).sum()), "windows for 90% (each below it)": _needed(group)}
+             "coverage of the 95% interval (lowest / median)": f"{group['coverage'].min():.1%} / "
+                                                                f"{group['coverage'].median():.1%}",
+             "widest MC interval (points)": f"+-{100 * (group['coverage_high'] - group['coverage_low']).max() / 2:.1f}",
+             "calibrated level (median / highest)": f"{group['calibrated_level'].median():.1%} / "
+                                                    f"{group['calibrated_level'].max():.1%}",
+             "calibration fails": int((group["calibration"].astype(str) != "").sum())}
             for claim in CLAIMS for how in ("median", "mean")
             for group in [table[(table["claim"] == claim.id) & (table["aggregation"] == how)]] if len(group)]
     family = table.assign(family=table["claim"] + " / " + table["aggregation"])
-    return ["**Coverage on the run's own windows.** Each claim's own statistic (a ratio; a gap with a minimum over "
-            "baselines; a difference of gaps) recomputed with its interval on draws of the run's windows, the same "
-            f"draw at every n, {OWN_COVERAGE['trials']} draws of {OWN_COVERAGE['resamples']} bootstrap resamples "
-            "each: how often the interval holds the statistic on all the windows (`coverage` column). An instance "
-            "below 90% gets no verdict. The simulated coverage above takes (c) and (d) as a ratio of medians, "
-            "which they are not; this measurement is the one the verdicts use. For an instance below 90%, the windows it "
-            "would need: the same measurement at 2, 3, 4, 6, 8 and 12 times the run's windows (drawn from the run's, "
-            f"{SIZING['trials']} draws of {SIZING['resamples']} resamples each), the first that reaches 90% (column "
-            "`windows_for_90`; an approximation: the run's windows stand for the population at every size).", "",
+    return [*calibration_lines("claim instances"),
+            "Here each claim's own statistic (a ratio; a gap with a minimum over baselines; a difference of gaps) is "
+            "recomputed with its interval on each draw of the run's windows, the same draw at every n, "
+            f"{OWN_COVERAGE['resamples']} bootstrap resamples per draw. The simulated coverage above takes (c) and (d) "
+            "as a ratio of medians, which they are not; this measurement is the one the verdicts use.", "",
             *markdown_table(pd.DataFrame(rows), default=str), "",
             *family_lines(family, family="family", what="claim instances", level=BOOTSTRAP["level"])]
-
-
-def _needed(group: pd.DataFrame) -> str:
-    """``"8 (3), 12 (1), more than 48 (1)"``: how many of the instances below 90% need each count of windows."""
-    below = group[group["coverage"] < 0.9]
-    if below.empty or "windows_for_90" not in below:
-        return ""
-    windows = int(below["windows"].max())
-    found = [int(v) if pd.notna(v) else None for v in below["windows_for_90"]]
-    parts = [f"{v} ({found.count(v)})" for v in sorted({v for v in found if v is not None})]
-    return ", ".join(parts + ([f"more than {12 * windows} ({found.count(None)})"] if None in found else []))
 
 
 def _coverage_text(windows: int) -> list[str]:
@@ -239,7 +259,7 @@ def summary_lines(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, w
     windows = pd.DataFrame() if windows is None else windows
     conditioning = pd.DataFrame() if conditioning is None else conditioning
     verdict_table = verdicts(config, results) if verdict_table is None else verdict_table
-    return [*_conditions_text(config, results, windows), *deviations_text(config, results),
+    return [*_in_short(verdict_table), *_conditions_text(config, results, windows), *deviations_text(config, results),
             *aggregation_text(verdict_table, stats), *_verdict_text(verdict_table), *_degenerate_text(config),
             *win_rate_text(stats, config),
             *paper_text(stats, config), *_panel_text(stats, conditioning), *_precision_text(precision_table(stats))]

@@ -21,7 +21,8 @@ import pandas as pd
 
 from ...tasks import image, retrieval, text
 from ..declaration import Claim
-from ..reporting import changes, claims, measured
+from ...stats.calibration import IntervalFamily
+from ..reporting import calibrated, claims, measured
 
 __all__ = ["PAPER_TABLE3", "PAPER_COLUMN", "PROXIES", "POWER_GOAL", "BELOW_ONE", "AT_PAPER", "ratios",
            "ratio_interval", "verdict", "power_analysis", "table3_value", "proxy", "decision", "intervals"]
@@ -242,38 +243,46 @@ def intervals(per_seed: pd.DataFrame) -> pd.DataFrame:
         sd, power, needed = power_analysis(values, paper)
         geo_sd, geo_power, geo_needed = power_analysis(values, paper, log=True)
         geo_low, geo_high = float(np.exp(log_low)), float(np.exp(log_high))
-        coverage = _measured(values)
+        found = _calibrated(values)
+        arithmetic, geometric = found["arithmetic"], found["geometric"]
+        if arithmetic is not None:  # the verdicts read the calibrated intervals
+            low, high, geo_low, geo_high = arithmetic.low, arithmetic.high, geometric.low, geometric.high
         rows.append({**entry, "mean": mean, "low": low, "high": high, "geo_mean": float(np.exp(log_mean)),
                      "geo_low": geo_low, "geo_high": geo_high, "sd": sd, "paper": paper, "power": power,
                      "seeds_for_80": needed, "geo_sd": geo_sd, "geo_power": geo_power, "geo_seeds_for_80": geo_needed,
                      **_seed_draw(values, paper),
                      "verdict": claims.judge(BELOW_ONE, low, high, power=power, units=len(ok), paper=paper,
-                                             measured=coverage["arithmetic"]),
+                                             calibrated=arithmetic),
                      "geo_verdict": claims.judge(BELOW_ONE, geo_low, geo_high, power=geo_power, units=len(ok),
-                                                 paper=paper, measured=coverage["geometric"]),
-                     "coverage": _rate(coverage["arithmetic"]), "geo_coverage": _rate(coverage["geometric"]),
-                     "former_verdict": changes.former_judge(BELOW_ONE, low, high, power=power, units=len(ok)),
-                     "former_geo_verdict": changes.former_judge(BELOW_ONE, geo_low, geo_high, power=power,
-                                                                units=len(ok))})
+                                                 paper=paper, calibrated=geometric),
+                     **calibrated.calibrated_columns(arithmetic, threshold=BELOW_ONE.threshold),
+                     **{"geo_" + k: v for k, v in
+                        calibrated.calibrated_columns(geometric, threshold=BELOW_ONE.threshold).items()},
+                     "former_verdict": _former(arithmetic, power, len(ok), paper, low, high),
+                     "former_geo_verdict": _former(geometric, geo_power, len(ok), paper, geo_low, geo_high)})
         rows[-1].update(_against_paper(rows[-1], units=len(ok)))
         rows[-1]["reading"] = _reading(rows[-1])
     return pd.DataFrame.from_records(rows)
 
 
-def _geometric(values) -> tuple[float, float, float]:
-    return tuple(float(np.exp(x)) for x in ratio_interval(np.log(np.asarray(values, dtype=float))))
-
-
-def _measured(values) -> dict:
-    """Each mean's t interval's coverage measured on the run's own seeds (None for fewer than 2 seeds)."""
+def _calibrated(values) -> dict:
+    """Each mean's t interval calibrated on the run's own seeds (:func:`approxlab.studies.reporting.calibrated.
+    calibrate`; None for fewer than 2 seeds); the first 400 draws are the former coverage estimate (its gate)."""
     if len(values) < 2:
         return {"arithmetic": None, "geometric": None}
-    return {"arithmetic": measured.measured_coverage(ratio_interval, list(values)),
-            "geometric": measured.measured_coverage(_geometric, list(values))}
+    former = measured.MEASURED["trials"]
+    return {"arithmetic": calibrated.calibrate(lambda sample, _: IntervalFamily.student(sample), list(values),
+                                               former_draws=former),
+            "geometric": calibrated.calibrate(lambda sample, _: IntervalFamily.student(sample, log=True), list(values),
+                                              former_draws=former)}
 
 
-def _rate(found):
-    return None if found is None else found.coverage
+def _former(found, power, units, paper, low, high) -> str:
+    """The verdict the former rule gave: the declared t interval, withheld where its coverage on the seeds (the first
+    400 draws) was below 90%."""
+    if found is None:
+        return claims.judge(BELOW_ONE, low, high, power=power, units=units, paper=paper)
+    return calibrated.former_verdict(BELOW_ONE, found, power=power, units=units, paper=paper)
 
 
 def _seed_draw(values, paper) -> dict:

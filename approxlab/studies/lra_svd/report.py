@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from ..declaration import Claim
-from ..reporting import changes, claims, measured
+from ...stats.calibration import IntervalFamily
+from ..reporting import calibrated, changes, claims, measured
 from ..reporting.markdown import markdown_table
 from ... import stats
 from .grid import (DECAY_INDICES, DECLARED_SEEDS, MEASURE_DTYPE, MIN_SEEDS, RESULTS, SECONDS_PER_SEED, SMALLEST_EFFECT,
@@ -77,14 +78,19 @@ def ordering(results: pd.DataFrame, *, level: float = 0.95, min_seeds: int = MIN
     across = {effect: claims.power(effect, sd, None, alpha=1 - level, goal=0.8)[1]
               for effect in (low, difference / 2, difference, high)}
     former = changes.former_judge(dataclasses.replace(claim, power_goal=None), low, high, units=seeds)
-    coverage = _welch_coverage(slopes)
-    declared = claims.judge(dataclasses.replace(claim, paper_value=None), low, high, power=power, units=seeds,
-                            measured=coverage)
+    found = _welch_calibrated(slopes)
+    headline = dataclasses.replace(claim, paper_value=None)
+    gated = calibrated.former_verdict(headline, found, power=power, units=seeds)
+    low, high = found.low, found.high  # the verdicts read the calibrated interval
+    declared = claims.judge(headline, low, high, power=power, units=seeds, calibrated=found)
     return {**entry, "difference": difference, "low": low, "high": high, "sd": sd, "verdict": declared,
-            "exploratory_verdict": claims.judge(claim, low, high, power=power, units=seeds, paper=smallest_effect),
+            **calibrated.calibrated_columns(found, threshold=headline.threshold), "gated_verdict": gated,
+            "calibrated": found,
+            "exploratory_verdict": claims.judge(claim, low, high, power=power, units=seeds, paper=smallest_effect,
+                                                calibrated=found),
             "permutation_p": stats.permutation_test(slopes["pathfinder"], slopes["listops"]),
             "permutation_p_less": stats.permutation_test(slopes["pathfinder"], slopes["listops"], alternative="less"),
-            "coverage": coverage, "power": power,
+            "power": power,
             "seeds_for_80": needed,
             "seeds_across": across, "former_verdict": former}
 
@@ -177,7 +183,8 @@ def summary_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, tr
                                  "test-batch acc.", "decay slope (mean ± std over the batch)", "values"])
     verdict = ordering(results, min_seeds=config["min_seeds"],
                        smallest_effect=config.get("smallest_effect", SMALLEST_EFFECT))
-    return [*_setting_lines(config), *markdown_table(rows, default=str, empty=None), "", _seeds_run_line(config, results),
+    return [*_in_short(verdict), *_setting_lines(config), *markdown_table(rows, default=str, empty=None), "",
+            _seeds_run_line(config, results),
             "", "## Against Appendix B (\"Pathfinder decays slower than ListOps\")", "", _ordering_text(verdict),
             "", *_coverage_lines(verdict), *_changes_lines(verdict),
             "", *_resolution_lines(spectra, config["model"]["embedding_dim"], measure_dtype(config)),
@@ -185,6 +192,18 @@ def summary_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, tr
             "accuracy on a GPU), so only the pre-declared slope comparison is made.", "",
             f"Compute: {results['seconds'].sum():.0f} s of cell time; {len(training)} evaluations. "
             f"Command: `{command}`."]
+
+
+def _in_short(verdict: dict) -> list[str]:
+    """The "In short" section: Appendix B's ordering, reproduced, contradicted or not told, in plain words."""
+    word, text = verdict["verdict"], f"Pathfinder's attention spectrum decays more slowly than ListOps' ({verdict['verdict']}"
+    text += (f"; slope difference {verdict['difference']:+.4f} per index, calibrated interval "
+             f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}], {verdict['seeds_pathfinder']} and "
+             f"{verdict['seeds_listops']} seeds)" if math.isfinite(verdict["difference"]) else ")")
+    return calibrated.in_short_lines([text] if word == claims.label(SLOWER, "reproduced") else [],
+                                     [text] if word == claims.label(SLOWER, "not reproduced") else [],
+                                     [text] if word not in (claims.label(SLOWER, "reproduced"),
+                                                            claims.label(SLOWER, "not reproduced")) else [])
 
 
 def _seeds_run_line(config: dict, results: pd.DataFrame) -> str:
@@ -262,8 +281,9 @@ def _ordering_text(verdict: dict) -> str:
     effect = verdict["smallest_effect"]
     rejects = verdict.get("exploratory_verdict") == claims.label(SLOWER, "rejects paper")
     exact = verdict.get("permutation_p", float("nan"))
-    return (f"{seeds}. Pathfinder's slope minus ListOps': {verdict['difference']:+.4f} per index, 95% interval "
-            f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}] (Welch t over seeds); verdict by the rule declared "
+    return (f"{seeds}. Pathfinder's slope minus ListOps': {verdict['difference']:+.4f} per index, calibrated "
+            f"95% interval [{verdict['low']:+.4f}, {verdict['high']:+.4f}] (Welch t over seeds, calibrated on the seeds: "
+            "**Calibrated intervals** below); verdict by the rule declared "
             f"before the data: **{verdict['verdict']}**"
             + (" (Appendix B's ordering)." if verdict["verdict"] == claims.label(SLOWER, "reproduced") else
                " (Appendix B has Pathfinder slower).") + power
@@ -288,17 +308,17 @@ _RULE_PROVENANCE = ("judging the interval against it (as the other studies judge
                     "does not fire: it is not the headline.")
 
 
-def _welch_coverage(slopes: dict):
-    """Welch's interval's coverage with the committed slopes as the population (each task's seeds drawn at its own
-    count; :func:`approxlab.studies.reporting.measured.measured_coverage`)."""
-    def welch(sample):
+def _welch_calibrated(slopes: dict):
+    """Welch's interval calibrated with the committed slopes as the population (each task's seeds drawn at its own
+    count; :func:`approxlab.studies.reporting.calibrated.calibrate`, its first 400 draws the former coverage
+    estimate)."""
+    def welch(sample, _):
         groups = {t: [v for g, v in sample if g == t] for t in slopes}
-        if min(len(v) for v in groups.values()) < 2:
-            return math.nan, math.nan, math.nan
-        with warnings.catch_warnings():  # a draw that repeats one seed: scipy warns of its zero spread
+        with warnings.catch_warnings():  # a draw that repeats one seed: no spread
             warnings.simplefilter("ignore", RuntimeWarning)
-            return claims.welch_interval(groups["pathfinder"], groups["listops"])
-    return measured.measured_coverage(welch, {t: [(t, v) for v in values] for t, values in slopes.items()})
+            return IntervalFamily.welch(groups["pathfinder"], groups["listops"])
+    return calibrated.calibrate(welch, {t: [(t, v) for v in values] for t, values in slopes.items()},
+                                former_draws=measured.MEASURED["trials"])
 
 
 def _coverage_lines(verdict: dict) -> list[str]:
@@ -308,10 +328,13 @@ def _coverage_lines(verdict: dict) -> list[str]:
     if min(units) < 1:
         return []
     lines = [*claims.coverage_lines([{"claims": SLOWER.id, "claim": SLOWER, "units": units}]), ""]
-    if verdict.get("coverage") is not None:
-        lines += [*measured.measured_lines([{"claim": SLOWER, "measured": verdict["coverage"],
-                                             "claims": f"{SLOWER.id} (seeds of each task drawn at their count)",
-                                             "parametric": "see above"}]), ""]
+    if verdict.get("calibrated") is not None:
+        row = pd.DataFrame([{**verdict, "claim": SLOWER.id, "ci_low": verdict["low"], "ci_high": verdict["high"],
+                             "former_verdict": verdict["gated_verdict"]}])
+        lines += [*calibrated.calibration_lines("seeds' slopes (each task's seeds drawn at their count)"), "",
+                  *calibrated.calibration_table(row, ["claim"]), "",
+                  *calibrated.holm_lines(row, ["claim"], family="claim", decided=(
+                      claims.label(SLOWER, "reproduced"), claims.label(SLOWER, "not reproduced")))]
     return lines
 
 
@@ -320,6 +343,10 @@ def _changes_lines(verdict: dict) -> list[str]:
     interval = f"[{verdict['low']:+.4f}, {verdict['high']:+.4f}]"
     rows = [{"claim": SLOWER.id, "rules": "first rules", "interval": interval, "verdict": verdict["verdict"],
              "former_verdict": verdict["former_verdict"]}]
+    if "gated_verdict" in verdict:
+        rows.append({"claim": SLOWER.id, "rules": "the declared Welch interval, no verdict below 90% coverage (the "
+                     "committed rule)", "interval": interval, "verdict": verdict["verdict"],
+                     "former_verdict": verdict["gated_verdict"]})
     if "exploratory_verdict" in verdict:
         rows.append({"claim": SLOWER.id, "rules": "headline with the smallest-effect rule", "interval": interval,
                      "verdict": verdict["verdict"], "former_verdict": verdict["exploratory_verdict"]})

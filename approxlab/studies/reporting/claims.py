@@ -26,9 +26,13 @@ the side of it on which the claim holds and how its uncertainty is measured. The
   4. otherwise **not confirmed (underpowered)** where the claim sets a power goal that the units miss
      at the effect the study sizes for (declared before the run, never the observed effect), else
      **inconclusive**;
-  5. whatever rules 2-4 say, an interval whose coverage measured on the run's own units (``measured``:
-     :func:`approxlab.studies.reporting.measured.measured_coverage`) is below 90% gives **no verdict**,
-     written ``"no verdict: coverage 75.8% < 90%"`` (:func:`approxlab.studies.reporting.measured.gate`).
+  5. the interval judged is the **calibrated** one (``calibrated``:
+     :func:`approxlab.studies.reporting.calibrated.calibrate`, the double bootstrap on the run's own units), and
+     where calibration fails the verdict is **no verdict**, with its reason (``"no verdict: the interval has
+     zero width ..."``); a coverage estimate is never a gate. The former rule (an interval whose coverage on the
+     run's units was below 90% got no verdict, :func:`approxlab.studies.reporting.measured.gate`) is kept as the
+     former verdict (:func:`approxlab.studies.reporting.calibrated.former_verdict`) in each summary's "Changes of
+     verdict".
 
 Each claim declares the level at which its units vary (``Claim.varies``), the clusters its statistic is
 computed within (``Claim.within``) and its family (``Claim.family``); a summary names them beside the coverage
@@ -43,7 +47,7 @@ and lists the verdicts that differ.
 Public API::
 
     LABELS, OUTCOMES, INTERVALS
-    judge(claim, low, high, *, power=nan, units=None, paper=None, measured=None) -> str
+    judge(claim, low, high, *, power=nan, units=None, paper=None, measured=None, calibrated=None) -> str
     label(claim, outcome) -> str
     threshold_outcome(claim, low, high) -> str          # rule 2 alone, an outcome of OUTCOMES
     resample(statistic, units, *, resamples, seed, memoize=False) -> {key: approxlab.stats.Resamples}
@@ -103,7 +107,7 @@ def label(claim, outcome: str) -> str:
 
 
 def judge(claim, low: float, high: float, *, power: float = math.nan, units: int | None = None,
-          paper: float | None = None, measured=None) -> str:
+          paper: float | None = None, measured=None, calibrated=None) -> str:
     """The verdict on ``claim`` from its interval ``[low, high]``, in the claim's words (the rules 1-5 of the
     module docstring).
 
@@ -120,7 +124,11 @@ def judge(claim, low: float, high: float, *, power: float = math.nan, units: int
     paper : float, optional
         The paper's own value of the statistic (default: ``claim.paper_value``).
     measured : approxlab.studies.reporting.measured.Measured, optional
-        The interval's coverage on the run's own units: below 90%, no verdict (rule 5).
+        The interval's coverage on the run's own units: below 90%, no verdict (the former rule 5, kept for the
+        studies that still gate: :mod:`approxlab.studies.perplexity`).
+    calibrated : approxlab.studies.reporting.calibrated.Calibrated, optional
+        The calibration of the interval passed as ``low, high`` (its calibrated bounds): where it fails, "no
+        verdict" and its reason (rule 5).
 
     Examples
     --------
@@ -142,6 +150,8 @@ def judge(claim, low: float, high: float, *, power: float = math.nan, units: int
     """
     if units is not None and units < max(2, claim.min_units or 2):
         return label(claim, "too few units")
+    if calibrated is not None and calibrated.reason is not None:
+        return f"no verdict: {calibrated.reason}"
     if measured is not None:
         return gate(claim, judge(claim, low, high, power=power, units=units, paper=paper), measured)
     outcome = threshold_outcome(claim, low, high)

@@ -298,4 +298,4 @@ def family_lines(table: pd.DataFrame, *, family: str, what: str, level: float = 
     return [f"**Multiplicity.** The verdicts are per comparison ({1 - level:.0%} each): {len(table)} {what} in "
             f"{len(families)} famil{'y' if len(families) == 1 else 'ies'} ({', '.join(families)}). With Holm's "
             f"adjustment within each family (column `p_holm`), {kept} of the {len(decided)} verdicts decided by their "
-            "interval hold (before any coverage gate)."]
+            "interval hold."]

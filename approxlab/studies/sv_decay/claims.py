@@ -8,9 +8,9 @@ and its median over heads x windows. The units vary at the level of the **window
 layer x n): heads share a window's text, cases differ systematically (hidden states against embeddings), so the
 interval is a percentile bootstrap that resamples windows within each case (stratified), the median pooled over
 the cases. Test: the interval against 0 -- below 0 the kernelized matrix is better conditioned, above 0 worse.
-Its coverage is measured on the run's own windows (:func:`approxlab.studies.reporting.measured.measured_coverage`,
-each case's windows drawn at their count): below 90%, no verdict, and the windows it would need are sized by the
-same resampling at more windows (:func:`approxlab.studies.reporting.measured.units_needed`).
+The interval is calibrated on the run's own windows (:func:`approxlab.studies.reporting.calibrated.calibrate`, each
+case's windows drawn at their count) and the verdict read from the calibrated interval; the former rule (no verdict
+where the coverage of the first 200 draws was below 90%) is kept as the former verdict.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import pandas as pd
 from ... import stats
 from ..declaration import Claim
 from ..reporting import claims as engine
-from ..reporting import measured
+from ...stats.calibration import IntervalFamily
+from ..reporting import calibrated
 
 __all__ = ["CONDITIONING", "OWN_COVERAGE", "log_ratios", "conditioning"]
 
@@ -57,52 +58,50 @@ def _median(units) -> float:
     return float(np.median(values)) if values.size else math.nan
 
 
-def _interval(units, *, resamples: int = 2000, seed: int = 0, level: float = 0.95):
-    """``units``: (case, values) pairs; the median pooled, windows resampled within each case."""
+OWN_COVERAGE = {"trials": 200, "seed": 1}
+"""The calibration on the run's own windows (:func:`approxlab.studies.reporting.calibrated.calibrate`): each draw of
+the windows of every case at its count gets an interval of 300 resamples (the interval on all the windows: 2,000);
+the first 200 draws (seed 1) are the former coverage estimate."""
+
+
+def _family(units, trial):
+    """The percentile interval family of the pooled median, windows resampled within each case (300 resamples for a
+    draw, 2,000 for all the windows, ``trial == -1``)."""
     cases = {}
     for case, values in units:
         cases.setdefault(case, []).append((case, values))
-    found = stats.bootstrap(lambda u: {"m": _median([unit for members in u.values() for unit in members])},
-                            cases, resamples=resamples, seed=seed, level=level, paired=False)["m"]
-    return found.estimate, found.low, found.high
-
-
-OWN_COVERAGE = {"trials": 200, "seed": 1}
-"""The coverage on the run's own windows (:func:`approxlab.studies.reporting.measured.measured_coverage`): 200 draws
-of the windows of every case at its count, each interval of 300 resamples; the same at 2, 3, 4, 6, 8 and 12 times
-the windows for the windows 90% needs (:func:`approxlab.studies.reporting.measured.units_needed`)."""
-
-
-def _inner(sample):
-    return _interval(sample, resamples=300)
+    found = stats.resample(lambda u: {"m": _median([unit for members in u.values() for unit in members])},
+                           cases, resamples=2000 if trial < 0 else 300, seed=0, paired=False)["m"]
+    return IntervalFamily.percentile(found)
 
 
 def conditioning(results: pd.DataFrame, *, by=None) -> pd.DataFrame:
     """The claim :data:`CONDITIONING` over the whole run (``by`` None) or per value of the column ``by`` (``"n"``):
-    estimate, interval, windows (the units), heads, the coverage measured on the run's own windows, the windows
-    its interval would need for 90% (``windows_for_90``, where it falls short; None where even 12 times the run's
-    do not reach it) and the verdict."""
+    estimate, calibrated interval (``ci_low``, ``ci_high``), windows (the units), heads, the calibration
+    (:data:`approxlab.studies.reporting.calibrated.CALIBRATED_COLUMNS`), the verdict read from the calibrated
+    interval, and the verdict the former 90% coverage gate gave (``gated_verdict``)."""
     table = log_ratios(results)
     rows = []
     for key, part in ([(None, table)] if by is None else list(table.groupby(by, sort=True))):
         units = [(tuple(case), group["log_ratio"].to_numpy(dtype=float))
                  for *case, group in ((*c, g) for c, g in part.groupby([*_CASE, "window"], sort=True))]
         units = [((case[:3]), values) for case, values in units]
-        estimate, low, high = _interval(units)
+        whole = _family(units, -1)
+        estimate, (low, high) = whole.estimate, whole.interval(0.95)
         smallest = min((sum(1 for c, _ in units if c == case) for case in {c for c, _ in units}), default=0)
-        found, needed = None, None
+        found = None
         if smallest > 1:
             groups = {}
             for case, values in units:
                 groups.setdefault(case, []).append((case, values))
-            found = measured.measured_coverage(_inner, groups, **OWN_COVERAGE)
-            if found.coverage < measured.GATE:
-                needed = measured.units_needed(_inner, groups, **OWN_COVERAGE)
-        verdict = engine.judge(CONDITIONING, low, high, units=smallest, measured=found)
+            found = calibrated.calibrate(_family, groups, former_draws=OWN_COVERAGE["trials"], seed=OWN_COVERAGE["seed"])
+            low, high = found.low, found.high
+        verdict = engine.judge(CONDITIONING, low, high, units=smallest, calibrated=found)
+        gated = verdict if found is None else calibrated.former_verdict(CONDITIONING, found, units=smallest)
         rows.append({"subset": "all cases" if by is None else f"{by} = {key}", "estimate": estimate, "ci_low": low,
                      "ci_high": high, "windows": len(units), "cases": len({c for c, _ in units}),
                      "heads": int(sum(v.size for _, v in units)),
-                     "coverage": None if found is None else found.coverage, "windows_for_90": needed,
-                     "verdict": verdict,
+                     **calibrated.calibrated_columns(found, threshold=CONDITIONING.threshold),
+                     "verdict": verdict, "gated_verdict": gated,
                      "former_verdict": "not better conditioned" if by is None else None})
     return pd.DataFrame(rows)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..reporting.markdown import markdown_table
-from ..reporting.measured import GATE
+from ..reporting.calibrated import calibration_lines, calibration_table, holm_lines, in_short_lines
 from ..reporting.summary import render
 from .claims import CONDITIONING, conditioning
 from .spectra import MATRICES, RESULTS
@@ -50,53 +50,54 @@ def conditioning_by_length(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _conditioning_lines(results: pd.DataFrame) -> list[str]:
-    """The conditioning claim's verdict with its number, interval, unit and test, over all cases and per n."""
-    table = pd.concat([conditioning(results), conditioning(results, by="n")], ignore_index=True)
+def _conditioning_table(results: pd.DataFrame) -> pd.DataFrame:
+    """The claim over all cases and per n (:func:`~.claims.conditioning`)."""
+    return pd.concat([conditioning(results), conditioning(results, by="n")], ignore_index=True)
+
+
+def _conditioning_lines(table: pd.DataFrame) -> list[str]:
+    """The conditioning claim's verdict with its number, calibrated interval, unit and test, over all cases and per n
+    (``table``: :func:`_conditioning_table`); the calibration behind each, and the verdicts that changed."""
     shown = table.assign(log10_ratio=[f"{e:+.2f} [{lo:+.2f}, {hi:+.2f}]" for e, lo, hi in
-                                      zip(table["estimate"], table["ci_low"], table["ci_high"])],
-                         coverage=[f"{c:.1%}" if pd.notna(c) else "no draw (1 window per case)"
-                                   for c in table["coverage"]],
-                         windows_for_90=[_needed(c, n, w) for c, n, w in
-                                         zip(table["coverage"], table["windows_for_90"], table["windows"])])
+                                      zip(table["estimate"], table["ci_low"], table["ci_high"])])
     first = table.iloc[0]
+    changed = table[table["verdict"] != table["gated_verdict"]]
     lines = [f"Statistic ({CONDITIONING.statistic}): below 0 the kernelized matrix is better conditioned. Units: "
              f"{CONDITIONING.varies}; 95% percentile bootstrap of the windows within each case (stratified), the "
-             "median pooled over the cases; test: the interval against 0; no verdict where the interval's coverage "
-             "measured on the run's own windows is below 90%.", "",
-             *markdown_table(shown[["subset", "cases", "windows", "heads", "log10_ratio", "coverage",
-                                    "windows_for_90", "verdict"]].rename(columns={"windows_for_90": "windows for 90%"}),
-                             default=str), "",
+             "median pooled over the cases, calibrated on the run's own windows; test: the calibrated interval "
+             "against 0.", "",
+             *markdown_table(shown[["subset", "cases", "windows", "heads", "log10_ratio", "verdict"]]
+                             .rename(columns={"log10_ratio": "log10 ratio [calibrated interval]"}), default=str), "",
              f"Verdict (all cases): **{first['verdict']}** -- median log10 kappa ratio {first['estimate']:+.2f} "
              f"[{first['ci_low']:+.2f}, {first['ci_high']:+.2f}] over {int(first['heads'])} heads in "
-             f"{int(first['windows'])} windows of {int(first['cases'])} cases." + _sized(first), "",
+             f"{int(first['windows'])} windows of {int(first['cases'])} cases.", "",
+             *calibration_lines("windows"), "",
+             *calibration_table(table, ["subset"], former="gated_verdict"), "",
+             *holm_lines(table.assign(family=CONDITIONING.id), ["subset"], family="family",
+                         decided=(CONDITIONING.labels["reproduced"], CONDITIONING.labels["not reproduced"])),
              "### Changes of verdict", "",
-             "The former summary said \"kernelized C is not better conditioned than D^-1 A here\" from the pooled "
-             "shares of singular heads and medians, with no interval, unit or test; it is replaced by the verdict "
-             f"above (**{first['verdict']}**)."]
-    return lines
+             "Each verdict is also computed as the former rule gave it (the declared 95% percentile interval judged, "
+             "and no verdict where its coverage on the run's own windows, estimated from 200 draws, was below 90%): "
+             f"{len(changed)} of {len(table)} verdict(s) change" + (":" if len(changed) else "."), ""]
+    if len(changed):
+        lines += [*markdown_table(changed[["subset", "gated_verdict", "verdict"]].rename(
+            columns={"gated_verdict": "former verdict", "verdict": "verdict now"}), default=str), ""]
+    return lines + ["Before that rule, the summary said \"kernelized C is not better conditioned than D^-1 A here\" "
+                    "from the pooled shares of singular heads and medians, with no interval, unit or test."]
 
 
-def _needed(coverage, needed, windows) -> str:
-    """The windows 90% coverage needs, for a row below it: a count, or more than 12 times the run's."""
-    if pd.isna(coverage) or coverage >= GATE:
-        return ""
-    return f"{int(needed)}" if pd.notna(needed) else f"more than {12 * int(windows)}"
-
-
-def _sized(row) -> str:
-    """What the windows per case would have to be for a verdict (nothing where the coverage reaches 90%)."""
-    if pd.isna(row["coverage"]) or row["coverage"] >= GATE:
-        return ""
-    per_case = int(row["windows"]) // max(1, int(row["cases"]))
-    if pd.isna(row["windows_for_90"]):
-        return (f" With {per_case} windows per case the stratified bootstrap covers less than 90%, and still does at "
-                f"12 times as many ({12 * per_case} per case), by the same resampling of the run's windows.")
-    return (f" With {per_case} windows per case the stratified bootstrap covers less than 90%; by the same resampling "
-            f"of the run's windows at larger counts it reaches 90% at {int(row['windows_for_90'])} windows "
-            f"({int(row['windows_for_90']) // max(1, int(row['cases']))} per case, `--windows` "
-            f"{int(row['windows_for_90']) // max(1, int(row['cases']))}; an approximation, the run's windows standing "
-            "for the population).")
+def _in_short(table: pd.DataFrame | None) -> list[str]:
+    """The "In short" section: Skyformer's conditioning claim, over all cases and per n, by its calibrated interval
+    (``table``: :func:`_conditioning_table`; None: no kernelized and softmax pair to compare)."""
+    if table is None:
+        return in_short_lines([], [], ["the conditioning claim: no kernelized and softmax matrices in this run"])
+    words = {CONDITIONING.labels["reproduced"]: [], CONDITIONING.labels["not reproduced"]: [], None: []}
+    for row in table.itertuples(index=False):
+        text = (f"kernelized C better conditioned than D^-1 A, {row.subset} ({row.verdict}; median log10 kappa ratio "
+                f"{row.estimate:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}])")
+        words.get(row.verdict, words[None]).append(text)
+    return in_short_lines(words[CONDITIONING.labels["reproduced"]], words[CONDITIONING.labels["not reproduced"]],
+                          words[None])
 
 
 def _survival_text(config: dict, table: pd.DataFrame) -> list[str]:
@@ -124,8 +125,10 @@ def _survival_text(config: dict, table: pd.DataFrame) -> list[str]:
 
 
 def summary_lines(config: dict, results: pd.DataFrame) -> list[str]:
-    """The lines of ``summary.md`` under its title: per-case tables and the two claims, with numbers."""
-    lines = ["Mean over heads and windows (condition number: median of the finite ones, and how many are "
+    """The lines of ``summary.md`` under its title: "In short", per-case tables and the two claims, with numbers."""
+    matrices = set(results["matrix"])
+    table = _conditioning_table(results) if {"softmax", "kernelized"} <= matrices else None
+    lines = [*_in_short(table), "Mean over heads and windows (condition number: median of the finite ones, and how many are "
              "numerically singular, i.e. sigma_min <= max(n,k) * eps64 * sigma_1). d_stat(eps) = "
              "sum_i s_i/(s_i + eps*s_1); decay = least-squares slope of ln sigma_i over the first 64 indices, "
              "leaving out those at or below max(n,k) * eps64 * sigma_1 (for a rank-d approximation the fit "
@@ -161,7 +164,7 @@ def summary_lines(config: dict, results: pd.DataFrame) -> list[str]:
             lines.append(f"- {name}: numerically singular in {100 * singular[name]:.0f}% of heads; median finite "
                          f"kappa_2 = {median[name]:.3e}")
     if {"softmax", "kernelized"} <= set(singular.index):
-        lines += ["", *_conditioning_lines(results)]
+        lines += ["", *_conditioning_lines(table)]
     lines += ["", "Spectral-shifting paper (Fig. 2): its approximation \"has no long tail, so it is not a low rank "
                   "matrix\". Numerical rank (1e-6) of the approximations at d = "
                   f"{config['num_features']} vs the exact softmax matrix, mean over all cases:", ""]
