@@ -3,7 +3,8 @@ r"""The ``causal`` part of ``approxlab bench``: the sparse and KV-cache methods 
 One cell per n (``--causal-n``; default 2048, 2896, 4096, 5792, 8192; ``--quick``: 128, 256, 512): Q, K, V of 3
 heads, head dimension 64, float32, standard normal entries (seeded per n), a budget of
 :math:`b` = ``--causal-budget`` keys per query (128; ``--quick``: 16). Torch's causal
-``scaled_dot_product_attention`` and every policy are timed in turn in that cell
+``scaled_dot_product_attention`` on its fused kernel (:func:`~.baseline.torch_sdpa`: one 4-D call, the
+three heads as ``(1, 3, n, 64)``) and every policy are timed in turn in that cell
 (:func:`~.timing.measure_interleaved`, on the bench's ``--threads``, one by default), so each ratio
 policy / causal SDPA is measured in one run. The policies come from the registry (:func:`policies`):
 
@@ -27,6 +28,7 @@ import sys
 import torch
 
 from ..engine.failures import METHOD_ERRORS, method_status
+from .baseline import torch_sdpa
 from .growth import growth_exponent
 from .timing import measure_interleaved
 
@@ -86,7 +88,7 @@ def causal_rows(cell: dict) -> list[dict]:
     budget = min(int(config["causal_budget"]), n)
     generator = torch.Generator().manual_seed(cell_seed("causal", n, base_seed=config["seed"]))
     q, k, v = (torch.randn(HEADS, n, HEAD_DIM, generator=generator).to(device) for _ in range(3))
-    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    sdpa = lambda: torch_sdpa(q, k, v, causal=True)  # noqa: E731 (on the fused kernel: one 4-D call)
     sdpa()  # the warm-up call; a policy's warm-up call is also its check
     common = {"heads": HEADS, "p": HEAD_DIM, "num_features": budget, "compute_dtype": "float32"}
     timed, failed = [], []
