@@ -53,7 +53,7 @@ def test_the_causal_part_times_causal_sdpa_on_the_fused_kernel(monkeypatch):
     monkeypatch.setattr(causal, "policies", lambda: [])  # the baseline alone
     with fused_only():
         rows = causal.causal_rows({"config": {"causal_budget": 8, "seed": 0, "repeats": 1}, "n": 64, "device": "cpu"})
-    assert [row["algorithm"] for row in rows] == [causal.SDPA] and rows[0]["wall_s"] > 0
+    assert [row["algorithm"] for row in rows] == [causal.SDPA, causal.MATH_PATH] and rows[0]["wall_s"] > 0
 
 
 def test_the_forward_and_ratios_parts_time_sdpa_on_the_fused_kernel():
@@ -101,3 +101,31 @@ def test_the_unpatched_decoder_of_the_patch_part_runs_fused():
     with fused_only(), torch.no_grad():
         hidden = model(ids[:32].reshape(1, 32)).last_hidden_state
     assert hidden.shape[:2] == (1, 32)
+
+
+def test_the_causal_summary_names_its_baseline_targets_and_the_former_baseline():
+    """Each ratio is against fused causal SDPA (4-D), printed with its target and met or not; the math path timed
+    beside it says by how much the former (3-D) baseline overstated."""
+    import pandas as pd
+
+    from approxlab.studies.bench.causal import BASELINE, MATH_PATH, SDPA, causal_lines
+
+    rows = []
+    for n, scale in ((2048, 1.0), (4096, 4.0), (8192, 16.0)):
+        common = {"part": "causal", "n": n, "num_features": 128}
+        rows += [{**common, "algorithm": SDPA, "wall_s": 0.01 * scale},
+                 {**common, "algorithm": MATH_PATH, "wall_s": 0.06 * scale, "ratio_vs_sdpa": 6.0},
+                 {**common, "algorithm": "causal/topk", "wall_s": 0.04 * scale, "ratio_vs_sdpa": 4.0},
+                 {**common, "algorithm": "causal/snapkv", "wall_s": 0.01 * scale, "ratio_vs_sdpa": 1.0},
+                 {**common, "algorithm": "causal/streaming-llm", "wall_s": 0.002 * scale, "ratio_vs_sdpa": 0.2}]
+    text = "\n".join(causal_lines(pd.DataFrame(rows)))
+    assert f"## Causal forms against {BASELINE}" in text and BASELINE == "fused causal SDPA (4-D)"
+    assert "| `causal/topk` | 4.00, 4.00, 4.00 | 4.00 (<= 3x) | — | 2.00 [2.00, 2.00] | not met: 4.00x at n = 8192" in text
+    assert "| `causal/snapkv` | 1.00, 1.00, 1.00 | 1.00 (<= 1.5x) | — | 2.00 [2.00, 2.00] | met |" in text
+    assert "| `causal/streaming-llm` | 0.20, 0.20, 0.20 | 0.20 (<= 0.5x) |" in text  # exponent 2 > 1.1: not met
+    assert "Met: 1 of 3 policies; not met: `causal/streaming-llm`, `causal/topk`." in text
+    assert "### Changes: the former baseline" in text and "0.9600 s (6.00x) at n = 8192" in text
+    assert MATH_PATH not in text.split("### Changes")[0]  # the former baseline is no policy of the table
+    partial = "\n".join(causal_lines(pd.DataFrame([row for row in rows if row["n"] < 8192]), planned=[2048, 4096, 8192]))
+    assert "**A partial run**: n = 8192 of its grid not measured yet" in partial and "Met:" not in partial
+    assert "| `causal/topk` | 4.00, 4.00 | 4.00 (<= 3x) | — | 2.00 | not judged (partial run) |" in partial
