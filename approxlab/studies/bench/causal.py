@@ -238,11 +238,13 @@ def _former_baseline_lines(rows, ns) -> list[str]:
         return []
     ratios = math_path["ratio_vs_sdpa"].median()
     seconds = math_path["wall_s"].median()
+    cpu = math_path["cpu_ratio_vs_sdpa"].median() if "cpu_ratio_vs_sdpa" in rows else {}
     return ["### Changes: the former baseline", "",
             f"The part's baseline was formerly torch's causal SDPA on 3-D `({HEADS}, n, {HEAD_DIM})` inputs, "
             "which torch sends to its unfused math path (it forms the n x n logits). Timed in turn with the "
             f"{BASELINE} in this run, that call took " + ", ".join(
-                f"{seconds[n]:.4f} s ({ratios[n]:.2f}x) at n = {n}" for n in ns if n in ratios)
+                f"{seconds[n]:.4f} s ({ratios[n]:.2f}x{f'; {cpu[n]:.2f}x in CPU time' if n in cpu else ''}) at n = {n}"
+                for n in ns if n in ratios)
             + ". The former run's baseline overstated causal SDPA's time by these factors, and its ratios "
             "understated every policy's cost by the same factors (a policy at 1x of the former baseline is at "
             f"{min(ratios):.1f}-{max(ratios):.1f}x of the fused kernel).", ""]
