@@ -49,8 +49,8 @@ def plot(results, path_without_suffix, machine: str | None = None) -> list:
     wide = _wide(results)
     fig, axes = figure(2, 3, panel_size=(3.6, 2.8))
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, wspace=0.02, hspace=0.04)  # tight margins
-    fig.suptitle(f"{TITLE}: time and memory against torch's fused SDPA\n{machine or 'machine not recorded'}",
-                 fontsize=9)
+    fig.suptitle(f"{TITLE}: time and memory against torch's fused SDPA\n"
+                 f"{machine or 'machine not recorded'} (the latest run's, as config.json records it)", fontsize=9)
     styles = {
         "dense": {"color": "#000000", "marker": "s", "label": "dense SVD (float64)"},
         "golub-kahan": {"color": "#0072B2", "marker": "^", "label": "Golub-Kahan (metrics.spectral_error)"},
