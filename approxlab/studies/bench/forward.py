@@ -2,7 +2,8 @@
 
 Each approximation (``approximate(...).output``) against exact attention through the fused
 kernel (``exact-sdpa``: ``ExactAttentionOperator(q, k).matmat(v)``, the kernel of
-``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention`` (``torch-sdpa``)
+``approxlab.exact_attention``), torch's own ``scaled_dot_product_attention`` on its fused kernel
+(``torch-sdpa``, :func:`~.baseline.torch_sdpa`)
 and the row-blocked reference (``exact-blocked``, up to ``dense_max_n``). The causal-only methods (the KV-cache
 policies ``streaming-llm``, ``h2o``, ``snapkv``) are timed in their causal form (``causal`` 1 in their rows), against
 torch's causal SDPA (``torch-sdpa-causal``, ``is_causal=True``); every other method in its bidirectional form.
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from ..engine.failures import METHOD_ERRORS, method_status
+from .baseline import torch_sdpa
 from .parts import approximation, measured_row, timed_causal, timing_options
 from .timing import measure
 from ...linalg.normal_lanczos import default_row_block
@@ -32,10 +32,9 @@ def forward_rows(config, method, q, k, v, n, common, device):
         sdpa = ExactAttentionOperator(q, k, "softmax")  # approxlab.exact_attention's kernel
         out, m = measure(sdpa.matmat, v, **timed)
         rows.append(measured_row("exact-sdpa", m, compute_dtype=common["dtype"], **common))
-        _, m = measure(torch.nn.functional.scaled_dot_product_attention, q[None], k[None], v[None], **timed)
+        _, m = measure(torch_sdpa, q, k, v, **timed)
         rows.append(measured_row("torch-sdpa", m, compute_dtype=common["dtype"], **common))
-        _, m = measure(torch.nn.functional.scaled_dot_product_attention, q[None], k[None], v[None], is_causal=True,
-                       **timed)
+        _, m = measure(torch_sdpa, q, k, v, causal=True, **timed)
         rows.append(measured_row("torch-sdpa-causal", m, compute_dtype=common["dtype"], causal=1.0, **common))
         if n <= config["dense_max_n"]:
             block = default_row_block(n)

@@ -117,7 +117,8 @@ def forward_cost_lines(wide) -> list[str]:
              "(timing noise and any departure from one power law; none below three n), of the median wall "
              "time and of the median process CPU time (which a loaded machine disturbs less). Bidirectional "
              "methods are timed against torch's SDPA (wall time); the causal-only KV-cache policies (form "
-             "'causal') in their causal form, against torch's causal SDPA.", "",
+             "'causal') in their causal form, against torch's causal SDPA. Both baselines are one 4-D call on "
+             "torch's fused kernel, the head as `(1, 1, n, p)`.", "",
              "| method | form | time / SDPA at n = " + ", ".join(_short(n) for n in ns) + " | seconds at the largest n "
              "| growth exponent [95% interval] | the same in CPU time |", "|---|---|---|---|---|---|"]
     for algorithm, name in BASELINES.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .baseline import torch_sdpa
 from .parts import approximation, measured_row, timing_options
 from .timing import measure, measure_interleaved
 from ..engine.keys import cell_seed
@@ -25,8 +26,8 @@ RATIOS = {"operator-products": "ratio_n", "spectral-error": "spectral_ratio_n", 
 
 
 def _sdpa_forward(q, k, v):
-    """One head through :func:`torch.nn.functional.scaled_dot_product_attention`, ``(1, n, p)``."""
-    return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None])[0]
+    """One head ``(1, n, p)`` through torch's SDPA on its fused kernel (:func:`~.baseline.torch_sdpa`)."""
+    return torch_sdpa(q, k, v)
 
 
 def _operator_ratio_rows(config, q, k, v, common, device):

@@ -36,8 +36,9 @@ def _n_ticks(ax, ns) -> None:
     ax.minorticks_off()
 
 
-def plot(results, path_without_suffix) -> list:
-    """Four panels from the saved table: spectral-error time, disagreement, memory, forward time.
+def plot(results, path_without_suffix, machine: str | None = None) -> list:
+    """Six panels from the saved table: spectral-error time, disagreement, memory, forward time (three groups),
+    under a title naming the study and ``machine`` (the run's CPU model, cores, torch threads, or its GPU).
 
     Returns the written paths; none when only the training part ran (its table is in the summary).
     """
@@ -47,6 +48,9 @@ def plot(results, path_without_suffix) -> list:
         return []
     wide = _wide(results)
     fig, axes = figure(2, 3, panel_size=(3.6, 2.8))
+    fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, wspace=0.02, hspace=0.04)  # tight margins
+    fig.suptitle(f"{TITLE}: time and memory against torch's fused SDPA\n"
+                 f"{machine or 'machine not recorded'} (the latest run's, as config.json records it)", fontsize=9)
     styles = {
         "dense": {"color": "#000000", "marker": "s", "label": "dense SVD (float64)"},
         "golub-kahan": {"color": "#0072B2", "marker": "^", "label": "Golub-Kahan (metrics.spectral_error)"},
@@ -64,7 +68,7 @@ def plot(results, path_without_suffix) -> list:
            title=r"time to compute $\|\tilde D^{-1}\tilde A - D^{-1}A\|_2$ (one head)")
     _n_ticks(ax, errors["n"])
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(frameon=False, loc="upper left", fontsize=5)
+        ax.legend(frameon=False, loc="lower right", fontsize=5)
     ax = axes[0, 1]
     accuracy = wide[(wide["part"] == "accuracy") & (wide["algorithm"] != "dense")]
     for algorithm, style in styles.items():
@@ -175,7 +179,7 @@ def summary_lines(results, config_record: dict) -> list[str]:
     ]
     lines += ratio_lines(wide)
     lines += forward_cost_lines(wide)
-    lines += causal_lines(wide)
+    lines += causal_lines(wide, planned=config.get("causal_n"))
     lines += patch_lines(wide)
     lines += training_lines(wide)
     accuracy = wide[wide["part"] == "accuracy"].sort_values(["n", "algorithm"])
@@ -206,4 +210,4 @@ def sections(saved) -> list[str]:
 
 def draw(saved) -> list:
     """``bench.png/.pdf`` from the saved run (none when only the training part ran)."""
-    return plot(saved.table("results.csv"), saved.out / "bench")
+    return plot(saved.table("results.csv"), saved.out / "bench", machine=saved.record.get("run", {}).get("machine"))
