@@ -92,8 +92,9 @@ from ..declaration import Figure, Product, Step, Study, Summary, Table
 from .cells import compute_cell, compute_residual_cell
 from .design import PILOT, PLANNED_SEEDS, SECONDS_PER_SEED, plan, seeds_needed, task_seeds
 from .grid import FULL_GRID, OPTIONS, QUICK_GRID, build_config, check, configure, make_cells, make_residual_cells
+from .figures import plot
 from .report import (ATTENTION_ORDER, INTERVALS, KEY_COLUMNS, RATIOS, RESIDUAL, RESULTS, TITLE, paper_comparison,
-                     plot, ratio_table, sections, summarize, verdict_table)
+                     ratio_table, sections, summarize, verdict_table)
 from .spread import mechanism, pairing, split_halves
 from .stats import (AT_PAPER, BELOW_ONE, PAPER_COLUMN, PAPER_TABLE3, POWER_GOAL, PROXIES, decision, intervals,
                     power_analysis, ratio_interval, ratios, verdict)
