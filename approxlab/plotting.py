@@ -92,7 +92,7 @@ METHOD_STYLES = {
     # hollow: where the nucleus holds more than d keys top-p is top-k, and its circles ring top-k's triangles
     "topp": {"color": "#44AA99", "marker": "o", "markerfacecolor": "none", "label": "Top-p (oracle)"},
     "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
-    "vattention": {"color": "#88CCEE", "marker": "8", "label": "vAttention"},
+    "vattention": {"color": "#5D3A9B", "marker": "8", "label": "vAttention"},
     "magicpig": {"color": "#A6761D", "marker": "x", "label": "MagicPIG"},
     # The cache policies, drawn in two groups (the perplexity study's panels): filled markers, and colours that
     # differ within each group. Those that rank tokens by attention (Paul Tol's vibrant palette):

@@ -162,3 +162,24 @@ def test_figure1_keeps_its_own_y_limits_and_its_companion_covers_them(captured, 
     main, extra = (fig.axes[0] for fig in captured)
     assert main.get_ylim()[1] < 100 < 1000 / 2 ** 0.8 < extra.get_ylim()[1]
     assert extra.get_ylim()[0] <= main.get_ylim()[0]
+
+
+def test_the_bench_figure_keeps_every_panel_to_ten_lines_and_one_colour_per_method(captured):
+    """The committed bench run drew 17 causal policies in one panel and 14 sparse methods in another (vAttention
+    and YOSO-E in the same pale blue): each group now runs over as many panels as keep it to
+    :data:`~approxlab.plotting.MAX_LINES` lines, the exact baselines (black, told apart by their markers) included."""
+    import pathlib
+
+    from approxlab.studies.bench import report
+
+    results = pd.read_csv(pathlib.Path(__file__).parents[1] / "figures" / "bench" / "results.csv")
+    report.plot(results, "unused", machine="a test machine")
+    (fig,) = captured
+    for ax in fig.axes:
+        lines = plotting.panel_lines(ax)
+        assert len({str(line.get_label()) for line in lines}) <= plotting.MAX_LINES, ax.get_title()
+        colours = [line.get_color() for line in lines if line.get_color() != "#000000"]
+        assert len(colours) == len(set(colours)), (ax.get_title(), colours)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "forward, causal: KV-cache policies (1 of 2)" in titles
+    assert plotting.method_style("vattention")["color"] != plotting.method_style("yoso-e")["color"]

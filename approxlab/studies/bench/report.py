@@ -7,6 +7,8 @@ memory; forward time of the low-rank and kernel methods, of the sparse and sampl
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ..reporting.markdown import markdown_table
@@ -37,7 +39,8 @@ def _n_ticks(ax, ns) -> None:
 
 
 def plot(results, path_without_suffix, machine: str | None = None) -> list:
-    """Six panels from the saved table: spectral-error time, disagreement, memory, forward time (three groups),
+    """Panels from the saved table: spectral-error time, disagreement, memory, then forward time (three groups,
+    each over as many panels as keep it to at most ten lines),
     under a title naming the study and ``machine`` (the run's CPU model, cores, torch threads, or its GPU).
 
     Returns the written paths; none when only the training part ran (its table is in the summary).
@@ -47,7 +50,9 @@ def plot(results, path_without_suffix, machine: str | None = None) -> list:
     if not results["part"].isin(["accuracy", "scale", "ratios", "forward"]).any():  # training, patch: tables only
         return []
     wide = _wide(results)
-    fig, axes = figure(2, 3, panel_size=(3.6, 2.8))
+    forward = wide[wide["part"] == "forward"]
+    panels = _forward_panels(forward)
+    fig, axes = figure(1 + max(1, math.ceil(len(panels) / 3)), 3, panel_size=(3.6, 2.8))
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, wspace=0.02, hspace=0.04)  # tight margins
     fig.suptitle(f"{TITLE}: time and memory against torch's fused SDPA\n"
                  f"{machine or 'machine not recorded'} (the latest run's, as config.json records it)", fontsize=9)
@@ -96,12 +101,11 @@ def plot(results, path_without_suffix, machine: str | None = None) -> list:
     ax.set_ylim(bottom=-0.04 * ax.get_ylim()[1])  # room for whole markers at 0
     ax.axhline(0.0, color="#999999", linewidth=0.6, zorder=0)
     _n_ticks(ax, errors["n"])
-    forward = wide[wide["part"] == "forward"]
-    groups = _forward_groups(forward)
-    for ax, (title, (methods, baselines)) in zip((axes[1, 0], axes[1, 1], axes[1, 2]), groups.items()):
+    below = list(axes[1:].flat)
+    for ax, (title, (methods, baselines)) in zip(below, panels.items()):
         _forward_panel(ax, forward, methods, baselines, title, method_style)
         _n_ticks(ax, forward["n"] if len(forward) else errors["n"])
-    for ax in axes[1, len(groups):]:
+    for ax in below[len(panels):]:
         ax.set_axis_off()
     return save_figure(fig, path_without_suffix)
 
@@ -120,12 +124,26 @@ def _forward_groups(forward) -> dict:
     approximations = forward[forward["algorithm"] == "approximation"]
     causal = set(approximations.loc[approximations["causal"] == 1.0, "method"]) if "causal" in forward else set()
     methods = [m for m in dict.fromkeys(approximations["method"]) if m not in causal]
-    groups = {"forward: low-rank and kernel methods": ([m for m in methods if m not in SPARSE_METHODS],
+    groups = {"forward: low-rank, kernel": ([m for m in methods if m not in SPARSE_METHODS],
                                                                  ("exact-sdpa", "torch-sdpa", "exact-blocked")),
               "forward: sparse, sampled, hashing": ([m for m in methods if m in SPARSE_METHODS],
                                                                ("exact-sdpa", "torch-sdpa", "exact-blocked")),
               "forward, causal: KV-cache policies": (sorted(causal), ("torch-sdpa-causal",))}
     return {title: group for title, group in groups.items() if group[0]}
+
+
+def _forward_panels(forward) -> dict:
+    """The forward groups (:func:`_forward_groups`) in panels of at most :data:`approxlab.plotting.MAX_LINES`
+    lines, baselines included: a group with more methods is drawn over several panels (``"(1 of 2)"``)."""
+    from ...plotting import MAX_LINES
+
+    panels = {}
+    for title, (methods, baselines) in _forward_groups(forward).items():
+        size = MAX_LINES - len(baselines)
+        parts = [methods[i:i + size] for i in range(0, len(methods), size)]
+        for index, part in enumerate(parts):
+            panels[title if len(parts) == 1 else f"{title} ({index + 1} of {len(parts)})"] = (part, baselines)
+    return panels
 
 
 def _forward_panel(ax, forward, methods, baselines, title, method_style) -> None:
@@ -140,7 +158,8 @@ def _forward_panel(ax, forward, methods, baselines, title, method_style) -> None
         sub = forward[(forward["algorithm"] == "approximation") & (forward["method"] == method)].sort_values("n")
         style = method_style(method, secondary=True)
         ax.plot(sub["n"], sub["wall_s"], **{**style, "linestyle": "-", "alpha": 0.9})
-    ax.set(yscale="log", xlabel="n", ylabel="forward wall time (s, median)", title=title)
+    ax.set(yscale="log", xlabel="n", ylabel="forward wall time (s, median)")
+    ax.set_title(title, fontsize="medium")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(frameon=False, fontsize=5, ncol=2, loc="best")
 
