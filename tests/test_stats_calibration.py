@@ -96,3 +96,26 @@ def test_judge_gives_no_verdict_where_calibration_fails():
     claim = Claim("a", "x below 2", "median", side="below", threshold=2.0)
     verdict = claims.judge(claim, found.low, found.high, units=3, calibrated=found)
     assert verdict.startswith("no verdict: 100.0% of") and "give no interval" in verdict  # zero width: none judged
+
+
+def test_summary_tables_show_a_key_that_does_not_apply_as_a_dash_not_nan():
+    """The decoder's criteria carry no depth (NaN): its calibration and Holm tables printed ``| nan |`` there."""
+    import pandas as pd
+
+    row = {"claim": "kappa", "layer": 0, "depth": float("nan"), "nominal_low": 0.1, "nominal_high": 0.2,
+           "calibrated_level": 0.97, "coverage": 0.9, "coverage_low": 0.88, "coverage_high": 0.92,
+           "coverage_draws": 1000, "calibration": "", "ci_low": 0.05, "ci_high": 0.25, "verdict": "holds",
+           "former_verdict": "holds", "p": 0.01, "family": "kappa"}
+    table = pd.DataFrame([row])
+    lines = [*calibrated.calibration_table(table, ["claim", "layer", "depth"]),
+             *calibrated.holm_lines(table, ["claim", "layer", "depth"], family="family", decided=("holds",))]
+    rows = [line for line in lines if line.startswith("| kappa")]
+    assert len(rows) == 2 and all("| - |" in line and "nan" not in line for line in rows), rows
+
+
+def test_sv_decay_prints_n_a_for_an_interval_it_could_not_compute():
+    from approxlab.studies.sv_decay.summary import _signed_interval
+
+    assert _signed_interval(0.09, 0.08, 0.12) == "+0.09 [+0.08, +0.12]"
+    assert _signed_interval(0.09, float("nan"), float("nan")) == "+0.09 [n/a]"
+    assert _signed_interval(float("nan"), float("nan"), float("nan")) == "n/a [n/a]"

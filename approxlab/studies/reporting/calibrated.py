@@ -272,6 +272,16 @@ def interval_cell(low, high) -> str:
     return f"[{float(low):.4g}, {float(high):.4g}]"
 
 
+def key_cell(value):
+    """A key column's value as a summary table shows it: ``"-"`` where the key does not apply to the row (NaN,
+    e.g. the decoder's depth for a claim measured at every depth), the value itself otherwise.
+
+    >>> key_cell(float("nan")), key_cell(15), key_cell("layer 0")
+    ('-', 15, 'layer 0')
+    """
+    return "-" if isinstance(value, float) and not np.isfinite(value) else value
+
+
 def calibration_table(table, key, *, verdict: str = "verdict", former: str | None = "former_verdict") -> list[str]:
     """A summary's table of the calibration behind each verdict: the ``key`` columns, the declared 95% interval,
     its coverage on the run's own units with the Monte-Carlo interval and the draws, the calibrated level and
@@ -281,7 +291,7 @@ def calibration_table(table, key, *, verdict: str = "verdict", former: str | Non
         return ["No claim instance to calibrate."]
     rows = []
     for _, row in table.iterrows():
-        rows.append({**{k: row[k] for k in key},
+        rows.append({**{k: key_cell(row[k]) for k in key},
                      "95% interval": interval_cell(row["nominal_low"], row["nominal_high"]),
                      "coverage [MC 95%]": coverage_cell(row) or "-",
                      "draws": int(row["coverage_draws"]) if np.isfinite(float(row["coverage_draws"])) else 0,
@@ -314,7 +324,7 @@ def holm_lines(table: pd.DataFrame, key, *, family, decided, level: float = 0.95
     if table is None or not len(table) or "p" not in table:
         return []
     table = holm_column(table, family=family, p="p", level=level)
-    rows = [{**{k: row[k] for k in key}, "verdict": row["verdict"],
+    rows = [{**{k: key_cell(row[k]) for k in key}, "verdict": row["verdict"],
              "p": "" if not np.isfinite(float(row["p"])) else f"{float(row['p']):.3g}",
              "p (Holm)": "" if not np.isfinite(float(row["p_holm"])) else f"{float(row['p_holm']):.3g}",
              "verdict with Holm": row["verdict"] if row["verdict"] not in decided or row["holm_decided"]

@@ -58,7 +58,7 @@ def _conditioning_table(results: pd.DataFrame) -> pd.DataFrame:
 def _conditioning_lines(table: pd.DataFrame) -> list[str]:
     """The conditioning claim's verdict with its number, calibrated interval, unit and test, over all cases and per n
     (``table``: :func:`_conditioning_table`); the calibration behind each, and the verdicts that changed."""
-    shown = table.assign(log10_ratio=[f"{e:+.2f} [{lo:+.2f}, {hi:+.2f}]" for e, lo, hi in
+    shown = table.assign(log10_ratio=[_signed_interval(e, lo, hi) for e, lo, hi in
                                       zip(table["estimate"], table["ci_low"], table["ci_high"])])
     first = table.iloc[0]
     changed = table[table["verdict"] != table["gated_verdict"]]
@@ -68,8 +68,8 @@ def _conditioning_lines(table: pd.DataFrame) -> list[str]:
              "against 0.", "",
              *markdown_table(shown[["subset", "cases", "windows", "heads", "log10_ratio", "verdict"]]
                              .rename(columns={"log10_ratio": "log10 ratio [calibrated interval]"}), default=str), "",
-             f"Verdict (all cases): **{first['verdict']}** -- median log10 kappa ratio {first['estimate']:+.2f} "
-             f"[{first['ci_low']:+.2f}, {first['ci_high']:+.2f}] over {int(first['heads'])} heads in "
+             f"Verdict (all cases): **{first['verdict']}** -- median log10 kappa ratio "
+             f"{_signed_interval(first['estimate'], first['ci_low'], first['ci_high'])} over {int(first['heads'])} heads in "
              f"{int(first['windows'])} windows of {int(first['cases'])} cases.", "",
              *calibration_lines("windows"), "",
              *calibration_table(table, ["subset"], former="gated_verdict"), "",
@@ -86,6 +86,13 @@ def _conditioning_lines(table: pd.DataFrame) -> list[str]:
                     "from the pooled shares of singular heads and medians, with no interval, unit or test."]
 
 
+def _signed_interval(estimate, low, high) -> str:
+    """``"+0.09 [+0.08, +0.12]"``; ``n/a`` for what was not computed (a bound, or the estimate, NaN)."""
+    value = f"{estimate:+.2f}" if math.isfinite(estimate) else "n/a"
+    bounds = f"[{low:+.2f}, {high:+.2f}]" if math.isfinite(low) and math.isfinite(high) else "[n/a]"
+    return f"{value} {bounds}"
+
+
 def _in_short(table: pd.DataFrame | None) -> list[str]:
     """The "In short" section: Skyformer's conditioning claim, over all cases and per n, by its calibrated interval
     (``table``: :func:`_conditioning_table`; None: no kernelized and softmax pair to compare)."""
@@ -94,7 +101,7 @@ def _in_short(table: pd.DataFrame | None) -> list[str]:
     words = {CONDITIONING.labels["reproduced"]: [], CONDITIONING.labels["not reproduced"]: [], None: []}
     for row in table.itertuples(index=False):
         text = (f"kernelized C better conditioned than D^-1 A, {row.subset} ({row.verdict}; median log10 kappa ratio "
-                f"{row.estimate:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}])")
+                f"{_signed_interval(row.estimate, row.ci_low, row.ci_high)})")
         words.get(row.verdict, words[None]).append(text)
     return in_short_lines(words[CONDITIONING.labels["reproduced"]], words[CONDITIONING.labels["not reproduced"]],
                           words[None])
