@@ -273,14 +273,8 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
                              "mask for it.")
         step_options["key_mask"] = key_mask[..., context]
     inputs = (q[..., context, :], k[..., context, :], v[..., context, :])
-    if groups == 1 and grouping_default and (repeats := repeated_heads(k, v)) > 1:
-        warnings.warn(RepeatedKVWarning(
-            f"`k` and `v` repeat each of their heads {repeats} times (dimension -3: {k.shape[-3]} heads, "
-            f"{k.shape[-3] // repeats} distinct), as K/V repeated to the query heads do (transformers' repeat_kv; "
-            f"approxlab.data.get_qkv by default): method {method!r} keeps {budget} tokens per query head, up to "
-            f"{repeats * budget} per KV head, not the {budget} per KV head a decoder's cache holds. Pass the KV heads "
-            f"(get_qkv(..., grouped=True), or k[..., ::{repeats}, :, :] and v[..., ::{repeats}, :, :]) for one set "
-            "per KV head, or grouping='query-head' to keep a set per query head on purpose."), stacklevel=2)
+    if groups == 1 and grouping_default:
+        _warn_if_repeated(method, k, v, budget)
     warn_without_rope(spec, options)
     if scored:
         scores = scores_of(method, spec.score, *inputs, budget=budget, generator=generator, **step_options)
@@ -366,6 +360,20 @@ def _groups(q, k, v) -> int:
                          f"p) with k, v (*batch, H_kv, n, p) and H a multiple of H_kv; got H = {heads} query heads "
                          f"and H_kv = {kv_heads} KV heads (q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}).")
     return heads // kv_heads
+
+
+def _warn_if_repeated(method: str, k: torch.Tensor, v: torch.Tensor, budget: int) -> None:
+    """Warn (:class:`~approxlab.errors.RepeatedKVWarning`, at the caller's caller) when ``k`` and ``v`` repeat their
+    heads in groups (:func:`repeated_heads`): K/V repeated to the query heads reaching a per-KV-head policy."""
+    if (repeats := repeated_heads(k, v)) <= 1:
+        return
+    warnings.warn(RepeatedKVWarning(
+        f"`k` and `v` repeat each of their heads {repeats} times (dimension -3: {k.shape[-3]} heads, "
+        f"{k.shape[-3] // repeats} distinct), as K/V repeated to the query heads do (transformers' repeat_kv; "
+        f"approxlab.data.get_qkv by default): method {method!r} keeps {budget} tokens per query head, up to "
+        f"{repeats * budget} per KV head, not the {budget} per KV head a decoder's cache holds. Pass the KV heads "
+        f"(get_qkv(..., grouped=True), or k[..., ::{repeats}, :, :] and v[..., ::{repeats}, :, :]) for one set "
+        "per KV head, or grouping='query-head' to keep a set per query head on purpose."), stacklevel=3)
 
 
 def repeated_heads(k: torch.Tensor, v: torch.Tensor) -> int:

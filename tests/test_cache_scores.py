@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import approxlab
-from _helpers import gen
+from _helpers import gen, rope_stated
 from approxlab.methods import available, get, register
 from approxlab.methods._scores import scores_of
 
@@ -24,8 +24,9 @@ OPTIONS = {"snapkv": SNAPKV_OPTIONS, "ada-snapkv": SNAPKV_OPTIONS, "pyramidkv": 
 
 
 def _options(name):
-    """The policy's options, with a fresh generator of one seed for a randomized one (the same draw each call)."""
-    return {**OPTIONS.get(name, {}), **({"generator": gen(7)} if get(name).randomized else {})}
+    """The policy's options, with a fresh generator of one seed for a randomized one (the same draw each call), and
+    ``rope_frequencies=None`` for a RoPE-aware one (synthetic keys carry no RoPE)."""
+    return {**OPTIONS.get(name, {}), **rope_stated(name), **({"generator": gen(7)} if get(name).randomized else {})}
 
 
 def _grouped(seed=0, batch=(2,), scale=1.5):
@@ -93,8 +94,9 @@ def test_query_head_grouping_is_kv_repeated_by_hand(name):
     options = _options(name)
     grouped = approxlab.kv_cache_attention(name, q, k, v, context_length=CONTEXT, num_features=7,
                                            grouping="query-head", **options)
-    by_hand = approxlab.kv_cache_attention(name, q, _repeat(k), _repeat(v), context_length=CONTEXT, num_features=7,
-                                           **_options(name))
+    with pytest.warns(approxlab.errors.RepeatedKVWarning):  # a set per query head, as asked, with its warning
+        by_hand = approxlab.kv_cache_attention(name, q, _repeat(k), _repeat(v), context_length=CONTEXT,
+                                               num_features=7, **_options(name))
     assert torch.equal(grouped.output, by_hand.output) and torch.equal(grouped.info["kept"], by_hand.info["kept"])
     assert torch.equal(grouped.matrix(), by_hand.matrix())
     assert _kept_by_head(grouped).shape == (2, HEADS, CONTEXT) and int(_kept_by_head(grouped).sum()) == 2 * HEADS * 7

@@ -57,6 +57,24 @@ class KeyTokens:
         Bool, the key tokens.
     short_context, stride : int
     lsd_threshold, lcl_threshold : float
+
+    Examples
+    --------
+    Built by hand (:func:`key_tokens` builds it from a model): token 1 gains 3 nats from the distant context and is
+    predicted well with it, so it alone is key.
+
+    >>> import torch
+    >>> from approxlab.patching.key_tokens import KeyTokens
+    >>> nll = torch.tensor([[1.0, 0.5, 1.0, 1.0]], dtype=torch.float64)
+    >>> short = torch.tensor([[1.0, 3.5, 1.5, 1.0]], dtype=torch.float64)
+    >>> found = KeyTokens(nll, short, (short - nll > 2.0) & (-nll > -2.0), short_context=1, stride=1,
+    ...                   lsd_threshold=2.0, lcl_threshold=-2.0)
+    >>> found.mask
+    tensor([[False,  True, False, False]])
+    >>> patched = nll + torch.tensor([[0.0, 2.0, 0.0, 0.0]], dtype=torch.float64)  # a method loses token 1
+    >>> change = found.delta(patched, nll)
+    >>> change["key"].tolist(), change["all"].tolist(), change["key_tokens"].tolist()
+    ([2.0], [0.5], [1])
     """
 
     nll: torch.Tensor

@@ -133,7 +133,29 @@ def next_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor) -> tup
     r"""``(nll, predicted)``: :math:`-\log p(\text{targets} \mid h)` in float64 and the most likely next token,
     ``(S, t)`` each on the CPU, from the last hidden states ``hidden`` ``(S, t, h)`` of a causal language model
     (its output head applied :data:`_CHUNK` positions at a time, Gemma's final logit soft-cap where the config has
-    one); ``targets`` ``(S, t)`` the token each position predicts."""
+    one); ``targets`` ``(S, t)`` the token each position predicts.
+
+    Examples
+    --------
+    The losses :func:`token_nll` gives, from the bare model's last hidden states:
+
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from approxlab.data import load_model
+    >>> from approxlab.patching import token_nll
+    >>> from approxlab.patching.likelihood import next_token_losses
+    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    >>> model = load_model("initialized", config=config, seed=0).model
+    >>> ids = torch.randint(30522, (2, 16), generator=torch.Generator().manual_seed(0))
+    >>> with torch.no_grad():
+    ...     hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # (2, 16, 32)
+    >>> nll, predicted = next_token_losses(model, hidden[:, :-1], ids[:, 1:])
+    >>> nll.shape, nll.dtype, predicted.shape, predicted.dtype
+    (torch.Size([2, 15]), torch.float64, torch.Size([2, 15]), torch.int64)
+    >>> torch.allclose(nll, token_nll(model, ids), rtol=0, atol=1e-6)
+    True
+    """
     weight, bias = _output_head(model)
     cap = getattr(model.config, "final_logit_softcapping", None)
     targets = targets.to(weight.device)

@@ -81,6 +81,24 @@ class Continuation:
         Wall seconds of the continuation: compression, teacher-forced pass, generation and both errors.
     status : str
         ``"ok"``, or the method's failure on one line (``on_failure="record"``), then ``nll`` is :math:`+\infty`.
+
+    Examples
+    --------
+    Built by hand (:meth:`ExactPrefill.continue_with` builds it from a model): a continuation of 4 tokens whose
+    last 2 are the answer, one replaced layer of 2 heads.
+
+    >>> import torch
+    >>> from approxlab.patching import Continuation
+    >>> nll = torch.tensor([[2.0, 1.0, 0.5, 0.25]], dtype=torch.float64)
+    >>> answer = torch.tensor([[7, 9]])
+    >>> errors = {"clean": {name: torch.full((1, 1, 2), 0.1, dtype=torch.float64)
+    ...                     for name in ("spectral", "frobenius", "worst_query")}}
+    >>> found = Continuation("snapkv", 16, nll, nll < 1.0, torch.tensor([[7, 8]]), answer, layers=(1,),
+    ...                      budgets={1: 16}, errors=errors)
+    >>> found.correct, found.answer_logprob()                    # 8 is not 9; -(0.5 + 0.25)
+    (tensor([False]), tensor([-0.7500], dtype=torch.float64))
+    >>> [(row["inputs"], row["layer"], row["head"]) for row in found.error_rows()]
+    [('clean', 1, 0), ('clean', 1, 1)]
     """
 
     method: str
@@ -219,6 +237,25 @@ class ExactPrefill:
         (566 MB in float32 for SmolLM2 at 8,192 tokens, besides the model's own cache of the same K/V).
     seconds : float
         Wall seconds of the prefill.
+
+    Examples
+    --------
+    A tiny random Llama (4 query heads sharing 2 KV heads of width 8); :meth:`continue_with` runs a policy on it:
+
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from approxlab.data import load_model
+    >>> from approxlab.patching import exact_prefill
+    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    >>> model = load_model("initialized", config=config, seed=0)
+    >>> ids = torch.randint(30522, (1, 40), generator=torch.Generator().manual_seed(0))
+    >>> prefill = exact_prefill(model, ids[:, :32])
+    >>> prefill.context_length, len(prefill.queries), prefill.queries[0].shape, prefill.keys[0].shape
+    (32, 2, torch.Size([1, 4, 32, 8]), torch.Size([1, 2, 32, 8]))
+    >>> exact = prefill.unpatched(ids[:, 32:], answer_length=2)  # the reference every policy is compared with
+    >>> exact.method, exact.nll.shape, exact.generated.shape, exact.errors
+    ('unpatched', torch.Size([1, 8]), torch.Size([1, 2]), {})
     """
 
     def __init__(self, target, context_ids, cache, last_hidden, recorders, seconds, implementation):

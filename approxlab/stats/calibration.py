@@ -213,6 +213,22 @@ class Calibration:
         The calibrated nominal level, ``upper - lower`` (NaN where calibration fails).
     reason : str or None
         Why calibration fails, in words; None where it succeeds.
+
+    Examples
+    --------
+    What :func:`calibration` gives from 201 outer replicates whose roots spread evenly (no correction needed) and
+    from 100 of which 5 give no interval (calibration fails):
+
+    >>> import numpy as np
+    >>> roots = np.linspace(0.0, 1.0, 201)
+    >>> found = calibration(roots, (roots >= 0.025) & (roots <= 0.975))
+    >>> found.draws, found.lower, found.upper, round(found.level, 4), found.reason
+    (201, 0.025, 0.975, 0.95, None)
+    >>> bool(found.low < found.coverage < found.high)              # the Wilson interval of the coverage
+    True
+    >>> failed = calibration([np.nan] * 5 + [0.5] * 95, [False] * 5 + [True] * 95)
+    >>> failed.coverage, bool(np.isnan(failed.level)), failed.reason is not None
+    (0.95, True, True)
     """
 
     coverage: float
@@ -297,7 +313,25 @@ def settled(held, *, half_width: float = HALF_WIDTH) -> bool:
 
 def calibrated_bounds(family: IntervalFamily, found: Calibration) -> tuple[tuple[float, float], str | None]:
     """The calibrated interval of ``family`` (on all the units) at ``found``'s levels, or NaN bounds and the reason
-    calibration fails: ``found.reason``, a bound that is not finite, or an interval of zero width."""
+    calibration fails: ``found.reason``, a bound that is not finite, or an interval of zero width.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab.stats import Resamples
+    >>> roots = np.linspace(0.0, 1.0, 201)
+    >>> skewed = np.clip(roots - 0.05, 0.0, 1.0)                  # calibrated levels 0 and 0.975
+    >>> found = calibration(skewed, skewed >= 0.025)
+    >>> family = IntervalFamily.percentile(Resamples(2.0, np.linspace(1.0, 4.0, 13), 13))
+    >>> [round(b, 3) for b in family.interval(0.95)]               # the declared interval
+    [1.075, 3.925]
+    >>> calibrated_bounds(family, found)                          # widened on its lower side only
+    ((1.0, 3.925), None)
+    >>> calibrated_bounds(IntervalFamily.percentile(Resamples(2.0, np.full(13, 2.0), 13)), found)
+    ((nan, nan), 'the interval has zero width (every resample gives 2)')
+    >>> calibrated_bounds(IntervalFamily.student([1.0, 2.0, 3.0]), found)[1]  # a t bound at level 0
+    'no finite interval reaches 97.50% nominal (one-sided levels 0.0000, 0.9750): too few units to calibrate'
+    """
     if found.reason is not None:
         return (math.nan, math.nan), found.reason
     low, high = family.between(found.lower, found.upper)

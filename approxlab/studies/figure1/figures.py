@@ -101,9 +101,11 @@ def _draw(config, panel, methods, label, over="heads, windows and seeds", twins=
              + "▲ at the top: not finite" + (f"; y-limits per panel cover {', '.join(twins)}" if twins else "")
              + ("\nwide pale line, no markers: the paper's own curve in the method's colour "
                 "(Chen et al. 2021, Fig. 1, digitised; a linear axis there)" if paper_drawn else ""))
-    # wrapped to the panels' width: a title wider than the figure widens it, leaving margins blank
+    # wrapped to the panels' width: a title wider than the figure widens it, leaving margins blank; where a line
+    # would wrap, the whole title is filled as one text (no line of one or two words left over)
     width = max(60, 52 * len(ns))
-    fig.suptitle("\n".join(textwrap.fill(line, width) for line in title.split("\n")))
+    lines = title.split("\n")
+    fig.suptitle("\n".join(lines) if max(map(len, lines)) <= width else textwrap.fill("; ".join(lines), width))
     return fig, axes
 
 
