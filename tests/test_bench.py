@@ -287,3 +287,19 @@ def test_every_layer_target_is_judged_at_its_length_only():
     rows[9]["ratio_vs_unpatched"] = 1.5  # the 2048-token every-layer row (above the target)
     lines = [line for line in patch_lines(pd.DataFrame(rows)) if "`h2o` | 1.000 |" in line]
     assert lines[1].rsplit("|", 2)[-2].strip() == "not met: 1.50x"
+
+
+def test_the_causal_section_states_the_load_under_which_each_n_was_timed():
+    """The committed causal part was timed at a load average of 5.6 to 13.9 on 2 cores: the section says so per n,
+    beside the ratios it qualifies (the CPU-time ratios named the steadier reading)."""
+    import pathlib
+
+    import pandas as pd
+
+    from approxlab.studies.bench.causal import causal_lines
+    from approxlab.studies.bench.report import _wide
+
+    results = pd.read_csv(pathlib.Path(__file__).parents[1] / "figures" / "bench" / "results.csv")
+    text = "\n".join(causal_lines(_wide(results)))
+    line = next(line for line in text.splitlines() if line.startswith("1-minute load average"))
+    assert "at n = 2048" in line and "at n = 8192" in line and "CPU time" in line

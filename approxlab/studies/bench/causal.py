@@ -231,7 +231,19 @@ def causal_lines(wide, planned=None) -> list[str]:
         missed = [algorithm for algorithm, verdict in verdicts.items() if verdict != "met"]
         lines += ["", f"Met: {len(verdicts) - len(missed)} of {len(verdicts)} policies; not met: "
                   + (", ".join(f"`{algorithm}`" for algorithm in missed) or "none") + "."]
-    return lines + ["", *_former_baseline_lines(rows, ns)]
+    return lines + ["", *_load_lines(rows, ns), *_former_baseline_lines(rows, ns)]
+
+
+def _load_lines(rows, ns) -> list[str]:
+    """The machine's 1-minute load average while each n was measured: on a shared machine every wall time is
+    inflated, the more so the higher the load, and the CPU-time ratios are the steadier reading."""
+    if "load_average" not in rows or rows["load_average"].isna().all():
+        return []
+    load = rows.groupby("n")["load_average"].agg(["min", "max"])
+    return ["1-minute load average during these measurements: " + ", ".join(
+        f"{load.loc[n, 'min']:.1f}-{load.loc[n, 'max']:.1f} at n = {n}" for n in ns if n in load.index)
+        + " (with the load above the machine's cores every wall time is inflated, the baseline's and the policies' "
+          "alike but not equally: the ratios in CPU time are the steadier reading).", ""]
 
 
 def _former_baseline_lines(rows, ns) -> list[str]:
