@@ -249,13 +249,19 @@ class ExactPrefill:
     >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
     ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     >>> model = load_model("initialized", config=config, seed=0)
-    >>> ids = torch.randint(30522, (1, 40), generator=torch.Generator().manual_seed(0))
-    >>> prefill = exact_prefill(model, ids[:, :32])
+    >>> ids = torch.randint(30522, (1, 72), generator=torch.Generator().manual_seed(0))
+    >>> prefill = exact_prefill(model, ids[:, :64])           # one pass over the context
     >>> prefill.context_length, len(prefill.queries), prefill.queries[0].shape, prefill.keys[0].shape
-    (32, 2, torch.Size([1, 4, 32, 8]), torch.Size([1, 2, 32, 8]))
-    >>> exact = prefill.unpatched(ids[:, 32:], answer_length=2)  # the reference every policy is compared with
+    (64, 2, torch.Size([1, 4, 64, 8]), torch.Size([1, 2, 64, 8]))
+    >>> exact = prefill.unpatched(ids[:, 64:], answer_length=3)  # the reference every policy is compared with
     >>> exact.method, exact.nll.shape, exact.generated.shape, exact.errors
-    ('unpatched', torch.Size([1, 8]), torch.Size([1, 2]), {})
+    ('unpatched', torch.Size([1, 8]), torch.Size([1, 3]), {})
+    >>> kept = prefill.continue_with("snapkv", num_features=16, window=4, continuation_ids=ids[:, 64:],
+    ...                              answer_length=3)         # every policy and budget: a continuation
+    >>> kept.nll.shape, kept.generated.shape, kept.errors["clean"]["spectral"].shape  # 2 layers, 4 heads
+    (torch.Size([1, 8]), torch.Size([1, 3]), torch.Size([2, 1, 4]))
+    >>> bool(torch.equal(kept.nll[:, 0], exact.nll[:, 0]))    # the first token is predicted by the context
+    True
     """
 
     def __init__(self, target, context_ids, cache, last_hidden, recorders, seconds, implementation):
@@ -420,26 +426,7 @@ class ExactPrefill:
 
         **Cost.** Per replaced layer: the compression (e.g. H2O's column sums, :math:`O(n_c^2 p)` in row blocks),
         :math:`O(t(b + t)p)` for the rows, and :math:`O(t\,n_c\,p)` float64 for each exact reference; the MLPs of
-        :math:`t` tokens; no pass over the context.
-
-        Examples
-        --------
-        >>> import torch
-        >>> from transformers import LlamaConfig
-        >>> from approxlab.data import load_model
-        >>> from approxlab.patching import exact_prefill
-        >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-        >>> model = load_model("initialized", config=config, seed=0)
-        >>> ids = torch.randint(30522, (1, 72), generator=torch.Generator().manual_seed(0))
-        >>> prefill = exact_prefill(model, ids[:, :64])           # one pass over the context
-        >>> exact = prefill.unpatched(ids[:, 64:], answer_length=3)
-        >>> kept = prefill.continue_with("snapkv", num_features=16, window=4, continuation_ids=ids[:, 64:],
-        ...                              answer_length=3)         # every policy and budget: a continuation
-        >>> kept.nll.shape, kept.generated.shape, kept.errors["clean"]["spectral"].shape  # 2 layers, 4 heads
-        (torch.Size([1, 8]), torch.Size([1, 3]), torch.Size([2, 1, 4]))
-        >>> bool(torch.equal(kept.nll[:, 0], exact.nll[:, 0]))    # the first token is predicted by the context
-        True
+        :math:`t` tokens; no pass over the context. An example is in :class:`ExactPrefill`'s docstring.
         """
         start = time.perf_counter()
         target = self._target
