@@ -7,7 +7,7 @@ Public API::
     method_label(name) -> str          # legend name, with the target when it is not softmax attention
     method_family(name) -> str         # the group a method is drawn with (FAMILIES; FAMILY_FILES: file names)
     group_by_family(methods) -> dict   # family -> its methods, in FAMILIES order
-    panel_groups(methods, *, limit=MAX_LINES) -> dict   # panel title -> at most `limit` methods, by family
+    panel_groups(methods, *, limit=MAX_LINES) -> dict   # title -> at most `limit` methods, by family or given groups
     panel_lines(ax) -> list            # the labelled lines and markers of a panel (what its legend would hold)
     MAX_LINES, BUDGET_LABEL            # at most 10 lines to a panel; the x label of every budget axis
     DTYPE_LINESTYLES                   # {"float64": "-", "float32": ":"}
@@ -48,8 +48,8 @@ from ._io import atomic_write_bytes  # noqa: E402
 
 __all__ = ["METHOD_STYLES", "method_style", "method_label", "method_family", "group_by_family", "FAMILIES",
            "FAMILY_FILES", "MAX_LINES", "BUDGET_LABEL", "panel_groups", "panel_lines", "ATTENTION_POLICIES",
-           "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel",
-           "share_ylimits", "tidy_log_axis", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
+           "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel", "share_ylimits", "tidy_log_axis",
+           "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
 
 RC_PARAMS = {
     "font.size": 8,
@@ -267,7 +267,8 @@ def panel_groups(methods, *, limit: int = MAX_LINES) -> dict:
 
     Parameters
     ----------
-    methods : sequence of str
+    methods : sequence of str, or dict
+        The methods, grouped by family; or ``{title: methods}``, groups of the caller's own, split the same way.
     limit : int
         The most methods to a panel, ``>= 1`` (leave room for a control drawn in every panel).
 
@@ -277,11 +278,13 @@ def panel_groups(methods, *, limit: int = MAX_LINES) -> dict:
     >>> panel_groups(["h2o", "snapkv", "tova", "performer"], limit=2)
     {'cache: attention scores (1 of 2)': ['h2o', 'snapkv'], 'cache: attention scores (2 of 2)': ['tova'], \
 'low-rank, kernel, sampling': ['performer']}
+    >>> panel_groups({"forward": ["a", "b", "c"]}, limit=2)
+    {'forward (1 of 2)': ['a', 'b'], 'forward (2 of 2)': ['c']}
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"`limit` must be an integer >= 1; got {limit!r}.")
     panels = {}
-    for family, chosen in group_by_family(methods).items():
+    for family, chosen in (methods if isinstance(methods, dict) else group_by_family(methods)).items():
         parts = [chosen[i:i + limit] for i in range(0, len(chosen), limit)]
         for index, part in enumerate(parts):
             panels[family if len(parts) == 1 else f"{family} ({index + 1} of {len(parts)})"] = part

@@ -135,15 +135,10 @@ def _forward_groups(forward) -> dict:
 def _forward_panels(forward) -> dict:
     """The forward groups (:func:`_forward_groups`) in panels of at most :data:`approxlab.plotting.MAX_LINES`
     lines, baselines included: a group with more methods is drawn over several panels (``"(1 of 2)"``)."""
-    from ...plotting import MAX_LINES
+    from ...plotting import MAX_LINES, panel_groups
 
-    panels = {}
-    for title, (methods, baselines) in _forward_groups(forward).items():
-        size = MAX_LINES - len(baselines)
-        parts = [methods[i:i + size] for i in range(0, len(methods), size)]
-        for index, part in enumerate(parts):
-            panels[title if len(parts) == 1 else f"{title} ({index + 1} of {len(parts)})"] = (part, baselines)
-    return panels
+    return {panel: (part, baselines) for title, (methods, baselines) in _forward_groups(forward).items()
+            for panel, part in panel_groups({title: methods}, limit=MAX_LINES - len(baselines)).items()}
 
 
 def _forward_panel(ax, forward, methods, baselines, title, method_style) -> None:
