@@ -85,6 +85,8 @@ class PatchedLayer:
         self.generator = generator
         self.runs = 0
         self.queries = None  # the KV-cache setting: this layer's queries of the current sequence so far
+        own = {name: value.to(patch.compute_dtype) for name, value in patch.layer_options.get(layer, {}).items()}
+        self.options = {**patch.options, **own}  # the patch's options and what this layer supplies
 
     def _inputs(self, query, key, value):
         """``q`` rescaled, ``k, v`` per KV head, in the compute dtype."""
@@ -128,7 +130,7 @@ class PatchedLayer:
                 "with the cache, use the KV-cache setting, patch_attention(..., context_length=...)."
             )
         result = approximate(patch.method, q, k, v, num_features=patch.num_features, generator=self.generator,
-                             key_mask=key_mask, causal=patch.causal, **patch.options)
+                             key_mask=key_mask, causal=patch.causal, **self.options)
         self._record(result, (0, n_q), q, k, v, key_mask, result.output)
         return result.output
 
@@ -161,7 +163,7 @@ class PatchedLayer:
             result = kv_cache_call(patch.method, q_all, k, v, context_length=context,
                                    num_features=patch.budgets[self.layer], generator=self.generator,
                                    grouping=patch.grouping, allocation=patch.allocation,
-                                   alpha_safeguard=patch.alpha_safeguard, **patch.options)
+                                   alpha_safeguard=patch.alpha_safeguard, **self.options)
             rows = result.output[..., first - context:, :]
             parts.append(rows)
             self._record(result, (first, m), q_all, k_heads, v_heads, None, rows)
