@@ -193,3 +193,15 @@ def test_caote_and_criticalkv_in_the_kv_cache_setting_keep_their_budget_per_kv_h
         full = approxlab.kv_cache_attention(method, q, k, v, context_length=30, num_features=30)
         exact = approxlab.exact_attention(q, repeat_kv(k), repeat_kv(v), causal=True)[..., 30:, :]
         assert float((full.output - exact).abs().max()) < 1e-12
+
+
+def test_the_decoder_and_bench_grids_list_them_and_the_perplexity_grid_leaves_them_out():
+    from approxlab.studies.bench import causal as bench_causal, grid as bench_grid
+    from approxlab.studies.decoder import grid as decoder_grid
+    from approxlab.studies.perplexity import grid as perplexity_grid
+
+    new = {"criticalkv", "caote"}
+    assert set(perplexity_grid.NOT_IN_GRID) == new
+    assert new <= set(decoder_grid.METHODS) and new <= set(bench_grid.FULL_GRID["patch_methods"])
+    assert {("kv-cache", m) for m in new} <= set(bench_causal.policies())
+    assert not new & set(perplexity_grid.METHODS) and not new & set(perplexity_grid.FULL_GRID["methods"])

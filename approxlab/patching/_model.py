@@ -202,6 +202,28 @@ def layer_inputs(spec: MethodSpec, options: dict, target: Target, layers) -> dic
             for layer in layers}
 
 
+def check_decoding(spec: MethodSpec, decoding_interval, context_length, allocation, record_attention):
+    """``decoding_interval`` (None, or an integer >= 1 for a cache policy of the KV-cache setting), checked."""
+    if decoding_interval is None:
+        return None
+    interval = check_int(decoding_interval, "decoding_interval", low=1)
+    if context_length is None:
+        raise ValueError(f"`decoding_interval` compresses the KV-cache setting's cache again while decoding: pass it "
+                         f"with context_length; got decoding_interval={interval} without a context_length.")
+    if spec.compress is None:
+        raise ValueError(f"`decoding_interval` needs a cache policy (a method with score= or compress=); got method "
+                         f"{spec.name!r}, which compresses no cache.")
+    if "rope_base" in getattr(spec, "inputs", ()):
+        raise ValueError(f"`decoding_interval` rescoring a cache of kept tokens reads their ranks as positions, which a "
+                         f"policy that reads the rotary embedding cannot; got method {spec.name!r} (inputs "
+                         f"{tuple(spec.inputs)!r}).")
+    if allocation == "adakv" or record_attention:
+        got = "allocation='adakv'" if allocation == "adakv" else "record_attention=True"
+        raise ValueError(f"`decoding_interval` keeps b tokens per head at every compression and forms no attention "
+                         f"matrix: allowed with allocation='uniform' and record_attention=False; got {got}.")
+    return interval
+
+
 def kept_window(spec: MethodSpec, options: dict, budget: int) -> int:
     """The keys a policy keeps at every layer besides its share: ``min(window, budget)`` for a step that takes
     ``window`` (SnapKV's observation window; the caller's value, else the step's default), else 0."""

@@ -192,6 +192,7 @@ class AttentionPatch:
         self.layers = layers
         self.num_features = num_features
         self.compression_ratio = None
+        self.decoding_interval = None  # tokens between two compressions while decoding (None: the context's only)
         self.options = options
         self.supplied = supplied
         self.layer_options = layer_options or {}  # {layer: options that layer supplies from its own weights}
@@ -310,7 +311,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
                     context_length: int | None = None, record_inputs: bool = False, grouping: str | None = None,
                     record_attention: bool = False, allocation: str | None = None,
                     alpha_safeguard: float | None = None, layer_budgets: str | None = None,
-                    pyramid_beta: float | None = None, **options) -> AttentionPatch:
+                    pyramid_beta: float | None = None, decoding_interval: int | None = None,
+                    **options) -> AttentionPatch:
     r"""Compute the attention of chosen layers of a transformers model with an approximation.
 
     ``with patch_attention(model, method, ...) as patch:`` -- inside the block, every forward pass of
@@ -373,6 +375,13 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
     pyramid_beta : float, optional
         With ``layer_budgets="pyramid"`` only: PyramidKV's :math:`\beta \ge 1`, the top layer keeping
         :math:`1/\beta` of the bottom-to-top mean share; default 20 (the authors' and kvpress's ``beta``).
+    decoding_interval : int, optional
+        The KV-cache setting only, with a cache policy: :math:`k \ge 1`, compress the cache again every :math:`k`
+        tokens after the context, back to the budget (kvpress's ``DecodingPress`` after a compressed prefill, its
+        ``PrefillDecodingPress``; :mod:`approxlab.patching.decoding` states the semantics and the differences), so
+        that under ``generate()`` no row attends more than ``num_features`` :math:`+ k` keys. Default None: the
+        context compressed once, every later token kept. Not with ``allocation="adakv"``, ``record_attention``, or a
+        policy that reads the rotary embedding (it would read the cache's ranks as positions).
     record_attention : bool, default False
         Measure each run's attention weights against exact attention on the same inputs
         (:func:`~approxlab.patching.records.attention_measures`: the rows' total variation distance and the
@@ -522,12 +531,14 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
     record_inputs = check_bool(record_inputs, "record_inputs")
     record_attention = check_bool(record_attention, "record_attention")
     supplied = _model.supplied_inputs(spec, options, target, chosen)
+    decoding_interval = _model.check_decoding(spec, decoding_interval, context_length, budgets[0], record_attention)
     per_layer = _model.layer_inputs(spec, options, target, chosen)
     seeds = _model.layer_seeds(generator, len(target.modules))
     patch = AttentionPatch(target, chosen, spec, num_features, causal, {**supplied, **options}, seeds, context_length,
                            record_inputs, grouping, supplied=tuple(supplied) + _model.LAYER_INPUTS * bool(per_layer),
                            record_attention=record_attention, budgets=budgets, layer_options=per_layer)
     patch.compression_ratio = None if compression_ratio is None else float(compression_ratio)
+    patch.decoding_interval = decoding_interval
     return patch
 
 
