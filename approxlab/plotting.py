@@ -104,6 +104,9 @@ METHOD_STYLES = {
     "ada-snapkv": {"color": "#33BBEE", "marker": "v", "linestyle": "--", "label": "Ada-SnapKV"},
     "pyramidkv": {"color": "#332288", "marker": "<", "linestyle": ":", "label": "PyramidKV"},
     "expected-attention": {"color": "#EE3377", "marker": "P", "label": "Expected attention"},
+    # the output-aware ones: attention weighted by what evicting a value does to the output
+    "criticalkv": {"color": "#882255", "marker": "p", "label": "CriticalKV"},
+    "caote": {"color": "#DDAA33", "marker": "*", "label": "CAOTE"},
     # those that rank tokens by position or by the keys' geometry (Okabe-Ito's palette)
     "streaming-llm": {"color": "#E69F00", "marker": "h", "label": "StreamingLLM"},
     "random": {"color": "#999999", "marker": "X", "label": "Random (floor)"},
@@ -195,8 +198,10 @@ def method_label(name: str) -> str:
     return label
 
 
-ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv", "pyramidkv", "expected-attention")
-"""The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected)."""
+ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv", "pyramidkv", "expected-attention",
+                      "criticalkv", "caote")
+"""The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected; CriticalKV
+and CAOTE weight it by what evicting the value does to the output)."""
 
 GEOMETRY_POLICIES = ("streaming-llm", "random", "knorm", "keydiff", "leverage-score", "cur", "compactor", "cap")
 """The built-in cache policies that rank tokens by position or by the geometry of the keys (and values)."""

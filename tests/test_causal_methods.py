@@ -23,7 +23,7 @@ from approxlab.methods.performer import CAUSAL_CHUNK, positive_random_features
 from approxlab.methods.yoso_e import collision_probability
 
 SCORERS = ["knorm", "random", "observed-attention", "tova", "keydiff", "expected-attention", "leverage-score", "cur",
-           "compactor", "cap", "ada-snapkv", "pyramidkv"]  # kvpress's presses: a prompt compressed once by their scores
+           "compactor", "cap", "criticalkv", "caote", "ada-snapkv", "pyramidkv"]  # kvpress's presses: a prompt compressed once by their scores
 OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "vattention", "magicpig",
        "streaming-llm", "h2o", "snapkv", "quest", "hyperattention", *SCORERS]
 ONLY = ["streaming-llm", "h2o", "snapkv", *SCORERS]
@@ -206,7 +206,7 @@ def test_causal_argument_errors():
                               key_mask=torch.ones(2, 3, 16, dtype=torch.bool))
     for name in ONLY:
         with pytest.raises(ValueError, match=rf"method '{name}' is causal-only: pass causal=True\. causal-only "
-                                             rf"methods .*\['streaming-llm', 'h2o', 'snapkv', 'knorm', .*'cap', "
+                                             rf"methods .*\['streaming-llm', 'h2o', 'snapkv', 'knorm', .*'cap', 'criticalkv', 'caote', "
                                              rf"'ada-snapkv', 'pyramidkv'\]; got causal=False"):
             approxlab.approximate(name, q, k, v, num_features=4)
         with pytest.raises(ValueError, match="has a causal form of its own: pass causal=True"):

@@ -20,8 +20,10 @@ import torch
 import approxlab
 from approxlab.methods._selection import attend_compressed
 from approxlab.methods.cap import cap_scores
+from approxlab.methods.caote import caote_scores
 from approxlab.methods.compactor import compactor_scores
 from approxlab.methods.cur import cur_scores
+from approxlab.methods.criticalkv import criticalkv_scores
 from approxlab.methods.expected_attention import expected_attention_scores
 from approxlab.methods.keydiff import keydiff_scores
 from approxlab.methods.knorm import knorm_scores
@@ -429,6 +431,8 @@ SCORERS = {
     "cur-sketched": (cur_scores, {"sketch_dimension": 3}),
     "cap": (cap_scores, {"rope_base": BASE}),
     "compactor": (compactor_scores, {"keys_pre_rope": lambda q, k, v: k, "chunk_size": 5}),
+    "criticalkv": (criticalkv_scores, {"base_options": {"window": 4}, "budget": 8}),
+    "caote": (caote_scores, {"window": 3}),
 }
 
 
@@ -488,7 +492,7 @@ def test_bad_inputs_are_refused_with_their_names(name):
 
 
 MODULES = ("knorm", "random", "observed_attention", "tova", "keydiff", "expected_attention", "leverage_score", "cur",
-           "compactor", "cap")
+           "compactor", "cap", "criticalkv", "caote")
 
 
 @pytest.mark.parametrize("module", MODULES)

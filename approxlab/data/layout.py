@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AttentionLayout", "get_attribute", "attention_module", "layout_of", "config_layout"]
+__all__ = ["AttentionLayout", "get_attribute", "attention_module", "layout_of", "config_layout",
+           "output_projection_of"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,32 @@ def layout_of(module, config) -> AttentionLayout:
         num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=int(head_dim),
     )
+
+
+def output_projection_of(module, layout: AttentionLayout) -> torch.Tensor:
+    r"""The attention module's output projection per query head, ``(H, p_v, d)``: head :math:`h`'s block of
+    :math:`W_O^\top` (the rows of ``o_proj.weight.T`` -- Llama, Qwen, Gemma -- or of GPT-2's ``c_proj.weight``, a
+    ``Conv1D`` stored transposed, that multiply head :math:`h`'s output), detached.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> from approxlab.data.layout import AttentionLayout, output_projection_of
+    >>> module = SimpleNamespace(o_proj=torch.nn.Linear(6, 5, bias=False))  # 2 heads of width 3 -> d = 5
+    >>> layout = AttentionLayout(True, 1.0, None, num_heads=2, num_kv_heads=1, head_dim=3)
+    >>> blocks = output_projection_of(module, layout)
+    >>> blocks.shape, torch.equal(blocks[1], module.o_proj.weight.T[3:])
+    (torch.Size([2, 3, 5]), True)
+    """
+    if getattr(module, "o_proj", None) is not None:
+        weight = module.o_proj.weight.T  # nn.Linear stores (d, H p_v)
+    elif getattr(module, "c_proj", None) is not None:
+        weight = module.c_proj.weight  # GPT-2's Conv1D stores (H p_v, d)
+    else:
+        raise ValueError(f"the attention module {type(module).__name__} has no output projection approxlab knows "
+                         "(o_proj or c_proj); pass output_projection=... yourself.")
+    return weight.detach().reshape(layout.num_heads, layout.head_dim, -1)
 
 
 def config_layout(config, architecture, layer: int) -> AttentionLayout:

@@ -78,6 +78,8 @@ BUILTINS = {
     "cur": "cur:CUR",
     "compactor": "compactor:COMPACTOR",
     "cap": "cap:CAP",
+    "criticalkv": "criticalkv:CRITICALKV",
+    "caote": "caote:CAOTE",
     "ada-snapkv": "ada_snapkv:ADA_SNAPKV",
     "pyramidkv": "pyramidkv:PYRAMIDKV",
 }

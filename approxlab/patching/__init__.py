@@ -11,6 +11,9 @@
   continuation (per-token NLL, greedy answer, per-layer errors on clean and on patched inputs).
 - :func:`key_tokens` (:mod:`approxlab.patching.key_tokens`): LongPPL's key tokens, those whose prediction needs
   distant context, and the change in NLL on them (:meth:`KeyTokens.delta`).
+- :class:`~approxlab.patching.decoding.DecodingCache` (:mod:`approxlab.patching.decoding`): decoding-time
+  compression, ``patch_attention(..., decoding_interval=k)``: the cache compressed back to the budget every ``k``
+  tokens after the context (kvpress's ``DecodingPress``).
 - :func:`token_nll` (:mod:`approxlab.patching.likelihood`): per-token negative log-likelihood of a causal
   language model, in float64: the change in log-perplexity a patch causes.
 

@@ -17,6 +17,7 @@ from ..attention import approximate, exact_attention
 from ..data.capture import check_call, query_factor, repeat_kv_heads
 from ..kernels import causal_mask
 from ..kv_cache import kv_cache_attention
+from .decoding import DecodingCache
 from .records import LayerCall, attention_measures
 
 
@@ -85,6 +86,10 @@ class PatchedLayer:
         self.generator = generator
         self.runs = 0
         self.queries = None  # the KV-cache setting: this layer's queries of the current sequence so far
+        own = {name: value.to(patch.compute_dtype) for name, value in patch.layer_options.get(layer, {}).items()}
+        self.options = {**patch.options, **own}  # the patch's options and what this layer supplies
+        self.decoding = None if getattr(patch, "decoding_interval", None) is None else DecodingCache(
+            patch.method, patch.budgets[layer], patch.decoding_interval, patch.grouping, generator, self.options)
 
     def _inputs(self, query, key, value):
         """``q`` rescaled, ``k, v`` per KV head, in the compute dtype."""
@@ -128,7 +133,7 @@ class PatchedLayer:
                 "with the cache, use the KV-cache setting, patch_attention(..., context_length=...)."
             )
         result = approximate(patch.method, q, k, v, num_features=patch.num_features, generator=self.generator,
-                             key_mask=key_mask, causal=patch.causal, **patch.options)
+                             key_mask=key_mask, causal=patch.causal, **self.options)
         self._record(result, (0, n_q), q, k, v, key_mask, result.output)
         return result.output
 
@@ -146,6 +151,8 @@ class PatchedLayer:
                                "through one cache, inside one patch_attention block.")
         q_all = q if start == 0 else torch.cat([self.queries, q], dim=-2)
         self.queries = q_all
+        if start == 0 and self.decoding is not None:
+            self.decoding.reset()  # a new sequence
         context = patch.context_length
         heads = q.shape[-3]
         k_heads, v_heads = repeat_kv_heads(k, heads), repeat_kv_heads(v, heads)
@@ -158,11 +165,15 @@ class PatchedLayer:
             first = max(start, context)
             # The KV-cache setting: the method compresses the context's keys and values (per layer and
             # head, from what it could see at compression time) and the continuation attends to them.
-            result = kv_cache_call(patch.method, q_all, k, v, context_length=context,
-                                   num_features=patch.budgets[self.layer], generator=self.generator,
-                                   grouping=patch.grouping, allocation=patch.allocation,
-                                   alpha_safeguard=patch.alpha_safeguard, **patch.options)
-            rows = result.output[..., first - context:, :]
+            if self.decoding is not None:  # compressed again every decoding_interval tokens (.decoding)
+                result = self.decoding.rows(q_all, k, v, context, first)
+                rows = result.output
+            else:
+                result = kv_cache_call(patch.method, q_all, k, v, context_length=context,
+                                       num_features=patch.budgets[self.layer], generator=self.generator,
+                                       grouping=patch.grouping, allocation=patch.allocation,
+                                       alpha_safeguard=patch.alpha_safeguard, **self.options)
+                rows = result.output[..., first - context:, :]
             parts.append(rows)
             self._record(result, (first, m), q_all, k_heads, v_heads, None, rows)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)

@@ -11,7 +11,7 @@ import torch
 
 from .._validation import check_choice, check_int
 from ..data.checkpoints import ARCHITECTURES, SUPPORTED, Architecture
-from ..data.layout import AttentionLayout, attention_module, get_attribute, layout_of
+from ..data.layout import AttentionLayout, attention_module, get_attribute, layout_of, output_projection_of
 from ..data.models import LoadedModel
 from ..kv_cache import GROUPINGS
 from ..methods import registry
@@ -183,6 +183,45 @@ def supplied_inputs(spec: MethodSpec, options: dict, target: Target, layers) -> 
                          f"model's RoPE frequencies; got layers {list(layers)} with different ones: patch them in "
                          "separate blocks or pass rope_frequencies yourself.")
     return model_inputs(spec, options, rope_frequencies=frequencies)
+
+
+LAYER_INPUTS = ("output_projection",)
+"""The options a patched layer supplies from its own weights (:func:`layer_inputs`)."""
+
+
+def layer_inputs(spec: MethodSpec, options: dict, target: Target, layers) -> dict:
+    """``{layer: {option: value}}``: what each patched layer supplies to a policy whose step takes one of
+    :data:`LAYER_INPUTS` the caller did not pass -- ``output_projection``, the layer's :math:`W_O` per query head
+    ``(H, p_v, d)`` (:func:`approxlab.data.layout.output_projection_of`; CriticalKV's); empty otherwise."""
+    step = spec.score if spec.score is not None else spec.compress
+    wanted = [name for name in LAYER_INPUTS if step is not None and name in inspect.signature(step).parameters
+              and name not in options]
+    if not wanted:
+        return {}
+    return {layer: {"output_projection": output_projection_of(target.modules[layer], target.layouts[layer])}
+            for layer in layers}
+
+
+def check_decoding(spec: MethodSpec, decoding_interval, context_length, allocation, record_attention):
+    """``decoding_interval`` (None, or an integer >= 1 for a cache policy of the KV-cache setting), checked."""
+    if decoding_interval is None:
+        return None
+    interval = check_int(decoding_interval, "decoding_interval", low=1)
+    if context_length is None:
+        raise ValueError(f"`decoding_interval` compresses the KV-cache setting's cache again while decoding: pass it "
+                         f"with context_length; got decoding_interval={interval} without a context_length.")
+    if spec.compress is None:
+        raise ValueError(f"`decoding_interval` needs a cache policy (a method with score= or compress=); got method "
+                         f"{spec.name!r}, which compresses no cache.")
+    if "rope_base" in getattr(spec, "inputs", ()):
+        raise ValueError(f"`decoding_interval` rescoring a cache of kept tokens reads their ranks as positions, which a "
+                         f"policy that reads the rotary embedding cannot; got method {spec.name!r} (inputs "
+                         f"{tuple(spec.inputs)!r}).")
+    if allocation == "adakv" or record_attention:
+        got = "allocation='adakv'" if allocation == "adakv" else "record_attention=True"
+        raise ValueError(f"`decoding_interval` keeps b tokens per head at every compression and forms no attention "
+                         f"matrix: allowed with allocation='uniform' and record_attention=False; got {got}.")
+    return interval
 
 
 def kept_window(spec: MethodSpec, options: dict, budget: int) -> int:

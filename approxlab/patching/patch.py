@@ -138,7 +138,11 @@ class AttentionPatch:
         The method's own keywords: the caller's and those the model supplied.
     supplied : tuple of str
         The options the model supplied (``("rope_frequencies",)`` for a RoPE-aware cache policy: the model's
-        frequencies, or ``None`` for a model without RoPE; see :func:`patch_attention`'s Notes); empty otherwise.
+        frequencies, or ``None`` for a model without RoPE; ``"output_projection"`` for CriticalKV, each layer's own,
+        in :attr:`layer_options`; see :func:`patch_attention`'s Notes); empty otherwise.
+    layer_options : dict
+        ``{layer: {option: value}}``, what each patched layer supplies from its own weights (empty for most
+        methods).
     causal : bool or str
         What ``approximate(..., causal=...)`` gets: ``False`` (an encoder), ``True`` (the method's own
         causal form) or ``"mask-renormalise"``.
@@ -181,14 +185,17 @@ class AttentionPatch:
     """
 
     def __init__(self, target, layers, spec, num_features, causal, options, seeds, context_length,
-                 record_inputs, grouping=None, supplied=(), record_attention=False, budgets=(None, None, None, None)):
+                 record_inputs, grouping=None, supplied=(), record_attention=False, budgets=(None, None, None, None),
+                 layer_options=None):
         self._target = target
         self.method = spec.name
         self.layers = layers
         self.num_features = num_features
         self.compression_ratio = None
+        self.decoding_interval = None  # tokens between two compressions while decoding (None: the context's only)
         self.options = options
         self.supplied = supplied
+        self.layer_options = layer_options or {}  # {layer: options that layer supplies from its own weights}
         self.causal = causal
         self.context_length = context_length
         self.grouping = grouping
@@ -304,7 +311,8 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
                     context_length: int | None = None, record_inputs: bool = False, grouping: str | None = None,
                     record_attention: bool = False, allocation: str | None = None,
                     alpha_safeguard: float | None = None, layer_budgets: str | None = None,
-                    pyramid_beta: float | None = None, **options) -> AttentionPatch:
+                    pyramid_beta: float | None = None, decoding_interval: int | None = None,
+                    **options) -> AttentionPatch:
     r"""Compute the attention of chosen layers of a transformers model with an approximation.
 
     ``with patch_attention(model, method, ...) as patch:`` -- inside the block, every forward pass of
@@ -367,6 +375,13 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
     pyramid_beta : float, optional
         With ``layer_budgets="pyramid"`` only: PyramidKV's :math:`\beta \ge 1`, the top layer keeping
         :math:`1/\beta` of the bottom-to-top mean share; default 20 (the authors' and kvpress's ``beta``).
+    decoding_interval : int, optional
+        The KV-cache setting only, with a cache policy: :math:`k \ge 1`, compress the cache again every :math:`k`
+        tokens after the context, back to the budget (kvpress's ``DecodingPress`` after a compressed prefill, its
+        ``PrefillDecodingPress``; :mod:`approxlab.patching.decoding` states the semantics and the differences), so
+        that under ``generate()`` no row attends more than ``num_features`` :math:`+ k` keys. Default None: the
+        context compressed once, every later token kept. Not with ``allocation="adakv"``, ``record_attention``, or a
+        policy that reads the rotary embedding (it would read the cache's ranks as positions).
     record_attention : bool, default False
         Measure each run's attention weights against exact attention on the same inputs
         (:func:`~approxlab.patching.records.attention_measures`: the rows' total variation distance and the
@@ -432,7 +447,10 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
     ``inv_freq`` (so a scaled RoPE, Llama 3's or YaRN's, is the model's own), unless the caller passed
     ``rope_base`` or ``rope_frequencies``. A model without RoPE (BERT, GPT-2) supplies ``rope_frequencies=None``
     and the policy reads its keys as un-rotated, as they are (called directly without either, such a policy
-    warns: :class:`~approxlab.errors.RopeWarning`). :attr:`AttentionPatch.supplied` names what was supplied.
+    warns: :class:`~approxlab.errors.RopeWarning`). A policy whose score takes ``output_projection`` (CriticalKV)
+    gets each patched layer's own :math:`W_O` per query head, ``(H, p_v, d)``
+    (:func:`approxlab.data.layout.output_projection_of`), unless the caller passed one.
+    :attr:`AttentionPatch.supplied` names what was supplied.
 
     **Random streams.** When ``patch_attention`` is called it draws one seed per layer of the model,
     ``torch.randint(2**63 - 1, (num_layers,), generator=generator)``; layer :math:`\ell` draws from a
@@ -513,11 +531,14 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
     record_inputs = check_bool(record_inputs, "record_inputs")
     record_attention = check_bool(record_attention, "record_attention")
     supplied = _model.supplied_inputs(spec, options, target, chosen)
+    decoding_interval = _model.check_decoding(spec, decoding_interval, context_length, budgets[0], record_attention)
+    per_layer = _model.layer_inputs(spec, options, target, chosen)
     seeds = _model.layer_seeds(generator, len(target.modules))
     patch = AttentionPatch(target, chosen, spec, num_features, causal, {**supplied, **options}, seeds, context_length,
-                           record_inputs, grouping, supplied=tuple(supplied), record_attention=record_attention,
-                           budgets=budgets)
+                           record_inputs, grouping, supplied=tuple(supplied) + _model.LAYER_INPUTS * bool(per_layer),
+                           record_attention=record_attention, budgets=budgets, layer_options=per_layer)
     patch.compression_ratio = None if compression_ratio is None else float(compression_ratio)
+    patch.decoding_interval = decoding_interval
     return patch
 
 
