@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..reporting.markdown import markdown_table
 from ..reporting.calibrated import calibration_lines, calibration_table, holm_lines, in_short_lines
-from ..reporting.summary import render
+from ..reporting.summary import render, run_lines
 from .claims import CONDITIONING, conditioning
 from .spectra import MATRICES, RESULTS
 
@@ -196,4 +196,4 @@ def summarize(config: dict, results: pd.DataFrame) -> str:
 
 def sections(saved) -> list[str]:
     """The summary's lines from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
-    return summary_lines(saved.config, saved.table(RESULTS))
+    return summary_lines(saved.config, saved.table(RESULTS)) + run_lines(saved)
