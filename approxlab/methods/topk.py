@@ -94,12 +94,11 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
     key_mask = check_key_mask(key_mask, k)
     budget = min(num_features, k.shape[-2])
 
-    def keep(logits, log_normaliser):
-        values, indices = logits.topk(budget, dim=-1)
-        return indices, torch.isfinite(values)
+    def keep(values, log_normaliser):
+        return torch.isfinite(values)
 
     output, indices, weights, kept, dropped, _ = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, keep=keep, width=budget)
+                                                               key_mask=key_mask, budget=budget, keep=keep)
     info = {"indices": indices, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topk", output, k.shape[-2], lambda: (indices, weights), info)
 

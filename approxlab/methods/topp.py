@@ -80,14 +80,13 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
         raise ValueError(f"`p` must be a mass in (0, 1]; got {p!r}.")
     budget = min(num_features, k.shape[-2])
 
-    def keep(logits, log_normaliser):
-        values, indices = logits.topk(budget, dim=-1)
+    def keep(values, log_normaliser):
         mass = torch.exp(values - log_normaliser.unsqueeze(-1))
         before = torch.cumsum(mass, dim=-1) - mass  # the mass of the keys ranked above each one
-        return indices, torch.isfinite(values) & (before < p)
+        return torch.isfinite(values) & (before < p)
 
     output, indices, weights, kept, dropped, counts = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, keep=keep, width=budget)
+                                                               key_mask=key_mask, budget=budget, keep=keep)
     info = {"indices": indices, "kept": counts, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topp", output, k.shape[-2], lambda: (indices, weights), info)
 
