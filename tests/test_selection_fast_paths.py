@@ -33,7 +33,9 @@ def _assert_same_topk(x, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_row_topk_is_torch_topk_bit_for_bit(dtype):
     g = gen(0)
-    for width, k in ((300, 4), (1000, 16), (1037, 16), (2 * GROUP_COLUMNS * 17 - 1, 16), (64, 8)):
+    # whole rows to torch.topk (150, 64), groups of c / 2 (403 with a tail, 543), of c (544, 1037 with a tail, ...)
+    for width, k in ((150, 16), (64, 8), (403, 16), (4 * GROUP_COLUMNS * 17 - 1, 16), (4 * GROUP_COLUMNS * 17, 16),
+                     (300, 4), (1000, 16), (1037, 16)):
         _assert_same_topk(torch.randn(2, 3, 7, width, generator=g, dtype=dtype), k)
     x = torch.randn(5, 600, generator=g, dtype=dtype)
     _assert_same_topk(x.unsqueeze(0).expand(3, 5, 600), 6)  # a broadcast batch (stride 0)

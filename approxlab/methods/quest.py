@@ -16,7 +16,7 @@ from ._base import method
 from ._masking import check_key_mask
 from ._selection import block_rows, gather_rows, safe_softmax, selected_weights, sparse_approximation, weighted_rows
 
-__all__ = ["quest", "QUEST", "page_bounds", "pages_kept", "attend_pages"]
+__all__ = ["quest", "QUEST", "page_bounds", "pages_kept"]
 
 SUB_BLOCK_ELEMENTS = 1 << 20
 """Entries of the gathered keys of one sub-block of :func:`attend_pages` (4 MiB of float32)."""
@@ -135,8 +135,11 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
     page maximum -- the same number as :math:`U_{iP}`; its bound is not divided by :math:`\sqrt p`, which
     does not change the ranking. See the docs page for the comparison on shared inputs.
 
-    **Cost**: the bounds :math:`O(n\lceil m/S\rceil p)`, the attention :math:`O(nKSp)`, memory
-    :math:`O(mp)` for the page extremes plus row blocks; no :math:`n\times m` array.
+    **Cost**: the page extremes once per page, :math:`O(mp)` (causal: the running extremes of each page's
+    prefix, :math:`O(mp)` too); the bounds :math:`O(n\lceil m/S\rceil p)` and each query's top :math:`K`
+    pages, per row block; the attention :math:`O(nKSp)` (:func:`attend_pages`: a page's keys are one
+    contiguous row, gathered once per query and page, the output the weighted sum of the pages' value rows);
+    memory :math:`O(mp)` plus row blocks; no :math:`n\times m` array.
 
     References
     ----------

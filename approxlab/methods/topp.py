@@ -53,8 +53,8 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
     renormalise over them. The dropped mass is then :math:`\delta_i \le 1-p` whenever the cap does not
     bind, so the bound of :func:`~approxlab.methods.topk.topk`'s Notes gives
     :math:`\|o_i-\tilde o_i\| \le 2(1-p)\max_j\|v_j\|`. Only the ``num_features`` largest logits are
-    ever sorted (``torch.topk`` per row block), so the cost is that of the top-k oracle: all
-    :math:`nm` logits in row blocks of at most :math:`2^{22}` entries.
+    ever sorted (the top-k oracle's selection per row block, ``torch.topk``'s result), so the cost is that of
+    the top-k oracle: all :math:`nm` logits in row blocks of at most :math:`2^{22}` entries.
 
     **Published code**: sparse-attention-hub's ``OracleTopPMasker`` keeps every key whose weight is at
     least the threshold weight found by ``searchsorted(cumsum, p, side="right")``, i.e. the smallest
