@@ -85,8 +85,9 @@ def _packed_topk(candidates: torch.Tensor, threshold: torch.Tensor, k: int) -> t
     those entries are packed to the left of a narrower block (-inf after them) before ``torch.topk``; the
     positions returned are the candidates' own. A row with fewer gets -inf values (then not clean)."""
     reach = candidates >= threshold
-    slot = reach.cumsum(-1) * reach  # 1, 2, ... on the entries that reach the threshold; 0 (a spare) elsewhere
-    width = max(k, int(slot.amax()))
+    slot = reach.cumsum(-1)
+    width = max(k, int(slot[..., -1].amax()))  # the most entries of a row that reach the threshold
+    slot.mul_(reach)  # 1, 2, ... on the entries that reach the threshold; 0 (a spare) elsewhere
     shape = (*candidates.shape[:-1], width + 1)
     packed = torch.full(shape, float("-inf"), dtype=candidates.dtype, device=candidates.device)
     packed.scatter_(-1, slot, candidates)
