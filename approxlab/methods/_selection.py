@@ -319,7 +319,7 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     can see are formed, ``w = min(m, max(stop, budget))`` for rows ``start:stop``, so the causal oracle costs half
     the logits. The causal mask is written on the block's diagonal columns only (those left of ``start`` are
     visible to every row), and the normaliser is ``torch.logsumexp``'s sum, taken in place once the kept logits
-    are read (the same numbers, without a copy of the block).
+    are read (the same numbers, without a copy of the block). Every block's logits are written into one buffer.
 
     Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
     ``(*batch, n, budget)`` with the softmax over the kept keys (0 on unused slots), ``kept_mass`` and
@@ -332,12 +332,15 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
     block = block_rows(batch, m)
     values_of = weighted_rows(v, torch.broadcast_shapes(batch, v.shape[:-2]))
+    # one buffer for every block's logits (a fresh block of this size costs its page faults each time)
+    heads = int(torch.Size(batch).numel())
+    buffer = torch.empty(heads * min(block, n) * m, dtype=torch.result_type(q, k), device=q.device)
     outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
     for start in range(0, n, block):
         stop = min(start + block, n)
         columns = min(m, max(stop, budget)) if causal else m
-        logits = (q[..., start:stop, :] @ k[..., :columns, :].transpose(-1, -2)).div_(math.sqrt(p))
-        logits = logits.expand(*batch, stop - start, columns)
+        logits = buffer[:heads * (stop - start) * columns].view(*batch, stop - start, columns)
+        torch.matmul(q[..., start:stop, :], k[..., :columns, :].transpose(-1, -2), out=logits).div_(math.sqrt(p))
         if causal and start < columns:  # keys j > i: on the columns start.. only
             logits[..., start:].masked_fill_(~causal_mask(stop - start, columns - start, device=q.device),
                                              float("-inf"))
