@@ -124,3 +124,26 @@ def test_quest_output_equals_its_operator_on_the_pages_tokens(causal, dtype, siz
     torch.testing.assert_close(result.output, result.matrix() @ v, **TOLERANCES[dtype])
     pages = result.info["pages"]
     assert pages.shape == (2, 3, 203, -(-budget // size)) and int(pages.max()) < -(-203 // size)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_flow_as_through_the_reference(monkeypatch, causal):
+    """With inputs that require gradients the fast paths record a graph (no buffer, nothing in place): the
+    gradients of ``topk``/``topp`` equal those with the former selection, Quest's those of its operator's product."""
+
+    def gradients(name, through_operator=False, **options):
+        q, k, v = (x.clone().requires_grad_(True) for x in _qkv(300, torch.float64, 6, batch=(2,)))
+        result = approxlab.approximate(name, q, k, v, num_features=6, causal=causal, **options)
+        out = result.matrix() @ v if through_operator else result.output
+        out.square().sum().backward()
+        return [x.grad for x in (q, k, v)]
+
+    for name, options in (("topk", {}), ("topp", {"p": 0.7})):
+        fast = gradients(name, **options)
+        with monkeypatch.context() as patch:
+            _former_selection(patch)
+            former = gradients(name, **options)
+        for a, b in zip(fast, former):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    for a, b in zip(gradients("quest", page_size=4), gradients("quest", through_operator=True, page_size=4)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

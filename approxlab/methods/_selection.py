@@ -321,7 +321,8 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     can see are formed, ``w = min(m, max(stop, budget))`` for rows ``start:stop``, so the causal oracle costs half
     the logits. The causal mask is written on the block's diagonal columns only (those left of ``start`` are
     visible to every row), and the normaliser is ``torch.logsumexp``'s sum, taken in place once the kept logits
-    are read (the same numbers, without a copy of the block). Every block's logits are written into one buffer.
+    are read (the same numbers, without a copy of the block). Every block's logits are written into one buffer
+    (with a graph to record, for gradients, fresh logits and ``torch.logsumexp`` itself).
 
     Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
     ``(*batch, n, budget)`` with the softmax over the kept keys (0 on unused slots), ``kept_mass`` and
@@ -336,20 +337,26 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     values_of = weighted_rows(v, torch.broadcast_shapes(batch, v.shape[:-2]))
     # one buffer for every block's logits (a fresh block of this size costs its page faults each time)
     heads = int(torch.Size(batch).numel())
-    buffer = torch.empty(heads * min(block, n) * m, dtype=torch.result_type(q, k), device=q.device)
+    graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)  # then no buffer, nothing in place
+    buffer = None if graph else torch.empty(heads * min(block, n) * m, dtype=torch.result_type(q, k),
+                                            device=q.device)
     outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
     for start in range(0, n, block):
         stop = min(start + block, n)
         columns = min(m, max(stop, budget)) if causal else m
-        logits = buffer[:heads * (stop - start) * columns].view(*batch, stop - start, columns)
-        torch.matmul(q[..., start:stop, :], k[..., :columns, :].transpose(-1, -2), out=logits).div_(math.sqrt(p))
+        keys = k[..., :columns, :].transpose(-1, -2)
+        if graph:
+            logits = (q[..., start:stop, :] @ keys).div_(math.sqrt(p)).expand(*batch, stop - start, columns)
+        else:
+            logits = buffer[:heads * (stop - start) * columns].view(*batch, stop - start, columns)
+            torch.matmul(q[..., start:stop, :], keys, out=logits).div_(math.sqrt(p))
         if causal and start < columns:  # keys j > i: on the columns start.. only
             logits[..., start:].masked_fill_(~causal_mask(stop - start, columns - start, device=q.device),
                                              float("-inf"))
         if key_mask is not None:
             logits = logits.masked_fill(~key_mask[..., :columns].unsqueeze(-2), float("-inf"))
         chosen, indices = row_topk(logits, budget)
-        log_normaliser = _logsumexp_(logits)
+        log_normaliser = torch.logsumexp(logits, dim=-1) if graph else _logsumexp_(logits)
         empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
         log_normaliser = log_normaliser.masked_fill(empty, 0.0)
         valid = keep(chosen, log_normaliser) & ~empty.unsqueeze(-1)
