@@ -321,7 +321,7 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     can see are formed, ``w = min(m, max(stop, budget))`` for rows ``start:stop``, so the causal oracle costs half
     the logits. The causal mask is written on the block's diagonal columns only (those left of ``start`` are
     visible to every row), and the normaliser is ``torch.logsumexp``'s sum, taken in place once the kept logits
-    are read (the same numbers, without a copy of the block). Every block's logits are written into one buffer
+    are read, from the largest of them (the same numbers, without a copy of the block or a pass for the maximum). Every block's logits are written into one buffer
     (with a graph to record, for gradients, fresh logits and ``torch.logsumexp`` itself).
 
     Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
@@ -338,6 +338,7 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     # one buffer for every block's logits (a fresh block of this size costs its page faults each time)
     heads = int(torch.Size(batch).numel())
     graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)  # then no buffer, nothing in place
+    exact_scale = math.log2(p) % 2 == 0  # sqrt(p) a power of two: dividing q by it rounds nothing
     buffer = None if graph else torch.empty(heads * min(block, n) * m, dtype=torch.result_type(q, k),
                                             device=q.device)
     outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
@@ -349,14 +350,17 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
             logits = (q[..., start:stop, :] @ keys).div_(math.sqrt(p)).expand(*batch, stop - start, columns)
         else:
             logits = buffer[:heads * (stop - start) * columns].view(*batch, stop - start, columns)
-            torch.matmul(q[..., start:stop, :], keys, out=logits).div_(math.sqrt(p))
+            if exact_scale:  # q / sqrt(p) then the product: the same numbers as the product / sqrt(p)
+                torch.matmul(q[..., start:stop, :] / math.sqrt(p), keys, out=logits)
+            else:
+                torch.matmul(q[..., start:stop, :], keys, out=logits).div_(math.sqrt(p))
         if causal and start < columns:  # keys j > i: on the columns start.. only
             logits[..., start:].masked_fill_(~causal_mask(stop - start, columns - start, device=q.device),
                                              float("-inf"))
         if key_mask is not None:
             logits = logits.masked_fill(~key_mask[..., :columns].unsqueeze(-2), float("-inf"))
         chosen, indices = row_topk(logits, budget)
-        log_normaliser = torch.logsumexp(logits, dim=-1) if graph else _logsumexp_(logits)
+        log_normaliser = torch.logsumexp(logits, dim=-1) if graph else _logsumexp_(logits, chosen[..., :1])
         empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
         log_normaliser = log_normaliser.masked_fill(empty, 0.0)
         valid = keep(chosen, log_normaliser) & ~empty.unsqueeze(-1)
@@ -373,10 +377,12 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
             torch.cat(kept, dim=-1), torch.cat(dropped, dim=-1), torch.cat(counts, dim=-1))
 
 
-def _logsumexp_(logits: torch.Tensor) -> torch.Tensor:
+def _logsumexp_(logits: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
     """``torch.logsumexp(logits, dim=-1)`` by its own steps (the row maximum, 0 where infinite, subtracted; exp;
-    sum; log; the maximum added back), the first two in place: the same numbers, ``logits`` overwritten."""
-    peak = logits.amax(-1, keepdim=True)
+    sum; log; the maximum added back), the first two in place: the same numbers, ``logits`` overwritten. The row
+    maximum is given, ``largest`` ``(..., 1)`` (the first of ``torch.topk``'s values: NaN where the row has one,
+    as ``amax`` gives it)."""
+    peak = largest.clone()
     peak.masked_fill_(peak.abs() == math.inf, 0.0)
     return logits.sub_(peak).exp_().sum(-1).log_().add_(peak.squeeze(-1))
 
