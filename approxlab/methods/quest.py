@@ -14,9 +14,12 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import method
 from ._masking import check_key_mask
-from ._selection import attend_selected, selected_weights, sparse_approximation
+from ._selection import block_rows, gather_rows, safe_softmax, selected_weights, sparse_approximation, weighted_rows
 
 __all__ = ["quest", "QUEST", "page_bounds", "pages_kept"]
+
+SUB_BLOCK_ELEMENTS = 1 << 20
+"""Entries of the gathered keys of one sub-block of :func:`attend_pages` (4 MiB of float32)."""
 
 ROUNDINGS = ("ceil", "floor")
 """``budget_rounding``: pages kept = ceil (whole pages covering the budget) or floor (the authors' code) of
@@ -41,8 +44,11 @@ def _extremes(pages: torch.Tensor, real: torch.Tensor, cumulative: bool):
     page's first ``s + 1`` tokens, for every slot ``s``), 0 where there is none, and whether there is one."""
     high = pages.masked_fill(~real.unsqueeze(-1), -math.inf)
     low = pages.masked_fill(~real.unsqueeze(-1), math.inf)
-    if cumulative:
-        high, low, some = high.cummax(-2).values, low.cummin(-2).values, real.cumsum(-1) > 0
+    if cumulative:  # a running maximum (minimum) over the page's slots: S - 1 elementwise steps
+        for slot in range(1, pages.shape[-2]):
+            high[..., slot, :] = torch.maximum(high[..., slot - 1, :], high[..., slot, :])
+            low[..., slot, :] = torch.minimum(low[..., slot - 1, :], low[..., slot, :])
+        some = real.cumsum(-1) > 0
     else:
         high, low, some = high.amax(-2), low.amin(-2), real.any(-1)
     zero = ~some.unsqueeze(-1)
@@ -129,8 +135,11 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
     page maximum -- the same number as :math:`U_{iP}`; its bound is not divided by :math:`\sqrt p`, which
     does not change the ranking. See the docs page for the comparison on shared inputs.
 
-    **Cost**: the bounds :math:`O(n\lceil m/S\rceil p)`, the attention :math:`O(nKSp)`, memory
-    :math:`O(mp)` for the page extremes plus row blocks; no :math:`n\times m` array.
+    **Cost**: the page extremes once per page, :math:`O(mp)` (causal: the running extremes of each page's
+    prefix, :math:`O(mp)` too); the bounds :math:`O(n\lceil m/S\rceil p)` and each query's top :math:`K`
+    pages, per row block; the attention :math:`O(nKSp)` (:func:`attend_pages`: a page's keys are one
+    contiguous row, gathered once per query and page, the output the weighted sum of the pages' value rows);
+    memory :math:`O(mp)` plus row blocks; no :math:`n\times m` array.
 
     References
     ----------
@@ -167,10 +176,7 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
         own_high, own_low, own_some = _extremes(pages, padded_real, cumulative=True)
         own_high, own_low = own_high.flatten(-3, -2)[..., :n, :], own_low.flatten(-3, -2)[..., :n, :]
         own_some = own_some.flatten(-2)[..., :n]
-    chosen_pages = []
-    offsets = torch.arange(size, device=q.device)
-
-    def selection(start, stop):
+    def chosen(start, stop):  # the bounds of the top pages of rows start:stop, and those pages
         rows = q[..., start:stop, :].expand(*batch, stop - start, p)
         bounds = page_bounds(rows, high, low).masked_fill(~some.unsqueeze(-2), -math.inf)
         if causal:
@@ -181,21 +187,69 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
             own = own.masked_fill(~own_some[..., start:stop], -math.inf)
             bounds = bounds.masked_fill(later, -math.inf)
             bounds = bounds.scatter(-1, own_page.expand(*batch, stop - start).unsqueeze(-1), own.unsqueeze(-1))
-        values, top = bounds.topk(kept, dim=-1)
-        chosen_pages.append(torch.where(torch.isfinite(values), top, torch.full_like(top, -1)))
-        tokens = (top.unsqueeze(-1) * size + offsets).flatten(-2)
-        valid = torch.isfinite(values).repeat_interleave(size, dim=-1) & (tokens < m)
-        tokens = torch.where(valid, tokens, torch.zeros_like(tokens))
-        valid = valid & torch.gather(real, -1, tokens.flatten(-2)).view_as(valid)
-        if causal:
-            valid = valid & (tokens <= torch.arange(start, stop, device=q.device).unsqueeze(-1))
-        return tokens, valid
+        return bounds.topk(kept, dim=-1)
 
-    output = attend_selected(q, k, v, selection, width=kept * size)
-    info = {"pages": torch.cat(chosen_pages, dim=-2), "pages_per_query": kept}
+    def selection(start, stop):  # the tokens of those pages (the operator's rows; 0 on an unused slot)
+        values, top = chosen(start, stop)
+        tokens, valid = page_tokens(top, torch.isfinite(values), padded_real.flatten(-2), size, start, causal)
+        return torch.where(valid, tokens, torch.zeros_like(tokens)), valid
+
+    output, pages = attend_pages(q, k, v, chosen, page_size=size, real=padded_real.flatten(-2), causal=causal,
+                                 block=block_rows(batch, kept * size * max(p, v.shape[-1])))
+    info = {"pages": pages, "pages_per_query": kept}
     record = lambda: selected_weights(q, k, v, selection, width=kept * size)  # noqa: E731
     return sparse_approximation("quest", output, m, record, info)
 
 
+def attend_pages(q, k, v, chosen, *, page_size: int, real: torch.Tensor, causal: bool, block: int):
+    r"""Each query's exact softmax over the tokens of its chosen pages, page by page.
+
+    ``chosen(start, stop) -> (bounds, pages)`` gives the ``(*batch, stop - start, K)`` pages of rows
+    ``start:stop`` (a non-finite bound: no page); ``real`` ``(*batch, P * S)`` says which slots of the padded
+    pages hold a key that may be attended. Rows are taken ``block`` at a time from ``chosen`` (the blocks of
+    the operator's :func:`~._selection.selected_weights`, so the pages are the same), and attended in sub-blocks
+    that stay in cache: the keys of a page are one contiguous ``S * p`` row of the padded keys (one lookup a page,
+    not one a token), the logits their product with the query, the output the weighted sum of the value rows
+    (:func:`~._selection.weighted_rows`). The same numbers as :func:`~._selection.attend_selected` over the
+    pages' tokens, to rounding. Returns the output ``(*batch, n, p_v)`` and the pages ``(*batch, n, K)`` (-1 for
+    no page).
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, m, p, size = q.shape[-2], k.shape[-2], q.shape[-1], page_size
+    num_pages = -(-m // size)
+    padded = torch.nn.functional.pad(k.expand(*batch, m, p), (0, 0, 0, num_pages * size - m))
+    page_keys = gather_rows(padded.reshape(*batch, num_pages, size * p), batch)
+    values_of = weighted_rows(v, batch)
+    outputs, all_pages = [], []
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        bounds, top = chosen(start, stop)
+        some = torch.isfinite(bounds)
+        all_pages.append(torch.where(some, top, torch.full_like(top, -1)))
+        width = top.shape[-1] * size
+        sub = max(1, SUB_BLOCK_ELEMENTS // max(1, int(torch.Size(batch).numel()) * width * max(p, v.shape[-1])))
+        for a in range(start, stop, sub):
+            b = min(a + sub, stop)
+            pages, rows = top[..., a - start:b - start, :], q[..., a:b, :].expand(*batch, b - a, p)
+            keys = page_keys(pages).view(*batch, b - a, width, p)
+            logits = (keys * rows.unsqueeze(-2)).sum(-1) / math.sqrt(p)
+            tokens, valid = page_tokens(pages, some[..., a - start:b - start, :], real, size, a, causal)
+            weights = safe_softmax(logits.masked_fill(~valid, -math.inf))
+            outputs.append(values_of(weights, tokens.clamp(max=m - 1)))
+    return torch.cat(outputs, dim=-2), torch.cat(all_pages, dim=-2)
+
+
+def page_tokens(pages: torch.Tensor, some: torch.Tensor, real: torch.Tensor, size: int, first_row: int,
+                causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of ``pages`` ``(*batch, rows, K)`` of ``size`` tokens, ``(*batch, rows, K * size)``, and which of
+    them a row attends: its page is one (``some``, ``(*batch, rows, K)``), the slot holds a key that may be attended
+    (``real`` ``(*batch, P * size)``, over the padded pages) and, ``causal``, the token is not after the row (rows
+    ``first_row, first_row + 1, ...``)."""
+    tokens = (pages.unsqueeze(-1) * size + torch.arange(size, device=pages.device)).flatten(-2)
+    valid = some.repeat_interleave(size, dim=-1) & torch.gather(real, -1, tokens.flatten(-2)).view_as(tokens)
+    if causal:
+        rows = torch.arange(first_row, first_row + pages.shape[-2], device=pages.device)
+        valid = valid & (tokens <= rows.unsqueeze(-1))
+    return tokens, valid
 QUEST = quest
 __test__ = {"quest": quest.function}  # doctest skips a MethodSpec: run its function's examples

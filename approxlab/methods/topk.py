@@ -65,9 +65,14 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
     :math:`\|O-\tilde O\|_F \le 2\max_j\|v_j\|\,\|\delta\|_2`.
 
     **Cost**: all :math:`n m` logits (:math:`O(nmp)` time, as exact attention), formed in row blocks
-    of at most :math:`2^{22}` entries, so memory is :math:`O(n\cdot\text{block} + nk)`; the selection
-    is ``torch.topk`` per row block, :math:`O(nm\log k)`; the output :math:`O(nkp_v)`. Causal, a row block
-    forms the logits of the keys its rows can see only (half of them in all).
+    of at most :math:`2^{22}` entries, so memory is :math:`O(n\cdot\text{block} + nk)`, never
+    :math:`n\times m`; the selection per row block keeps a threshold per row, the :math:`(k+1)`-th largest of
+    the maxima of groups of the row's logits, and sorts only the logits of the chosen groups that reach it
+    (:func:`~approxlab.methods._row_topk.row_topk`: ``torch.topk``'s result bit for bit, tied rows broken by
+    ``torch.topk`` itself), :math:`O(nm)` elementwise; the output, the weighted sum of the :math:`k` value rows
+    of each query, :math:`O(nkp_v)`. Causal, a row block forms the logits of the keys its rows can see only
+    (half of them in all). Against torch's fused causal SDPA on the same tensors see ``approxlab bench``
+    (its causal part).
 
     **Published code**: MagicPIG (Infini-AI-Lab/MagicPIG, ``evaluations/RULER/pred/topk_cache.py``)
     and sparse-attention-hub's ``oracle_top_k`` masker compute the same oracle on the model's own
@@ -94,12 +99,11 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
     key_mask = check_key_mask(key_mask, k)
     budget = min(num_features, k.shape[-2])
 
-    def keep(logits, log_normaliser):
-        values, indices = logits.topk(budget, dim=-1)
-        return indices, torch.isfinite(values)
+    def keep(values, log_normaliser):
+        return torch.isfinite(values)
 
     output, indices, weights, kept, dropped, _ = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, keep=keep, width=budget)
+                                                               key_mask=key_mask, budget=budget, keep=keep)
     info = {"indices": indices, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topk", output, k.shape[-2], lambda: (indices, weights), info)
 

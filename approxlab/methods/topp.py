@@ -53,8 +53,8 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
     renormalise over them. The dropped mass is then :math:`\delta_i \le 1-p` whenever the cap does not
     bind, so the bound of :func:`~approxlab.methods.topk.topk`'s Notes gives
     :math:`\|o_i-\tilde o_i\| \le 2(1-p)\max_j\|v_j\|`. Only the ``num_features`` largest logits are
-    ever sorted (``torch.topk`` per row block), so the cost is that of the top-k oracle: all
-    :math:`nm` logits in row blocks of at most :math:`2^{22}` entries.
+    ever sorted (the top-k oracle's selection per row block, ``torch.topk``'s result), so the cost is that of
+    the top-k oracle: all :math:`nm` logits in row blocks of at most :math:`2^{22}` entries.
 
     **Published code**: sparse-attention-hub's ``OracleTopPMasker`` keeps every key whose weight is at
     least the threshold weight found by ``searchsorted(cumsum, p, side="right")``, i.e. the smallest
@@ -80,14 +80,13 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
         raise ValueError(f"`p` must be a mass in (0, 1]; got {p!r}.")
     budget = min(num_features, k.shape[-2])
 
-    def keep(logits, log_normaliser):
-        values, indices = logits.topk(budget, dim=-1)
+    def keep(values, log_normaliser):
         mass = torch.exp(values - log_normaliser.unsqueeze(-1))
         before = torch.cumsum(mass, dim=-1) - mass  # the mass of the keys ranked above each one
-        return indices, torch.isfinite(values) & (before < p)
+        return torch.isfinite(values) & (before < p)
 
     output, indices, weights, kept, dropped, counts = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, keep=keep, width=budget)
+                                                               key_mask=key_mask, budget=budget, keep=keep)
     info = {"indices": indices, "kept": counts, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topp", output, k.shape[-2], lambda: (indices, weights), info)
 

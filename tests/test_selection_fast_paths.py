@@ -1,0 +1,149 @@
+"""The fast paths of the selection oracles and of Quest against their references, on the same inputs.
+
+* :func:`approxlab.methods._row_topk.row_topk` is ``torch.topk`` bit for bit (values and indices), ties, -inf, NaN and
+  +inf included (those rows go to ``torch.topk`` itself);
+* ``topk`` and ``topp`` give the same outputs, indices and masses with their selection done by ``torch.topk`` (the
+  former code path), and equal the dense definition (every logit, ``torch.topk`` on each whole row, the softmax over
+  the kept keys) to rounding, float32 and float64, causal and not, batched;
+* Quest's output (its pages attended page by page) equals the product of its operator (the tokens of the same pages,
+  :func:`~approxlab.methods._selection.selected_weights`) with ``v`` to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import approxlab
+from _helpers import gen
+from approxlab.methods._row_topk import GROUP_COLUMNS, row_topk
+
+TOLERANCES = {torch.float32: {"rtol": 1e-5, "atol": 1e-6}, torch.float64: {"rtol": 1e-12, "atol": 1e-13}}
+
+
+def _assert_same_topk(x, k):
+    values, indices = row_topk(x, k)
+    reference = x.topk(k, dim=-1)
+    torch.testing.assert_close(values, reference.values, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(indices, reference.indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_topk_is_torch_topk_bit_for_bit(dtype):
+    g = gen(0)
+    # whole rows to torch.topk (150, 64), groups of c / 2 (403 with a tail, 543), of c (544, 1037 with a tail, ...)
+    for width, k in ((150, 16), (64, 8), (403, 16), (4 * GROUP_COLUMNS * 17 - 1, 16), (4 * GROUP_COLUMNS * 17, 16),
+                     (300, 4), (1000, 16), (1037, 16)):
+        _assert_same_topk(torch.randn(2, 3, 7, width, generator=g, dtype=dtype), k)
+    x = torch.randn(5, 600, generator=g, dtype=dtype)
+    _assert_same_topk(x.unsqueeze(0).expand(3, 5, 600), 6)  # a broadcast batch (stride 0)
+    _assert_same_topk(x[:, ::2], 6)  # strided rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_topk_breaks_ties_and_handles_infinities_as_torch_topk(dtype):
+    g = gen(1)
+    ties = torch.randint(-4, 5, (4, 9, 700), generator=g).to(dtype)  # nine values: every row ties
+    _assert_same_topk(ties, 12)
+    some = torch.randn(4, 9, 700, generator=g, dtype=dtype)
+    some[0, :, 50:60] = some[0, :, 0:1] + 9.0  # ten equal largest entries
+    some[1, :, 100:] = -math.inf  # a causal row: fewer visible keys than k in some rows
+    some[1, 3, 5:] = -math.inf
+    some[2, 0] = -math.inf  # nothing visible
+    some[2, 1, 17] = math.nan
+    some[2, 2, 33] = math.inf
+    some[3, :, ::2] = some[3, :, 1::2]  # every value twice
+    _assert_same_topk(some, 12)
+
+
+def _former_selection(monkeypatch):
+    """The selection done by ``torch.topk`` on each row block, as before the fast path."""
+    monkeypatch.setattr("approxlab.methods._selection.row_topk", lambda x, k: x.topk(k, dim=-1))
+
+
+def _qkv(n, dtype, seed, *, batch=(2, 3), p=8, ties=False):
+    g = gen(seed)
+    q, k, v = (torch.randn(*batch, n, p, generator=g, dtype=torch.float64) for _ in range(3))
+    if ties:  # few distinct logits: many ties at each row's k-th largest
+        q, k = q.sign(), k.round().clamp(-1, 1)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["topk", "topp"])
+def test_oracles_equal_their_former_selection(monkeypatch, name, causal, dtype, ties):
+    q, k, v = _qkv(320, dtype, 2, ties=ties)
+    options = {"p": 0.8} if name == "topp" else {}
+    fast = approxlab.approximate(name, q, k, v, num_features=6, causal=causal, **options)
+    _former_selection(monkeypatch)
+    former = approxlab.approximate(name, q, k, v, num_features=6, causal=causal, **options)
+    assert torch.equal(fast.info["indices"], former.info["indices"])
+    torch.testing.assert_close(fast.output, former.output, rtol=0, atol=0)
+    for key in ("kept_mass", "dropped_mass"):
+        torch.testing.assert_close(fast.info[key], former.info[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_topk_equals_the_dense_definition(causal, dtype, ties):
+    """Every logit at once, ``torch.topk`` on each whole row (-inf on the keys a causal row cannot see), the softmax
+    over the kept keys: the same kept keys and, to rounding, the same output and dropped mass."""
+    q, k, v = _qkv(320, dtype, 3, ties=ties)
+    budget = 6
+    logits = (q @ k.transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
+    if causal:
+        logits = logits.masked_fill(~torch.ones(320, 320, dtype=torch.bool).tril(), -math.inf)
+    top = logits.topk(budget, dim=-1)
+    keep = torch.isfinite(top.values)
+    weights = torch.softmax(top.values.masked_fill(~keep, -math.inf), dim=-1)
+    expected = (weights.unsqueeze(-1) * torch.gather(v.unsqueeze(-3).expand(2, 3, 320, 320, 8), -2,
+                                                     top.indices.unsqueeze(-1).expand(2, 3, 320, budget, 8))).sum(-2)
+    dropped = 1 - torch.exp(torch.logsumexp(top.values, -1) - torch.logsumexp(logits, -1))
+    result = approxlab.approximate("topk", q, k, v, num_features=budget, causal=causal)
+    assert torch.equal(result.info["indices"], top.indices)
+    torch.testing.assert_close(result.output, expected, **TOLERANCES[dtype])
+    torch.testing.assert_close(result.info["dropped_mass"], dropped.clamp(min=0), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("size", "budget", "ties", "masked"), [(16, 40, False, False), (7, 20, True, False),
+                                                                   (5, 12, False, True)])
+def test_quest_output_equals_its_operator_on_the_pages_tokens(causal, dtype, size, budget, ties, masked):
+    q, k, v = _qkv(203, dtype, 4, ties=ties)
+    key_mask = (torch.rand(2, 3, 203, generator=gen(5)) > 0.3) if masked else None
+    if masked and causal:
+        key_mask[..., 0] = True
+    result = approxlab.approximate("quest", q, k, v, num_features=budget, page_size=size, causal=causal,
+                                   key_mask=key_mask)
+    torch.testing.assert_close(result.output, result.matrix() @ v, **TOLERANCES[dtype])
+    pages = result.info["pages"]
+    assert pages.shape == (2, 3, 203, -(-budget // size)) and int(pages.max()) < -(-203 // size)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_flow_as_through_the_reference(monkeypatch, causal):
+    """With inputs that require gradients the fast paths record a graph (no buffer, nothing in place): the
+    gradients of ``topk``/``topp`` equal those with the former selection, Quest's those of its operator's product."""
+
+    def gradients(name, through_operator=False, **options):
+        q, k, v = (x.clone().requires_grad_(True) for x in _qkv(300, torch.float64, 6, batch=(2,)))
+        result = approxlab.approximate(name, q, k, v, num_features=6, causal=causal, **options)
+        out = result.matrix() @ v if through_operator else result.output
+        out.square().sum().backward()
+        return [x.grad for x in (q, k, v)]
+
+    for name, options in (("topk", {}), ("topp", {"p": 0.7})):
+        fast = gradients(name, **options)
+        with monkeypatch.context() as patch:
+            _former_selection(patch)
+            former = gradients(name, **options)
+        for a, b in zip(fast, former):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    for a, b in zip(gradients("quest", page_size=4), gradients("quest", through_operator=True, page_size=4)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
