@@ -56,14 +56,15 @@ def replay(patch, queries, keys, values):
 
     Examples
     --------
-    >>> import torch
+    A tiny random Llama of 2 layers, 4 query heads on 2 KV heads:
+
+    >>> import torch, approxlab
     >>> from transformers import LlamaConfig
-    >>> import approxlab
     >>> from approxlab.data import load_model
     >>> from approxlab.patching import exact_prefill, replay
-    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-    >>> model = load_model("initialized", config=config, seed=0)
+    >>> model = load_model("initialized", seed=0, config=LlamaConfig(
+    ...     vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    ...     num_key_value_heads=2, tie_word_embeddings=True))
     >>> ids = torch.randint(30522, (1, 32), generator=torch.Generator().manual_seed(0))
     >>> clean = exact_prefill(model, ids)  # the unpatched model's q, k, v at every layer
     >>> patch = approxlab.patch_attention(model, "performer", num_features=8, record_inputs=True,
