@@ -153,3 +153,17 @@ def test_a_configuration_row_holds_the_drifting_and_the_clean_errors(tmp_path):
     for name in ("spectral_median", "frobenius_max", "total_variation_median"):
         assert math.isfinite(row[name]) and math.isfinite(row[f"clean_{name}"])
     assert row["seconds"] > 0 and row["cpu_seconds"] > 0
+
+
+def test_resuming_into_a_new_grid_entry_says_what_grew(tmp_path, capsys):
+    """The note on stderr names an entry the saved run lacked as grown from none (it raised a KeyError)."""
+    import json
+
+    from approxlab.studies.engine.record import prepare_record
+
+    config = grid.build_config(num_layers=30)
+    saved = {k: v for k, v in config.items() if k != "depths"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(prepare_record(path, [], saved, {}, False, perplexity.STUDY.grows)))
+    prepare_record(path, [], config, {}, False, perplexity.STUDY.grows)
+    assert "extending the saved run (depths: none -> ['layer 0', 'layer 8'," in capsys.readouterr().err

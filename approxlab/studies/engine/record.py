@@ -112,7 +112,7 @@ def prepare_record(config_path, table_paths, config, run_info, restart, grows=()
         grown = extension(saved.get("config", {}), config, grows)
         if grown is not None:
             before = saved.get("config", {})
-            what = ", ".join(f"{key}: {before[key]} -> {canonical(config[key])}" for key in grown)
+            what = ", ".join(f"{key}: {before.get(key, 'none')} -> {canonical(config[key])}" for key in grown)
             print(f"approxlab: {config_path.parent}: extending the saved run ({what}); only the new cells are "
                   "computed", file=sys.stderr)
     for path in table_paths:
