@@ -17,8 +17,9 @@ The declaration :data:`STUDY`, behind ``approxlab perplexity``:
    with every non-causal method; the long-context settings (:mod:`.long_grid`: a pass key in sequences of
    ``--long-n`` tokens).
 2. **cells** (:mod:`.cells`; resumable, ``--workers``) -- ``baseline.csv`` (the unpatched model, per setting
-   and window), ``clean_errors.csv`` (:mod:`.clean`: with every layer replaced, each layer's error on the
-   unpatched model's inputs), ``configs.csv`` (:mod:`.configs`: the fixed-budget configurations),
+   and window), ``configs.csv`` (:mod:`.configs`: the fixed-budget configurations; first, as the cheapest
+   complete claim), ``clean_errors.csv`` (:mod:`.clean`: with every layer replaced, each layer's error on the
+   unpatched model's inputs),
    ``perplexity.csv`` and ``layer_errors.csv`` (a patched forward pass: one row, and one per
    replaced layer; single layers at the ``depths``), ``encoder.csv``, ``cost.csv`` (:func:`.cost.patched_forward_cost`) and
    ``references.csv`` (the error rankings of the ``--compare-with`` folders, :mod:`.references`).
@@ -57,8 +58,8 @@ STUDY = Study(
                 "approximate attention, beside each layer's error.",
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
     steps=(Step((Table("baseline.csv", BASELINE_KEY),), compute_baseline, baseline_cells),
-           Step((Table("clean_errors.csv", CLEAN_KEY, optional=True),), compute_clean, clean_cells),
            Step((Table("configs.csv", CONFIG_KEY, optional=True),), compute_config, config_cells),
+           Step((Table("clean_errors.csv", CLEAN_KEY, optional=True),), compute_clean, clean_cells),
            Step((Table("perplexity.csv", DECODER_KEY), Table("layer_errors.csv", DECODER_KEY, optional=True)),
                 compute_decoder, decoder_cells),
            Step((Table("encoder.csv", ENCODER_KEY),), compute_encoder, encoder_cells),
