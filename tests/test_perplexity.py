@@ -32,7 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIGURE1 = ROOT / "figures" / "figure1"
 GRID = ["--n", "32", "--context", "24", "--continuation", "8", "--num-features", "8,16", "--methods",
         "performer,informer,nystromformer,streaming-llm", "--encoder-methods", "nystromformer", "--layer-settings",
-        "last,all", "--windows", "3", "--long-n", "96", "--long-features", "4", "--long-windows", "1", "--no-progress",
+        "last,all", "--depths", "first", "--config-methods", "streaming-llm", "--windows", "3", "--long-n", "96",
+        "--long-features", "4", "--long-windows", "1", "--no-progress",
         *(["--compare-with", str(FIGURE1)] if (FIGURE1 / "results.csv").is_file() else [])]
 
 
@@ -78,14 +79,23 @@ def test_tables_figures_claims_and_summary(run):
         assert (run / name).is_file(), name
     runs = read_results(run / "perplexity.csv")
     assert (runs["status"] == "ok").all(), runs.loc[runs["status"] != "ok", "status"]
-    # settings: layer 1 (last), all, KV cache; methods: the control once, four methods at two d; 3 windows
-    assert len(runs) == 3 * (1 + 4 * 2) * 3
-    assert set(runs["layers"]) == {"layer 1", "all"} and set(runs["setting"]) == {"whole", "kv-cache"}
+    # settings: layer 1 (last), all, KV cache, layer 0 (--depths); methods: the control once, four methods at two
+    # d; 3 windows
+    assert len(runs) == 4 * (1 + 4 * 2) * 3
+    assert set(runs["layers"]) == {"layer 0", "layer 1", "all"} and set(runs["setting"]) == {"whole", "kv-cache"}
+    # clean-input errors of the two multi-layer settings; the configurations at the middle budget, 16
+    clean = read_results(run / "clean_errors.csv")
+    assert len(clean) == 2 * (1 + 4 * 2) * 3 and set(clean["layers"]) == {"all"}
+    assert (clean["error_inputs"] == "the unpatched model's").all() and (clean["status"] == "ok").all()
+    assert (clean.loc[clean["method"] == "exact", "spectral_median"] < 1e-5).all()
+    designed = read_results(run / "configs.csv")
+    assert len(designed) == 5 * 3 and set(designed["num_features"]) == {16}
+    assert set(designed["config"]) == {f"sinks={s}" for s in (0, 1, 4, 16, 32)}
     assert set(runs.loc[runs["method"] == "nystromformer", "causal"]) == {"mask-renormalise"}
     # the attention measures: a sparse cache policy's kept mass, every matrix method's total variation
     assert runs.loc[runs["method"] == "performer", "total_variation_median"].gt(0).all()
     layers = read_results(run / "layer_errors.csv")
-    assert len(layers) == 3 * 9 * (1 + 2 + 2)  # one row per replaced layer: 1, then 2, then 2 (the KV cache)
+    assert len(layers) == 3 * 9 * (1 + 2 + 2 + 1)  # per replaced layer: 1, 2, 2 (the KV cache), 1 (layer 0)
     control = runs[runs["method"] == "exact"]
     assert (control["spectral_median"] < 1e-5).all()
     observed = read_results(run / "observations.csv")

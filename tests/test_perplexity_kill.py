@@ -49,9 +49,9 @@ def slowed(cell):
     time.sleep(0.4)
     return perplexity.cells.compute_decoder(cell)
 
-steps = list(perplexity.STUDY.steps)
-steps[1] = dataclasses.replace(steps[1], compute=slowed)
-perplexity.STUDY = dataclasses.replace(perplexity.STUDY, steps=tuple(steps))
+steps = tuple(dataclasses.replace(step, compute=slowed) if step.tables[0].name == "perplexity.csv" else step
+              for step in perplexity.STUDY.steps)
+perplexity.STUDY = dataclasses.replace(perplexity.STUDY, steps=steps)
 sys.exit(cli.main(sys.argv[1:]))
 """
 

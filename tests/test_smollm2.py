@@ -124,7 +124,10 @@ def test_perplexity_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["perplexity", "--quick", "--cache-dir", str(cache), "--out", str(tmp_path), "--no-progress"]) == 0
     runs = read_results(tmp_path / "perplexity.csv")
-    assert (runs["status"] == "ok").all() and set(runs["layers"]) == {"layer 15", "all"}
+    assert (runs["status"] == "ok").all() and set(runs["layers"]) == {"layer 15", "all", "layer 29"}  # + --depths
+    clean = read_results(tmp_path / "clean_errors.csv")  # every layer's error on the unpatched model's inputs
+    assert (clean["status"] == "ok").all() and len(clean) == len(runs[runs["layers"] == "all"])
+    assert (read_results(tmp_path / "configs.csv")["status"] == "ok").all()
     assert set(runs["setting"]) == {"whole", "kv-cache"} and (runs.loc[runs["layers"] == "all", "replaced"] == 30).all()
     baseline = read_results(tmp_path / "baseline.csv").set_index("setting")["nll"]
     control = runs[runs["method"] == "exact"].set_index(["setting", "layers"])["nll"]

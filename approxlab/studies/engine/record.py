@@ -74,7 +74,9 @@ def _grows(old, new) -> bool:
 
 def extension(saved: dict, config: dict, grows) -> list[str] | None:
     """The entries of ``config`` that extend the ``saved`` one (more windows, more methods, ...), or None
-    when it is not an extension: an entry outside ``grows`` differs, or one of them shrinks.
+    when it is not an extension: an entry outside ``grows`` differs, or one of them shrinks. An entry of
+    ``grows`` that the saved config lacks (a part of the grid declared after that run: a list or dict of new
+    cells) extends it too; none may be dropped.
 
     Examples
     --------
@@ -82,10 +84,13 @@ def extension(saved: dict, config: dict, grows) -> list[str] | None:
     ['n', 'windows']
     >>> extension({"windows": 4, "seeds": 3}, {"windows": 8, "seeds": 2}, grows=("windows", "seeds")) is None
     True
+    >>> extension({"windows": 4}, {"windows": 4, "depths": [8, 15]}, grows=("windows", "depths"))
+    ['depths']
     """
     old, new = canonical(saved), canonical(config)
     changed = sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key))
-    if not changed or not all(key in grows and key in old and key in new and _grows(old[key], new[key])
+    if not changed or not all(key in grows and key in new and (_grows(old[key], new[key]) if key in old
+                                                               else isinstance(new[key], (list, dict)))
                               for key in changed):
         return None
     return changed
@@ -107,7 +112,7 @@ def prepare_record(config_path, table_paths, config, run_info, restart, grows=()
         grown = extension(saved.get("config", {}), config, grows)
         if grown is not None:
             before = saved.get("config", {})
-            what = ", ".join(f"{key}: {before[key]} -> {canonical(config[key])}" for key in grown)
+            what = ", ".join(f"{key}: {before.get(key, 'none')} -> {canonical(config[key])}" for key in grown)
             print(f"approxlab: {config_path.parent}: extending the saved run ({what}); only the new cells are "
                   "computed", file=sys.stderr)
     for path in table_paths:

@@ -17,8 +17,11 @@ The declaration :data:`STUDY`, behind ``approxlab perplexity``:
    with every non-causal method; the long-context settings (:mod:`.long_grid`: a pass key in sequences of
    ``--long-n`` tokens).
 2. **cells** (:mod:`.cells`; resumable, ``--workers``) -- ``baseline.csv`` (the unpatched model, per setting
-   and window), ``perplexity.csv`` and ``layer_errors.csv`` (a patched forward pass: one row, and one per
-   replaced layer), ``encoder.csv``, ``cost.csv`` (:func:`.cost.patched_forward_cost`) and
+   and window), ``configs.csv`` (:mod:`.configs`: the fixed-budget configurations; first, as the cheapest
+   complete claim), ``clean_errors.csv`` (:mod:`.clean`: with every layer replaced, each layer's error on the
+   unpatched model's inputs),
+   ``perplexity.csv`` and ``layer_errors.csv`` (a patched forward pass: one row, and one per
+   replaced layer; single layers at the ``depths``), ``encoder.csv``, ``cost.csv`` (:func:`.cost.patched_forward_cost`) and
    ``references.csv`` (the error rankings of the ``--compare-with`` folders, :mod:`.references`).
 3. **report** -- ``delta.csv``, ``correlations.csv``, ``verdicts.csv``, ``encoder_stats.csv``
    (:mod:`.stats`: claims (p1)-(p3) fixed in code), three figures (:mod:`.figures`) and ``summary.md``
@@ -30,6 +33,8 @@ from __future__ import annotations
 from ..declaration import Figure, Product, Step, Study, Summary, Table
 from .cells import (BASELINE_KEY, COST_KEY, DECODER_KEY, ENCODER_KEY, compute_baseline, compute_cost, compute_decoder,
                     compute_encoder)
+from .clean import CLEAN_KEY, clean_cells, compute_clean
+from .configs import CONFIG_KEY, compute_config, config_cells
 from .cost import patched_forward_cost
 from .figures import draw_d, draw_error, draw_kv, draw_within
 from .long_report import draw_long
@@ -53,6 +58,8 @@ STUDY = Study(
                 "approximate attention, beside each layer's error.",
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
     steps=(Step((Table("baseline.csv", BASELINE_KEY),), compute_baseline, baseline_cells),
+           Step((Table("configs.csv", CONFIG_KEY, optional=True),), compute_config, config_cells),
+           Step((Table("clean_errors.csv", CLEAN_KEY, optional=True),), compute_clean, clean_cells),
            Step((Table("perplexity.csv", DECODER_KEY), Table("layer_errors.csv", DECODER_KEY, optional=True)),
                 compute_decoder, decoder_cells),
            Step((Table("encoder.csv", ENCODER_KEY),), compute_encoder, encoder_cells),
@@ -69,6 +76,6 @@ STUDY = Study(
              Figure("perplexity-d", draw_d), Figure("perplexity-kv", draw_kv), Figure("perplexity-long", draw_long)),
     summary=Summary(TITLE, (sections,)),
     grows=("windows", "methods", "encoder_methods", "layers", "compare_with", "long_n", "long_windows",
-           "long_features", "long_methods"),
+           "long_features", "long_methods", "depths", "configs"),
 )
 """The perplexity study, declared: ``approxlab perplexity``."""

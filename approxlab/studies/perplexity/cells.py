@@ -28,7 +28,8 @@ from ..engine.keys import cell_seed
 from .grid import ALL_LAYERS, KV_CACHE, KV_GROUPING, WHOLE
 
 __all__ = ["BASELINE_KEY", "DECODER_KEY", "ENCODER_KEY", "COST_KEY", "MEASURES", "decoder_model", "encoder_model",
-           "window_tokens", "compute_baseline", "compute_decoder", "compute_encoder", "compute_cost"]
+           "window_tokens", "window_inputs", "compute_baseline", "compute_decoder", "decoder_run", "run_patch",
+           "patch_options", "replaced_layers", "measured", "warning_columns", "compute_encoder", "compute_cost"]
 
 BASELINE_KEY = ("setting", "window")
 DECODER_KEY = ("setting", "layers", "method", "num_features", "window")
@@ -81,7 +82,9 @@ def _scored(nll: torch.Tensor, cell) -> torch.Tensor:
     return nll[:, cell["context"]:] if cell["setting"] == KV_CACHE else nll
 
 
-def _inputs(cell) -> torch.Tensor:
+def window_inputs(cell) -> torch.Tensor:
+    """``(1, n)``: the tokens the cell's model runs on (the first ``n`` of the window in the whole-window setting,
+    the whole window in the KV-cache setting)."""
     ids = window_tokens(cell)
     return ids[:, :cell["n"]] if cell["setting"] == WHOLE else ids
 
@@ -89,7 +92,7 @@ def _inputs(cell) -> torch.Tensor:
 def compute_baseline(cell: dict) -> list[dict]:
     """The unpatched model's mean negative log-likelihood (nats per token) of the window's scored tokens."""
     watch = Stopwatch()
-    ids = _inputs(cell)
+    ids = window_inputs(cell)
     try:
         nll = _scored(token_nll(decoder_model(cell), ids), cell)
     except ValueError as error:  # no output head: said about the option that named the model
@@ -99,18 +102,41 @@ def compute_baseline(cell: dict) -> list[dict]:
              "distinct_tokens": int(ids.unique().numel()), "seconds": watch.seconds()}]
 
 
-def _run(cell, key, forward, **patch_options):
-    """``forward()`` inside a patch of the cell's method: (its result, the patch, status, warnings caught)."""
+def run_patch(cell, key, use, **patch_options):
+    """``use(patch)`` for a patch of the cell's method (the cell's budget and options, its random streams from
+    ``key``): (its result, the patch, status, warnings caught); a method's failure gives (None, None, its status,
+    warnings)."""
     generator = torch.Generator().manual_seed(cell_seed(*key, base_seed=cell["base_seed"]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with patch_attention(patch_options.pop("model"), cell["method"], num_features=cell["num_features"],
-                                 generator=generator, record_inputs=True, **patch_options) as patch:
-                result = forward()
-            return result, patch, "ok", caught
+            patch = patch_attention(patch_options.pop("model"), cell["method"], num_features=cell["num_features"],
+                                    generator=generator, record_inputs=True, **patch_options,
+                                    **cell.get("options", {}))
+            return use(patch), patch, "ok", caught
         except METHOD_ERRORS as failure:  # the method's failure: a failed row
             return None, None, method_status(cell["method"], failure), caught
+
+
+def _inside(patch, forward):
+    with patch:
+        return forward()
+
+
+def replaced_layers(cell) -> list[int]:
+    """The layers the cell replaces: every layer, or the one its ``layers`` names."""
+    return (list(range(cell["num_layers"])) if cell["layers"] == ALL_LAYERS
+            else [int(cell["layers"].split()[-1])])
+
+
+def patch_options(cell, model) -> dict:
+    """What :func:`run_patch` passes :func:`approxlab.patch_attention` for the cell: its layers, the attention
+    measures, the KV-cache setting."""
+    options = {"model": model, "layers": None if cell["layers"] == ALL_LAYERS else replaced_layers(cell),
+               "record_attention": True}
+    if cell["setting"] == KV_CACHE:
+        options.update(context_length=cell["context"], grouping=KV_GROUPING)
+    return options
 
 
 def _layer_rows(errors, patch, layers) -> list[dict]:
@@ -143,31 +169,39 @@ def _unmeasured() -> dict:
     return {f"{m}_{s}": math.nan for m in MEASURES for s in ("median", "max")}
 
 
-def _warnings(caught) -> dict:
+def warning_columns(caught) -> dict:
     kinds = sorted({w.category.__name__ for w in caught})
     return {"num_warnings": len(caught), "warnings": ";".join(kinds) if kinds else "none"}
 
 
 def compute_decoder(cell: dict) -> dict:
     """A patched forward pass: ``perplexity.csv`` (one row) and ``layer_errors.csv`` (one row per replaced layer)."""
+    row, layer_rows = decoder_run(cell, tuple(cell[c] for c in DECODER_KEY))
+    return {"perplexity.csv": [row], "layer_errors.csv": layer_rows}
+
+
+def decoder_run(cell: dict, key: tuple) -> tuple[dict, list[dict]]:
+    """The patched forward pass of :func:`compute_decoder` (its random streams from ``key``): its row and its rows
+    per replaced layer."""
     watch = Stopwatch()
     model = decoder_model(cell)
-    ids = _inputs(cell)
-    layers = (list(range(cell["num_layers"])) if cell["layers"] == ALL_LAYERS
-              else [int(cell["layers"].split()[-1])])
-    key = tuple(cell[c] for c in DECODER_KEY)
-    options = {"model": model, "layers": None if cell["layers"] == ALL_LAYERS else layers, "record_attention": True}
-    if cell["setting"] == KV_CACHE:
-        options.update(context_length=cell["context"], grouping=KV_GROUPING)
-    nll, patch, status, caught = _run(cell, key, lambda: token_nll(model, ids), **options)
+    ids = window_inputs(cell)
+    layers = replaced_layers(cell)
+    nll, patch, status, caught = run_patch(cell, key, lambda patch: _inside(patch, lambda: token_nll(model, ids)),
+                                           **patch_options(cell, model))
     scored = None if nll is None else _scored(nll, cell)
     errors = [] if patch is None else patch.errors()
     row = {"scored": int(ids.shape[1] - 1 - (cell["context"] if cell["setting"] == KV_CACHE else 0)),
            "nll": math.inf if scored is None else float(scored.mean()), "replaced": len(layers),
            "error_inputs": "the patched run's own (drifting)" if len(layers) > 1 else "the unpatched model's",
-           **_pooled(errors, patch), **_attention(patch), "causal": _causal_form(cell, patch), "status": status,
-           **_warnings(caught), **watch.times()}
-    return {"perplexity.csv": [row], "layer_errors.csv": _layer_rows(errors, patch, layers)}
+           **measured(errors, patch), "causal": _causal_form(cell, patch), "status": status,
+           **warning_columns(caught), **watch.times()}
+    return row, _layer_rows(errors, patch, layers)
+
+
+def measured(errors, patch) -> dict:
+    """A run's pooled error measures (:func:`_pooled`) and attention measures (:func:`_attention`)."""
+    return {**_pooled(errors, patch), **_attention(patch)}
 
 
 def _attention(patch) -> dict:
@@ -214,12 +248,13 @@ def compute_encoder(cell: dict) -> list[dict]:
     exact = _exact_embedding(cell["window"], cell["n"], cell["checkpoint"], cell["data_dir"], cell["cache_dir"],
                              cell["device"])
     key = tuple(cell[c] for c in ENCODER_KEY)
-    embedding, patch, status, caught = _run(cell, key, lambda: _embedding(loaded, ids), model=loaded, layers=None)
+    embedding, patch, status, caught = run_patch(
+        cell, key, lambda patch: _inside(patch, lambda: _embedding(loaded, ids)), model=loaded, layers=None)
     distance = math.inf if embedding is None else 1.0 - float(torch.nn.functional.cosine_similarity(embedding, exact,
                                                                                                      dim=0))
     errors = [] if patch is None else patch.errors()
     return [{"cosine_distance": distance, "replaced": int(loaded.model.config.num_hidden_layers),
-             **_pooled(errors, patch), "status": status, **_warnings(caught), **watch.times()}]
+             **_pooled(errors, patch), "status": status, **warning_columns(caught), **watch.times()}]
 
 
 def compute_cost(cell: dict) -> list[dict]:

@@ -10,17 +10,19 @@ import argparse
 from ...errors import UsageError
 from .. import checks
 from .. import options as shared
+from ..option_types import names_among
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows
 from .long_grid import (LONG_KEY, LONG_KV, LONG_OPTIONS, LONG_WHOLE, UNPATCHED, check_long, default_long_methods,
                         long_cells, long_lengths)
+from .config_grid import CONFIGURATIONS, declared_configs, spread_depths
 from .references import check_reference
 
 __all__ = ["DEFAULT_CHECKPOINT", "ENCODER_CHECKPOINT", "METHODS", "ENCODER_METHODS", "CONTROL", "FULL_GRID",
            "QUICK_GRID", "OPTIONS", "WHOLE", "KV_CACHE", "ALL_LAYERS", "LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY",
            "long_cells", "long_lengths", "layer_label", "ignores_features",
            "configure", "build_config", "window_ids", "method_features", "baseline_cells", "decoder_cells",
-           "encoder_cells", "cost_cells", "long_study_cells", "reference_cells", "check", "run_info"]
+           "encoder_cells", "decoder_common", "cost_cells", "long_study_cells", "reference_cells", "check", "run_info"]
 
 DEFAULT_CHECKPOINT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENCODER_CHECKPOINT = "sentence-transformers/all-MiniLM-L6-v2"
@@ -75,8 +77,13 @@ FULL_GRID = {
     "long_features": [64, 256],
     "long_windows": 3,
     "long_depths": [0.25, 0.75],
+    "depths": None,
+    "config_methods": list(CONFIGURATIONS),
 }
 """The full grid, declared before its run: 12 windows, 5 budgets, the first layer alone, every layer, the KV cache;
+one layer alone at each of ``depths`` (None: five spread over the model, :func:`.config_grid.spread_depths`: 0, 8,
+15, 22, 29 of SmolLM2's 30 layers); the fixed-budget configurations of ``config_methods``
+(:data:`.config_grid.CONFIGURATIONS`) at the grid's middle budget (64);
 the long-context settings at 2,048 tokens (3 windows x 2 depths of the pass key, 2 budgets, the decoder-valid
 methods but the two simulations of :data:`.long_grid.LONG_SIMULATIONS`; ``long_methods`` None: that default,
 resolved in the config). Its estimated cost is in docs/studies/perplexity.rst."""
@@ -84,7 +91,7 @@ resolved in the config). Its estimated cost is in docs/studies/perplexity.rst.""
 QUICK_GRID = {**FULL_GRID, "n": [64], "context": 48, "continuation": 16, "layer_settings": ["middle", ALL_LAYERS],
               "num_features": [8, 32], "methods": ["performer", "streaming-llm"], "encoder_methods": ["nystromformer"],
               "windows": 1, "long_n": [96], "long_features": [8], "long_windows": 1, "long_depths": [0.5],
-              "long_methods": None}
+              "long_methods": None, "depths": ["last"], "config_methods": ["streaming-llm"]}
 """``--quick``: a smoke run for the test suite (seconds once the model is converted)."""
 
 _SETTING_NAMES = ("first", "middle", "last", ALL_LAYERS)
@@ -122,6 +129,13 @@ OPTIONS = (
            "compresses", type=shared.positive_int, metavar="N"),
     Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored",
            type=shared.positive_int, metavar="N"),
+    Option(("--depths",), "depths", "the whole-window setting's single layers replaced one at a time, besides "
+           "--layer-settings: layer indices or first, middle, last; comma-separated", type=layer_settings,
+           nargs="+", action=shared.Flatten, metavar="LAYERS"),
+    Option(("--config-methods",), "config_methods", "methods of the fixed-budget design (configs.csv), each with "
+           "its declared configurations at the middle budget; comma-separated",
+           type=names_among(CONFIGURATIONS, "methods with declared configurations"), nargs="+",
+           action=shared.Flatten, metavar="NAMES"),
     *LONG_OPTIONS,
     Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
            "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated)",
@@ -129,7 +143,7 @@ OPTIONS = (
 )
 """The options of ``approxlab perplexity`` besides the common ones."""
 
-_GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "num_features", "methods", "encoder_methods",
+_GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "depths", "config_methods", "num_features", "methods", "encoder_methods",
                  "windows", "compare_with", "long_n", "long_methods", "long_features", "long_windows")
 
 
@@ -145,13 +159,13 @@ def layer_label(layer) -> str:
     return ALL_LAYERS if layer == ALL_LAYERS else f"layer {int(layer)}"
 
 
-def _resolve_layers(settings, num_layers: int) -> list[str]:
+def _resolve_layers(settings, num_layers: int, flag: str = "--layer-settings") -> list[str]:
     names = {"first": 0, "middle": num_layers // 2, "last": num_layers - 1}
     labels = []
     for setting in settings:
         layer = names.get(setting, setting)
         if layer != ALL_LAYERS and not 0 <= int(layer) < num_layers:
-            raise UsageError("--layer-settings", f"layer indices in 0..{num_layers - 1} (the model has {num_layers} "
+            raise UsageError(flag, f"layer indices in 0..{num_layers - 1} (the model has {num_layers} "
                              "layers), first, middle, last or all", ",".join(map(str, settings)))
         if layer_label(layer) not in labels:
             labels.append(layer_label(layer))
@@ -181,8 +195,12 @@ def _grid(quick: bool, args, checked=()) -> dict:
                          min(grid["context"], grid["continuation"]))
     if grid["long_methods"] is None:
         grid["long_methods"] = default_long_methods(grid["methods"])
-    for name in ("methods", "encoder_methods", "compare_with", "layer_settings", "long_methods"):
-        grid[name] = list(dict.fromkeys(grid[name]))  # a repeated entry is one setting
+    if ALL_LAYERS in (grid["depths"] or ()):
+        raise UsageError("--depths", "single layers: layer indices, first, middle or last", ALL_LAYERS)
+    for name in ("methods", "encoder_methods", "compare_with", "layer_settings", "long_methods", "depths",
+                 "config_methods"):
+        if grid[name] is not None:
+            grid[name] = list(dict.fromkeys(grid[name]))  # a repeated entry is one setting
     if grid["compare_with"] and all(s == ALL_LAYERS for s in grid["layer_settings"]):
         raise UsageError("--compare-with", "a run with a single-layer --layer-settings (claim (p3) compares a run "
                          "that replaces one layer at a time; 'all' is not compared)",
@@ -210,8 +228,12 @@ def build_config(*, num_layers: int, quick: bool = False, window_pool: int = 64,
     """
     grid = _grid(quick, argparse.Namespace(**{name: values.get(name) for name in _GRID_OPTIONS}), checked_references)
     layers = _resolve_layers(grid.pop("layer_settings"), num_layers)
+    depths = _resolve_layers(spread_depths(num_layers) if grid["depths"] is None else grid["depths"], num_layers,
+                             "--depths")
+    del grid["depths"]
+    configs = declared_configs(grid.pop("config_methods"), grid["num_features"])
     return {
-        "study": "perplexity", **grid, "layers": layers, "num_layers": int(num_layers), "control": CONTROL,
+        "study": "perplexity", **grid, "layers": layers, "depths": depths, "configs": configs, "num_layers": int(num_layers), "control": CONTROL,
         "checkpoint": str(checkpoint), "encoder_checkpoint": ENCODER_CHECKPOINT,
         "window_tokens": max(grid["n"], grid["context"] + grid["continuation"]),
         "window_pool": int(window_pool), "window_seed": int(window_seed), "base_seed": int(base_seed),
@@ -279,7 +301,9 @@ def method_features(config: dict, method: str) -> list[int]:
     return config["num_features"][:1] if ignores_features(method) else list(config["num_features"])
 
 
-def _common(config: dict, settings: dict) -> dict:
+def decoder_common(config: dict, settings: dict) -> dict:
+    """What every cell of the decoder and encoder needs besides its key: the model, the lengths, the seed, where the
+    data and the model are."""
     return {"checkpoint": config["checkpoint"], "encoder_checkpoint": config["encoder_checkpoint"],
             "n": config["n"], "context": config["context"], "window_tokens": config["window_tokens"],
             "base_seed": config["base_seed"], "num_layers": config["num_layers"], "data_dir": settings.get("data_dir"),
@@ -288,16 +312,18 @@ def _common(config: dict, settings: dict) -> dict:
 
 def baseline_cells(config: dict, settings: dict) -> list[dict]:
     """One cell per setting x window: the unpatched model's log-likelihood of the scored tokens."""
-    common = _common(config, settings)
+    common = decoder_common(config, settings)
     return [{"setting": setting, "window": window, **common}
             for window in window_ids(config) for setting in (WHOLE, KV_CACHE)]
 
 
 def decoder_cells(config: dict, settings: dict) -> list[dict]:
-    """One cell per setting x replaced layers x method x d x window (the control first, at the first d)."""
-    common = _common(config, settings)
+    """One cell per setting x replaced layers x method x d x window (the control first, at the first d); the
+    single layers of ``depths`` not in ``layers`` last."""
+    common = decoder_common(config, settings)
     cells = []
-    plan = [(WHOLE, layers) for layers in config["layers"]] + [(KV_CACHE, ALL_LAYERS)]
+    depths = [layers for layers in config.get("depths", []) if layers not in config["layers"]]
+    plan = [(WHOLE, layers) for layers in config["layers"]] + [(KV_CACHE, ALL_LAYERS)] + [(WHOLE, d) for d in depths]
     for setting, layers in plan:
         for method in [config["control"], *config["methods"]]:
             features = config["num_features"][:1] if method == config["control"] else method_features(config, method)
@@ -310,7 +336,7 @@ def decoder_cells(config: dict, settings: dict) -> list[dict]:
 
 def encoder_cells(config: dict, settings: dict) -> list[dict]:
     """One cell per method x d x window of the encoder (every layer replaced)."""
-    common = _common(config, settings)
+    common = decoder_common(config, settings)
     return [{"method": method, "num_features": d, "window": window, **common}
             for method in [config["control"], *config["encoder_methods"]]
             for d in (config["num_features"][:1] if method == config["control"] else method_features(config, method))
@@ -319,7 +345,7 @@ def encoder_cells(config: dict, settings: dict) -> list[dict]:
 
 def cost_cells(config: dict, settings: dict) -> list[dict]:
     """One cell per decoder method: the cost of a patched forward pass (:mod:`.cost`)."""
-    common = _common(config, settings)
+    common = decoder_common(config, settings)
     return [{"method": method, "window": window_ids(config)[0], "repeats": config["cost_repeats"],
              "layer": config["num_layers"] // 2, "cost_features": config["cost_features"], **common}
             for method in config["methods"]]
@@ -335,7 +361,7 @@ def long_study_cells(config: dict, settings: dict) -> list[dict]:
     if methods is None:
         methods = [m for m in config["methods"] if get(m).causal != "mask-renormalise"]
     features = config.get("long_features") or [1]
-    return long_cells(config, _common(config, settings), methods,
+    return long_cells(config, decoder_common(config, settings), methods,
                       lambda m: features[:1] if ignores_features(m) else list(features))
 
 

@@ -28,7 +28,7 @@ from ...patching import token_nll
 from ..engine.clock import Stopwatch
 from ..engine.keys import cell_seed
 from ..engine.failures import METHOD_ERRORS, method_status
-from .cells import _attention, _causal_form, _pooled, _unmeasured, _warnings, decoder_model
+from .cells import _attention, _causal_form, _pooled, _unmeasured, decoder_model, warning_columns
 from .grid import LONG_KEY, LONG_KV, LONG_WHOLE, UNPATCHED, long_cells
 from .passkey import answer_scores, passkey_sequence
 
@@ -80,7 +80,7 @@ def compute_long(cell: dict) -> list[dict]:
              "answer_tokens": answer[1] - answer[0], **scores,
              **(_pooled(errors, patch) if cell["method"] != UNPATCHED else _unmeasured()),
              **_attention(patch), "causal": "none" if cell["method"] == UNPATCHED else _causal_form(cell, patch),
-             "status": status, **_warnings(caught), **watch.times()}]
+             "status": status, **warning_columns(caught), **watch.times()}]
 
 
 def long_frame(long) -> pd.DataFrame:
