@@ -63,8 +63,9 @@ def statistics(points: Points, kind: str) -> dict:
         x, y, index = points.arrays(kind, measure)
         if np.isfinite(x).sum() < 3:
             continue
-        mine, base = strata.WithinWindows(x, y, index), strata.WithinWindows(np.where(np.isfinite(x), x0, np.nan),
-                                                                              y0, index0)
+        mine = strata.WithinWindows(x, y, index)
+        base = spectral if (np.isfinite(x) == np.isfinite(x0)).all() else strata.WithinWindows(
+            np.where(np.isfinite(x), x0, np.nan), y0, index0)  # the spectral error on the points the measure has
         used = len(set(index[np.isfinite(x).any(axis=0)]))
         out[("p2", measure, -1)] = ((lambda c, w, a=mine, b=base: a.mean(c, w) - b.mean(c, w)), used)
     difference, sums, eligible = _within_stats(points, kind)
@@ -73,10 +74,11 @@ def statistics(points: Points, kind: str) -> dict:
     return out
 
 
-def _family(statistic, c0, w0, resamples, rng, units):
+def _families(found: dict, c0: np.ndarray, w0: np.ndarray, resamples: int, rng, units: int) -> dict:
+    """Every statistic's percentile family on the data set ``(c0, w0)``, all on the same inner draws."""
     c, w = strata.redraw(c0, resamples, rng), strata.redraw(w0, resamples, rng)
-    return IntervalFamily.percentile(
-        Resamples(float(statistic(c0[None], w0[None])[0]), statistic(c, w), units))
+    return {key: IntervalFamily.percentile(Resamples(float(f(c0[None], w0[None])[0]), f(c, w), units))
+            for key, f in found.items()}
 
 
 def calibrate_setting(found: dict, methods: int, windows: int) -> dict:
@@ -91,7 +93,7 @@ def calibrate_setting(found: dict, methods: int, windows: int) -> dict:
         w0 = strata.counts([[k for kind, k in sample if kind == "w"]], windows)[0]
         resamples = INNER["final"] if trial < 0 else INNER["resamples"]
         rng = np.random.default_rng([INNER["seed"], trial + 1])
-        return {key: _family(f, c0, w0, resamples, rng, methods) for key, f in found.items()}
+        return _families(found, c0, w0, resamples, rng, methods)
 
     return calibration.calibrate(compute, units)
 

@@ -108,7 +108,7 @@ class WithinWindows:
 
     def __init__(self, x: np.ndarray, y: np.ndarray, point_method: np.ndarray):
         self.point_method = np.asarray(point_method, dtype=int)
-        self.strata = []
+        self.strata, self._last = [], (None, None)
         for xk, yk in zip(np.asarray(x, float), np.asarray(y, float)):
             finite = np.flatnonzero(np.isfinite(xk) & np.isfinite(yk))
             self.strata.append((finite, _comparisons(xk[finite]), _comparisons(yk[finite])))
@@ -116,11 +116,14 @@ class WithinWindows:
     def values(self, c: np.ndarray) -> np.ndarray:
         """``(resamples, windows)``: each window's rho under the method multiplicities ``c`` (``(resamples,
         methods)``)."""
-        c = np.atleast_2d(c)
-        out = np.full((c.shape[0], len(self.strata)), np.nan)
+        if c is self._last[0]:  # one draw's multiplicities, asked for by several statistics
+            return self._last[1]
+        out = np.full((np.atleast_2d(c).shape[0], len(self.strata)), np.nan)
+        given, c = c, np.atleast_2d(c)
         for k, (finite, lx, ly) in enumerate(self.strata):
             if len(finite) >= 3:
                 out[:, k] = weighted_rho(lx, ly, c[:, self.point_method[finite]])
+        self._last = (given, out)
         return out
 
     def mean(self, c: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -179,8 +182,8 @@ def partial_sums(x, budget, y) -> np.ndarray:
 
     Examples
     --------
-    >>> partial_sums([0.5, 0.4, 0.3], [16, 32, 64], [0.2, 0.3, 0.1]).tolist()   # x follows d: no residual
-    [0.0, 0.0, 0.5]
+    >>> [float(round(v, 6)) for v in partial_sums([0.5, 0.4, 0.3], [16, 32, 64], [0.2, 0.3, 0.1])]   # x follows d
+    [0.0, 0.0, 1.5]
     """
     rx, rd, ry = ranks_over(x), ranks_over(np.asarray(budget, float)), ranks_over(y)
     if np.isnan(rx).any() or np.isnan(ry).any() or len(rx) < 3:
@@ -202,7 +205,7 @@ def partial_correlation(sums: np.ndarray, c: np.ndarray, w: np.ndarray) -> np.nd
     >>> import numpy as np
     >>> sums = np.array([[[1.0, 2.0, 2.0]], [[-1.0, 2.0, 2.0]]])
     >>> partial_correlation(sums, np.array([[3.0, 1.0]]), np.array([[1.0]])).tolist()
-    [0.5]
+    [0.25]
     """
     weighted = [stratum_mean(sums[:, :, i], c, w) for i in range(3)]  # the common weight total cancels
     with np.errstate(invalid="ignore", divide="ignore"):
