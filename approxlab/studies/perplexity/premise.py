@@ -148,7 +148,7 @@ def depth_rows(settings: dict) -> list[dict]:
     windows drawn as one: the same method multiplicity at every depth)."""
     depths = {layers: points for (setting, layers), points in settings.items() if single_layer(layers)}
     if len(depths) < 2:
-        return [_row(DEPTH, "whole", "", PRIMARY, "spectral", -1, None, methods=0, windows=0, points=0,
+        return [_row(DEPTH, "whole", "-", PRIMARY, "spectral", -1, None, methods=0, windows=0, points=0,
                      reason=f"{len(depths)} single-layer depth(s) in perplexity.csv; pooling needs at least 2")]
     methods = sorted(set().union(*(p.methods for p in depths.values())))
     windows = sorted(set().union(*(p.windows for p in depths.values())))

@@ -44,13 +44,14 @@ def _cached(saved, name, make):
 
 def former_verdicts(saved) -> pd.DataFrame:
     """``former_verdicts.csv``: the committed run's verdicts (the folder's own copy once written, else its
-    ``verdicts.csv`` where that is still the committed design's: it has ``units_for_90``), else empty."""
+    ``verdicts.csv`` where that is still the committed design's: no row "superseded"), else empty."""
     kept = optional_table(saved, "former_verdicts.csv")
     if len(kept):
         return kept
     found = optional_table(saved, "verdicts.csv")
-    return found if "units_for_90" in found else pd.DataFrame(columns=["claim", "setting", "layers", "measure",
-                                                                       "num_features", "verdict"])
+    committed = "verdict" in found and not found["verdict"].astype(str).str.startswith("superseded").any()
+    return found if committed and len(found) else pd.DataFrame(columns=["claim", "setting", "layers", "measure",
+                                                                        "num_features", "verdict"])
 
 
 def _points(saved) -> dict:

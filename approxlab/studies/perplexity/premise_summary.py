@@ -30,7 +30,7 @@ def _interval(row) -> str:
 
 def _where(row) -> str:
     if row["claim"] == "p1-depths":
-        return "pooled over depths" + (f" ({row['layers']})" if str(row["layers"]) else "")
+        return "pooled over depths" + (f" ({row['layers']})" if str(row["layers"]) != "-" else "")
     return setting_text(row["setting"], row["layers"])
 
 
