@@ -13,6 +13,7 @@ import pandas as pd
 from . import premise
 from .premise_claims import PRIMARY
 from .premise_data import optional_table, setting_points
+from .products import _cached
 from .stats import deltas
 
 __all__ = ["FORMER", "DEVIATIONS", "former_verdicts", "premise_verdicts", "premise_rho", "premise_loss",
@@ -31,16 +32,6 @@ DEVIATIONS = {
     "pp": "the error's partial correlation given d (was: its rho over budgets alone); crossed, calibrated interval",
 }
 """What each replacement changes, beside the measure (clean where the committed run used the drifting error)."""
-
-_CACHE = "_perplexity_premise"
-
-
-def _cached(saved, name, make):
-    store = saved.__dict__.setdefault(_CACHE, {})
-    if name not in store:
-        store[name] = make()
-    return store[name]
-
 
 def former_verdicts(saved) -> pd.DataFrame:
     """``former_verdicts.csv``: the committed run's verdicts (the folder's own copy once written, else its
@@ -79,28 +70,27 @@ def _verdicts(saved) -> pd.DataFrame:
         rows += premise.setting_rows(setting, layers, points)
     rows += premise.depth_rows(_points(saved))
     found, per_method = premise.config_rows(optional_table(saved, "configs.csv"), saved.table("baseline.csv"))
-    saved.__dict__.setdefault(_CACHE, {})["configs"] = per_method
     table = premise.with_holm(pd.DataFrame(rows + found, columns=premise.PREMISE_COLUMNS[:-2]))
     former = saved.product("former_verdicts.csv")
     table["former_verdict"] = [former_of(row, former) for _, row in table.iterrows()]
     table["deviation"] = [DEVIATIONS.get(c, "new claim") + ("; clean error (was: drifting)" if k == PRIMARY and
                                                             not str(layers).startswith("layer") else "")
                           for c, k, layers in table[["claim", "kind", "layers"]].itertuples(index=False)]
-    return table
+    return table, per_method
 
 
 def premise_verdicts(saved) -> pd.DataFrame:
     """``premise.csv``: every premise claim instance, calibrated, with Holm and the committed verdict beside."""
-    return _cached(saved, "verdicts", lambda: _verdicts(saved))
+    return _cached(saved, "premise", lambda: _verdicts(saved))[0]
 
 
 def premise_rho(saved) -> pd.DataFrame:
     """``premise_rho.csv``: the spectral error's rho per setting and kind at each unit (cells, window means,
     within windows), and per method over its configurations (``configs.csv``)."""
-    premise_verdicts(saved)
+    per_method = _cached(saved, "premise", lambda: _verdicts(saved))[1]
     rows = [row for (setting, layers), points in _points(saved).items()
             for row in premise.unit_rows(setting, layers, points)]
-    return pd.DataFrame(rows + saved.__dict__[_CACHE].get("configs", []),
+    return pd.DataFrame(rows + per_method,
                         columns=["setting", "layers", "kind", "measure", "unit", "rho", "methods", "windows",
                                  "points"])
 
