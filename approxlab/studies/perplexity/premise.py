@@ -98,7 +98,9 @@ def calibrate_setting(found: dict, methods: int, windows: int) -> dict:
     return calibration.calibrate(compute, units)
 
 
-def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windows, points, reason=None) -> dict:
+def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windows, points, reason=None,
+         estimate=np.nan) -> dict:
+    """One row of ``premise.csv`` (``estimate``: the statistic where no interval was drawn, too few units)."""
     if reason:
         verdict, columns = f"not run: {reason}", calibration.calibrated_columns(None, claim.threshold)
     elif found is not None and not np.isfinite(found.estimate):
@@ -109,7 +111,7 @@ def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windo
                                units=methods if claim.unit == "method" else windows, calibrated=found)
         columns = calibration.calibrated_columns(found, claim.threshold)
     return {"claim": claim.id, "setting": setting, "layers": layers, "kind": kind, "measure": measure,
-            "num_features": budget, "estimate": np.nan if found is None else found.estimate,
+            "num_features": budget, "estimate": estimate if found is None else found.estimate,
             "ci_low": np.nan if found is None else found.low, "ci_high": np.nan if found is None else found.high,
             "threshold": claim.threshold, "verdict": verdict, "methods": methods, "windows": windows,
             "points": points, **columns, "family": f"{claim.id} ({kind})"}
@@ -136,10 +138,11 @@ def setting_rows(setting, layers, points: Points) -> list[dict]:
         found = statistics(points, kind)
         judged = {key: f for key, (f, units) in found.items() if units >= MIN_METHODS}
         calibrated = calibrate_setting(judged, len(points.methods), windows)
-        for key, (_, units) in found.items():
+        ones = np.ones((1, len(points.methods))), np.ones((1, windows))
+        for key, (f, units) in found.items():
             claim, measure, budget = _CLAIMS[key[0]], key[1], key[2]
             rows.append(_row(claim, setting, layers, kind, measure, budget, calibrated.get(key), methods=units,
-                             windows=windows, points=count))
+                             windows=windows, points=count, estimate=float(f(*ones)[0])))
     return rows
 
 
