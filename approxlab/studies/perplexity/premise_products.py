@@ -52,8 +52,10 @@ def _points(saved) -> dict:
 
 
 def former_of(row, former: pd.DataFrame) -> str:
-    """The committed verdict a premise row replaces ("" where none: a new claim, or a secondary measure)."""
-    if row["kind"] != PRIMARY or row["claim"] not in FORMER or former.empty:
+    """The committed verdict a premise row replaces ("" where none: a new claim). The committed claims ranked the
+    error of the run itself: clean with one layer replaced, drifting with several; a multi-layer setting's clean row
+    and its drifting row both stand beside it (the drifting one changes the unit and the interval alone)."""
+    if row["claim"] not in FORMER or former.empty:
         return ""
     match = former[(former["claim"] == FORMER[row["claim"]]) & (former["setting"] == row["setting"])
                    & (former["layers"].astype(str) == str(row["layers"]))]

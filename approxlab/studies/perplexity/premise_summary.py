@@ -143,9 +143,10 @@ def _changes(premise: pd.DataFrame) -> list[str]:
     changed = former[former["former_verdict"].astype(str) != former["verdict"].astype(str)]
     lines = ["### Changes of verdict", "",
              f"Against the committed run's verdicts (`former_verdicts.csv`: its `verdicts.csv`, with the 90% coverage "
-             f"gate): {len(changed)} of the {len(former)} claim instances that replace a committed one change; the "
-             "claims with no committed counterpart (depths pooled, configurations, the drifting error judged apart, "
-             "(pp) beside (pw)) are new."]
+             f"gate): {len(changed)} of the {len(former)} claim instances that replace a committed one change. (pw) and "
+             "(pp) each replace the committed within-method rho (p1w); a multi-layer setting's clean and drifting "
+             "rows both stand beside its committed verdict (which ranked the drifting error); the depths pooled "
+             "and the configurations are new."]
     if len(changed):
         shown = changed.assign(**{"setting ": [_where(r) for _, r in changed.iterrows()],
                                   "d": changed["num_features"].map(lambda d: "-" if d < 0 else str(int(d)))})
