@@ -36,7 +36,7 @@ def optional_table(saved, name: str) -> pd.DataFrame:
     made none)."""
     from ..engine.store import has_results, read_results
 
-    if name in saved._tables:
+    if name in {table.name for table in saved.study.tables}:
         return saved.table(name)
     path = saved.out / name
     return read_results(path) if has_results(path) else pd.DataFrame()
