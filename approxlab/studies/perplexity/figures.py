@@ -145,10 +145,10 @@ def _rho(premise, claim, setting, layers) -> str:
                     & (premise["kind"] == kind)]
     if found.empty or not np.isfinite(found["estimate"].iloc[0]):
         return ""
-    row = found.iloc[0]
+    row, symbol = found.iloc[0], "ρ" if claim == "p1" else "ρ(error) - ρ(1/d)"
     if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
-        return f"ρ = {row['estimate']:.2f} (no interval: {int(row['methods'])} methods)"
-    return f"ρ = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+        return f"{symbol} = {row['estimate']:.2f} (no calibrated interval)"
+    return f"{symbol} = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
 
 
 def _sizes(ds, all_ds) -> np.ndarray:
