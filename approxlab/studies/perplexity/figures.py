@@ -145,7 +145,7 @@ def _rho(premise, claim, setting, layers) -> str:
                     & (premise["kind"] == kind)]
     if found.empty or not np.isfinite(found["estimate"].iloc[0]):
         return ""
-    row, symbol = found.iloc[0], "ρ" if claim == "p1" else "ρ(error) - ρ(1/d)"
+    row, symbol = found.iloc[0], "ρ" if claim == "p1" else "Δρ"
     if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
         return f"{symbol} = {row['estimate']:.2f} (no calibrated interval)"
     return f"{symbol} = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
@@ -242,7 +242,7 @@ def draw_within(saved) -> list[pathlib.Path]:
         fig, axes = _family_grid(table, draw)
         figure_legend(fig, axes, ncol=6)
         fig.suptitle("within a method: its budgets joined in order of d (decoder-valid methods; points of exact "
-                     "attention left out)\n(pw): rho(error, Delta) - rho(1/d, Delta) over each method's budgets, mean "
+                     "attention left out)\n(pw) Δρ: rho(error, Delta) - rho(1/d, Delta) over each method's budgets, mean "
                      "over methods and windows, every family of the row (premise.csv) [calibrated 95% interval]",
                      fontsize=9)
         return save_figure(fig, saved.out / "perplexity-within")
