@@ -73,7 +73,8 @@ def run(llama, cache, tmp_path_factory):
 def test_tables_figures_claims_and_summary(run):
     for name in ("baseline.csv", "perplexity.csv", "layer_errors.csv", "encoder.csv", "cost.csv", "long.csv",
                  "delta.csv", "observations.csv", "correlations.csv", "verdicts.csv", "prediction.csv",
-                 "calibration.csv", "encoder_stats.csv", "long_stats.csv", "summary.md", "perplexity-d.png",
+                 "calibration.csv", "encoder_stats.csv", "long_stats.csv", "premise.csv", "premise_rho.csv",
+                 "premise_loss.csv", "former_verdicts.csv", "summary.md", "perplexity-d.png",
                  "perplexity-error.pdf", "perplexity-kv.png", "perplexity-within.png", "perplexity-long.png",
                  "config.json", "timing.json"):
         assert (run / name).is_file(), name
@@ -103,7 +104,7 @@ def test_tables_figures_claims_and_summary(run):
     verdicts = read_results(run / "verdicts.csv")
     # 3 methods: below the 5 a claim across methods needs, so every verdict across methods is withheld
     across = verdicts[verdicts["claim"].isin(["p1", "p1d", "p2", "p3"])]
-    assert len(across) and (across["verdict"] == "no verdict (too few units)").all()
+    assert len(across) and (across["former_verdict"] == "no verdict (too few units)").all()
     assert not (verdicts["method"] == "nystromformer").any()
     # long context: 2 settings x (the unpatched model, the control, 3 decoder-valid methods) x 1 window x 2 depths
     long = read_results(run / "long.csv")
@@ -115,7 +116,11 @@ def test_tables_figures_claims_and_summary(run):
     assert len(unpatched) and unpatched[errors].isna().all().all()
     assert np.isfinite(long.loc[long["method"] != "unpatched", "spectral_median"]).all()
     summary = (run / "summary.md").read_text()
-    for text in ("## Claims", "(p1)", "(p1w)", "(p1d)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder",
+    premise = read_results(run / "premise.csv")
+    assert (premise.loc[premise["kind"] == "clean", "layers"].isin(["layer 1", "all", "-"])).all()
+    assert premise["verdict"].str.startswith(("no verdict (too few units)", "not run")).all()
+    assert summary_starts_with_in_short(run)
+    for text in ("## The premise's claims", "## The committed design's claims", "(p1)", "(p1w)", "(p1d)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder",
                  "What entered the claims", "Not decoder attention", "## Long context", "## The encoder",
                  "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget d)", "Coverage",
                  "### Changes of verdict", "| coverage (own units) | methods for 90% |"):
@@ -200,26 +205,26 @@ def test_p1_across_and_within_methods_are_told_apart():
     assert set(pd.DataFrame(correlations)["measure"]) == set(claims.MEASURES)
 
 
-def test_no_verdict_rests_on_an_interval_that_covers_less_than_90_percent_of_the_run_s_own_units():
-    """Every claim across methods -- (p2) and (p1d) too, which the former rules never measured -- has its interval's
-    coverage measured on the run's own methods and windows; below 90% the verdict is withheld and the methods it
-    would need are sized. Ten methods whose ranks agree perfectly: a method drawn twice ties with itself in its
-    error but not in its mean loss (its windows drawn anew), and the drawn data sets' intervals fall below the run's
-    rho."""
-    verdicts, _ = judging.judge_setting(_cells(within_sign=-1.0, methods=10), "whole", "all")
+def summary_starts_with_in_short(run) -> bool:
+    """The first section after the title and its note is "In short"."""
+    return (run / "summary.md").read_text().split("\n## ")[1].startswith("In short")
+
+
+def test_the_former_premise_claims_are_superseded_not_gated_and_p3_is_still_measured():
+    """(p1), (p1w), (p1d), (p2) and (p1m) are replaced by premise.csv's claims: their rows keep the reading of their
+    percentile interval as ``former_verdict``, name the claims that replace them, and measure no coverage; (p3) keeps
+    its coverage measured on the run's own methods and windows."""
+    cells_ = _cells(within_sign=-1.0, methods=10)
+    verdicts, _ = judging.judge_setting(cells_, "whole", "all")
     table = pd.DataFrame(verdicts)
-    judged = table[~table["former_verdict"].str.startswith("no verdict")]
-    assert {"p1", "p1d", "p2"} <= set(judged["claim"]) and judged["coverage"].between(0, 1).all()
-    short = judged[judged["coverage"] < 0.9]
-    assert len(short) and short["claim"].isin(["p2", "p1d"]).any()
-    assert (short["verdict"] == [f"no verdict: coverage {c:.1%} < 90%" for c in short["coverage"]]).all()
-    assert short["units_for_90"].map(lambda n: n is None or n == 20).all()  # 2 x the 10 methods, or more
-    kept = judged[judged["coverage"] >= 0.9]
-    assert (kept["verdict"] == kept["former_verdict"]).all()
+    assert (table["verdict"] == [f"superseded by premise.csv ({gating.SUPERSEDED_BY[c]})" for c in table["claim"]]).all()
+    assert table["coverage"].isna().all() and table.set_index("claim").loc["p1", "former_verdict"] == "ranks the losses"
+    per = pd.DataFrame(judging.per_method(cells_, "whole", "all"))
+    assert (per["verdict"] == "superseded by premise.csv (pw, pp)").all()
     rows, _ = agreement({("whole", "layer 0"): (_cells(budgets=(8,), methods=10), {})}, pd.DataFrame(
         {"reference": "r", "study": "decoder", "layer": 0, "checkpoint": "c", "reference_n": 512,
          "method": [f"m{i}" for i in range(10)], "num_features": 8, "error": range(1, 11)}), {"checkpoint": "c"})
-    assert 0 <= rows[0]["coverage"] <= 1 and rows[0]["former_verdict"] == "same places"  # (p3) measured too
+    assert 0 <= rows[0]["coverage"] <= 1 and rows[0]["former_verdict"] == "same places"  # (p3) measured
 
 
 def test_the_interval_across_methods_resamples_methods():
@@ -488,33 +493,6 @@ def test_every_built_in_cache_policy_has_its_panel_and_a_plugin_s_its_own(fresh_
     register("my-policy", get("knorm").function, target="softmax", features="cache size", randomized=False,
              causal="only", score=get("knorm").score)
     assert plotting.method_family("my-policy") == "cache: other policies"
-
-
-def test_in_short_says_where_the_premise_holds_fails_and_is_undecided_from_the_verdicts_alone():
-    """The summary's first section words each level from the verdicts: a 'reproduced' label holds, a 'not
-    reproduced' one fails, anything else (inconclusive, no verdict) is undecided and counted as neither."""
-    from approxlab.studies.perplexity.claims import P1, P1_METHOD
-    from approxlab.studies.perplexity.in_short import in_short_lines
-
-    def row(claim, layers, verdict, estimate, low, high, **extra):
-        return {"claim": claim, "setting": "whole", "layers": layers, "measure": "spectral", "method": "",
-                "num_features": -1, "estimate": estimate, "ci_low": low, "ci_high": high, "verdict": verdict, **extra}
-
-    verdicts = pd.DataFrame([
-        row("p1", "layer 0", P1.labels["reproduced"], 0.9, 0.8, 0.95),
-        row("p1", "all", P1.labels["not reproduced"], 0.3, 0.1, 0.5),
-        row("p1", "layer 15", "no verdict: coverage 62.0% < 90%", 0.8, 0.6, 0.9),
-        row("p1m", "all", P1_METHOD.labels["reproduced"], 1.0, 0.9, 1.0, method="h2o"),
-        row("p1m", "all", "inconclusive", 0.5, -0.2, 0.9, method="tova"),
-    ])
-    observed = pd.DataFrame({"no_loss": [3, 4], "points": [10, 20]})
-    text = "\n".join(in_short_lines(verdicts, observed))
-    assert "Holds in layer 0 replaced: rho 0.9 [0.8, 0.95]" in text
-    assert "Fails in all replaced: rho 0.3 [0.1, 0.5]" in text
-    assert "Undecided in layer 15 replaced: rho 0.8 [0.6, 0.9], no verdict: coverage 62.0% < 90%" in text
-    assert "all replaced (1 holds, 0 fails, 1 undecided of 2 methods with five budgets)" in text
-    assert "across methods, the premise holds in 1 of 3 settings, fails in 1" in text
-    assert "7 of 30 points" in text
 
 
 def test_p3_names_every_comparison_it_does_not_make():

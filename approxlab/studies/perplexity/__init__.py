@@ -24,8 +24,10 @@ The declaration :data:`STUDY`, behind ``approxlab perplexity``:
    replaced layer; single layers at the ``depths``), ``encoder.csv``, ``cost.csv`` (:func:`.cost.patched_forward_cost`) and
    ``references.csv`` (the error rankings of the ``--compare-with`` folders, :mod:`.references`).
 3. **report** -- ``delta.csv``, ``correlations.csv``, ``verdicts.csv``, ``encoder_stats.csv``
-   (:mod:`.stats`: claims (p1)-(p3) fixed in code), three figures (:mod:`.figures`) and ``summary.md``
-   (:mod:`.summary`).
+   (:mod:`.stats`: claims (p1)-(p3) fixed in code), ``premise.csv``, ``premise_rho.csv`` and ``premise_loss.csv``
+   (:mod:`.premise`: the premise's claims of :mod:`.premise_claims`, ranks within windows, clean-input error,
+   calibrated intervals, Holm; ``former_verdicts.csv`` the committed verdicts they replace), the figures
+   (:mod:`.figures`) and ``summary.md`` (:mod:`.summary`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .claims import CLAIMS, DECLARED
 from .products import (agreement_labels, calibration, claim_verdicts, correlations, delta_table, encoder, long_stats,
                        observed, prediction_table)
 from .summary import TITLE, sections
+from .premise_products import former_verdicts, premise_loss, premise_rho, premise_verdicts
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "METHODS", "ENCODER_METHODS", "CONTROL", "CLAIMS",
            "DECLARED", "build_config", "configure", "patched_forward_cost"]
@@ -67,11 +70,12 @@ STUDY = Study(
            Step((Table("long.csv", LONG_KEY, optional=True),), compute_long, long_study_cells),
            Step((Table("references.csv", ("reference",), optional=True),), compute_reference, reference_cells)),
     claims=CLAIMS,
-    products=(Product("delta.csv", delta_table), Product("observations.csv", observed),
+    products=(Product("former_verdicts.csv", former_verdicts), Product("delta.csv", delta_table), Product("observations.csv", observed),
               Product("correlations.csv", correlations), Product("verdicts.csv", claim_verdicts),
               Product("references_used.csv", agreement_labels), Product("prediction.csv", prediction_table),
               Product("calibration.csv", calibration), Product("long_stats.csv", long_stats),
-              Product("encoder_stats.csv", encoder)),
+              Product("encoder_stats.csv", encoder), Product("premise.csv", premise_verdicts),
+              Product("premise_rho.csv", premise_rho), Product("premise_loss.csv", premise_loss)),
     figures=(Figure("perplexity-error", draw_error), Figure("perplexity-within", draw_within),
              Figure("perplexity-d", draw_d), Figure("perplexity-kv", draw_kv), Figure("perplexity-long", draw_long)),
     summary=Summary(TITLE, (sections,)),

@@ -44,6 +44,9 @@ def setting_text(setting, layers) -> str:
 
 def _rows(verdicts, claim) -> pd.DataFrame:
     rows = verdicts[verdicts["claim"] == claim.id].copy()
+    if "former_verdict" in rows:  # a superseded claim shows the reading of its interval (the section says so)
+        superseded = rows["verdict"].astype(str).str.startswith("superseded")
+        rows.loc[superseded, "verdict"] = rows.loc[superseded, "former_verdict"]
     rows["setting "] = [setting_text(s, layer) for s, layer in rows[["setting", "layers"]].itertuples(index=False)]
     rows["estimate [95% CI]"] = [_interval(*v) for v in rows[["estimate", "ci_low", "ci_high"]].to_numpy(float)]
     rows["coverage (own units)"] = [coverage_cell(*v) for v in rows[["coverage", "coverage_low", "coverage_high"]]
@@ -73,7 +76,10 @@ def _tally(claim, rows) -> str:
 
 
 def _declared() -> list[str]:
-    return ["## Claims (declared in `approxlab.studies.perplexity.claims` before the run)", "",
+    return ["## The committed design's claims (declared in `approxlab.studies.perplexity.claims`)", "",
+            "Their premise claims (p1), (p1w), (p1m), (p1d), (p2) are superseded by the premise's claims above (each "
+            "row's `former_verdict` in `verdicts.csv` is the reading of its percentile interval, shown here for "
+            "comparison, with no coverage measured); (p3) and (p4) are still judged by them.", "",
             *markdown_table(pd.DataFrame(DECLARED)), "",
             f"- Decoder-valid methods: {DECODER_VALID}.", f"- Degenerate points: {DEGENERATE}.",
             f"- Noise floor: {FLOOR}.",
@@ -181,8 +187,8 @@ def _calibration(calibration) -> list[str]:
 
 
 def _measured_lines() -> list[str]:
-    return ["**Coverage on the run's own units** (every `coverage (own units)` above; `approxlab.studies.perplexity."
-            "gating`). The claims' units vary at the level of the method (then the window within it): the run is "
+    return ["**Coverage on the run's own units** (the `coverage (own units)` of (p3) and (p4); `approxlab.studies."
+            "perplexity.gating`). The claims' units vary at the level of the method (then the window within it): the run is "
             f"taken as the population and its estimate as the truth; {COVERAGE_TRIALS['trials']} data sets are drawn "
             "from it as the run was drawn (methods with replacement, then each drawn method's windows), each with "
             f"its own {COVERAGE_TRIALS['resamples']}-resample two-level interval, every claim of a setting on the "
@@ -199,6 +205,7 @@ def _measured_lines() -> list[str]:
 def _changes(verdicts) -> list[str]:
     if verdicts.empty or "former_verdict" not in verdicts:
         return []
+    verdicts = verdicts[~verdicts["verdict"].astype(str).str.startswith("superseded")]
     shown = verdicts.assign(**{"setting ": [setting_text(s, layer) for s, layer in
                                             verdicts[["setting", "layers"]].itertuples(index=False)],
                                "estimate [95% CI]": [_interval(*v) for v in verdicts[["estimate", "ci_low",
@@ -208,9 +215,8 @@ def _changes(verdicts) -> list[str]:
     shown["num_features"] = shown["num_features"].map(lambda d: "" if d < 0 else str(int(d)))
     return [*changes_lines(shown, ["claim", "setting ", "measure", "method", "reference", "num_features"],
                            shown=["estimate [95% CI]", "coverage"], what="verdict",
-                           rules="the same intervals and thresholds, but a verdict given whatever its interval's "
-                                 "coverage: only (p1)'s was measured (`calibration.csv`), and no verdict was withheld "
-                                 "on it"), ""]
+                           rules="(p3) and (p4): the same intervals and thresholds, but a verdict given whatever "
+                                 "its interval's coverage"), ""]
 
 
 def _excluded(saved, delta) -> list[str]:

@@ -137,14 +137,18 @@ def _title(setting, layers) -> str:
     return "KV cache, every layer" if setting == KV_CACHE else ("every layer" if layers == "all" else layers)
 
 
-def _rho(verdicts, claim, setting, layers) -> str:
-    found = verdicts[(verdicts["claim"] == claim) & (verdicts["setting"] == setting) & (verdicts["layers"] == layers)]
+def _rho(premise, claim, setting, layers) -> str:
+    """The premise claim's estimate [calibrated CI] on the error the figures draw (``delta.csv``'s: clean with one
+    layer replaced, drifting with several)."""
+    kind = "clean" if str(layers).startswith("layer ") else "drifting"
+    found = premise[(premise["claim"] == claim) & (premise["setting"] == setting) & (premise["layers"] == layers)
+                    & (premise["kind"] == kind)]
     if found.empty or not np.isfinite(found["estimate"].iloc[0]):
         return ""
-    row = found.iloc[0]
+    row, symbol = found.iloc[0], "ρ" if claim == "p1" else "Δρ"
     if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
-        return f"ρ = {row['estimate']:.2f} (no interval: {int(row['methods'])} methods)"
-    return f"ρ = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+        return f"{symbol} = {row['estimate']:.2f} (no calibrated interval)"
+    return f"{symbol} = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
 
 
 def _sizes(ds, all_ds) -> np.ndarray:
@@ -178,14 +182,15 @@ def _family_grid(table, draw) -> tuple:
 
 def draw_error(saved) -> list[pathlib.Path]:
     """``perplexity-error``: the change in log-perplexity against the relative spectral error, one row per setting,
-    one panel per family of methods; marker size: d; shaded: the noise floor; title: (p1)'s rho [two-level CI]."""
+    one panel per family of methods; marker size: d; shaded: the noise floor; title: the premise's (p1), rho
+    within windows [calibrated CI]."""
     from ...plotting import figure_legend, method_label, method_style, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
     table = table[table["method"] != config["control"]]
     exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
     table = table[~exact]
-    verdicts, observed = saved.product("verdicts.csv"), saved.product("observations.csv")
+    verdicts, observed = saved.product("premise.csv"), saved.product("observations.csv")
 
     def draw(ax, rows, name, setting, layers):
         for method, points in rows.groupby("method", sort=False):
@@ -197,7 +202,7 @@ def draw_error(saved) -> list[pathlib.Path]:
         floor = observed[(observed["setting"] == setting) & (observed["layers"] == layers)]["floor"]
         if len(floor):
             ax.axhspan(-float(floor.iloc[0]), float(floor.iloc[0]), color="#cccccc", alpha=0.6, zorder=0)
-        rho = "" if name.startswith("Nyström") else "\n(p1) " + _rho(verdicts, "p1", setting, layers)
+        rho = "" if name.startswith("Nyström") else "\n(p1, within windows) " + _rho(verdicts, "p1", setting, layers)
         return f"{_title(setting, layers)}: {name}{rho}"
 
     with style():
@@ -205,22 +210,22 @@ def draw_error(saved) -> list[pathlib.Path]:
         figure_legend(fig, axes, ncol=6)
         fig.suptitle("change in log-perplexity against the replaced layers' relative spectral error\none point per "
                      "method and d (mean over windows), larger markers: larger d; grey band: the noise floor; "
-                     f"left out: {int(exact.sum())} points of exact attention (a budget covering the tokens)\n(p1): "
-                     "Spearman rho over the decoder-valid methods x d x windows [95% interval, methods and windows "
-                     "resampled]", fontsize=9)
+                     f"left out: {int(exact.sum())} points of exact attention (a budget covering the tokens)\n(p1, within "
+                     "windows): the stratified Spearman rho of the error drawn (premise.csv) [calibrated 95% "
+                     "interval, methods and windows resampled]", fontsize=9)
         return save_figure(fig, saved.out / "perplexity-error")
 
 
 def draw_within(saved) -> list[pathlib.Path]:
     """``perplexity-within``: each method's path over its budgets (error against loss), one row per setting and one
-    panel per family of decoder-valid methods; the titles give the pooled within-method rho (p1w) [CI]."""
+    panel per family of decoder-valid methods; the titles give the premise's (pw) [calibrated CI]."""
     from ...plotting import figure_legend, method_family, method_label, method_style, save_figure, style
 
     config, table = saved.config, saved.product("delta.csv")
     decoder = np.array([not method_family(m).startswith("Nyström") for m in table["method"]], dtype=bool)
     exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
     table = table[(table["method"] != config["control"]).to_numpy() & decoder & ~exact]
-    verdicts = saved.product("verdicts.csv")
+    verdicts = saved.product("premise.csv")
 
     def draw(ax, rows, name, setting, layers):
         for method, points in rows.groupby("method", sort=False):
@@ -230,15 +235,16 @@ def draw_within(saved) -> list[pathlib.Path]:
             look = method_style(method)
             ax.plot(points["spectral_median"], points["delta"], color=look["color"], linewidth=0.8,
                     marker=look["marker"], markersize=3, label=method_label(method))
-        pooled = _rho(verdicts, "p1w", setting, layers) or "no estimate (fewer than 5 budgets)"
-        return f"{_title(setting, layers)}: {name}\n(p1w) {pooled}"
+        pooled = _rho(verdicts, "pw", setting, layers) or "no estimate (fewer than 5 budgets)"
+        return f"{_title(setting, layers)}: {name}\n(pw) {pooled}"
 
     with style():
         fig, axes = _family_grid(table, draw)
         figure_legend(fig, axes, ncol=6)
         fig.suptitle("within a method: its budgets joined in order of d (decoder-valid methods; points of exact "
-                     "attention left out)\n(p1w): the mean over methods of the within-method Spearman rho, pooled "
-                     "over every family of the row", fontsize=9)
+                     "attention left out)\n(pw) Δρ: rho(error, Delta) - rho(1/d, Delta) over each method's budgets, mean "
+                     "over methods and windows, every family of the row (premise.csv) [calibrated 95% interval]",
+                     fontsize=9)
         return save_figure(fig, saved.out / "perplexity-within")
 
 

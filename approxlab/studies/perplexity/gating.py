@@ -15,9 +15,14 @@ by the same measurement on draws of more methods than the run's
 rests on it, not a verdict; (p1m): 2-12 times its windows). The verdict before the gate is kept
 (``former_verdict``: the former rules had no gate) for the summary's "Changes of verdict".
 
+(p1), (p1w), (p1m), (p1d) and (p2) are no longer judged here: :mod:`.premise` replaces them (ranks within windows,
+clean-input error, calibrated intervals), and :func:`superseded` keeps each former reading beside the claim that
+replaces it, with no coverage measured; (p3) and (p4) keep this gate.
+
 Public API::
 
-    SIZING, COLUMNS
+    SIZING, COLUMNS, SUPERSEDED_BY
+    superseded(rows) -> list[dict]                                              # the former reading, not a verdict
     gate_rows(rows, cells, statistics, *, columns=MEASURES) -> list[dict]     # rows name their "_statistic"
     gate_over_windows(row, compute, windows) -> dict                           # (p1m): windows are the units
 """
@@ -32,7 +37,7 @@ from ..reporting import measured
 from .claims import MEASURES
 from .prediction import COVERAGE_TRIALS, coverage
 
-__all__ = ["SIZING", "COLUMNS", "gate_rows", "gate_over_windows"]
+__all__ = ["SIZING", "COLUMNS", "SUPERSEDED_BY", "superseded", "gate_rows", "gate_over_windows"]
 
 SIZING = {"trials": 20, "resamples": 100, "multiples": (2, 3, 4, 6)}
 """The methods a claim below 90% would need: :func:`.prediction.coverage` at 2, 3, 4 and 6 times the run's methods
@@ -43,6 +48,29 @@ COLUMNS = ["coverage", "coverage_low", "coverage_high", "units_for_90", "former_
 """What :func:`gate_rows` adds to a verdict row: the measured coverage with its Wilson 95% interval, the units
 (methods; windows for (p1m)) 90% would need where it falls short (None: not even the largest count tried), and the
 verdict before the gate."""
+
+
+SUPERSEDED_BY = {"p1": "p1", "p1w": "pw, pp", "p1m": "pw, pp", "p1d": "p1d", "p2": "p2"}
+"""The claims of ``premise.csv`` that replace each former premise claim."""
+
+
+def superseded(rows: list) -> list:
+    """``rows`` (verdict rows of the former premise claims) with :data:`COLUMNS`: ``former_verdict`` the reading of
+    their percentile interval, ``verdict`` naming the ``premise.csv`` claims that replace it, no coverage measured.
+
+    Examples
+    --------
+    >>> superseded([{"claim": "p1w", "verdict": "ranks the losses", "_statistic": "within spectral"}])[0]["verdict"]
+    'superseded by premise.csv (pw, pp)'
+    """
+    out = []
+    for row in rows:
+        row = {key: value for key, value in row.items() if key != "_statistic"}
+        out.append({**row, "former_verdict": row["verdict"],
+                    "verdict": f"superseded by premise.csv ({SUPERSEDED_BY[row['claim']]})",
+                    "coverage": math.nan, "coverage_low": math.nan, "coverage_high": math.nan,
+                    "units_for_90": None})
+    return out
 
 
 def _judged(row: dict) -> bool:

@@ -16,10 +16,9 @@ from ..reporting import claims as engine
 from . import gating, resampling
 from .claims import MEASURES, MIN_BUDGETS, MIN_METHODS, P1, P1_BUDGET, P1_METHOD, P1_WITHIN, P2, RESAMPLING
 from .grid import KV_CACHE
-from .prediction import COVERAGE_TRIALS
 
 __all__ = ["EXACT_ERROR", "VERDICT_COLUMNS", "causal_form", "noise_floor", "degenerate", "observations",
-           "judge_setting", "per_method", "verdict_row"]
+           "judge_setting", "per_method", "verdict_row", "measures_of"]
 
 EXACT_ERROR = 1e-6
 """A median relative spectral error below this: the method returned exact attention (a degenerate point)."""
@@ -59,7 +58,7 @@ def degenerate(frame: pd.DataFrame, config: dict) -> pd.Series:
     return pd.Series(budget | (median.to_numpy(float) < EXACT_ERROR), index=frame.index)
 
 
-def _measures(frame: pd.DataFrame) -> pd.DataFrame:
+def measures_of(frame: pd.DataFrame) -> pd.DataFrame:
     """The predictors of :data:`.claims.MEASURES` as columns (NaN where a run did not record one)."""
     out = pd.DataFrame(index=frame.index)
     for name in ("spectral", "frobenius", "worst_query"):
@@ -88,7 +87,7 @@ def observations(frame: pd.DataFrame, config: dict) -> tuple[pd.DataFrame, dict]
     counts["degenerate_points"] = ", ".join(f"{m} d={d}" for m, d in ran.loc[bad, ["method", "num_features"]]
                                             .drop_duplicates().itertuples(index=False, name=None))
     kept = ran[~bad]
-    cells = pd.concat([kept[["method", "window"]], _measures(kept)], axis=1)
+    cells = pd.concat([kept[["method", "window"]], measures_of(kept)], axis=1)
     cells["budget"] = kept["num_features"].astype(float)
     inside = kept["delta"].abs() <= floor
     cells["delta"] = np.where(inside, 0.0, kept["delta"].astype(float))
@@ -160,7 +159,7 @@ def judge_setting(cells: pd.DataFrame, setting: str, layers: str) -> tuple[list[
             subset = cells[np.isfinite(cells[measure])]
             verdicts.append(row(P2, name, measure=measure, methods=int(subset["method"].nunique()),
                                 units=int(subset["method"].nunique()), points=len(subset)))
-    verdicts = gating.gate_rows(verdicts, cells, statistics)
+    verdicts = gating.superseded(verdicts)
     correlations = []
     for measure in MEASURES:
         estimate, values, _ = found[f"across {measure}"]
@@ -186,7 +185,7 @@ def per_method(cells: pd.DataFrame, setting: str, layers: str) -> list[dict]:
         estimate, low, high = _over_windows(x, y, RESAMPLING["resamples"])(range(windows))
         row = verdict_row(P1_METHOD, setting, layers, estimate, low, high, method=method, methods=1, windows=windows,
                           points=len(group), units=windows)
-        rows.append(gating.gate_over_windows(row, _over_windows(x, y, COVERAGE_TRIALS["resamples"]), windows))
+        rows.append(gating.superseded([row])[0])
     return rows
 
 

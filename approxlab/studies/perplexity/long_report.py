@@ -12,7 +12,7 @@ from ..reporting.markdown import format_number as fmt
 from . import gating, resampling
 from .claims import GATE, MEASURES, MIN_METHODS, P4, RESAMPLING
 from .claims_summary import coverage_cell, needed_cell
-from .judging import _measures, causal_form, verdict_row
+from .judging import causal_form, measures_of, verdict_row
 from .long import UNPATCHED, long_frame, long_statistics
 
 __all__ = ["saved_long", "gate", "long_verdicts", "long_lines", "draw_long"]
@@ -47,7 +47,7 @@ def long_verdicts(long: pd.DataFrame, config: dict) -> list[dict]:
         methods = methods[(causal_form(methods) != "mask-renormalise").to_numpy()]
         if methods.empty:
             continue
-        cells = pd.concat([methods[["method"]], _measures(methods)], axis=1)
+        cells = pd.concat([methods[["method"]], measures_of(methods)], axis=1)
         cells["window"], cells["budget"] = methods["sequence"], methods["num_features"].astype(float)
         cells["delta"] = methods["delta_key"].astype(float)
         enough = cells["method"].nunique() >= MIN_METHODS

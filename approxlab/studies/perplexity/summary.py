@@ -12,7 +12,7 @@ from ..reporting.markdown import format_interval, markdown_table
 from ..reporting.markdown import format_number as fmt
 from .grid import KV_CACHE, WHOLE
 from .claims_summary import claim_sections, delta_cells
-from .in_short import in_short_lines
+from .premise_summary import in_short_lines, premise_sections
 from .long_report import long_lines
 from .stats import settings_of
 
@@ -108,7 +108,10 @@ def _deviations(saved, baseline) -> list[str]:
             "`mask-renormalise`, whose landmarks pool every position: a token's output then depends on later "
             "tokens, so its perplexity is not that of a decoder layer (reported apart, in no decoder claim).",
             "- Errors with every layer replaced are measured on the patched run's own inputs, which drift from "
-            "the unpatched model's; with one layer replaced, the layer's inputs are the unpatched model's.",
+            "the unpatched model's (the drifting error, a secondary measure), and, where `clean_errors.csv` holds "
+            "them, on the unpatched model's inputs at each layer (the clean error, the premise's primary measure; "
+            "without it the claims on the clean error of those settings are not run); with one layer replaced, the "
+            "layer's inputs are the unpatched model's.",
             "- Encoder windows: n word pieces of all-MiniLM-L6-v2's tokenizer, without [CLS]/[SEP] (its sentence "
             "embedding is the mean over tokens of the last hidden state; the cosine is unchanged by its final "
             "normalisation)."]
@@ -188,8 +191,8 @@ def _papers(delta, config) -> list[str]:
 def sections(saved) -> list[str]:
     """The summary's lines under its title (numbers from the saved tables only)."""
     baseline, delta = saved.table("baseline.csv"), saved.product("delta.csv")
-    return [*in_short_lines(saved.product("verdicts.csv"), saved.product("observations.csv")),
-            *_run(saved, delta, baseline), *_deviations(saved, baseline),
+    return [*in_short_lines(saved.product("premise.csv"), saved.product("premise_loss.csv")),
+            *_run(saved, delta, baseline), *_deviations(saved, baseline), *premise_sections(saved),
             *claim_sections(saved), *long_lines(saved, saved.product("verdicts.csv")),
             *_delta_tables(delta, saved.config), *_encoder(saved),
             *_cost(saved), *_papers(delta, saved.config)]

@@ -1,0 +1,264 @@
+r"""The premise's claims (:mod:`.premise_claims`) judged on the saved tables, with calibrated intervals.
+
+Per setting and kind of error (clean, drifting), every statistic of :func:`statistics` is evaluated on the same
+crossed draws (methods and windows, :mod:`.strata`); :func:`calibrate_setting` calibrates them together on the
+run's own methods and windows (:func:`approxlab.studies.reporting.calibrated.calibrate`: each outer draw a data
+set of as many methods and windows as the run's, its inner bootstrap of :data:`.premise_claims.INNER` resamples).
+:func:`premise_tables` gives ``premise.csv`` (every claim instance: its estimate, calibrated interval, coverage
+with its Monte-Carlo interval, calibrated p, Holm within its family, the committed run's verdict beside),
+``premise_rho.csv`` (rho at each unit: cells, window means, within windows) and ``premise_loss.csv`` (no
+measurable loss, by the stated rule, at both floors).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ...stats import Resamples
+from ...stats.calibration import IntervalFamily
+from ..reporting import calibrated as calibration
+from ..reporting import claims as engine
+from ..reporting.measured import holm_column
+from . import judging, strata
+from .claims import MIN_BUDGETS, MIN_METHODS
+from .premise_claims import (BUDGET, CONFIGS, DEPTH, DIFFERENCE, INNER, MEASURES, MIN_CONFIGS, PAIRED, PARTIAL,
+                             PRACTICAL_FLOOR, PRIMARY, RHO, SECONDARY)
+from .premise_data import Points, single_layer
+from .resampling import spearman
+
+__all__ = ["PREMISE_COLUMNS", "UNDEFINED", "statistics", "calibrate_setting", "setting_rows", "depth_rows", "config_rows",
+           "unit_rows", "loss_rows", "with_holm", "noise_floor_of"]
+
+PREMISE_COLUMNS = ["claim", "setting", "layers", "kind", "measure", "num_features", "estimate", "ci_low", "ci_high",
+                   "threshold", "verdict", "methods", "windows", "points", *calibration.CALIBRATED_COLUMNS, "p",
+                   "family", "p_holm", "holm_decided"]
+"""``premise.csv``: ``ci_low``, ``ci_high`` the calibrated interval (``nominal_low``, ``nominal_high`` the declared
+95% one); ``p`` the calibrated test of the threshold, ``p_holm`` Holm's adjustment within ``family`` (claim and
+kind of error), ``holm_decided`` whether the verdict stands with it."""
+
+
+def _within_stats(points: Points, kind: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(paired differences (methods, windows), partial sums (methods, windows, 3), methods)`` over the methods
+    with at least :data:`.claims.MIN_BUDGETS` budgets."""
+    shape = (len(points.methods), len(points.windows))
+    difference, sums = np.full(shape, np.nan), np.full((*shape, 3), np.nan)
+    eligible = points.cells.groupby("method")["budget"].nunique()
+    for (m, k), (budget, x, y) in points.strata(kind, "spectral").items():
+        if eligible[points.methods[m]] >= MIN_BUDGETS and len(budget) >= MIN_BUDGETS:
+            difference[m, k] = strata.paired_difference(x, budget, y)
+            sums[m, k] = strata.partial_sums(x, budget, y)
+    return difference, sums, int((eligible >= MIN_BUDGETS).sum())
+
+
+def statistics(points: Points, kind: str) -> dict:
+    """``{(claim id, measure, d): (statistic(c, w) -> (resamples,), methods)}`` of one setting and kind."""
+    spectral = strata.WithinWindows(*points.arrays(kind, "spectral"))
+    out = {("p1", "spectral", -1): (spectral.mean, len(points.methods))}
+    for budget in sorted(set(points.cells["budget"])):
+        x, y, index = points.arrays(kind, "spectral", budget)
+        out[("p1d", "spectral", int(budget))] = (strata.WithinWindows(x, y, index).mean, len(set(index)))
+    x0, y0, index0 = points.arrays(kind, "spectral")
+    for measure in MEASURES:
+        x, y, index = points.arrays(kind, measure)
+        if np.isfinite(x).sum() < 3:
+            continue
+        mine = strata.WithinWindows(x, y, index)
+        base = spectral if (np.isfinite(x) == np.isfinite(x0)).all() else strata.WithinWindows(
+            np.where(np.isfinite(x), x0, np.nan), y0, index0)  # the spectral error on the points the measure has
+        used = len(set(index[np.isfinite(x).any(axis=0)]))
+        out[("p2", measure, -1)] = ((lambda c, w, a=mine, b=base: a.mean(c, w) - b.mean(c, w)), used)
+    difference, sums, eligible = _within_stats(points, kind)
+    out[("pw", "spectral", -1)] = ((lambda c, w: strata.stratum_mean(difference, c, w)), eligible)
+    out[("pp", "spectral", -1)] = ((lambda c, w: strata.partial_correlation(sums, c, w)), eligible)
+    return out
+
+
+def _families(found: dict, c0: np.ndarray, w0: np.ndarray, resamples: int, rng, units: int) -> dict:
+    """Every statistic's percentile family on the data set ``(c0, w0)``, all on the same inner draws."""
+    c, w = strata.redraw(c0, resamples, rng), strata.redraw(w0, resamples, rng)
+    return {key: IntervalFamily.percentile(Resamples(float(f(c0[None], w0[None])[0]), f(c, w), units))
+            for key, f in found.items()}
+
+
+def calibrate_setting(found: dict, methods: int, windows: int) -> dict:
+    """``{key: Calibrated}`` of the statistics ``found`` (``{key: statistic(c, w)}``), calibrated together on the
+    run's ``methods`` and ``windows`` (crossed: each outer draw draws both)."""
+    if not found:
+        return {}
+    units = {"method": [("m", i) for i in range(methods)], "window": [("w", k) for k in range(windows)]}
+
+    def compute(sample, trial):
+        c0 = strata.counts([[i for kind, i in sample if kind == "m"]], methods)[0]
+        w0 = strata.counts([[k for kind, k in sample if kind == "w"]], windows)[0]
+        resamples = INNER["final"] if trial < 0 else INNER["resamples"]
+        rng = np.random.default_rng([INNER["seed"], trial + 1])
+        return _families(found, c0, w0, resamples, rng, methods)
+
+    return calibration.calibrate(compute, units)
+
+
+def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windows, points, reason=None,
+         estimate=np.nan) -> dict:
+    """One row of ``premise.csv`` (``estimate``: the statistic where no interval was drawn, too few units)."""
+    if reason:
+        verdict, columns = f"not run: {reason}", calibration.calibrated_columns(None, claim.threshold)
+    elif found is not None and not np.isfinite(found.estimate):
+        verdict = f"no verdict: undefined on the run ({UNDEFINED.get(claim.id, 'a side is constant')})"
+        columns = calibration.calibrated_columns(found, claim.threshold)
+    else:
+        verdict = engine.judge(claim, np.nan if found is None else found.low, np.nan if found is None else found.high,
+                               units=methods if claim.unit == "method" else windows, calibrated=found)
+        columns = calibration.calibrated_columns(found, claim.threshold)
+    return {"claim": claim.id, "setting": setting, "layers": layers, "kind": kind, "measure": measure,
+            "num_features": budget, "estimate": estimate if found is None else found.estimate,
+            "ci_low": np.nan if found is None else found.low, "ci_high": np.nan if found is None else found.high,
+            "threshold": claim.threshold, "verdict": verdict, "methods": methods, "windows": windows,
+            "points": points, **columns, "family": f"{claim.id} ({kind})"}
+
+
+UNDEFINED = {"pp": "the error or the loss orders every method's budgets as d does: no residual given d",
+             "pw": "no method has a defined rho over its budgets in any window"}
+"""Why a statistic can be undefined on the run itself (then no verdict, and the reason)."""
+
+_CLAIMS = {"p1": RHO, "p1d": BUDGET, "p2": DIFFERENCE, "pw": PAIRED, "pp": PARTIAL}
+
+
+def setting_rows(setting, layers, points: Points) -> list[dict]:
+    """Every claim instance of one setting, per kind of error (clean: not run where it was not measured)."""
+    rows = []
+    windows, count = len(points.windows), len(points.cells)
+    kinds = points.kinds if PRIMARY in points.kinds else (PRIMARY, *points.kinds)
+    for kind in kinds:
+        if kind not in points.kinds:
+            rows += [_row(claim, setting, layers, kind, "spectral", -1, None, methods=0, windows=0, points=0,
+                          reason="clean_errors.csv holds no clean-input error for this setting")
+                     for claim in (RHO, PAIRED, PARTIAL)]
+            continue
+        found = statistics(points, kind)
+        judged = {key: f for key, (f, units) in found.items() if units >= MIN_METHODS}
+        calibrated = calibrate_setting(judged, len(points.methods), windows)
+        ones = np.ones((1, len(points.methods))), np.ones((1, windows))
+        for key, (f, units) in found.items():
+            claim, measure, budget = _CLAIMS[key[0]], key[1], key[2]
+            rows.append(_row(claim, setting, layers, kind, measure, budget, calibrated.get(key), methods=units,
+                             windows=windows, points=count, estimate=float(f(*ones)[0])))
+    return rows
+
+
+def depth_rows(settings: dict) -> list[dict]:
+    """(p1-depths): the stratified rho over (depth, window) strata of the single-layer settings (methods and
+    windows drawn as one: the same method multiplicity at every depth)."""
+    depths = {layers: points for (setting, layers), points in settings.items() if single_layer(layers)}
+    if len(depths) < 2:
+        return [_row(DEPTH, "whole", "-", PRIMARY, "spectral", -1, None, methods=0, windows=0, points=0,
+                     reason=f"{len(depths)} single-layer depth(s) in perplexity.csv; pooling needs at least 2")]
+    methods = sorted(set().union(*(p.methods for p in depths.values())))
+    windows = sorted(set().union(*(p.windows for p in depths.values())))
+    parts = []
+    for points in depths.values():
+        x, y, index = points.arrays(PRIMARY, "spectral")
+        rows = [points.windows.index(k) if k in points.windows else None for k in windows]
+        pad = np.full((len(windows), x.shape[1]), np.nan)
+        x_all, y_all = pad.copy(), pad.copy()
+        for i, r in enumerate(rows):
+            if r is not None:
+                x_all[i], y_all[i] = x[r], y[r]
+        global_index = np.array([methods.index(points.methods[i]) for i in index], dtype=int)
+        parts.append(strata.WithinWindows(x_all, y_all, global_index))
+
+    def pooled(c, w):
+        return strata.weighted_mean(np.concatenate([p.values(c) for p in parts], axis=1),
+                                    np.tile(np.atleast_2d(w), len(parts)))
+
+    found = calibrate_setting({"depths": pooled}, len(methods), len(windows))["depths"]
+    return [_row(DEPTH, "whole", ", ".join(depths), PRIMARY, "spectral", -1, found, methods=len(methods),
+                 windows=len(windows), points=int(sum(len(p.cells) for p in depths.values())))]
+
+
+def config_rows(configs: pd.DataFrame, baseline: pd.DataFrame) -> tuple[list[dict], list[dict]]:
+    """(pc) on ``configs.csv``: ``(verdict rows, per-method rho rows)``; "not run" without the table."""
+    if configs.empty:
+        return [_row(CONFIGS, "kv-cache", "all", PRIMARY, "spectral", -1, None, methods=0, windows=0, points=0,
+                     reason="configs.csv holds no rows")], []
+    base = baseline[baseline["setting"] == "kv-cache"].set_index("window")["nll"]
+    ok = configs[configs["status"] == "ok"] if "status" in configs else configs
+    ok = ok.assign(delta=ok["nll"].to_numpy(float) - base.reindex(ok["window"]).to_numpy(float))
+    budget = int(ok["num_features"].iloc[0]) if "num_features" in ok and len(ok) else -1
+    counts = ok.groupby("method")["config"].nunique()
+    methods = sorted(counts[counts >= MIN_CONFIGS].index)
+    windows = sorted(set(ok["window"]))
+    rows, per_method = [], []
+    for kind, column in ((PRIMARY, "clean_spectral_median"), (SECONDARY, "spectral_median")):
+        if column not in ok or not methods:
+            continue
+        values = np.full((len(methods), len(windows)), np.nan)
+        for (method, window), group in ok[ok["method"].isin(methods)].groupby(["method", "window"]):
+            values[methods.index(method), windows.index(window)] = spearman(group[column], group["delta"])
+        ones = np.ones((1, len(methods)))
+        per_method += [{"setting": "kv-cache", "layers": "all", "kind": kind, "measure": "spectral",
+                        "unit": f"configurations of {m}", "rho": float(np.nanmean(values[i]))
+                        if np.isfinite(values[i]).any() else np.nan, "methods": 1, "windows": len(windows),
+                        "points": int((ok["method"] == m).sum())} for i, m in enumerate(methods)]
+
+        def compute(sample, trial, values=values, ones=ones):
+            w0 = strata.counts([list(sample)], len(windows))[0]
+            rng = np.random.default_rng([INNER["seed"], trial + 1])
+            w = strata.redraw(w0, INNER["final"] if trial < 0 else INNER["resamples"], rng)
+            return IntervalFamily.percentile(Resamples(
+                float(strata.stratum_mean(values, ones, w0[None])[0]), strata.stratum_mean(values, ones, w),
+                len(windows)))
+
+        found = calibration.calibrate(compute, list(range(len(windows)))) if len(windows) >= 2 else None
+        rows.append(_row(CONFIGS, "kv-cache", "all", kind, "spectral", budget, found, methods=len(methods),
+                         windows=len(windows), points=int(ok["method"].isin(methods).sum())))
+    if not rows:
+        rows.append(_row(CONFIGS, "kv-cache", "all", PRIMARY, "spectral", budget, None, methods=len(methods),
+                         windows=len(windows), points=len(ok), reason=f"no method with {MIN_CONFIGS} configurations "
+                         "and a clean error"))
+    return rows, per_method
+
+
+def unit_rows(setting, layers, points: Points) -> list[dict]:
+    """``premise_rho.csv``: the spectral error's rho at three units -- every cell, the window means of each point,
+    within windows (stratified) -- per kind of error."""
+    rows = []
+    for kind in points.kinds:
+        column = f"{kind} spectral"
+        finite = points.cells[np.isfinite(points.cells[column])]
+        means = finite.groupby(["method", "budget"])[[column, "delta"]].mean()
+        x, y, index = points.arrays(kind, "spectral")
+        within = strata.WithinWindows(x, y, index)
+        common = {"setting": setting, "layers": layers, "kind": kind, "measure": "spectral",
+                  "methods": len(points.methods), "windows": len(points.windows), "points": len(finite)}
+        rows += [{**common, "unit": "cells", "rho": spearman(finite[column], finite["delta"])},
+                 {**common, "unit": "window means", "rho": spearman(means[column], means["delta"])},
+                 {**common, "unit": "within windows",
+                  "rho": float(within.mean(np.ones((1, len(points.methods))), np.ones((1, len(points.windows))))[0])}]
+    return rows
+
+
+def loss_rows(setting, layers, points: Points, delta: pd.DataFrame, floor: float) -> dict:
+    """``premise_loss.csv``'s row of one setting: the points with no measurable loss (:data:`.premise_claims.NO_LOSS`
+    at the kernel ``floor``), with no loss that matters (:data:`.premise_claims.PRACTICAL_FLOOR`), and the cells
+    whose Delta equals another cell's of the same window (ties)."""
+    table = points.table.assign(num_features=lambda t: t["budget"].astype(int))
+    mine = delta[(delta["setting"] == setting) & (delta["layers"] == layers)].merge(
+        table[["method", "num_features"]], on=["method", "num_features"])
+    kernel = (mine["delta"].abs() <= floor) | ((mine["delta_low"] <= 0) & (mine["delta_high"] >= 0))
+    practical = (mine["delta_low"] > -PRACTICAL_FLOOR) & (mine["delta_high"] < PRACTICAL_FLOOR)
+    tied = int(points.cells.groupby("window")["delta"].apply(lambda d: d.duplicated(keep=False).sum()).sum())
+    return {"setting": setting, "layers": layers, "points": len(mine), "kernel_floor": floor,
+            "no_measurable_loss": int(kernel.sum()), "practical_floor": PRACTICAL_FLOOR,
+            "no_loss_that_matters": int(practical.sum()), "tied_cells": tied, "cells": len(points.cells),
+            "merged": "; ".join(f"{m} d={d} (= {same})" for m, d, same in points.merged)}
+
+
+def with_holm(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with Holm's adjustment within each family (the claim instances that ran)."""
+    return holm_column(table.assign(p=table["p"].astype(float)), family="family", p="p")
+
+
+def noise_floor_of(frame: pd.DataFrame, setting, layers, control) -> float:
+    """The kernel floor of one setting (:func:`.judging.noise_floor`)."""
+    return judging.noise_floor(frame[(frame["setting"] == setting) & (frame["layers"] == layers)], control)

@@ -1,0 +1,125 @@
+r"""The premise's claims without confounds, declared before the data: unit, measure, depth, thresholds, reasons.
+
+The committed design (:mod:`.claims`) ranked every cell (method x budget x window) together, on the error
+measured on the patched run's own drifting inputs, with a verdict withheld below 90% measured coverage. These
+claims replace its premise claims (p1, p1w, p1m, p1d, p2); (p3) and (p4) stay as they were.
+
+* **Unit of rho** (:data:`UNIT`): ranks within each window, then the mean over windows (a stratified
+  Spearman's :math:`\rho`, :class:`.strata.WithinWindows`); the cell-level and the window-mean :math:`\rho` are
+  reported beside it for comparison.
+* **Measure** (:data:`MEASURE`): the error on the **unpatched** model's inputs at each layer (clean) is the
+  primary measure; the error on the patched run's inputs (drifting) a secondary one, judged and reported apart.
+* **Depth** (:data:`DEPTHS`): one layer replaced at a time at each depth (clean by construction): :math:`\rho`
+  per depth, and pooled over depths (stratified by depth and window).
+* **Within a method** (:data:`WITHIN`): does the error say more than the budget? The paired difference
+  :math:`\rho(\text{error}, \Delta) - \rho(1/d, \Delta)` over a method's budgets and the partial rank correlation
+  of error and :math:`\Delta` given d, both within (method, window) strata; and at one fixed budget, the
+  configurations of a method (``configs.csv``), where error and budget disagree.
+* **Statistics** (:data:`STATISTICS`): intervals over methods and windows, both drawn (a crossed bootstrap,
+  :mod:`.strata`), calibrated on the run's own units
+  (:func:`approxlab.studies.reporting.calibrated.calibrate`); Holm within each claim family; near-clones merged
+  (:data:`CLONES`); no measurable loss by :data:`NO_LOSS`, at the kernel floor and at :data:`PRACTICAL_FLOOR`.
+"""
+
+from __future__ import annotations
+
+from ..declaration import Claim
+from .claims import MIN_BUDGETS, MIN_METHODS, MIN_WINDOWS
+
+__all__ = ["UNIT", "MEASURE", "DEPTHS", "WITHIN", "STATISTICS", "CLONES", "NO_LOSS", "PRACTICAL_FLOOR",
+           "MIN_CONFIGS", "INNER", "RHO", "DEPTH", "BUDGET", "MEASURES", "DIFFERENCE", "PAIRED", "PARTIAL", "CONFIGS", "DIFFERENCE_CLAIMS",
+           "PREMISE_CLAIMS", "PREMISE_DECLARED", "PRIMARY", "SECONDARY"]
+
+UNIT = ("ranks within each window (a stratified Spearman rho: rho over the points, method x d, of one window, "
+        "then the mean over windows): the windows differ in how much any approximation costs (the loss of one "
+        "point varies by 0.006-0.17 nats from window to window in the committed run), and ranking cells of "
+        "different windows together counts that spread as disagreement between error and loss, which the premise "
+        "does not claim; the cell-level and the window-mean rho are reported beside it")
+MEASURE = ("the relative spectral error on the unpatched model's inputs at each layer (clean: `clean_errors.csv` "
+           "for the settings that replace several layers; the single-layer settings are clean by construction) "
+           "is the primary measure: on the patched run's own inputs (drifting) a method that breaks early layers "
+           "shows more downstream error and more loss for one cause; the drifting error is judged apart, as a "
+           "secondary measure")
+DEPTHS = ("each single-layer setting (`layer k` replaced) its own depth; pooled, the mean of rho over (depth, "
+          "window) strata, methods and windows drawn as in every setting, at least 2 depths: where in a model "
+          "the premise holds is what a practitioner choosing layers needs")
+WITHIN = ("within (method, window) strata over the method's budgets: rho(error, Delta) - rho(1/d, Delta) "
+          "(above 0: the error orders a method's budgets better than the budget does), and the partial rank "
+          "correlation of error and Delta given d (ranks regressed on d's ranks within the stratum, residuals "
+          "pooled; above 0: the error carries information on the loss beyond d). Both can fail for a measure that "
+          "only tracks d, which the committed within-method rho could not")
+STATISTICS = ("percentile intervals of a crossed bootstrap (methods and windows both drawn with replacement: both "
+              "are samples), calibrated on the run's own units (iterated bootstrap: verdicts from the calibrated "
+              "interval; no verdict only where calibration fails); Holm within each claim family (a claim id and "
+              "its measure), beside the unadjusted verdicts")
+CLONES = ("two points (method x d) of one setting whose change in log-perplexity and relative spectral error are "
+          "equal on every window are one point: the later method's (in name order) is dropped from every claim "
+          "and named (in the committed run: ada-snapkv = snapkv at d = 16, 32, 256 with whole windows, pyramidkv "
+          "= snapkv at d = 16, 32 in the KV cache)")
+PRACTICAL_FLOOR = 0.01
+"""Nats per token: a change below it is not a loss that matters (a perplexity 1% higher: exp(0.01) = 1.010),
+declared before the data; counted beside the kernel floor of :data:`.claims.FLOOR`."""
+NO_LOSS = ("a point (method x d) has no measurable loss when the mean of Delta over its windows is within the "
+           "kernel floor, or its 95% interval over windows (`delta.csv`) holds 0; it has no loss that matters when "
+           f"its whole 95% interval lies within +-{PRACTICAL_FLOOR} nats (a perplexity at most "
+           f"{100 * (2.718281828 ** PRACTICAL_FLOOR - 1):.1f}% higher). Nothing is tied: Delta enters every rank "
+           "as measured")
+MIN_CONFIGS = 5
+"""A method's configurations at one budget enter (pc) when it has at least this many (as :data:`.claims.MIN_BUDGETS`)."""
+INNER = {"resamples": 200, "final": 2000, "seed": 0}
+"""The crossed bootstrap: 2,000 resamples on the run itself (seed 0), 200 inside each calibration draw."""
+
+_RANKS = {"reproduced": "ranks the losses", "not reproduced": "does not rank the losses",
+          "too few units": "no verdict (too few units)"}
+_BEYOND = {"reproduced": "says more than the budget", "not reproduced": "says less than the budget",
+           "inconclusive": "not more than the budget (inconclusive)", "too few units": "no verdict (too few units)"}
+
+RHO = Claim("p1", "across methods, the {measure} error ranks the losses within a window ({where})",
+            "stratified Spearman rho(error, Delta): within each window over methods x d, mean over windows",
+            side="at least", threshold=0.7, unit="method", min_units=MIN_METHODS, labels=_RANKS)
+DEPTH = Claim("p1-depths", "across methods and depths, the clean error ranks the losses within a window",
+              "stratified rho over (depth, window) strata", side="at least", threshold=0.7, unit="method",
+              min_units=MIN_METHODS, labels=_RANKS)
+BUDGET = Claim("p1d", "at d = {budget}, the {measure} error ranks the methods' losses within a window ({where})",
+               "stratified rho across methods at one d", side="at least", threshold=0.7, unit="method",
+               min_units=MIN_METHODS, labels=_RANKS)
+MEASURES = ("frobenius", "worst_query", "missed_mass", "total_variation", "inverse_budget")
+"""The measures (p2) sets against the spectral error, each on the same inputs (clean or drifting) as it."""
+DIFFERENCE = Claim("p2", "the {measure} ranks the losses better than the spectral error ({where})",
+                   "stratified rho(measure, Delta) - stratified rho(spectral, Delta), the same draws",
+                   side="above", threshold=0.0, strict=True, unit="method", min_units=MIN_METHODS,
+                   labels={"reproduced": "better than spectral", "not reproduced": "worse than spectral",
+                           "too few units": "no verdict (too few units)"})
+PAIRED = Claim("pw", "within a method, the {measure} error orders its budgets' losses better than 1/d ({where})",
+               "mean over (method, window) of rho(error, Delta) - rho(1/d, Delta) over the method's budgets",
+               side="above", threshold=0.0, strict=True, unit="method", min_units=MIN_METHODS, labels=_BEYOND)
+PARTIAL = Claim("pp", "within a method, the {measure} error tells the loss beyond d ({where})",
+                "pooled partial rank correlation of error and Delta given d, within (method, window)",
+                side="above", threshold=0.0, strict=True, unit="method", min_units=MIN_METHODS, labels=_BEYOND)
+CONFIGS = Claim("pc", "at one budget, the clean error ranks a method's configurations as their losses",
+                "mean over (method, window) of rho(clean error, Delta) over the method's configurations",
+                side="at least", threshold=0.7, unit="window", min_units=MIN_WINDOWS, labels=_RANKS)
+DIFFERENCE_CLAIMS = (DIFFERENCE, PAIRED, PARTIAL)
+PREMISE_CLAIMS = (RHO, DEPTH, BUDGET, DIFFERENCE, PAIRED, PARTIAL, CONFIGS)
+PRIMARY, SECONDARY = "clean", "drifting"
+
+_RHO = ("rho = 0.7: the error's ranks account for about half the variance of the losses' ranks (rho^2 = 0.49)")
+_ZERO = "above 0 with the whole interval: the error adds to what the budget says, whatever the amount"
+PREMISE_DECLARED = (
+    {"claim": "p1", "over": "decoder-valid points of a setting, ranked within windows", "unit": "methods x windows",
+     "threshold": "stratified rho >= 0.7", "reason": _RHO},
+    {"claim": "p1-depths", "over": "the single-layer settings (>= 2 depths)", "unit": "methods x windows",
+     "threshold": "stratified rho >= 0.7", "reason": _RHO + "; " + DEPTHS},
+    {"claim": "p1d", "over": "methods at one d, within windows", "unit": "methods x windows",
+     "threshold": "stratified rho >= 0.7", "reason": _RHO + "; one d removes the budget's own ordering"},
+    {"claim": "p2", "over": "points where both measures are finite", "unit": "methods x windows",
+     "threshold": "difference > 0 (whole interval)", "reason": "which measure orders the losses better: paired draws"},
+    {"claim": "pw", "over": f"methods with >= {MIN_BUDGETS} budgets", "unit": "methods x windows",
+     "threshold": "difference > 0 (whole interval)", "reason": _ZERO},
+    {"claim": "pp", "over": f"methods with >= {MIN_BUDGETS} budgets", "unit": "methods x windows",
+     "threshold": "partial rho > 0 (whole interval)", "reason": _ZERO},
+    {"claim": "pc", "over": f"methods with >= {MIN_CONFIGS} configurations at their fixed budget (`configs.csv`)",
+     "unit": "windows (methods are strata)", "threshold": "mean rho >= 0.7", "reason": _RHO + "; the budget is "
+     "fixed, so only the error can order the configurations"},
+)
+"""The premise's claims as declared: what each is over, its units, its threshold and the reason."""
