@@ -82,6 +82,7 @@ BUILTINS = {
     "caote": "caote:CAOTE",
     "ada-snapkv": "ada_snapkv:ADA_SNAPKV",
     "pyramidkv": "pyramidkv:PYRAMIDKV",
+    "minference": "minference:MINFERENCE",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 
