@@ -100,7 +100,7 @@ def test_minference_a_shape_is_streaming_llm_with_its_sinks():
 
 
 METHODS = [("minference", {}), ("minference", {"pattern": "block-sparse", "block_size": 4}),
-           ("minference", {"pattern": "a-shape"})]
+           ("minference", {"pattern": "a-shape"}), ("xattention", {"block_size": 4, "stride": 2})]
 
 
 @pytest.mark.parametrize("name, options", METHODS)
@@ -160,3 +160,79 @@ def test_minference_refuses_bad_options_by_name(options, match):
     causal = options.pop("causal", True)
     with pytest.raises(ValueError, match=match):
         approxlab.approximate("minference", q, k, v, num_features=10, causal=causal, **options)
+
+
+def _xattention_reference(q, k, block, stride, threshold, cap):
+    """XAttention's causal prefill selection from the paper and ``xattn_estimate``/``find_blocks_chunked`` as read,
+    by loops, for one head ``(n, p)``: the kept key blocks per query block."""
+    n, p = q.shape
+    blocks = -(-n // block)
+    padded = blocks * block
+    qp = torch.cat([q, q.new_zeros(padded - n, p)])
+    kp = torch.cat([k, k.new_zeros(padded - n, p)])
+    groups = padded // stride
+    real = [h * stride < n for h in range(groups)]
+    mass = [[0.0] * blocks for _ in range(blocks)]
+    for g in range(groups):
+        if not real[g]:
+            continue
+        logits = [sum(float(qp[g * stride + stride - 1 - s] @ kp[h * stride + s]) for s in range(stride))
+                  / (stride * math.sqrt(p)) for h in range(g + 1) if real[h]]
+        top = max(logits)
+        total = sum(math.exp(x - top) for x in logits)
+        for h, x in enumerate(logits):
+            mass[g * stride // block][h * stride // block] += math.exp(x - top) / total
+    kept = []
+    for I in range(blocks):
+        forced = sorted({0, I})
+        others = sorted((J for J in range(I + 1) if J not in forced), key=lambda J: -mass[I][J])
+        chosen, sofar, need = list(forced), sum(mass[I][J] for J in forced), threshold * sum(mass[I])
+        for J in others:
+            if sofar >= need:
+                break
+            chosen.append(J)
+            sofar += mass[I][J]
+        kept.append(set(chosen[:cap]))
+    return kept
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("threshold, budget", [(0.6, 58), (0.9, 58), (0.9, 16)])
+def test_xattention_matches_the_reference_selection(seed, threshold, budget):
+    q, k, v = _qkv(n=58, seed=seed)  # 8 blocks of 8, the last of 2 rows
+    approx = approxlab.approximate("xattention", q, k, v, num_features=budget, causal=True, threshold=threshold,
+                                   block_size=8, stride=4)
+    keep = torch.zeros(2, 3, 58, 58, dtype=torch.bool)
+    for a in range(2):
+        for h in range(3):
+            kept = _xattention_reference(q[a, h], k[a, h], 8, 4, threshold, max(2, -(-budget // 8)))
+            for i in range(58):
+                for j in range(i + 1):
+                    keep[a, h, i, j] = j // 8 in kept[i // 8]
+    assert torch.equal(_kept(approx), keep)
+    torch.testing.assert_close(approx.output, _masked_attention(q, k, v, keep), rtol=1e-12, atol=1e-12)
+    if threshold == 0.6 and budget == 58:
+        assert not keep.tril().all()  # the threshold drops blocks
+
+
+def test_xattention_full_threshold_is_exact_and_the_cap_binds():
+    q, k, v = _qkv(n=32)
+    exact = approxlab.exact_attention(q, k, v, causal=True)
+    full = approxlab.approximate("xattention", q, k, v, num_features=32, causal=True, threshold=1.0, block_size=8,
+                                 stride=4)
+    torch.testing.assert_close(full.output, exact, rtol=1e-12, atol=1e-12)
+    capped = approxlab.approximate("xattention", q, k, v, num_features=16, causal=True, threshold=1.0,
+                                   block_size=8, stride=4)
+    assert int(capped.info["blocks"].sum(-1).max()) == 2
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"threshold": 0.0}, r"`threshold` must be .*got 0.0"),
+    ({"threshold": 1.5}, r"`threshold` must be in \(0, 1\]; got 1.5"),
+    ({"block_size": 6, "stride": 4}, r"`block_size` must be a multiple of `stride` \(4\); got 6"),
+    ({"stride": 0}, r"`stride` must be .*got 0"),
+])
+def test_xattention_refuses_bad_options_by_name(options, match):
+    q, k, v = _qkv(n=16)
+    with pytest.raises(ValueError, match=match):
+        approxlab.approximate("xattention", q, k, v, num_features=10, causal=True, **options)

@@ -25,7 +25,7 @@ import torch
 
 from ._selection import block_rows, safe_softmax, sparse_approximation
 
-__all__ = ["attend_mask", "mask_approximation"]
+__all__ = ["attend_mask", "mask_approximation", "block_visible"]
 
 Visible = Callable[[int, int], torch.Tensor]
 
@@ -80,3 +80,22 @@ def mask_approximation(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     :class:`~approxlab.operators.RowSparseOperator` formed on request."""
     output = attend_mask(q, k, v, visible)
     return sparse_approximation(name, output, k.shape[-2], lambda: _record(q, k, v, visible), info)
+
+
+def block_visible(chosen: torch.Tensor, block_size: int) -> Visible:
+    """``visible(start, stop)`` of a block-sparse pattern: the keys ``j <= i`` in a key block ``chosen`` for the
+    query's block; ``chosen`` bool ``(*batch, N, N)`` over blocks of ``block_size`` rows.
+
+    Examples
+    --------
+    >>> import torch
+    >>> chosen = torch.tensor([[True, False], [True, False]])  # block 1 keeps key block 0 only
+    >>> block_visible(chosen, 2)(2, 4).int().tolist()
+    [[1, 1, 0, 0], [1, 1, 0, 0]]
+    """
+    def visible(start, stop):
+        rows = torch.arange(start, stop, device=chosen.device)
+        keys = torch.arange(stop, device=chosen.device)
+        return chosen[..., rows // block_size, :][..., keys // block_size] & (keys <= rows.unsqueeze(-1))
+
+    return visible

@@ -13,7 +13,7 @@ import torch
 
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
-from ._mask_attention import mask_approximation
+from ._mask_attention import block_visible, mask_approximation
 
 __all__ = ["minference", "MINFERENCE", "PATTERNS", "vertical_slash_indices", "pooled_block_scores"]
 
@@ -112,17 +112,6 @@ def _diagonal_mask(columns: torch.Tensor, offsets: torch.Tensor):
     return visible
 
 
-def _block_mask(chosen: torch.Tensor, block_size: int):
-    """``visible(start, stop)`` of the keys ``j <= i`` in a chosen key block of the query's block."""
-    def visible(start, stop):
-        rows = torch.arange(start, stop, device=chosen.device)
-        keys = torch.arange(stop, device=chosen.device)
-        picked = chosen[..., rows // block_size, :][..., keys // block_size]
-        return picked & (keys <= rows.unsqueeze(-1))
-
-    return visible
-
-
 @method("minference", target="softmax", features="keys per query: columns plus diagonals, sinks plus window, or "
         "whole blocks", randomized=False, causal=CAUSAL_ONLY)
 def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash", vertical_size=None,
@@ -216,7 +205,7 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
         scores = pooled_block_scores(q, k, size)
         kept = min(-(-budget // size), scores.shape[-1])
         chosen = _top_mask(scores, kept) & torch.isfinite(scores)
-        return mask_approximation("minference", q, k, v, _block_mask(chosen, size),
+        return mask_approximation("minference", q, k, v, block_visible(chosen, size),
                                   {"pattern": pattern, "blocks": chosen})
     if pattern == "a-shape":
         first = min(check_int(sinks, "sinks", low=0), budget // 2)

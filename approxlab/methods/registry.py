@@ -83,6 +83,7 @@ BUILTINS = {
     "ada-snapkv": "ada_snapkv:ADA_SNAPKV",
     "pyramidkv": "pyramidkv:PYRAMIDKV",
     "minference": "minference:MINFERENCE",
+    "xattention": "xattention:XATTENTION",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 
