@@ -100,7 +100,8 @@ def test_minference_a_shape_is_streaming_llm_with_its_sinks():
 
 
 METHODS = [("minference", {}), ("minference", {"pattern": "block-sparse", "block_size": 4}),
-           ("minference", {"pattern": "a-shape"}), ("xattention", {"block_size": 4, "stride": 2})]
+           ("minference", {"pattern": "a-shape"}), ("xattention", {"block_size": 4, "stride": 2}),
+           ("duo-attention", {"sinks": 2, "retrieval_heads": torch.tensor(False)})]  # every head streaming
 
 
 @pytest.mark.parametrize("name, options", METHODS)
@@ -236,3 +237,57 @@ def test_xattention_refuses_bad_options_by_name(options, match):
     q, k, v = _qkv(n=16)
     with pytest.raises(ValueError, match=match):
         approxlab.approximate("xattention", q, k, v, num_features=10, causal=True, **options)
+
+
+def test_duo_attention_heads_are_full_causal_or_streaming_llm():
+    q, k, v = _qkv()
+    split = torch.tensor([True, False, True])
+    approx = approxlab.approximate("duo-attention", q, k, v, num_features=10, causal=True, sinks=3,
+                                   retrieval_heads=split)
+    exact = approxlab.exact_attention(q, k, v, causal=True)
+    streaming = approxlab.approximate("streaming-llm", q, k, v, num_features=10, causal=True, sinks=3).output
+    torch.testing.assert_close(approx.output[:, split], exact[:, split], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(approx.output[:, ~split], streaming[:, ~split], rtol=1e-12, atol=1e-12)
+
+
+def _dropped_reference(q, k, sinks, window):
+    """Mean over rows of the causal softmax mass outside the sinks and window, by loops, one head ``(n, p)``."""
+    n, p = q.shape
+    total = 0.0
+    for i in range(n):
+        weights = torch.softmax(torch.stack([q[i] @ k[j] for j in range(i + 1)]) / math.sqrt(p), dim=0)
+        total += sum(float(weights[j]) for j in range(i + 1) if j >= sinks and i - j >= window)
+    return total / n
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_duo_head_split_ranks_heads_by_the_mass_streaming_drops(seed):
+    from approxlab.methods.duo_attention import dropped_mass, duo_head_split
+
+    q, k, v = _qkv(n=30, batch=(2, 5), seed=seed)
+    scale = torch.tensor([0.2, 3.0, 1.0, 0.5, 2.0]).view(5, 1, 1)
+    q = q * scale
+    reference = torch.tensor([[_dropped_reference(q[a, h], k[a, h], 2, 5) for h in range(5)] for a in range(2)],
+                             dtype=torch.float64)
+    torch.testing.assert_close(dropped_mass(q, k, sinks=2, window=5), reference, rtol=1e-12, atol=1e-12)
+    split = duo_head_split(q, k, sinks=2, window=5, retrieval_fraction=0.4)
+    expected = torch.zeros(2, 5, dtype=torch.bool)
+    for a in range(2):
+        expected[a, sorted(range(5), key=lambda h: -float(reference[a, h]))[:2]] = True
+    assert torch.equal(split, expected)
+    approx = approxlab.approximate("duo-attention", q, k, v, num_features=7, causal=True, sinks=2,
+                                   retrieval_fraction=0.4)
+    assert torch.equal(approx.info["retrieval_heads"], expected)  # the default split: the inputs' own
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"retrieval_heads": [True, False, True]}, TypeError, r"`retrieval_heads` must be a bool tensor .*got \[True"),
+    ({"retrieval_heads": torch.ones(4, dtype=torch.bool)}, ValueError, r"`retrieval_heads` must broadcast to the "
+                                                                        r"batch shape \(2, 3\); got shape \(4,\)"),
+    ({"retrieval_fraction": 1.5}, ValueError, r"`retrieval_fraction` must be in \[0, 1\]; got 1.5"),
+    ({"sinks": -1}, ValueError, r"`sinks` must be .*got -1"),
+])
+def test_duo_attention_refuses_bad_options_by_name(options, error, match):
+    q, k, v = _qkv(n=16)
+    with pytest.raises(error, match=match):
+        approxlab.approximate("duo-attention", q, k, v, num_features=10, causal=True, **options)
