@@ -291,3 +291,25 @@ def test_duo_attention_refuses_bad_options_by_name(options, error, match):
     q, k, v = _qkv(n=16)
     with pytest.raises(error, match=match):
         approxlab.approximate("duo-attention", q, k, v, num_features=10, causal=True, **options)
+
+
+@pytest.mark.parametrize("name, options", [("minference", {"forced_vertical": 2, "forced_slash": 4}),
+                                           ("minference", {"pattern": "block-sparse", "block_size": 8}),
+                                           ("xattention", {"block_size": 8, "stride": 4}),
+                                           ("duo-attention", {"sinks": 2})])
+def test_patch_attention_runs_them_over_the_whole_sequence(name, options):
+    """Through a tiny Llama (4 query heads on 2 KV heads): the full budget gives the unpatched logits, a small one
+    moves them and stays finite."""
+    from _helpers import tiny_llama
+
+    model = tiny_llama(64, 2)
+    ids = torch.randint(0, 64, (2, 40), generator=gen(0))
+    with torch.no_grad():
+        reference = model(ids).logits
+        full = {"xattention": {"threshold": 1.0}, "duo-attention": {"retrieval_heads": torch.tensor(True)},
+                "minference": {"vertical_size": 0} if "pattern" not in options else {}}[name]
+        with approxlab.patch_attention(model, name, num_features=40, **options, **full):
+            torch.testing.assert_close(model(ids).logits, reference, rtol=1e-9, atol=1e-9)
+        with approxlab.patch_attention(model, name, num_features=9, **options):
+            sparse = model(ids).logits
+    assert torch.isfinite(sparse).all() and not torch.allclose(sparse, reference, rtol=1e-6, atol=1e-6)

@@ -111,13 +111,13 @@ def xattention(q, k, v, *, num_features, generator=None, threshold=0.9, block_si
     stride : int, default 8
         :math:`S`, the antidiagonal stride (the authors' 8).
     causal : bool, default True
-        Must be True: a prefill method, causal only (``approximate(..., causal=True)``).
+        Only True is accepted: the method exists in causal form only.
 
     Returns
     -------
     Approximation
-        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator`
-        (formed on request); ``info``: ``blocks`` (bool ``(*batch, N, N)``, the kept blocks) and ``scores``
+        The ``(*batch, n, p_v)`` output, the row-sparse operator on request
+        (:class:`~approxlab.operators.RowSparseOperator`), and in ``info``: ``blocks`` (bool ``(*batch, N, N)``, the kept blocks) and ``scores``
         (their antidiagonal mass, :func:`antidiagonal_block_scores`).
 
     Notes
