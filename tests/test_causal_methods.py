@@ -24,9 +24,10 @@ from approxlab.methods.yoso_e import collision_probability
 
 SCORERS = ["knorm", "random", "observed-attention", "tova", "keydiff", "expected-attention", "leverage-score", "cur",
            "compactor", "cap", "criticalkv", "caote", "ada-snapkv", "pyramidkv"]  # kvpress's presses: a prompt compressed once by their scores
+PREFILL = ["minference", "xattention", "duo-attention"]  # sparse-prefill patterns over the whole sequence
 OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "vattention", "magicpig",
-       "streaming-llm", "h2o", "snapkv", "quest", "hyperattention", *SCORERS]
-ONLY = ["streaming-llm", "h2o", "snapkv", *SCORERS]
+       "streaming-llm", "h2o", "snapkv", "quest", "hyperattention", *SCORERS, *PREFILL]
+ONLY = ["streaming-llm", "h2o", "snapkv", *SCORERS, *PREFILL]
 VARIANT = ["skyformer-softmax", "nystrom", "nystromformer", "spectral-shifting"]
 
 
@@ -207,7 +208,7 @@ def test_causal_argument_errors():
     for name in ONLY:
         with pytest.raises(ValueError, match=rf"method '{name}' is causal-only: pass causal=True\. causal-only "
                                              rf"methods .*\['streaming-llm', 'h2o', 'snapkv', 'knorm', .*'cap', 'criticalkv', 'caote', "
-                                             rf"'ada-snapkv', 'pyramidkv'\]; got causal=False"):
+                                             rf"'ada-snapkv', 'pyramidkv', .*\]; got causal=False"):
             approxlab.approximate(name, q, k, v, num_features=4)
         with pytest.raises(ValueError, match="has a causal form of its own: pass causal=True"):
             approxlab.approximate(name, q, k, v, num_features=4, causal="mask-renormalise")

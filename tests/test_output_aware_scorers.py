@@ -201,7 +201,7 @@ def test_the_decoder_and_bench_grids_list_them_and_the_perplexity_grid_leaves_th
     from approxlab.studies.perplexity import grid as perplexity_grid
 
     new = {"criticalkv", "caote"}
-    assert set(perplexity_grid.NOT_IN_GRID) == new
+    assert new <= set(perplexity_grid.NOT_IN_GRID)
     assert new <= set(decoder_grid.METHODS) and new <= set(bench_grid.FULL_GRID["patch_methods"])
     assert {("kv-cache", m) for m in new} <= set(bench_causal.policies())
     assert not new & set(perplexity_grid.METHODS) and not new & set(perplexity_grid.FULL_GRID["methods"])

@@ -88,7 +88,8 @@ def _supported_text() -> str:
 
 def _causal_only_text() -> str:
     return (f"causal-only methods (decode-time cache policies: row i sees what the cache keeps when token i is "
-            f"decoded): {causal_support(CAUSAL_ONLY)}")
+            f"decoded; sparse-prefill patterns: row i sees the keys j <= i of its pattern): "
+            f"{causal_support(CAUSAL_ONLY)}")
 
 
 def check_causal_support(spec: MethodSpec, causal, q: torch.Tensor, k: torch.Tensor, key_mask=None):

@@ -82,6 +82,9 @@ BUILTINS = {
     "caote": "caote:CAOTE",
     "ada-snapkv": "ada_snapkv:ADA_SNAPKV",
     "pyramidkv": "pyramidkv:PYRAMIDKV",
+    "minference": "minference:MINFERENCE",
+    "xattention": "xattention:XATTENTION",
+    "duo-attention": "duo_attention:DUO_ATTENTION",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""
 

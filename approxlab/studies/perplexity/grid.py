@@ -32,9 +32,9 @@ CONTROL = "exact"
 the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
 
 
-NOT_IN_GRID = ("criticalkv", "caote")
-"""Built-in policies left out of the default grids (added while the committed run was being made; ``--methods``
-takes them)."""
+NOT_IN_GRID = ("criticalkv", "caote", "minference", "xattention", "duo-attention")
+"""Built-in methods left out of the default grids (added while the committed run was being made; ``--methods``
+takes them): the output-aware policies and the sparse-prefill methods."""
 
 
 def _registered(encoder: bool) -> tuple:
