@@ -9,6 +9,8 @@
 - :func:`exact_prefill` (:mod:`approxlab.patching.prefill`): the KV-cache setting at long context, one exact
   prefill shared by every policy and budget; :meth:`ExactPrefill.continue_with` compresses its cache and runs a
   continuation (per-token NLL, greedy answer, per-layer errors on clean and on patched inputs).
+- :func:`sweep_policies` (:mod:`approxlab.patching.sweep`): every cache policy and compression ratio on one
+  sequence over one shared prefill, one tidy row each (exact match, answer log-probability, key-token change).
 - :func:`key_tokens` (:mod:`approxlab.patching.key_tokens`): LongPPL's key tokens, those whose prediction needs
   distant context, and the change in NLL on them (:meth:`KeyTokens.delta`).
 - :func:`token_nll` (:mod:`approxlab.patching.likelihood`): per-token negative log-likelihood of a causal
@@ -32,6 +34,7 @@ from .likelihood import token_nll
 from .patch import AttentionPatch, patch_attention
 from .prefill import ERROR_INPUTS, Continuation, ExactPrefill, exact_prefill
 from .records import ERROR_MEASURES, LayerCall, output_errors
+from .sweep import sweep_policies
 
 __all__ = ["patch_attention", "AttentionPatch", "LayerCall", "output_errors", "ERROR_MEASURES", "token_nll",
-           "exact_prefill", "ExactPrefill", "Continuation", "ERROR_INPUTS", "key_tokens", "KeyTokens"]
+           "exact_prefill", "ExactPrefill", "Continuation", "ERROR_INPUTS", "key_tokens", "KeyTokens", "sweep_policies"]

@@ -9,7 +9,7 @@ re-exports them.
 
 Public API::
 
-    str_list, int_list, positive_int, nonnegative_int, int_at_least(low), positive_float, probability,
+    str_list, int_list, positive_int, nonnegative_int, int_at_least(low), positive_float, probability, ratio_list,
     path_option, thread_count, method_list, names_among(allowed, noun), layer_list, LAYER_NAMES, Flatten
     check_distinct(option, values, shown=None)
 """
@@ -23,7 +23,7 @@ import pathlib
 from ..errors import UsageError
 
 __all__ = ["str_list", "int_list", "positive_int", "nonnegative_int", "int_at_least", "positive_float",
-           "probability", "relative_tolerance", "path_option", "thread_count", "method_list", "names_among", "layer_list", "LAYER_NAMES",
+           "probability", "relative_tolerance", "ratio_list", "path_option", "thread_count", "method_list", "names_among", "layer_list", "LAYER_NAMES",
            "Flatten", "check_distinct"]
 
 
@@ -91,6 +91,17 @@ def positive_float(text: str) -> float:
 def probability(text: str) -> float:
     """A number in [0, 1) (argparse ``type=``), e.g. a dropout rate."""
     return _number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def ratio_list(text: str) -> list[float]:
+    """``"0.5,0.875"`` -> ``[0.5, 0.875]``; every entry a compression ratio in ``[0, 1)`` (argparse ``type=``)."""
+    try:
+        values = [float(x) for x in str_list(text)]
+    except (ValueError, argparse.ArgumentTypeError):
+        values = []
+    if not values or not all(0 <= value < 1 for value in values):
+        raise argparse.ArgumentTypeError(f"comma-separated compression ratios in [0, 1), got {text!r}")
+    return values
 
 
 def relative_tolerance(text: str) -> float:
