@@ -22,7 +22,7 @@ from ...tasks.ruler import RULER_TASKS
 from .. import options as shared
 from ..declaration import Option
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "SHORT_CONTEXT", "cache_policies", "policy_defaults",
+__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "SHORT_CONTEXT", "cache_policies", "policy_defaults", "depth_list",
            "configure", "build_config", "cells", "check", "run_info"]
 
 KEY = ("task", "length", "text", "depth")
@@ -54,6 +54,10 @@ def policy_defaults(name: str) -> dict:
             if key not in skip and parameter.default is not inspect.Parameter.empty}
 
 
+depth_list = shared.number_list("fractions of the haystack in [0, 1]", lambda value: 0 <= value <= 1)
+"""``--depths``: comma-separated fractions of the haystack in ``[0, 1]`` (argparse ``type=``)."""
+
+
 FULL_GRID = {"lengths": [2048, 4096, 8192], "ruler_tasks": list(RULER_TASKS), "texts": 30, "depths": [0.1, 0.5, 0.9],
              "ratios": [0.5, 0.75, 0.875, 0.95], "policies": None}
 """The declared grid: 3 lengths, the 5 tasks, 30 distinct texts x 3 depths per task and length, 4 compression ratios
@@ -71,8 +75,8 @@ OPTIONS = (
            type=shared.names_among(RULER_TASKS, "tasks"), nargs="+", action=shared.Flatten, metavar="TASKS"),
     Option(("--texts",), "texts", "distinct WikiText-2 windows (texts) per task and length",
            type=shared.positive_int, metavar="COUNT"),
-    Option(("--depths",), "depths", "depths of the asked needle, fractions of the haystack in [0, 1), "
-           "comma-separated", type=shared.ratio_list, nargs="+", action=shared.Flatten, metavar="D"),
+    Option(("--depths",), "depths", "depths of the asked needle, fractions of the haystack in [0, 1], "
+           "comma-separated", type=depth_list, nargs="+", action=shared.Flatten, metavar="D"),
     Option(("--ratios",), "ratios", "compression ratios (kvpress's: the fraction of the context removed, in [0, 1)), "
            "comma-separated; each keeps max(1, int(n_c (1 - r))) context tokens", type=shared.ratio_list, nargs="+",
            action=shared.Flatten, metavar="R"),
