@@ -56,6 +56,8 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     assert policy["clean_spectral_mean"].gt(0).all() and policy["patched_spectral_mean"].gt(0).all()
     layers = engine.read_results(out / "layers.csv")
     assert len(layers) == len(policy) * 2  # the tiny model's 2 layers
+    sharing = engine.read_results(out / "sharing.csv")  # the run measures what sharing the column sums saves
+    assert sorted(sharing["shared"]) == [False, True] and (sharing["max_abs_difference"] == 0).all()
     for name in ("gate.csv", "policies.csv", "cost.csv", "verdicts.csv", "long_context.png", "summary.md"):
         assert (out / name).is_file(), name
     summary = (out / "summary.md").read_text()

@@ -24,7 +24,7 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 from __future__ import annotations
 
 from ..declaration import Figure, Product, Step, Study, Summary, Table
-from .cells import LAYERS, RESULTS, compute_sequence
+from .cells import LAYERS, RESULTS, SHARING, compute_sequence, compute_sharing, sharing_cells
 from .claims import CLAIMS
 from .grid import FULL_GRID, KEY, OPTIONS, QUICK_GRID, build_config, cells, check, configure, run_info
 from .report import TITLE, claim_verdicts, cost, gate, plot, policies, sections
@@ -36,7 +36,8 @@ STUDY = Study(
     description="RULER-style retrieval at 2k-8k tokens on one shared exact prefill: every cache policy and "
                 "compression ratio, the accuracy gate and the premise.",
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
-    steps=(Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
+    steps=(Step((Table(SHARING, ("length",), optional=True),), compute_sharing, sharing_cells),
+           Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
                 compute_sequence, cells),),
     claims=CLAIMS,
     products=(Product("gate.csv", gate), Product("policies.csv", policies), Product("cost.csv", cost),

@@ -2,7 +2,8 @@
 
 ``results.csv`` gets the unpatched model's row and one row per policy and ratio
 (:func:`approxlab.patching.sweep_policies`), with the sequence's lengths; ``layers.csv`` one row per policy, ratio
-and layer (each layer's clean- and patched-input spectral error, median over heads).
+and layer (each layer's clean- and patched-input spectral error, median over heads). ``sharing.csv``, one cell per
+length run first: what sharing the prefill's column sums saves (:func:`compute_sharing`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from ...patching import sweep_policies
 from ..engine.keys import cell_seed
 from .grid import KEY
 
-__all__ = ["RESULTS", "LAYERS", "sequence", "compute_sequence"]
+__all__ = ["RESULTS", "LAYERS", "SHARING", "SHARED_POLICIES", "sequence", "compute_sequence", "sharing_cells",
+           "compute_sharing"]
 
-RESULTS, LAYERS = "results.csv", "layers.csv"
+RESULTS, LAYERS, SHARING = "results.csv", "layers.csv", "sharing.csv"
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,3 +61,41 @@ def compute_sequence(cell: dict) -> dict:
     lengths = {"context_length": context, "continuation_length": found.ids.shape[1] - context,
                "answer_tokens": found.answer_length}
     return {RESULTS: [{**row, **lengths} for row in rows], LAYERS: layers}
+
+
+SHARED_POLICIES = ("h2o", "observed-attention")
+"""The policies whose scores read the prefill's attention column sums (shared across them and every ratio)."""
+
+
+def sharing_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per length: the cost of the shared column sums against recomputing them, on the first text's
+    single-needle sequence (depth 0.5), where the run has those policies."""
+    chosen = [name for name in SHARED_POLICIES if name in config["policies"]]
+    if not chosen:
+        return []
+    return [{"length": length, "task": "single-needle", "text": 0, "depth": 0.5,
+             "short_context": config["short_context"][str(length)], "ratios": tuple(config["ratios"]),
+             "policies": tuple(chosen), "checkpoint": config["checkpoint"], "base_seed": config["base_seed"],
+             **settings} for length in config["lengths"]]
+
+
+def compute_sharing(cell: dict) -> list[dict]:
+    """``sharing.csv``: the seconds of the column-sum policies' continuations with the sums shared and recomputed,
+    and the largest difference between the two runs' scores (0: the same, bit for bit)."""
+    import time
+
+    loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
+    found = sequence(cell)
+    context = found.question_start
+    runs = {}
+    for share in (True, False):
+        start = time.perf_counter()
+        rows, _ = sweep_policies(loaded, found.ids[:, :context], found.continuation, methods=list(cell["policies"]),
+                                 ratios=list(cell["ratios"]), answer_length=found.answer_length,
+                                 short_context=cell["short_context"], share=share)
+        runs[share] = (rows[1:], time.perf_counter() - start - rows[0]["prefill_seconds"] - rows[0]["seconds"])
+    columns = ("answer_logprob", "delta_all", "clean_spectral_mean", "patched_spectral_mean")
+    difference = max(abs(a[c] - b[c]) for a, b in zip(runs[True][0], runs[False][0]) for c in columns)
+    return [{"shared": share, "policies": ",".join(cell["policies"]), "continuations": len(rows),
+             "seconds": seconds, "seconds_per_continuation": seconds / len(rows), "max_abs_difference": difference}
+            for share, (rows, seconds) in runs.items()]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
-from .cells import RESULTS
+from .cells import RESULTS, SHARING
 from .claims import CLAIMS, GATE, gate_table, verdicts
 from .grid import policy_defaults
 
@@ -95,7 +95,7 @@ def plot(saved) -> list:
             ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("compression ratio (fraction of the context removed)")
             ax.set_title(f"{title}, {length} tokens, all tasks", fontsize=8)
-            ax.legend(fontsize=5, loc="lower left", ncol=2)
+            ax.legend(fontsize=5, loc="upper right", ncol=2)
     return save_figure(fig, saved.out / "long_context")
 
 
@@ -113,7 +113,26 @@ def _in_short(saved, table, gated, spent) -> list[str]:
     notes += [f"At {int(r['length'])} tokens: prefill {r['prefill_s']:.1f} s, a policy x ratio continuation "
               f"{r['continuation_s']:.2f} s, a whole sequence ({int(r['continuations'])} continuations) "
               f"{r['sequence_s']:.0f} s (medians over {int(r['sequences'])} sequences)." for _, r in spent.iterrows()]
+    sharing = saved.table(SHARING)
+    for length, group in ([] if sharing is None or sharing.empty else sharing.groupby("length")):
+        by = group.set_index(group["shared"].astype(bool))["seconds_per_continuation"]
+        if True in by and False in by:
+            notes.append(f"Shared column sums at {int(length)} tokens: an H2O / observed-attention continuation "
+                         f"{by[True]:.2f} s against {by[False]:.2f} s recomputing them.")
     return in_short_lines(words["holds"], words["fails"], words["open"], notes=notes)
+
+
+def _sharing_lines(saved) -> list[str]:
+    """What sharing the prefill's attention column sums saves (``sharing.csv``), measured by the run itself."""
+    table = saved.table(SHARING)
+    if table is None or table.empty:
+        return ["The saving of the shared column sums was not measured in this run (no H2O or observed attention)."]
+    return ["H2O and observed attention score by the prefill's attention column sums; the run computes them once "
+            "per layer for both policies and every ratio. Measured on the first text's single-needle sequence "
+            "(depth 0.5) at each length, the same continuations with the sums shared and recomputed per policy and "
+            "ratio (`max_abs_difference`: the largest difference of their scores and errors, 0 when equal bit for "
+            "bit):", "", *markdown_table(table[["length", "policies", "shared", "continuations", "seconds",
+                                                  "seconds_per_continuation", "max_abs_difference"]])]
 
 
 def sections(saved) -> list[str]:
@@ -131,7 +150,7 @@ def sections(saved) -> list[str]:
               f"{config['short_context']} tokens per length.", "",
               "## Cost", "", "One exact prefill per sequence, shared by every policy and ratio "
               "(`approxlab.patching.sweep_policies`); seconds are wall seconds of one worker.", "",
-              *markdown_table(spent), "",
+              *markdown_table(spent), "", *_sharing_lines(saved), "",
               "## The gate", "", *markdown_table(gated), "",
               "## Policies", "", "Mean over sequences of every task (gated or not); `delta_*` in nats against the "
               "exact model on the same sequence; errors: clean- and patched-input relative spectral error, mean over "
