@@ -66,37 +66,53 @@ def claim_verdicts(saved) -> pd.DataFrame:
 
 
 def plot(saved) -> list:
-    """``long_context.png/.pdf``: per length (a row), the exact model's accuracy per task with its 95% interval
-    against the gate, then each policy's accuracy over the compression ratios (at most 8 policies a panel)."""
+    """``long_context.png/.pdf``: per length, two rows. Top: the exact model's accuracy per task with its 95%
+    interval against the gate, then each policy's accuracy over the compression ratios (at most 8 policies a
+    panel). Bottom: each policy x ratio's median clean-input error against its mean answer log-prob loss, then
+    each policy's mean log-prob loss over the ratios."""
     from ...plotting import figure, method_style, panel_groups, save_figure
 
     table, gated = saved.product("policies.csv"), saved.product("gate.csv")
     lengths = sorted(table["length"].unique()) if len(table) else sorted(gated["length"].unique())
     groups = panel_groups({"policies": list(saved.config["policies"])}, limit=8)
-    fig, axes = figure(len(lengths), 1 + len(groups), panel_size=(3.4, 2.8))
-    for row, length in enumerate(lengths):
-        ax = axes[row][0]
-        at = gated[gated["length"] == length].reset_index(drop=True)
-        x = np.arange(len(at))
-        ax.errorbar(x, at["accuracy"], yerr=[at["accuracy"] - at["cp_low"], at["cp_high"] - at["accuracy"]],
-                    fmt="o", color="black", capsize=3, label="exact model, 95% CP")
-        ax.axhline(GATE, color="grey", linestyle=":", linewidth=0.8, label=f"gate {GATE:.0%}")
-        ax.set_xticks(x, [str(t).replace("-", "\n") for t in at["task"]], fontsize=6)
-        ax.set_ylim(-0.05, 1.05)
-        ax.set_title(f"exact model, {length} tokens", fontsize=8)
-        ax.set_ylabel("accuracy (exact match)")
-        ax.legend(fontsize=6, loc="lower left")
+    fig, axes = figure(2 * len(lengths), 1 + len(groups), panel_size=(3.4, 2.8))
+    for index, length in enumerate(lengths):
+        top, bottom = axes[2 * index], axes[2 * index + 1]
+        _gate_panel(top[0], gated[gated["length"] == length].reset_index(drop=True), length)
+        at = table[table["length"] == length]
+        for method in saved.config["policies"]:
+            points = at[at["method"] == method]
+            bottom[0].scatter(points["clean_spectral"], points["delta_logprob"], s=10,
+                              **{k: v for k, v in method_style(method).items() if k in ("color", "marker", "label")})
+        bottom[0].set_xscale("log")
+        bottom[0].set_xlabel("clean-input spectral error (median)")
+        bottom[0].set_ylabel("answer log-prob loss (nats, mean)")
+        bottom[0].set_title(f"error against loss, {length} tokens", fontsize=8)
         for column, (title, chosen) in enumerate(groups.items(), start=1):
-            ax = axes[row][column]
-            for method in chosen:
-                curve = table[(table["length"] == length) & (table["method"] == method)].sort_values(
-                    "compression_ratio")
-                ax.plot(curve["compression_ratio"], curve["accuracy"], **method_style(method))
-            ax.set_ylim(-0.05, 1.05)
-            ax.set_xlabel("compression ratio (fraction of the context removed)")
-            ax.set_title(f"{title}, {length} tokens, all tasks", fontsize=8)
-            ax.legend(fontsize=5, loc="upper right", ncol=2)
+            for ax, value, label in ((top[column], "accuracy", "accuracy (exact match)"),
+                                     (bottom[column], "delta_logprob", "answer log-prob loss (nats, mean)")):
+                for method in chosen:
+                    curve = at[at["method"] == method].sort_values("compression_ratio")
+                    ax.plot(curve["compression_ratio"], curve[value], **method_style(method))
+                ax.set_xlabel("compression ratio (fraction of the context removed)")
+                ax.set_ylabel(label)
+                ax.set_title(f"{title}, {length} tokens, all tasks", fontsize=8)
+            top[column].set_ylim(-0.05, 1.05)
+            top[column].legend(fontsize=5, loc="upper right", ncol=2)
     return save_figure(fig, saved.out / "long_context")
+
+
+def _gate_panel(ax, at: pd.DataFrame, length: int) -> None:
+    """The exact model's accuracy per task with its Clopper-Pearson interval and the gate."""
+    x = np.arange(len(at))
+    ax.errorbar(x, at["accuracy"], yerr=[at["accuracy"] - at["cp_low"], at["cp_high"] - at["accuracy"]],
+                fmt="o", color="black", capsize=3, label="exact model, 95% CP")
+    ax.axhline(GATE, color="grey", linestyle=":", linewidth=0.8, label=f"gate {GATE:.0%}")
+    ax.set_xticks(x, [str(t).replace("-", "\n") for t in at["task"]], fontsize=6)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"exact model, {length} tokens", fontsize=8)
+    ax.set_ylabel("accuracy (exact match)")
+    ax.legend(fontsize=6, loc="lower left")
 
 
 def _in_short(saved, table, gated, spent) -> list[str]:
@@ -126,7 +142,8 @@ def _sharing_lines(saved) -> list[str]:
     """What sharing the prefill's attention column sums saves (``sharing.csv``), measured by the run itself."""
     table = saved.table(SHARING)
     if table is None or table.empty:
-        return ["The saving of the shared column sums was not measured in this run (no H2O or observed attention)."]
+        return ["The saving of the shared column sums was not measured in this run (no `sharing.csv`: the run has "
+                "neither H2O nor observed attention, or predates the measurement)."]
     return ["H2O and observed attention score by the prefill's attention column sums; the run computes them once "
             "per layer for both policies and every ratio. Measured on the first text's single-needle sequence "
             "(depth 0.5) at each length, the same continuations with the sums shared and recomputed per policy and "
@@ -146,7 +163,7 @@ def sections(saved) -> list[str]:
               f"(disjoint WikiText-2 windows of each length) x depths {config['depths']} per task and length; "
               f"compression ratios {config['ratios']} (b = max(1, int(n_c (1 - r))) context tokens per KV head, "
               f"recorded beside each ratio); {len(config['policies'])} cache policies with their defaults: "
-              f"{defaults}. Key tokens (LongPPL, alpha = 2, beta = -2) read a truncated context of "
+              f"{defaults} (the RoPE inputs of the policies that read them are the model's, supplied by the engine). Key tokens (LongPPL, alpha = 2, beta = -2) read a truncated context of "
               f"{config['short_context']} tokens per length.", "",
               "## Cost", "", "One exact prefill per sequence, shared by every policy and ratio "
               "(`approxlab.patching.sweep_policies`); seconds are wall seconds of one worker.", "",
