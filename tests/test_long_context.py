@@ -63,7 +63,9 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     summary = (out / "summary.md").read_text()
     assert summary.index("## In short") < summary.index("## The run") < summary.index("## Cost")
     verdicts = pd.read_csv(out / "verdicts.csv")
-    assert set(verdicts["verdict"]) == {"too few texts"}  # 2 texts, and no task passes the gate of a random model
+    gated = verdicts["sequences"] == "gated"  # 2 texts, and no task passes the gate of a random model
+    assert set(verdicts.loc[gated, "verdict"]) == {"too few texts"}
+    assert set(verdicts.loc[~gated, "verdict"]) == {"described, not judged"}
     # resume computes nothing; --plot-only redraws from the tables alone
     monkeypatch.setattr(engine.runner, "run_steps", _refuse)
     assert main(["long-context", "--out", str(out), "--plot-only", "--no-progress"]) == 0

@@ -155,23 +155,34 @@ def _family(units, trial: int) -> IntervalFamily:
 
 
 def verdicts(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per length and claim: the statistic, its texts and strata, the calibrated interval, the verdict."""
+    """One row per length, claim and ``sequences``: ``"gated"`` (the claim: the gated tasks' sequences, the
+    calibrated interval, the verdict) and ``"all"`` (every task's sequences, gate or not: the statistic and its
+    declared 95% percentile interval over texts, described, never judged: a task the exact model cannot do still
+    has an answer whose log-probability a policy can lower)."""
     gate = gate_table(results)
-    frame = premise_frame(results, gate)
+    everything = gate.assign(passes=True)
     rows = []
-    for length in sorted(results["length"].unique()):
-        at = frame[frame["length"] == length]
-        for claim in CLAIMS:
-            sums = stratum_sums(at, claim.id)
-            units = list(sums.values())
-            row = {"length": int(length), "claim": claim.id, "text": claim.text, "threshold": claim.threshold,
-                   "side": claim.side, "texts": len(units), "strata": int(sum(c for _, c in units)),
-                   "tasks": ",".join(sorted(at["task"].unique()))}
-            found = calibrate(_family, units) if len(units) >= max(2, claim.min_units) else None
-            estimate = found.estimate if found else (sum(s for s, _ in units) / max(1, row["strata"]) if units
-                                                      else math.nan)
-            low, high = (found.low, found.high) if found else (math.nan, math.nan)
-            rows.append({**row, "estimate": estimate, "ci_low": low, "ci_high": high,
-                         "verdict": judge(claim, low, high, units=len(units), calibrated=found),
-                         **calibrated_columns(found, claim.threshold)})
+    for which, frame in (("gated", premise_frame(results, gate)), ("all", premise_frame(results, everything))):
+        for length in sorted(results["length"].unique()):
+            at = frame[frame["length"] == length]
+            rows.extend(_claim_row(claim, at, int(length), which) for claim in CLAIMS)
     return pd.DataFrame(rows)
+
+
+def _claim_row(claim, at: pd.DataFrame, length: int, which: str) -> dict:
+    """One claim's row on the premise rows ``at`` of one length (judged only for ``which == "gated"``)."""
+    units = list(stratum_sums(at, claim.id).values())
+    row = {"length": length, "sequences": which, "claim": claim.id, "text": claim.text,
+           "threshold": claim.threshold, "side": claim.side, "texts": len(units),
+           "strata": int(sum(c for _, c in units)), "tasks": ",".join(sorted(at["task"].unique()))}
+    enough = len(units) >= max(2, claim.min_units)
+    estimate = sum(s for s, _ in units) / row["strata"] if units else math.nan
+    if which != "gated":
+        low, high = _family(units, -1).interval(0.95) if enough else (math.nan, math.nan)
+        return {**row, "estimate": estimate, "ci_low": low, "ci_high": high, "verdict": "described, not judged",
+                **calibrated_columns(None, claim.threshold)}
+    found = calibrate(_family, units) if enough else None
+    low, high = (found.low, found.high) if found else (math.nan, math.nan)
+    return {**row, "estimate": estimate, "ci_low": low, "ci_high": high,
+            "verdict": judge(claim, low, high, units=len(units), calibrated=found),
+            **calibrated_columns(found, claim.threshold)}
