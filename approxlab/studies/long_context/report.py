@@ -123,7 +123,17 @@ def _in_short(saved, table, gated, spent) -> list[str]:
         words["holds" if row["verdict"] == "holds" else "fails" if row["verdict"] == "fails" else "open"].append(
             name if row["verdict"] in ("holds", "fails") else f"{name}: {row['verdict']}")
     passed = gated[gated["passes"]]
-    notes = [f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
+    judged = table[(table["sequences"] == "gated") & table["verdict"].isin(["holds", "fails"])]
+    if judged.empty:
+        plain = (f"In plain words: whether the clean-input error predicts what a cache policy loses at long context "
+                 f"cannot be told from this run: {len(passed)} of {len(gated)} task x length pairs pass the exact "
+                 f"model's accuracy gate, and a claim needs the gated sequences of at least {CLAIMS[0].min_units} "
+                 "texts with a ranking (the lines `every task's sequences` below describe the statistic without "
+                 "the gate).")
+    else:
+        plain = "In plain words: " + "; ".join(f"at {r['length']} tokens, {r['text']}: {r['verdict']}"
+                                               for _, r in judged.iterrows()) + "."
+    notes = [plain, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
              f"lower bound >= {GATE:.0%}): " + (", ".join(f"{t} at {n}" for t, n in passed[["task", "length"]]
                                                         .itertuples(index=False)) or "none") + "."]
     for _, row in table[table["sequences"] == "all"].iterrows():
