@@ -143,3 +143,30 @@ def test_the_stratified_rho_ranks_within_each_sequence_and_ratio():
     within = claims.stratum_sums(_policy_rows(lambda i, b, t: (i + 1) / b, lambda i, b, t: 1 / b + i), "budget")
     assert sum(s for s, _ in within.values()) == 0.0
     assert not math.isnan(sum(c for _, c in within.values()))
+
+
+def test_a_gated_task_whose_error_ranks_the_losses_gets_a_verdict_and_a_failed_task_stays_out():
+    """18 of 18 exact answers pass the gate (lower bound 0.815), 17 of 18 do not (0.727); across 4 policies the
+    error ranks the log-prob loss but in ``text`` of each text's 9 strata (c and d swapped, rho 0.8): the claim
+    holds, on the calibrated interval."""
+    rows = []
+    for task, wrong in (("single-needle", None), ("multi-key", 0)):
+        for text in range(6):
+            for d, depth in enumerate((0.1, 0.5, 0.9)):
+                rows.append({"task": task, "length": 2048, "text": text, "depth": depth, "method": "unpatched",
+                             "correct": not (text == wrong and depth == 0.1), "status": "ok"})
+                for e, b in enumerate((8, 16, 32)):
+                    for index, method in enumerate("abcd"):
+                        loss = index if not (3 * d + e < text and index >= 2) else 5 - index  # swap c and d
+                        rows.append({"task": task, "length": 2048, "text": text, "depth": depth, "method": method,
+                                     "num_features": b, "compression_ratio": 1 - b / 64, "correct": False,
+                                     "status": "ok", "clean_spectral_mean": (index + 1) / b,
+                                     "delta_logprob": loss + 10.0 * text, "delta_key": math.nan})
+    table = claims.verdicts(pd.DataFrame(rows)).set_index(["sequences", "claim"])
+    assert table.loc[("gated", "logprob"), "tasks"] == "single-needle"  # multi-key fails the gate: left out
+    assert table.loc[("gated", "logprob"), "texts"] == 6 and table.loc[("gated", "logprob"), "strata"] == 6 * 3 * 3
+    assert table.loc[("gated", "logprob"), "estimate"] == pytest.approx(1 - 0.2 * 15 / 54)
+    assert table.loc[("gated", "logprob"), "verdict"] == "holds"
+    assert table.loc[("gated", "key"), "verdict"] == "too few texts"  # no key tokens: no stratum
+    assert table.loc[("all", "logprob"), "tasks"] == "multi-key,single-needle"
+    assert table.loc[("all", "logprob"), "verdict"] == "described, not judged"
