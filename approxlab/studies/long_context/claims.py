@@ -54,7 +54,7 @@ from ..declaration import Claim
 from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
-__all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "gate_table", "premise_frame",
+__all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT", "gate_table", "premise_frame",
            "stratum_sums", "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
@@ -69,6 +69,16 @@ MIN_TEXTS = 5
 
 OUTCOMES = {"acc": "accuracy_loss", "logprob": "delta_logprob", "key": "delta_key", "budget": "delta_logprob"}
 """The loss each claim ranks against the clean-input error."""
+
+UNIT = ("Units: texts (disjoint WikiText-2 windows), each resampled with all its sequences (tasks and depths). "
+        "Across policies, Spearman's rho is ranked within each sequence x ratio and averaged over strata: the text's "
+        "and the task's difficulty and the budget move every policy's loss together, and ranking within a stratum "
+        "keeps that shared shift out of the ranking of policies; a stratum whose loss or error is the same for every "
+        "policy ranks nothing and is left out. Within a policy, the paired difference rho(error, loss) - rho(1/b, loss) "
+        "is taken over the ratios of one policy on one sequence. The error is the clean-input relative spectral error "
+        "(mean over layers of each layer's median over heads); the patched-input error is recorded beside it, "
+        "described only.")
+"""The declared unit and strata of the premise claims, in words (printed in the summary)."""
 
 _RANKS = {"reproduced": "holds", "not reproduced": "fails", "inconclusive": "undecided",
           "too few units": "too few texts"}

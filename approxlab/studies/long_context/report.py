@@ -10,7 +10,7 @@ import pandas as pd
 from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
 from .cells import RESULTS, SHARING
-from .claims import CLAIMS, GATE, gate_table, verdicts
+from .claims import CLAIMS, GATE, UNIT, gate_table, verdicts
 from .grid import policy_defaults
 
 __all__ = ["TITLE", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
@@ -188,7 +188,7 @@ def sections(saved) -> list[str]:
               "layers of the median over heads (median over sequences).", "",
               *markdown_table(saved.product("policies.csv")), "",
               "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
-                                 for c in CLAIMS], "",
+                                 for c in CLAIMS], "", UNIT, "",
               "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
               "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
               "declared 95% interval over texts: described, not judged.", "",
