@@ -130,6 +130,12 @@ CASES = [
     ("perplexity", ["--layer-settings", "all", "--compare-with", "figures/decoder"],
      "--compare-with: a run with a single-layer --layer-settings"),
     ("perplexity", ["--quick", "--num-features", "8", "--compare-with", "figures/decoder"], "--compare-with: result folders with a d of this run"),
+    ("long-context", ["--policies", "topk"], "--policies: cache policies"),
+    ("long-context", ["--lengths", "128"], "--lengths: lengths of at least 256"),
+    ("long-context", ["--lengths", "16384"], "--lengths: at most the model's context"),
+    ("long-context", ["--ruler-tasks", "qa"], "--ruler-tasks"),
+    ("long-context", ["--ratios", "1.0"], "--ratios"),
+    ("long-context", ["--texts", "1000"], "--texts: at most the corpus's"),
 ]
 
 

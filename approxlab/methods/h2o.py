@@ -15,7 +15,8 @@ from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from ..kernels import causal_mask
 from ._scores import top_budget
-from ._selection import gather_rows, logit_blocks, real_ranks, safe_softmax, sparse_approximation
+from ._column_sums import column_sums
+from ._selection import gather_rows, real_ranks, safe_softmax, sparse_approximation
 
 __all__ = ["h2o", "H2O", "compress_h2o", "score_h2o"]
 
@@ -57,13 +58,8 @@ def score_h2o(q, k, v, *, budget, generator=None, recent_size=None, key_mask=Non
     recent = _recent_tokens(budget, recent_size)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n = k.shape[-2]
-    accumulated = q.new_zeros(*batch, n)
+    accumulated = column_sums(q, k, key_mask)  # shared by every budget inside shared_column_sums()
     real = None if key_mask is None else key_mask.expand(*batch, n)
-    for start, stop, logits in logit_blocks(q, k, causal=True, key_mask=key_mask):
-        weights = safe_softmax(logits)
-        if real is not None:
-            weights = weights * real[..., start:stop].unsqueeze(-1).to(weights.dtype)
-        accumulated += weights.sum(-2)
     ranks, _ = real_ranks(key_mask, batch, n, q.device)
     count = ranks[..., -1:] + 1
     score = torch.where(ranks >= count - recent, torch.full_like(accumulated, math.inf), accumulated)

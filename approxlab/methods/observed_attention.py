@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish
-from ._selection import logit_blocks, safe_softmax
+from ._column_sums import column_sums
 
 __all__ = ["observed_attention_scores", "REGISTRATION", "OBSERVED_ATTENTION"]
 
@@ -60,10 +60,7 @@ def observed_attention_scores(q, k, v, *, generator=None, key_mask=None):
     [0.5208, 0.3611, 0.2917, 0.25]
     """
     context = check_context(q, k, v, key_mask)
-    received = q.new_zeros(*context.batch, context.n)
-    real = context.real.to(q.dtype)
-    for start, stop, logits in logit_blocks(q, k, causal=True, key_mask=context.key_mask):
-        received += (safe_softmax(logits) * real[..., start:stop].unsqueeze(-1)).sum(-2)
+    received = column_sums(q, k, context.key_mask)  # H2O's column sums, shared inside shared_column_sums()
     seen_by = (context.count - context.ranks).clamp_min(1).to(q.dtype)  # real queries i >= j
     return finish(received / seen_by, context)
 

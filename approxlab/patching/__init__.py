@@ -11,6 +11,8 @@
   continuation (per-token NLL, greedy answer, per-layer errors on clean and on patched inputs).
 - :func:`replay` (:mod:`approxlab.patching.replaying`): a patch's layers on recorded inputs (the unpatched model's,
   from :func:`exact_prefill`) without a model run: each layer's error on clean inputs.
+- :func:`sweep_policies` (:mod:`approxlab.patching.sweep`): every cache policy and compression ratio on one
+  sequence over one shared prefill, one tidy row each (exact match, answer log-probability, key-token change).
 - :func:`key_tokens` (:mod:`approxlab.patching.key_tokens`): LongPPL's key tokens, those whose prediction needs
   distant context, and the change in NLL on them (:meth:`KeyTokens.delta`).
 - :class:`~approxlab.patching.decoding.DecodingCache` (:mod:`approxlab.patching.decoding`): decoding-time
@@ -38,6 +40,8 @@ from .patch import AttentionPatch, patch_attention
 from .prefill import ERROR_INPUTS, Continuation, ExactPrefill, exact_prefill
 from .records import ERROR_MEASURES, LayerCall, output_errors
 from .replaying import replay
+from .sweep import sweep_policies
 
 __all__ = ["patch_attention", "AttentionPatch", "LayerCall", "output_errors", "ERROR_MEASURES", "token_nll",
-           "exact_prefill", "ExactPrefill", "Continuation", "ERROR_INPUTS", "key_tokens", "KeyTokens", "replay"]
+           "exact_prefill", "ExactPrefill", "Continuation", "ERROR_INPUTS", "key_tokens", "KeyTokens", "replay",
+           "sweep_policies"]

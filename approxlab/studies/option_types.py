@@ -10,6 +10,7 @@ re-exports them.
 Public API::
 
     str_list, int_list, positive_int, nonnegative_int, int_at_least(low), positive_float, probability,
+    number_list(allowed, ok), ratio_list,
     path_option, thread_count, method_list, names_among(allowed, noun), layer_list, LAYER_NAMES, Flatten
     check_distinct(option, values, shown=None)
 """
@@ -23,7 +24,8 @@ import pathlib
 from ..errors import UsageError
 
 __all__ = ["str_list", "int_list", "positive_int", "nonnegative_int", "int_at_least", "positive_float",
-           "probability", "relative_tolerance", "path_option", "thread_count", "method_list", "names_among", "layer_list", "LAYER_NAMES",
+           "probability", "relative_tolerance", "number_list", "ratio_list", "path_option", "thread_count", "method_list",
+           "names_among", "layer_list", "LAYER_NAMES",
            "Flatten", "check_distinct"]
 
 
@@ -91,6 +93,25 @@ def positive_float(text: str) -> float:
 def probability(text: str) -> float:
     """A number in [0, 1) (argparse ``type=``), e.g. a dropout rate."""
     return _number(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def number_list(allowed: str, ok):
+    """An argparse ``type=``: comma-separated numbers, each one ``ok(value)`` (``allowed`` says which, in words)."""
+    def numbers(text: str) -> list[float]:
+        try:
+            values = [float(x) for x in str_list(text)]
+        except (ValueError, argparse.ArgumentTypeError):
+            values = []
+        if not values or not all(ok(value) for value in values):
+            raise argparse.ArgumentTypeError(f"comma-separated {allowed}, got {text!r}")
+        return values
+
+    return numbers
+
+
+ratio_list = number_list("compression ratios in [0, 1)", lambda value: 0 <= value < 1)
+ratio_list.__name__ = "ratio_list"
+ratio_list.__doc__ = """``"0.5,0.875"`` -> ``[0.5, 0.875]``; every entry a compression ratio in ``[0, 1)``."""
 
 
 def relative_tolerance(text: str) -> float:

@@ -61,8 +61,8 @@ from .. import __version__
 from ..errors import UsageError
 from .declaration import DeprecatedAlias, Option
 from .option_types import (Flatten, check_distinct, int_at_least, int_list, layer_list, method_list, names_among,
-                           nonnegative_int, path_option, positive_float, positive_int, probability, str_list,
-                           thread_count)
+                           nonnegative_int, number_list, path_option, positive_float, positive_int, probability,
+                           ratio_list, str_list, thread_count)
 
 
 def _next_minor(version: str) -> str:
@@ -80,7 +80,8 @@ __all__ = ["RESULTS_FOLDER", "default_output_dir", "add_common", "METHODS", "CON
            "NUM_FEATURES", "WINDOWS", "SEEDS", "STEPS", "TASKS", "LAYERS", "POSITIONS", "CHECKPOINT", "SHARED",
            "CONDITIONS", "POSITION_MODES", "grid", "check_value", "check_distinct", "one_value", "str_list",
            "int_list", "names_among", "positive_int", "nonnegative_int", "int_at_least", "positive_float",
-           "probability", "path_option", "thread_count", "Flatten", "check_option_pairs", "PLOT_ONLY_OPTIONS",
+           "probability", "number_list", "ratio_list", "path_option", "thread_count", "Flatten", "check_option_pairs",
+           "PLOT_ONLY_OPTIONS",
            "shown_default", "with_grid_default"]
 
 RESULTS_FOLDER = "approxlab-results"

@@ -51,6 +51,7 @@ STUDIES = {
     "lra-svd": "approxlab.studies.lra_svd",
     "decoder": "approxlab.studies.decoder",
     "perplexity": "approxlab.studies.perplexity",
+    "long-context": "approxlab.studies.long_context",
 }
 """The built-in studies: command -> the module whose ``STUDY`` declares it (imported only when needed)."""
 

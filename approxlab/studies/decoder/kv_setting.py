@@ -16,12 +16,11 @@ Public API::
 
 from __future__ import annotations
 
-import argparse
-
 from ...errors import UsageError
 from ...kv_cache import kept_count
 from .. import options as shared
 from ..declaration import Option
+from ..option_types import ratio_list
 
 __all__ = ["KV_FULL", "KV_QUICK", "KV_KEY", "KV_OPTIONS", "KV_RATIOS", "kv_defaults", "ratio_budgets", "ratio_list"]
 
@@ -73,17 +72,6 @@ def kv_defaults(base: dict, n, *, context=None, continuation=None, budgets=None)
         budgets = list(base["kv_budgets"]) if fits else ([b for b in base["kv_budgets"] if b < context]
                                                          or sorted({max(1, context // 4), max(1, context // 2)}))
     return {"kv_context": context, "kv_continuation": continuation, "kv_budgets": budgets}
-
-
-def ratio_list(text: str) -> list[float]:
-    """``"0.5,0.875"`` -> ``[0.5, 0.875]``; every entry a compression ratio in ``[0, 1)`` (argparse ``type=``)."""
-    try:
-        values = [float(x) for x in shared.str_list(text)]
-    except (ValueError, argparse.ArgumentTypeError):
-        values = []
-    if not values or not all(0 <= value < 1 for value in values):
-        raise argparse.ArgumentTypeError(f"comma-separated compression ratios in [0, 1), got {text!r}")
-    return values
 
 
 KV_RATIOS = Option(("--kv-ratios",), "kv_ratios", "KV-cache setting: the budgets as compression ratios, kvpress's "

@@ -1,0 +1,183 @@
+r"""Every cache policy and budget on one sequence, one exact prefill shared: :func:`sweep_policies`.
+
+The long-context question of a KV-cache policy is what it loses at each compression ratio. With the context's
+prefill exact (the KV-cache setting), one :func:`~approxlab.patching.exact_prefill` serves every policy and
+budget, and each costs only its compression and a continuation (:meth:`ExactPrefill.continue_with`).
+:func:`sweep_policies` runs that loop on one sequence (a context, then a question and its answer) and returns one
+tidy row per policy and ratio beside the unpatched model's row: exact match of the greedy answer, the answer's
+log-probability, the change in NLL on all continuation tokens and on its key tokens (LongPPL), and summaries of
+the layers' errors on clean and on patched inputs. A user's policy (registered with
+:func:`approxlab.methods.register` and ``score=``) is swept the same way as the built-in ones.
+
+Public API (re-exported by :mod:`approxlab.patching`)::
+
+    sweep_policies(model, context_ids, continuation_ids, *, methods, ratios, answer_length, ...) -> (rows, layers)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+
+from .._validation import check_int
+from ..kv_cache import kept_count
+from ..methods._column_sums import shared_column_sums
+from .key_tokens import LCL_THRESHOLD, LSD_THRESHOLD
+from .likelihood import token_nll
+from .prefill import exact_prefill
+
+__all__ = ["sweep_policies"]
+
+
+def _short_nll(model, context_ids, continuation_ids, short_context: int) -> torch.Tensor:
+    """``(1, t)``: the continuation's NLL read with only the last ``short_context`` context tokens (one forward of
+    ``short_context + t`` tokens); entry ``j`` predicts continuation token ``j``."""
+    ids = torch.cat([context_ids[:, context_ids.shape[1] - short_context:], continuation_ids], dim=1)
+    return token_nll(model, ids)[:, short_context - 1:]
+
+
+def _layer_summary(found) -> tuple[dict, list[dict]]:
+    """Pooled columns of a continuation's errors (mean, median and max over layers of each layer's median over
+    heads and sequences, relative spectral error), and one row per replaced layer."""
+    columns, layers = {}, {}
+    for inputs in ("clean", "patched"):
+        per_layer = found.errors[inputs]["spectral"].flatten(1).median(dim=1).values  # (L',)
+        columns.update({f"{inputs}_spectral_mean": float(per_layer.mean()),
+                        f"{inputs}_spectral_median": float(per_layer.median()),
+                        f"{inputs}_spectral_max": float(per_layer.max())})
+        for index, layer in enumerate(found.layers):
+            layers.setdefault(layer, {"layer": layer})[f"{inputs}_spectral"] = float(per_layer[index])
+    return columns, list(layers.values())
+
+
+def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Tensor, *, methods, ratios,
+                   answer_length: int, short_context: int | None = None, seed: int = 0,
+                   lsd_threshold: float = LSD_THRESHOLD, lcl_threshold: float = LCL_THRESHOLD,
+                   options: dict | None = None, share: bool = True) -> tuple[list[dict], list[dict]]:
+    r"""Run every policy of ``methods`` at every compression ratio on one sequence, the exact prefill shared.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel or LoadedModel
+        A causal language model (:func:`~approxlab.patching.exact_prefill`).
+    context_ids, continuation_ids : torch.Tensor
+        ``(1, n_c)`` and ``(1, t)`` token ids: the context the policies compress, then the question and answer.
+    methods : sequence of str
+        Registered methods with a compression step (cache policies), built-in or a user's.
+    ratios : sequence of float
+        Compression ratios :math:`r \in [0, 1)` (kvpress's): each keeps
+        :math:`b = \max(1, \lfloor n_c(1 - r)\rfloor)` context tokens per KV head
+        (:func:`approxlab.kv_cache.kept_count`).
+    answer_length : int
+        :math:`k`: the last ``k`` continuation tokens are the answer, generated greedily after the question.
+    short_context : int, optional
+        LongPPL's truncated context :math:`s` (``1 <= s < n_c``): the continuation's key tokens are those whose
+        log-probability gains more than ``lsd_threshold`` nats from the context beyond the last :math:`s` tokens
+        and exceeds ``lcl_threshold`` with the full context (:mod:`approxlab.patching.key_tokens`). None: no
+        key tokens (``delta_key`` NaN).
+    seed : int
+        Each continuation's generator is ``torch.Generator().manual_seed(seed)`` (a randomized policy draws the
+        same streams at every ratio).
+    lsd_threshold, lcl_threshold : float
+        LongPPL's :math:`\alpha` and :math:`\beta`.
+    options : dict, optional
+        ``{method: {option: value}}``, a policy's options (e.g. ``{"snapkv": {"window": 16}}``).
+    share : bool, default True
+        Compute what the prefill gives every budget once: the context's attention column sums that H2O and
+        observed attention score by, once per layer for both policies and every ratio (the results are the same,
+        bit for bit; False recomputes them per policy and ratio, for comparison).
+
+    Returns
+    -------
+    rows : list of dict
+        The unpatched model's row (``method="unpatched"``, ``prefill_seconds``), then one per method and ratio:
+        ``method``, ``compression_ratio``, ``num_features`` (:math:`b`), ``correct`` (exact match), ``answer_logprob``,
+        ``delta_logprob`` (the unpatched model's answer log-probability minus this), ``delta_all`` and
+        ``delta_key`` (mean change in NLL over all continuation tokens and over its key tokens, nats),
+        ``key_tokens``, the ``clean_`` and ``patched_spectral_`` ``mean``/``median``/``max`` over layers (each
+        layer's median over heads), ``seconds`` and ``status``.
+    layers : list of dict
+        One row per method, ratio and layer: ``clean_spectral`` and ``patched_spectral`` (median over heads).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`~approxlab.patching.exact_prefill` and :meth:`~approxlab.patching.ExactPrefill.continue_with`;
+        ``short_context`` not in ``[1, n_c - 1]``; a ratio outside ``[0, 1)``.
+
+    Notes
+    -----
+    Cost: one prefill of :math:`n_c` tokens, the unpatched continuation, one forward of :math:`s + t` tokens for
+    the key tokens, then per method and ratio a continuation (:meth:`ExactPrefill.continue_with`); with ``share``
+    the :math:`O(n_c^2 p)` column sums of H2O and observed attention once per layer, not per policy and ratio. A failure of a
+    policy is recorded in its row's ``status`` (NaN scores), and the sweep goes on.
+
+    Examples
+    --------
+    A tiny random Llama; two policies at two ratios on a context of 48 tokens:
+
+    >>> import torch
+    >>> from transformers import LlamaConfig
+    >>> from approxlab.data import load_model
+    >>> from approxlab.patching import sweep_policies
+    >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    >>> model = load_model("initialized", config=config, seed=0)
+    >>> ids = torch.randint(30522, (1, 56), generator=torch.Generator().manual_seed(0))
+    >>> rows, layers = sweep_policies(model, ids[:, :48], ids[:, 48:], methods=["streaming-llm", "h2o"],
+    ...                               ratios=[0.5, 0.875], answer_length=2, short_context=16)
+    >>> [(row["method"], row["num_features"]) for row in rows]
+    [('unpatched', None), ('streaming-llm', 24), ('streaming-llm', 6), ('h2o', 24), ('h2o', 6)]
+    >>> len(layers), sorted(layers[0])  # 2 layers for each of the 4 policy rows
+    (8, ['clean_spectral', 'compression_ratio', 'layer', 'method', 'num_features', 'patched_spectral'])
+    """
+    options = dict(options or {})
+    answer_length = check_int(answer_length, "answer_length", low=0)
+    n_c = int(context_ids.shape[-1])
+    budgets = [(float(ratio), kept_count(ratio, n_c)) for ratio in ratios]
+    if short_context is not None:
+        short_context = check_int(short_context, "short_context", low=1, high=max(1, n_c - 1))
+    prefill = exact_prefill(model, context_ids)
+    exact = prefill.unpatched(continuation_ids, answer_length=answer_length)
+    reference = exact.nll
+    mask = None
+    if short_context is not None:
+        short = _short_nll(model, context_ids, continuation_ids, short_context)
+        mask = (short - reference > lsd_threshold) & (-reference > lcl_threshold)
+    exact_logprob = float(exact.answer_logprob()[0])
+
+    def scores(found) -> dict:
+        difference = (found.nll - reference)[0]
+        key = mask[0] if mask is not None else torch.zeros_like(difference, dtype=torch.bool)
+        return {"correct": bool(found.correct[0]), "answer_logprob": float(found.answer_logprob()[0]),
+                "delta_logprob": exact_logprob - float(found.answer_logprob()[0]),
+                "delta_all": float(difference.mean()),
+                "delta_key": float(difference[key].mean()) if bool(key.any()) else math.nan,
+                "key_tokens": int(key.sum()) if mask is not None else 0}
+
+    rows = [{"method": "unpatched", "compression_ratio": 0.0, "num_features": None, **scores(exact),
+             "prefill_seconds": prefill.seconds, "seconds": exact.seconds, "status": "ok"}]
+    layers = []
+    with contextlib.ExitStack() as stack:
+        if share:
+            stack.enter_context(shared_column_sums())
+        for method in methods:
+            for ratio, budget in budgets:
+                start = time.perf_counter()
+                found = prefill.continue_with(method, num_features=budget, continuation_ids=continuation_ids,
+                                              answer_length=answer_length, on_failure="record",
+                                              generator=torch.Generator().manual_seed(seed), **options.get(method, {}))
+                row = {"method": method, "compression_ratio": ratio, "num_features": budget}
+                if found.status != "ok":
+                    rows.append({**row, "correct": False, "answer_logprob": -math.inf, "delta_logprob": math.inf,
+                                 "delta_all": math.inf, "delta_key": math.inf, "key_tokens": 0,
+                                 "seconds": time.perf_counter() - start, "status": found.status})
+                    continue
+                pooled, per_layer = _layer_summary(found)
+                rows.append({**row, **scores(found), **pooled, "seconds": time.perf_counter() - start,
+                             "status": "ok"})
+                layers.extend({**row, **entry} for entry in per_layer)
+    return rows, layers

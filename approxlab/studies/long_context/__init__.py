@@ -1,0 +1,49 @@
+r"""The long-context study: does a KV-cache policy's attention error predict what it loses at 2k-8k tokens?
+
+Cache policies are judged at long context (kvpress's RULER at 4k, sparse-attention-hub's 4k-32k). This study runs
+SmolLM2-135M on RULER-style sequences built offline (:mod:`approxlab.tasks.ruler`: single needle, multi-key,
+multi-value, multi-query, variable tracking, in WikiText-2 haystacks) and, for each sequence, **one exact prefill**
+of its context shared by every cache policy and compression ratio (:func:`approxlab.patching.sweep_policies` over
+:func:`approxlab.patching.exact_prefill`): each policy compresses the prefill's cache per KV head and only the
+question and answer run on it. A cell is one sequence; it records the exact model's row and one per policy and
+ratio: exact match of the greedy answer, the answer's log-probability, the change in NLL on all continuation
+tokens and on LongPPL's key tokens, each layer's relative spectral error on clean and on patched inputs, seconds.
+
+The declaration :data:`STUDY`, behind ``approxlab long-context``:
+
+1. **grid** (:mod:`.grid`) -- lengths 2,048 / 4,096 / 8,192, 30 distinct texts x 3 depths per task and length,
+   compression ratios 0.5-0.95, every cache policy of the registry;
+2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv`` and
+   ``layers.csv``;
+3. **report** (:mod:`.report`, :mod:`.claims`) -- the gate (the exact model's accuracy with its Clopper-Pearson
+   bound), the premise claims fixed in code (stratified rank correlations across policies, the paired difference
+   against the budget within a policy, calibrated intervals over texts, Holm), ``long_context.png`` and
+   ``summary.md``.
+"""
+
+from __future__ import annotations
+
+from ..declaration import Figure, Product, Step, Study, Summary, Table
+from .cells import LAYERS, RESULTS, SHARING, compute_sequence, compute_sharing, sharing_cells
+from .claims import CLAIMS
+from .grid import FULL_GRID, KEY, OPTIONS, QUICK_GRID, build_config, cells, check, configure, run_info
+from .report import TITLE, claim_verdicts, cost, gate, plot, policies, sections
+
+__all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "CLAIMS", "build_config", "configure"]
+
+STUDY = Study(
+    name="long-context",
+    description="RULER-style retrieval at 2k-8k tokens on one shared exact prefill: every cache policy and "
+                "compression ratio, the accuracy gate and the premise.",
+    full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
+    steps=(Step((Table(SHARING, ("length",), optional=True),), compute_sharing, sharing_cells),
+           Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
+                compute_sequence, cells),),
+    claims=CLAIMS,
+    products=(Product("gate.csv", gate), Product("policies.csv", policies), Product("cost.csv", cost),
+              Product("verdicts.csv", claim_verdicts)),
+    figures=(Figure("long_context", plot),),
+    summary=Summary(TITLE, (sections,)),
+    grows=("lengths", "texts", "ruler_tasks"),
+)
+"""The long-context study, declared: ``approxlab long-context``."""

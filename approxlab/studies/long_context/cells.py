@@ -1,0 +1,101 @@
+"""The long-context study's cell: one sequence, one exact prefill, every policy at every compression ratio.
+
+``results.csv`` gets the unpatched model's row and one row per policy and ratio
+(:func:`approxlab.patching.sweep_policies`), with the sequence's lengths; ``layers.csv`` one row per policy, ratio
+and layer (each layer's clean- and patched-input spectral error, median over heads). ``sharing.csv``, one cell per
+length run first: what sharing the prefill's column sums saves (:func:`compute_sharing`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...patching import sweep_policies
+from ..engine.keys import cell_seed
+from .grid import KEY
+
+__all__ = ["RESULTS", "LAYERS", "SHARING", "SHARED_POLICIES", "sequence", "compute_sequence", "sharing_cells",
+           "compute_sharing"]
+
+RESULTS, LAYERS, SHARING = "results.csv", "layers.csv", "sharing.csv"
+
+
+@functools.lru_cache(maxsize=1)
+def _model(checkpoint, cache_dir, device):
+    from ...data import load_model
+
+    return load_model("pretrained", checkpoint=checkpoint, cache_dir=cache_dir, device=device)
+
+
+@functools.lru_cache(maxsize=1)
+def _token_ids(checkpoint, data_dir, cache_dir):
+    from ...data import wikitext_token_ids
+
+    return wikitext_token_ids(_model(checkpoint, cache_dir, "cpu").tokenizer, data_dir=data_dir, cache_dir=cache_dir)
+
+
+def sequence(cell: dict):
+    """The cell's :class:`~approxlab.tasks.ruler.NeedleSequence`: its task on WikiText-2 window ``text`` of
+    ``length`` tokens, the asked needle at ``depth``, keys and values drawn from the cell's seed."""
+    from ...data import windows
+    from ...tasks.ruler import ruler_sequence
+
+    loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
+    filler = windows(_token_ids(cell["checkpoint"], cell["data_dir"], cell["cache_dir"]), cell["length"])[cell["text"]]
+    seed = cell_seed(*(cell[c] for c in KEY), "sequence", base_seed=cell["base_seed"])
+    return ruler_sequence(cell["task"], loaded.tokenizer, filler, length=cell["length"], depth=cell["depth"],
+                          generator=torch.Generator().manual_seed(seed))
+
+
+def compute_sequence(cell: dict) -> dict:
+    """One sequence: its rows of ``results.csv`` and ``layers.csv``."""
+    loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
+    found = sequence(cell)
+    context = found.question_start
+    rows, layers = sweep_policies(loaded, found.ids[:, :context], found.continuation, methods=list(cell["policies"]),
+                                  ratios=list(cell["ratios"]), answer_length=found.answer_length,
+                                  short_context=cell["short_context"],
+                                  seed=cell_seed(*(cell[c] for c in KEY), "policies", base_seed=cell["base_seed"]))
+    lengths = {"context_length": context, "continuation_length": found.ids.shape[1] - context,
+               "answer_tokens": found.answer_length}
+    return {RESULTS: [{**row, **lengths} for row in rows], LAYERS: layers}
+
+
+SHARED_POLICIES = ("h2o", "observed-attention")
+"""The policies whose scores read the prefill's attention column sums (shared across them and every ratio)."""
+
+
+def sharing_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per length: the cost of the shared column sums against recomputing them, on the first text's
+    single-needle sequence (depth 0.5), where the run has those policies."""
+    chosen = [name for name in SHARED_POLICIES if name in config["policies"]]
+    if not chosen:
+        return []
+    return [{"length": length, "task": "single-needle", "text": 0, "depth": 0.5,
+             "short_context": config["short_context"][str(length)], "ratios": tuple(config["ratios"]),
+             "policies": tuple(chosen), "checkpoint": config["checkpoint"], "base_seed": config["base_seed"],
+             **settings} for length in config["lengths"]]
+
+
+def compute_sharing(cell: dict) -> list[dict]:
+    """``sharing.csv``: the seconds of the column-sum policies' continuations with the sums shared and recomputed,
+    and the largest difference between the two runs' scores (0: the same, bit for bit)."""
+    import time
+
+    loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
+    found = sequence(cell)
+    context = found.question_start
+    runs = {}
+    for share in (True, False):
+        start = time.perf_counter()
+        rows, _ = sweep_policies(loaded, found.ids[:, :context], found.continuation, methods=list(cell["policies"]),
+                                 ratios=list(cell["ratios"]), answer_length=found.answer_length,
+                                 short_context=cell["short_context"], share=share)
+        runs[share] = (rows[1:], time.perf_counter() - start - rows[0]["prefill_seconds"] - rows[0]["seconds"])
+    columns = ("answer_logprob", "delta_all", "clean_spectral_mean", "patched_spectral_mean")
+    difference = max(abs(a[c] - b[c]) for a, b in zip(runs[True][0], runs[False][0]) for c in columns)
+    return [{"shared": share, "policies": ",".join(cell["policies"]), "continuations": len(rows),
+             "seconds": seconds, "seconds_per_continuation": seconds / len(rows), "max_abs_difference": difference}
+            for share, (rows, seconds) in runs.items()]

@@ -1,0 +1,198 @@
+r"""The long-context study's claims, fixed in code before the data: the accuracy gate and the premise.
+
+**The gate.** A task enters the claims at a length only if the exact model answers it: its accuracy (exact match
+of the greedy answer, over the task's sequences at that length) has a two-sided 95% Clopper-Pearson lower bound of
+at least :data:`GATE` (:func:`approxlab.stats.binomial.clopper_pearson`; with 30 texts x 3 depths, 80 of 90
+correct). A task that fails the gate is reported as such (:func:`gate_table`) and leaves the premise claims at
+that length: a policy cannot lose what the model never had. The depths of one text share its filler, so the
+sequences are not wholly independent; the bound treats them as such and is stated with that caveat.
+
+**The premise**, per length, on the gated tasks' sequences; the error is each policy's **clean-input** relative
+spectral error (the policy applied to the unpatched model's q, k, v: free of the drift earlier layers cause), the
+mean over layers of each layer's median over heads (``clean_spectral_mean``). The losses are against the exact
+model on the same sequence: accuracy (exact minus policy, -1, 0 or 1), the answer's log-probability (nats), and
+LongPPL's key-token :math:`\Delta` NLL (mean over the continuation's key tokens; :data:`.grid.SHORT_CONTEXT`).
+
+* **Across policies** (claims ``acc``, ``logprob``, ``key``): Spearman's :math:`\rho` between error and loss over
+  the policies, **stratified within sequence x ratio** -- ranked among the policies that read the same sequence at
+  the same budget, then averaged over strata. The reason: the text's and the task's own difficulty and the budget
+  move every policy's loss together (the window-to-window spread the premise issue found to swamp a pooled
+  :math:`\rho`), and the budget is the within-policy question below; a stratum whose loss (or error) is the same for
+  every policy has no ranking and is left out (counted in the table). Threshold 0.7 (the perplexity study's
+  (p1)): a rank correlation of 0.7 or more is a ranking a practitioner could choose policies by.
+* **Within a policy against the budget** (claim ``budget``): over the ratios of one policy on one sequence, the
+  paired difference :math:`\rho(\text{error}, \text{loss}) - \rho(1/b, \text{loss})` (answer log-prob loss),
+  averaged over policy x sequence strata: does the error rank a policy's budgets better than the budget itself?
+  Above 0 (strict): the error adds something the budget does not know.
+
+**Units.** Texts (WikiText-2 windows) are resampled, each with all its sequences (tasks and depths): the
+statistic is a ratio :math:`\sum_t S_t / \sum_t C_t` of each text's sum of stratum :math:`\rho` and its count, so
+a resample is cheap. The interval is the percentile bootstrap over texts, calibrated by the double bootstrap on
+the run's own texts (:func:`approxlab.studies.reporting.calibrated.calibrate`); the four claims of a length are
+one Holm family.
+
+Public API::
+
+    GATE, GATE_LEVEL, CLAIMS, RESAMPLES, MIN_TEXTS
+    gate_table(results) -> DataFrame
+    premise_frame(results, gate) -> DataFrame
+    stratum_sums(frame, claim) -> {text: (sum, count)}
+    verdicts(results) -> DataFrame
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ...stats import Resamples
+from ...stats.binomial import clopper_pearson
+from ...stats.calibration import IntervalFamily
+from ..declaration import Claim
+from ..reporting.calibrated import calibrate, calibrated_columns
+from ..reporting.claims import judge
+
+__all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT", "gate_table", "premise_frame",
+           "stratum_sums", "verdicts"]
+
+GATE, GATE_LEVEL = 0.8, 0.95
+"""A task enters the claims at a length when its exact accuracy's two-sided 95% Clopper-Pearson lower bound is
+at least 0.8."""
+
+RESAMPLES = 1000
+"""Bootstrap resamples of the texts per interval (each one a ratio of sums: cheap)."""
+
+MIN_TEXTS = 5
+"""Fewer texts with a defined stratum at a length: no verdict (too few units)."""
+
+OUTCOMES = {"acc": "accuracy_loss", "logprob": "delta_logprob", "key": "delta_key", "budget": "delta_logprob"}
+"""The loss each claim ranks against the clean-input error."""
+
+UNIT = ("Units: texts (disjoint WikiText-2 windows), each resampled with all its sequences (tasks and depths). "
+        "Across policies, Spearman's rho is ranked within each sequence x ratio and averaged over strata: the text's "
+        "and the task's difficulty and the budget move every policy's loss together, and ranking within a stratum "
+        "keeps that shared shift out of the ranking of policies; a stratum whose loss or error is the same for every "
+        "policy ranks nothing and is left out. Within a policy, the paired difference rho(error, loss) - rho(1/b, loss) "
+        "is taken over the ratios of one policy on one sequence. The error is the clean-input relative spectral error "
+        "(mean over layers of each layer's median over heads); the patched-input error is recorded beside it, "
+        "described only.")
+"""The declared unit and strata of the premise claims, in words (printed in the summary)."""
+
+_RANKS = {"reproduced": "holds", "not reproduced": "fails", "inconclusive": "undecided",
+          "too few units": "too few texts"}
+CLAIMS = (
+    Claim("acc", "across policies, the clean-input error ranks the accuracy loss", "stratified Spearman rho (within "
+          "sequence x ratio, over policies)", side="at least", threshold=0.7, unit="text", min_units=MIN_TEXTS,
+          labels=_RANKS, within="sequence x ratio", family="length"),
+    Claim("logprob", "across policies, the clean-input error ranks the answer log-prob loss", "stratified Spearman "
+          "rho (within sequence x ratio, over policies)", side="at least", threshold=0.7, unit="text",
+          min_units=MIN_TEXTS, labels=_RANKS, within="sequence x ratio", family="length"),
+    Claim("key", "across policies, the clean-input error ranks the key-token Delta NLL", "stratified Spearman rho "
+          "(within sequence x ratio, over policies)", side="at least", threshold=0.7, unit="text",
+          min_units=MIN_TEXTS, labels=_RANKS, within="sequence x ratio", family="length"),
+    Claim("budget", "within a policy, the clean-input error ranks its budgets' log-prob loss better than 1/b",
+          "rho(error, loss) - rho(1/b, loss) over ratios (within policy x sequence)", side="above", threshold=0.0,
+          unit="text", min_units=MIN_TEXTS, strict=True, labels=_RANKS, within="policy x sequence", family="length"),
+)
+"""The premise claims, fixed before the run (the module docstring gives the reasons)."""
+
+
+def gate_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Per task and length: the exact model's sequences, correct answers, accuracy, its 95% Clopper-Pearson
+    interval and whether the task passes the gate (``passes``)."""
+    exact = results[results["method"] == "unpatched"]
+    rows = []
+    for (task, length), group in exact.groupby(["task", "length"], sort=False):
+        count, correct = len(group), int(group["correct"].astype(bool).sum())
+        low, high = clopper_pearson(correct, count, level=GATE_LEVEL)
+        rows.append({"task": task, "length": int(length), "sequences": count, "texts": group["text"].nunique(),
+                     "correct": correct, "accuracy": correct / count, "cp_low": low, "cp_high": high,
+                     "passes": bool(low >= GATE)})
+    return pd.DataFrame(rows, columns=["task", "length", "sequences", "texts", "correct", "accuracy", "cp_low",
+                                       "cp_high", "passes"])
+
+
+def premise_frame(results: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:
+    """The policies' rows of the gated tasks, each with its losses against the exact model on its sequence
+    (``accuracy_loss``, ``delta_logprob``, ``delta_key``) and ``sequence`` (task, text, depth); failed rows out."""
+    passed = gate[gate["passes"]][["task", "length"]]
+    frame = results.merge(passed, on=["task", "length"])
+    keys = ["task", "length", "text", "depth"]
+    exact = frame[frame["method"] == "unpatched"][[*keys, "correct"]].rename(columns={"correct": "exact_correct"})
+    frame = frame[(frame["method"] != "unpatched") & (frame["status"] == "ok")].merge(exact, on=keys)
+    frame = frame.assign(accuracy_loss=frame["exact_correct"].astype(float) - frame["correct"].astype(float),
+                         sequence=[f"{t}/{x}@{d:g}" for t, x, d in frame[["task", "text", "depth"]].itertuples(
+                             index=False)])
+    return frame
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho of finite pairs (average ranks for ties); NaN where either side is constant or < 3 pairs."""
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def stratum_sums(frame: pd.DataFrame, claim: str) -> dict:
+    """``{text: (sum of stratum rho, strata)}`` of one length's premise rows for ``claim`` (:data:`OUTCOMES`): the
+    across-policy rho per sequence x ratio, or (``"budget"``) the paired difference per policy x sequence."""
+    outcome, sums = OUTCOMES[claim], {}
+    strata = ["sequence", "method"] if claim == "budget" else ["sequence", "compression_ratio"]
+    for (sequence, _), group in frame.groupby(strata, sort=False):
+        error, loss = group["clean_spectral_mean"].to_numpy(float), group[outcome].to_numpy(float)
+        value = _spearman(error, loss)
+        if claim == "budget":
+            value -= _spearman(1.0 / group["num_features"].to_numpy(float), loss)
+        if math.isfinite(value):
+            text = int(group["text"].iloc[0])
+            total, count = sums.get(text, (0.0, 0))
+            sums[text] = (total + value, count + 1)
+    return sums
+
+
+def _family(units, trial: int) -> IntervalFamily:
+    """The percentile interval family of :math:`\\sum S / \\sum C` over ``units`` ((sum, count) pairs)."""
+    values = np.asarray(units, dtype=float).reshape(-1, 2)
+    estimate = values[:, 0].sum() / values[:, 1].sum()
+    picks = np.random.default_rng(max(trial, 0) + 17).integers(0, len(values), size=(RESAMPLES, len(values)))
+    draws = values[picks, 0].sum(axis=1) / np.maximum(values[picks, 1].sum(axis=1), 1)
+    return IntervalFamily.percentile(Resamples(float(estimate), draws, len(values)))
+
+
+def verdicts(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per length, claim and ``sequences``: ``"gated"`` (the claim: the gated tasks' sequences, the
+    calibrated interval, the verdict) and ``"all"`` (every task's sequences, gate or not: the statistic and its
+    declared 95% percentile interval over texts, described, never judged: a task the exact model cannot do still
+    has an answer whose log-probability a policy can lower)."""
+    gate = gate_table(results)
+    everything = gate.assign(passes=True)
+    rows = []
+    for which, frame in (("gated", premise_frame(results, gate)), ("all", premise_frame(results, everything))):
+        for length in sorted(results["length"].unique()):
+            at = frame[frame["length"] == length]
+            rows.extend(_claim_row(claim, at, int(length), which) for claim in CLAIMS)
+    return pd.DataFrame(rows)
+
+
+def _claim_row(claim, at: pd.DataFrame, length: int, which: str) -> dict:
+    """One claim's row on the premise rows ``at`` of one length (judged only for ``which == "gated"``)."""
+    units = list(stratum_sums(at, claim.id).values())
+    row = {"length": length, "sequences": which, "claim": claim.id, "text": claim.text,
+           "threshold": claim.threshold, "side": claim.side, "texts": len(units),
+           "strata": int(sum(c for _, c in units)), "tasks": ",".join(sorted(at["task"].unique()))}
+    enough = len(units) >= max(2, claim.min_units)
+    estimate = sum(s for s, _ in units) / row["strata"] if units else math.nan
+    if which != "gated":
+        low, high = _family(units, -1).interval(0.95) if enough else (math.nan, math.nan)
+        return {**row, "estimate": estimate, "ci_low": low, "ci_high": high, "verdict": "described, not judged",
+                **calibrated_columns(None, claim.threshold)}
+    found = calibrate(_family, units) if enough else None
+    low, high = (found.low, found.high) if found else (math.nan, math.nan)
+    return {**row, "estimate": estimate, "ci_low": low, "ci_high": high,
+            "verdict": judge(claim, low, high, units=len(units), calibrated=found),
+            **calibrated_columns(found, claim.threshold)}

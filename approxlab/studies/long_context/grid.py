@@ -1,0 +1,150 @@
+"""The long-context study's grid, declared before any run: lengths, texts, depths, tasks, ratios and policies.
+
+A cell is one sequence: a RULER-style task (:func:`approxlab.tasks.ruler.ruler_sequence`) at one length, built on
+one WikiText-2 window (the text: windows of that length are disjoint, so texts are distinct) with its asked needle
+at one depth. The cell runs one exact prefill and every policy at every compression ratio on it
+(:func:`approxlab.patching.sweep_policies`).
+
+Public API::
+
+    FULL_GRID, QUICK_GRID, OPTIONS, KEY, SHORT_CONTEXT, cache_policies() -> list, policy_defaults(name) -> dict
+    configure(args) -> dict, build_config(*, quick=False, **values) -> dict, cells(config, settings) -> list
+    check(args, config), run_info(args, config) -> dict
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+from ...errors import UsageError
+from ...tasks.ruler import RULER_TASKS
+from .. import options as shared
+from ..declaration import Option
+
+__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "SHORT_CONTEXT", "cache_policies", "policy_defaults", "depth_list",
+           "configure", "build_config", "cells", "check", "run_info"]
+
+KEY = ("task", "length", "text", "depth")
+"""A cell: one sequence."""
+
+SHORT_CONTEXT = {2048: 256, 4096: 512, 8192: 1024}
+r"""LongPPL's truncated context :math:`s` per length, declared before the run: an eighth of the sequence, the ratio
+of the paper's 4,096 of 32k tokens (other lengths: ``length // 8``). A continuation token is *key* when its NLL
+with only the last :math:`s` context tokens exceeds that with the full context by more than 2 nats and its
+log-probability with the full context exceeds -2 (the paper's :math:`\alpha = 2`, :math:`\beta = -2`)."""
+
+
+def cache_policies() -> list[str]:
+    """Every registered method with a compression step (a cache policy), in registry order."""
+    from ...methods import available, get
+
+    return [name for name in available() if get(name).compress is not None]
+
+
+def policy_defaults(name: str) -> dict:
+    """The keyword defaults of a policy's compression step (its sink count, window, recent share), as it runs
+    in this study: ``{"sinks": 4}`` for ``streaming-llm``."""
+    from ...methods import get
+
+    spec = get(name)
+    step = spec.score if spec.score is not None else spec.compress
+    skip = {"q", "k", "v", "budget", "generator", "key_mask"}
+    return {key: parameter.default for key, parameter in inspect.signature(step).parameters.items()
+            if key not in skip and parameter.default is not inspect.Parameter.empty}
+
+
+depth_list = shared.number_list("fractions of the haystack in [0, 1]", lambda value: 0 <= value <= 1)
+"""``--depths``: comma-separated fractions of the haystack in ``[0, 1]`` (argparse ``type=``)."""
+
+
+FULL_GRID = {"lengths": [2048, 4096, 8192], "ruler_tasks": list(RULER_TASKS), "texts": 30, "depths": [0.1, 0.5, 0.9],
+             "ratios": [0.5, 0.75, 0.875, 0.95], "policies": None}
+"""The declared grid: 3 lengths, the 5 tasks, 30 distinct texts x 3 depths per task and length, 4 compression ratios
+(0.95 keeps 5% of the context), every cache policy of the registry (``None``: :func:`cache_policies` when the run
+is configured)."""
+
+QUICK_GRID = {"lengths": [512], "ruler_tasks": ["single-needle", "multi-key"], "texts": 2, "depths": [0.5],
+              "ratios": [0.5, 0.95], "policies": ["streaming-llm", "snapkv", "h2o"]}
+"""``--quick``: 512 tokens, 2 tasks x 2 texts x 1 depth, 2 ratios, 3 policies (a smoke run of every code path)."""
+
+OPTIONS = (
+    Option(("--lengths",), "lengths", "sequence lengths in tokens, comma-separated", type=shared.int_list, nargs="+",
+           action=shared.Flatten, metavar="N"),
+    Option(("--ruler-tasks",), "ruler_tasks", f"RULER-style tasks, comma-separated, among {', '.join(RULER_TASKS)}",
+           type=shared.names_among(RULER_TASKS, "tasks"), nargs="+", action=shared.Flatten, metavar="TASKS"),
+    Option(("--texts",), "texts", "distinct WikiText-2 windows (texts) per task and length",
+           type=shared.positive_int, metavar="COUNT"),
+    Option(("--depths",), "depths", "depths of the asked needle, fractions of the haystack in [0, 1], "
+           "comma-separated", type=depth_list, nargs="+", action=shared.Flatten, metavar="D"),
+    Option(("--ratios",), "ratios", "compression ratios (kvpress's: the fraction of the context removed, in [0, 1)), "
+           "comma-separated; each keeps max(1, int(n_c (1 - r))) context tokens", type=shared.ratio_list, nargs="+",
+           action=shared.Flatten, metavar="R"),
+    shared.METHODS.but(flags=("--policies",), dest="policies", help="cache policies, comma-separated (default: every "
+                       "registered method with a compression step)"),
+    shared.CHECKPOINT.but(help="the model: a Hub id (with network), a local folder or a .gguf file, with its "
+                          "tokenizer (default: the packaged SmolLM2-135M-Instruct)"),
+)
+"""The options of ``approxlab long-context`` besides the common ones."""
+
+
+def configure(args) -> dict:
+    """The grid (saved and hashed in ``config.json``) of the parsed options."""
+    grid = shared.grid(QUICK_GRID if getattr(args, "quick", False) else FULL_GRID, args, OPTIONS)
+    grid["lengths"] = sorted(int(n) for n in grid["lengths"])
+    if grid["policies"] is None:
+        grid["policies"] = cache_policies()
+    from ...data import SMOLLM2_CHECKPOINT
+    from ...methods import get
+
+    for name in grid["policies"]:
+        if get(name).compress is None:
+            raise UsageError("--policies", f"cache policies (methods with a compression step: "
+                                           f"{', '.join(cache_policies())})", repr(name))
+    if min(grid["lengths"]) < 256:
+        raise UsageError("--lengths", "lengths of at least 256 tokens (the needles, question and a haystack)",
+                         min(grid["lengths"]))
+    return {"study": "long-context", **grid, "short_context": {str(n): SHORT_CONTEXT.get(n, n // 8)
+                                                               for n in grid["lengths"]},
+            "checkpoint": getattr(args, "checkpoint", None) or SMOLLM2_CHECKPOINT, "base_seed": int(getattr(args, "base_seed", 0) or 0)}
+
+
+def build_config(*, quick: bool = False, **values) -> dict:
+    """:func:`configure` from keyword values (``build_config(lengths=[1024], texts=3)``), for code and tests."""
+    return configure(argparse.Namespace(quick=quick, **values))
+
+
+def cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per (length, text, task, depth), text by text: a run stopped early holds whole texts of every
+    task and depth at the shorter lengths."""
+    common = {"ratios": tuple(config["ratios"]), "policies": tuple(config["policies"]),
+              "checkpoint": config["checkpoint"], "base_seed": config["base_seed"], **settings}
+    return [{"task": task, "length": length, "text": text, "depth": depth,
+             "short_context": config["short_context"][str(length)], **common}
+            for length in config["lengths"] for text in range(config["texts"]) for task in config["ruler_tasks"]
+            for depth in config["depths"]]
+
+
+def check(args, config: dict) -> None:
+    """Against the model and the corpus: every length within the model's positions, and ``--texts`` windows of the
+    longest length in WikiText-2."""
+    from ...data import CheckpointError, corpus_window_count, describe_model
+
+    checkpoint = config["checkpoint"]
+    try:
+        info = describe_model("pretrained", checkpoint=checkpoint, cache_dir=args.cache_dir)
+    except CheckpointError as error:
+        raise UsageError("--checkpoint", error.allowed, error.got) from None
+    longest = max(config["lengths"])
+    if longest > info.max_positions:
+        raise UsageError("--lengths", f"at most the model's context, {info.max_positions} tokens", longest)
+    count = corpus_window_count("pretrained", longest, checkpoint=checkpoint, data_dir=args.data_dir,
+                                cache_dir=args.cache_dir)
+    if count < config["texts"]:
+        raise UsageError("--texts", f"at most the corpus's {count} windows of {longest} tokens", config["texts"])
+
+
+def run_info(args, config: dict) -> dict:
+    """What ``config.json`` records beside the command: each policy's defaults (sinks, window, recent share)."""
+    return {"policy_defaults": {name: {k: repr(v) for k, v in policy_defaults(name).items()}
+                                for name in config["policies"]}}

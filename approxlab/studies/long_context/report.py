@@ -1,0 +1,205 @@
+"""The long-context study's report, from its saved tables only: derived tables, the figure and ``summary.md``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
+from ..reporting.markdown import format_interval, markdown_table
+from .cells import RESULTS, SHARING
+from .claims import CLAIMS, GATE, UNIT, gate_table, verdicts
+from .grid import policy_defaults
+
+__all__ = ["TITLE", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
+
+TITLE = "Long context: RULER-style retrieval on one shared exact prefill, every cache policy and compression ratio"
+
+
+def gate(saved) -> pd.DataFrame:
+    """``gate.csv``: the exact model's accuracy per task and length with its Clopper-Pearson interval."""
+    return gate_table(saved.table(RESULTS))
+
+
+def policies(saved) -> pd.DataFrame:
+    """``policies.csv``: per length, policy and ratio: the budget, sequences, accuracy, mean losses (answer
+    log-prob, all-token and key-token Delta NLL), median clean- and patched-input error, median seconds, failures.
+    ``num_features`` is the median budget b over the sequences (their contexts differ by the question's length)."""
+    results = saved.table(RESULTS)
+    frame = results[results["method"] != "unpatched"].copy()
+    frame["ok"] = frame["status"] == "ok"
+    ok = frame[frame["ok"]]
+    by = ["length", "method", "compression_ratio"]
+    table = ok.groupby(by, sort=False).agg(
+        num_features=("num_features", "median"), sequences=("text", "size"), accuracy=("correct", "mean"), delta_logprob=("delta_logprob", "mean"),
+        delta_all=("delta_all", "mean"), delta_key=("delta_key", "mean"),
+        clean_spectral=("clean_spectral_mean", "median"), patched_spectral=("patched_spectral_mean", "median"),
+        seconds=("seconds", "median")).reset_index()
+    failures = frame.groupby(by, sort=False)["ok"].agg(lambda s: int((~s).sum())).rename("failures").reset_index()
+    return table.merge(failures, on=by, how="right")
+
+
+def cost(saved) -> pd.DataFrame:
+    """``cost.csv``: per length, the median prefill seconds, the unpatched continuation's, one policy x ratio
+    continuation's, the whole sequence's, and the continuations per sequence."""
+    results = saved.table(RESULTS)
+    rows = []
+    for length, group in results.groupby("length", sort=True):
+        exact = group[group["method"] == "unpatched"]
+        policy = group[group["method"] != "unpatched"]
+        per_sequence = group.groupby(["task", "text", "depth"])
+        whole = per_sequence["seconds"].sum() + per_sequence["prefill_seconds"].sum()
+        rows.append({"length": int(length), "sequences": len(exact),
+                     "prefill_s": float(exact["prefill_seconds"].median()),
+                     "unpatched_continuation_s": float(exact["seconds"].median()),
+                     "continuation_s": float(policy["seconds"].median()) if len(policy) else math.nan,
+                     "continuations": int(len(policy) / max(1, len(exact))),
+                     "sequence_s": float(whole.median())})
+    return pd.DataFrame(rows)
+
+
+def claim_verdicts(saved) -> pd.DataFrame:
+    """``verdicts.csv``: the premise claims per length (:func:`.claims.verdicts`)."""
+    return verdicts(saved.table(RESULTS))
+
+
+def plot(saved) -> list:
+    """``long_context.png/.pdf``: per length, two rows. Top: the exact model's accuracy per task with its 95%
+    interval against the gate, then each policy's accuracy over the compression ratios (at most 8 policies a
+    panel). Bottom: each policy x ratio's median clean-input error against its mean answer log-prob loss, then
+    each policy's mean log-prob loss over the ratios."""
+    from ...plotting import figure, method_style, panel_groups, save_figure
+
+    table, gated = saved.product("policies.csv"), saved.product("gate.csv")
+    lengths = sorted(table["length"].unique()) if len(table) else sorted(gated["length"].unique())
+    groups = panel_groups({"policies": list(saved.config["policies"])}, limit=8)
+    fig, axes = figure(2 * len(lengths), 1 + len(groups), panel_size=(3.4, 2.8))
+    for index, length in enumerate(lengths):
+        top, bottom = axes[2 * index], axes[2 * index + 1]
+        _gate_panel(top[0], gated[gated["length"] == length].reset_index(drop=True), length)
+        at = table[table["length"] == length]
+        for method in saved.config["policies"]:
+            points = at[at["method"] == method]
+            bottom[0].scatter(points["clean_spectral"], points["delta_logprob"], s=10,
+                              **{k: v for k, v in method_style(method).items() if k in ("color", "marker", "label")})
+        bottom[0].set_xscale("log")
+        bottom[0].set_xlabel("clean-input spectral error (median)")
+        bottom[0].set_ylabel("answer log-prob loss (nats, mean)")
+        bottom[0].set_title(f"error against loss, {length} tokens", fontsize=8)
+        for column, (title, chosen) in enumerate(groups.items(), start=1):
+            for ax, value, label in ((top[column], "accuracy", "accuracy (exact match)"),
+                                     (bottom[column], "delta_logprob", "answer log-prob loss (nats, mean)")):
+                for method in chosen:
+                    curve = at[at["method"] == method].sort_values("compression_ratio")
+                    ax.plot(curve["compression_ratio"], curve[value], **method_style(method))
+                ax.set_xlabel("compression ratio (fraction of the context removed)")
+                ax.set_ylabel(label)
+                ax.set_title(f"{title}, {length} tokens, all tasks", fontsize=8)
+            top[column].set_ylim(-0.05, 1.05)
+            top[column].legend(fontsize=5, loc="upper right", ncol=2)
+    return save_figure(fig, saved.out / "long_context")
+
+
+def _gate_panel(ax, at: pd.DataFrame, length: int) -> None:
+    """The exact model's accuracy per task with its Clopper-Pearson interval and the gate."""
+    x = np.arange(len(at))
+    ax.errorbar(x, at["accuracy"], yerr=[at["accuracy"] - at["cp_low"], at["cp_high"] - at["accuracy"]],
+                fmt="o", color="black", capsize=3, label="exact model, 95% CP")
+    ax.axhline(GATE, color="grey", linestyle=":", linewidth=0.8, label=f"gate {GATE:.0%}")
+    ax.set_xticks(x, [str(t).replace("-", "\n") for t in at["task"]], fontsize=6)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"exact model, {length} tokens", fontsize=8)
+    ax.set_ylabel("accuracy (exact match)")
+    ax.legend(fontsize=6, loc="lower left")
+
+
+def _in_short(saved, table, gated, spent) -> list[str]:
+    words = {"holds": [], "fails": [], "open": []}
+    for _, row in table[table["sequences"] == "gated"].iterrows():
+        name = f"{row['claim']} at {row['length']} tokens ({format_interval(row['estimate'], row['ci_low'], row['ci_high'])}, " \
+               f"{row['texts']} texts)"
+        words["holds" if row["verdict"] == "holds" else "fails" if row["verdict"] == "fails" else "open"].append(
+            name if row["verdict"] in ("holds", "fails") else f"{name}: {row['verdict']}")
+    passed = gated[gated["passes"]]
+    judged = table[(table["sequences"] == "gated") & table["verdict"].isin(["holds", "fails"])]
+    if judged.empty:
+        plain = (f"In plain words: whether the clean-input error predicts what a cache policy loses at long context "
+                 f"cannot be told from this run: {len(passed)} of {len(gated)} task x length pairs pass the exact "
+                 f"model's accuracy gate, and a claim needs the gated sequences of at least {CLAIMS[0].min_units} "
+                 "texts with a ranking (the lines `every task's sequences` below describe the statistic without "
+                 "the gate).")
+    else:
+        plain = "In plain words: " + "; ".join(f"at {r['length']} tokens, {r['text']}: {r['verdict']}"
+                                               for _, r in judged.iterrows()) + "."
+    notes = [plain, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
+             f"lower bound >= {GATE:.0%}): " + (", ".join(f"{t} at {n}" for t, n in passed[["task", "length"]]
+                                                        .itertuples(index=False)) or "none") + "."]
+    for _, row in table[table["sequences"] == "all"].iterrows():
+        notes.append(f"Every task's sequences, gate or not (described, not judged): {row['claim']} at "
+                     f"{row['length']} tokens {format_interval(row['estimate'], row['ci_low'], row['ci_high'])} over "
+                     f"{row['texts']} texts ({row['strata']} strata).")
+    notes += [f"At {int(r['length'])} tokens: prefill {r['prefill_s']:.1f} s, a policy x ratio continuation "
+              f"{r['continuation_s']:.2f} s, a whole sequence ({int(r['continuations'])} continuations) "
+              f"{r['sequence_s']:.0f} s (medians over {int(r['sequences'])} sequences)." for _, r in spent.iterrows()]
+    sharing = saved.table(SHARING)
+    for length, group in ([] if sharing is None or sharing.empty else sharing.groupby("length")):
+        by = group.set_index(group["shared"].astype(bool))["seconds_per_continuation"]
+        if True in by and False in by:
+            notes.append(f"Shared column sums at {int(length)} tokens: an H2O / observed-attention continuation "
+                         f"{by[True]:.2f} s against {by[False]:.2f} s recomputing them.")
+    return in_short_lines(words["holds"], words["fails"], words["open"], notes=notes)
+
+
+def _sharing_lines(saved) -> list[str]:
+    """What sharing the prefill's attention column sums saves (``sharing.csv``), measured by the run itself."""
+    table = saved.table(SHARING)
+    if table is None or table.empty:
+        return ["The saving of the shared column sums was not measured in this run (no `sharing.csv`: the run has "
+                "neither H2O nor observed attention, or predates the measurement)."]
+    return ["H2O and observed attention score by the prefill's attention column sums; the run computes them once "
+            "per layer for both policies and every ratio. Measured on the first text's single-needle sequence "
+            "(depth 0.5) at each length, the same continuations with the sums shared and recomputed per policy and "
+            "ratio (`max_abs_difference`: the largest difference of their scores and errors, 0 when equal bit for "
+            "bit):", "", *markdown_table(table[["length", "policies", "shared", "continuations", "seconds",
+                                                  "seconds_per_continuation", "max_abs_difference"]])]
+
+
+def sections(saved) -> list[str]:
+    """The summary: in short, the run, cost, the gate, the policies, the claims, what is left out."""
+    config = saved.config
+    table, gated, spent = saved.product("verdicts.csv"), saved.product("gate.csv"), saved.product("cost.csv")
+    lines = _in_short(saved, table, gated, spent)
+    defaults = "; ".join(f"{name} {policy_defaults(name) or '(no options)'}" for name in config["policies"])
+    lines += ["## The run", "", f"`{saved.command}`", "",
+              f"Lengths {config['lengths']}; tasks {config['ruler_tasks']}; {config['texts']} distinct texts "
+              f"(disjoint WikiText-2 windows of each length) x depths {config['depths']} per task and length; "
+              f"compression ratios {config['ratios']} (b = max(1, int(n_c (1 - r))) context tokens per KV head, "
+              f"recorded beside each ratio); {len(config['policies'])} cache policies with their defaults: "
+              f"{defaults} (the RoPE inputs of the policies that read them are the model's, supplied by the engine). Key tokens (LongPPL, alpha = 2, beta = -2) read a truncated context of "
+              f"{config['short_context']} tokens per length.", "",
+              "## Cost", "", "One exact prefill per sequence, shared by every policy and ratio "
+              "(`approxlab.patching.sweep_policies`); seconds are wall seconds of one worker.", "",
+              *markdown_table(spent), "", *_sharing_lines(saved), "",
+              "## The gate", "", *markdown_table(gated), "",
+              "## Policies", "", "Mean over sequences of every task (gated or not); `delta_*` in nats against the "
+              "exact model on the same sequence; errors: clean- and patched-input relative spectral error, mean over "
+              "layers of the median over heads (median over sequences).", "",
+              *markdown_table(saved.product("policies.csv")), "",
+              "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
+                                 for c in CLAIMS], "", UNIT, "",
+              "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
+              "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
+              "declared 95% interval over texts: described, not judged.", "",
+              *markdown_table(table[["length", "sequences", "claim", "texts", "strata", "tasks", "estimate", "ci_low",
+                                     "ci_high", "verdict"]]), "",
+              *calibration_lines(), "",
+              *holm_lines(table[table["sequences"] == "gated"], ["length", "claim"], family="length",
+                          decided=("holds", "fails")),
+              "## Left out", "",
+              "RULER tasks not built: NIAH with UUID or word values and the essay haystack (no offline copy of "
+              "Paul Graham's essays), common/frequent words extraction (aggregation) and question answering "
+              "(SQuAD/HotpotQA: no offline copy). Batching the continuations of all policies at one ratio into one "
+              "forward was not done: each continuation runs on its own.", ""]
+    return lines
