@@ -27,6 +27,25 @@ HYPERATTENTION_PERPLEXITY = (5.6, 6.3)
 32k context (Han et al., ICLR 2024, abstract)."""
 
 
+def _grid_lines(saved) -> list[str]:
+    """Each computed table's cells against the declared grid's (``config.json``); a stopped run is said to be one,
+    with the command that continues it (only the missing cells run)."""
+    settings = {"data_dir": None, "cache_dir": None, "device": "cpu"}  # a cell list depends on the grid only
+    short = []
+    for step in saved.study.steps:
+        table = step.tables[0]
+        total = len(step.cells(saved.config, settings))
+        frame = saved.table(table.name) if (saved.out / table.name).is_file() else None
+        done = 0 if frame is None or not len(frame) else len(frame.drop_duplicates(list(table.key)))
+        if done < total:
+            short.append(f"`{table.name}` {done:,} of {total:,}")
+    if not short:
+        return []
+    return [f"- **Not finished**: cells computed of the declared grid: {'; '.join(short)}. The claims use the cells "
+            f"present and say \"not run\" where a table holds none; `{saved.command}` continues the run (only the "
+            f"missing cells run)."]
+
+
 def _run(saved, delta, baseline) -> list[str]:
     config = saved.config
     lines = ["## Run", "", f"- Command: `{saved.command}`"]
@@ -34,7 +53,7 @@ def _run(saved, delta, baseline) -> list[str]:
               f"({run['wall_seconds'] / 60:.1f} min), workers {run['workers']}, {run['threads']} thread(s) per process, "
               f"finished {run['finished']} (a run resumed after an interruption times here only its last stretch)."
               for run in saved.timing] or ["- **Not finished**: no finished run is recorded in `timing.json`."]
-    lines += _cell_compute(saved)
+    lines += _cell_compute(saved) + _grid_lines(saved)
     perplexity = saved.table("perplexity.csv")
     failed = int((perplexity["status"] != "ok").sum())
     lines.append(f"- Cells: `perplexity.csv` {len(perplexity)} patched runs ({failed} failed), `baseline.csv` "
