@@ -139,8 +139,9 @@ def _loss(loss: pd.DataFrame) -> list[str]:
 
 
 def _changes(premise: pd.DataFrame) -> list[str]:
-    former = premise[premise["former_verdict"].astype(str) != ""]
-    changed = former[former["former_verdict"].astype(str) != former["verdict"].astype(str)]
+    committed = premise["former_verdict"].fillna("").astype(str)  # empty in memory, NaN read back from the CSV
+    former = premise[committed != ""]
+    changed = former[committed[former.index] != former["verdict"].astype(str)]
     lines = ["### Changes of verdict", "",
              f"Against the committed run's verdicts (`former_verdicts.csv`: its `verdicts.csv`, with the 90% coverage "
              f"gate): {len(changed)} of the {len(former)} claim instances that replace a committed one change. (pw) and "
