@@ -94,6 +94,10 @@ METHOD_STYLES = {
     "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
     "vattention": {"color": "#5D3A9B", "marker": "8", "label": "vAttention"},
     "magicpig": {"color": "#A6761D", "marker": "x", "label": "MagicPIG"},
+    # sparse prefill: causal patterns over the whole sequence (no cache scores)
+    "minference": {"color": "#DDCC77", "marker": "s", "label": "MInference"},
+    "xattention": {"color": "#88CCEE", "marker": "D", "label": "XAttention"},
+    "duo-attention": {"color": "#AA3377", "marker": "^", "label": "DuoAttention"},
     # The cache policies, drawn in two groups (the perplexity study's panels): filled markers, and colours that
     # differ within each group. Those that rank tokens by attention (Paul Tol's vibrant palette):
     "h2o": {"color": "#CC3311", "marker": "o", "label": "H2O"},
@@ -203,6 +207,9 @@ ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv
 """The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected; CriticalKV
 and CAOTE weight it by what evicting the value does to the output)."""
 
+SPARSE_PREFILL = ("minference", "xattention", "duo-attention")
+"""The built-in sparse-prefill patterns: causal over the whole sequence, drawn with the sparse selection."""
+
 GEOMETRY_POLICIES = ("streaming-llm", "random", "knorm", "keydiff", "leverage-score", "cur", "compactor", "cap")
 """The built-in cache policies that rank tokens by position or by the geometry of the keys (and values)."""
 
@@ -232,6 +239,8 @@ def method_family(name: str) -> str:
     if name not in available():
         return "other"
     spec = get(name)
+    if spec.causal == "only" and spec.score is None and name in SPARSE_PREFILL:
+        return "sparse selection"
     if spec.causal == "only":
         return ("cache: attention scores" if name in ATTENTION_POLICIES
                 else "cache: position, keys" if name in GEOMETRY_POLICIES else "cache: other policies")

@@ -315,8 +315,10 @@ def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn
     today = ["hyperattention", "kdeformer", "polynomial", "topk", "topp", "quest"]
     full = figure1.build_config()["methods"]
     assert set(today) <= set(full) and not {m for m in full if get(m).causal == "only"}
-    assert {"streaming-llm", "h2o", "snapkv", "knorm", "expected-attention", "cap"} <= {
-        m for m in available() if get(m).causal == "only"} == {m for m in available() if get(m).score is not None}
+    causal_only = {m for m in available() if get(m).causal == "only"}
+    scored = {m for m in available() if get(m).score is not None}  # the cache policies
+    assert {"streaming-llm", "h2o", "snapkv", "knorm", "expected-attention", "cap"} <= scored <= causal_only
+    assert causal_only - scored == {"minference", "xattention", "duo-attention"}  # sparse prefill: no cache scores
     styles = [(plotting.METHOD_STYLES[m]["color"], plotting.METHOD_STYLES[m]["marker"]) for m in available()]
     assert len(set(styles)) == len(styles)
     assert not set(plotting._FALLBACK_COLORS) & {color for color, _ in styles}

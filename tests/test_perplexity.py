@@ -489,7 +489,8 @@ def test_every_built_in_cache_policy_has_its_panel_and_a_plugin_s_its_own(fresh_
     from approxlab.methods import available, get, register
     from approxlab import plotting
 
-    policies = {m for m in available() if get(m).causal == "only"}
+    policies = {m for m in available() if get(m).causal == "only" and get(m).score is not None}
+    assert {plotting.method_family(m) for m in plotting.SPARSE_PREFILL} == {"sparse selection"}  # no cache scores
     assert not set(plotting.ATTENTION_POLICIES) & set(plotting.GEOMETRY_POLICIES)
     assert policies == set(plotting.ATTENTION_POLICIES) | set(plotting.GEOMETRY_POLICIES)
     assert {plotting.method_family(m) for m in plotting.ATTENTION_POLICIES} == {"cache: attention scores"}

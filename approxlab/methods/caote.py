@@ -13,6 +13,7 @@ import math
 import torch
 
 from .._validation import check_int
+from ..linalg.scaling import safe_norm
 from ._cache_policy import cache_policy
 from ._scorers import FEATURES, check_context, finish, fit_sinks
 from ._selection import safe_softmax
@@ -35,7 +36,7 @@ def eviction_errors(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     tensor([0.7071, 0.2357, 0.2357], dtype=torch.float64)
     """
     output = (weights.unsqueeze(-2) @ v).squeeze(-2)  # (*batch, p_v)
-    distance = (output.unsqueeze(-2) - v).norm(dim=-1)
+    distance = safe_norm(output.unsqueeze(-2) - v)  # no overflow or underflow of the squares at any scale of v
     return weights / (1 - weights).clamp_min(torch.finfo(weights.dtype).eps) * distance
 
 
