@@ -97,6 +97,7 @@ METHOD_STYLES = {
     # sparse prefill: causal patterns over the whole sequence (no cache scores)
     "minference": {"color": "#DDCC77", "marker": "s", "label": "MInference"},
     "xattention": {"color": "#88CCEE", "marker": "D", "label": "XAttention"},
+    "flexprefill": {"color": "#661100", "marker": "v", "label": "FlexPrefill"},
     "duo-attention": {"color": "#AA3377", "marker": "^", "label": "DuoAttention"},
     # The cache policies, drawn in two groups (the perplexity study's panels): filled markers, and colours that
     # differ within each group. Those that rank tokens by attention (Paul Tol's vibrant palette):
@@ -207,7 +208,7 @@ ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv
 """The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected; CriticalKV
 and CAOTE weight it by what evicting the value does to the output)."""
 
-SPARSE_PREFILL = ("minference", "xattention", "duo-attention")
+SPARSE_PREFILL = ("minference", "xattention", "flexprefill", "duo-attention")
 """The built-in sparse-prefill patterns: causal over the whole sequence, drawn with the sparse selection."""
 
 GEOMETRY_POLICIES = ("streaming-llm", "random", "knorm", "keydiff", "leverage-score", "cur", "compactor", "cap")

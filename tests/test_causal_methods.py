@@ -24,7 +24,7 @@ from approxlab.methods.yoso_e import collision_probability
 
 SCORERS = ["knorm", "random", "observed-attention", "tova", "keydiff", "expected-attention", "leverage-score", "cur",
            "compactor", "cap", "criticalkv", "caote", "ada-snapkv", "pyramidkv"]  # kvpress's presses: a prompt compressed once by their scores
-PREFILL = ["minference", "xattention", "duo-attention"]  # sparse-prefill patterns over the whole sequence
+PREFILL = ["minference", "xattention", "flexprefill", "duo-attention"]  # sparse-prefill patterns over the whole sequence
 OWN = ["exact", "kernelized", "yoso-e", "performer", "informer", "topk", "topp", "vattention", "magicpig",
        "streaming-llm", "h2o", "snapkv", "quest", "hyperattention", *SCORERS, *PREFILL]
 ONLY = ["streaming-llm", "h2o", "snapkv", *SCORERS, *PREFILL]

@@ -318,7 +318,7 @@ def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn
     causal_only = {m for m in available() if get(m).causal == "only"}
     scored = {m for m in available() if get(m).score is not None}  # the cache policies
     assert {"streaming-llm", "h2o", "snapkv", "knorm", "expected-attention", "cap"} <= scored <= causal_only
-    assert causal_only - scored == {"minference", "xattention", "duo-attention"}  # sparse prefill: no cache scores
+    assert causal_only - scored == {"minference", "xattention", "flexprefill", "duo-attention"}  # sparse prefill: no cache scores
     styles = [(plotting.METHOD_STYLES[m]["color"], plotting.METHOD_STYLES[m]["marker"]) for m in available()]
     assert len(set(styles)) == len(styles)
     assert not set(plotting._FALLBACK_COLORS) & {color for color, _ in styles}

@@ -1,4 +1,5 @@
-"""Sparse-prefill methods (MInference, XAttention, DuoAttention) against small re-implementations written here.
+"""Sparse-prefill methods (MInference, XAttention, DuoAttention; FlexPrefill in test_flexprefill.py) against small
+re-implementations written here.
 
 Each reference re-derives the method's selection from the paper and the authors' code as read, by loops over
 rows, blocks and diagonals on tiny tensors, then attends the kept keys by a dense masked softmax: the kept
@@ -101,6 +102,7 @@ def test_minference_a_shape_is_streaming_llm_with_its_sinks():
 
 METHODS = [("minference", {}), ("minference", {"pattern": "block-sparse", "block_size": 4}),
            ("minference", {"pattern": "a-shape"}), ("xattention", {"block_size": 4, "stride": 2}),
+           ("flexprefill", {"block_size": 4, "min_budget": 4, "gamma": 0.8}),
            ("duo-attention", {"sinks": 2, "retrieval_heads": torch.tensor(False)})]  # every head streaming
 
 
@@ -296,6 +298,7 @@ def test_duo_attention_refuses_bad_options_by_name(options, error, match):
 @pytest.mark.parametrize("name, options", [("minference", {"forced_vertical": 2, "forced_slash": 4}),
                                            ("minference", {"pattern": "block-sparse", "block_size": 8}),
                                            ("xattention", {"block_size": 8, "stride": 4}),
+                                           ("flexprefill", {"block_size": 8, "min_budget": 8}),
                                            ("duo-attention", {"sinks": 2})])
 def test_patch_attention_runs_them_over_the_whole_sequence(name, options):
     """Through a tiny Llama (4 query heads on 2 KV heads): the full budget gives the unpatched logits, a small one
@@ -306,7 +309,8 @@ def test_patch_attention_runs_them_over_the_whole_sequence(name, options):
     ids = torch.randint(0, 64, (2, 40), generator=gen(0))
     with torch.no_grad():
         reference = model(ids).logits
-        full = {"xattention": {"threshold": 1.0}, "duo-attention": {"retrieval_heads": torch.tensor(True)},
+        full = {"xattention": {"threshold": 1.0}, "flexprefill": {"gamma": 1.0},
+                "duo-attention": {"retrieval_heads": torch.tensor(True)},
                 "minference": {"vertical_size": 0} if "pattern" not in options else {}}[name]
         with approxlab.patch_attention(model, name, num_features=40, **options, **full):
             torch.testing.assert_close(model(ids).logits, reference, rtol=1e-9, atol=1e-9)

@@ -15,7 +15,7 @@ from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._mask_attention import block_visible, mask_approximation
 
-__all__ = ["minference", "MINFERENCE", "PATTERNS", "vertical_slash_indices", "pooled_block_scores"]
+__all__ = ["minference", "MINFERENCE", "PATTERNS", "vertical_slash_indices", "last_query_masses", "pooled_block_scores"]
 
 PATTERNS = ("vertical-slash", "a-shape", "block-sparse")
 """The three patterns of the paper (Section 3, Figure 3)."""
@@ -54,6 +54,30 @@ def vertical_slash_indices(q, k, *, vertical_size: int, slash_size: int, last_qu
     >>> columns[0].tolist(), offsets[0].tolist()
     ([True, False, False, False, False, False], [True, True, False, False, False, False])
     """
+    n = k.shape[-2]
+    columns, diagonals = last_query_masses(q, k, last_queries)
+    columns[..., :forced_vertical] = math.inf
+    diagonals[..., :forced_slash] = math.inf
+    return (_top_mask(columns, min(vertical_size, n)), _top_mask(diagonals, min(slash_size, n)))
+
+
+def last_query_masses(q, k, last_queries: int):
+    r"""The causal attention of the last queries summed down each column and along each diagonal.
+
+    With :math:`L` = ``min(last_queries, n)`` and :math:`A = \operatorname{softmax}(Q_{[n-L:]}K^\top/\sqrt p)`
+    under the causal mask (``(*batch, L, n)``), returns ``(columns, diagonals)``, ``(*batch, n)`` each:
+    :math:`\sum_r A_{rj}` for every key :math:`j` and :math:`\sum_r A_{r,\,n-L+r-o}` for every offset
+    :math:`o = i - j \ge 0` (each sums to :math:`L`). The statistics MInference's vertical-slash estimate
+    (:func:`vertical_slash_indices`) and FlexPrefill's (:mod:`~approxlab.methods.flexprefill`) rank.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = k = torch.zeros(1, 3, 2, dtype=torch.float64)
+    >>> columns, diagonals = last_query_masses(q, k, 2)  # rows 1 and 2: weights 1/2 and 1/3 each
+    >>> [round(x, 4) for x in columns[0].tolist()], [round(x, 4) for x in diagonals[0].tolist()]
+    ([0.8333, 0.8333, 0.3333], [0.8333, 0.8333, 0.3333])
+    """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n, p = k.shape[-2], q.shape[-1]
     last = min(last_queries, n)
@@ -61,12 +85,9 @@ def vertical_slash_indices(q, k, *, vertical_size: int, slash_size: int, last_qu
     offset = rows - torch.arange(n, device=q.device)  # (L, n): i - j
     logits = (q[..., n - last:, :] @ k.transpose(-1, -2)) / math.sqrt(p)
     weights = torch.softmax(logits.masked_fill(offset < 0, -math.inf), dim=-1).expand(*batch, last, n)
-    columns = weights.sum(-2)
     diagonals = torch.zeros(*batch, n, dtype=weights.dtype, device=q.device).scatter_add_(
         -1, offset.clamp(min=0).expand(*batch, last, n).reshape(*batch, -1), weights.reshape(*batch, -1))
-    columns[..., :forced_vertical] = math.inf
-    diagonals[..., :forced_slash] = math.inf
-    return (_top_mask(columns, min(vertical_size, n)), _top_mask(diagonals, min(slash_size, n)))
+    return weights.sum(-2), diagonals
 
 
 def _top_mask(scores: torch.Tensor, count: int) -> torch.Tensor:

@@ -84,6 +84,7 @@ BUILTINS = {
     "pyramidkv": "pyramidkv:PYRAMIDKV",
     "minference": "minference:MINFERENCE",
     "xattention": "xattention:XATTENTION",
+    "flexprefill": "flexprefill:FLEXPREFILL",
     "duo-attention": "duo_attention:DUO_ATTENTION",
 }
 """The built-in methods: name -> ``module:attribute`` in this package (one line per method)."""

@@ -32,7 +32,7 @@ CONTROL = "exact"
 the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
 
 
-NOT_IN_GRID = ("criticalkv", "caote", "minference", "xattention", "duo-attention")
+NOT_IN_GRID = ("criticalkv", "caote", "minference", "xattention", "flexprefill", "duo-attention")
 """Built-in methods left out of the default grids (added while the committed run was being made; ``--methods``
 takes them): the output-aware policies and the sparse-prefill methods."""
 
