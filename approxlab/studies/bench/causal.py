@@ -10,7 +10,8 @@ policy / causal SDPA is measured in one run. The policies come from the registry
 
 * ``causal/<method>``: ``approximate(method, q, k, v, num_features=b, causal=True)`` for the per-query
   selection methods with a causal form of their own (:data:`SELECTION_METHODS`) and every causal-only
-  method (the decode-time cache policies, ``register(..., causal="only")``);
+  method (the decode-time cache policies and the sparse-prefill patterns -- MInference, XAttention,
+  FlexPrefill, DuoAttention -- ``register(..., causal="only")``);
 * ``kv-cache/<method>``: :func:`approxlab.kv_cache_attention` with the context the first half of the
   window, for every method registered with a compression step (``compress=``) or a cache scorer
   (``score=``), so a policy registered later is timed without a change here.
@@ -34,8 +35,8 @@ from .baseline import torch_sdpa
 from .growth import growth_exponent
 from .timing import measure_interleaved
 
-__all__ = ["SELECTION_METHODS", "TARGETS", "SCORER_TARGET", "EXPONENT_TARGETS", "HEADS", "HEAD_DIM", "BASELINE",
-           "target", "policies", "causal_rows", "causal_lines"]
+__all__ = ["SELECTION_METHODS", "TARGETS", "SCORER_TARGET", "PREFILL_TARGET", "EXPONENT_TARGETS", "HEADS", "HEAD_DIM",
+           "BASELINE", "target", "policies", "causal_rows", "causal_lines"]
 
 HEADS, HEAD_DIM = 3, 64
 """The heads and head dimension of the part's Q, K, V."""
@@ -47,11 +48,17 @@ TARGETS = {"streaming-llm": 0.5, "quest": 2.0, "topk": 3.0, "topp": 3.0, "magicp
 """Largest time / fused causal SDPA (4-D) per method, in its causal and its KV-cache form, at the largest n (8,192
 in the full grid): the cost each method's paper or published kernel sets (a selection oracle's blocked pass with a
 running top-k and a sparse PV; Quest's page bounds once per page; MagicPIG's LSH tables and vAttention's sampled
-columns built once per prefill). Every other method with a cache scorer (``score=``: the cache policies, H2O and
-SnapKV among them, and any registered later): :data:`SCORER_TARGET`; any other: :data:`DEFAULT_TARGET`."""
+columns built once per prefill). Every other method with a cache scorer (``score=``: the cache policies, H2O,
+SnapKV, CriticalKV and CAOTE among them, and any registered later): :data:`SCORER_TARGET`; a sparse-prefill pattern
+(causal-only, neither a scorer nor a compression step: MInference, XAttention, FlexPrefill, DuoAttention):
+:data:`PREFILL_TARGET`; any other: :data:`DEFAULT_TARGET`."""
 
 SCORER_TARGET = 1.5
 """A cache policy's score, compression and attention together: at most this times fused causal SDPA."""
+
+PREFILL_TARGET = 1.0
+"""A sparse-prefill pattern's estimate and its sparse attention together: at most fused causal SDPA's time, the
+reason such a method exists (its papers report speed-ups over dense flash attention from 8k-32k tokens on)."""
 
 DEFAULT_TARGET = 3.0
 
@@ -62,7 +69,12 @@ def target(method: str) -> float:
 
     if method in TARGETS:
         return TARGETS[method]
-    return SCORER_TARGET if getattr(get(method), "score", None) is not None else DEFAULT_TARGET
+    spec = get(method)
+    if getattr(spec, "score", None) is not None:
+        return SCORER_TARGET
+    if spec.causal_only and getattr(spec, "compress", None) is None:
+        return PREFILL_TARGET
+    return DEFAULT_TARGET
 
 
 EXPONENT_TARGETS = {"streaming-llm": 1.1, "quest": 1.1, "h2o": 1.1}
@@ -92,12 +104,13 @@ def _math_path(q, k, v):
     return call
 
 
-def policies() -> list[tuple[str, str]]:
-    """``(form, method)`` of every policy the part times, from the registry (see the module docstring)."""
+def policies(methods=None) -> list[tuple[str, str]]:
+    """``(form, method)`` of every policy the part times, from the registry (see the module docstring); only those
+    of ``methods`` when given."""
     from ...methods import available, get
 
     found = []
-    for name in available():
+    for name in available() if methods is None else [m for m in available() if m in methods]:
         spec = get(name)
         if name in SELECTION_METHODS or spec.causal_only:
             found.append(("causal", name))
@@ -122,8 +135,9 @@ def _call(form: str, method: str, q, k, v, budget: int):
                                       generator=generator, **rope).output
 
 
-def causal_rows(cell: dict) -> list[dict]:
-    """Rows of one ``causal`` cell (one n): causal SDPA, then ``<form>/<method>`` with ``ratio_vs_sdpa``."""
+def causal_rows(cell: dict, methods=None) -> list[dict]:
+    """Rows of one ``causal`` cell (one n): causal SDPA, then ``<form>/<method>`` with ``ratio_vs_sdpa`` (the policies
+    of ``methods`` only, when given: :func:`policies`)."""
     from ..engine.keys import cell_seed
 
     config, n, device = cell["config"], cell["n"], cell["device"]
@@ -136,7 +150,7 @@ def causal_rows(cell: dict) -> list[dict]:
     math()
     common = {"heads": HEADS, "p": HEAD_DIM, "num_features": budget, "compute_dtype": "float32"}
     timed, failed = [], []
-    for form, method in policies():
+    for form, method in policies(methods):
         function = _call(form, method, q, k, v, budget)
         try:
             function()
@@ -197,7 +211,8 @@ def causal_lines(wide, planned=None) -> list[str]:
              f"{HEAD_DIM})` call, its fused flash kernel, on the same tensors as the policies; each policy and the "
              "baseline timed in turn in one run (median wall time). Targets at the largest n (smaller n show the "
              f"per-call overhead), in the causal and the KV-cache form: {named}; every other cache policy "
-             f"(score, compression and attention) <= {SCORER_TARGET:g}x; growth exponent <= "
+             f"(score, compression and attention) <= {SCORER_TARGET:g}x; every sparse-prefill pattern (estimate and "
+             f"attention) <= {PREFILL_TARGET:g}x; growth exponent <= "
              f"{max(EXPONENT_TARGETS.values()):g} for the causal forms of {exponents} (the exponent's 95% interval "
              "beside it). The KV-cache forms compress the first half of the window once (the prefill's attention: "
              "quadratic in n, like SDPA).", "",
