@@ -226,6 +226,24 @@ def test_the_causal_part_times_every_cache_policy_the_registry_holds(fresh_regis
     assert _verdict("kv-cache", "first-tokens", {4096: 3.5}, None) == "not met: 3.50x at n = 4096 (target <= 3x)"
 
 
+def test_the_causal_part_holds_sparse_prefill_to_sdpa_and_the_output_aware_policies_to_the_scorer_target():
+    """The sparse-prefill patterns are timed in their causal form and held to fused causal SDPA (their reason to
+    exist); CriticalKV and CAOTE, as scorers, in both forms and to the scorer target; ``methods`` restricts the part."""
+    from approxlab.studies.bench.causal import PREFILL_TARGET, SCORER_TARGET, _verdict, policies, target
+
+    found = policies()
+    for method in ("minference", "xattention", "flexprefill", "duo-attention"):
+        assert target(method) == PREFILL_TARGET == 1.0
+        assert ("causal", method) in found and ("kv-cache", method) not in found
+    for method in ("criticalkv", "caote"):
+        assert target(method) == SCORER_TARGET == 1.5
+        assert {("causal", method), ("kv-cache", method)} <= set(found)
+    assert target("streaming-llm") == 0.5 and target("performer") == 3.0
+    assert policies(["flexprefill", "caote"]) == [("causal", "caote"), ("kv-cache", "caote"), ("causal", "flexprefill")]
+    assert _verdict("causal", "flexprefill", {8192: 1.2}, None) == "not met: 1.20x at n = 8192 (target <= 1x)"
+    assert _verdict("causal", "flexprefill", {8192: 0.9}, None) == "met"
+
+
 def test_a_policy_that_raises_is_a_failed_row_of_the_causal_part(fresh_registry, capsys):
     """A registered cache policy raising RuntimeError ended the causal part (and the bench) with a traceback: its
     row now holds the error as its status, every other policy is timed, and the summary says it failed."""
