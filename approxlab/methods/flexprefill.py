@@ -215,13 +215,13 @@ def flexprefill(q, k, v, *, num_features, generator=None, gamma=0.9, tau=0.1, bl
         slash blocks a head keeps; a query-aware head keeps exactly :math:`m` of each beside its own blocks (the
         authors' default 1024).
     causal : bool, default True
-        Only True is accepted: the method exists in causal form only.
+        Must be True (a prefill method: causal only).
 
     Returns
     -------
     Approximation
-        The ``(*batch, n, p_v)`` output, the row-sparse operator on request
-        (:class:`~approxlab.operators.RowSparseOperator`), and in ``info``: ``blocks`` (bool ``(*batch, N, N)``),
+        ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator` (formed
+        on request); ``info``: ``blocks`` (bool ``(*batch, N, N)``),
         ``query_aware`` (bool ``(*batch,)``), ``distance`` (``(*batch,)``, :func:`pattern_distance`),
         ``vertical_blocks`` and ``slash_blocks`` (``(*batch,)``, the counts kept).
 
@@ -269,11 +269,15 @@ def flexprefill(q, k, v, *, num_features, generator=None, gamma=0.9, tau=0.1, bl
     Examples
     --------
     >>> import torch, approxlab
-    >>> from approxlab.synthetic import synthetic_qkv
-    >>> q, k, v = synthetic_qkv((2,), 32, 8, generator=torch.Generator().manual_seed(0))
-    >>> approx = approxlab.approximate("flexprefill", q, k, v, num_features=32, causal=True, gamma=1.0,
-    ...                                block_size=4, min_budget=4)
-    >>> float((approx.output - approxlab.exact_attention(q, k, v, causal=True)).abs().max()) < 1e-12
+    >>> g = torch.Generator().manual_seed(0)
+    >>> q, k, v = (torch.randn(3, 40, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    >>> approx = approxlab.approximate("flexprefill", q, k, v, num_features=40, causal=True, gamma=0.8, tau=0.5,
+    ...                                block_size=8, min_budget=8)
+    >>> approx.info["blocks"].shape, approx.info["query_aware"].tolist()  # 5 blocks of 8; every head query-aware
+    (torch.Size([3, 5, 5]), [True, True, True])
+    >>> exact = approxlab.approximate("flexprefill", q, k, v, num_features=40, causal=True, gamma=1.0, block_size=8,
+    ...                               min_budget=8).output  # every block kept
+    >>> torch.allclose(exact, approxlab.exact_attention(q, k, v, causal=True), rtol=0, atol=1e-12)
     True
     """
     gamma, tau, size, least = _check(gamma, tau, block_size, min_budget, causal)
