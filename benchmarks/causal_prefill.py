@@ -1,4 +1,4 @@
-"""The sparse-prefill methods and the output-aware cache policies against fused causal SDPA (4-D), by the bench's causal part.
+"""Sparse prefill and the output-aware cache policies against fused causal SDPA (4-D), by the bench's causal part.
 
     PYTHONPATH=$PWD nice -n 10 python3 benchmarks/causal_prefill.py                  # n = 2,048, 4,096, 8,192
     PYTHONPATH=$PWD nice -n 10 python3 benchmarks/causal_prefill.py --lengths 256 512 --out /tmp/check

@@ -69,7 +69,8 @@ def block_means(x: torch.Tensor, block_size: int) -> torch.Tensor:
 def _block_sums(x: torch.Tensor, block_size: int) -> torch.Tensor:
     """Sums of consecutive ``block_size`` entries of the last dimension (zero-padded): ``(*batch, N)``."""
     blocks = -(-x.shape[-1] // block_size)
-    return torch.nn.functional.pad(x, (0, blocks * block_size - x.shape[-1])).unflatten(-1, (blocks, block_size)).sum(-1)
+    padded = torch.nn.functional.pad(x, (0, blocks * block_size - x.shape[-1]))
+    return padded.unflatten(-1, (blocks, block_size)).sum(-1)
 
 
 def pattern_distance(q: torch.Tensor, k: torch.Tensor, true_blocks: torch.Tensor, *, block_size: int):
@@ -231,7 +232,8 @@ def flexprefill(q, k, v, *, num_features, generator=None, gamma=0.9, tau=0.1, bl
 
     1. *Pattern* (Section 3.2, Algorithm 2): :math:`\hat A = \operatorname{softmax}(\hat Q K^\top/\sqrt p)`
        under the causal mask; the head is query-aware iff
-       :math:`\sqrt{\mathrm{JSD}(\bar a\,\|\,\hat a)} < \tau` (:func:`pattern_distance`).
+       :math:`\sqrt{\mathrm{JSD}(\bar a\,\|\,\hat a)} < \tau` for the block-mean estimate :math:`\bar a` and the
+       true block attention :math:`\hat a` of :math:`\hat Q` (:func:`pattern_distance`).
     2. *Vertical-slash budget* (Section 3.3, Algorithm 3): with the column masses
        :math:`a_v = \frac1L\sum_r \hat A_{r\cdot}` and the diagonal masses :math:`a_s` of :math:`\hat A`
        (:func:`~approxlab.methods.minference.last_query_masses`), :math:`c_v` = the fewest columns whose mass
@@ -251,12 +253,14 @@ def flexprefill(q, k, v, *, num_features, generator=None, gamma=0.9, tau=0.1, bl
     **Where the published code departs** (bytedance/FlexPrefill, ``flex_prefill/ops/flex_prefill_attention.py``,
     ``get_active_blocks``): (1) it converts the column and diagonal counts to blocks by
     :math:`\lfloor c/128\rfloor + 1` whatever ``block_size`` is, here by :math:`B` (the same at the default
-    128); (2) its counts are :math:`\#\{t : \sum_{u \le t} a_{(u)} \le \gamma\} + 1` and its query-aware set the
-    sorted prefix whose cumulative mass stays :math:`\le \gamma N`, so it may keep one block fewer than the
-    fewest reaching :math:`\gamma` taken here (they agree unless a cumulative mass falls between); (3) its
+    128); (2) its counts are :math:`\#\{t : \sum_{u \le t} a_{(u)} \le \gamma\} + 1`, the fewest reaching
+    :math:`\gamma` taken here unless a cumulative mass equals :math:`\gamma` exactly, and its query-aware set the
+    sorted prefix whose cumulative mass stays :math:`\le \gamma N`: the set taken here less the block that
+    crosses :math:`\gamma N` (the paper's rule is the fewest reaching :math:`\gamma`); (3) its
     :math:`0\log 0` is NaN (then no head is query-aware), here 0; (4) its softmaxes run in float32, here in
-    the inputs' dtype; (5) with :math:`n \le 2B` it attends densely whatever ``max_budget``, here the cap
-    still binds above :math:`m`.
+    the inputs' dtype; (5) for :math:`n \le \max(2B, mB)` it attends densely whatever ``max_budget``, here the
+    cap still binds where it is below :math:`m`; (6) it takes one sequence at a time (batch size 1), here any
+    ``(*batch)``.
 
     **Cost**: the estimate :math:`O(Bnp + N^2 p)`; the attention as evaluated here :math:`O(n^2 p)`
     (:mod:`~approxlab.methods._mask_attention`: the kept entries exact, the kernel's skipping not modelled).
