@@ -406,6 +406,17 @@ class KeyRanking:
 
     ``ranked``: ``{budget: (values, indices)}``, each ``(*batch, n, budget)`` by decreasing logit;
     ``log_normaliser``: ``(*batch, n)``, :math:`\log\sum_j e^{s_{ij}}`; ``shape``: ``(q.shape, k.shape)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods import rank_keys
+    >>> q = k = torch.eye(4, dtype=torch.float64).expand(2, 4, 4)
+    >>> ranking = rank_keys(q, k, [1, 2])
+    >>> ranking.ranked[1][1][0].flatten().tolist()  # each query's own key first
+    [0, 1, 2, 3]
+    >>> ranking.check(q, k, budget=2, causal=False, key_mask=None)[0].shape
+    torch.Size([2, 4, 2])
     """
 
     ranked: dict
