@@ -11,13 +11,20 @@ seconds (the steadier reading on a shared machine), with the 1-minute load avera
 markdown table rows, the label first: run the code before and after a change in turn (``PYTHONPATH`` naming each
 checkout) to compare them in the same machine state.
 
+``--profile``: the cell runs under ``cProfile`` with the process CPU clock, and the CPU seconds of its parts are
+printed (each method's function, with its own errors' spectral norms left out; the shared ranking of ``topk`` and
+``topp``; the exact reference; the spectral norms; the panel's statistical dimension; the window's rank of A).
+
 Run: ``PYTHONPATH=. nice -n 10 python3 benchmarks/figure1_cell.py --label after`` from the repository root.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import tempfile
+import time
 
 import torch
 
@@ -28,12 +35,38 @@ from approxlab.studies.inputs import wikitext
 from approxlab.studies.bench.timing import measure
 from approxlab.studies.registry import get
 
+PARTS = {"the shared ranking (rank_keys)": "rank_keys", "exact reference (exact_attention)": "exact_attention",
+         "spectral norms of the errors": "spectral_norm", "panel: statistical dimension": "estimate_ridge_quantities",
+         "window: rank of A": "numerical_rank_lu"}
+"""The parts of the cell ``--profile`` reports besides the methods, by the function whose CPU time they are."""
+
+
+def profile_lines(profiler: cProfile.Profile, methods: list[str], label: str) -> list[str]:
+    """CPU seconds of each method's function and of :data:`PARTS`, from ``profiler``'s cumulative times."""
+    from approxlab.methods import get as method
+
+    stats = pstats.Stats(profiler).stats
+    cumulative = {}
+    for (filename, _, name), (_, _, _, seconds, _) in stats.items():
+        if "approxlab" in filename:
+            cumulative[(filename, name)] = cumulative.get((filename, name), 0.0) + seconds
+    by_name = {}
+    for (filename, name), seconds in cumulative.items():
+        by_name[name] = by_name.get(name, 0.0) + seconds
+    lines = [f"{label}, CPU seconds by part (cProfile): "]
+    for name in methods:
+        code = method(name).function.__code__
+        lines.append(f"{name} {cumulative.get((code.co_filename, code.co_name), 0.0):.2f}")
+    lines += [f"{part} {by_name.get(function, 0.0):.2f}" for part, function in PARTS.items()]
+    return [lines[0] + ", ".join(lines[1:])]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="this code")
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--methods", nargs="+", default=None, help="default: the figure1 default grid")
+    parser.add_argument("--profile", action="store_true", help="CPU seconds of the cell's parts (cProfile)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     study = get("figure1")
@@ -46,8 +79,13 @@ def main() -> None:
     q, k, v = (x[0].to(torch.float64) for x in (record.q, record.k, record.v))
     _, base = measure(approxlab.exact_attention, q, k, v, repeats=5, warmup=1, device="cpu")
     wikitext.clear_caches()
+    profiler = cProfile.Profile(time.process_time) if args.profile else None
     with tempfile.TemporaryDirectory() as out:
+        if profiler is not None:
+            profiler.enable()
         tables, cell = measure(compute, study, grid, out, progress=False, device="cpu")
+        if profiler is not None:
+            profiler.disable()
     results = tables["results.csv"]
     methods = results.groupby("method", sort=False)["seconds"].sum()
     print("| code | methods | heads | SDPA wall s | SDPA CPU s | cell wall s | cell CPU s | wall / SDPA | CPU / SDPA "
@@ -59,6 +97,8 @@ def main() -> None:
           + ", ".join(f"{name} {seconds:.2f}" for name, seconds in methods.items()))
     print(f"{args.label}, error_mean per (method, d): "
           + ", ".join(f"{r.method} {r.num_features} {r.error_mean:.12g}" for r in results.itertuples()))
+    if profiler is not None:
+        print(*profile_lines(profiler, grid["methods"], args.label), sep="\n")
 
 
 if __name__ == "__main__":
