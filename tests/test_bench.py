@@ -321,3 +321,21 @@ def test_the_causal_section_states_the_load_under_which_each_n_was_timed():
     text = "\n".join(causal_lines(_wide(results)))
     line = next(line for line in text.splitlines() if line.startswith("1-minute load average"))
     assert "at n = 2048" in line and "at n = 8192" in line and "CPU time" in line
+
+
+def test_the_figure1_cell_line_names_its_baseline_and_method_count_and_sets_its_target_from_it():
+    """The Figure-1 cell's line says what it divides by (one 12-head float64 SDPA exact attention at n) and how many
+    methods the cell ran; its target is 10 forwards for nine methods plus one per further method (16 for 15)."""
+    from approxlab.studies.bench.ratios import ratio_lines
+
+    common = {"part": "ratios", "n": 4096, "method": "figure1-cell", "compute_dtype": "float64", "heads": 12,
+              "load_average": 1.0}
+    rows = pd.DataFrame([{**common, "algorithm": "exact-attention-sdpa-all-heads", "wall_s": 1.0},
+                         {**common, "algorithm": "figure1-cell-compute", "wall_s": 15.0, "ratio_vs_sdpa": 15.0,
+                          "methods": 15}])
+    line = next(line for line in ratio_lines(rows) if line.startswith("| Figure-1 cell"))
+    assert "15 methods" in line and "/ one 12-head float64 SDPA exact attention at n |" in line
+    assert line.endswith("| 15.00 | <= 16 | yes |")
+    rows.loc[1, "methods"] = 9
+    line = next(line for line in ratio_lines(rows) if line.startswith("| Figure-1 cell"))
+    assert "9 methods" in line and line.endswith("| 15.00 | <= 10 | no |")

@@ -40,6 +40,7 @@ Public API::
     unregister(name) -> MethodSpec
     load_plugin(module) -> module                # what `approxlab <study> --plugin MODULE` does
     draw(method, q, k, *, num_features, generator=None, **options) -> dict[str, Tensor]
+    rank_keys(q, k, budgets) -> KeyRanking       # the oracles' ranked logits, shared by topk and topp at every budget
     Approximation(method, target, output, operator=None, info=None, *, matrix=None)
     MethodSpec, TARGETS, CAUSAL_SUPPORT, CAUSAL_ONLY, ENTRY_POINT_GROUP ("approxlab.methods")
 
@@ -81,6 +82,7 @@ top-k,skyformer-softmax`` (``my_attention.py`` holding the function, on ``PYTHON
 
 from ._base import CAUSAL_ONLY, CAUSAL_SUPPORT, TARGETS, Approximation, MethodSpec
 from ._cache_policy import cache_policy
+from ._selection import KeyRanking, rank_keys
 from .draws import draw
 from .press import PressModule, from_press
 from .registry import (ENTRY_POINT_GROUP, available, causal_support, get, load_plugin, plugin_modules, register,
@@ -96,6 +98,8 @@ __all__ = [
     "draw",
     "causal_support",
     "cache_policy",
+    "rank_keys",
+    "KeyRanking",
     "from_press",
     "PressModule",
     "Approximation",

@@ -22,10 +22,12 @@ logits of consecutive row blocks (causal and key masks applied as :math:`-\infty
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
+from .._validation import check_int, check_qkv
 from ..kernels import causal_mask
 from ..operators.sparse import RowSparseOperator
 from ._base import Approximation
@@ -33,7 +35,8 @@ from ._row_topk import row_topk
 
 __all__ = ["BLOCK_ELEMENTS", "DENSE_SELECTION", "weighted_values", "block_rows", "safe_softmax", "logit_blocks",
            "attend_selected", "selected_weights", "gather_rows", "weighted_rows", "real_ranks", "compressed_indices",
-           "attend_compressed", "attend_compressed_rows", "oracle_selection", "sparse_approximation"]
+           "attend_compressed", "attend_compressed_rows", "oracle_selection", "KeyRanking", "rank_keys",
+           "sparse_approximation"]
 
 BLOCK_ELEMENTS = 1 << 22
 """Entries of one row block (``(*batch, block, m)`` logits or ``(*batch, block, s, p)`` gathered keys)."""
@@ -311,7 +314,7 @@ def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     return out.reshape(*batch, *out.shape[-2:])
 
 
-def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> tuple:
+def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep, ranking=None) -> tuple:
     r"""Run an oracle row block by row block: each row's ``budget`` largest logits (:func:`~._row_topk.row_topk`,
     the same as ``torch.topk``), then ``keep(values, log_normaliser) -> valid`` says which of them are kept from
     their values ``(*batch, block, budget)`` (by decreasing logit; :math:`-\infty` on invisible keys) and the log
@@ -322,7 +325,9 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     the logits. The causal mask is written on the block's diagonal columns only (those left of ``start`` are
     visible to every row), and the normaliser is ``torch.logsumexp``'s sum, taken in place once the kept logits
     are read, from the largest of them (the same numbers, without a copy of the block or a pass for the maximum). Every block's logits are written into one buffer
-    (with a graph to record, for gradients, fresh logits and ``torch.logsumexp`` itself).
+    (with a graph to record, for gradients, fresh logits and ``torch.logsumexp`` itself). ``ranking``: a
+    :class:`KeyRanking` of these ``q`` and ``k`` at ``budget`` (:func:`rank_keys`, bidirectional and unmasked
+    only), whose values, indices and normalisers are used instead of forming the logits: the same numbers.
 
     Returns ``(output, indices, weights, kept_mass, dropped_mass, counts)``; ``indices``/``weights``
     ``(*batch, n, budget)`` with the softmax over the kept keys (0 on unused slots), ``kept_mass`` and
@@ -332,16 +337,29 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
     ``topp``.
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
-    block = block_rows(batch, m)
     values_of = weighted_rows(v, torch.broadcast_shapes(batch, v.shape[:-2]))
+    if ranking is not None:
+        chosen, indices = ranking.check(q, k, budget=budget, causal=causal, key_mask=key_mask)
+        return _selected(chosen, indices, ranking.log_normaliser, keep, v, values_of)
+    graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)  # then no buffer, nothing in place
+    parts = [_selected(chosen, indices, log_normaliser, keep, v, values_of) for chosen, indices, log_normaliser
+             in _ranked_blocks(q, k, causal=causal, key_mask=key_mask, budgets=(budget,), graph=graph)]
+    return tuple(torch.cat(part, dim=-2 if i < 3 else -1) for i, part in enumerate(zip(*parts)))
+
+
+def _ranked_blocks(q, k, *, causal: bool, key_mask, budgets: tuple, graph: bool) -> Iterator[tuple]:
+    """Row block by row block (of :func:`oracle_selection`): ``(*chosen, *indices, log_normaliser)``, each row's
+    ``budgets[i]`` largest logits and their keys (``torch.topk``'s result at each budget: a smaller budget is
+    the largest one's prefix, except in a block with a tie at its boundary, where it is taken again) and the log of
+    its softmax normaliser; with one budget, ``(chosen, indices, log_normaliser)``."""
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n, m, p = q.shape[-2], k.shape[-2], q.shape[-1]
+    block, budget = block_rows(batch, m), max(budgets)
     # one buffer for every block's logits (a fresh block of this size costs its page faults each time)
     heads = int(torch.Size(batch).numel())
-    graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)  # then no buffer, nothing in place
     exact_scale = math.log2(p) % 2 == 0  # sqrt(p) a power of two: dividing q by it rounds nothing
     buffer = None if graph else torch.empty(heads * min(block, n) * m, dtype=torch.result_type(q, k),
                                             device=q.device)
-    outputs, all_indices, all_weights, kept, dropped, counts = [], [], [], [], [], []
     for start in range(0, n, block):
         stop = min(start + block, n)
         columns = min(m, max(stop, budget)) if causal else m
@@ -359,22 +377,109 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep) -> t
                                              float("-inf"))
         if key_mask is not None:
             logits = logits.masked_fill(~key_mask[..., :columns].unsqueeze(-2), float("-inf"))
-        chosen, indices = row_topk(logits, budget)
-        log_normaliser = torch.logsumexp(logits, dim=-1) if graph else _logsumexp_(logits, chosen[..., :1])
-        empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
-        log_normaliser = log_normaliser.masked_fill(empty, 0.0)
-        valid = keep(chosen, log_normaliser) & ~empty.unsqueeze(-1)
-        chosen = chosen.masked_fill(~valid, float("-inf"))
-        log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
-        weights = torch.exp(chosen - log_kept.unsqueeze(-1))
-        outputs.append(weighted_values(weights, indices, v, values_of))
-        all_indices.append(indices)
-        all_weights.append(weights)
-        kept.append(torch.exp(log_kept - log_normaliser))
-        dropped.append(-torch.expm1(log_kept - log_normaliser))
-        counts.append(valid.sum(-1))
-    return (torch.cat(outputs, dim=-2), torch.cat(all_indices, dim=-2), torch.cat(all_weights, dim=-2),
-            torch.cat(kept, dim=-1), torch.cat(dropped, dim=-1), torch.cat(counts, dim=-1))
+        top, top_indices = row_topk(logits, budget)
+        ranked = []
+        for b in budgets:  # a tie at a smaller budget's boundary: torch.topk may keep another of the tied keys
+            tied = b < budget and bool((top[..., b - 1] == top[..., b]).any())
+            ranked.append(row_topk(logits, b) if tied else (top[..., :b], top_indices[..., :b]))
+        log_normaliser = torch.logsumexp(logits, dim=-1) if graph else _logsumexp_(logits, top[..., :1])
+        yield (*(c for c, _ in ranked), *(i for _, i in ranked), log_normaliser)
+
+
+def _selected(chosen, indices, log_normaliser, keep, v, values_of) -> tuple:
+    """What :func:`oracle_selection` returns for the rows of ``chosen`` and ``indices`` ``(*batch, rows, budget)``
+    (each row's largest logits and their keys) and ``log_normaliser`` ``(*batch, rows)``."""
+    empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
+    log_normaliser = log_normaliser.masked_fill(empty, 0.0)
+    valid = keep(chosen, log_normaliser) & ~empty.unsqueeze(-1)
+    chosen = chosen.masked_fill(~valid, float("-inf"))
+    log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
+    weights = torch.exp(chosen - log_kept.unsqueeze(-1))
+    return (weighted_values(weights, indices, v, values_of), indices, weights, torch.exp(log_kept - log_normaliser),
+            -torch.expm1(log_kept - log_normaliser), valid.sum(-1))
+
+
+@dataclass(frozen=True)
+class KeyRanking:
+    r"""Each query's largest logits :math:`s_{ij} = q_i^\top k_j/\sqrt p` at several budgets, and the log of its
+    softmax normaliser: what the oracles (``topk``, ``topp``) read of the logits, from :func:`rank_keys`.
+
+    ``ranked``: ``{budget: (values, indices)}``, each ``(*batch, n, budget)`` by decreasing logit;
+    ``log_normaliser``: ``(*batch, n)``, :math:`\log\sum_j e^{s_{ij}}`; ``shape``: ``(q.shape, k.shape)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.methods import rank_keys
+    >>> q = k = torch.eye(4, dtype=torch.float64).expand(2, 4, 4)
+    >>> ranking = rank_keys(q, k, [1, 2])
+    >>> ranking.ranked[1][1][0].flatten().tolist()  # each query's own key first
+    [0, 1, 2, 3]
+    >>> ranking.check(q, k, budget=2, causal=False, key_mask=None)[0].shape
+    torch.Size([2, 4, 2])
+    """
+
+    ranked: dict
+    log_normaliser: torch.Tensor
+    shape: tuple
+
+    def check(self, q, k, *, budget: int, causal: bool, key_mask) -> tuple:
+        """``(values, indices)`` at ``budget`` for these ``q`` and ``k``, or a ``ValueError`` naming ``ranking``."""
+        if causal or key_mask is not None:
+            raise ValueError("`ranking` is for bidirectional attention without a key mask; got "
+                             f"causal={bool(causal)}, key_mask {'given' if key_mask is not None else 'None'}.")
+        if self.shape != (tuple(q.shape), tuple(k.shape)) or budget not in self.ranked:
+            raise ValueError(f"`ranking` must be rank_keys(q, k, budgets) of q {tuple(q.shape)}, k {tuple(k.shape)} "
+                             f"with budget {budget} among its budgets; got one of q {self.shape[0]}, k "
+                             f"{self.shape[1]} at budgets {sorted(self.ranked)}.")
+        return self.ranked[budget]
+
+
+def rank_keys(q: torch.Tensor, k: torch.Tensor, budgets) -> KeyRanking:
+    r"""Each query's ``b`` largest logits and their keys for every ``b`` in ``budgets``, from one pass over the logits.
+
+    The logits :math:`s_{ij} = q_i^\top k_j/\sqrt p` are formed once, in the row blocks of the oracles
+    (:func:`oracle_selection`), and each block is ranked once at the largest budget; a smaller budget is its
+    prefix (``torch.topk`` of the same logits at that budget, taken again in a block where two logits tie at
+    its boundary). ``topk`` and ``topp`` given the result (their ``ranking``) then give the same numbers as
+    without it, at every budget of ``budgets``, without forming the logits again: one pass instead of one per
+    method and budget.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``(*batch, n, p)`` and ``(*batch, m, p)``.
+    budgets : sequence of int
+        Keys per query, each ``1 <= b <= m``.
+
+    Returns
+    -------
+    KeyRanking
+        Its ``ranked[b]``: ``(values, indices)`` ``(*batch, n, b)``; memory :math:`16\,n\sum_b b` bytes a batch
+        element in float64.
+
+    Examples
+    --------
+    >>> import torch, approxlab
+    >>> from approxlab.methods import rank_keys
+    >>> from approxlab.synthetic import synthetic_qkv
+    >>> q, k, v = synthetic_qkv((2,), 64, 8, generator=torch.Generator().manual_seed(0))
+    >>> ranking = rank_keys(q, k, [8, 32])
+    >>> shared = approxlab.approximate("topp", q, k, v, num_features=8, ranking=ranking).output
+    >>> torch.equal(shared, approxlab.approximate("topp", q, k, v, num_features=8).output)
+    True
+    """
+    check_qkv(q, k)
+    m = k.shape[-2]
+    budgets = [check_int(b, "budgets", low=1, high=m) for b in budgets]
+    if not budgets:
+        raise ValueError("`budgets` must hold at least one budget; got none.")
+    unique = tuple(sorted(set(budgets)))
+    with torch.no_grad():
+        blocks = list(_ranked_blocks(q, k, causal=False, key_mask=None, budgets=unique, graph=False))
+    columns = [torch.cat(part, dim=-2 if i < 2 * len(unique) else -1) for i, part in enumerate(zip(*blocks))]
+    ranked = {b: (columns[i], columns[len(unique) + i]) for i, b in enumerate(unique)}
+    return KeyRanking(ranked, columns[-1], (tuple(q.shape), tuple(k.shape)))
 
 
 def _logsumexp_(logits: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:

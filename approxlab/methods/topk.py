@@ -19,7 +19,7 @@ __all__ = ["topk", "TOPK"]
 
 @method("topk", target="softmax", features="kept keys k per query (the k largest logits)", randomized=False,
         causal=True)
-def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
+def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False, ranking=None):
     r"""Oracle top-k attention: softmax over each query's ``num_features`` largest logits.
 
     Parameters
@@ -35,6 +35,10 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
         ``(*batch, m)`` bool, True on keys that may be attended; masked keys are never kept.
     causal : bool, default False
         Query :math:`i` selects among keys :math:`j \le i` (the same oracle on the causal row).
+    ranking : KeyRanking, optional
+        :func:`approxlab.methods.rank_keys` of these ``q`` and ``k`` at budgets that include this one
+        (bidirectional, no ``key_mask``): its ranked logits are read instead of forming them, the same numbers;
+        one ranking serves ``topk`` and ``topp`` at all its budgets (what ``approxlab figure1`` shares per window).
 
     Returns
     -------
@@ -103,7 +107,8 @@ def topk(q, k, v, *, num_features, generator=None, key_mask=None, causal=False):
         return torch.isfinite(values)
 
     output, indices, weights, kept, dropped, _ = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, budget=budget, keep=keep)
+                                                               key_mask=key_mask, budget=budget, keep=keep,
+                                                               ranking=ranking)
     info = {"indices": indices, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topk", output, k.shape[-2], lambda: (indices, weights), info)
 

@@ -19,7 +19,7 @@ __all__ = ["topp", "TOPP"]
 
 @method("topp", target="softmax", features="the most keys kept per query (a cap on the nucleus of mass p)",
         randomized=False, causal=True)
-def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=False):
+def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=False, ranking=None):
     r"""Oracle top-p attention: softmax over the smallest set of keys whose mass reaches ``p``, capped.
 
     Parameters
@@ -38,6 +38,10 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
         ``(*batch, m)`` bool, True on keys that may be attended.
     causal : bool, default False
         Query :math:`i` selects among keys :math:`j \le i` (mass of the causal row).
+    ranking : KeyRanking, optional
+        :func:`approxlab.methods.rank_keys` of these ``q`` and ``k`` at budgets that include this one
+        (bidirectional, no ``key_mask``): its ranked logits are read instead of forming them, the same numbers;
+        one ranking serves ``topk`` and ``topp`` at all its budgets (what ``approxlab figure1`` shares per window).
 
     Returns
     -------
@@ -86,7 +90,8 @@ def topp(q, k, v, *, num_features, generator=None, p=0.9, key_mask=None, causal=
         return torch.isfinite(values) & (before < p)
 
     output, indices, weights, kept, dropped, counts = oracle_selection(q, k, v, causal=bool(causal),
-                                                               key_mask=key_mask, budget=budget, keep=keep)
+                                                               key_mask=key_mask, budget=budget, keep=keep,
+                                                               ranking=ranking)
     info = {"indices": indices, "kept": counts, "kept_mass": kept, "dropped_mass": dropped}
     return sparse_approximation("topp", output, k.shape[-2], lambda: (indices, weights), info)
 

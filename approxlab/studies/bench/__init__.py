@@ -39,8 +39,9 @@ head 0, one contiguous window of ``n`` tokens):
    SDPA forward at n = 16384 in float32 and float64; the matrix-free spectral error (block
    Lanczos through the SDPA operator, block = p) at n = 32768 against one SDPA forward of the
    same head; the n = 4096 Figure-1 cell (the study ``figure1``, looked up by name, on the
-   initialized condition, one window, d in {64, 256}, one seed, all eight methods) against
-   float64 exact attention of its 12 heads; :mod:`.ratios`.
+   initialized condition, one window, d in {64, 256}, one seed, every method of its default grid)
+   against one float64 SDPA exact attention of its 12 heads at n = 4096, with the method count in the
+   summary's line and its target of 10 forwards for nine methods plus one per further method; :mod:`.ratios`.
 5. ``training`` part, n = 1024, batch 8 (``--quick``: n = 256, batch 4): one training step
    (forward, backward, Adam) of :class:`approxlab.training.TinyEncoder` with each attention it
    trains, against the same model with torch's ``scaled_dot_product_attention`` (the models timed

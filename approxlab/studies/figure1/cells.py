@@ -2,7 +2,9 @@ r"""Figure 1's cells: one approximation cell per (condition, n, dtype, window, m
 (condition, n), one window cell per (condition, n, window).
 
 Cells sharing a window are adjacent, and the window's Q/K/V, exact output and its norms come from the
-shared per-process cache (:func:`approxlab.studies.inputs.wikitext.reference`). Each approximation's
+shared per-process cache (:func:`approxlab.studies.inputs.wikitext.reference`); so does the oracles' ranking of
+each query's logits (:func:`approxlab.methods.rank_keys`, :data:`_RANKINGS`), formed once for every d of
+``topk`` and ``topp``. Each approximation's
 generator is seeded with :func:`~approxlab.studies.engine.cell_seed` of (condition, n, window, method,
 d, seed), so results do not depend on run order or executor.
 """
@@ -19,7 +21,7 @@ import torch
 from ...attention import approximate
 from ...kernels import kernelized_matrix
 from ...leverage import completion_operator, estimate_ridge_quantities
-from ...methods import get
+from ...methods import get, rank_keys
 from ...metrics import numerical_rank_lu, spectral_norm
 from ..engine.clock import Stopwatch
 from ..engine.failures import METHOD_ERRORS, method_status
@@ -114,6 +116,26 @@ def _remember_core_condition(cell, d, info) -> None:
             _CORE_CONDITIONS.popitem(last=False)
 
 
+_RANKINGS: collections.OrderedDict = collections.OrderedDict()
+"""The key ranking (:func:`approxlab.methods.rank_keys`) of the latest window whose cell asked for one, by
+(window, dtype, budgets): the oracles ``topk`` and ``topp`` read it at every d instead of forming the window's
+:math:`n \times n` logits once per method and d (the same numbers, ``tests/test_figure1_shared.py``). One entry:
+16 bytes per head, query and kept key of each d (250 MB for 12 heads, n = 4096, d in {64, 256})."""
+
+
+def _shared_options(cell, ref) -> dict:
+    """The options that hand a method of ``cell`` the work its window shares: ``ranking`` for a method that takes
+    one (``topk``, ``topp``), up to ``dense_max_n`` (above it the study keeps nothing of size ``n x d``); none for
+    the others. The time of a ranking counts in the row of the cell and d that formed it."""
+    if "ranking" not in (get(cell["method"]).options() or []) or cell["n"] > cell.get("dense_max_n", DENSE_MAX_N):
+        return {}
+    key = (_window(cell), cell["dtype"], tuple(cell["num_features"]))
+    if key not in _RANKINGS:
+        _RANKINGS.clear()
+        _RANKINGS[key] = rank_keys(ref["q"], ref["k"], cell["num_features"])
+    return {"ranking": _RANKINGS[key]}
+
+
 def _summary_stats(prefix, values: torch.Tensor) -> dict:
     values = values.to(torch.float64)
     return {f"{prefix}_mean": float(values.mean()), f"{prefix}_std": float(values.std(correction=0)),
@@ -156,7 +178,8 @@ def compute_cell(cell: dict) -> list[dict]:
                 warnings.simplefilter("always")
                 try:
                     approx = approximate(cell["method"], ref["q"], ref["k"], ref["v"], num_features=d,
-                                         generator=_generator(cell, cell["method"], d, seed))
+                                         generator=_generator(cell, cell["method"], d, seed),
+                                         **_shared_options(cell, ref))
                     error = spectral_norm((approx.output - ref["output"]).detach().cpu())
                     status = "ok"
                     if seed == 0:

@@ -1,0 +1,105 @@
+"""The Figure-1 cell at n = 4,096 against one 12-head float64 SDPA exact attention of its window, in one process.
+
+The cell is the bench's (``approxlab bench --parts ratios``): ``figure1``'s compute on the initialized condition,
+one window, d in {64, 256}, one seed, float64, every method of the default grid (or ``--methods``), with the
+exact reference, the panel statistics and the window's rank of A. One thread. Before it is timed, one load of the
+window's Q/K/V brings in the imports and fills the on-disk Q/K/V cache; the per-process caches are then emptied,
+as the bench does. The baseline is :func:`approxlab.exact_attention` on the window's 12 heads in float64 (torch's
+fused kernel, one ``(1, 12, n, 64)`` call), the median of 5 calls after a warm-up call; the cell runs once; both
+by the bench's own timer (:func:`approxlab.studies.bench.timing.measure`). Times are wall and process CPU
+seconds (the steadier reading on a shared machine), with the 1-minute load average when each ended. Printed as
+markdown table rows, the label first: run the code before and after a change in turn (``PYTHONPATH`` naming each
+checkout) to compare them in the same machine state.
+
+``--profile``: the cell runs under ``cProfile`` with the process CPU clock, and the CPU seconds of its parts are
+printed (each method's function, with its own errors' spectral norms left out; the shared ranking of ``topk`` and
+``topp``; the exact reference; the spectral norms; the panel's statistical dimension; the window's rank of A).
+
+Run: ``PYTHONPATH=. nice -n 10 python3 benchmarks/figure1_cell.py --label after`` from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import tempfile
+import time
+
+import torch
+
+import approxlab
+from approxlab.studies.driver import compute
+from approxlab.studies.figure1.grid import window_ids
+from approxlab.studies.inputs import wikitext
+from approxlab.studies.bench.timing import measure
+from approxlab.studies.registry import get
+
+PARTS = {"the shared ranking (rank_keys)": "rank_keys", "exact reference (exact_attention)": "exact_attention",
+         "spectral norms of the errors": "spectral_norm", "panel: statistical dimension": "estimate_ridge_quantities",
+         "window: rank of A": "numerical_rank_lu"}
+"""The parts of the cell ``--profile`` reports besides the methods, by the function whose CPU time they are."""
+
+
+def profile_lines(profiler: cProfile.Profile, methods: list[str], label: str) -> list[str]:
+    """CPU seconds of each method's function and of :data:`PARTS`, from ``profiler``'s cumulative times."""
+    from approxlab.methods import get as method
+
+    stats = pstats.Stats(profiler).stats
+    cumulative = {}
+    for (filename, _, name), (_, _, _, seconds, _) in stats.items():
+        if "approxlab" in filename:
+            cumulative[(filename, name)] = cumulative.get((filename, name), 0.0) + seconds
+    by_name = {}
+    for (filename, name), seconds in cumulative.items():
+        by_name[name] = by_name.get(name, 0.0) + seconds
+    lines = [f"{label}, CPU seconds by part (cProfile): "]
+    for name in methods:
+        code = method(name).function.__code__
+        lines.append(f"{name} {cumulative.get((code.co_filename, code.co_name), 0.0):.2f}")
+    lines += [f"{part} {by_name.get(function, 0.0):.2f}" for part, function in PARTS.items()]
+    return [lines[0] + ", ".join(lines[1:])]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="this code")
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--methods", nargs="+", default=None, help="default: the figure1 default grid")
+    parser.add_argument("--profile", action="store_true", help="CPU seconds of the cell's parts (cProfile)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    study = get("figure1")
+    options = {"conditions": ["initialized"], "n": [args.n], "num_features": [64, 256], "windows": 1, "seeds": 1,
+               "dtypes": ["float64"], **({"methods": args.methods} if args.methods else {})}
+    grid = study.configure(study.arguments(**options))
+    window = wikitext.Window("initialized", args.n, window_ids(grid, args.n)[0], mode=grid["mode"],
+                             layer=grid["layer"], model_seed=grid["model_seed"])
+    record = wikitext.qkv(window)  # the imports and the on-disk Q/K/V cache, untimed
+    q, k, v = (x[0].to(torch.float64) for x in (record.q, record.k, record.v))
+    _, base = measure(approxlab.exact_attention, q, k, v, repeats=5, warmup=1, device="cpu")
+    wikitext.clear_caches()
+    profiler = cProfile.Profile(time.process_time) if args.profile else None
+    with tempfile.TemporaryDirectory() as out:
+        if profiler is not None:
+            profiler.enable()
+        tables, cell = measure(compute, study, grid, out, progress=False, device="cpu")
+        if profiler is not None:
+            profiler.disable()
+    results = tables["results.csv"]
+    methods = results.groupby("method", sort=False)["seconds"].sum()
+    print("| code | methods | heads | SDPA wall s | SDPA CPU s | cell wall s | cell CPU s | wall / SDPA | CPU / SDPA "
+          "| methods' own wall s | load (1 min) after SDPA, after the cell |")
+    print(f"| {args.label} | {len(grid['methods'])} | {q.shape[0]} | {base.wall_s:.3f} | {base.cpu_s:.3f} | "
+          f"{cell.wall_s:.1f} | {cell.cpu_s:.1f} | {cell.wall_s / base.wall_s:.1f} | {cell.cpu_s / base.cpu_s:.1f} | "
+          f"{results['seconds'].sum():.1f} | {base.load_average:.1f}, {cell.load_average:.1f} |")
+    print(f"{args.label}, each method's own wall seconds (d = 64 and 256 together): "
+          + ", ".join(f"{name} {seconds:.2f}" for name, seconds in methods.items()))
+    print(f"{args.label}, error_mean per (method, d): "
+          + ", ".join(f"{r.method} {r.num_features} {r.error_mean:.12g}" for r in results.itertuples()))
+    if profiler is not None:
+        print(*profile_lines(profiler, grid["methods"], args.label), sep="\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Work the Figure-1 cell shares between its methods and budgets gives the numbers of the unshared path.
+
+The oracles ``topk`` and ``topp`` read one ranking of each query's logits per window
+(:func:`approxlab.methods.rank_keys`) at every budget instead of forming the logits once per method and budget.
+"""
+
+import pytest
+import torch
+
+import approxlab
+from approxlab.methods import rank_keys
+from approxlab.studies.figure1 import cells as figure1_cells
+from approxlab.synthetic import synthetic_qkv
+
+BUDGETS = (3, 40, 300)
+
+
+def _with_ties(seed: int):
+    """Q/K/V of 700 + 50 keys whose last 50 repeat the first 50: every logit of those keys is tied."""
+    q, k, v = synthetic_qkv((3,), 700, 16, generator=torch.Generator().manual_seed(seed))
+    return q, torch.cat([k, k[:, :50]], dim=1), torch.cat([v, v[:, :50]], dim=1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("method", ["topk", "topp"])
+def test_the_oracles_given_a_ranking_give_their_own_numbers_at_every_budget(method, seed):
+    q, k, v = _with_ties(seed)
+    ranking = rank_keys(q, k, BUDGETS)
+    for budget in BUDGETS:
+        alone = approxlab.approximate(method, q, k, v, num_features=budget)
+        shared = approxlab.approximate(method, q, k, v, num_features=budget, ranking=ranking)
+        assert torch.equal(shared.output, alone.output), (method, budget)
+        assert torch.equal(shared.info["indices"], alone.info["indices"]), (method, budget)
+        assert torch.equal(shared.info["dropped_mass"], alone.info["dropped_mass"]), (method, budget)
+
+
+def test_a_smaller_budget_is_torch_topk_of_its_own_even_where_logits_tie_at_its_boundary():
+    """Where the budget's last kept logit ties with the next one, the prefix of the larger budget's ranking may keep
+    another of the tied keys than ``torch.topk`` at that budget: the ranking takes that budget again there."""
+    q, k, _ = _with_ties(0)
+    logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    reference = logits.topk(BUDGETS[0], dim=-1)
+    top = logits.topk(BUDGETS[-1], dim=-1).values
+    assert bool((top[..., BUDGETS[0] - 1] == top[..., BUDGETS[0]]).any())  # a tie at the boundary (the data's)
+    values, indices = rank_keys(q, k, BUDGETS).ranked[BUDGETS[0]]
+    assert torch.equal(indices, reference.indices) and torch.equal(values, reference.values)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"num_features": 7}, "budget 7 among its budgets"),
+    ({"num_features": 3, "key_mask": torch.ones(3, 750, dtype=torch.bool)}, "without a key mask; got causal=False"),
+])
+def test_a_ranking_that_does_not_fit_the_call_is_refused(options, match):
+    q, k, v = _with_ties(0)
+    with pytest.raises(ValueError, match=match):
+        approxlab.approximate("topk", q, k, v, ranking=rank_keys(q, k, BUDGETS), **options)
+    with pytest.raises(ValueError, match="`budgets` must be"):
+        rank_keys(q, k, [0])
+
+
+@pytest.mark.parametrize("method", ["topk", "topp", "performer"])
+def test_a_figure1_cell_gives_the_same_rows_with_and_without_the_shared_ranking(method, monkeypatch):
+    q, k, v = synthetic_qkv((2,), 256, 16, generator=torch.Generator().manual_seed(1))
+    output = approxlab.exact_attention(q, k, v)
+    ref = {"q": q, "k": k, "v": v, "output": output, "checkpoint": "synthetic",
+           "output_norm": torch.linalg.matrix_norm(output, ord=2)}
+    monkeypatch.setattr(figure1_cells, "_reference", lambda cell: ref)
+    cell = {"condition": "initialized", "n": 256, "window": 0, "method": method, "num_features": [16, 64],
+            "seeds": [0], "dtype": "float64", "base_seed": 0, "mode": "embedding", "layer": 0, "model_seed": 0,
+            "data_dir": None, "cache_dir": None, "device": "cpu"}
+    figure1_cells._RANKINGS.clear()
+    shared = figure1_cells.compute_cell(cell)
+    assert bool(figure1_cells._RANKINGS) == (method != "performer")  # only the oracles take a ranking
+    monkeypatch.setattr(figure1_cells, "_shared_options", lambda cell, ref: {})
+    alone = figure1_cells.compute_cell(cell)
+    for a, b in zip(shared, alone):
+        assert (a["num_features"], a["error_heads"], a["status"]) == (b["num_features"], b["error_heads"], "ok")
