@@ -1,0 +1,87 @@
+"""The blockwise passes behind the attention-based cache scores against their former, full-width forms.
+
+H2O's and observed attention's column sums (:func:`approxlab.methods._column_sums.column_sums`) form only the
+causal triangle and never the softmax weights; Compactor's chunked attention
+(:func:`approxlab.methods.compactor.chunked_attention_received`) forms only the columns of each row block's
+chunks. Each is compared here with the row-normalised, full-width pass it replaced (written out below), on the
+same inputs, with padding at either end and broadcast batches: equal to rounding (the order of the sums).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from approxlab.methods._column_sums import column_sums
+from approxlab.methods._selection import logit_blocks, safe_softmax
+from approxlab.methods.compactor import chunked_attention_received
+from _helpers import gen
+
+
+def _former_column_sums(q, k, key_mask):
+    """Every row's causal softmax over all ``n`` columns, normalised, times its real-query weight, summed."""
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n = k.shape[-2]
+    total = q.new_zeros(*batch, n)
+    real = None if key_mask is None else key_mask.expand(*batch, n)
+    for start, stop, logits in logit_blocks(q, k, causal=True, key_mask=key_mask):
+        weights = safe_softmax(logits)
+        if real is not None:
+            weights = weights * real[..., start:stop].unsqueeze(-1).to(weights.dtype)
+        total += weights.sum(-2)
+    return total
+
+
+def _former_chunked(q, k, used, chunk):
+    """Every row's softmax over all ``n`` columns, the other chunks' and the unused ones at -inf."""
+    logits = (q @ k.transpose(-1, -2)).expand(*used.shape, used.shape[-1])
+    visible = (chunk[..., :, None] == chunk[..., None, :]) & used[..., None, :]
+    return (safe_softmax(logits.masked_fill(~visible, -math.inf)) * used[..., :, None]).sum(-2)
+
+
+def _padded(n, generator):
+    """``(2, 3, n)`` key masks: none padded, the first sequence left-padded, one head's right-padded, and one
+    sequence with a single real token."""
+    mask = torch.ones(2, 3, n, dtype=torch.bool)
+    mask[0, :, : n // 5] = False
+    mask[1, 1, -n // 4:] = False
+    mask[1, 2, :-1] = False
+    return mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("n", [1, 37, 700])
+def test_column_sums_equal_the_normalised_rows_summed(monkeypatch, dtype, masked, n):
+    monkeypatch.setattr("approxlab.methods._column_sums.block_rows", lambda batch, width: 64)  # several blocks
+    g = gen(n)
+    q = 3 * torch.randn(2, 3, n, 16, generator=g, dtype=dtype)
+    k = 3 * torch.randn(3, n, 16, generator=g, dtype=dtype)  # broadcast over the first dimension
+    key_mask = _padded(n, g) if masked else None
+    fast, former = column_sums(q, k, key_mask), _former_column_sums(q, k, key_mask)
+    assert fast.shape == former.shape == (2, 3, n) and fast.dtype == dtype
+    scale = float(former.abs().max())
+    assert float((fast - former).abs().max()) <= 64 * n * torch.finfo(dtype).eps * max(scale, 1.0)
+    if masked:
+        assert bool((fast.masked_select(~key_mask) == 0).all())  # padding receives nothing
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 5000])
+@pytest.mark.parametrize("masked", [False, True])
+def test_chunked_attention_equals_the_full_width_softmax(dtype, chunk_size, masked):
+    n = 600
+    g = gen(chunk_size)
+    q = torch.randn(2, 3, n, 16, generator=g, dtype=dtype)
+    k = torch.randn(3, n, 16, generator=g, dtype=dtype)
+    used = _padded(n, g) if masked else torch.ones(2, 3, n, dtype=torch.bool)
+    used[..., :8] = False  # the sinks at both ends
+    used[..., -4:] = False
+    ranks = used.long().cumsum(-1) - 1
+    chunk = torch.where(used, ranks.clamp_min(0) // chunk_size, torch.full_like(ranks, -1))
+    fast, former = chunked_attention_received(q, k, used, chunk), _former_chunked(q, k, used, chunk)
+    scale = float(former.abs().max())
+    assert float((fast - former).abs().max()) <= 64 * n * torch.finfo(dtype).eps * max(scale, 1.0)
+    assert bool((fast.masked_select(~used) == 0).all())
