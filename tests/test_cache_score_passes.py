@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+import approxlab
 from approxlab.methods._column_sums import column_sums
 from approxlab.methods._selection import logit_blocks, safe_softmax
 from approxlab.methods.compactor import chunked_attention_received
@@ -85,3 +86,28 @@ def test_chunked_attention_equals_the_full_width_softmax(dtype, chunk_size, mask
     scale = float(former.abs().max())
     assert float((fast - former).abs().max()) <= 64 * n * torch.finfo(dtype).eps * max(scale, 1.0)
     assert bool((fast.masked_select(~used) == 0).all())
+
+
+@pytest.mark.parametrize("scores", ["cache", "dense"])
+def test_h2o_steps_keep_algorithm_1_through_exact_ties(scores):
+    """Keys far below the query's direction get weight exactly 0 (the exponential underflows): their accumulated
+    attention ties at 0, and the step evicts the oldest of them, as Algorithm 1 (by hand) does."""
+    from test_cache_policies import _h2o_cache_by_hand, _logits, _masked_softmax
+
+    g = gen(11)
+    n, p = 80, 6
+    direction = torch.randn(p, generator=g, dtype=torch.float64)
+    q = direction.expand(2, n, p).clone()
+    low = torch.rand(2, n, generator=g) < 0.6  # tokens whose weight underflows to 0 beside any other token
+    low[:, 0] = False
+    k = torch.where(low.unsqueeze(-1), -400.0 * direction, 400.0 * direction) + 1e-3 * torch.randn(
+        2, n, p, generator=g, dtype=torch.float64)
+    v = torch.randn(2, n, 3, generator=g, dtype=torch.float64)
+    result = approxlab.approximate("h2o", q, k, v, num_features=9, recent_size=3, scores=scores, causal=True)
+    keep = torch.stack([_h2o_cache_by_hand(q[b], k[b], 9, 3, scores) for b in range(2)])
+    columns = result.operator().columns  # (2, n, 9): the cache of every row, full from row 9 on
+    held = torch.zeros_like(keep).scatter_(-1, columns, True)
+    assert torch.equal(held[:, 9:], keep[:, 9:])  # the same tokens held, those of weight 0 included
+    expected = _masked_softmax(_logits(q, k), keep)
+    torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(result.matrix(), expected, rtol=1e-12, atol=1e-14)
