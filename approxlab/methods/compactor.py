@@ -176,8 +176,8 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     kvpress's one per KV head); float64 leverage; :math:`+\infty` sinks where kvpress pads with the
     maximum score.
 
-    **Cost**: :math:`O(n_c^2 p)` for the attention term in row blocks (:math:`O(n_c\cdot\text{chunk}\cdot p)`
-    of it nonzero), :math:`O(n_c p r + n_c r^2 + r^3)` for the leverage.
+    **Cost**: :math:`O(n_c\cdot\text{chunk}\cdot p)` for the attention term (row blocks of whole chunks, each
+    against the columns of its chunks only), :math:`O(n_c p r + n_c r^2 + r^3)` for the leverage.
 
     References
     ----------
