@@ -111,3 +111,34 @@ def test_h2o_steps_keep_algorithm_1_through_exact_ties(scores):
     expected = _masked_softmax(_logits(q, k), keep)
     torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(result.matrix(), expected, rtol=1e-12, atol=1e-14)
+
+
+def test_column_sums_differentiate_as_the_former_pass():
+    g = gen(5)
+    q, k = (torch.randn(2, 40, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    key_mask = torch.ones(2, 40, dtype=torch.bool)
+    key_mask[1, :7] = False
+    weights = torch.randn(2, 40, generator=g, dtype=torch.float64)
+    grads = [torch.autograd.grad((f(q, k, key_mask) * weights).sum(), (q, k))
+             for f in (column_sums, _former_column_sums)]
+    for fast, former in zip(*grads):
+        assert bool(torch.isfinite(fast).all())
+        torch.testing.assert_close(fast, former, rtol=1e-10, atol=1e-12)
+
+
+def test_h2o_output_differentiates_as_before_the_steps_changed():
+    """The decode steps' in-place updates leave the output's gradient finite and equal to that of the softmax
+    over the same caches."""
+    from test_cache_policies import _h2o_cache_by_hand, _logits, _masked_softmax
+
+    g = gen(6)
+    q, k, v = (torch.randn(2, 70, 6, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    output = approxlab.approximate("h2o", q, k, v, num_features=9, recent_size=3, causal=True).output
+    keep = torch.stack([_h2o_cache_by_hand(q[b].detach(), k[b].detach(), 9, 3, "cache") for b in range(2)])
+    expected = _masked_softmax(_logits(q, k), keep) @ v
+    weights = torch.randn(2, 70, 6, generator=g, dtype=torch.float64)
+    ours = torch.autograd.grad((output * weights).sum(), (q, k, v))
+    theirs = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for a, b in zip(ours, theirs):
+        assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)

@@ -65,14 +65,16 @@ def _causal_column_sums(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor
     row with no visible key gives 0). With :math:`w_i = 1/\sum_l e_{il}` (0 on an empty row or a padded
     query), the block adds :math:`\sum_i w_i e_{ij}` to :math:`F_j` as one product ``w^T e``: the softmax
     weights are never formed. The same sums as normalising each row and summing the rows, to rounding (the
-    reciprocal times, not the quotient; the order of the sum). Memory :math:`O(\text{block}\cdot n)`, in
-    ``q.dtype``: ``(*batch, n)``.
+    reciprocal times, not the quotient; the order of the sum). Under autograd (``q`` or ``k`` requiring
+    gradients) the exponentials are a new tensor, not the logits overwritten. Memory
+    :math:`O(\text{block}\cdot n)`, in ``q.dtype``: ``(*batch, n)``.
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n = k.shape[-2]
     accumulated = q.new_zeros(*batch, n)
     real = None if key_mask is None else key_mask.expand(*batch, n)
     block = block_rows(batch, n)
+    tracked = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)  # autograd keeps the logits
     for start in range(0, n, block):
         stop = min(start + block, n)
         rows = stop - start
@@ -82,7 +84,8 @@ def _causal_column_sums(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor
         if real is not None:
             logits.masked_fill_(~real[..., None, :stop], -math.inf)
         peak = logits.amax(-1, keepdim=True)
-        logits.sub_(torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))).exp_()
+        peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+        logits = (logits - peak).exp() if tracked else logits.sub_(peak).exp_()
         sums = logits.sum(-1, keepdim=True)
         share = torch.where(sums > 0, 1 / sums, torch.zeros_like(sums))
         if real is not None:
