@@ -79,13 +79,13 @@ def test_shared_column_sums_equal_the_unshared_path_and_are_computed_once_per_la
     model = tiny_llama(128, 3)
     ids = torch.randint(5, 128, (1, 60), generator=torch.Generator().manual_seed(0))
     computed = []
-    original = _column_sums.logit_blocks
+    original = _column_sums._causal_column_sums
 
     def counted(*args, **kwargs):
         computed.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_column_sums, "logit_blocks", counted)
+    monkeypatch.setattr(_column_sums, "_causal_column_sums", counted)
     found = {}
     for share in (True, False):
         computed.clear()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 
 import torch
 
-from ._selection import logit_blocks, safe_softmax
+from ._selection import block_rows
 
 __all__ = ["column_sums", "shared_column_sums"]
 
@@ -49,15 +50,45 @@ def column_sums(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None 
         for seen_q, seen_k, seen_mask, found in memo:
             if _same(q, seen_q) and _same(k, seen_k) and _same(key_mask, seen_mask):
                 return found
+    accumulated = _causal_column_sums(q, k, key_mask)
+    if memo is not None:
+        memo.append((q, k, key_mask, accumulated))
+    return accumulated
+
+
+def _causal_column_sums(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    r""":func:`column_sums` computed afresh (no sharing): one pass over row blocks of the causal logits.
+
+    Row block :math:`[r_0, r_1)` forms only its visible logits, :math:`s_{ij} = q_i^\top k_j/\sqrt p` for
+    :math:`j < r_1` (the causal triangle, half of :math:`n^2`), masks :math:`j > i` and padded keys to
+    :math:`-\infty` in place, and exponentiates in place, :math:`e_{ij} = e^{s_{ij} - \max_l s_{il}}` (a
+    row with no visible key gives 0). With :math:`w_i = 1/\sum_l e_{il}` (0 on an empty row or a padded
+    query), the block adds :math:`\sum_i w_i e_{ij}` to :math:`F_j` as one product ``w^T e``: the softmax
+    weights are never formed. The same sums as normalising each row and summing the rows, to rounding (the
+    reciprocal times, not the quotient; the order of the sum). Under autograd (``q`` or ``k`` requiring
+    gradients) the exponentials are a new tensor, not the logits overwritten. Memory
+    :math:`O(\text{block}\cdot n)`, in ``q.dtype``: ``(*batch, n)``.
+    """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     n = k.shape[-2]
     accumulated = q.new_zeros(*batch, n)
     real = None if key_mask is None else key_mask.expand(*batch, n)
-    for start, stop, logits in logit_blocks(q, k, causal=True, key_mask=key_mask):
-        weights = safe_softmax(logits)
+    block = block_rows(batch, n)
+    tracked = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)  # autograd keeps the logits
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        rows = stop - start
+        logits = (q[..., start:stop, :] @ k[..., :stop, :].transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
+        ahead = ~torch.ones(rows, rows, dtype=torch.bool, device=q.device).tril()
+        logits[..., start:].masked_fill_(ahead, -math.inf)
         if real is not None:
-            weights = weights * real[..., start:stop].unsqueeze(-1).to(weights.dtype)
-        accumulated += weights.sum(-2)
-    if memo is not None:
-        memo.append((q, k, key_mask, accumulated))
+            logits.masked_fill_(~real[..., None, :stop], -math.inf)
+        peak = logits.amax(-1, keepdim=True)
+        peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+        logits = (logits - peak).exp() if tracked else logits.sub_(peak).exp_()
+        sums = logits.sum(-1, keepdim=True)
+        share = torch.where(sums > 0, 1 / sums, torch.zeros_like(sums))
+        if real is not None:
+            share = share * real[..., start:stop, None].to(share.dtype)
+        accumulated[..., :stop] += (share.transpose(-1, -2) @ logits).squeeze(-2)
     return accumulated

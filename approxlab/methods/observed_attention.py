@@ -43,7 +43,8 @@ def observed_attention_scores(q, k, v, *, generator=None, key_mask=None):
     (:func:`approxlab.methods.h2o.compress_h2o`), which favours early keys; the divisor makes the score the
     mean attention a key received. kvpress keeps no recent window; H2O does.
 
-    **Cost**: the prefill's attention, :math:`O(n_c^2 p)` in row blocks, memory
+    **Cost**: the prefill's attention, :math:`O(n_c^2 p)`: the causal triangle of the logits in row blocks,
+    summed without forming the softmax weights (:func:`approxlab.methods._column_sums.column_sums`), memory
     :math:`O(n_c\cdot\text{block})`.
 
     References
