@@ -14,7 +14,7 @@ import torch
 
 from ._selection import sparse_approximation
 
-__all__ = ["fixed_keys", "row_weights", "weighted_output", "assemble"]
+__all__ = ["fixed_keys", "row_weights", "weighted_output", "assemble", "stack_rows"]
 
 
 def fixed_keys(logits: torch.Tensor, start: int, *, heavy: int, sink: int, window: int) -> torch.Tensor:
@@ -61,12 +61,19 @@ def weighted_output(coefficients: torch.Tensor, v: torch.Tensor) -> tuple[torch.
 
 def assemble(name: str, blocks: list, m: int, dtype: torch.dtype, info: dict):
     """The :class:`Approximation` of the row blocks ``[(output, indices, weights), ...]`` (outputs cast to ``dtype``)."""
-    width = max(block[1].shape[-1] for block in blocks)
+    output = torch.cat([block[0] for block in blocks], dim=-2).to(dtype)
+    indices, weights = stack_rows([block[1:] for block in blocks], dtype)
+    return sparse_approximation(name, output, m, lambda: (indices, weights), info)
+
+
+def stack_rows(blocks: list, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(indices, weights)`` ``(*batch, n, s)`` of the row blocks' ``[(indices, weights), ...]``, each padded to the
+    widest block's ``s`` (weight 0, index 0), the weights cast to ``dtype``."""
+    width = max(block[0].shape[-1] for block in blocks)
 
     def pad(x):
         return torch.nn.functional.pad(x, (0, width - x.shape[-1]))
 
-    output = torch.cat([block[0] for block in blocks], dim=-2).to(dtype)
-    indices = torch.cat([pad(block[1]) for block in blocks], dim=-2)
-    weights = torch.cat([pad(block[2]) for block in blocks], dim=-2).to(dtype)
-    return sparse_approximation(name, output, m, lambda: (indices, weights), info)
+    indices = torch.cat([pad(block[0]) for block in blocks], dim=-2)
+    weights = torch.cat([pad(block[1]) for block in blocks], dim=-2).to(dtype)
+    return indices, weights
