@@ -10,11 +10,13 @@ output :math:`\tilde o_i = \sum_j c_{ij} v_j / \sum_j c_{ij}` for non-negative c
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._selection import sparse_approximation
 
-__all__ = ["fixed_keys", "row_weights", "weighted_output", "assemble", "stack_rows"]
+__all__ = ["fixed_keys", "row_weights", "weighted_output", "assemble", "stack_rows", "BlockLogits"]
 
 
 def fixed_keys(logits: torch.Tensor, start: int, *, heavy: int, sink: int, window: int) -> torch.Tensor:
@@ -77,3 +79,25 @@ def stack_rows(blocks: list, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Te
     indices = torch.cat([pad(block[0]) for block in blocks], dim=-2)
     weights = torch.cat([pad(block[1]) for block in blocks], dim=-2).to(dtype)
     return indices, weights
+
+
+class BlockLogits:
+    r"""The logits :math:`QK^\top/\sqrt p` of row blocks ``(B, r, w)`` (the first ``w`` keys) in the inputs' dtype,
+    written into one buffer kept for every block when ``reuse`` (a fresh block of this size costs its page faults
+    each time), else into fresh memory (for blocks that outlive the next one). ``q`` ``(B, n, p)``, ``k``
+    ``(B, m, p)``; ``rows`` the most rows of a block. When :math:`\sqrt p` is a power of two, ``q`` is divided by
+    it once (exactly) instead of each block's product: the same numbers, a pass less."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, rows: int, *, reuse: bool = True):
+        p = q.shape[-1]
+        self.exact = math.log2(p) % 2 == 0  # sqrt(p) a power of two: q / sqrt(p) rounds nothing
+        self.q, self.k = (q / math.sqrt(p) if self.exact else q), k
+        size = q.shape[0] * min(rows, q.shape[-2]) * k.shape[-2]
+        self.buffer = torch.empty(size, dtype=q.dtype, device=q.device) if reuse else None
+
+    def __call__(self, start: int, stop: int, width: int) -> torch.Tensor:
+        rows, keys = self.q[..., start:stop, :], self.k[..., :width, :].transpose(-1, -2)
+        out = None if self.buffer is None else self.buffer[:self.q.shape[0] * (stop - start) * width].view(
+            self.q.shape[0], stop - start, width)
+        logits = torch.matmul(rows, keys, out=out)
+        return logits if self.exact else logits.div_(math.sqrt(self.q.shape[-1]))

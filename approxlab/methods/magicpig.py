@@ -16,7 +16,7 @@ from ._cache_policy import prompt_length_of
 from ._masking import check_key_mask
 from ._collision_sets import WORD_BITS, below, colliding_keys, pack_bits, unpack_bits
 from ._selection import block_rows, logit_blocks, safe_softmax, sparse_approximation
-from ._weighted_keys import stack_rows, weighted_output
+from ._weighted_keys import BlockLogits, stack_rows, weighted_output
 from .draws import DrawEntry, check_draw
 
 __all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability", "collision_counts",
@@ -243,7 +243,7 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
         prefill = None if mask is None else mask[..., :first]
         blocks = [safe_softmax(logits) for _, _, logits in logit_blocks(q[..., :first, :], k[..., :first, :],
                                                                          causal=True, key_mask=prefill)] if first else []
-        blocks += [plan.coefficients(start, stop)[0] for start, stop in plan.blocks()]
+        blocks += [plan.coefficients(start, stop, keep=True)[0] for start, stop in plan.blocks()]
         indices, weights = stack_rows([weighted_output(block, v[..., :block.shape[-1], :])[1:] for block in blocks],
                                       dtype)
         return indices.view(*batch, *indices.shape[-2:]), weights.view(*batch, *weights.shape[-2:])
@@ -289,19 +289,21 @@ class _Decode:
         self.query_norms = rows.norm(dim=-1).to(q.dtype)
         self.key_norms = hashed.norm(dim=-1).to(q.dtype)
         self.tiny = tiny
+        self.rows = block_rows((q.shape[0],), k.shape[-2])
+        self.logits = {keep: BlockLogits(q, k, self.rows, reuse=not keep) for keep in (False, True)}
 
     def blocks(self):
-        n, m = self.q.shape[-2], self.k.shape[-2]
-        rows = block_rows((self.q.shape[0],), m)
-        return [(start, min(start + rows, n)) for start in range(self.first, n, rows)]
+        n = self.q.shape[-2]
+        return [(start, min(start + self.rows, n)) for start in range(self.first, n, self.rows)]
 
-    def coefficients(self, start: int, stop: int):
+    def coefficients(self, start: int, stop: int, *, keep: bool = False):
         """``(coefficients (B, r, w), fixed (B, r), sampled (B, r))`` of rows ``start:stop``: :math:`c_{ij}` on the
-        ``w`` keys the block can see (``w = stop`` causally, else ``m``), and the keys fixed and sampled per row."""
+        ``w`` keys the block can see (``w = stop`` causally, else ``m``), and the keys fixed and sampled per row.
+        The coefficients are written into the buffer of every block unless ``keep``."""
         q, k, p = self.q, self.k, self.q.shape[-1]
         heads, rows, m = q.shape[0], stop - start, k.shape[-2]
         columns = min(stop, m) if self.causal else m
-        logits = torch.matmul(q[..., start:stop, :], k[..., :columns, :].transpose(-1, -2)).div_(math.sqrt(p))
+        logits = self.logits[keep](start, stop, columns)
         words = self.found[..., start - self.first:stop - self.first, :-(-columns // WORD_BITS)]
         width = words.shape[-1] * WORD_BITS
         found = unpack_bits(words & self._samplable(start, stop, words.shape[-1]), width)
