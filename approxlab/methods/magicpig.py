@@ -218,11 +218,13 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
         counts = middle.sum(-1, keepdim=True).clamp(min=1).unsqueeze(-1)
         centre = (k.double() * middle.unsqueeze(-1)).sum(-2, keepdim=True) / counts
     hashed = k.double() - centre if center else k.double()
-    hyperplanes = draw["hyperplanes"].double().expand(*batch, *draw["hyperplanes"].shape[-3:]).flatten(0, -4)
+    hyperplanes = draw["hyperplanes"].double().expand(*batch, *draw["hyperplanes"].shape[-3:])
+    hyperplanes = hyperplanes.reshape(-1, *hyperplanes.shape[-3:])
     first = 0 if prompt is None else min(prompt, q.shape[-2])  # rows before it: the prefill, exact
     rows = q[..., first:, :].double()
-    found = colliding_keys(lsh.hash_codes(rows, hyperplanes), lsh.hash_codes(hashed, hyperplanes),
-                           buckets=2 ** bits, min_collisions=min_collisions, offset=first if causal else None)
+    found = None if not rows.shape[-2] else colliding_keys(  # None: every row is the prefill's
+        lsh.hash_codes(rows, hyperplanes), lsh.hash_codes(hashed, hyperplanes), buckets=2 ** bits,
+        min_collisions=min_collisions, offset=first if causal else None)
     plan = _Decode(q, k, mask, found, first, centre, hashed, rows, bits=bits, tables=num_features,
                    min_collisions=min_collisions, sink=sink, window=window, causal=bool(causal))
     outputs, fixed_counts, sampled_counts = [], [], []
