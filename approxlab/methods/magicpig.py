@@ -1,6 +1,8 @@
 r"""MagicPIG: attention sinks and a local window exactly, the rest sampled by SimHash collisions and
 importance-weighted by the collision probability (Chen et al., 2024); the keys hashed after subtracting the mean
-of the keys between the sinks and the window, fixed at prefill, as the authors' code does.
+of the keys between the sinks and the window, fixed at prefill, as the authors' code does. The hash tables are
+built once per sequence (as bitsets of keys per bucket) and read by every query; logits in row blocks, in the
+inputs' dtype.
 """
 
 from __future__ import annotations
@@ -167,9 +169,20 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     augmented, the query normalised) before hashing and centres the query too; here MagicPIG's own choice
     (centred keys, raw query). See the docs page for the comparison on shared hyperplanes.
 
-    **Cost**: all :math:`nm` logits, cosines and sampling probabilities in row blocks, in float64; the collisions
-    by bucket lookups (:func:`collision_counts`), :math:`O(nmL/2^K)` for codes spread over the :math:`2^K`
-    buckets; hashing :math:`O((n+m)LKp)`.
+    **The algorithm** (one pass, in the inputs' dtype: float32 unless they are float64). The keys are centred and
+    hashed once (:func:`approxlab.lsh.hash_codes`, float64's codes), and the tables built once per sequence as
+    bitsets, one per bucket, of the keys hashed there (:mod:`approxlab.methods._collision_sets`); each query
+    that samples reads its :math:`L` buckets into the bitset of keys met in at least ``min_collisions`` of them
+    (:math:`O(L\,t\,nm/64)` word operations). In the causal form the prefill's rows are exact attention by
+    torch's fused kernel (or, with a key mask, the row-blocked softmax). For each row block of the other rows the
+    logits against the keys the block can see come from one product; the cosine of each sampled pair from its
+    logit, :math:`\langle q_i, k_j - \bar k\rangle = \sqrt p\, s_{ij} - \langle q_i, \bar k\rangle`; the
+    sampling probabilities of the sampled pairs only; and the output from one product of the block's
+    coefficients with the values. The operator is formed on request, from the same blocks. The float64
+    implementation that formed every cosine and probability densely is kept as the reference of
+    ``tests/test_sampling_fast_paths.py``: the same sampled sets and outputs to float32 rounding (to 1e-12 in
+    float64). ``benchmarks/sampling_methods.py`` times the causal form against torch's fused causal SDPA (its
+    results in ``benchmarks/results/sampling_methods.md``).
 
     References
     ----------
@@ -397,6 +410,9 @@ tables one by one, in the same memory as the block's logits."""
 
 def collision_counts(codes_q: torch.Tensor, codes_k: torch.Tensor, buckets=None) -> torch.Tensor:
     r"""In how many of the ``L`` tables query :math:`i` and key :math:`j` share a code: ``(*batch, r, m)`` int32.
+
+    The counts themselves, where :func:`magicpig` needs only whether they reach ``min_collisions`` (its bitsets,
+    :func:`approxlab.methods._collision_sets.colliding_keys`, are checked against these counts).
 
     ``codes_q`` ``(*batch, L, r)`` and ``codes_k`` ``(*batch, L, m)`` (:func:`approxlab.lsh.hash_codes`);
     ``buckets``: :func:`sorted_buckets` of ``codes_k``, given when the keys serve several blocks of queries.

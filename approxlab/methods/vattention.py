@@ -24,17 +24,20 @@ __all__ = ["vattention", "VATTENTION", "sample_size", "draw_uniforms", "draw_wid
 
 
 MAX_SAMPLES = 512
-"""Default ``max_samples`` of :func:`vattention`: the most tail samples a query draws."""
+"""Default ``max_samples`` of :func:`vattention`: the most tail samples a query draws (its draw holds this many
+variates per query, or ``m`` if fewer: :math:`O(n \min(m, 512))` random numbers instead of :math:`O(nm)`)."""
 
 
 def draw_uniforms(q, k, *, num_features, generator=None, max_samples=MAX_SAMPLES, **options):
-    r"""The random draw of :func:`vattention`: ``{"uniform": (*batch, n, m) float64}``, i.i.d. uniform on [0, 1).
+    r"""The random draw of :func:`vattention`: ``{"uniform": (*batch, n, w) float64}``, i.i.d. uniform on [0, 1),
+    :math:`w = \min(m, \text{max\_samples})` (:func:`draw_width`; ``m`` when ``max_samples`` is None).
 
     Query :math:`i`'s ``r``-th tail sample is the tail key of rank :math:`\lfloor N_T u_{ir}\rfloor` (keys in
-    increasing position); a query never draws more than :math:`N_T < m` samples (at :math:`b \ge N_T` its tail
-    is attended exactly), so ``m`` variates per query are enough. Drawn on the CPU in float64 (memory
-    :math:`O(nm)`), then moved to ``q.device``; ``options`` are ignored (the sample sizes depend on the data,
-    the variates do not).
+    increasing position); a query never draws more than :math:`\min(N_T - 1, w)` samples (when its sample size
+    reaches :math:`N_T` or exceeds :math:`w` its tail is attended exactly), so :math:`w` variates per query are
+    enough. Drawn on the CPU in float64 (memory :math:`O(nw)`), then moved to ``q.device``; the other
+    ``options`` are ignored (the sample sizes depend on the data, the variates do not). With :math:`m \le w`
+    the draw is ``(*batch, n, m)``, the variates drawn before ``max_samples`` existed.
 
     Examples
     --------
@@ -104,8 +107,14 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         Keys ``0 .. sink - 1`` attended exactly by every query (attention sinks).
     window : int, default 0
         Keys :math:`i - \text{window} < j \le i` attended exactly by query :math:`i` (the local window).
+    max_samples : int or None, default 512
+        The most tail samples a query draws (``>= 1``; :data:`MAX_SAMPLES`): a query whose sample size
+        :math:`b_i` exceeds it attends its tail exactly, as one whose :math:`b_i` reaches the tail's size does
+        (no error; the guarantee holds). None: no cap but the tail's size (the draw then holds ``m`` variates per
+        query, as before this option).
     draw : dict, optional
-        ``{"uniform": (*batch, n, m)}`` from :func:`draw_uniforms`, used instead of ``generator``.
+        ``{"uniform": (*batch, n, min(m, max_samples))}`` from :func:`draw_uniforms`, used instead of
+        ``generator``.
     key_mask : torch.Tensor, optional
         ``(*batch, m)`` bool, True on keys that may be attended.
     causal : bool, default False
@@ -117,8 +126,8 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         ``output`` ``(*batch, n, p_v)``; ``operator()`` a :class:`~approxlab.operators.RowSparseOperator` (a
         sampled key drawn twice counts twice); ``info``: ``fixed`` ``(*batch, n)`` the keys attended exactly,
         ``tail`` the other visible keys, ``samples`` the tail draws (0 where the tail is attended exactly),
-        ``exact_tail`` bool where it is (the sample size reached the tail's size), ``required`` float64 the
-        sample size :func:`sample_size` asked for.
+        ``exact_tail`` bool where it is (the sample size reached the tail's size or exceeded ``max_samples``),
+        ``required`` float64 the sample size :func:`sample_size` asked for.
 
     Notes
     -----
@@ -154,7 +163,7 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
     to first order in :math:`b^{-1/2}` (:math:`\tilde D = D` up to a relative error of the same order). When
     :math:`b \ge N_T` the tail is attended exactly instead (no error), as is a tail of one key; a longer tail with
     :math:`\operatorname{tr}\Sigma = 0` needs one draw. :math:`\operatorname{tr}\Sigma`, :math:`D` and
-    :math:`o` are computed here from every logit in float64 (an oracle budget, as the top-k oracle); vAttention
+    :math:`o` are computed here from every logit (an oracle budget, as the top-k oracle); vAttention
     estimates them from a base sample of the tail (the hub's ``base_rate_sampling``), which the guarantee then
     assumes accurate. The hub's budget, :math:`(\Phi^{-1}(1-\delta)\,\hat\sigma N_T/(\epsilon\hat D))^2` with
     :math:`\hat\sigma` the standard deviation of the sampled :math:`w_j`, controls the relative error of the
@@ -164,8 +173,21 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
     :math:`\|\tilde o_i - o_i\| > \epsilon\|o_i\|` stays below :math:`\delta` within a binomial tolerance, on
     peaked and flat attention, with a mutation row in ``tests/mutation_check.py``.
 
-    **Cost**: all :math:`nm` logits in row blocks (as the top-k oracle), the statistics :math:`O(nmp_v)`, the
-    samples :math:`O(n\max_i b_i)` per block.
+    **The algorithm** (in the inputs' dtype: float32 unless they are float64). Per row block, one product gives
+    the logits against the keys the block can see; the fixed keys are the sinks, the window and the largest
+    logits (:func:`~approxlab.methods._row_topk.row_topk`, ``torch.topk``'s keys); the weights overwrite the
+    logits; the tail statistics :math:`\sum_T w_j x_j` and :math:`\sum_T w_j^2 x_j` for
+    :math:`x_j = (u_j, \|u_j\|^2, 1)` come from two products, and :math:`\sum_F w_j x_j` from a weighted sum over
+    the fixed keys, where :math:`u_j = (v_j - c)/s` with :math:`c` the keys' mean value and :math:`s` the
+    largest :math:`|v_j - c|` entry (:math:`\operatorname{tr}\Sigma/\|o\|^2` does not depend on them; the shift
+    keeps :math:`\sum w^2\|u - o\|^2` from cancelling in float32). A row whose tail is attended whole has
+    output :math:`o`; only the rows that sample read their draws and their tail keys by rank. The operator is
+    formed on request, from the same blocks. The float64 implementation that formed every statistic densely in
+    float64 is the reference of ``tests/test_sampling_fast_paths.py``: the same fixed keys, tails, samples and
+    outputs on the same draw, to float32 rounding (to 1e-12 in float64). **Cost**: the logits and two products
+    with the values, :math:`O(nmp)` each (causally half), the top-k selection, and the samples
+    :math:`O(n \max_i b_i)`; ``benchmarks/sampling_methods.py`` times the causal form against torch's fused
+    causal SDPA (its results in ``benchmarks/results/sampling_methods.md``).
 
     References
     ----------
