@@ -15,27 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
+from selection_oracles import best_of  # the same timing (this script's folder is first on the path)
 
 import approxlab
 from approxlab.studies.bench.baseline import torch_sdpa
 
 METHODS = ("magicpig", "vattention")
 TARGET = 5.0
-
-
-def best_of(function, repeats: int = 3) -> tuple[float, float]:
-    """The least wall and the least process CPU seconds of ``repeats`` calls after one warm-up call."""
-    function()
-    walls, cpus = [], []
-    for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        function()
-        walls.append(time.perf_counter() - wall)
-        cpus.append(time.process_time() - cpu)
-    return min(walls), min(cpus)
 
 
 def main() -> None:

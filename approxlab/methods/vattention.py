@@ -24,7 +24,7 @@ __all__ = ["vattention", "VATTENTION", "sample_size", "draw_uniforms", "draw_wid
 
 
 MAX_SAMPLES = 512
-"""Default ``max_samples`` of :func:`vattention`: the most tail samples a query draws (its draw holds this many
+r"""Default ``max_samples`` of :func:`vattention`: the most tail samples a query draws (its draw holds this many
 variates per query, or ``m`` if fewer: :math:`O(n \min(m, 512))` random numbers instead of :math:`O(nm)`)."""
 
 
@@ -248,7 +248,14 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
 
 
 def draw_width(m: int, max_samples) -> int:
-    """The variates a query draws: ``min(m, max_samples)`` (``m`` when ``max_samples`` is None)."""
+    """The variates a query draws: ``min(m, max_samples)`` (``m`` when ``max_samples`` is None).
+
+    Examples
+    --------
+    >>> from approxlab.methods.vattention import draw_width
+    >>> draw_width(8192, 512), draw_width(256, 512), draw_width(8192, None)
+    (512, 256, 8192)
+    """
     return m if max_samples is None else min(m, check_int(max_samples, "max_samples", low=1))
 
 
