@@ -17,8 +17,8 @@ from ._base import method
 from ._cache_policy import prompt_length_of
 from ._masking import check_key_mask
 from ._collision_sets import WORD_BITS, below, colliding_keys, pack_bits, unpack_bits
-from ._selection import block_rows, logit_blocks, safe_softmax, sparse_approximation
-from ._weighted_keys import BlockLogits, stack_rows, weighted_output
+from ._selection import logit_blocks, safe_softmax, sparse_approximation
+from ._weighted_keys import BlockLogits, row_block, stack_rows, weighted_output
 from .draws import DrawEntry, check_draw
 
 __all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability", "collision_counts",
@@ -304,7 +304,7 @@ class _Decode:
         self.query_norms = rows.norm(dim=-1).to(q.dtype)
         self.key_norms = hashed.norm(dim=-1).to(q.dtype)
         self.tiny = tiny
-        self.rows = block_rows((q.shape[0],), k.shape[-2])
+        self.rows = row_block(q.shape[0], k.shape[-2])
         self.logits = {keep: BlockLogits(q, k, self.rows, reuse=not keep) for keep in (False, True)}
 
     def blocks(self):

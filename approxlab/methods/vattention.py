@@ -16,8 +16,8 @@ from .._validation import as_generator, check_int, check_positive_float
 from ._base import method
 from ._masking import check_key_mask
 from ._row_topk import row_topk
-from ._selection import block_rows, sparse_approximation
-from ._weighted_keys import BlockLogits, stack_rows, weighted_output
+from ._selection import sparse_approximation
+from ._weighted_keys import BlockLogits, row_block, stack_rows, weighted_output
 from .draws import DrawEntry, check_draw
 
 __all__ = ["vattention", "VATTENTION", "sample_size", "draw_uniforms", "draw_width", "MAX_SAMPLES"]
@@ -275,7 +275,7 @@ class _Blocks:
         unit = (v - centre) / scale
         self.centre, self.scale = centre, scale
         self.columns = torch.cat([unit, (unit * unit).sum(-1, keepdim=True), torch.ones_like(unit[..., :1])], -1)
-        self.rows = block_rows((q.shape[0],), k.shape[-2])
+        self.rows = row_block(q.shape[0], k.shape[-2])
         self.logits = {reuse: BlockLogits(q, k, self.rows, reuse=reuse) for reuse in (True, False)}
         self.squares = torch.empty(q.shape[0] * min(self.rows, q.shape[-2]) * k.shape[-2], dtype=q.dtype,
                                    device=q.device)
