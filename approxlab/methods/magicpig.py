@@ -322,15 +322,15 @@ class _Decode:
         words = self.found[..., start - self.first:stop - self.first, :-(-columns // WORD_BITS)]
         width = words.shape[-1] * WORD_BITS
         found = unpack_bits(words & self._samplable(start, stop, words.shape[-1]), width)
-        where = found.view(-1).nonzero().squeeze(1)  # the colliding keys that may be sampled, row-major
-        row, key = where // width, where % width  # row: head * rows + local row
+        # the colliding keys that may be sampled, row-major; row: head * rows + local row
+        row, key = found.view(-1, width).nonzero(as_tuple=True)
         flat = row * columns + key
         logit = logits.view(-1).index_select(0, flat)
         centre = self.query_centre[..., start - self.first:stop - self.first].reshape(-1).index_select(0, row)
         norms = self.query_norms[..., start - self.first:stop - self.first].reshape(-1).index_select(0, row)
         norms = norms * self.key_norms.view(-1).index_select(0, (row // rows) * m + key)
         cosine = (logit * math.sqrt(p) - centre) / norms.clamp(min=self.tiny)
-        probability = sampling_probability(cosine, **self.options) if where.numel() else torch.ones_like(cosine)
+        probability = sampling_probability(cosine, **self.options) if row.numel() else torch.ones_like(cosine)
         drawn = probability > 0
         if not bool(drawn.all()):  # a probability that rounds to 0: never sampled
             row, flat, logit, probability = row[drawn], flat[drawn], logit[drawn], probability[drawn]
