@@ -1,6 +1,8 @@
 r"""MagicPIG: attention sinks and a local window exactly, the rest sampled by SimHash collisions and
 importance-weighted by the collision probability (Chen et al., 2024); the keys hashed after subtracting the mean
-of the keys between the sinks and the window, fixed at prefill, as the authors' code does.
+of the keys between the sinks and the window, fixed at prefill, as the authors' code does. The hash tables are
+built once per sequence (as bitsets of keys per bucket) and read by every query; logits in row blocks, in the
+inputs' dtype.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from .._validation import as_generator, check_int
 from ._base import method
 from ._cache_policy import prompt_length_of
 from ._masking import check_key_mask
-from ._selection import logit_blocks
-from ._weighted_keys import assemble, fixed_keys, weighted_output
+from ._collision_sets import WORD_BITS, below, colliding_keys, pack_bits, unpack_bits
+from ._selection import logit_blocks, safe_softmax, sparse_approximation
+from ._weighted_keys import BlockLogits, row_block, stack_rows, weighted_output
 from .draws import DrawEntry, check_draw
 
 __all__ = ["magicpig", "MAGICPIG", "MAX_TABLES", "draw_tables", "sampling_probability", "collision_counts",
@@ -166,9 +169,20 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     augmented, the query normalised) before hashing and centres the query too; here MagicPIG's own choice
     (centred keys, raw query). See the docs page for the comparison on shared hyperplanes.
 
-    **Cost**: all :math:`nm` logits, cosines and sampling probabilities in row blocks, in float64; the collisions
-    by bucket lookups (:func:`collision_counts`), :math:`O(nmL/2^K)` for codes spread over the :math:`2^K`
-    buckets; hashing :math:`O((n+m)LKp)`.
+    **The algorithm** (one pass, in the inputs' dtype: float32 unless they are float64). The keys are centred and
+    hashed once (:func:`approxlab.lsh.hash_codes`, float64's codes), and the tables built once per sequence as
+    bitsets, one per bucket, of the keys hashed there (:mod:`approxlab.methods._collision_sets`); each query
+    that samples reads its :math:`L` buckets into the bitset of keys met in at least ``min_collisions`` of them
+    (:math:`O(L\,t\,nm/64)` word operations). In the causal form the prefill's rows are exact attention by
+    torch's fused kernel (or, with a key mask, the row-blocked softmax). For each row block of the other rows the
+    logits against the keys the block can see come from one product; the cosine of each sampled pair from its
+    logit, :math:`\langle q_i, k_j - \bar k\rangle = \sqrt p\, s_{ij} - \langle q_i, \bar k\rangle`; the
+    sampling probabilities of the sampled pairs only; and the output from one product of the block's
+    coefficients with the values. The operator is formed on request, from the same blocks. The float64
+    implementation that formed every cosine and probability densely is kept as the reference of
+    ``tests/test_sampling_fast_paths.py``: the same sampled sets and outputs to float32 rounding (to 1e-12 in
+    float64). ``benchmarks/sampling_methods.py`` times the causal form against torch's fused causal SDPA (its
+    results in ``benchmarks/results/sampling_methods.md``).
 
     References
     ----------
@@ -207,44 +221,158 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
                                            "(*batch, L, bits, p)")}
         draw = check_draw("magicpig", draw, layout, device=q.device)
     dtype = q.dtype
-    q, k, v = q.double(), k.double(), v.double()
-    k, v = k.expand(*batch, *k.shape[-2:]), v.expand(*batch, *v.shape[-2:])
-    hyperplanes = draw["hyperplanes"].double()
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    q, k, v = (x.to(compute).expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v))
+    mask = None if key_mask is None else key_mask.expand(*batch, k.shape[-2]).reshape(-1, k.shape[-2])
+    centre = torch.zeros_like(k[..., :1, :], dtype=torch.float64)  # the mean subtracted before hashing
     if center:
-        middle = centring_keys(k.shape[-2], sink=sink, window=window, prompt_length=prompt, key_mask=key_mask,
+        middle = centring_keys(k.shape[-2], sink=sink, window=window, prompt_length=prompt, key_mask=mask,
                                device=k.device).expand(k.shape[:-1])
         counts = middle.sum(-1, keepdim=True).clamp(min=1).unsqueeze(-1)
-        hashed = k - (k * middle.unsqueeze(-1)).sum(-2, keepdim=True) / counts
-    else:
-        hashed = k
-    codes_q = lsh.hash_codes(q.expand(*batch, *q.shape[-2:]), hyperplanes)  # (*batch, L, n)
-    codes_k = lsh.hash_codes(hashed, hyperplanes)  # (*batch, L, m)
-    buckets = sorted_buckets(codes_k)  # each table's keys by code: its buckets are runs
-    key_norms = hashed.norm(dim=-1)
-    blocks, fixed_counts, sampled_counts = [], [], []
-    for start, stop, logits in logit_blocks(q, k, causal=bool(causal), key_mask=key_mask):
-        fixed = fixed_keys(logits, start, heavy=0, sink=sink, window=window)
-        if prompt is not None:  # the prefill's rows: exact causal attention
-            prefill = torch.arange(start, stop, device=logits.device).unsqueeze(-1) < prompt
-            fixed = fixed | (prefill & torch.isfinite(logits))
-        collisions = collision_counts(codes_q[..., start:stop], codes_k, buckets)
-        rows = q[..., start:stop, :].expand(*batch, stop - start, q.shape[-1])
-        cosine = (rows @ hashed.transpose(-1, -2)) / (rows.norm(dim=-1, keepdim=True) * key_norms.unsqueeze(-2)
-                                                      ).clamp(min=torch.finfo(torch.float64).tiny)
-        probability = sampling_probability(cosine, bits=bits, tables=num_features, min_collisions=min_collisions)
-        sampled = (collisions >= min_collisions) & torch.isfinite(logits) & ~fixed & (probability > 0)
-        weighted = torch.where(fixed, logits, torch.where(sampled, logits - torch.log(probability.clamp(
-            min=torch.finfo(torch.float64).tiny)), torch.full_like(logits, float("-inf"))))
-        peak = weighted.amax(-1, keepdim=True)
-        peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-        blocks.append(weighted_output(torch.exp(weighted - peak), v))
-        fixed_counts.append(fixed.sum(-1))
-        sampled_counts.append(sampled.sum(-1))
-    info = {"fixed": torch.cat(fixed_counts, dim=-1), "sampled": torch.cat(sampled_counts, dim=-1),
+        centre = (k.double() * middle.unsqueeze(-1)).sum(-2, keepdim=True) / counts
+    hashed = k.double() - centre if center else k.double()
+    hyperplanes = draw["hyperplanes"].double().expand(*batch, *draw["hyperplanes"].shape[-3:])
+    hyperplanes = hyperplanes.reshape(-1, *hyperplanes.shape[-3:])
+    first = 0 if prompt is None else min(prompt, q.shape[-2])  # rows before it: the prefill, exact
+    rows = q[..., first:, :].double()
+    found = None if not rows.shape[-2] else colliding_keys(  # None: every row is the prefill's
+        lsh.hash_codes(rows, hyperplanes), lsh.hash_codes(hashed, hyperplanes), buckets=2 ** bits,
+        min_collisions=min_collisions, offset=first if causal else None)
+    plan = _Decode(q, k, mask, found, first, centre, hashed, rows, bits=bits, tables=num_features,
+                   min_collisions=min_collisions, sink=sink, window=window, causal=bool(causal))
+    outputs, fixed_counts, sampled_counts = [], [], []
+    if first:
+        outputs.append(_exact_rows(q[..., :first, :], k[..., :first, :], v[..., :first, :], mask))
+        visible = torch.ones_like(k[..., :first, 0], dtype=torch.long) if mask is None else mask[..., :first].long()
+        fixed_counts.append(visible.cumsum(-1))
+        sampled_counts.append(torch.zeros_like(fixed_counts[0]))
+    for start, stop in plan.blocks():
+        coefficients, fixed, sampled = plan.coefficients(start, stop)
+        sums = coefficients.sum(-1, keepdim=True)
+        outputs.append((coefficients @ v[..., :coefficients.shape[-1], :]) / torch.where(sums > 0, sums,
+                                                                                        torch.ones_like(sums)))
+        fixed_counts.append(fixed)
+        sampled_counts.append(sampled)
+
+    def record():
+        prefill = None if mask is None else mask[..., :first]
+        blocks = [safe_softmax(logits) for _, _, logits in logit_blocks(q[..., :first, :], k[..., :first, :],
+                                                                         causal=True, key_mask=prefill)] if first else []
+        blocks += [plan.coefficients(start, stop, keep=True)[0] for start, stop in plan.blocks()]
+        indices, weights = stack_rows([weighted_output(block, v[..., :block.shape[-1], :])[1:] for block in blocks],
+                                      dtype)
+        return indices.view(*batch, *indices.shape[-2:]), weights.view(*batch, *weights.shape[-2:])
+
+    def unflatten(parts):
+        joined = torch.cat(parts, dim=-1)
+        return joined.view(*batch, joined.shape[-1])
+
+    info = {"fixed": unflatten(fixed_counts), "sampled": unflatten(sampled_counts),
             "hyperplanes": draw["hyperplanes"]}
     if prompt is not None:
         info["prompt_length"] = prompt
-    return assemble("magicpig", blocks, k.shape[-2], dtype, info)
+    output = torch.cat(outputs, dim=-2)
+    return sparse_approximation("magicpig", output.view(*batch, *output.shape[-2:]).to(dtype), k.shape[-2], record,
+                                info)
+
+
+def _exact_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask) -> torch.Tensor:
+    r"""Exact causal attention of the prefill ``(B, P, p)``, ``(B, P, p)``, ``(B, P, p_v)`` (keys ``key_mask``
+    ``(B, m)`` or None): torch's fused kernel without a mask, else the row-blocked softmax (a row that sees no key
+    gets 0, where the kernel would give NaN)."""
+    if key_mask is None:
+        return torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                                                is_causal=True).squeeze(0)
+    return torch.cat([safe_softmax(logits) @ v for _, _, logits in logit_blocks(q, k, causal=True,
+                                                                                key_mask=key_mask[..., :q.shape[-2]])],
+                     dim=-2)
+
+
+class _Decode:
+    """The rows of MagicPIG that sample (all rows, or those after the prefill), in row blocks: each block's
+    coefficients :math:`c_{ij}` over its visible keys from the bitsets of colliding keys (``found``
+    ``(B, n - first, W)``, :mod:`._collision_sets`) and the block's logits."""
+
+    def __init__(self, q, k, mask, found, first, centre, hashed, rows, *, bits, tables, min_collisions, sink, window,
+                 causal):
+        self.q, self.k, self.mask, self.found, self.first = q, k, mask, found, first
+        self.options = dict(bits=bits, tables=tables, min_collisions=min_collisions)
+        self.sink, self.window, self.causal = sink, window, causal
+        tiny = torch.finfo(q.dtype).tiny
+        self.mask_words = None if mask is None else pack_bits(mask)
+        self.query_centre = (rows @ centre.transpose(-1, -2)).squeeze(-1).to(q.dtype)  # q_i . k_bar
+        self.query_norms = rows.norm(dim=-1).to(q.dtype)
+        self.key_norms = hashed.norm(dim=-1).to(q.dtype)
+        self.tiny = tiny
+        self.rows = row_block(q.shape[0], k.shape[-2])
+        self.logits = {keep: BlockLogits(q, k, self.rows, reuse=not keep) for keep in (False, True)}
+
+    def blocks(self):
+        n = self.q.shape[-2]
+        return [(start, min(start + self.rows, n)) for start in range(self.first, n, self.rows)]
+
+    def coefficients(self, start: int, stop: int, *, keep: bool = False):
+        """``(coefficients (B, r, w), fixed (B, r), sampled (B, r))`` of rows ``start:stop``: :math:`c_{ij}` on the
+        ``w`` keys the block can see (``w = stop`` causally, else ``m``), and the keys fixed and sampled per row.
+        The coefficients are written into the buffer of every block unless ``keep``."""
+        q, k, p = self.q, self.k, self.q.shape[-1]
+        heads, rows, m = q.shape[0], stop - start, k.shape[-2]
+        columns = min(stop, m) if self.causal else m
+        logits = self.logits[keep](start, stop, columns)
+        words = self.found[..., start - self.first:stop - self.first, :-(-columns // WORD_BITS)]
+        width = words.shape[-1] * WORD_BITS
+        found = unpack_bits(words & self._samplable(start, stop, words.shape[-1]), width)
+        # the colliding keys that may be sampled, row-major; row: head * rows + local row
+        row, key = found.view(-1, width).nonzero(as_tuple=True)
+        flat = row * columns + key
+        logit = logits.view(-1).index_select(0, flat)
+        centre = self.query_centre[..., start - self.first:stop - self.first].reshape(-1).index_select(0, row)
+        norms = self.query_norms[..., start - self.first:stop - self.first].reshape(-1).index_select(0, row)
+        norms = norms * self.key_norms.view(-1).index_select(0, (row // rows) * m + key)
+        cosine = (logit * math.sqrt(p) - centre) / norms.clamp(min=self.tiny)
+        probability = sampling_probability(cosine, **self.options) if row.numel() else torch.ones_like(cosine)
+        drawn = probability > 0
+        if not bool(drawn.all()):  # a probability that rounds to 0: never sampled
+            row, flat, logit, probability = row[drawn], flat[drawn], logit[drawn], probability[drawn]
+        weighted = logit - torch.log(probability.clamp(min=self.tiny))
+        fixed_row, fixed_flat, fixed = self._fixed_keys(start, stop, columns)
+        values = torch.cat([logits.view(-1).index_select(0, fixed_flat), weighted])
+        every_row, every_flat = torch.cat([fixed_row, row]), torch.cat([fixed_flat, flat])
+        peak = torch.zeros(heads * rows, dtype=q.dtype, device=q.device).scatter_reduce_(
+            0, every_row, values, "amax", include_self=False)
+        coefficients = logits.zero_()
+        coefficients.view(-1).index_put_((every_flat,), torch.exp(values - peak.index_select(0, every_row)))
+        sampled = torch.bincount(row, minlength=heads * rows).view(heads, rows)
+        return coefficients, fixed, sampled
+
+    def _samplable(self, start: int, stop: int, words: int) -> torch.Tensor:
+        """``(B or 1, r, words)`` int64 bitsets of the keys row ``i`` may sample: visible (``j <= i`` causally, and
+        in the key mask), neither a sink nor in the window."""
+        positions = torch.arange(start, stop, device=self.q.device)
+        above_sinks = ~below(torch.full_like(positions, self.sink), words)
+        if self.causal:
+            allowed = above_sinks & below(positions + 1 - self.window, words)
+        else:
+            allowed = above_sinks & ~(below(positions + 1, words) & ~below(positions + 1 - self.window, words))
+        return allowed if self.mask_words is None else allowed & self.mask_words[..., :words].unsqueeze(-2)
+
+    def _fixed_keys(self, start: int, stop: int, columns: int):
+        """The sinks and the window of rows ``start:stop`` where visible: ``(row, flat, counts)``, ``row`` and
+        ``flat`` their entries' head * rows + row and index in the ``(B, r, columns)`` block, ``counts`` ``(B, r)``."""
+        heads, rows = self.q.shape[0], stop - start
+        offsets = torch.arange(self.sink + self.window, device=self.q.device)
+        positions = torch.arange(start, stop, device=self.q.device).unsqueeze(-1)
+        keys = torch.where(offsets < self.sink, offsets, positions - (offsets - self.sink))  # (r, sink + window)
+        valid = (keys >= 0) & (keys < columns) & ((offsets < self.sink) | (keys >= self.sink))
+        if self.causal:
+            valid = valid & (keys <= positions)
+        valid = valid.expand(heads, *valid.shape)
+        keys = keys.clamp(0, columns - 1).expand_as(valid)
+        if self.mask is not None:
+            valid = valid & torch.gather(self.mask[..., :columns], -1, keys.flatten(1)).view_as(valid)
+        head, row, slot = valid.nonzero(as_tuple=True)
+        entry = head * rows + row
+        return entry, entry * columns + keys[head, row, slot], valid.sum(-1)
 
 
 def centring_keys(m: int, *, sink: int, window: int, prompt_length: int | None = None, key_mask=None,
@@ -282,6 +410,9 @@ tables one by one, in the same memory as the block's logits."""
 
 def collision_counts(codes_q: torch.Tensor, codes_k: torch.Tensor, buckets=None) -> torch.Tensor:
     r"""In how many of the ``L`` tables query :math:`i` and key :math:`j` share a code: ``(*batch, r, m)`` int32.
+
+    The counts themselves, where :func:`magicpig` needs only whether they reach ``min_collisions`` (its bitsets,
+    :func:`approxlab.methods._collision_sets.colliding_keys`, are checked against these counts).
 
     ``codes_q`` ``(*batch, L, r)`` and ``codes_k`` ``(*batch, L, m)`` (:func:`approxlab.lsh.hash_codes`);
     ``buckets``: :func:`sorted_buckets` of ``codes_k``, given when the keys serve several blocks of queries.
