@@ -309,7 +309,7 @@ def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn
     is a built-in's)."""
     import matplotlib.pyplot as plt
 
-    from approxlab import plotting
+    from approxlab import method_styles, plotting
     from approxlab.methods import available, get
 
     today = ["hyperattention", "kdeformer", "polynomial", "topk", "topp", "quest"]
@@ -321,7 +321,7 @@ def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn
     assert causal_only - scored == {"minference", "xattention", "duo-attention"}  # sparse prefill: no cache scores
     styles = [(plotting.METHOD_STYLES[m]["color"], plotting.METHOD_STYLES[m]["marker"]) for m in available()]
     assert len(set(styles)) == len(styles)
-    assert not set(plotting._FALLBACK_COLORS) & {color for color, _ in styles}
+    assert not set(method_styles.FALLBACK_COLORS) & {color for color, _ in styles}
     config = figure1.build_config(n=[32], num_features=[8, 16], methods=["performer", *today], windows=1, seeds=1,
                                   dtypes=["float64"], conditions=["pretrained"], stat_heads=1)
     results = compute(figure1.STUDY, config, tmp_path / "fig1", progress=False)["results.csv"]
