@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import types
 
 import pandas as pd
@@ -40,6 +41,22 @@ def synthetic_data(monkeypatch):
     monkeypatch.setattr(wikitext, "load_qkv", synthetic_loader)
     yield
     wikitext.clear_caches()
+
+
+def test_the_recorded_command_is_the_one_given_with_every_flag_and_reruns_the_run(tmp_path, synthetic_data):
+    """config.json and timing.json record the command as given (every flag, lists written either way, in shell
+    quoting); run again, that command resumes the same configuration (nothing is computed again)."""
+    out = tmp_path / "fig 1"  # a space: the record must quote it
+    given = ["figure1", "--threads", "1", "--n", "32", "48", "--num-features", "4,8", "--methods", ",".join(METHODS),
+             "--windows", "1", "--seeds", "2", "--dtypes", "float64", "--out", str(out), "--no-progress"]
+    assert main(given) == 0
+    command = read_json(out / "config.json")["run"]["command"]
+    assert command == shlex.join(["approxlab", *given])
+    assert [run["command"] for run in read_json(out / "timing.json")["runs"]] == [command]
+    saved, rows = read_json(out / "config.json")["config_hash"], len(read_results(out / "results.csv"))
+    assert main(shlex.split(command)[1:]) == 0
+    assert read_json(out / "config.json")["config_hash"] == saved and len(read_results(out / "results.csv")) == rows
+    assert [run["command"] for run in read_json(out / "timing.json")["runs"]] == [command, command]
 
 
 def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, monkeypatch):
