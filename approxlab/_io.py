@@ -26,6 +26,7 @@ output-folder lock); it imports nothing from approxlab.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -124,12 +125,16 @@ def write_csv_atomic(df: pd.DataFrame, path) -> pathlib.Path:
 
     Floats are written as their shortest round-trip representation (``repr``), so a table
     re-read with :func:`approxlab.studies.engine.read_results` compares equal to the one written, and a value the
-    study rounded (e.g. to 6 decimals) is written with those digits only.
+    study rounded (e.g. to 6 decimals) is written with those digits only. A ``path`` ending in ``.gz``
+    gets the CSV gzip-compressed, with no file name and a zero time stamp in its header, so the same
+    table always gives the same bytes (a table too large to commit as text: ``spectra.csv.gz``).
     """
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"`df` must be a pandas.DataFrame; got {type(df).__name__}.")
     buffer = io.StringIO()
     df.to_csv(buffer, index=False)
+    if str(path).endswith(".gz"):
+        return atomic_write_bytes(path, gzip.compress(buffer.getvalue().encode("utf-8"), mtime=0))
     return atomic_write_text(path, buffer.getvalue())
 
 

@@ -23,8 +23,9 @@ Public API::
 
 Every registered method name has a fixed colour and marker (so a method looks the
 same in every figure); unknown names (registered or plugin methods) get a deterministic
-fallback colour. The matplotlib backend is Agg (no display needed); importing this module
-selects it unless a backend was already chosen explicitly by the caller.
+fallback colour. The styles and the family tuples are data of their own
+(:mod:`approxlab.method_styles`), re-exported here. The matplotlib backend is Agg (no display
+needed); importing this module selects it unless a backend was already chosen explicitly by the caller.
 
 A study draws its method curves (x = the budget ``d``, y = an error statistic with a band)
 through :func:`method_curve` from a table of per-point statistics, one figure per group of
@@ -45,11 +46,15 @@ matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ._io import atomic_write_bytes  # noqa: E402
+from .method_styles import (ATTENTION_POLICIES, FALLBACK_COLORS, FALLBACK_MARKERS, FAMILIES,  # noqa: E402
+                            FAMILY_FILES, GEOMETRY_POLICIES, METHOD_STYLES, SPARSE_PREFILL)
 
 __all__ = ["METHOD_STYLES", "method_style", "method_label", "method_family", "group_by_family", "FAMILIES",
            "FAMILY_FILES", "MAX_LINES", "BUDGET_LABEL", "panel_groups", "panel_lines", "ATTENTION_POLICIES",
-           "GEOMETRY_POLICIES", "DTYPE_LINESTYLES", "method_curve", "error_panel", "share_ylimits", "tidy_log_axis",
-           "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
+           "GEOMETRY_POLICIES", "SPARSE_PREFILL", "DTYPE_LINESTYLES", "method_curve", "error_panel", "share_ylimits",
+           "tidy_log_axis", "figure_legend", "style", "figure", "save_figure", "RC_PARAMS"]
+# METHOD_STYLES and the family tuples (ATTENTION_POLICIES, GEOMETRY_POLICIES, SPARSE_PREFILL, FAMILY_FILES,
+# FAMILIES) are defined in approxlab.method_styles and re-exported here
 
 RC_PARAMS = {
     "font.size": 8,
@@ -70,66 +75,6 @@ RC_PARAMS = {
 }
 """matplotlib rc settings applied inside :func:`figure` and :func:`save_figure`."""
 
-# Colours: the four methods of Skyformer Figure 1 get strong, distinct colours
-# (Okabe-Ito palette); the extra methods get muted ones.
-METHOD_STYLES = {
-    "skyformer-softmax": {"color": "#D55E00", "marker": "o", "label": "Skyformer (Eq. 5 on A)"},
-    "skyformer": {"color": "#E69F00", "marker": "o", "label": "Skyformer (kernelized)"},
-    "nystromformer": {"color": "#0072B2", "marker": "s", "label": "Nystromformer"},
-    "performer": {"color": "#009E73", "marker": "^", "label": "Performer"},
-    "performer-lra": {"color": "#7FC9A9", "marker": "v", "label": "Performer (as fed by Skyformer's code)"},
-    "informer": {"color": "#CC79A7", "marker": "D", "label": "Informer"},
-    "yoso": {"color": "#56B4E9", "marker": "v", "label": "YOSO"},
-    "yoso-e": {"color": "#8FCBEA", "marker": "<", "label": "YOSO-E"},
-    "spectral-shifting": {"color": "#7F6A93", "marker": "P", "label": "Spectral shifting"},
-    "nystrom": {"color": "#8C6D31", "marker": "X", "label": "Nystrom (uniform)"},
-    "linformer": {"color": "#6B6B6B", "marker": "*", "label": "Linformer"},
-    # today's methods (Paul Tol's muted palette): sortLSH and polynomial, the oracles and Quest, the KV-cache policies
-    "hyperattention": {"color": "#882255", "marker": "h", "label": "HyperAttention"},
-    "kdeformer": {"color": "#332288", "marker": "p", "label": "KDEformer"},
-    "polynomial": {"color": "#999933", "marker": "d", "label": "Polynomial (Alman-Song)"},
-    "topk": {"color": "#117733", "marker": ">", "label": "Top-k (oracle)"},
-    # hollow: where the nucleus holds more than d keys top-p is top-k, and its circles ring top-k's triangles
-    "topp": {"color": "#44AA99", "marker": "o", "markerfacecolor": "none", "label": "Top-p (oracle)"},
-    "quest": {"color": "#CC6677", "marker": "H", "label": "Quest"},
-    "vattention": {"color": "#5D3A9B", "marker": "8", "label": "vAttention"},
-    "magicpig": {"color": "#A6761D", "marker": "x", "label": "MagicPIG"},
-    # sparse prefill: causal patterns over the whole sequence (no cache scores)
-    "minference": {"color": "#DDCC77", "marker": "s", "label": "MInference"},
-    "xattention": {"color": "#88CCEE", "marker": "D", "label": "XAttention"},
-    "flexprefill": {"color": "#661100", "marker": "v", "label": "FlexPrefill"},
-    "duo-attention": {"color": "#AA3377", "marker": "^", "label": "DuoAttention"},
-    # The cache policies, drawn in two groups (the perplexity study's panels): filled markers, and colours that
-    # differ within each group. Those that rank tokens by attention (Paul Tol's vibrant palette):
-    "h2o": {"color": "#CC3311", "marker": "o", "label": "H2O"},
-    "observed-attention": {"color": "#EE7733", "marker": "s", "label": "Observed attention"},
-    "tova": {"color": "#009988", "marker": "^", "label": "TOVA"},
-    "snapkv": {"color": "#0077BB", "marker": "D", "label": "SnapKV"},
-    # SnapKV's scores with adaptive budgets: SnapKV's blue family
-    "ada-snapkv": {"color": "#33BBEE", "marker": "v", "linestyle": "--", "label": "Ada-SnapKV"},
-    "pyramidkv": {"color": "#332288", "marker": "<", "linestyle": ":", "label": "PyramidKV"},
-    "expected-attention": {"color": "#EE3377", "marker": "P", "label": "Expected attention"},
-    # the output-aware ones: attention weighted by what evicting a value does to the output
-    "criticalkv": {"color": "#882255", "marker": "p", "label": "CriticalKV"},
-    "caote": {"color": "#DDAA33", "marker": "*", "label": "CAOTE"},
-    # those that rank tokens by position or by the keys' geometry (Okabe-Ito's palette)
-    "streaming-llm": {"color": "#E69F00", "marker": "h", "label": "StreamingLLM"},
-    "random": {"color": "#999999", "marker": "X", "label": "Random (floor)"},
-    "knorm": {"color": "#56B4E9", "marker": "s", "label": "Knorm"},
-    "keydiff": {"color": "#009E73", "marker": "D", "label": "KeyDiff"},
-    "leverage-score": {"color": "#D55E00", "marker": "^", "label": "Leverage scores (keys)"},
-    "cur": {"color": "#CC79A7", "marker": "v", "label": "CUR"},
-    "compactor": {"color": "#0072B2", "marker": "P", "label": "Compactor"},
-    "cap": {"color": "#7F3C8D", "marker": "d", "label": "CAP"},  # not black: the control (exact) is drawn beside it
-    "exact": {"color": "#000000", "marker": ".", "label": "Exact"},
-    # computes Skyformer's Gaussian-kernel attention CV exactly: not softmax attention (its target is named beside)
-    "kernelized": {"color": "#444444", "marker": "+", "label": "Gaussian kernel CV"},
-}
-for _style in METHOD_STYLES.values():
-    _style.setdefault("linestyle", "-")
-
-_FALLBACK_COLORS = ["#AA4499", "#BBCC33", "#EE8866", "#77AADD", "#994455", "#004488"]  # none a built-in's
-_FALLBACK_MARKERS = ["h", "p", "d", "1", "2", "3"]
 
 
 def method_style(name: str, *, secondary: bool = False) -> dict:
@@ -167,8 +112,8 @@ def method_style(name: str, *, secondary: bool = False) -> dict:
     else:
         index = int(hashlib.sha256(name.encode()).hexdigest(), 16)
         style = {
-            "color": _FALLBACK_COLORS[index % len(_FALLBACK_COLORS)],
-            "marker": _FALLBACK_MARKERS[index % len(_FALLBACK_MARKERS)],
+            "color": FALLBACK_COLORS[index % len(FALLBACK_COLORS)],
+            "marker": FALLBACK_MARKERS[index % len(FALLBACK_MARKERS)],
             "linestyle": "-",
             "label": name,
         }
@@ -201,26 +146,6 @@ def method_label(name: str) -> str:
     if name in available() and get(name).target != "softmax":
         label += f" (target: {TARGET_NAMES[get(name).target]})"
     return label
-
-
-ATTENTION_POLICIES = ("h2o", "observed-attention", "tova", "snapkv", "ada-snapkv", "pyramidkv", "expected-attention",
-                      "criticalkv", "caote")
-"""The built-in cache policies that rank tokens by attention (observed, of a window of queries, or expected; CriticalKV
-and CAOTE weight it by what evicting the value does to the output)."""
-
-SPARSE_PREFILL = ("minference", "xattention", "flexprefill", "duo-attention")
-"""The built-in sparse-prefill patterns: causal over the whole sequence, drawn with the sparse selection."""
-
-GEOMETRY_POLICIES = ("streaming-llm", "random", "knorm", "keydiff", "leverage-score", "cur", "compactor", "cap")
-"""The built-in cache policies that rank tokens by position or by the geometry of the keys (and values)."""
-
-FAMILY_FILES = {"cache: attention scores": "cache-attention", "cache: position, keys": "cache-geometry",
-                "cache: other policies": "cache-other", "sparse selection": "sparse",
-                "low-rank, kernel, sampling": "low-rank", "Nyström family (not decoder)": "nystrom", "other": "other"}
-"""The families of :func:`method_family` in drawing order, each with the suffix of a figure file drawn per family."""
-
-FAMILIES = tuple(FAMILY_FILES)
-"""The families of :func:`method_family`, in drawing order."""
 
 
 def method_family(name: str) -> str:

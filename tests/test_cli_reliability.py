@@ -383,7 +383,7 @@ def _quiet_workers_run(tmp_path):
 
 # ------------------------------------------------ the other studies' plot step
 
-OTHER_STUDIES = {"sv-decay": ("spectra.csv",), "instability": (), "lra-svd": ("spectra.csv", "training.csv"),
+OTHER_STUDIES = {"sv-decay": ("spectra.csv.gz",), "instability": (), "lra-svd": ("spectra.csv", "training.csv"),
                  "bench": ()}
 CONFIG = '{"config": {"study": "x"}, "config_hash": "0"}'
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import types
 
 import pandas as pd
@@ -40,6 +41,22 @@ def synthetic_data(monkeypatch):
     monkeypatch.setattr(wikitext, "load_qkv", synthetic_loader)
     yield
     wikitext.clear_caches()
+
+
+def test_the_recorded_command_is_the_one_given_with_every_flag_and_reruns_the_run(tmp_path, synthetic_data):
+    """config.json and timing.json record the command as given (every flag, lists written either way, in shell
+    quoting); run again, that command resumes the same configuration (nothing is computed again)."""
+    out = tmp_path / "fig 1"  # a space: the record must quote it
+    given = ["figure1", "--threads", "1", "--n", "32", "48", "--num-features", "4,8", "--methods", ",".join(METHODS),
+             "--windows", "1", "--seeds", "2", "--dtypes", "float64", "--out", str(out), "--no-progress"]
+    assert main(given) == 0
+    command = read_json(out / "config.json")["run"]["command"]
+    assert command == shlex.join(["approxlab", *given])
+    assert [run["command"] for run in read_json(out / "timing.json")["runs"]] == [command]
+    saved, rows = read_json(out / "config.json")["config_hash"], len(read_results(out / "results.csv"))
+    assert main(shlex.split(command)[1:]) == 0
+    assert read_json(out / "config.json")["config_hash"] == saved and len(read_results(out / "results.csv")) == rows
+    assert [run["command"] for run in read_json(out / "timing.json")["runs"]] == [command, command]
 
 
 def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, monkeypatch):
@@ -309,7 +326,7 @@ def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn
     is a built-in's)."""
     import matplotlib.pyplot as plt
 
-    from approxlab import plotting
+    from approxlab import method_styles, plotting
     from approxlab.methods import available, get
 
     today = ["hyperattention", "kdeformer", "polynomial", "topk", "topp", "quest"]
@@ -321,7 +338,7 @@ def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn
     assert causal_only - scored == {"minference", "xattention", "flexprefill", "duo-attention"}  # sparse prefill: no cache scores
     styles = [(plotting.METHOD_STYLES[m]["color"], plotting.METHOD_STYLES[m]["marker"]) for m in available()]
     assert len(set(styles)) == len(styles)
-    assert not set(plotting._FALLBACK_COLORS) & {color for color, _ in styles}
+    assert not set(method_styles.FALLBACK_COLORS) & {color for color, _ in styles}
     config = figure1.build_config(n=[32], num_features=[8, 16], methods=["performer", *today], windows=1, seeds=1,
                                   dtypes=["float64"], conditions=["pretrained"], stat_heads=1)
     results = compute(figure1.STUDY, config, tmp_path / "fig1", progress=False)["results.csv"]

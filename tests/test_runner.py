@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from approxlab import _io as atomic
-from approxlab.errors import StudyError
+from approxlab.errors import CorruptResultsError, StudyError
 from approxlab.studies import Step, Table, engine
 from approxlab.studies.engine import cell_key, cell_seed, config_hash, run_cells, run_steps
 
@@ -201,6 +201,23 @@ def test_csv_round_trip_is_exact(tmp_path):
     df = pd.DataFrame({"x": [0.1, 1 / 3, 2.0**-40], "name": ["a", "b", "c"], "n": [1, 2, 3]})
     atomic.write_csv_atomic(df, tmp_path / "t.csv")
     pd.testing.assert_frame_equal(engine.read_results(tmp_path / "t.csv"), df)
+
+
+def test_a_csv_gz_table_is_gzip_the_same_bytes_each_write_and_reads_back_exactly(tmp_path):
+    """A table named ``.csv.gz`` (sv-decay's ``spectra.csv.gz``) is written gzip-compressed with no time stamp,
+    so writing it again gives the same bytes; it reads back equal, and a damaged one is refused naming it."""
+    import gzip
+
+    df = pd.DataFrame({"x": [0.1, 1 / 3, 2.0**-40], "name": ["a", "b", "c"], "n": [1, 2, 3]})
+    path = engine.write_table(df, tmp_path / "t.csv.gz", ["n"])
+    first = path.read_bytes()
+    assert first[:2] == b"\x1f\x8b" and gzip.decompress(first).decode() == df.to_csv(index=False)
+    engine.write_table(df, path, ["n"])
+    assert path.read_bytes() == first
+    pd.testing.assert_frame_equal(engine.read_results(path), df)
+    path.write_bytes(first[: len(first) // 2])
+    with pytest.raises(CorruptResultsError, match=r"t\.csv\.gz.*not whole gzip data"):
+        engine.read_results(path)
 
 
 def test_dask_local_cluster_matches_in_process_and_survives_a_killed_worker(tmp_path):

@@ -8,7 +8,7 @@ from approxlab.studies.engine import read_results
 def test_sv_decay_quick(tmp_path):
     """Skyformer App. B / spectral-shifting Fig. 2: `approxlab sv-decay --quick`."""
     assert main(["sv-decay", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
-    for name in ("results.csv", "spectra.csv", "config.json", "sv_decay.png", "sv_decay.pdf", "summary.md"):
+    for name in ("results.csv", "spectra.csv.gz", "config.json", "sv_decay.png", "sv_decay.pdf", "summary.md"):
         assert (tmp_path / name).is_file(), name
     results = read_results(tmp_path / "results.csv")
     assert len(results) > 0 and not results["matrix"].isna().any()

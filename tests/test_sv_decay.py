@@ -121,7 +121,7 @@ def test_study_end_to_end_tiny(tmp_path, monkeypatch):
     assert config["modes"] == {"32": "hidden", "64": "hidden"}
     tables = compute(sv_decay.STUDY, config, tmp_path, progress=False)
     wikitext.clear_caches()
-    results, spectra = tables["results.csv"], tables["spectra.csv"]
+    results, spectra = tables["results.csv"], tables["spectra.csv.gz"]
     assert len(results) == 2 * 2 * 2 * 7  # conditions x n x heads x matrices
     assert np.isfinite(results["stable_rank"]).all()
     assert set(spectra["matrix"]) == set(results["matrix"])
@@ -155,7 +155,7 @@ def test_a_method_that_raises_gets_failed_rows_and_the_report_is_written(tmp_pat
                                    approximations=["raises", "nystromformer"])
     tables = compute(sv_decay.STUDY, config, tmp_path, progress=False)
     wikitext.clear_caches()
-    results, spectra = tables["results.csv"], tables["spectra.csv"]
+    results, spectra = tables["results.csv"], tables["spectra.csv.gz"]
     failed = results[results["matrix"] == "raises"]
     assert len(failed) == 2 and (failed["status"] == "RuntimeError: the plugin's own bug").all()
     assert not results.isna().any().any() and (failed["stable_rank"] == math.inf).all()

@@ -48,7 +48,8 @@ class Table:
     Attributes
     ----------
     name : str
-        File name, e.g. ``"results.csv"``.
+        File name, e.g. ``"results.csv"``; ``.csv.gz`` for a table stored gzip-compressed (one too
+        large to commit as text).
     key : tuple of str
         The columns that identify a cell (the runner stamps them on every row and resumes by them).
     required : tuple of str
@@ -63,8 +64,8 @@ class Table:
     optional: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name.endswith(".csv") or "/" in self.name:
-            raise ValueError(f"`name` must be a file name ending in .csv; got {self.name!r}.")
+        if not isinstance(self.name, str) or not self.name.endswith((".csv", ".csv.gz")) or "/" in self.name:
+            raise ValueError(f"`name` must be a file name ending in .csv or .csv.gz; got {self.name!r}.")
         if not self.key or not all(isinstance(column, str) for column in self.key):
             raise ValueError(f"`key` must be a non-empty tuple of column names; got {self.key!r}.")
         object.__setattr__(self, "key", tuple(self.key))

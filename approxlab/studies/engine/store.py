@@ -1,6 +1,7 @@
 """The results tables of a study on disk: the CSV, its cell manifest and its journal.
 
-A table is a tidy CSV written atomically (:func:`approxlab._io.write_csv_atomic`) after its cell
+A table is a tidy CSV (gzip-compressed when its name ends in ``.csv.gz``) written atomically
+(:func:`approxlab._io.write_csv_atomic`) after its cell
 manifest ``<table>.cells`` (the rows of each cell, :func:`write_table`), so that a table that lost
 rows (cut short at a line end, edited) is told from a whole one. Between two writes, each finished
 cell is appended to the table's journal ``<table>.journal`` (one JSON line, ``fsync``-ed before the
@@ -24,10 +25,12 @@ Public API::
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import os
 import pathlib
+import zlib
 
 import pandas as pd
 
@@ -39,10 +42,16 @@ __all__ = ["read_results", "write_table", "read_json", "append_journal", "read_j
 
 
 def _read_text(path: pathlib.Path, what: str) -> str:
-    """The UTF-8 text of ``path``; :class:`CorruptResultsError` for a non-file or non-text content."""
+    """The UTF-8 text of ``path`` (gunzipped for a name ending in ``.gz``); :class:`CorruptResultsError`
+    for a non-file, non-gzip (``.gz``) or non-text content."""
     if path.is_dir():
         raise CorruptResultsError(path, f"it is a directory, not a {what}")
     data = path.read_bytes()
+    if data and path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as error:
+            raise CorruptResultsError(path, f"it is not whole gzip data ({error})") from None
     if not data:
         raise CorruptResultsError(path, "it is empty (0 bytes)")
     try:

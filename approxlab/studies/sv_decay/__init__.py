@@ -50,7 +50,7 @@ also takes indices.
 
 The declaration :data:`STUDY`: the grid (:mod:`.grid`, hashed in config.json); one cell per
 (condition, layer, n, window) writing both tables (:mod:`.spectra`): ``results.csv`` with one row per
-head x matrix, and ``spectra.csv`` with, per cell x matrix x index, the mean / min / max over heads of
+head x matrix, and ``spectra.csv.gz`` with, per cell x matrix x index, the mean / min / max over heads of
 :math:`\log_{10}(\sigma_i/\sigma_1)`; the report (:mod:`.figures`, :mod:`.summary`) reads only those
 files and writes ``sv_decay.png/.pdf`` and ``summary.md``. Ratios below ``1e-20`` are stored as
 ``-20`` (numerically zero in float64).
@@ -74,8 +74,8 @@ from __future__ import annotations
 from ..declaration import Figure, Step, Study, Summary, Table
 from .figures import plot
 from .grid import FULL_GRID, OPTIONS, QUICK_GRID, build_config, cells, check, configure, window_ids
-from .spectra import (APPROXIMATIONS, EXACT_MATRICES, MATRICES, attention_spectra, compute_cell, layer_index,
-                      noise_floor, spectrum_measures)
+from .spectra import (APPROXIMATIONS, EXACT_MATRICES, MATRICES, SPECTRA, attention_spectra, compute_cell,
+                      layer_index, noise_floor, spectrum_measures)
 from .summary import TITLE, conditioning_by_length, sections, summarize
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "MATRICES", "EXACT_MATRICES", "APPROXIMATIONS",
@@ -88,7 +88,7 @@ STUDY = Study(
     name="sv-decay",
     description="Singular-value decay of BERT attention matrices on Wikitext-2 (companion to Skyformer Appendix B).",
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check,
-    steps=(Step((Table("results.csv", KEY, required=KEY), Table("spectra.csv", KEY)), compute_cell, cells),),
+    steps=(Step((Table("results.csv", KEY, required=KEY), Table(SPECTRA, KEY)), compute_cell, cells),),
     figures=(Figure("sv_decay", plot),),
     summary=Summary(TITLE, (sections,), generated=False),
     grows=("windows", "n", "layers", "conditions", "heads", "modes"),

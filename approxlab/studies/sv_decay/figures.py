@@ -1,4 +1,4 @@
-"""The figure of :mod:`approxlab.studies.sv_decay`: singular-value spectra read from ``spectra.csv``.
+"""The figure of :mod:`approxlab.studies.sv_decay`: singular-value spectra read from ``spectra.csv.gz``.
 
 Per case (condition, n) and layer two panels: every singular value of the exact matrices on a
 log index axis, and the rank-d approximations over their first ``1.25 d`` indices beside the
@@ -81,7 +81,7 @@ def _draw_approximation_panel(ax, data, n, num_features) -> None:
 
 
 def plot(saved) -> list[pathlib.Path]:
-    """Draw ``sv_decay.png/.pdf`` from the saved ``spectra.csv`` (mean over heads and windows,
+    """Draw ``sv_decay.png/.pdf`` from the saved ``spectra.csv.gz`` (mean over heads and windows,
     min-max band), as the module docstring describes."""
     from ...plotting import figure, save_figure
 
