@@ -167,3 +167,29 @@ def test_resuming_into_a_new_grid_entry_says_what_grew(tmp_path, capsys):
     path.write_text(json.dumps(prepare_record(path, [], saved, {}, False, perplexity.STUDY.grows)))
     prepare_record(path, [], config, {}, False, perplexity.STUDY.grows)
     assert "extending the saved run (depths: none -> ['layer 0', 'layer 8'," in capsys.readouterr().err
+
+
+def test_a_depth_cell_from_the_shared_layer_input_equals_the_whole_forward(tmp_path, monkeypatch):
+    """A single-layer cell above layer 0 runs only the layers from its own (the unpatched hidden states entering it
+    captured once per window): its row and layer rows equal those of the whole forward pass (same seeds)."""
+    from test_models_qkv import save_tiny_checkpoint
+
+    from approxlab.studies.perplexity import cells
+
+    folder = save_tiny_checkpoint("llama", tmp_path / "llama", tie_word_embeddings=True)
+    config = grid.build_config(num_layers=2, checkpoint=str(folder), n=[32], context=24, continuation=8,
+                               num_features=[8, 16], methods=["performer", "streaming-llm"],
+                               encoder_methods=["nystromformer"], windows=1, depths=[1])
+    chosen = [c for c in grid.decoder_cells(config, {"cache_dir": str(tmp_path / "cache")})
+              if c["layers"] == "layer 1" and c["method"] != "exact"]
+    assert len(chosen) == 4
+    shared = [cells.compute_decoder(cell) for cell in chosen]
+    assert cells._layer_input.cache_info().currsize >= 1
+    monkeypatch.setattr(cells, "_forward", lambda cell, model, ids, layers: lambda: token_nll(model, ids))
+    whole = [cells.compute_decoder(cell) for cell in chosen]
+    timing = ("seconds", "cpu_seconds")
+    for found, expected in zip(shared, whole):
+        row, want = found["perplexity.csv"][0], expected["perplexity.csv"][0]
+        assert {k: v for k, v in row.items() if k not in timing} == pytest.approx(
+            {k: v for k, v in want.items() if k not in timing}, rel=1e-12, abs=1e-12, nan_ok=True)
+        assert found["layer_errors.csv"] == pytest.approx(expected["layer_errors.csv"], rel=1e-12, abs=1e-12, nan_ok=True)
