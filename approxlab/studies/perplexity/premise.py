@@ -21,6 +21,7 @@ from ..reporting import calibrated as calibration
 from ..reporting import claims as engine
 from ..reporting.measured import holm_column
 from . import judging, strata
+from .strata import calibrate_setting
 from .claims import MIN_BUDGETS, MIN_METHODS
 from .premise_claims import (BUDGET, CONFIGS, DEPTH, DIFFERENCE, INNER, MEASURES, MIN_CONFIGS, PAIRED, PARTIAL,
                              PRACTICAL_FLOOR, PRIMARY, RHO, SECONDARY)
@@ -72,30 +73,6 @@ def statistics(points: Points, kind: str) -> dict:
     out[("pw", "spectral", -1)] = ((lambda c, w: strata.stratum_mean(difference, c, w)), eligible)
     out[("pp", "spectral", -1)] = ((lambda c, w: strata.partial_correlation(sums, c, w)), eligible)
     return out
-
-
-def _families(found: dict, c0: np.ndarray, w0: np.ndarray, resamples: int, rng, units: int) -> dict:
-    """Every statistic's percentile family on the data set ``(c0, w0)``, all on the same inner draws."""
-    c, w = strata.redraw(c0, resamples, rng), strata.redraw(w0, resamples, rng)
-    return {key: IntervalFamily.percentile(Resamples(float(f(c0[None], w0[None])[0]), f(c, w), units))
-            for key, f in found.items()}
-
-
-def calibrate_setting(found: dict, methods: int, windows: int) -> dict:
-    """``{key: Calibrated}`` of the statistics ``found`` (``{key: statistic(c, w)}``), calibrated together on the
-    run's ``methods`` and ``windows`` (crossed: each outer draw draws both)."""
-    if not found:
-        return {}
-    units = {"method": [("m", i) for i in range(methods)], "window": [("w", k) for k in range(windows)]}
-
-    def compute(sample, trial):
-        c0 = strata.counts([[i for kind, i in sample if kind == "m"]], methods)[0]
-        w0 = strata.counts([[k for kind, k in sample if kind == "w"]], windows)[0]
-        resamples = INNER["final"] if trial < 0 else INNER["resamples"]
-        rng = np.random.default_rng([INNER["seed"], trial + 1])
-        return _families(found, c0, w0, resamples, rng, methods)
-
-    return calibration.calibrate(compute, units)
 
 
 def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windows, points, reason=None,
