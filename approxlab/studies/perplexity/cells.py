@@ -31,7 +31,7 @@ from ..engine.keys import cell_seed
 from .grid import ALL_LAYERS, KV_CACHE, KV_GROUPING, WHOLE
 
 __all__ = ["BASELINE_KEY", "DECODER_KEY", "ENCODER_KEY", "COST_KEY", "MEASURES", "decoder_model", "encoder_model",
-           "window_tokens", "window_inputs", "compute_baseline", "compute_decoder", "decoder_run", "run_patch",
+           "window_tokens", "window_inputs", "compute_baseline", "compute_decoder", "decoder_run", "run_patch", "ratio_column",
            "patch_options", "replaced_layers", "measured", "warning_columns", "compute_encoder", "compute_cost"]
 
 BASELINE_KEY = ("setting", "window")
@@ -199,8 +199,20 @@ def decoder_run(cell: dict, key: tuple) -> tuple[dict, list[dict]]:
            "nll": math.inf if scored is None else float(scored.mean()), "replaced": len(layers),
            "error_inputs": "the patched run's own (drifting)" if len(layers) > 1 else "the unpatched model's",
            **measured(errors, patch), "causal": _causal_form(cell, patch), "status": status,
-           **warning_columns(caught), **watch.times()}
+           **warning_columns(caught), **ratio_column(cell), **watch.times()}
     return row, _layer_rows(errors, patch, layers)
+
+
+def ratio_column(cell) -> dict:
+    """``{"compression_ratio": r}`` where the cell's budget was given as a ratio (``--ratios``), else ``{}``: a
+    results row carries both the ratio and its kept count ``num_features``.
+
+    Examples
+    --------
+    >>> ratio_column({"num_features": 192, "compression_ratio": 0.5}), ratio_column({"num_features": 64})
+    ({'compression_ratio': 0.5}, {})
+    """
+    return {"compression_ratio": cell["compression_ratio"]} if "compression_ratio" in cell else {}
 
 
 def _forward(cell, model, ids, layers):
@@ -280,7 +292,8 @@ def compute_encoder(cell: dict) -> list[dict]:
                                                                                                      dim=0))
     errors = [] if patch is None else patch.errors()
     return [{"cosine_distance": distance, "replaced": int(loaded.model.config.num_hidden_layers),
-             **_pooled(errors, patch), "status": status, **warning_columns(caught), **watch.times()}]
+             **_pooled(errors, patch), "status": status, **warning_columns(caught), **ratio_column(cell),
+             **watch.times()}]
 
 
 def compute_cost(cell: dict) -> list[dict]:

@@ -17,7 +17,8 @@ from ..declaration import Option
 from ..option_types import names_among
 
 __all__ = ["ALL_LAYERS", "CONFIGURATIONS", "PREMISE_OPTIONS", "config_label", "declared_configs", "spread_depths",
-           "layer_settings", "layer_label", "resolve_layers", "check_premise_grid", "premise_config"]
+           "layer_settings", "layer_label", "resolve_layers", "check_premise_grid", "premise_config", "budgets_of_ratios",
+           "ratio_of"]
 
 ALL_LAYERS = "all"
 _SETTING_NAMES = ("first", "middle", "last", ALL_LAYERS)
@@ -141,6 +142,10 @@ PREMISE_OPTIONS = (
     Option(("--depths",), "depths", "the whole-window setting's single layers replaced one at a time, besides "
            "--layer-settings: layer indices or first, middle, last; comma-separated", type=layer_settings,
            nargs="+", action=shared.Flatten, metavar="LAYERS"),
+    Option(("--ratios",), "ratios", "the budgets as compression ratios (kvpress's: the fraction of the KV-cache "
+           "setting's context removed, in [0, 1)) in place of --num-features: each keeps b = max(1, int(n_c (1 - r))) "
+           "of the n_c context tokens, the budget d of every setting; comma-separated",
+           type=shared.ratio_list, nargs="+", action=shared.Flatten, metavar="R"),
     Option(("--config-methods",), "config_methods", "methods of the fixed-budget design (configs.csv), each with "
            "its declared configurations at the middle budget; comma-separated",
            type=names_among(CONFIGURATIONS, "methods with declared configurations"), nargs="+",
@@ -149,29 +154,82 @@ PREMISE_OPTIONS = (
 """The premise's options of ``approxlab perplexity`` (in :data:`.grid.OPTIONS`)."""
 
 
-def check_premise_grid(grid: dict) -> None:
-    """The premise's entries of a grid (``depths``, ``config_methods``) as the command line checks them: depths are
-    single layers.
+def check_premise_grid(grid: dict, args=None) -> None:
+    """The premise's entries of a grid (``depths``, ``config_methods``, ``ratios``) as the command line checks them:
+    depths are single layers; ``--ratios`` replaces ``--num-features`` (``args``: the options given), and its budgets
+    (:func:`budgets_of_ratios`) are distinct.
 
     Examples
     --------
-    >>> check_premise_grid({"depths": [0, "last"], "config_methods": ["h2o"]})
+    >>> check_premise_grid({"depths": [0, "last"], "config_methods": ["h2o"], "ratios": None})
     """
     if ALL_LAYERS in (grid["depths"] or ()):
         raise UsageError("--depths", "single layers: layer indices, first, middle or last", ALL_LAYERS)
+    if grid.get("ratios") and getattr(args, "num_features", None):
+        raise UsageError("--ratios", "either --ratios or --num-features (the same budgets stated two ways), not both",
+                         f"--ratios {','.join(map(str, grid['ratios']))} --num-features "
+                         f"{','.join(map(str, args.num_features))}")
+    if grid.get("ratios"):
+        budgets_of_ratios(grid["ratios"], grid["context"])
+
+
+def budgets_of_ratios(ratios, context: int) -> dict:
+    r"""``{b: r}``: the budget each compression ratio keeps of the KV-cache setting's ``context`` tokens, by kvpress's
+    rule :math:`b = \max(1, \lfloor n_c (1 - r) \rfloor)` (:func:`approxlab.kv_cache.kept_count`), in increasing
+    b; the error naming ``--ratios`` where two ratios keep the same count.
+
+    Examples
+    --------
+    >>> budgets_of_ratios([0.5, 0.75, 0.9], 384)
+    {38: 0.9, 96: 0.75, 192: 0.5}
+    """
+    from ...kv_cache import kept_count
+
+    found = {}
+    for ratio in sorted(ratios, reverse=True):
+        budget = kept_count(ratio, context)
+        if budget in found:
+            raise UsageError("--ratios", f"ratios that keep distinct counts of the {context} context tokens (b = "
+                             "max(1, int(n_c (1 - r))))", f"{found[budget]} and {ratio}, both b = {budget}")
+        found[budget] = float(ratio)
+    return found
+
+
+def ratio_of(config: dict, budget: int) -> dict:
+    """``{"compression_ratio": r}``: the ratio a config's budget was given as (``--ratios``), or ``{}`` for a config
+    of counts (``--num-features``): the column a results table carries beside ``num_features``.
+
+    Examples
+    --------
+    >>> ratio_of({"ratios": {"192": 0.5}}, 192), ratio_of({}, 64)
+    ({'compression_ratio': 0.5}, {})
+    """
+    ratios = config.get("ratios")
+    return {} if not ratios else {"compression_ratio": float(ratios[str(int(budget))])}
 
 
 def premise_config(grid: dict, num_layers: int) -> dict:
     """The config's premise entries, taken out of ``grid``: ``depths`` (labels; None in the grid: five spread over
-    the model, :func:`spread_depths`) and ``configs`` (:func:`declared_configs` at the grid's middle budget).
+    the model, :func:`spread_depths`), ``configs`` (:func:`declared_configs` at the grid's middle budget) and, where
+    ``ratios`` were given, ``ratios`` (``{str(b): r}``, :func:`budgets_of_ratios`; ``grid["num_features"]`` set to
+    their budgets; absent otherwise, so a config of counts is as it was before the option).
 
     Examples
     --------
-    >>> grid = {"depths": None, "config_methods": ["h2o"], "num_features": [16, 32, 64, 128, 256]}
+    >>> grid = {"depths": None, "config_methods": ["h2o"], "num_features": [16, 32, 64, 128, 256], "ratios": None,
+    ...         "context": 384}
     >>> found = premise_config(grid, 30)
     >>> found["depths"], found["configs"]["budget"], sorted(grid)
-    (['layer 0', 'layer 8', 'layer 15', 'layer 22', 'layer 29'], 64, ['num_features'])
+    (['layer 0', 'layer 8', 'layer 15', 'layer 22', 'layer 29'], 64, ['context', 'num_features'])
+    >>> premise_config({**grid, "depths": [0], "config_methods": [], "ratios": [0.5, 0.75]}, 30)["ratios"]
+    {'96': 0.75, '192': 0.5}
     """
+    ratios = grid.pop("ratios", None)
+    found = {}
+    if ratios:  # the budgets given as ratios: their kept counts are the grid's num_features
+        kept = budgets_of_ratios(ratios, grid["context"])
+        grid["num_features"] = list(kept)
+        found = {"ratios": {str(b): r for b, r in kept.items()}}
     depths = grid.pop("depths")
     depths = resolve_layers(spread_depths(num_layers) if depths is None else depths, num_layers, "--depths")
-    return {"depths": depths, "configs": declared_configs(grid.pop("config_methods"), grid["num_features"])}
+    return {"depths": depths, "configs": declared_configs(grid.pop("config_methods"), grid["num_features"]), **found}

@@ -14,8 +14,8 @@ from ..declaration import Option
 from ..inputs.wikitext import draw_windows
 from .long_grid import (LONG_KEY, LONG_KV, LONG_OPTIONS, LONG_WHOLE, UNPATCHED, check_long, default_long_methods,
                         long_cells, long_lengths)
-from .config_grid import (ALL_LAYERS, CONFIGURATIONS, PREMISE_OPTIONS, check_premise_grid, layer_label, layer_settings,
-                          premise_config, resolve_layers)
+from .config_grid import (ALL_LAYERS, CONFIGURATIONS, PREMISE_OPTIONS, budgets_of_ratios, check_premise_grid,
+                          layer_label, layer_settings, premise_config, ratio_of, resolve_layers)
 from .references import check_reference
 
 __all__ = ["DEFAULT_CHECKPOINT", "ENCODER_CHECKPOINT", "METHODS", "ENCODER_METHODS", "CONTROL", "FULL_GRID",
@@ -77,6 +77,7 @@ FULL_GRID = {
     "long_depths": [0.25, 0.75],
     "depths": None,
     "config_methods": list(CONFIGURATIONS),
+    "ratios": None,
 }
 """The full grid, declared before its run: 12 windows, 5 budgets, the first layer alone, every layer, the KV cache;
 one layer alone at each of ``depths`` (None: five spread over the model, :func:`.config_grid.spread_depths`: 0, 8,
@@ -119,8 +120,9 @@ OPTIONS = (
 )
 """The options of ``approxlab perplexity`` besides the common ones."""
 
-_GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "depths", "config_methods", "num_features", "methods", "encoder_methods",
-                 "windows", "compare_with", "long_n", "long_methods", "long_features", "long_windows")
+_GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "depths", "config_methods", "ratios", "num_features",
+                 "methods", "encoder_methods", "windows", "compare_with", "long_n", "long_methods", "long_features",
+                 "long_windows")
 
 
 def ignores_features(method: str) -> bool:
@@ -153,7 +155,9 @@ def _grid(quick: bool, args, checked=()) -> dict:
                          min(grid["context"], grid["continuation"]))
     if grid["long_methods"] is None:
         grid["long_methods"] = default_long_methods(grid["methods"])
-    check_premise_grid(grid)
+    check_premise_grid(grid, args)
+    if grid["ratios"]:  # the budgets given as compression ratios: their kept counts
+        grid["num_features"] = list(budgets_of_ratios(grid["ratios"], grid["context"]))
     for name in ("methods", "encoder_methods", "compare_with", "layer_settings", "long_methods", "depths",
                  "config_methods"):
         if grid[name] is not None:
@@ -284,14 +288,14 @@ def decoder_cells(config: dict, settings: dict) -> list[dict]:
             for d in features:
                 for window in window_ids(config):
                     cells.append({"setting": setting, "layers": layers, "method": method, "num_features": d,
-                                  "window": window, **common})
+                                  "window": window, **ratio_of(config, d), **common})
     return cells
 
 
 def encoder_cells(config: dict, settings: dict) -> list[dict]:
     """One cell per method x d x window of the encoder (every layer replaced)."""
     common = decoder_common(config, settings)
-    return [{"method": method, "num_features": d, "window": window, **common}
+    return [{"method": method, "num_features": d, "window": window, **ratio_of(config, d), **common}
             for method in [config["control"], *config["encoder_methods"]]
             for d in (config["num_features"][:1] if method == config["control"] else method_features(config, method))
             for window in window_ids(config)]
