@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import UsageError
+from .. import checks
 from .. import options as shared
 from ..declaration import Option
 from ..option_types import names_among
@@ -175,24 +176,15 @@ def check_premise_grid(grid: dict, args=None) -> None:
 
 def budgets_of_ratios(ratios, context: int) -> dict:
     r"""``{b: r}``: the budget each compression ratio keeps of the KV-cache setting's ``context`` tokens, by kvpress's
-    rule :math:`b = \max(1, \lfloor n_c (1 - r) \rfloor)` (:func:`approxlab.kv_cache.kept_count`), in increasing
-    b; the error naming ``--ratios`` where two ratios keep the same count.
+    rule :math:`b = \max(1, \lfloor n_c (1 - r) \rfloor)` (:func:`approxlab.studies.checks.ratio_budgets`), in
+    increasing b; the error naming ``--ratios`` where two ratios keep the same count.
 
     Examples
     --------
     >>> budgets_of_ratios([0.5, 0.75, 0.9], 384)
     {38: 0.9, 96: 0.75, 192: 0.5}
     """
-    from ...kv_cache import kept_count
-
-    found = {}
-    for ratio in sorted(ratios, reverse=True):
-        budget = kept_count(ratio, context)
-        if budget in found:
-            raise UsageError("--ratios", f"ratios that keep distinct counts of the {context} context tokens (b = "
-                             "max(1, int(n_c (1 - r))))", f"{found[budget]} and {ratio}, both b = {budget}")
-        found[budget] = float(ratio)
-    return found
+    return checks.ratio_budgets(ratios, context, "--ratios")
 
 
 def ratio_of(config: dict, budget: int) -> dict:
