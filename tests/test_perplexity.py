@@ -123,7 +123,8 @@ def test_tables_figures_claims_and_summary(run):
     assert summary_starts_with_in_short(run)
     for text in ("## The premise's claims", "## The committed design's claims", "(p1)", "(p1w)", "(p1d)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder",
                  "What entered the claims", "Not decoder attention", "## Long context", "## The encoder",
-                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget d)", "Coverage",
+                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget d)",
+                 "(p3) and (p4) draw methods and windows (sequences) crossed",
                  "### Changes of verdict", "| coverage (own units) | verdict |", "| former verdict (90% gate) |"):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())

@@ -78,10 +78,12 @@ def statistics(points: Points, kind: str) -> dict:
 def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windows, points, reason=None,
          estimate=np.nan, as_budget=None) -> dict:
     """One row of ``premise.csv`` (``estimate``: the statistic where no interval was drawn, too few units;
-    ``as_budget``: for (pw) and (pp), the (method, window) strata whose error ranks the budgets as d does, and all)."""
+    ``as_budget``: for (pw) and (pp), the (method, window) strata whose error ranks the budgets as d does, and all: where
+    some do and too many draws give no interval, the verdict says so, :func:`_as_budget`)."""
     if reason:
         verdict, columns = f"not run: {reason}", calibration.calibrated_columns(None, claim.threshold)
-    elif as_budget is not None and found is not None and np.isfinite(found.estimate) and _undefined_draws(found):
+    elif as_budget is not None and as_budget[0] > 0 and found is not None and np.isfinite(found.estimate) \
+            and _undefined_draws(found):
         verdict, columns = _as_budget(claim, found, *as_budget), calibration.calibrated_columns(found, claim.threshold)
     elif found is not None and not np.isfinite(found.estimate):
         verdict = f"no verdict: undefined on the run ({UNDEFINED.get(claim.id, 'a side is constant')})"
@@ -128,12 +130,13 @@ def _as_budget(claim, found, strata_as_budget: int, strata: int) -> str:
 
 
 def as_budget_strata(points: Points, kind: str) -> tuple[int, int]:
-    """``(strata whose error ranks the budgets exactly as 1/d does, strata)`` over the (method, window) strata with at
-    least :data:`.claims.MIN_BUDGETS` budgets (those (pw) and (pp) use)."""
+    """``(strata whose error ranks the budgets exactly as 1/d does, strata)`` over the (method, window) strata that
+    (pw) and (pp) use: at least :data:`.claims.MIN_BUDGETS` budgets, the error and the loss measured at each."""
     eligible = points.cells.groupby("method")["budget"].nunique()
     found = [np.array_equal(strata.ranks_over(x), strata.ranks_over(1.0 / np.asarray(budget, float)))
-             for (m, _), (budget, x, _) in points.strata(kind, "spectral").items()
-             if eligible[points.methods[m]] >= MIN_BUDGETS and len(budget) >= MIN_BUDGETS]
+             for (m, _), (budget, x, y) in points.strata(kind, "spectral").items()
+             if eligible[points.methods[m]] >= MIN_BUDGETS and len(budget) >= MIN_BUDGETS
+             and np.isfinite(np.asarray(x, float)).all() and np.isfinite(np.asarray(y, float)).all()]
     return int(sum(found)), len(found)
 
 
