@@ -23,7 +23,8 @@ from .gating import FORMER_DRAWS
 from .grid import KV_CACHE
 from .long_grid import LONG_KV, LONG_WHOLE
 
-__all__ = ["claim_sections", "coverage_cell", "setting_text", "delta_cells", "CALIBRATED_SHOWN", "calibrated_cells"]
+__all__ = ["claim_sections", "coverage_cell", "setting_text", "delta_cells", "CALIBRATED_SHOWN", "calibrated_cells",
+           "verdict_tally"]
 
 CALIBRATED_SHOWN = ["estimate [calibrated CI]", "declared 95% CI", "coverage [MC 95%]", "calibrated level",
                     "verdict", "former verdict (90% gate)"]
@@ -77,7 +78,21 @@ def coverage_cell(rate, low, high) -> str:
 
 
 def _tally(claim, rows) -> str:
-    return tally(claim, rows["verdict"], _OUTCOMES)
+    return verdict_tally(claim, rows["verdict"])
+
+
+def verdict_tally(claim, verdicts) -> str:
+    """The verdicts of ``claim`` counted by outcome, and those whose calibration failed ("no verdict: <reason>").
+
+    Examples
+    --------
+    >>> from approxlab.studies.perplexity.claims import P3
+    >>> verdict_tally(P3, pd.Series(["same places", "no verdict: 34.3% of 2300 resamples give no interval"]))
+    '1 same places, 0 different places, 0 inconclusive, 0 no verdict (too few units), 1 no verdict (calibration fails)'
+    """
+    verdicts = pd.Series(verdicts).astype(str)
+    failed = int(verdicts.str.startswith("no verdict:").sum())
+    return f"{tally(claim, verdicts, _OUTCOMES)}, {failed} no verdict (calibration fails)"
 
 
 def _declared() -> list[str]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..reporting.claims import tally
 from ..reporting.markdown import markdown_table
 from ..reporting.markdown import format_number as fmt
 from . import gating
 from .claims import GATE, P4
-from .claims_summary import CALIBRATED_SHOWN, calibrated_cells
+from .claims_summary import CALIBRATED_SHOWN, calibrated_cells, verdict_tally
 from .judging import causal_form, measures_of, verdict_row
 from .long import UNPATCHED, long_frame, long_statistics
 
@@ -84,7 +83,7 @@ def long_lines(saved, verdicts: pd.DataFrame) -> list[str]:
             + f" of the sequences (the gate of (p4): {GATE:.0%}).", "",
             f"- **(p4)** {P4.statistic}, holds at rho >= {P4.threshold:g} (methods and sequences drawn crossed; the "
             "verdict read from the interval calibrated on the run's own methods and sequences, the former 90% "
-            f"coverage gate's verdict beside): {tally(P4, p4['verdict'])}.", "",
+            f"coverage gate's verdict beside): {verdict_tally(P4, p4['verdict'])}.", "",
             *markdown_table(shown[["setting", "layers", *CALIBRATED_SHOWN, "methods", "windows"]]), "",
             "Per method and budget: retrieval accuracy, mean change of the key's NLL (nats, summed over its tokens), "
             "mean change in log-perplexity, median spectral error (`long_stats.csv`):", "",
