@@ -24,8 +24,8 @@ from approxlab.errors import UsageError
 from approxlab.patching import token_nll
 from approxlab.studies import perplexity
 from approxlab.studies.engine import read_results
-from approxlab.studies.perplexity import (cells, claims, gating, grid, judging, prediction, references, resampling,
-                                         stats)
+from approxlab.studies.perplexity import (cells, claims, gating, grid, judging, prediction, premise_claims, references,
+                                         resampling, stats)
 from approxlab.studies.perplexity.agreement import agreement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -57,9 +57,8 @@ def fewer_resamples():
         patch.setitem(prediction.COVERAGE_TRIALS, "trials", 5)
         patch.setitem(prediction.COVERAGE_TRIALS, "resamples", 20)
         patch.setitem(prediction.COVERAGE_TRIALS, "subsets", 2)
-        patch.setitem(gating.SIZING, "trials", 3)
-        patch.setitem(gating.SIZING, "resamples", 10)
-        patch.setitem(gating.SIZING, "multiples", (2,))
+        patch.setitem(premise_claims.INNER, "resamples", 50)
+        patch.setitem(premise_claims.INNER, "final", 200)
         yield
 
 
@@ -124,8 +123,9 @@ def test_tables_figures_claims_and_summary(run):
     assert summary_starts_with_in_short(run)
     for text in ("## The premise's claims", "## The committed design's claims", "(p1)", "(p1w)", "(p1d)", "(p2)", "(p3)", "## Deviations", "Weights of the decoder",
                  "What entered the claims", "Not decoder attention", "## Long context", "## The encoder",
-                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget d)", "Coverage",
-                 "### Changes of verdict", "| coverage (own units) | methods for 90% |"):
+                 "## Cost of a patched forward pass", "## Against the papers", "KV cache (budget d)",
+                 "(p3) and (p4) draw methods and windows (sequences) crossed",
+                 "### Changes of verdict", "| coverage (own units) | verdict |", "| former verdict (90% gate) |"):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())
     timed = [read_results(run / name)["seconds"]
@@ -212,10 +212,11 @@ def summary_starts_with_in_short(run) -> bool:
     return (run / "summary.md").read_text().split("\n## ")[1].startswith("In short")
 
 
-def test_the_former_premise_claims_are_superseded_not_gated_and_p3_is_still_measured():
+def test_the_former_premise_claims_are_superseded_and_p3_is_calibrated():
     """(p1), (p1w), (p1d), (p2) and (p1m) are replaced by premise.csv's claims: their rows keep the reading of their
-    percentile interval as ``former_verdict``, name the claims that replace them, and measure no coverage; (p3) keeps
-    its coverage measured on the run's own methods and windows."""
+    percentile interval as ``former_verdict``, name the claims that replace them, and measure no coverage; (p3) is
+    read from its calibrated interval, the former 90% coverage gate's verdict beside (here it withheld the
+    verdict)."""
     cells_ = _cells(within_sign=-1.0, methods=10)
     verdicts, _ = judging.judge_setting(cells_, "whole", "all")
     table = pd.DataFrame(verdicts)
@@ -223,10 +224,15 @@ def test_the_former_premise_claims_are_superseded_not_gated_and_p3_is_still_meas
     assert table["coverage"].isna().all() and table.set_index("claim").loc["p1", "former_verdict"] == "ranks the losses"
     per = pd.DataFrame(judging.per_method(cells_, "whole", "all"))
     assert (per["verdict"] == "superseded by premise.csv (pw, pp)").all()
-    rows, _ = agreement({("whole", "layer 0"): (_cells(budgets=(8,), methods=10), {})}, pd.DataFrame(
+    noisy = _cells(budgets=(8,), methods=20, windows=6)  # windows disagree: the method means vary with the draw
+    noisy["delta"] += np.random.default_rng(0).normal(0.0, 3.0, len(noisy))
+    rows, _ = agreement({("whole", "layer 0"): (noisy, {})}, pd.DataFrame(
         {"reference": "r", "study": "decoder", "layer": 0, "checkpoint": "c", "reference_n": 512,
-         "method": [f"m{i}" for i in range(10)], "num_features": 8, "error": range(1, 11)}), {"checkpoint": "c"})
-    assert 0 <= rows[0]["coverage"] <= 1 and rows[0]["former_verdict"] == "same places"  # (p3) measured
+         "method": [f"m{i}" for i in range(20)], "num_features": 8, "error": range(1, 21)}), {"checkpoint": "c"})
+    p3 = rows[0]  # judged on its calibrated interval; the 90% gate's reading (first 100 draws) beside
+    assert p3["verdict"] == "same places" and p3["ci_low"] <= p3["nominal_low"] and p3["calibrated_level"] >= 0.95
+    assert 0 <= p3["coverage"] <= 1 and p3["coverage_draws"] >= 200 and p3["calibration"] == ""
+    assert re.fullmatch(r"no verdict: coverage \d+\.\d% < 90%", p3["former_verdict"])  # the gate withheld it
 
 
 def test_the_interval_across_methods_resamples_methods():

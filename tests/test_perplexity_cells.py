@@ -167,3 +167,57 @@ def test_resuming_into_a_new_grid_entry_says_what_grew(tmp_path, capsys):
     path.write_text(json.dumps(prepare_record(path, [], saved, {}, False, perplexity.STUDY.grows)))
     prepare_record(path, [], config, {}, False, perplexity.STUDY.grows)
     assert "extending the saved run (depths: none -> ['layer 0', 'layer 8'," in capsys.readouterr().err
+
+
+def test_a_depth_cell_from_the_shared_layer_input_equals_the_whole_forward(tmp_path, monkeypatch):
+    """A single-layer cell above layer 0 runs only the layers from its own (the unpatched hidden states entering it
+    captured once per window): its row and layer rows equal those of the whole forward pass (same seeds)."""
+    from test_models_qkv import save_tiny_checkpoint
+
+    from approxlab.studies.perplexity import cells
+
+    folder = save_tiny_checkpoint("llama", tmp_path / "llama", tie_word_embeddings=True)
+    config = grid.build_config(num_layers=2, checkpoint=str(folder), n=[32], context=24, continuation=8,
+                               num_features=[8, 16], methods=["performer", "streaming-llm"],
+                               encoder_methods=["nystromformer"], windows=1, depths=[1])
+    chosen = [c for c in grid.decoder_cells(config, {"cache_dir": str(tmp_path / "cache")})
+              if c["layers"] == "layer 1" and c["method"] != "exact"]
+    assert len(chosen) == 4
+    shared = [cells.compute_decoder(cell) for cell in chosen]
+    assert cells._layer_input.cache_info().currsize >= 1
+    monkeypatch.setattr(cells, "_forward", lambda cell, model, ids, layers: lambda: token_nll(model, ids))
+    whole = [cells.compute_decoder(cell) for cell in chosen]
+    timing = ("seconds", "cpu_seconds")
+    for found, expected in zip(shared, whole):
+        row, want = found["perplexity.csv"][0], expected["perplexity.csv"][0]
+        assert {k: v for k, v in row.items() if k not in timing} == pytest.approx(
+            {k: v for k, v in want.items() if k not in timing}, rel=1e-12, abs=1e-12, nan_ok=True)
+        assert found["layer_errors.csv"] == pytest.approx(expected["layer_errors.csv"], rel=1e-12, abs=1e-12, nan_ok=True)
+
+
+def test_budgets_given_as_compression_ratios_keep_kvpress_s_counts_and_the_rows_carry_both(tmp_path):
+    """``--ratios``: b = max(1, int(n_c (1 - r))) of the KV-cache context (384: 0.5 -> 192, 0.9 -> 38), the budgets
+    of every setting; a config of counts has no ``ratios`` (a saved run resumes unchanged); a computed row carries
+    ``compression_ratio`` beside ``num_features``."""
+    from test_models_qkv import save_tiny_checkpoint
+
+    from approxlab.studies.perplexity import cells
+
+    config = grid.build_config(num_layers=30, ratios=[0.5, 0.9, 0.75])
+    assert config["num_features"] == [38, 96, 192] and config["ratios"] == {"38": 0.9, "96": 0.75, "192": 0.5}
+    assert config["configs"]["budget"] == 96 and "ratios" not in grid.build_config(num_layers=30)
+    with pytest.raises(UsageError, match=r"--ratios: ratios that keep different numbers of the 48 context tokens "
+                                         r"\(0.901 and 0.9 both keep 4\)"):
+        grid.build_config(num_layers=30, quick=True, ratios=[0.9, 0.901])
+    with pytest.raises(UsageError, match="--ratios: either --ratios or --num-features"):
+        perplexity.STUDY.configure(perplexity.STUDY.arguments(quick=True, ratios=[0.5], num_features=[8]))
+    folder = save_tiny_checkpoint("llama", tmp_path / "llama", tie_word_embeddings=True)
+    tiny = grid.build_config(num_layers=2, checkpoint=str(folder), n=[32], context=24, continuation=8,
+                             ratios=[0.5, 0.75], methods=["streaming-llm"], encoder_methods=["nystromformer"],
+                             config_methods=["streaming-llm"], windows=1, depths=[1])
+    settings = {"cache_dir": str(tmp_path / "cache")}
+    cell = next(c for c in grid.decoder_cells(tiny, settings) if c["method"] == "streaming-llm")
+    row = cells.compute_decoder(cell)["perplexity.csv"][0]
+    assert (cell["num_features"], row["compression_ratio"]) == (6, 0.75) and row["status"] == "ok"
+    assert clean.compute_clean(clean.clean_cells(tiny, settings)[1])[0]["compression_ratio"] in (0.5, 0.75)
+    assert configs.config_cells(tiny, settings)[0]["compression_ratio"] == 0.5  # the middle budget, b = 12

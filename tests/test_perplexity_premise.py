@@ -3,6 +3,8 @@ depth, the error against the budget, configurations, clones, Holm and no measura
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -72,6 +74,28 @@ def test_an_error_that_only_tracks_the_budget_says_nothing_beyond_it():
     assert table.loc["pw", "estimate"] == pytest.approx(0.0)
     assert table.loc["pw", "verdict"] != premise_claims.PAIRED.labels["reproduced"]
     assert np.isnan(table.loc["pp", "estimate"]) and table.loc["pp", "verdict"].startswith("no verdict: undefined")
+
+
+def test_draws_whose_error_ranks_the_budgets_as_d_does_are_said_so_with_their_share():
+    """One stratum of 24 breaks the budget's order (m0, window 0): (pp) is defined on the run, but most draws miss
+    that stratum and leave it undefined; the verdict says so plainly, with the share of draws and of strata, not
+    as a failed calibration."""
+    frame = _frame(noise=0.0)
+    chosen = (frame["method"] == "m0") & (frame["window"] == 0) & frame["num_features"].isin([16, 32])
+    for column in ("spectral_median", "delta"):  # the error and the loss out of the budget's order, together
+        frame.loc[chosen, column] = frame.loc[chosen, column].to_numpy()[::-1]
+    points = setting_points(frame, pd.DataFrame(), CONFIG)[("whole", "layer 0")]
+    assert premise.as_budget_strata(points, "clean") == (23, 24)
+    table = pd.DataFrame(premise.setting_rows("whole", "layer 0", points)).set_index("claim")
+    pp = table.loc["pp"]
+    assert np.isfinite(pp["estimate"]) and pp["calibration"].endswith("(more than the 2.5% a tail may miss)")
+    assert re.fullmatch(re.escape(premise.AS_BUDGET) + r": \d+\.\d% of [\d,]+ draws give no interval \(pp undefined "
+                        r"or constant in their resamples, each stratum drawn in d's order\); on the run in 23 of 24 "
+                        r"method x window strata", pp["verdict"])
+    assert "no verdict" not in pp["verdict"]
+    line = next(text for text in in_short_lines(table.reset_index().assign(holm_decided=False), pd.DataFrame())
+                if "given the budget" in text)
+    assert f"The {premise.AS_BUDGET[4:]}, in too many draws for an interval, in layer 0 replaced" in line
 
 
 def test_an_error_with_information_beyond_the_budget_is_told_by_the_partial_correlation():

@@ -18,6 +18,9 @@
 - :class:`~approxlab.patching.decoding.DecodingCache` (:mod:`approxlab.patching.decoding`): decoding-time
   compression, ``patch_attention(..., decoding_interval=k)``: the cache compressed back to the budget every ``k``
   tokens after the context (kvpress's ``DecodingPress``).
+- :func:`~approxlab.patching.prefix.layer_inputs`, :func:`~approxlab.patching.prefix.token_nll_from`
+  (:mod:`approxlab.patching.prefix`): with one layer K patched, the unpatched hidden states entering K captured
+  once and only layers K .. run from them (the prefix shared by every method and budget).
 - :func:`token_nll` (:mod:`approxlab.patching.likelihood`): per-token negative log-likelihood of a causal
   language model, in float64: the change in log-perplexity a patch causes.
 

@@ -20,6 +20,7 @@ Public API::
     check_windows(args, ids_by_n, *, windows=None, n_option="--n")
     check_heads(option, heads, conditions, *, index=False, checkpoint=None)
     check_num_features(option, num_features, methods, lengths)
+    ratio_budgets(ratios, context, option) -> {budget: ratio}     # kvpress's kept counts, distinct
     exists(path) -> bool
 """
 
@@ -37,7 +38,7 @@ from ..errors import StudyError, UsageError
 
 __all__ = ["SCHEDULER_TIMEOUT", "check_common", "check_output_dir", "check_data_dir", "check_cache_dir",
            "check_scheduler", "corpus_tokens", "model_heads", "check_model", "check_windows", "check_heads",
-           "check_num_features", "exists", "CACHE_VARIABLE"]
+           "check_num_features", "ratio_budgets", "exists", "CACHE_VARIABLE"]
 
 SCHEDULER_TIMEOUT = 5.0
 """Seconds a ``--scheduler`` address gets to accept a TCP connection."""
@@ -298,3 +299,29 @@ def check_num_features(option: str, num_features: int, methods, lengths, *, at_m
                 limit, why = n, " (this study computes at most n features; a larger d is refused, not lowered)"
             if num_features > limit:
                 raise UsageError(option, f"at most {limit} for {method} at n={n}{why}", num_features)
+
+
+def ratio_budgets(ratios, context: int, option: str) -> dict[int, float]:
+    """``{budget: ratio}``: each compression ratio's kept count of a context of ``context`` tokens
+    (:func:`approxlab.kv_cache.kept_count`, kvpress's rounding: max(1, int(n_c (1 - r)))), in increasing budget.
+
+    Raises
+    ------
+    UsageError
+        Two ratios that keep the same count of this context, naming ``option``.
+
+    Examples
+    --------
+    >>> ratio_budgets([0.875, 0.5, 0.75], 1536, "--ratios")
+    {192: 0.875, 384: 0.75, 768: 0.5}
+    """
+    from ..kv_cache import kept_count
+
+    budgets = {}
+    for ratio in sorted(ratios, reverse=True):
+        budget = kept_count(ratio, context)
+        if budget in budgets:
+            raise UsageError(option, f"ratios that keep different numbers of the {context} context tokens "
+                                     f"({budgets[budget]} and {ratio} both keep {budget})", list(ratios))
+        budgets[budget] = float(ratio)
+    return budgets

@@ -16,8 +16,7 @@ Public API::
 
 from __future__ import annotations
 
-from ...errors import UsageError
-from ...kv_cache import kept_count
+from .. import checks
 from .. import options as shared
 from ..declaration import Option
 from ..option_types import ratio_list
@@ -96,11 +95,4 @@ def ratio_budgets(ratios, context: int) -> dict[int, float]:
     >>> ratio_budgets([0.875, 0.5, 0.75], 1536)
     {192: 0.875, 384: 0.75, 768: 0.5}
     """
-    budgets = {}
-    for ratio in sorted(ratios, reverse=True):
-        budget = kept_count(ratio, context)
-        if budget in budgets:
-            raise UsageError("--kv-ratios", f"ratios that keep different numbers of the {context} context tokens "
-                                            f"({budgets[budget]} and {ratio} both keep {budget})", list(ratios))
-        budgets[budget] = float(ratio)
-    return budgets
+    return checks.ratio_budgets(ratios, context, "--kv-ratios")

@@ -3,9 +3,9 @@ r"""Claim (p3): does a compared run's error ranking of the methods give their pl
 The reference (``references.csv``, :mod:`.references`) holds one error per method, layer and d; the losses
 vary over windows. A per-window rank correlation with a per-method constant cannot reach 1 when windows
 disagree, so (p3) compares the reference's error with each method's **mean** :math:`\Delta` over windows, at
-one d, across the methods both runs measured: the interval resamples methods and windows within
-(:func:`.resampling.two_level`, the reference's error travelling with its method), and its coverage is measured on
-the run's own methods and windows (:func:`.gating.gate_rows`: below 90%, no verdict).
+one d, across the methods both runs measured: methods and windows drawn crossed, the reference's error travelling
+with its method (:func:`.gating.rho_of_means`), the interval calibrated on the run's own methods and windows
+(:func:`.gating.calibrated_row`; the former 90% coverage gate's verdict kept beside).
 
 Each comparison is labelled with what the reference measured: its study and model (``same model`` when its
 checkpoint is this run's decoder, else ``another model``), its length and its layer (``same layer`` when it
@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import gating, resampling
-from .claims import MEASURES, MIN_METHODS, P3, RESAMPLING
+from . import gating
+from .claims import P3
 from .grid import WHOLE
 from .judging import verdict_row
 
@@ -96,14 +96,10 @@ def agreement(inputs: dict, references: pd.DataFrame, config: dict, run: dict | 
                            "compared": compared if methods >= 3 else f"no: {methods} methods both measured (3 needed)"})
             if methods < 3:
                 continue
-            enough = used["method"].nunique() >= MIN_METHODS
-            statistic = {"p3": resampling.at_budget("reference", d)}
-            found = resampling.two_level(used, statistic, columns=(*MEASURES, "reference"),
-                                         resamples=RESAMPLING["resamples"] if enough else 0,
-                                         seed=RESAMPLING["seed"])["p3"]
-            low, high = resampling.percentile(found[0], found[1], RESAMPLING["level"])
-            methods = int(used["method"].nunique())
-            row = verdict_row(P3, WHOLE, layers, found[0], low, high, reference=name, num_features=int(d),
-                              methods=methods, windows=int(used["window"].nunique()), points=len(used), units=methods)
-            rows += gating.gate_rows([{**row, "_statistic": "p3"}], used, statistic, columns=(*MEASURES, "reference"))
+            statistic = gating.rho_of_means(used, errors)
+            windows = int(used["window"].nunique())
+            estimate = float(statistic(np.ones((1, methods)), np.ones((1, windows)))[0])
+            row = verdict_row(P3, WHOLE, layers, estimate, np.nan, np.nan, reference=name, num_features=int(d),
+                              methods=methods, windows=windows, points=len(used), units=methods)
+            rows.append(gating.calibrated_row(P3, row, statistic, methods, windows))
     return rows, pd.DataFrame(labels, columns=COLUMNS)

@@ -5,7 +5,10 @@ Every cell runs the model on one WikiText-2 window (:func:`window_tokens`) and t
 key (:func:`~approxlab.studies.engine.cell_seed`). A patched cell records, for every replaced layer, the
 relative spectral, Frobenius and worst-query errors of the layer's output against exact attention on the
 inputs that layer received in that run (:meth:`approxlab.patching.AttentionPatch.errors`): with every layer
-replaced those are the patched model's own inputs, which drift from the unpatched model's.
+replaced those are the patched model's own inputs, which drift from the unpatched model's. With one layer K > 0
+replaced in the whole window, the layers below K are the unpatched model's for every method and budget: their
+output is captured once per window and layer (:mod:`approxlab.patching.prefix`) and a cell runs layers K .. only,
+with the same values as the whole pass (the first cell of a window and layer counts the capture in its seconds).
 
 A method that fails (any exception it raises: ``FloatingPointError`` for a non-finite output, a plugin's own
 error, ...; :mod:`approxlab.studies.engine.failures`) gives ``inf`` log-likelihood, errors and seconds and a
@@ -28,7 +31,7 @@ from ..engine.keys import cell_seed
 from .grid import ALL_LAYERS, KV_CACHE, KV_GROUPING, WHOLE
 
 __all__ = ["BASELINE_KEY", "DECODER_KEY", "ENCODER_KEY", "COST_KEY", "MEASURES", "decoder_model", "encoder_model",
-           "window_tokens", "window_inputs", "compute_baseline", "compute_decoder", "decoder_run", "run_patch",
+           "window_tokens", "window_inputs", "compute_baseline", "compute_decoder", "decoder_run", "run_patch", "ratio_column",
            "patch_options", "replaced_layers", "measured", "warning_columns", "compute_encoder", "compute_cost"]
 
 BASELINE_KEY = ("setting", "window")
@@ -187,7 +190,8 @@ def decoder_run(cell: dict, key: tuple) -> tuple[dict, list[dict]]:
     model = decoder_model(cell)
     ids = window_inputs(cell)
     layers = replaced_layers(cell)
-    nll, patch, status, caught = run_patch(cell, key, lambda patch: _inside(patch, lambda: token_nll(model, ids)),
+    forward = _forward(cell, model, ids, layers)
+    nll, patch, status, caught = run_patch(cell, key, lambda patch: _inside(patch, forward),
                                            **patch_options(cell, model))
     scored = None if nll is None else _scored(nll, cell)
     errors = [] if patch is None else patch.errors()
@@ -195,8 +199,42 @@ def decoder_run(cell: dict, key: tuple) -> tuple[dict, list[dict]]:
            "nll": math.inf if scored is None else float(scored.mean()), "replaced": len(layers),
            "error_inputs": "the patched run's own (drifting)" if len(layers) > 1 else "the unpatched model's",
            **measured(errors, patch), "causal": _causal_form(cell, patch), "status": status,
-           **warning_columns(caught), **watch.times()}
+           **warning_columns(caught), **ratio_column(cell), **watch.times()}
     return row, _layer_rows(errors, patch, layers)
+
+
+def ratio_column(cell) -> dict:
+    """``{"compression_ratio": r}`` where the cell's budget was given as a ratio (``--ratios``), else ``{}``: a
+    results row carries both the ratio and its kept count ``num_features``.
+
+    Examples
+    --------
+    >>> ratio_column({"num_features": 192, "compression_ratio": 0.5}), ratio_column({"num_features": 64})
+    ({'compression_ratio': 0.5}, {})
+    """
+    return {"compression_ratio": cell["compression_ratio"]} if "compression_ratio" in cell else {}
+
+
+def _forward(cell, model, ids, layers):
+    """The cell's forward pass: the whole model, or with one layer K > 0 replaced in the whole window, layers K ..
+    only from the unpatched hidden states entering K (:func:`approxlab.patching.prefix.token_nll_from`; equal to
+    the whole pass, shared by every method and budget of the window: :func:`_layer_input`)."""
+    from ...patching.prefix import token_nll_from
+
+    if cell["setting"] != WHOLE or len(layers) != 1 or layers[0] == 0:
+        return lambda: token_nll(model, ids)
+    hidden = _layer_input(cell["checkpoint"], cell["cache_dir"], cell["device"], tuple(ids[0].tolist()), layers[0])
+    return lambda: token_nll_from(model, ids, layer=layers[0], hidden=hidden)
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_input(checkpoint, cache_dir, device, ids: tuple, layer: int) -> torch.Tensor:
+    """The unpatched model's hidden states entering ``layer`` on ``ids``, captured once per window and layer and
+    process (64 kept: 12 windows x 5 depths of the full grid; 1.2 MB each at 512 tokens)."""
+    from ...patching.prefix import layer_inputs
+
+    cell = {"checkpoint": checkpoint, "cache_dir": cache_dir, "device": device}
+    return layer_inputs(decoder_model(cell), torch.tensor([ids]), [layer])[layer]
 
 
 def measured(errors, patch) -> dict:
@@ -254,7 +292,8 @@ def compute_encoder(cell: dict) -> list[dict]:
                                                                                                      dim=0))
     errors = [] if patch is None else patch.errors()
     return [{"cosine_distance": distance, "replaced": int(loaded.model.config.num_hidden_layers),
-             **_pooled(errors, patch), "status": status, **warning_columns(caught), **watch.times()}]
+             **_pooled(errors, patch), "status": status, **warning_columns(caught), **ratio_column(cell),
+             **watch.times()}]
 
 
 def compute_cost(cell: dict) -> list[dict]:

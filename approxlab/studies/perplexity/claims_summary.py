@@ -14,16 +14,21 @@ from ..reporting.claims import tally
 from ..reporting.markdown import format_interval, markdown_table
 from ..reporting.markdown import format_interval as _interval
 from ..reporting.markdown import format_number as fmt
-from ..reporting.measured import GATE
+from ..reporting.calibrated import calibration_lines, interval_cell, level_cell
+from ..reporting.calibrated import coverage_cell as calibrated_coverage
 from .agreement import not_compared
 from .claims import (DECLARED, DECODER_VALID, DEGENERATE, FLOOR, MEASURE_TEXT, MIN_BUDGETS, MIN_METHODS, P1,
                      P1_BUDGET, P1_METHOD, P1_WITHIN, P2, P3, RESAMPLING)
-from .gating import SIZING
-from .prediction import COVERAGE_TRIALS
+from .gating import FORMER_DRAWS
 from .grid import KV_CACHE
 from .long_grid import LONG_KV, LONG_WHOLE
 
-__all__ = ["claim_sections", "coverage_cell", "needed_cell", "setting_text", "delta_cells"]
+__all__ = ["claim_sections", "coverage_cell", "setting_text", "delta_cells", "CALIBRATED_SHOWN", "calibrated_cells",
+           "verdict_tally"]
+
+CALIBRATED_SHOWN = ["estimate [calibrated CI]", "declared 95% CI", "coverage [MC 95%]", "calibrated level",
+                    "verdict", "former verdict (90% gate)"]
+"""The columns :func:`calibrated_cells` adds, as the summary shows (p3) and (p4)."""
 
 _OUTCOMES = ("reproduced", "not reproduced", "inconclusive", "too few units")
 
@@ -51,11 +56,20 @@ def _rows(verdicts, claim) -> pd.DataFrame:
     rows["estimate [95% CI]"] = [_interval(*v) for v in rows[["estimate", "ci_low", "ci_high"]].to_numpy(float)]
     rows["coverage (own units)"] = [coverage_cell(*v) for v in rows[["coverage", "coverage_low", "coverage_high"]]
                                     .to_numpy(float)] if "coverage" in rows else ""
-    largest = 12 if claim.unit == "window" else max(SIZING["multiples"])
-    rows[f"{claim.unit}s for 90%"] = [needed_cell(c, n, u, largest) for c, n, u in zip(
-        rows.get("coverage", pd.Series(np.nan, index=rows.index)), rows.get("units_for_90", pd.Series(
-            np.nan, index=rows.index)), rows["windows" if claim.unit == "window" else "methods"])]
     return rows
+
+
+def calibrated_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (verdict rows judged on a calibrated interval: (p3), (p4)) with :data:`CALIBRATED_SHOWN`."""
+    cells = [r for _, r in rows.iterrows()]
+    return rows.assign(**{
+        "estimate [calibrated CI]": [_interval(*v) for v in rows[["estimate", "ci_low", "ci_high"]].to_numpy(float)],
+        "declared 95% CI": [interval_cell(lo, hi) if np.isfinite(lo) else "" for lo, hi in
+                            rows[["nominal_low", "nominal_high"]].to_numpy(float)] if "nominal_low" in rows else "",
+        "coverage [MC 95%]": [calibrated_coverage(r) for r in cells],
+        "calibrated level": [level_cell(r) for r in cells],
+        "former verdict (90% gate)": rows["former_verdict"].fillna("").astype(str) if "former_verdict" in rows
+        else ""})
 
 
 def coverage_cell(rate, low, high) -> str:
@@ -63,23 +77,31 @@ def coverage_cell(rate, low, high) -> str:
     return "not measured" if not math.isfinite(rate) else f"{rate:.0%} [{low:.0%}, {high:.0%}]"
 
 
-def needed_cell(rate, needed, units, largest: int = 12) -> str:
-    """The units 90% coverage would need, for a row below it: a count, or more than ``largest`` times the run's."""
-    if not math.isfinite(rate) or rate >= GATE:
-        return ""
-    return str(int(needed)) if pd.notna(needed) else f"more than {largest * int(units)}"
-
-
 def _tally(claim, rows) -> str:
-    gated = int(rows["verdict"].astype(str).str.startswith("no verdict: coverage").sum())
-    return f"{tally(claim, rows['verdict'], _OUTCOMES)}, {gated} no verdict (coverage below 90%)"
+    return verdict_tally(claim, rows["verdict"])
+
+
+def verdict_tally(claim, verdicts) -> str:
+    """The verdicts of ``claim`` counted by outcome, and those whose calibration failed ("no verdict: <reason>").
+
+    Examples
+    --------
+    >>> from approxlab.studies.perplexity.claims import P3
+    >>> verdict_tally(P3, pd.Series(["same places", "no verdict: 34.3% of 2300 resamples give no interval"]))
+    '1 same places, 0 different places, 0 inconclusive, 0 no verdict (too few units), 1 no verdict (calibration fails)'
+    """
+    verdicts = pd.Series(verdicts).astype(str)
+    failed = int(verdicts.str.startswith("no verdict:").sum())
+    return f"{tally(claim, verdicts, _OUTCOMES)}, {failed} no verdict (calibration fails)"
 
 
 def _declared() -> list[str]:
     return ["## The committed design's claims (declared in `approxlab.studies.perplexity.claims`)", "",
             "Their premise claims (p1), (p1w), (p1m), (p1d), (p2) are superseded by the premise's claims above (each "
             "row's `former_verdict` in `verdicts.csv` is the reading of its percentile interval, shown here for "
-            "comparison, with no coverage measured); (p3) and (p4) are still judged by them.", "",
+            "comparison, with no coverage measured); (p3) and (p4) are still judged by them, on intervals calibrated "
+            "as the premise's are (methods and windows drawn crossed; the former 90% coverage gate's verdict "
+            "beside).", "",
             *markdown_table(pd.DataFrame(DECLARED)), "",
             f"- Decoder-valid methods: {DECODER_VALID}.", f"- Degenerate points: {DEGENERATE}.",
             f"- Noise floor: {FLOOR}.",
@@ -110,7 +132,7 @@ def _table(rows, columns) -> list[str]:
 
 def _p1(verdicts) -> list[str]:
     p1, within, per, budget = (_rows(verdicts, c) for c in (P1, P1_WITHIN, P1_METHOD, P1_BUDGET))
-    measured = ["coverage (own units)", "methods for 90%"]
+    measured = ["coverage (own units)"]
     lines = [f"- **(p1) across methods**: {P1.statistic}; holds at rho >= {P1.threshold:g}; {_tally(P1, p1)}.", "",
              *_table(p1, ["setting ", "estimate [95% CI]", *measured, "verdict", "methods", "windows", "points"]),
              f"- **(p1w) within a method, pooled**: {P1_WITHIN.statistic}; holds at mean rho >= "
@@ -121,8 +143,8 @@ def _p1(verdicts) -> list[str]:
                                 fill_value="").reset_index()
         lines += [f"- **(p1m) within each method** ({P1_METHOD.statistic}; interval over windows, holds at rho >= "
                   f"{P1_METHOD.threshold:g}): {_tally(P1_METHOD, per)}.", "", *markdown_table(table), "",
-                  *_table(per, ["method", "setting ", "estimate [95% CI]", "coverage (own units)", "windows for 90%",
-                                "verdict", "windows"])]
+                  *_table(per, ["method", "setting ", "estimate [95% CI]", "coverage (own units)", "verdict",
+                                "windows"])]
     if len(budget):
         lines += [f"- **(p1d) at a fixed budget** ({P1_BUDGET.statistic}; holds at rho >= {P1_BUDGET.threshold:g}): "
                   f"{_tally(P1_BUDGET, budget)}.", "",
@@ -144,8 +166,8 @@ def _p2(verdicts, correlations, prediction) -> list[str]:
                   "(a measure a run did not record is n/a):", "", *markdown_table(table), ""]
     p2 = _rows(verdicts, P2)
     lines += [f"  Paired, {P2.statistic}; better when the whole interval is above {P2.threshold:g}: {_tally(P2, p2)}.",
-              "", *_table(p2, ["setting ", "measure", "estimate [95% CI]", "coverage (own units)", "methods for 90%",
-                               "verdict", "methods"])]
+              "", *_table(p2, ["setting ", "measure", "estimate [95% CI]", "coverage (own units)", "verdict",
+                               "methods"])]
     if len(prediction):
         shown = prediction.assign(**{"held-out error [95% CI]": [_interval(*v) for v in prediction[
             ["held_out_error", "ci_low", "ci_high"]].to_numpy(float)], "minus spectral's [95% CI]": [
@@ -163,7 +185,7 @@ def _p2(verdicts, correlations, prediction) -> list[str]:
 def _p3(saved, verdicts, labels) -> list[str]:
     if not saved.config.get("compare_with"):
         return ["- **(p3)** not decided: no `--compare-with` folders were named.", ""]
-    p3 = _rows(verdicts, P3)
+    p3 = calibrated_cells(_rows(verdicts, P3))
     skipped = len(not_compared(labels))
     left_out = (f" **{skipped} comparison{'s' if skipped != 1 else ''} not made** (the `compared` column says why)."
                 if skipped else "")
@@ -171,8 +193,7 @@ def _p3(saved, verdicts, labels) -> list[str]:
             "On method means (a per-window comparison with a per-method constant cannot reach 1); each reference's "
             "model, length and layer, and the methods it lacks or failed (left out):", "",
             *_table(labels, list(labels.columns)),
-            *_table(p3, ["reference", "setting ", "num_features", "estimate [95% CI]", "coverage (own units)",
-                         "methods for 90%", "verdict", "methods"])]
+            *_table(p3, ["reference", "setting ", "num_features", *CALIBRATED_SHOWN, "methods"])]
 
 
 def _calibration(calibration) -> list[str]:
@@ -187,19 +208,12 @@ def _calibration(calibration) -> list[str]:
 
 
 def _measured_lines() -> list[str]:
-    return ["**Coverage on the run's own units** (the `coverage (own units)` of (p3) and (p4); `approxlab.studies."
-            "perplexity.gating`). The claims' units vary at the level of the method (then the window within it): the run is "
-            f"taken as the population and its estimate as the truth; {COVERAGE_TRIALS['trials']} data sets are drawn "
-            "from it as the run was drawn (methods with replacement, then each drawn method's windows), each with "
-            f"its own {COVERAGE_TRIALS['resamples']}-resample two-level interval, every claim of a setting on the "
-            "same draws, and the share of the intervals that hold the truth is the coverage (Wilson 95% interval; "
-            "(p1m): the method's windows drawn, `measured_coverage`). A verdict whose interval covers less than "
-            f"{GATE:.0%} is withheld (\"no verdict: coverage ... < 90%\"); the methods (windows for (p1m)) it would "
-            "need are the first of " + ", ".join(map(str, SIZING["multiples"])) + " times the run's methods (2-12 "
-            "times the windows for (p1m)) at which the same measurement reaches 90% "
-            f"({SIZING['trials']} data sets of {SIZING['resamples']} resamples per count, to keep the report's cost "
-            "modest: a size, not a verdict, rests on it; an approximation, the run's methods standing for the "
-            "population).", ""]
+    return [*calibration_lines("(p3) and (p4) claims"), "",
+            "(p3) and (p4) draw methods and windows (sequences) crossed, as the premise's claims do "
+            "(`approxlab.studies.perplexity.gating`); the former rule -- a two-level percentile interval, its verdict "
+            "withheld where its coverage on the run's own units fell below 90% -- is kept as `former_verdict`: the "
+            f"declared interval judged, withheld where the coverage of the calibration's first {FORMER_DRAWS} draws "
+            "is below 90% (\"no verdict: coverage ... < 90%\").", ""]
 
 
 def _changes(verdicts) -> list[str]:
@@ -215,8 +229,9 @@ def _changes(verdicts) -> list[str]:
     shown["num_features"] = shown["num_features"].map(lambda d: "" if d < 0 else str(int(d)))
     return [*changes_lines(shown, ["claim", "setting ", "measure", "method", "reference", "num_features"],
                            shown=["estimate [95% CI]", "coverage"], what="verdict",
-                           rules="(p3) and (p4): the same intervals and thresholds, but a verdict given whatever "
-                                 "its interval's coverage"), ""]
+                           rules="(p3) and (p4): the 90% coverage gate on the declared interval (its coverage from "
+                                 f"the calibration's first {FORMER_DRAWS} draws), where the verdict is now read from "
+                                 "the calibrated interval"), ""]
 
 
 def _excluded(saved, delta) -> list[str]:

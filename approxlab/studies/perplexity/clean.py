@@ -28,7 +28,9 @@ import functools
 
 from ...patching import exact_prefill, replay
 from ..engine.clock import Stopwatch
-from .cells import DECODER_KEY, decoder_model, measured, patch_options, run_patch, warning_columns, window_inputs
+from .cells import (DECODER_KEY, decoder_model, measured, patch_options, ratio_column, run_patch, warning_columns,
+                    window_inputs)
+from .config_grid import ratio_of
 from .grid import ALL_LAYERS, KV_CACHE, WHOLE, decoder_common, method_features, window_ids
 
 __all__ = ["CLEAN_KEY", "CLEAN_INPUTS", "clean_inputs", "clean_run", "compute_clean", "clean_cells"]
@@ -69,7 +71,7 @@ def clean_run(cell: dict, key: tuple) -> dict:
 
 def compute_clean(cell: dict) -> list[dict]:
     """``clean_errors.csv``: one row, the clean-input errors of the ``perplexity.csv`` cell of the same key."""
-    return [clean_run(cell, tuple(cell[c] for c in CLEAN_KEY))]
+    return [{**clean_run(cell, tuple(cell[c] for c in CLEAN_KEY)), **ratio_column(cell)}]
 
 
 def clean_cells(config: dict, settings: dict) -> list[dict]:
@@ -77,7 +79,8 @@ def clean_cells(config: dict, settings: dict) -> list[dict]:
     method x d x window, window by window (each window's capture serves its cells)."""
     common = decoder_common(config, settings)
     plan = ([(WHOLE, ALL_LAYERS)] if ALL_LAYERS in config["layers"] else []) + [(KV_CACHE, ALL_LAYERS)]
-    return [{"setting": setting, "layers": layers, "method": method, "num_features": d, "window": window, **common}
+    return [{"setting": setting, "layers": layers, "method": method, "num_features": d, "window": window,
+             **ratio_of(config, d), **common}
             for window in window_ids(config) for setting, layers in plan
             for method in [config["control"], *config["methods"]]
             for d in (config["num_features"][:1] if method == config["control"] else method_features(config, method))]

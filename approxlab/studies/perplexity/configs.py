@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .cells import decoder_run
 from .clean import CLEAN_INPUTS, clean_run
-from .config_grid import config_label
+from .config_grid import config_label, ratio_of
 from .grid import ALL_LAYERS, KV_CACHE, decoder_common, window_ids
 
 __all__ = ["CONFIG_KEY", "compute_config", "config_cells"]
@@ -43,7 +43,7 @@ def config_cells(config: dict, settings: dict) -> list[dict]:
     design = config.get("configs") or {"budget": None, "methods": {}}
     common = decoder_common(config, settings)
     return [{"setting": KV_CACHE, "layers": ALL_LAYERS, "method": method, "config": config_label(options),
-             "num_features": design["budget"], "window": window,
+             "num_features": design["budget"], "window": window, **ratio_of(config, design["budget"]),
              "options": {k: v for k, v in options.items() if k != "seed"}, **common}
             for window in window_ids(config) for method, configurations in design["methods"].items()
             for options in configurations]

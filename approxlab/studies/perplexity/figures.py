@@ -19,11 +19,13 @@ symmetric-log axis: logarithmic beyond :data:`LINEAR_WITHIN` nats per token, lin
 from __future__ import annotations
 
 import pathlib
+import re
 
 import numpy as np
 
 from .grid import KV_CACHE, WHOLE, ignores_features
 from .judging import EXACT_ERROR
+from .premise import AS_BUDGET
 from .stats import settings_of
 
 __all__ = ["LINEAR_WITHIN", "draw_d", "draw_error", "draw_within", "draw_kv"]
@@ -146,6 +148,9 @@ def _rho(premise, claim, setting, layers) -> str:
     if found.empty or not np.isfinite(found["estimate"].iloc[0]):
         return ""
     row, symbol = found.iloc[0], "ρ" if claim == "p1" else "Δρ"
+    share = re.match(re.escape(AS_BUDGET) + r": ([\d.]+%) of", str(row["verdict"]))
+    if share:  # (pw): too many draws in the budget's order for an interval
+        return f"{symbol} = {row['estimate']:.2f} (no interval in {share.group(1)} of draws: the error in d's order)"
     if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
         return f"{symbol} = {row['estimate']:.2f} (no calibrated interval)"
     return f"{symbol} = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"

@@ -1,57 +1,63 @@
-r"""No perplexity verdict rests on an interval that covers less than 90% of the time with the run's own units.
+r"""The committed design's claims after the premise's redesign: (p3) and (p4) on calibrated intervals, the former
+premise claims as superseded readings.
 
-Every claim across methods -- (p1), (p1w), (p1d), (p2), (p3), (p4) -- is judged on a two-level percentile
-interval (methods with replacement, then windows within each drawn method: :func:`.resampling.two_level`). How
-often that interval holds the truth at this run's units is measured on the run itself by the double bootstrap of
-:func:`.prediction.coverage`: the run is the population and its estimate the truth; data sets are drawn from it
-as the run was drawn, the interval recomputed on each (:data:`.prediction.COVERAGE_TRIALS`: 100 data sets of 200
-resamples; every claim of a setting on the same draws). (p1m), one method's rho over its budgets with its windows
-resampled, is measured by :func:`approxlab.studies.reporting.measured.measured_coverage` on the method's windows.
+(p3) and (p4) are judged as the premise's claims are (:mod:`.premise`): their statistic is a function of the
+multiplicities of methods and windows (sequences for (p4)) drawn **crossed** (:mod:`.strata`), and its interval is
+calibrated on the run's own methods and windows (:func:`.strata.calibrate_setting`,
+:func:`approxlab.studies.reporting.calibrated.calibrate`): the verdict is read from the calibrated interval, and no
+verdict only where calibration fails, with the reason.
 
-A verdict whose measured coverage is below 90% is withheld (:func:`approxlab.studies.reporting.measured.gate`:
-``"no verdict: coverage 83.0% < 90%"``), and the units it would need -- methods, or windows for (p1m) -- are found
-by the same measurement on draws of more methods than the run's
-(:func:`approxlab.studies.reporting.measured.needed_size` at :data:`SIZING`'s counts and its fewer draws: a size
-rests on it, not a verdict; (p1m): 2-12 times its windows). The verdict before the gate is kept
-(``former_verdict``: the former rules had no gate) for the summary's "Changes of verdict".
+* :func:`rho_over_cells` -- (p4): Spearman's :math:`\rho` over every cell (method x budget x sequence), a cell
+  counted :math:`c_m w_k` times.
+* :func:`rho_of_means` -- (p3): Spearman's :math:`\rho` across methods of a per-method value (the reference's error)
+  and the method's mean :math:`\Delta` over its drawn windows, a method counted :math:`c_m` times.
+
+The former rule -- a two-level percentile interval judged only where its coverage on the run's own units, from
+:data:`FORMER_DRAWS` draws, reached 90% -- is kept as ``former_verdict``
+(:func:`approxlab.studies.reporting.calibrated.former_verdict`: the declared 95% interval judged, withheld where the
+coverage of the first :data:`FORMER_DRAWS` draws of the same calibration is below 90%), so that the summary's
+"Changes of verdict" lists every verdict the gate decided otherwise.
 
 (p1), (p1w), (p1m), (p1d) and (p2) are no longer judged here: :mod:`.premise` replaces them (ranks within windows,
 clean-input error, calibrated intervals), and :func:`superseded` keeps each former reading beside the claim that
-replaces it, with no coverage measured; (p3) and (p4) keep this gate.
+replaces it, with no coverage measured.
 
 Public API::
 
-    SIZING, COLUMNS, SUPERSEDED_BY
-    superseded(rows) -> list[dict]                                              # the former reading, not a verdict
-    gate_rows(rows, cells, statistics, *, columns=MEASURES) -> list[dict]     # rows name their "_statistic"
-    gate_over_windows(row, compute, windows) -> dict                           # (p1m): windows are the units
+    FORMER_DRAWS, COLUMNS, SUPERSEDED_BY
+    superseded(rows) -> list[dict]                                   # the former reading, not a verdict
+    rho_over_cells(cells, measure) / rho_of_means(cells, values)     # -> statistic(c, w) -> (resamples,)
+    calibrated_row(claim, row, statistic, methods, windows) -> dict  # the verdict from the calibrated interval
 """
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import pandas as pd
 
-from ..reporting import measured
-from .claims import MEASURES
-from .prediction import COVERAGE_TRIALS, coverage
+from ..reporting import calibrated as calibration
+from ..reporting import claims as engine
+from . import strata
+from .prediction import COVERAGE_TRIALS
 
-__all__ = ["SIZING", "COLUMNS", "SUPERSEDED_BY", "superseded", "gate_rows", "gate_over_windows"]
+__all__ = ["FORMER_DRAWS", "COLUMNS", "SUPERSEDED_BY", "superseded", "rho_over_cells", "rho_of_means",
+           "calibrated_row"]
 
-SIZING = {"trials": 20, "resamples": 100, "multiples": (2, 3, 4, 6)}
-"""The methods a claim below 90% would need: :func:`.prediction.coverage` at 2, 3, 4 and 6 times the run's methods
-with 20 data sets of 100 resamples each (the coverage to about +-13%: only a size rests on it, and each larger
-count costs a full nested resampling of that many methods; "more than 6 times" where none reaches 90%)."""
+FORMER_DRAWS = COVERAGE_TRIALS["trials"]
+"""The draws of the former coverage gate (100): its reading is the coverage of the calibration's first 100 draws."""
 
-COLUMNS = ["coverage", "coverage_low", "coverage_high", "units_for_90", "former_verdict"]
-"""What :func:`gate_rows` adds to a verdict row: the measured coverage with its Wilson 95% interval, the units
-(methods; windows for (p1m)) 90% would need where it falls short (None: not even the largest count tried), and the
-verdict before the gate."""
-
+COLUMNS = ["coverage", "coverage_low", "coverage_high", "former_verdict", "nominal_low", "nominal_high",
+           "calibrated_level", "coverage_draws", "calibration", "p"]
+"""What a verdict row carries besides its interval: the declared interval's coverage on the run's own units with its
+Monte-Carlo (Wilson 95%) interval, the verdict by the former 90% gate, and the calibration's columns
+(:data:`approxlab.studies.reporting.calibrated.CALIBRATED_COLUMNS`, and the calibrated p of the threshold)."""
 
 SUPERSEDED_BY = {"p1": "p1", "p1w": "pw, pp", "p1m": "pw, pp", "p1d": "p1d", "p2": "p2"}
 """The claims of ``premise.csv`` that replace each former premise claim."""
+
+
+def _uncalibrated(row: dict) -> dict:
+    return {**row, **calibration.calibrated_columns(None, row.get("threshold")), "coverage_draws": 0}
 
 
 def superseded(rows: list) -> list:
@@ -66,69 +72,89 @@ def superseded(rows: list) -> list:
     out = []
     for row in rows:
         row = {key: value for key, value in row.items() if key != "_statistic"}
-        out.append({**row, "former_verdict": row["verdict"],
-                    "verdict": f"superseded by premise.csv ({SUPERSEDED_BY[row['claim']]})",
-                    "coverage": math.nan, "coverage_low": math.nan, "coverage_high": math.nan,
-                    "units_for_90": None})
+        out.append({**_uncalibrated(row), "former_verdict": row["verdict"],
+                    "verdict": f"superseded by premise.csv ({SUPERSEDED_BY[row['claim']]})", "calibration": ""})
     return out
 
 
-def _judged(row: dict) -> bool:
-    """A row whose verdict rests on an interval (not withheld for too few units, both bounds computed)."""
-    return not str(row["verdict"]).startswith("no verdict") and math.isfinite(row["ci_low"]) \
-        and math.isfinite(row["ci_high"])
+def _positions(cells: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Each cell's method and window position (sorted names), and the counts of both."""
+    methods, windows = sorted(set(cells["method"])), sorted(set(cells["window"]))
+    return (cells["method"].map({m: i for i, m in enumerate(methods)}).to_numpy(int),
+            cells["window"].map({k: i for i, k in enumerate(windows)}).to_numpy(int), len(methods), len(windows))
 
 
-def _gated(row: dict, found, needed) -> dict:
-    short = found is not None and found.coverage < measured.GATE
-    return {**row, "former_verdict": row["verdict"], "verdict": measured.gate(None, row["verdict"], found),
-            "coverage": found.coverage if found is not None else math.nan,
-            "coverage_low": found.low if found is not None else math.nan,
-            "coverage_high": found.high if found is not None else math.nan,
-            "units_for_90": needed if short else None}
+def rho_over_cells(cells: pd.DataFrame, measure: str = "spectral"):
+    r"""``statistic(c, w) -> (resamples,)``: Spearman's :math:`\rho(\text{measure}, \Delta)` over the cells where
+    both are finite, cell :math:`(m, k)` counted :math:`c_m w_k` times (``c``: ``(resamples, methods)``, ``w``:
+    ``(resamples, windows)`` multiplicities, methods and windows in sorted order).
+
+    Examples
+    --------
+    >>> import numpy as np, pandas as pd
+    >>> cells = pd.DataFrame({"method": list("aabbcc"), "window": [0, 1] * 3,
+    ...                       "spectral": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "delta": [1.0, 2.0, 3.0, 4.0, 6.0, 5.0]})
+    >>> statistic = rho_over_cells(cells)
+    >>> float(round(statistic(np.ones((1, 3)), np.ones((1, 2)))[0], 4))
+    0.9429
+    """
+    x, y = cells[measure].to_numpy(float), cells["delta"].to_numpy(float)
+    finite = np.isfinite(x) & np.isfinite(y)
+    method, window, _, _ = _positions(cells)
+    method, window = method[finite], window[finite]
+    lx, ly = strata._comparisons(x[finite]), strata._comparisons(y[finite])
+
+    def statistic(c, w):
+        c, w = np.atleast_2d(c), np.atleast_2d(w)
+        return strata.weighted_rho(lx, ly, c[:, method] * w[:, window])
+
+    return statistic
 
 
-def _methods_needed(cells: pd.DataFrame, statistics: dict, columns) -> dict:
-    """Per statistic: the fewest methods (of :data:`SIZING`'s multiples of the run's) whose interval covers 90%,
-    or None."""
-    pending = set(statistics)
+def rho_of_means(cells: pd.DataFrame, values: pd.Series):
+    r"""``statistic(c, w) -> (resamples,)``: Spearman's :math:`\rho` across methods of ``values`` (one per method,
+    e.g. a reference's error) and each method's mean :math:`\Delta` over its windows weighted by ``w`` (a method
+    none of whose windows is drawn drops out), method :math:`m` counted :math:`c_m` times.
 
-    def coverage_at(size):
-        found = coverage(cells, {name: statistics[name] for name in sorted(pending)}, columns=columns, methods=size,
-                         trials=SIZING["trials"], resamples=SIZING["resamples"])
-        values = {name: m.coverage if m is not None else 0.0 for name, m in found.items()}
-        pending.difference_update(name for name, value in values.items() if value >= measured.GATE)
-        return values
+    Examples
+    --------
+    >>> import numpy as np, pandas as pd
+    >>> cells = pd.DataFrame({"method": list("aabbcc"), "window": [0, 1] * 3, "delta": [1.0, 3.0, 2.0, 2.0, 5.0, 0.0]})
+    >>> statistic = rho_of_means(cells, pd.Series({"a": 1.0, "b": 2.0, "c": 3.0}))
+    >>> statistic(np.ones((1, 3)), np.array([[1.0, 1.0], [1.0, 0.0]])).round(4).tolist()   # means 2, 2, 2.5; 1, 2, 5
+    [0.866, 1.0]
+    """
+    method, window, count, windows = _positions(cells)
+    table = np.full((count, windows), np.nan)
+    table[method, window] = cells["delta"].to_numpy(float)
+    has = np.isfinite(table)
+    known = np.where(has, table, 0.0)
+    names = sorted(set(cells["method"]))
+    lx = strata._comparisons(values.reindex(names).to_numpy(float))
 
-    count = int(cells["method"].nunique())
-    return measured.needed_size(coverage_at, count, sizes=[count * k for k in SIZING["multiples"]])
+    def statistic(c, w):
+        c, w = np.atleast_2d(c), np.atleast_2d(w)
+        total = w @ has.T
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(total > 0, (w @ known.T) / total, np.nan)
+        equal = (means[:, None, :] == means[:, :, None]).astype(float)
+        equal[:, np.arange(count), np.arange(count)] = 0.0
+        ly = (means[:, None, :] < means[:, :, None]).astype(float) + 0.5 * equal
+        return strata.weighted_rho(lx, ly, np.where(total > 0, c, 0.0))
+
+    return statistic
 
 
-def gate_rows(rows: list, cells: pd.DataFrame, statistics: dict, *, columns=MEASURES) -> list:
-    """``rows`` (verdict rows of one setting; each names its statistic in ``statistics`` under ``"_statistic"``)
-    with :data:`COLUMNS`: the coverage of every judged row's interval measured on ``cells`` (the run's own units, one
-    double bootstrap for all of them), the verdict gated at 90% and the methods it would need."""
-    judged = sorted({row["_statistic"] for row in rows if _judged(row)})
-    found = coverage(cells, {name: statistics[name] for name in judged}, columns=columns) if judged else {}
-    short = {name: statistics[name] for name, m in found.items() if m is not None and m.coverage < measured.GATE}
-    needed = _methods_needed(cells, short, columns) if short else {}
-    out = []
-    for row in rows:
-        name = row.pop("_statistic")
-        out.append(_gated(row, found.get(name) if _judged(row) else None, needed.get(name)))
-    return out
-
-
-def gate_over_windows(row: dict, compute, windows: int) -> dict:
-    """(p1m): ``row`` with :data:`COLUMNS`, its interval's coverage measured on the method's own ``windows``
-    (``compute(sample) -> (estimate, low, high)`` for a list of window positions, a repeat counting twice;
-    :func:`approxlab.studies.reporting.measured.measured_coverage`, :data:`.prediction.COVERAGE_TRIALS` draws) and
-    the windows 90% would need (:func:`approxlab.studies.reporting.measured.units_needed`, :data:`SIZING` draws)."""
-    if not _judged(row) or windows < 2:
-        return _gated(row, None, None)
-    units = list(range(int(windows)))
-    found = measured.measured_coverage(compute, units, trials=COVERAGE_TRIALS["trials"], seed=COVERAGE_TRIALS["seed"])
-    needed = measured.units_needed(compute, units, trials=SIZING["trials"], seed=COVERAGE_TRIALS["seed"]) \
-        if found.coverage < measured.GATE else None
-    return _gated(row, found, needed)
-
+def calibrated_row(claim, row: dict, statistic, methods: int, windows: int) -> dict:
+    """``row`` (a verdict row of ``claim``, :func:`.judging.verdict_row`) with its interval calibrated on the run's
+    ``methods`` and ``windows`` (crossed; :func:`.strata.calibrate_setting`): the estimate, the calibrated interval,
+    the verdict read from it, the former 90% gate's verdict and :data:`COLUMNS`. A row already withheld (too few
+    methods, a gate of its own) or over fewer than 2 windows is not calibrated (its verdict and former verdict as
+    they are)."""
+    if str(row["verdict"]).startswith("no verdict") or methods < max(2, claim.min_units or 2) or windows < 2:
+        return {**_uncalibrated(row), "former_verdict": row["verdict"]}
+    found = strata.calibrate_setting({"claim": statistic}, methods, windows, former_draws=FORMER_DRAWS)["claim"]
+    verdict = engine.judge(claim, found.low, found.high, units=methods, calibrated=found)
+    return {**row, "estimate": found.estimate, "ci_low": found.low, "ci_high": found.high, "verdict": verdict,
+            "former_verdict": calibration.former_verdict(claim, found, units=methods),
+            **calibration.calibrated_columns(found, claim.threshold)}

@@ -10,12 +10,12 @@ import argparse
 from ...errors import UsageError
 from .. import checks
 from .. import options as shared
-from ..option_types import names_among
 from ..declaration import Option
 from ..inputs.wikitext import draw_windows
 from .long_grid import (LONG_KEY, LONG_KV, LONG_OPTIONS, LONG_WHOLE, UNPATCHED, check_long, default_long_methods,
                         long_cells, long_lengths)
-from .config_grid import CONFIGURATIONS, declared_configs, spread_depths
+from .config_grid import (ALL_LAYERS, CONFIGURATIONS, PREMISE_OPTIONS, budgets_of_ratios, check_premise_grid,
+                          layer_label, layer_settings, premise_config, ratio_of, resolve_layers)
 from .references import check_reference
 
 __all__ = ["DEFAULT_CHECKPOINT", "ENCODER_CHECKPOINT", "METHODS", "ENCODER_METHODS", "CONTROL", "FULL_GRID",
@@ -60,8 +60,6 @@ KV_GROUPING = "kv-head"
 heads' scores averaged, as kvpress does; ``patch_attention(..., grouping=...)``). Runs before it held a set per
 query head (``"query-head"``), which a config without ``kv_grouping`` means."""
 
-ALL_LAYERS = "all"
-
 FULL_GRID = {
     "n": [512],
     "context": 384,
@@ -79,6 +77,7 @@ FULL_GRID = {
     "long_depths": [0.25, 0.75],
     "depths": None,
     "config_methods": list(CONFIGURATIONS),
+    "ratios": None,
 }
 """The full grid, declared before its run: 12 windows, 5 budgets, the first layer alone, every layer, the KV cache;
 one layer alone at each of ``depths`` (None: five spread over the model, :func:`.config_grid.spread_depths`: 0, 8,
@@ -93,22 +92,6 @@ QUICK_GRID = {**FULL_GRID, "n": [64], "context": 48, "continuation": 16, "layer_
               "windows": 1, "long_n": [96], "long_features": [8], "long_windows": 1, "long_depths": [0.5],
               "long_methods": None, "depths": ["last"], "config_methods": ["streaming-llm"]}
 """``--quick``: a smoke run for the test suite (seconds once the model is converted)."""
-
-_SETTING_NAMES = ("first", "middle", "last", ALL_LAYERS)
-
-
-def layer_settings(text: str) -> list:
-    """``--layer-settings``: layer indices, first, middle, last or all (every layer replaced together)."""
-    try:
-        names = shared.str_list(text)
-    except argparse.ArgumentTypeError:
-        names = []
-    chosen = [int(x) if x.isdigit() else x for x in names]
-    if not chosen or not all(isinstance(x, int) or x in _SETTING_NAMES for x in chosen):
-        raise argparse.ArgumentTypeError(f"comma-separated layer indices >= 0, first, middle, last or all, "
-                                         f"got {text!r}")
-    return chosen
-
 
 OPTIONS = (
     shared.CHECKPOINT.but(default=DEFAULT_CHECKPOINT, help="the causal language model (Hub id with network, local "
@@ -129,13 +112,7 @@ OPTIONS = (
            "compresses", type=shared.positive_int, metavar="N"),
     Option(("--continuation",), "continuation", "KV-cache setting: tokens after the context, scored",
            type=shared.positive_int, metavar="N"),
-    Option(("--depths",), "depths", "the whole-window setting's single layers replaced one at a time, besides "
-           "--layer-settings: layer indices or first, middle, last; comma-separated", type=layer_settings,
-           nargs="+", action=shared.Flatten, metavar="LAYERS"),
-    Option(("--config-methods",), "config_methods", "methods of the fixed-budget design (configs.csv), each with "
-           "its declared configurations at the middle budget; comma-separated",
-           type=names_among(CONFIGURATIONS, "methods with declared configurations"), nargs="+",
-           action=shared.Flatten, metavar="NAMES"),
+    *PREMISE_OPTIONS,
     *LONG_OPTIONS,
     Option(("--compare-with",), "compare_with", "result folders of approxlab figure1 or decoder runs whose error "
            "rankings claim (p3) compares with the perplexity ranking (comma- or space-separated)",
@@ -143,8 +120,9 @@ OPTIONS = (
 )
 """The options of ``approxlab perplexity`` besides the common ones."""
 
-_GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "depths", "config_methods", "num_features", "methods", "encoder_methods",
-                 "windows", "compare_with", "long_n", "long_methods", "long_features", "long_windows")
+_GRID_OPTIONS = ("n", "context", "continuation", "layer_settings", "depths", "config_methods", "ratios", "num_features",
+                 "methods", "encoder_methods", "windows", "compare_with", "long_n", "long_methods", "long_features",
+                 "long_windows")
 
 
 def ignores_features(method: str) -> bool:
@@ -152,24 +130,6 @@ def ignores_features(method: str) -> bool:
     from ...methods import get
 
     return get(method).features.startswith("ignored")
-
-
-def layer_label(layer) -> str:
-    """``"layer 15"``, or ``"all"``: the value of the ``layers`` column."""
-    return ALL_LAYERS if layer == ALL_LAYERS else f"layer {int(layer)}"
-
-
-def _resolve_layers(settings, num_layers: int, flag: str = "--layer-settings") -> list[str]:
-    names = {"first": 0, "middle": num_layers // 2, "last": num_layers - 1}
-    labels = []
-    for setting in settings:
-        layer = names.get(setting, setting)
-        if layer != ALL_LAYERS and not 0 <= int(layer) < num_layers:
-            raise UsageError(flag, f"layer indices in 0..{num_layers - 1} (the model has {num_layers} "
-                             "layers), first, middle, last or all", ",".join(map(str, settings)))
-        if layer_label(layer) not in labels:
-            labels.append(layer_label(layer))
-    return labels
 
 
 def _grid(quick: bool, args, checked=()) -> dict:
@@ -195,8 +155,9 @@ def _grid(quick: bool, args, checked=()) -> dict:
                          min(grid["context"], grid["continuation"]))
     if grid["long_methods"] is None:
         grid["long_methods"] = default_long_methods(grid["methods"])
-    if ALL_LAYERS in (grid["depths"] or ()):
-        raise UsageError("--depths", "single layers: layer indices, first, middle or last", ALL_LAYERS)
+    check_premise_grid(grid, args)
+    if grid["ratios"]:  # the budgets given as compression ratios: their kept counts
+        grid["num_features"] = list(budgets_of_ratios(grid["ratios"], grid["context"]))
     for name in ("methods", "encoder_methods", "compare_with", "layer_settings", "long_methods", "depths",
                  "config_methods"):
         if grid[name] is not None:
@@ -227,13 +188,10 @@ def build_config(*, num_layers: int, quick: bool = False, window_pool: int = 64,
     (['layer 0', 'all'], 512, 12)
     """
     grid = _grid(quick, argparse.Namespace(**{name: values.get(name) for name in _GRID_OPTIONS}), checked_references)
-    layers = _resolve_layers(grid.pop("layer_settings"), num_layers)
-    depths = _resolve_layers(spread_depths(num_layers) if grid["depths"] is None else grid["depths"], num_layers,
-                             "--depths")
-    del grid["depths"]
-    configs = declared_configs(grid.pop("config_methods"), grid["num_features"])
+    layers = resolve_layers(grid.pop("layer_settings"), num_layers)
+    premise = premise_config(grid, num_layers)
     return {
-        "study": "perplexity", **grid, "layers": layers, "depths": depths, "configs": configs, "num_layers": int(num_layers), "control": CONTROL,
+        "study": "perplexity", **grid, "layers": layers, **premise, "num_layers": int(num_layers), "control": CONTROL,
         "checkpoint": str(checkpoint), "encoder_checkpoint": ENCODER_CHECKPOINT,
         "window_tokens": max(grid["n"], grid["context"] + grid["continuation"]),
         "window_pool": int(window_pool), "window_seed": int(window_seed), "base_seed": int(base_seed),
@@ -330,14 +288,14 @@ def decoder_cells(config: dict, settings: dict) -> list[dict]:
             for d in features:
                 for window in window_ids(config):
                     cells.append({"setting": setting, "layers": layers, "method": method, "num_features": d,
-                                  "window": window, **common})
+                                  "window": window, **ratio_of(config, d), **common})
     return cells
 
 
 def encoder_cells(config: dict, settings: dict) -> list[dict]:
     """One cell per method x d x window of the encoder (every layer replaced)."""
     common = decoder_common(config, settings)
-    return [{"method": method, "num_features": d, "window": window, **common}
+    return [{"method": method, "num_features": d, "window": window, **ratio_of(config, d), **common}
             for method in [config["control"], *config["encoder_methods"]]
             for d in (config["num_features"][:1] if method == config["control"] else method_features(config, method))
             for window in window_ids(config)]

@@ -25,8 +25,9 @@ EXACT_ERROR = 1e-6
 
 VERDICT_COLUMNS = ["claim", "setting", "layers", "measure", "method", "reference", "num_features", "estimate",
                    "ci_low", "ci_high", "threshold", "verdict", "methods", "windows", "points", *gating.COLUMNS]
-"""Every claim's row of ``verdicts.csv``; :data:`.gating.COLUMNS`: its interval's coverage measured on the run's own
-units, the units 90% would need, and the verdict before the 90% gate."""
+"""Every claim's row of ``verdicts.csv``; :data:`.gating.COLUMNS`: the calibration of (p3) and (p4) (the declared
+interval's coverage on the run's own units, the calibrated level and p) and ``former_verdict`` (the 90% coverage
+gate's verdict for (p3) and (p4); the reading of the percentile interval for the superseded claims)."""
 
 
 def causal_form(frame: pd.DataFrame) -> pd.Series:

@@ -1,4 +1,4 @@
-"""The long-context settings in the report: claim (p4) with its gate, the summary's section and the retrieval
+"""The long-context settings in the report: claim (p4) with its retrieval gate and calibrated interval, the summary's section and the retrieval
 figure (``perplexity-long.png``), from ``long.csv`` only."""
 
 from __future__ import annotations
@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..reporting.claims import tally
-from ..reporting.markdown import format_interval, markdown_table
+from ..reporting.markdown import markdown_table
 from ..reporting.markdown import format_number as fmt
-from . import gating, resampling
-from .claims import GATE, MEASURES, MIN_METHODS, P4, RESAMPLING
-from .claims_summary import coverage_cell, needed_cell
+from . import gating
+from .claims import GATE, P4
+from .claims_summary import CALIBRATED_SHOWN, calibrated_cells, verdict_tally
 from .judging import causal_form, measures_of, verdict_row
 from .long import UNPATCHED, long_frame, long_statistics
 
@@ -36,8 +35,8 @@ def gate(frame: pd.DataFrame) -> dict:
 
 def long_verdicts(long: pd.DataFrame, config: dict) -> list[dict]:
     """(p4) per long setting: rho(spectral error, Delta of the key's NLL) across decoder-valid methods, methods and
-    sequences resampled; no verdict when the interval's coverage on the run's own methods and sequences is below 90%
-    (:func:`.gating.gate_rows`), nor when the unpatched model fails the retrieval gate."""
+    sequences drawn crossed (:func:`.gating.rho_over_cells`), the interval calibrated on the run's own methods and
+    sequences (:func:`.gating.calibrated_row`); no verdict when the unpatched model fails the retrieval gate."""
     frame = long_frame(long)
     if frame is None or frame.empty:
         return []
@@ -50,19 +49,16 @@ def long_verdicts(long: pd.DataFrame, config: dict) -> list[dict]:
         cells = pd.concat([methods[["method"]], measures_of(methods)], axis=1)
         cells["window"], cells["budget"] = methods["sequence"], methods["num_features"].astype(float)
         cells["delta"] = methods["delta_key"].astype(float)
-        enough = cells["method"].nunique() >= MIN_METHODS
         cells = cells.reset_index(drop=True)
-        statistic = {"p4": resampling.across("spectral")}
-        found = resampling.two_level(cells, statistic, columns=MEASURES,
-                                     resamples=RESAMPLING["resamples"] if enough else 0, seed=RESAMPLING["seed"])["p4"]
-        low, high = resampling.percentile(found[0], found[1], RESAMPLING["level"])
-        count = int(cells["method"].nunique())
-        row = verdict_row(P4, setting, f"all, {length} tokens", found[0], low, high, methods=count,
-                          windows=int(cells["window"].nunique()), points=len(cells), units=count)
+        statistic = gating.rho_over_cells(cells)
+        count, windows = int(cells["method"].nunique()), int(cells["window"].nunique())
+        estimate = float(statistic(np.ones((1, count)), np.ones((1, windows)))[0])
+        row = verdict_row(P4, setting, f"all, {length} tokens", estimate, np.nan, np.nan, methods=count,
+                          windows=windows, points=len(cells), units=count)
         passed = accuracy.get((setting, length), 0.0)
-        if passed < GATE:  # the model cannot do the task: no verdict, and no interval to measure
+        if passed < GATE:  # the model cannot do the task: no verdict, and no interval to calibrate
             row["verdict"] = f"no verdict (the exact model retrieves {passed:.0%} < {GATE:.0%})"
-        rows += gating.gate_rows([{**row, "_statistic": "p4"}], cells, statistic)
+        rows.append(gating.calibrated_row(P4, row, statistic, count, windows))
     return rows
 
 
@@ -77,12 +73,7 @@ def long_lines(saved, verdicts: pd.DataFrame) -> list[str]:
     table = table.assign(**{c: [fmt(float(v)) for v in table[c]] for c in ("accuracy", "delta_key", "delta",
                                                                      "spectral_median")})
     p4 = verdicts[verdicts["claim"] == P4.id]
-    shown = p4.assign(**{"estimate [95% CI]": [format_interval(e, lo, hi) for e, lo, hi in
-                                               p4[["estimate", "ci_low", "ci_high"]].to_numpy(float)],
-                         "coverage (own units)": [coverage_cell(*v) for v in p4[["coverage", "coverage_low",
-                                                                                  "coverage_high"]].to_numpy(float)],
-                         "methods for 90%": [needed_cell(c, n, m, max(gating.SIZING["multiples"])) for c, n, m in
-                                             p4[["coverage", "units_for_90", "methods"]].itertuples(index=False)]})
+    shown = calibrated_cells(p4)
     return ["", "## Long context: pass-key retrieval", "",
             f"Sequences of {' and '.join(map(str, config['long_n']))} tokens: {config['long_windows']} WikiText-2 "
             "windows x the key at depths "
@@ -90,13 +81,10 @@ def long_lines(saved, verdicts: pd.DataFrame) -> list[str]:
             "sequence (long-whole) or the context up to the question compressed (long-kv). The exact (unpatched) model "
             "retrieves the key in " + ", ".join(f"{s} at {n} tokens: {a:.0%}" for (s, n), a in accuracy.items())
             + f" of the sequences (the gate of (p4): {GATE:.0%}).", "",
-            f"- **(p4)** {P4.statistic}, holds at rho >= {P4.threshold:g} (methods and sequences resampled; no verdict "
-            "where the interval's coverage on the run's own units is below 90%): "
-            f"{tally(P4, p4['verdict'])}, "
-            f"{int(p4['verdict'].astype(str).str.startswith('no verdict: coverage').sum())} no verdict (coverage "
-            "below 90%).", "",
-            *markdown_table(shown[["setting", "layers", "estimate [95% CI]", "coverage (own units)", "methods for 90%",
-                                   "verdict", "methods", "windows"]]), "",
+            f"- **(p4)** {P4.statistic}, holds at rho >= {P4.threshold:g} (methods and sequences drawn crossed; the "
+            "verdict read from the interval calibrated on the run's own methods and sequences, the former 90% "
+            f"coverage gate's verdict beside): {verdict_tally(P4, p4['verdict'])}.", "",
+            *markdown_table(shown[["setting", "layers", *CALIBRATED_SHOWN, "methods", "windows"]]), "",
             "Per method and budget: retrieval accuracy, mean change of the key's NLL (nats, summed over its tokens), "
             "mean change in log-perplexity, median spectral error (`long_stats.csv`):", "",
             *markdown_table(table), ""]

@@ -21,13 +21,14 @@ from ..reporting import calibrated as calibration
 from ..reporting import claims as engine
 from ..reporting.measured import holm_column
 from . import judging, strata
+from .strata import calibrate_setting
 from .claims import MIN_BUDGETS, MIN_METHODS
 from .premise_claims import (BUDGET, CONFIGS, DEPTH, DIFFERENCE, INNER, MEASURES, MIN_CONFIGS, PAIRED, PARTIAL,
                              PRACTICAL_FLOOR, PRIMARY, RHO, SECONDARY)
 from .premise_data import Points, single_layer
 from .resampling import spearman
 
-__all__ = ["PREMISE_COLUMNS", "UNDEFINED", "statistics", "calibrate_setting", "setting_rows", "depth_rows", "config_rows",
+__all__ = ["PREMISE_COLUMNS", "UNDEFINED", "AS_BUDGET", "as_budget_strata", "statistics", "calibrate_setting", "setting_rows", "depth_rows", "config_rows",
            "unit_rows", "loss_rows", "with_holm", "noise_floor_of"]
 
 PREMISE_COLUMNS = ["claim", "setting", "layers", "kind", "measure", "num_features", "estimate", "ci_low", "ci_high",
@@ -74,35 +75,16 @@ def statistics(points: Points, kind: str) -> dict:
     return out
 
 
-def _families(found: dict, c0: np.ndarray, w0: np.ndarray, resamples: int, rng, units: int) -> dict:
-    """Every statistic's percentile family on the data set ``(c0, w0)``, all on the same inner draws."""
-    c, w = strata.redraw(c0, resamples, rng), strata.redraw(w0, resamples, rng)
-    return {key: IntervalFamily.percentile(Resamples(float(f(c0[None], w0[None])[0]), f(c, w), units))
-            for key, f in found.items()}
-
-
-def calibrate_setting(found: dict, methods: int, windows: int) -> dict:
-    """``{key: Calibrated}`` of the statistics ``found`` (``{key: statistic(c, w)}``), calibrated together on the
-    run's ``methods`` and ``windows`` (crossed: each outer draw draws both)."""
-    if not found:
-        return {}
-    units = {"method": [("m", i) for i in range(methods)], "window": [("w", k) for k in range(windows)]}
-
-    def compute(sample, trial):
-        c0 = strata.counts([[i for kind, i in sample if kind == "m"]], methods)[0]
-        w0 = strata.counts([[k for kind, k in sample if kind == "w"]], windows)[0]
-        resamples = INNER["final"] if trial < 0 else INNER["resamples"]
-        rng = np.random.default_rng([INNER["seed"], trial + 1])
-        return _families(found, c0, w0, resamples, rng, methods)
-
-    return calibration.calibrate(compute, units)
-
-
 def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windows, points, reason=None,
-         estimate=np.nan) -> dict:
-    """One row of ``premise.csv`` (``estimate``: the statistic where no interval was drawn, too few units)."""
+         estimate=np.nan, as_budget=None) -> dict:
+    """One row of ``premise.csv`` (``estimate``: the statistic where no interval was drawn, too few units;
+    ``as_budget``: for (pw) and (pp), the (method, window) strata whose error ranks the budgets as d does, and all: where
+    some do and too many draws give no interval, the verdict says so, :func:`_as_budget`)."""
     if reason:
         verdict, columns = f"not run: {reason}", calibration.calibrated_columns(None, claim.threshold)
+    elif as_budget is not None and as_budget[0] > 0 and found is not None and np.isfinite(found.estimate) \
+            and _undefined_draws(found):
+        verdict, columns = _as_budget(claim, found, *as_budget), calibration.calibrated_columns(found, claim.threshold)
     elif found is not None and not np.isfinite(found.estimate):
         verdict = f"no verdict: undefined on the run ({UNDEFINED.get(claim.id, 'a side is constant')})"
         columns = calibration.calibrated_columns(found, claim.threshold)
@@ -115,6 +97,47 @@ def _row(claim, setting, layers, kind, measure, budget, found, *, methods, windo
             "ci_low": np.nan if found is None else found.low, "ci_high": np.nan if found is None else found.high,
             "threshold": claim.threshold, "verdict": verdict, "methods": methods, "windows": windows,
             "points": points, **columns, "family": f"{claim.id} ({kind})"}
+
+
+AS_BUDGET = "the error ranks the budgets exactly as the budget does"
+"""The start of a (pw) or (pp) verdict whose draws are too often undefined or constant for an interval: what the
+data say there, in place of a failed calibration (:func:`_as_budget`)."""
+
+
+def _undefined_draws(found) -> bool:
+    """Whether calibration failed because too many outer draws gave no interval (NaN roots)."""
+    return found.reason is not None and bool(np.isnan(found.roots).any()) and "give no interval" in found.reason
+
+
+def _as_budget(claim, found, strata_as_budget: int, strata: int) -> str:
+    r"""A (pw) or (pp) verdict where the draws without an interval are too many: in their resamples every drawn
+    (method, window) stratum has its error in the budget's order (the paired difference is 0 in each, a constant;
+    the error's residual given d vanishes, the partial correlation undefined), so the error says nothing beyond d
+    there; the share of such draws and of such strata on the run are stated in place of a failed calibration.
+
+    Examples
+    --------
+    >>> import types, numpy as np
+    >>> found = types.SimpleNamespace(roots=np.array([0.1, np.nan, np.nan, 0.7]), calibration=types.SimpleNamespace(
+    ...     draws=4))
+    >>> _as_budget(PARTIAL, found, 30, 40)
+    "the error ranks the budgets exactly as the budget does: 50.0% of 4 draws give no interval (pp undefined or constant in their resamples, each stratum drawn in d's order); on the run in 30 of 40 method x window strata"
+    """
+    share = float(np.isnan(found.roots).mean())
+    return (f"{AS_BUDGET}: {share:.1%} of {found.calibration.draws:,} draws give no interval ({claim.id} undefined "
+            f"or constant in their resamples, each stratum drawn in d's order); on the run in {strata_as_budget} of "
+            f"{strata} method x window strata")
+
+
+def as_budget_strata(points: Points, kind: str) -> tuple[int, int]:
+    """``(strata whose error ranks the budgets exactly as 1/d does, strata)`` over the (method, window) strata that
+    (pw) and (pp) use: at least :data:`.claims.MIN_BUDGETS` budgets, the error and the loss measured at each."""
+    eligible = points.cells.groupby("method")["budget"].nunique()
+    found = [np.array_equal(strata.ranks_over(x), strata.ranks_over(1.0 / np.asarray(budget, float)))
+             for (m, _), (budget, x, y) in points.strata(kind, "spectral").items()
+             if eligible[points.methods[m]] >= MIN_BUDGETS and len(budget) >= MIN_BUDGETS
+             and np.isfinite(np.asarray(x, float)).all() and np.isfinite(np.asarray(y, float)).all()]
+    return int(sum(found)), len(found)
 
 
 UNDEFINED = {"pp": "the error or the loss orders every method's budgets as d does: no residual given d",
@@ -139,10 +162,12 @@ def setting_rows(setting, layers, points: Points) -> list[dict]:
         judged = {key: f for key, (f, units) in found.items() if units >= MIN_METHODS}
         calibrated = calibrate_setting(judged, len(points.methods), windows)
         ones = np.ones((1, len(points.methods))), np.ones((1, windows))
+        ordered = as_budget_strata(points, kind)
         for key, (f, units) in found.items():
             claim, measure, budget = _CLAIMS[key[0]], key[1], key[2]
             rows.append(_row(claim, setting, layers, kind, measure, budget, calibrated.get(key), methods=units,
-                             windows=windows, points=count, estimate=float(f(*ones)[0])))
+                             windows=windows, points=count, estimate=float(f(*ones)[0]),
+                             as_budget=ordered if key[0] in ("pw", "pp") else None))
     return rows
 
 

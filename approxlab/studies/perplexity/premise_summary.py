@@ -12,6 +12,7 @@ from ..reporting.markdown import markdown_table
 from ..reporting.markdown import format_number as fmt
 from .claims_summary import setting_text
 from .in_short import FAILS, HOLDS, UNDECIDED, kind
+from .premise import AS_BUDGET
 from .premise_claims import (CLONES, DEPTHS, MEASURE, NO_LOSS, PRACTICAL_FLOOR, PREMISE_CLAIMS, PREMISE_DECLARED,
                              PRIMARY, SECONDARY, STATISTICS, UNIT, WITHIN)
 
@@ -36,21 +37,27 @@ def _where(row) -> str:
 
 def _kind_of(row) -> str:
     verdict = str(row["verdict"])
+    if verdict.startswith(AS_BUDGET):
+        return AS_BUDGET
     return "not run" if verdict.startswith("not run") else kind(_BY_ID[row["claim"]], verdict)
 
 
 def _sentence(rows: pd.DataFrame, name) -> str:
-    """Where the claim holds, fails, cannot be told and was not run, each row worded by ``name``."""
-    found = {HOLDS: [], FAILS: [], UNDECIDED: [], "not run": []}
+    """Where the claim holds, fails, cannot be told, where its draws are too often in the budget's order for an
+    interval ((pw), (pp)) and where it was not run, each row worded by ``name``."""
+    found = {HOLDS: [], FAILS: [], UNDECIDED: [], AS_BUDGET: [], "not run": []}
     for _, row in rows.iterrows():
         found[_kind_of(row)].append(name(row))
-    words = {HOLDS: "holds in", FAILS: "fails in", UNDECIDED: "cannot be told in", "not run": "not run in"}
+    words = {HOLDS: "holds in", FAILS: "fails in", UNDECIDED: "cannot be told in",
+             AS_BUDGET: f"{AS_BUDGET}, in too many draws for an interval, in", "not run": "not run in"}
     parts = [f"{words[k]} {'; '.join(v)}" for k, v in found.items() if v]
     return (". ".join(p[0].upper() + p[1:] for p in parts) + ".") if parts else "no claim instance."
 
 
 def _rho(row) -> str:
-    return f"{_where(row)}: {_interval(row)} ({row['verdict']})"
+    verdict = str(row["verdict"])
+    shown = verdict[len(AS_BUDGET) + 2:] if verdict.startswith(AS_BUDGET) else verdict
+    return f"{_where(row)}: {_interval(row)} ({shown})"
 
 
 def in_short_lines(premise: pd.DataFrame, loss: pd.DataFrame) -> list[str]:

@@ -31,10 +31,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...stats import Resamples
+from ...stats.calibration import IntervalFamily
+from ..reporting import calibrated as calibration
+from .premise_claims import INNER
 from .resampling import ranks, spearman
 
 __all__ = ["counts", "redraw", "WithinWindows", "stratum_mean", "paired_difference", "partial_sums",
-           "partial_correlation", "weighted_mean"]
+           "partial_correlation", "weighted_mean", "weighted_rho", "calibrate_setting"]
 
 
 def counts(picks: np.ndarray, size: int) -> np.ndarray:
@@ -70,9 +74,19 @@ def _comparisons(x: np.ndarray) -> np.ndarray:
 
 def weighted_rho(lx: np.ndarray, ly: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Spearman's rho of the points with multiplicities ``weights`` (``(resamples, points)``), from their
-    comparison matrices; NaN where fewer than 3 points are drawn or a side is constant."""
-    rx = weights @ lx.T + (weights + 1) / 2
-    ry = weights @ ly.T + (weights + 1) / 2
+    comparison matrices (``(points, points)``, or ``(resamples, points, points)`` where a side's values change with
+    the draw); NaN where fewer than 3 points are drawn or a side is constant.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from approxlab.studies.perplexity.strata import _comparisons, weighted_rho
+    >>> lx, ly = _comparisons(np.array([1.0, 2.0, 3.0])), _comparisons(np.array([1.0, 3.0, 2.0]))
+    >>> weighted_rho(lx, ly, np.ones((1, 3))).tolist(), weighted_rho(lx, ly[None], np.ones((1, 3))).tolist()
+    ([0.5], [0.5])
+    """
+    rx = _ranked(lx, weights)
+    ry = _ranked(ly, weights)
     total = weights.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         mx = (weights * rx).sum(axis=1, keepdims=True) / total
@@ -83,6 +97,13 @@ def weighted_rho(lx: np.ndarray, ly: np.ndarray, weights: np.ndarray) -> np.ndar
         rho = cov / np.sqrt(var)
     distinct = (weights > 0).sum(axis=1)
     return np.where((distinct >= 3) & (var > 1e-12 * np.maximum(total[:, 0], 1) ** 6), rho, np.nan)
+
+
+def _ranked(comparisons: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The average ranks :math:`\\sum_j c_j L_{ij} + (c_i + 1)/2` of the points under ``weights``."""
+    if comparisons.ndim == 3:
+        return np.einsum("rj,rij->ri", weights, comparisons) + (weights + 1) / 2
+    return weights @ comparisons.T + (weights + 1) / 2
 
 
 class WithinWindows:
@@ -211,3 +232,30 @@ def partial_correlation(sums: np.ndarray, c: np.ndarray, w: np.ndarray) -> np.nd
     with np.errstate(invalid="ignore", divide="ignore"):
         out = weighted[0] / np.sqrt(weighted[1] * weighted[2])
     return np.where((weighted[1] > 1e-12) & (weighted[2] > 1e-12), out, np.nan)
+
+
+def _families(found: dict, c0: np.ndarray, w0: np.ndarray, resamples: int, rng, units: int) -> dict:
+    """Every statistic's percentile family on the data set ``(c0, w0)``, all on the same inner draws."""
+    c, w = redraw(c0, resamples, rng), redraw(w0, resamples, rng)
+    return {key: IntervalFamily.percentile(Resamples(float(f(c0[None], w0[None])[0]), f(c, w), units))
+            for key, f in found.items()}
+
+
+def calibrate_setting(found: dict, methods: int, windows: int, *, former_draws: int | None = None) -> dict:
+    """``{key: Calibrated}`` of the statistics ``found`` (``{key: statistic(c, w) -> (resamples,)}`` of the method
+    and window multiplicities), calibrated together on the run's ``methods`` and ``windows``
+    (:func:`approxlab.studies.reporting.calibrated.calibrate`, crossed: each outer draw draws both; each draw's
+    interval a percentile interval of :data:`.premise_claims.INNER` resamples); ``former_draws``: the former 90%
+    coverage gate's draws (:attr:`~approxlab.studies.reporting.calibrated.Calibrated.former`)."""
+    if not found:
+        return {}
+    units = {"method": [("m", i) for i in range(methods)], "window": [("w", k) for k in range(windows)]}
+
+    def compute(sample, trial):
+        c0 = counts([[i for kind, i in sample if kind == "m"]], methods)[0]
+        w0 = counts([[k for kind, k in sample if kind == "w"]], windows)[0]
+        resamples = INNER["final"] if trial < 0 else INNER["resamples"]
+        rng = np.random.default_rng([INNER["seed"], trial + 1])
+        return _families(found, c0, w0, resamples, rng, methods)
+
+    return calibration.calibrate(compute, units, former_draws=former_draws)

@@ -46,6 +46,17 @@ def _grid_lines(saved) -> list[str]:
             f"missing cells run)."]
 
 
+def _ratios(config) -> str:
+    """How the budgets were given, where as compression ratios (``--ratios``); "" for counts."""
+    ratios = config.get("ratios")
+    if not ratios:
+        return ""
+    pairs = ", ".join(f"r = {r:g}: b = {b}" for b, r in ratios.items())
+    return (f", given as kvpress's compression ratios ({pairs}; b = max(1, int(n_c (1 - r))) of the n_c = "
+            f"{config['context']} context tokens, kvpress's rounding; the tables carry both, `compression_ratio` "
+            "beside `num_features`)")
+
+
 def _run(saved, delta, baseline) -> list[str]:
     config = saved.config
     lines = ["## Run", "", f"- Command: `{saved.command}`"]
@@ -72,7 +83,7 @@ def _run(saved, delta, baseline) -> list[str]:
         "query head, up to H/H_kv times d per KV head).",
         f"- Replaced: {', '.join(config['layers'])} (whole window); every layer (KV cache). The budget d "
         f"(`num_features`: the context tokens a cache policy keeps per head, the features of every other method): "
-        f"{config['num_features']}; a method that ignores d runs once.",
+        f"{config['num_features']}{_ratios(config)}; a method that ignores d runs once.",
         "- Methods (decoder): " + ", ".join(config["methods"]) + f"; control: `{config['control']}` through the patch "
         "(its change in log-perplexity is the floor of the measurement).",
         "- Methods (encoder): " + ", ".join(config["encoder_methods"]) + ".",
