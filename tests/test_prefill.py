@@ -113,6 +113,47 @@ def test_greedy_answer_equals_token_by_token_decoding_in_a_patch(model, ids, pre
     torch.testing.assert_close(found.answer_logprob(), -found.nll[:, -ANSWER:].sum(-1))
 
 
+@pytest.mark.parametrize("method, options", [("h2o", {}), ("snapkv", {"window": 2})])
+def test_decoding_time_compression_equals_a_patch_that_compresses_while_decoding(model, ids, prefill, method, options):
+    """The cache compressed again every 3 tokens after the context (8 kept per KV head): the teacher-forced NLL, the
+    patched-input errors and the greedy answer equal patch_attention(..., decoding_interval=3); the clean errors
+    equal the same compressions on the unpatched q, k, v; and compressing again changes the result."""
+    from approxlab.patching.decoding import DecodingCache
+
+    question, budget = N - ANSWER, 8
+    patch = dict(num_features=budget, context_length=CONTEXT, decoding_interval=3, **options)
+    found = prefill.continue_with(method, num_features=budget, continuation_ids=ids[:, CONTEXT:], answer_length=ANSWER,
+                                  decoding_interval=3, **options)
+    with approxlab.patch_attention(model, method, record_inputs=True, **patch) as patched:
+        nll = token_nll(model, ids)
+    torch.testing.assert_close(found.nll, nll[:, CONTEXT - 1:], rtol=0, atol=1e-9)
+    for row in patched.errors():
+        index = found.layers.index(row["layer"])
+        assert found.errors["patched"]["spectral"][index, row["sequence"], row["head"]].item() == pytest.approx(
+            row["spectral"], rel=1e-7, abs=1e-12)
+    once = prefill.continue_with(method, num_features=budget, continuation_ids=ids[:, CONTEXT:], answer_length=ANSWER,
+                                 **options)
+    assert float((found.nll - once.nll).abs().max()) > 1e-6
+    tokens = []
+    with torch.no_grad(), approxlab.patch_attention(model, method, **patch):
+        out = model(input_ids=ids[:, :question], use_cache=True)
+        tokens.append(out.logits[:, -1].argmax(-1))
+        for _ in range(ANSWER - 1):
+            out = model(input_ids=tokens[-1][:, None], cache=out.cache, use_cache=True)
+            tokens.append(out.logits[:, -1].argmax(-1))
+    assert torch.equal(found.generated, torch.stack(tokens, dim=1))
+    with approxlab.patch_attention(model, "exact", num_features=1, record_inputs=True) as clean:
+        model(ids)
+    for call in clean.calls:
+        q, k, v = call.inputs  # k, v repeated to the 4 query heads: one KV head per pair
+        rows = DecodingCache(method, budget, 3, "kv-head", None, options).rows(q, k[:, ::2], v[:, ::2], CONTEXT,
+                                                                               CONTEXT).output
+        exact = approxlab.exact_attention(q, k, v, causal=True)[..., CONTEXT:, :]
+        expected = output_errors(rows, exact)["spectral"]
+        torch.testing.assert_close(found.errors["clean"]["spectral"][found.layers.index(call.layer)], expected,
+                                   rtol=1e-7, atol=1e-12)
+
+
 def test_the_model_and_the_prefill_are_left_as_they_were(model, ids, prefill):
     before = token_nll(model, ids)
     implementation = model.config._attn_implementation
@@ -149,6 +190,10 @@ def test_a_failing_method_is_recorded_when_asked(prefill, ids, fresh_registry):
     (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), answer_length=5), ValueError, r"`answer_length`"),
     (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), on_failure="skip"), ValueError,
      r"`on_failure` must be one of \['raise', 'record'\]"),
+    (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), decoding_interval=0), ValueError,
+     r"`decoding_interval`"),
+    (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), decoding_interval=2, allocation="adakv"), ValueError,
+     r"`decoding_interval` keeps b tokens per head .* got allocation='adakv'"),
 ])
 def test_inputs_are_checked(prefill, kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -28,13 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .._validation import as_generator, check_choice, check_int
-from ..data.capture import _check_input_ids, check_call, query_factor
+from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
-from ..kv_cache import kept_for_query_heads
-from ..kernels import causal_mask
-from ..methods._selection import attend_compressed_rows
 from . import _model
-from ._layer import check_layer_call, kv_cache_call, padding_mask
+from ._continuation import _exact_rows, _Layer, _Policy, _read_cache, _Recorder, decoding_cache
+from ._layer import kv_cache_call
 from .likelihood import _output_head, next_token_losses
 from .patch import _LOCK, give_back, take_over
 from .records import ERROR_MEASURES, output_errors
@@ -135,90 +133,6 @@ class Continuation:
                                  **{name: float(value[index, s, h]) for name, value in measures.items()}}
                                 for h in range(heads))
         return rows
-
-
-def _exact_rows(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    r"""Exact causal attention of the continuation's queries ``(S, H, t, p)`` (positions :math:`m - t, \dots, m - 1`)
-    over the window's keys and values per KV head ``(S, H_kv, m, p)``, in float64: :math:`O(t\,m\,p)` work, not
-    the :math:`m^2` of the whole window."""
-    t, m = queries.shape[-2], k.shape[-2]
-    visible = causal_mask(t, m, row_offset=m - t, device=queries.device)
-    return torch.nn.functional.scaled_dot_product_attention(
-        queries.to(torch.float64), k.to(torch.float64), v.to(torch.float64), attn_mask=visible,
-        enable_gqa=queries.shape[-3] != k.shape[-3])
-
-
-def _read_cache(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
-                context_length: int) -> torch.Tensor:
-    """The continuation's rows ``(S, H, t, p_v)`` from the compressed cache: ``queries`` ``(S, H, t, p)`` every
-    continuation query so far, ``k, v`` per KV head over the window, ``kept`` as ``info["kept"]`` of
-    :func:`approxlab.kv_cache_attention`; the query heads of a KV head read it as views (no repeated K/V)."""
-    heads, kv_heads = queries.shape[-3], k.shape[-3]
-    indices, key_mask = kept_for_query_heads(kept, heads, k.shape[-2])
-    def split(x, dim):  # the query heads (dimension dim) as (H_kv, g)
-        return x.unflatten(dim, (kv_heads, heads // kv_heads))
-
-    rows = attend_compressed_rows(split(queries, -3), k.unsqueeze(-3), v.unsqueeze(-3), split(indices, -2),
-                                  context_length, None if key_mask is None else split(key_mask, -2))
-    return rows.flatten(-4, -3)
-
-
-class _Layer:
-    """One layer's attention during a continuation: SDPA on the exact cache (unpatched), or the policy."""
-
-    def __init__(self, prefill: "ExactPrefill", layer: int, policy=None, generator=None):
-        self.prefill, self.layer, self.policy, self.generator = prefill, layer, policy, generator
-        self.layout = prefill._target.layouts[layer]
-        self.factor = query_factor(self.layout)
-        self.queries = None  # the continuation's queries so far (S, H, T, p)
-        self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
-        self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
-
-    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
-        n_q, m = query.shape[-2], key.shape[-2]
-        check_layer_call(module, self.layout, self.layer, kwargs)
-        padding_mask(attention_mask, n_q, m, True, self.layer)  # causality only (refuses anything else)
-        dtype = self.prefill.compute_dtype
-        q = query.to(dtype) if self.factor is None else query.to(dtype) * self.factor
-        k, v = key.to(dtype), value.to(dtype)
-        seen = m - n_q - self.prefill.context_length  # continuation tokens already in the cache
-        self.queries = q if seen == 0 else torch.cat([self.queries[..., :seen, :], q], dim=-2)
-        if self.policy is None:
-            output, rows = _sdpa(module, query, key, value, attention_mask, kwargs), None
-        else:
-            rows = self._policy_rows(k, v)[..., seen:, :]
-            output = (rows.to(query.dtype).transpose(1, 2).contiguous(), None)
-        if self.first is None:
-            self.first = (self.queries, k, v, rows)
-        return output
-
-    def _policy_rows(self, k, v):
-        """Every continuation row so far from the compressed cache: compressed on the first call (by
-        :func:`approxlab.kv_cache_attention` on the window, exactly as a patched layer does), read again later."""
-        policy, context = self.policy, self.prefill.context_length
-        if self.kept is not None:
-            return _read_cache(self.queries, k, v, self.kept, context)
-        window = torch.cat([self.prefill.queries[self.layer], self.queries], dim=-2)
-        result = kv_cache_call(policy.method, window, k, v, context_length=context,
-                               num_features=policy.budgets[self.layer], generator=self.generator, **policy.options)
-        if result.info.get("setting") == "compressed":
-            self.kept = result.info["kept"]
-        return result.output
-
-
-def _sdpa(module, query, key, value, attention_mask, kwargs):
-    """The unpatched layer: transformers' SDPA attention, as ``attn_implementation="sdpa"`` runs it."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-@dataclass
-class _Policy:
-    method: str
-    budgets: dict
-    options: dict
-    seeds: dict
 
 
 class ExactPrefill:
@@ -363,7 +277,8 @@ class ExactPrefill:
                       answer_length: int = 0, layers=None, generator: torch.Generator | None = None,
                       grouping: str | None = None, allocation: str | None = None,
                       alpha_safeguard: float | None = None, layer_budgets: str | None = None,
-                      pyramid_beta: float | None = None, on_failure: str = "raise", **options) -> Continuation:
+                      pyramid_beta: float | None = None, decoding_interval: int | None = None,
+                      on_failure: str = "raise", **options) -> Continuation:
         r"""The continuation with ``method`` compressing each replaced layer's cache to ``num_features`` tokens.
 
         Parameters
@@ -387,6 +302,13 @@ class ExactPrefill:
             seed per model layer), so that a randomized policy takes the same draws in both.
         grouping, allocation, alpha_safeguard, layer_budgets, pyramid_beta
             As in :func:`~approxlab.patching.patch_attention`'s KV-cache setting.
+        decoding_interval : int, optional
+            :math:`k \ge 1`: decoding-time compression, as :func:`~approxlab.patching.patch_attention`'s
+            ``decoding_interval`` (kvpress's ``DecodingPress`` after a compressed prefill): the cache is compressed
+            again, back to the layer's budget, every :math:`k` tokens after the context -- the question's and the
+            answer's, teacher-forced and generated alike (:mod:`approxlab.patching.decoding`). Default None: the
+            context compressed once, every later token kept. A cache policy only (not AdaKV's allocation, nor a
+            policy that reads the rotary embedding).
         on_failure : {"raise", "record"}, default "raise"
             What a failure of the method does: propagate, or give a :class:`Continuation` whose ``status`` names it
             (``nll`` :math:`+\infty`, no errors), so that a sweep goes on.
@@ -439,11 +361,13 @@ class ExactPrefill:
         allocation, alpha_safeguard, _, per_layer = _model.check_budgets(
             spec, num_features, options, len(target.modules), self.context_length, allocation=allocation,
             alpha_safeguard=alpha_safeguard, layer_budgets=layer_budgets, pyramid_beta=pyramid_beta)
+        decoding_interval = _model.check_decoding(spec, decoding_interval, self.context_length, allocation, False)
         supplied = _model.supplied_inputs(spec, options, target, chosen)
         seeds = _model.layer_seeds(generator, len(target.modules))
         step_options = {**supplied, **options, "grouping": grouping, "allocation": allocation,
                         "alpha_safeguard": alpha_safeguard}
-        policy = _Policy(spec.name, {layer: per_layer[layer] for layer in chosen}, step_options, seeds)
+        policy = _Policy(spec.name, {layer: per_layer[layer] for layer in chosen}, step_options, seeds,
+                         decoding_interval)
         clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
         answer = _answer(continuation_ids, answer_length)
         handlers = {layer: _Layer(self, layer, policy, torch.Generator().manual_seed(seeds[layer]))
@@ -471,7 +395,11 @@ class ExactPrefill:
             queries, k, v, rows = handler.first
             patched = output_errors(rows, _exact_rows(queries, k, v))
             q_clean, k_clean, v_clean = clean_inputs[layer]
-            if handler.kept is not None:
+            if handler.decoding is not None:  # compressed again every decoding_interval tokens, on clean inputs
+                cache = decoding_cache(policy, layer, torch.Generator().manual_seed(policy.seeds[layer]))
+                window = torch.cat([self.queries[layer], q_clean], dim=-2)
+                approx = cache.rows(window, k_clean, v_clean, context, context).output
+            elif handler.kept is not None:
                 approx = _read_cache(q_clean, k_clean, v_clean, handler.kept, context)
             else:  # a method without a compression step: its causal form, on the layer's own stream's seed
                 window = torch.cat([self.queries[layer], q_clean], dim=-2)
@@ -489,21 +417,6 @@ class ExactPrefill:
 
 def _answer(continuation_ids: torch.Tensor, answer_length: int) -> torch.Tensor:
     return continuation_ids[:, continuation_ids.shape[1] - answer_length:].cpu()
-
-
-class _Recorder:
-    """A layer's attention during the prefill: SDPA (the unpatched model), the context's q, k, v kept."""
-
-    def __init__(self, layout, dtype):
-        self.layout, self.factor, self.dtype = layout, query_factor(layout), dtype
-        self.queries = self.first_keys = self.first_values = None
-
-    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
-        check_call(module, self.layout, kwargs)
-        q = query.detach().to(self.dtype)
-        self.queries = q if self.factor is None else q * self.factor
-        self.first_keys, self.first_values = key.detach().to(self.dtype), value.detach().to(self.dtype)
-        return _sdpa(module, query, key, value, attention_mask, kwargs)
 
 
 def exact_prefill(model, context_ids: torch.Tensor) -> ExactPrefill:

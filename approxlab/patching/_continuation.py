@@ -1,0 +1,139 @@
+"""The layers of a continuation on an exact prefill (:mod:`approxlab.patching.prefill`): the handlers that take a
+layer's attention over while a continuation runs, and the rows they read from a compressed cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..data.capture import check_call, query_factor
+from ..kernels import causal_mask
+from ..kv_cache import kept_for_query_heads
+from ..methods._selection import attend_compressed_rows
+from ._layer import check_layer_call, kv_cache_call, padding_mask
+from .decoding import DecodingCache
+
+def _exact_rows(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    r"""Exact causal attention of the continuation's queries ``(S, H, t, p)`` (positions :math:`m - t, \dots, m - 1`)
+    over the window's keys and values per KV head ``(S, H_kv, m, p)``, in float64: :math:`O(t\,m\,p)` work, not
+    the :math:`m^2` of the whole window."""
+    t, m = queries.shape[-2], k.shape[-2]
+    visible = causal_mask(t, m, row_offset=m - t, device=queries.device)
+    return torch.nn.functional.scaled_dot_product_attention(
+        queries.to(torch.float64), k.to(torch.float64), v.to(torch.float64), attn_mask=visible,
+        enable_gqa=queries.shape[-3] != k.shape[-3])
+
+
+def _read_cache(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
+                context_length: int) -> torch.Tensor:
+    """The continuation's rows ``(S, H, t, p_v)`` from the compressed cache: ``queries`` ``(S, H, t, p)`` every
+    continuation query so far, ``k, v`` per KV head over the window, ``kept`` as ``info["kept"]`` of
+    :func:`approxlab.kv_cache_attention`; the query heads of a KV head read it as views (no repeated K/V)."""
+    heads, kv_heads = queries.shape[-3], k.shape[-3]
+    indices, key_mask = kept_for_query_heads(kept, heads, k.shape[-2])
+    def split(x, dim):  # the query heads (dimension dim) as (H_kv, g)
+        return x.unflatten(dim, (kv_heads, heads // kv_heads))
+
+    rows = attend_compressed_rows(split(queries, -3), k.unsqueeze(-3), v.unsqueeze(-3), split(indices, -2),
+                                  context_length, None if key_mask is None else split(key_mask, -2))
+    return rows.flatten(-4, -3)
+
+
+class _Layer:
+    """One layer's attention during a continuation: SDPA on the exact cache (unpatched), or the policy."""
+
+    def __init__(self, prefill, layer: int, policy=None, generator=None):
+        self.prefill, self.layer, self.policy, self.generator = prefill, layer, policy, generator
+        self.layout = prefill._target.layouts[layer]
+        self.factor = query_factor(self.layout)
+        self.queries = None  # the continuation's queries so far (S, H, T, p)
+        self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
+        self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
+        self.decoding = None if policy is None or policy.decoding is None else decoding_cache(policy, layer, generator)
+        self.done = 0  # continuation rows the decoding cache has computed
+
+    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
+        n_q, m = query.shape[-2], key.shape[-2]
+        check_layer_call(module, self.layout, self.layer, kwargs)
+        padding_mask(attention_mask, n_q, m, True, self.layer)  # causality only (refuses anything else)
+        dtype = self.prefill.compute_dtype
+        q = query.to(dtype) if self.factor is None else query.to(dtype) * self.factor
+        k, v = key.to(dtype), value.to(dtype)
+        seen = m - n_q - self.prefill.context_length  # continuation tokens already in the cache
+        self.queries = q if seen == 0 else torch.cat([self.queries[..., :seen, :], q], dim=-2)
+        if self.policy is None:
+            output, rows = _sdpa(module, query, key, value, attention_mask, kwargs), None
+        else:
+            rows = self._policy_rows(k, v)[..., seen:, :] if self.decoding is None else self._decoding_rows(k, v, seen)
+            output = (rows.to(query.dtype).transpose(1, 2).contiguous(), None)
+        if self.first is None:
+            self.first = (self.queries, k, v, rows)
+        return output
+
+    def _policy_rows(self, k, v):
+        """Every continuation row so far from the compressed cache: compressed on the first call (by
+        :func:`approxlab.kv_cache_attention` on the window, exactly as a patched layer does), read again later."""
+        policy, context = self.policy, self.prefill.context_length
+        if self.kept is not None:
+            return _read_cache(self.queries, k, v, self.kept, context)
+        window = torch.cat([self.prefill.queries[self.layer], self.queries], dim=-2)
+        result = kv_cache_call(policy.method, window, k, v, context_length=context,
+                               num_features=policy.budgets[self.layer], generator=self.generator, **policy.options)
+        if result.info.get("setting") == "compressed":
+            self.kept = result.info["kept"]
+        return result.output
+
+    def _decoding_rows(self, k, v, seen: int):
+        """The new rows under decoding-time compression (:class:`~approxlab.patching.decoding.DecodingCache`). When
+        the cache was cut back (the answer generated after the teacher-forced pass), its compressions are replayed
+        from the context up to the rows asked: they fall at the same positions, so the rows are those of one pass."""
+        context = self.prefill.context_length
+        window = torch.cat([self.prefill.queries[self.layer], self.queries], dim=-2)
+        first = context + seen
+        if seen != self.done:
+            self.decoding.reset()
+            first = context
+        rows = self.decoding.rows(window, k, v, context, first).output
+        self.done = self.queries.shape[-2]
+        return rows[..., rows.shape[-2] - (self.done - seen):, :]
+
+
+def decoding_cache(policy, layer: int, generator) -> DecodingCache:
+    """A layer's :class:`~approxlab.patching.decoding.DecodingCache` for a policy compressed again every
+    ``policy.decoding`` tokens (its budget options stripped: the cache keeps the layer's budget per head)."""
+    options = {key: value for key, value in policy.options.items()
+               if key not in ("grouping", "allocation", "alpha_safeguard")}
+    return DecodingCache(policy.method, policy.budgets[layer], policy.decoding, policy.options["grouping"], generator,
+                         options)
+
+
+def _sdpa(module, query, key, value, attention_mask, kwargs):
+    """The unpatched layer: transformers' SDPA attention, as ``attn_implementation="sdpa"`` runs it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+@dataclass
+class _Policy:
+    method: str
+    budgets: dict
+    options: dict
+    seeds: dict
+    decoding: int | None = None  # tokens between two compressions after the context (None: the context's only)
+
+
+class _Recorder:
+    """A layer's attention during the prefill: SDPA (the unpatched model), the context's q, k, v kept."""
+
+    def __init__(self, layout, dtype):
+        self.layout, self.factor, self.dtype = layout, query_factor(layout), dtype
+        self.queries = self.first_keys = self.first_values = None
+
+    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
+        check_call(module, self.layout, kwargs)
+        q = query.detach().to(self.dtype)
+        self.queries = q if self.factor is None else q * self.factor
+        self.first_keys, self.first_values = key.detach().to(self.dtype), value.detach().to(self.dtype)
+        return _sdpa(module, query, key, value, attention_mask, kwargs)
