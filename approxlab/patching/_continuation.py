@@ -108,6 +108,22 @@ def decoding_cache(policy, layer: int, generator) -> DecodingCache:
                          options)
 
 
+class _Together:
+    """One layer's attention for a batch of ``copies`` policies (:meth:`ExactPrefill.continue_together`): batch row
+    ``s * copies + c`` is handed to handler ``c`` (a :class:`_Layer`), and their outputs are put back in order."""
+
+    def __init__(self, handlers, copies: int):
+        self.handlers, self.copies = handlers, copies
+
+    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
+        copies, outputs = self.copies, []
+        for index, handler in enumerate(self.handlers):
+            rows = slice(index, None, copies)
+            mask = attention_mask if attention_mask is None or attention_mask.shape[0] == 1 else attention_mask[rows]
+            outputs.append(handler(module, query[rows], key[rows], value[rows], mask, kwargs)[0])
+        return torch.stack(outputs, dim=1).flatten(0, 1), None
+
+
 def _sdpa(module, query, key, value, attention_mask, kwargs):
     """The unpatched layer: transformers' SDPA attention, as ``attn_implementation="sdpa"`` runs it."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

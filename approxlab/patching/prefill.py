@@ -31,7 +31,7 @@ from .._validation import as_generator, check_choice, check_int
 from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
 from . import _model
-from ._continuation import _exact_rows, _Layer, _Policy, _read_cache, _Recorder, decoding_cache
+from ._continuation import _exact_rows, _Layer, _Policy, _read_cache, _Recorder, _Together, decoding_cache
 from ._layer import kv_cache_call
 from .likelihood import _output_head, next_token_losses
 from .patch import _LOCK, give_back, take_over
@@ -212,33 +212,33 @@ class ExactPrefill:
                              f"{limit - self.context_length}; got t = {t}.")
         return check_int(answer_length, "answer_length", low=0, high=t)
 
-    def _run(self, handlers: dict, continuation_ids: torch.Tensor, answer_length: int):
+    def _run(self, handlers: dict, continuation_ids: torch.Tensor, answer_length: int, copies: int = 1):
         """Teacher-forced pass over the continuation, then greedy generation of the answer; the cache is cut back
-        to the context before and after. Returns ``(nll, hits, generated)``."""
-        target, cache, context = self._target, self._cache, self.context_length
+        to the context before and after. Returns ``(nll, hits, generated)``. With ``copies`` > 1 the continuation
+        runs ``copies`` times in one batch (row ``s * copies + c`` is sequence ``s``'s copy ``c``) on a copy of the
+        cache per row, which the handlers (:class:`_Together`) split among their policies."""
+        target, context = self._target, self.context_length
         model, base = target.model, target.model.base_model
         device = self._last_hidden.device
-        ids = continuation_ids.to(device)
+        ids = continuation_ids.to(device).repeat_interleave(copies, dim=0)
         t = ids.shape[1]
-
-        def cut(length):
-            extra = cache.get_seq_length() - length
-            if extra > 0:
-                cache.crop(-extra)
+        cache = self._cache
+        cut(cache, context)
+        if copies > 1:
+            cache = _copied(cache, copies, target.model.config)
 
         def step(tokens):
             return base(input_ids=tokens, cache=cache, use_cache=True).last_hidden_state
 
-        cut(context)
         with _LOCK:
             registered = take_over(target, handlers)
         try:
             with torch.no_grad():
-                hidden = torch.cat([self._last_hidden, step(ids)[:, :-1]], dim=1)
+                hidden = torch.cat([self._last_hidden.repeat_interleave(copies, dim=0), step(ids)[:, :-1]], dim=1)
                 nll, predicted = next_token_losses(model, hidden, ids)
                 generated = predicted[:, t - answer_length:t - answer_length + 1] if answer_length else \
                     predicted[:, :0]
-                cut(context + t - answer_length)
+                cut(cache, context + t - answer_length)
                 while generated.shape[1] < answer_length:
                     last = step(generated[:, -1:].to(device))[:, -1:]
                     weight, bias = _output_head(model)
@@ -247,8 +247,8 @@ class ExactPrefill:
         finally:
             with _LOCK:
                 give_back(target, self._implementation, lambda handler: handler in handlers.values(), registered)
-            cut(context)
-        return nll, predicted == continuation_ids.cpu(), generated
+            cut(self._cache, context)
+        return nll, predicted == ids.cpu(), generated
 
     def _clean_pass(self, continuation_ids: torch.Tensor, answer_length: int):
         """The unpatched continuation (computed once per continuation): its result, each layer's clean q (window),
@@ -351,9 +351,99 @@ class ExactPrefill:
         :math:`t` tokens; no pass over the context. An example is in :class:`ExactPrefill`'s docstring.
         """
         start = time.perf_counter()
-        target = self._target
         answer_length = self._check_continuation(continuation_ids, answer_length)
         on_failure = check_choice(on_failure, "on_failure", ON_FAILURE)
+        prepared = self._prepare(method, num_features, layers, generator, grouping, allocation, alpha_safeguard,
+                                 layer_budgets, pyramid_beta, decoding_interval, options)
+        clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
+        try:
+            run = self._run(prepared.handlers, continuation_ids, answer_length)
+        except Exception as failure:  # noqa: BLE001 - the method's failure, recorded when asked
+            return self._failed(prepared, failure, on_failure, clean, continuation_ids, answer_length, start)
+        return self._finish(prepared, run, on_failure, continuation_ids, answer_length, start)
+
+    def continue_together(self, requests, *, continuation_ids: torch.Tensor, answer_length: int = 0,
+                          on_failure: str = "raise") -> list[Continuation]:
+        r"""Several policies' continuations in one batched pass: ``continue_with(**request, ...)`` for each request,
+        to rounding.
+
+        Parameters
+        ----------
+        requests : sequence of dict
+            The keyword arguments of :meth:`continue_with` for each policy besides those below (``method``,
+            ``num_features``, ``generator``, the method's options, ...).
+        continuation_ids, answer_length, on_failure
+            As in :meth:`continue_with`, shared by every request.
+
+        Returns
+        -------
+        list of Continuation
+            One per request, in order; its ``seconds`` are its share of the batched pass (the pass's seconds over
+            the requests) plus its own compression checks and errors.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`continue_with`, for any request.
+
+        Notes
+        -----
+        The continuation runs once with a batch of one copy per request (the context's cache copied), each layer's
+        handler handing each copy to its policy (:class:`_Together`), so the projections, MLPs and the model's
+        Python overhead are paid once for all; what a policy computes -- its compression, its rows, its errors -- is
+        its own, as in :meth:`continue_with`. The results differ from :meth:`continue_with`'s only by the rounding
+        of batched matrix products (a test compares them). If the batched pass fails, each request runs alone, so
+        that a failing policy is recorded (``on_failure="record"``) without taking the others with it. Memory: the
+        context's cache once per request.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformers import LlamaConfig
+        >>> from approxlab.data import load_model
+        >>> from approxlab.patching import exact_prefill
+        >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+        >>> model = load_model("initialized", config=config, seed=0)
+        >>> ids = torch.randint(30522, (1, 72), generator=torch.Generator().manual_seed(0))
+        >>> prefill = exact_prefill(model, ids[:, :64])
+        >>> found = prefill.continue_together([{"method": "h2o", "num_features": 16},
+        ...                                    {"method": "snapkv", "num_features": 16, "window": 4}],
+        ...                                   continuation_ids=ids[:, 64:], answer_length=3)
+        >>> alone = prefill.continue_with("snapkv", num_features=16, window=4, continuation_ids=ids[:, 64:],
+        ...                               answer_length=3)
+        >>> [c.method for c in found], bool(torch.allclose(found[1].nll, alone.nll, atol=1e-5))
+        (['h2o', 'snapkv'], True)
+        """
+        start = time.perf_counter()
+        answer_length = self._check_continuation(continuation_ids, answer_length)
+        on_failure = check_choice(on_failure, "on_failure", ON_FAILURE)
+        requests = [dict(request) for request in requests]
+        for request in requests:
+            for name in ("continuation_ids", "answer_length", "on_failure"):
+                if name in request:
+                    raise TypeError(f"`requests` must leave `{name}` to continue_together's own argument; got it in "
+                                    f"a request for {request.get('method')!r}.")
+        prepared = [self._prepare(request.pop("method"), request.pop("num_features"), *(
+            request.pop(name, None) for name in _REQUEST_OPTIONS), request) for request in requests]
+        self._clean_pass(continuation_ids, answer_length)
+        copies = len(prepared)
+        together = {layer: _Together([self._handler(one, layer) for one in prepared], copies)
+                    for layer in sorted({layer for one in prepared for layer in one.chosen})}
+        try:
+            nll, hits, generated = self._run(together, continuation_ids, answer_length, copies=copies)
+        except Exception:  # noqa: BLE001 - one policy's failure: each alone, so that it is recorded alone
+            return [self.continue_with(**original, continuation_ids=continuation_ids, answer_length=answer_length,
+                                       on_failure=on_failure) for original in _originals(prepared)]
+        share = (time.perf_counter() - start) / copies
+        return [self._finish(one, (nll[index::copies], hits[index::copies], generated[index::copies]), on_failure,
+                             continuation_ids, answer_length, time.perf_counter() - share)
+                for index, one in enumerate(prepared)]
+
+    def _prepare(self, method, num_features, layers, generator, grouping, allocation, alpha_safeguard,
+                 layer_budgets, pyramid_beta, decoding_interval, options) -> "_Prepared":
+        """One policy's checked settings and its layers' handlers (:meth:`continue_with`'s arguments)."""
+        target = self._target
         chosen = _model.check_layers(layers, target)
         spec, num_features, _ = _model.check_method(method, num_features, options, target)
         grouping = _model.check_grouping(grouping, self.context_length)
@@ -363,28 +453,45 @@ class ExactPrefill:
             alpha_safeguard=alpha_safeguard, layer_budgets=layer_budgets, pyramid_beta=pyramid_beta)
         decoding_interval = _model.check_decoding(spec, decoding_interval, self.context_length, allocation, False)
         supplied = _model.supplied_inputs(spec, options, target, chosen)
+        unused = torch.Generator(device=generator.device)
+        unused.set_state(generator.get_state())  # the request again, for a run alone
         seeds = _model.layer_seeds(generator, len(target.modules))
         step_options = {**supplied, **options, "grouping": grouping, "allocation": allocation,
                         "alpha_safeguard": alpha_safeguard}
         policy = _Policy(spec.name, {layer: per_layer[layer] for layer in chosen}, step_options, seeds,
                          decoding_interval)
-        clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
-        answer = _answer(continuation_ids, answer_length)
         handlers = {layer: _Layer(self, layer, policy, torch.Generator().manual_seed(seeds[layer]))
                     for layer in chosen}
+        original = {"method": method, "num_features": num_features, "layers": layers, "generator": unused,
+                    "grouping": grouping, "allocation": allocation, "alpha_safeguard": alpha_safeguard,
+                    "layer_budgets": layer_budgets, "pyramid_beta": pyramid_beta,
+                    "decoding_interval": decoding_interval, **options}
+        return _Prepared(spec.name, num_features, chosen, policy, handlers, original)
+
+    def _handler(self, prepared, layer: int):
+        """A policy's handler of ``layer``, or the unpatched layer's where the policy leaves it exact."""
+        return prepared.handlers[layer] if layer in prepared.handlers else _Layer(self, layer)
+
+    def _failed(self, prepared, failure, on_failure, clean, continuation_ids, answer_length, start):
+        if on_failure == "raise":
+            raise failure
+        status = " ".join(f"{type(failure).__name__}: {failure}".split())
+        return Continuation(prepared.method, prepared.num_features, torch.full_like(clean.nll, torch.inf),
+                            torch.zeros_like(clean.hits), torch.zeros_like(clean.generated),
+                            _answer(continuation_ids, answer_length), layers=prepared.chosen,
+                            budgets=prepared.policy.budgets, seconds=time.perf_counter() - start, status=status)
+
+    def _finish(self, prepared, run, on_failure, continuation_ids, answer_length, start) -> Continuation:
+        """The continuation's errors (:meth:`_errors`) beside the run's ``(nll, hits, generated)``."""
+        clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
         try:
-            nll, hits, generated = self._run(handlers, continuation_ids, answer_length)
-            errors = self._errors(handlers, chosen, policy, clean_inputs, clean_exact)
+            errors = self._errors(prepared.handlers, prepared.chosen, prepared.policy, clean_inputs, clean_exact)
         except Exception as failure:  # noqa: BLE001 - the method's failure, recorded when asked
-            if on_failure == "raise":
-                raise
-            status = " ".join(f"{type(failure).__name__}: {failure}".split())
-            return Continuation(spec.name, num_features, torch.full_like(clean.nll, torch.inf),
-                                torch.zeros_like(clean.hits), torch.zeros_like(clean.generated), answer,
-                                layers=chosen, budgets=policy.budgets, seconds=time.perf_counter() - start,
-                                status=status)
-        return Continuation(spec.name, num_features, nll, hits, generated, answer, layers=chosen,
-                            budgets=policy.budgets, errors=errors, seconds=time.perf_counter() - start)
+            return self._failed(prepared, failure, on_failure, clean, continuation_ids, answer_length, start)
+        nll, hits, generated = run
+        return Continuation(prepared.method, prepared.num_features, nll, hits, generated,
+                            _answer(continuation_ids, answer_length), layers=prepared.chosen,
+                            budgets=prepared.policy.budgets, errors=errors, seconds=time.perf_counter() - start)
 
     def _errors(self, handlers, chosen, policy, clean_inputs, clean_exact) -> dict:
         """``{"clean": ..., "patched": ...}``, each ``{measure: (L', S, H)}`` (see :meth:`continue_with`)."""
@@ -413,6 +520,43 @@ class ExactPrefill:
                     found[inputs][name].append(measures[name])
         return {inputs: {name: torch.stack(values) for name, values in measures.items()}
                 for inputs, measures in found.items()}
+
+
+_REQUEST_OPTIONS = ("layers", "generator", "grouping", "allocation", "alpha_safeguard", "layer_budgets",
+                    "pyramid_beta", "decoding_interval")
+
+
+@dataclass
+class _Prepared:
+    method: str
+    num_features: int
+    chosen: tuple
+    policy: _Policy
+    handlers: dict
+    original: dict  # continue_with's arguments, to run the policy alone
+
+
+def _originals(prepared) -> list[dict]:
+    return [dict(one.original) for one in prepared]
+
+
+def cut(cache, length: int) -> None:
+    """The cache cut back to its first ``length`` tokens, layer by layer (a pass that failed part-way leaves the
+    layers it reached longer than the others; transformers' ``crop`` removes a count from each)."""
+    for held in cache.layers:
+        extra = held.keys.shape[-2] - length if held.is_initialized else 0
+        if extra > 0:
+            held.crop(-extra)
+
+
+def _copied(cache, copies: int, config):
+    """A new ``DynamicCache`` holding each sequence of ``cache`` ``copies`` times (row ``s * copies + c``)."""
+    from transformers import DynamicCache
+
+    copied = DynamicCache(config=config)
+    for layer, held in enumerate(cache.layers):
+        copied.update(held.keys.repeat_interleave(copies, dim=0), held.values.repeat_interleave(copies, dim=0), layer)
+    return copied
 
 
 def _answer(continuation_ids: torch.Tensor, answer_length: int) -> torch.Tensor:
