@@ -153,3 +153,40 @@ class _Recorder:
         self.queries = q if self.factor is None else q * self.factor
         self.first_keys, self.first_values = key.detach().to(self.dtype), value.detach().to(self.dtype)
         return _sdpa(module, query, key, value, attention_mask, kwargs)
+
+
+_REQUEST_OPTIONS = ("layers", "generator", "grouping", "allocation", "alpha_safeguard", "layer_budgets",
+                    "pyramid_beta", "decoding_interval")
+
+
+@dataclass
+class _Prepared:
+    method: str
+    num_features: int
+    chosen: tuple
+    policy: _Policy
+    handlers: dict
+    original: dict  # continue_with's arguments, to run the policy alone
+
+
+def _originals(prepared) -> list[dict]:
+    return [dict(one.original) for one in prepared]
+
+
+def _cut(cache, length: int) -> None:
+    """The cache cut back to its first ``length`` tokens, layer by layer (a pass that failed part-way leaves the
+    layers it reached longer than the others; transformers' ``crop`` removes a count from each)."""
+    for held in cache.layers:
+        extra = held.keys.shape[-2] - length if held.is_initialized else 0
+        if extra > 0:
+            held.crop(-extra)
+
+
+def _copied(cache, copies: int, config):
+    """A new ``DynamicCache`` holding each sequence of ``cache`` ``copies`` times (row ``s * copies + c``)."""
+    from transformers import DynamicCache
+
+    copied = DynamicCache(config=config)
+    for layer, held in enumerate(cache.layers):
+        copied.update(held.keys.repeat_interleave(copies, dim=0), held.values.repeat_interleave(copies, dim=0), layer)
+    return copied

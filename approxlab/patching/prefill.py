@@ -31,7 +31,8 @@ from .._validation import as_generator, check_choice, check_int
 from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
 from . import _model
-from ._continuation import _exact_rows, _Layer, _Policy, _read_cache, _Recorder, _Together, decoding_cache
+from ._continuation import (_REQUEST_OPTIONS, _copied, _cut, _exact_rows, _Layer, _originals, _Policy,
+                            _Prepared, _read_cache, _Recorder, _Together, decoding_cache)
 from ._layer import kv_cache_call
 from .likelihood import _output_head, next_token_losses
 from .patch import _LOCK, give_back, take_over
@@ -223,7 +224,7 @@ class ExactPrefill:
         ids = continuation_ids.to(device).repeat_interleave(copies, dim=0)
         t = ids.shape[1]
         cache = self._cache
-        cut(cache, context)
+        _cut(cache, context)
         if copies > 1:
             cache = _copied(cache, copies, target.model.config)
 
@@ -238,7 +239,7 @@ class ExactPrefill:
                 nll, predicted = next_token_losses(model, hidden, ids)
                 generated = predicted[:, t - answer_length:t - answer_length + 1] if answer_length else \
                     predicted[:, :0]
-                cut(cache, context + t - answer_length)
+                _cut(cache, context + t - answer_length)
                 while generated.shape[1] < answer_length:
                     last = step(generated[:, -1:].to(device))[:, -1:]
                     weight, bias = _output_head(model)
@@ -247,7 +248,7 @@ class ExactPrefill:
         finally:
             with _LOCK:
                 give_back(target, self._implementation, lambda handler: handler in handlers.values(), registered)
-            cut(self._cache, context)
+            _cut(self._cache, context)
         return nll, predicted == ids.cpu(), generated
 
     def _clean_pass(self, continuation_ids: torch.Tensor, answer_length: int):
@@ -520,43 +521,6 @@ class ExactPrefill:
                     found[inputs][name].append(measures[name])
         return {inputs: {name: torch.stack(values) for name, values in measures.items()}
                 for inputs, measures in found.items()}
-
-
-_REQUEST_OPTIONS = ("layers", "generator", "grouping", "allocation", "alpha_safeguard", "layer_budgets",
-                    "pyramid_beta", "decoding_interval")
-
-
-@dataclass
-class _Prepared:
-    method: str
-    num_features: int
-    chosen: tuple
-    policy: _Policy
-    handlers: dict
-    original: dict  # continue_with's arguments, to run the policy alone
-
-
-def _originals(prepared) -> list[dict]:
-    return [dict(one.original) for one in prepared]
-
-
-def cut(cache, length: int) -> None:
-    """The cache cut back to its first ``length`` tokens, layer by layer (a pass that failed part-way leaves the
-    layers it reached longer than the others; transformers' ``crop`` removes a count from each)."""
-    for held in cache.layers:
-        extra = held.keys.shape[-2] - length if held.is_initialized else 0
-        if extra > 0:
-            held.crop(-extra)
-
-
-def _copied(cache, copies: int, config):
-    """A new ``DynamicCache`` holding each sequence of ``cache`` ``copies`` times (row ``s * copies + c``)."""
-    from transformers import DynamicCache
-
-    copied = DynamicCache(config=config)
-    for layer, held in enumerate(cache.layers):
-        copied.update(held.keys.repeat_interleave(copies, dim=0), held.values.repeat_interleave(copies, dim=0), layer)
-    return copied
 
 
 def _answer(continuation_ids: torch.Tensor, answer_length: int) -> torch.Tensor:
