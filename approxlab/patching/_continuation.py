@@ -49,6 +49,7 @@ class _Layer:
         self.factor = query_factor(self.layout)
         self.queries = None  # the continuation's queries so far (S, H, T, p)
         self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
+        self.kept_keys = self.kept_values = None  # (S, H, b, p): the kept set per query head, without a key mask
         self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
         self.decoding = None if policy is None or policy.decoding is None else decoding_cache(policy, layer, generator)
         self.done = 0  # continuation rows the decoding cache has computed
@@ -65,7 +66,12 @@ class _Layer:
         if self.policy is None:
             output, rows = _sdpa(module, query, key, value, attention_mask, kwargs), None
         else:
-            rows = self._policy_rows(k, v)[..., seen:, :] if self.decoding is None else self._decoding_rows(k, v, seen)
+            if self.decoding is not None:
+                rows = self._decoding_rows(k, v, seen)
+            elif n_q == 1 and self.kept_keys is not None:  # a generated token: one row on the kept keys
+                rows = self._step_row(q, k, v)
+            else:
+                rows = self._policy_rows(k, v)[..., seen:, :]
             output = (rows.to(query.dtype).transpose(1, 2).contiguous(), None)
         if self.first is None:
             self.first = (self.queries, k, v, rows)
@@ -82,7 +88,23 @@ class _Layer:
                                num_features=policy.budgets[self.layer], generator=self.generator, **policy.options)
         if result.info.get("setting") == "compressed":
             self.kept = result.info["kept"]
+            indices, key_mask = kept_for_query_heads(self.kept, self.queries.shape[-3], k.shape[-2])
+            if key_mask is None:  # the kept keys and values per query head, gathered once for the generated rows
+                def gather(x):
+                    x = x.repeat_interleave(indices.shape[-2] // x.shape[-3], dim=-3)
+                    return torch.gather(x, -2, indices.unsqueeze(-1).expand(*indices.shape, x.shape[-1]))
+
+                self.kept_keys, self.kept_values = gather(k[..., :context, :]), gather(v[..., :context, :])
         return result.output
+
+    def _step_row(self, q, k, v):
+        """The one new row ``(S, H, 1, p_v)`` of a generated token: the kept keys and every continuation key so far
+        (itself the last), the rows before it not computed again; :func:`_read_cache`'s last row, to rounding."""
+        context, heads = self.prefill.context_length, q.shape[-3]
+        keys = torch.cat([self.kept_keys, k[..., context:, :].repeat_interleave(heads // k.shape[-3], dim=-3)], dim=-2)
+        values = torch.cat([self.kept_values, v[..., context:, :].repeat_interleave(heads // v.shape[-3], dim=-3)],
+                           dim=-2)
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values)
 
     def _decoding_rows(self, k, v, seen: int):
         """The new rows under decoding-time compression (:class:`~approxlab.patching.decoding.DecodingCache`). When
