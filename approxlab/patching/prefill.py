@@ -399,18 +399,17 @@ class ExactPrefill:
 
         Examples
         --------
+        A tiny random GPT-2; two policies in one batch, and one of them alone:
+
         >>> import torch
-        >>> from transformers import LlamaConfig
+        >>> from transformers import GPT2Config
+        >>> ids = torch.randint(30522, (1, 72), generator=torch.Generator().manual_seed(1))
         >>> from approxlab.data import load_model
+        >>> model = load_model("initialized", config=GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=80), seed=1)
         >>> from approxlab.patching import exact_prefill
-        >>> config = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        ...                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-        >>> model = load_model("initialized", config=config, seed=0)
-        >>> ids = torch.randint(30522, (1, 72), generator=torch.Generator().manual_seed(0))
         >>> prefill = exact_prefill(model, ids[:, :64])
-        >>> found = prefill.continue_together([{"method": "h2o", "num_features": 16},
-        ...                                    {"method": "snapkv", "num_features": 16, "window": 4}],
-        ...                                   continuation_ids=ids[:, 64:], answer_length=3)
+        >>> requests = [{"method": "h2o", "num_features": 16}, {"method": "snapkv", "num_features": 16, "window": 4}]
+        >>> found = prefill.continue_together(requests, continuation_ids=ids[:, 64:], answer_length=3)
         >>> alone = prefill.continue_with("snapkv", num_features=16, window=4, continuation_ids=ids[:, 64:],
         ...                               answer_length=3)
         >>> [c.method for c in found], bool(torch.allclose(found[1].nll, alone.nll, atol=1e-5))
