@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from _helpers import tiny_llama
+from _helpers import register_broken_policy, tiny_llama
 from test_models_qkv import save_tiny_checkpoint
 
 from approxlab.cli import main
@@ -123,16 +123,7 @@ def test_the_batched_continuations_equal_the_per_policy_path():
 
 
 def test_a_failing_policy_in_a_batch_is_recorded_alone(fresh_registry):
-    from approxlab.methods import register
-
-    def never(q, k, v, *, num_features, generator=None, causal=True):
-        raise AssertionError("the KV-cache setting runs the policy's scores only")
-
-    def broken(q, k, v, **_):
-        raise FloatingPointError("no scores today")
-
-    register("broken-policy", never, target="softmax", features="kept keys", randomized=False, causal="only",
-             score=broken)
+    register_broken_policy()
     model = tiny_llama(128, 2)
     ids = torch.randint(5, 128, (1, 60), generator=torch.Generator().manual_seed(0))
     rows, _ = sweep_policies(model, ids[:, :48], ids[:, 48:], methods=["h2o", "broken-policy", "knorm"],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import tiny_llama
+from _helpers import register_broken_policy, tiny_llama
 
 import approxlab
 from approxlab.patching import exact_prefill, output_errors, token_nll
@@ -52,6 +52,18 @@ def per_cell(model, ids, method, budget, options):
                                    generator=torch.Generator().manual_seed(7), **options) as patch:
         nll, hits = token_nll(model, ids, hits=True)
     return nll, hits, patch.errors()
+
+
+def greedy_in_patch(model, ids, method, **patch):
+    """``(S, ANSWER)``: the answer decoded token by token after the question inside ``patch_attention``."""
+    tokens = []
+    with torch.no_grad(), approxlab.patch_attention(model, method, **patch):
+        out = model(input_ids=ids[:, :N - ANSWER], use_cache=True)
+        tokens.append(out.logits[:, -1].argmax(-1))
+        for _ in range(ANSWER - 1):
+            out = model(input_ids=tokens[-1][:, None], cache=out.cache, use_cache=True)
+            tokens.append(out.logits[:, -1].argmax(-1))
+    return torch.stack(tokens, dim=1)
 
 
 @pytest.mark.parametrize("method, budget, options", CASES, ids=[f"{m}-{b}-{o.get('grouping', 'kv-head')}"
@@ -97,15 +109,8 @@ def test_greedy_answer_equals_token_by_token_decoding_in_a_patch(model, ids, pre
     question = N - ANSWER
     found = prefill.continue_with("snapkv", num_features=6, window=4, continuation_ids=ids[:, CONTEXT:],
                                   answer_length=ANSWER)
-    tokens = []
-    with torch.no_grad(), approxlab.patch_attention(model, "snapkv", num_features=6, window=4,
-                                                    context_length=CONTEXT):
-        out = model(input_ids=ids[:, :question], use_cache=True)
-        tokens.append(out.logits[:, -1].argmax(-1))
-        for _ in range(ANSWER - 1):
-            out = model(input_ids=tokens[-1][:, None], cache=out.cache, use_cache=True)
-            tokens.append(out.logits[:, -1].argmax(-1))
-    assert torch.equal(found.generated, torch.stack(tokens, dim=1))
+    assert torch.equal(found.generated, greedy_in_patch(model, ids, "snapkv", num_features=6, window=4,
+                                                         context_length=CONTEXT))
     assert torch.equal(found.correct, (found.generated == ids[:, question:]).all(-1))
     unpatched = prefill.unpatched(ids[:, CONTEXT:], answer_length=ANSWER)
     assert unpatched.errors == {} and unpatched.method == "unpatched"
@@ -120,7 +125,7 @@ def test_decoding_time_compression_equals_a_patch_that_compresses_while_decoding
     equal the same compressions on the unpatched q, k, v; and compressing again changes the result."""
     from approxlab.patching.decoding import DecodingCache
 
-    question, budget = N - ANSWER, 8
+    budget = 8
     patch = dict(num_features=budget, context_length=CONTEXT, decoding_interval=3, **options)
     found = prefill.continue_with(method, num_features=budget, continuation_ids=ids[:, CONTEXT:], answer_length=ANSWER,
                                   decoding_interval=3, **options)
@@ -134,14 +139,7 @@ def test_decoding_time_compression_equals_a_patch_that_compresses_while_decoding
     once = prefill.continue_with(method, num_features=budget, continuation_ids=ids[:, CONTEXT:], answer_length=ANSWER,
                                  **options)
     assert float((found.nll - once.nll).abs().max()) > 1e-6
-    tokens = []
-    with torch.no_grad(), approxlab.patch_attention(model, method, **patch):
-        out = model(input_ids=ids[:, :question], use_cache=True)
-        tokens.append(out.logits[:, -1].argmax(-1))
-        for _ in range(ANSWER - 1):
-            out = model(input_ids=tokens[-1][:, None], cache=out.cache, use_cache=True)
-            tokens.append(out.logits[:, -1].argmax(-1))
-    assert torch.equal(found.generated, torch.stack(tokens, dim=1))
+    assert torch.equal(found.generated, greedy_in_patch(model, ids, method, **patch))
     with approxlab.patch_attention(model, "exact", num_features=1, record_inputs=True) as clean:
         model(ids)
     for call in clean.calls:
@@ -165,16 +163,7 @@ def test_the_model_and_the_prefill_are_left_as_they_were(model, ids, prefill):
 
 
 def test_a_failing_method_is_recorded_when_asked(prefill, ids, fresh_registry):
-    from approxlab.methods import register
-
-    def never(q, k, v, *, num_features, generator=None, causal=True):
-        raise AssertionError("the KV-cache setting runs the policy's scores only")
-
-    def broken(q, k, v, **_):
-        raise FloatingPointError("no scores today")
-
-    register("broken-policy", never, target="softmax", features="kept keys", randomized=False, causal="only",
-             score=broken)
+    register_broken_policy()
     found = prefill.continue_with("broken-policy", num_features=4, continuation_ids=ids[:, CONTEXT:],
                                   on_failure="record")
     with pytest.raises(FloatingPointError, match="no scores today"):
