@@ -99,3 +99,17 @@ def tiny_grouped_llama():
         model = LlamaModel(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2)).eval()
     return model, torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(5))
+
+
+def register_broken_policy(name: str = "broken-policy") -> None:
+    """Register a cache policy whose scores raise ``FloatingPointError("no scores today")`` (use with the
+    ``fresh_registry`` fixture)."""
+    from approxlab.methods import register
+
+    def never(q, k, v, *, num_features, generator=None, causal=True):
+        raise AssertionError("the KV-cache setting runs the policy's scores only")
+
+    def broken(q, k, v, **_):
+        raise FloatingPointError("no scores today")
+
+    register(name, never, target="softmax", features="kept keys", randomized=False, causal="only", score=broken)

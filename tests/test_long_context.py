@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from _helpers import tiny_llama
+from _helpers import register_broken_policy, tiny_llama
 from test_models_qkv import save_tiny_checkpoint
 
 from approxlab.cli import main
@@ -98,6 +98,40 @@ def test_shared_column_sums_equal_the_unshared_path_and_are_computed_once_per_la
         assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items()
                                                                       if "seconds" not in k}
     assert shared[1] == unshared[1]
+
+
+def test_the_batched_continuations_equal_the_per_policy_path():
+    """``batch=True`` (the policies of a ratio in one batched continuation) against one continuation per policy
+    and ratio: every row and layer row the same (float64 tiny Llama: to the last bit here; to rounding in general),
+    policies with per-layer budgets, AdaKV's masks, a random draw and a method without a compression step among
+    them."""
+    model = tiny_llama(128, 3)
+    ids = torch.randint(5, 128, (1, 60), generator=torch.Generator().manual_seed(0))
+    methods = ["streaming-llm", "h2o", "snapkv", "random", "ada-snapkv", "pyramidkv", "knorm"]
+    found = {batch: sweep_policies(model, ids[:, :48], ids[:, 48:], methods=methods, ratios=[0.5, 0.9],
+                                   answer_length=3, short_context=8, batch=batch, options={"snapkv": {"window": 4}})
+             for batch in (True, False)}
+    (rows, layers), (alone, alone_layers) = found[True], found[False]
+    assert len(rows) == 1 + len(methods) * 2 and {row["status"] for row in rows} == {"ok"}
+    for a, b in zip(rows, alone):
+        assert a.keys() == b.keys()
+        for key in a:
+            if "seconds" not in key and not (isinstance(a[key], float) and math.isnan(a[key])):
+                assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), (a["method"], key)
+    assert len(layers) == len(alone_layers) and all(a == pytest.approx(b) for a, b in zip(layers, alone_layers))
+    assert rows[0]["key_token_seconds"] > 0
+
+
+def test_a_failing_policy_in_a_batch_is_recorded_alone(fresh_registry):
+    register_broken_policy()
+    model = tiny_llama(128, 2)
+    ids = torch.randint(5, 128, (1, 60), generator=torch.Generator().manual_seed(0))
+    rows, _ = sweep_policies(model, ids[:, :48], ids[:, 48:], methods=["h2o", "broken-policy", "knorm"],
+                             ratios=[0.5], answer_length=3)
+    alone, _ = sweep_policies(model, ids[:, :48], ids[:, 48:], methods=["h2o", "knorm"], ratios=[0.5],
+                              answer_length=3, batch=False)
+    assert [row["status"] for row in rows] == ["ok", "ok", "FloatingPointError: no scores today", "ok"]
+    assert rows[1]["answer_logprob"] == alone[1]["answer_logprob"] and rows[3]["delta_all"] == alone[2]["delta_all"]
 
 
 def _results(correct_by_task: dict) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import tiny_llama
+from _helpers import register_broken_policy, tiny_llama
 
 import approxlab
 from approxlab.patching import exact_prefill, output_errors, token_nll
@@ -52,6 +52,18 @@ def per_cell(model, ids, method, budget, options):
                                    generator=torch.Generator().manual_seed(7), **options) as patch:
         nll, hits = token_nll(model, ids, hits=True)
     return nll, hits, patch.errors()
+
+
+def greedy_in_patch(model, ids, method, **patch):
+    """``(S, ANSWER)``: the answer decoded token by token after the question inside ``patch_attention``."""
+    tokens = []
+    with torch.no_grad(), approxlab.patch_attention(model, method, **patch):
+        out = model(input_ids=ids[:, :N - ANSWER], use_cache=True)
+        tokens.append(out.logits[:, -1].argmax(-1))
+        for _ in range(ANSWER - 1):
+            out = model(input_ids=tokens[-1][:, None], cache=out.cache, use_cache=True)
+            tokens.append(out.logits[:, -1].argmax(-1))
+    return torch.stack(tokens, dim=1)
 
 
 @pytest.mark.parametrize("method, budget, options", CASES, ids=[f"{m}-{b}-{o.get('grouping', 'kv-head')}"
@@ -97,20 +109,47 @@ def test_greedy_answer_equals_token_by_token_decoding_in_a_patch(model, ids, pre
     question = N - ANSWER
     found = prefill.continue_with("snapkv", num_features=6, window=4, continuation_ids=ids[:, CONTEXT:],
                                   answer_length=ANSWER)
-    tokens = []
-    with torch.no_grad(), approxlab.patch_attention(model, "snapkv", num_features=6, window=4,
-                                                    context_length=CONTEXT):
-        out = model(input_ids=ids[:, :question], use_cache=True)
-        tokens.append(out.logits[:, -1].argmax(-1))
-        for _ in range(ANSWER - 1):
-            out = model(input_ids=tokens[-1][:, None], cache=out.cache, use_cache=True)
-            tokens.append(out.logits[:, -1].argmax(-1))
-    assert torch.equal(found.generated, torch.stack(tokens, dim=1))
+    assert torch.equal(found.generated, greedy_in_patch(model, ids, "snapkv", num_features=6, window=4,
+                                                         context_length=CONTEXT))
     assert torch.equal(found.correct, (found.generated == ids[:, question:]).all(-1))
     unpatched = prefill.unpatched(ids[:, CONTEXT:], answer_length=ANSWER)
     assert unpatched.errors == {} and unpatched.method == "unpatched"
     torch.testing.assert_close(unpatched.nll, token_nll(model, ids)[:, CONTEXT - 1:], rtol=0, atol=1e-9)
     torch.testing.assert_close(found.answer_logprob(), -found.nll[:, -ANSWER:].sum(-1))
+
+
+@pytest.mark.parametrize("method, options", [("h2o", {}), ("snapkv", {"window": 2})])
+def test_decoding_time_compression_equals_a_patch_that_compresses_while_decoding(model, ids, prefill, method, options):
+    """The cache compressed again every 3 tokens after the context (8 kept per KV head): the teacher-forced NLL, the
+    patched-input errors and the greedy answer equal patch_attention(..., decoding_interval=3); the clean errors
+    equal the same compressions on the unpatched q, k, v; and compressing again changes the result."""
+    from approxlab.patching.decoding import DecodingCache
+
+    budget = 8
+    patch = dict(num_features=budget, context_length=CONTEXT, decoding_interval=3, **options)
+    found = prefill.continue_with(method, num_features=budget, continuation_ids=ids[:, CONTEXT:], answer_length=ANSWER,
+                                  decoding_interval=3, **options)
+    with approxlab.patch_attention(model, method, record_inputs=True, **patch) as patched:
+        nll = token_nll(model, ids)
+    torch.testing.assert_close(found.nll, nll[:, CONTEXT - 1:], rtol=0, atol=1e-9)
+    for row in patched.errors():
+        index = found.layers.index(row["layer"])
+        assert found.errors["patched"]["spectral"][index, row["sequence"], row["head"]].item() == pytest.approx(
+            row["spectral"], rel=1e-7, abs=1e-12)
+    once = prefill.continue_with(method, num_features=budget, continuation_ids=ids[:, CONTEXT:], answer_length=ANSWER,
+                                 **options)
+    assert float((found.nll - once.nll).abs().max()) > 1e-6
+    assert torch.equal(found.generated, greedy_in_patch(model, ids, method, **patch))
+    with approxlab.patch_attention(model, "exact", num_features=1, record_inputs=True) as clean:
+        model(ids)
+    for call in clean.calls:
+        q, k, v = call.inputs  # k, v repeated to the 4 query heads: one KV head per pair
+        rows = DecodingCache(method, budget, 3, "kv-head", None, options).rows(q, k[:, ::2], v[:, ::2], CONTEXT,
+                                                                               CONTEXT).output
+        exact = approxlab.exact_attention(q, k, v, causal=True)[..., CONTEXT:, :]
+        expected = output_errors(rows, exact)["spectral"]
+        torch.testing.assert_close(found.errors["clean"]["spectral"][found.layers.index(call.layer)], expected,
+                                   rtol=1e-7, atol=1e-12)
 
 
 def test_the_model_and_the_prefill_are_left_as_they_were(model, ids, prefill):
@@ -124,16 +163,7 @@ def test_the_model_and_the_prefill_are_left_as_they_were(model, ids, prefill):
 
 
 def test_a_failing_method_is_recorded_when_asked(prefill, ids, fresh_registry):
-    from approxlab.methods import register
-
-    def never(q, k, v, *, num_features, generator=None, causal=True):
-        raise AssertionError("the KV-cache setting runs the policy's scores only")
-
-    def broken(q, k, v, **_):
-        raise FloatingPointError("no scores today")
-
-    register("broken-policy", never, target="softmax", features="kept keys", randomized=False, causal="only",
-             score=broken)
+    register_broken_policy()
     found = prefill.continue_with("broken-policy", num_features=4, continuation_ids=ids[:, CONTEXT:],
                                   on_failure="record")
     with pytest.raises(FloatingPointError, match="no scores today"):
@@ -149,6 +179,10 @@ def test_a_failing_method_is_recorded_when_asked(prefill, ids, fresh_registry):
     (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), answer_length=5), ValueError, r"`answer_length`"),
     (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), on_failure="skip"), ValueError,
      r"`on_failure` must be one of \['raise', 'record'\]"),
+    (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), decoding_interval=0), ValueError,
+     r"`decoding_interval`"),
+    (dict(continuation_ids=torch.zeros(2, 4, dtype=torch.long), decoding_interval=2, allocation="adakv"), ValueError,
+     r"`decoding_interval` keeps b tokens per head .* got allocation='adakv'"),
 ])
 def test_inputs_are_checked(prefill, kwargs, error, match):
     with pytest.raises(error, match=match):

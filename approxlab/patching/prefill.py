@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .._validation import as_generator, check_choice, check_int
-from ..data.capture import _check_input_ids, check_call, query_factor
+from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
-from ..kv_cache import kept_for_query_heads
-from ..kernels import causal_mask
-from ..methods._selection import attend_compressed_rows
 from . import _model
-from ._layer import check_layer_call, kv_cache_call, padding_mask
+from ._continuation import (_REQUEST_OPTIONS, _copied, _cut, _exact_rows, _Layer, _originals, _Policy,
+                            _Prepared, _read_cache, _Recorder, _Together, decoding_cache)
+from ._layer import kv_cache_call
 from .likelihood import _output_head, next_token_losses
 from .patch import _LOCK, give_back, take_over
 from .records import ERROR_MEASURES, output_errors
@@ -137,90 +136,6 @@ class Continuation:
         return rows
 
 
-def _exact_rows(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    r"""Exact causal attention of the continuation's queries ``(S, H, t, p)`` (positions :math:`m - t, \dots, m - 1`)
-    over the window's keys and values per KV head ``(S, H_kv, m, p)``, in float64: :math:`O(t\,m\,p)` work, not
-    the :math:`m^2` of the whole window."""
-    t, m = queries.shape[-2], k.shape[-2]
-    visible = causal_mask(t, m, row_offset=m - t, device=queries.device)
-    return torch.nn.functional.scaled_dot_product_attention(
-        queries.to(torch.float64), k.to(torch.float64), v.to(torch.float64), attn_mask=visible,
-        enable_gqa=queries.shape[-3] != k.shape[-3])
-
-
-def _read_cache(queries: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
-                context_length: int) -> torch.Tensor:
-    """The continuation's rows ``(S, H, t, p_v)`` from the compressed cache: ``queries`` ``(S, H, t, p)`` every
-    continuation query so far, ``k, v`` per KV head over the window, ``kept`` as ``info["kept"]`` of
-    :func:`approxlab.kv_cache_attention`; the query heads of a KV head read it as views (no repeated K/V)."""
-    heads, kv_heads = queries.shape[-3], k.shape[-3]
-    indices, key_mask = kept_for_query_heads(kept, heads, k.shape[-2])
-    def split(x, dim):  # the query heads (dimension dim) as (H_kv, g)
-        return x.unflatten(dim, (kv_heads, heads // kv_heads))
-
-    rows = attend_compressed_rows(split(queries, -3), k.unsqueeze(-3), v.unsqueeze(-3), split(indices, -2),
-                                  context_length, None if key_mask is None else split(key_mask, -2))
-    return rows.flatten(-4, -3)
-
-
-class _Layer:
-    """One layer's attention during a continuation: SDPA on the exact cache (unpatched), or the policy."""
-
-    def __init__(self, prefill: "ExactPrefill", layer: int, policy=None, generator=None):
-        self.prefill, self.layer, self.policy, self.generator = prefill, layer, policy, generator
-        self.layout = prefill._target.layouts[layer]
-        self.factor = query_factor(self.layout)
-        self.queries = None  # the continuation's queries so far (S, H, T, p)
-        self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
-        self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
-
-    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
-        n_q, m = query.shape[-2], key.shape[-2]
-        check_layer_call(module, self.layout, self.layer, kwargs)
-        padding_mask(attention_mask, n_q, m, True, self.layer)  # causality only (refuses anything else)
-        dtype = self.prefill.compute_dtype
-        q = query.to(dtype) if self.factor is None else query.to(dtype) * self.factor
-        k, v = key.to(dtype), value.to(dtype)
-        seen = m - n_q - self.prefill.context_length  # continuation tokens already in the cache
-        self.queries = q if seen == 0 else torch.cat([self.queries[..., :seen, :], q], dim=-2)
-        if self.policy is None:
-            output, rows = _sdpa(module, query, key, value, attention_mask, kwargs), None
-        else:
-            rows = self._policy_rows(k, v)[..., seen:, :]
-            output = (rows.to(query.dtype).transpose(1, 2).contiguous(), None)
-        if self.first is None:
-            self.first = (self.queries, k, v, rows)
-        return output
-
-    def _policy_rows(self, k, v):
-        """Every continuation row so far from the compressed cache: compressed on the first call (by
-        :func:`approxlab.kv_cache_attention` on the window, exactly as a patched layer does), read again later."""
-        policy, context = self.policy, self.prefill.context_length
-        if self.kept is not None:
-            return _read_cache(self.queries, k, v, self.kept, context)
-        window = torch.cat([self.prefill.queries[self.layer], self.queries], dim=-2)
-        result = kv_cache_call(policy.method, window, k, v, context_length=context,
-                               num_features=policy.budgets[self.layer], generator=self.generator, **policy.options)
-        if result.info.get("setting") == "compressed":
-            self.kept = result.info["kept"]
-        return result.output
-
-
-def _sdpa(module, query, key, value, attention_mask, kwargs):
-    """The unpatched layer: transformers' SDPA attention, as ``attn_implementation="sdpa"`` runs it."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-@dataclass
-class _Policy:
-    method: str
-    budgets: dict
-    options: dict
-    seeds: dict
-
-
 class ExactPrefill:
     r"""The unpatched model's pass over a context, shared by every policy and budget (:func:`exact_prefill`).
 
@@ -298,33 +213,33 @@ class ExactPrefill:
                              f"{limit - self.context_length}; got t = {t}.")
         return check_int(answer_length, "answer_length", low=0, high=t)
 
-    def _run(self, handlers: dict, continuation_ids: torch.Tensor, answer_length: int):
+    def _run(self, handlers: dict, continuation_ids: torch.Tensor, answer_length: int, copies: int = 1):
         """Teacher-forced pass over the continuation, then greedy generation of the answer; the cache is cut back
-        to the context before and after. Returns ``(nll, hits, generated)``."""
-        target, cache, context = self._target, self._cache, self.context_length
+        to the context before and after. Returns ``(nll, hits, generated)``. With ``copies`` > 1 the continuation
+        runs ``copies`` times in one batch (row ``s * copies + c`` is sequence ``s``'s copy ``c``) on a copy of the
+        cache per row, which the handlers (:class:`_Together`) split among their policies."""
+        target, context = self._target, self.context_length
         model, base = target.model, target.model.base_model
         device = self._last_hidden.device
-        ids = continuation_ids.to(device)
+        ids = continuation_ids.to(device).repeat_interleave(copies, dim=0)
         t = ids.shape[1]
-
-        def cut(length):
-            extra = cache.get_seq_length() - length
-            if extra > 0:
-                cache.crop(-extra)
+        cache = self._cache
+        _cut(cache, context)
+        if copies > 1:
+            cache = _copied(cache, copies, target.model.config)
 
         def step(tokens):
             return base(input_ids=tokens, cache=cache, use_cache=True).last_hidden_state
 
-        cut(context)
         with _LOCK:
             registered = take_over(target, handlers)
         try:
             with torch.no_grad():
-                hidden = torch.cat([self._last_hidden, step(ids)[:, :-1]], dim=1)
+                hidden = torch.cat([self._last_hidden.repeat_interleave(copies, dim=0), step(ids)[:, :-1]], dim=1)
                 nll, predicted = next_token_losses(model, hidden, ids)
                 generated = predicted[:, t - answer_length:t - answer_length + 1] if answer_length else \
                     predicted[:, :0]
-                cut(context + t - answer_length)
+                _cut(cache, context + t - answer_length)
                 while generated.shape[1] < answer_length:
                     last = step(generated[:, -1:].to(device))[:, -1:]
                     weight, bias = _output_head(model)
@@ -333,8 +248,8 @@ class ExactPrefill:
         finally:
             with _LOCK:
                 give_back(target, self._implementation, lambda handler: handler in handlers.values(), registered)
-            cut(context)
-        return nll, predicted == continuation_ids.cpu(), generated
+            _cut(self._cache, context)
+        return nll, predicted == ids.cpu(), generated
 
     def _clean_pass(self, continuation_ids: torch.Tensor, answer_length: int):
         """The unpatched continuation (computed once per continuation): its result, each layer's clean q (window),
@@ -363,7 +278,8 @@ class ExactPrefill:
                       answer_length: int = 0, layers=None, generator: torch.Generator | None = None,
                       grouping: str | None = None, allocation: str | None = None,
                       alpha_safeguard: float | None = None, layer_budgets: str | None = None,
-                      pyramid_beta: float | None = None, on_failure: str = "raise", **options) -> Continuation:
+                      pyramid_beta: float | None = None, decoding_interval: int | None = None,
+                      on_failure: str = "raise", **options) -> Continuation:
         r"""The continuation with ``method`` compressing each replaced layer's cache to ``num_features`` tokens.
 
         Parameters
@@ -387,6 +303,13 @@ class ExactPrefill:
             seed per model layer), so that a randomized policy takes the same draws in both.
         grouping, allocation, alpha_safeguard, layer_budgets, pyramid_beta
             As in :func:`~approxlab.patching.patch_attention`'s KV-cache setting.
+        decoding_interval : int, optional
+            :math:`k \ge 1`: decoding-time compression, as :func:`~approxlab.patching.patch_attention`'s
+            ``decoding_interval`` (kvpress's ``DecodingPress`` after a compressed prefill): the cache is compressed
+            again, back to the layer's budget, every :math:`k` tokens after the context -- the question's and the
+            answer's, teacher-forced and generated alike (:mod:`approxlab.patching.decoding`). Default None: the
+            context compressed once, every later token kept. A cache policy only (not AdaKV's allocation, nor a
+            policy that reads the rotary embedding).
         on_failure : {"raise", "record"}, default "raise"
             What a failure of the method does: propagate, or give a :class:`Continuation` whose ``status`` names it
             (``nll`` :math:`+\infty`, no errors), so that a sweep goes on.
@@ -429,9 +352,98 @@ class ExactPrefill:
         :math:`t` tokens; no pass over the context. An example is in :class:`ExactPrefill`'s docstring.
         """
         start = time.perf_counter()
-        target = self._target
         answer_length = self._check_continuation(continuation_ids, answer_length)
         on_failure = check_choice(on_failure, "on_failure", ON_FAILURE)
+        prepared = self._prepare(method, num_features, layers, generator, grouping, allocation, alpha_safeguard,
+                                 layer_budgets, pyramid_beta, decoding_interval, options)
+        clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
+        try:
+            run = self._run(prepared.handlers, continuation_ids, answer_length)
+        except Exception as failure:  # noqa: BLE001 - the method's failure, recorded when asked
+            return self._failed(prepared, failure, on_failure, clean, continuation_ids, answer_length, start)
+        return self._finish(prepared, run, on_failure, continuation_ids, answer_length, start)
+
+    def continue_together(self, requests, *, continuation_ids: torch.Tensor, answer_length: int = 0,
+                          on_failure: str = "raise") -> list[Continuation]:
+        r"""Several policies' continuations in one batched pass: ``continue_with(**request, ...)`` for each request,
+        to rounding.
+
+        Parameters
+        ----------
+        requests : sequence of dict
+            The keyword arguments of :meth:`continue_with` for each policy besides those below (``method``,
+            ``num_features``, ``generator``, the method's options, ...).
+        continuation_ids, answer_length, on_failure
+            As in :meth:`continue_with`, shared by every request.
+
+        Returns
+        -------
+        list of Continuation
+            One per request, in order; its ``seconds`` are its share of the batched pass (the pass's seconds over
+            the requests) plus its own compression checks and errors.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`continue_with`, for any request.
+
+        Notes
+        -----
+        The continuation runs once with a batch of one copy per request (the context's cache copied), each layer's
+        handler handing each copy to its policy (:class:`_Together`), so the projections, MLPs and the model's
+        Python overhead are paid once for all; what a policy computes -- its compression, its rows, its errors -- is
+        its own, as in :meth:`continue_with`. The results differ from :meth:`continue_with`'s only by the rounding
+        of batched matrix products (a test compares them). If the batched pass fails, each request runs alone, so
+        that a failing policy is recorded (``on_failure="record"``) without taking the others with it. Memory: the
+        context's cache once per request.
+
+        Examples
+        --------
+        A tiny random GPT-2; two policies in one batch, and one of them alone:
+
+        >>> import torch
+        >>> from transformers import GPT2Config
+        >>> ids = torch.randint(30522, (1, 72), generator=torch.Generator().manual_seed(1))
+        >>> from approxlab.data import load_model
+        >>> model = load_model("initialized", config=GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=80), seed=1)
+        >>> from approxlab.patching import exact_prefill
+        >>> prefill = exact_prefill(model, ids[:, :64])
+        >>> requests = [{"method": "h2o", "num_features": 16}, {"method": "snapkv", "num_features": 16, "window": 4}]
+        >>> found = prefill.continue_together(requests, continuation_ids=ids[:, 64:], answer_length=3)
+        >>> alone = prefill.continue_with("snapkv", num_features=16, window=4, continuation_ids=ids[:, 64:],
+        ...                               answer_length=3)
+        >>> [c.method for c in found], bool(torch.allclose(found[1].nll, alone.nll, atol=1e-5))
+        (['h2o', 'snapkv'], True)
+        """
+        start = time.perf_counter()
+        answer_length = self._check_continuation(continuation_ids, answer_length)
+        on_failure = check_choice(on_failure, "on_failure", ON_FAILURE)
+        requests = [dict(request) for request in requests]
+        for request in requests:
+            for name in ("continuation_ids", "answer_length", "on_failure"):
+                if name in request:
+                    raise TypeError(f"`requests` must leave `{name}` to continue_together's own argument; got it in "
+                                    f"a request for {request.get('method')!r}.")
+        prepared = [self._prepare(request.pop("method"), request.pop("num_features"), *(
+            request.pop(name, None) for name in _REQUEST_OPTIONS), request) for request in requests]
+        self._clean_pass(continuation_ids, answer_length)
+        copies = len(prepared)
+        together = {layer: _Together([self._handler(one, layer) for one in prepared], copies)
+                    for layer in sorted({layer for one in prepared for layer in one.chosen})}
+        try:
+            nll, hits, generated = self._run(together, continuation_ids, answer_length, copies=copies)
+        except Exception:  # noqa: BLE001 - one policy's failure: each alone, so that it is recorded alone
+            return [self.continue_with(**original, continuation_ids=continuation_ids, answer_length=answer_length,
+                                       on_failure=on_failure) for original in _originals(prepared)]
+        share = (time.perf_counter() - start) / copies
+        return [self._finish(one, (nll[index::copies], hits[index::copies], generated[index::copies]), on_failure,
+                             continuation_ids, answer_length, time.perf_counter() - share)
+                for index, one in enumerate(prepared)]
+
+    def _prepare(self, method, num_features, layers, generator, grouping, allocation, alpha_safeguard,
+                 layer_budgets, pyramid_beta, decoding_interval, options) -> "_Prepared":
+        """One policy's checked settings and its layers' handlers (:meth:`continue_with`'s arguments)."""
+        target = self._target
         chosen = _model.check_layers(layers, target)
         spec, num_features, _ = _model.check_method(method, num_features, options, target)
         grouping = _model.check_grouping(grouping, self.context_length)
@@ -439,28 +451,47 @@ class ExactPrefill:
         allocation, alpha_safeguard, _, per_layer = _model.check_budgets(
             spec, num_features, options, len(target.modules), self.context_length, allocation=allocation,
             alpha_safeguard=alpha_safeguard, layer_budgets=layer_budgets, pyramid_beta=pyramid_beta)
+        decoding_interval = _model.check_decoding(spec, decoding_interval, self.context_length, allocation, False)
         supplied = _model.supplied_inputs(spec, options, target, chosen)
+        unused = torch.Generator(device=generator.device)
+        unused.set_state(generator.get_state())  # the request again, for a run alone
         seeds = _model.layer_seeds(generator, len(target.modules))
         step_options = {**supplied, **options, "grouping": grouping, "allocation": allocation,
                         "alpha_safeguard": alpha_safeguard}
-        policy = _Policy(spec.name, {layer: per_layer[layer] for layer in chosen}, step_options, seeds)
-        clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
-        answer = _answer(continuation_ids, answer_length)
+        policy = _Policy(spec.name, {layer: per_layer[layer] for layer in chosen}, step_options, seeds,
+                         decoding_interval)
         handlers = {layer: _Layer(self, layer, policy, torch.Generator().manual_seed(seeds[layer]))
                     for layer in chosen}
+        original = {"method": method, "num_features": num_features, "layers": layers, "generator": unused,
+                    "grouping": grouping, "allocation": allocation, "alpha_safeguard": alpha_safeguard,
+                    "layer_budgets": layer_budgets, "pyramid_beta": pyramid_beta,
+                    "decoding_interval": decoding_interval, **options}
+        return _Prepared(spec.name, num_features, chosen, policy, handlers, original)
+
+    def _handler(self, prepared, layer: int):
+        """A policy's handler of ``layer``, or the unpatched layer's where the policy leaves it exact."""
+        return prepared.handlers[layer] if layer in prepared.handlers else _Layer(self, layer)
+
+    def _failed(self, prepared, failure, on_failure, clean, continuation_ids, answer_length, start):
+        if on_failure == "raise":
+            raise failure
+        status = " ".join(f"{type(failure).__name__}: {failure}".split())
+        return Continuation(prepared.method, prepared.num_features, torch.full_like(clean.nll, torch.inf),
+                            torch.zeros_like(clean.hits), torch.zeros_like(clean.generated),
+                            _answer(continuation_ids, answer_length), layers=prepared.chosen,
+                            budgets=prepared.policy.budgets, seconds=time.perf_counter() - start, status=status)
+
+    def _finish(self, prepared, run, on_failure, continuation_ids, answer_length, start) -> Continuation:
+        """The continuation's errors (:meth:`_errors`) beside the run's ``(nll, hits, generated)``."""
+        clean, clean_inputs, clean_exact = self._clean_pass(continuation_ids, answer_length)
         try:
-            nll, hits, generated = self._run(handlers, continuation_ids, answer_length)
-            errors = self._errors(handlers, chosen, policy, clean_inputs, clean_exact)
+            errors = self._errors(prepared.handlers, prepared.chosen, prepared.policy, clean_inputs, clean_exact)
         except Exception as failure:  # noqa: BLE001 - the method's failure, recorded when asked
-            if on_failure == "raise":
-                raise
-            status = " ".join(f"{type(failure).__name__}: {failure}".split())
-            return Continuation(spec.name, num_features, torch.full_like(clean.nll, torch.inf),
-                                torch.zeros_like(clean.hits), torch.zeros_like(clean.generated), answer,
-                                layers=chosen, budgets=policy.budgets, seconds=time.perf_counter() - start,
-                                status=status)
-        return Continuation(spec.name, num_features, nll, hits, generated, answer, layers=chosen,
-                            budgets=policy.budgets, errors=errors, seconds=time.perf_counter() - start)
+            return self._failed(prepared, failure, on_failure, clean, continuation_ids, answer_length, start)
+        nll, hits, generated = run
+        return Continuation(prepared.method, prepared.num_features, nll, hits, generated,
+                            _answer(continuation_ids, answer_length), layers=prepared.chosen,
+                            budgets=prepared.policy.budgets, errors=errors, seconds=time.perf_counter() - start)
 
     def _errors(self, handlers, chosen, policy, clean_inputs, clean_exact) -> dict:
         """``{"clean": ..., "patched": ...}``, each ``{measure: (L', S, H)}`` (see :meth:`continue_with`)."""
@@ -471,7 +502,11 @@ class ExactPrefill:
             queries, k, v, rows = handler.first
             patched = output_errors(rows, _exact_rows(queries, k, v))
             q_clean, k_clean, v_clean = clean_inputs[layer]
-            if handler.kept is not None:
+            if handler.decoding is not None:  # compressed again every decoding_interval tokens, on clean inputs
+                cache = decoding_cache(policy, layer, torch.Generator().manual_seed(policy.seeds[layer]))
+                window = torch.cat([self.queries[layer], q_clean], dim=-2)
+                approx = cache.rows(window, k_clean, v_clean, context, context).output
+            elif handler.kept is not None:
                 approx = _read_cache(q_clean, k_clean, v_clean, handler.kept, context)
             else:  # a method without a compression step: its causal form, on the layer's own stream's seed
                 window = torch.cat([self.queries[layer], q_clean], dim=-2)
@@ -489,21 +524,6 @@ class ExactPrefill:
 
 def _answer(continuation_ids: torch.Tensor, answer_length: int) -> torch.Tensor:
     return continuation_ids[:, continuation_ids.shape[1] - answer_length:].cpu()
-
-
-class _Recorder:
-    """A layer's attention during the prefill: SDPA (the unpatched model), the context's q, k, v kept."""
-
-    def __init__(self, layout, dtype):
-        self.layout, self.factor, self.dtype = layout, query_factor(layout), dtype
-        self.queries = self.first_keys = self.first_values = None
-
-    def __call__(self, module, query, key, value, attention_mask, kwargs: dict):
-        check_call(module, self.layout, kwargs)
-        q = query.detach().to(self.dtype)
-        self.queries = q if self.factor is None else q * self.factor
-        self.first_keys, self.first_values = key.detach().to(self.dtype), value.detach().to(self.dtype)
-        return _sdpa(module, query, key, value, attention_mask, kwargs)
 
 
 def exact_prefill(model, context_ids: torch.Tensor) -> ExactPrefill:

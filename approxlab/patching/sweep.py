@@ -56,7 +56,8 @@ def _layer_summary(found) -> tuple[dict, list[dict]]:
 def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Tensor, *, methods, ratios,
                    answer_length: int, short_context: int | None = None, seed: int = 0,
                    lsd_threshold: float = LSD_THRESHOLD, lcl_threshold: float = LCL_THRESHOLD,
-                   options: dict | None = None, share: bool = True) -> tuple[list[dict], list[dict]]:
+                   options: dict | None = None, share: bool = True,
+                   batch: bool = True) -> tuple[list[dict], list[dict]]:
     r"""Run every policy of ``methods`` at every compression ratio on one sequence, the exact prefill shared.
 
     Parameters
@@ -89,11 +90,17 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
         Compute what the prefill gives every budget once: the context's attention column sums that H2O and
         observed attention score by, once per layer for both policies and every ratio (the results are the same,
         bit for bit; False recomputes them per policy and ratio, for comparison).
+    batch : bool, default True
+        Run the policies of one ratio as one batched continuation (:meth:`ExactPrefill.continue_together`, at most
+        :data:`BATCH_TOKENS` context tokens of cache copies at once), or each alone (False): the same results to the
+        rounding of batched matrix products, the batch paying the model's projections, MLPs and Python overhead
+        once for its policies.
 
     Returns
     -------
     rows : list of dict
-        The unpatched model's row (``method="unpatched"``, ``prefill_seconds``), then one per method and ratio:
+        The unpatched model's row (``method="unpatched"``, ``prefill_seconds``, ``key_token_seconds``), then one
+        per method and ratio:
         ``method``, ``compression_ratio``, ``num_features`` (:math:`b`), ``correct`` (exact match), ``answer_logprob``,
         ``delta_logprob`` (the unpatched model's answer log-probability minus this), ``delta_all`` and
         ``delta_key`` (mean change in NLL over all continuation tokens and over its key tokens, nats),
@@ -110,10 +117,13 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
 
     Notes
     -----
-    Cost: one prefill of :math:`n_c` tokens, the unpatched continuation, one forward of :math:`s + t` tokens for
-    the key tokens, then per method and ratio a continuation (:meth:`ExactPrefill.continue_with`); with ``share``
-    the :math:`O(n_c^2 p)` column sums of H2O and observed attention once per layer, not per policy and ratio. A failure of a
-    policy is recorded in its row's ``status`` (NaN scores), and the sweep goes on.
+    Cost: one prefill of :math:`n_c` tokens, the unpatched continuation (its clean q, k, v and exact rows, which
+    every policy's clean-input errors read, computed once), one forward of :math:`s + t` tokens for the key tokens
+    (``key_token_seconds``), then per ratio one batched continuation of its policies
+    (:meth:`ExactPrefill.continue_together`; with ``batch=False`` one :meth:`ExactPrefill.continue_with` per method
+    and ratio); with ``share`` the :math:`O(n_c^2 p)` column sums of H2O and observed attention once per layer,
+    not per policy and ratio. A policy row's ``seconds`` is its share of its batch plus its own errors. A failure
+    of a policy is recorded in its row's ``status`` (NaN scores), and the sweep goes on.
 
     Examples
     --------
@@ -143,9 +153,11 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
     prefill = exact_prefill(model, context_ids)
     exact = prefill.unpatched(continuation_ids, answer_length=answer_length)
     reference = exact.nll
-    mask = None
+    mask, key_seconds = None, 0.0
     if short_context is not None:
+        start = time.perf_counter()
         short = _short_nll(model, context_ids, continuation_ids, short_context)
+        key_seconds = time.perf_counter() - start
         mask = (short - reference > lsd_threshold) & (-reference > lcl_threshold)
     exact_logprob = float(exact.answer_logprob()[0])
 
@@ -159,25 +171,46 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
                 "key_tokens": int(key.sum()) if mask is not None else 0}
 
     rows = [{"method": "unpatched", "compression_ratio": 0.0, "num_features": None, **scores(exact),
-             "prefill_seconds": prefill.seconds, "seconds": exact.seconds, "status": "ok"}]
-    layers = []
+             "prefill_seconds": prefill.seconds, "key_token_seconds": key_seconds, "seconds": exact.seconds,
+             "status": "ok"}]
+    found = {}
     with contextlib.ExitStack() as stack:
         if share:
             stack.enter_context(shared_column_sums())
-        for method in methods:
-            for ratio, budget in budgets:
-                start = time.perf_counter()
-                found = prefill.continue_with(method, num_features=budget, continuation_ids=continuation_ids,
-                                              answer_length=answer_length, on_failure="record",
-                                              generator=torch.Generator().manual_seed(seed), **options.get(method, {}))
-                row = {"method": method, "compression_ratio": ratio, "num_features": budget}
-                if found.status != "ok":
-                    rows.append({**row, "correct": False, "answer_logprob": -math.inf, "delta_logprob": math.inf,
-                                 "delta_all": math.inf, "delta_key": math.inf, "key_tokens": 0,
-                                 "seconds": time.perf_counter() - start, "status": found.status})
-                    continue
-                pooled, per_layer = _layer_summary(found)
-                rows.append({**row, **scores(found), **pooled, "seconds": time.perf_counter() - start,
-                             "status": "ok"})
-                layers.extend({**row, **entry} for entry in per_layer)
+        for ratio, budget in budgets:
+            for chunk in _chunks(list(methods), batch, n_c):
+                requests = [{"method": method, "num_features": budget, "generator": torch.Generator().manual_seed(seed),
+                             **options.get(method, {})} for method in chunk]
+                if batch:
+                    results = prefill.continue_together(requests, continuation_ids=continuation_ids,
+                                                        answer_length=answer_length, on_failure="record")
+                else:
+                    results = [prefill.continue_with(**request, continuation_ids=continuation_ids,
+                                                     answer_length=answer_length, on_failure="record")
+                               for request in requests]
+                found.update({(method, ratio): result for method, result in zip(chunk, results)})
+    layers = []
+    for method in methods:
+        for ratio, budget in budgets:
+            result = found[(method, ratio)]
+            row = {"method": method, "compression_ratio": ratio, "num_features": budget}
+            if result.status != "ok":
+                rows.append({**row, "correct": False, "answer_logprob": -math.inf, "delta_logprob": math.inf,
+                             "delta_all": math.inf, "delta_key": math.inf, "key_tokens": 0,
+                             "seconds": result.seconds, "status": result.status})
+                continue
+            pooled, per_layer = _layer_summary(result)
+            rows.append({**row, **scores(result), **pooled, "seconds": result.seconds, "status": "ok"})
+            layers.extend({**row, **entry} for entry in per_layer)
     return rows, layers
+
+
+BATCH_TOKENS = 32768
+r"""The most context tokens a batched continuation holds (its policies times :math:`n_c`): 16 policies at 2,048
+tokens, 8 at 4,096, 4 at 8,192 (each copy of SmolLM2-135M's cache is 46 kB a token in float32)."""
+
+
+def _chunks(methods: list, batch: bool, context_length: int) -> list:
+    """The policies of one ratio in groups of at most ``BATCH_TOKENS // n_c`` (one each without ``batch``)."""
+    size = max(1, BATCH_TOKENS // context_length) if batch else 1
+    return [methods[start:start + size] for start in range(0, len(methods), size)]

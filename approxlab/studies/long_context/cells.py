@@ -93,7 +93,8 @@ def compute_sharing(cell: dict) -> list[dict]:
         rows, _ = sweep_policies(loaded, found.ids[:, :context], found.continuation, methods=list(cell["policies"]),
                                  ratios=list(cell["ratios"]), answer_length=found.answer_length,
                                  short_context=cell["short_context"], share=share)
-        runs[share] = (rows[1:], time.perf_counter() - start - rows[0]["prefill_seconds"] - rows[0]["seconds"])
+        spent = rows[0]["prefill_seconds"] + rows[0]["key_token_seconds"] + rows[0]["seconds"]
+        runs[share] = (rows[1:], time.perf_counter() - start - spent)
     columns = ("answer_logprob", "delta_all", "clean_spectral_mean", "patched_spectral_mean")
     difference = max(abs(a[c] - b[c]) for a, b in zip(runs[True][0], runs[False][0]) for c in columns)
     return [{"shared": share, "policies": ",".join(cell["policies"]), "continuations": len(rows),

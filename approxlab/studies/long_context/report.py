@@ -42,17 +42,22 @@ def policies(saved) -> pd.DataFrame:
 
 
 def cost(saved) -> pd.DataFrame:
-    """``cost.csv``: per length, the median prefill seconds, the unpatched continuation's, one policy x ratio
-    continuation's, the whole sequence's, and the continuations per sequence."""
+    """``cost.csv``: per length, the median prefill seconds, the key tokens' truncated-context forward's (NaN in
+    tables from before it was timed), the unpatched continuation's, one policy x ratio continuation's (its share of
+    its batch), the whole sequence's, and the continuations per sequence."""
     results = saved.table(RESULTS)
     rows = []
     for length, group in results.groupby("length", sort=True):
         exact = group[group["method"] == "unpatched"]
         policy = group[group["method"] != "unpatched"]
         per_sequence = group.groupby(["task", "text", "depth"])
+        keys = exact["key_token_seconds"] if "key_token_seconds" in exact else pd.Series(math.nan, index=exact.index)
         whole = per_sequence["seconds"].sum() + per_sequence["prefill_seconds"].sum()
+        if "key_token_seconds" in group:
+            whole = whole + per_sequence["key_token_seconds"].sum()
         rows.append({"length": int(length), "sequences": len(exact),
                      "prefill_s": float(exact["prefill_seconds"].median()),
+                     "key_token_s": float(keys.median()),
                      "unpatched_continuation_s": float(exact["seconds"].median()),
                      "continuation_s": float(policy["seconds"].median()) if len(policy) else math.nan,
                      "continuations": int(len(policy) / max(1, len(exact))),
