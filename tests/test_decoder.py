@@ -207,7 +207,7 @@ def test_methods_causal_forms_and_default_layers():
     """The default set is every softmax approximation with a causal form (own, causal-only or mask-renormalise)."""
     with_form = {m for m in available() if get(m).target == "softmax" and m != "exact"
                  and (get(m).causal in (True, "mask-renormalise") or get(m).causal_only)}
-    assert set(decoder.METHODS) == with_form and len(decoder.METHODS) == 32  # ada-snapkv, pyramidkv, criticalkv, caote, and the sparse-prefill methods
+    assert set(decoder.METHODS) == with_form and len(decoder.METHODS) == 33  # ada-snapkv, pyramidkv, criticalkv, caote, and the sparse-prefill methods
     policies = {m for m in available() if get(m).score is not None or get(m).compress is not None}
     assert {"h2o", "snapkv", "knorm", "expected-attention", "cap", "criticalkv", "caote"} <= policies <= set(decoder.METHODS)
     assert decoder.causal_form("performer") is True and decoder.causal_form("nystrom") == "mask-renormalise"
