@@ -267,8 +267,8 @@ MUTATIONS = [
     (
         "Top-k oracle bound ||o_i - o~_i|| <= 2 delta_i max_j ||v_j|| (keeps the k smallest logits instead)",
         "approxlab/methods/_selection.py",
-        "chosen, indices = row_topk(logits, budget)",
-        "chosen, indices = logits.topk(budget, dim=-1, largest=False)",
+        "top, top_indices = row_topk(logits, budget)",
+        "top, top_indices = logits.topk(budget, dim=-1, largest=False)",
         ["tests/test_sparse_attention.py::test_topk_theorem_dropped_mass_bounds_each_rows_error"],
     ),
     (
