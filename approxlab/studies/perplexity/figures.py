@@ -150,7 +150,7 @@ def _rho(premise, claim, setting, layers) -> str:
     row, symbol = found.iloc[0], "ρ" if claim == "p1" else "Δρ"
     share = re.match(re.escape(AS_BUDGET) + r": ([\d.]+%) of", str(row["verdict"]))
     if share:  # (pw): too many draws in the budget's order for an interval
-        return f"{symbol} = {row['estimate']:.2f} (no interval in {share.group(1)} of draws: the error in d's order)"
+        return f"{symbol} = {row['estimate']:.2f} ({share.group(1)} of draws in d's order)"
     if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
         return f"{symbol} = {row['estimate']:.2f} (no calibrated interval)"
     return f"{symbol} = {row['estimate']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
