@@ -5,6 +5,7 @@ KV cache; the depths and the fixed-budget configurations as the grid declares th
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from transformers import LlamaConfig
 
 import approxlab
 from approxlab.data import load_model
-from approxlab.errors import UsageError
+from approxlab.errors import StudyError, UsageError
 from approxlab.patching import exact_prefill, replay, token_nll
 from approxlab.studies import perplexity
 from approxlab.studies.engine.record import extension
@@ -136,6 +137,31 @@ def test_a_saved_run_resumes_into_the_depths_and_configurations():
     saved = {k: v for k, v in config.items() if k not in ("depths", "configs")}
     assert extension(saved, config, perplexity.STUDY.grows) == ["configs", "depths"]
     assert extension({**saved, "n": [256]}, config, perplexity.STUDY.grows) is None
+
+
+def test_the_committed_run_extends_into_the_new_methods_and_nothing_else(tmp_path, capsys):
+    """The committed ``figures/perplexity`` config (before CriticalKV, CAOTE and the sparse-prefill patterns joined the
+    grid) is extended, not refused, by the default grid: only ``methods`` and ``long_methods`` grow, by those six,
+    and ``config.json`` records it; a changed setting is refused."""
+    import json
+
+    from approxlab.studies.engine.record import prepare_record
+
+    committed = pathlib.Path(__file__).resolve().parents[1] / "figures" / "perplexity" / "config.json"
+    saved = json.loads(committed.read_text())
+    references = saved["config"]["compare_with"]
+    config = grid.build_config(num_layers=30, compare_with=references, checked_references=references)
+    new = {"criticalkv", "caote", "minference", "xattention", "flexprefill", "duo-attention"}
+    assert extension(saved["config"], config, perplexity.STUDY.grows) == ["long_methods", "methods"]
+    assert set(config["methods"]) - set(saved["config"]["methods"]) == new
+    assert set(config["long_methods"]) - set(saved["config"]["long_methods"]) == new
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved))
+    record = prepare_record(path, [], config, {}, False, perplexity.STUDY.grows)
+    assert set(record["extensions"][0]["added"]["methods"]) == new and record["created"] == saved["created"]
+    assert "extending the saved run" in capsys.readouterr().err
+    with pytest.raises(StudyError, match="different configuration"):
+        prepare_record(path, [], {**config, "context": 256}, {}, False, perplexity.STUDY.grows)
 
 
 def test_a_configuration_row_holds_the_drifting_and_the_clean_errors(tmp_path):
