@@ -247,3 +247,9 @@ def test_budgets_given_as_compression_ratios_keep_kvpress_s_counts_and_the_rows_
     assert (cell["num_features"], row["compression_ratio"]) == (6, 0.75) and row["status"] == "ok"
     assert clean.compute_clean(clean.clean_cells(tiny, settings)[1])[0]["compression_ratio"] in (0.5, 0.75)
     assert configs.config_cells(tiny, settings)[0]["compression_ratio"] == 0.5  # the middle budget, b = 12
+    cost = grid.cost_cells(tiny, settings)[0]  # cost.csv at the middle budget, and long.csv: both carry the ratio
+    assert cells.compute_cost(cost)[0]["compression_ratio"] == 0.5
+    assert all(c["with_ratio"] for c in grid.long_study_cells(tiny, settings))
+    counts = grid.build_config(num_layers=30)
+    assert not any("with_ratio" in c or "compression_ratio" in c for c in grid.long_study_cells(counts, settings)
+                   + grid.cost_cells(counts, settings))

@@ -299,11 +299,12 @@ def encoder_cells(config: dict, settings: dict) -> list[dict]:
 
 
 def cost_cells(config: dict, settings: dict) -> list[dict]:
-    """One cell per decoder method: the cost of a patched forward pass (:mod:`.cost`)."""
+    """One cell per decoder method: the cost of a patched forward pass (:mod:`.cost`) at ``cost_features`` (with
+    ``ratios``, its compression ratio too, carried by ``cost.csv``)."""
     common = decoder_common(config, settings)
     return [{"method": method, "window": window_ids(config)[0], "repeats": config["cost_repeats"],
-             "layer": config["num_layers"] // 2, "cost_features": config["cost_features"], **common}
-            for method in config["methods"]]
+             "layer": config["num_layers"] // 2, "cost_features": config["cost_features"],
+             **ratio_of(config, config["cost_features"]), **common} for method in config["methods"]]
 
 
 def long_study_cells(config: dict, settings: dict) -> list[dict]:
@@ -316,8 +317,8 @@ def long_study_cells(config: dict, settings: dict) -> list[dict]:
     if methods is None:
         methods = [m for m in config["methods"] if get(m).causal != "mask-renormalise"]
     features = config.get("long_features") or [1]
-    return long_cells(config, decoder_common(config, settings), methods,
-                      lambda m: features[:1] if ignores_features(m) else list(features))
+    common = {**decoder_common(config, settings), **({"with_ratio": True} if config.get("ratios") else {})}
+    return long_cells(config, common, methods, lambda m: features[:1] if ignores_features(m) else list(features))
 
 
 def reference_cells(config: dict, settings: dict) -> list[dict]:
