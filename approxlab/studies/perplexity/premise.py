@@ -235,13 +235,18 @@ def config_rows(configs: pd.DataFrame, baseline: pd.DataFrame) -> tuple[list[dic
 
 LOSS = "loss"
 """The ``kind`` of a claim on the losses alone ((po): no error enters its statistic)."""
+SAME = "the same losses in every window (the same kept tokens at this budget)"
+"""The verdict of a (po) instance whose pairs' two policies gave equal Delta in every window (CriticalKV's first
+stage is SnapKV's observation window of 32 tokens, so at b <= 32 both keep the window alone); such a pair is left
+out of the pooled statistic."""
 
 
 def output_aware_rows(frame: pd.DataFrame) -> list[dict]:
     """(po) on the KV-cache rows of ``frame`` (:func:`.stats.deltas`' table): per budget d where every pair of
     :data:`.premise_claims.OUTPUT_AWARE` ran, the mean over pairs and windows of Delta(base) - Delta(output-aware)
     (``measure`` "pooled") and each pair's alone (``measure`` "criticalkv - snapkv", ...), windows resampled, the
-    interval calibrated (:func:`.strata.calibrate_windows`); "not run" while a policy of a pair has no ok row."""
+    interval calibrated (:func:`.strata.calibrate_windows`); "not run" while a policy of a pair has no ok row; a pair
+    whose policies lose the same in every window at a budget is said so (:data:`SAME`) and left out of the pool."""
     kv = frame[(frame["setting"] == "kv-cache") & frame["ok"]]
     pairs = list(OUTPUT_AWARE.items())
     missing = [m for m in dict.fromkeys(m for pair in pairs for m in pair) if m not in set(kv["method"])]
@@ -255,8 +260,15 @@ def output_aware_rows(frame: pd.DataFrame) -> list[dict]:
             continue
         values = np.stack([(delta[base] - delta[aware]).to_numpy(float) for aware, base in pairs])
         values = values[:, np.isfinite(values).all(axis=0)]  # the windows where every pair ran
-        for measure, chosen in [("pooled", values), *((f"{a} - {b}", values[i:i + 1]) for i, (a, b) in
-                                                      enumerate(pairs))]:
+        same = (values == 0).all(axis=1)  # a pair that keeps the same tokens at this budget: named, not counted
+        parts = [("pooled", values[~same], ", ".join(f"{a} = {b}" for (a, b), s in zip(pairs, same) if s))]
+        parts += [(f"{a} - {b}", values[i:i + 1], f"{a} = {b}" if same[i] else "") for i, (a, b) in enumerate(pairs)]
+        for measure, chosen, equal in parts:
+            if not len(chosen) or (measure != "pooled" and equal):
+                rows.append({**_row(OUTPUT_AWARE_CLAIM, "kv-cache", "all", LOSS, measure, int(budget), None,
+                                    methods=0, windows=values.shape[1], points=0, estimate=0.0),
+                             "verdict": f"{SAME}: {equal}"})
+                continue
             found = strata.calibrate_windows(chosen)
             rows.append(_row(OUTPUT_AWARE_CLAIM, "kv-cache", "all", LOSS, measure, int(budget), found,
                              methods=len(chosen), windows=chosen.shape[1], points=2 * chosen.size,

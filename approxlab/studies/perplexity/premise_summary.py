@@ -12,7 +12,7 @@ from ..reporting.markdown import markdown_table
 from ..reporting.markdown import format_number as fmt
 from .claims_summary import setting_text
 from .in_short import FAILS, HOLDS, UNDECIDED, kind
-from .premise import AS_BUDGET, LOSS
+from .premise import AS_BUDGET, LOSS, SAME
 from .premise_claims import (CLONES, DEPTHS, MEASURE, NO_LOSS, OTHER_SIDE, PRACTICAL_FLOOR, PREMISE_CLAIMS,
                              PREMISE_DECLARED, PRIMARY, SECONDARY, STATISTICS, UNIT, WITHIN)
 
@@ -99,9 +99,12 @@ def in_short_lines(premise: pd.DataFrame, loss: pd.DataFrame) -> list[str]:
               "- **Within a method, given the budget** (partial rank correlation of error and Delta given d > 0): "
               + _sentence(rows("pp"), _rho),
               "- **At one budget, across a method's configurations** (`configs.csv`): " + _sentence(rows("pc"), _rho)]
+    other = rows("po", LOSS).query("measure == 'pooled'")
+    same = other["verdict"].astype(str).str.startswith(SAME)
     lines.append("- **From the other side** (at a fixed budget in the KV cache, Delta(base) - Delta(output-aware) > 0: "
-                 "CriticalKV against SnapKV, CAOTE against TOVA, pooled): "
-                 + _sentence(rows("po", LOSS).query("measure == 'pooled'"), _other_side))
+                 "CriticalKV against SnapKV, CAOTE against TOVA, pooled): " + _sentence(other[~same], _other_side)
+                 + "".join(f" At d = {int(r['num_features'])} every pair keeps the same tokens "
+                           f"({str(r['verdict'])[len(SAME) + 2:]})." for _, r in other[same].iterrows()))
     p2 = rows("p2")
     better = [f"{r['measure']} in {_where(r)} ({_interval(r)})" for _, r in p2.iterrows() if _kind_of(r) == HOLDS]
     worse = [f"{r['measure']} in {_where(r)} ({_interval(r)})" for _, r in p2.iterrows() if _kind_of(r) == FAILS]
