@@ -127,10 +127,15 @@ def test_a_multi_layer_setting_without_clean_errors_is_not_run_on_them_and_with_
 def test_near_clones_are_merged_and_named():
     frame = _frame()
     copy = frame[frame["method"] == "m1"].assign(method="m9")
-    frame = pd.concat([frame, copy], ignore_index=True)
-    assert clones(frame) == [("m9", d, "m1") for d in BUDGETS]
+    near = frame[frame["method"] == "m2"].assign(method="m8")  # the same kept tokens, summed in another order
+    near = near.assign(nll=near["nll"] * (1 + 1e-6), spectral_median=near["spectral_median"] * (1 - 1e-7))
+    other = frame[frame["method"] == "m3"].assign(method="m7", nll=lambda t: t["nll"] * (1 + 1e-4))
+    frame = pd.concat([frame, copy, near, other], ignore_index=True)
+    found = clones(frame)
+    assert sorted(found) == sorted([("m9", d, "m1") for d in BUDGETS] + [("m8", d, "m2") for d in BUDGETS])
     points = setting_points(frame, pd.DataFrame(), CONFIG)[("whole", "layer 0")]
-    assert "m9" not in points.methods and len(points.merged) == len(BUDGETS)
+    assert "m9" not in points.methods and "m8" not in points.methods and "m7" in points.methods
+    assert len(points.merged) == 2 * len(BUDGETS)
 
 
 def test_depths_pool_only_with_two_depths_and_configurations_need_their_table():
@@ -216,7 +221,7 @@ def _kv_frame(gain, windows=6, seed=0, same_at=()):
                 rows.append({"setting": "kv-cache", "layers": "all", "method": name, "num_features": d, "window": k,
                              "ok": True, "delta": delta + 0.002 * rng.normal()})
                 if name == "criticalkv" and d in same_at:
-                    rows[-1]["delta"] = rows[-3]["delta"]
+                    rows[-1]["delta"] = rows[-3]["delta"] + 1e-6  # summed in another order
     return pd.DataFrame(rows)
 
 

@@ -26,7 +26,8 @@ from .premise_claims import (BUDGET, CONFIGS, DEPTH, DIFFERENCE, MEASURES, MIN_C
 from .premise_data import Points, single_layer
 from .resampling import spearman
 
-__all__ = ["PREMISE_COLUMNS", "UNDEFINED", "AS_BUDGET", "LOSS", "as_budget_strata", "statistics", "calibrate_setting",
+__all__ = ["PREMISE_COLUMNS", "UNDEFINED", "AS_BUDGET", "LOSS", "SAME", "SAME_TOLERANCE", "as_budget_strata",
+           "statistics", "calibrate_setting",
            "setting_rows", "depth_rows", "config_rows", "output_aware_rows", "unit_rows", "loss_rows", "with_holm",
            "noise_floor_of"]
 
@@ -236,9 +237,13 @@ def config_rows(configs: pd.DataFrame, baseline: pd.DataFrame) -> tuple[list[dic
 LOSS = "loss"
 """The ``kind`` of a claim on the losses alone ((po): no error enters its statistic)."""
 SAME = "the same losses in every window (the same kept tokens at this budget)"
-"""The verdict of a (po) instance whose pairs' two policies gave equal Delta in every window (CriticalKV's first
-stage is SnapKV's observation window of 32 tokens, so at b <= 32 both keep the window alone); such a pair is left
-out of the pooled statistic."""
+"""The verdict of a (po) instance whose pairs' two policies lose the same in every window, within
+:data:`SAME_TOLERANCE` (CriticalKV's first stage is SnapKV's observation window of 32 tokens, so at b <= 32 both keep
+the window alone); such a pair is left out of the pooled statistic."""
+SAME_TOLERANCE = 1e-4
+"""Nats per token: two policies whose Delta differ by at most this in every window keep the same tokens (gathered in
+another order, their attention sums round differently over the 30 layers, far below this), declared before the
+full run."""
 
 
 def output_aware_rows(frame: pd.DataFrame) -> list[dict]:
@@ -260,7 +265,7 @@ def output_aware_rows(frame: pd.DataFrame) -> list[dict]:
             continue
         values = np.stack([(delta[base] - delta[aware]).to_numpy(float) for aware, base in pairs])
         values = values[:, np.isfinite(values).all(axis=0)]  # the windows where every pair ran
-        same = (values == 0).all(axis=1)  # a pair that keeps the same tokens at this budget: named, not counted
+        same = (np.abs(values) <= SAME_TOLERANCE).all(axis=1)  # the same kept tokens: named, not counted
         parts = [("pooled", values[~same], ", ".join(f"{a} = {b}" for (a, b), s in zip(pairs, same) if s))]
         parts += [(f"{a} - {b}", values[i:i + 1], f"{a} = {b}" if same[i] else "") for i, (a, b) in enumerate(pairs)]
         for measure, chosen, equal in parts:
