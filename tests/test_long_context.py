@@ -71,6 +71,52 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     assert main(["long-context", "--out", str(out), "--plot-only", "--no-progress"]) == 0
 
 
+def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llama, tmp_path, capsys):
+    """Policies added to a saved run (``--policies`` holding the saved ones and more) run in cells of their own, one
+    per sequence (the saved cells stay whole and are not recomputed); the config records the extension; the report
+    reads them with the rest; dropping a saved policy is still a different configuration."""
+    import shutil
+
+    saved, cache = run
+    out = tmp_path / "extended"
+    shutil.copytree(saved, out)
+    before = (out / "results.csv").read_bytes()
+    grid = [*GRID[:-3], "--policies", "streaming-llm,snapkv,h2o,criticalkv,caote", "--no-progress"]
+    capsys.readouterr()
+    assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
+    assert "extending the saved run (added_policies: none -> ['criticalkv', 'caote'])" in capsys.readouterr().err
+    assert (out / "results.csv").read_bytes() == before
+    added = engine.read_results(out / "added.csv")
+    assert len(added) == 2 * 2 * 2 * 2 and set(added["method"]) == {"criticalkv", "caote"}  # texts x tasks x 2 x 2
+    assert (added["method"] == added["policy"]).all() and set(added["status"]) == {"ok"}
+    record = engine.read_json(out / "config.json")
+    assert record["config"]["policies"] == ["streaming-llm", "snapkv", "h2o"]
+    assert record["extensions"][-1]["added"] == {"added_policies": ["criticalkv", "caote"]}
+    assert {"criticalkv", "caote"} <= set(pd.read_csv(out / "policies.csv")["method"])
+    dropped = [*GRID[:-3], "--policies", "streaming-llm,snapkv,criticalkv", "--no-progress"]
+    assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out),
+                 *dropped]) != 0
+    assert "different configuration" in capsys.readouterr().err
+
+
+def test_the_committed_run_resumes_into_criticalkv_and_caote():
+    """``figures/long_context`` (15 policies, before CriticalKV and CAOTE were registered) resumed with its own
+    command: the default policies hold both, the config keeps the saved ones and adds them; only that grows."""
+    import json
+    import pathlib
+
+    from approxlab.studies import long_context
+    from approxlab.studies.engine.record import extension
+
+    folder = pathlib.Path(__file__).resolve().parents[1] / "figures" / "long_context"
+    saved = json.loads((folder / "config.json").read_text())["config"]
+    config = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"], out=str(folder))
+    assert config["policies"] == saved["policies"] and config["added_policies"] == ["criticalkv", "caote"]
+    assert extension(saved, config, long_context.STUDY.grows) == ["added_policies"]
+    fresh = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"])
+    assert {"criticalkv", "caote"} <= set(fresh["policies"]) and "added_policies" not in fresh
+
+
 def _refuse(*args, **kwargs):
     raise AssertionError("computation started")
 

@@ -424,8 +424,9 @@ def test_the_default_methods_come_from_the_registry():
     from approxlab.methods import causal_support
 
     causal = set(causal_support(True)) | set(causal_support("mask-renormalise"))
-    assert set(grid.NOT_IN_GRID) <= causal  # named apart, not forgotten
-    assert set(grid.METHODS) == causal - {"exact"} - set(grid.NOT_IN_GRID)
+    assert set(grid.METHODS) == causal - {"exact"}
+    new = {"criticalkv", "caote", "minference", "xattention", "flexprefill", "duo-attention"}
+    assert new <= set(grid.FULL_GRID["methods"]) and new <= set(grid.build_config(num_layers=30)["long_methods"])
     assert grid.FULL_GRID["windows"] >= 12 and len(grid.FULL_GRID["num_features"]) >= claims.MIN_BUDGETS
 
 

@@ -5,6 +5,7 @@ KV cache; the depths and the fixed-budget configurations as the grid declares th
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from transformers import LlamaConfig
 
 import approxlab
 from approxlab.data import load_model
-from approxlab.errors import UsageError
+from approxlab.errors import StudyError, UsageError
 from approxlab.patching import exact_prefill, replay, token_nll
 from approxlab.studies import perplexity
 from approxlab.studies.engine.record import extension
@@ -138,6 +139,31 @@ def test_a_saved_run_resumes_into_the_depths_and_configurations():
     assert extension({**saved, "n": [256]}, config, perplexity.STUDY.grows) is None
 
 
+def test_the_committed_run_extends_into_the_new_methods_and_nothing_else(tmp_path, capsys):
+    """The committed ``figures/perplexity`` config (before CriticalKV, CAOTE and the sparse-prefill patterns joined the
+    grid) is extended, not refused, by the default grid: only ``methods`` and ``long_methods`` grow, by those six,
+    and ``config.json`` records it; a changed setting is refused."""
+    import json
+
+    from approxlab.studies.engine.record import prepare_record
+
+    committed = pathlib.Path(__file__).resolve().parents[1] / "figures" / "perplexity" / "config.json"
+    saved = json.loads(committed.read_text())
+    references = saved["config"]["compare_with"]
+    config = grid.build_config(num_layers=30, compare_with=references, checked_references=references)
+    new = {"criticalkv", "caote", "minference", "xattention", "flexprefill", "duo-attention"}
+    assert extension(saved["config"], config, perplexity.STUDY.grows) == ["long_methods", "methods"]
+    assert set(config["methods"]) - set(saved["config"]["methods"]) == new
+    assert set(config["long_methods"]) - set(saved["config"]["long_methods"]) == new
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved))
+    record = prepare_record(path, [], config, {}, False, perplexity.STUDY.grows)
+    assert set(record["extensions"][0]["added"]["methods"]) == new and record["created"] == saved["created"]
+    assert "extending the saved run" in capsys.readouterr().err
+    with pytest.raises(StudyError, match="different configuration"):
+        prepare_record(path, [], {**config, "context": 256}, {}, False, perplexity.STUDY.grows)
+
+
 def test_a_configuration_row_holds_the_drifting_and_the_clean_errors(tmp_path):
     """One cell of the design on a tiny saved Llama: nll, the errors on both inputs, their seconds summed."""
     from test_models_qkv import save_tiny_checkpoint
@@ -221,3 +247,9 @@ def test_budgets_given_as_compression_ratios_keep_kvpress_s_counts_and_the_rows_
     assert (cell["num_features"], row["compression_ratio"]) == (6, 0.75) and row["status"] == "ok"
     assert clean.compute_clean(clean.clean_cells(tiny, settings)[1])[0]["compression_ratio"] in (0.5, 0.75)
     assert configs.config_cells(tiny, settings)[0]["compression_ratio"] == 0.5  # the middle budget, b = 12
+    cost = grid.cost_cells(tiny, settings)[0]  # cost.csv at the middle budget, and long.csv: both carry the ratio
+    assert cells.compute_cost(cost)[0]["compression_ratio"] == 0.5
+    assert all(c["with_ratio"] for c in grid.long_study_cells(tiny, settings))
+    counts = grid.build_config(num_layers=30)
+    assert not any("with_ratio" in c or "compression_ratio" in c for c in grid.long_study_cells(counts, settings)
+                   + grid.cost_cells(counts, settings))

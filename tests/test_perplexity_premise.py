@@ -127,10 +127,15 @@ def test_a_multi_layer_setting_without_clean_errors_is_not_run_on_them_and_with_
 def test_near_clones_are_merged_and_named():
     frame = _frame()
     copy = frame[frame["method"] == "m1"].assign(method="m9")
-    frame = pd.concat([frame, copy], ignore_index=True)
-    assert clones(frame) == [("m9", d, "m1") for d in BUDGETS]
+    near = frame[frame["method"] == "m2"].assign(method="m8")  # the same kept tokens, summed in another order
+    near = near.assign(nll=near["nll"] * (1 + 1e-6), spectral_median=near["spectral_median"] * (1 - 1e-7))
+    other = frame[frame["method"] == "m3"].assign(method="m7", nll=lambda t: t["nll"] * (1 + 1e-4))
+    frame = pd.concat([frame, copy, near, other], ignore_index=True)
+    found = clones(frame)
+    assert sorted(found) == sorted([("m9", d, "m1") for d in BUDGETS] + [("m8", d, "m2") for d in BUDGETS])
     points = setting_points(frame, pd.DataFrame(), CONFIG)[("whole", "layer 0")]
-    assert "m9" not in points.methods and len(points.merged) == len(BUDGETS)
+    assert "m9" not in points.methods and "m8" not in points.methods and "m7" in points.methods
+    assert len(points.merged) == 2 * len(BUDGETS)
 
 
 def test_depths_pool_only_with_two_depths_and_configurations_need_their_table():
@@ -201,3 +206,49 @@ def test_in_short_words_every_level_and_says_not_run_plainly():
                            "num_features": [-1], "verdict": ["ranks the losses"]})
     row = table[(table["claim"] == "pp") & (table["layers"] == "layer 0")].iloc[0]
     assert former_of(row, former) == "ranks the losses"
+
+
+def _kv_frame(gain, windows=6, seed=0, same_at=()):
+    """``deltas``' KV-cache rows of snapkv, tova, criticalkv and caote at two budgets: each output-aware policy's
+    Delta is its base's minus ``gain`` (nats), with noise and a window effect; at the budgets ``same_at`` criticalkv's
+    rows are snapkv's (the same kept tokens)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in (16, 32, 64):
+        for k in range(windows):
+            base = {"snapkv": 0.3 + 0.1 * k, "tova": 0.4 + 0.1 * k}
+            for name, delta in [*base.items(), ("criticalkv", base["snapkv"] - gain), ("caote", base["tova"] - gain)]:
+                rows.append({"setting": "kv-cache", "layers": "all", "method": name, "num_features": d, "window": k,
+                             "ok": True, "delta": delta + 0.002 * rng.normal()})
+                if name == "criticalkv" and d in same_at:
+                    rows[-1]["delta"] = rows[-3]["delta"] + 1e-6  # summed in another order
+    return pd.DataFrame(rows)
+
+
+def test_output_aware_policies_are_judged_against_those_they_extend_and_not_run_without_them():
+    """(po): the paired loss difference at each budget, windows resampled; its sign decides, its absence says "not
+    run" in the table and in "In short"."""
+    less = pd.DataFrame(premise.output_aware_rows(_kv_frame(0.05, same_at=(16,))))
+    same = less[less["num_features"] == 16].set_index("measure")
+    assert same.loc["criticalkv - snapkv", "verdict"] == f"{premise.SAME}: criticalkv = snapkv"
+    assert same.loc["pooled", "methods"] == 1 and same.loc["pooled", "estimate"] == pytest.approx(0.05, abs=0.005)
+    less = less[less["num_features"] != 16]
+    assert set(less["num_features"]) == {32, 64} and set(less["measure"]) == {"pooled", "criticalkv - snapkv",
+                                                                             "caote - tova"}
+    pooled = less[less["measure"] == "pooled"]
+    assert (pooled["estimate"] - 0.05).abs().max() < 0.005 and (pooled["ci_low"] > 0).all()
+    assert (less["verdict"] == "the output-aware policies lose less").all() and (less["windows"] == 6).all()
+    more = pd.DataFrame(premise.output_aware_rows(_kv_frame(-0.05).query("num_features != 16")))
+    assert (more["verdict"] == "the output-aware policies lose more").all()
+    missing = premise.output_aware_rows(_kv_frame(0.05).query("method != 'caote'"))
+    assert len(missing) == 1 and missing[0]["verdict"] == "not run: perplexity.csv holds no KV-cache rows of caote"
+    both = _kv_frame(0.05, same_at=(16,)).query("num_features != 32").reset_index(drop=True)
+    at16 = both["num_features"] == 16  # CAOTE keeps TOVA's tokens there too: every pair is the same
+    both.loc[at16 & (both["method"] == "caote"), "delta"] = both.loc[at16 & (both["method"] == "tova"), "delta"].values
+    table = premise.with_holm(pd.DataFrame(missing + premise.output_aware_rows(both),
+                                           columns=premise.PREMISE_COLUMNS[:-2]))
+    text = "\n".join(in_short_lines(table, pd.DataFrame()))
+    assert "Not run in the KV cache (perplexity.csv holds no KV-cache rows of caote)" in text
+    assert re.search(r"Holds in d = 64: 0\.0[45]\d* \[0\.0\d+, 0\.0\d+\] nats "
+                     r"\(the output-aware policies lose less\)", text)
+    assert "At d = 16 every pair keeps the same tokens (criticalkv = snapkv, caote = tova)." in text

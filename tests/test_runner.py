@@ -132,6 +132,40 @@ def test_a_run_extended_along_its_growing_entries_computes_only_the_new_cells(tm
         run(tmp_path, grows=("a",))
 
 
+def test_an_extension_is_recorded_in_the_config_and_only_added_entries_extend(tmp_path, capsys):
+    """A config whose lists only gained entries resumes the saved run (only the new cells run) and ``config.json``
+    records what was added and when; a changed setting, a removed entry or a changed number inside a grown dict is
+    refused as before."""
+    nested = {**CONFIG, "configs": {"budget": 64, "methods": {"snapkv": [1, 2]}}}
+    run(tmp_path, config=nested)
+    calls = []
+
+    def counting(cell):
+        calls.append(cell_key(cell, KEYS))
+        return toy_compute(cell)
+
+    wider = {**nested, "a": [0, 1, 2, 3], "configs": {"budget": 64, "methods": {"snapkv": [1, 2, 3], "h2o": [1]}}}
+    cells = [{"a": a, "b": b} for a in wider["a"] for b in wider["b"]]
+    grows = ("a", "configs")
+    table = run(tmp_path, config=wider, cells=cells, compute=counting, grows=grows)
+    assert sorted(calls) == [(3, "x"), (3, "y")] and len(table) == 16
+    record = engine.read_json(tmp_path / "config.json")
+    assert record["config_hash"] == config_hash(wider) and len(record["extensions"]) == 1
+    extension = record["extensions"][0]
+    assert extension["from_config_hash"] == config_hash(nested) and extension["extended"] >= record["created"]
+    assert extension["added"] == {"a": [3], "configs": {"methods": {"snapkv": [3], "h2o": [1]}}}
+    assert "extending the saved run" in capsys.readouterr().err
+    calls.clear()
+    run(tmp_path, config=wider, cells=cells, compute=counting, grows=grows)  # the same config: nothing to add
+    assert calls == [] and len(engine.read_json(tmp_path / "config.json")["extensions"]) == 1
+    for changed in ({**wider, "grid": "other"}, {**wider, "a": [0, 1, 3]},
+                    {**wider, "configs": {**wider["configs"], "budget": 128}},
+                    {**wider, "configs": {"budget": 64, "methods": {"snapkv": [1, 2, 3]}}}):
+        with pytest.raises(StudyError, match="different configuration"):
+            run(tmp_path, config=changed, cells=cells, grows=grows)
+    assert engine.read_json(tmp_path / "config.json")["config_hash"] == config_hash(wider)
+
+
 def test_results_without_config_are_refused(tmp_path):
     run(tmp_path)
     (tmp_path / "config.json").unlink()

@@ -3,8 +3,11 @@
 ``config.json`` holds the grid-defining config, its hash (:func:`~approxlab.studies.engine.keys.config_hash`),
 the approxlab version, when the results were created and last updated, the tables written and the
 (unhashed) run information -- command line, device, executor, threads. A run resumes only into a folder
-whose saved hash is its own; every other case is refused in one line before anything is written.
-``timing.json`` lists the wall time of every compute run made into the folder.
+whose saved hash is its own, or whose saved config it only extends; every other case is refused in one line before
+anything is written.
+A run that only extends the saved one along the study's growing entries (:func:`extension`) resumes it, and
+``config.json`` keeps a list ``extensions``: when each extension was made, from which config hash, and what it
+added. ``timing.json`` lists the wall time of every compute run made into the folder.
 
 Public API::
 
@@ -62,14 +65,37 @@ def _saved_record(config_path, restart):
     return saved
 
 
-def _grows(old, new) -> bool:
-    """Whether ``new`` holds everything ``old`` holds: a list's entries, a dict's items, a count or more."""
+def _grows(old, new, top: bool = True) -> bool:
+    """Whether ``new`` holds everything ``old`` holds: a list's entries, a dict's items (each the same or itself
+    grown, a list or dict inside it), a count or more (a count at the config's top level only: inside a dict a
+    number is a setting, such as a budget, and must stay as it was)."""
     if isinstance(old, list) and isinstance(new, list):
         return all(entry in new for entry in old)
     if isinstance(old, dict) and isinstance(new, dict):
-        return all(key in new and new[key] == value for key, value in old.items())
+        return all(key in new and (new[key] == value or (isinstance(value, (list, dict))
+                                                         and _grows(value, new[key], top=False)))
+                   for key, value in old.items())
     counts = [isinstance(x, int) and not isinstance(x, bool) for x in (old, new)]
-    return all(counts) and new >= old
+    return top and all(counts) and new >= old
+
+
+def _added(old, new):
+    """What ``new`` adds to ``old`` (:func:`_grows`): a list's new entries, a dict's new or grown items, a count's
+    new value; ``old`` None (an entry the saved config lacks): all of ``new``.
+
+    Examples
+    --------
+    >>> _added(["a", "b"], ["a", "c", "b"]), _added({"k": [1], "x": 2}, {"k": [1, 3], "x": 2, "y": [4]})
+    (['c'], {'k': [3], 'y': [4]})
+    >>> _added(4, 8), _added(None, [16, 32])
+    (8, [16, 32])
+    """
+    if isinstance(old, list) and isinstance(new, list):
+        return [entry for entry in new if entry not in old]
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {key: value if key not in old else _added(old[key], value) for key, value in new.items()
+                if key not in old or old[key] != value}
+    return new
 
 
 def extension(saved: dict, config: dict, grows) -> list[str] | None:
@@ -138,6 +164,9 @@ def prepare_record(config_path, table_paths, config, run_info, restart, grows=()
             )
     same = saved is not None and (saved.get("config_hash") == digest or grown is not None)
     tables = sorted(set(saved.get("tables", []) if same else []) | {path.name for path in table_paths})
+    extensions = list(saved.get("extensions", [])) if same else []
+    if grown is not None:
+        extensions.append(_extension_entry(saved, config, grown))
     return {
         "config": canonical(config),
         "config_hash": digest,
@@ -145,8 +174,17 @@ def prepare_record(config_path, table_paths, config, run_info, restart, grows=()
         "created": saved.get("created", _now()) if same else _now(),
         "updated": _now(),
         "tables": tables,
+        **({"extensions": extensions} if extensions else {}),
         "run": canonical(run_info or {}),
     }
+
+
+def _extension_entry(saved: dict, config: dict, grown) -> dict:
+    """The record of one extension of a saved run in its ``config.json``: when, from which config hash, and what
+    each grown entry added (:func:`_added`)."""
+    before, after = canonical(saved.get("config", {})), canonical(config)
+    return {"extended": _now(), "from_config_hash": saved.get("config_hash"),
+            "added": {key: _added(before.get(key), after[key]) for key in grown}}
 
 
 def saved_config(config_path, table: str = "results.csv") -> dict:

@@ -14,7 +14,8 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 1. **grid** (:mod:`.grid`) -- lengths 2,048 / 4,096 / 8,192, 30 distinct texts x 3 depths per task and length,
    compression ratios 0.5-0.95, every cache policy of the registry;
 2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv`` and
-   ``layers.csv``;
+   ``layers.csv``; a policy added to a saved run (CriticalKV and CAOTE after the committed run) in cells of its
+   own, ``added.csv`` and ``added_layers.csv``, read with them by the report;
 3. **report** (:mod:`.report`, :mod:`.claims`) -- the gate (the exact model's accuracy with its Clopper-Pearson
    bound), the premise claims fixed in code (stratified rank correlations across policies, the paired difference
    against the budget within a policy, calibrated intervals over texts, Holm), ``long_context.png`` and
@@ -24,9 +25,11 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 from __future__ import annotations
 
 from ..declaration import Figure, Product, Step, Study, Summary, Table
-from .cells import LAYERS, RESULTS, SHARING, compute_sequence, compute_sharing, sharing_cells
+from .cells import (ADDED, ADDED_LAYERS, LAYERS, RESULTS, SHARING, compute_added, compute_sequence, compute_sharing,
+                    sharing_cells)
 from .claims import CLAIMS
-from .grid import FULL_GRID, KEY, OPTIONS, QUICK_GRID, build_config, cells, check, configure, run_info
+from .grid import (ADDED_KEY, FULL_GRID, KEY, OPTIONS, QUICK_GRID, added_cells, build_config, cells, check, configure,
+                   run_info)
 from .report import TITLE, claim_verdicts, cost, gate, plot, policies, sections
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "CLAIMS", "build_config", "configure"]
@@ -38,12 +41,14 @@ STUDY = Study(
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
     steps=(Step((Table(SHARING, ("length",), optional=True),), compute_sharing, sharing_cells),
            Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
-                compute_sequence, cells),),
+                compute_sequence, cells),
+           Step((Table(ADDED, ADDED_KEY, optional=True), Table(ADDED_LAYERS, ADDED_KEY, optional=True)),
+                compute_added, added_cells)),
     claims=CLAIMS,
     products=(Product("gate.csv", gate), Product("policies.csv", policies), Product("cost.csv", cost),
               Product("verdicts.csv", claim_verdicts)),
     figures=(Figure("long_context", plot),),
     summary=Summary(TITLE, (sections,)),
-    grows=("lengths", "texts", "ruler_tasks"),
+    grows=("lengths", "texts", "ruler_tasks", "added_policies"),
 )
 """The long-context study, declared: ``approxlab long-context``."""

@@ -2,7 +2,10 @@
 
 ``results.csv`` gets the unpatched model's row and one row per policy and ratio
 (:func:`approxlab.patching.sweep_policies`), with the sequence's lengths; ``layers.csv`` one row per policy, ratio
-and layer (each layer's clean- and patched-input spectral error, median over heads). ``sharing.csv``, one cell per
+and layer (each layer's clean- and patched-input spectral error, median over heads). A policy added to a saved run
+(``added_policies``) runs in cells of its own, one per sequence (:func:`compute_added`: ``added.csv`` and
+``added_layers.csv``, the same columns and the key's ``policy``), on the same sequences and seeds; its prefill is
+recomputed, equal to the saved one. ``sharing.csv``, one cell per
 length run first: what sharing the prefill's column sums saves (:func:`compute_sharing`).
 """
 
@@ -16,10 +19,12 @@ from ...patching import sweep_policies
 from ..engine.keys import cell_seed
 from .grid import KEY
 
-__all__ = ["RESULTS", "LAYERS", "SHARING", "SHARED_POLICIES", "sequence", "compute_sequence", "sharing_cells",
-           "compute_sharing"]
+__all__ = ["RESULTS", "LAYERS", "SHARING", "ADDED", "ADDED_LAYERS", "SHARED_POLICIES", "sequence", "compute_sequence",
+           "compute_added", "sharing_cells", "compute_sharing"]
 
 RESULTS, LAYERS, SHARING = "results.csv", "layers.csv", "sharing.csv"
+ADDED, ADDED_LAYERS = "added.csv", "added_layers.csv"
+"""The rows of the policies added to a saved run (:func:`compute_added`), beside ``results.csv`` and ``layers.csv``."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,6 +66,14 @@ def compute_sequence(cell: dict) -> dict:
     lengths = {"context_length": context, "continuation_length": found.ids.shape[1] - context,
                "answer_tokens": found.answer_length}
     return {RESULTS: [{**row, **lengths} for row in rows], LAYERS: layers}
+
+
+def compute_added(cell: dict) -> dict:
+    """One sequence and one policy added to a saved run: its rows of ``added.csv`` and ``added_layers.csv`` (those of
+    :func:`compute_sequence` but the unpatched model's, which ``results.csv`` holds)."""
+    found = compute_sequence(cell)
+    return {ADDED: [row for row in found[RESULTS] if row["method"] != "unpatched"],
+            ADDED_LAYERS: [row for row in found[LAYERS] if row["method"] != "unpatched"]}
 
 
 SHARED_POLICIES = ("h2o", "observed-attention")

@@ -9,6 +9,7 @@ Public API::
 
     FULL_GRID, QUICK_GRID, OPTIONS, KEY, SHORT_CONTEXT, cache_policies() -> list, policy_defaults(name) -> dict
     configure(args) -> dict, build_config(*, quick=False, **values) -> dict, cells(config, settings) -> list
+    added_cells(config, settings) -> list                 # the policies added to a saved run, one cell each
     check(args, config), run_info(args, config) -> dict
 """
 
@@ -22,11 +23,13 @@ from ...tasks.ruler import RULER_TASKS
 from .. import options as shared
 from ..declaration import Option
 
-__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "SHORT_CONTEXT", "cache_policies", "policy_defaults", "depth_list",
-           "configure", "build_config", "cells", "check", "run_info"]
+__all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "ADDED_KEY", "SHORT_CONTEXT", "cache_policies",
+           "policy_defaults", "depth_list", "configure", "build_config", "cells", "added_cells", "check", "run_info"]
 
 KEY = ("task", "length", "text", "depth")
 """A cell: one sequence."""
+ADDED_KEY = (*KEY, "policy")
+"""A cell of a policy added to a saved run: one sequence and that policy (:func:`added_cells`)."""
 
 SHORT_CONTEXT = {2048: 256, 4096: 512, 8192: 1024}
 r"""LongPPL's truncated context :math:`s` per length, declared before the run: an eighth of the sequence, the ratio
@@ -104,9 +107,34 @@ def configure(args) -> dict:
     if min(grid["lengths"]) < 256:
         raise UsageError("--lengths", "lengths of at least 256 tokens (the needles, question and a haystack)",
                          min(grid["lengths"]))
+    grid.update(_split_policies(grid["policies"], args))
     return {"study": "long-context", **grid, "short_context": {str(n): SHORT_CONTEXT.get(n, n // 8)
                                                                for n in grid["lengths"]},
             "checkpoint": getattr(args, "checkpoint", None) or SMOLLM2_CHECKPOINT, "base_seed": int(getattr(args, "base_seed", 0) or 0)}
+
+
+def _split_policies(policies: list, args) -> dict:
+    """``{"policies": ...}``, or where ``--out`` holds a saved run whose policies the requested ones only add to,
+    ``{"policies": its policies, "added_policies": the ones added since, in order}``: a cell computes every policy of
+    ``policies`` on one shared prefill, so a saved run's cells stay whole and each added policy gets cells of its own
+    (:func:`added_cells`); the config then only grows (``added_policies``), and the saved run resumes. A requested
+    list that drops a saved policy is left as asked (a different configuration: refused, or ``--restart``)."""
+    import pathlib
+
+    from ..engine.store import read_json
+
+    out = getattr(args, "out", None)
+    if out is None or getattr(args, "restart", False):
+        return {"policies": policies}
+    try:
+        saved = read_json(pathlib.Path(out) / "config.json").get("config", {})
+    except (OSError, ValueError):
+        return {"policies": policies}
+    first, added = list(saved.get("policies") or []), list(saved.get("added_policies") or [])
+    if not first or not set(first + added) <= set(policies):
+        return {"policies": policies}
+    added += [name for name in policies if name not in first and name not in added]
+    return {"policies": first, **({"added_policies": added} if added else {})}
 
 
 def build_config(*, quick: bool = False, **values) -> dict:
@@ -123,6 +151,13 @@ def cells(config: dict, settings: dict) -> list[dict]:
              "short_context": config["short_context"][str(length)], **common}
             for length in config["lengths"] for text in range(config["texts"]) for task in config["ruler_tasks"]
             for depth in config["depths"]]
+
+
+def added_cells(config: dict, settings: dict) -> list[dict]:
+    """One cell per sequence of :func:`cells` and policy of ``added_policies`` (the policies added to a saved run):
+    its own exact prefill and that policy at every ratio (the same seeds as in a run that held it from the start)."""
+    return [{**cell, "policy": name, "policies": (name,)} for cell in cells(config, settings)
+            for name in config.get("added_policies", [])]
 
 
 def check(args, config: dict) -> None:
@@ -147,4 +182,4 @@ def check(args, config: dict) -> None:
 def run_info(args, config: dict) -> dict:
     """What ``config.json`` records beside the command: each policy's defaults (sinks, window, recent share)."""
     return {"policy_defaults": {name: {k: repr(v) for k, v in policy_defaults(name).items()}
-                                for name in config["policies"]}}
+                                for name in [*config["policies"], *config.get("added_policies", [])]}}

@@ -9,25 +9,34 @@ import pandas as pd
 
 from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
-from .cells import RESULTS, SHARING
+from .cells import ADDED, RESULTS, SHARING
 from .claims import CLAIMS, GATE, UNIT, gate_table, verdicts
 from .grid import policy_defaults
 
-__all__ = ["TITLE", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
+__all__ = ["TITLE", "results_of", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
 
 TITLE = "Long context: RULER-style retrieval on one shared exact prefill, every cache policy and compression ratio"
 
 
+def results_of(saved) -> pd.DataFrame:
+    """``results.csv`` with the rows of the policies added to the run (``added.csv``, without its ``policy`` key)."""
+    results = saved.table(RESULTS)
+    added = saved.table(ADDED)
+    if added.empty:
+        return results
+    return pd.concat([results, added.drop(columns="policy")], ignore_index=True)
+
+
 def gate(saved) -> pd.DataFrame:
     """``gate.csv``: the exact model's accuracy per task and length with its Clopper-Pearson interval."""
-    return gate_table(saved.table(RESULTS))
+    return gate_table(results_of(saved))
 
 
 def policies(saved) -> pd.DataFrame:
     """``policies.csv``: per length, policy and ratio: the budget, sequences, accuracy, mean losses (answer
     log-prob, all-token and key-token Delta NLL), median clean- and patched-input error, median seconds, failures.
     ``num_features`` is the median budget b over the sequences (their contexts differ by the question's length)."""
-    results = saved.table(RESULTS)
+    results = results_of(saved)
     frame = results[results["method"] != "unpatched"].copy()
     frame["ok"] = frame["status"] == "ok"
     ok = frame[frame["ok"]]
@@ -45,7 +54,7 @@ def cost(saved) -> pd.DataFrame:
     """``cost.csv``: per length, the median prefill seconds, the key tokens' truncated-context forward's (NaN in
     tables from before it was timed), the unpatched continuation's, one policy x ratio continuation's (its share of
     its batch), the whole sequence's, and the continuations per sequence."""
-    results = saved.table(RESULTS)
+    results = results_of(saved)
     rows = []
     for length, group in results.groupby("length", sort=True):
         exact = group[group["method"] == "unpatched"]
@@ -67,7 +76,7 @@ def cost(saved) -> pd.DataFrame:
 
 def claim_verdicts(saved) -> pd.DataFrame:
     """``verdicts.csv``: the premise claims per length (:func:`.claims.verdicts`)."""
-    return verdicts(saved.table(RESULTS))
+    return verdicts(results_of(saved))
 
 
 def plot(saved) -> list:

@@ -315,4 +315,4 @@ def compute_cost(cell: dict) -> list[dict]:
             status = method_status(cell["method"], failure)
     named = {f"{part}_seconds" if part in COST_PARTS + ("overhead",) else part: value for part, value in found.items()}
     return [{"layer": cell["layer"], "num_features": cell["cost_features"], "tokens": int(ids.shape[1]), **named,
-             "status": status}]
+             "status": status, **ratio_column(cell)}]

@@ -32,15 +32,10 @@ CONTROL = "exact"
 the floor of the measurement: the model's own SDPA kernel against approxlab's)."""
 
 
-NOT_IN_GRID = ("criticalkv", "caote", "minference", "xattention", "flexprefill", "duo-attention")
-"""Built-in methods left out of the default grids (added while the committed run was being made; ``--methods``
-takes them): the output-aware policies and the sparse-prefill methods."""
-
-
 def _registered(encoder: bool) -> tuple:
     from ...methods import available, get
 
-    names = [m for m in available() if m != CONTROL and m not in NOT_IN_GRID]
+    names = [m for m in available() if m != CONTROL]
     if encoder:
         return tuple(m for m in names if get(m).causal != "only")
     return tuple(m for m in names if get(m).causal in (True, "only", "mask-renormalise"))
@@ -48,8 +43,10 @@ def _registered(encoder: bool) -> tuple:
 
 METHODS = _registered(encoder=False)
 """Every registered method with a causal form but ``exact`` (the control, run in every setting): their own
-(``causal=True``), the cache policies' (causal only), and ``"mask-renormalise"`` (the Nystrom family, reported
-apart from the decoder claims); read from the registry, so a method registered later joins the default grid."""
+(``causal=True``), the causal-only ones (the cache policies, CriticalKV and CAOTE among them, and the sparse-prefill
+patterns MInference, XAttention, FlexPrefill and DuoAttention, which run over the whole window in every setting),
+and ``"mask-renormalise"`` (the Nystrom family, reported apart from the decoder claims); read from the registry, so
+a method registered later joins the default grid (a saved run extends into it: ``methods`` grows)."""
 
 ENCODER_METHODS = _registered(encoder=True)
 """Every registered method that runs without a causal mask (the cache policies are causal only)."""
@@ -302,11 +299,12 @@ def encoder_cells(config: dict, settings: dict) -> list[dict]:
 
 
 def cost_cells(config: dict, settings: dict) -> list[dict]:
-    """One cell per decoder method: the cost of a patched forward pass (:mod:`.cost`)."""
+    """One cell per decoder method: the cost of a patched forward pass (:mod:`.cost`) at ``cost_features`` (with
+    ``ratios``, its compression ratio too, carried by ``cost.csv``)."""
     common = decoder_common(config, settings)
     return [{"method": method, "window": window_ids(config)[0], "repeats": config["cost_repeats"],
-             "layer": config["num_layers"] // 2, "cost_features": config["cost_features"], **common}
-            for method in config["methods"]]
+             "layer": config["num_layers"] // 2, "cost_features": config["cost_features"],
+             **ratio_of(config, config["cost_features"]), **common} for method in config["methods"]]
 
 
 def long_study_cells(config: dict, settings: dict) -> list[dict]:
@@ -319,8 +317,8 @@ def long_study_cells(config: dict, settings: dict) -> list[dict]:
     if methods is None:
         methods = [m for m in config["methods"] if get(m).causal != "mask-renormalise"]
     features = config.get("long_features") or [1]
-    return long_cells(config, decoder_common(config, settings), methods,
-                      lambda m: features[:1] if ignores_features(m) else list(features))
+    common = {**decoder_common(config, settings), **({"with_ratio": True} if config.get("ratios") else {})}
+    return long_cells(config, common, methods, lambda m: features[:1] if ignores_features(m) else list(features))
 
 
 def reference_cells(config: dict, settings: dict) -> list[dict]:

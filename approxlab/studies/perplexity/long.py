@@ -14,7 +14,10 @@ errors. The attention measures (total variation, kept mass) are not recorded at 
 every layer they took 60% of a 2,048-token cell (62 of 104 s), and the cheap-measure comparison is made in the
 512-token settings; their columns are NaN. The unpatched model runs as the method ``"unpatched"`` on the same
 sequences: its accuracy is the gate of claim (p4) (:data:`.claims.GATE`); it replaces no layer, so its error
-columns are NaN (not measured), where a failed run's are ``inf``.
+columns are NaN (not measured), where a failed run's are ``inf``. Where the run's budgets were given as compression
+ratios (``--ratios``), every row also carries ``compression_ratio``: the fraction of the long context (the tokens
+before the question) that its budget d removes, :math:`1 - d / n_c` as kvpress states it (0 for the unpatched
+model, which keeps every token), beside ``num_features``.
 """
 
 from __future__ import annotations
@@ -80,7 +83,21 @@ def compute_long(cell: dict) -> list[dict]:
              "answer_tokens": answer[1] - answer[0], **scores,
              **(_pooled(errors, patch) if cell["method"] != UNPATCHED else _unmeasured()),
              **_attention(patch), "causal": "none" if cell["method"] == UNPATCHED else _causal_form(cell, patch),
-             "status": status, **warning_columns(caught), **watch.times()}]
+             "status": status, **warning_columns(caught), **_long_ratio(cell, question), **watch.times()}]
+
+
+def _long_ratio(cell: dict, context: int) -> dict:
+    """``{"compression_ratio": 1 - d / context}`` for a cell of a run whose budgets were given as ratios (0 for the
+    unpatched model), else ``{}``.
+
+    Examples
+    --------
+    >>> _long_ratio({"with_ratio": True, "method": "snapkv", "num_features": 256}, 2048), _long_ratio({}, 2048)
+    ({'compression_ratio': 0.875}, {})
+    """
+    if not cell.get("with_ratio"):
+        return {}
+    return {"compression_ratio": 0.0 if cell["method"] == UNPATCHED else 1.0 - cell["num_features"] / context}
 
 
 def long_frame(long) -> pd.DataFrame:

@@ -15,21 +15,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...stats import Resamples
-from ...stats.calibration import IntervalFamily
 from ..reporting import calibrated as calibration
 from ..reporting import claims as engine
 from ..reporting.measured import holm_column
 from . import judging, strata
 from .strata import calibrate_setting
 from .claims import MIN_BUDGETS, MIN_METHODS
-from .premise_claims import (BUDGET, CONFIGS, DEPTH, DIFFERENCE, INNER, MEASURES, MIN_CONFIGS, PAIRED, PARTIAL,
-                             PRACTICAL_FLOOR, PRIMARY, RHO, SECONDARY)
+from .premise_claims import (BUDGET, CONFIGS, DEPTH, DIFFERENCE, MEASURES, MIN_CONFIGS, OUTPUT_AWARE,
+                             OUTPUT_AWARE_CLAIM, PAIRED, PARTIAL, PRACTICAL_FLOOR, PRIMARY, RHO, SECONDARY)
 from .premise_data import Points, single_layer
 from .resampling import spearman
 
-__all__ = ["PREMISE_COLUMNS", "UNDEFINED", "AS_BUDGET", "as_budget_strata", "statistics", "calibrate_setting", "setting_rows", "depth_rows", "config_rows",
-           "unit_rows", "loss_rows", "with_holm", "noise_floor_of"]
+__all__ = ["PREMISE_COLUMNS", "UNDEFINED", "AS_BUDGET", "LOSS", "SAME", "SAME_TOLERANCE", "as_budget_strata",
+           "statistics", "calibrate_setting",
+           "setting_rows", "depth_rows", "config_rows", "output_aware_rows", "unit_rows", "loss_rows", "with_holm",
+           "noise_floor_of"]
 
 PREMISE_COLUMNS = ["claim", "setting", "layers", "kind", "measure", "num_features", "estimate", "ci_low", "ci_high",
                    "threshold", "verdict", "methods", "windows", "points", *calibration.CALIBRATED_COLUMNS, "p",
@@ -220,21 +220,11 @@ def config_rows(configs: pd.DataFrame, baseline: pd.DataFrame) -> tuple[list[dic
         values = np.full((len(methods), len(windows)), np.nan)
         for (method, window), group in ok[ok["method"].isin(methods)].groupby(["method", "window"]):
             values[methods.index(method), windows.index(window)] = spearman(group[column], group["delta"])
-        ones = np.ones((1, len(methods)))
         per_method += [{"setting": "kv-cache", "layers": "all", "kind": kind, "measure": "spectral",
                         "unit": f"configurations of {m}", "rho": float(np.nanmean(values[i]))
                         if np.isfinite(values[i]).any() else np.nan, "methods": 1, "windows": len(windows),
                         "points": int((ok["method"] == m).sum())} for i, m in enumerate(methods)]
-
-        def compute(sample, trial, values=values, ones=ones):
-            w0 = strata.counts([list(sample)], len(windows))[0]
-            rng = np.random.default_rng([INNER["seed"], trial + 1])
-            w = strata.redraw(w0, INNER["final"] if trial < 0 else INNER["resamples"], rng)
-            return IntervalFamily.percentile(Resamples(
-                float(strata.stratum_mean(values, ones, w0[None])[0]), strata.stratum_mean(values, ones, w),
-                len(windows)))
-
-        found = calibration.calibrate(compute, list(range(len(windows)))) if len(windows) >= 2 else None
+        found = strata.calibrate_windows(values)
         rows.append(_row(CONFIGS, "kv-cache", "all", kind, "spectral", budget, found, methods=len(methods),
                          windows=len(windows), points=int(ok["method"].isin(methods).sum())))
     if not rows:
@@ -242,6 +232,55 @@ def config_rows(configs: pd.DataFrame, baseline: pd.DataFrame) -> tuple[list[dic
                          windows=len(windows), points=len(ok), reason=f"no method with {MIN_CONFIGS} configurations "
                          "and a clean error"))
     return rows, per_method
+
+
+LOSS = "loss"
+"""The ``kind`` of a claim on the losses alone ((po): no error enters its statistic)."""
+SAME = "the same losses in every window (the same kept tokens at this budget)"
+"""The verdict of a (po) instance whose pairs' two policies lose the same in every window, within
+:data:`SAME_TOLERANCE` (CriticalKV's first stage is SnapKV's observation window of 32 tokens, so at b <= 32 both keep
+the window alone); such a pair is left out of the pooled statistic."""
+SAME_TOLERANCE = 1e-4
+"""Nats per token: two policies whose Delta differ by at most this in every window keep the same tokens (gathered in
+another order, their attention sums round differently over the 30 layers, far below this), declared before the
+full run."""
+
+
+def output_aware_rows(frame: pd.DataFrame) -> list[dict]:
+    """(po) on the KV-cache rows of ``frame`` (:func:`.stats.deltas`' table): per budget d where every pair of
+    :data:`.premise_claims.OUTPUT_AWARE` ran, the mean over pairs and windows of Delta(base) - Delta(output-aware)
+    (``measure`` "pooled") and each pair's alone (``measure`` "criticalkv - snapkv", ...), windows resampled, the
+    interval calibrated (:func:`.strata.calibrate_windows`); "not run" while a policy of a pair has no ok row; a pair
+    whose policies lose the same in every window at a budget is said so (:data:`SAME`) and left out of the pool."""
+    kv = frame[(frame["setting"] == "kv-cache") & frame["ok"]]
+    pairs = list(OUTPUT_AWARE.items())
+    missing = [m for m in dict.fromkeys(m for pair in pairs for m in pair) if m not in set(kv["method"])]
+    if missing:
+        return [_row(OUTPUT_AWARE_CLAIM, "kv-cache", "all", LOSS, "pooled", -1, None, methods=0, windows=0, points=0,
+                     reason=f"perplexity.csv holds no KV-cache rows of {', '.join(missing)}")]
+    rows = []
+    for budget, at in kv.groupby("num_features", sort=True):
+        delta = at.pivot_table(index="window", columns="method", values="delta", aggfunc="mean")
+        if not all(m in delta for pair in pairs for m in pair):
+            continue
+        values = np.stack([(delta[base] - delta[aware]).to_numpy(float) for aware, base in pairs])
+        values = values[:, np.isfinite(values).all(axis=0)]  # the windows where every pair ran
+        same = (np.abs(values) <= SAME_TOLERANCE).all(axis=1)  # the same kept tokens: named, not counted
+        parts = [("pooled", values[~same], ", ".join(f"{a} = {b}" for (a, b), s in zip(pairs, same) if s))]
+        parts += [(f"{a} - {b}", values[i:i + 1], f"{a} = {b}" if same[i] else "") for i, (a, b) in enumerate(pairs)]
+        for measure, chosen, equal in parts:
+            if not len(chosen) or (measure != "pooled" and equal):
+                shown = chosen if len(chosen) else values  # the mean difference, within the tolerance
+                rows.append({**_row(OUTPUT_AWARE_CLAIM, "kv-cache", "all", LOSS, measure, int(budget), None,
+                                    methods=0, windows=values.shape[1], points=0, estimate=float(shown.mean())),
+                             "verdict": f"{SAME}: {equal}"})
+                continue
+            found = strata.calibrate_windows(chosen)
+            rows.append(_row(OUTPUT_AWARE_CLAIM, "kv-cache", "all", LOSS, measure, int(budget), found,
+                             methods=len(chosen), windows=chosen.shape[1], points=2 * chosen.size,
+                             estimate=float(chosen.mean()) if chosen.size else np.nan))
+    return rows or [_row(OUTPUT_AWARE_CLAIM, "kv-cache", "all", LOSS, "pooled", -1, None, methods=0, windows=0,
+                         points=0, reason="no budget at which every policy of a pair ran")]
 
 
 def unit_rows(setting, layers, points: Points) -> list[dict]:

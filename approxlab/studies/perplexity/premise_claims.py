@@ -19,6 +19,10 @@ claims replace its premise claims (p1, p1w, p1m, p1d, p2); (p3) and (p4) stay as
   :mod:`.strata`), calibrated on the run's own units
   (:func:`approxlab.studies.reporting.calibrated.calibrate`); Holm within each claim family; near-clones merged
   (:data:`CLONES`); no measurable loss by :data:`NO_LOSS`, at the kernel floor and at :data:`PRACTICAL_FLOOR`.
+* **The other side** (:data:`OUTPUT_AWARE_CLAIM`): if the output error predicts the loss, a policy that evicts by
+  its estimated output error should lose less than the score-based policy it extends at the same budget
+  (:data:`OUTPUT_AWARE`: CriticalKV over SnapKV's scores, CAOTE over TOVA's attention); the paired difference of
+  their losses in the KV-cache setting, windows resampled, calibrated interval (:data:`OTHER_SIDE`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from __future__ import annotations
 from ..declaration import Claim
 from .claims import MIN_BUDGETS, MIN_METHODS, MIN_WINDOWS
 
-__all__ = ["UNIT", "MEASURE", "DEPTHS", "WITHIN", "STATISTICS", "CLONES", "NO_LOSS", "PRACTICAL_FLOOR",
+__all__ = ["UNIT", "MEASURE", "DEPTHS", "WITHIN", "STATISTICS", "CLONES", "CLONE_TOLERANCE", "NO_LOSS", "PRACTICAL_FLOOR",
            "MIN_CONFIGS", "INNER", "RHO", "DEPTH", "BUDGET", "MEASURES", "DIFFERENCE", "PAIRED", "PARTIAL", "CONFIGS", "DIFFERENCE_CLAIMS",
-           "PREMISE_CLAIMS", "PREMISE_DECLARED", "PRIMARY", "SECONDARY"]
+           "OUTPUT_AWARE", "OTHER_SIDE", "OUTPUT_AWARE_CLAIM", "PREMISE_CLAIMS", "PREMISE_DECLARED", "PRIMARY",
+           "SECONDARY"]
 
 UNIT = ("ranks within each window (a stratified Spearman rho: rho over the points, method x d, of one window, "
         "then the mean over windows): the windows differ in how much any approximation costs (the loss of one "
@@ -52,10 +57,15 @@ STATISTICS = ("percentile intervals of a crossed bootstrap (methods and windows 
               "are samples), calibrated on the run's own units (iterated bootstrap: verdicts from the calibrated "
               "interval; no verdict only where calibration fails); Holm within each claim family (a claim id and "
               "its measure), beside the unadjusted verdicts")
+CLONE_TOLERANCE = 1e-5
+"""Relative: two points whose NLL and spectral error agree to this on every window are one point (the same kept tokens
+gathered in another order round differently: CriticalKV and SnapKV keep SnapKV's window alone at b <= 32)."""
 CLONES = ("two points (method x d) of one setting whose change in log-perplexity and relative spectral error are "
-          "equal on every window are one point: the later method's (in name order) is dropped from every claim "
-          "and named (in the committed run: ada-snapkv = snapkv at d = 16, 32, 256 with whole windows, pyramidkv "
-          "= snapkv at d = 16, 32 in the KV cache)")
+          f"equal on every window (to a relative {CLONE_TOLERANCE:g}: one kept set gathered in another order rounds "
+          "differently) are one point: the later method's (in name order) is dropped from every claim "
+          "and named (in the committed run's tables: pyramidkv and snapkv = ada-snapkv at d = 16, 32 in every "
+          "setting, and snapkv = ada-snapkv at d = 256 with whole windows; exactly equal only snapkv = ada-snapkv "
+          "with whole windows and snapkv = pyramidkv in the KV cache, which the former exact rule merged)")
 PRACTICAL_FLOOR = 0.01
 """Nats per token: a change below it is not a loss that matters (a perplexity 1% higher: exp(0.01) = 1.010),
 declared before the data; counted beside the kernel floor of :data:`.claims.FLOOR`."""
@@ -99,8 +109,31 @@ PARTIAL = Claim("pp", "within a method, the {measure} error tells the loss beyon
 CONFIGS = Claim("pc", "at one budget, the clean error ranks a method's configurations as their losses",
                 "mean over (method, window) of rho(clean error, Delta) over the method's configurations",
                 side="at least", threshold=0.7, unit="window", min_units=MIN_WINDOWS, labels=_RANKS)
+OUTPUT_AWARE = {"criticalkv": "snapkv", "caote": "tova"}
+"""Each output-aware policy and the score-based policy it extends, at their defaults: CriticalKV's first stage and
+its weights are SnapKV's scores (its ``base``); CAOTE's attention :math:`\alpha` with ``window=1`` is the last
+query's, TOVA's score."""
+OTHER_SIDE = ("the premise from the other side: if the output error predicts "
+              "the loss, the policy that keeps the tokens whose eviction moves the output least should lose least "
+              "at a fixed budget. Statistic, at each budget d of the KV-cache setting: the mean over the pairs of "
+              "OUTPUT_AWARE and over windows of Delta(base policy) - Delta(output-aware policy), nats per token "
+              "(above 0: the output-aware policy loses less), on the windows where every pair ran; each pair alone "
+              "beside it. A pair whose two policies lose the same in every window at a budget (within 1e-4 nats, "
+              "the rounding of one kept set gathered in another order) keeps the same tokens there (CriticalKV's first stage holds SnapKV's 32-token window, so at b <= 32 both keep "
+              "the window alone): it is named and left out of that budget's pool. Unit: the windows, resampled "
+              "(the pairs are fixed, not a sample of policies); interval: "
+              "the percentile interval of that bootstrap, calibrated on the run's windows (as pc). Verdict: the whole "
+              "calibrated interval above 0, the output-aware policies lose less; wholly below 0, they lose more; "
+              "else it cannot be told. Holm within the claim's instances (budgets and pairs). Not run while "
+              "perplexity.csv lacks the KV-cache rows of a policy of a pair")
+OUTPUT_AWARE_CLAIM = Claim(
+    "po", "at a fixed budget in the KV cache, the output-aware policies lose less than those they extend ({where})",
+    "mean over pairs and windows of Delta(base) - Delta(output-aware), nats per token", side="above", threshold=0.0,
+    strict=True, unit="window", min_units=MIN_WINDOWS,
+    labels={"reproduced": "the output-aware policies lose less", "not reproduced": "the output-aware policies lose "
+            "more", "too few units": "no verdict (too few units)"})
 DIFFERENCE_CLAIMS = (DIFFERENCE, PAIRED, PARTIAL)
-PREMISE_CLAIMS = (RHO, DEPTH, BUDGET, DIFFERENCE, PAIRED, PARTIAL, CONFIGS)
+PREMISE_CLAIMS = (RHO, DEPTH, BUDGET, DIFFERENCE, PAIRED, PARTIAL, CONFIGS, OUTPUT_AWARE_CLAIM)
 PRIMARY, SECONDARY = "clean", "drifting"
 
 _RHO = ("rho = 0.7: the error's ranks account for about half the variance of the losses' ranks (rho^2 = 0.49)")
@@ -121,5 +154,10 @@ PREMISE_DECLARED = (
     {"claim": "pc", "over": f"methods with >= {MIN_CONFIGS} configurations at their fixed budget (`configs.csv`)",
      "unit": "windows (methods are strata)", "threshold": "mean rho >= 0.7", "reason": _RHO + "; the budget is "
      "fixed, so only the error can order the configurations"},
+    {"claim": "po", "over": "the KV-cache setting at each budget d: " + ", ".join(
+        f"{aware} against {base}" for aware, base in OUTPUT_AWARE.items()), "unit": "windows (the pairs are fixed)",
+     "threshold": "Delta(base) - Delta(output-aware) > 0 (whole interval)", "reason": "the premise from the other "
+     "side: a policy that minimises its estimated output error should lose least at a fixed budget if that error "
+     "predicts the loss; any amount counts"},
 )
 """The premise's claims as declared: what each is over, its units, its threshold and the reason."""

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from . import judging
-from .premise_claims import PRIMARY, SECONDARY
+from .premise_claims import CLONE_TOLERANCE, PRIMARY, SECONDARY
 
 __all__ = ["optional_table", "single_layer", "clones", "Points", "setting_points", "KEY"]
 
@@ -49,7 +49,7 @@ def single_layer(layers) -> bool:
 
 def clones(frame: pd.DataFrame) -> list[tuple]:
     """``[(method, d, same as)]``: the points of one setting whose ``nll`` and ``spectral_median`` equal an earlier
-    method's (name order) on every window.
+    method's (name order) on every window, to :data:`.premise_claims.CLONE_TOLERANCE`.
 
     Examples
     --------
@@ -64,12 +64,20 @@ def clones(frame: pd.DataFrame) -> list[tuple]:
         table = group.pivot_table(index="method", columns="window", values=["nll", "spectral_median"])
         kept = []
         for method in sorted(table.index):
-            same = next((k for k in kept if table.loc[method].equals(table.loc[k])), None)
+            same = next((k for k in kept if _same(table.loc[method], table.loc[k])), None)
             if same is None:
                 kept.append(method)
             else:
                 found.append((method, int(d), same))
     return found
+
+
+def _same(a: pd.Series, b: pd.Series) -> bool:
+    """Whether two points' values agree everywhere to :data:`.premise_claims.CLONE_TOLERANCE` (relative), missing in the
+    same places."""
+    x, y = a.to_numpy(float), b.to_numpy(float)
+    return bool(np.array_equal(np.isnan(x), np.isnan(y))
+                and np.allclose(x, y, rtol=CLONE_TOLERANCE, atol=0.0, equal_nan=True))
 
 
 @dataclasses.dataclass

@@ -71,6 +71,7 @@ def _verdicts(saved) -> pd.DataFrame:
     for (setting, layers), points in _points(saved).items():
         rows += premise.setting_rows(setting, layers, points)
     rows += premise.depth_rows(_points(saved))
+    rows += premise.output_aware_rows(deltas(saved.table("perplexity.csv"), saved.table("baseline.csv")))
     found, per_method = premise.config_rows(optional_table(saved, "configs.csv"), saved.table("baseline.csv"))
     table = premise.with_holm(pd.DataFrame(rows + found, columns=premise.PREMISE_COLUMNS[:-2]))
     former = saved.product("former_verdicts.csv")

@@ -12,9 +12,9 @@ from ..reporting.markdown import markdown_table
 from ..reporting.markdown import format_number as fmt
 from .claims_summary import setting_text
 from .in_short import FAILS, HOLDS, UNDECIDED, kind
-from .premise import AS_BUDGET
-from .premise_claims import (CLONES, DEPTHS, MEASURE, NO_LOSS, PRACTICAL_FLOOR, PREMISE_CLAIMS, PREMISE_DECLARED,
-                             PRIMARY, SECONDARY, STATISTICS, UNIT, WITHIN)
+from .premise import AS_BUDGET, LOSS, SAME
+from .premise_claims import (CLONES, DEPTHS, MEASURE, NO_LOSS, OTHER_SIDE, PRACTICAL_FLOOR, PREMISE_CLAIMS,
+                             PREMISE_DECLARED, PRIMARY, SECONDARY, STATISTICS, UNIT, WITHIN)
 
 __all__ = ["in_short_lines", "premise_sections"]
 
@@ -60,6 +60,13 @@ def _rho(row) -> str:
     return f"{_where(row)}: {_interval(row)} ({shown})"
 
 
+def _other_side(row) -> str:
+    if str(row["verdict"]).startswith("not run"):
+        return f"the KV cache ({str(row['verdict'])[len('not run: '):]})"
+    budget = "" if int(row["num_features"]) < 0 else f"d = {int(row['num_features'])}: "
+    return f"{budget}{_interval(row)} nats ({row['verdict']})"
+
+
 def in_short_lines(premise: pd.DataFrame, loss: pd.DataFrame) -> list[str]:
     """The ``## In short`` section, first in the summary: at each level and depth, where the premise holds, fails or
     cannot be told, each number with its calibrated 95% interval ("holds": the whole interval on the claim's side of
@@ -92,6 +99,12 @@ def in_short_lines(premise: pd.DataFrame, loss: pd.DataFrame) -> list[str]:
               "- **Within a method, given the budget** (partial rank correlation of error and Delta given d > 0): "
               + _sentence(rows("pp"), _rho),
               "- **At one budget, across a method's configurations** (`configs.csv`): " + _sentence(rows("pc"), _rho)]
+    other = rows("po", LOSS).query("measure == 'pooled'")
+    same = other["verdict"].astype(str).str.startswith(SAME)
+    lines.append("- **From the other side** (at a fixed budget in the KV cache, Delta(base) - Delta(output-aware) > 0: "
+                 "CriticalKV against SnapKV, CAOTE against TOVA, pooled): " + _sentence(other[~same], _other_side)
+                 + "".join(f" At d = {int(r['num_features'])} every pair keeps the same tokens "
+                           f"({str(r['verdict'])[len(SAME) + 2:]})." for _, r in other[same].iterrows()))
     p2 = rows("p2")
     better = [f"{r['measure']} in {_where(r)} ({_interval(r)})" for _, r in p2.iterrows() if _kind_of(r) == HOLDS]
     worse = [f"{r['measure']} in {_where(r)} ({_interval(r)})" for _, r in p2.iterrows() if _kind_of(r) == FAILS]
@@ -113,7 +126,8 @@ def _declared() -> list[str]:
     return ["## The premise's claims (declared in `approxlab.studies.perplexity.premise_claims` before the data)", "",
             *markdown_table(pd.DataFrame(PREMISE_DECLARED)), "",
             f"- Unit of rho: {UNIT}.", f"- Measure: {MEASURE}.", f"- Depth: {DEPTHS}.", f"- Within a method: {WITHIN}.",
-            f"- Statistics: {STATISTICS}.", f"- Near-clones: {CLONES}.", f"- No measurable loss: {NO_LOSS}.", ""]
+            f"- Statistics: {STATISTICS}.", f"- Near-clones: {CLONES}.", f"- No measurable loss: {NO_LOSS}.",
+            f"- From the other side (po): {OTHER_SIDE}.", ""]
 
 
 def _verdicts(premise: pd.DataFrame) -> list[str]:

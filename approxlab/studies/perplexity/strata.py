@@ -25,6 +25,7 @@ Public API::
     WithinWindows(x, y, point_method).values(c) -> (resamples, windows); .mean(c, w) -> (resamples,)
     stratum_mean(values, c, w) -> (resamples,)
     ranks_over(x) / paired_difference(x, budget, y) / partial_sums(x, budget, y) / partial_correlation(sums, c, w)
+    calibrate_setting(found, methods, windows) -> {key: Calibrated}; calibrate_windows(values) -> Calibrated
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from .premise_claims import INNER
 from .resampling import ranks, spearman
 
 __all__ = ["counts", "redraw", "WithinWindows", "stratum_mean", "paired_difference", "partial_sums",
-           "partial_correlation", "weighted_mean", "weighted_rho", "calibrate_setting"]
+           "partial_correlation", "weighted_mean", "weighted_rho", "calibrate_setting", "calibrate_windows"]
 
 
 def counts(picks: np.ndarray, size: int) -> np.ndarray:
@@ -259,3 +260,31 @@ def calibrate_setting(found: dict, methods: int, windows: int, *, former_draws: 
         return _families(found, c0, w0, resamples, rng, methods)
 
     return calibration.calibrate(compute, units, former_draws=former_draws)
+
+
+def calibrate_windows(values: np.ndarray):
+    """The calibrated interval of :func:`stratum_mean` of ``values`` (``(strata, windows)``: one number per stratum
+    and window, NaN: none) with the strata fixed and the windows drawn (the unit), each draw's interval a percentile
+    interval of :data:`.premise_claims.INNER` resamples; None with fewer than 2 windows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> round(calibrate_windows(np.array([[0.1, 0.2, 0.15, 0.3], [0.2, 0.1, 0.25, 0.2]])).estimate, 4)
+    0.1875
+    >>> calibrate_windows(np.array([[0.1], [0.2]])) is None   # one window: no interval
+    True
+    """
+    values = np.asarray(values, dtype=float)
+    windows, ones = values.shape[1], np.ones((1, values.shape[0]))
+    if windows < 2:
+        return None
+
+    def compute(sample, trial):
+        w0 = counts([list(sample)], windows)[0]
+        rng = np.random.default_rng([INNER["seed"], trial + 1])
+        w = redraw(w0, INNER["final"] if trial < 0 else INNER["resamples"], rng)
+        return IntervalFamily.percentile(Resamples(float(stratum_mean(values, ones, w0[None])[0]),
+                                                   stratum_mean(values, ones, w), windows))
+
+    return calibration.calibrate(compute, list(range(windows)))

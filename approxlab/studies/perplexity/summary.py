@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 
 from ..reporting.markdown import format_interval, markdown_table
 from ..reporting.markdown import format_number as fmt
