@@ -337,7 +337,7 @@ class ExactPrefill:
         layer's continuation rows are ``kv_cache_attention(method, q, k, v, context_length=n_c, ...)`` on its window
         (the prefill's queries and keys, then the continuation's), so the result equals the per-cell path (the
         whole sequence in one patched forward pass) to rounding -- a test checks it. The compression depends on the
-        context alone, so generated tokens read the same kept set (:func:`~approxlab.methods._selection.attend_compressed_rows`).
+        context alone, so generated tokens read the same kept set (:func:`~approxlab.cache._selection.attend_compressed_rows`).
 
         **Errors.** With :math:`\tilde o_i` a layer's continuation row and :math:`o_i` exact causal attention,
         :math:`\|\tilde O - O\|_2 / \|O\|_2` and the other measures over the :math:`t` rows, per sequence and head:
