@@ -25,7 +25,7 @@ GROUPINGS = ("kv-head", "query-head")
 
 def group_size(q, k, v) -> int:
     """:math:`g = H / H_{kv}` for grouped-query attention (``q`` ``(*batch, H, n, p)``, ``k, v``
-    ``(*batch, H_kv, n, *)``), else 1 (then :func:`check_qkv` judges the shapes)."""
+    ``(*batch, H_kv, n, *)``), else 1 (then :func:`~approxlab._validation.check_qkv` judges the shapes)."""
     tensors = all(isinstance(x, torch.Tensor) for x in (q, k, v))
     if not tensors or q.ndim < 3 or not (q.ndim == k.ndim == v.ndim) or q.shape[:-3] != k.shape[:-3]:
         return 1
@@ -87,7 +87,7 @@ def repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 def kept_for_query_heads(kept: torch.Tensor, heads: int, n: int,
                          key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    r"""``info["kept"]`` of :func:`kv_cache_attention` as what each of the ``heads`` query heads attends in a window
+    r"""``info["kept"]`` of :func:`~approxlab.kv_cache_attention` as what each of the ``heads`` query heads attends in a window
     of ``n`` tokens: ``(indices, key_mask)`` for :func:`~approxlab.cache.attend_compressed`.
 
     ``kept`` is ``(*batch, H_kv, b)`` indices (one set per KV head, repeated to its :math:`g = H / H_{kv}` query

@@ -64,7 +64,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     compression_ratio : float, optional
         The budget as kvpress states it (a method with a compression step only): the fraction :math:`r \in [0, 1)`
         of the context removed, :math:`b = \max(1, \lfloor n_c (1 - r)\rfloor)` kept per head in Python's float
-        arithmetic, kvpress's ``ScorerPress`` rounding (:func:`kept_count`; e.g. :math:`n_c = 20, r = 0.9` keeps
+        arithmetic, kvpress's ``ScorerPress`` rounding (:func:`~approxlab.cache.kept_count`; e.g. :math:`n_c = 20, r = 0.9` keeps
         1 token, :math:`20 \times 0.1` being 1.9999999999999996 in floats).
     generator : torch.Generator, optional
         A CPU generator for randomized methods (passed on).
@@ -83,7 +83,7 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ``update_kv``): up to :math:`g b` distinct tokens per KV head. Without grouping both are the same
         computation; methods without a compression step attend the repeated K/V either way.
     allocation : {"uniform", "adakv"}, optional
-        How a layer's budget is spread over its heads (:data:`ALLOCATIONS`); default: the method's own
+        How a layer's budget is spread over its heads (:data:`~approxlab.cache.ALLOCATIONS`); default: the method's own
         (``"adakv"`` for ``ada-snapkv``, else ``"uniform"``). ``"uniform"``: every head keeps :math:`b`.
         ``"adakv"`` (a policy with ``score`` only): AdaKV's head-adaptive allocation, the layer's :math:`H b`
         tokens (:math:`H_{kv} b` with ``grouping="kv-head"``) going to the largest scores of all its heads
@@ -119,9 +119,9 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         does), a ``draw``, or a step whose result is not ``(*batch, b)`` integer indices in
         ``[0, context_length)`` (scores: not ``(*batch, n_c)`` floating, NaN, or :math:`+\infty` on more than
         :math:`b` tokens); a method without a causal form (the message names those with one); query heads not
-        a multiple of the KV heads; a ``grouping`` not in :data:`GROUPINGS`; ``grouping="kv-head"`` with
+        a multiple of the KV heads; a ``grouping`` not in :data:`~approxlab.cache.GROUPINGS`; ``grouping="kv-head"`` with
         grouped K/V for a policy that declares only ``compress`` (the message says to declare ``score=`` or
-        pass ``grouping="query-head"``); an ``allocation`` not in :data:`ALLOCATIONS`, ``"adakv"`` for a method
+        pass ``grouping="query-head"``); an ``allocation`` not in :data:`~approxlab.cache.ALLOCATIONS`, ``"adakv"`` for a method
         without ``score`` or a ``q`` without a head dimension, ``alpha_safeguard`` without ``"adakv"`` or outside
         ``[0, 1]``.
 
