@@ -90,7 +90,8 @@ def _contract_layers(name_prefix: str) -> set[str]:
     """The module names (container-relative) in the layers of the contract whose name starts with ``name_prefix``."""
     import tomllib
 
-    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
     (contract,) = [c for c in contracts if c["name"].startswith(name_prefix)]
     return {part.strip() for layer in contract["layers"] for part in layer.replace(":", "|").split("|")}
 

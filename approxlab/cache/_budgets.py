@@ -36,8 +36,8 @@ def attend_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.T
         ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``: context (``context_length`` tokens) then
         continuation, one batch entry per head.
     keep : torch.Tensor
-        ``(*batch, context_length)`` bool, True on the context keys each head kept (e.g. :func:`~approxlab.cache.adakv_keep`);
-        heads may keep different numbers.
+        ``(*batch, context_length)`` bool, True on the context keys each head kept (e.g.
+        :func:`~approxlab.cache.adakv_keep`); heads may keep different numbers.
     context_length : int
         ``1 <= context_length < n``.
     key_mask : torch.Tensor, optional

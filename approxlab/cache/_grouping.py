@@ -87,8 +87,8 @@ def repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 def kept_for_query_heads(kept: torch.Tensor, heads: int, n: int,
                          key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    r"""``info["kept"]`` of :func:`~approxlab.kv_cache_attention` as what each of the ``heads`` query heads attends in a window
-    of ``n`` tokens: ``(indices, key_mask)`` for :func:`~approxlab.cache.attend_compressed`.
+    r"""``info["kept"]`` of :func:`~approxlab.kv_cache_attention` as what each of the ``heads`` query heads attends
+    in a window of ``n`` tokens: ``(indices, key_mask)`` for :func:`~approxlab.cache.attend_compressed`.
 
     ``kept`` is ``(*batch, H_kv, b)`` indices (one set per KV head, repeated to its :math:`g = H / H_{kv}` query
     heads), ``(*batch, H, b)`` (one per query head), or AdaKV's bool ``(*batch, H_kv, n_c)`` (or ``(*batch, H,

@@ -64,8 +64,8 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     compression_ratio : float, optional
         The budget as kvpress states it (a method with a compression step only): the fraction :math:`r \in [0, 1)`
         of the context removed, :math:`b = \max(1, \lfloor n_c (1 - r)\rfloor)` kept per head in Python's float
-        arithmetic, kvpress's ``ScorerPress`` rounding (:func:`~approxlab.cache.kept_count`; e.g. :math:`n_c = 20, r = 0.9` keeps
-        1 token, :math:`20 \times 0.1` being 1.9999999999999996 in floats).
+        arithmetic, kvpress's ``ScorerPress`` rounding (:func:`~approxlab.cache.kept_count`; e.g. :math:`n_c = 20,
+        r = 0.9` keeps 1 token, :math:`20 \times 0.1` being 1.9999999999999996 in floats).
     generator : torch.Generator, optional
         A CPU generator for randomized methods (passed on).
     draw : dict, optional
@@ -119,11 +119,11 @@ def kv_cache_attention(method: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         does), a ``draw``, or a step whose result is not ``(*batch, b)`` integer indices in
         ``[0, context_length)`` (scores: not ``(*batch, n_c)`` floating, NaN, or :math:`+\infty` on more than
         :math:`b` tokens); a method without a causal form (the message names those with one); query heads not
-        a multiple of the KV heads; a ``grouping`` not in :data:`~approxlab.cache.GROUPINGS`; ``grouping="kv-head"`` with
-        grouped K/V for a policy that declares only ``compress`` (the message says to declare ``score=`` or
-        pass ``grouping="query-head"``); an ``allocation`` not in :data:`~approxlab.cache.ALLOCATIONS`, ``"adakv"`` for a method
-        without ``score`` or a ``q`` without a head dimension, ``alpha_safeguard`` without ``"adakv"`` or outside
-        ``[0, 1]``.
+        a multiple of the KV heads; a ``grouping`` not in :data:`~approxlab.cache.GROUPINGS`;
+        ``grouping="kv-head"`` with grouped K/V for a policy that declares only ``compress`` (the message says to
+        declare ``score=`` or pass ``grouping="query-head"``); an ``allocation`` not in
+        :data:`~approxlab.cache.ALLOCATIONS`, ``"adakv"`` for a method without ``score`` or a ``q`` without a head
+        dimension, ``alpha_safeguard`` without ``"adakv"`` or outside ``[0, 1]``.
 
     Warns
     -----
