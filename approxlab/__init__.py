@@ -16,6 +16,7 @@ Public API::
     approxlab.sketch       nystrom(K, columns), column sampling
     approxlab.operators    LinearOperator, ExactAttentionOperator, ...
     approxlab.synthetic    matrices with a prescribed spectrum, synthetic Q/K/V
+    approxlab.cache        the KV-cache field: kept_count, adakv_keep, pyramid_budgets, cache_policy, ...
     approxlab.errors       NotPSDError, NumericalWarning, ConvergenceWarning, ...
     approxlab.stats        describe, bootstrap, verdict, win_rate, t_test_power, ... (the studies' statistics)
 
@@ -25,9 +26,9 @@ through a keyword ``generator`` (a CPU ``torch.Generator``).
 
 from importlib import metadata as _metadata
 
-from . import errors, kernels, linalg, methods, metrics, operators, sketch, stats, synthetic
+from . import cache, errors, kernels, linalg, methods, metrics, operators, sketch, stats, synthetic
 from .attention import approximate, attention_matrix, exact_attention
-from .kv_cache import kv_cache_attention
+from .cache import kv_cache_attention
 from .patching import patch_attention
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "exact_attention",
     "kv_cache_attention",
     "patch_attention",
+    "cache",
     "errors",
     "kernels",
     "linalg",

@@ -22,10 +22,10 @@ import torch
 
 from . import kernels
 from ._validation import as_generator, check_choice, check_key_mask, check_qkv, peak_magnitude
+from .cache._scores import warn_without_rope
 from .errors import MethodResultError
 from .methods import registry
 from .methods import Approximation
-from .methods._scores import warn_without_rope
 from .methods.causal import check_causal_support, mask_renormalise
 from .operators import check_causal, softmax_attention
 

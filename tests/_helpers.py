@@ -35,7 +35,7 @@ def rope_stated(name: str) -> dict:
     ``inputs=("rope_base",)``: expected-attention, CAP, leverage-score, Compactor), else ``{}``: synthetic Q/K/V
     carry no RoPE, and saying so keeps :class:`approxlab.errors.RopeWarning` for the calls that forget it."""
     from approxlab.methods import get
-    from approxlab.methods._scores import MODEL_INPUTS
+    from approxlab.cache._scores import MODEL_INPUTS
 
     return {"rope_frequencies": None} if any(name in MODEL_INPUTS for name in get(name).inputs) else {}
 

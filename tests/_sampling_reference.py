@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from approxlab import lsh
-from approxlab.methods._cache_policy import prompt_length_of
+from approxlab.cache._policy import prompt_length_of
 from approxlab.methods._selection import logit_blocks
 from approxlab.methods._weighted_keys import fixed_keys, row_weights, weighted_output
 from approxlab.methods.magicpig import centring_keys, collision_counts, sampling_probability, sorted_buckets

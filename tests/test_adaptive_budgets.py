@@ -12,9 +12,9 @@ from transformers import LlamaConfig, LlamaModel
 
 import approxlab
 from _helpers import gen, rope_stated
-from approxlab.kv_budgets import adakv_keep, pyramid_budgets
+from approxlab.cache import adakv_keep, pyramid_budgets
 from approxlab.methods import available, get, register
-from approxlab.methods._scores import pool_group, scores_of
+from approxlab.cache._scores import pool_group, scores_of
 
 N, CONTEXT, HEADS, KV_HEADS, P = 40, 28, 9, 3, 6  # SmolLM2's 9 query heads on 3 KV heads
 GROUP = HEADS // KV_HEADS

@@ -1,6 +1,6 @@
 """The blockwise passes behind the attention-based cache scores against their former, full-width forms.
 
-H2O's and observed attention's column sums (:func:`approxlab.methods._column_sums.column_sums`) form only the
+H2O's and observed attention's column sums (:func:`approxlab.cache._column_sums.column_sums`) form only the
 causal triangle and never the softmax weights; Compactor's chunked attention
 (:func:`approxlab.methods.compactor.chunked_attention_received`) forms only the columns of each row block's
 chunks. Each is compared here with the row-normalised, full-width pass it replaced (written out below), on the
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import approxlab
-from approxlab.methods._column_sums import column_sums
+from approxlab.cache._column_sums import column_sums
 from approxlab.methods._selection import logit_blocks, safe_softmax
 from approxlab.methods.compactor import chunked_attention_received
 from _helpers import gen
@@ -56,7 +56,7 @@ def _padded(n, generator):
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("n", [1, 37, 700])
 def test_column_sums_equal_the_normalised_rows_summed(monkeypatch, dtype, masked, n):
-    monkeypatch.setattr("approxlab.methods._column_sums.block_rows", lambda batch, width: 64)  # several blocks
+    monkeypatch.setattr("approxlab.cache._column_sums.block_rows", lambda batch, width: 64)  # several blocks
     g = gen(n)
     q = 3 * torch.randn(2, 3, n, 16, generator=g, dtype=dtype)
     k = 3 * torch.randn(3, n, 16, generator=g, dtype=dtype)  # broadcast over the first dimension

@@ -13,7 +13,7 @@ import torch
 import approxlab
 from _helpers import gen, rope_stated
 from approxlab.methods import available, get, register
-from approxlab.methods._scores import scores_of
+from approxlab.cache._scores import scores_of
 
 N, CONTEXT, HEADS, KV_HEADS = 40, 28, 6, 2
 GROUP = HEADS // KV_HEADS

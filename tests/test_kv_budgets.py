@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import approxlab
-from approxlab.kv_budgets import adakv_keep, attend_kept, compose_scores, pyramid_budgets, with_sink_and_window
+from approxlab.cache import adakv_keep, attend_kept, compose_scores, pyramid_budgets, with_sink_and_window
 from approxlab.synthetic import synthetic_qkv
 from _helpers import gen
 

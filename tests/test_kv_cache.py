@@ -179,7 +179,8 @@ def test_the_compressed_cache_attended_through_the_fused_kernel_equals_the_selec
     """``attend_compressed`` (torch's fused SDPA on blocks whose rows each see a key, the explicit softmax on the
     others) gives the rows :func:`attend_selected` gives for the same selection, to rounding; a row that sees no
     key is 0."""
-    from approxlab.methods._selection import attend_compressed, attend_selected, compressed_indices
+    from approxlab.cache._selection import attend_compressed, compressed_indices
+    from approxlab.methods._selection import attend_selected
 
     g = torch.Generator().manual_seed(["none", "padding", "rows that see no key"].index(masking))
     for _ in range(8):
@@ -234,7 +235,7 @@ def test_repeated_kv_reaching_a_cache_policy_warns_and_says_how_to_keep_b_per_kv
 
 
 def test_repeated_heads_finds_the_group_size_only_for_whole_groups():
-    from approxlab.kv_cache import repeated_heads
+    from approxlab.cache._grouping import repeated_heads
 
     k = torch.randn(2, 3, 5, 4, generator=gen(1), dtype=torch.float64)
     assert [repeated_heads(k.repeat_interleave(g, dim=-3), k.repeat_interleave(g, dim=-3)) for g in (1, 2, 4)] == [1, 2, 4]
@@ -283,7 +284,7 @@ def test_a_randomized_rope_aware_policy_takes_a_draw_beside_its_rope():
 
 def test_a_compression_ratio_keeps_kvpress_count():
     """compression_ratio r keeps max(1, int(n_c * (1 - r))) per head (kvpress's ScorerPress), floats included."""
-    from approxlab.kv_cache import kept_count
+    from approxlab.cache import kept_count
 
     assert [kept_count(r, 4096) for r in (0.25, 0.5, 0.75, 0.875)] == [3072, 2048, 1024, 512]
     assert kept_count(0.9, 20) == 1  # 20 * (1 - 0.9) is 1.9999999999999996: int() gives 1, as kvpress keeps

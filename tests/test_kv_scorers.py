@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import approxlab
-from approxlab.methods._selection import attend_compressed
+from approxlab.cache import attend_compressed
 from approxlab.methods.cap import cap_scores
 from approxlab.methods.caote import caote_scores
 from approxlab.methods.compactor import compactor_scores

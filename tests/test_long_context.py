@@ -16,7 +16,7 @@ from _helpers import register_broken_policy, tiny_llama
 from test_models_qkv import save_tiny_checkpoint
 
 from approxlab.cli import main
-from approxlab.methods import _column_sums
+from approxlab.cache import _column_sums
 from approxlab.patching import sweep_policies
 from approxlab.stats.binomial import clopper_pearson
 from approxlab.studies import engine

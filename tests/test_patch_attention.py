@@ -455,7 +455,7 @@ def test_the_global_attention_registration_is_undone_on_exit(models, ids):
 
 
 def test_rope_aware_policies_get_the_models_rotary_frequencies(models, ids):
-    from approxlab.methods._scores import pool_group, top_budget
+    from approxlab.cache._scores import pool_group, top_budget
     from approxlab.methods.expected_attention import expected_attention_scores
 
     model, context, budget = models["llama"], 24, 6  # 4 query heads on 2 KV heads

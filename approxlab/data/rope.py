@@ -1,7 +1,7 @@
 r"""A model's rotary embedding (RoPE): the frequencies :math:`\theta_i` its attention rotates queries and keys by.
 
 Cache policies that undo or average the rotation (expected attention, CAP, the leverage scores, Compactor) need
-them (:func:`approxlab.methods._scores.model_inputs`). They are read from the rotary module's ``inv_freq`` buffer,
+them (:func:`approxlab.cache._scores.model_inputs`). They are read from the rotary module's ``inv_freq`` buffer,
 which transformers computes from the config for every RoPE type (the default :math:`\beta^{-2i/p}`, Llama 3's
 scaled RoPE, YaRN), so a scaled RoPE is covered; a model without RoPE (BERT, GPT-2) has none.
 """

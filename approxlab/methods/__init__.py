@@ -80,11 +80,11 @@ method runs in every study: ``approxlab figure1 --quick --plugin my_attention --
 top-k,skyformer-softmax`` (``my_attention.py`` holding the function, on ``PYTHONPATH``).
 """
 
+from ..cache._policy import cache_policy
+from ..cache._press import PressModule, from_press
 from ._base import CAUSAL_ONLY, CAUSAL_SUPPORT, TARGETS, Approximation, MethodSpec
-from ._cache_policy import cache_policy
 from ._selection import KeyRanking, rank_keys
 from .draws import draw
-from .press import PressModule, from_press
 from .registry import (ENTRY_POINT_GROUP, available, causal_support, get, load_plugin, plugin_modules, register,
                        unregister)
 

@@ -21,8 +21,8 @@ import torch
 from .._validation import check_int
 from ..errors import MethodResultError
 from ..operators import DenseOperator, LinearOperator
-from ._allocation import ALLOCATIONS, LAYER_BUDGETS, check_schedule
-from ._scores import scored_compress
+from ..cache._allocation import ALLOCATIONS, LAYER_BUDGETS, check_schedule
+from ..cache._scores import scored_compress
 
 __all__ = ["Approximation", "MethodSpec", "method", "make_spec", "TARGETS", "CAUSAL_SUPPORT", "MASK_RENORMALISE",
            "CAUSAL_ONLY"]
@@ -225,7 +225,7 @@ class MethodSpec:
         The options a cache policy needs from the model.
     allocation : {"uniform", "adakv"}
         How the KV-cache setting spreads a layer's budget over its heads by ``score``: the same :math:`b` per
-        head, or AdaKV's shared top :math:`H b` (:mod:`approxlab.methods._allocation`); the default of
+        head, or AdaKV's shared top :math:`H b` (:mod:`approxlab.cache._allocation`); the default of
         ``allocation=`` in :func:`approxlab.kv_cache_attention` and :func:`approxlab.patch_attention`.
     layer_budgets : {"uniform", "pyramid"}
         How :func:`approxlab.patch_attention`'s KV-cache setting spreads the budget over the model's layers: the

@@ -1,6 +1,6 @@
 r"""Ada-SnapKV (Feng et al., 2024): SnapKV's observation-window votes, with AdaKV's head-adaptive budgets.
 
-A score-based cache policy with ``allocation="adakv"`` (:mod:`approxlab.methods._allocation`): the scores are
+A score-based cache policy with ``allocation="adakv"`` (:mod:`approxlab.cache._allocation`): the scores are
 SnapKV's (:func:`approxlab.methods.snapkv.score_snapkv`), and a layer's :math:`H b` kept tokens go to the largest
 scores of its :math:`H` heads jointly, each head first keeping :math:`\lfloor \alpha b\rfloor` of its own -- the
 pairing the AdaKV paper evaluates (Ada-SnapKV, Sec. 4) and kvpress's ``AdaKVPress(SnapKVPress())``.
@@ -8,8 +8,8 @@ pairing the AdaKV paper evaluates (Ada-SnapKV, Sec. 4) and kvpress's ``AdaKVPres
 
 from __future__ import annotations
 
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES
 from .snapkv import score_snapkv
 
 __all__ = ["REGISTRATION", "ADA_SNAPKV"]

@@ -1,6 +1,6 @@
 r"""CAOTE (Goel et al., 2025): evict the token whose removal changes the attention output least.
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`): with :math:`\alpha` the attention the last ``window``
+A per-key cache scorer (:mod:`approxlab.cache._scorers`): with :math:`\alpha` the attention the last ``window``
 context queries pay the keys (averaged over them), the score of key :math:`j` is the exact change of the output
 :math:`\sum_i\alpha_i v_i` when :math:`j` alone is evicted and the others renormalised,
 :math:`\frac{\alpha_j}{1-\alpha_j}\lVert \sum_i\alpha_i v_i - v_j\rVert_2`.
@@ -14,8 +14,8 @@ import torch
 
 from .._validation import check_int
 from ..linalg.scaling import safe_norm
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, fit_sinks
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish, fit_sinks
 from ._selection import safe_softmax
 
 __all__ = ["caote_scores", "eviction_errors", "REGISTRATION", "CAOTE"]

@@ -1,7 +1,7 @@
 r"""CAPKV (kvpress's ``CapPress``): a log-determinant (capacity) proxy -- each token's weighted leverage in
 the capacity matrix :math:`A = I + \sum_i w_i u_iu_i^\top`, with query-alignment weights :math:`w_i`.
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`), using the query statistics of
+A per-key cache scorer (:mod:`approxlab.cache._scorers`), using the query statistics of
 :mod:`approxlab.methods.expected_attention`.
 """
 
@@ -12,8 +12,8 @@ import math
 import torch
 
 from .._validation import check_int, check_positive_float, check_real
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_mean, unit_scale
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish, fit_sinks, masked_mean, unit_scale
 from .expected_attention import average_future_rotation, queries_before_rope, rotary_frequencies
 
 __all__ = ["cap_scores", "REGISTRATION", "CAP"]
@@ -45,7 +45,7 @@ def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_f
         The first tokens kept (:math:`+\infty`) and left out of the anchor and of :math:`A`.
     budget : int, optional
         The cache budget (given by the KV-cache setting): the sinks are cut to fit within it and below the
-        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
+        real tokens of the shortest context (:func:`approxlab.cache._scorers.fit_sinks`).
     epsilon : float, default 1e-6
         :math:`\epsilon \ge 0` added to the weights inside :math:`A`.
 

@@ -1,7 +1,7 @@
 r"""Compactor (Chari and Van Durme, 2025; kvpress's ``CompactorPress``): the keys' approximate leverage
 blended with non-causal, chunked attention, sinks at both ends kept.
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`), randomized through the leverage's sketch.
+A per-key cache scorer (:mod:`approxlab.cache._scorers`), randomized through the leverage's sketch.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import torch
 
 from .._validation import check_int, check_positive_float, check_real
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, fit_sinks, masked_zscore, unit_scale
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish, fit_sinks, masked_zscore, unit_scale
 from ._selection import block_rows, safe_softmax
 from .leverage_score import sketch_draws, check_sketch, draw_sketch, keys_before_rope, sketched_ridge_leverage
 
@@ -127,7 +127,7 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
         The first and last tokens kept.
     budget : int, optional
         The cache budget (given by the KV-cache setting): the sinks are cut (the last ones first) to fit within it and below the
-        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
+        real tokens of the shortest context (:func:`approxlab.cache._scorers.fit_sinks`).
     chunk_size : int, default 256
         The chunks of the non-causal attention, consecutive middle tokens from the first one.
     sketch_dimension : int, default 48

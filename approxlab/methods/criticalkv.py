@@ -1,7 +1,7 @@
 r"""CriticalKV (Feng et al., 2025): a base policy's scores, then a second stage weighted by how much each
 value moves the layer's output (kvpress's ``CriticalKVPress``).
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`) over another registered policy's scores (``base``,
+A per-key cache scorer (:mod:`approxlab.cache._scorers`) over another registered policy's scores (``base``,
 default SnapKV's): the top half of the budget by the base scores, the rest by the base score times
 :math:`\lVert W_O^{h} v_j\rVert_1`, the :math:`\ell_1` norm of the value projected by the head's block of the
 output projection.
@@ -14,8 +14,9 @@ import math
 import torch
 
 from .._validation import check_int, check_positive_float, check_tensor
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish
+from ..cache._scores import scores_of
 
 __all__ = ["criticalkv_scores", "projected_value_norms", "REGISTRATION", "CRITICALKV"]
 
@@ -55,7 +56,6 @@ def _group_mean(x: torch.Tensor, group_size: int) -> torch.Tensor:
 def _base_scores(base, base_options, q, k, v, budget, generator, key_mask):
     """The registered policy ``base``'s checked scores of the context (its ``budget``: the caller's, else n_c)."""
     from . import registry  # the registry imports the built-in policies lazily, this one among them
-    from ._scores import scores_of
 
     spec = registry.get(base)
     if spec.score is None or base == "criticalkv":

@@ -1,7 +1,7 @@
 r"""CurDKV (kvpress's ``CURPress``): approximate leverage scores of the keys and values, by squared row
 norms normalised within local windows, combined (by default their product).
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`); randomized only with a sketch.
+A per-key cache scorer (:mod:`approxlab.cache._scorers`); randomized only with a sketch.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_choice, check_int
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, fit_sinks, unit_scale
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish, fit_sinks, unit_scale
 from .leverage_score import check_sketch, draw_sketch
 
 __all__ = ["cur_scores", "LEVERAGE_TYPES", "REGISTRATION", "CUR"]
@@ -50,7 +50,7 @@ def cur_scores(q, k, v, *, generator=None, key_mask=None, num_sinks=4, leverage_
         The first tokens kept (kvpress sets their score to 1.0, at least every other normalised score).
     budget : int, optional
         The cache budget (given by the KV-cache setting): the sinks are cut to fit within it and below the
-        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
+        real tokens of the shortest context (:func:`approxlab.cache._scorers.fit_sinks`).
     leverage_type : {"kv_product", "key", "value", "kv_avg"}, default "kv_product"
         The combination: :math:`\ell^K\ell^V`, :math:`\ell^K`, :math:`\ell^V` or :math:`(\ell^K+\ell^V)/2`.
     local_window_size : int or None, default 16

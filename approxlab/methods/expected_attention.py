@@ -1,7 +1,7 @@
 r"""Expected attention (Devoto et al., 2025): the attention future queries are expected to pay each key,
 under a Gaussian model of the queries (kvpress's ``ExpectedAttentionPress``, its leaderboard default).
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`). It also holds what kvpress's query-statistics
+A per-key cache scorer (:mod:`approxlab.cache._scorers`). It also holds what kvpress's query-statistics
 presses share: the context's queries before the rotary embedding (:func:`queries_before_rope`) and the
 rotation averaged over future positions (:func:`average_future_rotation`).
 """
@@ -13,8 +13,8 @@ import math
 import torch
 
 from .._validation import check_bool, check_int, check_positive_float, check_tensor
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, check_extra_input, finish, fit_sinks, masked_mean, unit_scale
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, check_extra_input, finish, fit_sinks, masked_mean, unit_scale
 
 __all__ = ["expected_attention_scores", "REGISTRATION", "EXPECTED_ATTENTION"]
 
@@ -114,7 +114,7 @@ def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_ba
         The first tokens kept (:math:`+\infty`) and left out of the statistics and the softmax.
     budget : int, optional
         The cache budget (given by the KV-cache setting): the sinks are cut to fit within it and below the
-        real tokens of the shortest context (:func:`approxlab.methods._scorers.fit_sinks`).
+        real tokens of the shortest context (:func:`approxlab.cache._scorers.fit_sinks`).
     use_covariance, use_vnorm : bool, default True
         Include the covariance term; multiply by :math:`\lVert v_j\rVert_2`.
     epsilon : float, default 0.0

@@ -14,8 +14,8 @@ from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from ..kernels import causal_mask
-from ._scores import top_budget
-from ._column_sums import column_sums
+from ..cache._scores import top_budget
+from ..cache._column_sums import column_sums
 from ._selection import gather_rows, real_ranks, safe_softmax, sparse_approximation
 
 __all__ = ["h2o", "H2O", "compress_h2o", "score_h2o"]

@@ -1,6 +1,6 @@
 r"""KeyDiff (Park et al., 2025): keep the keys least similar to the mean key direction.
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`), from the keys alone (kvpress's
+A per-key cache scorer (:mod:`approxlab.cache._scorers`), from the keys alone (kvpress's
 ``KeyDiffPress``).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, masked_mean
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish, masked_mean
 
 __all__ = ["keydiff_scores", "REGISTRATION", "KEYDIFF"]
 

@@ -1,13 +1,13 @@
 r"""Knorm (Devoto et al., EMNLP 2024): keep the keys of smallest :math:`\ell_2` norm.
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`): the score of key :math:`j` is
+A per-key cache scorer (:mod:`approxlab.cache._scorers`): the score of key :math:`j` is
 :math:`-\lVert k_j\rVert_2`, computed from the keys alone.
 """
 
 from __future__ import annotations
 
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish
 
 __all__ = ["knorm_scores", "REGISTRATION", "KNORM"]
 

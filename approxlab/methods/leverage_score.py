@@ -2,7 +2,7 @@ r"""Leverage scores of the keys (Chari and Van Durme, 2025; kvpress's ``Leverage
 that stand out geometrically, the rows of high ridge leverage in a Gaussian sketch of the centred pre-RoPE
 keys.
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`), query-agnostic and randomized.
+A per-key cache scorer (:mod:`approxlab.cache._scorers`), query-agnostic and randomized.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from .._validation import as_generator, check_bool, check_int, check_positive_float, check_tensor
-from ._cache_policy import cache_policy
+from ..cache._policy import cache_policy
 from .draws import DrawEntry
-from ._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean, masked_zscore
+from ..cache._scorers import FEATURES, check_context, check_extra_input, finish, masked_mean, masked_zscore
 from .expected_attention import before_rope, rotary_frequencies
 
 __all__ = ["key_leverage_scores", "sketch_draws", "REGISTRATION", "LEVERAGE_SCORE"]

@@ -14,7 +14,7 @@ import torch
 from .. import lsh
 from .._validation import as_generator, check_int
 from ._base import method
-from ._cache_policy import prompt_length_of
+from ..cache._policy import prompt_length_of
 from ._masking import check_key_mask
 from ._collision_sets import WORD_BITS, below, colliding_keys, pack_bits, unpack_bits
 from ._selection import logit_blocks, safe_softmax, sparse_approximation

@@ -1,14 +1,14 @@
 r"""Observed attention (kvpress's ``ObservedAttentionPress``): H2O's statistic, the attention each context
 key received from the context's queries, averaged over the queries that see it.
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`).
+A per-key cache scorer (:mod:`approxlab.cache._scorers`).
 """
 
 from __future__ import annotations
 
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish
-from ._column_sums import column_sums
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish
+from ..cache._column_sums import column_sums
 
 __all__ = ["observed_attention_scores", "REGISTRATION", "OBSERVED_ATTENTION"]
 
@@ -44,7 +44,7 @@ def observed_attention_scores(q, k, v, *, generator=None, key_mask=None):
     mean attention a key received. kvpress keeps no recent window; H2O does.
 
     **Cost**: the prefill's attention, :math:`O(n_c^2 p)`: the causal triangle of the logits in row blocks,
-    summed without forming the softmax weights (:func:`approxlab.methods._column_sums.column_sums`), memory
+    summed without forming the softmax weights (:func:`approxlab.cache._column_sums.column_sums`), memory
     :math:`O(n_c\cdot\text{block})`.
 
     References

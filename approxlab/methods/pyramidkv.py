@@ -1,18 +1,18 @@
 r"""PyramidKV (Cai et al., 2024): SnapKV's observation-window votes, with budgets decreasing from the bottom layer
 to the top.
 
-A score-based cache policy with ``layer_budgets="pyramid"`` (:mod:`approxlab.methods._allocation`): the scores
+A score-based cache policy with ``layer_budgets="pyramid"`` (:mod:`approxlab.cache._allocation`): the scores
 are SnapKV's (:func:`approxlab.methods.snapkv.score_snapkv`), and in :func:`approxlab.patch_attention`'s KV-cache
 setting layer :math:`l` of :math:`L` keeps :math:`b_l` tokens per head (its observation window included), a
-linear schedule with :math:`\sum_l b_l = L b` (:func:`approxlab.kv_budgets.pyramid_budgets`). On one layer
+linear schedule with :math:`\sum_l b_l = L b` (:func:`approxlab.cache.pyramid_budgets`). On one layer
 alone (:func:`approxlab.kv_cache_attention`, ``approximate(..., causal=True)``) there is no schedule: it is
 SnapKV with the budget :math:`b`.
 """
 
 from __future__ import annotations
 
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES
 from .snapkv import score_snapkv
 
 __all__ = ["REGISTRATION", "PYRAMIDKV"]

@@ -1,6 +1,6 @@
 r"""Random eviction: the floor every cache policy must beat (kvpress's ``RandomPress``).
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`): independent uniform scores, so the kept set
+A per-key cache scorer (:mod:`approxlab.cache._scorers`): independent uniform scores, so the kept set
 of a budget :math:`b` is a uniformly random :math:`b`-subset of the real tokens.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from .._validation import as_generator, check_tensor
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish
 from .draws import DrawEntry
 
 __all__ = ["random_scores", "REGISTRATION", "RANDOM"]

@@ -308,7 +308,7 @@ def register(name: str, function=None, *, target: str, features: str, max_featur
     if function is None and score is not None:  # a score alone: the whole policy, registered now
         _check_score_only(name, causal=causal, draw=draw, compress=compress, max_features=max_features,
                           differentiable=differentiable)
-        from ._cache_policy import cache_policy  # here: _cache_policy imports draws, which imports this module
+        from ..cache._policy import cache_policy  # here: the policy builder imports draws, which imports this module
 
         spec = cache_policy(name, score=score, target=target, features=features, randomized=randomized,
                             inputs=tuple(inputs), allocation=allocation, layer_budgets=layer_budgets)

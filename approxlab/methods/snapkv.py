@@ -16,7 +16,7 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
-from ._cache_policy import prompt_compressed, prompt_length_of
+from ..cache._policy import prompt_compressed, prompt_length_of
 from ._selection import safe_softmax
 
 __all__ = ["snapkv", "SNAPKV", "compress_snapkv", "score_snapkv", "POOLINGS"]

@@ -13,7 +13,7 @@ import torch
 from .._validation import check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
-from ._scores import top_budget
+from ..cache._scores import top_budget
 from ._selection import attend_selected, real_ranks, safe_softmax, selected_weights, sparse_approximation
 
 __all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "score_streaming_llm", "DEFAULT_SINKS"]

@@ -1,6 +1,6 @@
 r"""TOVA (Oren et al., 2024): keep the tokens the last query attends most (kvpress's ``TOVAPress``).
 
-A per-key cache scorer (:mod:`approxlab.methods._scorers`): the score of key :math:`j` is the attention
+A per-key cache scorer (:mod:`approxlab.cache._scorers`): the score of key :math:`j` is the attention
 the context's last query pays it; the last token itself is always kept.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from .._validation import check_bool
-from ._cache_policy import cache_policy
-from ._scorers import FEATURES, check_context, finish, last_real_query
+from ..cache._policy import cache_policy
+from ..cache._scorers import FEATURES, check_context, finish, last_real_query
 from ._selection import safe_softmax
 
 __all__ = ["tova_scores", "REGISTRATION", "TOVA"]

@@ -37,10 +37,11 @@ Typical use::
     patch.errors()                        # the layer's relative errors, per sequence and head
 """
 
+from .continuation import ERROR_INPUTS, Continuation
 from .key_tokens import KeyTokens, key_tokens
 from .likelihood import token_nll
 from .patch import AttentionPatch, patch_attention
-from .prefill import ERROR_INPUTS, Continuation, ExactPrefill, exact_prefill
+from .prefill import ExactPrefill, exact_prefill
 from .records import ERROR_MEASURES, LayerCall, output_errors
 from .replaying import replay
 from .sweep import sweep_policies

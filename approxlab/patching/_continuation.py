@@ -9,8 +9,8 @@ import torch
 
 from ..data.capture import check_call, query_factor
 from ..kernels import causal_mask
-from ..kv_cache import kept_for_query_heads
-from ..methods._selection import attend_compressed_rows
+from ..cache._grouping import kept_for_query_heads
+from ..cache._selection import attend_compressed_rows
 from ._layer import check_layer_call, kv_cache_call, padding_mask
 from .decoding import DecodingCache
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from ..attention import approximate, exact_attention
+from ..cache import kv_cache_attention
 from ..data.capture import check_call, query_factor, repeat_kv_heads
 from ..kernels import causal_mask
-from ..kv_cache import kv_cache_attention
 from .decoding import DecodingCache
 from .records import LayerCall, attention_measures
 

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 import torch
 
 from .._validation import check_choice, check_int
+from ..cache._allocation import LAYER_BUDGETS, PYRAMID_BETA, check_allocation, pyramid_budgets
+from ..cache._grouping import GROUPINGS
+from ..cache._scores import model_inputs
 from ..data.checkpoints import ARCHITECTURES, SUPPORTED, Architecture
 from ..data.layout import AttentionLayout, attention_module, get_attribute, layout_of, output_projection_of
 from ..data.models import LoadedModel
-from ..kv_cache import GROUPINGS
 from ..methods import registry
 from ..data.rope import rotary_frequencies_of_module
-from ..methods._allocation import LAYER_BUDGETS, PYRAMID_BETA, check_allocation, pyramid_budgets
 from ..methods._base import MASK_RENORMALISE, MethodSpec
-from ..methods._scores import model_inputs
 
 _RESERVED = ("q", "k", "v", "generator", "draw", "key_mask", "causal")
 """Keywords that patched attention sets itself, per layer and call."""
@@ -172,7 +172,7 @@ def check_grouping(grouping, context_length):
 
 
 def supplied_inputs(spec: MethodSpec, options: dict, target: Target, layers) -> dict:
-    """The options the model supplies to the method (:func:`approxlab.methods._scores.model_inputs`): the RoPE
+    """The options the model supplies to the method (:func:`approxlab.cache._scores.model_inputs`): the RoPE
     frequencies of the patched layers (``inv_freq``) to a policy that takes ``rope_base``/``rope_frequencies``
     and got neither; nothing from a model without RoPE. A required input it cannot supply is refused."""
     base = getattr(target.model, "base_model", target.model)

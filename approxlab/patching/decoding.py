@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import kv_cache_attention
+from ..cache import kv_cache_attention
+from ..cache._selection import attend_compressed_rows
 from ..methods._base import Approximation
-from ..methods._selection import attend_compressed_rows
 
 __all__ = ["DecodingCache"]
 

@@ -19,7 +19,7 @@ import torch
 
 from .._validation import as_generator, check_bool
 from ..methods import registry
-from ..methods._compression_ratio import cache_budget
+from ..cache._compression_ratio import cache_budget
 from . import _model
 from ._layer import PatchedLayer
 
@@ -338,7 +338,7 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
         The KV-cache setting's budget as kvpress states it (with ``context_length``, for a method with a
         compression step): the fraction :math:`r \in [0, 1)` of the context removed; every layer keeps
         :math:`\max(1, \lfloor n_c (1 - r)\rfloor)` context tokens per head, kvpress's rounding
-        (:func:`approxlab.kv_cache.kept_count`), which becomes ``num_features`` (PyramidKV's schedule spreads it
+        (:func:`approxlab.cache.kept_count`), which becomes ``num_features`` (PyramidKV's schedule spreads it
         over the layers as it does a count).
     generator : torch.Generator, optional
         A CPU generator; ``None``: a fresh, OS-seeded one. The random streams of the layers come from
@@ -369,7 +369,7 @@ def patch_attention(model, method: str, *, layers=None, num_features: int | None
         The KV-cache setting only, a cache policy's budget over the model's layers (default: the method's own;
         ``"pyramid"`` for ``pyramidkv``): ``"uniform"`` keeps ``num_features`` per head in every layer;
         ``"pyramid"`` gives layer :math:`l` of the model's :math:`L` layers PyramidKV's
-        :math:`b_l` (:func:`approxlab.kv_budgets.pyramid_budgets`, with the policy's observation window, its
+        :math:`b_l` (:func:`approxlab.cache.pyramid_budgets`, with the policy's observation window, its
         option ``window`` if it has one, kept at every layer), :math:`\sum_l b_l = L\,` ``num_features``;
         :attr:`AttentionPatch.budgets` holds them.
     pyramid_beta : float, optional

@@ -23,8 +23,8 @@ import time
 import torch
 
 from .._validation import check_int
-from ..kv_cache import kept_count
-from ..methods._column_sums import shared_column_sums
+from ..cache._column_sums import shared_column_sums
+from ..cache._compression_ratio import kept_count
 from .key_tokens import LCL_THRESHOLD, LSD_THRESHOLD
 from .likelihood import token_nll
 from .prefill import exact_prefill
@@ -71,7 +71,7 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
     ratios : sequence of float
         Compression ratios :math:`r \in [0, 1)` (kvpress's): each keeps
         :math:`b = \max(1, \lfloor n_c(1 - r)\rfloor)` context tokens per KV head
-        (:func:`approxlab.kv_cache.kept_count`).
+        (:func:`approxlab.cache.kept_count`).
     answer_length : int
         :math:`k`: the last ``k`` continuation tokens are the answer, generated greedily after the question.
     short_context : int, optional

@@ -303,7 +303,7 @@ def check_num_features(option: str, num_features: int, methods, lengths, *, at_m
 
 def ratio_budgets(ratios, context: int, option: str) -> dict[int, float]:
     """``{budget: ratio}``: each compression ratio's kept count of a context of ``context`` tokens
-    (:func:`approxlab.kv_cache.kept_count`, kvpress's rounding: max(1, int(n_c (1 - r)))), in increasing budget.
+    (:func:`approxlab.cache.kept_count`, kvpress's rounding: max(1, int(n_c (1 - r)))), in increasing budget.
 
     Raises
     ------
@@ -315,7 +315,7 @@ def ratio_budgets(ratios, context: int, option: str) -> dict[int, float]:
     >>> ratio_budgets([0.875, 0.5, 0.75], 1536, "--ratios")
     {192: 0.875, 384: 0.75, 768: 0.5}
     """
-    from ..kv_cache import kept_count
+    from ..cache import kept_count
 
     budgets = {}
     for ratio in sorted(ratios, reverse=True):

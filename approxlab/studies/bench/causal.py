@@ -121,9 +121,9 @@ def policies(methods=None) -> list[tuple[str, str]]:
 
 def _call(form: str, method: str, q, k, v, budget: int):
     from ...attention import approximate
-    from ...kv_cache import kv_cache_attention
+    from ...cache import kv_cache_attention
     from ...methods import get
-    from ...methods._scores import model_inputs
+    from ...cache._scores import model_inputs
 
     generator = torch.Generator().manual_seed(0)
     rope = model_inputs(get(method), {})  # random Q/K/V carry no RoPE: said to a RoPE-aware policy

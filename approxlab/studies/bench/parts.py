@@ -50,7 +50,7 @@ def approximation(config, method, q, k, v, n):
     :func:`timed_causal` says."""
     from ...attention import approximate
     from ...methods import get
-    from ...methods._scores import model_inputs
+    from ...cache._scores import model_inputs
 
     generator = torch.Generator().manual_seed(cell_seed(method, n, base_seed=config["seed"]))
     return approximate(method, q, k, v, num_features=min(config["num_features"], n), generator=generator,

@@ -17,9 +17,9 @@ import torch
 
 from ...assumptions import block_levels, measure_assumptions, relative_error_at_scale
 from ...attention import approximate
-from ...kv_cache import kv_cache_attention
+from ...cache import kv_cache_attention
 from ...methods import get
-from ...methods._scores import model_inputs
+from ...cache._scores import model_inputs
 from ...metrics import spectral_norm
 from ..engine.clock import Stopwatch
 from ..engine.failures import METHOD_ERRORS, method_status
@@ -186,7 +186,7 @@ def compute_kv_cache(cell: dict) -> list[dict]:
     and the continuation; :func:`approxlab.kv_cache_attention` gives the continuation's rows, compared with exact
     causal attention's rows :math:`n_c, \dots, n-1` (relative to their own spectral norm, per head). The captured
     ``q``, ``k`` are after RoPE: a policy that takes ``rope_base``/``rope_frequencies`` gets the model's rotary
-    ``inv_freq`` (:func:`approxlab.methods._scores.model_inputs`). The captured K/V are repeated to the query
+    ``inv_freq`` (:func:`approxlab.cache._scores.model_inputs`). The captured K/V are repeated to the query
     heads, and each query head keeps its own ``b`` tokens (``grouping="query-head"``, stated so that no
     :class:`~approxlab.errors.RepeatedKVWarning` is raised: the kept sets are the ones a per-KV-head default would
     give on these repeated heads). With budgets given as compression ratios

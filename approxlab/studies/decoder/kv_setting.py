@@ -83,7 +83,7 @@ KV_RATIOS = Option(("--kv-ratios",), "kv_ratios", "KV-cache setting: the budgets
 
 def ratio_budgets(ratios, context: int) -> dict[int, float]:
     """``{budget: ratio}``: each compression ratio's kept count of a context of ``context`` tokens
-    (:func:`approxlab.kv_cache.kept_count`, kvpress's rounding), in increasing budget.
+    (:func:`approxlab.cache.kept_count`, kvpress's rounding), in increasing budget.
 
     Raises
     ------

@@ -9,7 +9,7 @@ of every head (``allocation="uniform"``). The two schedules here spread the same
   from the bottom layer to the top, :math:`\sum_l b_l = L b` (PyramidKV).
 
 Heads then keep different numbers of tokens: :func:`kept_as_indices` writes such a kept set as the fixed-width
-indices and key mask that :func:`~approxlab.methods._selection.attend_compressed` reads.
+indices and key mask that :func:`~approxlab.cache.attend_compressed` reads.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def adakv_keep(scores: torch.Tensor, budget: int, *, alpha_safeguard: float = AL
     Examples
     --------
     >>> import torch
-    >>> from approxlab.kv_budgets import adakv_keep
+    >>> from approxlab.cache import adakv_keep
     >>> scores = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.1, 0.0, -0.1, -0.2]])  # head 0 dominates
     >>> adakv_keep(scores, 2, alpha_safeguard=0.5).sum(-1)  # 4 keys: 3 to head 0, the safeguard 1 to head 1
     tensor([3, 1])
@@ -175,7 +175,7 @@ def pyramid_budgets(num_layers: int, budget: int, *, beta: float = PYRAMID_BETA,
 
     Examples
     --------
-    >>> from approxlab.kv_budgets import pyramid_budgets
+    >>> from approxlab.cache import pyramid_budgets
     >>> pyramid_budgets(4, 100, beta=4)
     [175, 125, 75, 25]
     >>> pyramid_budgets(4, 100, beta=4, window=20)  # every layer keeps its window of 20

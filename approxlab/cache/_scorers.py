@@ -20,8 +20,8 @@ import torch
 
 from .._validation import check_qkv, check_tensor
 from ..linalg.scaling import balance
-from ._masking import check_key_mask
-from ._selection import real_ranks
+from ..methods._masking import check_key_mask
+from ..methods._selection import real_ranks
 
 __all__ = ["FEATURES", "Context", "check_context", "check_extra_input", "finish", "masked_mean", "masked_zscore",
            "last_real_query", "fit_sinks", "unit_scale"]

@@ -41,7 +41,7 @@ def kept_count(compression_ratio, context_length: int) -> int:
 
     Examples
     --------
-    >>> from approxlab.kv_cache import kept_count
+    >>> from approxlab.cache import kept_count
     >>> [kept_count(r, 4096) for r in (0.25, 0.5, 0.75, 0.875)]  # kvpress's leaderboard ratios at 4k tokens
     [3072, 2048, 1024, 512]
     >>> kept_count(0.9, 20), kept_count(0.999, 100)  # int() truncates 1.9999999999999996; at least one token

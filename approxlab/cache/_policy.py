@@ -15,7 +15,7 @@ Its rows :math:`i \ge P` are :func:`approxlab.kv_cache_attention` with ``context
 ``grouping="query-head"``: one kept set per head of the batch).
 
 :func:`prompt_compressed` computes that form from a kept set; :func:`cache_policy` turns a per-key score
-(:mod:`approxlab.methods._scores`) into a registered causal-only method whose kept set is the top ``b`` of
+(:mod:`approxlab.cache._scores`) into a registered causal-only method whose kept set is the top ``b`` of
 the scores of the prompt.
 """
 
@@ -27,11 +27,12 @@ import torch
 
 from .._validation import as_generator, check_int
 from ._allocation import ALPHA_SAFEGUARD, adakv_keep, check_alpha_safeguard, kept_as_indices
-from ._base import CAUSAL_ONLY, method
-from ._masking import check_key_mask
-from .draws import check_draw
+from ..methods._base import CAUSAL_ONLY, method
+from ..methods._masking import check_key_mask
+from ..methods._selection import selected_weights, sparse_approximation
+from ..methods.draws import check_draw
 from ._scores import score_options, scored_compress, scores_of
-from ._selection import attend_compressed, compressed_indices, selected_weights, sparse_approximation
+from ._selection import attend_compressed, compressed_indices
 
 __all__ = ["prompt_length_of", "prompt_compressed", "cache_policy"]
 
@@ -86,7 +87,7 @@ def prompt_compressed(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     :class:`~approxlab.methods.Approximation` named ``name`` with ``output`` ``(*batch, n, p_v)``, a
     row-sparse operator formed on request, and ``info`` (``prompt_length`` added). ``later_mask`` ``(*batch, n)``
     bool, when given, is the key mask of the rows after the prompt instead of ``key_mask``: with heads that keep
-    different numbers of tokens, :func:`~approxlab.methods._allocation.kept_as_indices`'s (the slots a head
+    different numbers of tokens, :func:`~approxlab.cache._allocation.kept_as_indices`'s (the slots a head
     left over hidden).
 
     **Cost**: the prompt's causal attention (:math:`O(P^2 p)`, the prefill's own) and :math:`O((n-P)(b + n - P)p)`
@@ -146,7 +147,7 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
     sample)``, ``sample(generator)`` the float64 CPU tensor that the score function would draw, handed to it
     as the option named by the key (:func:`approxlab.methods.draw`, ``approximate(..., draw=...)``).
 
-    ``allocation="adakv"`` (:mod:`approxlab.methods._allocation`) makes the causal form keep AdaKV's top
+    ``allocation="adakv"`` (:mod:`approxlab.cache._allocation`) makes the causal form keep AdaKV's top
     ``H * min(b, P)`` scores of the ``H`` heads of dimension -3 jointly (``q`` ``(*batch, H, n, p)``; a ``q``
     without that dimension is one head), with an option ``alpha_safeguard`` (default 0.2), and ``info["kept"]``
     the ``(*batch, P)`` bool kept set; it is also the default ``allocation`` of the KV-cache setting for this
@@ -221,7 +222,7 @@ def cache_policy(name: str, *, score, target: str = "softmax", features: str, ra
                         + ("(per head on average, AdaKV's allocation over the heads of dimension -3) " if adaptive
                            else "")
                         + f"(:func:`{score.__module__}.{score.__name__}`), then decoded "
-                        "(:mod:`approxlab.methods._cache_policy`)."
+                        "(:mod:`approxlab.cache._policy`)."
                         + (f" It needs from the model: {', '.join(f'``{i}``' for i in inputs)}." if inputs else "")
                         + (_ADAKV_EXAMPLES if adaptive else _EXAMPLES).format(
                             name=name, rope=", rope_frequencies=None" if "rope_base" in inputs else ""))

@@ -23,7 +23,7 @@ import torch
 
 from ..kernels import causal_mask, softmax_matrix
 from ._scorers import FEATURES, check_context, finish
-from .registry import get, register
+from ..methods.registry import get, register
 
 __all__ = ["from_press", "PressModule"]
 
@@ -45,7 +45,7 @@ class PressModule(torch.nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from approxlab.methods.press import PressModule
+    >>> from approxlab.methods import PressModule
     >>> module = PressModule(4, 16)
     >>> module.head_dim, module.config.num_key_value_heads, module.config.hidden_size, module.rotary_emb
     (16, 4, 64, None)

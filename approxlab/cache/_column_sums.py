@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ._selection import block_rows
+from ..methods._selection import block_rows
 
 __all__ = ["column_sums", "shared_column_sums"]
 
