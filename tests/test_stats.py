@@ -344,3 +344,43 @@ def test_permutation_test_counts_ties_at_the_scale_of_the_values():
     small = [0.1, 0.2, 0.3]
     assert stats.permutation_test(small, [0.3, 0.1, 0.2]) == 1.0
     assert stats.permutation_test(np.float32([1.0, 2.0]), (3, 4)) == pytest.approx(2 / 6)
+
+
+def _permutation_by_enumeration(first, second, alternative):
+    """Every split listed (the test's definition), for the check below."""
+    import itertools
+
+    pooled, size = np.concatenate([first, second]), len(first)
+    observed, total = np.mean(first) - np.mean(second), pooled.sum()
+    tie = 4 * pooled.size * np.finfo(float).eps * np.abs(pooled).max()
+    sign = {"two-sided": 0, "less": -1, "greater": 1}[alternative]
+    extreme = count = 0
+    for chosen in itertools.combinations(range(pooled.size), size):
+        part = pooled[list(chosen)].sum()
+        difference = part / size - (total - part) / (pooled.size - size)
+        extreme += int(abs(difference) >= abs(observed) - tie if sign == 0 else sign * difference >= sign * observed - tie)
+        count += 1
+    return extreme / count
+
+
+@pytest.mark.parametrize("alternative", ["two-sided", "less", "greater"])
+def test_the_permutation_test_counts_what_listing_every_split_counts(alternative):
+    """Meeting in the middle counts the same splits as listing them, ties (repeated integers) included."""
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        n1, n2 = rng.integers(1, 8, size=2)
+        if trial % 3 == 0:
+            first, second = rng.integers(0, 4, n1).astype(float), rng.integers(0, 4, n2).astype(float)
+        else:
+            first, second = rng.normal(size=n1), rng.normal(size=n2) + rng.normal()
+        assert stats.permutation_test(first, second, alternative=alternative) == pytest.approx(
+            _permutation_by_enumeration(first, second, alternative), abs=1e-12)
+
+
+def test_the_permutation_test_takes_thirteen_units_a_group_and_refuses_too_many():
+    """13 seeds a task (10,400,600 splits) is counted exactly; beyond PERMUTATION_UNITS the error says so."""
+    from approxlab.stats.verdicts import PERMUTATION_UNITS
+
+    assert stats.permutation_test(np.arange(13.0), np.arange(13.0) + 100) == pytest.approx(2 / math.comb(26, 13))
+    with pytest.raises(ValueError, match="at most 40 units"):
+        stats.permutation_test(np.zeros(PERMUTATION_UNITS), np.ones(1))

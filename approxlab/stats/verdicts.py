@@ -148,10 +148,16 @@ def permutation_test(first, second, *, alternative: str = "two-sided") -> float:
     :math:`\binom{n_1+n_2}{n_1}` splits of the pooled values whose difference of means (first minus second) is
     at least as extreme as the observed one (no normality assumed; exact under exchangeability of the units).
     ``alternative``: ``"two-sided"`` (as far from 0), ``"less"`` (as low) or ``"greater"`` (as high).
-    ``first`` and ``second``: one-dimensional, one finite real number per unit, at least one each (a NaN or
-    an inf is refused: it has no mean, and would make every split look as extreme, or none). Splits whose
-    difference lies within the rounding of the sums, :math:`4 N \epsilon \max_i |x_i|` for :math:`N` pooled
-    values, count as ties (as extreme).
+    ``first`` and ``second``: one-dimensional, one finite real number per unit, at least one each, at most
+    :data:`PERMUTATION_UNITS` together (a NaN or an inf is refused: it has no mean, and would make every split
+    look as extreme, or none). Splits whose difference lies within the rounding of the sums,
+    :math:`4 N \epsilon \max_i |x_i|` for :math:`N` pooled values, count as ties (as extreme).
+
+    Every split is counted, not sampled, by meeting in the middle: the difference of means is increasing in the
+    first group's sum :math:`s` (:math:`\bar x_1 - \bar x_2 = s (1/n_1 + 1/n_2) - \sum_i x_i / n_2`), so a split is
+    as extreme when :math:`s` is beyond one or two thresholds; the pooled values are cut in two halves, the sums of
+    every subset of each half are listed by size (:math:`2^{N/2}` each) and sorted, and the splits of each size
+    pair are counted by binary search.
 
     Examples
     --------
@@ -161,21 +167,42 @@ def permutation_test(first, second, *, alternative: str = "two-sided") -> float:
     0.0022
     """
     alternative = choice(alternative, "alternative", ("two-sided", "less", "greater"))
-    import itertools
-
     first, second = unit_values(first, "first"), unit_values(second, "second")
     pooled, size = np.concatenate([first, second]), first.size
-    if math.comb(pooled.size, size) > 2_000_000:
-        raise ValueError(f"`first` and `second` give {math.comb(pooled.size, size):,} splits; at most 2,000,000 "
-                         "are enumerated.")
-    sign = {"two-sided": 0, "less": -1, "greater": 1}[alternative]
+    if pooled.size > PERMUTATION_UNITS:
+        raise ValueError(f"`first` and `second` must hold at most {PERMUTATION_UNITS} units together (the exact "
+                         f"test lists 2^(N/2) subset sums per half); got {first.size} + {second.size}.")
+    other = pooled.size - size
     observed, total = first.mean() - second.mean(), pooled.sum()
     tie = 4 * pooled.size * np.finfo(float).eps * float(np.abs(pooled).max())  # the sums' rounding
-    extreme = count = 0
-    for chosen in itertools.combinations(range(pooled.size), size):
-        part = pooled[list(chosen)].sum()
-        difference = part / size - (total - part) / (pooled.size - size)
-        extreme += int(abs(difference) >= abs(observed) - tie if sign == 0 else
-                       sign * difference >= sign * observed - tie)
-        count += 1
-    return float(extreme / count)
+    slope = 1.0 / size + 1.0 / other  # difference = slope * s - total / other
+    high = (abs(observed) - tie + total / other) / slope if alternative == "two-sided" else \
+        (observed - tie + total / other) / slope  # s >= high is as extreme (as high)
+    low = (-abs(observed) + tie + total / other) / slope if alternative == "two-sided" else \
+        (observed + tie + total / other) / slope  # s <= low is as extreme (as low)
+    left, right = _subset_sums(pooled[: pooled.size // 2]), _subset_sums(pooled[pooled.size // 2:])
+    extreme = 0
+    for k, sums in left.items():
+        partner = right.get(size - k)
+        if partner is None:
+            continue
+        if alternative in ("two-sided", "greater"):
+            extreme += int((partner.size - np.searchsorted(partner, high - sums, side="left")).sum())
+        if alternative in ("two-sided", "less"):
+            extreme += int(np.searchsorted(partner, low - sums, side="right").sum())
+    if alternative == "two-sided" and abs(observed) <= tie:  # every split within the ties: counted twice above
+        return 1.0
+    return float(min(1.0, extreme / math.comb(pooled.size, size)))
+
+
+PERMUTATION_UNITS = 40
+"""The most units :func:`permutation_test` takes (both groups together): two halves of at most 2^20 subset sums."""
+
+
+def _subset_sums(values: np.ndarray) -> dict[int, np.ndarray]:
+    """The sum of every subset of ``values``, by subset size, each sorted."""
+    count = values.size
+    masks = np.arange(2**count, dtype=np.int64)
+    bits = ((masks[:, None] >> np.arange(count)) & 1).astype(bool)
+    sums, sizes = bits @ values if count else np.zeros(1), bits.sum(axis=1)
+    return {int(k): np.sort(sums[sizes == k]) for k in np.unique(sizes)}
