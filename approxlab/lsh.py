@@ -179,10 +179,10 @@ def hash_codes(x: torch.Tensor, hyperplanes: torch.Tensor) -> torch.Tensor:
 
 
 def _byte_codes(bits: torch.Tensor) -> torch.Tensor:
-    r""":math:`\sum_t 2^t b_t` of the ``(..., tau)`` bool ``bits`` (``tau <= 8``) as ``(...)`` int64, by word operations:
-    the bits (one byte each, padded to 8) read as one little-endian int64 hold :math:`b_t` at bit :math:`8t`, and
-    three shift-or-mask steps gather them into bits :math:`0..7` (pairs, then fours, then the byte). The same
-    integers as the product with the powers of two, about ten times faster on CPU (no float copy of the bits)."""
+    r""":math:`\sum_t 2^t b_t` of the ``(..., tau)`` bool ``bits`` (``tau <= 8``) as ``(...)`` int64, by word
+    operations: the bits (one byte each, padded to 8) read as one little-endian int64 hold :math:`b_t` at bit
+    :math:`8t`, and three shift-or-mask steps gather them into bits :math:`0..7` (pairs, then fours, then the
+    byte). The same integers as the product with the powers of two, without its float copy of the bits."""
     tau = bits.shape[-1]
     data = bits.contiguous().view(torch.uint8)
     if tau < 8:

@@ -28,8 +28,8 @@ r"""Default ``max_samples`` of :func:`vattention`: the most tail samples a query
 :math:`O(n \min(m, 512))` variates (``(*batch, n, min(m, 512))``) instead of :math:`O(nm)`; a query whose sample
 size exceeds it attends its tail exactly (no error; the guarantee holds). With :math:`m \le 512` the draw is the
 former one, variate for variate. Before, the default was None (no cap but the tail's size): the ``(*batch, n, m)``
-float64 uniforms of that draw alone cost about 4x fused causal SDPA at :math:`n = m = 8192` (one thread), every
-other step of the method together about 4.5x. sparse-attention-hub's ``AdaptiveSamplingMasker`` clamps each query's
+float64 uniforms of that draw alone cost about 4x fused causal SDPA at :math:`n = m = 8192` (one thread;
+``benchmarks/results/sampling_methods.md``). sparse-attention-hub's ``AdaptiveSamplingMasker`` clamps each query's
 budget to :math:`[1, N_T]` and draws exactly :math:`\sum_i b_i` indices (``torch.randint``) once the budgets are
 known, with no cap of its own; a draw fixed before the sample sizes are known (one that can be handed over and
 shared, :func:`draw_uniforms`) needs a width, and this is it. A result computed with the uncapped draw is
@@ -369,9 +369,9 @@ class _Blocks:
         ranked = logits
         if local.shape[-1]:
             ranked = logits.clone().scatter_(-1, local.clamp(min=0), float("-inf"))
-        values, top = row_topk(ranked, min(self.heavy, width))
+        values, top = row_topk(ranked, min(self.heavy, width), sorted=False)  # the set: its order is not used
         top = top.masked_fill(~torch.isfinite(values), -1)
-        peak = values[..., :1]
+        peak = values.amax(-1, keepdim=True)
         if local.shape[-1]:
             peak = torch.maximum(peak, near.amax(-1, keepdim=True))
         peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
