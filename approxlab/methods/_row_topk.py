@@ -78,10 +78,11 @@ def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Ten
         clean = torch.isfinite(top).all(-1) & (top[..., 1:] < top[..., :-1]).all(-1)
         top, where = top[..., :k], where[..., :k]
     else:  # drop each row's smallest of the k + 1; clean where it is below all k others
-        keep = top > top.amin(-1, keepdim=True)
-        clean = torch.isfinite(top).all(-1) & (keep.sum(-1) == k)
-        keep = torch.where(clean.unsqueeze(-1), keep, torch.arange(k + 1, device=x.device) < k)
-        top, where = top[keep].view(*top.shape[:-1], k), where[keep].view(*where.shape[:-1], k)
+        low, lowest = top.min(-1, keepdim=True)
+        clean = torch.isfinite(top).all(-1) & ((top > low).sum(-1) == k)
+        slots = torch.arange(k, device=x.device)
+        slots = slots + (slots >= lowest)  # every position of the k + 1 but the smallest's
+        top, where = top.gather(-1, slots), where.gather(-1, slots)
     inside = where < c * (k + 1)
     slot = torch.where(inside, where, torch.zeros_like(where))
     indices = torch.where(inside, torch.gather(chosen, -1, slot % (k + 1)) + groups * (slot // (k + 1)),
