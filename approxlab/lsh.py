@@ -26,6 +26,7 @@ References
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import torch
@@ -170,8 +171,26 @@ def hash_codes(x: torch.Tensor, hyperplanes: torch.Tensor) -> torch.Tensor:
             bits = _certified_signs(x, flat, x32, planes32[..., start * tau : (start + h) * tau, :])
         else:
             bits = x @ flat.transpose(-1, -2) > 0  # (*batch, n, h * tau)
-        codes.append((bits.reshape(*bits.shape[:-1], h, tau).to(pack) @ weights).to(torch.int64))
+        if tau <= 8 and sys.byteorder == "little":
+            codes.append(_byte_codes(bits.reshape(*bits.shape[:-1], h, tau)))
+        else:
+            codes.append((bits.reshape(*bits.shape[:-1], h, tau).to(pack) @ weights).to(torch.int64))
     return torch.cat(codes, dim=-1).transpose(-1, -2)  # (*batch, m, n)
+
+
+def _byte_codes(bits: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sum_t 2^t b_t` of the ``(..., tau)`` bool ``bits`` (``tau <= 8``) as ``(...)`` int64, by word
+    operations: the bits (one byte each, padded to 8) read as one little-endian int64 hold :math:`b_t` at bit
+    :math:`8t`, and three shift-or-mask steps gather them into bits :math:`0..7` (pairs, then fours, then the
+    byte). The same integers as the product with the powers of two, without its float copy of the bits."""
+    tau = bits.shape[-1]
+    data = bits.contiguous().view(torch.uint8)
+    if tau < 8:
+        data = torch.nn.functional.pad(data, (0, 8 - tau))
+    word = data.contiguous().view(torch.int64).squeeze(-1)
+    for shift, mask in ((7, 0x0003000300030003), (14, 0x0000000F0000000F), (28, 0xFF)):
+        word = torch.bitwise_right_shift(word, shift).bitwise_or_(word).bitwise_and_(mask)
+    return word
 
 
 def _certified_signs(x: torch.Tensor, w: torch.Tensor, x32: torch.Tensor, w32: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,10 @@ def test_bench_cli_smoke(tmp_path, capsys):
     causal = wide[wide["part"] == "causal"]
     assert {"torch-sdpa-causal", "causal/h2o", "causal/quest", "causal/topk", "causal/vattention", "causal/magicpig",
             "kv-cache/snapkv"} <= set(causal["algorithm"])
+    # one cell per (n, policy): its policy and the fused baseline, timed in turn; the math path in a cell of its own
+    cells = results[results["part"] == "causal"].groupby(["n", "method"])["algorithm"].agg(lambda a: sorted(set(a)))
+    assert cells[(64, "causal/topk")] == ["causal/topk", "torch-sdpa-causal"]
+    assert cells[(48, "torch-sdpa-causal-math")] == ["torch-sdpa-causal", "torch-sdpa-causal-math"]
     assert (causal.dropna(subset=["ratio_vs_sdpa"])["ratio_vs_sdpa"] > 0).all()
     assert "## Causal forms against fused causal SDPA (4-D)" in summary and "| `causal/streaming-llm` | " in summary
     before = (out / "results.csv").read_bytes()
@@ -256,14 +260,61 @@ def test_a_policy_that_raises_is_a_failed_row_of_the_causal_part(fresh_registry,
     def raises(q, k, v, *, num_features, generator=None, causal=True):
         raise RuntimeError("the plugin's own bug")
 
-    rows = causal_rows({"config": {"causal_budget": 8, "seed": 0, "repeats": 1}, "n": 32, "device": "cpu"})
+    config = {"causal_budget": 8, "seed": 0, "repeats": 1}
+    rows = [{"method": name, **row} for name in ("causal/raises", "causal/h2o")
+            for row in causal_rows({"config": config, "n": 32, "method": name, "device": "cpu"})]
     frame = pd.DataFrame(rows).assign(part="causal", n=32)
+    assert frame.loc[frame["method"] == "causal/raises", "algorithm"].tolist() == ["causal/raises"]  # no SDPA row
     failed = frame[frame["algorithm"] == "causal/raises"]
     assert len(failed) == 1 and failed["failed"].iloc[0] == 1 and "wall_s" not in failed.dropna(axis=1)
     assert "causal/raises failed at n=32: RuntimeError: the plugin's own bug" in capsys.readouterr().err
     assert frame.loc[frame["algorithm"] == "causal/h2o", "ratio_vs_sdpa"].notna().all()
     text = "\n".join(causal_lines(frame))
     assert "`causal/raises` | failed at n = 32" in text
+
+
+def test_the_causal_part_has_one_cell_per_length_and_policy_on_the_same_tensors_per_length(monkeypatch):
+    """The causal part was one cell per n timing every policy in turn (re-timing one method re-ran all, about an
+    hour): one cell per (n, policy) and one for the math path per n, every cell of one n on the same Q, K, V."""
+    from approxlab.studies.bench import causal
+    from approxlab.studies.bench.grid import build_cells, build_config
+
+    config = build_config(quick=True, parts=["causal"], causal_n=[32, 48], causal_budget=8)
+    cells = build_cells(config, {"device": "cpu"})
+    names = causal.cell_methods()
+    assert [(cell["n"], cell["method"]) for cell in cells] == [(n, name) for n in (32, 48) for name in names]
+    assert names[0] == causal.MATH_PATH and {"causal/topk", "kv-cache/h2o"} <= set(names)
+    seen = {}
+
+    def call(form, method, q, k, v, budget):
+        seen[form, method, q.shape[-2]] = q.clone()
+        return lambda: v
+
+    monkeypatch.setattr(causal, "_call", call)
+    for cell in cells[1:3] + cells[len(names) + 1:len(names) + 3]:
+        rows = causal.causal_rows({**cell, "config": {**config, "repeats": 1}})
+        assert [row["algorithm"] for row in rows] == [causal.SDPA, cell["method"]] and rows[1]["ratio_vs_sdpa"] > 0
+    (first, second), (third, fourth) = list(seen.values())[:2], list(seen.values())[2:]
+    assert torch.equal(first, second) and torch.equal(third, fourth) and first.shape != third.shape
+
+
+def test_the_causal_summary_leaves_out_the_former_per_length_cells():
+    """A table saved with the former cells (method ``policies``, every policy in one cell per n) is not mixed
+    with the new cells' rows: the summary leaves those rows out and says how to drop them."""
+    from approxlab.studies.bench.causal import FORMER_CELLS, MATH_PATH, SDPA, causal_lines
+
+    common = {"part": "causal", "n": 64, "num_features": 8}
+    rows = [{**common, "method": FORMER_CELLS, "algorithm": SDPA, "wall_s": 1.0},
+            {**common, "method": FORMER_CELLS, "algorithm": "causal/topk", "wall_s": 9.0, "ratio_vs_sdpa": 9.0},
+            {**common, "method": "causal/topk", "algorithm": SDPA, "wall_s": 1.0},
+            {**common, "method": "causal/topk", "algorithm": "causal/topk", "wall_s": 2.0, "ratio_vs_sdpa": 2.0},
+            {**common, "method": MATH_PATH, "algorithm": SDPA, "wall_s": 1.0},
+            {**common, "method": MATH_PATH, "algorithm": MATH_PATH, "wall_s": 3.0, "ratio_vs_sdpa": 3.0}]
+    text = "\n".join(causal_lines(pd.DataFrame(rows)))
+    assert "| `causal/topk` | 2.00 | 2.00 (<= 3x) |" in text and "9.00" not in text
+    assert "Left out: the rows of the former cells (method `policies`" in text and "at n = 64;" in text
+    former = "\n".join(causal_lines(pd.DataFrame(rows[:2])))
+    assert "Left out" in former and "| `causal/topk`" not in former
 
 
 def test_an_error_method_that_raises_is_a_failed_cell_and_the_report_is_written(tmp_path, capsys, fresh_registry):
@@ -314,10 +365,12 @@ def test_the_causal_section_states_the_load_under_which_each_n_was_timed():
 
     import pandas as pd
 
-    from approxlab.studies.bench.causal import causal_lines
+    from approxlab.studies.bench.causal import FORMER_CELLS, causal_lines
     from approxlab.studies.bench.report import _wide
 
     results = pd.read_csv(pathlib.Path(__file__).parents[1] / "figures" / "bench" / "results.csv")
+    former = results["method"] == FORMER_CELLS  # a run with the former cells: each algorithm as a cell of its own
+    results.loc[former, "method"] = results.loc[former, "algorithm"]
     text = "\n".join(causal_lines(_wide(results)))
     line = next(line for line in text.splitlines() if line.startswith("1-minute load average"))
     assert "at n = 2048" in line and "at n = 8192" in line and "CPU time" in line

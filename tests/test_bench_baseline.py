@@ -50,9 +50,11 @@ def test_the_causal_part_times_causal_sdpa_on_the_fused_kernel(monkeypatch):
     math path, 6.2x the fused kernel at n = 4,096 on one thread."""
     from approxlab.studies.bench import causal
 
-    monkeypatch.setattr(causal, "policies", lambda methods=None: [])  # the baseline alone
+    monkeypatch.setattr(causal, "policies", lambda methods=None: [])  # the baseline and the math path alone
+    assert causal.cell_methods() == [causal.MATH_PATH]
     with fused_only():
-        rows = causal.causal_rows({"config": {"causal_budget": 8, "seed": 0, "repeats": 1}, "n": 64, "device": "cpu"})
+        rows = causal.causal_rows({"config": {"causal_budget": 8, "seed": 0, "repeats": 1}, "n": 64,
+                                   "method": causal.MATH_PATH, "device": "cpu"})
     assert [row["algorithm"] for row in rows] == [causal.SDPA, causal.MATH_PATH] and rows[0]["wall_s"] > 0
 
 

@@ -270,3 +270,36 @@ def test_kv_budgets_as_compression_ratios(llama, cache, tmp_path, capsys):
             status = exit_.code
         err = capsys.readouterr().err
         assert status == 2 and message in err and "Traceback" not in err, err
+
+
+def test_vattention_error_cells_keep_the_uncapped_draw_of_the_committed_results(monkeypatch):
+    """vAttention's default draw is capped at 512 variates per query (``MAX_SAMPLES``); the decoder's committed
+    vattention cells (n = 768 to 4,096) were computed with the uncapped one: its error cells pass
+    ``max_samples=None``, the other methods their defaults, so the committed rows re-derive."""
+    from approxlab.methods.vattention import MAX_SAMPLES
+    from approxlab.synthetic import synthetic_qkv
+
+    n = 600  # above the cap: the capped and the uncapped draws differ
+    q, k, v = (x.double() for x in synthetic_qkv((1,), n, 8, generator=torch.Generator().manual_seed(0)))
+    exact = approxlab.exact_attention(q, k, v, causal=True)
+    monkeypatch.setattr(decoder_cells, "_reference", lambda cell: {
+        "q": q, "k": k, "v": v, "output": exact, "output_norm": exact.norm(dim=(-2, -1)), "checkpoint": "synthetic"})
+    seen = []
+
+    def spy(method, *args, **kwargs):
+        seen.append((method, kwargs))
+        return approxlab.approximate(method, *args, **kwargs)
+
+    monkeypatch.setattr(decoder_cells, "approximate", spy)
+    cell = {"condition": "pretrained", "n": n, "layer": 0, "window": 0, "base_seed": 0, "num_features": [8],
+            "seeds": [0], "causal": True}
+    rows = {method: decoder.compute_errors({**cell, "method": method})[0] for method in ("vattention", "topk")}
+    assert MAX_SAMPLES == 512 and seen[0][1]["max_samples"] is None and "max_samples" not in seen[1][1]
+    generator = seen[0][1]["generator"].manual_seed(seen[0][1]["generator"].initial_seed())
+    uncapped = approxlab.approximate("vattention", q, k, v, num_features=8, causal=True, max_samples=None,
+                                     generator=generator).output
+    capped = approxlab.approximate("vattention", q, k, v, num_features=8, causal=True,
+                                   generator=generator.manual_seed(generator.initial_seed())).output
+    assert rows["vattention"]["status"] == "ok" and not torch.equal(capped, uncapped)
+    error = float(approxlab.metrics.spectral_norm(uncapped - exact).max())
+    assert rows["vattention"]["error_max"] == pytest.approx(error, rel=1e-12)

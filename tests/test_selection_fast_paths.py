@@ -58,6 +58,28 @@ def test_row_topk_breaks_ties_and_handles_infinities_as_torch_topk(dtype):
     _assert_same_topk(some, 12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_topk_unsorted_gives_torch_topks_entries_as_a_set(dtype):
+    """``sorted=False`` (vAttention's fixed keys): each row's values and indices are ``torch.topk``'s, in another
+    order -- on Gaussian rows (the unsorted selection), on ties inside and at the boundary of the k, infinities and
+    NaN (``torch.topk`` on those rows), and on rows too narrow for the groups."""
+    g = gen(2)
+    some = torch.randn(4, 9, 1100, generator=g, dtype=dtype)
+    some[0, :, 50:55] = some[0, :, 0:1] + 9.0  # five equal largest entries: inside the k, the set is one
+    some[1, :, 100:] = -math.inf
+    some[2, 1, 17] = math.nan
+    some[3, :, ::2] = some[3, :, 1::2]  # every value twice: ties at the boundary
+    for x, k in ((some, 12), (torch.randint(-4, 5, (2, 5, 700), generator=g).to(dtype), 12),
+                 (torch.randn(2, 3, 150, generator=g, dtype=dtype), 16)):
+        values, indices = row_topk(x, k, sorted=False)
+        reference = x.topk(k, dim=-1)
+        order = indices.argsort(-1)
+        assert torch.equal(indices.gather(-1, order), reference.indices.sort(-1).values)
+        torch.testing.assert_close(values.gather(-1, order), reference.values.gather(-1, reference.indices.argsort(-1)),
+                                   rtol=0, atol=0, equal_nan=True)
+    assert not torch.equal(row_topk(some, 12, sorted=False)[1], some.topk(12, dim=-1).indices)  # not sorted
+
+
 def _former_selection(monkeypatch):
     """The selection done by ``torch.topk`` on each row block, as before the fast path."""
     monkeypatch.setattr("approxlab.methods._selection.row_topk", lambda x, k: x.topk(k, dim=-1))

@@ -84,6 +84,17 @@ def test_hash_codes_match_float64_projections():
     assert torch.equal(lsh.hash_codes(x, shared), _float64_codes(x, shared))
 
 
+@pytest.mark.parametrize("tau", range(1, 11))
+def test_hash_codes_pack_every_width_of_bits_as_the_definition(tau):
+    """Codes of at most 8 bits are packed by word operations on the bits' bytes (``lsh._byte_codes``), wider ones
+    by the product with the powers of two: both the definition's integers, float64 and float32 inputs."""
+    g = _gen(30 + tau)
+    x = torch.randn(2, 50, 16, generator=g, dtype=torch.float64)
+    planes = lsh.draw_hyperplanes((2,), 9, tau, 16, generator=g)
+    assert torch.equal(lsh.hash_codes(x, planes), _float64_codes(x, planes))
+    assert torch.equal(lsh.hash_codes(x.float(), planes), _float64_codes(x.float(), planes.float()))
+
+
 @pytest.mark.parametrize("scale", [1.0, 1e-300, 1e300])
 def test_hash_codes_keep_float64_signs_below_float32_resolution(scale):
     """Projections of size 1e-9 (relative), far below float32's rounding of about 1e-6 but

@@ -37,9 +37,14 @@ narrower rows go to ``torch.topk`` whole (the groups would not pay for themselve
 15.1 ms (c = 8)."""
 
 
-def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.topk(k, dim=-1)`` (largest, sorted) for ``x`` ``(*batch, rows, w)``: ``(values, indices)`` ``(*batch,
     rows, k)``, the same tensors bit for bit (see the module docstring).
+
+    ``sorted=False``: the same ``k`` entries of each row, values and indices, in an unspecified order (a caller
+    that needs the set, not its order): the candidates' ``k + 1`` largest are selected without sorting them, and a
+    row is answered here when its ``k``-th and ``(k+1)``-th largest differ (ties inside the ``k`` leave the set
+    unique), else by ``torch.topk``.
 
     Examples
     --------
@@ -52,12 +57,12 @@ def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if x.requires_grad and torch.is_grad_enabled():  # select without a graph; the values gathered with one
         with torch.no_grad():
-            indices = row_topk(x.detach(), k)[1]
+            indices = row_topk(x.detach(), k, sorted=sorted)[1]
         return torch.gather(x, -1, indices), indices
     w = x.shape[-1]
     c = GROUP_COLUMNS if w >= 4 * GROUP_COLUMNS * (k + 1) else GROUP_COLUMNS // 2
     if w < 12 * (k + 1) or c < 2 or x.numel() == 0:
-        return x.topk(k, dim=-1)
+        return x.topk(k, dim=-1, sorted=sorted)
     groups = w // c
     maxima = torch.maximum(x[..., :groups], x[..., groups:2 * groups])
     for r in range(2, c):
@@ -68,14 +73,21 @@ def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     candidates = torch.gather(slices, -1, chosen.unsqueeze(-2).expand(*chosen.shape[:-1], c, k + 1)).flatten(-2)
     if w > groups * c:  # the columns past the last whole group are candidates too (at the end)
         candidates = torch.cat([candidates, x[..., groups * c:]], dim=-1)
-    top, where = _packed_topk(candidates, bounds.amin(-1, keepdim=True), k + 1)
-    clean = torch.isfinite(top).all(-1) & (top[..., 1:] < top[..., :-1]).all(-1)
-    where = where[..., :k]
+    top, where = _packed_topk(candidates, bounds.amin(-1, keepdim=True), k + 1, sorted=sorted)
+    if sorted:
+        clean = torch.isfinite(top).all(-1) & (top[..., 1:] < top[..., :-1]).all(-1)
+        top, where = top[..., :k], where[..., :k]
+    else:  # drop each row's smallest of the k + 1; clean where it is below all k others
+        low, lowest = top.min(-1, keepdim=True)
+        clean = torch.isfinite(top).all(-1) & ((top > low).sum(-1) == k)
+        slots = torch.arange(k, device=x.device)
+        slots = slots + (slots >= lowest)  # every position of the k + 1 but the smallest's
+        top, where = top.gather(-1, slots), where.gather(-1, slots)
     inside = where < c * (k + 1)
     slot = torch.where(inside, where, torch.zeros_like(where))
     indices = torch.where(inside, torch.gather(chosen, -1, slot % (k + 1)) + groups * (slot // (k + 1)),
                           where - c * (k + 1) + groups * c)
-    values = top[..., :k]
+    values = top
     if not bool(clean.all()):  # ties, too few finite entries, NaN: the reference on those rows
         rows = (~clean).nonzero(as_tuple=True)
         reference = x[rows].topk(k, dim=-1)
@@ -84,10 +96,11 @@ def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, indices
 
 
-def _packed_topk(candidates: torch.Tensor, threshold: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``candidates.topk(k, dim=-1)`` for rows with at least ``k`` entries at least ``threshold`` ``(..., 1)``:
-    those entries are packed to the left of a narrower block (-inf after them) before ``torch.topk``; the
-    positions returned are the candidates' own. A row with fewer gets -inf values (then not clean)."""
+def _packed_topk(candidates: torch.Tensor, threshold: torch.Tensor, k: int,
+                 sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``candidates.topk(k, dim=-1, sorted=sorted)`` for rows with at least ``k`` entries at least ``threshold``
+    ``(..., 1)``: those entries are packed to the left of a narrower block (-inf after them) before ``torch.topk``;
+    the positions returned are the candidates' own. A row with fewer gets -inf values (then not clean)."""
     reach = candidates >= threshold
     slot = reach.cumsum(-1)
     width = max(k, int(slot[..., -1].amax()))  # the most entries of a row that reach the threshold
@@ -97,5 +110,5 @@ def _packed_topk(candidates: torch.Tensor, threshold: torch.Tensor, k: int) -> t
     packed.scatter_(-1, slot, candidates)
     positions = torch.zeros(shape, dtype=torch.long, device=candidates.device)
     positions.scatter_(-1, slot, torch.arange(candidates.shape[-1], device=candidates.device).expand_as(slot))
-    top, where = packed[..., 1:].topk(k, dim=-1)
+    top, where = packed[..., 1:].topk(k, dim=-1, sorted=sorted)
     return top, torch.gather(positions[..., 1:], -1, where)

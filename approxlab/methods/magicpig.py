@@ -63,6 +63,21 @@ def sampling_probability(cosine: torch.Tensor, *, bits: int, tables: int, min_co
     return torch.where(certain, torch.ones_like(u), -torch.expm1(log_below))
 
 
+def _log_sampling_probability(cosine: torch.Tensor, *, bits: int, tables: int, min_collisions: int) -> torch.Tensor:
+    r""":math:`\log P` of :func:`sampling_probability` in ``cosine``'s dtype, in place on fresh intermediates
+    (``-inf`` where :math:`P = 0`): the sampled pairs' weights in :class:`_Decode`. For :math:`t \le 2` the closed
+    forms :math:`\log(1 - P) = L\log(1-u)` (:math:`t = 1`) and :math:`(L-1)\log(1-u) + \log(1 + (L-1)u)`
+    (:math:`t = 2`, the same sum as :func:`sampling_probability`'s, :math:`1 + Lu/(1-u)` times :math:`(1-u)`), in
+    a third of its passes over the pairs; :math:`u = 1` gives :math:`\log(1 - P) = -\infty`, :math:`P = 1`."""
+    if min_collisions > 2:
+        return torch.log(sampling_probability(cosine, bits=bits, tables=tables, min_collisions=min_collisions))
+    u = torch.arccos(cosine.clamp(-1.0, 1.0)).mul_(-1.0 / math.pi).add_(1.0).pow_(bits)  # lsh.collision_probability
+    log_below = torch.log1p(u.neg()).mul_(tables - min_collisions + 1)
+    if min_collisions == 2:
+        log_below.add_(u.mul_(tables - 1).log1p_())
+    return log_below.expm1_().neg_().log_()
+
+
 def draw_tables(q, k, *, num_features, generator=None, bits=8, **options):
     r"""The random draw of :func:`magicpig`: ``L`` tables of ``bits`` Gaussian hyperplanes each.
 
@@ -177,8 +192,9 @@ def magicpig(q, k, v, *, num_features, generator=None, bits=8, min_collisions=No
     torch's fused kernel (or, with a key mask, the row-blocked softmax). For each row block of the other rows the
     logits against the keys the block can see come from one product; the cosine of each sampled pair from its
     logit, :math:`\langle q_i, k_j - \bar k\rangle = \sqrt p\, s_{ij} - \langle q_i, \bar k\rangle`; the
-    sampling probabilities of the sampled pairs only; and the output from one product of the block's
-    coefficients with the values. The operator is formed on request, from the same blocks. The float64
+    logarithms of the sampled pairs' sampling probabilities only (closed forms for ``min_collisions`` <= 2:
+    :func:`_log_sampling_probability`); and the output from one product of the block's coefficients with the
+    values. The operator is formed on request, from the same blocks. The float64
     implementation that formed every cosine and probability densely is kept as the reference of
     ``tests/test_sampling_fast_paths.py``: the same sampled sets and outputs to float32 rounding (to 1e-12 in
     float64). ``benchmarks/sampling_methods.py`` times the causal form against torch's fused causal SDPA (its
@@ -330,14 +346,16 @@ class _Decode:
         norms = self.query_norms[..., start - self.first:stop - self.first].reshape(-1).index_select(0, row)
         norms = norms * self.key_norms.view(-1).index_select(0, (row // rows) * m + key)
         cosine = (logit * math.sqrt(p) - centre) / norms.clamp(min=self.tiny)
-        probability = sampling_probability(cosine, **self.options) if row.numel() else torch.ones_like(cosine)
-        drawn = probability > 0
+        log_probability = _log_sampling_probability(cosine, **self.options)
+        drawn = log_probability > -math.inf
         if not bool(drawn.all()):  # a probability that rounds to 0: never sampled
-            row, flat, logit, probability = row[drawn], flat[drawn], logit[drawn], probability[drawn]
-        weighted = logit - torch.log(probability.clamp(min=self.tiny))
+            row, flat, logit, log_probability = row[drawn], flat[drawn], logit[drawn], log_probability[drawn]
+        weighted = logit - log_probability.clamp_(min=math.log(self.tiny))
         fixed_row, fixed_flat, fixed = self._fixed_keys(start, stop, columns)
-        values = torch.cat([logits.view(-1).index_select(0, fixed_flat), weighted])
-        every_row, every_flat = torch.cat([fixed_row, row]), torch.cat([fixed_flat, flat])
+        values, every_row, every_flat = weighted, row, flat
+        if fixed_row.numel():  # sinks or a window: their entries first (no copy of the sampled ones without)
+            values = torch.cat([logits.view(-1).index_select(0, fixed_flat), weighted])
+            every_row, every_flat = torch.cat([fixed_row, row]), torch.cat([fixed_flat, flat])
         peak = torch.zeros(heads * rows, dtype=q.dtype, device=q.device).scatter_reduce_(
             0, every_row, values, "amax", include_self=False)
         coefficients = logits.zero_()

@@ -23,24 +23,32 @@ from .draws import DrawEntry, check_draw
 __all__ = ["vattention", "VATTENTION", "sample_size", "draw_uniforms", "draw_width", "MAX_SAMPLES"]
 
 
-MAX_SAMPLES = None
-r"""Default ``max_samples`` of :func:`vattention`: None, no cap but the tail's size, so a generator draws the
-``(*batch, n, m)`` variates every committed result was computed with. ``max_samples=512`` caps the draw at
-:math:`O(n \min(m, 512))` random numbers instead of :math:`O(nm)` (at :math:`n = m = 8192` the uncapped draw alone
-costs about 4x fused causal SDPA); its draw is another array for :math:`m > 512`, so its outputs differ from the
-uncapped ones on the same seed."""
+MAX_SAMPLES = 512
+r"""Default ``max_samples`` of :func:`vattention`: the most tail samples a query draws, so a generator draws
+:math:`O(n \min(m, 512))` variates (``(*batch, n, min(m, 512))``) instead of :math:`O(nm)`; a query whose sample
+size exceeds it attends its tail exactly (no error; the guarantee holds). With :math:`m \le 512` the draw is the
+former one, variate for variate. Before, the default was None (no cap but the tail's size): the ``(*batch, n, m)``
+float64 uniforms of that draw alone cost about 4x fused causal SDPA at :math:`n = m = 8192` (one thread;
+``benchmarks/results/sampling_methods.md``). sparse-attention-hub's ``AdaptiveSamplingMasker`` clamps each query's
+budget to :math:`[1, N_T]` and draws exactly :math:`\sum_i b_i` indices (``torch.randint``) once the budgets are
+known, with no cap of its own; a draw fixed before the sample sizes are known (one that can be handed over and
+shared, :func:`draw_uniforms`) needs a width, and this is it. A result computed with the uncapped draw is
+reproduced with ``max_samples=None`` (the decoder study passes it, for its committed cells at n = 768 to 4,096:
+``approxlab.studies.decoder.cells.METHOD_OPTIONS``)."""
 
 
 def draw_uniforms(q, k, *, num_features, generator=None, max_samples=MAX_SAMPLES, **options):
     r"""The random draw of :func:`vattention`: ``{"uniform": (*batch, n, w) float64}``, i.i.d. uniform on [0, 1),
-    :math:`w = \min(m, \text{max\_samples})` (:func:`draw_width`; ``m`` when ``max_samples`` is None).
+    :math:`w = \min(m, \text{max\_samples})` (:func:`draw_width`; ``m`` when ``max_samples`` is None;
+    ``max_samples`` defaults to :data:`MAX_SAMPLES`, 512).
 
     Query :math:`i`'s ``r``-th tail sample is the tail key of rank :math:`\lfloor N_T u_{ir}\rfloor` (keys in
     increasing position); a query never draws more than :math:`\min(N_T - 1, w)` samples (when its sample size
     reaches :math:`N_T` or exceeds :math:`w` its tail is attended exactly), so :math:`w` variates per query are
     enough. Drawn on the CPU in float64 (memory :math:`O(nw)`), then moved to ``q.device``; the other
     ``options`` are ignored (the sample sizes depend on the data, the variates do not). With :math:`m \le w`
-    the draw is ``(*batch, n, m)``, the variates drawn before ``max_samples`` existed.
+    the draw is ``(*batch, n, m)``, the variates drawn before ``max_samples`` existed (and with
+    ``max_samples=None`` for any ``m``).
 
     Examples
     --------
@@ -110,11 +118,11 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         Keys ``0 .. sink - 1`` attended exactly by every query (attention sinks).
     window : int, default 0
         Keys :math:`i - \text{window} < j \le i` attended exactly by query :math:`i` (the local window).
-    max_samples : int or None, default None
+    max_samples : int or None, default 512
         The most tail samples a query draws (``>= 1``; :data:`MAX_SAMPLES`): a query whose sample size
         :math:`b_i` exceeds it attends its tail exactly, as one whose :math:`b_i` reaches the tail's size does
         (no error; the guarantee holds). None: no cap but the tail's size (the draw then holds ``m`` variates per
-        query, as before this option).
+        query: the default before 512, which the results computed then need to re-derive at ``m > 512``).
     draw : dict, optional
         ``{"uniform": (*batch, n, min(m, max_samples))}`` from :func:`draw_uniforms`, used instead of
         ``generator``.
@@ -361,9 +369,9 @@ class _Blocks:
         ranked = logits
         if local.shape[-1]:
             ranked = logits.clone().scatter_(-1, local.clamp(min=0), float("-inf"))
-        values, top = row_topk(ranked, min(self.heavy, width))
+        values, top = row_topk(ranked, min(self.heavy, width), sorted=False)  # the set: its order is not used
         top = top.masked_fill(~torch.isfinite(values), -1)
-        peak = values[..., :1]
+        peak = values.amax(-1, keepdim=True)
         if local.shape[-1]:
             peak = torch.maximum(peak, near.amax(-1, keepdim=True))
         peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))

@@ -60,12 +60,13 @@ head 0, one contiguous window of ``n`` tokens):
    per-query selection methods (``topk``, ``topp``, ``quest``) and of every cache policy in the registry
    (causal-only methods through ``approximate(..., causal=True)``, methods with a compression step or a
    cache scorer also through :func:`approxlab.kv_cache_attention`), 3 heads, head dimension 64, float32,
-   budget ``--causal-budget`` (128), timed in turn with torch's causal SDPA on its fused kernel (one 4-D
-   ``(1, 3, n, 64)`` call, :mod:`.baseline`) in one run: each ratio, each growth exponent in n with its
-   interval, and the targets at the largest n (streaming-llm <= 0.5x, quest <= 2x, topk/topp <= 3x,
+   budget ``--causal-budget`` (128), one cell per n and policy, each timing its policy in turn with torch's causal
+   SDPA on its fused kernel (one 4-D ``(1, 3, n, 64)`` call, :mod:`.baseline`) on the same tensors: each ratio,
+   each growth exponent in n with its interval, and the targets at the largest n (streaming-llm <= 0.5x, quest <= 2x, topk/topp <= 3x,
    magicpig/vattention <= 5x, every other cache policy <= 1.5x; exponent <= 1.1 for streaming-llm, quest,
    h2o) met or not, with the reason; beside them the unfused math path (the 3-D call that was the part's
-   former baseline), to say what it overstated; :mod:`.causal`.
+   former baseline, a cell of its own per n), to say what it overstated; :mod:`.causal` (which also says how to
+   time one method again).
 
 The fused blocked path (``block-lanczos``)
 -------------------------------------------

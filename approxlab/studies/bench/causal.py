@@ -1,12 +1,13 @@
 r"""The ``causal`` part of ``approxlab bench``: the sparse and KV-cache methods against fused causal SDPA (4-D).
 
-One cell per n (``--causal-n``; default 2048, 2896, 4096, 5792, 8192; ``--quick``: 128, 256, 512): Q, K, V of 3
-heads, head dimension 64, float32, standard normal entries (seeded per n), a budget of
-:math:`b` = ``--causal-budget`` keys per query (128; ``--quick``: 16). Torch's causal
-``scaled_dot_product_attention`` on its fused kernel (:func:`~.baseline.torch_sdpa`: one 4-D call, the
-three heads as ``(1, 3, n, 64)``) and every policy are timed in turn in that cell
-(:func:`~.timing.measure_interleaved`, on the bench's ``--threads``, one by default), so each ratio
-policy / causal SDPA is measured in one run. The policies come from the registry (:func:`policies`):
+One cell per n (``--causal-n``; default 2048, 2896, 4096, 5792, 8192; ``--quick``: 128, 256, 512) and policy
+(:func:`cell_methods`): Q, K, V of 3 heads, head dimension 64, float32, standard normal entries (seeded per n, so
+every cell of one n times the same tensors), a budget of :math:`b` = ``--causal-budget`` keys per query (128;
+``--quick``: 16). Each cell times torch's causal ``scaled_dot_product_attention`` on its fused kernel
+(:func:`~.baseline.torch_sdpa`: one 4-D call, the three heads as ``(1, 3, n, 64)``) and its one policy in turn
+(:func:`~.timing.measure_interleaved`, on the bench's ``--threads``, one by default), so each ratio policy /
+causal SDPA is measured in one run against the baseline on the same tensors. The policies come from the registry
+(:func:`policies`); a cell's ``method`` is ``<form>/<method>``:
 
 * ``causal/<method>``: ``approximate(method, q, k, v, num_features=b, causal=True)`` for the per-query
   selection methods with a causal form of their own (:data:`SELECTION_METHODS`) and every causal-only
@@ -16,11 +17,28 @@ policy / causal SDPA is measured in one run. The policies come from the registry
   window, for every method registered with a compression step (``compress=``) or a cache scorer
   (``score=``), so a policy registered later is timed without a change here.
 
-Each method's growth exponent in n is fitted to its median times (:func:`~.growth.growth_exponent`, with
-its 95% interval), and :data:`TARGETS` are marked met or not, with the reason where not, in ``summary.md``
-(:func:`causal_lines`). Torch's causal SDPA on its unfused math path (the 3-D call that was the part's baseline
-before, :data:`MATH_PATH`) is timed in the same turns, so the summary says by how much that baseline overstated
-causal SDPA's time at each n. See :mod:`approxlab.studies.bench`.
+A policy that raises is its cell's one failed row (``failed`` 1, the error on stderr); the other cells are timed.
+Torch's causal SDPA on its unfused math path (the 3-D call that was the part's baseline before, :data:`MATH_PATH`)
+is a cell of its own per n, timed in turn with the fused baseline, so the summary says by how much that baseline
+overstated causal SDPA's time at each n. Each method's growth exponent in n is fitted to its median times
+(:func:`~.growth.growth_exponent`, with its 95% interval), and :data:`TARGETS` are marked met or not, with the
+reason where not, in ``summary.md`` (:func:`causal_lines`; the baseline's time at each n is the median over its
+cells). See :mod:`approxlab.studies.bench`.
+
+Re-timing one method
+--------------------
+A cell is the unit of resume: the bench computes the cells its results table lacks and keeps the others. To time
+one method again (after a change to it), drop its cells from the saved table and rerun the run's command (the
+same options, so the same config hash); only those cells are computed, each again against the fused baseline::
+
+    from approxlab.studies.engine.store import read_results, write_table
+    table = read_results("figures/bench/results.csv")
+    again = (table["part"] == "causal") & table["method"].isin(["causal/vattention", "kv-cache/vattention"])
+    write_table(table[~again], "figures/bench/results.csv", ("part", "n", "method"))
+
+A table saved before the part had one cell per policy holds one cell per n of method ``policies`` (every policy
+timed in it): :func:`causal_lines` leaves those rows out and says so; drop them the same way (``table["method"] ==
+"policies"``) and rerun to time the policies in their own cells.
 """
 
 from __future__ import annotations
@@ -36,7 +54,7 @@ from .growth import growth_exponent
 from .timing import measure_interleaved
 
 __all__ = ["SELECTION_METHODS", "TARGETS", "SCORER_TARGET", "PREFILL_TARGET", "EXPONENT_TARGETS", "HEADS", "HEAD_DIM",
-           "BASELINE", "target", "policies", "causal_rows", "causal_lines"]
+           "BASELINE", "target", "policies", "cell_methods", "causal_rows", "causal_lines"]
 
 HEADS, HEAD_DIM = 3, 64
 """The heads and head dimension of the part's Q, K, V."""
@@ -88,8 +106,11 @@ SDPA = "torch-sdpa-causal"
 
 MATH_PATH = "torch-sdpa-causal-math"
 """Torch's causal SDPA on its unfused math path, the 3-D ``(heads, n, p)`` call that was the part's baseline
-before it went through :func:`~.baseline.torch_sdpa`: timed beside it so that the summary says how much the
-former baseline overstated (no target; no policy is compared with it)."""
+before it went through :func:`~.baseline.torch_sdpa`: a cell of its own per n, timed in turn with it so that the
+summary says how much the former baseline overstated (no target; no policy is compared with it)."""
+
+FORMER_CELLS = "policies"
+"""The ``method`` of the part's former cells, one per n timing every policy in turn (see the module docstring)."""
 
 
 def _math_path(q, k, v):
@@ -135,40 +156,47 @@ def _call(form: str, method: str, q, k, v, budget: int):
                                       generator=generator, **rope).output
 
 
-def causal_rows(cell: dict, methods=None) -> list[dict]:
-    """Rows of one ``causal`` cell (one n): causal SDPA, then ``<form>/<method>`` with ``ratio_vs_sdpa`` (the policies
-    of ``methods`` only, when given: :func:`policies`)."""
+def cell_methods(methods=None) -> list[str]:
+    """The ``method`` of each cell of one n, in the order they run: :data:`MATH_PATH`, then ``<form>/<method>`` of
+    every policy (:func:`policies`; those of ``methods`` only, when given).
+
+    Examples
+    --------
+    >>> cell_methods(["streaming-llm"])
+    ['torch-sdpa-causal-math', 'causal/streaming-llm', 'kv-cache/streaming-llm']
+    """
+    return [MATH_PATH, *(f"{form}/{method}" for form, method in policies(methods))]
+
+
+def causal_rows(cell: dict) -> list[dict]:
+    """Rows of one ``causal`` cell (one n, one of :func:`cell_methods`): causal SDPA, then the cell's policy
+    ``<form>/<method>`` (or :data:`MATH_PATH`) with ``ratio_vs_sdpa`` and ``cpu_ratio_vs_sdpa``; a policy that
+    raises: its one failed row."""
     from ..engine.keys import cell_seed
 
-    config, n, device = cell["config"], cell["n"], cell["device"]
+    config, n, device, name = cell["config"], cell["n"], cell["device"], cell["method"]
     budget = min(int(config["causal_budget"]), n)
     generator = torch.Generator().manual_seed(cell_seed("causal", n, base_seed=config["seed"]))
     q, k, v = (torch.randn(HEADS, n, HEAD_DIM, generator=generator).to(device) for _ in range(3))
     sdpa = lambda: torch_sdpa(q, k, v, causal=True)  # noqa: E731 (on the fused kernel: one 4-D call)
-    sdpa()  # the warm-up call; a policy's warm-up call is also its check
-    math = _math_path(q, k, v)
-    math()
     common = {"heads": HEADS, "p": HEAD_DIM, "num_features": budget, "compute_dtype": "float32"}
-    timed, failed = [], []
-    for form, method in policies(methods):
+    if name == MATH_PATH:
+        function = _math_path(q, k, v)
+    else:
+        form, method = name.split("/", 1)
         function = _call(form, method, q, k, v, budget)
-        try:
-            function()
-            timed.append(((form, method), function))
-        except METHOD_ERRORS as error:  # the method's failure: a failed row (the error on stderr, as the
-            # forward part says it), the others are timed
-            print(f"approxlab bench: {form}/{method} failed at n={n}: {method_status(method, error)}",
-                  file=sys.stderr)
-            failed.append({"algorithm": f"{form}/{method}", **common, "failed": 1.0})
-    base, unfused, *measured = measure_interleaved([sdpa, math, *(function for _, function in timed)],
-                                                   repeats=int(config["repeats"]), warmup=0, device=device)
-    rows = [{"algorithm": SDPA, **common, **base.as_row()},
-            {"algorithm": MATH_PATH, **common, **unfused.as_row(), "ratio_vs_sdpa": unfused.wall_s / base.wall_s,
-             "cpu_ratio_vs_sdpa": unfused.cpu_s / base.cpu_s}]
-    for ((form, method), _), m in zip(timed, measured):
-        rows.append({"algorithm": f"{form}/{method}", **common, **m.as_row(), "ratio_vs_sdpa": m.wall_s / base.wall_s,
-                     "cpu_ratio_vs_sdpa": m.cpu_s / base.cpu_s})
-    return rows + failed
+    sdpa()  # the warm-up call; the policy's warm-up call is also its check
+    try:
+        function()
+    except METHOD_ERRORS as error:  # the method's failure: the cell's failed row (the error on stderr, as the
+        # forward part says it)
+        print(f"approxlab bench: {name} failed at n={n}: {method_status(name.split('/', 1)[-1], error)}",
+              file=sys.stderr)
+        return [{"algorithm": name, **common, "failed": 1.0}]
+    base, measured = measure_interleaved([sdpa, function], repeats=int(config["repeats"]), warmup=0, device=device)
+    return [{"algorithm": SDPA, **common, **base.as_row()},
+            {"algorithm": name, **common, **measured.as_row(), "ratio_vs_sdpa": measured.wall_s / base.wall_s,
+             "cpu_ratio_vs_sdpa": measured.cpu_s / base.cpu_s}]
 
 
 def _verdict(form: str, method: str, ratios: dict, exponent) -> str:
@@ -195,8 +223,10 @@ def causal_lines(wide, planned=None) -> list[str]:
     target (its largest n measured is not the one the targets are set at) and says which n are left to resume.
     """
     rows = wide[wide["part"] == "causal"]
+    former = rows[rows["method"] == FORMER_CELLS] if "method" in rows else rows.iloc[:0]
+    rows = rows.drop(former.index)
     if rows.empty or "wall_s" not in rows:
-        return []
+        return [f"## Causal forms against {BASELINE}", "", *_former_cells_lines(former)] if len(former) else []
     failed = rows[rows["failed"] == 1] if "failed" in rows else rows.iloc[:0]
     rows = rows.drop(failed.index)
     ns = sorted({int(n) for n in rows["n"]})
@@ -218,6 +248,7 @@ def causal_lines(wide, planned=None) -> list[str]:
              "quadratic in n, like SDPA).", "",
              *([f"**A partial run**: n = {', '.join(map(str, left))} of its grid not measured yet (the same "
                 "command resumes it); no target is judged below the grid's largest n.", ""] if left else []),
+             *_former_cells_lines(former),
              f"| policy | time / {BASELINE} at n = " + ", ".join(str(n) for n in ns) + f" | at n = {ns[-1]}: ratio "
              "(target) | the same in CPU time | growth exponent [95%] | met |", "|---|---|---|---|---|---|"]
     sdpa = rows[rows["algorithm"] == SDPA].groupby("n")["wall_s"].median()
@@ -247,6 +278,16 @@ def causal_lines(wide, planned=None) -> list[str]:
         lines += ["", f"Met: {len(verdicts) - len(missed)} of {len(verdicts)} policies; not met: "
                   + (", ".join(f"`{algorithm}`" for algorithm in missed) or "none") + "."]
     return lines + ["", *_load_lines(rows, ns), *_former_baseline_lines(rows, ns)]
+
+
+def _former_cells_lines(former) -> list[str]:
+    """The note on the rows of a table saved with the part's former cells (:data:`FORMER_CELLS`), left out."""
+    if not len(former):
+        return []
+    return [f"Left out: the rows of the former cells (method `{FORMER_CELLS}`, every policy timed in one cell per n) "
+            f"at n = {', '.join(str(int(n)) for n in sorted(set(former['n'])))}; drop them from results.csv and "
+            "rerun the same command to time each policy in its own cell (the docstring of "
+            "`approxlab.studies.bench.causal` says how).", ""]
 
 
 def _load_lines(rows, ns) -> list[str]:

@@ -16,6 +16,7 @@ from .. import checks, options
 from ..declaration import Option
 from ..option_types import int_at_least, relative_tolerance
 from ..options import NUM_FEATURES, Flatten, int_list, nonnegative_int, positive_int
+from .causal import cell_methods
 from .ratios import RATIOS
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "PARTS", "DTYPES", "OPTIONS", "KEY_COLUMNS", "build_config", "configure",
@@ -176,7 +177,8 @@ def build_config(*, quick: bool = False, **overrides) -> dict:
 
 
 def build_cells(config: dict, settings: dict) -> list[dict]:
-    """One cell per (part, n, method), in the order they run (small n first)."""
+    """One cell per (part, n, method), in the order they run (small n first); the causal part's methods are its
+    policies, each ``<form>/<method>``, and its math path (:func:`~.causal.cell_methods`)."""
     common = {"config": config, **settings}
     cells = []
     if "accuracy" in config["parts"]:
@@ -199,7 +201,8 @@ def build_cells(config: dict, settings: dict) -> list[dict]:
         cells += [{"part": "patch", "n": int(n), "method": method, **common}
                   for n in config["patch_n"] for method in config["patch_methods"]]
     if "causal" in config["parts"]:
-        cells += [{"part": "causal", "n": int(n), "method": "policies", **common} for n in config["causal_n"]]
+        cells += [{"part": "causal", "n": int(n), "method": name, **common}
+                  for n in config["causal_n"] for name in cell_methods()]
     return cells
 
 

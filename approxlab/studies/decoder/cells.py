@@ -27,13 +27,20 @@ from ..engine.keys import cell_seed
 from ..inputs import wikitext
 from .grid import ASSUMPTION_KEY, KV_KEY, RESULT_KEY
 
-__all__ = ["NEAR_ZERO_ROW", "ASSUMPTIONS", "LEVELS", "RESULTS", "KV_CACHE", "PERFORMER", "compute_window",
-           "compute_assumptions", "compute_errors", "compute_kv_cache", "compute_performer", "level_rows"]
+__all__ = ["NEAR_ZERO_ROW", "METHOD_OPTIONS", "ASSUMPTIONS", "LEVELS", "RESULTS", "KV_CACHE", "PERFORMER",
+           "compute_window", "compute_assumptions", "compute_errors", "compute_kv_cache", "compute_performer",
+           "level_rows"]
 
 ASSUMPTIONS, LEVELS, RESULTS, KV_CACHE, PERFORMER = ("assumptions.csv", "levels.csv", "results.csv", "kv_cache.csv",
                                                      "performer.csv")
 NEAR_ZERO_ROW = 1e-3
 """A masked row sum is near zero when ``|sum| <= NEAR_ZERO_ROW * median |sums|`` of its head."""
+
+METHOD_OPTIONS = {"vattention": {"max_samples": None}}
+"""Options beside a method's library defaults that every error cell of the method passes, so that the committed
+results re-derive (not in the config: its hash is unchanged): vAttention's uncapped draw, ``(heads, n, n)``
+variates, its default before :data:`approxlab.methods.vattention.MAX_SAMPLES` capped it at 512 (the committed
+cells at n = 768 to 4,096 were computed with it)."""
 
 
 def _source(cell) -> wikitext.Window:
@@ -160,8 +167,9 @@ def _measured(method: str, run, output, output_norm) -> tuple[dict, object]:
 def _one(cell, ref, d, seed) -> dict:
     """The row of one approximation (d, seed) of an error cell."""
     generator = _generator(*(cell[c] for c in RESULT_KEY), d, seed, base_seed=cell["base_seed"])
+    options = METHOD_OPTIONS.get(cell["method"], {})
     row, approx = _measured(cell["method"], lambda: approximate(cell["method"], ref["q"], ref["k"], ref["v"], num_features=d,
-                                                generator=generator, causal=cell["causal"]),
+                                                generator=generator, causal=cell["causal"], **options),
                             ref["output"], ref["output_norm"])
     return {"num_features": d, "seed": seed, "checkpoint": ref["checkpoint"],
             "causal_form": "mask-renormalise" if cell["causal"] == "mask-renormalise" else "causal", **row,
