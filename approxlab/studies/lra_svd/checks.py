@@ -231,5 +231,5 @@ def bug_check_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, 
         _input_line(config),
         "", "Sensitivity of the difference (Pathfinder minus ListOps, per index) to the statistic, over the "
         "gate-passing seeds, with Welch's plain 95% interval (reported, not judged):", "",
-        *markdown_table(rows, formats={"difference": "{:+.4f}"}, default=str), "",
+        *markdown_table(rows, formats={"difference": "{:+.4f}"}, default=str),
     ]
