@@ -150,7 +150,9 @@ def _setting_lines(config) -> list[str]:
         "Easier instances than LRA's, so that the 2-layer model learns within the budget: ListOps trees no "
         "deeper than stated (LRA: 10), and Pathfinder dots drawn at their own intensity (LRA's dots are discs, "
         "larger than the dashes; here a 1-pixel plus, which only its intensity tells from a path) on shorter "
-        "paths (by default 5-10 pixels on this canvas).",
+        "paths (by default 5-10 pixels on this canvas). Pathfinder's images also differ from LRA's in kind: 3 paths "
+        "(fewer than Pathfinder-32's), dashes with fixed gaps, no anti-aliasing (intensities 0, the dots' and 255 "
+        "only; see `approxlab.tasks.pathfinder`).",
         f"- Model: the paper's 2-layer softmax encoder (embedding {config['model']['embedding_dim']}, "
         f"feed-forward {config['model']['hidden_dim']}, {config['model']['num_heads']} heads), dropout "
         f"{config['dropout']:g} (no attention dropout).",
