@@ -34,7 +34,8 @@ when at least :data:`MIN_SEEDS` seeds of each task pass; otherwise nothing is sa
 ordering.
 
 The declaration :data:`STUDY`: the grid (:mod:`.grid`), one cell per (task, seed) that writes its rows
-of all three tables (:mod:`.cells`), and the report (:mod:`.report`). Tables:
+of all three tables (:mod:`.cells`), and the report (:mod:`.report`, with its checks against our own bug,
+:mod:`.checks`). Tables:
 ``results.csv`` (per task and seed: steps, final validation accuracy and its size,
 majority-class rate, gate, passed, test-batch accuracy, decay slope mean and std over the batch,
 seconds), ``spectra.csv`` (per task, seed and index: mean, min and max over the batch of

@@ -14,6 +14,7 @@ from ...stats.calibration import IntervalFamily
 from ..reporting import calibrated, changes, claims, measured
 from ..reporting.markdown import markdown_table
 from ... import stats
+from . import checks
 from .grid import (DECAY_INDICES, DECLARED_SEEDS, MEASURE_DTYPE, MIN_SEEDS, RESULTS, SECONDS_PER_SEED, SMALLEST_EFFECT,
                    SPECTRA, TRAINING)
 
@@ -149,7 +150,9 @@ def _setting_lines(config) -> list[str]:
         "Easier instances than LRA's, so that the 2-layer model learns within the budget: ListOps trees no "
         "deeper than stated (LRA: 10), and Pathfinder dots drawn at their own intensity (LRA's dots are discs, "
         "larger than the dashes; here a 1-pixel plus, which only its intensity tells from a path) on shorter "
-        "paths (by default 5-10 pixels on this canvas).",
+        "paths (by default 5-10 pixels on this canvas). Pathfinder's images also differ from LRA's in kind: 3 paths "
+        "(fewer than Pathfinder-32's), dashes with fixed gaps, no anti-aliasing (intensities 0, the dots' and 255 "
+        "only; see `approxlab.tasks.pathfinder`).",
         f"- Model: the paper's 2-layer softmax encoder (embedding {config['model']['embedding_dim']}, "
         f"feed-forward {config['model']['hidden_dim']}, {config['model']['num_heads']} heads), dropout "
         f"{config['dropout']:g} (no attention dropout).",
@@ -187,6 +190,7 @@ def summary_lines(config: dict, results: pd.DataFrame, spectra: pd.DataFrame, tr
             _seeds_run_line(config, results),
             "", "## Against Appendix B (\"Pathfinder decays slower than ListOps\")", "", _ordering_text(verdict),
             "", *_coverage_lines(verdict), *_changes_lines(verdict),
+            *checks.bug_check_lines(config, results, spectra, training),
             "", *_resolution_lines(spectra, config["model"]["embedding_dim"], measure_dtype(config)),
             "Figure 4's curves are not given as numbers in the paper (and its models were trained to LRA "
             "accuracy on a GPU), so only the pre-declared slope comparison is made.", "",
@@ -245,22 +249,30 @@ def resolution_floor(columns: int, dtype: str = MEASURE_DTYPE) -> float:
 
 
 def _resolution_lines(spectra: pd.DataFrame, columns: int, dtype: str = MEASURE_DTYPE) -> list[str]:
-    """Per task and seed: where the mean spectrum falls below :func:`resolution_floor` of the measuring dtype."""
+    r"""Per task and seed: where the batch's mean and its smallest :math:`\sigma_j/\sigma_1` (``spectra.csv``'s
+    ``min``: at least one example, whose own slope enters the batch's mean slope) fall below
+    :func:`resolution_floor` of the measuring dtype."""
     floor = resolution_floor(columns, dtype)
     first, last = DECAY_INDICES
-    parts = []
-    for (task, n, seed), curve in spectra.groupby(["task", "n", "seed"], sort=False):
-        window = curve[(curve["index"] >= first) & (curve["index"] <= last)]
-        below = curve.loc[curve["mean"] < floor, "index"]
-        parts.append(f"{_label(task, n)} seed {seed}: from j = {int(below.min())}, "
-                     f"{(window['mean'] < floor).mean():.0%} of the fit" if len(below) else
-                     f"{_label(task, n)} seed {seed}: never")
+
+    def below(column):
+        parts = []
+        for (task, n, seed), curve in spectra.groupby(["task", "n", "seed"], sort=False):
+            window = curve[(curve["index"] >= first) & (curve["index"] <= last)]
+            under = curve.loc[curve[column] < floor, "index"]
+            if len(under):
+                parts.append(f"{_label(task, n)} seed {seed}: from j = {int(under.min())}, "
+                             f"{(window[column] < floor).mean():.0%} of the fit")
+        return "; ".join(parts) if parts else "never, for any seed"
+
     cure = "; a forward pass in float64 resolves it." if dtype == "float32" else "."
     return [f"**Resolution.** The spectrum is measured in {dtype}, so sigma_j / sigma_1 below {floor:.1e} "
             f"({dtype}'s epsilon x sqrt({columns}), Weyl's bound on its rounding) is rounding rather than the "
-            "model's spectrum. The mean spectrum falls below it: " + "; ".join(parts) + ". Where most of a task's "
-            "fit lies below it, its slope measures the rounding floor's flatness, and the comparison above says "
-            "nothing about the models" + cure, ""]
+            f"model's spectrum. The batch's mean spectrum falls below it: {below('mean')}. The batch's smallest value "
+            f"(at least one example, whose slope enters its seed's mean slope) falls below it: {below('min')}. Where "
+            "most of a task's fit lies below it, its slope measures the rounding floor's flatness, and the comparison "
+            "above says nothing about the models; where an example's fit reaches it, that example's slope holds "
+            "rounding" + cure, ""]
 
 
 def _ordering_text(verdict: dict) -> str:
