@@ -126,14 +126,20 @@ def test_quest_output_equals_its_operator_on_the_pages_tokens(causal, dtype, siz
     assert pages.shape == (2, 3, 203, -(-budget // size)) and int(pages.max()) < -(-203 // size)
 
 
+@pytest.mark.parametrize("block_elements", [None, 5000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("size", "budget", "masked"), [(16, 40, False), (7, 20, False), (5, 12, True)])
 def test_quest_reads_the_same_logits_from_the_dense_products_as_from_the_gathered_pages(monkeypatch, dtype, causal,
-                                                                                     size, budget, masked):
-    """Quest's two ways to a block's logits (the pages' keys gathered, or the pages' entries of the block's dense
-    logits: ``DENSE_SELECTION``) give the same pages and outputs to rounding, ties, masks and causal included."""
-    from approxlab.methods import quest as quest_module
+                                                                                     size, budget, masked,
+                                                                                     block_elements):
+    """Quest's two ways to a block's logits (the pages' keys gathered, or the pages' entries of the dense logits of
+    a span of blocks: ``DENSE_SELECTION``) give the same pages and outputs to rounding, ties, masks and causal
+    included; ``block_elements`` 5000: blocks of 1-3 rows, several to a span."""
+    from approxlab.methods import _selection, quest as quest_module
+
+    if block_elements is not None:
+        monkeypatch.setattr(_selection, "BLOCK_ELEMENTS", block_elements)
 
     q, k, v = _qkv(203, dtype, 4, ties=True)
     key_mask = (torch.rand(2, 3, 203, generator=gen(6)) > 0.3) if masked else None

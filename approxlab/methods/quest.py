@@ -224,7 +224,8 @@ def attend_pages(q, k, v, chosen, *, page_size: int, real: torch.Tensor, causal:
     padded = torch.nn.functional.pad(k.expand(*batch, m, p), (0, 0, 0, num_pages * size - m))
     page_keys = gather_rows(padded.reshape(*batch, num_pages, size * p), batch)
     values_of = weighted_rows(v, batch)
-    outputs, all_pages = [], []
+    outputs, all_pages, dense = [], [], (0, 0, None)  # dense: rows first:last of the dense logits
+    span = block * max(1, block_rows(batch, num_pages * size) // block)  # rows per GEMM of the dense logits
     for start in range(0, n, block):
         stop = min(start + block, n)
         bounds, top = chosen(start, stop)
@@ -232,8 +233,12 @@ def attend_pages(q, k, v, chosen, *, page_size: int, real: torch.Tensor, causal:
         all_pages.append(torch.where(some, top, torch.full_like(top, -1)))
         width = top.shape[-1] * size
         if DENSE_SELECTION * width >= m:  # many tokens per query: the pages' logits of the block's dense ones
-            every = (q[..., start:stop, :] @ padded.transpose(-1, -2)).div_(math.sqrt(p))
-            every = every.expand(*batch, stop - start, num_pages * size).view(*batch, stop - start, num_pages, size)
+            if stop > dense[1]:
+                last = min(start + span, n)
+                every = (q[..., start:last, :] @ padded.transpose(-1, -2)).div_(math.sqrt(p))
+                dense = (start, last, every.expand(*batch, last - start, num_pages * size).view(
+                    *batch, last - start, num_pages, size))
+            every = dense[2][..., start - dense[0]:stop - dense[0], :, :]
             logits = torch.gather(every, -2, top.unsqueeze(-1).expand(*top.shape, size)).flatten(-2)
             tokens, valid = page_tokens(top, some, real, size, start, causal)
             weights = safe_softmax(logits.masked_fill(~valid, -math.inf))
