@@ -40,7 +40,7 @@ from approxlab.studies.bench.timing import measure
 from approxlab.studies.registry import get
 
 PARTS = {"the shared ranking (rank_keys)": "rank_keys", "exact reference (exact_attention)": "exact_attention",
-         "spectral norms of the errors": "spectral_norm", "panel: statistical dimension": "estimate_ridge_quantities",
+         "spectral norms of the errors": "spectral_norm", "panel: statistical dimension": "_statistical_dimensions",
          "window: rank of A": "numerical_rank_lu"}
 """The parts of the cell ``--profile`` reports besides the methods, by the function whose CPU time they are."""
 

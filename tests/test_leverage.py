@@ -236,8 +236,9 @@ def test_the_formed_completion_is_the_fused_one_to_rounding():
     torch.testing.assert_close(formed.to_dense(), fused.to_dense(), rtol=0, atol=1e-12)
     x = torch.randn(2, 600, 5, generator=_gen(5), dtype=torch.float64)
     torch.testing.assert_close(formed.matmat(x), fused.matmat(x), rtol=1e-10, atol=1e-10)
+    q, k = q.float(), k.float()
     single = [estimate_ridge_quantities(op, lambda_scale=0.1, generator=_gen(6))
-              for op in (completion_operator(q.float(), k.float()), completion_operator(q.float(), k.float(), dense=True))]
+              for op in (completion_operator(q, k), completion_operator(q, k, dense=True))]
     torch.testing.assert_close(single[1].statistical_dimension, single[0].statistical_dimension, rtol=1e-5, atol=0)
     torch.testing.assert_close(single[1].lam, single[0].lam, rtol=1e-5, atol=0)
     with pytest.raises(TypeError, match=r"`dense` must be a bool \(True or False\); got 1"):

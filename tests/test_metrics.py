@@ -66,7 +66,8 @@ def test_spectral_norm_of_a_tall_or_wide_tensor_from_its_gram_matrix_is_the_svds
         shapes.append(_with_spectrum(sigma, 8 * GRAM_ASPECT, seed=seed))
     for x in shapes:
         reference = torch.linalg.matrix_norm(x, ord=2)
-        torch.testing.assert_close(torch.as_tensor(spectral_norm(x), dtype=torch.float64), reference, rtol=1e-14, atol=0)
+        value = torch.as_tensor(spectral_norm(x), dtype=torch.float64)
+        torch.testing.assert_close(value, reference, rtol=1e-14, atol=0)
 
 
 def test_spectral_norm_operator_matches_dense_over_seeds():

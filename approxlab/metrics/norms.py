@@ -58,7 +58,8 @@ smaller Gram matrix (:func:`_largest_singular_value`)."""
 
 
 def _largest_singular_value(x: torch.Tensor) -> torch.Tensor:
-    r""":math:`\sigma_{\max}` of each float64 matrix of ``x`` ``(*batch, n, m)`` (balanced: entries below 1), ``(*batch,)``.
+    r""":math:`\sigma_{\max}` of each float64 matrix of ``x`` ``(*batch, n, m)`` (balanced: entries below 1),
+    ``(*batch,)``.
 
     Where :math:`\max(n, m) \ge` :data:`GRAM_ASPECT` :math:`\min(n, m)`: :math:`\sqrt{\lambda_{\max}(G)}` of the
     smaller Gram matrix :math:`G = X^\top X` (or :math:`XX^\top`), :math:`2nm^2` flops and an :math:`m \times m`
