@@ -11,6 +11,10 @@ seconds (the steadier reading on a shared machine), with the 1-minute load avera
 markdown table rows, the label first: run the code before and after a change in turn (``PYTHONPATH`` naming each
 checkout) to compare them in the same machine state.
 
+It prints the table row, each method's own wall seconds, each error (``error_mean`` to 12 significant digits)
+and the panel's statistical dimension and the window's rank of A, so that runs of two versions can be compared
+number for number.
+
 ``--profile``: the cell runs under ``cProfile`` with the process CPU clock, and the CPU seconds of its parts are
 printed (each method's function, with its own errors' spectral norms left out; the shared ranking of ``topk`` and
 ``topp``; the exact reference; the spectral norms; the panel's statistical dimension; the window's rank of A).
@@ -36,7 +40,7 @@ from approxlab.studies.bench.timing import measure
 from approxlab.studies.registry import get
 
 PARTS = {"the shared ranking (rank_keys)": "rank_keys", "exact reference (exact_attention)": "exact_attention",
-         "spectral norms of the errors": "spectral_norm", "panel: statistical dimension": "estimate_ridge_quantities",
+         "spectral norms of the errors": "spectral_norm", "panel: statistical dimension": "_statistical_dimensions",
          "window: rank of A": "numerical_rank_lu"}
 """The parts of the cell ``--profile`` reports besides the methods, by the function whose CPU time they are."""
 
@@ -67,6 +71,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--methods", nargs="+", default=None, help="default: the figure1 default grid")
     parser.add_argument("--profile", action="store_true", help="CPU seconds of the cell's parts (cProfile)")
+    parser.add_argument("--profile-out", default=None, help="with --profile: also save the cProfile stats here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     study = get("figure1")
@@ -86,6 +91,8 @@ def main() -> None:
         tables, cell = measure(compute, study, grid, out, progress=False, device="cpu")
         if profiler is not None:
             profiler.disable()
+            if args.profile_out:
+                profiler.dump_stats(args.profile_out)
     results = tables["results.csv"]
     methods = results.groupby("method", sort=False)["seconds"].sum()
     print("| code | methods | heads | SDPA wall s | SDPA CPU s | cell wall s | cell CPU s | wall / SDPA | CPU / SDPA "
@@ -97,6 +104,9 @@ def main() -> None:
           + ", ".join(f"{name} {seconds:.2f}" for name, seconds in methods.items()))
     print(f"{args.label}, error_mean per (method, d): "
           + ", ".join(f"{r.method} {r.num_features} {r.error_mean:.12g}" for r in results.itertuples()))
+    panel, window_row = tables["conditioning.csv"], tables["windows.csv"]
+    print(f"{args.label}, panel: statistical_dimension_mean {panel['statistical_dimension_mean'].iloc[0]:.12g} "
+          f"(lambda_mean {panel['lambda_mean'].iloc[0]:.12g}), window: rank_a {window_row['rank_a'].iloc[0]}")
     if profiler is not None:
         print(*profile_lines(profiler, grid["methods"], args.label), sep="\n")
 

@@ -75,3 +75,21 @@ def test_a_figure1_cell_gives_the_same_rows_with_and_without_the_shared_ranking(
     alone = figure1_cells.compute_cell(cell)
     for a, b in zip(shared, alone):
         assert (a["num_features"], a["error_heads"], a["status"]) == (b["num_features"], b["error_heads"], "ok")
+
+
+def test_the_panel_statistical_dimension_on_the_formed_completion_is_the_fused_one_to_rounding(monkeypatch):
+    """Up to ``dense_max_n`` the panel's d_stat estimate multiplies the completion formed once; above it the products
+    go through the fused kernel: the same estimate to float32 rounding (the same generator, the same draws)."""
+    q, k, v = synthetic_qkv((3,), 512, 16, scale=0.7, generator=torch.Generator().manual_seed(2))
+    ref = {"q": q, "k": k, "v": v, "checkpoint": "synthetic"}
+    monkeypatch.setattr(figure1_cells, "_reference", lambda cell: ref)
+    monkeypatch.setattr(figure1_cells, "ESTIMATE_DSTAT_FROM_N", 512)
+    cell = {"condition": "initialized", "n": 512, "window": 0, "num_features": [16], "stat_heads": [0, 2],
+            "lambda_scale": 0.1, "core_method": None, "dtype": "float64", "base_seed": 0, "mode": "embedding",
+            "layer": 0, "model_seed": 0, "data_dir": None, "cache_dir": None, "device": "cpu"}
+    formed, = figure1_cells.compute_panel({**cell, "dense_max_n": 512})
+    fused, = figure1_cells.compute_panel({**cell, "dense_max_n": 256})
+    assert formed["statistical_dimension_method"] == fused["statistical_dimension_method"] == "estimate"
+    for column in ("statistical_dimension_mean", "statistical_dimension_min", "statistical_dimension_max",
+                   "lambda_mean"):
+        assert formed[column] == pytest.approx(fused[column], rel=1e-5, abs=0.0), column

@@ -221,3 +221,31 @@ def test_estimate_ridge_quantities_validation():
         estimate_ridge_quantities(DenseOperator(torch.ones(3, 4)), lam=1.0)
     with pytest.raises(ValueError, match=r"`lambda_scale` must be"):
         estimate_ridge_quantities(op, lambda_scale=-1.0)
+
+
+def test_the_formed_completion_is_the_fused_one_to_rounding():
+    """``completion_operator(dense=True)`` forms the matrix the fused products apply: the same matrix and products to
+    rounding, and the same d_stat estimate (same generator) to float32 rounding."""
+    from approxlab.leverage import completion_operator, estimate_ridge_quantities
+    from approxlab.operators import DenseOperator
+    from approxlab.synthetic import synthetic_qkv
+
+    q, k, _ = synthetic_qkv((2,), 300, 16, scale=0.7, generator=_gen(4))
+    fused, formed = completion_operator(q, k), completion_operator(q, k, dense=True)
+    assert formed.shape == fused.shape == (2, 600, 600)
+    torch.testing.assert_close(formed.to_dense(), fused.to_dense(), rtol=0, atol=1e-12)
+    x = torch.randn(2, 600, 5, generator=_gen(5), dtype=torch.float64)
+    torch.testing.assert_close(formed.matmat(x), fused.matmat(x), rtol=1e-10, atol=1e-10)
+    # its products from the three blocks are those of the whole matrix (and it is its own adjoint)
+    whole = DenseOperator(formed.to_dense())
+    torch.testing.assert_close(formed.matmat(x), whole.matmat(x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(formed.rmatmat(x), whole.rmatmat(x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(formed.to(torch.float32).matmat(x.float()), whole.matmat(x).float(), rtol=1e-5,
+                               atol=1e-5)
+    q, k = q.float(), k.float()
+    single = [estimate_ridge_quantities(op, lambda_scale=0.1, generator=_gen(6))
+              for op in (completion_operator(q, k), completion_operator(q, k, dense=True))]
+    torch.testing.assert_close(single[1].statistical_dimension, single[0].statistical_dimension, rtol=1e-5, atol=0)
+    torch.testing.assert_close(single[1].lam, single[0].lam, rtol=1e-5, atol=0)
+    with pytest.raises(TypeError, match=r"`dense` must be a bool \(True or False\); got 1"):
+        completion_operator(q, k, dense=1)

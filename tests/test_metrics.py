@@ -52,6 +52,24 @@ def test_spectral_norm_dense_is_exact_and_returns_scalars_or_batches():
     assert isinstance(info, SpectralNormEstimate) and info.num_matvecs == 0 and bool(info.converged)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_spectral_norm_of_a_tall_or_wide_tensor_from_its_gram_matrix_is_the_svds(seed):
+    """From GRAM_ASPECT on, the tensor path takes the smaller Gram matrix's largest eigenvalue: the SVD's number to
+    rounding, tall and wide, batched, on error-like matrices and on a decaying, a flat and a tiny spectrum."""
+    from approxlab.metrics.norms import GRAM_ASPECT
+
+    g = _gen(seed)
+    errors = torch.randn(3, 4096, 64, generator=g, dtype=torch.float64) * torch.logspace(-3, 0, 64, dtype=torch.float64)
+    shapes = [errors, errors.transpose(-1, -2), torch.randn(2, 8 * GRAM_ASPECT, 8, generator=g, dtype=torch.float64)]
+    for sigma in (0.5 ** torch.arange(8.0, dtype=torch.float64), torch.ones(8, dtype=torch.float64),
+                  1e-300 * (1.0 + torch.arange(8.0, dtype=torch.float64))):
+        shapes.append(_with_spectrum(sigma, 8 * GRAM_ASPECT, seed=seed))
+    for x in shapes:
+        reference = torch.linalg.matrix_norm(x, ord=2)
+        value = torch.as_tensor(spectral_norm(x), dtype=torch.float64)
+        torch.testing.assert_close(value, reference, rtol=1e-14, atol=0)
+
+
 def test_spectral_norm_operator_matches_dense_over_seeds():
     """Operator path (Golub--Kahan in float64) agrees with the SVD to 1e-6 relative on decaying
     and clustered spectra, batched; the certified lower bound never exceeds the true norm."""

@@ -148,6 +148,35 @@ def test_quest_output_equals_its_operator_on_the_pages_tokens(causal, dtype, siz
     assert pages.shape == (2, 3, 203, -(-budget // size)) and int(pages.max()) < -(-203 // size)
 
 
+@pytest.mark.parametrize("block_elements", [None, 5000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("size", "budget", "masked"), [(16, 40, False), (7, 20, False), (5, 12, True)])
+def test_quest_reads_the_same_logits_from_the_dense_products_as_from_the_gathered_pages(monkeypatch, dtype, causal,
+                                                                                     size, budget, masked,
+                                                                                     block_elements):
+    """Quest's two ways to a block's logits (the pages' keys gathered, or the pages' entries of the dense logits of
+    a span of blocks: ``DENSE_SELECTION``) give the same pages and outputs to rounding, ties, masks and causal
+    included; ``block_elements`` 5000: blocks of 1-3 rows, several to a span."""
+    from approxlab.methods import _selection, quest as quest_module
+
+    if block_elements is not None:
+        monkeypatch.setattr(_selection, "BLOCK_ELEMENTS", block_elements)
+
+    q, k, v = _qkv(203, dtype, 4, ties=True)
+    key_mask = (torch.rand(2, 3, 203, generator=gen(6)) > 0.3) if masked else None
+    if masked:
+        key_mask[..., 0] = True
+    results = []
+    for rule in (0, 10 ** 9):  # never and always the dense logits
+        monkeypatch.setattr(quest_module, "DENSE_SELECTION", rule)
+        results.append(approxlab.approximate("quest", q, k, v, num_features=budget, page_size=size, causal=causal,
+                                             key_mask=key_mask))
+    gathered, dense = results
+    assert torch.equal(gathered.info["pages"], dense.info["pages"])
+    torch.testing.assert_close(dense.output, gathered.output, **TOLERANCES[dtype])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_flow_as_through_the_reference(monkeypatch, causal):
     """With inputs that require gradients the fast paths record a graph (no buffer, nothing in place): the

@@ -52,6 +52,31 @@ def _matrix_like(x, name: str):
     )
 
 
+GRAM_ASPECT = 8
+"""A dense matrix whose longer side is at least this many times its shorter one has its spectral norm from the
+smaller Gram matrix (:func:`_largest_singular_value`)."""
+
+
+def _largest_singular_value(x: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sigma_{\max}` of each float64 matrix of ``x`` ``(*batch, n, m)`` (balanced: entries below 1),
+    ``(*batch,)``.
+
+    Where :math:`\max(n, m) \ge` :data:`GRAM_ASPECT` :math:`\min(n, m)`: :math:`\sqrt{\lambda_{\max}(G)}` of the
+    smaller Gram matrix :math:`G = X^\top X` (or :math:`XX^\top`), :math:`2nm^2` flops and an :math:`m \times m`
+    eigenproblem in place of the SVD of :math:`X` (3x faster at ``(12, 4096, 64)`` on one thread). The same number
+    to rounding: :math:`\sigma_{\max}^2 = \lambda_{\max}(G)`, the computed :math:`G` is within
+    :math:`\gamma_n\,\||X|\|_2^2 \le \gamma_n\min(n, m)\,\|X\|_2^2` of it (Higham (3.13)) and a symmetric
+    eigensolver is backward stable, so the relative error is at most about :math:`\tfrac12(n+m)\min(n,m)\,\varepsilon`
+    in the worst case (:math:`\approx 10^{-15}` on error matrices: ``tests/test_metrics.py``). Elsewhere the SVD
+    (``torch.linalg.matrix_norm(x, 2)``).
+    """
+    n, m = x.shape[-2], x.shape[-1]
+    if max(n, m) < GRAM_ASPECT * min(n, m):
+        return torch.linalg.matrix_norm(x, ord=2)
+    gram = x.transpose(-1, -2) @ x if n >= m else x @ x.transpose(-1, -2)
+    return torch.linalg.eigvalsh(gram)[..., -1].clamp_min(0.0).sqrt()
+
+
 def _dense_estimate(value: torch.Tensor) -> SpectralNormEstimate:
     zero = torch.zeros_like(value)
     return SpectralNormEstimate(
@@ -77,7 +102,8 @@ def spectral_norm(
     Parameters
     ----------
     x : torch.Tensor or LinearOperator or Approximation
-        ``(*batch, n, m)``. A tensor: exact, from the SVD in float64. An operator (or an
+        ``(*batch, n, m)``. A tensor: exact, from the SVD in float64 (a tall or wide one from its smaller Gram
+        matrix, the same to rounding: :data:`GRAM_ASPECT`). An operator (or an
         :class:`~approxlab.methods.Approximation`, via ``.operator()``): Golub--Kahan
         bidiagonalisation of ``x.to(torch.float64)``, matrix-free.
     tol : float
@@ -137,7 +163,7 @@ def spectral_norm(
 
     if isinstance(x, torch.Tensor):
         scaled, exponent = balance(x.to(torch.float64))
-        value = _rescaled(torch.linalg.matrix_norm(scaled, ord=2), exponent[..., 0, 0], "the spectral norm of `x`")
+        value = _rescaled(_largest_singular_value(scaled), exponent[..., 0, 0], "the spectral norm of `x`")
         if return_info:
             return _dense_estimate(value)
         return as_result(value)

@@ -35,9 +35,12 @@ __all__ = ["approximation_cells", "panel_cells", "window_cells", "compute_cell",
            "ESTIMATE_DSTAT_FROM_N"]
 
 ESTIMATE_DSTAT_FROM_N = 4096
-"""From this n (and above ``--matrix-free-above``), d_stat is the matrix-free estimate of
+"""From this n (and above ``--matrix-free-above``), d_stat is the estimate of
 :func:`approxlab.leverage.estimate_ridge_quantities` (float32 products, within 1 % of the
-eigendecomposition) instead of a float64 ``eigvalsh`` of the 2n x 2n completion."""
+eigendecomposition) instead of a float64 ``eigvalsh`` of the 2n x 2n completion. Up to
+``--matrix-free-above`` its products multiply the float32 completion formed once
+(``completion_operator(..., dense=True)``), above it they go through the fused kernel (nothing 2n x 2n);
+the two give the same estimate to float32 rounding (``tests/test_figure1_shared.py``)."""
 
 
 def _data(config, settings, dtype="float64") -> dict:
@@ -210,10 +213,11 @@ def _core_condition_number(info: dict):
 
 def _statistical_dimensions(cell, ref, heads):
     r""":math:`d_{stat}(\lambda)` and :math:`\lambda` of ``heads``, and whether they are the matrix-free estimate."""
-    estimated = cell["n"] >= ESTIMATE_DSTAT_FROM_N or cell["n"] > cell.get("dense_max_n", DENSE_MAX_N)
-    if estimated and heads:  # matrix-free: within 1 % of the eigendecomposition (leverage.py)
-        q, k = (ref[x][heads].to(torch.float32) for x in ("q", "k"))
-        est = estimate_ridge_quantities(completion_operator(q, k), lambda_scale=cell["lambda_scale"],
+    dense = cell["n"] <= cell.get("dense_max_n", DENSE_MAX_N)
+    estimated = cell["n"] >= ESTIMATE_DSTAT_FROM_N or not dense
+    if estimated and heads:  # within 1 % of the eigendecomposition (leverage.py); the completion formed up to
+        q, k = (ref[x][heads].to(torch.float32) for x in ("q", "k"))  # dense_max_n (the same to rounding)
+        est = estimate_ridge_quantities(completion_operator(q, k, dense=dense), lambda_scale=cell["lambda_scale"],
                                         generator=_generator(cell, "statistical-dimension", 0, 0))
         return est.statistical_dimension.tolist(), est.lam.tolist(), True
     dstats, lambdas = [], []
