@@ -152,3 +152,19 @@ def test_bad_options():
         approxlab.approximate("vattention", q, k, v, num_features=2, epsilon=0.0)
     with pytest.raises(ValueError, match="`sink`"):
         approxlab.approximate("vattention", q, k, v, num_features=2, sink=-1)
+
+
+def test_an_uncapped_draw_handed_over_under_the_default_is_read_as_made():
+    """A draw of m > 512 variates per query (``max_samples=None``) passed with the default cap gives what it gives
+    with ``max_samples=None``; an explicit smaller cap still refuses it, naming the shape."""
+    from approxlab.methods.vattention import draw_uniforms, vattention
+
+    q, k, v = (torch.randn(2, 600, 8, generator=gen(seed), dtype=torch.float64) for seed in (1, 2, 3))
+    k = 3 * k  # peaked rows: sample sizes below the tail's size
+    draw = draw_uniforms(q, k, num_features=16, generator=gen(4), max_samples=None)
+    assert draw["uniform"].shape[-1] == 600
+    made = vattention(q, k, v, num_features=16, draw=draw, max_samples=None, causal=True)
+    handed = vattention(q, k, v, num_features=16, draw=draw, causal=True)
+    assert torch.equal(made.output, handed.output)
+    with pytest.raises(ValueError, match=r"must have shape \(2, 600, 100\)"):
+        vattention(q, k, v, num_features=16, draw=draw, max_samples=100)

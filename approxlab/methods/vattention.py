@@ -125,7 +125,8 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
         query: the default before 512, which the results computed then need to re-derive at ``m > 512``).
     draw : dict, optional
         ``{"uniform": (*batch, n, min(m, max_samples))}`` from :func:`draw_uniforms`, used instead of
-        ``generator``.
+        ``generator``. Under the default ``max_samples``, a draw of ``m`` variates per query (made with
+        ``max_samples=None``) is read as the uncapped draw it is.
     key_mask : torch.Tensor, optional
         ``(*batch, m)`` bool, True on keys that may be attended.
     causal : bool, default False
@@ -225,6 +226,8 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
     sink = check_int(sink, "sink", low=0)
     window = check_int(window, "window", low=0)
     width = draw_width(k.shape[-2], max_samples)
+    if max_samples == MAX_SAMPLES and _uncapped(draw, k.shape[-2]):
+        width = k.shape[-2]  # a draw made with max_samples=None, handed over under the default: read as made
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     if draw is None:
         draw = draw_uniforms(q, k, num_features=num_features, generator=generator, max_samples=max_samples)
@@ -256,6 +259,12 @@ def vattention(q, k, v, *, num_features, generator=None, epsilon=0.3, delta=0.1,
     output = torch.cat(outputs, dim=-2)
     return sparse_approximation("vattention", output.view(*batch, *output.shape[-2:]).to(dtype), k.shape[-2],
                                 record, info)
+
+
+def _uncapped(draw, m: int) -> bool:
+    """Whether ``draw`` holds the uncapped uniforms, ``m`` per query (``max_samples=None``), for ``m`` keys."""
+    uniform = draw.get("uniform") if isinstance(draw, dict) else None
+    return torch.is_tensor(uniform) and uniform.dim() >= 2 and uniform.shape[-1] == m and m > MAX_SAMPLES
 
 
 def draw_width(m: int, max_samples) -> int:
