@@ -58,6 +58,7 @@ Public API (re-exported by :mod:`approxlab` and :mod:`approxlab.methods` where n
     kept_for_query_heads(kept, heads, n, key_mask=None)        # a cache's kept sets read by the query heads
     cache_policy(name, *, score, features, randomized, ...)    # a score -> a whole policy (a MethodSpec)
     from_press(press, *, name, ...), PressModule               # a kvpress press -> a registered policy
+                                                               # (PressModule: documented in approxlab.methods)
     GROUPINGS, ALLOCATIONS, LAYER_BUDGETS
 
 The names are imported on first use (a module ``__getattr__``): the lower modules are imported by
@@ -68,7 +69,7 @@ from __future__ import annotations
 
 __all__ = ["kv_cache_attention", "kept_count", "attend_compressed", "attend_kept", "adakv_keep", "pyramid_budgets",
            "compose_scores", "with_sink_and_window", "kept_for_query_heads", "cache_policy", "from_press",
-           "PressModule", "GROUPINGS", "ALLOCATIONS", "LAYER_BUDGETS"]
+           "GROUPINGS", "ALLOCATIONS", "LAYER_BUDGETS"]
 
 _WHERE = {
     "kv_cache_attention": "_kv_cache",

@@ -47,7 +47,7 @@ def compressed_indices(kept: torch.Tensor, context_length: int, n: int, start: i
 
 def attend_compressed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor, context_length: int,
                       key_mask: torch.Tensor | None) -> torch.Tensor:
-    r"""The continuation rows ``context_length .. n-1``: each the exact softmax over the kept context tokens ``kept``
+    r"""The continuation rows ``context_length`` to ``n - 1``: each the exact softmax over the kept context tokens ``kept``
     ``(*batch, b)`` and, causally, the continuation; ``(*batch, n - context_length, p_v)``.
 
     ``q, k, v`` are ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``; ``key_mask`` ``(*batch, n)`` bool
