@@ -175,6 +175,8 @@ def permutation_test(first, second, *, alternative: str = "two-sided") -> float:
     other = pooled.size - size
     observed, total = first.mean() - second.mean(), pooled.sum()
     tie = 4 * pooled.size * np.finfo(float).eps * float(np.abs(pooled).max())  # the sums' rounding
+    if alternative == "two-sided" and abs(observed) <= tie:  # every split is as extreme (the two tails overlap)
+        return 1.0
     slope = 1.0 / size + 1.0 / other  # difference = slope * s - total / other
     high = (abs(observed) - tie + total / other) / slope if alternative == "two-sided" else \
         (observed - tie + total / other) / slope  # s >= high is as extreme (as high)
@@ -190,8 +192,6 @@ def permutation_test(first, second, *, alternative: str = "two-sided") -> float:
             extreme += int((partner.size - np.searchsorted(partner, high - sums, side="left")).sum())
         if alternative in ("two-sided", "less"):
             extreme += int(np.searchsorted(partner, low - sums, side="right").sum())
-    if alternative == "two-sided" and abs(observed) <= tie:  # every split within the ties: counted twice above
-        return 1.0
     return float(min(1.0, extreme / math.comb(pooled.size, size)))
 
 
