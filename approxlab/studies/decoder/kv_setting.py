@@ -36,7 +36,7 @@ KV_OPTIONS = (
     Option(("--kv-context",), "kv_context", "KV-cache setting: context tokens n_c that a method compresses "
            "(when the default context plus continuation exceed max(n): 3/4 of the smallest n)", type=shared.positive_int, metavar="TOKENS"),
     Option(("--kv-continuation",), "kv_continuation", "KV-cache setting: continuation tokens after the context, "
-           f"the rows whose error is measured (with a context of 3/4 of the smallest n: the rest of it); n_c plus "
+           "the rows whose error is measured (with a context of 3/4 of the smallest n: the rest of it); n_c plus "
            "this is at most max(n)", type=shared.positive_int, metavar="TOKENS"),
     Option(("--kv-budgets",), "kv_budgets", "KV-cache setting: budgets (num_features: context tokens kept by a "
            "cache policy, a per-query method's own budget), comma-separated (with a scaled context: those below "
