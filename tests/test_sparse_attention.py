@@ -105,14 +105,20 @@ def _quest_pages(q, k, size, pages, causal):
     return keep
 
 
+@pytest.mark.parametrize("elements", [0, 300])
 @pytest.mark.parametrize("causal", [False, True])
-def test_quest_attends_the_pages_of_largest_upper_bound(causal):
+def test_quest_attends_the_pages_of_largest_upper_bound(monkeypatch, causal, elements):
+    """Also in row blocks of a few rows (``elements`` 300), where a causal block scores only the pages up to its
+    last row, and its output (the pages' logits read from the dense products of those pages' keys only)."""
+    _small_blocks(monkeypatch, elements)
     q, k, v = _qkv(n=21, batch=(2,), seed=3)
-    for budget, size in ((8, 4), (5, 3), (21, 4)):
+    for budget, size in ((8, 4), (5, 3), (21, 4), (4, 2)):
         pages = -(-budget // size)
         keep = _quest_pages(q, k, size, pages, causal)
         result = approxlab.approximate("quest", q, k, v, num_features=budget, page_size=size, causal=causal)
-        torch.testing.assert_close(result.matrix(), _masked_softmax(_logits(q, k), keep), rtol=1e-12, atol=1e-14)
+        expected = _masked_softmax(_logits(q, k), keep)
+        torch.testing.assert_close(result.matrix(), expected, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
 
 
 def test_quest_code_page_rule_floor_with_three_pages_at_least():

@@ -138,9 +138,11 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
 
     **Cost**: the page extremes once per page, :math:`O(mp)` (causal: the running extremes of each page's
     prefix, :math:`O(mp)` too); the bounds :math:`O(n\lceil m/S\rceil p)` and each query's top :math:`K`
-    pages, per row block; the attention :math:`O(nKSp)` (:func:`attend_pages`: a page's keys are one
-    contiguous row, gathered once per query and page, the output the weighted sum of the pages' value rows);
-    memory :math:`O(mp)` plus row blocks; no :math:`n\times m` array.
+    pages, per row block (causal: only the pages up to the block's last row are scored and ranked, about
+    :math:`n^2p/(2S)` in all; this part is quadratic in :math:`n` by design, as in the authors' kernel, where each
+    decode step scores every page of its cache); the attention :math:`O(nKSp)` (:func:`attend_pages`: a page's
+    keys are one contiguous row, gathered once per query and page, the output the weighted sum of the pages' value
+    rows); memory :math:`O(mp)` plus row blocks; no :math:`n\times m` array.
 
     References
     ----------
@@ -177,18 +179,26 @@ def quest(q, k, v, *, num_features, generator=None, page_size=16, budget_roundin
         own_high, own_low, own_some = _extremes(pages, padded_real, cumulative=True)
         own_high, own_low = own_high.flatten(-3, -2)[..., :n, :], own_low.flatten(-3, -2)[..., :n, :]
         own_some = own_some.flatten(-2)[..., :n]
+    every_page_real = bool(some.all())
+
     def chosen(start, stop):  # the bounds of the top pages of rows start:stop, and those pages
-        rows = q[..., start:stop, :].expand(*batch, stop - start, p)
-        bounds = page_bounds(rows, high, low).masked_fill(~some.unsqueeze(-2), -math.inf)
-        if causal:
-            own_page = torch.arange(start, stop, device=q.device) // size
-            later = torch.arange(num_pages, device=q.device) > own_page.unsqueeze(-1)
-            own = (rows.clamp(min=0) * own_high[..., start:stop, :]
-                   + rows.clamp(max=0) * own_low[..., start:stop, :]).sum(-1)
-            own = own.masked_fill(~own_some[..., start:stop], -math.inf)
-            bounds = bounds.masked_fill(later, -math.inf)
-            bounds = bounds.scatter(-1, own_page.expand(*batch, stop - start).unsqueeze(-1), own.unsqueeze(-1))
-        return bounds.topk(kept, dim=-1)
+        # causal: the pages up to the block's last row only (at least K, the later ones masked)
+        visible = min(num_pages, max(kept, (stop - 1) // size + 1)) if causal else num_pages
+        with torch.no_grad():  # the selection carries no gradient (the output's weights are recomputed)
+            rows = q[..., start:stop, :].expand(*batch, stop - start, p)
+            bounds = page_bounds(rows, high[..., :visible, :], low[..., :visible, :])
+            if not every_page_real:
+                bounds.masked_fill_(~some[..., :visible].unsqueeze(-2), -math.inf)
+            if causal:
+                own_page = torch.arange(start, stop, device=q.device) // size
+                first = start // size  # pages left of it are before every row of the block
+                later = torch.arange(first, visible, device=q.device) > own_page.unsqueeze(-1)
+                own = (rows.clamp(min=0) * own_high[..., start:stop, :]
+                       + rows.clamp(max=0) * own_low[..., start:stop, :]).sum(-1)
+                own = own.masked_fill(~own_some[..., start:stop], -math.inf)
+                bounds[..., first:].masked_fill_(later, -math.inf)
+                bounds.scatter_(-1, own_page.expand(*batch, stop - start).unsqueeze(-1), own.unsqueeze(-1))
+            return bounds.topk(kept, dim=-1)
 
     def selection(start, stop):  # the tokens of those pages (the operator's rows; 0 on an unused slot)
         values, top = chosen(start, stop)
@@ -215,7 +225,8 @@ def attend_pages(q, k, v, chosen, *, page_size: int, real: torch.Tensor, causal:
     :func:`~._selection.attend_selected`'s logits), a block's logits are read from its dense product with all
     ``m`` keys instead (one GEMM streams the keys once, where the gather copies ``K * S`` of them per query: on
     one thread, float64, 12 heads, n = m = 4096, p = 64, 16 pages of 16 tokens, 1.6 s against 3.0 s; at 4 pages
-    0.8 s either way). The same numbers as :func:`~._selection.attend_selected` over the pages' tokens, to rounding.
+    0.8 s either way; ``causal``: the product with the keys of the pages up to the span's last row only, those its
+    rows choose from). The same numbers as :func:`~._selection.attend_selected` over the pages' tokens, to rounding.
     Returns the output ``(*batch, n, p_v)`` and the pages ``(*batch, n, K)`` (-1 for no page).
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -235,9 +246,11 @@ def attend_pages(q, k, v, chosen, *, page_size: int, real: torch.Tensor, causal:
         if DENSE_SELECTION * width >= m:  # many tokens per query: the pages' logits of the block's dense ones
             if stop > dense[1]:
                 last = min(start + span, n)
-                every = (q[..., start:last, :] @ padded.transpose(-1, -2)).div_(math.sqrt(p))
-                dense = (start, last, every.expand(*batch, last - start, num_pages * size).view(
-                    *batch, last - start, num_pages, size))
+                # causal: the span's rows choose among its visible pages (at least K: those of `chosen`)
+                columns = min(num_pages, max(top.shape[-1], -(-last // size))) if causal else num_pages
+                every = (q[..., start:last, :] @ padded[..., :columns * size, :].transpose(-1, -2)).div_(math.sqrt(p))
+                dense = (start, last, every.expand(*batch, last - start, columns * size).view(
+                    *batch, last - start, columns, size))
             every = dense[2][..., start - dense[0]:stop - dense[0], :, :]
             logits = torch.gather(every, -2, top.unsqueeze(-1).expand(*top.shape, size)).flatten(-2)
             tokens, valid = page_tokens(top, some, real, size, start, causal)
