@@ -131,3 +131,26 @@ def test_the_causal_summary_names_its_baseline_targets_and_the_former_baseline()
     partial = "\n".join(causal_lines(pd.DataFrame([row for row in rows if row["n"] < 8192]), planned=[2048, 4096, 8192]))
     assert "**A partial run**: n = 8192 of its grid not measured yet" in partial and "Met:" not in partial
     assert "| `causal/topk` | 4.00, 4.00 | 4.00 (<= 3x) | — | 2.00 | not judged (partial run) |" in partial
+
+def test_a_missed_growth_exponent_says_its_cpu_time_exponent_and_quests_reason():
+    """The exponent target is judged on the wall times; a miss says the exponent of the CPU times beside it (load
+    inflates wall time only) and, for Quest, why its published algorithm is not linear in n."""
+    import pandas as pd
+
+    from approxlab.studies.bench.causal import EXPONENT_REASONS, SDPA, _verdict, causal_lines
+    from approxlab.studies.bench.growth import Growth
+
+    wall, cpu = Growth(1.84, 1.12, 2.57, 5, 2048, 8192), Growth(1.39, 1.09, 1.69, 5, 2048, 8192)
+    assert _verdict("causal", "quest", {8192: 1.3}, wall, cpu) == (
+        "not met: growth exponent 1.84 (target <= 1.1; 1.39 [1.09, 1.69] in CPU time): page scoring O(n^2 p / page) "
+        "by design")
+    assert EXPONENT_REASONS == {"quest": "page scoring O(n^2 p / page) by design"}
+    assert _verdict("causal", "h2o", {8192: 0.7}, wall) == "not met: growth exponent 1.84 (target <= 1.1)"
+    assert _verdict("causal", "h2o", {8192: 0.7}, Growth(1.05, 0.9, 1.2, 5, 2048, 8192), cpu) == "met"
+    rows = []
+    for n, wall_s, cpu_s in ((2048, 0.01, 0.01), (4096, 0.04, 0.02), (8192, 0.16, 0.04)):
+        common = {"part": "causal", "n": n, "num_features": 128}
+        rows += [{**common, "algorithm": SDPA, "wall_s": 1.0, "cpu_s": 1.0},
+                 {**common, "algorithm": "causal/h2o", "wall_s": wall_s, "cpu_s": cpu_s, "ratio_vs_sdpa": 0.5}]
+    text = "\n".join(causal_lines(pd.DataFrame(rows)))
+    assert "| not met: growth exponent 2.00 (target <= 1.1; 1.00 [1.00, 1.00] in CPU time) |" in text
