@@ -121,6 +121,28 @@ def test_quest_attends_the_pages_of_largest_upper_bound(monkeypatch, causal, ele
         torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_quest_ranks_rows_of_many_pages_as_topk_does(causal):
+    """Rows of 16 K to 64 K bounds are padded for torch's partial sort (``_top_pages``): the same pages as
+    ``torch.topk`` where the bound is finite, never an index past the row; and Quest on 35 pages of 2 tokens, K = 2
+    (padded), attends its hand-built pages, the first causal rows (one visible page) included."""
+    from approxlab.methods.quest import _top_pages
+
+    bounds = torch.randn(2, 9, 40, generator=gen(9), dtype=torch.float64)
+    bounds[0, :4, 1:] = -math.inf  # rows with one finite bound: a padded slot is no page
+    values, pages = _top_pages(bounds, 2)
+    reference = bounds.topk(2, dim=-1)
+    finite = torch.isfinite(reference.values)
+    assert torch.equal(values, reference.values) and torch.equal(pages[finite], reference.indices[finite])
+    assert int(pages.max()) < 40 and int(finite.sum()) == 2 * 18 - 4
+    q, k, v = _qkv(n=70, batch=(2,), seed=10)
+    keep = _quest_pages(q, k, 2, 2, causal)
+    result = approxlab.approximate("quest", q, k, v, num_features=4, page_size=2, causal=causal)
+    expected = _masked_softmax(_logits(q, k), keep)
+    torch.testing.assert_close(result.matrix(), expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(result.output, expected @ v, rtol=1e-12, atol=1e-13)
+
+
 def test_quest_code_page_rule_floor_with_three_pages_at_least():
     q, k, v = _qkv(n=40, batch=(1,), seed=4)
     code = approxlab.approximate("quest", q, k, v, num_features=20, page_size=8, budget_rounding="floor",
