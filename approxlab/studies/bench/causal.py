@@ -261,8 +261,10 @@ def causal_lines(wide, planned=None) -> list[str]:
              f"per-call overhead), in the causal and the KV-cache form: {named}; every other cache policy "
              f"(score, compression and attention) <= {SCORER_TARGET:g}x; every sparse-prefill pattern (estimate and "
              f"attention) <= {PREFILL_TARGET:g}x; growth exponent <= "
-             f"{max(EXPONENT_TARGETS.values()):g} for the causal forms of {exponents} (the exponent's 95% interval "
-             "beside it). The KV-cache forms compress the first half of the window once (the prefill's attention: "
+             f"{max(EXPONENT_TARGETS.values()):g} for the causal forms of {exponents} (of the median wall times, the "
+             "exponent's 95% interval beside it; a miss also says the exponent of the median CPU times, which a "
+             "loaded machine disturbs less, and the method's reason where its published algorithm is not linear in "
+             "n). The KV-cache forms compress the first half of the window once (the prefill's attention: "
              "quadratic in n, like SDPA).", "",
              *([f"**A partial run**: n = {', '.join(map(str, left))} of its grid not measured yet (the same "
                 "command resumes it); no target is judged below the grid's largest n.", ""] if left else []),
