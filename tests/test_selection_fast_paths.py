@@ -34,9 +34,10 @@ def _assert_same_topk(x, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_row_topk_is_torch_topk_bit_for_bit(dtype):
     g = gen(0)
-    # whole rows to torch.topk (150, 64), groups of c / 2 (403 with a tail, 543), of c (544, 1037 with a tail, ...)
-    for width, k in ((150, 16), (64, 8), (403, 16), (4 * GROUP_COLUMNS * 17 - 1, 16), (4 * GROUP_COLUMNS * 17, 16),
-                     (300, 4), (1000, 16), (1037, 16)):
+    # whole rows to torch.topk (150, 64), groups of c / 4 (250 with a tail), of c / 2 (403 with a tail, 611), of c
+    # (612, 300 with k = 4, 1000, 1037 with a tail): c halves while 4 w < 9 c (k + 1)
+    for width, k in ((150, 16), (64, 8), (250, 16), (403, 16), (9 * GROUP_COLUMNS * 17 // 4 - 1, 16),
+                     (9 * GROUP_COLUMNS * 17 // 4, 16), (300, 4), (1000, 16), (1037, 16)):
         _assert_same_topk(torch.randn(2, 3, 7, width, generator=g, dtype=dtype), k)
     _assert_same_topk(-torch.randn(2, 3, 7, 1037, generator=g, dtype=dtype).abs(), 16)  # negative: their sort keys
     x = torch.randn(5, 600, generator=g, dtype=dtype)
@@ -72,7 +73,7 @@ def test_row_topk_breaks_ties_and_handles_infinities_as_torch_topk(dtype):
     some[2, 0] = -math.inf  # nothing visible
     some[2, 1, 17] = math.nan
     some[2, 2, 33] = math.inf
-    some[2, 3, 699] = math.nan  # past the last whole group (700 = 87 groups of 8 and 4 columns)
+    some[2, 3, 699] = math.nan  # past the last whole group (700 = 43 groups of 16 and 12 columns)
     some[3, :, ::2] = some[3, :, 1::2]  # every value twice
     _assert_same_topk(some, 12)
 
@@ -87,7 +88,7 @@ def test_row_topk_unsorted_gives_torch_topks_entries_as_a_set(dtype):
     some[0, :, 50:55] = some[0, :, 0:1] + 9.0  # five equal largest entries: inside the k, the set is one
     some[1, :, 100:] = -math.inf
     some[2, 1, 17] = math.nan
-    some[2, 2, 1099] = math.nan  # past the last whole group (1100 = 137 groups of 8 and 4 columns)
+    some[2, 2, 1099] = math.nan  # past the last whole group (1100 = 68 groups of 16 and 12 columns)
     some[3, :, ::2] = some[3, :, 1::2]  # every value twice: ties at the boundary
     for x, k in ((some, 12), (torch.randint(-4, 5, (2, 5, 700), generator=g).to(dtype), 12),
                  (torch.randn(2, 3, 150, generator=g, dtype=dtype), 16)):

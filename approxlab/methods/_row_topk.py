@@ -31,11 +31,12 @@ import torch
 
 __all__ = ["GROUP_COLUMNS", "row_topk"]
 
-GROUP_COLUMNS = 8
-""":math:`c`, the columns per group from ``w >= 4 * GROUP_COLUMNS * (k + 1)``; half as many from ``w >= 12 * (k + 1)``;
-narrower rows go to ``torch.topk`` whole (the groups would not pay for themselves). Measured on one thread, float32,
-510 rows, ``k = 128``: ``torch.topk`` 11.4, 19.5, 25.5 ms at ``w`` = 2048, 4096, 8192, here 9.3 (c = 4), 11.5 and
-15.1 ms (c = 8)."""
+GROUP_COLUMNS = 16
+""":math:`c`, the columns per group at most: the largest of 16, 8, 4 that leaves at least :math:`9(k+1)/4` groups
+(``4 * w >= 9 * c * (k + 1)``); narrower rows (fewer than :math:`9(k+1)` columns) go to ``torch.topk`` whole (the
+groups would not pay for themselves). Wider groups make the ``torch.topk`` over the group maxima shorter and the
+candidates more (:math:`(k+1)c`); on one thread, float32, 510 rows, ``k = 128``, this balance was measured best
+(``benchmarks/results/selection_oracles.md`` for the times against ``torch.topk``)."""
 
 
 def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +62,10 @@ def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Ten
             indices = row_topk(x.detach(), k, sorted=sorted)[1]
         return torch.gather(x, -1, indices), indices
     w = x.shape[-1]
-    c = GROUP_COLUMNS if w >= 4 * GROUP_COLUMNS * (k + 1) else GROUP_COLUMNS // 2
-    if w < 12 * (k + 1) or c < 2 or x.numel() == 0:
+    c = GROUP_COLUMNS
+    while c >= 4 and 4 * w < 9 * c * (k + 1):
+        c //= 2
+    if c < 4 or x.numel() == 0:
         return x.topk(k, dim=-1, sorted=sorted)
     rows = x.shape[:-1].numel()
     row, values, columns, unsafe = _candidates(x, k + 1, c)
