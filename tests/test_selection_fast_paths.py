@@ -1,7 +1,8 @@
 """The fast paths of the selection oracles and of Quest against their references, on the same inputs.
 
-* :func:`approxlab.methods._row_topk.row_topk` is ``torch.topk`` bit for bit (values and indices), ties, -inf, NaN and
-  +inf included (those rows go to ``torch.topk`` itself);
+* :func:`approxlab.methods._row_topk.row_topk` is ``torch.topk`` bit for bit (values and indices), in float32, float64
+  (their sort keys differ) and bfloat16, ties, -inf, NaN (in a group or past the last one) and +inf included (those
+  rows go to ``torch.topk`` itself);
 * ``topk`` and ``topp`` give the same outputs, indices and masses with their selection done by ``torch.topk`` (the
   former code path), and equal the dense definition (every logit, ``torch.topk`` on each whole row, the softmax over
   the kept keys) to rounding, float32 and float64, causal and not, batched;
@@ -30,16 +31,34 @@ def _assert_same_topk(x, k):
     assert torch.equal(indices, reference.indices)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_row_topk_is_torch_topk_bit_for_bit(dtype):
     g = gen(0)
-    # whole rows to torch.topk (150, 64), groups of c / 2 (403 with a tail, 543), of c (544, 1037 with a tail, ...)
-    for width, k in ((150, 16), (64, 8), (403, 16), (4 * GROUP_COLUMNS * 17 - 1, 16), (4 * GROUP_COLUMNS * 17, 16),
-                     (300, 4), (1000, 16), (1037, 16)):
+    # whole rows to torch.topk (150, 64), groups of c / 4 (250 with a tail), of c / 2 (403 with a tail, 611), of c
+    # (612, 300 with k = 4, 1000, 1037 with a tail): c halves while 4 w < 9 c (k + 1)
+    for width, k in ((150, 16), (64, 8), (250, 16), (403, 16), (9 * GROUP_COLUMNS * 17 // 4 - 1, 16),
+                     (9 * GROUP_COLUMNS * 17 // 4, 16), (300, 4), (1000, 16), (1037, 16)):
         _assert_same_topk(torch.randn(2, 3, 7, width, generator=g, dtype=dtype), k)
+    _assert_same_topk(-torch.randn(2, 3, 7, 1037, generator=g, dtype=dtype).abs(), 16)  # negative: their sort keys
     x = torch.randn(5, 600, generator=g, dtype=dtype)
     _assert_same_topk(x.unsqueeze(0).expand(3, 5, 600), 6)  # a broadcast batch (stride 0)
     _assert_same_topk(x[:, ::2], 6)  # strided rows
+
+
+@pytest.mark.parametrize("sorted_", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_topk_answers_rows_without_ties_itself(dtype, sorted_):
+    """On rows of distinct values (of either sign) every row is answered by the selection, none handed to
+    ``torch.topk``: a fault in the sort keys or the clean test would still give the right result through the
+    reference, only slower, so this checks the fast path is the one taken."""
+    from approxlab.methods._row_topk import _candidates, _largest
+
+    x = torch.randn(2, 3, 40, 1037, generator=gen(3), dtype=dtype) - 2.5  # the largest about 0: both signs
+    row, values, columns, unsafe = _candidates(x, 17, GROUP_COLUMNS)
+    top, indices, clean = _largest(row, values, columns, 240, 17, sorted=sorted_)
+    assert bool(clean.all()) and not bool(unsafe.any())
+    reference = x.reshape(240, 1037).topk(16, dim=-1)
+    assert torch.equal(top, reference.values) and torch.equal(indices, reference.indices)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -54,6 +73,7 @@ def test_row_topk_breaks_ties_and_handles_infinities_as_torch_topk(dtype):
     some[2, 0] = -math.inf  # nothing visible
     some[2, 1, 17] = math.nan
     some[2, 2, 33] = math.inf
+    some[2, 3, 699] = math.nan  # past the last whole group (700 = 43 groups of 16 and 12 columns)
     some[3, :, ::2] = some[3, :, 1::2]  # every value twice
     _assert_same_topk(some, 12)
 
@@ -68,6 +88,7 @@ def test_row_topk_unsorted_gives_torch_topks_entries_as_a_set(dtype):
     some[0, :, 50:55] = some[0, :, 0:1] + 9.0  # five equal largest entries: inside the k, the set is one
     some[1, :, 100:] = -math.inf
     some[2, 1, 17] = math.nan
+    some[2, 2, 1099] = math.nan  # past the last whole group (1100 = 68 groups of 16 and 12 columns)
     some[3, :, ::2] = some[3, :, 1::2]  # every value twice: ties at the boundary
     for x, k in ((some, 12), (torch.randint(-4, 5, (2, 5, 700), generator=g).to(dtype), 12),
                  (torch.randn(2, 3, 150, generator=g, dtype=dtype), 16)):

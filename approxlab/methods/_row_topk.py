@@ -9,9 +9,10 @@ cut into :math:`g` interleaved groups of :math:`c` columns (column :math:`j < gc
    over :math:`g` entries): the :math:`k+1` group maxima are distinct entries at least :math:`t`, so the row's
    :math:`k+1` largest entries are at least :math:`t`, and every entry at least :math:`t` lies in a group whose
    maximum is at least :math:`t` -- one of the :math:`k+1` groups, or a group whose maximum ties with :math:`t`;
-3. the entries of those groups (and the :math:`w - gc < c` columns past the groups) that reach :math:`t` are
-   compacted into a few columns per row (expected about :math:`k + k/c` on exchangeable entries), whose
-   ``torch.topk`` gives :math:`k+1` values :math:`u_0 \ge \dots \ge u_k \ge t`.
+3. the entries of those groups (and the :math:`w - gc < c` columns past the groups) that reach :math:`t` are listed,
+   every row's in one flat list (expected about :math:`k + k/c` a row on exchangeable entries), and sorted once by
+   (row, decreasing value) as integers (:func:`_row_order`: torch sorts 1-D integers by radix); the first
+   :math:`k+1` of a row's run are its values :math:`u_0 \ge \dots \ge u_k \ge t`.
 
 A row whose :math:`u_0 > u_1 > \dots > u_k` are finite has one answer: every entry outside the candidates is at most
 :math:`t \le u_k < u_{k-1}`, so the :math:`k` largest entries and their order are those found, as ``torch.topk``
@@ -20,8 +21,8 @@ gives them. Any other row (tied values, fewer than :math:`k` finite entries, NaN
 dim=-1)`` bit for bit, values and indices (``tests/test_selection_fast_paths.py``).
 
 **Cost**: one pass over the row for :math:`G`, one ``torch.topk`` over the :math:`g = w/c` group maxima, elementwise
-work on the :math:`(k+1)c` entries of the chosen groups and one ``torch.topk`` over those that reach :math:`t`, in
-place of one ``torch.topk`` over :math:`w` (:data:`GROUP_COLUMNS` for the measured times).
+work on the :math:`(k+1)c` entries of the chosen groups and one integer sort of those that reach :math:`t` (all
+rows at once), in place of one ``torch.topk`` over :math:`w` (:data:`GROUP_COLUMNS` for the measured times).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ import torch
 
 __all__ = ["GROUP_COLUMNS", "row_topk"]
 
-GROUP_COLUMNS = 8
-""":math:`c`, the columns per group from ``w >= 4 * GROUP_COLUMNS * (k + 1)``; half as many from ``w >= 12 * (k + 1)``;
-narrower rows go to ``torch.topk`` whole (the groups would not pay for themselves). Measured on one thread, float32,
-510 rows, ``k = 128``: ``torch.topk`` 11.4, 19.5, 25.5 ms at ``w`` = 2048, 4096, 8192, here 9.3 (c = 4), 11.5 and
-15.1 ms (c = 8)."""
+GROUP_COLUMNS = 16
+""":math:`c`, the columns per group at most: the largest of 16, 8, 4 that leaves at least :math:`9(k+1)/4` groups
+(``4 * w >= 9 * c * (k + 1)``); narrower rows (fewer than :math:`9(k+1)` columns) go to ``torch.topk`` whole (the
+groups would not pay for themselves). Wider groups make the ``torch.topk`` over the group maxima shorter and the
+candidates more (:math:`(k+1)c`); on one thread, float32, 510 rows, ``k = 128``, this balance was measured best
+(``benchmarks/results/selection_oracles.md`` for the times against ``torch.topk``)."""
 
 
 def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,9 +44,9 @@ def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Ten
     rows, k)``, the same tensors bit for bit (see the module docstring).
 
     ``sorted=False``: the same ``k`` entries of each row, values and indices, in an unspecified order (a caller
-    that needs the set, not its order): the candidates' ``k + 1`` largest are selected without sorting them, and a
-    row is answered here when its ``k``-th and ``(k+1)``-th largest differ (ties inside the ``k`` leave the set
-    unique), else by ``torch.topk``.
+    that needs the set, not its order): a row is answered here when its ``k``-th and ``(k+1)``-th largest differ
+    (ties inside the ``k`` leave the set unique; they come in decreasing order, equal values in any), else by
+    ``torch.topk``.
 
     Examples
     --------
@@ -60,55 +62,97 @@ def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Ten
             indices = row_topk(x.detach(), k, sorted=sorted)[1]
         return torch.gather(x, -1, indices), indices
     w = x.shape[-1]
-    c = GROUP_COLUMNS if w >= 4 * GROUP_COLUMNS * (k + 1) else GROUP_COLUMNS // 2
-    if w < 12 * (k + 1) or c < 2 or x.numel() == 0:
+    c = GROUP_COLUMNS
+    while c >= 4 and 4 * w < 9 * c * (k + 1):
+        c //= 2
+    if c < 4 or x.numel() == 0:
         return x.topk(k, dim=-1, sorted=sorted)
-    groups = w // c
-    maxima = torch.maximum(x[..., :groups], x[..., groups:2 * groups])
-    for r in range(2, c):
-        torch.maximum(maxima, x[..., r * groups:(r + 1) * groups], out=maxima)
-    bounds, chosen = maxima.topk(k + 1, dim=-1, sorted=False)
-    # the chosen groups' entries, (*batch, rows, c, k + 1): entry (r, s) is column chosen[s] + r * groups
-    slices = x[..., :groups * c].unflatten(-1, (c, groups))
-    candidates = torch.gather(slices, -1, chosen.unsqueeze(-2).expand(*chosen.shape[:-1], c, k + 1)).flatten(-2)
-    if w > groups * c:  # the columns past the last whole group are candidates too (at the end)
-        candidates = torch.cat([candidates, x[..., groups * c:]], dim=-1)
-    top, where = _packed_topk(candidates, bounds.amin(-1, keepdim=True), k + 1, sorted=sorted)
-    if sorted:
-        clean = torch.isfinite(top).all(-1) & (top[..., 1:] < top[..., :-1]).all(-1)
-        top, where = top[..., :k], where[..., :k]
-    else:  # drop each row's smallest of the k + 1; clean where it is below all k others
-        low, lowest = top.min(-1, keepdim=True)
-        clean = torch.isfinite(top).all(-1) & ((top > low).sum(-1) == k)
-        slots = torch.arange(k, device=x.device)
-        slots = slots + (slots >= lowest)  # every position of the k + 1 but the smallest's
-        top, where = top.gather(-1, slots), where.gather(-1, slots)
-    inside = where < c * (k + 1)
-    slot = torch.where(inside, where, torch.zeros_like(where))
-    indices = torch.where(inside, torch.gather(chosen, -1, slot % (k + 1)) + groups * (slot // (k + 1)),
-                          where - c * (k + 1) + groups * c)
-    values = top
+    rows = x.shape[:-1].numel()
+    row, values, columns, unsafe = _candidates(x, k + 1, c)
+    if row.numel() == 0:  # nothing reaches a threshold (NaN in every row): the reference
+        return x.topk(k, dim=-1, sorted=sorted)
+    values, indices, clean = _largest(row, values, columns, rows, k + 1, sorted=sorted)
+    clean &= ~unsafe
+    values, indices, clean = values.view(*x.shape[:-1], k), indices.view(*x.shape[:-1], k), clean.view(x.shape[:-1])
     if not bool(clean.all()):  # ties, too few finite entries, NaN: the reference on those rows
         rows = (~clean).nonzero(as_tuple=True)
         reference = x[rows].topk(k, dim=-1)
-        values, indices = values.clone(), indices.clone()
         values[rows], indices[rows] = reference.values, reference.indices
     return values, indices
 
 
-def _packed_topk(candidates: torch.Tensor, threshold: torch.Tensor, k: int,
-                 sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``candidates.topk(k, dim=-1, sorted=sorted)`` for rows with at least ``k`` entries at least ``threshold``
-    ``(..., 1)``: those entries are packed to the left of a narrower block (-inf after them) before ``torch.topk``;
-    the positions returned are the candidates' own. A row with fewer gets -inf values (then not clean)."""
-    reach = candidates >= threshold
-    slot = reach.cumsum(-1)
-    width = max(k, int(slot[..., -1].amax()))  # the most entries of a row that reach the threshold
-    slot.mul_(reach)  # 1, 2, ... on the entries that reach the threshold; 0 (a spare) elsewhere
-    shape = (*candidates.shape[:-1], width + 1)
-    packed = torch.full(shape, float("-inf"), dtype=candidates.dtype, device=candidates.device)
-    packed.scatter_(-1, slot, candidates)
-    positions = torch.zeros(shape, dtype=torch.long, device=candidates.device)
-    positions.scatter_(-1, slot, torch.arange(candidates.shape[-1], device=candidates.device).expand_as(slot))
-    top, where = packed[..., 1:].topk(k, dim=-1, sorted=sorted)
-    return top, torch.gather(positions[..., 1:], -1, where)
+def _candidates(x: torch.Tensor, count: int, c: int) -> tuple[torch.Tensor, ...]:
+    """Steps 1-3 of the module docstring for ``x`` ``(*batch, rows, w)``: ``(row, values, columns, unsafe)``, the
+    entries that reach their row's threshold, one each (``row`` in ``[0, rows)`` over the flattened batch, in
+    ``[0, w)`` its column), and ``unsafe`` ``(rows,)``, True where a NaN lies past the last whole group (it reaches
+    no threshold, while ``torch.topk`` ranks it first)."""
+    w = x.shape[-1]
+    groups = w // c
+    maxima = torch.maximum(x[..., :groups], x[..., groups:2 * groups])
+    for r in range(2, c):
+        torch.maximum(maxima, x[..., r * groups:(r + 1) * groups], out=maxima)
+    bounds, chosen = maxima.topk(count, dim=-1, sorted=False)
+    # the chosen groups' entries, (*batch, rows, c, count): entry (r, s) is column chosen[s] + r * groups
+    slices = x[..., :groups * c].unflatten(-1, (c, groups))
+    candidates = torch.gather(slices, -1, chosen.unsqueeze(-2).expand(*chosen.shape[:-1], c, count))
+    rows = chosen.shape[:-1].numel()
+    candidates, chosen = candidates.reshape(rows, c * count), chosen.reshape(rows, count)
+    threshold = bounds.amin(-1).reshape(rows, 1)  # NaN where a group holds one: then nothing reaches it
+    row, where = (candidates >= threshold).nonzero(as_tuple=True)
+    values = candidates[row, where]
+    shift = torch.div(where, count, rounding_mode="floor")  # r of entry (r, s)
+    columns = chosen[row, where - shift * count] + shift * groups
+    if w == groups * c:
+        return row, values, columns, torch.zeros(rows, dtype=torch.bool, device=x.device)
+    tail = x[..., groups * c:].reshape(rows, w - groups * c)  # the columns past the last whole group
+    tail_row, tail_column = (tail >= threshold).nonzero(as_tuple=True)
+    return (torch.cat([row, tail_row]), torch.cat([values, tail[tail_row, tail_column]]),
+            torch.cat([columns, tail_column + groups * c]), tail.isnan().any(-1))
+
+
+def _largest(row: torch.Tensor, values: torch.Tensor, columns: torch.Tensor, rows: int, count: int, *,
+             sorted: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's ``count`` largest of the listed entries (``row``, ``values``, ``columns``, one entry each, rows in
+    ``[0, rows)``), by decreasing value: ``(values, columns)`` ``(rows, count - 1)`` of the first ``count - 1`` and
+    ``clean`` ``(rows,)``, True where they are the row's answer (see the module docstring): the row lists at least
+    ``count`` entries, all ``count`` are finite and decreasing strictly (``sorted=False``: the last two differ).
+
+    One sort of every listed entry by (row, decreasing value) (:func:`_row_order`); a row's entries are then a run
+    of the sorted list, and its ``count`` largest the first ``count`` of its run."""
+    order = _row_order(row, values)
+    listed = torch.bincount(row, minlength=rows)
+    first = listed.cumsum(0) - listed
+    take = (first.unsqueeze(1) + torch.arange(count, device=row.device)).clamp_(max=row.numel() - 1)
+    picked = order[take]
+    top, where = values[picked], columns[picked]
+    clean = (listed >= count) & torch.isfinite(top).all(-1)
+    if sorted:
+        clean &= (top[:, 1:] < top[:, :-1]).all(-1)
+    else:  # the count - 1 largest are one set when the last of them is above the next
+        clean &= top[:, -2] > top[:, -1]
+    return top[:, :-1], where[:, :-1], clean
+
+
+def _row_order(row: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The permutation that sorts the entries by ``row``, then by decreasing value (equal values in any order).
+
+    The floats' bits as integers ordered like the values (:func:`_descending_key`), sorted as integers: for values of
+    at most 4 bytes one key ``row * 2**32 + key`` (torch sorts 1-D integers by radix, several times faster than
+    floats or than a sort of each row); 8-byte values by their key, then stably by row."""
+    key = _descending_key(values)
+    if values.element_size() <= 4:
+        return ((row << 32) + key).argsort()
+    by_value = key.argsort(stable=True)
+    return by_value[row[by_value].argsort(stable=True)]
+
+
+def _descending_key(values: torch.Tensor) -> torch.Tensor:
+    """int64 keys that decrease as ``values`` (floats) increase: the bits as a signed integer, those of negative
+    values with all but the sign flipped (then ordered like the values), subtracted from the largest such integer;
+    in ``[0, 2**(8 * size))`` for values of ``size <= 4`` bytes. -0.0 and 0.0 get two keys (the clean test sees the
+    tie)."""
+    size = values.element_size()
+    bits = values.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[size]).long()
+    largest = (1 << (8 * size - 1)) - 1
+    ordered = torch.where(bits >= 0, bits, bits ^ largest)
+    return ~ordered if size == 8 else largest - ordered

@@ -238,7 +238,8 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep, rank
     can see are formed, ``w = min(m, max(stop, budget))`` for rows ``start:stop``, so the causal oracle costs half
     the logits. The causal mask is written on the block's diagonal columns only (those left of ``start`` are
     visible to every row), and the normaliser is ``torch.logsumexp``'s sum, taken in place once the kept logits
-    are read, from the largest of them (the same numbers, without a copy of the block or a pass for the maximum). Every block's logits are written into one buffer
+    are read, from the largest of them (:func:`_logsumexp_`: the same numbers in float64, to rounding in float32,
+    without a copy of the block or a pass for the maximum). Every block's logits are written into one buffer
     (with a graph to record, for gradients, fresh logits and ``torch.logsumexp`` itself). ``ranking``: a
     :class:`KeyRanking` of these ``q`` and ``k`` at ``budget`` (:func:`rank_keys`, bidirectional and unmasked
     only), whose values, indices and normalisers are used instead of forming the logits: the same numbers.
@@ -397,13 +398,19 @@ def rank_keys(q: torch.Tensor, k: torch.Tensor, budgets) -> KeyRanking:
 
 
 def _logsumexp_(logits: torch.Tensor, largest: torch.Tensor) -> torch.Tensor:
-    """``torch.logsumexp(logits, dim=-1)`` by its own steps (the row maximum, 0 where infinite, subtracted; exp;
-    sum; log; the maximum added back), the first two in place: the same numbers, ``logits`` overwritten. The row
-    maximum is given, ``largest`` ``(..., 1)`` (the first of ``torch.topk``'s values: NaN where the row has one,
-    as ``amax`` gives it)."""
+    r"""``torch.logsumexp(logits, dim=-1)`` by its own steps (the row maximum, 0 where infinite, subtracted; exp;
+    sum; log; the maximum added back), in place, ``logits`` overwritten. The row maximum is given, ``largest``
+    ``(..., 1)`` (the first of ``torch.topk``'s values: NaN where the row has one, as ``amax`` gives it).
+
+    float64: torch's steps, the same numbers. Narrower floats: :math:`e^{x} = 2^{x\log_2 e}`, the exponent scaled
+    in place and ``exp2``, the same to rounding (the scaling rounds once, relative error of each term at most
+    :math:`|x| \cdot 2^{-24}`, below the float32 sum's own), torch's float32 ``exp`` being the slower (on one thread,
+    ``(3, 170, 8192)`` logits: ``benchmarks/results/selection_oracles.md``)."""
     peak = largest.clone()
     peak.masked_fill_(peak.abs() == math.inf, 0.0)
-    return logits.sub_(peak).exp_().sum(-1).log_().add_(peak.squeeze(-1))
+    shifted = logits.sub_(peak)
+    terms = shifted.exp_() if logits.dtype == torch.float64 else shifted.mul_(1 / math.log(2)).exp2_()
+    return terms.sum(-1).log_().add_(peak.squeeze(-1))
 
 
 def sparse_approximation(name: str, output: torch.Tensor, m: int, record: Callable[[], tuple], info: dict):
