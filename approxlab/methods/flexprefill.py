@@ -17,6 +17,7 @@ import torch
 from .._validation import check_int, check_positive_float, check_real
 from ._base import CAUSAL_ONLY, method
 from ._mask_attention import block_visible, mask_approximation
+from ._sparse_attention import attend_blocks
 from .minference import last_query_masses
 
 __all__ = ["flexprefill", "FLEXPREFILL", "DEFAULT_MIN_BUDGET", "mass_cover", "block_means", "pattern_distance",
@@ -304,7 +305,8 @@ def flexprefill(q, k, v, *, num_features, generator=None, gamma=0.9, tau=0.1, bl
         chosen = chosen | (query_aware_blocks(q, k, gamma, block_size=size) & query_aware[..., None, None])
     info = {"blocks": chosen, "query_aware": query_aware, "distance": distance, "vertical_blocks": vertical,
             "slash_blocks": slash}
-    return mask_approximation("flexprefill", q, k, v, block_visible(chosen, size), info)
+    return mask_approximation("flexprefill", q, k, v, block_visible(chosen, size), info,
+                              attend_blocks(q, k, v, chosen, size))
 
 
 FLEXPREFILL = flexprefill

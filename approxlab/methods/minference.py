@@ -14,6 +14,7 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._mask_attention import block_visible, mask_approximation
+from ._sparse_attention import attend_blocks, attend_vertical_slash
 
 __all__ = ["minference", "MINFERENCE", "PATTERNS", "vertical_slash_indices", "last_query_masses", "pooled_block_scores"]
 
@@ -23,6 +24,10 @@ PATTERNS = ("vertical-slash", "a-shape", "block-sparse")
 DEFAULT_PAIR = (1000, 6096)
 """The authors' default ``(vertical_size, slash_size)`` (``minference_forward.py``): how ``num_features`` is split
 between columns and diagonals unless ``vertical_size`` is given."""
+
+
+VERTICAL_SLASH_BLOCK = 64
+"""Query rows per block of the vertical-slash and A-shape attention (the authors' kernel's ``BLOCK_M``)."""
 
 
 def _split(budget: int, vertical_size) -> tuple[int, int]:
@@ -227,7 +232,7 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
         kept = min(-(-budget // size), scores.shape[-1])
         chosen = _top_mask(scores, kept) & torch.isfinite(scores)
         return mask_approximation("minference", q, k, v, block_visible(chosen, size),
-                                  {"pattern": pattern, "blocks": chosen})
+                                  {"pattern": pattern, "blocks": chosen}, attend_blocks(q, k, v, chosen, size))
     if pattern == "a-shape":
         first = min(check_int(sinks, "sinks", low=0), budget // 2)
         n = k.shape[-2]
@@ -241,7 +246,8 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
             forced_vertical=min(check_int(forced_vertical, "forced_vertical", low=0), columns_kept),
             forced_slash=min(check_int(forced_slash, "forced_slash", low=0), diagonals_kept))
     return mask_approximation("minference", q, k, v, _diagonal_mask(columns, offsets),
-                              {"pattern": pattern, "columns": columns, "offsets": offsets})
+                              {"pattern": pattern, "columns": columns, "offsets": offsets},
+                              attend_vertical_slash(q, k, v, columns, offsets, block_size=VERTICAL_SLASH_BLOCK))
 
 
 MINFERENCE = minference

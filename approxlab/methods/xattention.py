@@ -15,6 +15,7 @@ import torch
 from .._validation import check_int, check_positive_float
 from ._base import CAUSAL_ONLY, method
 from ._mask_attention import block_visible, mask_approximation
+from ._sparse_attention import attend_blocks
 
 __all__ = ["xattention", "XATTENTION", "antidiagonal_block_scores", "threshold_blocks"]
 
@@ -163,7 +164,8 @@ def xattention(q, k, v, *, num_features, generator=None, threshold=0.9, block_si
     scores = antidiagonal_block_scores(q, k, block_size=size, stride=stride)
     chosen = threshold_blocks(scores, tau, max(2, -(-num_features // size)))
     info = {"blocks": chosen, "scores": scores}
-    return mask_approximation("xattention", q, k, v, block_visible(chosen, size), info)
+    return mask_approximation("xattention", q, k, v, block_visible(chosen, size), info,
+                              attend_blocks(q, k, v, chosen, size))
 
 
 XATTENTION = xattention

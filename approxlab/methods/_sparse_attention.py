@@ -1,0 +1,233 @@
+r"""Exact causal softmax over a sparse pattern, computed sparsely: each query block against the keys its pattern shows.
+
+The sparse-prefill methods (MInference, XAttention, FlexPrefill, DuoAttention) keep, for every query :math:`i`, a
+set :math:`S_i \subseteq \{0, \dots, i\}` and compute
+:math:`\tilde o_i = \sum_{j\in S_i} e^{s_{ij}} v_j / \sum_{l\in S_i} e^{s_{il}}`, :math:`s_{ij} = q_i^\top k_j/\sqrt p`
+(:mod:`~approxlab.methods._mask_attention` evaluates the same from a boolean mask, densely). Here the pattern comes
+in the two forms the authors' kernels take:
+
+* :func:`attend_blocks`: the kept key blocks of each query block (MInference's block-sparse pattern, XAttention,
+  FlexPrefill; the ``block_sparse_attention`` kernels), the element mask :math:`j \le i` inside the diagonal block;
+* :func:`attend_vertical_slash`: kept columns and kept diagonal offsets :math:`o = i - j` (MInference's
+  vertical-slash and A-shape, DuoAttention's streaming heads; ``vertical_slash_sparse_attention``): each query block
+  gathers the kept columns and the key ranges its kept diagonals cross, with the element mask inside.
+
+Each query block of :math:`B` rows forms its logits against one gathered set of :math:`W` keys only, takes the
+softmax over the visible entries in the log domain (the row maximum subtracted; a row with no visible key gets
+output 0 and log-normaliser :math:`-\infty`) and the weighted sum of the gathered values: time :math:`O(nWp)`,
+memory :math:`O(\text{chunk}\cdot BW)`, never an :math:`n \times n` or :math:`B \times n` tensor. A head whose
+pattern is the whole causal triangle goes to torch's fused causal kernel instead (the dense route, kept where a
+pattern is dense). The outputs equal :func:`~approxlab.methods._mask_attention.attend_mask`'s to rounding (the
+order of the sums; tests compare both).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..operators.fused_attention import _attend
+from ._selection import BLOCK_ELEMENTS, gather_rows
+
+__all__ = ["attend_blocks", "attend_vertical_slash", "diagonal_template", "causal_attention_with_lse"]
+
+
+def causal_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Exact causal attention and each row's :math:`\log\sum_{j\le i} e^{s_{ij}}` through torch's fused kernel.
+
+    ``q, k, v`` ``(H, n, p)``, ``(H, n, p)``, ``(H, n, p_v)``; returns ``(H, n, p_v)`` and ``(H, n)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = k = torch.zeros(1, 2, 2, dtype=torch.float64)
+    >>> out, lse = causal_attention_with_lse(q, k, torch.tensor([[[1.0], [3.0]]], dtype=torch.float64))
+    >>> out.flatten().tolist(), [round(x, 4) for x in lse.flatten().tolist()]
+    ([1.0, 2.0], [0.0, 0.6931])
+    """
+    return _attend(q, k, v, 1 / math.sqrt(q.shape[-1]), need_lse=True, mask="causal")
+
+
+def _gathered(q, k, v, indices, visible, block_size: int):
+    """``(out, lse)`` of the query blocks of ``q`` ``(H, N*B, p)`` (rows padded to whole blocks) against the keys
+    ``indices`` ``(H, N, W)`` of each (rows of ``k``/``v`` ``(H, m, .)``); ``visible(first, last)`` the ``(H, c, B,
+    W)`` bool mask of the blocks ``first:last``. ``out`` ``(H, N*B, p_v)``, ``lse`` ``(H, N*B)``."""
+    heads, _, p = q.shape
+    blocks, width = indices.shape[-2], indices.shape[-1]
+    key_rows, value_rows = gather_rows(k, (heads,)), gather_rows(v, (heads,))
+    chunk = max(1, BLOCK_ELEMENTS // max(1, heads * block_size * max(width, p)))
+    outputs, normalisers = [], []
+    for first in range(0, blocks, chunk):
+        last = min(first + chunk, blocks)
+        chosen = indices[:, first:last]
+        queries = q[:, first * block_size:last * block_size].reshape(heads, last - first, block_size, p)
+        logits = (queries @ key_rows(chosen).transpose(-1, -2)).div_(math.sqrt(p))
+        logits.masked_fill_(~visible(first, last), -math.inf)
+        peak = logits.amax(-1, keepdim=True)
+        peak.masked_fill_(~torch.isfinite(peak), 0.0)
+        weights = logits.sub_(peak).exp_()
+        sums = weights.sum(-1, keepdim=True)
+        out = (weights @ value_rows(chosen)) / torch.where(sums > 0, sums, torch.ones_like(sums))
+        outputs.append(out.flatten(1, 2))
+        normalisers.append((sums.log() + peak).flatten(1, 3))
+    return torch.cat(outputs, dim=1), torch.cat(normalisers, dim=1)
+
+
+def _by_heads(q, k, v, dense: torch.Tensor, sparse):
+    """``(out, lse)`` over the heads ``(H, n, .)``: the fused causal kernel on the ``dense`` ``(H,)`` heads,
+    ``sparse(heads)`` (a ``(h,)`` index tensor -> ``(out, lse)`` of those heads) on the others."""
+    if bool(dense.all()):
+        return causal_attention_with_lse(q, k, v)
+    if not bool(dense.any()):
+        return sparse(torch.arange(q.shape[0], device=q.device))
+    out = q.new_empty(*q.shape[:-1], v.shape[-1])
+    lse = q.new_empty(q.shape[:-1])
+    full, rest = dense.nonzero().flatten(), (~dense).nonzero().flatten()
+    out[full], lse[full] = causal_attention_with_lse(q[full], k[full], v[full])
+    out[rest], lse[rest] = sparse(rest)
+    return out, lse
+
+
+def _heads(q, k, v, *patterns):
+    """``q, k, v`` and ``patterns`` expanded to their common batch and flattened to ``(H, ...)``; the batch."""
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
+                                   *(x.shape[:-t] for x, t in patterns))
+    flat = [x.expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+    flat += [x.expand(*batch, *x.shape[-t:]).reshape(-1, *x.shape[-t:]) for x, t in patterns]
+    return batch, flat
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, 0, 0, rows - x.shape[-2]))
+
+
+def attend_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chosen: torch.Tensor, block_size: int, *,
+                  return_lse: bool = False):
+    r"""Exact causal attention over the kept key blocks of each query block, computed block-sparsely.
+
+    ``q, k, v`` ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``; ``chosen`` bool ``(*batch, N, N)``,
+    :math:`N = \lceil n/B\rceil` for :math:`B` = ``block_size``: row :math:`i` of query block :math:`I` attends the
+    keys :math:`j \le i` of the key blocks :math:`J` with ``chosen[..., I, J]`` (the pattern of
+    :func:`~approxlab.methods._mask_attention.block_visible`). Each query block gathers its :math:`c_I` kept blocks
+    (padded to the most any block keeps, :math:`W = B\max_I c_I`): time :math:`O(nWp)`. Returns ``(*batch, n,
+    p_v)`` (0 on a row with no visible key), and with ``return_lse`` also the ``(*batch, n)`` log-normalisers.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = k = torch.zeros(1, 4, 2, dtype=torch.float64)
+    >>> v = torch.tensor([[[1.0], [3.0], [5.0], [7.0]]], dtype=torch.float64)
+    >>> chosen = torch.tensor([[[True, False], [True, False]]])  # block 1 keeps key block 0 only
+    >>> attend_blocks(q, k, v, chosen, 2)[0, :, 0].tolist()
+    [1.0, 2.0, 2.0, 2.0]
+    """
+    batch, (q, k, v, chosen) = _heads(q, k, v, (chosen, 2))
+    n = q.shape[-2]
+    blocks = chosen.shape[-1]
+    later = torch.ones(blocks, blocks, dtype=torch.bool, device=q.device).triu(1)
+    chosen = chosen & ~later
+    dense = (chosen | later).flatten(1).all(-1)
+
+    def sparse(heads):
+        pattern = chosen[heads]
+        counts = pattern.sum(-1)
+        widest = max(1, int(counts.max()))
+        slots, order = pattern.to(torch.uint8).topk(widest, dim=-1)  # (h, N, c): the kept key blocks first
+        offsets = torch.arange(block_size, device=q.device)
+        keys = (order.unsqueeze(-1) * block_size + offsets).flatten(-2)  # (h, N, c*B)
+        shown = slots.bool().repeat_interleave(block_size, dim=-1)
+        rows = torch.arange(blocks * block_size, device=q.device).view(blocks, block_size, 1)
+
+        def visible(first, last):
+            return shown[:, first:last, None, :] & (keys[:, first:last, None, :] <= rows[first:last])
+
+        padded = blocks * block_size
+        out, lse = _gathered(_pad_rows(q[heads], padded), _pad_rows(k[heads], padded), _pad_rows(v[heads], padded),
+                             keys, visible, block_size)
+        return out[:, :n], lse[:, :n]
+
+    out, lse = _by_heads(q, k, v, dense, sparse)
+    out, lse = out.reshape(*batch, n, -1), lse.reshape(*batch, n)
+    return (out, lse) if return_lse else out
+
+
+def diagonal_template(offsets: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The key positions relative to a query block's first row that its kept diagonals cross.
+
+    Rows :math:`s, \dots, s + B - 1` meet diagonal :math:`o` at keys :math:`s - o, \dots, s - o + B - 1`, so the
+    keys of every kept offset are :math:`s + r` for :math:`r` in the union of :math:`[-o, -o + B - 1]` -- the
+    same for every block (the runs of kept offsets closer than :math:`B` merged, as MInference's kernel merges its
+    diagonal ranges). ``offsets`` bool ``(H, n)`` (True on kept :math:`o = i - j`); returns ``(relative, valid)``,
+    ``(H, W)`` each (``relative`` ascending, ``valid`` False on padding), :math:`W` the widest union.
+
+    Examples
+    --------
+    >>> import torch
+    >>> relative, valid = diagonal_template(torch.tensor([[True, True, False, False, False, True]]), 2)
+    >>> relative[valid].tolist()  # offsets 0, 1 (keys s-1..s+1) and 5 (keys s-5, s-4)
+    [-5, -4, -1, 0, 1]
+    """
+    heads, n = offsets.shape
+    reach = torch.nn.functional.pad(offsets.long().cumsum(-1), (1, 0))  # reach[o] = kept offsets below o
+    r = torch.arange(-(n - 1), block_size, device=offsets.device)  # every relative key position
+    low, high = (-r).clamp(0, n), (block_size - r).clamp(0, n)  # offsets -r .. -r + B - 1 cover position r
+    covered = (reach[:, high] - reach[:, low]) > 0  # (H, n + B - 1)
+    width = max(1, int(covered.sum(-1).max()))
+    slots, order = covered.to(torch.uint8).topk(width, dim=-1, sorted=False)
+    order, sort = order.sort(-1)
+    return r[order], torch.gather(slots, -1, sort).bool()
+
+
+def attend_vertical_slash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, columns: torch.Tensor,
+                          offsets: torch.Tensor, *, block_size: int = 64, return_lse: bool = False):
+    r"""Exact causal attention over kept columns and kept diagonals, computed sparsely.
+
+    ``q, k, v`` ``(*batch, n, p)``, ``(*batch, n, p)``, ``(*batch, n, p_v)``; ``columns`` and ``offsets`` bool
+    ``(*batch, n)``: row :math:`i` attends the keys :math:`j \le i` with ``columns[j]`` or ``offsets[i - j]`` (the
+    vertical-slash pattern, MInference's Algorithm 2; sinks and a window when both are prefixes). Each query block
+    of :math:`B` = ``block_size`` rows gathers the kept columns (each counted there only) and the keys of
+    :func:`diagonal_template` (:math:`W = |C| + W_s` in all), the element mask inside: time :math:`O(nWp)`.
+    Returns ``(*batch, n, p_v)`` (0 on a row with no visible key), and with ``return_lse`` also the ``(*batch,
+    n)`` log-normalisers.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = k = torch.zeros(1, 4, 2, dtype=torch.float64)
+    >>> v = torch.tensor([[[1.0], [3.0], [5.0], [7.0]]], dtype=torch.float64)
+    >>> first = torch.tensor([[True, False, False, False]])  # column 0 and the main diagonal
+    >>> attend_vertical_slash(q, k, v, first, first, block_size=2)[0, :, 0].tolist()
+    [1.0, 2.0, 3.0, 4.0]
+    """
+    batch, (q, k, v, columns, offsets) = _heads(q, k, v, (columns, 1), (offsets, 1))
+    n = q.shape[-2]
+    dense = columns.all(-1) | offsets.all(-1)
+
+    def sparse(heads):
+        kept_columns, kept_offsets = columns[heads], offsets[heads]
+        widest = max(1, int(kept_columns.sum(-1).max()))
+        column_slots, column_keys = kept_columns.to(torch.uint8).topk(widest, dim=-1, sorted=False)
+        relative, diagonal_slots = diagonal_template(kept_offsets, block_size)
+        blocks = -(-n // block_size)
+        starts = torch.arange(blocks, device=q.device).unsqueeze(-1) * block_size
+        slash_keys = starts + relative.unsqueeze(-2)  # (h, N, W_s)
+        keys = torch.cat([column_keys.unsqueeze(-2).expand(-1, blocks, -1), slash_keys.clamp(0, n - 1)], dim=-1)
+        rows = torch.arange(blocks * block_size, device=q.device).view(blocks, block_size, 1)
+        on_column = column_slots.bool()[:, None, None, :]
+        on_slash = diagonal_slots[:, None, :] & (slash_keys >= 0) & ~torch.gather(kept_columns, -1, keys[
+            ..., widest:].flatten(1)).view_as(slash_keys)  # a kept column is counted among the columns only
+
+        def visible(first, last):
+            offset = rows[first:last] - slash_keys[:, first:last, None, :]  # (h, c, B, W_s): i - j
+            diagonal = torch.gather(kept_offsets, -1, offset.clamp(0, n - 1).flatten(1)).view_as(offset)
+            slash = on_slash[:, first:last, None, :] & diagonal & (offset >= 0)
+            vertical = on_column & (column_keys[:, None, None, :] <= rows[first:last])
+            return torch.cat([vertical.expand(-1, last - first, -1, -1), slash], dim=-1)
+
+        out, lse = _gathered(_pad_rows(q[heads], blocks * block_size), k[heads], v[heads], keys, visible, block_size)
+        return out[:, :n], lse[:, :n]
+
+    out, lse = _by_heads(q, k, v, dense, sparse)
+    out, lse = out.reshape(*batch, n, -1), lse.reshape(*batch, n)
+    return (out, lse) if return_lse else out
