@@ -49,21 +49,23 @@ def causal_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     return _attend(q, k, v, 1 / math.sqrt(q.shape[-1]), need_lse=True, mask="causal")
 
 
-def _gathered(q, k, v, indices, visible, block_size: int):
-    """``(out, lse)`` of the query blocks of ``q`` ``(H, N*B, p)`` (rows padded to whole blocks) against the keys
-    ``indices`` ``(H, N, W)`` of each (rows of ``k``/``v`` ``(H, m, .)``); ``visible(first, last)`` the ``(H, c, B,
-    W)`` bool mask of the blocks ``first:last``. ``out`` ``(H, N*B, p_v)``, ``lse`` ``(H, N*B)``."""
-    heads, _, p = q.shape
-    blocks, width = indices.shape[-2], indices.shape[-1]
+def _gathered(q, k, v, chunk_of, width: int, block_size: int):
+    r"""``(out, lse)`` of the query blocks of ``q`` ``(H, N*B, p)`` (rows padded to whole blocks) against their
+    gathered keys: ``chunk_of(first, last)`` gives the ``(H, c, W)`` key indices (rows of ``k``/``v`` ``(H, m, .)``)
+    of the blocks ``first:last``, ``W <= width``, and ``hide(logits)``, which writes :math:`-\infty` in place on the
+    entries of their ``(H, c, B, W)`` logits that the pattern does not show. ``out`` ``(H, N*B, p_v)``, ``lse``
+    ``(H, N*B)``."""
+    heads, rows, p = q.shape
+    blocks = rows // block_size
     key_rows, value_rows = gather_rows(k, (heads,)), gather_rows(v, (heads,))
     chunk = max(1, BLOCK_ELEMENTS // max(1, heads * block_size * max(width, p)))
     outputs, normalisers = [], []
     for first in range(0, blocks, chunk):
         last = min(first + chunk, blocks)
-        chosen = indices[:, first:last]
+        chosen, hide = chunk_of(first, last)
         queries = q[:, first * block_size:last * block_size].reshape(heads, last - first, block_size, p)
         logits = (queries @ key_rows(chosen).transpose(-1, -2)).div_(math.sqrt(p))
-        logits.masked_fill_(~visible(first, last), -math.inf)
+        hide(logits)
         peak = logits.amax(-1, keepdim=True)
         peak.masked_fill_(~torch.isfinite(peak), 0.0)
         weights = logits.sub_(peak).exp_()
@@ -131,20 +133,27 @@ def attend_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chosen: tor
 
     def sparse(heads):
         pattern = chosen[heads]
-        counts = pattern.sum(-1)
-        widest = max(1, int(counts.max()))
-        slots, order = pattern.to(torch.uint8).topk(widest, dim=-1)  # (h, N, c): the kept key blocks first
+        counts = pattern.sum(-1)  # (h, N)
+        rank = pattern.to(torch.uint8) * (1 + torch.eye(blocks, dtype=torch.uint8, device=q.device))
         offsets = torch.arange(block_size, device=q.device)
-        keys = (order.unsqueeze(-1) * block_size + offsets).flatten(-2)  # (h, N, c*B)
-        shown = slots.bool().repeat_interleave(block_size, dim=-1)
-        rows = torch.arange(blocks * block_size, device=q.device).view(blocks, block_size, 1)
+        later = torch.ones(block_size, block_size, dtype=torch.bool, device=q.device).triu(1)
 
-        def visible(first, last):
-            return shown[:, first:last, None, :] & (keys[:, first:last, None, :] <= rows[first:last])
+        def chunk_of(first, last):  # each chunk padded to its own most kept blocks
+            widest = max(1, int(counts[:, first:last].max()))
+            slots, order = rank[:, first:last].topk(widest, dim=-1)  # the diagonal block (2), the other kept (1)
+            keys = (order.unsqueeze(-1) * block_size + offsets).flatten(-2)  # (h, c, c_I * B)
+            padding = (slots == 0).repeat_interleave(block_size, dim=-1)[:, :, None, :]
+            diagonal = later & (slots[..., :1, None] == 2)  # (h, c, B, B): j > i in a kept diagonal block
+
+            def hide(logits):
+                logits.masked_fill_(padding, -math.inf)
+                logits[..., :block_size].masked_fill_(diagonal, -math.inf)
+
+            return keys, hide
 
         padded = blocks * block_size
         out, lse = _gathered(_pad_rows(q[heads], padded), _pad_rows(k[heads], padded), _pad_rows(v[heads], padded),
-                             keys, visible, block_size)
+                             chunk_of, max(1, int(counts.max())) * block_size, block_size)
         return out[:, :n], lse[:, :n]
 
     out, lse = _by_heads(q, k, v, dense, sparse)
@@ -215,17 +224,21 @@ def attend_vertical_slash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col
         keys = torch.cat([column_keys.unsqueeze(-2).expand(-1, blocks, -1), slash_keys.clamp(0, n - 1)], dim=-1)
         rows = torch.arange(blocks * block_size, device=q.device).view(blocks, block_size, 1)
         on_column = column_slots.bool()[:, None, None, :]
-        on_slash = diagonal_slots[:, None, :] & (slash_keys >= 0) & ~torch.gather(kept_columns, -1, keys[
-            ..., widest:].flatten(1)).view_as(slash_keys)  # a kept column is counted among the columns only
+        on_slash = (slash_keys >= 0) & ~torch.gather(kept_columns, -1, keys[..., widest:].flatten(1)).view_as(
+            slash_keys)  # (h, N, W_s): a kept column is counted among the columns only
+        # row t of any block meets template key r on offset t - r: the diagonals' mask is the same in every block
+        offset = torch.arange(block_size, device=q.device).view(block_size, 1) - relative.unsqueeze(-2)  # (h, B, W_s)
+        diagonal = torch.gather(kept_offsets, -1, offset.clamp(0, n - 1).flatten(1)).view_as(offset)
+        diagonal &= (offset >= 0) & diagonal_slots.unsqueeze(-2)
 
-        def visible(first, last):
-            offset = rows[first:last] - slash_keys[:, first:last, None, :]  # (h, c, B, W_s): i - j
-            diagonal = torch.gather(kept_offsets, -1, offset.clamp(0, n - 1).flatten(1)).view_as(offset)
-            slash = on_slash[:, first:last, None, :] & diagonal & (offset >= 0)
+        def chunk_of(first, last):
             vertical = on_column & (column_keys[:, None, None, :] <= rows[first:last])
-            return torch.cat([vertical.expand(-1, last - first, -1, -1), slash], dim=-1)
+            slash = diagonal.unsqueeze(1) & on_slash[:, first:last, None, :]
+            shown = torch.cat([vertical.expand(-1, last - first, -1, -1), slash], dim=-1)
+            return keys[:, first:last], lambda logits: logits.masked_fill_(~shown, -math.inf)
 
-        out, lse = _gathered(_pad_rows(q[heads], blocks * block_size), k[heads], v[heads], keys, visible, block_size)
+        out, lse = _gathered(_pad_rows(q[heads], blocks * block_size), k[heads], v[heads], chunk_of, keys.shape[-1],
+                             block_size)
         return out[:, :n], lse[:, :n]
 
     out, lse = _by_heads(q, k, v, dense, sparse)
