@@ -17,6 +17,7 @@ import torch
 import approxlab
 from _helpers import gen
 from approxlab.methods import duo_attention as duo_module
+from approxlab.methods import _sparse_attention as sparse_module
 from approxlab.methods import minference as minference_module
 from approxlab.methods._mask_attention import attend_mask, block_visible
 from approxlab.methods._sparse_attention import attend_blocks, attend_vertical_slash, diagonal_template
@@ -41,12 +42,15 @@ def _close(a, b):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("n, size", [(37, 8), (64, 16), (23, 7), (5, 8)])
-def test_attend_blocks_equals_the_dense_mask_route(seed, n, size):
+@pytest.mark.parametrize("fused_width", [0, 10**9])  # each query block through the fused kernel; gathered
+def test_attend_blocks_equals_the_dense_mask_route(seed, n, size, fused_width, monkeypatch):
+    monkeypatch.setattr(sparse_module, "FUSED_WIDTH", fused_width)
     q, k, v = _qkv(n, seed=seed)
     blocks = -(-n // size)
     chosen = torch.rand(2, 3, blocks, blocks, generator=gen(seed + 10)) < 0.4
     chosen[0, 0] = True  # a dense head: the fused kernel
     chosen[1, 2, :, 0] = False  # rows of block 0 see nothing there unless the diagonal is kept
+    chosen[1, 1] = torch.eye(blocks, dtype=torch.bool) | (torch.arange(blocks) < blocks // 2)  # contiguous runs
     visible = block_visible(chosen, size)
     out, lse = attend_blocks(q, k, v, chosen, size, return_lse=True)
     _close(out, attend_mask(q, k, v, visible))
