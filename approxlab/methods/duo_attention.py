@@ -149,10 +149,17 @@ def duo_attention(q, k, v, *, num_features, generator=None, retrieval_heads=None
 
     **Where the published code departs** (mit-han-lab/duo-attention): the gates come from training, not from
     attention statistics; its streaming heads during prefill attend block-sparse sinks and windows in chunks
-    (``prefilling_chunk_size``), here row-exact.
+    (``prefilling_chunk_size``), here row-exact (the streaming heads' sparse route: sinks and window gathered per
+    query block of 64 rows, the element mask inside).
 
-    **Cost**: the split :math:`O(n^2 p)` when not given (row blocks); the attention as evaluated here
-    :math:`O(n^2 p)` (:mod:`~approxlab.methods._mask_attention`: the streaming heads' skipped keys not modelled).
+    **Cost**, as at inference (``retrieval_heads`` given): the retrieval heads torch's fused causal kernel,
+    :math:`O(n^2 p)`; the streaming heads :math:`O(n(s + w + 63)p)`
+    (:func:`~approxlab.methods._sparse_attention.attend_vertical_slash`: sinks and window only). Without
+    ``retrieval_heads`` the split is found on these inputs: every head's exact causal attention and its
+    log-normalisers from the fused kernel (one fused causal attention in all) and every head's streaming
+    attention, whose log-normalisers give :func:`dropped_mass`; each head then keeps its own output -- the split
+    costs about one causal attention, which the authors pay once per model, offline. The same outputs as the dense
+    mask route (:func:`~approxlab.methods._mask_attention.attend_mask`) to rounding.
 
     References
     ----------

@@ -2,7 +2,7 @@ r"""MInference (Jiang et al., NeurIPS 2024): sparse prefill by three patterns --
 
 Each head's causal attention over the whole sequence is restricted to one pattern, whose indices are fixed
 (A-shape) or estimated online from the inputs (vertical-slash: from the last queries; block-sparse: from pooled
-blocks), and the kept entries are attended exactly (:func:`~approxlab.methods._mask_attention.attend_mask`).
+blocks), and the kept entries are attended exactly, sparsely (:mod:`~approxlab.methods._sparse_attention`).
 """
 
 from __future__ import annotations
@@ -200,8 +200,11 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
     estimate runs in float32, here in the inputs' dtype.
 
     **Cost**: the estimate :math:`O(Lnp)` (vertical-slash) or :math:`O(np + N^2 p)` (block-sparse); the
-    attention as evaluated here :math:`O(n^2 p)` (:mod:`~approxlab.methods._mask_attention`: the entries
-    kept are exact; the kernel's skipping of the rest is not modelled).
+    attention :math:`O(nWp)`, the logits of each query block of 64 rows formed against its gathered keys only
+    (:func:`~approxlab.methods._sparse_attention.attend_vertical_slash`: the kept columns and the key ranges its
+    kept diagonals cross, :math:`W \le |C| + |D| + 63`; :func:`~approxlab.methods._sparse_attention.attend_blocks`:
+    :math:`W = B\lceil b/B\rceil`), as the authors' kernels skip the rest; the same outputs as the dense mask
+    route (:func:`~approxlab.methods._mask_attention.attend_mask`) to rounding.
 
     References
     ----------
