@@ -71,7 +71,8 @@ def prefill_lines(lengths, budget: int, repeats: int) -> list[str]:
             shares.append(float(info["blocks"].sum((-1, -2)).double().mean()) / (blocks * (blocks + 1) / 2))
         aware = int(info["query_aware"].sum())
         lines.append(f"| {n} | {base.wall_s:.4f} | {with_split.wall_s / base.wall_s:.2f} | "
-                     f"{split_only.wall_s / base.wall_s:.2f} | {shares[0]:.3f} | {shares[1]:.3f} ({aware} of {HEADS}) |")
+                     f"{split_only.wall_s / base.wall_s:.2f} | {shares[0]:.3f} | {shares[1]:.3f} "
+                     f"({aware} of {HEADS}) |")
         print(lines[-1], flush=True)
     return lines
 

@@ -18,8 +18,8 @@ output 0 and log-normaliser :math:`-\infty`) and the weighted sum of the gathere
 memory :math:`O(\text{chunk}\cdot BW)`, never an :math:`n \times n` or :math:`B \times n` tensor. A head whose
 pattern is the whole causal triangle goes to torch's fused causal kernel instead (the dense route, kept where a
 pattern is dense), and a head of :func:`attend_blocks` that keeps many blocks runs each query block through the
-same kernel over its kept blocks only (:data:`FUSED_WIDTH`). The outputs equal :func:`~approxlab.methods._mask_attention.attend_mask`'s to rounding (the
-order of the sums; tests compare both).
+same kernel over its kept blocks only (:data:`FUSED_WIDTH`). The outputs equal
+:func:`~approxlab.methods._mask_attention.attend_mask`'s to rounding (the order of the sums; tests compare both).
 """
 
 from __future__ import annotations
