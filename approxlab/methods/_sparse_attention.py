@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..operators.fused_attention import _attend
+from ..operators.fused_attention import _attend, _flash_attention_cpu
 from ._selection import BLOCK_ELEMENTS, gather_rows
 
 __all__ = ["attend_blocks", "attend_vertical_slash", "diagonal_template", "causal_attention_with_lse"]
@@ -93,6 +93,16 @@ def _merge(first, second):
             + second[0] * torch.exp(second[1] - lse).unsqueeze(-1)), lse
 
 
+def _fused(q, k, v, scale: float, causal: bool = False):
+    """``(out, lse)`` ``(1, T, .)``, ``(1, T)`` of ``q, k, v`` ``(1, T, .)`` through the fused kernel: its CPU
+    op on views of the inputs where it takes them (no copy), else :func:`~approxlab.operators.fused_attention._attend`."""
+    if q.shape[-1] == v.shape[-1]:
+        fused = _flash_attention_cpu(q[None], k[None], v[None], scale, causal)
+        if fused is not None:
+            return fused[0][0], fused[1][0]
+    return _attend(q, k, v, scale, mask="causal" if causal else None)
+
+
 def _fused_blocks(q, k, v, pattern, block_size: int):
     """``(out, lse)`` ``(h, n, .)`` of :func:`attend_blocks` for ``pattern`` ``(h, N, N)`` (no block after the
     diagonal), each head and query block through the fused kernel (:data:`FUSED_WIDTH`)."""
@@ -108,13 +118,12 @@ def _fused_blocks(q, k, v, pattern, block_size: int):
             parts = []
             if len(earlier) and int(earlier[-1] - earlier[0]) + 1 == len(earlier):  # one contiguous range
                 keys = slice(int(earlier[0]) * block_size, (int(earlier[-1]) + 1) * block_size)
-                parts.append(_attend(rows, k[head:head + 1, keys], v[head:head + 1, keys], scale))
+                parts.append(_fused(rows, k[head:head + 1, keys], v[head:head + 1, keys], scale))
             elif len(earlier):
                 keys = (earlier.unsqueeze(-1) * block_size + offsets).flatten()
-                parts.append(_attend(rows, k[head:head + 1, keys], v[head:head + 1, keys], scale))
+                parts.append(_fused(rows, k[head:head + 1, keys], v[head:head + 1, keys], scale))
             if bool(kept[block]):
-                parts.append(_attend(rows, k[head:head + 1, start:stop], v[head:head + 1, start:stop], scale,
-                                     mask="causal"))
+                parts.append(_fused(rows, k[head:head + 1, start:stop], v[head:head + 1, start:stop], scale, True))
             if parts:
                 part = parts[0] if len(parts) == 1 else _merge(*parts)
                 out[head, start:stop], lse[head, start:stop] = part[0][0], part[1][0]
