@@ -149,3 +149,23 @@ def test_dropped_mass_from_the_log_normalisers_equals_the_dense_sum():
         ~torch.ones(45, 45, dtype=torch.bool).tril(), -math.inf), dim=-1)
     expected = weights.masked_fill(visible(0, 45), 0.0).sum((-1, -2)) / 45
     _close(duo_module.dropped_mass(q, k, sinks=3, window=6), expected)
+
+
+@pytest.mark.parametrize("fused_width", [0, 10**9])
+def test_gradients_through_the_sparse_route_equal_the_dense_route(fused_width, monkeypatch):
+    monkeypatch.setattr(sparse_module, "FUSED_WIDTH", fused_width)
+    n, size = 29, 6
+    g = gen(7)
+    chosen = torch.rand(2, 3, 5, 5, generator=g) < 0.5
+    columns, offsets = torch.rand(2, 3, n, generator=g) < 0.2, torch.rand(2, 3, n, generator=g) < 0.2
+    columns[0, 0] = True  # a dense head
+    for sparse, dense in ((lambda q, k, v: attend_blocks(q, k, v, chosen, size), block_visible(chosen, size)),
+                          (lambda q, k, v: attend_vertical_slash(q, k, v, columns, offsets, block_size=size),
+                           _diagonal_mask(columns, offsets))):
+        grads = []
+        for route in (sparse, lambda q, k, v: attend_mask(q, k, v, dense)):
+            q, k, v = (x.requires_grad_() for x in _qkv(n, seed=8))
+            route(q, k, v).pow(2).sum().backward()
+            grads.append([q.grad, k.grad, v.grad])
+        for a, b in zip(*grads):
+            _close(a, b)

@@ -67,7 +67,7 @@ def _gathered(q, k, v, chunk_of, width: int, block_size: int):
         queries = q[:, first * block_size:last * block_size].reshape(heads, last - first, block_size, p)
         logits = (queries @ key_rows(chosen).transpose(-1, -2)).div_(math.sqrt(p))
         hide(logits)
-        peak = logits.amax(-1, keepdim=True)
+        peak = logits.detach().amax(-1, keepdim=True)  # a constant shift (no gradient: the softmax ignores it)
         peak.masked_fill_(~torch.isfinite(peak), 0.0)
         weights = logits.sub_(peak).exp_()
         sums = weights.sum(-1, keepdim=True)
@@ -167,7 +167,9 @@ def attend_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chosen: tor
     keys :math:`j \le i` of the key blocks :math:`J` with ``chosen[..., I, J]`` (the pattern of
     :func:`~approxlab.methods._mask_attention.block_visible`). Each query block gathers its :math:`c_I` kept blocks
     (padded to the most any block keeps, :math:`W = B\max_I c_I`): time :math:`O(nWp)`. Returns ``(*batch, n,
-    p_v)`` (0 on a row with no visible key), and with ``return_lse`` also the ``(*batch, n)`` log-normalisers.
+    p_v)`` (0 on a row with no visible key), and with ``return_lse`` also the ``(*batch, n)`` log-normalisers
+    (without a gradient on a dense head's rows: the fused kernel's). With a gradient to record, every sparse head
+    takes the gathered route, whose log-normalisers the merge of :data:`FUSED_WIDTH`'s route would need.
 
     Examples
     --------
@@ -188,7 +190,8 @@ def attend_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chosen: tor
     def sparse(heads):
         pattern = chosen[heads]
         counts = pattern.sum(-1)  # (h, N)
-        if float(counts.float().mean()) * block_size >= FUSED_WIDTH:
+        graph = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))  # the kernel's lse has none
+        if not graph and float(counts.float().mean()) * block_size >= FUSED_WIDTH:
             return _fused_blocks(q[heads], k[heads], v[heads], pattern, block_size)
         rank = pattern.to(torch.uint8) * (1 + torch.eye(blocks, dtype=torch.uint8, device=q.device))
         offsets = torch.arange(block_size, device=q.device)
