@@ -95,7 +95,8 @@ def _merge(first, second):
 
 def _fused(q, k, v, scale: float, causal: bool = False):
     """``(out, lse)`` ``(1, T, .)``, ``(1, T)`` of ``q, k, v`` ``(1, T, .)`` through the fused kernel: its CPU
-    op on views of the inputs where it takes them (no copy), else :func:`~approxlab.operators.fused_attention._attend`."""
+    op on views of the inputs where it takes them (no copy), else
+    :func:`~approxlab.operators.fused_attention._attend`."""
     if q.shape[-1] == v.shape[-1]:
         fused = _flash_attention_cpu(q[None], k[None], v[None], scale, causal)
         if fused is not None:
