@@ -53,9 +53,10 @@ def causal_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
 def _gathered(q, k, v, chunk_of, width: int, block_size: int):
     r"""``(out, lse)`` of the query blocks of ``q`` ``(H, N*B, p)`` (rows padded to whole blocks) against their
     gathered keys: ``chunk_of(first, last)`` gives the ``(H, c, W)`` key indices (rows of ``k``/``v`` ``(H, m, .)``)
-    of the blocks ``first:last``, ``W <= width``, and ``hide(logits)``, which writes :math:`-\infty` in place on the
-    entries of their ``(H, c, B, W)`` logits that the pattern does not show. ``out`` ``(H, N*B, p_v)``, ``lse``
-    ``(H, N*B)``."""
+    of the blocks ``first:last``, ``W <= width``, ``hide(logits)``, which writes :math:`-\infty` in place on the
+    entries of their ``(H, c, B, W)`` logits that the pattern does not show, and ``None`` or ``(row_keys, shown)``,
+    ``(H, c, B, D)`` each: keys of each row's own (its isolated diagonals') and which of them it sees. ``out``
+    ``(H, N*B, p_v)``, ``lse`` ``(H, N*B)``."""
     heads, rows, p = q.shape
     blocks = rows // block_size
     key_rows, value_rows = gather_rows(k, (heads,)), gather_rows(v, (heads,))
@@ -63,15 +64,21 @@ def _gathered(q, k, v, chunk_of, width: int, block_size: int):
     outputs, normalisers = [], []
     for first in range(0, blocks, chunk):
         last = min(first + chunk, blocks)
-        chosen, hide = chunk_of(first, last)
+        chosen, hide, own = chunk_of(first, last)
         queries = q[:, first * block_size:last * block_size].reshape(heads, last - first, block_size, p)
         logits = (queries @ key_rows(chosen).transpose(-1, -2)).div_(math.sqrt(p))
         hide(logits)
+        if own is not None:  # each row's own keys: one dot product each
+            single = (key_rows(own[0]) @ queries.unsqueeze(-1)).squeeze(-1).div_(math.sqrt(p))
+            logits = torch.cat([logits, single.masked_fill_(~own[1], -math.inf)], dim=-1)
         peak = logits.detach().amax(-1, keepdim=True)  # a constant shift (no gradient: the softmax ignores it)
         peak.masked_fill_(~torch.isfinite(peak), 0.0)
         weights = logits.sub_(peak).exp_()
         sums = weights.sum(-1, keepdim=True)
-        out = (weights @ value_rows(chosen)) / torch.where(sums > 0, sums, torch.ones_like(sums))
+        out = weights[..., :chosen.shape[-1]] @ value_rows(chosen)
+        if own is not None:
+            out = out + (weights[..., chosen.shape[-1]:].unsqueeze(-2) @ value_rows(own[0])).squeeze(-2)
+        out = out / torch.where(sums > 0, sums, torch.ones_like(sums))
         outputs.append(out.flatten(1, 2))
         normalisers.append((sums.log() + peak).flatten(1, 3))
     return torch.cat(outputs, dim=1), torch.cat(normalisers, dim=1)
@@ -209,7 +216,7 @@ def attend_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chosen: tor
                 logits.masked_fill_(padding, -math.inf)
                 logits[..., :block_size].masked_fill_(diagonal, -math.inf)
 
-            return keys, hide
+            return keys, hide, None
 
         padded = blocks * block_size
         out, lse = _gathered(_pad_rows(q[heads], padded), _pad_rows(k[heads], padded), _pad_rows(v[heads], padded),
@@ -248,6 +255,17 @@ def diagonal_template(offsets: torch.Tensor, block_size: int) -> tuple[torch.Ten
     return r[order], torch.gather(slots, -1, sort).bool()
 
 
+def _diagonal_runs(offsets: torch.Tensor, shortest: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(long, isolated)``, bool ``(H, n)``: the kept ``offsets`` in runs of at least ``shortest`` consecutive
+    ones, and the others."""
+    starts = offsets & ~torch.nn.functional.pad(offsets[..., :-1], (1, 0))
+    run = starts.long().cumsum(-1) * offsets  # 1, 2, ... on each run's offsets; 0 off them
+    lengths = torch.zeros(offsets.shape[0], offsets.shape[-1] + 1, dtype=torch.long, device=offsets.device)
+    lengths.scatter_add_(-1, run, offsets.long())
+    long = offsets & (torch.gather(lengths, -1, run) >= shortest)
+    return long, offsets & ~long
+
+
 def attend_vertical_slash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, columns: torch.Tensor,
                           offsets: torch.Tensor, *, block_size: int = 64, return_lse: bool = False):
     r"""Exact causal attention over kept columns and kept diagonals, computed sparsely.
@@ -256,7 +274,10 @@ def attend_vertical_slash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col
     ``(*batch, n)``: row :math:`i` attends the keys :math:`j \le i` with ``columns[j]`` or ``offsets[i - j]`` (the
     vertical-slash pattern, MInference's Algorithm 2; sinks and a window when both are prefixes). Each query block
     of :math:`B` = ``block_size`` rows gathers the kept columns (each counted there only) and the keys of
-    :func:`diagonal_template` (:math:`W = |C| + W_s` in all), the element mask inside: time :math:`O(nWp)`.
+    :func:`diagonal_template` for the kept diagonals in runs of at least :math:`\lfloor B/4\rfloor` (:math:`W =
+    |C| + W_s` in all), the element mask inside; a diagonal in a shorter run, which would widen every block's set
+    by :math:`B` keys for one a row, is read row by row instead (one dot product and one value a row):
+    time :math:`O(n(W + D)p)` for :math:`D` such diagonals.
     Returns ``(*batch, n, p_v)`` (0 on a row with no visible key), and with ``return_lse`` also the ``(*batch,
     n)`` log-normalisers.
 
@@ -277,7 +298,10 @@ def attend_vertical_slash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col
         kept_columns, kept_offsets = columns[heads], offsets[heads]
         widest = max(1, int(kept_columns.sum(-1).max()))
         column_slots, column_keys = kept_columns.to(torch.uint8).topk(widest, dim=-1, sorted=False)
-        relative, diagonal_slots = diagonal_template(kept_offsets, block_size)
+        long, isolated = _diagonal_runs(kept_offsets, max(1, block_size // 4))
+        relative, diagonal_slots = diagonal_template(long, block_size)
+        lone = int(isolated.sum(-1).max())
+        lone_slots, lone_offsets = isolated.to(torch.uint8).topk(max(1, lone), dim=-1, sorted=False)
         blocks = -(-n // block_size)
         starts = torch.arange(blocks, device=q.device).unsqueeze(-1) * block_size
         slash_keys = starts + relative.unsqueeze(-2)  # (h, N, W_s)
@@ -288,17 +312,23 @@ def attend_vertical_slash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, col
             slash_keys)  # (h, N, W_s): a kept column is counted among the columns only
         # row t of any block meets template key r on offset t - r: the diagonals' mask is the same in every block
         offset = torch.arange(block_size, device=q.device).view(block_size, 1) - relative.unsqueeze(-2)  # (h, B, W_s)
-        diagonal = torch.gather(kept_offsets, -1, offset.clamp(0, n - 1).flatten(1)).view_as(offset)
+        diagonal = torch.gather(long, -1, offset.clamp(0, n - 1).flatten(1)).view_as(offset)
         diagonal &= (offset >= 0) & diagonal_slots.unsqueeze(-2)
 
         def chunk_of(first, last):
             vertical = on_column & (column_keys[:, None, None, :] <= rows[first:last])
             slash = diagonal.unsqueeze(1) & on_slash[:, first:last, None, :]
             shown = torch.cat([vertical.expand(-1, last - first, -1, -1), slash], dim=-1)
-            return keys[:, first:last], lambda logits: logits.masked_fill_(~shown, -math.inf)
+            own = None
+            if lone:
+                row_keys = rows[first:last] - lone_offsets[:, None, None, :]  # (h, c, B, D)
+                own_shown = lone_slots.bool()[:, None, None, :] & (row_keys >= 0)
+                row_keys = row_keys.clamp(0, n - 1)
+                own = row_keys, own_shown & ~torch.gather(kept_columns, -1, row_keys.flatten(1)).view_as(row_keys)
+            return keys[:, first:last], lambda logits: logits.masked_fill_(~shown, -math.inf), own
 
-        out, lse = _gathered(_pad_rows(q[heads], blocks * block_size), k[heads], v[heads], chunk_of, keys.shape[-1],
-                             block_size)
+        out, lse = _gathered(_pad_rows(q[heads], blocks * block_size), k[heads], v[heads], chunk_of,
+                             keys.shape[-1] + lone, block_size)
         return out[:, :n], lse[:, :n]
 
     out, lse = _by_heads(q, k, v, dense, sparse)
