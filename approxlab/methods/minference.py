@@ -201,8 +201,10 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
 
     **Cost**: the estimate :math:`O(Lnp)` (vertical-slash) or :math:`O(np + N^2 p)` (block-sparse); the
     attention :math:`O(nWp)`, the logits of each query block of 64 rows formed against its gathered keys only
-    (:func:`~approxlab.methods._sparse_attention.attend_vertical_slash`: the kept columns and the key ranges its
-    kept diagonals cross, :math:`W \le |C| + |D| + 63`; :func:`~approxlab.methods._sparse_attention.attend_blocks`:
+    (:func:`~approxlab.methods._sparse_attention.attend_vertical_slash`: the kept columns, the key ranges its runs
+    of kept diagonals cross (:math:`L + 63` keys for a run of :math:`L`), and each row's one key on an isolated
+    kept diagonal;
+    :func:`~approxlab.methods._sparse_attention.attend_blocks`:
     :math:`W = B\lceil b/B\rceil`), as the authors' kernels skip the rest; the same outputs as the dense mask
     route (:func:`~approxlab.methods._mask_attention.attend_mask`) to rounding.
 
