@@ -10,10 +10,12 @@ MInference, XAttention and DuoAttention each decide, for every query :math:`i`, 
 
 Here a method hands over ``visible(start, stop)``, the ``(*batch, stop - start, stop)`` boolean mask of the
 keys rows ``start:stop`` attend (keys at or after ``stop`` are never visible in a causal pattern), and
-:func:`attend_mask` computes the rows in blocks, in the log domain. It models which entries a kernel
-computes, not its speed: each block's logits are formed against every earlier key, :math:`O(n^2 p)` time in
-all and memory :math:`O(\text{block}\cdot n)`, as dense causal attention; the sparse kernels of the
-authors skip the masked blocks.
+:func:`attend_mask` computes the rows in blocks, in the log domain: each block's logits are formed against every
+earlier key, :math:`O(n^2 p)` time in all and memory :math:`O(\text{block}\cdot n)`, as dense causal attention.
+It is the reference the methods' sparse route is tested against, and what their row-sparse operator is read
+from; their outputs come from :mod:`~approxlab.methods._sparse_attention`, which forms the logits of the kept
+blocks, columns and diagonals only, at the cost of the authors' kernels (:func:`mask_approximation`'s
+``output``).
 """
 
 from __future__ import annotations
@@ -75,10 +77,12 @@ def _record(q, k, v, visible: Visible):
 
 
 def mask_approximation(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: Visible,
-                       info: dict):
-    """The :class:`~approxlab.methods.Approximation` of :func:`attend_mask`: its output, ``info``, and a
-    :class:`~approxlab.operators.RowSparseOperator` formed on request."""
-    output = attend_mask(q, k, v, visible)
+                       info: dict, output: torch.Tensor | None = None):
+    """The :class:`~approxlab.methods.Approximation` of :func:`attend_mask`: its output (``output`` when given,
+    the same attention computed sparsely by :mod:`~approxlab.methods._sparse_attention`), ``info``, and a
+    :class:`~approxlab.operators.RowSparseOperator` formed on request from ``visible``."""
+    if output is None:
+        output = attend_mask(q, k, v, visible)
     return sparse_approximation(name, output, k.shape[-2], lambda: _record(q, k, v, visible), info)
 
 

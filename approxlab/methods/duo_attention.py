@@ -14,7 +14,7 @@ import torch
 from .._validation import check_int, check_positive_float
 from ._base import CAUSAL_ONLY, method
 from ._mask_attention import mask_approximation
-from ._selection import logit_blocks
+from ._sparse_attention import attend_vertical_slash, causal_attention_with_lse
 
 __all__ = ["duo_attention", "DUO_ATTENTION", "duo_head_split", "dropped_mass", "DEFAULT_SINKS"]
 
@@ -36,10 +36,30 @@ def _sizes(budget: int, sinks: int) -> tuple[int, int]:
     return first, budget - first
 
 
+STREAMING_BLOCK = 64
+"""Query rows per block of the streaming heads' sparse attention (:func:`~._sparse_attention.attend_vertical_slash`)."""
+
+
+def _both_routes(q, k, v, sinks: int, window: int):
+    """``(full, streaming, dropped)``: every head's exact causal output (the fused kernel) and streaming output (sinks
+    and window, sparse), ``(*batch, n, p_v)`` each, and the mean dropped mass ``(*batch,)`` from their
+    log-normalisers."""
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n = k.shape[-2]
+    positions = torch.arange(n, device=q.device)
+    streaming, kept = attend_vertical_slash(q, k, v, positions < sinks, positions < window,
+                                            block_size=STREAMING_BLOCK, return_lse=True)
+    full, every = causal_attention_with_lse(*(x.expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:])
+                                              for x in (q, k, v)))
+    dropped = -torch.expm1(kept - every.view(*batch, n)).sum(-1) / n
+    return full.view(*batch, n, -1), streaming, dropped
+
+
 def dropped_mass(q, k, *, sinks: int = DEFAULT_SINKS, window: int = 256) -> torch.Tensor:
     r"""The mean over rows of the causal attention mass a streaming head drops,
-    :math:`\delta = \frac1n\sum_i \sum_{j \le i,\ j \ge s,\ i - j \ge w} A_{ij}`, ``(*batch,)``, computed in row
-    blocks (log domain: :math:`1 - \exp(\operatorname{lse}_{\text{kept}} - \operatorname{lse}_{\text{all}})`).
+    :math:`\delta = \frac1n\sum_i \sum_{j \le i,\ j \ge s,\ i - j \ge w} A_{ij}`, ``(*batch,)``, in the log
+    domain: :math:`1 - \exp(\operatorname{lse}_{\text{kept}} - \operatorname{lse}_{\text{all}})`, the first from
+    the streaming heads' sparse attention (:math:`O(n(s + w)p)`), the second from torch's fused causal kernel.
 
     Examples
     --------
@@ -48,12 +68,7 @@ def dropped_mass(q, k, *, sinks: int = DEFAULT_SINKS, window: int = 256) -> torc
     >>> round(float(dropped_mass(q, k, sinks=1, window=2)), 4)  # (1/4 + 2/5 + 3/6 + 4/7 + 5/8) / 8
     0.2933
     """
-    n = k.shape[-2]
-    total = 0.0
-    for start, stop, logits in logit_blocks(q, k, causal=True):
-        kept = logits.masked_fill(~_streaming(start, stop, sinks, window, q.device, logits.shape[-1]), -math.inf)
-        total = total - torch.expm1(torch.logsumexp(kept, -1) - torch.logsumexp(logits, -1)).sum(-1)
-    return total / n
+    return _both_routes(q, k, k, sinks, window)[2]
 
 
 def duo_head_split(q, k, *, sinks: int = DEFAULT_SINKS, window: int = 256,
@@ -74,10 +89,15 @@ def duo_head_split(q, k, *, sinks: int = DEFAULT_SINKS, window: int = 256,
     >>> split.sum(-1).tolist(), torch.equal(split, mass == mass.amax(-1, keepdim=True))  # one head each: the most
     ([1, 1], True)
     """
+    mass = dropped_mass(q, k, sinks=check_int(sinks, "sinks", low=0), window=check_int(window, "window", low=1))
+    return _top_heads(mass, retrieval_fraction)
+
+
+def _top_heads(mass: torch.Tensor, retrieval_fraction) -> torch.Tensor:
+    """:func:`duo_head_split` from the dropped masses ``(*batch,)``."""
     fraction = check_positive_float(retrieval_fraction, "retrieval_fraction", allow_zero=True)
     if fraction > 1:
         raise ValueError(f"`retrieval_fraction` must be in [0, 1]; got {retrieval_fraction!r}.")
-    mass = dropped_mass(q, k, sinks=check_int(sinks, "sinks", low=0), window=check_int(window, "window", low=1))
     if mass.dim() == 0:
         return mass.new_tensor(math.floor(fraction + 0.5) == 1, dtype=torch.bool)
     heads = mass.shape[-1]
@@ -129,10 +149,17 @@ def duo_attention(q, k, v, *, num_features, generator=None, retrieval_heads=None
 
     **Where the published code departs** (mit-han-lab/duo-attention): the gates come from training, not from
     attention statistics; its streaming heads during prefill attend block-sparse sinks and windows in chunks
-    (``prefilling_chunk_size``), here row-exact.
+    (``prefilling_chunk_size``), here row-exact (the streaming heads' sparse route: sinks and window gathered per
+    query block of 64 rows, the element mask inside).
 
-    **Cost**: the split :math:`O(n^2 p)` when not given (row blocks); the attention as evaluated here
-    :math:`O(n^2 p)` (:mod:`~approxlab.methods._mask_attention`: the streaming heads' skipped keys not modelled).
+    **Cost**, as at inference (``retrieval_heads`` given): the retrieval heads torch's fused causal kernel,
+    :math:`O(n^2 p)`; the streaming heads :math:`O(n(s + w + 63)p)`
+    (:func:`~approxlab.methods._sparse_attention.attend_vertical_slash`: sinks and window only). Without
+    ``retrieval_heads`` the split is found on these inputs: every head's exact causal attention and its
+    log-normalisers from the fused kernel (one fused causal attention in all) and every head's streaming
+    attention, whose log-normalisers give :func:`dropped_mass`; each head then keeps its own output -- the split
+    costs about one causal attention, which the authors pay once per model, offline. The same outputs as the dense
+    mask route (:func:`~approxlab.methods._mask_attention.attend_mask`) to rounding.
 
     References
     ----------
@@ -155,8 +182,11 @@ def duo_attention(q, k, v, *, num_features, generator=None, retrieval_heads=None
         raise ValueError(f"duo-attention is causal-only: pass causal=True; got causal={causal!r}.")
     first, window = _sizes(num_features, sinks)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if retrieval_heads is None:
-        retrieval_heads = duo_head_split(q, k, sinks=first, window=window, retrieval_fraction=retrieval_fraction)
+    output = None
+    if retrieval_heads is None:  # the split from these inputs: both routes on every head, then each head's own
+        full, streaming, dropped = _both_routes(q, k, v, first, window)
+        retrieval_heads = _top_heads(dropped, retrieval_fraction)
+        output = torch.where(retrieval_heads[..., None, None], full, streaming)
     elif not isinstance(retrieval_heads, torch.Tensor) or retrieval_heads.dtype != torch.bool:
         raise TypeError(f"`retrieval_heads` must be a bool tensor broadcastable to the batch shape {tuple(batch)}; "
                         f"got {retrieval_heads!r}.")
@@ -170,8 +200,12 @@ def duo_attention(q, k, v, *, num_features, generator=None, retrieval_heads=None
         return _streaming(start, stop, first, window, q.device) | (
             split[..., None, None] & torch.ones(stop - start, stop, dtype=torch.bool, device=q.device).tril(start))
 
+    if output is None:  # retrieval heads keep every diagonal: the fused kernel's dense route
+        positions = torch.arange(k.shape[-2], device=q.device)
+        output = attend_vertical_slash(q, k, v, positions < first, (positions < window) | split[..., None],
+                                       block_size=STREAMING_BLOCK)
     info = {"retrieval_heads": split, "sinks": first, "recent": window}
-    return mask_approximation("duo-attention", q, k, v, visible, info)
+    return mask_approximation("duo-attention", q, k, v, visible, info, output)
 
 
 DUO_ATTENTION = duo_attention

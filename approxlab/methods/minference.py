@@ -2,7 +2,7 @@ r"""MInference (Jiang et al., NeurIPS 2024): sparse prefill by three patterns --
 
 Each head's causal attention over the whole sequence is restricted to one pattern, whose indices are fixed
 (A-shape) or estimated online from the inputs (vertical-slash: from the last queries; block-sparse: from pooled
-blocks), and the kept entries are attended exactly (:func:`~approxlab.methods._mask_attention.attend_mask`).
+blocks), and the kept entries are attended exactly, sparsely (:mod:`~approxlab.methods._sparse_attention`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from .._validation import check_choice, check_int
 from ._base import CAUSAL_ONLY, method
 from ._mask_attention import block_visible, mask_approximation
+from ._sparse_attention import attend_blocks, attend_vertical_slash
 
 __all__ = ["minference", "MINFERENCE", "PATTERNS", "vertical_slash_indices", "last_query_masses", "pooled_block_scores"]
 
@@ -23,6 +24,10 @@ PATTERNS = ("vertical-slash", "a-shape", "block-sparse")
 DEFAULT_PAIR = (1000, 6096)
 """The authors' default ``(vertical_size, slash_size)`` (``minference_forward.py``): how ``num_features`` is split
 between columns and diagonals unless ``vertical_size`` is given."""
+
+
+VERTICAL_SLASH_BLOCK = 64
+"""Query rows per block of the vertical-slash and A-shape attention (the authors' kernel's ``BLOCK_M``)."""
 
 
 def _split(budget: int, vertical_size) -> tuple[int, int]:
@@ -195,8 +200,13 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
     estimate runs in float32, here in the inputs' dtype.
 
     **Cost**: the estimate :math:`O(Lnp)` (vertical-slash) or :math:`O(np + N^2 p)` (block-sparse); the
-    attention as evaluated here :math:`O(n^2 p)` (:mod:`~approxlab.methods._mask_attention`: the entries
-    kept are exact; the kernel's skipping of the rest is not modelled).
+    attention :math:`O(nWp)`, the logits of each query block of 64 rows formed against its gathered keys only
+    (:func:`~approxlab.methods._sparse_attention.attend_vertical_slash`: the kept columns, the key ranges its runs
+    of kept diagonals cross (:math:`L + 63` keys for a run of :math:`L`), and each row's one key on an isolated
+    kept diagonal;
+    :func:`~approxlab.methods._sparse_attention.attend_blocks`:
+    :math:`W = B\lceil b/B\rceil`), as the authors' kernels skip the rest; the same outputs as the dense mask
+    route (:func:`~approxlab.methods._mask_attention.attend_mask`) to rounding.
 
     References
     ----------
@@ -227,7 +237,7 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
         kept = min(-(-budget // size), scores.shape[-1])
         chosen = _top_mask(scores, kept) & torch.isfinite(scores)
         return mask_approximation("minference", q, k, v, block_visible(chosen, size),
-                                  {"pattern": pattern, "blocks": chosen})
+                                  {"pattern": pattern, "blocks": chosen}, attend_blocks(q, k, v, chosen, size))
     if pattern == "a-shape":
         first = min(check_int(sinks, "sinks", low=0), budget // 2)
         n = k.shape[-2]
@@ -241,7 +251,8 @@ def minference(q, k, v, *, num_features, generator=None, pattern="vertical-slash
             forced_vertical=min(check_int(forced_vertical, "forced_vertical", low=0), columns_kept),
             forced_slash=min(check_int(forced_slash, "forced_slash", low=0), diagonals_kept))
     return mask_approximation("minference", q, k, v, _diagonal_mask(columns, offsets),
-                              {"pattern": pattern, "columns": columns, "offsets": offsets})
+                              {"pattern": pattern, "columns": columns, "offsets": offsets},
+                              attend_vertical_slash(q, k, v, columns, offsets, block_size=VERTICAL_SLASH_BLOCK))
 
 
 MINFERENCE = minference

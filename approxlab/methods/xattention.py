@@ -3,7 +3,7 @@ r"""XAttention (Xu et al., ICML 2025): block-sparse prefill chosen by antidiagon
 Each block of the causal attention matrix is scored by the attention mass along strided antidiagonals; each
 query block keeps the first and diagonal key blocks and, in decreasing order of score, the fewest others whose
 cumulative mass reaches the threshold. The kept blocks are attended exactly
-(:func:`~approxlab.methods._mask_attention.attend_mask`).
+(:func:`~approxlab.methods._sparse_attention.attend_blocks`: the logits of the kept blocks only).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from .._validation import check_int, check_positive_float
 from ._base import CAUSAL_ONLY, method
 from ._mask_attention import block_visible, mask_approximation
+from ._sparse_attention import attend_blocks
 
 __all__ = ["xattention", "XATTENTION", "antidiagonal_block_scores", "threshold_blocks"]
 
@@ -133,8 +134,9 @@ def xattention(q, k, v, *, num_features, generator=None, threshold=0.9, block_si
     here both in the inputs' dtype; (3) ``num_features`` below :math:`n` caps the kept blocks, which the
     authors' method does not (their budget is the threshold).
 
-    **Cost**: the scores :math:`O(n^2 p / S)`; the attention as evaluated here :math:`O(n^2 p)`
-    (:mod:`~approxlab.methods._mask_attention`: the kept entries exact, the kernel's skipping not modelled).
+    **Cost**: the scores :math:`O(n^2 p / S)`; the attention :math:`O(n\bar c B p)` for :math:`\bar c` kept
+    blocks per query block (:func:`~approxlab.methods._sparse_attention.attend_blocks`: the kept blocks' logits
+    only, as the authors' block-sparse kernel), the same outputs as the dense mask route to rounding.
 
     References
     ----------
@@ -163,7 +165,8 @@ def xattention(q, k, v, *, num_features, generator=None, threshold=0.9, block_si
     scores = antidiagonal_block_scores(q, k, block_size=size, stride=stride)
     chosen = threshold_blocks(scores, tau, max(2, -(-num_features // size)))
     info = {"blocks": chosen, "scores": scores}
-    return mask_approximation("xattention", q, k, v, block_visible(chosen, size), info)
+    return mask_approximation("xattention", q, k, v, block_visible(chosen, size), info,
+                              attend_blocks(q, k, v, chosen, size))
 
 
 XATTENTION = xattention

@@ -12,7 +12,10 @@ causal SDPA is measured in one run against the baseline on the same tensors. The
 * ``causal/<method>``: ``approximate(method, q, k, v, num_features=b, causal=True)`` for the per-query
   selection methods with a causal form of their own (:data:`SELECTION_METHODS`) and every causal-only
   method (the decode-time cache policies and the sparse-prefill patterns -- MInference, XAttention,
-  FlexPrefill, DuoAttention -- ``register(..., causal="only")``);
+  FlexPrefill, DuoAttention -- ``register(..., causal="only")``); DuoAttention's cell passes no
+  ``retrieval_heads``, so it finds its head split on its own inputs (about one fused causal attention, which the
+  authors pay once per model, offline) beside its attention: ``benchmarks/causal_prefill.py`` times the attention
+  with the split given and the split alone;
 * ``kv-cache/<method>``: :func:`approxlab.kv_cache_attention` with the context the first half of the
   window, for every method registered with a compression step (``compress=``) or a cache scorer
   (``score=``), so a policy registered later is timed without a change here.
