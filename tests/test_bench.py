@@ -392,3 +392,41 @@ def test_the_figure1_cell_line_names_its_baseline_and_method_count_and_sets_its_
     rows.loc[1, "methods"] = 9
     line = next(line for line in ratio_lines(rows) if line.startswith("| Figure-1 cell"))
     assert "9 methods" in line and line.endswith("| 15.00 | <= 10 | no |")
+
+
+def test_duo_attention_is_timed_with_the_split_its_authors_fix_offline_and_the_split_is_reported_apart(monkeypatch):
+    """DuoAttention's cell found its head split on every timed call (about one fused causal attention, which the
+    authors pay once per model, offline): the split is found once before the timed calls, the timed calls are
+    given it, and its seconds are the row's ``offline_s``, said in the summary and not in the ratio."""
+    import pandas as pd
+
+    from approxlab.attention import approximate
+    from approxlab.studies.bench import causal
+
+    given = []
+
+    def call(form, method, q, k, v, budget, **options):
+        given.append(options)
+        return lambda: approximate(method, q, k, v, num_features=budget, causal=True, **options).output
+
+    monkeypatch.setattr(causal, "_call", call)
+    config = {"causal_budget": 8, "seed": 0, "repeats": 1}
+    rows = causal.causal_rows({"config": config, "n": 64, "method": "causal/duo-attention", "device": "cpu"})
+    (options,) = given
+    found = approximate("duo-attention", *_causal_qkv(config, 64), num_features=8, causal=True)
+    assert torch.equal(options["retrieval_heads"], found.info["retrieval_heads"])
+    assert rows[1]["offline_s"] > 0 and "offline_s" not in rows[0]
+    lines = causal.causal_lines(pd.DataFrame([{"part": "causal", "n": 64, "method": "causal/duo-attention", **row}
+                                              for row in rows]))
+    assert any(line.startswith("`causal/duo-attention` is timed with the result of the step") for line in lines)
+    rows = causal.causal_rows({"config": config, "n": 64, "method": "causal/minference", "device": "cpu"})
+    assert given[-1] == {} and "offline_s" not in rows[1]
+
+
+def _causal_qkv(config, n):
+    """The causal part's Q, K, V of one n (as :func:`approxlab.studies.bench.causal.causal_rows` draws them)."""
+    from approxlab.studies.engine.keys import cell_seed
+
+    generator = torch.Generator().manual_seed(cell_seed("causal", n, base_seed=config["seed"]))
+    q, k, v = (torch.randn(3, n, 64, generator=generator) for _ in range(3))
+    return q, k, v

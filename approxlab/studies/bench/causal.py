@@ -12,10 +12,11 @@ causal SDPA is measured in one run against the baseline on the same tensors. The
 * ``causal/<method>``: ``approximate(method, q, k, v, num_features=b, causal=True)`` for the per-query
   selection methods with a causal form of their own (:data:`SELECTION_METHODS`) and every causal-only
   method (the decode-time cache policies and the sparse-prefill patterns -- MInference, XAttention,
-  FlexPrefill, DuoAttention -- ``register(..., causal="only")``); DuoAttention's cell passes no
-  ``retrieval_heads``, so it finds its head split on its own inputs (about one fused causal attention, which the
-  authors pay once per model, offline) beside its attention: ``benchmarks/causal_prefill.py`` times the attention
-  with the split given and the split alone;
+  FlexPrefill, DuoAttention -- ``register(..., causal="only")``). A step its authors run once per model,
+  offline (:data:`OFFLINE`: DuoAttention's split of the heads, learned in the paper) runs once per cell before the
+  timed calls, on the cell's own tensors (the split DuoAttention's online form would find there), and the timed
+  calls are given its result, as the method runs at inference; the step's seconds are the row's ``offline_s``,
+  said in the summary beside the ratio, which does not contain them;
 * ``kv-cache/<method>``: :func:`approxlab.kv_cache_attention` with the context the first half of the
   window, for every method registered with a compression step (``compress=``) or a cache scorer
   (``score=``), so a policy registered later is timed without a change here.
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 
 import torch
 
@@ -56,8 +58,9 @@ from .baseline import torch_sdpa
 from .growth import growth_exponent
 from .timing import measure_interleaved
 
-__all__ = ["SELECTION_METHODS", "TARGETS", "SCORER_TARGET", "PREFILL_TARGET", "EXPONENT_TARGETS", "EXPONENT_REASONS",
-           "HEADS", "HEAD_DIM", "BASELINE", "target", "policies", "cell_methods", "causal_rows", "causal_lines"]
+__all__ = ["SELECTION_METHODS", "TARGETS", "OFFLINE", "SCORER_TARGET", "PREFILL_TARGET", "EXPONENT_TARGETS",
+           "EXPONENT_REASONS", "HEADS", "HEAD_DIM", "BASELINE", "target", "policies", "cell_methods", "causal_rows",
+           "causal_lines"]
 
 HEADS, HEAD_DIM = 3, 64
 """The heads and head dimension of the part's Q, K, V."""
@@ -158,7 +161,33 @@ def policies(methods=None) -> list[tuple[str, str]]:
     return found
 
 
-def _call(form: str, method: str, q, k, v, budget: int):
+def _duo_split(q, k, v, budget: int) -> dict:
+    """DuoAttention's offline step: the head split its online form finds on these inputs (``info``'s
+    ``retrieval_heads`` of one call without a split)."""
+    from ...attention import approximate
+
+    return {"retrieval_heads": approximate("duo-attention", q, k, v, num_features=budget, causal=True)
+            .info["retrieval_heads"]}
+
+
+OFFLINE = {"duo-attention": _duo_split}
+"""Per method, the step its authors run once per model, offline, as ``step(q, k, v, budget) -> options`` of the
+timed call: run once per cell of its causal form before the timed calls (its wall seconds the row's
+``offline_s``), so the ratio times the method as it runs at inference."""
+
+
+def _offline(form: str, method: str, q, k, v, budget: int) -> tuple[dict, dict]:
+    """``(options, columns)``: the options :data:`OFFLINE` gives the timed calls of ``form/method`` and the row's
+    ``offline_s`` (both empty for a method without an offline step)."""
+    step = OFFLINE.get(method) if form == "causal" else None
+    if step is None:
+        return {}, {}
+    start = time.perf_counter()
+    options = step(q, k, v, budget)
+    return options, {"offline_s": time.perf_counter() - start}
+
+
+def _call(form: str, method: str, q, k, v, budget: int, **options):
     from ...attention import approximate
     from ...cache import kv_cache_attention
     from ...methods import get
@@ -168,7 +197,7 @@ def _call(form: str, method: str, q, k, v, budget: int):
     rope = model_inputs(get(method), {})  # random Q/K/V carry no RoPE: said to a RoPE-aware policy
     if form == "causal":
         return lambda: approximate(method, q, k, v, num_features=budget, causal=True, generator=generator,
-                                   **rope).output
+                                   **rope, **options).output
     context = q.shape[-2] // 2
     return lambda: kv_cache_attention(method, q, k, v, context_length=context, num_features=min(budget, context),
                                       generator=generator, **rope).output
@@ -198,13 +227,15 @@ def causal_rows(cell: dict) -> list[dict]:
     q, k, v = (torch.randn(HEADS, n, HEAD_DIM, generator=generator).to(device) for _ in range(3))
     sdpa = lambda: torch_sdpa(q, k, v, causal=True)  # noqa: E731 (on the fused kernel: one 4-D call)
     common = {"heads": HEADS, "p": HEAD_DIM, "num_features": budget, "compute_dtype": "float32"}
-    if name == MATH_PATH:
-        function = _math_path(q, k, v)
-    else:
-        form, method = name.split("/", 1)
-        function = _call(form, method, q, k, v, budget)
-    sdpa()  # the warm-up call; the policy's warm-up call is also its check
+    offline = {}
     try:
+        if name == MATH_PATH:
+            function = _math_path(q, k, v)
+        else:
+            form, method = name.split("/", 1)
+            options, offline = _offline(form, method, q, k, v, budget)
+            function = _call(form, method, q, k, v, budget, **options)
+        sdpa()  # the warm-up call; the policy's warm-up call is also its check
         function()
     except METHOD_ERRORS as error:  # the method's failure: the cell's failed row (the error on stderr, as the
         # forward part says it)
@@ -214,7 +245,7 @@ def causal_rows(cell: dict) -> list[dict]:
     base, measured = measure_interleaved([sdpa, function], repeats=int(config["repeats"]), warmup=0, device=device)
     return [{"algorithm": SDPA, **common, **base.as_row()},
             {"algorithm": name, **common, **measured.as_row(), "ratio_vs_sdpa": measured.wall_s / base.wall_s,
-             "cpu_ratio_vs_sdpa": measured.cpu_s / base.cpu_s}]
+             "cpu_ratio_vs_sdpa": measured.cpu_s / base.cpu_s, **offline}]
 
 
 def _verdict(form: str, method: str, ratios: dict, exponent, cpu_exponent=None) -> str:
@@ -303,7 +334,24 @@ def causal_lines(wide, planned=None) -> list[str]:
         missed = [algorithm for algorithm, verdict in verdicts.items() if verdict != "met"]
         lines += ["", f"Met: {len(verdicts) - len(missed)} of {len(verdicts)} policies; not met: "
                   + (", ".join(f"`{algorithm}`" for algorithm in missed) or "none") + "."]
-    return lines + ["", *_load_lines(rows, ns), *_former_baseline_lines(rows, ns)]
+    return lines + ["", *_offline_lines(rows, sdpa), *_load_lines(rows, ns), *_former_baseline_lines(rows, ns)]
+
+
+def _offline_lines(rows, sdpa) -> list[str]:
+    """What the offline steps (:data:`OFFLINE`) took, outside the ratios: per policy, its seconds at each n and as
+    a multiple of the baseline's median time there."""
+    if "offline_s" not in rows or rows["offline_s"].isna().all():
+        return []
+    lines = []
+    for algorithm, group in rows[rows["offline_s"].notna()].groupby("algorithm", sort=True):
+        seconds = group.groupby("n")["offline_s"].median()
+        shown = ", ".join(f"{seconds[n]:.3f} s ({seconds[n] / sdpa[n]:.2f}x)" if n in sdpa
+                          else f"{seconds[n]:.3f} s" for n in seconds.index)
+        lines.append(f"`{algorithm}` is timed with the result of the step its authors run once per model, offline "
+                     f"(DuoAttention: the split of the heads, here the split its online form finds on the cell's "
+                     f"tensors), run once per cell before the timed calls and not in its ratio; that step took "
+                     f"{shown} of the baseline at n = {', '.join(str(int(n)) for n in seconds.index)}.")
+    return lines + [""]
 
 
 def _former_cells_lines(former) -> list[str]:
