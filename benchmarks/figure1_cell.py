@@ -19,6 +19,10 @@ number for number.
 printed (each method's function, with its own errors' spectral norms left out; the shared ranking of ``topk`` and
 ``topp``; the exact reference; the spectral norms; the panel's statistical dimension; the window's rank of A).
 
+``--panel-only``: instead of the cell, the process CPU seconds of the panel's statistical dimension alone (the
+panel cell's :func:`~approxlab.studies.figure1.cells._statistical_dimensions` on the same window, its Q/K loaded
+untimed) and the estimate, so that a change to it can be compared in runs far shorter than the cell's.
+
 Run: ``PYTHONPATH=. nice -n 10 python3 benchmarks/figure1_cell.py --label after`` from the repository root.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import tempfile
 import time
@@ -65,6 +70,21 @@ def profile_lines(profiler: cProfile.Profile, methods: list[str], label: str) ->
     return [lines[0] + ", ".join(lines[1:])]
 
 
+def panel_only(grid: dict, label: str) -> None:
+    """Print the CPU seconds and the estimate of the panel's statistical dimension alone (``--panel-only``)."""
+    from approxlab.studies.figure1 import cells
+
+    cell = cells.panel_cells(grid, {"data_dir": None, "cache_dir": None, "device": "cpu"})[0]
+    ref = cells._reference(cell)  # the window's Q/K/V and exact output, untimed
+    heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
+    start = time.process_time()
+    dstats, lambdas, _ = cells._statistical_dimensions(cell, ref, heads)
+    seconds = time.process_time() - start
+    print(f"{label}, panel's statistical dimension alone: {seconds:.2f} CPU s, statistical_dimension_mean "
+          f"{sum(dstats) / len(dstats):.12g} (lambda_mean {sum(lambdas) / len(lambdas):.12g}), "
+          f"load (1 min) {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="this code")
@@ -72,12 +92,16 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=None, help="default: the figure1 default grid")
     parser.add_argument("--profile", action="store_true", help="CPU seconds of the cell's parts (cProfile)")
     parser.add_argument("--profile-out", default=None, help="with --profile: also save the cProfile stats here")
+    parser.add_argument("--panel-only", action="store_true", help="time the panel's statistical dimension alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
     study = get("figure1")
     options = {"conditions": ["initialized"], "n": [args.n], "num_features": [64, 256], "windows": 1, "seeds": 1,
                "dtypes": ["float64"], **({"methods": args.methods} if args.methods else {})}
     grid = study.configure(study.arguments(**options))
+    if args.panel_only:
+        panel_only(grid, args.label)
+        return
     window = wikitext.Window("initialized", args.n, window_ids(grid, args.n)[0], mode=grid["mode"],
                              layer=grid["layer"], model_seed=grid["model_seed"])
     record = wikitext.qkv(window)  # the imports and the on-disk Q/K/V cache, untimed
