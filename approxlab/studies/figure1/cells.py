@@ -46,7 +46,7 @@ ESTIMATE_DSTAT_TOL = 1e-6
 """The relative residual at which the estimate's conjugate gradients stop (``tol`` of
 :func:`approxlab.leverage.estimate_ridge_quantities`, whose default is 1e-8). Its products are float32 (unit
 roundoff 6e-8, sums over 2n terms), so a smaller residual asks for more than the operator
-carries; on the committed n = 4096 window it takes one product of 32 columns fewer (4 iterations instead of 5) and
+carries; on the bench's n = 4096 window (initialized) it takes one product of 32 columns fewer (4 iterations instead of 5) and
 moves the estimate by 1.4e-9 relative (``tests/test_figure1_shared.py`` checks the move stays
 far below the estimate's stated 1 %)."""
 
