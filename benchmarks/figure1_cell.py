@@ -125,7 +125,8 @@ def rank_routes(grid: dict, label: str) -> None:
     count = int((torch.from_numpy(abs(result[0].diagonal())) > tau).sum())
     rank = numerical_rank_lu(a, n * torch.finfo(torch.float64).eps, generator=cells._generator(cell, "rank-of-a", 0, 0))
     rates = f"{2 * n**3 / 1e9 / times['GEMM A A']:.0f} GFLOPS; the LU's {2 / 3 * n**3 / 1e9 / times['LU (getrf)']:.0f}"
-    print(f"{label}, rank of A (n = {n}): " + ", ".join(f"{name} {seconds:.2f} CPU s" for name, seconds in times.items())
+    listed = ", ".join(f"{name} {seconds:.2f} CPU s" for name, seconds in times.items())
+    print(f"{label}, rank of A (n = {n}): {listed}"
           + f" ({rates});"
           f" numerical_rank_lu {rank}, QR's |R_ii| > tau {count} (tau = {tau:.3e}, log2 {math.log2(tau):.1f}),"
           f" load (1 min) {os.getloadavg()[0]:.1f}")
