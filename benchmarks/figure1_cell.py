@@ -19,6 +19,20 @@ number for number.
 printed (each method's function, with its own errors' spectral norms left out; the shared ranking of ``topk`` and
 ``topp``; the exact reference; the spectral norms; the panel's statistical dimension; the window's rank of A).
 
+``--rss-interval``: how often the timer samples the process's resident memory (the bench's 0.002 s by default).
+The sampler is a thread of the same process, so its CPU time counts in the cell's and the SDPA call's CPU
+seconds (about 5 % of the wall time at 0.002 s on this machine); a long interval leaves it out.
+
+``--panel-only``: instead of the cell, the process CPU seconds of the panel's statistical dimension alone (the
+panel cell's :func:`~approxlab.studies.figure1.cells._statistical_dimensions` on the same window, its Q/K loaded
+untimed) and the estimate, so that a change to it can be compared in runs far shorter than the cell's.
+
+``--rank-routes``: instead of the cell, the process CPU seconds of the factorisations an exact rank of the window's
+:math:`A` could rest on: the LU of :func:`approxlab.metrics.numerical_rank_lu` (torch, LAPACK getrf), QR with
+column pivoting (SciPy, LAPACK geqp3) with the count of its :math:`|R_{ii}|` above the same threshold
+:math:`\tau = n\,\epsilon\,\sigma_1`, and one float64 GEMM of :math:`A` with itself (the machine's rate), beside
+the rank the cell reports.
+
 Run: ``PYTHONPATH=. nice -n 10 python3 benchmarks/figure1_cell.py --label after`` from the repository root.
 """
 
@@ -26,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import tempfile
 import time
@@ -65,6 +80,58 @@ def profile_lines(profiler: cProfile.Profile, methods: list[str], label: str) ->
     return [lines[0] + ", ".join(lines[1:])]
 
 
+def panel_only(grid: dict, label: str) -> None:
+    """Print the CPU seconds and the estimate of the panel's statistical dimension alone (``--panel-only``)."""
+    from approxlab.studies.figure1 import cells
+
+    cell = cells.panel_cells(grid, {"data_dir": None, "cache_dir": None, "device": "cpu"})[0]
+    ref = cells._reference(cell)  # the window's Q/K/V and exact output, untimed
+    heads = [h for h in cell["stat_heads"] if h < ref["q"].shape[0]]
+    start = time.process_time()
+    dstats, lambdas, _ = cells._statistical_dimensions(cell, ref, heads)
+    seconds = time.process_time() - start
+    print(f"{label}, panel's statistical dimension alone: {seconds:.2f} CPU s, statistical_dimension_mean "
+          f"{sum(dstats) / len(dstats):.12g} (lambda_mean {sum(lambdas) / len(lambdas):.12g}), "
+          f"load (1 min) {os.getloadavg()[0]:.1f}")
+
+
+def rank_routes(grid: dict, label: str) -> None:
+    """Print the CPU seconds of the factorisations an exact rank of the window's A could rest on (``--rank-routes``)."""
+    import math
+
+    import scipy.linalg
+    from threadpoolctl import threadpool_limits
+
+    from approxlab.kernels import scaled_logits
+    from approxlab.metrics import numerical_rank_lu, spectral_norm
+    from approxlab.operators import aslinearoperator
+    from approxlab.studies.figure1 import cells
+
+    cell = cells.window_cells(grid, {"data_dir": None, "cache_dir": None, "device": "cpu"})[0]
+    record = wikitext.qkv(cells._window(cell))
+    logits = scaled_logits(record.q[0][0].to(torch.float64), record.k[0][0].to(torch.float64))
+    a = torch.exp(logits - logits.max())  # as compute_window forms it
+    n = a.shape[-1]
+    tau = n * torch.finfo(torch.float64).eps * float(spectral_norm(aslinearoperator(a), tol=1e-12))
+    times = {}
+    with threadpool_limits(1):  # SciPy's own BLAS on one thread, as torch's
+        start = time.process_time()
+        result = scipy.linalg.qr(a.numpy(), pivoting=True, mode="r", overwrite_a=False)
+        times["QR with column pivoting (geqp3)"] = time.process_time() - start
+    for name, run in (("LU (getrf)", lambda: torch.linalg.lu_factor_ex(a)), ("GEMM A A", lambda: a @ a)):
+        start = time.process_time()
+        run()
+        times[name] = time.process_time() - start
+    count = int((torch.from_numpy(abs(result[0].diagonal())) > tau).sum())
+    rank = numerical_rank_lu(a, n * torch.finfo(torch.float64).eps, generator=cells._generator(cell, "rank-of-a", 0, 0))
+    rates = f"{2 * n**3 / 1e9 / times['GEMM A A']:.0f} GFLOPS; the LU's {2 / 3 * n**3 / 1e9 / times['LU (getrf)']:.0f}"
+    listed = ", ".join(f"{name} {seconds:.2f} CPU s" for name, seconds in times.items())
+    print(f"{label}, rank of A (n = {n}): {listed}"
+          + f" ({rates});"
+          f" numerical_rank_lu {rank}, QR's |R_ii| > tau {count} (tau = {tau:.3e}, log2 {math.log2(tau):.1f}),"
+          f" load (1 min) {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="this code")
@@ -72,23 +139,34 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=None, help="default: the figure1 default grid")
     parser.add_argument("--profile", action="store_true", help="CPU seconds of the cell's parts (cProfile)")
     parser.add_argument("--profile-out", default=None, help="with --profile: also save the cProfile stats here")
+    parser.add_argument("--rss-interval", type=float, default=0.002,
+                        help="seconds between the timer's memory samples (default: the bench's 0.002)")
+    parser.add_argument("--panel-only", action="store_true", help="time the panel's statistical dimension alone")
+    parser.add_argument("--rank-routes", action="store_true", help="time the factorisations of the rank of A")
     args = parser.parse_args()
     torch.set_num_threads(1)
     study = get("figure1")
     options = {"conditions": ["initialized"], "n": [args.n], "num_features": [64, 256], "windows": 1, "seeds": 1,
                "dtypes": ["float64"], **({"methods": args.methods} if args.methods else {})}
     grid = study.configure(study.arguments(**options))
+    if args.panel_only:
+        panel_only(grid, args.label)
+        return
+    if args.rank_routes:
+        rank_routes(grid, args.label)
+        return
     window = wikitext.Window("initialized", args.n, window_ids(grid, args.n)[0], mode=grid["mode"],
                              layer=grid["layer"], model_seed=grid["model_seed"])
     record = wikitext.qkv(window)  # the imports and the on-disk Q/K/V cache, untimed
     q, k, v = (x[0].to(torch.float64) for x in (record.q, record.k, record.v))
-    _, base = measure(approxlab.exact_attention, q, k, v, repeats=5, warmup=1, device="cpu")
+    _, base = measure(approxlab.exact_attention, q, k, v, repeats=5, warmup=1, device="cpu",
+                      interval=args.rss_interval)
     wikitext.clear_caches()
     profiler = cProfile.Profile(time.process_time) if args.profile else None
     with tempfile.TemporaryDirectory() as out:
         if profiler is not None:
             profiler.enable()
-        tables, cell = measure(compute, study, grid, out, progress=False, device="cpu")
+        tables, cell = measure(compute, study, grid, out, progress=False, device="cpu", interval=args.rss_interval)
         if profiler is not None:
             profiler.disable()
             if args.profile_out:

@@ -93,3 +93,21 @@ def test_the_panel_statistical_dimension_on_the_formed_completion_is_the_fused_o
     for column in ("statistical_dimension_mean", "statistical_dimension_min", "statistical_dimension_max",
                    "lambda_mean"):
         assert formed[column] == pytest.approx(fused[column], rel=1e-5, abs=0.0), column
+
+
+def test_the_panel_statistical_dimension_at_its_stopping_tolerance_is_the_tight_one_to_far_below_its_accuracy(
+        monkeypatch):
+    """The panel's conjugate gradients stop at ``ESTIMATE_DSTAT_TOL`` (float32 products): the estimate is the one at
+    the estimator's default 1e-8 to within 1e-6 relative, far inside its stated 1 %."""
+    q, k, v = synthetic_qkv((3,), 512, 16, scale=0.7, generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(figure1_cells, "_reference", lambda cell: {"q": q, "k": k, "v": v, "checkpoint": "synthetic"})
+    monkeypatch.setattr(figure1_cells, "ESTIMATE_DSTAT_FROM_N", 512)
+    cell = {"condition": "initialized", "n": 512, "window": 0, "num_features": [16], "stat_heads": [0, 1, 2],
+            "lambda_scale": 0.1, "core_method": None, "dtype": "float64", "base_seed": 0, "mode": "embedding",
+            "layer": 0, "model_seed": 0, "data_dir": None, "cache_dir": None, "device": "cpu", "dense_max_n": 512}
+    stopped, = figure1_cells.compute_panel(cell)
+    monkeypatch.setattr(figure1_cells, "ESTIMATE_DSTAT_TOL", 1e-8)
+    tight, = figure1_cells.compute_panel(cell)
+    for column in ("statistical_dimension_mean", "statistical_dimension_min", "statistical_dimension_max"):
+        assert stopped[column] == pytest.approx(tight[column], rel=1e-6, abs=0.0), column
+    assert stopped["lambda_mean"] == tight["lambda_mean"]  # the Krylov part is untouched

@@ -249,3 +249,50 @@ def test_the_formed_completion_is_the_fused_one_to_rounding():
     torch.testing.assert_close(single[1].lam, single[0].lam, rtol=1e-5, atol=0)
     with pytest.raises(TypeError, match=r"`dense` must be a bool \(True or False\); got 1"):
         completion_operator(q, k, dense=1)
+
+
+def test_the_tail_diagonal_from_the_ritz_vectors_is_that_of_the_projected_matrix():
+    """``_tail_diagonal`` reads :math:`\\operatorname{diag}(UTU^\\top)` from the Ritz vectors: the diagonal of
+    :math:`(I-P)K(I-P)` formed densely, for a PSD ``K`` and an orthonormal ``U`` that spans no invariant subspace."""
+    from approxlab.leverage.matrix_free import _tail_diagonal
+
+    g = _gen(11)
+    x = torch.randn(2, 40, 60, generator=g, dtype=torch.float64)
+    K = x @ x.transpose(-1, -2)
+    basis = torch.linalg.qr(torch.randn(2, 40, 7, generator=g, dtype=torch.float64)).Q
+    images = K @ basis
+    t = basis.transpose(-1, -2) @ images
+    eigenvalues, vectors = torch.linalg.eigh(0.5 * (t + t.transpose(-1, -2)))
+    complement = torch.eye(40, dtype=torch.float64) - basis @ basis.transpose(-1, -2)
+    dense = torch.diagonal(complement @ K @ complement, dim1=-2, dim2=-1)
+    diagonal = torch.diagonal(K, dim1=-2, dim2=-1)
+    torch.testing.assert_close(_tail_diagonal(diagonal, basis, images, basis @ vectors, eigenvalues), dense,
+                               rtol=1e-10, atol=1e-10 * float(diagonal.max()))
+
+
+def test_the_conjugate_gradients_skip_the_input_projection_with_the_same_estimate(monkeypatch):
+    """The tail operator's ``complement=True`` (inputs already in the range of I - P) gives the products and the
+    estimate of the operator that projects every input, to rounding."""
+    from approxlab.leverage import completion_operator, estimate_ridge_quantities
+    from approxlab.leverage import matrix_free
+    from approxlab.synthetic import synthetic_qkv
+
+    q, k, _ = synthetic_qkv((2,), 200, 16, scale=0.7, generator=_gen(12))
+    op = completion_operator(q, k, dense=True)
+    basis, _ = matrix_free._block_krylov(op, torch.randn(2, 400, 8, generator=_gen(13), dtype=torch.float64), 3)
+    apply = matrix_free._tail_operator(op, basis, torch.zeros(2, dtype=torch.float64))
+    x = torch.randn(2, 400, 5, generator=_gen(14), dtype=torch.float64)
+    inside = x - basis @ (basis.transpose(-1, -2) @ x)
+    torch.testing.assert_close(apply(inside, complement=True), apply(inside), rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(apply(x, complement=True), apply(x), rtol=1e-3, atol=1e-3)  # the skip matters off it
+    fast = estimate_ridge_quantities(op, lambda_scale=0.1, block=8, depth=3, generator=_gen(15))
+    always = matrix_free._tail_operator
+
+    def projecting(*args):
+        inner = always(*args)
+        return lambda x, complement=False: inner(x)
+
+    monkeypatch.setattr(matrix_free, "_tail_operator", projecting)
+    reference = estimate_ridge_quantities(op, lambda_scale=0.1, block=8, depth=3, generator=_gen(15))
+    torch.testing.assert_close(fast.statistical_dimension, reference.statistical_dimension, rtol=1e-12, atol=0)
+    torch.testing.assert_close(fast.leverage_scores, reference.leverage_scores, rtol=1e-9, atol=1e-12)

@@ -167,7 +167,7 @@ def _tail_solve(apply_tail, rhs, lam, tol, max_iter):
     for iteration in range(max_iter):
         if bool((rho <= target).all()):
             return x, iteration
-        ad = apply_tail(d) + lam[..., None, None] * d
+        ad = apply_tail(d, complement=True) + lam[..., None, None] * d
         alpha = rho / (d * ad).sum(-2).clamp_min(torch.finfo(torch.float64).tiny)
         x = x + alpha.unsqueeze(-2) * d
         r = r - alpha.unsqueeze(-2) * ad
@@ -180,13 +180,28 @@ def _tail_solve(apply_tail, rhs, lam, tol, max_iter):
     return x, max_iter
 
 
+def _tail_diagonal(diagonal, basis, images, ritz, eigenvalues):
+    r""":math:`B_{ii}` of :math:`B = (I-P)K(I-P)`: :math:`K_{ii} - 2(U \circ KU)_{i\cdot}\mathbf 1 + (UTU^\top)_{ii}`.
+
+    ``basis`` :math:`U` and ``images`` :math:`KU` ``(*batch, N, r)``; ``ritz`` :math:`UV` and ``eigenvalues``
+    :math:`\theta` from :math:`T = U^\top KU = V\operatorname{diag}(\theta)V^\top`, so that
+    :math:`(UTU^\top)_{ii} = \sum_j (UV)_{ij}^2\theta_j` needs no product :math:`UT` (``N r^2`` flops fewer)."""
+    return diagonal - 2.0 * (basis * images).sum(-1) + ((ritz * ritz) * eigenvalues.unsqueeze(-2)).sum(-1)
+
+
 def _tail_operator(operator, basis, exponent):
-    r"""``x -> B x`` with :math:`B = 2^{-e}(I-P)K(I-P)`, :math:`P = UU^\top` (float64 in and out)."""
+    r"""``x -> B x`` with :math:`B = 2^{-e}(I-P)K(I-P)`, :math:`P = UU^\top` (float64 in and out).
+
+    ``apply(x, complement=True)`` takes ``x`` in the range of :math:`I-P` already (every vector of the conjugate
+    gradients on :math:`B+\lambda I` from the right-hand side :math:`B\omega` is a sum of outputs of ``apply``) and
+    leaves out the projection of the input, :math:`(I-P)Kx`: the same product in exact arithmetic, with two
+    products with :math:`U` fewer. The rounding-level part of ``x`` along :math:`U` reaches the result only as
+    :math:`(I-P)KPx`, of the order of the unit roundoff times :math:`\|K\|_2\|x\|`."""
     def project(x):
         return x - basis @ (basis.transpose(-1, -2) @ x)
 
-    def apply(x):
-        product = operator.matmat(project(x).to(operator.dtype)).to(torch.float64)
+    def apply(x, complement=False):
+        product = operator.matmat((x if complement else project(x)).to(operator.dtype)).to(torch.float64)
         return project(times_power_of_two(product, -exponent[..., None, None]))
 
     return apply
@@ -318,8 +333,8 @@ def estimate_ridge_quantities(
     diagonal = times_power_of_two(diagonal, -exponent[..., None])
     t = basis.transpose(-1, -2) @ images
     t = 0.5 * (t + t.transpose(-1, -2))
-    theta, vectors = torch.linalg.eigh(t)
-    theta = theta.clamp_min(0.0)
+    eigenvalues, vectors = torch.linalg.eigh(t)
+    theta = eigenvalues.clamp_min(0.0)
     norm = theta[..., -1]
     lam_t = (times_power_of_two(torch.full_like(norm, float(lam)), -exponent) if lam is not None
              else float(lambda_scale) * norm)
@@ -328,7 +343,7 @@ def estimate_ridge_quantities(
     top = f_theta.sum(-1)
     trace_tail = (diagonal.sum(-1) - theta.sum(-1)).clamp_min(0.0)
     ritz = basis @ vectors
-    b_diag = diagonal - 2.0 * (basis * images).sum(-1) + ((basis @ t) * basis).sum(-1)
+    b_diag = _tail_diagonal(diagonal, basis, images, ritz, eigenvalues)
     apply_tail = _tail_operator(operator, basis, exponent)
     omega = torch.randint(0, 2, (*batch, n, probes), generator=generator).to(device, torch.float64) * 2 - 1
     b_omega = apply_tail(omega)
