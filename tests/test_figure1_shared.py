@@ -173,3 +173,23 @@ def test_the_figure1_cells_carry_the_budgets_of_the_oracles():
                                                    windows=1, seeds=1, dtypes=["float64"], methods=methods))
         cells = figure1_cells.approximation_cells(grid, settings)
         assert [cell["ranking_budgets"] for cell in cells] == [budgets] * len(methods)
+
+
+@pytest.mark.parametrize("p, shared", [(0.9999, True), (0.5, False)])
+def test_topp_keeping_every_ranked_key_reads_topk_s_result_and_its_own_numbers_otherwise(p, shared):
+    """topp whose cap binds on every row (every ranked key kept) after topk at the same budget and ``v``: topk's
+    result, handed back; where some row keeps fewer, its own. Both equal topp without a ranking."""
+    q, k, v = _with_ties(2)
+    ranking = rank_keys(q, k, BUDGETS)
+    budget = BUDGETS[0] if shared else BUDGETS[-1]
+    first = approxlab.approximate("topk", q, k, v, num_features=budget, ranking=ranking)
+    second = approxlab.approximate("topp", q, k, v, num_features=budget, ranking=ranking, p=p)
+    alone = approxlab.approximate("topp", q, k, v, num_features=budget, p=p)
+    assert (second.output is first.output) == shared
+    assert bool((alone.info["kept"] == budget).all()) == shared  # the cap binds on every row, or not
+    for name in ("indices", "kept", "kept_mass", "dropped_mass"):
+        assert torch.equal(second.info[name], alone.info[name]), name
+    assert torch.equal(second.output, alone.output)
+    other_v = v.clone()  # another v: not handed back
+    assert approxlab.approximate("topp", q, k, other_v, num_features=budget, ranking=ranking,
+                                 p=p).output is not first.output

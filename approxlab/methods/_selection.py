@@ -25,7 +25,7 @@ The attention of a compressed cache (the kept context tokens, then the continuat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
@@ -255,7 +255,8 @@ def oracle_selection(q, k, v, *, causal: bool, key_mask, budget: int, keep, rank
     values_of = weighted_rows(v, torch.broadcast_shapes(batch, v.shape[:-2]))
     if ranking is not None:
         chosen, indices = ranking.check(q, k, budget=budget, causal=causal, key_mask=key_mask)
-        return _selected(chosen, indices, ranking.log_normaliser, keep, v, values_of)
+        return _selected(chosen, indices, ranking.log_normaliser, keep, v, values_of,
+                         ranking.whole.setdefault(budget, {}))
     graph = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)  # then no buffer, nothing in place
     parts = [_selected(chosen, indices, log_normaliser, keep, v, values_of) for chosen, indices, log_normaliser
              in _ranked_blocks(q, k, causal=causal, key_mask=key_mask, budgets=(budget,), graph=graph)]
@@ -307,17 +308,28 @@ def _ranked_blocks(q, k, *, causal: bool, key_mask, budgets: tuple, graph: bool,
         yield (*(c for c, _ in ranked), *(i for _, i in ranked), log_normaliser)
 
 
-def _selected(chosen, indices, log_normaliser, keep, v, values_of) -> tuple:
+def _selected(chosen, indices, log_normaliser, keep, v, values_of, whole: dict | None = None) -> tuple:
     """What :func:`oracle_selection` returns for the rows of ``chosen`` and ``indices`` ``(*batch, rows, budget)``
-    (each row's largest logits and their keys) and ``log_normaliser`` ``(*batch, rows)``."""
+    (each row's largest logits and their keys) and ``log_normaliser`` ``(*batch, rows)``.
+
+    ``whole`` (a :class:`KeyRanking`'s ``whole[budget]``): where ``keep`` keeps every slot of every row, the result
+    depends on the ranking and ``v`` alone, so it is kept there with its ``v`` and handed back, not recomputed, to
+    the next call that keeps every slot with the same ``v`` (``topp`` whose cap binds on every row after ``topk``
+    at the same budget: the same tensors)."""
     empty = ~torch.isfinite(log_normaliser)  # a padded causal row before the first real key sees none
     log_normaliser = log_normaliser.masked_fill(empty, 0.0)
     valid = keep(chosen, log_normaliser) & ~empty.unsqueeze(-1)
+    every = whole is not None and bool(valid.all())
+    if every and whole.get("v") is v:
+        return whole["result"]
     chosen = chosen.masked_fill(~valid, float("-inf"))
     log_kept = torch.logsumexp(chosen, dim=-1).masked_fill(empty, 0.0)
     weights = torch.exp(chosen - log_kept.unsqueeze(-1))
-    return (weighted_values(weights, indices, v, values_of), indices, weights, torch.exp(log_kept - log_normaliser),
-            -torch.expm1(log_kept - log_normaliser), valid.sum(-1))
+    result = (weighted_values(weights, indices, v, values_of), indices, weights, torch.exp(log_kept - log_normaliser),
+              -torch.expm1(log_kept - log_normaliser), valid.sum(-1))
+    if every:
+        whole.update(v=v, result=result)
+    return result
 
 
 @dataclass(frozen=True)
@@ -328,7 +340,9 @@ class KeyRanking:
     ``ranked``: ``{budget: (values, indices)}``, each ``(*batch, n, budget)`` by decreasing logit;
     ``log_normaliser``: ``(*batch, n)``, :math:`\log\sum_j e^{s_{ij}}`; ``shape``: ``(q.shape, k.shape)``;
     ``output``: the exact softmax attention :math:`\operatorname{softmax}(s)\,V` ``(*batch, n, p_v)`` of the ``v``
-    given to :func:`rank_keys`, else None.
+    given to :func:`rank_keys`, else None; ``whole``: ``{budget: {"v", "result"}}``, what an oracle that kept every
+    ranked key at that budget returned, for the next one that keeps them all (``_selected``; its ``weights`` are
+    :math:`8 n b` bytes a batch element in float64).
 
     Examples
     --------
@@ -346,6 +360,7 @@ class KeyRanking:
     log_normaliser: torch.Tensor
     shape: tuple
     output: torch.Tensor | None = None
+    whole: dict = field(default_factory=dict, repr=False, compare=False)
 
     def check(self, q, k, *, budget: int, causal: bool, key_mask) -> tuple:
         """``(values, indices)`` at ``budget`` for these ``q`` and ``k``, or a ``ValueError`` naming ``ranking``."""
