@@ -193,3 +193,20 @@ def test_topp_keeping_every_ranked_key_reads_topk_s_result_and_its_own_numbers_o
     other_v = v.clone()  # another v: not handed back
     assert approxlab.approximate("topp", q, k, other_v, num_features=budget, ranking=ranking,
                                  p=p).output is not first.output
+
+
+def test_the_ranking_reference_is_kept_while_its_window_s_record_is_the_loader_s(monkeypatch):
+    from types import SimpleNamespace
+
+    _figure1_window(monkeypatch)
+    cell = {"condition": "initialized", "n": 256, "window": 0, "method": "topk", "num_features": [16],
+            "ranking_budgets": [16], "seeds": [0], "dtype": "float64", "base_seed": 0, "mode": "embedding",
+            "layer": 0, "model_seed": 0, "data_dir": None, "cache_dir": None, "device": "cpu"}
+    figure1_cells._REFERENCES.clear()
+    first = figure1_cells._reference(cell)
+    assert figure1_cells._reference({**cell, "ranking_budgets": []}) is first  # any cell of the window
+    record = figure1_cells.wikitext.qkv(None)
+    again = SimpleNamespace(**vars(record))  # the loader's caches emptied: a new record of the same window
+    monkeypatch.setattr(figure1_cells.wikitext, "qkv", lambda window: again)
+    second = figure1_cells._reference(cell)
+    assert second is not first and torch.equal(second["output"], first["output"])

@@ -118,25 +118,27 @@ def _reference(cell):
     ``ranking`` for the oracles (:func:`_shared_options`). Otherwise the fused kernel's
     (:func:`~approxlab.studies.inputs.wikitext.reference`)."""
     dense_max_n = cell.get("dense_max_n", DENSE_MAX_N)
-    key = (_window(cell), cell["dtype"], dense_max_n)
-    if key in _REFERENCES:
-        return _REFERENCES[key]
+    key, record = (_window(cell), cell["dtype"], dense_max_n), wikitext.qkv(_window(cell))
+    if key in _REFERENCES and _REFERENCES[key][0] is record:
+        return _REFERENCES[key][1]
     budgets = cell.get("ranking_budgets") or []
     if not budgets or cell["dtype"] != "float64" or cell["n"] > dense_max_n:
         return wikitext.reference(_window(cell), dtype=cell["dtype"], dense_max_n=dense_max_n)
-    record = wikitext.qkv(_window(cell))
     q, k, v = (x[0, :, :cell["n"]].to(torch.float64).contiguous() for x in (record.q, record.k, record.v))
     ranking = rank_keys(q, k, budgets, v=v)
     _REFERENCES.clear()
-    _REFERENCES[key] = {"q": q, "k": k, "v": v, "output": ranking.output, "ranking": ranking,
-                        "output_norm": spectral_norm(ranking.output), "checkpoint": str(record.checkpoint)}
-    return _REFERENCES[key]
+    _REFERENCES[key] = (record, {"q": q, "k": k, "v": v, "output": ranking.output, "ranking": ranking,
+                                 "output_norm": spectral_norm(ranking.output), "checkpoint": str(record.checkpoint)})
+    return _REFERENCES[key][1]
 
 
 _REFERENCES: collections.OrderedDict = collections.OrderedDict()
 """The reference of the latest window whose exact output came from its key ranking (:func:`_reference`), by
-(window, dtype, ``dense_max_n``), with the ranking (``ranking``). One entry: the ranking is 16 bytes per head, query
-and kept key of each budget (250 MB for 12 heads, n = 4096, d in {64, 256})."""
+(window, dtype, ``dense_max_n``): ``(record, reference)``, the window's Q/K/V record it was formed from (an entry
+whose record is no longer the one :func:`~approxlab.studies.inputs.wikitext.qkv` returns, after
+:func:`~approxlab.studies.inputs.wikitext.clear_caches`, is formed again) and the reference with the ranking
+(``ranking``). One entry: the ranking is 16 bytes per head, query and kept key of each budget (250 MB for 12 heads,
+n = 4096, d in {64, 256})."""
 
 
 def _generator(cell, method, d, seed):
