@@ -17,7 +17,8 @@ number for number.
 
 ``--profile``: the cell runs under ``cProfile`` with the process CPU clock, and the CPU seconds of its parts are
 printed (each method's function, with its own errors' spectral norms left out; the shared ranking of ``topk`` and
-``topp``; the exact reference; the spectral norms; the panel's statistical dimension; the window's rank of A).
+``topp``, which also forms the exact reference's output where the grid holds them; the exact reference's own fused
+call, where it is made; the spectral norms; the panel's statistical dimension; the window's rank of A).
 
 ``--rss-interval``: how often the timer samples the process's resident memory (the bench's 0.002 s by default).
 The sampler is a thread of the same process, so its CPU time counts in the cell's and the SDPA call's CPU
@@ -54,7 +55,8 @@ from approxlab.studies.inputs import wikitext
 from approxlab.studies.bench.timing import measure
 from approxlab.studies.registry import get
 
-PARTS = {"the shared ranking (rank_keys)": "rank_keys", "exact reference (exact_attention)": "exact_attention",
+PARTS = {"the shared ranking (rank_keys; with the exact output where it forms it)": "rank_keys",
+         "exact reference (exact_attention)": "exact_attention",
          "spectral norms of the errors": "spectral_norm", "panel: statistical dimension": "_statistical_dimensions",
          "window: rank of A": "numerical_rank_lu"}
 """The parts of the cell ``--profile`` reports besides the methods, by the function whose CPU time they are."""

@@ -111,3 +111,102 @@ def test_the_panel_statistical_dimension_at_its_stopping_tolerance_is_the_tight_
     for column in ("statistical_dimension_mean", "statistical_dimension_min", "statistical_dimension_max"):
         assert stopped[column] == pytest.approx(tight[column], rel=1e-6, abs=0.0), column
     assert stopped["lambda_mean"] == tight["lambda_mean"]  # the Krylov part is untouched
+
+
+def test_the_ranking_given_v_gives_the_exact_output_to_rounding_and_the_same_ranking():
+    q, k, v = _with_ties(1)
+    alone = rank_keys(q, k, BUDGETS)
+    shared = rank_keys(q, k, BUDGETS, v=v)
+    assert alone.output is None
+    torch.testing.assert_close(shared.output, approxlab.exact_attention(q, k, v), rtol=1e-13, atol=1e-15)
+    assert torch.equal(shared.log_normaliser, alone.log_normaliser)
+    for budget in BUDGETS:
+        assert all(torch.equal(a, b) for a, b in zip(shared.ranked[budget], alone.ranked[budget])), budget
+
+
+def _figure1_window(monkeypatch, heads=2, n=256, p=16):
+    """A synthetic window behind figure1's loaders: ``wikitext.qkv`` gives its record, ``wikitext.reference`` the
+    fused kernel's reference (the path without a shared ranking)."""
+    from types import SimpleNamespace
+
+    q, k, v = synthetic_qkv((heads,), n, p, generator=torch.Generator().manual_seed(4))
+    record = SimpleNamespace(q=q[None], k=k[None], v=v[None], checkpoint="synthetic")
+    output = approxlab.exact_attention(q, k, v)
+    fused = {"q": q, "k": k, "v": v, "output": output, "checkpoint": "synthetic",
+             "output_norm": approxlab.metrics.spectral_norm(output)}
+    monkeypatch.setattr(figure1_cells.wikitext, "qkv", lambda window: record)
+    monkeypatch.setattr(figure1_cells.wikitext, "reference", lambda window, **options: fused)
+    return fused
+
+
+@pytest.mark.parametrize("method", ["topk", "topp", "performer"])
+def test_a_figure1_cell_on_the_ranking_reference_gives_the_rows_of_the_fused_reference(method, monkeypatch):
+    """With an oracle in the grid the window's exact output is its ranking's (one pass over the logits): every cell
+    of the window gives the rows of the fused kernel's reference, to rounding."""
+    fused = _figure1_window(monkeypatch)
+    cell = {"condition": "initialized", "n": 256, "window": 0, "method": method, "num_features": [16, 64],
+            "seeds": [0], "dtype": "float64", "base_seed": 0, "mode": "embedding", "layer": 0, "model_seed": 0,
+            "data_dir": None, "cache_dir": None, "device": "cpu"}
+    figure1_cells._REFERENCES.clear()
+    figure1_cells._RANKINGS.clear()
+    shared = figure1_cells.compute_cell({**cell, "ranking_budgets": [16, 64]})
+    assert not figure1_cells._RANKINGS  # the oracles read the reference's ranking
+    ref = figure1_cells._reference(cell)  # the window's entry, for any cell of it
+    assert ref["ranking"] is not None and ref["output"] is not fused["output"]
+    torch.testing.assert_close(ref["output"], fused["output"], rtol=1e-13, atol=1e-15)
+    figure1_cells._REFERENCES.clear()
+    alone = figure1_cells.compute_cell(cell)  # no ranking budgets: the fused reference
+    assert not figure1_cells._REFERENCES
+    for a, b in zip(shared, alone):
+        assert (a["num_features"], a["status"]) == (b["num_features"], "ok")
+        for column in ("error_mean", "error_max", "relative_error_mean"):
+            assert a[column] == pytest.approx(b[column], rel=1e-9, abs=0.0), (method, column)
+
+
+def test_the_figure1_cells_carry_the_budgets_of_the_oracles():
+    from approxlab.studies.registry import get as study
+
+    figure1 = study("figure1")
+    settings = {"data_dir": None, "cache_dir": None, "device": "cpu"}
+    for methods, budgets in ((["performer", "topk"], [16, 64]), (["performer"], [])):
+        grid = figure1.configure(figure1.arguments(conditions=["initialized"], n=[256], num_features=[16, 64],
+                                                   windows=1, seeds=1, dtypes=["float64"], methods=methods))
+        cells = figure1_cells.approximation_cells(grid, settings)
+        assert [cell["ranking_budgets"] for cell in cells] == [budgets] * len(methods)
+
+
+@pytest.mark.parametrize("p, shared", [(0.9999, True), (0.5, False)])
+def test_topp_keeping_every_ranked_key_reads_topk_s_result_and_its_own_numbers_otherwise(p, shared):
+    """topp whose cap binds on every row (every ranked key kept) after topk at the same budget and ``v``: topk's
+    result, handed back; where some row keeps fewer, its own. Both equal topp without a ranking."""
+    q, k, v = _with_ties(2)
+    ranking = rank_keys(q, k, BUDGETS)
+    budget = BUDGETS[0] if shared else BUDGETS[-1]
+    first = approxlab.approximate("topk", q, k, v, num_features=budget, ranking=ranking)
+    second = approxlab.approximate("topp", q, k, v, num_features=budget, ranking=ranking, p=p)
+    alone = approxlab.approximate("topp", q, k, v, num_features=budget, p=p)
+    assert (second.output is first.output) == shared
+    assert bool((alone.info["kept"] == budget).all()) == shared  # the cap binds on every row, or not
+    for name in ("indices", "kept", "kept_mass", "dropped_mass"):
+        assert torch.equal(second.info[name], alone.info[name]), name
+    assert torch.equal(second.output, alone.output)
+    other_v = v.clone()  # another v: not handed back
+    assert approxlab.approximate("topp", q, k, other_v, num_features=budget, ranking=ranking,
+                                 p=p).output is not first.output
+
+
+def test_the_ranking_reference_is_kept_while_its_window_s_record_is_the_loader_s(monkeypatch):
+    from types import SimpleNamespace
+
+    _figure1_window(monkeypatch)
+    cell = {"condition": "initialized", "n": 256, "window": 0, "method": "topk", "num_features": [16],
+            "ranking_budgets": [16], "seeds": [0], "dtype": "float64", "base_seed": 0, "mode": "embedding",
+            "layer": 0, "model_seed": 0, "data_dir": None, "cache_dir": None, "device": "cpu"}
+    figure1_cells._REFERENCES.clear()
+    first = figure1_cells._reference(cell)
+    assert figure1_cells._reference({**cell, "ranking_budgets": []}) is first  # any cell of the window
+    record = figure1_cells.wikitext.qkv(None)
+    again = SimpleNamespace(**vars(record))  # the loader's caches emptied: a new record of the same window
+    monkeypatch.setattr(figure1_cells.wikitext, "qkv", lambda window: again)
+    second = figure1_cells._reference(cell)
+    assert second is not first and torch.equal(second["output"], first["output"])

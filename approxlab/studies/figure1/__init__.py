@@ -80,7 +80,10 @@ A runner cell is (condition, n, window, method); it returns the rows of all its
 num_features x seeds. Cells are ordered so that those sharing a window are adjacent,
 and the window's Q/K/V, exact output and its norms are kept in a per-process LRU cache
 (:func:`reference`), so an in-process run computes each once and a Dask worker at most
-once per window it sees. Each approximation's generator is seeded with
+once per window it sees. Where the grid holds ``topk`` or ``topp`` (float64, up to
+``--matrix-free-above``), the exact output comes from the same pass over the logits as their
+shared key ranking (:func:`approxlab.methods.rank_keys` given ``v``), not a second one.
+Each approximation's generator is seeded with
 :func:`~approxlab.studies.runner.cell_seed` of (condition, n, window, method, d, seed),
 so results do not depend on run order or executor.
 

@@ -4,7 +4,8 @@ r"""Figure 1's cells: one approximation cell per (condition, n, dtype, window, m
 Cells sharing a window are adjacent, and the window's Q/K/V, exact output and its norms come from the
 shared per-process cache (:func:`approxlab.studies.inputs.wikitext.reference`); so does the oracles' ranking of
 each query's logits (:func:`approxlab.methods.rank_keys`, :data:`_RANKINGS`), formed once for every d of
-``topk`` and ``topp``. Each approximation's
+``topk`` and ``topp``. Where the grid holds an oracle (float64, up to ``dense_max_n``) the window's exact output is
+that ranking's (:data:`_REFERENCES`): one pass over the logits for both. Each approximation's
 generator is seeded with :func:`~approxlab.studies.engine.cell_seed` of (condition, n, window, method,
 d, seed), so results do not depend on run order or executor.
 """
@@ -60,19 +61,28 @@ def _data(config, settings, dtype="float64") -> dict:
             "device": settings["device"]}
 
 
+def _features(config, method, n) -> list[int]:
+    return [d for d in config["num_features"] if d <= get(method).max_features(n)]
+
+
 def approximation_cells(config: dict, settings: dict) -> list[dict]:
-    """One cell per (condition, n, dtype, window, method), adjacent per window; all its d x seeds."""
+    """One cell per (condition, n, dtype, window, method), adjacent per window; all its d x seeds.
+
+    Each cell carries ``ranking_budgets``: every d of the grid's methods that take a ranking (``topk``, ``topp``)
+    at its n, the budgets of the window's shared ranking and reference (:func:`_reference`); empty without them."""
     cells = []
     for condition in config["conditions"]:
         for n in config["n"]:
+            ranked = {d for method in config["methods"] if "ranking" in (get(method).options() or [])
+                      for d in _features(config, method, n)}
             for dtype in config["dtypes"]:
                 for window in window_ids(config, n):
                     for method in config["methods"]:
-                        features = [d for d in config["num_features"] if d <= get(method).max_features(n)]
+                        features = _features(config, method, n)
                         if features:
                             cells.append({"condition": condition, "n": n, "window": window, "method": method,
                                           "num_features": features, "seeds": method_seeds(config["seeds"], method),
-                                          **_data(config, settings, dtype)})
+                                          "ranking_budgets": sorted(ranked), **_data(config, settings, dtype)})
     return cells
 
 
@@ -98,7 +108,37 @@ def _window(cell) -> Window:
 
 
 def _reference(cell):
-    return wikitext.reference(_window(cell), dtype=cell["dtype"], dense_max_n=cell.get("dense_max_n", DENSE_MAX_N))
+    """The window's ``q``, ``k``, ``v``, exact ``output``, ``output_norm`` and ``checkpoint``
+    (:func:`approxlab.studies.inputs.wikitext.reference`'s dict).
+
+    The window's entry in :data:`_REFERENCES`, for any cell of that window and dtype (the panel's too), when there
+    is one. Else, for a cell with ``ranking_budgets`` in float64 up to ``dense_max_n``, a new entry: the window's
+    Q/K/V, its key ranking at those budgets and the exact output from the same pass over the logits
+    (:func:`approxlab.methods.rank_keys` given ``v``; the fused kernel's output to rounding), the ranking kept as
+    ``ranking`` for the oracles (:func:`_shared_options`). Otherwise the fused kernel's
+    (:func:`~approxlab.studies.inputs.wikitext.reference`)."""
+    dense_max_n = cell.get("dense_max_n", DENSE_MAX_N)
+    key, record = (_window(cell), cell["dtype"], dense_max_n), wikitext.qkv(_window(cell))
+    if key in _REFERENCES and _REFERENCES[key][0] is record:
+        return _REFERENCES[key][1]
+    budgets = cell.get("ranking_budgets") or []
+    if not budgets or cell["dtype"] != "float64" or cell["n"] > dense_max_n:
+        return wikitext.reference(_window(cell), dtype=cell["dtype"], dense_max_n=dense_max_n)
+    q, k, v = (x[0, :, :cell["n"]].to(torch.float64).contiguous() for x in (record.q, record.k, record.v))
+    ranking = rank_keys(q, k, budgets, v=v)
+    _REFERENCES.clear()
+    _REFERENCES[key] = (record, {"q": q, "k": k, "v": v, "output": ranking.output, "ranking": ranking,
+                                 "output_norm": spectral_norm(ranking.output), "checkpoint": str(record.checkpoint)})
+    return _REFERENCES[key][1]
+
+
+_REFERENCES: collections.OrderedDict = collections.OrderedDict()
+"""The reference of the latest window whose exact output came from its key ranking (:func:`_reference`), by
+(window, dtype, ``dense_max_n``): ``(record, reference)``, the window's Q/K/V record it was formed from (an entry
+whose record is no longer the one :func:`~approxlab.studies.inputs.wikitext.qkv` returns, after
+:func:`~approxlab.studies.inputs.wikitext.clear_caches`, is formed again) and the reference with the ranking
+(``ranking``). One entry: the ranking is 16 bytes per head, query and kept key of each budget (250 MB for 12 heads,
+n = 4096, d in {64, 256})."""
 
 
 def _generator(cell, method, d, seed):
@@ -137,9 +177,14 @@ _RANKINGS: collections.OrderedDict = collections.OrderedDict()
 def _shared_options(cell, ref) -> dict:
     """The options that hand a method of ``cell`` the work its window shares: ``ranking`` for a method that takes
     one (``topk``, ``topp``), up to ``dense_max_n`` (above it the study keeps nothing of size ``n x d``); none for
-    the others. The time of a ranking counts in the row of the cell and d that formed it."""
+    the others. The reference's ranking when it has one at every d of the cell (its time is the reference's, before
+    any method's row); else one formed here (:data:`_RANKINGS`), whose time counts in the row of the cell and d
+    that formed it."""
     if "ranking" not in (get(cell["method"]).options() or []) or cell["n"] > cell.get("dense_max_n", DENSE_MAX_N):
         return {}
+    shared = ref.get("ranking")
+    if shared is not None and set(cell["num_features"]) <= set(shared.ranked):
+        return {"ranking": shared}
     key = (_window(cell), cell["dtype"], tuple(cell["num_features"]))
     if key not in _RANKINGS:
         _RANKINGS.clear()
