@@ -413,7 +413,7 @@ def test_duo_attention_is_timed_with_the_split_its_authors_fix_offline_and_the_s
     config = {"causal_budget": 8, "seed": 0, "repeats": 1}
     rows = causal.causal_rows({"config": config, "n": 64, "method": "causal/duo-attention", "device": "cpu"})
     (options,) = given
-    found = approximate("duo-attention", *_causal_qkv(config, 64), num_features=8, causal=True)
+    found = approximate("duo-attention", *causal.causal_qkv(config, 64), num_features=8, causal=True)
     assert torch.equal(options["retrieval_heads"], found.info["retrieval_heads"])
     assert rows[1]["offline_s"] > 0 and "offline_s" not in rows[0]
     lines = causal.causal_lines(pd.DataFrame([{"part": "causal", "n": 64, "method": "causal/duo-attention", **row}
@@ -422,11 +422,3 @@ def test_duo_attention_is_timed_with_the_split_its_authors_fix_offline_and_the_s
     rows = causal.causal_rows({"config": config, "n": 64, "method": "causal/minference", "device": "cpu"})
     assert given[-1] == {} and "offline_s" not in rows[1]
 
-
-def _causal_qkv(config, n):
-    """The causal part's Q, K, V of one n (as :func:`approxlab.studies.bench.causal.causal_rows` draws them)."""
-    from approxlab.studies.engine.keys import cell_seed
-
-    generator = torch.Generator().manual_seed(cell_seed("causal", n, base_seed=config["seed"]))
-    q, k, v = (torch.randn(3, n, 64, generator=generator) for _ in range(3))
-    return q, k, v

@@ -49,18 +49,18 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import torch
 
 from ..engine.failures import METHOD_ERRORS, method_status
 from .baseline import torch_sdpa
+from .offline import OFFLINE, offline_lines, offline_step
 from .growth import growth_exponent
 from .timing import measure_interleaved
 
 __all__ = ["SELECTION_METHODS", "TARGETS", "OFFLINE", "SCORER_TARGET", "PREFILL_TARGET", "EXPONENT_TARGETS",
-           "EXPONENT_REASONS", "HEADS", "HEAD_DIM", "BASELINE", "target", "policies", "cell_methods", "causal_rows",
-           "causal_lines"]
+           "EXPONENT_REASONS", "HEADS", "HEAD_DIM", "BASELINE", "target", "policies", "cell_methods", "causal_qkv",
+           "causal_rows", "causal_lines"]
 
 HEADS, HEAD_DIM = 3, 64
 """The heads and head dimension of the part's Q, K, V."""
@@ -161,32 +161,6 @@ def policies(methods=None) -> list[tuple[str, str]]:
     return found
 
 
-def _duo_split(q, k, v, budget: int) -> dict:
-    """DuoAttention's offline step: the head split its online form finds on these inputs (``info``'s
-    ``retrieval_heads`` of one call without a split)."""
-    from ...attention import approximate
-
-    return {"retrieval_heads": approximate("duo-attention", q, k, v, num_features=budget, causal=True)
-            .info["retrieval_heads"]}
-
-
-OFFLINE = {"duo-attention": _duo_split}
-"""Per method, the step its authors run once per model, offline, as ``step(q, k, v, budget) -> options`` of the
-timed call: run once per cell of its causal form before the timed calls (its wall seconds the row's
-``offline_s``), so the ratio times the method as it runs at inference."""
-
-
-def _offline(form: str, method: str, q, k, v, budget: int) -> tuple[dict, dict]:
-    """``(options, columns)``: the options :data:`OFFLINE` gives the timed calls of ``form/method`` and the row's
-    ``offline_s`` (both empty for a method without an offline step)."""
-    step = OFFLINE.get(method) if form == "causal" else None
-    if step is None:
-        return {}, {}
-    start = time.perf_counter()
-    options = step(q, k, v, budget)
-    return options, {"offline_s": time.perf_counter() - start}
-
-
 def _call(form: str, method: str, q, k, v, budget: int, **options):
     from ...attention import approximate
     from ...cache import kv_cache_attention
@@ -215,16 +189,22 @@ def cell_methods(methods=None) -> list[str]:
     return [MATH_PATH, *(f"{form}/{method}" for form, method in policies(methods))]
 
 
+def causal_qkv(config: dict, n: int) -> tuple:
+    """The part's Q, K, V at length ``n``, each ``(HEADS, n, HEAD_DIM)`` standard normal, seeded per n (every cell
+    of one n times the same tensors)."""
+    from ..engine.keys import cell_seed
+
+    generator = torch.Generator().manual_seed(cell_seed("causal", n, base_seed=config["seed"]))
+    return tuple(torch.randn(HEADS, n, HEAD_DIM, generator=generator) for _ in range(3))
+
+
 def causal_rows(cell: dict) -> list[dict]:
     """Rows of one ``causal`` cell (one n, one of :func:`cell_methods`): causal SDPA, then the cell's policy
     ``<form>/<method>`` (or :data:`MATH_PATH`) with ``ratio_vs_sdpa`` and ``cpu_ratio_vs_sdpa``; a policy that
     raises: its one failed row."""
-    from ..engine.keys import cell_seed
-
     config, n, device, name = cell["config"], cell["n"], cell["device"], cell["method"]
     budget = min(int(config["causal_budget"]), n)
-    generator = torch.Generator().manual_seed(cell_seed("causal", n, base_seed=config["seed"]))
-    q, k, v = (torch.randn(HEADS, n, HEAD_DIM, generator=generator).to(device) for _ in range(3))
+    q, k, v = (x.to(device) for x in causal_qkv(config, n))
     sdpa = lambda: torch_sdpa(q, k, v, causal=True)  # noqa: E731 (on the fused kernel: one 4-D call)
     common = {"heads": HEADS, "p": HEAD_DIM, "num_features": budget, "compute_dtype": "float32"}
     offline = {}
@@ -233,7 +213,7 @@ def causal_rows(cell: dict) -> list[dict]:
             function = _math_path(q, k, v)
         else:
             form, method = name.split("/", 1)
-            options, offline = _offline(form, method, q, k, v, budget)
+            options, offline = offline_step(form, method, q, k, v, budget)
             function = _call(form, method, q, k, v, budget, **options)
         sdpa()  # the warm-up call; the policy's warm-up call is also its check
         function()
@@ -334,24 +314,7 @@ def causal_lines(wide, planned=None) -> list[str]:
         missed = [algorithm for algorithm, verdict in verdicts.items() if verdict != "met"]
         lines += ["", f"Met: {len(verdicts) - len(missed)} of {len(verdicts)} policies; not met: "
                   + (", ".join(f"`{algorithm}`" for algorithm in missed) or "none") + "."]
-    return lines + ["", *_offline_lines(rows, sdpa), *_load_lines(rows, ns), *_former_baseline_lines(rows, ns)]
-
-
-def _offline_lines(rows, sdpa) -> list[str]:
-    """What the offline steps (:data:`OFFLINE`) took, outside the ratios: per policy, its seconds at each n and as
-    a multiple of the baseline's median time there."""
-    if "offline_s" not in rows or rows["offline_s"].isna().all():
-        return []
-    lines = []
-    for algorithm, group in rows[rows["offline_s"].notna()].groupby("algorithm", sort=True):
-        seconds = group.groupby("n")["offline_s"].median()
-        shown = ", ".join(f"{seconds[n]:.3f} s ({seconds[n] / sdpa[n]:.2f}x)" if n in sdpa
-                          else f"{seconds[n]:.3f} s" for n in seconds.index)
-        lines.append(f"`{algorithm}` is timed with the result of the step its authors run once per model, offline "
-                     f"(DuoAttention: the split of the heads, here the split its online form finds on the cell's "
-                     f"tensors), run once per cell before the timed calls and not in its ratio; that step took "
-                     f"{shown} of the baseline at n = {', '.join(str(int(n)) for n in seconds.index)}.")
-    return lines + [""]
+    return lines + ["", *offline_lines(rows, sdpa), *_load_lines(rows, ns), *_former_baseline_lines(rows, ns)]
 
 
 def _former_cells_lines(former) -> list[str]:
