@@ -53,12 +53,51 @@ def test_row_topk_answers_rows_without_ties_itself(dtype, sorted_):
     reference, only slower, so this checks the fast path is the one taken."""
     from approxlab.methods._row_topk import _candidates, _largest
 
-    x = torch.randn(2, 3, 40, 1037, generator=gen(3), dtype=dtype) - 2.5  # the largest about 0: both signs
-    row, values, columns, unsafe = _candidates(x, 17, GROUP_COLUMNS)
-    top, indices, clean = _largest(row, values, columns, 240, 17, sorted=sorted_)
-    assert bool(clean.all()) and not bool(unsafe.any())
-    reference = x.reshape(240, 1037).topk(16, dim=-1)
-    assert torch.equal(top, reference.values) and torch.equal(indices, reference.indices)
+    g = gen(3)
+    x = torch.randn(2, 3, 40, 1037, generator=g, dtype=dtype) - 2.5  # the largest about 0: both signs
+    decades = 0.9 * math.log10(torch.finfo(dtype).max)  # every exponent: the sort keys' whole range
+    spread = torch.randn(2, 3, 40, 1037, generator=g, dtype=dtype) * 10 ** torch.empty(
+        2, 3, 40, 1037, dtype=dtype).uniform_(-decades, decades, generator=g)
+    for x in (x, spread):
+        row, values, columns, unsafe = _candidates(x, 17, GROUP_COLUMNS)
+        top, indices, clean = _largest(row, values, columns, 240, 17, sorted=sorted_)
+        assert bool(clean.all()) and not bool(unsafe.any())
+        reference = x.reshape(240, 1037).topk(16, dim=-1)
+        assert torch.equal(top, reference.values) and torch.equal(indices, reference.indices)
+
+
+def test_row_topk_float64_keys_that_tie_after_truncation_go_to_the_reference():
+    """float64 sort keys keep their leading bits only (row bits above them): they order (row, decreasing value)
+    over the floats' whole range; values one or two ulps apart share a key, and the sort may list them in any order.
+    Three such values at a row's k-th and (k+1)-th place, listed in
+    every order: the row is answered only where its answer is right (the last two picked differ in their keys),
+    else handed to ``torch.topk``; and ``row_topk`` on rows of such clusters is ``torch.topk``'s."""
+    import itertools
+
+    from approxlab.methods._row_topk import _largest, _row_order
+
+    k = 4
+    close = [3.0, math.nextafter(3.0, math.inf), math.nextafter(math.nextafter(3.0, math.inf), math.inf)]
+    for order in itertools.permutations(range(3)):
+        # one row: k - 1 large values, the three close ones, then smaller ones; listed in this order
+        values = torch.tensor([10.0, 9.0, 8.0] + [close[i] for i in order] + [1.0, 0.5], dtype=torch.float64)
+        columns = torch.arange(values.numel())
+        top, indices, clean = _largest(torch.zeros_like(columns), values, columns, 3, k + 1, sorted=True)
+        reference = values.topk(k)
+        assert not bool(clean[0]) or (torch.equal(top[0], reference.values)
+                                      and torch.equal(indices[0], reference.indices))
+    g = gen(4)
+    rows = 240  # the keys order (row, decreasing value) over every row and the floats' whole range, both signs
+    row = torch.randint(0, rows, (5000,), generator=g)
+    values = torch.randn(5000, generator=g, dtype=torch.float64) * 10 ** torch.empty(
+        5000, dtype=torch.float64).uniform_(-300, 300, generator=g)
+    by_key = _row_order(row, values, rows).argsort()
+    by_row_and_value = sorted(range(5000), key=lambda i: (int(row[i]), -float(values[i])))
+    assert by_key.tolist() == by_row_and_value
+    x = torch.randn(3, 40, 1037, generator=g, dtype=torch.float64).mul_(1e-14).add_(2.0)  # a few ulps apart
+    x[1] = torch.randn(40, 1037, generator=g, dtype=torch.float64)
+    x[1, :, 500:540] = (x[1, :, 0:1] + 1.0) + torch.arange(40, dtype=torch.float64) * 4.4e-16
+    _assert_same_topk(x, 16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

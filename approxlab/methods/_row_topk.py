@@ -4,25 +4,30 @@ r"""The ``k`` largest entries of each row, as ``torch.topk`` returns them, by a 
 sorts them: the cost of the selection oracles (top-k, top-p), several times that of the logits' GEMM. Here a row is
 cut into :math:`g` interleaved groups of :math:`c` columns (column :math:`j < gc` in group :math:`j \bmod g`), and
 
-1. the group maxima :math:`G` come from :math:`c-1` elementwise maxima of contiguous slices (one pass over the row);
-2. the threshold :math:`t` is the :math:`(k+1)`-th largest group maximum, and its :math:`k+1` groups (``torch.topk``
-   over :math:`g` entries): the :math:`k+1` group maxima are distinct entries at least :math:`t`, so the row's
-   :math:`k+1` largest entries are at least :math:`t`, and every entry at least :math:`t` lies in a group whose
-   maximum is at least :math:`t` -- one of the :math:`k+1` groups, or a group whose maximum ties with :math:`t`;
-3. the entries of those groups (and the :math:`w - gc < c` columns past the groups) that reach :math:`t` are listed,
-   every row's in one flat list (expected about :math:`k + k/c` a row on exchangeable entries), and sorted once by
-   (row, decreasing value) as integers (:func:`_row_order`: torch sorts 1-D integers by radix); the first
-   :math:`k+1` of a row's run are its values :math:`u_0 \ge \dots \ge u_k \ge t`.
+1. the group maxima :math:`G` come from one ``amax`` over the row seen as :math:`c \times g` (one pass over the row);
+2. the threshold :math:`t` is the :math:`(k+1)`-th largest group maximum (``torch.topk`` over :math:`g` entries): the
+   :math:`k+1` group maxima are distinct entries at least :math:`t`, so the row's :math:`k+1` largest entries are at
+   least :math:`t`;
+3. the entries of the whole row (the :math:`w - gc < c` columns past the groups included) that reach :math:`t` are
+   listed, every row's in one flat list (one comparison and one ``nonzero`` over the rows; expected about
+   :math:`k + k/c` a row on exchangeable entries), and sorted once by (row, decreasing value) as integers
+   (:func:`_row_order`: torch sorts 1-D integers by radix); the first :math:`k+1` of a row's run are its values
+   :math:`u_0 \ge \dots \ge u_k \ge t`.
 
 A row whose :math:`u_0 > u_1 > \dots > u_k` are finite has one answer: every entry outside the candidates is at most
 :math:`t \le u_k < u_{k-1}`, so the :math:`k` largest entries and their order are those found, as ``torch.topk``
-gives them. Any other row (tied values, fewer than :math:`k` finite entries, NaN, :math:`\pm\infty`) is handed to
+gives them (for 8-byte values, whose sort keys are truncated, :math:`u_{k-1}` and :math:`u_k` must also differ
+in their keys: :func:`_largest`). Any other row (tied values, fewer than :math:`k` finite entries, NaN, :math:`\pm\infty`) is handed to
 ``torch.topk`` itself, so ties are broken exactly as the reference breaks them. The result equals ``x.topk(k,
 dim=-1)`` bit for bit, values and indices (``tests/test_selection_fast_paths.py``).
 
-**Cost**: one pass over the row for :math:`G`, one ``torch.topk`` over the :math:`g = w/c` group maxima, elementwise
-work on the :math:`(k+1)c` entries of the chosen groups and one integer sort of those that reach :math:`t` (all
-rows at once), in place of one ``torch.topk`` over :math:`w` (:data:`GROUP_COLUMNS` for the measured times).
+**Cost**: one pass over the row for :math:`G`, one ``torch.topk`` over the :math:`g = w/c` group maxima, one
+comparison of the row with :math:`t` and one integer sort of the entries that reach it (all rows at once), in place
+of one ``torch.topk`` over :math:`w` (:data:`GROUP_COLUMNS` for the measured times). Listing the entries that reach
+:math:`t` from the whole row, rather than from the :math:`(k+1)c` entries of the chosen groups gathered first, and
+one sort of 8-byte keys instead of two: on one thread, the Figure-1 window's float64 logits in blocks of
+``(12, 85, 4096)``, ``k = 256``, about 49 ms a block before, against 46 ms for ``torch.topk``
+(``benchmarks/results/figure1_cell.md``).
 """
 
 from __future__ import annotations
@@ -88,12 +93,10 @@ def _candidates(x: torch.Tensor, count: int, c: int) -> tuple[torch.Tensor, ...]
     no threshold, while ``torch.topk`` ranks it first)."""
     w = x.shape[-1]
     groups = w // c
-    maxima = torch.maximum(x[..., :groups], x[..., groups:2 * groups])
-    for r in range(2, c):
-        torch.maximum(maxima, x[..., r * groups:(r + 1) * groups], out=maxima)
+    slices = x[..., :groups * c].unflatten(-1, (c, groups))
+    maxima = slices.amax(-2)
     bounds, chosen = maxima.topk(count, dim=-1, sorted=False)
     # the chosen groups' entries, (*batch, rows, c, count): entry (r, s) is column chosen[s] + r * groups
-    slices = x[..., :groups * c].unflatten(-1, (c, groups))
     candidates = torch.gather(slices, -1, chosen.unsqueeze(-2).expand(*chosen.shape[:-1], c, count))
     rows = chosen.shape[:-1].numel()
     candidates, chosen = candidates.reshape(rows, c * count), chosen.reshape(rows, count)
@@ -115,42 +118,50 @@ def _largest(row: torch.Tensor, values: torch.Tensor, columns: torch.Tensor, row
     """Each row's ``count`` largest of the listed entries (``row``, ``values``, ``columns``, one entry each, rows in
     ``[0, rows)``), by decreasing value: ``(values, columns)`` ``(rows, count - 1)`` of the first ``count - 1`` and
     ``clean`` ``(rows,)``, True where they are the row's answer (see the module docstring): the row lists at least
-    ``count`` entries, all ``count`` are finite and decreasing strictly (``sorted=False``: the last two differ).
+    ``count`` entries, all ``count`` are finite, the last two differ in their sort keys and in value, and (``sorted``)
+    all ``count`` decrease strictly.
 
     One sort of every listed entry by (row, decreasing value) (:func:`_row_order`); a row's entries are then a run
-    of the sorted list, and its ``count`` largest the first ``count`` of its run."""
-    order = _row_order(row, values)
+    of the sorted list, and its ``count`` largest the first ``count`` of its run. The keys of 8-byte values are
+    truncated (:func:`_row_order`): two that differ only in their last bits may come in either order, so the last
+    two must differ in their keys for the first ``count - 1`` to be the row's largest (then every entry sorted after
+    them is smaller than each), and their order is checked on the values."""
+    key = _row_order(row, values, rows)
+    order = key.argsort()
     listed = torch.bincount(row, minlength=rows)
     first = listed.cumsum(0) - listed
     take = (first.unsqueeze(1) + torch.arange(count, device=row.device)).clamp_(max=row.numel() - 1)
     picked = order[take]
-    top, where = values[picked], columns[picked]
-    clean = (listed >= count) & torch.isfinite(top).all(-1)
+    top, where, keys = values[picked], columns[picked], key[picked]
+    clean = (listed >= count) & torch.isfinite(top).all(-1) & (keys[:, -1] > keys[:, -2]) & (top[:, -2] > top[:, -1])
     if sorted:
         clean &= (top[:, 1:] < top[:, :-1]).all(-1)
-    else:  # the count - 1 largest are one set when the last of them is above the next
-        clean &= top[:, -2] > top[:, -1]
     return top[:, :-1], where[:, :-1], clean
 
 
-def _row_order(row: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """The permutation that sorts the entries by ``row``, then by decreasing value (equal values in any order).
+def _row_order(row: torch.Tensor, values: torch.Tensor, rows: int) -> torch.Tensor:
+    """int64 sort keys of the entries, ordered by ``row`` (in ``[0, rows)``), then by decreasing value: one
+    ``argsort`` of them sorts the list (torch sorts 1-D integers by radix, several times faster than floats or than
+    a sort of each row).
 
-    The floats' bits as integers ordered like the values (:func:`_descending_key`), sorted as integers: for values of
-    at most 4 bytes one key ``row * 2**32 + key`` (torch sorts 1-D integers by radix, several times faster than
-    floats or than a sort of each row); 8-byte values by their key, then stably by row."""
+    The row in the high bits, below it the value's key (:func:`_descending_key`): for values of at most 4 bytes,
+    ``row * 2**32 + key``, exact; for 8-byte values the key shifted right by ``b + 1`` bits (``b`` the bits of
+    ``rows - 1``) and offset into ``[0, 2**(63 - b))``, under ``row * 2**(63 - b)``: it orders the values, with
+    ties only between values equal in all but their last ``b + 1`` bits (relative ``2**(b - 51)`` at most), which
+    :func:`_largest`'s clean test sees. One sort of int64 keys instead of the two stable sorts (by value, then by
+    row) of an exact 8-byte key."""
     key = _descending_key(values)
     if values.element_size() <= 4:
-        return ((row << 32) + key).argsort()
-    by_value = key.argsort(stable=True)
-    return by_value[row[by_value].argsort(stable=True)]
+        return (row << 32) + key
+    bits = max(1, int(rows - 1).bit_length())
+    return (row << (63 - bits)) + (key >> (bits + 1)) + (1 << (62 - bits))
 
 
 def _descending_key(values: torch.Tensor) -> torch.Tensor:
     """int64 keys that decrease as ``values`` (floats) increase: the bits as a signed integer, those of negative
     values with all but the sign flipped (then ordered like the values), subtracted from the largest such integer;
-    in ``[0, 2**(8 * size))`` for values of ``size <= 4`` bytes. -0.0 and 0.0 get two keys (the clean test sees the
-    tie)."""
+    in ``[0, 2**(8 * size))`` for values of ``size <= 4`` bytes (for 8 bytes, their complement, of either sign).
+    -0.0 and 0.0 get two keys (the clean test sees the tie)."""
     size = values.element_size()
     bits = values.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[size]).long()
     largest = (1 << (8 * size - 1)) - 1
