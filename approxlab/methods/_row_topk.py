@@ -5,29 +5,30 @@ sorts them: the cost of the selection oracles (top-k, top-p), several times that
 cut into :math:`g` interleaved groups of :math:`c` columns (column :math:`j < gc` in group :math:`j \bmod g`), and
 
 1. the group maxima :math:`G` come from one ``amax`` over the row seen as :math:`c \times g` (one pass over the row);
-2. the threshold :math:`t` is the :math:`(k+1)`-th largest group maximum (``torch.topk`` over :math:`g` entries): the
-   :math:`k+1` group maxima are distinct entries at least :math:`t`, so the row's :math:`k+1` largest entries are at
-   least :math:`t`;
-3. the entries of the whole row (the :math:`w - gc < c` columns past the groups included) that reach :math:`t` are
-   listed, every row's in one flat list (one comparison and one ``nonzero`` over the rows; expected about
-   :math:`k + k/c` a row on exchangeable entries), and sorted once by (row, decreasing value) as integers
-   (:func:`_row_order`: torch sorts 1-D integers by radix); the first :math:`k+1` of a row's run are its values
-   :math:`u_0 \ge \dots \ge u_k \ge t`.
+2. the threshold :math:`t` is the :math:`(k+1)`-th largest group maximum, and its :math:`k+1` groups (``torch.topk``
+   over :math:`g` entries): the :math:`k+1` group maxima are distinct entries at least :math:`t`, so the row's
+   :math:`k+1` largest entries are at least :math:`t`, and every entry at least :math:`t` lies in a group whose
+   maximum is at least :math:`t` -- one of the :math:`k+1` groups, or a group whose maximum ties with :math:`t`;
+3. the entries of those groups (and the :math:`w - gc < c` columns past the groups) that reach :math:`t` are listed,
+   every row's in one flat list (expected about :math:`k + k/c` a row on exchangeable entries), and sorted once by
+   (row, decreasing value) as integers (:func:`_row_order`: torch sorts 1-D integers by radix); the first
+   :math:`k+1` of a row's run are its values :math:`u_0 \ge \dots \ge u_k \ge t`.
 
 A row whose :math:`u_0 > u_1 > \dots > u_k` are finite has one answer: every entry outside the candidates is at most
 :math:`t \le u_k < u_{k-1}`, so the :math:`k` largest entries and their order are those found, as ``torch.topk``
 gives them (for 8-byte values, whose sort keys are truncated, :math:`u_{k-1}` and :math:`u_k` must also differ
-in their keys: :func:`_largest`). Any other row (tied values, fewer than :math:`k` finite entries, NaN, :math:`\pm\infty`) is handed to
-``torch.topk`` itself, so ties are broken exactly as the reference breaks them. The result equals ``x.topk(k,
-dim=-1)`` bit for bit, values and indices (``tests/test_selection_fast_paths.py``).
+in their keys: :func:`_largest`). Any other row (tied values, fewer than :math:`k` finite entries, NaN,
+:math:`\pm\infty`) is handed to ``torch.topk`` itself, so ties are broken exactly as the reference breaks them.
+The result equals ``x.topk(k, dim=-1)`` bit for bit, values and indices (``tests/test_selection_fast_paths.py``).
 
-**Cost**: one pass over the row for :math:`G`, one ``torch.topk`` over the :math:`g = w/c` group maxima, one
-comparison of the row with :math:`t` and one integer sort of the entries that reach it (all rows at once), in place
-of one ``torch.topk`` over :math:`w` (:data:`GROUP_COLUMNS` for the measured times). Listing the entries that reach
-:math:`t` from the whole row, rather than from the :math:`(k+1)c` entries of the chosen groups gathered first, and
-one sort of 8-byte keys instead of two: on one thread, the Figure-1 window's float64 logits in blocks of
-``(12, 85, 4096)``, ``k = 256``, about 49 ms a block before, against 46 ms for ``torch.topk``
-(``benchmarks/results/figure1_cell.md``).
+**Cost**: one pass over the row for :math:`G`, one ``torch.topk`` over the :math:`g = w/c` group maxima, elementwise
+work on the :math:`(k+1)c` entries of the chosen groups and one integer sort of those that reach :math:`t` (all
+rows at once), in place of one ``torch.topk`` over :math:`w` (:data:`GROUP_COLUMNS` for the measured times).
+The group maxima by one ``amax`` (``c - 1`` elementwise maxima before) and one sort of 8-byte keys (two stable
+sorts before): on one thread, 8 row blocks ``(12, 85, 4096)`` of the Figure-1 window's float64 logits, ``k = 256``,
+the least of 5 passes 37.3 ms a block against 50.9 ms before and 46.1 ms for ``torch.topk`` (one process, the
+three in turn); float32 ``(3, 170, w)``, ``k = 128``: unchanged (8.9 / 10.3 / 13.5 ms before at w = 2048 / 4096 /
+8192, 9.1 / 10.4 / 13.2 after).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def row_topk(x: torch.Tensor, k: int, *, sorted: bool = True) -> tuple[torch.Ten
 
     ``sorted=False``: the same ``k`` entries of each row, values and indices, in an unspecified order (a caller
     that needs the set, not its order): a row is answered here when its ``k``-th and ``(k+1)``-th largest differ
-    (ties inside the ``k`` leave the set unique; they come in decreasing order, equal values in any), else by
-    ``torch.topk``.
+    (in float64, also in their sort keys; ties inside the ``k`` leave the set unique; they come in decreasing
+    order, equal values and float64 values equal in their sort keys in any), else by ``torch.topk``.
 
     Examples
     --------
