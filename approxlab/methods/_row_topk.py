@@ -102,10 +102,12 @@ def _candidates(x: torch.Tensor, count: int, c: int) -> tuple[torch.Tensor, ...]
     rows = chosen.shape[:-1].numel()
     candidates, chosen = candidates.reshape(rows, c * count), chosen.reshape(rows, count)
     threshold = bounds.amin(-1).reshape(rows, 1)  # NaN where a group holds one: then nothing reaches it
-    row, where = (candidates >= threshold).nonzero(as_tuple=True)
-    values = candidates[row, where]
+    listed = (candidates >= threshold).view(-1).nonzero().squeeze(-1)  # flat positions: 1-D indexing is the fast one
+    row = torch.div(listed, c * count, rounding_mode="floor")
+    where = listed - row * (c * count)
+    values = candidates.view(-1).index_select(0, listed)
     shift = torch.div(where, count, rounding_mode="floor")  # r of entry (r, s)
-    columns = chosen[row, where - shift * count] + shift * groups
+    columns = chosen.view(-1).index_select(0, listed - shift * count - row * ((c - 1) * count)) + shift * groups
     if w == groups * c:
         return row, values, columns, torch.zeros(rows, dtype=torch.bool, device=x.device)
     tail = x[..., groups * c:].reshape(rows, w - groups * c)  # the columns past the last whole group
@@ -131,9 +133,9 @@ def _largest(row: torch.Tensor, values: torch.Tensor, columns: torch.Tensor, row
     order = key.argsort()
     listed = torch.bincount(row, minlength=rows)
     first = listed.cumsum(0) - listed
-    take = (first.unsqueeze(1) + torch.arange(count, device=row.device)).clamp_(max=row.numel() - 1)
-    picked = order[take]
-    top, where, keys = values[picked], columns[picked], key[picked]
+    take = (first.unsqueeze(1) + torch.arange(count, device=row.device)).clamp_(max=row.numel() - 1).view(-1)
+    picked = order.index_select(0, take)
+    top, where, keys = (t.index_select(0, picked).view(rows, count) for t in (values, columns, key))
     clean = (listed >= count) & torch.isfinite(top).all(-1) & (keys[:, -1] > keys[:, -2]) & (top[:, -2] > top[:, -1])
     if sorted:
         clean &= (top[:, 1:] < top[:, :-1]).all(-1)
