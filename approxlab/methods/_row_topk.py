@@ -24,11 +24,11 @@ The result equals ``x.topk(k, dim=-1)`` bit for bit, values and indices (``tests
 **Cost**: one pass over the row for :math:`G`, one ``torch.topk`` over the :math:`g = w/c` group maxima, elementwise
 work on the :math:`(k+1)c` entries of the chosen groups and one integer sort of those that reach :math:`t` (all
 rows at once), in place of one ``torch.topk`` over :math:`w` (:data:`GROUP_COLUMNS` for the measured times).
-The group maxima by one ``amax`` (``c - 1`` elementwise maxima before) and one sort of 8-byte keys (two stable
-sorts before): on one thread, 8 row blocks ``(12, 85, 4096)`` of the Figure-1 window's float64 logits, ``k = 256``,
-the least of 5 passes 37.3 ms a block against 50.9 ms before and 46.1 ms for ``torch.topk`` (one process, the
-three in turn); float32 ``(3, 170, w)``, ``k = 128``: unchanged (8.9 / 10.3 / 13.5 ms before at w = 2048 / 4096 /
-8192, 9.1 / 10.4 / 13.2 after).
+The group maxima by one ``amax`` (``c - 1`` elementwise maxima before), one sort of 8-byte keys (two stable sorts
+before) and 1-D ``index_select`` on flat positions (2-D advanced indexing before): on one thread, 8 row blocks
+``(12, 85, 4096)`` of the Figure-1 window's float64 logits, ``k = 256``, the least of 5 passes 36.5 ms a block
+against 51.3 ms before and 46.0 ms for ``torch.topk`` (one process, in turn); float32 ``(3, 170, w)``, ``k = 128``:
+8.3 / 9.6 / 12.3 ms at w = 2048 / 4096 / 8192 against 8.7 / 9.9 / 13.7 before.
 """
 
 from __future__ import annotations
