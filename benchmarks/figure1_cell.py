@@ -28,6 +28,11 @@ seconds (about 5 % of the wall time at 0.002 s on this machine); a long interval
 panel cell's :func:`~approxlab.studies.figure1.cells._statistical_dimensions` on the same window, its Q/K loaded
 untimed) and the estimate, so that a change to it can be compared in runs far shorter than the cell's.
 
+``--ranking-only``: instead of the cell, the process CPU seconds of the window's shared ranking with its exact
+output alone (:func:`approxlab.methods.rank_keys` given ``v``, at the grid's d, on the window's float64 Q/K/V loaded
+untimed, as the cell's reference forms it) and sums of its results (the output, each budget's values and indices),
+so that a change to it can be compared number for number in runs far shorter than the cell's.
+
 ``--rank-routes``: instead of the cell, the process CPU seconds of the factorisations an exact rank of the window's
 :math:`A` could rest on: the LU of :func:`approxlab.metrics.numerical_rank_lu` (torch, LAPACK getrf), QR with
 column pivoting (SciPy, LAPACK geqp3) with the count of its :math:`|R_{ii}|` above the same threshold
@@ -97,6 +102,23 @@ def panel_only(grid: dict, label: str) -> None:
           f"load (1 min) {os.getloadavg()[0]:.1f}")
 
 
+def ranking_only(grid: dict, label: str) -> None:
+    """Print the CPU seconds and sums of the results of the window's shared ranking alone (``--ranking-only``)."""
+    from approxlab.methods import rank_keys
+    from approxlab.studies.figure1 import cells
+
+    cell = cells.window_cells(grid, {"data_dir": None, "cache_dir": None, "device": "cpu"})[0]
+    record = wikitext.qkv(cells._window(cell))
+    q, k, v = (x[0, :, :cell["n"]].to(torch.float64).contiguous() for x in (record.q, record.k, record.v))
+    start = time.process_time()
+    ranking = rank_keys(q, k, grid["num_features"], v=v)
+    seconds = time.process_time() - start
+    sums = ", ".join(f"d = {b}: values {float(values.sum()):.15g}, indices {int(indices.sum())}"
+                     for b, (values, indices) in sorted(ranking.ranked.items()))
+    print(f"{label}, the shared ranking with the exact output alone: {seconds:.2f} CPU s, output sum "
+          f"{float(ranking.output.sum()):.15g}, {sums}, load (1 min) {os.getloadavg()[0]:.1f}")
+
+
 def rank_routes(grid: dict, label: str) -> None:
     """Print the CPU seconds of the factorisations an exact rank of the window's A could rest on (``--rank-routes``)."""
     import math
@@ -145,6 +167,7 @@ def main() -> None:
                         help="seconds between the timer's memory samples (default: the bench's 0.002)")
     parser.add_argument("--panel-only", action="store_true", help="time the panel's statistical dimension alone")
     parser.add_argument("--rank-routes", action="store_true", help="time the factorisations of the rank of A")
+    parser.add_argument("--ranking-only", action="store_true", help="time the shared ranking (rank_keys) alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
     study = get("figure1")
@@ -156,6 +179,9 @@ def main() -> None:
         return
     if args.rank_routes:
         rank_routes(grid, args.label)
+        return
+    if args.ranking_only:
+        ranking_only(grid, args.label)
         return
     window = wikitext.Window("initialized", args.n, window_ids(grid, args.n)[0], mode=grid["mode"],
                              layer=grid["layer"], model_seed=grid["model_seed"])
