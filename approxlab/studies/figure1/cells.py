@@ -43,14 +43,13 @@ eigendecomposition) instead of a float64 ``eigvalsh`` of the 2n x 2n completion.
 (``completion_operator(..., dense=True)``), above it they go through the fused kernel (nothing 2n x 2n);
 the two give the same estimate to float32 rounding (``tests/test_figure1_shared.py``)."""
 
-ESTIMATE_DSTAT_TOL = 1e-5
+ESTIMATE_DSTAT_TOL = 1e-6
 """The relative residual at which the estimate's conjugate gradients stop (``tol`` of
 :func:`approxlab.leverage.estimate_ridge_quantities`, whose default is 1e-8). Its products are float32 (unit
-roundoff 6e-8, sums over 2n terms: a rounding of about sqrt(2n) u = 5e-6 relative at n = 4096),
-so a smaller residual asks for more than the operator carries. On the bench's n = 4096 window (initialized) it
-takes 3 iterations (4 at 1e-6, 5 at 1e-8: two products of 32 columns fewer than the default) and moves the
-estimate by 1.9e-7 relative from 1e-6's (1.4e-9 from 1e-6 to 1e-8); ``tests/test_figure1_shared.py`` checks the
-move from the default stays within 1e-6 relative, far below the estimate's stated 1 %."""
+roundoff 6e-8, sums over 2n terms), so a smaller residual asks for more than the operator carries; on the bench's
+n = 4096 window (initialized) it takes one product of 32 columns fewer (4 iterations instead of 5) and moves the
+estimate by 1.4e-9 relative (``tests/test_figure1_shared.py`` checks the move stays far below the estimate's stated
+1 %)."""
 
 
 def _data(config, settings, dtype="float64") -> dict:
