@@ -385,7 +385,7 @@ def bucket_attention(codes_q: torch.Tensor, codes_k: torch.Tensor, v: torch.Tens
             _, inverse = torch.unique(torch.cat([rows_k.reshape(-1), rows_q.reshape(-1)]), return_inverse=True)
             rows_k, rows_q = inverse[: ck.numel()].reshape(ck.shape), inverse[ck.numel() :].reshape(cq.shape)
             num_rows = int(inverse.max()) + 1
-        out = out + _bucket_sums(rows_k, rows_q, v_flat, num_rows)
+        out.add_(_bucket_sums(rows_k, rows_q, v_flat, num_rows))
     return out.reshape(*batch, n, d) / m
 
 

@@ -128,10 +128,10 @@ def piece_output(piece: Piece, v: torch.Tensor, log_row_sums: torch.Tensor) -> t
     """
     out = 0.0
     if piece.block_logits is not None:
-        weights = torch.exp(piece.block_logits - log_row_sums.unsqueeze(-1))
+        weights = (piece.block_logits - log_row_sums.unsqueeze(-1)).exp_()
         out = _block_output(weights, v, piece.blocks, piece.block_size)
     if piece.columns is not None:
-        weights = torch.exp(piece.log_weights - log_row_sums.unsqueeze(-1))
+        weights = (piece.log_weights - log_row_sums.unsqueeze(-1)).exp_()
         out = out + weights @ sketch.gather_rows(v, piece.columns)
     return out
 
