@@ -32,9 +32,10 @@ pads a row of ``16 K`` to ``64 K`` bounds to ``64 K`` entries."""
 BY_PAGE_ROWS = 8
 r"""Bidirectional, without gradients: from this many chosen (query, page) pairs per page on average, :func:`attend_pages`
 takes the logits and the output page by page (:func:`_attend_by_page`: one product of a page's keys with the queries
-that chose it), in place of a row block's gathered pages or dense logits. On one thread, float64, 12 heads, n = m =
-4096, p = 64, pages of 16 tokens: 16 pages a query (256 pairs a page) 0.45 s against 1.6 s for the dense logits,
-4 pages (64 pairs a page) 0.25 s against 0.6 s for the gathered pages."""
+that chose it), in place of a row block's gathered pages or dense logits. The whole call on one thread, float64,
+12 synthetic heads (``synthetic_qkv``), n = m = 4096, p = 64, pages of 16 tokens, two calls each at a load of 8-10:
+16 pages a query (256 pairs a page) 1.34-1.39 CPU s against 2.13-2.60 with the dense logits; 4 pages (64 pairs a
+page) 0.40-0.45 against 1.02-1.20 with the gathered pages."""
 
 ROUNDINGS = ("ceil", "floor")
 """``budget_rounding``: pages kept = ceil (whole pages covering the budget) or floor (the authors' code) of
