@@ -215,9 +215,10 @@ def test_quest_output_equals_its_operator_on_the_pages_tokens(causal, dtype, siz
 def test_quest_reads_the_same_logits_from_the_dense_products_as_from_the_gathered_pages(monkeypatch, dtype, causal,
                                                                                      size, budget, masked,
                                                                                      block_elements):
-    """Quest's two ways to a block's logits (the pages' keys gathered, or the pages' entries of the dense logits of
-    a span of blocks: ``DENSE_SELECTION``) give the same pages and outputs to rounding, ties, masks and causal
-    included; ``block_elements`` 5000: blocks of 1-3 rows, several to a span."""
+    """Quest's ways to a block's logits (the pages' keys gathered, or the pages' entries of the dense logits of
+    a span of blocks: ``DENSE_SELECTION``; bidirectional, page by page: ``BY_PAGE_ROWS``) give the same pages and
+    outputs to rounding, ties, masks and causal included; ``block_elements`` 5000: blocks of 1-3 rows, several to a
+    span."""
     from approxlab.methods import _selection, quest as quest_module
 
     if block_elements is not None:
@@ -228,13 +229,17 @@ def test_quest_reads_the_same_logits_from_the_dense_products_as_from_the_gathere
     if masked:
         key_mask[..., 0] = True
     results = []
-    for rule in (0, 10 ** 9):  # never and always the dense logits
+    for rule, by_page in ((0, 10 ** 9), (10 ** 9, 10 ** 9), (0, 0)):  # gathered, dense, page by page (bidirectional)
         monkeypatch.setattr(quest_module, "DENSE_SELECTION", rule)
+        monkeypatch.setattr(quest_module, "BY_PAGE_ROWS", by_page)
         results.append(approxlab.approximate("quest", q, k, v, num_features=budget, page_size=size, causal=causal,
                                              key_mask=key_mask))
-    gathered, dense = results
-    assert torch.equal(gathered.info["pages"], dense.info["pages"])
-    torch.testing.assert_close(dense.output, gathered.output, **TOLERANCES[dtype])
+    gathered, dense, by_page = results
+    for other in (dense, by_page):
+        assert torch.equal(gathered.info["pages"], other.info["pages"])
+        torch.testing.assert_close(other.output, gathered.output, **TOLERANCES[dtype])
+    if not causal:  # the page-by-page output: the operator's product too
+        torch.testing.assert_close(by_page.output, by_page.matrix() @ v, **TOLERANCES[dtype])
 
 
 @pytest.mark.parametrize("causal", [False, True])

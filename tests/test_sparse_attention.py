@@ -135,6 +135,13 @@ def test_quest_ranks_rows_of_many_pages_as_topk_does(causal):
     finite = torch.isfinite(reference.values)
     assert torch.equal(values, reference.values) and torch.equal(pages[finite], reference.indices[finite])
     assert int(pages.max()) < 40 and int(finite.sum()) == 2 * 18 - 4
+    padding = {}  # the padded rows kept for the next call: only the bounds change
+    for again in (bounds, bounds.flip(-1), torch.randn(2, 9, 40, generator=gen(8), dtype=torch.float64)):
+        values, pages = _top_pages(again, 2, padding)
+        reference = again.topk(2, dim=-1)
+        finite = torch.isfinite(reference.values)
+        assert torch.equal(values, reference.values) and torch.equal(pages[finite], reference.indices[finite])
+    assert len(padding) == 1
     q, k, v = _qkv(n=70, batch=(2,), seed=10)
     keep = _quest_pages(q, k, 2, 2, causal)
     result = approxlab.approximate("quest", q, k, v, num_features=4, page_size=2, causal=causal)

@@ -86,8 +86,8 @@ def test_hash_codes_match_float64_projections():
 
 @pytest.mark.parametrize("tau", range(1, 11))
 def test_hash_codes_pack_every_width_of_bits_as_the_definition(tau):
-    """Codes of at most 8 bits are packed by word operations on the bits' bytes (``lsh._byte_codes``), wider ones
-    by the product with the powers of two: both the definition's integers, float64 and float32 inputs."""
+    """Codes are packed by shifted adds of the hyperplanes' rows of bits in uint8 up to 8 bits, in int32 above
+    (``lsh._pack_bits``): both the definition's integers, float64 and float32 inputs."""
     g = _gen(30 + tau)
     x = torch.randn(2, 50, 16, generator=g, dtype=torch.float64)
     planes = lsh.draw_hyperplanes((2,), 9, tau, 16, generator=g)
@@ -150,6 +150,30 @@ def test_compacted_table_agrees_with_direct_table():
     dense = lsh.collision_matrix(codes_q, codes_k)
     torch.testing.assert_close(direct, dense @ v, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(small, dense[..., :4, :4] @ v[..., :4, :], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tau", [4, 11])
+def test_tables_filled_per_hash_are_the_sparse_product_bit_for_bit(tau, monkeypatch):
+    """From ``lsh.TABLE_LOOP_KEYS`` keys the hash tables are filled by one ``index_add_`` per batch element and hash:
+    exactly B(Q, K) V on integer values (m = 16), and bit for bit the sparse product's sums on Gaussian values, in
+    both bucket layouts (tau = 11: 2048 buckets > n + n_k, compacted), the adjoint's tables too."""
+    g = _gen(6)
+    n, n_k = 300, lsh.TABLE_LOOP_KEYS + 88
+    q, k = torch.randn(2, 3, n, 6, generator=g, dtype=torch.float64), torch.randn(2, 3, n_k, 6, generator=g,
+                                                                                 dtype=torch.float64)
+    planes = lsh.draw_hyperplanes((2, 3), 16, tau, 6, generator=g)
+    codes_q, codes_k = lsh.hash_codes(q, planes), lsh.hash_codes(k, planes)
+    whole = torch.randint(-5, 6, (2, 3, n_k, 4), generator=g).double()
+    assert torch.equal(lsh.bucket_attention(codes_q, codes_k, whole, tau=tau),
+                       lsh.collision_matrix(codes_q, codes_k) @ whole)
+    v, y = torch.randn(2, 3, n_k, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, n, 4, generator=g,
+                                                                                   dtype=torch.float64)
+    looped = lsh.bucket_attention(codes_q, codes_k, v, tau=tau)
+    swapped = lsh.bucket_attention(codes_k, codes_q, y, tau=tau)  # n = 300 keys: the sparse product
+    monkeypatch.setattr(lsh, "TABLE_LOOP_KEYS", 1)
+    assert torch.equal(lsh.bucket_attention(codes_k, codes_q, y, tau=tau), swapped)
+    monkeypatch.setattr(lsh, "TABLE_LOOP_KEYS", 10**9)
+    assert torch.equal(lsh.bucket_attention(codes_q, codes_k, v, tau=tau), looped)
 
 
 def test_yoso_operator_is_the_hashes_collision_matrix():

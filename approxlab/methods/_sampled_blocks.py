@@ -54,7 +54,8 @@ class Piece:
 def _windows(blocks, block_size: int, n: int):
     """Chunks of consecutive sorted queries and the window of sorted keys that holds all their blocks:
     yields ``(rows (*b, c), keys (*b, W), offsets (*b, c))``, ``offsets`` the start of each query's block
-    in the window."""
+    in the window. ``W = block_size``: the chunk's queries share one block, every offset is 0 and the window is
+    that block (HyperAttention's default self-attention: chunks of 256 queries, blocks of 256 keys)."""
     sorted_blocks = torch.gather(blocks.query_block, -1, blocks.query_order)  # non-decreasing
     m = blocks.key_order.shape[-1]
     chunk = max(block_size, 128)
@@ -78,7 +79,8 @@ def block_logits(q: torch.Tensor, k: torch.Tensor, blocks, block_size: int) -> t
     out = q.new_empty(*blocks.keys.shape)
     for rows, keys, offsets in _windows(blocks, block_size, q.shape[-2]):
         logits = scaled_logits(sketch.gather_rows(q, rows), sketch.gather_rows(k, keys))  # (*b, c, W)
-        chosen = torch.gather(logits, -1, _in_window(offsets, block_size, keys.shape[-1]))
+        chosen = logits if keys.shape[-1] == block_size else torch.gather(  # one block: the window is it
+            logits, -1, _in_window(offsets, block_size, keys.shape[-1]))
         out.scatter_(-2, rows.unsqueeze(-1).expand(chosen.shape), chosen)
     return out.masked_fill_(~blocks.valid, float("-inf"))
 
@@ -88,8 +90,10 @@ def _block_output(weights: torch.Tensor, v: torch.Tensor, blocks, block_size: in
     out = v.new_zeros(*weights.shape[:-1], v.shape[-1])
     for rows, keys, offsets in _windows(blocks, block_size, weights.shape[-2]):
         chosen = torch.gather(weights, -2, rows.unsqueeze(-1).expand(*rows.shape, weights.shape[-1]))
-        dense = chosen.new_zeros(*chosen.shape[:-1], keys.shape[-1])
-        dense.scatter_add_(-1, _in_window(offsets, block_size, keys.shape[-1]), chosen)
+        dense = chosen  # one block: the window is it
+        if keys.shape[-1] != block_size:
+            dense = chosen.new_zeros(*chosen.shape[:-1], keys.shape[-1])
+            dense.scatter_add_(-1, _in_window(offsets, block_size, keys.shape[-1]), chosen)
         part = dense @ sketch.gather_rows(v, keys)
         out.scatter_(-2, rows.unsqueeze(-1).expand(part.shape), part)
     return out
@@ -124,10 +128,10 @@ def piece_output(piece: Piece, v: torch.Tensor, log_row_sums: torch.Tensor) -> t
     """
     out = 0.0
     if piece.block_logits is not None:
-        weights = torch.exp(piece.block_logits - log_row_sums.unsqueeze(-1))
+        weights = (piece.block_logits - log_row_sums.unsqueeze(-1)).exp_()
         out = _block_output(weights, v, piece.blocks, piece.block_size)
     if piece.columns is not None:
-        weights = torch.exp(piece.log_weights - log_row_sums.unsqueeze(-1))
+        weights = (piece.log_weights - log_row_sums.unsqueeze(-1)).exp_()
         out = out + weights @ sketch.gather_rows(v, piece.columns)
     return out
 
