@@ -25,8 +25,9 @@ Frobenius and row norms -- is computed once per window, setting and layer and ke
 (:func:`exact_reference`), and the spectral norm of a cell's difference :math:`D = \tilde O_\ell - O_\ell`
 (``(r, p_v)`` per head, :math:`p_v = 64 \ll r`) is :math:`\sqrt{\lambda_{\max}(D^\top D)}` from the
 :math:`p_v \times p_v` Gram matrix (:func:`spectral_norms`) instead of a dense SVD of :math:`D`: the same numbers
-to rounding (a test compares them with :meth:`approxlab.patching.AttentionPatch.errors`), for about half the CPU
-time of a whole-window cell (``benchmarks/results/perplexity_clean_cells.md``).
+to rounding (a test compares them with :meth:`approxlab.patching.AttentionPatch.errors`); with the replay's KV-cache
+rows alone (no exact context rows) about 0.9 CPU-s less per cell at n = 512, whatever the method
+(``benchmarks/results/perplexity_clean_cells.md``). What is left is the method and the attention measures.
 A cell's random streams come from the key of the ``perplexity.csv`` cell it accompanies (common random numbers).
 """
 
