@@ -137,10 +137,11 @@ class PatchedLayer:
         self._record(result, (0, n_q), q, k, v, key_mask, result.output)
         return result.output
 
-    def _kv_cache(self, q, k, v):
+    def _kv_cache(self, q, k, v, context_rows: bool = True):
         r"""Rows ``start = m - n_q`` to ``m`` of the KV-cache setting: context rows (before ``n_c``) exact, the
         continuation's from the method on this layer's whole window so far (queries recorded call by call);
-        ``k, v`` per KV head, compressed per KV head or per query head as ``patch.grouping`` says."""
+        ``k, v`` per KV head, compressed per KV head or per query head as ``patch.grouping`` says. Without
+        ``context_rows`` (a replay, which reads only the records) the context's exact rows are not computed."""
         patch = self.patch
         n_q, m = q.shape[-2], k.shape[-2]
         start = m - n_q
@@ -157,7 +158,7 @@ class PatchedLayer:
         heads = q.shape[-3]
         k_heads, v_heads = repeat_kv_heads(k, heads), repeat_kv_heads(v, heads)
         parts = []
-        if start < context:
+        if start < context and context_rows:
             stop = min(m, context)
             parts.append(exact_attention(q_all[..., :stop, :], k_heads[..., :stop, :], v_heads[..., :stop, :],
                                          causal=True)[..., start:, :])
@@ -176,4 +177,4 @@ class PatchedLayer:
                 rows = result.output[..., first - context:, :]
             parts.append(rows)
             self._record(result, (first, m), q_all, k_heads, v_heads, None, rows)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2) if parts else None

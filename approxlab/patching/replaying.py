@@ -91,7 +91,7 @@ def replay(patch, queries, keys, values):
             heads = q.shape[-3]
             handler._whole_window(q, repeat_kv_heads(k, heads), repeat_kv_heads(v, heads), None)
         else:
-            handler._kv_cache(q, k, v)
+            handler._kv_cache(q, k, v, context_rows=False)  # the records alone: no exact context rows
     patch._target = None
     return patch
 
