@@ -25,7 +25,7 @@ from ..attention import approximate, exact_attention
 from ..kernels import causal_mask
 from ..metrics import spectral_error
 
-__all__ = ["LayerCall", "output_errors", "attention_measures", "ERROR_MEASURES", "ATTENTION_MEASURES"]
+__all__ = ["LayerCall", "output_errors", "dense_errors", "attention_measures", "ERROR_MEASURES", "ATTENTION_MEASURES"]
 
 ERROR_MEASURES = ("spectral", "frobenius", "worst_query")
 """The keys of :func:`output_errors`."""
@@ -69,12 +69,28 @@ def output_errors(approx: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.
     if bool((exact_norm == 0).any()):
         raise ValueError(f"`exact` is 0 in {int((exact_norm == 0).sum())} batch element(s): its relative errors "
                          "are undefined.")
-    rows, row_norms = torch.linalg.vector_norm(difference, dim=-1), torch.linalg.vector_norm(exact, dim=-1)
+    return {"spectral": torch.as_tensor(spectral_error(approx, exact, relative=True), dtype=torch.float64),
+            **dense_errors(difference, exact_norm, torch.linalg.vector_norm(exact, dim=-1))}
+
+
+def dense_errors(difference: torch.Tensor, exact_norm: torch.Tensor, row_norms: torch.Tensor) -> dict:
+    r"""The Frobenius and worst-query errors of :func:`output_errors` from the float64 difference
+    :math:`\tilde O - O` ``(*batch, r, p_v)`` and the exact output's norms: ``exact_norm`` :math:`\|O\|_F`
+    ``(*batch,)`` and ``row_norms`` :math:`\|o_i\|_2` ``(*batch, r)`` (for a caller that keeps them across
+    outputs). A row with :math:`o_i = 0` counts as 0 where its difference is 0 and ``inf`` otherwise.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from approxlab.patching.records import dense_errors
+    >>> d = torch.tensor([[[0.0, 0.0], [0.0, -0.5]]], dtype=torch.float64)
+    >>> {k: round(float(v), 4) for k, v in dense_errors(d, torch.tensor([2 ** 0.5]), torch.ones(1, 2)).items()}
+    {'frobenius': 0.3536, 'worst_query': 0.5}
+    """
+    rows = torch.linalg.vector_norm(difference, dim=-1)
     ratios = torch.where(row_norms > 0, rows / row_norms.clamp_min(torch.finfo(torch.float64).tiny),
                          torch.where(rows > 0, torch.inf, 0.0))
-    return {"spectral": torch.as_tensor(spectral_error(approx, exact, relative=True), dtype=torch.float64),
-            "frobenius": torch.linalg.matrix_norm(difference) / exact_norm,
-            "worst_query": ratios.amax(dim=-1)}
+    return {"frobenius": torch.linalg.matrix_norm(difference) / exact_norm, "worst_query": ratios.amax(dim=-1)}
 
 
 ATTENTION_MEASURES = ("total_variation", "kept_mass")

@@ -34,12 +34,12 @@ A cell's random streams come from the key of the ``perplexity.csv`` cell it acco
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
 
 from ...patching import exact_prefill, replay
+from ...patching.records import dense_errors
 from ..engine.clock import Stopwatch
 from .cells import (DECODER_KEY, decoder_model, measured, patch_options, ratio_column, run_patch, warning_columns,
                     window_inputs)
@@ -147,13 +147,8 @@ def reference_errors(output: torch.Tensor, reference: ExactReference) -> dict | 
     difference = output.to(torch.float64) - reference.output
     if not bool(difference.isfinite().all()):
         return None
-    rows = torch.linalg.vector_norm(difference, dim=-1)
-    norms = reference.row_norms
-    ratios = torch.where(norms > 0, rows / norms.clamp_min(torch.finfo(torch.float64).tiny),
-                         torch.where(rows > 0, math.inf, 0.0))
     return {"spectral": spectral_norms(difference) / reference.spectral,
-            "frobenius": torch.linalg.matrix_norm(difference) / reference.frobenius,
-            "worst_query": ratios.amax(dim=-1)}
+            **dense_errors(difference, reference.frobenius, reference.row_norms)}
 
 
 def _clean_errors(patch, window: tuple) -> list[dict]:
