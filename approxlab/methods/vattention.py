@@ -358,12 +358,15 @@ class _Blocks:
         if chosen[0].numel():
             keys, scale = self._draw(chosen, start, samples, size, slots, positions, width)
             drawn = weights[chosen].gather(-1, keys) * scale
-            values = self.v[chosen[0].unsqueeze(-1), keys]
+            # the samples' weights summed per key (a key drawn twice counts twice), then one product per head with
+            # its values: sum_b w_b v_{j_b} without gathering a (rows, samples, p_v) copy of the values
+            sampled = torch.zeros(heads, rows, width, dtype=weights.dtype, device=q.device)
+            sampled[chosen] = torch.zeros_like(weights[chosen]).scatter_add_(-1, keys, drawn)
             numerator = self.scale[chosen[0], 0] * fixed_sum[chosen][..., :-2] + self.centre[chosen[0], 0] * \
-                fixed_sum[chosen][..., -1:] + (drawn.unsqueeze(-1) * values).sum(-2)
+                fixed_sum[chosen][..., -1:] + torch.bmm(sampled, self.v[:, :width])[chosen]
             result[chosen] = numerator / (fixed_sum[chosen][..., -1] + drawn.sum(-1)).unsqueeze(-1)
             if dense is not None:
-                dense[chosen] = dense[chosen].scatter_add(-1, keys, drawn)
+                dense += sampled
         return torch.where(denominator.unsqueeze(-1) > 0, result, torch.zeros_like(result)), info, dense
 
     def _fixed(self, logits, positions, width):
@@ -408,7 +411,10 @@ class _Blocks:
         if self.mask is not None:
             tail &= self.mask[chosen[0], :width]
         tail.scatter_(-1, slots[chosen], False)
-        keys = torch.searchsorted(tail.long().cumsum(-1), rank + 1).clamp(max=width - 1)
+        # the (rank + 1)-th tail key of each row: the tail keys in increasing order come first in a stable sort of
+        # "not in the tail" (the rank is below the tail's size; a rank past it reads the last key, as before)
+        order = torch.sort(tail.logical_not().to(torch.uint8), dim=-1, stable=True).indices
+        keys = torch.where(rank < tail.sum(-1, keepdim=True), order.gather(-1, rank.clamp(max=width - 1)), width - 1)
         used = torch.arange(most, device=count.device) < count.unsqueeze(-1)
         scale = (size[chosen].double() / count).unsqueeze(-1) * used
         return torch.where(used, keys, keys[..., :1]), scale.to(self.q.dtype)
