@@ -66,12 +66,18 @@ VATTENTION_CASES = [
 ]
 
 
+@pytest.mark.parametrize("route", ["gathered", "dense"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", VATTENTION_CASES, ids=str)
-def test_vattention_is_its_float64_implementation_on_the_same_draw(case, dtype):
+def test_vattention_is_its_float64_implementation_on_the_same_draw(case, dtype, route, monkeypatch):
     """Every draw of today's layout ``(*batch, n, m)`` (``max_samples=None``) gives the former outputs and
-    diagnostics; ``required`` agrees to rounding where the tail has two keys or more (for one key
-    :math:`\\operatorname{tr}\\Sigma` is 0 up to rounding, and either way one draw covers the tail)."""
+    diagnostics, with the samples read out either way (their values gathered, or their weights summed per key and
+    multiplied with V: :data:`approxlab.methods.vattention.DENSE_SAMPLES`); ``required`` agrees to rounding where
+    the tail has two keys or more (for one key :math:`\\operatorname{tr}\\Sigma` is 0 up to rounding, and either
+    way one draw covers the tail)."""
+    from approxlab.methods import vattention
+
+    monkeypatch.setattr(vattention, "DENSE_SAMPLES", 10 ** 9 if route == "dense" else 10 ** -9)
     options = dict(case)
     masked = options.pop("masked", False)
     q, k, v = (x.to(dtype) for x in synthetic_qkv((2,), 256, 16, scale=1.6, generator=gen(5)))

@@ -358,16 +358,28 @@ class _Blocks:
         if chosen[0].numel():
             keys, scale = self._draw(chosen, start, samples, size, slots, positions, width)
             drawn = weights[chosen].gather(-1, keys) * scale
-            # the samples' weights summed per key (a key drawn twice counts twice), then one product per head with
-            # its values: sum_b w_b v_{j_b} without gathering a (rows, samples, p_v) copy of the values
-            sampled = torch.zeros(heads, rows, width, dtype=weights.dtype, device=q.device)
-            sampled[chosen] = torch.zeros_like(weights[chosen]).scatter_add_(-1, keys, drawn)
             numerator = self.scale[chosen[0], 0] * fixed_sum[chosen][..., :-2] + self.centre[chosen[0], 0] * \
-                fixed_sum[chosen][..., -1:] + torch.bmm(sampled, self.v[:, :width])[chosen]
+                fixed_sum[chosen][..., -1:] + self._sampled_sum(chosen, keys, drawn, heads, rows, width)
             result[chosen] = numerator / (fixed_sum[chosen][..., -1] + drawn.sum(-1)).unsqueeze(-1)
             if dense is not None:
-                dense += sampled
+                dense[chosen] = dense[chosen].scatter_add(-1, keys, drawn)
         return torch.where(denominator.unsqueeze(-1) > 0, result, torch.zeros_like(result)), info, dense
+
+    def _sampled_sum(self, chosen, keys, drawn, heads: int, rows: int, width: int) -> torch.Tensor:
+        r"""``(S, p_v)``: :math:`\sum_b w_b v_{j_b}` over each chosen row's samples ``keys`` ``(S, b)`` with weights
+        ``drawn`` (0 on the padding).
+
+        Where the samples are many (:math:`S b \ge H r w / ` :data:`DENSE_SAMPLES`), their weights are summed per key
+        (a key drawn twice counts twice) into ``(H, r, w)`` and read out by one product per head with its values;
+        otherwise the values are gathered, ``(S, b, p_v)``, and summed. The same sum to rounding: the first costs
+        :math:`O(H r w p_v)` flops of a GEMM, the second :math:`O(S b p_v)` elementwise reads and products, which
+        at the KV cache's dense tails (b near w) cost several times the GEMM (``benchmarks/results``)."""
+        if keys.numel() * DENSE_SAMPLES >= heads * rows * width:
+            sampled = torch.zeros(heads, rows, width, dtype=drawn.dtype, device=drawn.device)
+            sampled[chosen] = torch.zeros(keys.shape[0], width, dtype=drawn.dtype,
+                                          device=drawn.device).scatter_add_(-1, keys, drawn)
+            return torch.bmm(sampled, self.v[:, :width])[chosen]
+        return (drawn.unsqueeze(-1) * self.v[chosen[0].unsqueeze(-1), keys]).sum(-2)
 
     def _fixed(self, logits, positions, width):
         """``(fixed (B, r, s), peak (B, r, 1))``: each row's fixed keys (sinks, window, then its ``heavy`` largest
@@ -419,6 +431,10 @@ class _Blocks:
         scale = (size[chosen].double() / count).unsqueeze(-1) * used
         return torch.where(used, keys, keys[..., :1]), scale.to(self.q.dtype)
 
+
+DENSE_SAMPLES = 8
+""":meth:`_Blocks._sampled_sum` reads the samples out by a GEMM over every key when they number at least
+``1 / DENSE_SAMPLES`` of the row block's ``(H, r, w)`` weights."""
 
 VATTENTION = vattention
 __test__ = {"vattention": vattention.function}  # doctest skips a MethodSpec: run its function's examples
