@@ -116,7 +116,7 @@ def test_the_public_fallback_is_causal_too(monkeypatch):
     from approxlab.operators import fused_attention as operators
 
     q, k, v = _qkv(seed=5)
-    monkeypatch.setattr(operators, "_flash_attention_cpu", lambda *args: None)
+    monkeypatch.setattr(operators, "flash_attention_cpu", lambda *args: None)
     for kind in ("softmax", "scores", "kernelized"):
         op = ExactAttentionOperator(q, k, kind, causal=True)
         dense = _masked_definition(q, k, kind)

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..operators.fused_attention import _attend, _flash_attention_cpu
+from ..operators.fused_attention import attend_with_lse, flash_attention_cpu
 from ._selection import BLOCK_ELEMENTS, gather_rows
 
 __all__ = ["attend_blocks", "attend_vertical_slash", "diagonal_template", "causal_attention_with_lse"]
@@ -47,7 +47,7 @@ def causal_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     >>> out.flatten().tolist(), [round(x, 4) for x in lse.flatten().tolist()]
     ([1.0, 2.0], [0.0, 0.6931])
     """
-    return _attend(q, k, v, 1 / math.sqrt(q.shape[-1]), need_lse=True, mask="causal")
+    return attend_with_lse(q, k, v, 1 / math.sqrt(q.shape[-1]), need_lse=True, mask="causal")
 
 
 def _gathered(q, k, v, chunk_of, width: int, block_size: int):
@@ -103,12 +103,12 @@ def _merge(first, second):
 def _fused(q, k, v, scale: float, causal: bool = False):
     """``(out, lse)`` ``(1, T, .)``, ``(1, T)`` of ``q, k, v`` ``(1, T, .)`` through the fused kernel: its CPU
     op on views of the inputs where it takes them (no copy), else
-    :func:`~approxlab.operators.fused_attention._attend`."""
+    :func:`~approxlab.operators.fused_attention.attend_with_lse`."""
     if q.shape[-1] == v.shape[-1]:
-        fused = _flash_attention_cpu(q[None], k[None], v[None], scale, causal)
+        fused = flash_attention_cpu(q[None], k[None], v[None], scale, causal)
         if fused is not None:
             return fused[0][0], fused[1][0]
-    return _attend(q, k, v, scale, mask="causal" if causal else None)
+    return attend_with_lse(q, k, v, scale, mask="causal" if causal else None)
 
 
 def _fused_blocks(q, k, v, pattern, block_size: int):

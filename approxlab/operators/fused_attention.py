@@ -4,7 +4,10 @@ r"""Exact attention through torch's fused attention kernel, as an output and as 
 kernel; :class:`ExactAttentionOperator` applies the exact attention matrix (``A``, ``D^{-1}A`` or
 the kernelized ``C``) and its adjoint without forming it ``n x m``: through the same kernel (the
 adjoint swaps the roles of Q and K with the row log-sum-exps as a key bias) or in row blocks.
-:func:`check_causal` validates the causal flag both use.
+:func:`check_causal` validates the causal flag both use. :func:`attend_with_lse` (softmax attention with the
+rows' log-sum-exps, a key bias and a causal or anti-causal mask, on the kernel) and :func:`flash_attention_cpu`
+(torch's private CPU flash op, or ``None``) are the kernel calls both are built on, which the methods' own exact
+parts (the sparse-prefill patterns) use too.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from .. import kernels
 from .._validation import check_bool, check_choice, check_int, check_qkv
 from .linear import LinearOperator
 
-__all__ = ["ExactAttentionOperator", "softmax_attention", "check_causal"]
+__all__ = ["ExactAttentionOperator", "softmax_attention", "check_causal",
+           "attend_with_lse", "flash_attention_cpu"]
 
 
 def check_causal(causal, q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -47,13 +51,22 @@ def check_causal(causal, q: torch.Tensor, k: torch.Tensor) -> bool:
     return causal
 
 
-def _flash_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = False):
+def flash_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = False):
     """torch's private CPU flash-attention op: ``(out, lse)`` on ``(B, H, T, h)``, or ``None``.
 
     The only call of ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` in
     approxlab: a private op that can change between torch releases, so any absence or
     refusal (missing op, other device or dtype, changed signature) sends the caller to the
     public fallback in :func:`_attention_with_lse`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = k = torch.zeros(1, 1, 2, 4, dtype=torch.float64)
+    >>> v = torch.tensor([[[[1.0, 0, 0, 0], [3.0, 0, 0, 0]]]], dtype=torch.float64)
+    >>> found = flash_attention_cpu(q, k, v, 0.5, causal=True)
+    >>> found is None or (found[0][..., 0].flatten().tolist(), [round(x, 4) for x in found[1].flatten().tolist()])
+    ([1.0, 2.0], [0.0, 0.6931])
     """
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if op is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
@@ -87,7 +100,7 @@ def _attention_with_lse(q, k, v, scale: float, need_lse: bool, causal: bool = Fa
     :func:`torch.nn.functional.scaled_dot_product_attention` gives the output and, when
     asked, the log-sum-exps come from a row-blocked ``logsumexp`` of the logits.
     """
-    fused = _flash_attention_cpu(q, k, v, scale, causal)
+    fused = flash_attention_cpu(q, k, v, scale, causal)
     if fused is not None:
         return fused[0], (fused[1] if need_lse else None)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal)
@@ -97,7 +110,7 @@ def _attention_with_lse(q, k, v, scale: float, need_lse: bool, causal: bool = Fa
 _MASKS = (None, "causal", "anticausal")
 
 
-def _attend(q, k, x, scale: float, key_bias=None, need_lse: bool = True, mask: str | None = None):
+def attend_with_lse(q, k, x, scale: float, key_bias=None, need_lse: bool = True, mask: str | None = None):
     r"""``(softmax_j(s_ij + b_j) x_j, logsumexp_j(s_ij + b_j))`` with :math:`s_{ij} = \text{scale}\,q_i\cdot k_j`.
 
     ``q: (B, n, p)``, ``k: (B, m, p)``, ``x: (B, m, c)``, ``key_bias: (B, m)`` or ``None``;
@@ -110,10 +123,22 @@ def _attend(q, k, x, scale: float, key_bias=None, need_lse: bool = True, mask: s
     ``"anticausal"`` over :math:`j \ge i` -- the pattern of the transposed causal problem --
     which is the causal problem on both sequences reversed (:math:`i' = n-1-i`:
     :math:`j \ge i \iff j' \le i'`), so it runs on the same kernel.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = k = torch.zeros(1, 2, 3, dtype=torch.float64)
+    >>> x = torch.tensor([[[1.0], [3.0]]], dtype=torch.float64)
+    >>> out, lse = attend_with_lse(q, k, x, 1.0, mask="anticausal")  # row i averages x_j, j >= i
+    >>> out.flatten().tolist(), [round(v, 4) for v in lse.flatten().tolist()]
+    ([2.0, 3.0], [0.6931, 0.0])
+    >>> out, _ = attend_with_lse(q, k, x, 1.0, key_bias=torch.tensor([[0.0, -float("inf")]]))  # key 1 hidden
+    >>> out.flatten().tolist()
+    [1.0, 1.0]
     """
     if mask == "anticausal":
         flip = (lambda t: None if t is None else t.flip(-2 if t.ndim == 3 else -1))  # (B, T, c) rows, (B, T)
-        out, lse = _attend(flip(q), flip(k), flip(x), scale, flip(key_bias), need_lse, "causal")
+        out, lse = attend_with_lse(flip(q), flip(k), flip(x), scale, flip(key_bias), need_lse, "causal")
         return flip(out), flip(lse)
     causal = mask == "causal"
     if key_bias is not None:
@@ -158,7 +183,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         out, _ = _attention_with_lse(*flat, p**-0.5, need_lse=False, causal=causal)
         return out.reshape(*batch, n, p)
     flat = [x.expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
-    out, _ = _attend(*flat, p**-0.5, need_lse=False, mask="causal" if causal else None)
+    out, _ = attend_with_lse(*flat, p**-0.5, need_lse=False, mask="causal" if causal else None)
     return out.reshape(*batch, n, v.shape[-1])
 
 
@@ -304,12 +329,12 @@ class ExactAttentionOperator(LinearOperator):
     def _row_log_sums(self, q, k, batch):
         r""":math:`\ell_i = \log D_{ii}` ``(B, n)``, from one attention call, cached per batch shape."""
         if self._row_lse is None or self._row_lse[0] != tuple(batch):
-            _, lse = _attend(q, k, q.new_zeros(*k.shape[:-1], 1), q.shape[-1] ** -0.5, mask=self._mask(False))
+            _, lse = attend_with_lse(q, k, q.new_zeros(*k.shape[:-1], 1), q.shape[-1] ** -0.5, mask=self._mask(False))
             self._row_lse = (tuple(batch), lse)
         return self._row_lse[1]
 
     def _mask(self, adjoint: bool):
-        """The :func:`_attend` mask of a product (``adjoint``: the transposed, anti-causal one)."""
+        """The :func:`attend_with_lse` mask of a product (``adjoint``: the transposed, anti-causal one)."""
         if not self.causal:
             return None
         return "anticausal" if adjoint else "causal"
@@ -321,15 +346,15 @@ class ExactAttentionOperator(LinearOperator):
         mask = self._mask(adjoint)
         if self.kind == "softmax":
             if not adjoint:
-                out, _ = _attend(q, k, x, scale, need_lse=False, mask=mask)
+                out, _ = attend_with_lse(q, k, x, scale, need_lse=False, mask=mask)
                 return out.reshape(*batch, *out.shape[-2:])
-            out, log_scale = _attend(k, q, x, scale, key_bias=-self._row_log_sums(q, k, batch), mask=mask)
+            out, log_scale = attend_with_lse(k, q, x, scale, key_bias=-self._row_log_sums(q, k, batch), mask=mask)
         elif self.kind == "scores":
-            out, log_scale = _attend(first, second, x, scale, mask=mask)
+            out, log_scale = attend_with_lse(first, second, x, scale, mask=mask)
             self._check_scores(log_scale, "column" if adjoint else "row")
         else:
             first_log, second_log = kernels.log_diag_scale(first), kernels.log_diag_scale(second)
-            out, log_scale = _attend(first, second, x, scale, key_bias=-second_log, mask=mask)
+            out, log_scale = attend_with_lse(first, second, x, scale, key_bias=-second_log, mask=mask)
             log_scale = log_scale - first_log
         out = out * torch.exp(log_scale).unsqueeze(-1)
         return out.reshape(*batch, *out.shape[-2:])
