@@ -185,3 +185,18 @@ def test_a_local_worker_starts_without_a_malloc_threshold(monkeypatch):
         executor.run([("key", {"names": ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS")})], _worker_environment,
                      lambda key, cell, rows: found.append(rows))
     assert found == [{"MALLOC_TRIM_THRESHOLD_": None, "OMP_NUM_THREADS": "1"}]
+
+
+def test_numpy_blas_computes_with_the_study_thread_count():
+    """A study's reports multiply many small numpy matrices; numpy's BLAS keeps to ``--threads`` in the block (its
+    threads waiting on busy cores cost 20x), and gets its former count back afterwards."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas_threads()
+    assert before, "numpy loads a BLAS"
+    with environment.study_threads(1):
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before

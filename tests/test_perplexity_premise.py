@@ -53,6 +53,23 @@ def test_a_resample_s_multiplicities_give_the_rho_of_the_points_repeated():
     assert found == pytest.approx(spearman(x[repeated], y[repeated]), abs=1e-12)
 
 
+def test_within_windows_rho_is_the_weighted_rho_of_each_window_s_points():
+    """A window's rho under the method multiplicities is the rho of its measured points with each point weighted by
+    its method's multiplicity (ties, unmeasured points and a method absent from the points included)."""
+    rng = np.random.default_rng(2)
+    methods, budgets = 7, 3
+    point_method = np.repeat(np.array([0, 1, 2, 4, 5, 6, 3]), budgets)
+    x, y = rng.lognormal(size=(4, methods * budgets)), rng.normal(size=(4, methods * budgets))
+    x[0, 2], y[1, :4], x[2, 5:9] = np.nan, 0.5, 1.0
+    c = rng.integers(0, 3, (6, methods + 1)).astype(float)
+    found = strata.WithinWindows(x, y, point_method).values(c)
+    for k in range(4):
+        finite = np.flatnonzero(np.isfinite(x[k]) & np.isfinite(y[k]))
+        expected = strata.weighted_rho(strata._comparisons(x[k, finite]), strata._comparisons(y[k, finite]),
+                                       c[:, point_method[finite]])
+        np.testing.assert_array_equal(found[:, k], expected)
+
+
 def test_ranks_within_windows_do_not_count_the_window_effect_as_disagreement():
     """The windows shift every loss by far more than the methods differ: over cells rho is low, within windows 1."""
     points = setting_points(_frame(offset=1.0), pd.DataFrame(), CONFIG)[("whole", "layer 0")]

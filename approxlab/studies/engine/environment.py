@@ -187,7 +187,13 @@ def requested_threads(option: int | None = None, environ=None) -> tuple[int, str
 
 @contextlib.contextmanager
 def study_threads(count: int, *, local_workers: bool = False):
-    """torch computes with ``count`` threads in this process for the block (restored after).
+    """torch, and numpy's BLAS, compute with ``count`` threads in this process for the block (restored after).
+
+    numpy's BLAS (OpenBLAS in numpy's wheels) otherwise starts a thread per CPU, and a study's reports multiply
+    many small matrices (the claims' bootstrap ranks, ``(resamples, points)`` against ``(points, points)``): with
+    its two threads waiting on one another on a 2-core machine whose cores were busy, such products took 18-29
+    times their single-threaded time (on idle cores, half of it: ``benchmarks/results/report_threads.md``). The
+    limit is set through threadpoolctl.
 
     With ``local_workers``, the worker processes a local Dask cluster starts in the block get
     the same count through the thread variables (``distributed.nanny.pre-spawn-environ``, which
@@ -195,15 +201,17 @@ def study_threads(count: int, *, local_workers: bool = False):
     variables are restored here afterwards), and start without the variables of :data:`WORKER_UNSET`.
     """
     import torch
+    from threadpoolctl import threadpool_limits
 
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
-        if local_workers:
-            with _worker_threads(count):
+        with threadpool_limits(limits=count, user_api="blas"):
+            if local_workers:
+                with _worker_threads(count):
+                    yield
+            else:
                 yield
-        else:
-            yield
     finally:
         torch.set_num_threads(before)
 

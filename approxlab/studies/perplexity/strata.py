@@ -86,8 +86,12 @@ def weighted_rho(lx: np.ndarray, ly: np.ndarray, weights: np.ndarray) -> np.ndar
     >>> weighted_rho(lx, ly, np.ones((1, 3))).tolist(), weighted_rho(lx, ly[None], np.ones((1, 3))).tolist()
     ([0.5], [0.5])
     """
-    rx = _ranked(lx, weights)
-    ry = _ranked(ly, weights)
+    return _rho(_ranked(lx, weights), _ranked(ly, weights), weights)
+
+
+def _rho(rx: np.ndarray, ry: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Pearson's correlation of the average ranks ``rx``, ``ry`` (``(resamples, points)``) under ``weights``: the
+    rho of :func:`weighted_rho`."""
     total = weights.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         mx = (weights * rx).sum(axis=1, keepdims=True) / total
@@ -130,10 +134,16 @@ class WithinWindows:
 
     def __init__(self, x: np.ndarray, y: np.ndarray, point_method: np.ndarray):
         self.point_method = np.asarray(point_method, dtype=int)
+        methods = int(self.point_method.max()) + 1 if self.point_method.size else 0
         self.strata, self._last = [], (None, None)
         for xk, yk in zip(np.asarray(x, float), np.asarray(y, float)):
             finite = np.flatnonzero(np.isfinite(xk) & np.isfinite(yk))
-            self.strata.append((finite, _comparisons(xk[finite]), _comparisons(yk[finite])))
+            # the comparisons summed over each method's points: a point's rank is sum_m c_m (sum_{j in m} L_ij),
+            # one (resamples, methods) x (methods, points) product instead of (resamples, points) x (points, points);
+            # the same numbers (every term a small integer or half of one: exact in float64)
+            member = np.zeros((len(finite), methods))
+            member[np.arange(len(finite)), self.point_method[finite]] = 1.0
+            self.strata.append((finite, (_comparisons(xk[finite]) @ member).T, (_comparisons(yk[finite]) @ member).T))
 
     def values(self, c: np.ndarray) -> np.ndarray:
         """``(resamples, windows)``: each window's rho under the method multiplicities ``c`` (``(resamples,
@@ -142,9 +152,11 @@ class WithinWindows:
             return self._last[1]
         out = np.full((np.atleast_2d(c).shape[0], len(self.strata)), np.nan)
         given, c = c, np.atleast_2d(c)
-        for k, (finite, lx, ly) in enumerate(self.strata):
+        for k, (finite, mx, my) in enumerate(self.strata):
             if len(finite) >= 3:
-                out[:, k] = weighted_rho(lx, ly, c[:, self.point_method[finite]])
+                weights = c[:, self.point_method[finite]]
+                own = (weights + 1) / 2
+                out[:, k] = _rho(c[:, :mx.shape[0]] @ mx + own, c[:, :my.shape[0]] @ my + own, weights)
         self._last = (given, out)
         return out
 
