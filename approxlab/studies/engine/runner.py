@@ -282,7 +282,7 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
         write_json_atomic(record, config_path)
         with Executor(scheduler, workers) as executor:
             for (step, cells), step_keys, step_tables in zip(steps, keys, tables):
-                done = set.intersection(*(table.done for table in step_tables))
+                done = set.intersection(*(table.done for table in _deciding(step, step_tables)))
                 todo = [(key, cell) for key, cell in zip(step_keys, cells) if key not in done]
                 bar = progress_bar(len(cells), len(cells) - len(todo), progress,
                                    f"{out.name}/{step.tables[0].name}")
@@ -291,6 +291,15 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
             if not table.path.exists():
                 write_table(table.frame(), table.path, table.key_columns)
         return {path.name: read_results(path) for path in paths}
+
+
+def _deciding(step, tables):
+    """The tables whose cells say which of a step's cells are done: its tables that are not optional (an optional
+    one -- per-layer rows kept out of the repository, a table added after the run was made -- is filled by the
+    cells computed from now on, and a cell the others hold is not computed again for it); all of them when every
+    one is optional."""
+    required = [table for table, declared in zip(tables, step.tables) if not declared.optional]
+    return required or tables
 
 
 def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
