@@ -139,10 +139,10 @@ def test_a_saved_run_resumes_into_the_depths_and_configurations():
     assert extension({**saved, "n": [256]}, config, perplexity.STUDY.grows) is None
 
 
-def test_the_committed_run_extends_into_the_new_methods_and_nothing_else(tmp_path, capsys):
-    """The committed ``figures/perplexity`` config (before CriticalKV, CAOTE and the sparse-prefill patterns joined the
-    grid) is extended, not refused, by the default grid: only ``methods`` and ``long_methods`` grow, by those six,
-    and ``config.json`` records it; a changed setting is refused."""
+def test_the_committed_run_is_the_default_grid_extended_once(tmp_path, capsys):
+    """The committed ``figures/perplexity`` config is the default grid: the run was extended once, when CriticalKV,
+    CAOTE and the sparse-prefill patterns joined ``methods`` and ``long_methods``, and ``config.json`` records it;
+    resuming it extends nothing, and a changed setting is refused."""
     import json
 
     from approxlab.studies.engine.record import prepare_record
@@ -152,14 +152,17 @@ def test_the_committed_run_extends_into_the_new_methods_and_nothing_else(tmp_pat
     references = saved["config"]["compare_with"]
     config = grid.build_config(num_layers=30, compare_with=references, checked_references=references)
     new = {"criticalkv", "caote", "minference", "xattention", "flexprefill", "duo-attention"}
-    assert extension(saved["config"], config, perplexity.STUDY.grows) == ["long_methods", "methods"]
-    assert set(config["methods"]) - set(saved["config"]["methods"]) == new
-    assert set(config["long_methods"]) - set(saved["config"]["long_methods"]) == new
+    from approxlab.studies.engine.record import canonical
+
+    assert canonical(saved["config"]) == canonical(config)
+    assert extension(saved["config"], config, perplexity.STUDY.grows) is None  # nothing to extend
+    (added,) = [entry["added"] for entry in saved["extensions"]]
+    assert set(added) == {"methods", "long_methods"} and set(added["methods"]) == set(added["long_methods"]) == new
     path = tmp_path / "config.json"
     path.write_text(json.dumps(saved))
     record = prepare_record(path, [], config, {}, False, perplexity.STUDY.grows)
-    assert set(record["extensions"][0]["added"]["methods"]) == new and record["created"] == saved["created"]
-    assert "extending the saved run" in capsys.readouterr().err
+    assert record["extensions"] == saved["extensions"] and record["created"] == saved["created"]
+    assert "extending the saved run" not in capsys.readouterr().err
     with pytest.raises(StudyError, match="different configuration"):
         prepare_record(path, [], {**config, "context": 256}, {}, False, perplexity.STUDY.grows)
 
