@@ -30,19 +30,22 @@ def _cells(method: str) -> list[dict]:
 
 
 def _run(cells: list[dict], trim: bool) -> list[float]:
+    """The cells in one local worker started as a study starts it (:func:`~approxlab.studies.engine.environment.
+    study_threads`, :class:`~approxlab.studies.engine.executors.Executor`), with Dask's default variable put back
+    where ``trim``."""
     import dask
-    from distributed import Client, LocalCluster
 
-    from approxlab.studies.engine.environment import restored_environ
+    from approxlab.studies.engine.environment import study_threads
+    from approxlab.studies.engine.executors import Executor
     from approxlab.studies.perplexity.clean import compute_clean
 
-    environ = {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1,
-               "MALLOC_TRIM_THRESHOLD_": 65536 if trim else None}
-    # the nanny writes the variables into this process's environment, which a later cluster would inherit
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), restored_environ(set(environ)):
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-                Client(cluster) as client:
-            return [client.submit(compute_clean, cell, pure=False).result()[0]["cpu_seconds"] for cell in cells]
+    found = {}
+    with study_threads(1, local_workers=True), \
+            dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 65536 if trim else None}):
+        with Executor(workers=1) as executor:
+            executor.run(list(enumerate(cells)), compute_clean,
+                         lambda key, cell, rows: found.setdefault(key, rows[0]["cpu_seconds"]))
+    return [found[key] for key in range(len(cells))]
 
 
 def main() -> None:

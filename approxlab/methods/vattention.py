@@ -36,6 +36,10 @@ shared, :func:`draw_uniforms`) needs a width, and this is it. A result computed 
 reproduced with ``max_samples=None`` (the decoder study passes it, for its committed cells at n = 768 to 4,096:
 ``approxlab.studies.decoder.cells.METHOD_OPTIONS``)."""
 
+DENSE_SAMPLES = 8
+""":meth:`_Blocks._sampled_sum` reads the samples out by a GEMM over every key when they number at least
+``1 / DENSE_SAMPLES`` of the row block's ``(H, r, w)`` weights."""
+
 
 def draw_uniforms(q, k, *, num_features, generator=None, max_samples=MAX_SAMPLES, **options):
     r"""The random draw of :func:`vattention`: ``{"uniform": (*batch, n, w) float64}``, i.i.d. uniform on [0, 1),
@@ -373,7 +377,8 @@ class _Blocks:
         (a key drawn twice counts twice) into ``(H, r, w)`` and read out by one product per head with its values;
         otherwise the values are gathered, ``(S, b, p_v)``, and summed. The same sum to rounding: the first costs
         :math:`O(H r w p_v)` flops of a GEMM, the second :math:`O(S b p_v)` elementwise reads and products, which
-        at the KV cache's dense tails (b near w) cost several times the GEMM (``benchmarks/results``)."""
+        at the KV cache's dense tails (b near w) cost several times the GEMM
+        (``benchmarks/results/perplexity_clean_cells.md``)."""
         if keys.numel() * DENSE_SAMPLES >= heads * rows * width:
             sampled = torch.zeros(heads, rows, width, dtype=drawn.dtype, device=drawn.device)
             sampled[chosen] = torch.zeros(keys.shape[0], width, dtype=drawn.dtype,
@@ -431,10 +436,6 @@ class _Blocks:
         scale = (size[chosen].double() / count).unsqueeze(-1) * used
         return torch.where(used, keys, keys[..., :1]), scale.to(self.q.dtype)
 
-
-DENSE_SAMPLES = 8
-""":meth:`_Blocks._sampled_sum` reads the samples out by a GEMM over every key when they number at least
-``1 / DENSE_SAMPLES`` of the row block's ``(H, r, w)`` weights."""
 
 VATTENTION = vattention
 __test__ = {"vattention": vattention.function}  # doctest skips a MethodSpec: run its function's examples

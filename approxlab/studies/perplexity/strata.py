@@ -134,14 +134,14 @@ class WithinWindows:
 
     def __init__(self, x: np.ndarray, y: np.ndarray, point_method: np.ndarray):
         self.point_method = np.asarray(point_method, dtype=int)
-        methods = int(self.point_method.max()) + 1 if self.point_method.size else 0
+        self.methods = int(self.point_method.max()) + 1 if self.point_method.size else 0
         self.strata, self._last = [], (None, None)
         for xk, yk in zip(np.asarray(x, float), np.asarray(y, float)):
             finite = np.flatnonzero(np.isfinite(xk) & np.isfinite(yk))
             # the comparisons summed over each method's points: a point's rank is sum_m c_m (sum_{j in m} L_ij),
             # one (resamples, methods) x (methods, points) product instead of (resamples, points) x (points, points);
             # the same numbers (every term a small integer or half of one: exact in float64)
-            member = np.zeros((len(finite), methods))
+            member = np.zeros((len(finite), self.methods))
             member[np.arange(len(finite)), self.point_method[finite]] = 1.0
             self.strata.append((finite, (_comparisons(xk[finite]) @ member).T, (_comparisons(yk[finite]) @ member).T))
 
@@ -152,11 +152,12 @@ class WithinWindows:
             return self._last[1]
         out = np.full((np.atleast_2d(c).shape[0], len(self.strata)), np.nan)
         given, c = c, np.atleast_2d(c)
+        present = c[:, :self.methods]  # the methods with points (c may count more)
         for k, (finite, mx, my) in enumerate(self.strata):
             if len(finite) >= 3:
                 weights = c[:, self.point_method[finite]]
                 own = (weights + 1) / 2
-                out[:, k] = _rho(c[:, :mx.shape[0]] @ mx + own, c[:, :my.shape[0]] @ my + own, weights)
+                out[:, k] = _rho(present @ mx + own, present @ my + own, weights)
         self._last = (given, out)
         return out
 
