@@ -72,8 +72,8 @@ declared before the data; counted beside the kernel floor of :data:`.claims.FLOO
 NO_LOSS = ("a point (method x d) has no measurable loss when the mean of Delta over its windows is within the "
            "kernel floor, or its 95% interval over windows (`delta.csv`) holds 0; it has no loss that matters when "
            f"its whole 95% interval lies within +-{PRACTICAL_FLOOR} nats (a perplexity at most "
-           f"{100 * (2.718281828 ** PRACTICAL_FLOOR - 1):.1f}% higher). No Delta is rounded or set to another's: each enters "
-           "every rank as measured")
+           f"{100 * (2.718281828 ** PRACTICAL_FLOOR - 1):.1f}% higher). No Delta is rounded or set to another's: "
+           "each enters every rank as measured")
 MIN_CONFIGS = 5
 """A method's configurations at one budget enter (pc) when it has at least this many (as :data:`.claims.MIN_BUDGETS`)."""
 INNER = {"resamples": 200, "final": 2000, "seed": 0}
