@@ -4,7 +4,7 @@ The declared grid (``approxlab perplexity``'s full grid: SmolLM2-135M, n = 512, 
 continuation of 128, 30 layers) on its first window, one thread. Clean cells (``clean_errors.csv``): the control and
 every method of the grid at the middle budget (64; a method that ignores d at its only one), in the whole window and
 the KV cache, in the order the study runs them (so the first cell of a setting computes what the window's cells
-share). Depth cells (``perplexity.csv``, one layer replaced): ``--depth-methods`` at the middle budget at each
+share). Depth cells (``perplexity.csv.gz``, one layer replaced): ``--depth-methods`` at the middle budget at each
 declared depth that the grid's ``layers`` do not already hold (8, 15, 22, 29: layer 0 is the grid's first layer). Before anything is timed the model, the window's clean q, k, v and the hidden states entering each
 depth are loaded (the study loads them once per window, process and depth). Each cell's process CPU seconds
 (``time.process_time``) are printed as a JSON line; ``--report`` turns the lines of two labels into the markdown

@@ -70,14 +70,14 @@ def run(llama, cache, tmp_path_factory):
 
 
 def test_tables_figures_claims_and_summary(run):
-    for name in ("baseline.csv", "perplexity.csv", "layer_errors.csv", "encoder.csv", "cost.csv", "long.csv",
+    for name in ("baseline.csv", "perplexity.csv.gz", "layer_errors.csv", "encoder.csv", "cost.csv", "long.csv",
                  "delta.csv", "observations.csv", "correlations.csv", "verdicts.csv", "prediction.csv",
                  "calibration.csv", "encoder_stats.csv", "long_stats.csv", "premise.csv", "premise_rho.csv",
                  "premise_loss.csv", "former_verdicts.csv", "summary.md", "perplexity-d.png",
                  "perplexity-error.pdf", "perplexity-kv.png", "perplexity-within.png", "perplexity-long.png",
                  "config.json", "timing.json"):
         assert (run / name).is_file(), name
-    runs = read_results(run / "perplexity.csv")
+    runs = read_results(run / "perplexity.csv.gz")
     assert (runs["status"] == "ok").all(), runs.loc[runs["status"] != "ok", "status"]
     # settings: layer 1 (last), all, KV cache, layer 0 (--depths); methods: the control once, four methods at two
     # d; 3 windows
@@ -129,13 +129,13 @@ def test_tables_figures_claims_and_summary(run):
         assert text in summary, text
     assert not re.search(r"\bnan\b", summary.lower())
     timed = [read_results(run / name)["seconds"]
-             for name in ("baseline.csv", "perplexity.csv", "encoder.csv", "long.csv")]
+             for name in ("baseline.csv", "perplexity.csv.gz", "encoder.csv", "long.csv")]
     assert f"over {sum(int(seconds.map(math.isfinite).sum()) for seconds in timed):,} cells" in summary
 
 
 def test_the_change_in_log_perplexity_is_the_patched_minus_the_unpatched_nll(run, llama, cache):
     """One cell recomputed by hand: the window's first n tokens, the unpatched and the patched model's mean NLL."""
-    runs, baseline = read_results(run / "perplexity.csv"), read_results(run / "baseline.csv")
+    runs, baseline = read_results(run / "perplexity.csv.gz"), read_results(run / "baseline.csv")
     row = runs[(runs["method"] == "performer") & (runs["layers"] == "all") & (runs["setting"] == "whole")].iloc[0]
     config = perplexity.build_config(num_layers=2, checkpoint=str(llama), n=[32], context=24, continuation=8,
                                      num_features=[8, 16], methods=["performer"],
@@ -156,7 +156,7 @@ def test_the_change_in_log_perplexity_is_the_patched_minus_the_unpatched_nll(run
 
 
 def test_resume_computes_nothing_and_plot_only_redraws(run, llama, cache, monkeypatch):
-    before = {name: read_results(run / name) for name in ("perplexity.csv", "layer_errors.csv", "encoder.csv")}
+    before = {name: read_results(run / name) for name in ("perplexity.csv.gz", "layer_errors.csv", "encoder.csv")}
     monkeypatch.setattr(perplexity, "STUDY", dataclasses.replace(perplexity.STUDY, figures=()))
     assert main(["perplexity", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(run), *GRID]) == 0
     for name, table in before.items():
@@ -407,7 +407,7 @@ def test_a_method_that_fails_gets_failed_rows_and_the_report_is_written(fresh_re
     assert main(["perplexity", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "method 'raises' failed in" in err, err
-    rows = read_results(out / "perplexity.csv")
+    rows = read_results(out / "perplexity.csv.gz")
     failed = rows[rows["method"] == "raises"]
     assert len(failed) and (failed["status"] == "RuntimeError: the plugin's own bug").all()
     assert (failed["nll"] == math.inf).all()

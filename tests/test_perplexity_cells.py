@@ -218,7 +218,7 @@ def test_a_depth_cell_from_the_shared_layer_input_equals_the_whole_forward(tmp_p
     whole = [cells.compute_decoder(cell) for cell in chosen]
     timing = ("seconds", "cpu_seconds")
     for found, expected in zip(shared, whole):
-        row, want = found["perplexity.csv"][0], expected["perplexity.csv"][0]
+        row, want = found["perplexity.csv.gz"][0], expected["perplexity.csv.gz"][0]
         assert {k: v for k, v in row.items() if k not in timing} == pytest.approx(
             {k: v for k, v in want.items() if k not in timing}, rel=1e-12, abs=1e-12, nan_ok=True)
         assert found["layer_errors.csv"] == pytest.approx(expected["layer_errors.csv"], rel=1e-12, abs=1e-12, nan_ok=True)
@@ -246,7 +246,7 @@ def test_budgets_given_as_compression_ratios_keep_kvpress_s_counts_and_the_rows_
                              config_methods=["streaming-llm"], windows=1, depths=[1])
     settings = {"cache_dir": str(tmp_path / "cache")}
     cell = next(c for c in grid.decoder_cells(tiny, settings) if c["method"] == "streaming-llm")
-    row = cells.compute_decoder(cell)["perplexity.csv"][0]
+    row = cells.compute_decoder(cell)["perplexity.csv.gz"][0]
     assert (cell["num_features"], row["compression_ratio"]) == (6, 0.75) and row["status"] == "ok"
     assert clean.compute_clean(clean.clean_cells(tiny, settings)[1])[0]["compression_ratio"] in (0.5, 0.75)
     assert configs.config_cells(tiny, settings)[0]["compression_ratio"] == 0.5  # the middle budget, b = 12

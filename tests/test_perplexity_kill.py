@@ -1,7 +1,7 @@
 """A perplexity run killed mid-way (SIGKILL, SIGTERM) loses no finished cell; resumed, it equals an uninterrupted run.
 
 ``approxlab perplexity`` runs in a subprocess on a tiny random Llama, its patched cells slowed by a short sleep so
-that there is time to aim; the test sends the signal after a chosen progress line of ``perplexity.csv`` (the runner
+that there is time to aim; the test sends the signal after a chosen progress line of ``perplexity.csv.gz`` (the runner
 prints one after each cell it has made durable), then checks that every reported cell is on disk, resumes the
 compute step in-process and compares every table with an uninterrupted run's (wall times excepted). The kills run
 concurrently, each in its own folder.
@@ -25,8 +25,8 @@ from approxlab.studies import compute, perplexity
 from approxlab.studies.engine import has_results, read_results
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TABLES = {"baseline.csv": ["setting", "window"], "perplexity.csv": ["setting", "layers", "method", "num_features",
-                                                                     "window"],
+TABLES = {"baseline.csv": ["setting", "window"],
+          "perplexity.csv.gz": ["setting", "layers", "method", "num_features", "window"],
           "layer_errors.csv": ["setting", "layers", "method", "num_features", "window"],
           "encoder.csv": ["method", "num_features", "window"], "cost.csv": ["method"]}
 VALUES = {"n": [16], "context": 12, "continuation": 4, "num_features": [4], "methods": ["performer"],
@@ -36,7 +36,7 @@ ARGUMENTS = ["--n", "16", "--context", "12", "--continuation", "4", "--num-featu
              "--encoder-methods", "nystromformer", "--layer-settings", "all", "--windows", "2",
              "--long-n", "0"]  # 8 patched cells
 KILLS = [(signal.SIGKILL, 2), (signal.SIGTERM, 4)]
-PROGRESS = re.compile(r"^(?P<folder>[^:]+)/perplexity\.csv: (?P<done>\d+)/(?P<total>\d+) cells")
+PROGRESS = re.compile(r"^(?P<folder>[^:]+)/perplexity\.csv\.gz: (?P<done>\d+)/(?P<total>\d+) cells")
 TIMINGS = ["seconds", "cpu_seconds", "unpatched_seconds", "patched_seconds", "method_seconds", "layer_attention_seconds",
            "overhead_seconds", "ratio"]
 
@@ -49,7 +49,7 @@ def slowed(cell):
     time.sleep(0.4)
     return perplexity.cells.compute_decoder(cell)
 
-steps = tuple(dataclasses.replace(step, compute=slowed) if step.tables[0].name == "perplexity.csv" else step
+steps = tuple(dataclasses.replace(step, compute=slowed) if step.tables[0].name == "perplexity.csv.gz" else step
               for step in perplexity.STUDY.steps)
 perplexity.STUDY = dataclasses.replace(perplexity.STUDY, steps=steps)
 sys.exit(cli.main(sys.argv[1:]))
@@ -122,7 +122,8 @@ def test_a_kill_loses_no_finished_cell_and_the_resumed_run_equals_an_uninterrupt
         expected = -signal.SIGKILL if signum == signal.SIGKILL else 128 + signum
         assert run["returncode"] == expected, "\n".join(run["stderr"])
         assert not any("Traceback" in line for line in run["stderr"]), "\n".join(run["stderr"])
-        saved = read_results(out / "perplexity.csv", partial="drop") if has_results(out / "perplexity.csv") else []
+        table = out / "perplexity.csv.gz"
+        saved = read_results(table, partial="drop") if has_results(table) else []
         assert count <= run["reported"] <= len(saved) < 8, (run["reported"], len(saved))
         resumed = _compute(out, llama, cache)
         for name in TABLES:

@@ -258,14 +258,14 @@ def test_output_aware_policies_are_judged_against_those_they_extend_and_not_run_
     more = pd.DataFrame(premise.output_aware_rows(_kv_frame(-0.05).query("num_features != 16")))
     assert (more["verdict"] == "the output-aware policies lose more").all()
     missing = premise.output_aware_rows(_kv_frame(0.05).query("method != 'caote'"))
-    assert len(missing) == 1 and missing[0]["verdict"] == "not run: perplexity.csv holds no KV-cache rows of caote"
+    assert len(missing) == 1 and missing[0]["verdict"] == "not run: perplexity.csv.gz holds no KV-cache rows of caote"
     both = _kv_frame(0.05, same_at=(16,)).query("num_features != 32").reset_index(drop=True)
     at16 = both["num_features"] == 16  # CAOTE keeps TOVA's tokens there too: every pair is the same
     both.loc[at16 & (both["method"] == "caote"), "delta"] = both.loc[at16 & (both["method"] == "tova"), "delta"].values
     table = premise.with_holm(pd.DataFrame(missing + premise.output_aware_rows(both),
                                            columns=premise.PREMISE_COLUMNS[:-2]))
     text = "\n".join(in_short_lines(table, pd.DataFrame()))
-    assert "Not run in the KV cache (perplexity.csv holds no KV-cache rows of caote)" in text
+    assert "Not run in the KV cache (perplexity.csv.gz holds no KV-cache rows of caote)" in text
     assert re.search(r"Holds in d = 64: 0\.0[45]\d* \[0\.0\d+, 0\.0\d+\] nats "
                      r"\(the output-aware policies lose less\)", text)
     assert "At d = 16 every pair keeps the same tokens (criticalkv = snapkv, caote = tova)." in text

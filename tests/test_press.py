@@ -165,7 +165,7 @@ def test_a_press_plugin_runs_through_every_setting_of_perplexity(tmp_path, monke
         import sys
 
         sys.modules.pop("my_press_plugin", None)
-    rows = pd.concat([pd.read_csv(out / name) for name in ("perplexity.csv", "cost.csv", "long.csv")])
+    rows = pd.concat([pd.read_csv(out / name) for name in ("perplexity.csv.gz", "cost.csv", "long.csv")])
     rows = rows[rows["method"] == "plugin-knorm"]
     assert set(rows["setting"].dropna()) >= {"whole", "kv-cache", "long-whole", "long-kv"}
     assert len(pd.read_csv(out / "cost.csv").query("method == 'plugin-knorm'")) == 1

@@ -123,7 +123,7 @@ def test_perplexity_quick_runs_offline_on_the_packaged_model(smollm2, cache, tmp
     replaced, the KV-cache setting, one window of 64 tokens; exact attention through the patch changes nothing."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["perplexity", "--quick", "--cache-dir", str(cache), "--out", str(tmp_path), "--no-progress"]) == 0
-    runs = read_results(tmp_path / "perplexity.csv")
+    runs = read_results(tmp_path / "perplexity.csv.gz")
     assert (runs["status"] == "ok").all() and set(runs["layers"]) == {"layer 15", "all", "layer 29"}  # + --depths
     clean = read_results(tmp_path / "clean_errors.csv")  # every layer's error on the unpatched model's inputs
     assert (clean["status"] == "ok").all() and len(clean) == len(runs[runs["layers"] == "all"])

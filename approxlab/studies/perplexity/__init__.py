@@ -20,7 +20,7 @@ The declaration :data:`STUDY`, behind ``approxlab perplexity``:
    and window), ``configs.csv`` (:mod:`.configs`: the fixed-budget configurations; first, as the cheapest
    complete claim), ``clean_errors.csv`` (:mod:`.clean`: with every layer replaced, each layer's error on the
    unpatched model's inputs),
-   ``perplexity.csv`` and ``layer_errors.csv`` (a patched forward pass: one row, and one per
+   ``perplexity.csv.gz`` and ``layer_errors.csv`` (a patched forward pass: one row, and one per
    replaced layer; single layers at the ``depths``), ``encoder.csv``, ``cost.csv`` (:func:`.cost.patched_forward_cost`) and
    ``references.csv`` (the error rankings of the ``--compare-with`` folders, :mod:`.references`).
 3. **report** -- ``delta.csv``, ``correlations.csv``, ``verdicts.csv``, ``encoder_stats.csv``
@@ -63,7 +63,7 @@ STUDY = Study(
     steps=(Step((Table("baseline.csv", BASELINE_KEY),), compute_baseline, baseline_cells),
            Step((Table("configs.csv", CONFIG_KEY, optional=True),), compute_config, config_cells),
            Step((Table("clean_errors.csv", CLEAN_KEY, optional=True),), compute_clean, clean_cells),
-           Step((Table("perplexity.csv", DECODER_KEY), Table("layer_errors.csv", DECODER_KEY, optional=True)),
+           Step((Table("perplexity.csv.gz", DECODER_KEY), Table("layer_errors.csv", DECODER_KEY, optional=True)),
                 compute_decoder, decoder_cells),
            Step((Table("encoder.csv", ENCODER_KEY),), compute_encoder, encoder_cells),
            Step((Table("cost.csv", COST_KEY),), compute_cost, cost_cells),

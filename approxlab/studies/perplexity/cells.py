@@ -178,9 +178,9 @@ def warning_columns(caught) -> dict:
 
 
 def compute_decoder(cell: dict) -> dict:
-    """A patched forward pass: ``perplexity.csv`` (one row) and ``layer_errors.csv`` (one row per replaced layer)."""
+    """A patched forward pass: ``perplexity.csv.gz`` (one row) and ``layer_errors.csv`` (one row per replaced layer)."""
     row, layer_rows = decoder_run(cell, tuple(cell[c] for c in DECODER_KEY))
-    return {"perplexity.csv": [row], "layer_errors.csv": layer_rows}
+    return {"perplexity.csv.gz": [row], "layer_errors.csv": layer_rows}
 
 
 def decoder_run(cell: dict, key: tuple) -> tuple[dict, list[dict]]:

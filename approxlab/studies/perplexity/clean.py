@@ -1,7 +1,7 @@
 r"""The perplexity study's clean-input errors: each replaced layer's error on the unpatched model's inputs.
 
 With every layer replaced (the whole window, the KV cache) a patched run's layer :math:`\ell` receives the q, k, v
-that the approximations of layers :math:`< \ell` produced, so the error recorded in ``perplexity.csv`` mixes the
+that the approximations of layers :math:`< \ell` produced, so the error recorded in ``perplexity.csv.gz`` mixes the
 layer's own error with the drift of its inputs -- and a method that breaks early layers shows both more error and
 more loss downstream. ``clean_errors.csv`` records, for the same setting, method, budget and window, each layer's
 error with the approximation applied to the **unpatched** model's q, k, v at that layer (a teacher-forced pass):
@@ -12,7 +12,7 @@ error with the approximation applied to the **unpatched** model's q, k, v at tha
     K_\ell^\top/\sqrt p)\,V_\ell \|_2}{\| \operatorname{softmax}(Q_\ell K_\ell^\top/\sqrt p)\,V_\ell \|_2},
 
 with :math:`Q_\ell, K_\ell, V_\ell` the unpatched model's at layer :math:`\ell`, pooled over layers and heads as
-``perplexity.csv`` pools (median and max; the Frobenius and worst-query errors and the attention measures alike).
+``perplexity.csv.gz`` pools (median and max; the Frobenius and worst-query errors and the attention measures alike).
 In the KV-cache setting :math:`\mathcal A_\ell` is the compressed cache, as a patched run computes it
 (:func:`approxlab.kv_cache_attention` on the layer's window, the continuation's rows).
 
@@ -28,7 +28,7 @@ Frobenius and row norms -- is computed once per window, setting and layer and ke
 to rounding (a test compares them with :meth:`approxlab.patching.AttentionPatch.errors`); with the replay's KV-cache
 rows alone (no exact context rows) about 0.9 CPU-s less per cell at n = 512, whatever the method
 (``benchmarks/results/perplexity_clean_cells.md``). What is left is the method and the attention measures.
-A cell's random streams come from the key of the ``perplexity.csv`` cell it accompanies (common random numbers).
+A cell's random streams come from the key of the ``perplexity.csv.gz`` cell it accompanies (common random numbers).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def clean_run(cell: dict, key: tuple) -> dict:
 
 
 def compute_clean(cell: dict) -> list[dict]:
-    """``clean_errors.csv``: one row, the clean-input errors of the ``perplexity.csv`` cell of the same key."""
+    """``clean_errors.csv``: one row, the clean-input errors of the ``perplexity.csv.gz`` cell of the same key."""
     return [{**clean_run(cell, tuple(cell[c] for c in CLEAN_KEY)), **ratio_column(cell)}]
 
 

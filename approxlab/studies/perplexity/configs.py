@@ -4,7 +4,7 @@ Across budgets a method's error and its loss both fall with :math:`b`, so their 
 monotonicity in :math:`b` as much as the premise. ``configs.csv`` holds the design where the two disagree: the
 KV-cache setting, every layer compressed, one budget :math:`b` (tokens kept per KV head and layer) for every
 configuration, and per method at least five configurations that change which tokens are kept -- or which random
-draw is taken -- at that budget (:data:`CONFIGURATIONS`). Each cell records what a ``perplexity.csv`` cell records
+draw is taken -- at that budget (:data:`CONFIGURATIONS`). Each cell records what a ``perplexity.csv.gz`` cell records
 (the continuation's NLL, the errors on the patched run's own, drifting inputs) and the same errors on the unpatched
 model's inputs (:func:`.clean.clean_run`), prefixed ``clean_``.
 

@@ -125,7 +125,7 @@ OTHER_SIDE = ("the premise from the other side: if the output error predicts "
               "the percentile interval of that bootstrap, calibrated on the run's windows (as pc). Verdict: the whole "
               "calibrated interval above 0, the output-aware policies lose less; wholly below 0, they lose more; "
               "else it cannot be told. Holm within the claim's instances (budgets and pairs). Not run while "
-              "perplexity.csv lacks the KV-cache rows of a policy of a pair")
+              "perplexity.csv.gz lacks the KV-cache rows of a policy of a pair")
 OUTPUT_AWARE_CLAIM = Claim(
     "po", "at a fixed budget in the KV cache, the output-aware policies lose less than those they extend ({where})",
     "mean over pairs and windows of Delta(base) - Delta(output-aware), nats per token", side="above", threshold=0.0,

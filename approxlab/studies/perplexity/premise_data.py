@@ -1,7 +1,7 @@
 r"""What the premise's claims are over, from the saved tables: each setting's points on clean and drifting inputs,
 near-clones merged, as window x point arrays for :mod:`.strata`.
 
-A **setting** is a (setting, layers) pair of ``perplexity.csv``. Its points (method x d) are the decoder-valid,
+A **setting** is a (setting, layers) pair of ``perplexity.csv.gz``. Its points (method x d) are the decoder-valid,
 non-degenerate, non-control ones that ran (:func:`.judging.observations`' rules, without its tie at 0). Its
 **clean** measures are the errors on the unpatched model's inputs: a single-layer setting's own errors, or for a
 setting that replaces several layers the rows of ``clean_errors.csv`` (joined on setting, layers, method, d and

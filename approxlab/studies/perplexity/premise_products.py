@@ -47,7 +47,7 @@ def former_verdicts(saved) -> pd.DataFrame:
 
 def _points(saved) -> dict:
     return _cached(saved, "points", lambda: setting_points(
-        deltas(saved.table("perplexity.csv"), saved.table("baseline.csv")),
+        deltas(saved.table("perplexity.csv.gz"), saved.table("baseline.csv")),
         optional_table(saved, "clean_errors.csv"), saved.config))
 
 
@@ -71,7 +71,7 @@ def _verdicts(saved) -> pd.DataFrame:
     for (setting, layers), points in _points(saved).items():
         rows += premise.setting_rows(setting, layers, points)
     rows += premise.depth_rows(_points(saved))
-    rows += premise.output_aware_rows(deltas(saved.table("perplexity.csv"), saved.table("baseline.csv")))
+    rows += premise.output_aware_rows(deltas(saved.table("perplexity.csv.gz"), saved.table("baseline.csv")))
     found, per_method = premise.config_rows(optional_table(saved, "configs.csv"), saved.table("baseline.csv"))
     table = premise.with_holm(pd.DataFrame(rows + found, columns=premise.PREMISE_COLUMNS[:-2]))
     former = saved.product("former_verdicts.csv")
@@ -100,7 +100,7 @@ def premise_rho(saved) -> pd.DataFrame:
 
 def premise_loss(saved) -> pd.DataFrame:
     """``premise_loss.csv``: per setting, the points with no measurable loss and with no loss that matters."""
-    frame = deltas(saved.table("perplexity.csv"), saved.table("baseline.csv"))
+    frame = deltas(saved.table("perplexity.csv.gz"), saved.table("baseline.csv"))
     delta = saved.product("delta.csv")
     return pd.DataFrame([premise.loss_rows(setting, layers, points, delta, premise.noise_floor_of(
         frame, setting, layers, saved.config["control"])) for (setting, layers), points in _points(saved).items()])

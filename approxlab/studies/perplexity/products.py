@@ -26,13 +26,13 @@ def _cached(saved, name, make):
 
 def inputs(saved) -> dict:
     """Every decoder setting's observations (:func:`.stats.claim_inputs`), computed once per loaded run."""
-    return _cached(saved, "inputs", lambda: claim_inputs(deltas(saved.table("perplexity.csv"),
+    return _cached(saved, "inputs", lambda: claim_inputs(deltas(saved.table("perplexity.csv.gz"),
                                                                 saved.table("baseline.csv")), saved.config))
 
 
 def delta_table(saved) -> pd.DataFrame:
     """``delta.csv``."""
-    return delta_statistics(deltas(saved.table("perplexity.csv"), saved.table("baseline.csv")))
+    return delta_statistics(deltas(saved.table("perplexity.csv.gz"), saved.table("baseline.csv")))
 
 
 def observed(saved) -> pd.DataFrame:

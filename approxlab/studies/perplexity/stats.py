@@ -1,7 +1,7 @@
 r"""The perplexity study's numbers from its saved tables: the change in log-perplexity, the rank correlations
 with the error measures, the claims and their verdicts.
 
-Everything here is a function of ``baseline.csv``, ``perplexity.csv``, ``encoder.csv`` and ``references.csv``
+Everything here is a function of ``baseline.csv``, ``perplexity.csv.gz``, ``encoder.csv`` and ``references.csv``
 (no model, no data). The per-point intervals resample windows (the methods, budgets and layers of one window
 share its text).
 
@@ -39,7 +39,7 @@ GROUP = ["setting", "layers", "method", "num_features"]
 
 
 def deltas(perplexity: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
-    r"""``perplexity.csv`` with ``baseline`` (the unpatched mean NLL of the same setting and window), ``delta``
+    r"""``perplexity.csv.gz`` with ``baseline`` (the unpatched mean NLL of the same setting and window), ``delta``
     (:math:`\Delta`, ``inf`` for a failed run) and ``ok``."""
     base = baseline[["setting", "window", "nll"]].rename(columns={"nll": "baseline"})
     frame = perplexity.merge(base, on=["setting", "window"], how="inner", validate="many_to_one")
