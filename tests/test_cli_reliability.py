@@ -33,6 +33,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 GRID = ["--n", "32", "--num-features", "4,8", "--methods", "skyformer-softmax,nystromformer", "--windows", "1",
         "--seeds", "1", "--dtypes", "float64", "--conditions", "initialized,pretrained", "--no-progress"]
 PLOT_ONLY = ["--plot-only", "--no-progress"]
+RESULTS = "results.csv.bz2"
+"""figure1's cells' table (bzip2-compressed): the damage below is done to its text, then compressed again."""
 
 
 @pytest.fixture(scope="module")
@@ -52,30 +54,44 @@ def _table(path) -> pd.DataFrame:
     return engine.read_results(path).drop(columns="seconds")
 
 
+def _read(path) -> str:
+    """The text of ``path`` (decompressed for a ``.gz`` or ``.bz2`` name)."""
+    data, codec = path.read_bytes(), _io.compression(path)
+    return (codec[2](data) if codec else data).decode()
+
+
+def _save(path, data) -> None:
+    """Write ``data`` (text or bytes) to ``path``, compressed for a ``.gz`` or ``.bz2`` name unless it is empty."""
+    data, codec = (data if isinstance(data, bytes) else data.encode()), _io.compression(path)
+    path.write_bytes(codec[1](data) if data and codec else data)
+
+
 def _write(name, data):
     def mutate(out):
         target = out / name
         if target.is_dir():
             target.rmdir()
-        elif isinstance(data, bytes):
-            target.write_bytes(data)
         else:
-            target.write_text(data)
+            _save(target, data)
     return mutate
+
+
+def _raw(name, data):
+    """Write ``data`` as it is, never compressed (e.g. text where gzip data belongs)."""
+    return lambda out: (out / name).write_bytes(data)
 
 
 def _cut(name, keep):
     """Keep the first ``keep`` characters of ``name`` (negative: drop that many from the end)."""
     def mutate(out):
-        text = (out / name).read_text()
-        (out / name).write_text(text[:keep])
+        _save(out / name, _read(out / name)[:keep])
     return mutate
 
 
 def _rows(name, count):
     def mutate(out):
-        lines = (out / name).read_text().splitlines(keepends=True)
-        (out / name).write_text("".join(lines[: 1 + count]))
+        lines = _read(out / name).splitlines(keepends=True)
+        _save(out / name, "".join(lines[: 1 + count]))
     return mutate
 
 
@@ -91,12 +107,12 @@ def _delete(name):
 
 
 def _all_failed(out):
-    table = pd.read_csv(out / "results.csv")
+    table = pd.read_csv(out / RESULTS)
     for column in table.columns:
         if column.startswith(("error_", "relative_error_")) and column not in ("error_heads", "error_blowups"):
             table[column] = float("inf")
     table["error_heads"], table["status"] = "inf inf", "FloatingPointError: synthetic"
-    table.to_csv(out / "results.csv", index=False)
+    table.to_csv(out / RESULTS, index=False)
 
 
 FOREIGN = "condition,n,layer,head,window,sigma\ninitialized,512,0,0,0,1.0\n"
@@ -111,37 +127,38 @@ REFUSED = [
     ("config-foreign", _write("config.json", '{"config": {}}'), GRID,
      r"config.json' is not a config.json written by approxlab \(it has no config_hash\)"),
     ("config-a-directory", _directory("config.json"), GRID, r"config.json' is a directory where the study's config"),
-    ("results-zero-bytes", _write("results.csv", ""), GRID, r"results.csv' .* it is empty \(0 bytes\); pass --restart"),
-    ("results-binary", _write("results.csv", BINARY), GRID, r"results.csv' .* not UTF-8 text"),
-    ("results-foreign", _write("results.csv", FOREIGN), GRID,
-     r"results.csv' lacks key columns \['condition', 'n', 'dtype', 'window', 'method'\] \(a table of another study"),
-    ("results-cut-in-header", _cut("results.csv", 10), GRID, r"results.csv' .* first line is not a CSV header"),
-    ("results-a-directory", _directory("results.csv"), GRID, r"results.csv' is a directory where the results table"),
-    ("results-latin-1", _write("results.csv", "condition,n\n\xe9t\xe9,1\n".encode("latin-1")), GRID,
-     r"results.csv' .* not UTF-8 text \(byte 12 is 0xe9\)"),
-    ("results-ragged-middle-line", lambda out: (out / "results.csv").write_text(
-        (out / "results.csv").read_text().replace("\n", "\nx,y\n", 1)), GRID,
-     r"results.csv' .* line 2 has 2 fields where its header has"),
-    ("plot-only-half-written", _cut("results.csv", -40), PLOT_ONLY,
-     r"results.csv' .* its last row is cut short \(an interrupted write\).* rerun without --plot-only"),
-    ("plot-only-zero-bytes", _write("results.csv", ""), PLOT_ONLY, r"it is empty \(0 bytes\); rerun without --plot-only"),
+    ("results-zero-bytes", _write(RESULTS, ""), GRID, r"results.csv.bz2' .* it is empty \(0 bytes\); pass --restart"),
+    ("results-binary", _write(RESULTS, BINARY), GRID, r"results.csv.bz2' .* not UTF-8 text"),
+    ("results-not-bzip2", _raw(RESULTS, FOREIGN.encode()), GRID, r"results.csv.bz2' .* not whole bzip2 data"),
+    ("results-foreign", _write(RESULTS, FOREIGN), GRID,
+     r"results.csv.bz2' lacks key columns \['condition', 'n', 'dtype', 'window', 'method'\] \(a table of another "),
+    ("results-cut-in-header", _cut(RESULTS, 10), GRID, r"results.csv.bz2' .* first line is not a CSV header"),
+    ("results-a-directory", _directory(RESULTS), GRID, r"results.csv.bz2' is a directory where the results table"),
+    ("results-latin-1", _write(RESULTS, "condition,n\n\xe9t\xe9,1\n".encode("latin-1")), GRID,
+     r"results.csv.bz2' .* not UTF-8 text \(byte 12 is 0xe9\)"),
+    ("results-ragged-middle-line", lambda out: _save(out / RESULTS, _read(out / RESULTS).replace("\n", "\nx,y\n", 1)),
+     GRID, r"results.csv.bz2' .* line 2 has 2 fields where its header has"),
+    ("plot-only-half-written", _cut(RESULTS, -40), PLOT_ONLY,
+     r"results.csv.bz2' .* its last row is cut short \(an interrupted write\).* rerun without --plot-only"),
+    ("plot-only-zero-bytes", _write(RESULTS, ""), PLOT_ONLY, r"it is empty \(0 bytes\); rerun without --plot-only"),
     ("plot-only-garbage-config", _write("config.json", "not json"), PLOT_ONLY, r"config.json' .* not valid JSON"),
-    ("plot-only-no-config", _delete("config.json"), PLOT_ONLY, r"config.json' does not exist, so results.csv beside"),
+    ("plot-only-no-config", _delete("config.json"), PLOT_ONLY,
+     r"config.json' does not exist, so results.csv.bz2 beside"),
     ("plot-only-config-without-config", _write("config.json", '{"config_hash": "x"}'), PLOT_ONLY,
      r"config.json' is not a config.json written by approxlab \(no `config` object\)"),
-    ("plot-only-foreign-results", _write("results.csv", FOREIGN), PLOT_ONLY,
-     r"results.csv' .* it lacks the column\(s\) \['method', 'num_features', 'seed', 'status', 'error_mean'\]"),
-    ("plot-only-binary-results", _write("results.csv", BINARY), PLOT_ONLY, r"results.csv' .* not UTF-8 text"),
+    ("plot-only-foreign-results", _write(RESULTS, FOREIGN), PLOT_ONLY,
+     r"results.csv.bz2' .* it lacks the column\(s\) \['method', 'num_features', 'seed', 'status', 'error_mean'\]"),
+    ("plot-only-binary-results", _write(RESULTS, BINARY), PLOT_ONLY, r"results.csv.bz2' .* not UTF-8 text"),
     ("plot-only-conditioning-garbage", _write("conditioning.csv", BINARY), PLOT_ONLY,
      r"conditioning.csv' .* not UTF-8 text"),
     ("plot-only-windows-half-row", _cut("windows.csv", -5), PLOT_ONLY, r"windows.csv' .* last row is cut short"),
-    ("plot-only-header-only", _rows("results.csv", 0), PLOT_ONLY, r"results.csv' holds no rows yet: nothing to plot"),
-    ("plot-only-cut-at-a-line-end", _rows("results.csv", 3), PLOT_ONLY,
-     r"results.csv' .* 1 of its cells lack rows the table was written with \(cut short at a line end, or edited\)"),
-    ("manifest-garbage", _write("results.csv.cells", '{"cells": 3}'), GRID,
-     r"results.csv.cells' .* it is not a cell manifest written by approxlab"),
-    ("journal-damaged-inside", _write("results.csv.journal", "{}\n{}\n"), GRID,
-     r"results.csv.journal' .* line 1 is not a cell record"),
+    ("plot-only-header-only", _rows(RESULTS, 0), PLOT_ONLY, r"results.csv.bz2' holds no rows yet: nothing to plot"),
+    ("plot-only-cut-at-a-line-end", _rows(RESULTS, 3), PLOT_ONLY,
+     r"results.csv.bz2' .* 1 of its cells lack rows the table was written with \(cut short at a line end, or edited\)"),
+    ("manifest-garbage", _write(RESULTS + ".cells", '{"cells": 3}'), GRID,
+     r"results.csv.bz2.cells' .* it is not a cell manifest written by approxlab"),
+    ("journal-damaged-inside", _write(RESULTS + ".journal", "{}\n{}\n"), GRID,
+     r"results.csv.bz2.journal' .* line 1 is not a cell record"),
 ]
 
 
@@ -160,8 +177,8 @@ def test_a_damaged_folder_is_refused_in_one_line(damage, arguments, message, goo
     assert after == before  # nothing rewritten, nothing discarded
 
 
-@pytest.mark.parametrize("damage", [_cut("results.csv", -40), _rows("results.csv", 0), _delete("results.csv"),
-                                    _rows("results.csv", 1)],
+@pytest.mark.parametrize("damage", [_cut(RESULTS, -40), _rows(RESULTS, 0), _delete(RESULTS),
+                                    _rows(RESULTS, 1)],
                          ids=["half-written-last-row", "header-only", "results-missing", "one-row-left"])
 def test_damage_an_interrupted_write_leaves_is_recomputed(damage, good_run, synthetic_data, tmp_path, capsys):
     out = tmp_path / "run"
@@ -169,7 +186,7 @@ def test_damage_an_interrupted_write_leaves_is_recomputed(damage, good_run, synt
     damage(out)
     assert main(["figure1", "--out", str(out), *GRID]) == 0
     err = capsys.readouterr().err
-    pd.testing.assert_frame_equal(_table(out / "results.csv"), _table(good_run / "results.csv"))
+    pd.testing.assert_frame_equal(_table(out / RESULTS), _table(good_run / RESULTS))
     if "half" in str(damage.__qualname__) or err:
         assert "Traceback" not in err
 
@@ -177,10 +194,10 @@ def test_damage_an_interrupted_write_leaves_is_recomputed(damage, good_run, synt
 def test_a_half_written_last_row_is_named_and_its_cell_recomputed(good_run, synthetic_data, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(good_run, out)
-    _cut("results.csv", -40)(out)
+    _cut(RESULTS, -40)(out)
     assert main(["figure1", "--out", str(out), *GRID]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("approxlab:")]
-    assert len(notes) == 1 and "results.csv: its last row was cut short (an interrupted write); recomputing 1 " \
+    assert len(notes) == 1 and "results.csv.bz2: its last row was cut short (an interrupted write); recomputing 1 " \
                                "cell(s) (condition='pretrained', n=32, dtype='float64', window=" in notes[0]
 
 
@@ -190,7 +207,7 @@ def test_plot_only_draws_a_run_where_every_method_failed(good_run, synthetic_dat
     shutil.copytree(good_run, out)
     (out / "figure1.png").unlink()
     _all_failed(out)
-    (out / "results.csv.cells").unlink()  # rewritten by hand above
+    (out / (RESULTS + ".cells")).unlink()  # rewritten by hand above
     assert main(["figure1", "--out", str(out), *PLOT_ONLY]) == 0
     assert (out / "figure1.png").stat().st_size > 0
     assert "Traceback" not in capsys.readouterr().err
@@ -217,13 +234,13 @@ def test_plot_only_draws_a_stopped_run(synthetic_data, tmp_path, capsys, monkeyp
         "approxlab figure1: stopped by SIGINT; every finished cell is saved. Rerun the same command to resume.")
     assert main(["figure1", "--out", str(out), *PLOT_ONLY]) == 0
     assert (out / "figure1.png").stat().st_size > 0
-    assert len(engine.read_results(out / "results.csv")) == 3 * 2
+    assert len(engine.read_results(out / RESULTS)) == 3 * 2
 
 
 def test_plot_only_on_an_empty_folder(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     status, err = run_main(["figure1", "--out", str(tmp_path / "empty"), *PLOT_ONLY], capsys)
-    assert_one_line_error(status, err, "figure1", "no results.csv in")
+    assert_one_line_error(status, err, "figure1", "no results.csv.bz2 in")
 
 
 # ------------------------------------------------------------------ options
@@ -293,11 +310,11 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(good_run, synth
     folder = re.escape(str(out))  # the file and --out, or --out itself (its fsync), are named
     assert re.search(rf"cannot write or read ('{folder}/[^']+' \(in --out '{folder}'\)|--out '{folder}'): ", err), err
     assert not [p for p in out.iterdir() if p.name.startswith(_io.TEMP_PREFIX)]
-    for table in out.glob("*.csv"):
+    for table in [*out.glob("*.csv"), *out.glob("*.csv.bz2")]:
         engine.read_results(table)  # whole, or not there
     monkeypatch.setattr(_io.os, "fsync", fsync)
     assert main(["figure1", "--out", str(out), *GRID]) == 0
-    pd.testing.assert_frame_equal(_table(out / "results.csv"), _table(good_run / "results.csv"))
+    pd.testing.assert_frame_equal(_table(out / RESULTS), _table(good_run / RESULTS))
 
 
 def test_a_journal_append_that_fails_leaves_no_half_line(tmp_path, monkeypatch):
@@ -378,7 +395,7 @@ def _quiet_workers_run(tmp_path):
                              "--workers", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", result.stderr
-    assert len(engine.read_results(tmp_path / "out" / "results.csv")) == 2 * 2 * 2
+    assert len(engine.read_results(tmp_path / "out" / RESULTS)) == 2 * 2 * 2
 
 
 # ------------------------------------------------ the other studies' plot step
@@ -587,7 +604,7 @@ def test_a_registered_method_that_fails_gets_failed_rows_and_one_line(fresh_regi
     grid = [a if a != "skyformer-softmax,nystromformer" else ",".join([*FAILING, "nystromformer"]) for a in GRID]
     grid[grid.index("initialized,pretrained")] = "initialized"
     assert main(["figure1", "--out", str(tmp_path / "run"), *grid]) == 0
-    results = engine.read_results(tmp_path / "run" / "results.csv")
+    results = engine.read_results(tmp_path / "run" / RESULTS)
     err = capsys.readouterr().err
     assert "Traceback" not in err and (results.loc[results["method"] == "nystromformer", "status"] == "ok").all()
     lines = [line for line in err.splitlines() if "failed in" in line]
@@ -596,7 +613,7 @@ def test_a_registered_method_that_fails_gets_failed_rows_and_one_line(fresh_regi
         rows = results[results["method"] == name]
         assert len(rows) == 2 and rows["status"].str.fullmatch(status).all(), rows["status"].tolist()
         assert (rows["error_mean"] == float("inf")).all()
-        assert re.fullmatch(rf"approxlab figure1: method '{name}' failed in 2 of its 2 rows of results\.csv: "
+        assert re.fullmatch(rf"approxlab figure1: method '{name}' failed in 2 of its 2 rows of results\.csv\.bz2: "
                             rf"{status} \(those rows hold the error as their status\)", line), line
     assert (tmp_path / "run" / "summary.md").is_file() and (tmp_path / "run" / "figure1-extra.png").is_file()
 

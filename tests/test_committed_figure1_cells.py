@@ -42,7 +42,7 @@ def _sampled_cells(config: dict) -> list[dict]:
 def test_committed_figure1_cells_rederive(one_thread):
     saved = json.loads((FOLDER / "config.json").read_text())
     assert saved["run"]["threads"] == 1  # the setting the recomputation copies
-    committed = pd.read_csv(FOLDER / "results.csv")
+    committed = pd.read_csv(FOLDER / "results.csv.bz2")
     cells = _sampled_cells(saved["config"])
     assert {(cell["condition"], cell["method"]) for cell in cells} == SAMPLE
     compared = 0

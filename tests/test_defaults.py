@@ -58,7 +58,7 @@ def clone(tmp_path):
 def test_a_study_run_in_a_clone_leaves_git_status_clean(clone, synthetic_figure1, monkeypatch, capsys):
     monkeypatch.chdir(clone)
     assert cli.main(["figure1", "--quick", *GRID]) == 0, capsys.readouterr().err
-    assert (clone / "approxlab-results" / "figure1-quick" / "results.csv").is_file()
+    assert (clone / "approxlab-results" / "figure1-quick" / "results.csv.bz2").is_file()
     assert (clone / "approxlab-results" / "figure1-quick" / "summary.md").is_file()
     assert _git("status", "--porcelain", "--untracked-files=all", cwd=clone) == ""
 

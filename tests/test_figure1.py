@@ -53,20 +53,20 @@ def test_the_recorded_command_is_the_one_given_with_every_flag_and_reruns_the_ru
     command = read_json(out / "config.json")["run"]["command"]
     assert command == shlex.join(["approxlab", *given])
     assert [run["command"] for run in read_json(out / "timing.json")["runs"]] == [command]
-    saved, rows = read_json(out / "config.json")["config_hash"], len(read_results(out / "results.csv"))
+    saved, rows = read_json(out / "config.json")["config_hash"], len(read_results(out / "results.csv.bz2"))
     assert main(shlex.split(command)[1:]) == 0
-    assert read_json(out / "config.json")["config_hash"] == saved and len(read_results(out / "results.csv")) == rows
+    assert read_json(out / "config.json")["config_hash"] == saved and len(read_results(out / "results.csv.bz2")) == rows
     assert [run["command"] for run in read_json(out / "timing.json")["runs"]] == [command, command]
 
 
 def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, monkeypatch):
     out = tmp_path / "fig1"
     assert main(["figure1", "--out", str(out), *TINY]) == 0
-    for name in ("results.csv", "panel_stats.csv", "conditioning.csv", "windows.csv", "verdicts.csv",
+    for name in ("results.csv.bz2", "panel_stats.csv", "conditioning.csv", "windows.csv", "verdicts.csv",
                  "config.json", "figure1.png", "figure1.pdf", "summary.md"):
         assert (out / name).is_file(), name
 
-    results = read_results(out / "results.csv")
+    results = read_results(out / "results.csv.bz2")
     # 2 conditions x 2 n x 1 window x 2 d x (2 randomized methods x 2 seeds + nystromformer x 1 seed)
     assert len(results) == 2 * 2 * 1 * 2 * (2 * 2 + 1)
     assert not results.isna().any().any()
@@ -112,7 +112,7 @@ def test_tiny_grid_writes_tables_figure_and_summary(tmp_path, synthetic_data, mo
     assert (out / "summary.md").read_text() == summary
 
     # Computing the same grid again resumes: nothing left to compute, nothing loaded.
-    again = compute(figure1.STUDY, config["config"], out, progress=False)["results.csv"]
+    again = compute(figure1.STUDY, config["config"], out, progress=False)["results.csv.bz2"]
     pd.testing.assert_frame_equal(again, results)
 
     # A different grid in the same directory is refused with a clear message.
@@ -123,9 +123,9 @@ def test_results_are_reproducible(tmp_path, synthetic_data):
     """Per-cell seeds: two runs (in different directories) give identical errors."""
     config = figure1.build_config(n=[32], num_features=[4], methods=["performer", "linformer"], windows=1,
                                   seeds=2, conditions=["pretrained"], stat_heads=1, dtypes=["float64"])
-    a = compute(figure1.STUDY, config, tmp_path / "a", progress=False)["results.csv"]
+    a = compute(figure1.STUDY, config, tmp_path / "a", progress=False)["results.csv.bz2"]
     wikitext.clear_caches()
-    b = compute(figure1.STUDY, config, tmp_path / "b", progress=False)["results.csv"]
+    b = compute(figure1.STUDY, config, tmp_path / "b", progress=False)["results.csv.bz2"]
     columns = [c for c in a.columns if c != "seconds"]
     pd.testing.assert_frame_equal(a[columns], b[columns])
     # different seeds give different draws
@@ -224,8 +224,8 @@ def test_matrix_free_reference_equals_dense(tmp_path, synthetic_data):
     assert main(["figure1", "--out", str(tmp_path / "dense"), *grid]) == 0
     wikitext.clear_caches()
     assert main(["figure1", "--out", str(tmp_path / "free"), "--matrix-free-above", "40", *grid]) == 0
-    dense = read_results(tmp_path / "dense" / "results.csv")
-    free = read_results(tmp_path / "free" / "results.csv")
+    dense = read_results(tmp_path / "dense" / "results.csv.bz2")
+    free = read_results(tmp_path / "free" / "results.csv.bz2")
     columns = ["error_mean", "error_max", "relative_error_mean"]
     pd.testing.assert_frame_equal(free[columns], dense[columns], rtol=1e-10, atol=0)
     stats = read_results(tmp_path / "free" / "conditioning.csv").set_index("n")
@@ -308,7 +308,7 @@ def test_a_plugin_method_is_computed_summarised_and_drawn(tmp_path, synthetic_da
     out = tmp_path / "fig1"
     assert main(["figure1", "--out", str(out), "--plugin", top_k_plugin, "--methods", "top-k,skyformer-softmax",
                  *TINY[:4], *TINY[6:]]) == 0
-    results = read_results(out / "results.csv")
+    results = read_results(out / "results.csv.bz2")
     top_k = results[results["method"] == "top-k"]
     assert len(top_k) == 2 * 2 * 2 and (top_k["status"] == "ok").all() and set(top_k["seed"]) == {0}
     summary = (out / "summary.md").read_text()
@@ -341,7 +341,7 @@ def test_every_method_with_a_bidirectional_form_is_in_the_default_grid_and_drawn
     assert not set(method_styles.FALLBACK_COLORS) & {color for color, _ in styles}
     config = figure1.build_config(n=[32], num_features=[8, 16], methods=["performer", *today], windows=1, seeds=1,
                                   dtypes=["float64"], conditions=["pretrained"], stat_heads=1)
-    results = compute(figure1.STUDY, config, tmp_path / "fig1", progress=False)["results.csv"]
+    results = compute(figure1.STUDY, config, tmp_path / "fig1", progress=False)["results.csv.bz2"]
     assert set(results["method"]) == {"performer", *today} and (results["status"] == "ok").all()
     assert figure1.figure_groups(config, set(results["method"])) == {"figure1": ["performer"], "figure1-extra": today}
     fig, axes = figure1.figures._draw(config, figure1.panel_statistics(results), today, "the other methods")

@@ -39,9 +39,9 @@ def test_quick_figure1_in_process_and_on_dask_give_the_same_table(tmp_path, one_
     assert set(quick) <= set(figure1.QUICK_GRID["methods"])
     methods = ["--plugin", top_k_plugin, "--methods", ",".join([*quick, "top-k"])]
     assert main(["figure1", "--quick", "--out", str(inline), "--no-progress", *methods]) == 0
-    for name in ("results.csv", "panel_stats.csv", "config.json", "figure1.png", "figure1.pdf", "summary.md"):
+    for name in ("results.csv.bz2", "panel_stats.csv", "config.json", "figure1.png", "figure1.pdf", "summary.md"):
         assert (inline / name).is_file(), name
-    results = read_results(inline / "results.csv")
+    results = read_results(inline / "results.csv.bz2")
     quick = figure1.build_config(quick=True)
     assert set(results["n"]) == set(quick["n"]) and set(results["num_features"]) == set(quick["num_features"])
     assert (results["status"] == "ok").all(), results.loc[results["status"] != "ok", ["method", "status"]]
@@ -53,5 +53,5 @@ def test_quick_figure1_in_process_and_on_dask_give_the_same_table(tmp_path, one_
 
     wikitext.clear_caches()
     assert main(["figure1", "--quick", "--out", str(dask), "--no-progress", "--workers", "2", *methods]) == 0
-    on_dask = read_results(dask / "results.csv")
+    on_dask = read_results(dask / "results.csv.bz2")
     pd.testing.assert_frame_equal(on_dask.drop(columns=VOLATILE), results.drop(columns=VOLATILE))

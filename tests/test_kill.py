@@ -35,8 +35,8 @@ from test_figure1 import synthetic_data  # noqa: F401,F811  (fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = pathlib.Path(__file__).resolve().parent
-TABLES = ("results.csv", "conditioning.csv", "windows.csv")
-KEYS = {"results.csv": ["condition", "n", "dtype", "window", "method"], "conditioning.csv": ["condition", "n"],
+TABLES = ("results.csv.bz2", "conditioning.csv", "windows.csv")
+KEYS = {"results.csv.bz2": ["condition", "n", "dtype", "window", "method"], "conditioning.csv": ["condition", "n"],
         "windows.csv": ["condition", "n", "window"]}
 ARGUMENTS = ["--n", "32,48", "--num-features", "4,8", "--methods", "skyformer-softmax,nystromformer",
              "--windows", "1", "--seeds", "2", "--dtypes", "float64"]  # 8 + 4 + 4 cells
@@ -65,15 +65,15 @@ sys.exit(cli.main(sys.argv[1:]))
 
 # (signal, table, progress count after which it is sent)
 KILLS = [
-    (signal.SIGKILL, "results.csv", 0),
-    (signal.SIGKILL, "results.csv", 3),
+    (signal.SIGKILL, "results.csv.bz2", 0),
+    (signal.SIGKILL, "results.csv.bz2", 3),
     (signal.SIGKILL, "conditioning.csv", 2),
-    (signal.SIGTERM, "results.csv", 1),
+    (signal.SIGTERM, "results.csv.bz2", 1),
     (signal.SIGTERM, "windows.csv", 2),
-    (signal.SIGINT, "results.csv", 5),
+    (signal.SIGINT, "results.csv.bz2", 5),
     (signal.SIGINT, "conditioning.csv", 1),
 ]
-PROGRESS = re.compile(r"^(?P<folder>[^:]+)/(?P<table>[a-z_]+\.csv): (?P<done>\d+)/(?P<total>\d+) cells")
+PROGRESS = re.compile(r"^(?P<folder>[^:]+)/(?P<table>[a-z_]+\.csv(?:\.gz|\.bz2)?): (?P<done>\d+)/(?P<total>\d+) cells")
 
 
 def _env():

@@ -34,7 +34,7 @@ GRID = ["--n", "32", "--context", "24", "--continuation", "8", "--num-features",
         "performer,informer,nystromformer,streaming-llm", "--encoder-methods", "nystromformer", "--layer-settings",
         "last,all", "--depths", "first", "--config-methods", "streaming-llm", "--windows", "3", "--long-n", "96",
         "--long-features", "4", "--long-windows", "1", "--no-progress",
-        *(["--compare-with", str(FIGURE1)] if (FIGURE1 / "results.csv").is_file() else [])]
+        *(["--compare-with", str(FIGURE1)] if (FIGURE1 / "results.csv.bz2").is_file() else [])]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_tables_figures_claims_and_summary(run):
     for name in ("baseline.csv", "perplexity.csv.gz", "layer_errors.csv", "encoder.csv", "cost.csv", "long.csv",
                  "delta.csv", "observations.csv", "correlations.csv", "verdicts.csv", "prediction.csv",
                  "calibration.csv", "encoder_stats.csv", "long_stats.csv", "premise.csv", "premise_rho.csv",
-                 "premise_loss.csv", "former_verdicts.csv", "summary.md", "perplexity-d.png",
+                 "premise_loss.csv", "former_verdicts.csv", "premise_former_rule.csv", "summary.md", "perplexity-d.png",
                  "perplexity-error.pdf", "perplexity-kv.png", "perplexity-within.png", "perplexity-long.png",
                  "config.json", "timing.json"):
         assert (run / name).is_file(), name
@@ -292,6 +292,41 @@ def test_floor_ties_degenerate_points_and_mask_renormalise_leave_the_claims():
     assert counts["tied"] == 3 and (cells_.loc[cells_["budget"] == 32, "delta"] == 0).all()
 
 
+def test_a_method_exact_in_some_heads_only_is_not_dropped_as_exact_attention():
+    """The degenerate rule reads the largest error over heads: b is exact in most heads (its median at the kernel's
+    floor, as DuoAttention's retrieval heads) but not in all, and stays; e is exact in every head and is dropped. The
+    median over heads (the rule as first declared, still read where a table lacks ``spectral_max``) dropped both."""
+    frame = pd.DataFrame([
+        {"setting": "kv-cache", "layers": "all", "method": m, "num_features": 8, "window": w, "ok": True,
+         "delta": delta, "spectral_median": median, "spectral_max": largest, "frobenius_median": median,
+         "worst_query_median": median, "causal": "True"}
+        for w in range(3)
+        for m, delta, median, largest in [("exact", 0.0, 1e-9, 1e-9), ("a", 0.5, 0.3, 0.6), ("b", 0.4, 1e-8, 0.4),
+                                          ("e", 1e-9, 1e-8, 2e-8)]])
+    config = {"control": "exact", "context": 64, "n": 128}
+    cells_, counts = judging.observations(frame, config)
+    assert counts["degenerate"] == 1 and counts["degenerate_points"] == "e d=8" and set(cells_["method"]) == {"a", "b"}
+    assert judging.exact_column(frame) == "spectral_max"
+    former, former_counts = judging.observations(frame.drop(columns="spectral_max"), config)
+    assert former_counts["degenerate"] == 2 and set(former["method"]) == {"a"}
+
+
+def test_the_verdicts_under_the_first_degenerate_rule_stand_beside_the_changed_ones():
+    from approxlab.studies.perplexity.premise_summary import _rule_changes
+
+    rows = pd.DataFrame({"claim": ["p1", "p2"], "setting": ["whole", "whole"], "layers": ["all", "all"],
+                         "kind": ["clean", "clean"], "measure": ["spectral", "frobenius"], "num_features": [-1, -1],
+                         "estimate": [0.9, 0.5], "ci_low": [0.8, 0.3], "ci_high": [0.95, np.nan],
+                         "verdict": ["holds", "inconclusive"]})
+    assert "2 of 2 claim instances keep their estimate, interval and verdict; 0 change" in _rule_changes(rows, rows)[0]
+    now = rows.assign(estimate=[0.85, 0.5], verdict=["inconclusive", "inconclusive"])
+    lines = _rule_changes(now, rows)
+    assert "1 of 2 claim instances keep" in lines[0] and "1 change" in lines[0]
+    changed = [line for line in lines if line.startswith("| p1 ")]
+    assert len(changed) == 1 and "0.9 [0.8, 0.95] | holds | 0.85 [0.8, 0.95] | inconclusive" in changed[0]
+    assert _rule_changes(now, pd.DataFrame(columns=["claim", "verdict"])) == []  # no former rule's verdicts kept
+
+
 def test_p3_on_method_means_reaches_its_threshold():
     """The reference orders the methods as their mean losses do, though windows disagree: rho = 1 on the means."""
     cells_ = _cells(budgets=(8,), windows=12, methods=10)
@@ -355,12 +390,13 @@ def test_a_point_with_failed_windows_gets_an_interval_over_its_own_windows_and_i
     assert not any("inf" in cell for cell in cells_.values())
 
 
-@pytest.mark.parametrize("folder", ["figures/decoder", "figures/figure1"])
-def test_the_rankings_of_the_committed_runs_are_read(folder):
-    if not (ROOT / folder / "results.csv").is_file():
+@pytest.mark.parametrize(("folder", "table"), [("figures/decoder", "results.csv"),
+                                               ("figures/figure1", "results.csv.bz2")])
+def test_the_rankings_of_the_committed_runs_are_read(folder, table):
+    if not (ROOT / folder / table).is_file():
         pytest.skip(f"no committed {folder}")
     rows = pd.DataFrame(references.compute_reference({"reference": str(ROOT / folder), "n": 512}))
-    lengths = pd.read_csv(ROOT / folder / "results.csv", usecols=["n"])["n"].unique()
+    lengths = pd.read_csv(ROOT / folder / table, usecols=["n"])["n"].unique()
     closest = min(lengths, key=lambda n: (abs(n - 512), n))  # the folder's length closest to this run's n
     assert set(rows["study"]) == {folder.split("/")[1]} and (rows["reference_n"] == closest).all()
     assert rows["condition"].eq("pretrained").all() and np.isfinite(rows["error"]).any()
@@ -433,14 +469,14 @@ def test_the_default_methods_come_from_the_registry():
 def test_a_reference_without_finite_errors_is_refused_before_any_cell(tmp_path):
     """A compared run whose errors are all non-finite gives no ranking: refused when the run is configured (not
     after its cells, as a KeyError or ValueError of the report)."""
-    assert (FIGURE1 / "results.csv").is_file(), "the committed figures/figure1 run is this test's reference"
+    assert (FIGURE1 / "results.csv.bz2").is_file(), "the committed figures/figure1 run is this test's reference"
     folder = tmp_path / "figure1"
     folder.mkdir()
-    for name in ("config.json", "results.csv"):
+    for name in ("config.json", "results.csv.bz2"):
         (folder / name).write_bytes((FIGURE1 / name).read_bytes())
-    results = pd.read_csv(folder / "results.csv")
+    results = pd.read_csv(folder / "results.csv.bz2")
     results["relative_error_mean"] = math.inf
-    results.to_csv(folder / "results.csv", index=False)
+    results.to_csv(folder / "results.csv.bz2", index=False)
     with pytest.raises(UsageError, match="--compare-with: .*no finite relative_error_mean"):
         perplexity.build_config(num_layers=30, compare_with=[str(folder)])
 

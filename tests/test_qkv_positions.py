@@ -106,7 +106,7 @@ def test_studies_take_a_local_checkpoint(tiny_checkpoint, tmp_path, monkeypatch)
                  "--positions", "interpolate", "--out", str(out), "--no-progress"]) == 0
     wikitext.clear_caches()
     label = str(tiny_checkpoint.resolve())
-    checkpoints = set(read_results(out / "results.csv")["checkpoint"])
+    checkpoints = set(read_results(out / "results.csv.bz2")["checkpoint"])
     assert label in checkpoints and any(c.startswith(f"init:{label}#") for c in checkpoints)
     config = read_json(out / "config.json")["config"]
     assert config["checkpoint"] == str(tiny_checkpoint) and config["positions"] == "interpolate"

@@ -237,21 +237,32 @@ def test_csv_round_trip_is_exact(tmp_path):
     pd.testing.assert_frame_equal(engine.read_results(tmp_path / "t.csv"), df)
 
 
-def test_a_csv_gz_table_is_gzip_the_same_bytes_each_write_and_reads_back_exactly(tmp_path):
-    """A table named ``.csv.gz`` (sv-decay's ``spectra.csv.gz``) is written gzip-compressed with no time stamp,
-    so writing it again gives the same bytes; it reads back equal, and a damaged one is refused naming it."""
+@pytest.mark.parametrize(("suffix", "magic", "name"), [(".gz", b"\x1f\x8b", "gzip"), (".bz2", b"BZh9", "bzip2")])
+def test_a_compressed_table_is_the_same_bytes_each_write_and_reads_back_exactly(tmp_path, suffix, magic, name):
+    """A table named ``.csv.gz`` (sv-decay's ``spectra.csv.gz``) or ``.csv.bz2`` (Figure 1's ``results.csv.bz2``) is
+    written compressed with no time stamp, so writing it again gives the same bytes; it reads back equal (pandas reads
+    it as it is), and a damaged one is refused naming it and its format."""
+    import bz2
     import gzip
 
     df = pd.DataFrame({"x": [0.1, 1 / 3, 2.0**-40], "name": ["a", "b", "c"], "n": [1, 2, 3]})
-    path = engine.write_table(df, tmp_path / "t.csv.gz", ["n"])
+    path = engine.write_table(df, tmp_path / f"t.csv{suffix}", ["n"])
     first = path.read_bytes()
-    assert first[:2] == b"\x1f\x8b" and gzip.decompress(first).decode() == df.to_csv(index=False)
+    decompress = {".gz": gzip.decompress, ".bz2": bz2.decompress}[suffix]
+    assert first.startswith(magic) and decompress(first).decode() == df.to_csv(index=False)
     engine.write_table(df, path, ["n"])
     assert path.read_bytes() == first
     pd.testing.assert_frame_equal(engine.read_results(path), df)
+    pd.testing.assert_frame_equal(pd.read_csv(path), df)
     path.write_bytes(first[: len(first) // 2])
-    with pytest.raises(CorruptResultsError, match=r"t\.csv\.gz.*not whole gzip data"):
+    with pytest.raises(CorruptResultsError, match=rf"t\.csv\{suffix}.*not whole {name} data"):
         engine.read_results(path)
+
+
+def test_a_table_name_must_end_in_a_table_suffix():
+    with pytest.raises(ValueError, match=r"`name` must be a file name ending in \.csv, \.csv\.gz, \.csv\.bz2; "
+                                         r"got 't\.csv\.xz'"):
+        Table("t.csv.xz", ("a",))
 
 
 def test_dask_local_cluster_matches_in_process_and_survives_a_killed_worker(tmp_path):

@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 from typing import Callable, Mapping
 
+from .._io import TABLE_SUFFIXES
 from .option_declaration import DeprecatedAlias, Option
 
 __all__ = ["Study", "Step", "Table", "Claim", "Product", "Figure", "Summary", "EXECUTORS"]
@@ -48,7 +49,7 @@ class Table:
     Attributes
     ----------
     name : str
-        File name, e.g. ``"results.csv"``; ``.csv.gz`` for a table stored gzip-compressed (one too
+        File name, e.g. ``"results.csv"``; ``.csv.gz`` or ``.csv.bz2`` for a table stored compressed (one too
         large to commit as text).
     key : tuple of str
         The columns that identify a cell (the runner stamps them on every row and resumes by them).
@@ -65,8 +66,8 @@ class Table:
     optional: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name.endswith((".csv", ".csv.gz")) or "/" in self.name:
-            raise ValueError(f"`name` must be a file name ending in .csv or .csv.gz; got {self.name!r}.")
+        if not isinstance(self.name, str) or not self.name.endswith(TABLE_SUFFIXES) or "/" in self.name:
+            raise ValueError(f"`name` must be a file name ending in {', '.join(TABLE_SUFFIXES)}; got {self.name!r}.")
         if not self.key or not all(isinstance(column, str) for column in self.key):
             raise ValueError(f"`key` must be a non-empty tuple of column names; got {self.key!r}.")
         object.__setattr__(self, "key", tuple(self.key))

@@ -1,6 +1,6 @@
 """The results tables of a study on disk: the CSV, its cell manifest and its journal.
 
-A table is a tidy CSV (gzip-compressed when its name ends in ``.csv.gz``) written atomically
+A table is a tidy CSV (compressed when its name ends in ``.csv.gz`` or ``.csv.bz2``) written atomically
 (:func:`approxlab._io.write_csv_atomic`) after its cell
 manifest ``<table>.cells`` (the rows of each cell, :func:`write_table`), so that a table that lost
 rows (cut short at a line end, edited) is told from a whole one. Between two writes, each finished
@@ -25,7 +25,6 @@ Public API::
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import json
 import os
@@ -34,7 +33,7 @@ import zlib
 
 import pandas as pd
 
-from ..._io import fsync_directory, naming, write_csv_atomic, write_json_atomic
+from ..._io import compression, fsync_directory, naming, write_csv_atomic, write_json_atomic
 from ...errors import CorruptResultsError
 
 __all__ = ["read_results", "write_table", "read_json", "append_journal", "read_journal", "remove_journal",
@@ -42,16 +41,17 @@ __all__ = ["read_results", "write_table", "read_json", "append_journal", "read_j
 
 
 def _read_text(path: pathlib.Path, what: str) -> str:
-    """The UTF-8 text of ``path`` (gunzipped for a name ending in ``.gz``); :class:`CorruptResultsError`
-    for a non-file, non-gzip (``.gz``) or non-text content."""
+    """The UTF-8 text of ``path`` (decompressed for a name ending in ``.gz`` or ``.bz2``); :class:`CorruptResultsError`
+    for a non-file, a ``.gz`` or ``.bz2`` file that is not whole data of its format, or non-text content."""
     if path.is_dir():
         raise CorruptResultsError(path, f"it is a directory, not a {what}")
     data = path.read_bytes()
-    if data and path.name.endswith(".gz"):
+    codec = compression(path)
+    if data and codec:
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as error:
-            raise CorruptResultsError(path, f"it is not whole gzip data ({error})") from None
+            data = codec[2](data)
+        except (OSError, EOFError, ValueError, zlib.error) as error:
+            raise CorruptResultsError(path, f"it is not whole {codec[0]} data ({error})") from None
     if not data:
         raise CorruptResultsError(path, "it is empty (0 bytes)")
     try:

@@ -11,7 +11,7 @@ The declaration :data:`STUDY`, over the shared engine (``approxlab figure1``):
 1. **grid** -- :func:`~approxlab.studies.figure1.grid.configure` (:mod:`.grid`); saved in
    ``config.json`` (hashed).
 2. **cells** -- three steps (:mod:`.cells`), resumable, in-process or on Dask: the tidy tables
-   ``results.csv``, ``conditioning.csv`` and ``windows.csv``.
+   ``results.csv.bz2``, ``conditioning.csv`` and ``windows.csv``.
 3. **report** -- from those files only: ``panel_stats.csv`` and ``verdicts.csv`` (:mod:`.stats`,
    on :mod:`approxlab.stats` and the claims engine), ``paper_comparison.csv`` (:mod:`.paper`),
    ``figure1.png/.pdf`` (the paper's four methods) and ``figure1-extra.png/.pdf`` (every other
@@ -46,7 +46,8 @@ by default ``approxlab-results/figure1`` in the current directory (``figure1-qui
 
 Tables
 ------
-``results.csv``: one row per condition x n x dtype x window x method x num_features x seed.
+``results.csv.bz2`` (bzip2-compressed: 11 MB as text at the default grid): one row per condition x n x dtype x
+window x method x num_features x seed.
 The error is computed per attention head (spectral norm of the ``(n, p_v)`` difference, in
 float64); a row stores every head's error (``error_heads``, space-separated) and its mean,
 std, min and max over the heads (``error_*``), the same for the relative error
@@ -64,7 +65,7 @@ LU factorisation of A: :func:`approxlab.metrics.numerical_rank_lu`) and the wall
 diagnostics (``seconds``; the factorisation is nearly all of it).
 
 ``panel_stats.csv``, ``verdicts.csv`` (median and mean) and ``paper_comparison.csv``: written by
-the report step from ``results.csv`` (:mod:`.stats`, :mod:`.paper`).
+the report step from ``results.csv.bz2`` (:mod:`.stats`, :mod:`.paper`).
 
 ``conditioning.csv``: one row per condition x n x num_features, on the first window:
 the statistical dimension :math:`d_{stat}(\lambda) = \operatorname{tr}\bar C(\bar C+\lambda I)^{-1}`
@@ -102,6 +103,7 @@ from .figures import figure_groups, plot
 from .grid import (EXTRA_METHODS, FULL_GRID, OPTIONS, QUICK_GRID, build_config, check, configure, run_info, settings,
                    window_ids)
 from .paper import paper_comparison
+from .stats import RESULTS as RESULTS_NAME
 from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, THRESHOLDS, VERDICT_COLUMNS,
                     head_errors, panel_statistics, precision_table, verdicts)
 from .summary import TITLE, sections, summarize
@@ -111,7 +113,7 @@ __all__ = ["STUDY", "PAPER_METHODS", "EXTRA_METHODS", "FULL_GRID", "QUICK_GRID",
            "summarize", "panel_statistics", "head_errors", "precision_table", "verdicts", "CLAIMS", "THRESHOLDS",
            "BOOTSTRAP", "VERDICT_COLUMNS", "BLOWUP_FACTOR", "NEAR_ZERO_ROW"]
 
-RESULTS = Table("results.csv", ("condition", "n", "dtype", "window", "method"),
+RESULTS = Table(RESULTS_NAME, ("condition", "n", "dtype", "window", "method"),
                 required=("condition", "n", "window", "method", "num_features", "seed", "status", "error_mean"))
 CONDITIONING = Table("conditioning.csv", ("condition", "n"), optional=True)
 WINDOWS = Table("windows.csv", ("condition", "n", "window"), optional=True)

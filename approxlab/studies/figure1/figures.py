@@ -13,12 +13,11 @@ import pathlib
 import textwrap
 
 from .paper import PAPER_COUNTERPARTS, paper_curves
-from .stats import PAPER_METHODS
+from .stats import PAPER_METHODS, RESULTS
 
 __all__ = ["RESULTS", "PANEL_STATS", "FIGURES", "PAPER_LABEL", "FLOAT32_LABEL", "PAPER_ALPHA", "figure_groups",
            "plot"]
 
-RESULTS = "results.csv"
 PANEL_STATS = "panel_stats.csv"
 FIGURES = {"figure1": "the paper's methods", "figure1-extra": "the other methods"}
 """File name (without suffix) -> which methods it shows: :data:`PAPER_METHODS` and their variants

@@ -18,17 +18,16 @@ from ..reporting.calibrated import calibration_lines, coverage_cell, in_short_li
 from ..reporting.claims import label as engine_label
 from ..reporting.measured import family_lines
 from ..reporting.markdown import markdown_table
-from ..reporting.summary import render
+from ..reporting.summary import render, timing_lines
 from .discussion import aggregation_text, deviations_text, paper_text, win_rate_text
 from .figures import figure_groups
 from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, COVERAGE, NEAR_ZERO_ROW, OWN_COVERAGE, PAPER_METHODS,
-                    PRECISION_TOLERANCE, degenerate_lengths, precision_table, verdicts)
+                    PRECISION_TOLERANCE, RESULTS, degenerate_lengths, precision_table, verdicts)
 
 __all__ = ["TITLE", "RESULTS", "PANEL_STATS", "CONDITIONING", "WINDOWS", "VERDICTS", "PAPER_COMPARISON",
            "summary_lines", "summarize", "sections"]
 
 TITLE = "Skyformer Figure 1: reproduction summary"
-RESULTS = "results.csv"
 PANEL_STATS = "panel_stats.csv"
 CONDITIONING = "conditioning.csv"
 WINDOWS = "windows.csv"
@@ -41,7 +40,7 @@ def _conditions_text(config, results, windows) -> list[str]:
     failures = results[results["status"] != "ok"]
     lines = [
         "## Conditions", "",
-        f"- Command: `{config.get('_command', 'approxlab figure1')}`",
+        f"- Command: `{config.get('_command', 'approxlab figure1')}`", *config.get("_timing", []),
         "- Checkpoints: " + "; ".join(f"{c}: `{k}`" for c, k in checkpoints.items())
         + f" (requested: `{config.get('checkpoint')}`; None: the offline defaults, a seeded bert-base "
           "BertConfig() and all-MiniLM-L6-v2; the paper uses bert-base-cased).",
@@ -253,7 +252,7 @@ def summary_lines(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, w
                   verdict_table=None) -> list[str]:
     """The sections of ``summary.md`` after its title, rendered from the tables (numbers are computed elsewhere).
 
-    ``config`` holds ``_command`` (the run's command line); ``stats``: :func:`panel_statistics`;
+    ``config`` holds ``_command`` (the run's command line) and ``_timing`` (its compute runs' lines); ``stats``: :func:`panel_statistics`;
     ``verdict_table``: :func:`verdicts` (computed when None).
     """
     windows = pd.DataFrame() if windows is None else windows
@@ -274,7 +273,7 @@ def summarize(config: dict, results: pd.DataFrame, stats: pd.DataFrame, *, windo
 
 def sections(saved) -> list[str]:
     """The summary's sections from a saved run (the report step's :class:`~approxlab.studies.Summary`)."""
-    config = {**saved.config, "_command": saved.command}
+    config = {**saved.config, "_command": saved.command, "_timing": timing_lines(saved)}
     return summary_lines(config, saved.table(RESULTS), saved.product(PANEL_STATS),
                          windows=saved.table(WINDOWS), conditioning=saved.table(CONDITIONING),
                          verdict_table=saved.product(VERDICTS))

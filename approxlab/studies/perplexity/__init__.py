@@ -26,14 +26,15 @@ The declaration :data:`STUDY`, behind ``approxlab perplexity``:
 3. **report** -- ``delta.csv``, ``correlations.csv``, ``verdicts.csv``, ``encoder_stats.csv``
    (:mod:`.stats`: claims (p1)-(p3) fixed in code), ``premise.csv``, ``premise_rho.csv`` and ``premise_loss.csv``
    (:mod:`.premise`: the premise's claims of :mod:`.premise_claims`, ranks within windows, clean-input error,
-   calibrated intervals, Holm; ``former_verdicts.csv`` the committed verdicts they replace), the figures
+   calibrated intervals, Holm; ``former_verdicts.csv`` the committed verdicts they replace;
+   ``premise_former_rule.csv`` the verdicts before the degenerate rule changed), the figures
    (:mod:`.figures`) and ``summary.md`` (:mod:`.summary`).
 """
 
 from __future__ import annotations
 
 from ..declaration import Figure, Product, Step, Study, Summary, Table
-from .cells import (BASELINE_KEY, COST_KEY, DECODER_KEY, ENCODER_KEY, compute_baseline, compute_cost, compute_decoder,
+from .cells import (BASELINE_KEY, COST_KEY, DECODER_KEY, ENCODER_KEY, PATCHED, compute_baseline, compute_cost, compute_decoder,
                     compute_encoder)
 from .clean import CLEAN_KEY, clean_cells, compute_clean
 from .configs import CONFIG_KEY, compute_config, config_cells
@@ -49,7 +50,7 @@ from .claims import CLAIMS, DECLARED
 from .products import (agreement_labels, calibration, claim_verdicts, correlations, delta_table, encoder, long_stats,
                        observed, prediction_table)
 from .summary import TITLE, sections
-from .premise_products import former_verdicts, premise_loss, premise_rho, premise_verdicts
+from .premise_products import former_rule_verdicts, former_verdicts, premise_loss, premise_rho, premise_verdicts
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "METHODS", "ENCODER_METHODS", "CONTROL", "CLAIMS",
            "DECLARED", "build_config", "configure", "patched_forward_cost"]
@@ -63,14 +64,15 @@ STUDY = Study(
     steps=(Step((Table("baseline.csv", BASELINE_KEY),), compute_baseline, baseline_cells),
            Step((Table("configs.csv", CONFIG_KEY, optional=True),), compute_config, config_cells),
            Step((Table("clean_errors.csv", CLEAN_KEY, optional=True),), compute_clean, clean_cells),
-           Step((Table("perplexity.csv.gz", DECODER_KEY), Table("layer_errors.csv", DECODER_KEY, optional=True)),
+           Step((Table(PATCHED, DECODER_KEY), Table("layer_errors.csv", DECODER_KEY, optional=True)),
                 compute_decoder, decoder_cells),
            Step((Table("encoder.csv", ENCODER_KEY),), compute_encoder, encoder_cells),
            Step((Table("cost.csv", COST_KEY),), compute_cost, cost_cells),
            Step((Table("long.csv", LONG_KEY, optional=True),), compute_long, long_study_cells),
            Step((Table("references.csv", ("reference",), optional=True),), compute_reference, reference_cells)),
     claims=CLAIMS,
-    products=(Product("former_verdicts.csv", former_verdicts), Product("delta.csv", delta_table), Product("observations.csv", observed),
+    products=(Product("former_verdicts.csv", former_verdicts), Product("premise_former_rule.csv", former_rule_verdicts),
+              Product("delta.csv", delta_table), Product("observations.csv", observed),
               Product("correlations.csv", correlations), Product("verdicts.csv", claim_verdicts),
               Product("references_used.csv", agreement_labels), Product("prediction.csv", prediction_table),
               Product("calibration.csv", calibration), Product("long_stats.csv", long_stats),

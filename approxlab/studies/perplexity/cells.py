@@ -30,12 +30,14 @@ from ..engine.failures import METHOD_ERRORS, method_status
 from ..engine.keys import cell_seed
 from .grid import ALL_LAYERS, KV_CACHE, KV_GROUPING, WHOLE
 
-__all__ = ["BASELINE_KEY", "DECODER_KEY", "ENCODER_KEY", "COST_KEY", "MEASURES", "decoder_model", "encoder_model",
+__all__ = ["BASELINE_KEY", "DECODER_KEY", "PATCHED", "ENCODER_KEY", "COST_KEY", "MEASURES", "decoder_model", "encoder_model",
            "window_tokens", "window_inputs", "compute_baseline", "compute_decoder", "decoder_run", "run_patch", "ratio_column",
            "patch_options", "replaced_layers", "measured", "warning_columns", "compute_encoder", "compute_cost"]
 
 BASELINE_KEY = ("setting", "window")
 DECODER_KEY = ("setting", "layers", "method", "num_features", "window")
+PATCHED = "perplexity.csv.gz"
+"""The patched runs' table: one row per :data:`DECODER_KEY` cell, gzip-compressed (4.0 MB as text at the full grid)."""
 ENCODER_KEY = ("method", "num_features", "window")
 COST_KEY = ("method",)
 MEASURES = ("spectral", "frobenius", "worst_query")
@@ -180,7 +182,7 @@ def warning_columns(caught) -> dict:
 def compute_decoder(cell: dict) -> dict:
     """A patched forward pass: ``perplexity.csv.gz`` (one row) and ``layer_errors.csv`` (one row per replaced layer)."""
     row, layer_rows = decoder_run(cell, tuple(cell[c] for c in DECODER_KEY))
-    return {"perplexity.csv.gz": [row], "layer_errors.csv": layer_rows}
+    return {PATCHED: [row], "layer_errors.csv": layer_rows}
 
 
 def decoder_run(cell: dict, key: tuple) -> tuple[dict, list[dict]]:

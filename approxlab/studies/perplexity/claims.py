@@ -59,8 +59,9 @@ FLOOR = ("the largest |Delta| of the exact control over the setting's windows pl
          "loss'")
 
 DEGENERATE = ("a budget at least the tokens the method compresses (the KV cache: b >= n_c; a whole window: d >= "
-              "n), or a point whose median relative spectral error is below 1e-6 (the method returned exact "
-              "attention): dropped from every claim and counted")
+              "n), or a point whose largest relative spectral error over the replaced layers' heads (its median "
+              "over windows) is below 1e-6 (the method returned exact attention in every head): dropped from every "
+              "claim and counted")
 
 DECODER_VALID = ("a method's own causal form or a cache policy's; `mask-renormalise` (the Nystrom family: "
                  "landmarks pooled over every position, so a token's output depends on later tokens) is reported "

@@ -24,7 +24,7 @@ import re
 import numpy as np
 
 from .grid import KV_CACHE, WHOLE, ignores_features
-from .judging import EXACT_ERROR
+from .judging import EXACT_ERROR, exact_column
 from .premise import AS_BUDGET
 from .stats import settings_of
 
@@ -193,7 +193,7 @@ def draw_error(saved) -> list[pathlib.Path]:
 
     config, table = saved.config, saved.product("delta.csv")
     table = table[table["method"] != config["control"]]
-    exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
+    exact = (table[exact_column(table)] < EXACT_ERROR).to_numpy()  # degenerate: exact attention in every head
     table = table[~exact]
     verdicts, observed = saved.product("premise.csv"), saved.product("observations.csv")
 
@@ -228,7 +228,7 @@ def draw_within(saved) -> list[pathlib.Path]:
 
     config, table = saved.config, saved.product("delta.csv")
     decoder = np.array([not method_family(m).startswith("Nyström") for m in table["method"]], dtype=bool)
-    exact = (table["spectral_median"] < EXACT_ERROR).to_numpy()  # degenerate: the method returned exact attention
+    exact = (table[exact_column(table)] < EXACT_ERROR).to_numpy()  # degenerate: exact attention in every head
     table = table[(table["method"] != config["control"]).to_numpy() & decoder & ~exact]
     verdicts = saved.product("premise.csv")
 

@@ -17,11 +17,13 @@ from . import gating, resampling
 from .claims import MEASURES, MIN_BUDGETS, MIN_METHODS, P1, P1_BUDGET, P1_METHOD, P1_WITHIN, P2, RESAMPLING
 from .grid import KV_CACHE
 
-__all__ = ["EXACT_ERROR", "VERDICT_COLUMNS", "causal_form", "noise_floor", "degenerate", "observations",
+__all__ = ["EXACT_ERROR", "VERDICT_COLUMNS", "causal_form", "noise_floor", "exact_column", "degenerate", "observations",
            "judge_setting", "per_method", "verdict_row", "measures_of"]
 
 EXACT_ERROR = 1e-6
-"""A median relative spectral error below this: the method returned exact attention (a degenerate point)."""
+"""A largest relative spectral error over the replaced layers' heads below this (its median over windows): the method
+returned exact attention in every head (a degenerate point). The median over heads would also drop a method that is
+exact in most heads only (DuoAttention's retrieval heads), whatever its other heads lose."""
 
 VERDICT_COLUMNS = ["claim", "setting", "layers", "measure", "method", "reference", "num_features", "estimate",
                    "ci_low", "ci_high", "threshold", "verdict", "methods", "windows", "points", *gating.COLUMNS]
@@ -51,11 +53,18 @@ def noise_floor(frame: pd.DataFrame, control: str) -> float:
     return float(np.max(np.abs(values)) + 2 * spread)
 
 
+def exact_column(frame: pd.DataFrame) -> str:
+    """The column :data:`EXACT_ERROR` is compared with: ``spectral_max`` (per cell the largest relative spectral error
+    over the replaced layers and their heads; in ``delta.csv`` its median over windows), or ``spectral_median`` in a
+    table that lacks it (the rule as first declared)."""
+    return "spectral_max" if "spectral_max" in frame else "spectral_median"
+
+
 def degenerate(frame: pd.DataFrame, config: dict) -> pd.Series:
     """Per row: its point (method x d) is degenerate (:data:`.claims.DEGENERATE`)."""
     compressed = np.where(frame["setting"] == KV_CACHE, config.get("context", np.inf), config.get("n", np.inf))
     budget = frame["num_features"].to_numpy(float) >= compressed
-    median = frame.groupby(["setting", "layers", "method", "num_features"])["spectral_median"].transform("median")
+    median = frame.groupby(["setting", "layers", "method", "num_features"])[exact_column(frame)].transform("median")
     return pd.Series(budget | (median.to_numpy(float) < EXACT_ERROR), index=frame.index)
 
 

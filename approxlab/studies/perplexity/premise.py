@@ -20,6 +20,7 @@ from ..reporting import claims as engine
 from ..reporting.measured import holm_column
 from . import judging, strata
 from .strata import calibrate_setting
+from .cells import PATCHED
 from .claims import MIN_BUDGETS, MIN_METHODS
 from .premise_claims import (BUDGET, CONFIGS, DEPTH, DIFFERENCE, MEASURES, MIN_CONFIGS, OUTPUT_AWARE,
                              OUTPUT_AWARE_CLAIM, PAIRED, PARTIAL, PRACTICAL_FLOOR, PRIMARY, RHO, SECONDARY)
@@ -177,7 +178,7 @@ def depth_rows(settings: dict) -> list[dict]:
     depths = {layers: points for (setting, layers), points in settings.items() if single_layer(layers)}
     if len(depths) < 2:
         return [_row(DEPTH, "whole", "-", PRIMARY, "spectral", -1, None, methods=0, windows=0, points=0,
-                     reason=f"{len(depths)} single-layer depth(s) in perplexity.csv.gz; pooling needs at least 2")]
+                     reason=f"{len(depths)} single-layer depth(s) in {PATCHED}; pooling needs at least 2")]
     methods = sorted(set().union(*(p.methods for p in depths.values())))
     windows = sorted(set().union(*(p.windows for p in depths.values())))
     parts = []
@@ -257,7 +258,7 @@ def output_aware_rows(frame: pd.DataFrame) -> list[dict]:
     missing = [m for m in dict.fromkeys(m for pair in pairs for m in pair) if m not in set(kv["method"])]
     if missing:
         return [_row(OUTPUT_AWARE_CLAIM, "kv-cache", "all", LOSS, "pooled", -1, None, methods=0, windows=0, points=0,
-                     reason=f"perplexity.csv.gz holds no KV-cache rows of {', '.join(missing)}")]
+                     reason=f"{PATCHED} holds no KV-cache rows of {', '.join(missing)}")]
     rows = []
     for budget, at in kv.groupby("num_features", sort=True):
         delta = at.pivot_table(index="window", columns="method", values="delta", aggfunc="mean")

@@ -28,6 +28,7 @@ claims replace its premise claims (p1, p1w, p1m, p1d, p2); (p3) and (p4) stay as
 from __future__ import annotations
 
 from ..declaration import Claim
+from .cells import PATCHED
 from .claims import MIN_BUDGETS, MIN_METHODS, MIN_WINDOWS
 
 __all__ = ["UNIT", "MEASURE", "DEPTHS", "WITHIN", "STATISTICS", "CLONES", "CLONE_TOLERANCE", "NO_LOSS", "PRACTICAL_FLOOR",
@@ -125,7 +126,7 @@ OTHER_SIDE = ("the premise from the other side: if the output error predicts "
               "the percentile interval of that bootstrap, calibrated on the run's windows (as pc). Verdict: the whole "
               "calibrated interval above 0, the output-aware policies lose less; wholly below 0, they lose more; "
               "else it cannot be told. Holm within the claim's instances (budgets and pairs). Not run while "
-              "perplexity.csv.gz lacks the KV-cache rows of a policy of a pair")
+              f"{PATCHED} lacks the KV-cache rows of a policy of a pair")
 OUTPUT_AWARE_CLAIM = Claim(
     "po", "at a fixed budget in the KV cache, the output-aware policies lose less than those they extend ({where})",
     "mean over pairs and windows of Delta(base) - Delta(output-aware), nats per token", side="above", threshold=0.0,

@@ -13,6 +13,7 @@ from ..reporting.markdown import format_number as fmt
 from .claims_summary import setting_text
 from .in_short import FAILS, HOLDS, UNDECIDED, kind
 from .premise import AS_BUDGET, LOSS, SAME
+from .premise_products import RULE
 from .premise_claims import (CLONES, DEPTHS, MEASURE, NO_LOSS, OTHER_SIDE, PRACTICAL_FLOOR, PREMISE_CLAIMS,
                              PREMISE_DECLARED, PRIMARY, SECONDARY, STATISTICS, UNIT, WITHIN)
 
@@ -177,10 +178,53 @@ def _changes(premise: pd.DataFrame) -> list[str]:
     return [*lines, ""]
 
 
+_INSTANCE = ["claim", "setting", "layers", "kind", "measure", "num_features"]
+
+
+def _same(a: pd.Series, b: pd.Series) -> np.ndarray:
+    """Element-wise equality of two float columns, NaN equal to NaN."""
+    a, b = a.astype(float).to_numpy(), b.astype(float).to_numpy()
+    return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+def _rule_changes(premise: pd.DataFrame, former: pd.DataFrame) -> list[str]:
+    """The claim instances that changed when the degenerate rule did (``premise_former_rule.csv`` against
+    ``premise.csv``): a verdict, an estimate or an interval that moved, or an instance only one rule judged."""
+    if former.empty or "setting" not in former:
+        return []
+    keyed = [frame.assign(layers=frame["layers"].astype(str), num_features=frame["num_features"].astype(int))
+             for frame in (premise, former)]
+    both = keyed[0].merge(keyed[1], on=_INSTANCE, how="outer", suffixes=("", " (first rule)"), indicator=True)
+    same = (both["_merge"] == "both").to_numpy() & (both["verdict"].astype(str) == both["verdict (first rule)"]
+                                                    .astype(str)).to_numpy()
+    for column in ("estimate", "ci_low", "ci_high"):
+        same &= _same(both[column], both[f"{column} (first rule)"])
+    changed = both[~same]
+    lines = [f"**The degenerate rule changed after the data.** It was first declared on the median relative spectral "
+             f"error over heads (below 1e-6: exact attention). A method exact in some heads only (DuoAttention "
+             f"computes its retrieval heads exactly) has that median at the kernel's floor although its other heads "
+             f"are not exact and the model loses with it, so the first rule dropped its points as exact attention. "
+             f"The rule now reads the largest error over heads ({RULE}): only a method exact in every head is "
+             f"dropped. Against the verdicts under the first rule (`premise_former_rule.csv`), {int(same.sum())} of "
+             f"{len(both)} claim instances keep their estimate, interval and verdict; {len(changed)} change:"]
+    if len(changed):
+        first = changed.rename(columns={"estimate (first rule)": "estimate", "ci_low (first rule)": "ci_low",
+                                        "ci_high (first rule)": "ci_high", "estimate": "-", "ci_low": "--",
+                                        "ci_high": "---"})
+        shown = changed.assign(**{
+            "setting ": [_where(r) for _, r in changed.iterrows()],
+            "d": changed["num_features"].map(lambda d: "-" if d < 0 else str(int(d))),
+            "first rule": [_interval(r) for _, r in first.iterrows()],
+            "now": [_interval(r) for _, r in changed.iterrows()]})
+        lines += ["", *markdown_table(shown[["claim", "setting ", "kind", "measure", "d", "first rule",
+                                             "verdict (first rule)", "now", "verdict"]].fillna("n/a"))]
+    return [*lines, ""]
+
+
 def premise_sections(saved) -> list[str]:
     """The premise's sections of the summary (after the run and its deviations)."""
     premise = saved.product("premise.csv")
     return [*_declared(), *_verdicts(premise),
-            *holm_lines(premise, ["claim", "setting", "layers", "kind", "measure", "num_features"], family="family",
-                        decided=_DECIDED),
-            *_units(saved.product("premise_rho.csv")), *_loss(saved.product("premise_loss.csv")), *_changes(premise)]
+            *holm_lines(premise, _INSTANCE, family="family", decided=_DECIDED),
+            *_units(saved.product("premise_rho.csv")), *_loss(saved.product("premise_loss.csv")), *_changes(premise),
+            *_rule_changes(premise, saved.product("premise_former_rule.csv"))]

@@ -8,6 +8,7 @@ import sys
 import pandas as pd
 
 from . import agreement, judging, prediction as predict
+from .cells import PATCHED
 from .stats import claim_inputs, claim_tables, counts_table, delta_statistics, deltas, encoder_statistics
 
 __all__ = ["inputs", "delta_table", "observed", "correlations", "claim_verdicts", "agreement_labels",
@@ -26,13 +27,13 @@ def _cached(saved, name, make):
 
 def inputs(saved) -> dict:
     """Every decoder setting's observations (:func:`.stats.claim_inputs`), computed once per loaded run."""
-    return _cached(saved, "inputs", lambda: claim_inputs(deltas(saved.table("perplexity.csv.gz"),
+    return _cached(saved, "inputs", lambda: claim_inputs(deltas(saved.table(PATCHED),
                                                                 saved.table("baseline.csv")), saved.config))
 
 
 def delta_table(saved) -> pd.DataFrame:
     """``delta.csv``."""
-    return delta_statistics(deltas(saved.table("perplexity.csv.gz"), saved.table("baseline.csv")))
+    return delta_statistics(deltas(saved.table(PATCHED), saved.table("baseline.csv")))
 
 
 def observed(saved) -> pd.DataFrame:

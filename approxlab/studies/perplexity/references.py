@@ -1,8 +1,10 @@
 r"""The error rankings claim (p3) compares with: read once from saved ``figure1`` or ``decoder`` runs.
 
 ``--compare-with FOLDER`` names a result folder of ``approxlab figure1`` or ``approxlab decoder``. Its
-``results.csv`` is read through that study's own loader (:func:`approxlab.studies.reporting.saved.load`,
-the study looked up by name: a study never imports another) and reduced to one error per method and d:
+results table (``results.csv.bz2`` for ``figure1``, ``results.csv`` for ``decoder``: the study's table named
+``results``, :func:`results_table`) is read through that study's own loader
+(:func:`approxlab.studies.reporting.saved.load`, the study looked up by name: a study never imports another) and
+reduced to one error per method and d:
 the median over windows and seeds of ``relative_error_mean`` (each window's mean over heads of the relative
 spectral error) -- for ``figure1`` at its pretrained condition, float64 (when run), and its length closest to
 this run's n; for ``decoder`` at its pretrained condition, each of its layers and its length closest to n.
@@ -16,7 +18,7 @@ import pathlib
 
 from ...errors import UsageError
 
-__all__ = ["COMPARABLE", "REQUIRED", "check_reference", "compute_reference"]
+__all__ = ["COMPARABLE", "REQUIRED", "check_reference", "compute_reference", "results_table"]
 
 COMPARABLE = ("figure1", "decoder")
 """The studies whose error rankings (p3) can be compared with: those whose results hold
@@ -30,7 +32,7 @@ def _load(folder):
     from ..reporting.saved import load
 
     path = pathlib.Path(folder)
-    allowed = f"result folders of {' or '.join(COMPARABLE)} runs (with config.json and results.csv)"
+    allowed = f"result folders of {' or '.join(COMPARABLE)} runs (with config.json and their results table)"
     try:
         study = read_json(path / "config.json").get("config", {}).get("study")
     except (OSError, ValueError, AttributeError) as error:
@@ -44,7 +46,16 @@ def _load(folder):
 
 
 REQUIRED = ("method", "num_features", "n", "relative_error_mean", "checkpoint")
-"""The columns a compared run's ``results.csv`` must hold."""
+"""The columns a compared run's results table must hold."""
+
+
+def results_table(saved):
+    """The compared run's results table: the one its study names ``results`` (``results.csv``, ``results.csv.bz2``)."""
+    names = [table.name for table in saved.study.tables if table.name.split(".", 1)[0] == "results"]
+    if not names:
+        raise ValueError(f"study {saved.study.name!r} has no results table; its tables are "
+                         f"{[table.name for table in saved.study.tables]}.")
+    return saved.table(names[0])
 
 
 def check_reference(folder, budgets=None) -> None:
@@ -53,8 +64,8 @@ def check_reference(folder, budgets=None) -> None:
     given, one of them (a :class:`~approxlab.errors.UsageError` if not: (p3) would compare nothing), checked when the
     run is configured, before any cell runs."""
     saved = _load(folder)
-    allowed = f"result folders of {' or '.join(COMPARABLE)} runs whose results.csv has {', '.join(REQUIRED)}"
-    results = saved.table("results.csv")
+    allowed = f"result folders of {' or '.join(COMPARABLE)} runs whose results table has {', '.join(REQUIRED)}"
+    results = results_table(saved)
     missing = [c for c in REQUIRED if c not in results]
     if missing:
         raise UsageError("--compare-with", allowed, f"{str(folder)!r} (no column {', '.join(missing)})")
@@ -85,7 +96,7 @@ def _closest(values, n):
 def compute_reference(cell: dict) -> list[dict]:
     """One row per (layer, method, d) of the folder's ranking: its median relative spectral error."""
     saved = _load(cell["reference"])
-    config, results = saved.config, saved.table("results.csv")
+    config, results = saved.config, results_table(saved)
     study = config["study"]
     results = _chosen(results)
     n = _closest(results["n"], cell["n"])

@@ -70,18 +70,20 @@ def _counts(frame: pd.DataFrame, by: list) -> pd.DataFrame:
 
 def delta_statistics(frame: pd.DataFrame) -> pd.DataFrame:
     """``delta.csv``: per setting x layers x method x d, the mean change in log-perplexity over the windows whose
-    run succeeded [95% bootstrap interval over those windows], each error measure's median over windows, the runs
-    (``windows``) and ``failures``. ``delta`` is ``inf`` where every run failed; the bounds are NaN where no
+    run succeeded [95% bootstrap interval over those windows], each error measure's median over windows, the median
+    over windows of the largest spectral error over heads (``spectral_max``, where the cells have it: what tells exact
+    attention, :data:`.judging.EXACT_ERROR`), the runs (``windows``) and ``failures``. ``delta`` is ``inf`` where every run failed; the bounds are NaN where no
     interval exists (fewer than two windows succeeded)."""
     ok = frame[frame["ok"]]
     counts = _counts(frame, GROUP)
-    errors = ok.groupby(GROUP, sort=False)[[f"{m}_median" for m in MEASURES]].median()
+    largest = ["spectral_max"] if "spectral_max" in frame else []  # a table written before it: the rule's fallback
+    errors = ok.groupby(GROUP, sort=False)[[*[f"{m}_median" for m in MEASURES], *largest]].median()
     found = _mean_intervals(ok, GROUP, "delta").rename(columns={"estimate": "delta", "ci_low": "delta_low",
                                                                    "ci_high": "delta_high"})
     table = counts.join(errors).reset_index().merge(found, on=GROUP, how="left")
     table["delta"] = table["delta"].fillna(np.inf)  # every run failed; bounds not computed stay NaN
-    return table[[*GROUP, "delta", "delta_low", "delta_high", *[f"{m}_median" for m in MEASURES], "windows",
-                  "failures"]]
+    return table[[*GROUP, "delta", "delta_low", "delta_high", *[f"{m}_median" for m in MEASURES], *largest,
+                  "windows", "failures"]]
 
 
 def _where(setting, layers) -> str:

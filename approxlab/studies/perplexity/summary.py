@@ -9,6 +9,7 @@ import numpy as np
 
 from ..reporting.markdown import format_interval, markdown_table
 from ..reporting.markdown import format_number as fmt
+from .cells import PATCHED
 from .grid import KV_CACHE, WHOLE
 from .claims_summary import claim_sections, delta_cells
 from .premise_summary import in_short_lines, premise_sections
@@ -64,9 +65,9 @@ def _run(saved, delta, baseline) -> list[str]:
               f"finished {run['finished']} (a run resumed after an interruption times here only its last stretch)."
               for run in saved.timing] or ["- **Not finished**: no finished run is recorded in `timing.json`."]
     lines += _cell_compute(saved) + _grid_lines(saved)
-    perplexity = saved.table("perplexity.csv.gz")
+    perplexity = saved.table(PATCHED)
     failed = int((perplexity["status"] != "ok").sum())
-    lines.append(f"- Cells: `perplexity.csv.gz` {len(perplexity)} patched runs ({failed} failed), `baseline.csv` "
+    lines.append(f"- Cells: `{PATCHED}` {len(perplexity)} patched runs ({failed} failed), `baseline.csv` "
                  f"{len(baseline)}, `encoder.csv` {len(saved.table('encoder.csv'))}, `cost.csv` "
                  f"{len(saved.table('cost.csv'))}.")
     windows = sorted(set(baseline["window"]))
@@ -97,7 +98,7 @@ def _run(saved, delta, baseline) -> list[str]:
     return lines
 
 
-_TIMED_TABLES = ("baseline.csv", "perplexity.csv.gz", "encoder.csv", "long.csv")
+_TIMED_TABLES = ("baseline.csv", PATCHED, "encoder.csv", "long.csv")
 """The tables whose rows carry their cell's own timing (``seconds``, and ``cpu_seconds`` but in the baseline)."""
 
 
@@ -151,7 +152,7 @@ def _delta_tables(delta, config) -> list[str]:
              "Mean over the windows whose run succeeded [95% bootstrap interval over those windows], nats per token; "
              "(k of n failed): runs that failed, left out of the mean; `n/a`: not computable (no run succeeded, or "
              "one window left: no interval); every point and its errors in `delta.csv`, every run in "
-             "`perplexity.csv.gz`, every layer in `layer_errors.csv`.", ""]
+             f"`{PATCHED}`, every layer in `layer_errors.csv`.", ""]
     shown = delta.assign(cell=delta_cells(delta))
     for setting, layers in settings_of(shown):
         rows = shown[(shown["setting"] == setting) & (shown["layers"] == layers)]

@@ -12,6 +12,7 @@ Public API::
     build_summary(study, saved) -> str
     render(title, lines, *, study=None) -> str
     run_lines(saved) -> list of str  # "## Run": the command and each recorded compute run
+    timing_lines(saved) -> list of str  # the same without its heading and command
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pathlib
 from ..._io import atomic_write_text, write_csv_atomic
 from .saved import load
 
-__all__ = ["write_report", "build_summary", "render", "run_lines"]
+__all__ = ["write_report", "build_summary", "render", "run_lines", "timing_lines"]
 
 
 def render(title: str, lines, *, study: str | None = None) -> str:
@@ -69,7 +70,13 @@ def run_lines(saved) -> list[str]:
     >>> run_lines(saved)[3]
     '- Compute run: `approxlab sv-decay --windows 4`: 90 s wall (1.5 min), workers 1, 1 thread(s) per process, finished 2026-01-01 00:00:00 UTC.'
     """
-    lines = ["## Run", "", f"- Command: `{saved.command}`"]
+    return ["## Run", "", f"- Command: `{saved.command}`", *timing_lines(saved), ""]
+
+
+def timing_lines(saved) -> list[str]:
+    """The lines of :func:`run_lines` after its command: the untimed runs before the first recorded one, then each
+    compute run of ``timing.json`` (or that none finished), for a summary that says its command elsewhere."""
+    lines = []
     untimed = _untimed_before(getattr(saved, "record", {}).get("created"), saved.timing)
     if untimed:
         lines.append(f"- Folder created {untimed}, before the first compute run below started: the cells of the "
@@ -79,7 +86,7 @@ def run_lines(saved) -> list[str]:
               f"{run['finished']}." for run in saved.timing]
     if not saved.timing:
         lines.append("- **Not finished**: no finished compute run is recorded in `timing.json`.")
-    return lines + [""]
+    return lines
 
 
 def build_summary(study, saved) -> str:
