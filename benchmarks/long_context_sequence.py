@@ -2,12 +2,16 @@
 
     PYTHONPATH=$PWD nice -n 10 python3 benchmarks/long_context_sequence.py                  # 2,048 tokens, r = 0.875
     PYTHONPATH=$PWD nice -n 10 python3 benchmarks/long_context_sequence.py --lengths 4096 --modes batch
+    PYTHONPATH=$PWD python3 benchmarks/long_context_sequence.py --ratios 0.5 0.75 0.875 0.95 --modes unshared batch \
+        --out /tmp/shared.csv                                        # what sharing across the ratios saves
 
 One torch thread. For each length: the long-context study's own sequence of the first text (its ``--ruler-tasks``
 task, the needle at depth 0.5: :func:`approxlab.studies.long_context.cells.sequence`), then
 :func:`approxlab.patching.sweep_policies` over every cache policy of the registry at the given compression ratios,
 once per mode: ``alone`` (``batch=False``: one continuation per policy and ratio, the path of the run committed in
-``figures/long_context``) and ``batch`` (``batch=True``: the policies of a ratio in one batched continuation). Each
+``figures/long_context``), ``batch`` (``batch=True``: the policies of a ratio in one batched continuation) and
+``unshared`` (batched, ``share=False``: each policy's scores and H2O's column sums computed again at every ratio,
+not once for all ratios). Each
 mode runs its own prefill, key-token forward and unpatched continuation, so its total is a whole sequence's at
 these ratios.
 
@@ -52,7 +56,8 @@ def measure(length: int, ratios: list, modes: list, task: str) -> list[dict]:
         wall, cpu = time.perf_counter(), time.thread_time()
         results, _ = sweep_policies(loaded, found.ids[:, :context], found.continuation, methods=policies,
                                     ratios=ratios, answer_length=found.answer_length,
-                                    short_context=config["short_context"][str(length)], seed=1, batch=mode == "batch")
+                                    short_context=config["short_context"][str(length)], seed=1, batch=mode != "alone",
+                                    share=mode != "unshared")
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         first = first or results
         exact = results[0]
@@ -73,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048])
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.875])
-    parser.add_argument("--modes", nargs="+", choices=("alone", "batch"), default=["alone", "batch"])
+    parser.add_argument("--modes", nargs="+", choices=("alone", "batch", "unshared"), default=["alone", "batch"])
     parser.add_argument("--task", default="single-needle")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()

@@ -99,9 +99,10 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     assert "different configuration" in capsys.readouterr().err
 
 
-def test_the_committed_run_resumes_into_criticalkv_and_caote():
-    """``figures/long_context`` (15 policies, before CriticalKV and CAOTE were registered) resumed with its own
-    command: the default policies hold both, the config keeps the saved ones and adds them; only that grows."""
+def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
+    """``figures/long_context`` (15 policies, then CriticalKV and CAOTE added after they were registered) resumed
+    with its own command: the default policies hold both, the config keeps the saved ones and the added ones;
+    nothing grows (a fresh run holds every policy in its own cells)."""
     import json
     import pathlib
 
@@ -112,7 +113,8 @@ def test_the_committed_run_resumes_into_criticalkv_and_caote():
     saved = json.loads((folder / "config.json").read_text())["config"]
     config = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"], out=str(folder))
     assert config["policies"] == saved["policies"] and config["added_policies"] == ["criticalkv", "caote"]
-    assert extension(saved, config, long_context.STUDY.grows) == ["added_policies"]
+    assert saved["added_policies"] == ["criticalkv", "caote"] and len(saved["policies"]) == 15
+    assert not extension(saved, config, long_context.STUDY.grows)  # the same configuration: it resumes
     fresh = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"])
     assert {"criticalkv", "caote"} <= set(fresh["policies"]) and "added_policies" not in fresh
 

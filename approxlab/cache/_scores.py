@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from ..errors import RopeWarning
+from ._shared_scores import shared
 
 __all__ = ["scored_compress", "scores_of", "checked_scores", "pool_group", "top_budget", "score_options",
            "MODEL_INPUTS", "model_inputs", "warn_without_rope"]
@@ -46,11 +47,22 @@ def checked_scores(method: str, scores, shape: tuple, budget: int) -> torch.Tens
 
 def scores_of(name: str, score, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, budget: int,
               **options) -> torch.Tensor:
-    """``score(q, k, v, **options)`` (with ``budget=`` when it declares that keyword), checked: ``(*batch, n_c)``."""
+    """``score(q, k, v, **options)`` (with ``budget=`` when it declares that keyword), checked: ``(*batch, n_c)``;
+    inside :func:`~approxlab.cache._shared_scores.shared_scores`, a score function without ``budget`` is computed
+    once for every budget."""
     takes_budget = "budget" in inspect.signature(score).parameters
-    scores = score(q, k, v, **({"budget": budget} if takes_budget else {}), **options)
+    if takes_budget:
+        scores = score(q, k, v, budget=budget, **options)
+    else:  # inside shared_scores(): computed once for every budget
+        scores = _shared_score(score, q, k, v, **options)
     shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), k.shape[-2])
     return checked_scores(name, scores, shape, budget)
+
+
+@shared
+def _shared_score(score, q, k, v, **options):
+    """``score(q, k, v, **options)``, shared inside :func:`~approxlab.cache._shared_scores.shared_scores`."""
+    return score(q, k, v, **options)
 
 
 def top_budget(scores: torch.Tensor, budget: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from .._validation import check_int, check_positive_float, check_real
 from ..cache._policy import cache_policy
 from ..cache._scorers import FEATURES, check_context, finish, fit_sinks, masked_mean, unit_scale
+from ..cache._shared_scores import shared
 from .expected_attention import average_future_rotation, queries_before_rope, rotary_frequencies
 
 __all__ = ["cap_scores", "REGISTRATION", "CAP"]
@@ -89,6 +90,16 @@ def cap_scores(q, k, v, *, generator=None, key_mask=None, rope_base=None, rope_f
     n_sink = check_int(n_sink, "n_sink", low=0)
     epsilon = check_positive_float(epsilon, "epsilon", allow_zero=True)
     (n_sink,) = fit_sinks(context, budget, n_sink)
+    return _cap_scores(q, k, v, key_mask, rope_base, rope_frequencies, queries_pre_rope, tau, n_future_positions,
+                       n_sink, epsilon)
+
+
+@shared
+def _cap_scores(q, k, v, key_mask, rope_base, rope_frequencies, queries_pre_rope, tau, n_future_positions, n_sink,
+                epsilon):
+    """:func:`cap_scores` with its sinks fitted to the budget (checked inputs): the same for every budget that
+    leaves ``n_sink``, computed once for them inside :func:`~approxlab.cache._shared_scores.shared_scores`."""
+    context = check_context(q, k, v, key_mask)
     p = q.shape[-1]
     frequencies = rotary_frequencies(p, rope_base, rope_frequencies, device=q.device)
     queries = queries_before_rope(q, context, frequencies, queries_pre_rope).to(torch.float64)

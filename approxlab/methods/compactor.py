@@ -13,6 +13,7 @@ import torch
 from .._validation import check_int, check_positive_float, check_real
 from ..cache._policy import cache_policy
 from ..cache._scorers import FEATURES, check_context, finish, fit_sinks, masked_zscore, unit_scale
+from ..cache._shared_scores import shared
 from ._selection import block_rows, safe_softmax
 from .leverage_score import sketch_draws, check_sketch, draw_sketch, keys_before_rope, sketched_ridge_leverage
 
@@ -195,7 +196,6 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     (True, True)
     """
     context = check_context(q, k, v, key_mask)
-    v = unit_scale(v)  # the values' norms below: overflow-safe, the kept set blind to their global scale
     start = check_int(sink_size_start, "sink_size_start", low=0)
     end = check_int(sink_size_end, "sink_size_end", low=0)
     chunk_size = check_int(chunk_size, "chunk_size", low=1)
@@ -203,6 +203,18 @@ def compactor_scores(q, k, v, *, generator=None, key_mask=None, keys_pre_rope=No
     blending, ridge = check_real(blending, "blending"), check_positive_float(ridge, "ridge")
     group = _layer_groups(num_key_value_groups, context.batch, q.shape)
     start, end = fit_sinks(context, budget, start, end)
+    return _compactor_scores(q, k, v, key_mask, generator, keys_pre_rope, rope_base, rope_frequencies, start, end,
+                             chunk_size, sketch_dimension, blending, ridge, sketch, group)
+
+
+@shared
+def _compactor_scores(q, k, v, key_mask, generator, keys_pre_rope, rope_base, rope_frequencies, start, end,
+                      chunk_size, sketch_dimension, blending, ridge, sketch, group):
+    """:func:`compactor_scores` with its sinks fitted to the budget (checked inputs): the same for every budget
+    that leaves ``start`` and ``end``, computed once for them inside
+    :func:`~approxlab.cache._shared_scores.shared_scores` (the sketch drawn once, the generator left as after)."""
+    context = check_context(q, k, v, key_mask)
+    v = unit_scale(v)  # the values' norms below: overflow-safe, the kept set blind to their global scale
     keys = keys_before_rope(k, context, "compactor", keys_pre_rope, rope_base, rope_frequencies)
     sinks = context.ends(first=start, last=end)
     middle = context.real & ~sinks

@@ -15,6 +15,7 @@ import torch
 from .._validation import check_bool, check_int, check_positive_float, check_tensor
 from ..cache._policy import cache_policy
 from ..cache._scorers import FEATURES, check_context, check_extra_input, finish, fit_sinks, masked_mean, unit_scale
+from ..cache._shared_scores import shared
 
 __all__ = ["expected_attention_scores", "REGISTRATION", "EXPECTED_ATTENTION"]
 
@@ -168,6 +169,17 @@ def expected_attention_scores(q, k, v, *, generator=None, key_mask=None, rope_ba
     use_covariance, use_vnorm = check_bool(use_covariance, "use_covariance"), check_bool(use_vnorm, "use_vnorm")
     epsilon = check_positive_float(epsilon, "epsilon", allow_zero=True)
     (n_sink,) = fit_sinks(context, budget, n_sink)
+    return _expected_attention_scores(q, k, v, key_mask, rope_base, rope_frequencies, queries_pre_rope,
+                                      n_future_positions, n_sink, use_covariance, use_vnorm, epsilon)
+
+
+@shared
+def _expected_attention_scores(q, k, v, key_mask, rope_base, rope_frequencies, queries_pre_rope, n_future_positions,
+                               n_sink, use_covariance, use_vnorm, epsilon):
+    """:func:`expected_attention_scores` with its sinks fitted to the budget (checked inputs): the same for every
+    budget that leaves ``n_sink``, computed once for them inside
+    :func:`~approxlab.cache._shared_scores.shared_scores`."""
+    context = check_context(q, k, v, key_mask)
     p = q.shape[-1]
     frequencies = rotary_frequencies(p, rope_base, rope_frequencies, device=q.device)
     queries = queries_before_rope(q, context, frequencies, queries_pre_rope)

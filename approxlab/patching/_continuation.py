@@ -3,6 +3,7 @@ layer's attention over while a continuation runs, and the rows they read from a 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,7 @@ class _Layer:
         self.queries = None  # the continuation's queries so far (S, H, T, p)
         self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
         self.kept_keys = self.kept_values = None  # (S, H, b, p): the kept set per query head, without a key mask
-        self.first = None  # the teacher-forced call's (continuation queries, k, v per KV head, output rows or None)
+        self.first = None  # the teacher-forced call's (continuation queries, k, v of the continuation, rows or None)
         self.decoding = None if policy is None or policy.decoding is None else decoding_cache(policy, layer, generator)
         self.done = 0  # continuation rows the decoding cache has computed
 
@@ -73,9 +74,19 @@ class _Layer:
             else:
                 rows = self._policy_rows(k, v)[..., seen:, :]
             output = (rows.to(query.dtype).transpose(1, 2).contiguous(), None)
-        if self.first is None:
-            self.first = (self.queries, k, v, rows)
+        if self.first is None:  # the continuation's keys copied off a reserved cache (later tokens overwrite them)
+            context = self.prefill.context_length
+            self.first = (self.queries, k[..., context:, :].clone(), v[..., context:, :].clone(), rows)
         return output
+
+    def first_window(self) -> tuple:
+        """The teacher-forced call's continuation queries ``(S, H, t, p)`` and the window's keys and values per KV
+        head ``(S, H_kv, n_c + t, p)``: the prefill's context (the same in every copy of the cache), then the
+        continuation's own."""
+        queries, k, v, _ = self.first
+        layer = self.layer
+        return (queries, torch.cat([self.prefill.keys[layer].expand(k.shape[0], -1, -1, -1), k], dim=-2),
+                torch.cat([self.prefill.values[layer].expand(v.shape[0], -1, -1, -1), v], dim=-2))
 
     def _policy_rows(self, k, v):
         """Every continuation row so far from the compressed cache: compressed on the first call (by
@@ -212,3 +223,57 @@ def _copied(cache, copies: int, config):
     for layer, held in enumerate(cache.layers):
         copied.update(held.keys.repeat_interleave(copies, dim=0), held.values.repeat_interleave(copies, dim=0), layer)
     return copied
+
+
+def reserved(cache, copies: int, capacity: int, config):
+    """A cache holding each sequence of ``cache`` ``copies`` times (row ``s * copies + c``) in buffers of
+    ``capacity`` tokens reserved up front (:func:`_reserved_layer`): a continuation's tokens are written in place,
+    not concatenated onto the whole cache at every step. A model whose cache has other layers than transformers'
+    plain ``DynamicLayer`` (a sliding window) gets :func:`_copied` (or ``cache`` itself for one copy)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    if not all(type(held) is DynamicLayer and held.is_initialized for held in cache.layers):
+        return cache if copies == 1 else _copied(cache, copies, config)
+    copied = DynamicCache(config=config)
+    layer = _reserved_layer()
+    copied.layers = [layer(held.keys.repeat_interleave(copies, dim=0), held.values.repeat_interleave(copies, dim=0),
+                           capacity) for held in cache.layers]
+    return copied
+
+
+@functools.cache
+def _reserved_layer():
+    """The class of a :func:`reserved` cache's layers (made on first use: transformers is imported lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class Reserved(DynamicLayer):
+        """transformers' ``DynamicLayer`` over buffers of ``capacity`` tokens: ``keys`` and ``values`` are views
+        of the buffers' first tokens; ``update`` writes the new tokens after them (a longer update moves the
+        buffers to twice the size), and ``crop`` shortens the views. A view handed out earlier sees the tokens
+        written later at its positions: a reader that keeps keys past the step copies them."""
+
+        def __init__(self, keys, values, capacity: int):
+            super().__init__()
+            self.device, self.is_initialized = keys.device, True
+            size = max(capacity, keys.shape[-2])
+            self._buffers = [x.new_empty(*x.shape[:-2], size, x.shape[-1]) for x in (keys, values)]
+            self._write(keys, values, 0)
+
+        def _write(self, keys, values, start: int) -> None:
+            stop = start + keys.shape[-2]
+            if stop > self._buffers[0].shape[-2]:  # moved to buffers twice as long (or as long as needed)
+                size = max(stop, 2 * self._buffers[0].shape[-2])
+                grown = [b.new_empty(*b.shape[:-2], size, b.shape[-1]) for b in self._buffers]
+                for old, new in zip(self._buffers, grown):
+                    new[..., :start, :] = old[..., :start, :]
+                self._buffers = grown
+            for buffer, new in zip(self._buffers, (keys, values)):
+                buffer[..., start:stop, :] = new
+            self.keys, self.values = (b[..., :stop, :] for b in self._buffers)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            self._write(key_states, value_states, self.keys.shape[-2])
+            return self.keys, self.values
+
+    return Reserved

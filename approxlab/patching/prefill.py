@@ -33,8 +33,8 @@ from .._validation import as_generator, check_choice, check_int
 from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
 from . import _model
-from ._continuation import (_REQUEST_OPTIONS, _copied, _cut, _exact_rows, _Layer, _originals, _Policy,
-                            _Prepared, _read_cache, _Recorder, _Together, decoding_cache)
+from ._continuation import (_REQUEST_OPTIONS, _cut, _exact_rows, _Layer, _originals, _Policy,
+                            _Prepared, _read_cache, _Recorder, _Together, decoding_cache, reserved)
 from ._layer import kv_cache_call
 from .continuation import ERROR_INPUTS, Continuation
 from .likelihood import _output_head, next_token_losses
@@ -124,19 +124,19 @@ class ExactPrefill:
         return check_int(answer_length, "answer_length", low=0, high=t)
 
     def _run(self, handlers: dict, continuation_ids: torch.Tensor, answer_length: int, copies: int = 1):
-        """Teacher-forced pass over the continuation, then greedy generation of the answer; the cache is cut back
-        to the context before and after. Returns ``(nll, hits, generated)``. With ``copies`` > 1 the continuation
-        runs ``copies`` times in one batch (row ``s * copies + c`` is sequence ``s``'s copy ``c``) on a copy of the
-        cache per row, which the handlers (:class:`_Together`) split among their policies."""
+        """Teacher-forced pass over the continuation, then greedy generation of the answer, on the context's cache
+        in buffers reserved for the whole continuation (:meth:`_reserved`: a step writes its own tokens, not a new
+        copy of the cache), cut back to the context before and after. Returns ``(nll, hits, generated)``. With
+        ``copies`` > 1 the continuation runs ``copies`` times in one batch (row ``s * copies + c`` is sequence
+        ``s``'s copy ``c``) on a copy of the cache per row, which the handlers (:class:`_Together`) split among
+        their policies."""
         target, context = self._target, self.context_length
         model, base = target.model, target.model.base_model
         device = self._last_hidden.device
         ids = continuation_ids.to(device).repeat_interleave(copies, dim=0)
         t = ids.shape[1]
-        cache = self._cache
-        _cut(cache, context)
-        if copies > 1:
-            cache = _copied(cache, copies, target.model.config)
+        _cut(self._cache, context)
+        cache = self._reserved(copies, context + t)
 
         def step(tokens):
             return base(input_ids=tokens, cache=cache, use_cache=True).last_hidden_state
@@ -159,7 +159,20 @@ class ExactPrefill:
             with _LOCK:
                 give_back(target, self._implementation, lambda handler: handler in handlers.values(), registered)
             _cut(self._cache, context)
+            _cut(cache, context)
         return nll, predicted == ids.cpu(), generated
+
+    def _reserved(self, copies: int, capacity: int):
+        """The context's cache ``copies`` times over in buffers of ``capacity`` tokens (:func:`reserved`), kept for
+        the next continuation of as many copies (the context's tokens are never overwritten; one such cache per
+        number of copies, two at most)."""
+        held = self.__dict__.setdefault("_held", {})
+        if copies not in held or held[copies][0] < capacity:
+            held.pop(copies, None)  # the former buffers freed before the new ones are filled
+            while len(held) >= 2:
+                held.pop(next(iter(held)))
+            held[copies] = (capacity, reserved(self._cache, copies, capacity, self._target.model.config))
+        return held[copies][1]
 
     def _clean_pass(self, continuation_ids: torch.Tensor, answer_length: int):
         """The unpatched continuation (computed once per continuation): its result, each layer's clean q (window),
@@ -170,7 +183,7 @@ class ExactPrefill:
             handlers = {layer: _Layer(self, layer) for layer in range(len(self.queries))}
             nll, hits, generated = self._run(handlers, continuation_ids, answer_length)
             seconds = time.perf_counter() - start
-            inputs = [handlers[layer].first[:3] for layer in range(len(self.queries))]
+            inputs = [handlers[layer].first_window() for layer in range(len(self.queries))]
             exact = [_exact_rows(*window) for window in inputs]
             result = Continuation("unpatched", None, nll, hits, generated, _answer(continuation_ids, answer_length),
                                   seconds=seconds)
@@ -410,7 +423,8 @@ class ExactPrefill:
         context = self.context_length
         for layer in chosen:
             handler = handlers[layer]
-            queries, k, v, rows = handler.first
+            queries, k, v = handler.first_window()
+            rows = handler.first[3]
             patched = output_errors(rows, _exact_rows(queries, k, v))
             q_clean, k_clean, v_clean = clean_inputs[layer]
             if handler.decoding is not None:  # compressed again every decoding_interval tokens, on clean inputs

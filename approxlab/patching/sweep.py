@@ -24,6 +24,7 @@ import torch
 
 from .._validation import check_int
 from ..cache._column_sums import shared_column_sums
+from ..cache._shared_scores import shared_scores
 from ..cache._compression_ratio import kept_count
 from .key_tokens import LCL_THRESHOLD, LSD_THRESHOLD
 from .likelihood import token_nll
@@ -87,9 +88,12 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
     options : dict, optional
         ``{method: {option: value}}``, a policy's options (e.g. ``{"snapkv": {"window": 16}}``).
     share : bool, default True
-        Compute what the prefill gives every budget once: the context's attention column sums that H2O and
-        observed attention score by, once per layer for both policies and every ratio (the results are the same,
-        bit for bit; False recomputes them per policy and ratio, for comparison).
+        Compute what the prefill gives every budget once: each policy's scores of a layer's context, once for
+        every ratio (:func:`~approxlab.cache._shared_scores.shared_scores`; a score function that takes the
+        budget, once per budget, but CAP, expected attention and Compactor, whose budget only fits their sinks,
+        share their budget-free core), and the context's attention column sums that H2O and observed attention score
+        by, once per layer for both policies (the results are the same, bit for bit; False recomputes them per
+        policy and ratio, for comparison).
     batch : bool, default True
         Run the policies of one ratio as one batched continuation (:meth:`ExactPrefill.continue_together`, at most
         :data:`BATCH_TOKENS` context tokens of cache copies at once), or each alone (False): the same results to the
@@ -177,6 +181,7 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
     with contextlib.ExitStack() as stack:
         if share:
             stack.enter_context(shared_column_sums())
+            stack.enter_context(shared_scores())
         for ratio, budget in budgets:
             for chunk in _chunks(list(methods), batch, n_c):
                 requests = [{"method": method, "num_features": budget, "generator": torch.Generator().manual_seed(seed),
@@ -211,6 +216,9 @@ tokens, 8 at 4,096, 4 at 8,192 (each copy of SmolLM2-135M's cache is 46 kB a tok
 
 
 def _chunks(methods: list, batch: bool, context_length: int) -> list:
-    """The policies of one ratio in groups of at most ``BATCH_TOKENS // n_c`` (one each without ``batch``)."""
+    """The policies of one ratio in as few groups of at most ``BATCH_TOKENS // n_c`` as hold them, of sizes that
+    differ by at most one (17 policies at 2,048 tokens: 9 and 8, not 16 and 1); one each without ``batch``."""
     size = max(1, BATCH_TOKENS // context_length) if batch else 1
-    return [methods[start:start + size] for start in range(0, len(methods), size)]
+    count = -(-len(methods) // size)
+    bounds = [len(methods) * index // count for index in range(count + 1)]
+    return [methods[start:stop] for start, stop in zip(bounds, bounds[1:])]

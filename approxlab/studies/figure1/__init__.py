@@ -103,7 +103,7 @@ from .figures import figure_groups, plot
 from .grid import (EXTRA_METHODS, FULL_GRID, OPTIONS, QUICK_GRID, build_config, check, configure, run_info, settings,
                    window_ids)
 from .paper import paper_comparison
-from .stats import RESULTS as RESULTS_NAME
+from . import stats
 from .stats import (BLOWUP_FACTOR, BOOTSTRAP, CLAIMS, NEAR_ZERO_ROW, PAPER_METHODS, THRESHOLDS, VERDICT_COLUMNS,
                     head_errors, panel_statistics, precision_table, verdicts)
 from .summary import TITLE, sections, summarize
@@ -113,14 +113,14 @@ __all__ = ["STUDY", "PAPER_METHODS", "EXTRA_METHODS", "FULL_GRID", "QUICK_GRID",
            "summarize", "panel_statistics", "head_errors", "precision_table", "verdicts", "CLAIMS", "THRESHOLDS",
            "BOOTSTRAP", "VERDICT_COLUMNS", "BLOWUP_FACTOR", "NEAR_ZERO_ROW"]
 
-RESULTS = Table(RESULTS_NAME, ("condition", "n", "dtype", "window", "method"),
+RESULTS_TABLE = Table(stats.RESULTS, ("condition", "n", "dtype", "window", "method"),
                 required=("condition", "n", "window", "method", "num_features", "seed", "status", "error_mean"))
 CONDITIONING = Table("conditioning.csv", ("condition", "n"), optional=True)
 WINDOWS = Table("windows.csv", ("condition", "n", "window"), optional=True)
 
 
 def _panel_stats(saved):
-    return panel_statistics(saved.table(RESULTS.name))
+    return panel_statistics(saved.table(stats.RESULTS))
 
 
 def _paper_comparison(saved):
@@ -128,14 +128,14 @@ def _paper_comparison(saved):
 
 
 def _verdicts(saved):
-    return verdicts(saved.config, saved.table(RESULTS.name))
+    return verdicts(saved.config, saved.table(stats.RESULTS))
 
 
 STUDY = Study(
     name="figure1",
     description="Skyformer Figure 1: spectral-norm error of approximate attention outputs (BERT Q/K/V, Wikitext-2).",
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS,
-    steps=(Step((RESULTS,), compute_cell, approximation_cells),
+    steps=(Step((RESULTS_TABLE,), compute_cell, approximation_cells),
            Step((CONDITIONING,), compute_panel, panel_cells),  # the statistical dimension and core conditioning
            Step((WINDOWS,), compute_window, window_cells)),
     check=check, settings=settings, run_info=run_info, claims=CLAIMS,

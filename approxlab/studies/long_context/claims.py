@@ -36,6 +36,7 @@ Public API::
     GATE, GATE_LEVEL, CLAIMS, RESAMPLES, MIN_TEXTS
     gate_table(results) -> DataFrame
     premise_frame(results, gate) -> DataFrame
+    stratum_values(frame, claim) -> [(text, value)]
     stratum_sums(frame, claim) -> {text: (sum, count)}
     verdicts(results) -> DataFrame
 """
@@ -55,7 +56,7 @@ from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
 __all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT", "gate_table", "premise_frame",
-           "stratum_sums", "verdicts"]
+           "stratum_values", "stratum_sums", "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
 """A task enters the claims at a length when its exact accuracy's two-sided 95% Clopper-Pearson lower bound is
@@ -138,10 +139,11 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def stratum_sums(frame: pd.DataFrame, claim: str) -> dict:
-    """``{text: (sum of stratum rho, strata)}`` of one length's premise rows for ``claim`` (:data:`OUTCOMES`): the
-    across-policy rho per sequence x ratio, or (``"budget"``) the paired difference per policy x sequence."""
-    outcome, sums = OUTCOMES[claim], {}
+def stratum_values(frame: pd.DataFrame, claim: str) -> list[tuple[int, float]]:
+    """``[(text, value)]``, one per stratum with a defined value, of one length's premise rows for ``claim``
+    (:data:`OUTCOMES`): the across-policy rho per sequence x ratio, or (``"budget"``) the paired difference per
+    policy x sequence."""
+    outcome, values = OUTCOMES[claim], []
     strata = ["sequence", "method"] if claim == "budget" else ["sequence", "compression_ratio"]
     for (sequence, _), group in frame.groupby(strata, sort=False):
         error, loss = group["clean_spectral_mean"].to_numpy(float), group[outcome].to_numpy(float)
@@ -149,9 +151,16 @@ def stratum_sums(frame: pd.DataFrame, claim: str) -> dict:
         if claim == "budget":
             value -= _spearman(1.0 / group["num_features"].to_numpy(float), loss)
         if math.isfinite(value):
-            text = int(group["text"].iloc[0])
-            total, count = sums.get(text, (0.0, 0))
-            sums[text] = (total + value, count + 1)
+            values.append((int(group["text"].iloc[0]), value))
+    return values
+
+
+def stratum_sums(frame: pd.DataFrame, claim: str) -> dict:
+    """``{text: (sum of stratum values, strata)}`` of :func:`stratum_values`: each text's share of the statistic."""
+    sums = {}
+    for text, value in stratum_values(frame, claim):
+        total, count = sums.get(text, (0.0, 0))
+        sums[text] = (total + value, count + 1)
     return sums
 
 
@@ -165,7 +174,8 @@ def _family(units, trial: int) -> IntervalFamily:
 
 
 def verdicts(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per length, claim and ``sequences``: ``"gated"`` (the claim: the gated tasks' sequences, the
+    """One row per length, claim and ``sequences`` (``every_stratum``: the value every stratum gives, where they all
+    give the same, else NaN): ``"gated"`` (the claim: the gated tasks' sequences, the
     calibrated interval, the verdict) and ``"all"`` (every task's sequences, gate or not: the statistic and its
     declared 95% percentile interval over texts, described, never judged: a task the exact model cannot do still
     has an answer whose log-probability a policy can lower)."""
@@ -182,9 +192,11 @@ def verdicts(results: pd.DataFrame) -> pd.DataFrame:
 def _claim_row(claim, at: pd.DataFrame, length: int, which: str) -> dict:
     """One claim's row on the premise rows ``at`` of one length (judged only for ``which == "gated"``)."""
     units = list(stratum_sums(at, claim.id).values())
+    distinct = {value for _, value in stratum_values(at, claim.id)}
     row = {"length": length, "sequences": which, "claim": claim.id, "text": claim.text,
            "threshold": claim.threshold, "side": claim.side, "texts": len(units),
-           "strata": int(sum(c for _, c in units)), "tasks": ",".join(sorted(at["task"].unique()))}
+           "strata": int(sum(c for _, c in units)), "tasks": ",".join(sorted(at["task"].unique())),
+           "every_stratum": distinct.pop() if len(distinct) == 1 else math.nan}
     enough = len(units) >= max(2, claim.min_units)
     estimate = sum(s for s, _ in units) / row["strata"] if units else math.nan
     if which != "gated":

@@ -147,7 +147,16 @@ def _in_short(saved, table, gated, spent) -> list[str]:
     else:
         plain = "In plain words: " + "; ".join(f"at {r['length']} tokens, {r['text']}: {r['verdict']}"
                                                for _, r in judged.iterrows()) + "."
-    notes = [plain, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
+    point = []
+    for _, row in table[(table["sequences"] == "gated") & ~table["verdict"].isin(["holds", "fails"])].iterrows():
+        if np.isfinite(float(row.get("every_stratum", np.nan))):  # a point: nothing for the bootstrap to resample
+            point.append(f"{row['claim']} at {row['length']} tokens: every one of its {row['strata']} strata gives "
+                         f"exactly {float(row['every_stratum']):g}, so its texts resample to that value alone and "
+                         "there is no interval to calibrate: the rule fixed before the data gives no verdict."
+                         + (" Read plainly: the clean-input error orders each policy's budgets exactly as 1/b does; "
+                            "it says nothing the budget does not." if row["claim"] == "budget"
+                            and float(row["every_stratum"]) == 0 else ""))
+    notes = [plain, *point, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
              f"lower bound >= {GATE:.0%}): " + (", ".join(f"{t} at {n}" for t, n in passed[["task", "length"]]
                                                         .itertuples(index=False)) or "none") + "."]
     for _, row in table[table["sequences"] == "all"].iterrows():
@@ -214,6 +223,6 @@ def sections(saved) -> list[str]:
               "## Left out", "",
               "RULER tasks not built: NIAH with UUID or word values and the essay haystack (no offline copy of "
               "Paul Graham's essays), common/frequent words extraction (aggregation) and question answering "
-              "(SQuAD/HotpotQA: no offline copy). Batching the continuations of all policies at one ratio into one "
-              "forward was not done: each continuation runs on its own.", ""]
+              "(SQuAD/HotpotQA: no offline copy). The whole-sequence setting (the causal form over every token of "
+              "the methods that are not cache policies) is not part of this study.", ""]
     return lines

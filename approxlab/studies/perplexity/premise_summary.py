@@ -24,10 +24,11 @@ _DECIDED = {word for claim in PREMISE_CLAIMS for key, word in claim.labels.items
             if key in ("reproduced", "not reproduced")}
 
 
-def _interval(row) -> str:
-    low, high = float(row["ci_low"]), float(row["ci_high"])
+def _interval(row, suffix: str = "") -> str:
+    """``estimate [ci_low, ci_high]`` of ``row`` (the columns with ``suffix``: another reading's), or n/a."""
+    estimate, low, high = (float(row[f"{name}{suffix}"]) for name in ("estimate", "ci_low", "ci_high"))
     shown = f" [{fmt(low)}, {fmt(high)}]" if np.isfinite(low) and np.isfinite(high) else ""
-    return f"{fmt(float(row['estimate']))}{shown}" if np.isfinite(float(row["estimate"])) else "n/a"
+    return f"{fmt(estimate)}{shown}" if np.isfinite(estimate) else "n/a"
 
 
 def _where(row) -> str:
@@ -181,12 +182,6 @@ def _changes(premise: pd.DataFrame) -> list[str]:
 _INSTANCE = ["claim", "setting", "layers", "kind", "measure", "num_features"]
 
 
-def _same(a: pd.Series, b: pd.Series) -> np.ndarray:
-    """Element-wise equality of two float columns, NaN equal to NaN."""
-    a, b = a.astype(float).to_numpy(), b.astype(float).to_numpy()
-    return (a == b) | (np.isnan(a) & np.isnan(b))
-
-
 def _rule_changes(premise: pd.DataFrame, former: pd.DataFrame) -> list[str]:
     """The claim instances that changed when the degenerate rule did (``premise_former_rule.csv`` against
     ``premise.csv``): a verdict, an estimate or an interval that moved, or an instance only one rule judged."""
@@ -197,8 +192,9 @@ def _rule_changes(premise: pd.DataFrame, former: pd.DataFrame) -> list[str]:
     both = keyed[0].merge(keyed[1], on=_INSTANCE, how="outer", suffixes=("", " (first rule)"), indicator=True)
     same = (both["_merge"] == "both").to_numpy() & (both["verdict"].astype(str) == both["verdict (first rule)"]
                                                     .astype(str)).to_numpy()
-    for column in ("estimate", "ci_low", "ci_high"):
-        same &= _same(both[column], both[f"{column} (first rule)"])
+    for column in ("estimate", "ci_low", "ci_high"):  # equal, NaN equal to NaN
+        same &= np.isclose(both[column].astype(float), both[f"{column} (first rule)"].astype(float), rtol=0, atol=0,
+                           equal_nan=True)
     changed = both[~same]
     lines = [f"**The degenerate rule changed after the data.** It was first declared on the median relative spectral "
              f"error over heads (below 1e-6: exact attention). A method exact in some heads only (DuoAttention "
@@ -208,13 +204,10 @@ def _rule_changes(premise: pd.DataFrame, former: pd.DataFrame) -> list[str]:
              f"dropped. Against the verdicts under the first rule (`premise_former_rule.csv`), {int(same.sum())} of "
              f"{len(both)} claim instances keep their estimate, interval and verdict; {len(changed)} change:"]
     if len(changed):
-        first = changed.rename(columns={"estimate (first rule)": "estimate", "ci_low (first rule)": "ci_low",
-                                        "ci_high (first rule)": "ci_high", "estimate": "-", "ci_low": "--",
-                                        "ci_high": "---"})
         shown = changed.assign(**{
             "setting ": [_where(r) for _, r in changed.iterrows()],
             "d": changed["num_features"].map(lambda d: "-" if d < 0 else str(int(d))),
-            "first rule": [_interval(r) for _, r in first.iterrows()],
+            "first rule": [_interval(r, " (first rule)") for _, r in changed.iterrows()],
             "now": [_interval(r) for _, r in changed.iterrows()]})
         lines += ["", *markdown_table(shown[["claim", "setting ", "kind", "measure", "d", "first rule",
                                              "verdict (first rule)", "now", "verdict"]].fillna("n/a"))]
