@@ -157,8 +157,13 @@ def stratum_values(frame: pd.DataFrame, claim: str) -> list[tuple[int, float]]:
 
 def stratum_sums(frame: pd.DataFrame, claim: str) -> dict:
     """``{text: (sum of stratum values, strata)}`` of :func:`stratum_values`: each text's share of the statistic."""
+    return _text_sums(stratum_values(frame, claim))
+
+
+def _text_sums(values) -> dict:
+    """``{text: (sum, count)}`` of ``[(text, value)]``."""
     sums = {}
-    for text, value in stratum_values(frame, claim):
+    for text, value in values:
         total, count = sums.get(text, (0.0, 0))
         sums[text] = (total + value, count + 1)
     return sums
@@ -191,8 +196,9 @@ def verdicts(results: pd.DataFrame) -> pd.DataFrame:
 
 def _claim_row(claim, at: pd.DataFrame, length: int, which: str) -> dict:
     """One claim's row on the premise rows ``at`` of one length (judged only for ``which == "gated"``)."""
-    units = list(stratum_sums(at, claim.id).values())
-    distinct = {value for _, value in stratum_values(at, claim.id)}
+    values = stratum_values(at, claim.id)  # the strata once: their sums per text, and whether they all agree
+    units = list(_text_sums(values).values())
+    distinct = {value for _, value in values}
     row = {"length": length, "sequences": which, "claim": claim.id, "text": claim.text,
            "threshold": claim.threshold, "side": claim.side, "texts": len(units),
            "strata": int(sum(c for _, c in units)), "tasks": ",".join(sorted(at["task"].unique())),
