@@ -427,7 +427,8 @@ def test_every_study_refuses_a_damaged_folder_to_plot(study, results, config, me
 
 SAMPLES = {"tasks": {"instability": "listops:64:2", "lra-svd": "listops:32"}, "layers": "first",
            "methods": "nystromformer", "num_features": "16", "compare_with": "figures/figure1",
-           "long_methods": "streaming-llm", "kv_ratios": "0.5", "ratios": {"long-context": "0.5", "perplexity": "0.5"},
+           "long_methods": "streaming-llm", "kv_ratios": "0.5", "whole_ratios": "0.875", "whole_methods": "topk",
+           "ratios": {"long-context": "0.5", "perplexity": "0.5"},
            "depths": {"long-context": "0.5", "perplexity": "0"}}
 """A valid value of a list option where the study's ``--quick`` grid does not give one."""
 

@@ -200,3 +200,18 @@ def test_numpy_blas_computes_with_the_study_thread_count():
     with environment.study_threads(1):
         assert set(blas_threads()) == {1}
     assert blas_threads() == before
+
+
+def test_a_dask_cell_hands_its_freed_memory_back_after_it_ran_or_failed(monkeypatch):
+    """Without Dask's malloc threshold a worker keeps the heap its cells freed, and a long run's workers crept to
+    Dask's pause threshold; each cell on Dask is now followed by glibc's ``malloc_trim(0)``, also when it fails."""
+    from approxlab.studies.engine import executors
+
+    trimmed = []
+    monkeypatch.setattr(environment, "release_memory", lambda: trimmed.append(True) or True)
+    assert executors._trimmed(lambda cell: cell + 1, 1) == 2 and trimmed == [True]
+    with pytest.raises(ZeroDivisionError):
+        executors._trimmed(lambda cell: 1 / cell, 0)
+    assert trimmed == [True, True]
+    monkeypatch.undo()
+    assert environment.release_memory() is (environment._malloc_trim() is not None)

@@ -23,7 +23,8 @@ from approxlab.studies import engine
 from approxlab.studies.long_context import claims
 
 GRID = ["--lengths", "256", "--texts", "2", "--ruler-tasks", "single-needle,multi-key", "--depths", "0.5",
-        "--ratios", "0.5,0.95", "--policies", "streaming-llm,snapkv,h2o", "--no-progress"]
+        "--ratios", "0.5,0.95", "--policies", "streaming-llm,snapkv,h2o", "--whole-methods", "topk,quest,performer",
+        "--whole-texts", "1", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +59,22 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     assert len(layers) == len(policy) * 2  # the tiny model's 2 layers
     sharing = engine.read_results(out / "sharing.csv")  # the run measures what sharing the column sums saves
     assert sorted(sharing["shared"]) == [False, True] and (sharing["max_abs_difference"] == 0).all()
-    for name in ("gate.csv", "policies.csv", "cost.csv", "verdicts.csv", "long_context.png", "summary.md"):
+    whole = engine.read_results(out / "whole.csv")  # the whole-sequence setting: 1 text x 2 tasks x 3 methods
+    assert len(whole) == 2 * 3 and set(whole["status"]) == {"ok"} and set(whole["text"]) == {0}
+    assert (whole["num_features"] == (whole["context_length"] * (1 - 0.875)).astype(int)).all()
+    assert whole.merge(exact, on=["task", "text", "depth"])["context_length_x"].eq(
+        whole.merge(exact, on=["task", "text", "depth"])["context_length_y"]).all()  # the same sequences
+    assert len(engine.read_results(out / "whole_layers.csv")) == len(whole) * 2
+    table = pd.read_csv(out / "whole_methods.csv")
+    assert sorted(table["method"]) == ["performer", "quest", "topk"] and (table["sequences"] == 2).all()
+    for name in ("gate.csv", "policies.csv", "cost.csv", "verdicts.csv", "whole_methods.csv", "long_context.png",
+                 "summary.md"):
         assert (out / name).is_file(), name
     summary = (out / "summary.md").read_text()
     assert summary.index("## In short") < summary.index("## The run") < summary.index("## Cost")
+    assert summary.index("## Whole sequence") < summary.index("## Claims")
     verdicts = pd.read_csv(out / "verdicts.csv")
+    assert set(verdicts["setting"]) == {"kv-cache", "whole-sequence"}
     gated = verdicts["sequences"] == "gated"  # 2 texts, and no task passes the gate of a random model
     assert set(verdicts.loc[gated, "verdict"]) == {"too few texts"}
     assert set(verdicts.loc[~gated, "verdict"]) == {"described, not judged"}
@@ -81,7 +93,7 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     out = tmp_path / "extended"
     shutil.copytree(saved, out)
     before = (out / "results.csv").read_bytes()
-    grid = [*GRID[:-3], "--policies", "streaming-llm,snapkv,h2o,criticalkv,caote", "--no-progress"]
+    grid = _with_policies("streaming-llm,snapkv,h2o,criticalkv,caote")
     capsys.readouterr()
     assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
     assert "extending the saved run (added_policies: none -> ['criticalkv', 'caote'])" in capsys.readouterr().err
@@ -93,16 +105,23 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     assert record["config"]["policies"] == ["streaming-llm", "snapkv", "h2o"]
     assert record["extensions"][-1]["added"] == {"added_policies": ["criticalkv", "caote"]}
     assert {"criticalkv", "caote"} <= set(pd.read_csv(out / "policies.csv")["method"])
-    dropped = [*GRID[:-3], "--policies", "streaming-llm,snapkv,criticalkv", "--no-progress"]
+    dropped = _with_policies("streaming-llm,snapkv,criticalkv")
     assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out),
                  *dropped]) != 0
     assert "different configuration" in capsys.readouterr().err
 
 
+def _with_policies(policies: str) -> list:
+    grid = list(GRID)
+    grid[grid.index("--policies") + 1] = policies
+    return grid
+
+
 def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
-    """``figures/long_context`` (15 policies, then CriticalKV and CAOTE added after they were registered) resumed
-    with its own command: the default policies hold both, the config keeps the saved ones and the added ones;
-    nothing grows (a fresh run holds every policy in its own cells)."""
+    """``figures/long_context`` (15 policies, then CriticalKV and CAOTE added after they were registered, then the
+    whole-sequence setting) resumed with its own command: the default policies hold both, the config keeps the
+    saved ones and the added ones, and the declared whole-sequence grid; nothing grows (a fresh run holds every
+    policy in its own cells)."""
     import json
     import pathlib
 
@@ -114,6 +133,7 @@ def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
     config = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"], out=str(folder))
     assert config["policies"] == saved["policies"] and config["added_policies"] == ["criticalkv", "caote"]
     assert saved["added_policies"] == ["criticalkv", "caote"] and len(saved["policies"]) == 15
+    assert saved["whole_methods"] == config["whole_methods"] and saved["whole_texts"] == list(range(10))
     assert not extension(saved, config, long_context.STUDY.grows)  # the same configuration: it resumes
     fresh = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"])
     assert {"criticalkv", "caote"} <= set(fresh["policies"]) and "added_policies" not in fresh
@@ -252,3 +272,15 @@ def test_a_gated_task_whose_error_ranks_the_losses_gets_a_verdict_and_a_failed_t
     assert table.loc[("gated", "key"), "verdict"] == "too few texts"  # no key tokens: no stratum
     assert table.loc[("all", "logprob"), "tasks"] == "multi-key,single-needle"
     assert table.loc[("all", "logprob"), "verdict"] == "described, not judged"
+
+
+def test_the_whole_sequence_table_reads_only_the_sequences_every_method_ran_on():
+    """A stopped run's last sequence holds some methods only: it is left out of ``whole_methods.csv`` and of the
+    claims, so that every method is read on the same sequences."""
+    from approxlab.studies.long_context.whole import complete_sequences
+
+    rows = [{"task": "single-needle", "length": 2048, "text": text, "depth": 0.5, "method": method,
+             "compression_ratio": 0.875} for text, methods in ((0, ("topk", "quest")), (1, ("topk",)))
+            for method in methods]
+    kept = complete_sequences(pd.DataFrame(rows), {"whole_methods": ["topk", "quest"], "whole_ratios": [0.875]})
+    assert sorted(kept["text"]) == [0, 0] and sorted(kept["method"]) == ["quest", "topk"]

@@ -13,6 +13,9 @@
   from :func:`exact_prefill`) without a model run: each layer's error on clean inputs.
 - :func:`sweep_policies` (:mod:`approxlab.patching.sweep`): every cache policy and compression ratio on one
   sequence over one shared prefill, one tidy row each (exact match, answer log-probability, key-token change).
+- :func:`sweep_methods` (:mod:`approxlab.patching.whole_sweep`): the whole-sequence setting on one sequence, each
+  method that is not a cache policy replacing every layer over all tokens, with the same rows as
+  :func:`sweep_policies` (the unpatched reference, key tokens and clean inputs shared).
 - :func:`key_tokens` (:mod:`approxlab.patching.key_tokens`): LongPPL's key tokens, those whose prediction needs
   distant context, and the change in NLL on them (:meth:`KeyTokens.delta`).
 - :class:`~approxlab.patching.decoding.DecodingCache` (:mod:`approxlab.patching.decoding`): decoding-time
@@ -45,7 +48,8 @@ from .prefill import ExactPrefill, exact_prefill
 from .records import ERROR_MEASURES, LayerCall, output_errors
 from .replaying import replay
 from .sweep import sweep_policies
+from .whole_sweep import WholeSequence, sweep_methods
 
 __all__ = ["patch_attention", "AttentionPatch", "LayerCall", "output_errors", "ERROR_MEASURES", "token_nll",
            "exact_prefill", "ExactPrefill", "Continuation", "ERROR_INPUTS", "key_tokens", "KeyTokens", "replay",
-           "sweep_policies"]
+           "sweep_policies", "sweep_methods", "WholeSequence"]

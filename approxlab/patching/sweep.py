@@ -23,7 +23,6 @@ import time
 import torch
 
 from .._validation import check_int
-from ..cache._column_sums import shared_column_sums
 from ..cache._shared_scores import shared_scores
 from ..cache._compression_ratio import kept_count
 from .key_tokens import LCL_THRESHOLD, LSD_THRESHOLD
@@ -40,18 +39,76 @@ def _short_nll(model, context_ids, continuation_ids, short_context: int) -> torc
     return token_nll(model, ids)[:, short_context - 1:]
 
 
-def _layer_summary(found) -> tuple[dict, list[dict]]:
-    """Pooled columns of a continuation's errors (mean, median and max over layers of each layer's median over
-    heads and sequences, relative spectral error), and one row per replaced layer."""
+def _layer_summary(errors: dict, layer_ids) -> tuple[dict, list[dict]]:
+    """Pooled columns of a run's errors ``{inputs: (L', S, H)}`` relative spectral error (mean, median and max over
+    layers of each layer's median over heads and sequences), and one row per replaced layer of ``layer_ids``."""
     columns, layers = {}, {}
     for inputs in ("clean", "patched"):
-        per_layer = found.errors[inputs]["spectral"].flatten(1).median(dim=1).values  # (L',)
+        per_layer = errors[inputs].flatten(1).median(dim=1).values  # (L',)
         columns.update({f"{inputs}_spectral_mean": float(per_layer.mean()),
                         f"{inputs}_spectral_median": float(per_layer.median()),
                         f"{inputs}_spectral_max": float(per_layer.max())})
-        for index, layer in enumerate(found.layers):
+        for index, layer in enumerate(layer_ids):
             layers.setdefault(layer, {"layer": layer})[f"{inputs}_spectral"] = float(per_layer[index])
     return columns, list(layers.values())
+
+
+def failed_row(row: dict, status, seconds: float) -> dict:
+    """A method's row where it failed: no answer, infinite losses, its failure on one line as ``status``."""
+    if isinstance(status, BaseException):
+        status = " ".join(f"{type(status).__name__}: {status}".split())
+    return {**row, "correct": False, "answer_logprob": -math.inf, "delta_logprob": math.inf, "delta_all": math.inf,
+            "delta_key": math.inf, "key_tokens": 0, "seconds": seconds, "status": status}
+
+
+class _Reference:
+    """What every method of one sequence is compared with: the exact prefill of the context, the unpatched
+    continuation, and (with ``short_context``) LongPPL's key tokens of the continuation."""
+
+    def __init__(self, model, context_ids, continuation_ids, *, answer_length, short_context=None,
+                 lsd_threshold=LSD_THRESHOLD, lcl_threshold=LCL_THRESHOLD):
+        self.answer_length = check_int(answer_length, "answer_length", low=0)
+        self.context_length = n_c = int(context_ids.shape[-1])
+        if short_context is not None:
+            short_context = check_int(short_context, "short_context", low=1, high=max(1, n_c - 1))
+        self.continuation_ids = continuation_ids
+        self.prefill = exact_prefill(model, context_ids)
+        self.exact = self.prefill.unpatched(continuation_ids, answer_length=self.answer_length)
+        self.mask, self.key_seconds = None, 0.0
+        if short_context is not None:
+            start = time.perf_counter()
+            short = _short_nll(model, context_ids, continuation_ids, short_context)
+            self.key_seconds = time.perf_counter() - start
+            self.mask = (short - self.exact.nll > lsd_threshold) & (-self.exact.nll > lcl_threshold)
+        self.exact_logprob = float(self.exact.answer_logprob()[0])
+
+    def budgets(self, ratios) -> list:
+        """``[(ratio, b)]``: each ratio with the context tokens it keeps."""
+        return [(float(ratio), kept_count(ratio, self.context_length)) for ratio in ratios]
+
+    def clean_inputs(self) -> list:
+        """Per layer, the unpatched continuation's queries ``(S, H, t, p)`` and the window's keys and values per KV
+        head ``(S, H_kv, n_c + t, p)``."""
+        return self.prefill._clean_pass(self.continuation_ids, self.answer_length)[1]
+
+    def scores(self, nll: torch.Tensor, correct: bool, answer_logprob: float) -> dict:
+        """The score columns of a run whose continuation NLL is ``nll`` ``(1, t)``."""
+        difference = (nll - self.exact.nll)[0]
+        key = self.mask[0] if self.mask is not None else torch.zeros_like(difference, dtype=torch.bool)
+        return {"correct": bool(correct), "answer_logprob": answer_logprob,
+                "delta_logprob": self.exact_logprob - answer_logprob, "delta_all": float(difference.mean()),
+                "delta_key": float(difference[key].mean()) if bool(key.any()) else math.nan,
+                "key_tokens": int(key.sum()) if self.mask is not None else 0}
+
+    def continuation_scores(self, found) -> dict:
+        """The score columns of a :class:`~approxlab.patching.Continuation`."""
+        return self.scores(found.nll, bool(found.correct[0]), float(found.answer_logprob()[0]))
+
+    def unpatched_row(self) -> dict:
+        """The unpatched model's row."""
+        return {"method": "unpatched", "compression_ratio": 0.0, "num_features": None,
+                **self.continuation_scores(self.exact), "prefill_seconds": self.prefill.seconds,
+                "key_token_seconds": self.key_seconds, "seconds": self.exact.seconds, "status": "ok"}
 
 
 def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Tensor, *, methods, ratios,
@@ -149,38 +206,14 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
     (8, ['clean_spectral', 'compression_ratio', 'layer', 'method', 'num_features', 'patched_spectral'])
     """
     options = dict(options or {})
-    answer_length = check_int(answer_length, "answer_length", low=0)
-    n_c = int(context_ids.shape[-1])
-    budgets = [(float(ratio), kept_count(ratio, n_c)) for ratio in ratios]
-    if short_context is not None:
-        short_context = check_int(short_context, "short_context", low=1, high=max(1, n_c - 1))
-    prefill = exact_prefill(model, context_ids)
-    exact = prefill.unpatched(continuation_ids, answer_length=answer_length)
-    reference = exact.nll
-    mask, key_seconds = None, 0.0
-    if short_context is not None:
-        start = time.perf_counter()
-        short = _short_nll(model, context_ids, continuation_ids, short_context)
-        key_seconds = time.perf_counter() - start
-        mask = (short - reference > lsd_threshold) & (-reference > lcl_threshold)
-    exact_logprob = float(exact.answer_logprob()[0])
-
-    def scores(found) -> dict:
-        difference = (found.nll - reference)[0]
-        key = mask[0] if mask is not None else torch.zeros_like(difference, dtype=torch.bool)
-        return {"correct": bool(found.correct[0]), "answer_logprob": float(found.answer_logprob()[0]),
-                "delta_logprob": exact_logprob - float(found.answer_logprob()[0]),
-                "delta_all": float(difference.mean()),
-                "delta_key": float(difference[key].mean()) if bool(key.any()) else math.nan,
-                "key_tokens": int(key.sum()) if mask is not None else 0}
-
-    rows = [{"method": "unpatched", "compression_ratio": 0.0, "num_features": None, **scores(exact),
-             "prefill_seconds": prefill.seconds, "key_token_seconds": key_seconds, "seconds": exact.seconds,
-             "status": "ok"}]
+    reference = _Reference(model, context_ids, continuation_ids, answer_length=answer_length,
+                           short_context=short_context, lsd_threshold=lsd_threshold, lcl_threshold=lcl_threshold)
+    answer_length, n_c, prefill = reference.answer_length, reference.context_length, reference.prefill
+    budgets = reference.budgets(ratios)
+    rows = [reference.unpatched_row()]
     found = {}
     with contextlib.ExitStack() as stack:
-        if share:
-            stack.enter_context(shared_column_sums())
+        if share:  # the policies' scores and H2O's / observed attention's column sums
             stack.enter_context(shared_scores())
         for ratio, budget in budgets:
             for chunk in _chunks(list(methods), batch, n_c):
@@ -200,12 +233,12 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
             result = found[(method, ratio)]
             row = {"method": method, "compression_ratio": ratio, "num_features": budget}
             if result.status != "ok":
-                rows.append({**row, "correct": False, "answer_logprob": -math.inf, "delta_logprob": math.inf,
-                             "delta_all": math.inf, "delta_key": math.inf, "key_tokens": 0,
-                             "seconds": result.seconds, "status": result.status})
+                rows.append(failed_row(row, result.status, result.seconds))
                 continue
-            pooled, per_layer = _layer_summary(result)
-            rows.append({**row, **scores(result), **pooled, "seconds": result.seconds, "status": "ok"})
+            pooled, per_layer = _layer_summary({inputs: result.errors[inputs]["spectral"] for inputs in
+                                                ("clean", "patched")}, result.layers)
+            rows.append({**row, **reference.continuation_scores(result), **pooled, "seconds": result.seconds,
+                         "status": "ok"})
             layers.extend({**row, **entry} for entry in per_layer)
     return rows, layers
 

@@ -6,7 +6,8 @@ are submitted to a running scheduler or to a local cluster of single-threaded wo
 they complete (the runner makes each one durable before the next is reported), and resubmitted
 when a worker dies. The local cluster serves Dask's pages on a free loopback port
 (:data:`DASHBOARD_ADDRESS`), never the fixed 8787, and its teardown is quiet; a user's ``--plugin``
-modules are imported in every worker (:func:`with_plugins`).
+modules are imported in every worker (:func:`with_plugins`), and after each cell a worker hands the memory it
+freed back to the system (:func:`~approxlab.studies.engine.environment.release_memory`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Executor:
             for key, cell in todo:
                 finished(key, cell, compute(cell))
             return
-        self._run_dask(todo, with_plugins(compute), finished)
+        self._run_dask(todo, functools.partial(_trimmed, with_plugins(compute)), finished)
 
     def _connect(self):
         from distributed import Client, LocalCluster
@@ -139,6 +140,18 @@ def with_plugins(compute):
 
     modules = plugin_modules()
     return functools.partial(_compute_with_plugins, modules, compute) if modules else compute
+
+
+def _trimmed(compute, cell):
+    """``compute(cell)``, then the worker's freed memory handed back to the system
+    (:func:`~approxlab.studies.engine.environment.release_memory`): a long run's workers stay below Dask's pause
+    threshold."""
+    from .environment import release_memory
+
+    try:
+        return compute(cell)
+    finally:
+        release_memory()
 
 
 def _compute_with_plugins(modules, compute, cell):

@@ -14,8 +14,10 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 1. **grid** (:mod:`.grid`) -- lengths 2,048 / 4,096 / 8,192, 30 distinct texts x 3 depths per task and length,
    compression ratios 0.5-0.95, every cache policy of the registry;
 2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv`` and
-   ``layers.csv``; a policy added to a saved run (CriticalKV and CAOTE after the committed run) in cells of its
-   own, ``added.csv`` and ``added_layers.csv``, read with them by the report;
+   ``layers.csv``; then the whole-sequence setting (the methods that are not cache policies, every layer replaced
+   over the whole sequence, at the shortest length) in ``whole.csv`` and ``whole_layers.csv``; then a policy added
+   to a saved run (CriticalKV and CAOTE after the committed run) in cells of its own, ``added.csv`` and
+   ``added_layers.csv``, read with ``results.csv`` by the report;
 3. **report** (:mod:`.report`, :mod:`.claims`) -- the gate (the exact model's accuracy with its Clopper-Pearson
    bound), the premise claims fixed in code (stratified rank correlations across policies, the paired difference
    against the budget within a policy, calibrated intervals over texts, Holm), ``long_context.png`` and
@@ -25,12 +27,13 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 from __future__ import annotations
 
 from ..declaration import Figure, Product, Step, Study, Summary, Table
-from .cells import (ADDED, ADDED_LAYERS, LAYERS, RESULTS, SHARING, compute_added, compute_sequence, compute_sharing,
-                    sharing_cells)
+from .cells import (ADDED, ADDED_LAYERS, LAYERS, RESULTS, SHARING, WHOLE, WHOLE_LAYERS, compute_added,
+                    compute_sequence, compute_sharing, compute_whole, sharing_cells)
 from .claims import CLAIMS
-from .grid import (ADDED_KEY, FULL_GRID, KEY, OPTIONS, QUICK_GRID, added_cells, build_config, cells, check, configure,
-                   run_info)
+from .grid import (ADDED_KEY, FULL_GRID, KEY, OPTIONS, QUICK_GRID, WHOLE_KEY, added_cells, build_config, cells, check,
+                   configure, run_info, whole_cells)
 from .report import TITLE, claim_verdicts, cost, gate, plot, policies, sections
+from .whole import whole_methods
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "CLAIMS", "build_config", "configure"]
 
@@ -42,13 +45,16 @@ STUDY = Study(
     steps=(Step((Table(SHARING, ("length",), optional=True),), compute_sharing, sharing_cells),
            Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
                 compute_sequence, cells),
+           Step((Table(WHOLE, WHOLE_KEY, optional=True), Table(WHOLE_LAYERS, WHOLE_KEY, optional=True)),
+                compute_whole, whole_cells),
            Step((Table(ADDED, ADDED_KEY, optional=True), Table(ADDED_LAYERS, ADDED_KEY, optional=True)),
                 compute_added, added_cells)),
     claims=CLAIMS,
     products=(Product("gate.csv", gate), Product("policies.csv", policies), Product("cost.csv", cost),
+              Product("whole_methods.csv", whole_methods),
               Product("verdicts.csv", claim_verdicts)),
     figures=(Figure("long_context", plot),),
     summary=Summary(TITLE, (sections,)),
-    grows=("lengths", "texts", "ruler_tasks", "added_policies"),
+    grows=("lengths", "texts", "ruler_tasks", "added_policies", "whole_methods", "whole_ratios", "whole_texts"),
 )
 """The long-context study, declared: ``approxlab long-context``."""

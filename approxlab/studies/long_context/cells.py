@@ -5,7 +5,9 @@
 and layer (each layer's clean- and patched-input spectral error, median over heads). A policy added to a saved run
 (``added_policies``) runs in cells of its own, one per sequence (:func:`compute_added`: ``added.csv`` and
 ``added_layers.csv``, the same columns and the key's ``policy``), on the same sequences and seeds; its prefill is
-recomputed, equal to the saved one. ``sharing.csv``, one cell per
+recomputed, equal to the saved one. ``whole.csv`` and ``whole_layers.csv``: the whole-sequence setting, one cell
+per sequence, method and ratio (:func:`compute_whole`; the sequence's reference computed once per worker and
+sequence). ``sharing.csv``, one cell per
 length run first: what sharing the prefill's column sums saves (:func:`compute_sharing`).
 """
 
@@ -20,9 +22,11 @@ from ..engine.keys import cell_seed
 from .grid import KEY
 
 __all__ = ["RESULTS", "LAYERS", "SHARING", "ADDED", "ADDED_LAYERS", "SHARED_POLICIES", "sequence", "compute_sequence",
-           "compute_added", "sharing_cells", "compute_sharing"]
+           "compute_added", "compute_whole", "WHOLE", "WHOLE_LAYERS", "sharing_cells", "compute_sharing"]
 
 RESULTS, LAYERS, SHARING = "results.csv", "layers.csv", "sharing.csv"
+WHOLE, WHOLE_LAYERS = "whole.csv", "whole_layers.csv"
+"""The whole-sequence setting's rows (:func:`compute_whole`): the columns of a policy's row in ``results.csv``."""
 ADDED, ADDED_LAYERS = "added.csv", "added_layers.csv"
 """The rows of the policies added to a saved run (:func:`compute_added`), beside ``results.csv`` and ``layers.csv``."""
 
@@ -74,6 +78,33 @@ def compute_added(cell: dict) -> dict:
     found = compute_sequence(cell)
     return {ADDED: [row for row in found[RESULTS] if row["method"] != "unpatched"],
             ADDED_LAYERS: [row for row in found[LAYERS] if row["method"] != "unpatched"]}
+
+
+@functools.lru_cache(maxsize=1)
+def _whole_sequence(checkpoint, cache_dir, data_dir, device, task, length, text, depth, base_seed, short_context):
+    """The :class:`~approxlab.patching.WholeSequence` of one sequence (the last one a worker read: its methods'
+    cells follow each other)."""
+    from ...patching import WholeSequence
+
+    cell = {"checkpoint": checkpoint, "cache_dir": cache_dir, "data_dir": data_dir, "device": device, "task": task,
+            "length": length, "text": text, "depth": depth, "base_seed": base_seed}
+    found = sequence(cell)
+    return WholeSequence(_model(checkpoint, cache_dir, device), found.ids[:, :found.question_start],
+                         found.continuation, answer_length=found.answer_length, short_context=short_context)
+
+
+def compute_whole(cell: dict) -> dict:
+    """One sequence, one method at one ratio over the whole sequence (every layer replaced): its row of
+    ``whole.csv`` (a policy row's columns, :meth:`~approxlab.patching.WholeSequence.run`) and of
+    ``whole_layers.csv``; its generator seeded from the sequence alone (every method draws the same streams)."""
+    whole = _whole_sequence(cell["checkpoint"], cell["cache_dir"], cell["data_dir"], cell["device"], cell["task"],
+                            cell["length"], cell["text"], cell["depth"], cell["base_seed"], cell["short_context"])
+    row, layers = whole.run(cell["method"], cell["compression_ratio"],
+                            seed=cell_seed(*(cell[c] for c in KEY), "whole", base_seed=cell["base_seed"]))
+    context = whole.reference.context_length
+    lengths = {"context_length": context, "continuation_length": int(whole.ids.shape[1]) - context,
+               "answer_tokens": whole.reference.answer_length}
+    return {WHOLE: [{**row, **lengths}], WHOLE_LAYERS: layers}
 
 
 SHARED_POLICIES = ("h2o", "observed-attention")

@@ -25,6 +25,11 @@ LongPPL's key-token :math:`\Delta` NLL (mean over the continuation's key tokens;
   averaged over policy x sequence strata: does the error rank a policy's budgets better than the budget itself?
   Above 0 (strict): the error adds something the budget does not know.
 
+**The whole-sequence setting** (claims ``whole-acc``, ``whole-logprob``, ``whole-key``): the same across-method
+statistic over the methods that are not cache policies, each replacing every layer over the whole sequence
+(``whole.csv``), within sequence x ratio; its own Holm family per length. The budget claim needs several ratios per
+method, which the whole-sequence grid does not declare.
+
 **Units.** Texts (WikiText-2 windows) are resampled, each with all its sequences (tasks and depths): the
 statistic is a ratio :math:`\sum_t S_t / \sum_t C_t` of each text's sum of stratum :math:`\rho` and its count, so
 a resample is cheap. The interval is the percentile bootstrap over texts, calibrated by the double bootstrap on
@@ -33,16 +38,17 @@ one Holm family.
 
 Public API::
 
-    GATE, GATE_LEVEL, CLAIMS, RESAMPLES, MIN_TEXTS
+    GATE, GATE_LEVEL, CLAIMS, WHOLE_CLAIMS, SETTINGS, RESAMPLES, MIN_TEXTS
     gate_table(results) -> DataFrame
     premise_frame(results, gate) -> DataFrame
     stratum_values(frame, claim) -> [(text, value)]
     stratum_sums(frame, claim) -> {text: (sum, count)}
-    verdicts(results) -> DataFrame
+    verdicts(results, whole=None) -> DataFrame
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -55,7 +61,7 @@ from ..declaration import Claim
 from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
-__all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT", "gate_table", "premise_frame",
+__all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "WHOLE_CLAIMS", "SETTINGS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT", "gate_table", "premise_frame",
            "stratum_values", "stratum_sums", "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
@@ -98,6 +104,14 @@ CLAIMS = (
           unit="text", min_units=MIN_TEXTS, strict=True, labels=_RANKS, within="policy x sequence", family="length"),
 )
 """The premise claims, fixed before the run (the module docstring gives the reasons)."""
+
+WHOLE_CLAIMS = tuple(dataclasses.replace(claim, id=f"whole-{claim.id}", text=claim.text.replace(
+    "across policies", "across whole-sequence methods"), statistic=claim.statistic.replace("policies", "methods"))
+    for claim in CLAIMS if claim.id != "budget")
+"""The across-method claims in the whole-sequence setting (fixed before its first cell ran)."""
+
+SETTINGS = {"kv-cache": CLAIMS, "whole-sequence": WHOLE_CLAIMS}
+"""Each setting's claims: the cache policies on the exact prefill; the other methods over the whole sequence."""
 
 
 def gate_table(results: pd.DataFrame) -> pd.DataFrame:
@@ -143,6 +157,7 @@ def stratum_values(frame: pd.DataFrame, claim: str) -> list[tuple[int, float]]:
     """``[(text, value)]``, one per stratum with a defined value, of one length's premise rows for ``claim``
     (:data:`OUTCOMES`): the across-policy rho per sequence x ratio, or (``"budget"``) the paired difference per
     policy x sequence."""
+    claim = claim.removeprefix("whole-")
     outcome, values = OUTCOMES[claim], []
     strata = ["sequence", "method"] if claim == "budget" else ["sequence", "compression_ratio"]
     for (sequence, _), group in frame.groupby(strata, sort=False):
@@ -178,19 +193,27 @@ def _family(units, trial: int) -> IntervalFamily:
     return IntervalFamily.percentile(Resamples(float(estimate), draws, len(values)))
 
 
-def verdicts(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per length, claim and ``sequences`` (``every_stratum``: the value every stratum gives, where they all
-    give the same, else NaN): ``"gated"`` (the claim: the gated tasks' sequences, the
+def verdicts(results: pd.DataFrame, whole: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per setting (:data:`SETTINGS`), length, claim and ``sequences`` (``every_stratum``: the value every
+    stratum gives, where they all give the same, else NaN): ``"gated"`` (the claim: the gated tasks' sequences, the
     calibrated interval, the verdict) and ``"all"`` (every task's sequences, gate or not: the statistic and its
     declared 95% percentile interval over texts, described, never judged: a task the exact model cannot do still
-    has an answer whose log-probability a policy can lower)."""
+    has an answer whose log-probability a policy can lower). The whole-sequence setting's rows (``whole``, the
+    columns of ``results``' policy rows) are read beside ``results``' unpatched rows, at the lengths they have."""
     gate = gate_table(results)
     everything = gate.assign(passes=True)
     rows = []
-    for which, frame in (("gated", premise_frame(results, gate)), ("all", premise_frame(results, everything))):
-        for length in sorted(results["length"].unique()):
-            at = frame[frame["length"] == length]
-            rows.extend(_claim_row(claim, at, int(length), which) for claim in CLAIMS)
+    exact = results[results["method"] == "unpatched"]
+    settings = {"kv-cache": results}
+    if whole is not None and len(whole):
+        settings["whole-sequence"] = pd.concat([exact[exact["length"].isin(whole["length"].unique())], whole],
+                                               ignore_index=True)
+    for setting, rows_of in settings.items():
+        for which, frame in (("gated", premise_frame(rows_of, gate)), ("all", premise_frame(rows_of, everything))):
+            for length in sorted(rows_of["length"].unique()):
+                at = frame[frame["length"] == length]
+                rows.extend({"setting": setting, **_claim_row(claim, at, int(length), which)}
+                            for claim in SETTINGS[setting])
     return pd.DataFrame(rows)
 
 

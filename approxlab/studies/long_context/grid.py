@@ -10,6 +10,7 @@ Public API::
     FULL_GRID, QUICK_GRID, OPTIONS, KEY, SHORT_CONTEXT, cache_policies() -> list, policy_defaults(name) -> dict
     configure(args) -> dict, build_config(*, quick=False, **values) -> dict, cells(config, settings) -> list
     added_cells(config, settings) -> list                 # the policies added to a saved run, one cell each
+    whole_cells(config, settings) -> list                 # the whole-sequence setting: sequence x method x ratio
     check(args, config), run_info(args, config) -> dict
 """
 
@@ -24,12 +25,15 @@ from .. import options as shared
 from ..declaration import Option
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "ADDED_KEY", "SHORT_CONTEXT", "cache_policies",
-           "policy_defaults", "depth_list", "configure", "build_config", "cells", "added_cells", "check", "run_info"]
+           "policy_defaults", "depth_list", "configure", "build_config", "cells", "added_cells", "whole_cells",
+           "WHOLE_KEY", "check", "run_info"]
 
 KEY = ("task", "length", "text", "depth")
 """A cell: one sequence."""
 ADDED_KEY = (*KEY, "policy")
 """A cell of a policy added to a saved run: one sequence and that policy (:func:`added_cells`)."""
+WHOLE_KEY = (*KEY, "method", "compression_ratio")
+"""A cell of the whole-sequence setting: one sequence, one method, one budget (:func:`whole_cells`)."""
 
 SHORT_CONTEXT = {2048: 256, 4096: 512, 8192: 1024}
 r"""LongPPL's truncated context :math:`s` per length, declared before the run: an eighth of the sequence, the ratio
@@ -62,14 +66,20 @@ depth_list = shared.number_list("fractions of the haystack in [0, 1]", lambda va
 
 
 FULL_GRID = {"lengths": [2048, 4096, 8192], "ruler_tasks": list(RULER_TASKS), "texts": 30, "depths": [0.1, 0.5, 0.9],
-             "ratios": [0.5, 0.75, 0.875, 0.95], "policies": None}
+             "ratios": [0.5, 0.75, 0.875, 0.95], "policies": None, "whole_methods": None, "whole_ratios": [0.875],
+             "whole_texts": 10}
 """The declared grid: 3 lengths, the 5 tasks, 30 distinct texts x 3 depths per task and length, 4 compression ratios
 (0.95 keeps 5% of the context), every cache policy of the registry (``None``: :func:`cache_policies` when the run
-is configured)."""
+is configured). The whole-sequence setting, at the shortest length only (a method there runs the model over the
+whole sequence, 12 forward passes per sequence where every policy shares one): its first 10 texts, every
+decoder-valid method that is not a cache policy (``None``: :func:`~approxlab.studies.inputs.long_methods.long_methods`
+but the simulations), at ratio 0.875 (the budget d of the 1/8 of the context a policy keeps there)."""
 
 QUICK_GRID = {"lengths": [512], "ruler_tasks": ["single-needle", "multi-key"], "texts": 2, "depths": [0.5],
-              "ratios": [0.5, 0.95], "policies": ["streaming-llm", "snapkv", "h2o"]}
-"""``--quick``: 512 tokens, 2 tasks x 2 texts x 1 depth, 2 ratios, 3 policies (a smoke run of every code path)."""
+              "ratios": [0.5, 0.95], "policies": ["streaming-llm", "snapkv", "h2o"], "whole_methods": ["topk", "quest"],
+              "whole_ratios": [0.875], "whole_texts": 1}
+"""``--quick``: 512 tokens, 2 tasks x 2 texts x 1 depth, 2 ratios, 3 policies; top-k and Quest over the whole
+sequence on the first text (a smoke run of every code path)."""
 
 OPTIONS = (
     Option(("--lengths",), "lengths", "sequence lengths in tokens, comma-separated", type=shared.int_list, nargs="+",
@@ -85,6 +95,14 @@ OPTIONS = (
            action=shared.Flatten, metavar="R"),
     shared.METHODS.but(flags=("--policies",), dest="policies", help="cache policies, comma-separated (default: every "
                        "registered method with a compression step)"),
+    shared.METHODS.but(flags=("--whole-methods",), dest="whole_methods", help="methods of the whole-sequence "
+                       "setting, comma-separated: decoder-valid methods without a compression step (default: all of "
+                       "them but the simulations magicpig, vattention)"),
+    Option(("--whole-ratios",), "whole_ratios", "compression ratios of the whole-sequence setting, comma-separated "
+           "(its budget d: the context tokens a policy keeps at that ratio)", type=shared.ratio_list, nargs="+",
+           action=shared.Flatten, metavar="R"),
+    Option(("--whole-texts",), "whole_texts", "texts of the whole-sequence setting (the first COUNT, at the "
+           "shortest length; 0: none)", type=shared.nonnegative_int, metavar="COUNT"),
     shared.CHECKPOINT.but(help="the model: a Hub id (with network), a local folder or a .gguf file, with its "
                           "tokenizer (default: the packaged SmolLM2-135M-Instruct)"),
 )
@@ -107,10 +125,31 @@ def configure(args) -> dict:
     if min(grid["lengths"]) < 256:
         raise UsageError("--lengths", "lengths of at least 256 tokens (the needles, question and a haystack)",
                          min(grid["lengths"]))
+    if grid["whole_methods"] is None:
+        grid["whole_methods"] = _whole_methods()
+    for name in grid["whole_methods"]:
+        if name not in _whole_methods(list(grid["whole_methods"])):
+            allowed = f"decoder-valid methods without a compression step ({', '.join(_whole_methods())}, ...)"
+            raise UsageError("--whole-methods", allowed, repr(name))
+    if getattr(args, "whole_texts", None) is None:  # the declared count, within the run's texts
+        grid["whole_texts"] = min(grid["whole_texts"], grid["texts"])
+    elif grid["whole_texts"] > grid["texts"]:
+        raise UsageError("--whole-texts", f"at most --texts ({grid['texts']})", grid["whole_texts"])
+    grid["whole_texts"] = list(range(grid["whole_texts"]))  # a list, so that a saved run grows by more texts
     grid.update(_split_policies(grid["policies"], args))
     return {"study": "long-context", **grid, "short_context": {str(n): SHORT_CONTEXT.get(n, n // 8)
                                                                for n in grid["lengths"]},
             "checkpoint": getattr(args, "checkpoint", None) or SMOLLM2_CHECKPOINT, "base_seed": int(getattr(args, "base_seed", 0) or 0)}
+
+
+def _whole_methods(methods=None) -> list:
+    """The whole-sequence methods among ``methods`` (default: the registry's, simulations left out)."""
+    from ...methods import get
+    from ..inputs.long_methods import long_methods
+
+    if methods is not None:
+        return [m for m in methods if get(m).causal in (True, "only") and get(m).compress is None]
+    return long_methods(policies=False)
 
 
 def _split_policies(policies: list, args) -> dict:
@@ -158,6 +197,16 @@ def added_cells(config: dict, settings: dict) -> list[dict]:
     its own exact prefill and that policy at every ratio (the same seeds as in a run that held it from the start)."""
     return [{**cell, "policy": name, "policies": (name,)} for cell in cells(config, settings)
             for name in config.get("added_policies", [])]
+
+
+def whole_cells(config: dict, settings: dict) -> list[dict]:
+    """The whole-sequence setting: per sequence of :func:`cells` at the shortest length whose text is among
+    ``whole_texts``, one cell per method of ``whole_methods`` and ratio of ``whole_ratios`` (sequence by
+    sequence: the cells of one sequence share its reference, :func:`.cells.compute_whole`)."""
+    texts, shortest = set(config.get("whole_texts", ())), min(config["lengths"])
+    return [{**cell, "method": method, "compression_ratio": float(ratio)}
+            for cell in cells(config, settings) if cell["length"] == shortest and cell["text"] in texts
+            for method in config.get("whole_methods", ()) for ratio in config.get("whole_ratios", ())]
 
 
 def check(args, config: dict) -> None:

@@ -9,9 +9,10 @@ import pandas as pd
 
 from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
-from .cells import ADDED, RESULTS, SHARING
-from .claims import CLAIMS, GATE, UNIT, gate_table, verdicts
+from .cells import ADDED, RESULTS, SHARING, WHOLE
+from .claims import CLAIMS, GATE, UNIT, WHOLE_CLAIMS, gate_table, verdicts
 from .grid import policy_defaults
+from .whole import complete_sequences, whole_lines, whole_panels
 
 __all__ = ["TITLE", "results_of", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
 
@@ -75,21 +76,31 @@ def cost(saved) -> pd.DataFrame:
 
 
 def claim_verdicts(saved) -> pd.DataFrame:
-    """``verdicts.csv``: the premise claims per length (:func:`.claims.verdicts`)."""
-    return verdicts(results_of(saved))
+    """``verdicts.csv``: the premise claims per setting and length (:func:`.claims.verdicts`), the whole-sequence
+    setting on the sequences every method ran on (:func:`.whole.complete_sequences`)."""
+    whole = saved.table(WHOLE)
+    complete = None if whole is None or whole.empty else complete_sequences(whole, saved.config)
+    return verdicts(results_of(saved), complete)
 
 
 def plot(saved) -> list:
     """``long_context.png/.pdf``: per length, two rows. Top: the exact model's accuracy per task with its 95%
     interval against the gate, then each policy's accuracy over the compression ratios (at most 8 policies a
     panel). Bottom: each policy x ratio's median clean-input error against its mean answer log-prob loss, then
-    each policy's mean log-prob loss over the ratios."""
+    each policy's mean log-prob loss over the ratios. Then, where the whole-sequence setting ran, a row per length:
+    its methods' accuracy, and their error against loss (:func:`.whole.whole_panels`)."""
     from ...plotting import figure, method_style, panel_groups, save_figure
 
     table, gated = saved.product("policies.csv"), saved.product("gate.csv")
     lengths = sorted(table["length"].unique()) if len(table) else sorted(gated["length"].unique())
     groups = panel_groups({"policies": list(saved.config["policies"])}, limit=8)
-    fig, axes = figure(2 * len(lengths), 1 + len(groups), panel_size=(3.4, 2.8))
+    whole = sorted(saved.product("whole_methods.csv")["length"].unique())
+    fig, axes = figure(2 * len(lengths) + len(whole), 1 + len(groups), panel_size=(3.4, 2.8))
+    for index, length in enumerate(whole):
+        row = axes[2 * len(lengths) + index]
+        whole_panels(row[:2], saved, int(length))
+        for ax in row[2:]:
+            ax.axis("off")
     for index, length in enumerate(lengths):
         top, bottom = axes[2 * index], axes[2 * index + 1]
         _gate_panel(top[0], gated[gated["length"] == length].reset_index(drop=True), length)
@@ -210,19 +221,21 @@ def sections(saved) -> list[str]:
               "exact model on the same sequence; errors: clean- and patched-input relative spectral error, mean over "
               "layers of the median over heads (median over sequences).", "",
               *markdown_table(saved.product("policies.csv")), "",
+              *whole_lines(saved),
               "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
-                                 for c in CLAIMS], "", UNIT, "",
+                                 for c in (*CLAIMS, *WHOLE_CLAIMS)], "", UNIT, "",
               "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
               "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
               "declared 95% interval over texts: described, not judged.", "",
-              *markdown_table(table[["length", "sequences", "claim", "texts", "strata", "tasks", "estimate", "ci_low",
-                                     "ci_high", "verdict"]]), "",
+              *markdown_table(table[["setting", "length", "sequences", "claim", "texts", "strata", "tasks",
+                                     "estimate", "ci_low", "ci_high", "verdict"]]), "",
               *calibration_lines(), "",
-              *holm_lines(table[table["sequences"] == "gated"], ["length", "claim"], family="length",
+              *holm_lines(table[table["sequences"] == "gated"], ["setting", "length", "claim"],
+                          family=["setting", "length"],
                           decided=("holds", "fails")),
               "## Left out", "",
               "RULER tasks not built: NIAH with UUID or word values and the essay haystack (no offline copy of "
               "Paul Graham's essays), common/frequent words extraction (aggregation) and question answering "
-              "(SQuAD/HotpotQA: no offline copy). The whole-sequence setting (the causal form over every token of "
-              "the methods that are not cache policies) is not part of this study.", ""]
+              "(SQuAD/HotpotQA: no offline copy). The whole-sequence setting runs at the shortest length only, one "
+              "ratio by default: each of its methods reruns the model over the whole sequence.", ""]
     return lines

@@ -22,6 +22,7 @@ from __future__ import annotations
 from ...errors import UsageError
 from .. import options as shared
 from ..declaration import Option
+from ..inputs.long_methods import LONG_SIMULATIONS
 
 __all__ = ["LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY", "LONG_OPTIONS", "LONG_SIMULATIONS", "long_lengths",
            "default_long_methods", "long_cells", "check_long"]
@@ -29,14 +30,6 @@ __all__ = ["LONG_WHOLE", "LONG_KV", "UNPATCHED", "LONG_KEY", "LONG_OPTIONS", "LO
 LONG_WHOLE, LONG_KV = "long-whole", "long-kv"
 UNPATCHED = "unpatched"
 LONG_KEY = ("setting", "long_n", "method", "num_features", "window", "depth")
-
-
-LONG_SIMULATIONS = ("magicpig", "vattention")
-"""Methods left out of the default ``--long-methods``: simulations of a sampler that form every logit and (vAttention)
-every uniform variate of the n x n problem in float64. Measured at 2,048 tokens (9 heads, causal, one thread, on
-a loaded machine): 5.2 and 8.4 s per layer for MagicPIG (64 and 256 tables), 4.4 and 4.5 s for vAttention, against
-0.05 s for causal SDPA and 0.05-0.9 s for every other method; in every layer of the model their long cells would
-be 46% of the long-context settings' cost. They run in the 512-token settings; ``--long-methods`` takes them."""
 
 
 def default_long_methods(methods) -> list:
