@@ -12,7 +12,7 @@ from _helpers import tiny_llama
 
 import approxlab
 from approxlab.methods import register
-from approxlab.patching import exact_prefill, replay, sweep_methods, token_nll
+from approxlab.patching import exact_prefill, replay, sweep_methods, sweep_policies, token_nll
 
 METHODS = ["topk", "performer", "quest"]
 
@@ -80,3 +80,14 @@ def test_a_failing_method_is_recorded_in_its_row_and_the_sweep_goes_on(fresh_reg
                                  answer_length=2)
     assert rows[1]["status"] == "FloatingPointError: no attention today" and rows[1]["delta_all"] == math.inf
     assert rows[2]["status"] == "ok" and {entry["method"] for entry in layers} == {"topk"}
+
+
+@pytest.mark.parametrize("sweep", [sweep_methods, sweep_policies])
+def test_a_ratio_outside_0_1_is_refused_before_the_prefill(sweep, monkeypatch):
+    from approxlab.patching import sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "exact_prefill", lambda *a, **k: pytest.fail("the prefill ran"))
+    ids = torch.randint(5, 128, (1, 40), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="compression_ratio"):
+        sweep(tiny_llama(128, 1), ids[:, :32], ids[:, 32:], methods=["topk" if sweep is sweep_methods else "h2o"],
+              ratios=[0.5, 1.0], answer_length=2)

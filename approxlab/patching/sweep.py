@@ -61,6 +61,12 @@ def failed_row(row: dict, status, seconds: float) -> dict:
             "delta_key": math.inf, "key_tokens": 0, "seconds": seconds, "status": status}
 
 
+def budgets_of(ratios, context_length: int) -> list:
+    """``[(ratio, b)]``: each compression ratio with the context tokens it keeps (:func:`kept_count`, which refuses a
+    ratio outside ``[0, 1)``): checked before a sweep's prefill."""
+    return [(float(ratio), kept_count(ratio, context_length)) for ratio in ratios]
+
+
 class _Reference:
     """What every method of one sequence is compared with: the exact prefill of the context, the unpatched
     continuation, and (with ``short_context``) LongPPL's key tokens of the continuation."""
@@ -83,8 +89,8 @@ class _Reference:
         self.exact_logprob = float(self.exact.answer_logprob()[0])
 
     def budgets(self, ratios) -> list:
-        """``[(ratio, b)]``: each ratio with the context tokens it keeps."""
-        return [(float(ratio), kept_count(ratio, self.context_length)) for ratio in ratios]
+        """``[(ratio, b)]``: each ratio with the context tokens it keeps (:func:`budgets_of`)."""
+        return budgets_of(ratios, self.context_length)
 
     def clean_inputs(self) -> list:
         """Per layer, the unpatched continuation's queries ``(S, H, t, p)`` and the window's keys and values per KV
@@ -206,10 +212,10 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
     (8, ['clean_spectral', 'compression_ratio', 'layer', 'method', 'num_features', 'patched_spectral'])
     """
     options = dict(options or {})
+    budgets = budgets_of(ratios, int(context_ids.shape[-1]))  # a bad ratio refused before the prefill
     reference = _Reference(model, context_ids, continuation_ids, answer_length=answer_length,
                            short_context=short_context, lsd_threshold=lsd_threshold, lcl_threshold=lcl_threshold)
     answer_length, n_c, prefill = reference.answer_length, reference.context_length, reference.prefill
-    budgets = reference.budgets(ratios)
     rows = [reference.unpatched_row()]
     found = {}
     with contextlib.ExitStack() as stack:

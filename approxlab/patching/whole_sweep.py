@@ -29,7 +29,7 @@ import torch
 from ._continuation import _exact_rows
 from .likelihood import token_nll
 from .records import output_errors
-from .sweep import _layer_summary, _Reference, failed_row
+from .sweep import _layer_summary, _Reference, budgets_of, failed_row
 
 __all__ = ["sweep_methods", "WholeSequence"]
 
@@ -99,6 +99,7 @@ def sweep_methods(model, context_ids: torch.Tensor, continuation_ids: torch.Tens
     >>> abs(rows[1]["delta_all"]) < 1e-4, rows[1]["clean_spectral_max"] < 1e-5  # exact attention loses nothing
     (True, True)
     """
+    budgets_of(ratios, int(context_ids.shape[-1]))  # a bad ratio refused before the reference is built
     whole = WholeSequence(model, context_ids, continuation_ids, answer_length=answer_length,
                           short_context=short_context)
     rows, layers = [whole.reference.unpatched_row()], []
