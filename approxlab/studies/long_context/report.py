@@ -12,6 +12,7 @@ from ..reporting.markdown import format_interval, markdown_table
 from .cells import ADDED, RESULTS, SHARING, WHOLE
 from .claims import CLAIMS, GATE, UNIT, WHOLE_CLAIMS, gate_table, verdicts
 from .grid import policy_defaults
+from .tables import method_table
 from .whole import complete_sequences, whole_lines, whole_panels
 
 __all__ = ["TITLE", "results_of", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
@@ -38,17 +39,7 @@ def policies(saved) -> pd.DataFrame:
     log-prob, all-token and key-token Delta NLL), median clean- and patched-input error, median seconds, failures.
     ``num_features`` is the median budget b over the sequences (their contexts differ by the question's length)."""
     results = results_of(saved)
-    frame = results[results["method"] != "unpatched"].copy()
-    frame["ok"] = frame["status"] == "ok"
-    ok = frame[frame["ok"]]
-    by = ["length", "method", "compression_ratio"]
-    table = ok.groupby(by, sort=False).agg(
-        num_features=("num_features", "median"), sequences=("text", "size"), accuracy=("correct", "mean"), delta_logprob=("delta_logprob", "mean"),
-        delta_all=("delta_all", "mean"), delta_key=("delta_key", "mean"),
-        clean_spectral=("clean_spectral_mean", "median"), patched_spectral=("patched_spectral_mean", "median"),
-        seconds=("seconds", "median")).reset_index()
-    failures = frame.groupby(by, sort=False)["ok"].agg(lambda s: int((~s).sum())).rename("failures").reset_index()
-    return table.merge(failures, on=by, how="right")
+    return method_table(results[results["method"] != "unpatched"])
 
 
 def cost(saved) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import pandas as pd
 from ..reporting.markdown import markdown_table
 from .cells import RESULTS, WHOLE
 from .grid import KEY
+from .tables import method_table
 
 __all__ = ["complete_sequences", "whole_methods", "whole_lines", "whole_panels"]
 
@@ -50,17 +51,7 @@ def whole_methods(saved) -> pd.DataFrame:
     results = saved.table(RESULTS)
     exact = results[results["method"] == "unpatched"][[*KEY, "correct"]].rename(columns={"correct": "exact_correct"})
     frame = complete_sequences(whole, saved.config).merge(exact, on=list(KEY), how="left")
-    frame = frame.assign(ok=frame["status"] == "ok")
-    by = ["length", "method", "compression_ratio"]
-    ok = frame[frame["ok"]]
-    table = ok.groupby(by, sort=False).agg(
-        num_features=("num_features", "median"), sequences=("text", "size"), texts=("text", "nunique"),
-        accuracy=("correct", "mean"), exact_accuracy=("exact_correct", "mean"),
-        delta_logprob=("delta_logprob", "mean"), delta_all=("delta_all", "mean"), delta_key=("delta_key", "mean"),
-        clean_spectral=("clean_spectral_mean", "median"), patched_spectral=("patched_spectral_mean", "median"),
-        seconds=("seconds", "median")).reset_index()
-    failures = frame.groupby(by, sort=False)["ok"].agg(lambda s: int((~s).sum())).rename("failures").reset_index()
-    return table.merge(failures, on=by, how="right")[COLUMNS]
+    return method_table(frame, texts=("text", "nunique"), exact_accuracy=("exact_correct", "mean"))[COLUMNS]
 
 
 def whole_lines(saved) -> list[str]:
