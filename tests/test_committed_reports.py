@@ -15,7 +15,8 @@ import pytest
 from approxlab import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FAST = {"lra_svd": "lra-svd", "long_context": "long-context", "instability": "instability", "bench": "bench"}
+FAST = {"lra_svd": "lra-svd", "long_context": "long-context", "long_context-scale": "long-context",
+        "instability": "instability", "bench": "bench"}
 TEXT = (".md", ".csv")
 
 

@@ -55,6 +55,9 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     kept = (policy["context_length"] * (1 - policy["compression_ratio"])).astype(int).clip(lower=1)
     assert (policy["num_features"] == kept).all()  # kvpress's rounding, the absolute b beside the ratio
     assert policy["clean_spectral_mean"].gt(0).all() and policy["patched_spectral_mean"].gt(0).all()
+    for inputs in ("clean", "patched"):  # each layer's largest error over heads is at least its median
+        assert policy[f"{inputs}_spectral_worst_head"].ge(policy[f"{inputs}_spectral_mean"]).all()
+    assert "clean_worst_head" in pd.read_csv(out / "policies.csv")
     layers = engine.read_results(out / "layers.csv")
     assert len(layers) == len(policy) * 2  # the tiny model's 2 layers
     sharing = engine.read_results(out / "sharing.csv")  # the run measures what sharing the column sums saves
@@ -67,6 +70,7 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     assert len(engine.read_results(out / "whole_layers.csv")) == len(whole) * 2
     table = pd.read_csv(out / "whole_methods.csv")
     assert sorted(table["method"]) == ["performer", "quest", "topk"] and (table["sequences"] == 2).all()
+    assert table["clean_worst_head"].ge(table["clean_spectral"]).all()
     for name in ("gate.csv", "policies.csv", "cost.csv", "verdicts.csv", "whole_methods.csv", "long_context.png",
                  "summary.md"):
         assert (out / name).is_file(), name
@@ -247,10 +251,10 @@ def test_the_stratified_rho_ranks_within_each_sequence_and_ratio():
     assert not math.isnan(sum(c for _, c in within.values()))
 
 
-def test_a_gated_task_whose_error_ranks_the_losses_gets_a_verdict_and_a_failed_task_stays_out():
-    """18 of 18 exact answers pass the gate (lower bound 0.815), 17 of 18 do not (0.727); across 4 policies the
-    error ranks the log-prob loss but in ``text`` of each text's 9 strata (c and d swapped, rho 0.8): the claim
-    holds, on the calibrated interval."""
+def _gated_rows(worst_head=None) -> pd.DataFrame:
+    """Two tasks x 6 texts x 3 depths; 4 policies at 3 budgets whose error (``(index + 1) / b``) ranks the log-prob
+    loss but in ``text`` of each text's 9 strata (c and d swapped); the exact model misses multi-key's text 0 at
+    depth 0.1. ``worst_head(index, b, text)``: the rows' ``clean_spectral_worst_head``."""
     rows = []
     for task, wrong in (("single-needle", None), ("multi-key", 0)):
         for text in range(6):
@@ -263,8 +267,17 @@ def test_a_gated_task_whose_error_ranks_the_losses_gets_a_verdict_and_a_failed_t
                         rows.append({"task": task, "length": 2048, "text": text, "depth": depth, "method": method,
                                      "num_features": b, "compression_ratio": 1 - b / 64, "correct": False,
                                      "status": "ok", "clean_spectral_mean": (index + 1) / b,
-                                     "delta_logprob": loss + 10.0 * text, "delta_key": math.nan})
-    table = claims.verdicts(pd.DataFrame(rows)).set_index(["sequences", "claim"])
+                                     "delta_logprob": loss + 10.0 * text, "delta_key": math.nan,
+                                     **({} if worst_head is None else
+                                        {"clean_spectral_worst_head": worst_head(index, b, text)})})
+    return pd.DataFrame(rows)
+
+
+def test_a_gated_task_whose_error_ranks_the_losses_gets_a_verdict_and_a_failed_task_stays_out():
+    """18 of 18 exact answers pass the gate (lower bound 0.815), 17 of 18 do not (0.727); across 4 policies the
+    error ranks the log-prob loss but in ``text`` of each text's 9 strata (c and d swapped, rho 0.8): the claim
+    holds, on the calibrated interval."""
+    table = claims.verdicts(_gated_rows()).set_index(["sequences", "claim"])
     assert table.loc[("gated", "logprob"), "tasks"] == "single-needle"  # multi-key fails the gate: left out
     assert table.loc[("gated", "logprob"), "texts"] == 6 and table.loc[("gated", "logprob"), "strata"] == 6 * 3 * 3
     assert table.loc[("gated", "logprob"), "estimate"] == pytest.approx(1 - 0.2 * 15 / 54)
@@ -272,6 +285,28 @@ def test_a_gated_task_whose_error_ranks_the_losses_gets_a_verdict_and_a_failed_t
     assert table.loc[("gated", "key"), "verdict"] == "too few texts"  # no key tokens: no stratum
     assert table.loc[("all", "logprob"), "tasks"] == "multi-key,single-needle"
     assert table.loc[("all", "logprob"), "verdict"] == "described, not judged"
+
+
+def test_the_worst_heads_error_is_judged_beside_the_median_heads_on_the_same_sequences():
+    """Policy a is exact in most heads (its median head's error the smallest) but its worst head is the worst of
+    all: under the worst head the claim fails where the declared median head holds, and the summary says the
+    verdict changes with the statistic. A sequence that does not record the worst head is left out whole; rows
+    without it give no worst-head rows."""
+    from approxlab.studies.long_context.report import _worst_head_notes
+
+    assert set(claims.verdicts(_gated_rows())["sequences"]) == {"gated", "all"}
+    frame = _gated_rows(lambda index, b, text: 10.0 - index)  # reverses the median head's ranking
+    frame.loc[(frame["text"] == 5) & (frame["depth"] == 0.9) & (frame["method"] == "b"),
+              "clean_spectral_worst_head"] = math.nan  # computed before the worst head was recorded
+    table = claims.verdicts(frame).set_index(["sequences", "claim"])
+    assert table.loc[("gated", "logprob"), "verdict"] == "holds"
+    worst = table.loc[("gated, worst head", "logprob")]
+    assert worst["strata"] == 6 * 3 * 3 - 3 and worst["estimate"] == pytest.approx(-1 + 0.2 * 15 / 51)
+    assert worst["verdict"] == "fails" and worst["median_head_verdict"] == "holds"
+    assert worst["median_head_estimate"] == pytest.approx(1 - 0.2 * 15 / 51)  # the same 51 strata
+    notes = " ".join(_worst_head_notes(table.reset_index()))
+    assert "kv-cache logprob at 2048 tokens" in notes and "the verdict changes with the statistic" in notes
+    assert "recorded by no gated sequence" in _worst_head_notes(claims.verdicts(_gated_rows()))[0]
 
 
 def test_the_whole_sequence_table_reads_only_the_sequences_every_method_ran_on():

@@ -57,6 +57,10 @@ def test_the_clean_errors_equal_a_replay_on_the_whole_sequences_prefill(swept):
             found = [entry for entry in layers if entry["method"] == row["method"] and
                      entry["compression_ratio"] == row["compression_ratio"] and entry["layer"] == layer]
             assert found[0]["clean_spectral"] == pytest.approx(float(heads.median()), rel=1e-6, abs=1e-12)
+            assert found[0]["clean_spectral_worst_head"] == pytest.approx(float(heads.max()), rel=1e-6, abs=1e-12)
+        per_layer = [entry["clean_spectral_worst_head"] for entry in layers if entry["method"] == row["method"] and
+                     entry["compression_ratio"] == row["compression_ratio"]]
+        assert row["clean_spectral_worst_head"] == pytest.approx(sum(per_layer) / 3, rel=1e-12)
 
 
 def test_exact_attention_loses_nothing_and_approximations_do(swept):

@@ -41,15 +41,21 @@ def _short_nll(model, context_ids, continuation_ids, short_context: int) -> torc
 
 def _layer_summary(errors: dict, layer_ids) -> tuple[dict, list[dict]]:
     """Pooled columns of a run's errors ``{inputs: (L', S, H)}`` relative spectral error (mean, median and max over
-    layers of each layer's median over heads and sequences), and one row per replaced layer of ``layer_ids``."""
+    layers of each layer's median over heads and sequences; ``_worst_head``: the mean over layers of each layer's
+    largest error over heads and sequences), and one row per replaced layer of ``layer_ids`` (its median and its
+    largest over heads). The median over heads reads a method exact in most heads (DuoAttention's retrieval heads)
+    as exact; the worst head says what its other heads lose."""
     columns, layers = {}, {}
     for inputs in ("clean", "patched"):
-        per_layer = errors[inputs].flatten(1).median(dim=1).values  # (L',)
+        flat = errors[inputs].flatten(1)  # (L', S H)
+        per_layer, worst = flat.median(dim=1).values, flat.max(dim=1).values  # (L',) each
         columns.update({f"{inputs}_spectral_mean": float(per_layer.mean()),
                         f"{inputs}_spectral_median": float(per_layer.median()),
-                        f"{inputs}_spectral_max": float(per_layer.max())})
+                        f"{inputs}_spectral_max": float(per_layer.max()),
+                        f"{inputs}_spectral_worst_head": float(worst.mean())})
         for index, layer in enumerate(layer_ids):
-            layers.setdefault(layer, {"layer": layer})[f"{inputs}_spectral"] = float(per_layer[index])
+            layers.setdefault(layer, {"layer": layer}).update({f"{inputs}_spectral": float(per_layer[index]),
+                                                               f"{inputs}_spectral_worst_head": float(worst[index])})
     return columns, list(layers.values())
 
 
@@ -172,9 +178,11 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
         ``delta_logprob`` (the unpatched model's answer log-probability minus this), ``delta_all`` and
         ``delta_key`` (mean change in NLL over all continuation tokens and over its key tokens, nats),
         ``key_tokens``, the ``clean_`` and ``patched_spectral_`` ``mean``/``median``/``max`` over layers (each
-        layer's median over heads), ``seconds`` and ``status``.
+        layer's median over heads) and ``worst_head`` (the mean over layers of each layer's largest error over
+        heads), ``seconds`` and ``status``.
     layers : list of dict
-        One row per method, ratio and layer: ``clean_spectral`` and ``patched_spectral`` (median over heads).
+        One row per method, ratio and layer: ``clean_spectral`` and ``patched_spectral`` (median over heads), and
+        ``clean_spectral_worst_head`` and ``patched_spectral_worst_head`` (largest over heads).
 
     Raises
     ------
@@ -209,7 +217,8 @@ def sweep_policies(model, context_ids: torch.Tensor, continuation_ids: torch.Ten
     >>> [(row["method"], row["num_features"]) for row in rows]
     [('unpatched', None), ('streaming-llm', 24), ('streaming-llm', 6), ('h2o', 24), ('h2o', 6)]
     >>> len(layers), sorted(layers[0])  # 2 layers for each of the 4 policy rows
-    (8, ['clean_spectral', 'compression_ratio', 'layer', 'method', 'num_features', 'patched_spectral'])
+    (8, ['clean_spectral', 'clean_spectral_worst_head', 'compression_ratio', 'layer', 'method', 'num_features',
+         'patched_spectral', 'patched_spectral_worst_head'])
     """
     options = dict(options or {})
     budgets = budgets_of(ratios, int(context_ids.shape[-1]))  # a bad ratio refused before the prefill

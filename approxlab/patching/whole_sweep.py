@@ -68,8 +68,8 @@ def sweep_methods(model, context_ids: torch.Tensor, continuation_ids: torch.Tens
     rows, layers
         As :func:`~approxlab.patching.sweep_policies`: the unpatched model's row, then one per method and ratio
         (``correct``, ``answer_logprob``, ``delta_logprob``, ``delta_all``, ``delta_key``, ``key_tokens``,
-        ``clean_``/``patched_spectral_`` ``mean``/``median``/``max``, ``seconds``, ``status``); one row per
-        method, ratio and layer.
+        ``clean_``/``patched_spectral_`` ``mean``/``median``/``max``/``worst_head``, ``seconds``, ``status``);
+        one row per method, ratio and layer.
 
     Notes
     -----

@@ -30,6 +30,13 @@ statistic over the methods that are not cache policies, each replacing every lay
 (``whole.csv``), within sequence x ratio; its own Holm family per length. The budget claim needs several ratios per
 method, which the whole-sequence grid does not declare.
 
+**The worst head** (rows ``"gated, worst head"``, on the sequences whose every row records
+``clean_spectral_worst_head``):
+the same claims with the error read as the mean over layers of each layer's *largest* error over heads. The
+declared median over heads reads a method exact in most heads (DuoAttention's retrieval heads) as exact; these
+rows say whether a verdict changes with that choice. They are not the declared claims and stay out of the Holm
+families.
+
 **Units.** Texts (WikiText-2 windows) are resampled, each with all its sequences (tasks and depths): the
 statistic is a ratio :math:`\sum_t S_t / \sum_t C_t` of each text's sum of stratum :math:`\rho` and its count, so
 a resample is cheap. The interval is the percentile bootstrap over texts, calibrated by the double bootstrap on
@@ -38,11 +45,11 @@ one Holm family.
 
 Public API::
 
-    GATE, GATE_LEVEL, CLAIMS, WHOLE_CLAIMS, SETTINGS, RESAMPLES, MIN_TEXTS
+    GATE, GATE_LEVEL, CLAIMS, WHOLE_CLAIMS, SETTINGS, RESAMPLES, MIN_TEXTS, ERROR, WORST_HEAD
     gate_table(results) -> DataFrame
     premise_frame(results, gate) -> DataFrame
-    stratum_values(frame, claim) -> [(text, value)]
-    stratum_sums(frame, claim) -> {text: (sum, count)}
+    stratum_values(frame, claim, error=ERROR) -> [(text, value)]
+    stratum_sums(frame, claim, error=ERROR) -> {text: (sum, count)}
     verdicts(results, whole=None) -> DataFrame
 """
 
@@ -61,8 +68,8 @@ from ..declaration import Claim
 from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
-__all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "WHOLE_CLAIMS", "SETTINGS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT", "gate_table", "premise_frame",
-           "stratum_values", "stratum_sums", "verdicts"]
+__all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "WHOLE_CLAIMS", "SETTINGS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT",
+           "ERROR", "WORST_HEAD", "gate_table", "premise_frame", "stratum_values", "stratum_sums", "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
 """A task enters the claims at a length when its exact accuracy's two-sided 95% Clopper-Pearson lower bound is
@@ -73,6 +80,9 @@ RESAMPLES = 1000
 
 MIN_TEXTS = 5
 """Fewer texts with a defined stratum at a length: no verdict (too few units)."""
+
+ERROR, WORST_HEAD = "clean_spectral_mean", "clean_spectral_worst_head"
+"""The claims' error (mean over layers of each layer's median over heads) and the worst head's (of its largest)."""
 
 OUTCOMES = {"acc": "accuracy_loss", "logprob": "delta_logprob", "key": "delta_key", "budget": "delta_logprob"}
 """The loss each claim ranks against the clean-input error."""
@@ -153,16 +163,15 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def stratum_values(frame: pd.DataFrame, claim: str) -> list[tuple[int, float]]:
+def stratum_values(frame: pd.DataFrame, claim: str, error: str = ERROR) -> list[tuple[int, float]]:
     """``[(text, value)]``, one per stratum with a defined value, of one length's premise rows for ``claim``
-    (:data:`OUTCOMES`): the across-policy rho per sequence x ratio, or (``"budget"``) the paired difference per
-    policy x sequence."""
+    (:data:`OUTCOMES`): the across-policy rho of the column ``error`` per sequence x ratio, or (``"budget"``) the
+    paired difference per policy x sequence."""
     claim = claim.removeprefix("whole-")
     outcome, values = OUTCOMES[claim], []
     strata = ["sequence", "method"] if claim == "budget" else ["sequence", "compression_ratio"]
     for (sequence, _), group in frame.groupby(strata, sort=False):
-        error, loss = group["clean_spectral_mean"].to_numpy(float), group[outcome].to_numpy(float)
-        value = _spearman(error, loss)
+        value = _spearman(group[error].to_numpy(float), loss := group[outcome].to_numpy(float))
         if claim == "budget":
             value -= _spearman(1.0 / group["num_features"].to_numpy(float), loss)
         if math.isfinite(value):
@@ -170,9 +179,9 @@ def stratum_values(frame: pd.DataFrame, claim: str) -> list[tuple[int, float]]:
     return values
 
 
-def stratum_sums(frame: pd.DataFrame, claim: str) -> dict:
+def stratum_sums(frame: pd.DataFrame, claim: str, error: str = ERROR) -> dict:
     """``{text: (sum of stratum values, strata)}`` of :func:`stratum_values`: each text's share of the statistic."""
-    return _text_sums(stratum_values(frame, claim))
+    return _text_sums(stratum_values(frame, claim, error))
 
 
 def _text_sums(values) -> dict:
@@ -198,8 +207,11 @@ def verdicts(results: pd.DataFrame, whole: pd.DataFrame | None = None) -> pd.Dat
     stratum gives, where they all give the same, else NaN): ``"gated"`` (the claim: the gated tasks' sequences, the
     calibrated interval, the verdict) and ``"all"`` (every task's sequences, gate or not: the statistic and its
     declared 95% percentile interval over texts, described, never judged: a task the exact model cannot do still
-    has an answer whose log-probability a policy can lower). The whole-sequence setting's rows (``whole``, the
-    columns of ``results``' policy rows) are read beside ``results``' unpatched rows, at the lengths they have."""
+    has an answer whose log-probability a policy can lower), and ``"gated, worst head"`` on the gated sequences
+    whose every row records :data:`WORST_HEAD`, where there are any (the claim under the worst head's error, with
+    ``median_head_estimate`` and ``median_head_verdict``: the declared error's on the same sequences). The
+    whole-sequence setting's rows (``whole``, the columns of ``results``' policy rows) are read beside ``results``'
+    unpatched rows, at the lengths they have."""
     gate = gate_table(results)
     everything = gate.assign(passes=True)
     rows = []
@@ -209,17 +221,37 @@ def verdicts(results: pd.DataFrame, whole: pd.DataFrame | None = None) -> pd.Dat
         settings["whole-sequence"] = pd.concat([exact[exact["length"].isin(whole["length"].unique())], whole],
                                                ignore_index=True)
     for setting, rows_of in settings.items():
-        for which, frame in (("gated", premise_frame(rows_of, gate)), ("all", premise_frame(rows_of, everything))):
+        gated = premise_frame(rows_of, gate)
+        for which, frame, error in (("gated", gated, ERROR), ("all", premise_frame(rows_of, everything), ERROR),
+                                    ("gated, worst head", _recording(gated), WORST_HEAD)):
             for length in sorted(rows_of["length"].unique()):
                 at = frame[frame["length"] == length]
-                rows.extend({"setting": setting, **_claim_row(claim, at, int(length), which)}
-                            for claim in SETTINGS[setting])
+                if error == ERROR or len(at):
+                    rows.extend({"setting": setting, **_claim_row(claim, at, int(length), which, error),
+                                 **(_median_head(claim, at, int(length)) if error == WORST_HEAD else {})}
+                                for claim in SETTINGS[setting])
     return pd.DataFrame(rows)
 
 
-def _claim_row(claim, at: pd.DataFrame, length: int, which: str) -> dict:
-    """One claim's row on the premise rows ``at`` of one length (judged only for ``which == "gated"``)."""
-    values = stratum_values(at, claim.id)  # the strata once: their sums per text, and whether they all agree
+def _recording(frame: pd.DataFrame) -> pd.DataFrame:
+    """The premise rows of the sequences whose every row records :data:`WORST_HEAD` (rows computed before it
+    was recorded lack it; a sequence is kept whole or left out, so that its strata rank the same methods)."""
+    if WORST_HEAD not in frame:
+        return frame.iloc[:0]
+    finite = pd.Series(np.isfinite(frame[WORST_HEAD].to_numpy(float)), index=frame.index)
+    return frame[finite.groupby([frame["length"], frame["sequence"]]).transform("all")]
+
+
+def _median_head(claim, at: pd.DataFrame, length: int) -> dict:
+    """The declared statistic on the same sequences as a worst-head row (``at``): its estimate and verdict, so
+    that a change of verdict is the statistic's, not the sequences'."""
+    row = _claim_row(claim, at, length, "gated", ERROR)
+    return {"median_head_estimate": row["estimate"], "median_head_verdict": row["verdict"]}
+
+
+def _claim_row(claim, at: pd.DataFrame, length: int, which: str, error: str) -> dict:
+    """One claim's row on the premise rows ``at`` of one length (judged only on the gated sequences)."""
+    values = stratum_values(at, claim.id, error)  # the strata once: their sums per text, and whether they all agree
     units = list(_text_sums(values).values())
     distinct = {value for _, value in values}
     row = {"length": length, "sequences": which, "claim": claim.id, "text": claim.text,
@@ -228,7 +260,7 @@ def _claim_row(claim, at: pd.DataFrame, length: int, which: str) -> dict:
            "every_stratum": distinct.pop() if len(distinct) == 1 else math.nan}
     enough = len(units) >= max(2, claim.min_units)
     estimate = sum(s for s, _ in units) / row["strata"] if units else math.nan
-    if which != "gated":
+    if not which.startswith("gated"):
         low, high = _family(units, -1).interval(0.95) if enough else (math.nan, math.nan)
         return {**row, "estimate": estimate, "ci_low": low, "ci_high": high, "verdict": "described, not judged",
                 **calibrated_columns(None, claim.threshold)}

@@ -161,6 +161,7 @@ def _in_short(saved, table, gated, spent) -> list[str]:
     notes = [plain, *point, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
              f"lower bound >= {GATE:.0%}): " + (", ".join(f"{t} at {n}" for t, n in passed[["task", "length"]]
                                                         .itertuples(index=False)) or "none") + "."]
+    notes += _worst_head_notes(table)
     for _, row in table[table["sequences"] == "all"].iterrows():
         notes.append(f"Every task's sequences, gate or not (described, not judged): {row['claim']} at "
                      f"{row['length']} tokens {format_interval(row['estimate'], row['ci_low'], row['ci_high'])} over "
@@ -175,6 +176,25 @@ def _in_short(saved, table, gated, spent) -> list[str]:
             notes.append(f"Shared column sums at {int(length)} tokens: an H2O / observed-attention continuation "
                          f"{by[True]:.2f} s against {by[False]:.2f} s recomputing them.")
     return in_short_lines(words["holds"], words["fails"], words["open"], notes=notes)
+
+
+def _worst_head_notes(table: pd.DataFrame) -> list[str]:
+    """Whether a claim's verdict changes when the error is the worst head's (rows ``"gated, worst head"``, beside
+    the declared median head's on the same sequences), in words; or that no sequence records it."""
+    worst = table[table["sequences"] == "gated, worst head"]
+    missing = [setting for setting in table["setting"].unique() if setting not in set(worst["setting"])]
+    notes = [] if not missing else [
+        f"The worst head's error (`clean_spectral_worst_head`) is recorded by no gated sequence of the "
+        f"{' or '.join(missing)} setting in this run, so whether its verdicts change with it is not known here."]
+    for _, row in worst.iterrows():
+        before = row["median_head_verdict"]
+        notes.append(f"Under the worst head's error (described; the {row['texts']} texts whose sequences record "
+                     f"it): {row['setting']} {row['claim']} at {row['length']} tokens "
+                     f"{format_interval(row['estimate'], row['ci_low'], row['ci_high'])}, {row['verdict']}; the "
+                     f"median head on the same sequences {float(row['median_head_estimate']):.3f}, {before}"
+                     + (" (the same verdict)." if row["verdict"] == before else
+                        ": the verdict changes with the statistic."))
+    return notes
 
 
 def _sharing_lines(saved) -> list[str]:
@@ -210,14 +230,17 @@ def sections(saved) -> list[str]:
               "## The gate", "", *markdown_table(gated), "",
               "## Policies", "", "Mean over sequences of every task (gated or not); `delta_*` in nats against the "
               "exact model on the same sequence; errors: clean- and patched-input relative spectral error, mean over "
-              "layers of the median over heads (median over sequences).", "",
+              "layers of the median over heads (median over sequences; `clean_worst_head`, where recorded: of the "
+              "largest over heads).", "",
               *markdown_table(saved.product("policies.csv")), "",
               *whole_lines(saved),
               "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
                                  for c in (*CLAIMS, *WHOLE_CLAIMS)], "", UNIT, "",
               "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
               "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
-              "declared 95% interval over texts: described, not judged.", "",
+              "declared 95% interval over texts: described, not judged. Rows `gated, worst head` (the gated "
+              "sequences whose every row records it): the claims with the error of each layer's worst head, to show "
+              "whether a verdict changes with the statistic; outside the Holm families.", "",
               *markdown_table(table[["setting", "length", "sequences", "claim", "texts", "strata", "tasks",
                                      "estimate", "ci_low", "ci_high", "verdict"]]), "",
               *calibration_lines(), "",

@@ -18,12 +18,16 @@ BY = ["length", "method", "compression_ratio"]
 def method_table(frame: pd.DataFrame, **extra) -> pd.DataFrame:
     """Per length, method and ratio of the method rows ``frame`` (a failed row's ``status`` is not ``"ok"``): the
     median budget, sequences, accuracy, mean losses (answer log-prob, all-token and key-token Delta NLL), median
-    clean- and patched-input error, median seconds, then ``extra`` (pandas named aggregations) and the failures."""
+    clean- and patched-input error (and ``clean_worst_head``, the worst head's, where the rows record it), median
+    seconds, then ``extra`` (pandas named aggregations) and the failures."""
     frame = frame.assign(ok=frame["status"] == "ok")
+    worst = {}
+    if "clean_spectral_worst_head" in frame and frame.loc[frame["ok"], "clean_spectral_worst_head"].notna().all():
+        worst = {"clean_worst_head": ("clean_spectral_worst_head", "median")}
     table = frame[frame["ok"]].groupby(BY, sort=False).agg(
         num_features=("num_features", "median"), sequences=("text", "size"), accuracy=("correct", "mean"),
         delta_logprob=("delta_logprob", "mean"), delta_all=("delta_all", "mean"), delta_key=("delta_key", "mean"),
         clean_spectral=("clean_spectral_mean", "median"), patched_spectral=("patched_spectral_mean", "median"),
-        seconds=("seconds", "median"), **extra).reset_index()
+        **worst, seconds=("seconds", "median"), **extra).reset_index()
     failures = frame.groupby(BY, sort=False)["ok"].agg(lambda s: int((~s).sum())).rename("failures").reset_index()
     return table.merge(failures, on=BY, how="right")

@@ -24,8 +24,9 @@ from .tables import method_table
 __all__ = ["complete_sequences", "whole_methods", "whole_lines", "whole_panels"]
 
 COLUMNS = ["length", "method", "compression_ratio", "num_features", "sequences", "texts", "accuracy",
-           "exact_accuracy", "delta_logprob", "delta_all", "delta_key", "clean_spectral", "patched_spectral", "seconds",
-           "failures"]
+           "exact_accuracy", "delta_logprob", "delta_all", "delta_key", "clean_spectral", "patched_spectral",
+           "clean_worst_head", "seconds", "failures"]
+"""The columns of ``whole_methods.csv`` (``clean_worst_head`` where the rows record the worst head's error)."""
 
 
 def complete_sequences(whole: pd.DataFrame, config: dict) -> pd.DataFrame:
@@ -47,11 +48,12 @@ def whole_methods(saved) -> pd.DataFrame:
     median over heads; over all rows of the sequence), median seconds, failures."""
     whole = saved.table(WHOLE)
     if whole is None or whole.empty:
-        return pd.DataFrame(columns=COLUMNS)
+        return pd.DataFrame(columns=[column for column in COLUMNS if column != "clean_worst_head"])
     results = saved.table(RESULTS)
     exact = results[results["method"] == "unpatched"][[*KEY, "correct"]].rename(columns={"correct": "exact_correct"})
     frame = complete_sequences(whole, saved.config).merge(exact, on=list(KEY), how="left")
-    return method_table(frame, texts=("text", "nunique"), exact_accuracy=("exact_correct", "mean"))[COLUMNS]
+    table = method_table(frame, texts=("text", "nunique"), exact_accuracy=("exact_correct", "mean"))
+    return table[[column for column in COLUMNS if column in table]]
 
 
 def whole_lines(saved) -> list[str]:
@@ -77,6 +79,9 @@ def whole_lines(saved) -> list[str]:
     seconds = float(np.nansum(table["seconds"] * table["sequences"]))
     started = len(saved.table(WHOLE).groupby(list(KEY)))
     exactly = table[table["clean_spectral"] < 1e-5]["method"].unique()
+    if "clean_worst_head" in table:  # the worst head's error says what the method's other heads lose
+        exactly = [f"{row.method} (worst head {row.clean_worst_head:.3g})" for row in
+                   table[table["clean_spectral"] < 1e-5].itertuples()]
     caveat = [] if not len(exactly) else [
         f"The error of {', '.join(exactly)} is near 0 (below 1e-5): it is the mean over layers of each layer's median "
         "over heads, and a method exact in most heads (DuoAttention's retrieval heads) has the median of an exact "
