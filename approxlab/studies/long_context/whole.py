@@ -78,10 +78,9 @@ def whole_lines(saved) -> list[str]:
     planned = len(config["whole_texts"]) * len(config["ruler_tasks"]) * len(config["depths"])
     seconds = float(np.nansum(table["seconds"] * table["sequences"]))
     started = len(saved.table(WHOLE).groupby(list(KEY)))
-    exactly = table[table["clean_spectral"] < 1e-5]["method"].unique()
-    if "clean_worst_head" in table:  # the worst head's error says what the method's other heads lose
-        exactly = [f"{row.method} (worst head {row.clean_worst_head:.3g})" for row in
-                   table[table["clean_spectral"] < 1e-5].itertuples()]
+    near_zero = table[table["clean_spectral"] < 1e-5]
+    exactly = ([f"{row.method} (worst head {row.clean_worst_head:.3g})" for row in near_zero.itertuples()]
+               if "clean_worst_head" in table else list(near_zero["method"]))  # the worst head: what the rest lose
     caveat = [] if not len(exactly) else [
         f"The error of {', '.join(exactly)} is near 0 (below 1e-5): it is the mean over layers of each layer's median "
         "over heads, and a method exact in most heads (DuoAttention's retrieval heads) has the median of an exact "
