@@ -87,11 +87,14 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     assert main(["long-context", "--out", str(out), "--plot-only", "--no-progress"]) == 0
 
 
-def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llama, tmp_path, capsys):
+def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llama, tmp_path, capsys, monkeypatch):
     """Policies added to a saved run (``--policies`` holding the saved ones and more) run in cells of their own, one
     per sequence (the saved cells stay whole and are not recomputed); the config records the extension; the report
-    reads them with the rest; dropping a saved policy is still a different configuration."""
+    reads them with the rest (its tables, the summary's policies and their defaults, the figure's curves); dropping
+    a saved policy is still a different configuration."""
     import shutil
+
+    import approxlab.plotting
 
     saved, cache = run
     out = tmp_path / "extended"
@@ -109,6 +112,13 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     assert record["config"]["policies"] == ["streaming-llm", "snapkv", "h2o"]
     assert record["extensions"][-1]["added"] == {"added_policies": ["criticalkv", "caote"]}
     assert {"criticalkv", "caote"} <= set(pd.read_csv(out / "policies.csv")["method"])
+    summary = (out / "summary.md").read_text()
+    assert "5 cache policies with their defaults" in summary and "criticalkv {" in summary and "caote {" in summary
+    figures = []
+    monkeypatch.setattr(approxlab.plotting, "save_figure", lambda fig, path: figures.append(fig) or [])
+    assert main(["long-context", "--out", str(out), "--plot-only", "--no-progress"]) == 0
+    labels = {text.get_text() for ax in figures[0].axes if ax.get_legend() for text in ax.get_legend().get_texts()}
+    assert {"CriticalKV", "CAOTE", "StreamingLLM"} <= labels
     dropped = _with_policies("streaming-llm,snapkv,criticalkv")
     assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out),
                  *dropped]) != 0

@@ -14,10 +14,11 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 1. **grid** (:mod:`.grid`) -- lengths 2,048 / 4,096 / 8,192, 30 distinct texts x 3 depths per task and length,
    compression ratios 0.5-0.95, every cache policy of the registry;
 2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv`` and
-   ``layers.csv``; then the whole-sequence setting (the methods that are not cache policies, every layer replaced
-   over the whole sequence, at the shortest length) in ``whole.csv`` and ``whole_layers.csv``; then a policy added
-   to a saved run (CriticalKV and CAOTE after the committed run) in cells of its own, ``added.csv`` and
-   ``added_layers.csv``, read with ``results.csv`` by the report;
+   ``layers.csv``; then a policy added to a saved run (CriticalKV and CAOTE after the committed run began) in cells
+   of its own, ``added.csv`` and ``added_layers.csv``, read with ``results.csv`` by the report (the cache policies'
+   setting is complete before the next begins); then the whole-sequence setting (the methods that are not cache
+   policies, every layer replaced over the whole sequence, at the shortest length) in ``whole.csv`` and
+   ``whole_layers.csv``;
 3. **report** (:mod:`.report`, :mod:`.claims`) -- the gate (the exact model's accuracy with its Clopper-Pearson
    bound), the premise claims fixed in code (stratified rank correlations across policies, the paired difference
    against the budget within a policy, calibrated intervals over texts, Holm), ``long_context.png`` and
@@ -45,10 +46,10 @@ STUDY = Study(
     steps=(Step((Table(SHARING, ("length",), optional=True),), compute_sharing, sharing_cells),
            Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
                 compute_sequence, cells),
-           Step((Table(WHOLE, WHOLE_KEY, optional=True), Table(WHOLE_LAYERS, WHOLE_KEY, optional=True)),
-                compute_whole, whole_cells),
            Step((Table(ADDED, ADDED_KEY, optional=True), Table(ADDED_LAYERS, ADDED_KEY, optional=True)),
-                compute_added, added_cells)),
+                compute_added, added_cells),
+           Step((Table(WHOLE, WHOLE_KEY, optional=True), Table(WHOLE_LAYERS, WHOLE_KEY, optional=True)),
+                compute_whole, whole_cells)),
     claims=CLAIMS,
     products=(Product("gate.csv", gate), Product("policies.csv", policies), Product("cost.csv", cost),
               Product("whole_methods.csv", whole_methods),

@@ -15,7 +15,7 @@ from .grid import policy_defaults
 from .tables import method_table
 from .whole import complete_sequences, whole_lines, whole_panels
 
-__all__ = ["TITLE", "results_of", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
+__all__ = ["TITLE", "results_of", "run_policies", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
 
 TITLE = "Long context: RULER-style retrieval on one shared exact prefill, every cache policy and compression ratio"
 
@@ -27,6 +27,11 @@ def results_of(saved) -> pd.DataFrame:
     if added.empty:
         return results
     return pd.concat([results, added.drop(columns="policy")], ignore_index=True)
+
+
+def run_policies(config: dict) -> list[str]:
+    """Every cache policy of a run: those its cells hold, then those added to it (``added_policies``)."""
+    return [*config["policies"], *config.get("added_policies", [])]
 
 
 def gate(saved) -> pd.DataFrame:
@@ -76,15 +81,17 @@ def claim_verdicts(saved) -> pd.DataFrame:
 
 def plot(saved) -> list:
     """``long_context.png/.pdf``: per length, two rows. Top: the exact model's accuracy per task with its 95%
-    interval against the gate, then each policy's accuracy over the compression ratios (at most 8 policies a
-    panel). Bottom: each policy x ratio's median clean-input error against its mean answer log-prob loss, then
-    each policy's mean log-prob loss over the ratios. Then, where the whole-sequence setting ran, a row per length:
+    interval against the gate, then each policy's accuracy over the compression ratios (the run's policies and
+    those added to it, in balanced panels of at most 9). Bottom: each policy x ratio's median clean-input error
+    against its mean answer log-prob loss, then each policy's mean log-prob loss over the ratios. Then, where the whole-sequence setting ran, a row per length:
     its methods' accuracy, and their error against loss (:func:`.whole.whole_panels`)."""
     from ...plotting import figure, method_style, panel_groups, save_figure
 
     table, gated = saved.product("policies.csv"), saved.product("gate.csv")
     lengths = sorted(table["length"].unique()) if len(table) else sorted(gated["length"].unique())
-    groups = panel_groups({"policies": list(saved.config["policies"])}, limit=8)
+    drawn = run_policies(saved.config)
+    panels = max(1, math.ceil(len(drawn) / 9))  # at most 9 policies a panel, the panels balanced
+    groups = panel_groups({"policies": drawn}, limit=max(1, math.ceil(len(drawn) / panels)))
     whole = sorted(saved.product("whole_methods.csv")["length"].unique())
     fig, axes = figure(2 * len(lengths) + len(whole), 1 + len(groups), panel_size=(3.4, 2.8))
     for index, length in enumerate(whole):
@@ -96,7 +103,7 @@ def plot(saved) -> list:
         top, bottom = axes[2 * index], axes[2 * index + 1]
         _gate_panel(top[0], gated[gated["length"] == length].reset_index(drop=True), length)
         at = table[table["length"] == length]
-        for method in saved.config["policies"]:
+        for method in drawn:
             points = at[at["method"] == method]
             bottom[0].scatter(points["clean_spectral"], points["delta_logprob"], s=10,
                               **{k: v for k, v in method_style(method).items() if k in ("color", "marker", "label")})
@@ -211,22 +218,31 @@ def _sharing_lines(saved) -> list[str]:
                                                   "seconds_per_continuation", "max_abs_difference"]])]
 
 
+def _added_lines(config: dict) -> list[str]:
+    """The cost table's caveat where policies were added to the run (their cells each ran a prefill of their own)."""
+    if not config.get("added_policies"):
+        return []
+    return [f"The policies added to the run ({', '.join(config['added_policies'])}) ran in cells of their own, one "
+            "per sequence and policy, each with its own prefill; `continuations` and `sequence_s` count their "
+            "continuations and not those prefills: what one shared prefill costs every policy.", ""]
+
+
 def sections(saved) -> list[str]:
     """The summary: in short, the run, cost, the gate, the policies, the claims, what is left out."""
     config = saved.config
     table, gated, spent = saved.product("verdicts.csv"), saved.product("gate.csv"), saved.product("cost.csv")
     lines = _in_short(saved, table, gated, spent)
-    defaults = "; ".join(f"{name} {policy_defaults(name) or '(no options)'}" for name in config["policies"])
+    defaults = "; ".join(f"{name} {policy_defaults(name) or '(no options)'}" for name in run_policies(config))
     lines += ["## The run", "", f"`{saved.command}`", "",
               f"Lengths {config['lengths']}; tasks {config['ruler_tasks']}; {config['texts']} distinct texts "
               f"(disjoint WikiText-2 windows of each length) x depths {config['depths']} per task and length; "
               f"compression ratios {config['ratios']} (b = max(1, int(n_c (1 - r))) context tokens per KV head, "
-              f"recorded beside each ratio); {len(config['policies'])} cache policies with their defaults: "
+              f"recorded beside each ratio); {len(run_policies(config))} cache policies with their defaults: "
               f"{defaults} (the RoPE inputs of the policies that read them are the model's, supplied by the engine). Key tokens (LongPPL, alpha = 2, beta = -2) read a truncated context of "
               f"{config['short_context']} tokens per length.", "",
               "## Cost", "", "One exact prefill per sequence, shared by every policy and ratio "
               "(`approxlab.patching.sweep_policies`); seconds are wall seconds of one worker.", "",
-              *markdown_table(spent), "", *_sharing_lines(saved), "",
+              *markdown_table(spent), "", *_added_lines(config), *_sharing_lines(saved), "",
               "## The gate", "", *markdown_table(gated), "",
               "## Policies", "", "Mean over sequences of every task (gated or not); `delta_*` in nats against the "
               "exact model on the same sequence; errors: clean- and patched-input relative spectral error, mean over "
