@@ -83,8 +83,9 @@ def plot(saved) -> list:
     """``long_context.png/.pdf``: per length, two rows. Top: the exact model's accuracy per task with its 95%
     interval against the gate, then each policy's accuracy over the compression ratios (the run's policies and
     those added to it, in balanced panels of at most 9). Bottom: each policy x ratio's median clean-input error
-    against its mean answer log-prob loss, then each policy's mean log-prob loss over the ratios. Then, where the whole-sequence setting ran, a row per length:
-    its methods' accuracy, and their error against loss (:func:`.whole.whole_panels`)."""
+    against its mean answer log-prob loss, then each policy's mean log-prob loss over the ratios. Then, where the
+    whole-sequence setting ran, a row per length: its methods' accuracy, and their error against loss
+    (:func:`.whole.whole_panels`)."""
     from ...plotting import figure, method_style, panel_groups, save_figure
 
     table, gated = saved.product("policies.csv"), saved.product("gate.csv")
