@@ -314,6 +314,10 @@ def test_the_worst_heads_error_is_judged_beside_the_median_heads_on_the_same_seq
     assert worst["strata"] == 6 * 3 * 3 - 3 and worst["estimate"] == pytest.approx(-1 + 0.2 * 15 / 51)
     assert worst["verdict"] == "fails" and worst["median_head_verdict"] == "holds"
     assert worst["median_head_estimate"] == pytest.approx(1 - 0.2 * 15 / 51)  # the same 51 strata
+    every = claims.verdicts(_gated_rows(lambda index, b, text: 10.0 - index)).set_index(["sequences", "claim"])
+    both = every.loc[("gated, worst head", "logprob")], every.loc[("gated", "logprob")]
+    assert both[0]["strata"] == both[1]["strata"] == 6 * 3 * 3  # every sequence records it: the declared row's own
+    assert (both[0]["median_head_estimate"], both[0]["median_head_verdict"]) == (both[1]["estimate"], "holds")
     notes = " ".join(_worst_head_notes(table.reset_index()))
     assert "kv-cache logprob at 2048 tokens" in notes and "the verdict changes with the statistic" in notes
     assert "recorded by no gated sequence" in _worst_head_notes(claims.verdicts(_gated_rows()))[0]

@@ -221,15 +221,20 @@ def verdicts(results: pd.DataFrame, whole: pd.DataFrame | None = None) -> pd.Dat
         settings["whole-sequence"] = pd.concat([exact[exact["length"].isin(whole["length"].unique())], whole],
                                                ignore_index=True)
     for setting, rows_of in settings.items():
-        gated = premise_frame(rows_of, gate)
+        gated, declared = premise_frame(rows_of, gate), {}  # declared: (length, claim) -> (rows judged, its row)
         for which, frame, error in (("gated", gated, ERROR), ("all", premise_frame(rows_of, everything), ERROR),
                                     ("gated, worst head", _recording(gated), WORST_HEAD)):
             for length in sorted(rows_of["length"].unique()):
                 at = frame[frame["length"] == length]
-                if error == ERROR or len(at):
-                    rows.extend({"setting": setting, **_claim_row(claim, at, int(length), which, error),
-                                 **(_median_head(claim, at, int(length)) if error == WORST_HEAD else {})}
-                                for claim in SETTINGS[setting])
+                if error == WORST_HEAD and not len(at):
+                    continue
+                for claim in SETTINGS[setting]:
+                    row = {"setting": setting, **_claim_row(claim, at, int(length), which, error)}
+                    if which == "gated":
+                        declared[(length, claim.id)] = (len(at), row)
+                    if error == WORST_HEAD:
+                        row.update(_median_head(claim, at, int(length), declared[(length, claim.id)]))
+                    rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -242,10 +247,13 @@ def _recording(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[finite.groupby([frame["length"], frame["sequence"]]).transform("all")]
 
 
-def _median_head(claim, at: pd.DataFrame, length: int) -> dict:
+def _median_head(claim, at: pd.DataFrame, length: int, gated: tuple) -> dict:
     """The declared statistic on the same sequences as a worst-head row (``at``): its estimate and verdict, so
-    that a change of verdict is the statistic's, not the sequences'."""
-    row = _claim_row(claim, at, length, "gated", ERROR)
+    that a change of verdict is the statistic's, not the sequences'. ``gated`` is ``(rows, row)``, the declared
+    claim's row on all gated sequences: where ``at`` holds them all (it is a subset of them), that row is it."""
+    count, row = gated
+    if len(at) != count:
+        row = _claim_row(claim, at, length, "gated", ERROR)
     return {"median_head_estimate": row["estimate"], "median_head_verdict": row["verdict"]}
 
 

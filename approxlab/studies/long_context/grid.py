@@ -11,7 +11,7 @@ Public API::
     configure(args) -> dict, build_config(*, quick=False, **values) -> dict, cells(config, settings) -> list
     added_cells(config, settings) -> list                 # the policies added to a saved run, one cell each
     whole_cells(config, settings) -> list                 # the whole-sequence setting: sequence x method x ratio
-    check(args, config), run_info(args, config) -> dict
+    check(args, config), run_policies(config) -> list, run_info(args, config) -> dict
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..declaration import Option
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "ADDED_KEY", "SHORT_CONTEXT", "cache_policies",
            "policy_defaults", "depth_list", "configure", "build_config", "cells", "added_cells", "whole_cells",
-           "WHOLE_KEY", "check", "run_info"]
+           "WHOLE_KEY", "check", "run_policies", "run_info"]
 
 KEY = ("task", "length", "text", "depth")
 """A cell: one sequence."""
@@ -228,7 +228,12 @@ def check(args, config: dict) -> None:
         raise UsageError("--texts", f"at most the corpus's {count} windows of {longest} tokens", config["texts"])
 
 
+def run_policies(config: dict) -> list[str]:
+    """Every cache policy of a run: those its cells hold, then those added to it (``added_policies``)."""
+    return [*config["policies"], *config.get("added_policies", [])]
+
+
 def run_info(args, config: dict) -> dict:
     """What ``config.json`` records beside the command: each policy's defaults (sinks, window, recent share)."""
     return {"policy_defaults": {name: {k: repr(v) for k, v in policy_defaults(name).items()}
-                                for name in [*config["policies"], *config.get("added_policies", [])]}}
+                                for name in run_policies(config)}}

@@ -11,11 +11,11 @@ from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
 from .cells import ADDED, RESULTS, SHARING, WHOLE
 from .claims import CLAIMS, GATE, UNIT, WHOLE_CLAIMS, gate_table, verdicts
-from .grid import policy_defaults
+from .grid import policy_defaults, run_policies
 from .tables import method_table
 from .whole import complete_sequences, whole_lines, whole_panels
 
-__all__ = ["TITLE", "results_of", "run_policies", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
+__all__ = ["TITLE", "results_of", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
 
 TITLE = "Long context: RULER-style retrieval on one shared exact prefill, every cache policy and compression ratio"
 
@@ -27,11 +27,6 @@ def results_of(saved) -> pd.DataFrame:
     if added.empty:
         return results
     return pd.concat([results, added.drop(columns="policy")], ignore_index=True)
-
-
-def run_policies(config: dict) -> list[str]:
-    """Every cache policy of a run: those its cells hold, then those added to it (``added_policies``)."""
-    return [*config["policies"], *config.get("added_policies", [])]
 
 
 def gate(saved) -> pd.DataFrame:
@@ -233,12 +228,13 @@ def sections(saved) -> list[str]:
     config = saved.config
     table, gated, spent = saved.product("verdicts.csv"), saved.product("gate.csv"), saved.product("cost.csv")
     lines = _in_short(saved, table, gated, spent)
-    defaults = "; ".join(f"{name} {policy_defaults(name) or '(no options)'}" for name in run_policies(config))
+    names = run_policies(config)
+    defaults = "; ".join(f"{name} {policy_defaults(name) or '(no options)'}" for name in names)
     lines += ["## The run", "", f"`{saved.command}`", "",
               f"Lengths {config['lengths']}; tasks {config['ruler_tasks']}; {config['texts']} distinct texts "
               f"(disjoint WikiText-2 windows of each length) x depths {config['depths']} per task and length; "
               f"compression ratios {config['ratios']} (b = max(1, int(n_c (1 - r))) context tokens per KV head, "
-              f"recorded beside each ratio); {len(run_policies(config))} cache policies with their defaults: "
+              f"recorded beside each ratio); {len(names)} cache policies with their defaults: "
               f"{defaults} (the RoPE inputs of the policies that read them are the model's, supplied by the engine). Key tokens (LongPPL, alpha = 2, beta = -2) read a truncated context of "
               f"{config['short_context']} tokens per length.", "",
               "## Cost", "", "One exact prefill per sequence, shared by every policy and ratio "
