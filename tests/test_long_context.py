@@ -149,6 +149,9 @@ def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
     assert saved["added_policies"] == ["criticalkv", "caote"] and len(saved["policies"]) == 15
     assert saved["whole_methods"] == config["whole_methods"] and saved["whole_texts"] == list(range(10))
     assert not extension(saved, config, long_context.STUDY.grows)  # the same configuration: it resumes
+    longer = long_context.build_config(lengths=[2048, 4096, 8192], ruler_tasks=["single-needle", "multi-key"],
+                                       out=str(folder))  # the longer lengths: their truncated contexts are added
+    assert extension(saved, longer, long_context.STUDY.grows) == ["lengths", "short_context"]
     fresh = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"])
     assert {"criticalkv", "caote"} <= set(fresh["policies"]) and "added_policies" not in fresh
 
