@@ -336,3 +336,31 @@ def test_the_whole_sequence_table_reads_only_the_sequences_every_method_ran_on()
             for method in methods]
     kept = complete_sequences(pd.DataFrame(rows), {"whole_methods": ["topk", "quest"], "whole_ratios": [0.875]})
     assert sorted(kept["text"]) == [0, 0] and sorted(kept["method"]) == ["quest", "topk"]
+
+
+def test_the_summary_says_where_a_length_is_not_complete_and_which_policies_it_lacks():
+    """A run stopped in its second length: the summary says how many of the declared sequences that length holds,
+    how many texts whole, and which policies (an added one, whose cells come last) have rows on fewer of them; a
+    complete length gets no line."""
+    import types
+
+    from approxlab.studies.long_context.report import _coverage_notes
+
+    def rows(length, texts, methods):
+        return pd.DataFrame([{"length": length, "task": "single-needle", "text": text, "depth": depth,
+                              "method": method, "policy": method}
+                             for text in range(texts) for depth in (0.1, 0.9)
+                             for method in methods for _ in ((0,) if method == "unpatched" else (0.5, 0.9))])
+
+    config = {"lengths": [256, 512], "ruler_tasks": ["single-needle"], "depths": [0.1, 0.9], "texts": 3,
+              "ratios": [0.5, 0.9], "policies": ["h2o", "snapkv"], "added_policies": ["caote"]}
+    results = pd.concat([rows(256, 3, ["unpatched", "h2o", "snapkv"]), rows(512, 2, ["unpatched", "h2o", "snapkv"])])
+    tables = {"results.csv": results.drop(columns="policy"), "added.csv": rows(256, 3, ["caote"])}
+    saved = types.SimpleNamespace(config=config, table=tables.get)
+    assert _coverage_notes(saved) == [
+        "Not complete at 512 tokens: 4 of the 6 declared sequences (2 of 3 texts whole); policies with rows on fewer "
+        "of them: caote on 0, so the claims there rank the policies each sequence has; the same command resumes the "
+        "run."]
+    tables["results.csv"] = results[results["length"] == 256].drop(columns="policy")
+    config["lengths"] = [256]
+    assert _coverage_notes(saved) == []

@@ -78,7 +78,8 @@ def plot(saved) -> list:
     """``long_context.png/.pdf``: per length, two rows. Top: the exact model's accuracy per task with its 95%
     interval against the gate, then each policy's accuracy over the compression ratios (the run's policies and
     those added to it, in balanced panels of at most 9). Bottom: each policy x ratio's median clean-input error
-    against its mean answer log-prob loss, then each policy's mean log-prob loss over the ratios. Then, where the
+    against its mean answer log-prob loss, then each policy's mean log-prob loss over the ratios (a policy without
+    rows at a length, in a stopped run, is left out there). Then, where the
     whole-sequence setting ran, a row per length: its methods' accuracy, and their error against loss
     (:func:`.whole.whole_panels`)."""
     from ...plotting import figure, method_style, panel_groups, save_figure
@@ -99,6 +100,7 @@ def plot(saved) -> list:
         top, bottom = axes[2 * index], axes[2 * index + 1]
         _gate_panel(top[0], gated[gated["length"] == length].reset_index(drop=True), length)
         at = table[table["length"] == length]
+        sequences = int(gated.loc[gated["length"] == length, "sequences"].sum())
         for method in drawn:
             points = at[at["method"] == method]
             bottom[0].scatter(points["clean_spectral"], points["delta_logprob"], s=10,
@@ -110,14 +112,16 @@ def plot(saved) -> list:
         for column, (title, chosen) in enumerate(groups.items(), start=1):
             for ax, value, label in ((top[column], "accuracy", "accuracy (exact match)"),
                                      (bottom[column], "delta_logprob", "answer log-prob loss (nats, mean)")):
-                for method in chosen:
+                for method in chosen:  # a policy without rows at this length yet (a stopped run) is not drawn
                     curve = at[at["method"] == method].sort_values("compression_ratio")
-                    ax.plot(curve["compression_ratio"], curve[value], **method_style(method))
+                    if len(curve):
+                        ax.plot(curve["compression_ratio"], curve[value], **method_style(method))
                 ax.set_xlabel("compression ratio (fraction of the context removed)")
                 ax.set_ylabel(label)
-                ax.set_title(f"{title}, {length} tokens, all tasks", fontsize=8)
+                ax.set_title(f"{title}, {length} tokens, all tasks ({sequences} sequences)", fontsize=8)
             top[column].set_ylim(-0.05, 1.05)
-            top[column].legend(fontsize=5, loc="upper right", ncol=2)
+            if top[column].get_legend_handles_labels()[0]:
+                top[column].legend(fontsize=5, loc="upper right", ncol=2)
     return save_figure(fig, saved.out / "long_context")
 
 
@@ -161,7 +165,7 @@ def _in_short(saved, table, gated, spent) -> list[str]:
                          + (" Read plainly: the clean-input error orders each policy's budgets exactly as 1/b does; "
                             "it says nothing the budget does not." if row["claim"] == "budget"
                             and float(row["every_stratum"]) == 0 else ""))
-    notes = [plain, *point, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
+    notes = [plain, *_coverage_notes(saved), *point, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
              f"lower bound >= {GATE:.0%}): " + (", ".join(f"{t} at {n}" for t, n in passed[["task", "length"]]
                                                         .itertuples(index=False)) or "none") + "."]
     notes += _worst_head_notes(table)
@@ -179,6 +183,30 @@ def _in_short(saved, table, gated, spent) -> list[str]:
             notes.append(f"Shared column sums at {int(length)} tokens: an H2O / observed-attention continuation "
                          f"{by[True]:.2f} s against {by[False]:.2f} s recomputing them.")
     return in_short_lines(words["holds"], words["fails"], words["open"], notes=notes)
+
+
+def _coverage_notes(saved) -> list[str]:
+    """Per length where the run is not yet complete: the sequences it holds of those declared, the texts that hold
+    all of theirs, and the policies with rows on fewer of its sequences (an added policy's cells follow every
+    sequence's), whose claims there rank the others."""
+    config, results = saved.config, results_of(saved)
+    declared = len(config["ruler_tasks"]) * len(config["depths"])
+    notes = []
+    for length in config["lengths"]:
+        rows = results[results["length"] == length]
+        exact = rows[rows["method"] == "unpatched"]
+        counts = rows[rows["method"] != "unpatched"].groupby("method").size() // len(config["ratios"])
+        short = [f"{name} on {int(counts.get(name, 0))}" for name in run_policies(config)
+                 if counts.get(name, 0) < len(exact)]
+        if len(exact) == declared * config["texts"] and not short:
+            continue
+        whole = int((exact.groupby("text").size() == declared).sum())
+        notes.append(f"Not complete at {length} tokens: {len(exact)} of the {declared * config['texts']} declared "
+                     f"sequences ({whole} of {config['texts']} texts whole)"
+                     + (f"; policies with rows on fewer of them: {', '.join(short)}, so the claims there rank the "
+                        "policies each sequence has" if short else "")
+                     + "; the same command resumes the run.")
+    return notes
 
 
 def _worst_head_notes(table: pd.DataFrame) -> list[str]:
