@@ -56,6 +56,7 @@ STUDY = Study(
               Product("verdicts.csv", claim_verdicts)),
     figures=(Figure("long_context", plot),),
     summary=Summary(TITLE, (sections,)),
-    grows=("lengths", "short_context", "texts", "ruler_tasks", "added_policies", "whole_methods", "whole_ratios", "whole_texts"),
+    grows=("lengths", "short_context", "texts", "ruler_tasks", "added_policies", "whole_methods", "whole_ratios",
+           "whole_texts"),
 )
 """The long-context study, declared: ``approxlab long-context``."""

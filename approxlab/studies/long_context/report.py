@@ -190,18 +190,18 @@ def _coverage_notes(saved) -> list[str]:
     all of theirs, and the policies with rows on fewer of its sequences (an added policy's cells follow every
     sequence's), whose claims there rank the others."""
     config, results = saved.config, results_of(saved)
-    declared = len(config["ruler_tasks"]) * len(config["depths"])
+    per_text = len(config["ruler_tasks"]) * len(config["depths"])
     notes = []
     for length in config["lengths"]:
-        rows = results[results["length"] == length]
+        rows = results[results["length"] == length].drop_duplicates(["method", "task", "text", "depth"])
         exact = rows[rows["method"] == "unpatched"]
-        counts = rows[rows["method"] != "unpatched"].groupby("method").size() // len(config["ratios"])
+        counts = rows.groupby("method").size()  # sequences with a row of each method
         short = [f"{name} on {int(counts.get(name, 0))}" for name in run_policies(config)
                  if counts.get(name, 0) < len(exact)]
-        if len(exact) == declared * config["texts"] and not short:
+        if len(exact) == per_text * config["texts"] and not short:
             continue
-        whole = int((exact.groupby("text").size() == declared).sum())
-        notes.append(f"Not complete at {length} tokens: {len(exact)} of the {declared * config['texts']} declared "
+        whole = int((exact.groupby("text").size() == per_text).sum())
+        notes.append(f"Not complete at {length} tokens: {len(exact)} of the {per_text * config['texts']} declared "
                      f"sequences ({whole} of {config['texts']} texts whole)"
                      + (f"; policies with rows on fewer of them: {', '.join(short)}, so the claims there rank the "
                         "policies each sequence has" if short else "")
