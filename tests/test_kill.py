@@ -178,3 +178,54 @@ def test_a_kill_loses_no_reported_cell_and_the_resumed_table_equals_an_uninterru
     leftovers = [p.name for p in out.iterdir() if p.name.endswith(engine.JOURNAL_SUFFIX)
                  or p.name.startswith(_io.TEMP_PREFIX)]
     assert leftovers == []
+
+
+# ---------------------------------------------------------------- Ctrl-C of a --workers run
+
+WORKERS_SCRIPT = f"""
+import dataclasses, sys, time
+sys.path.insert(0, {str(TESTS)!r})
+from approxlab import cli
+from approxlab.studies import figure1
+from approxlab.studies.inputs import wikitext
+from test_figure1 import synthetic_loader
+
+wikitext.load_qkv = synthetic_loader  # in the workers too: Dask's spawned processes import this file first
+
+
+def slowed(compute):
+    def run(cell):
+        time.sleep(2.0)
+        return compute(cell)
+    return run
+
+figure1.STUDY = dataclasses.replace(figure1.STUDY, steps=tuple(dataclasses.replace(step, compute=slowed(step.compute))
+                                                               for step in figure1.STUDY.steps))
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_of_a_workers_run_prints_only_the_stop_line(tmp_path):
+    """Ctrl-C reaches every process of the run's group, the local cluster's workers included, while cells run on
+    them: the run exits 130 and stderr holds its progress lines and the one stop line, no worker's traceback, log
+    record or cancellation warning."""
+    script = tmp_path / "run_study.py"
+    script.write_text(WORKERS_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), "figure1", "--out", str(tmp_path / "out"), *ARGUMENTS,
+                                "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines, sent = [], False
+    with process:
+        for line in process.stderr:
+            lines.append(line.rstrip("\n"))
+            match = PROGRESS.match(line)
+            if not sent and match and int(match["done"]) >= 1:  # a cell done: the workers are in the next ones
+                os.killpg(process.pid, signal.SIGINT)
+                sent = True
+        returncode = process.wait(timeout=120)
+    assert sent, "\n".join(lines)
+    assert returncode == 128 + signal.SIGINT, "\n".join(lines)
+    assert lines[-1] == ("approxlab figure1: stopped by SIGINT; every finished cell is saved. Rerun the same command "
+                         "to resume.")
+    assert [line for line in lines[:-1] if not PROGRESS.match(line)] == []

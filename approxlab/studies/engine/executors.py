@@ -5,7 +5,8 @@ are submitted to a running scheduler or to a local cluster of single-threaded wo
 (started on the first cell there is to compute, and shared by every step of the run), gathered as
 they complete (the runner makes each one durable before the next is reported), and resubmitted
 when a worker dies. The local cluster serves Dask's pages on a free loopback port
-(:data:`DASHBOARD_ADDRESS`), never the fixed 8787, and its teardown is quiet; a user's ``--plugin``
+(:data:`DASHBOARD_ADDRESS`), never the fixed 8787, and its teardown and a stopped run's workers
+are quiet (:class:`~approxlab.studies.engine.quiet_workers.QuietStop`); a user's ``--plugin``
 modules are imported in every worker (:func:`with_plugins`), and after each cell a worker hands the memory it
 freed back to the system (:func:`~approxlab.studies.engine.environment.release_memory`).
 """
@@ -74,6 +75,8 @@ class Executor:
     def _connect(self):
         from distributed import Client, LocalCluster
 
+        from .quiet_workers import QuietStop
+
         if self.client is not None:
             return self.client
         if self.scheduler is not None:
@@ -86,6 +89,7 @@ class Executor:
             self.cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                         dashboard_address=DASHBOARD_ADDRESS)
             self.client = Client(self.cluster)
+            self.client.register_plugin(QuietStop(), name="approxlab-quiet-stop")
         return self.client
 
     def _run_dask(self, todo, compute, finished) -> None:
