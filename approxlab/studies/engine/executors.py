@@ -75,8 +75,6 @@ class Executor:
     def _connect(self):
         from distributed import Client, LocalCluster
 
-        from .quiet_workers import QuietStop
-
         if self.client is not None:
             return self.client
         if self.scheduler is not None:
@@ -86,6 +84,8 @@ class Executor:
                 raise StudyError(f"--scheduler: the address of a running Dask scheduler, got {self.scheduler!r} "
                                  f"({type(error).__name__}: {error})") from None
         else:
+            from .quiet_workers import QuietStop
+
             self.cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                         dashboard_address=DASHBOARD_ADDRESS)
             self.client = Client(self.cluster)
