@@ -46,7 +46,7 @@ def run(llama, tmp_path_factory):
 
 def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, monkeypatch):
     out, cache = run
-    results = engine.read_results(out / "results.csv")
+    results = engine.read_results(out / "results.csv.gz")
     assert len(results) == 2 * 2 * (1 + 3 * 2)  # texts x tasks x (unpatched + policies x ratios)
     assert set(results["status"]) == {"ok"}
     exact = results[results["method"] == "unpatched"]
@@ -99,12 +99,12 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     saved, cache = run
     out = tmp_path / "extended"
     shutil.copytree(saved, out)
-    before = (out / "results.csv").read_bytes()
+    before = (out / "results.csv.gz").read_bytes()
     grid = _with_policies("streaming-llm,snapkv,h2o,criticalkv,caote")
     capsys.readouterr()
     assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
     assert "extending the saved run (added_policies: none -> ['criticalkv', 'caote'])" in capsys.readouterr().err
-    assert (out / "results.csv").read_bytes() == before
+    assert (out / "results.csv.gz").read_bytes() == before
     added = engine.read_results(out / "added.csv")
     assert len(added) == 2 * 2 * 2 * 2 and set(added["method"]) == {"criticalkv", "caote"}  # texts x tasks x 2 x 2
     assert (added["method"] == added["policy"]).all() and set(added["status"]) == {"ok"}
@@ -355,12 +355,12 @@ def test_the_summary_says_where_a_length_is_not_complete_and_which_policies_it_l
     config = {"lengths": [256, 512], "ruler_tasks": ["single-needle"], "depths": [0.1, 0.9], "texts": 3,
               "ratios": [0.5, 0.9], "policies": ["h2o", "snapkv"], "added_policies": ["caote"]}
     results = pd.concat([rows(256, 3, ["unpatched", "h2o", "snapkv"]), rows(512, 2, ["unpatched", "h2o", "snapkv"])])
-    tables = {"results.csv": results.drop(columns="policy"), "added.csv": rows(256, 3, ["caote"])}
+    tables = {"results.csv.gz": results.drop(columns="policy"), "added.csv": rows(256, 3, ["caote"])}
     saved = types.SimpleNamespace(config=config, table=tables.get)
     assert _coverage_notes(saved) == [
         "Not complete at 512 tokens: 4 of the 6 declared sequences (2 of 3 texts whole); policies with rows on fewer "
         "of them: caote on 0, so the claims there rank the policies each sequence has; the same command resumes the "
         "run."]
-    tables["results.csv"] = results[results["length"] == 256].drop(columns="policy")
+    tables["results.csv.gz"] = results[results["length"] == 256].drop(columns="policy")
     config["lengths"] = [256]
     assert _coverage_notes(saved) == []

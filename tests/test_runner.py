@@ -259,6 +259,41 @@ def test_a_compressed_table_is_the_same_bytes_each_write_and_reads_back_exactly(
         engine.read_results(path)
 
 
+def test_a_table_saved_under_another_compression_is_resumed_and_renamed(tmp_path, capsys):
+    """A folder saved when the study named its table ``results.csv`` resumes under ``results.csv.gz``: its finished
+    cells, the journal's too, are kept and not computed again, the old table, manifest and journal are removed, and
+    ``config.json`` lists the new name; ``stored_as`` finds the old table for a report that only reads."""
+    reference = run(tmp_path / "clean")
+    out = tmp_path / "saved"
+    with pytest.raises(Interrupt):
+        run(out, compute=interrupted_compute(limit=3))
+    cell = toy_cells()[3]  # a fourth cell finished after the last write: in the journal only
+    engine.append_journal(out / "results.csv", {"key_columns": list(KEYS), "key": [cell["a"], cell["b"]],
+                                                "rows": [{**cell, **row} for row in toy_compute(cell)]})
+    assert engine.stored_as(out / "results.csv.gz") == out / "results.csv"
+    calls = []
+
+    def counting(cell):
+        calls.append(cell_key(cell, KEYS))
+        return toy_compute(cell)
+
+    resumed = run_cells(compute=counting, results_path=out / "results.csv.gz", key_columns=KEYS, progress=False,
+                        flush_every_seconds=0.0, config=CONFIG, cells=toy_cells())
+    assert len(calls) == 2
+    assert "results.csv is now results.csv.gz" in capsys.readouterr().err
+    pd.testing.assert_frame_equal(resumed, reference)
+    pd.testing.assert_frame_equal(engine.read_results(out / "results.csv.gz"), reference)
+    assert sorted(path.name for path in out.glob("results*")) == ["results.csv.gz", "results.csv.gz.cells"]
+    assert engine.read_json(out / "config.json")["tables"] == ["results.csv.gz"]
+    assert engine.stored_as(out / "results.csv") == out / "results.csv.gz"
+    run(out)  # and back; then a restart discards the table under either name
+    assert not (out / "results.csv.gz").exists() and (out / "results.csv").exists()
+    calls.clear()
+    run_cells(compute=counting, results_path=out / "results.csv.gz", key_columns=KEYS, progress=False,
+              flush_every_seconds=0.0, config={**CONFIG, "grid": "other"}, cells=toy_cells(), restart=True)
+    assert len(calls) == 6 and not (out / "results.csv").exists() and (out / "results.csv.gz").exists()
+
+
 def test_a_table_name_must_end_in_a_table_suffix():
     with pytest.raises(ValueError, match=r"`name` must be a file name ending in \.csv, \.csv\.gz, \.csv\.bz2; "
                                          r"got 't\.csv\.xz'"):

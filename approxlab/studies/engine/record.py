@@ -27,7 +27,7 @@ import sys
 from ..._io import atomic_write_text
 from ...errors import CorruptResultsError, StudyError
 from .keys import canonical, config_hash
-from .store import cells_path, has_results, read_json, remove_journal
+from .store import cells_path, has_results, read_json, remove_journal, stored_as
 
 __all__ = ["prepare_record", "saved_config", "append_timing", "read_timing", "REMEDY", "TIMING"]
 
@@ -145,8 +145,9 @@ def prepare_record(config_path, table_paths, config, run_info, restart, grows=()
         if path.is_dir():
             raise StudyError(f"{str(path)!r} is a directory where the results table must go; remove it or "
                              "pass a new --out directory.")
+    renamed = {stored_as(path) for path in table_paths} - set(table_paths)  # saved under another compression
     if restart:
-        for path in table_paths:
+        for path in [*table_paths, *renamed]:
             path.unlink(missing_ok=True)
             cells_path(path).unlink(missing_ok=True)
             remove_journal(path)
@@ -157,13 +158,14 @@ def prepare_record(config_path, table_paths, config, run_info, restart, grows=()
             "directory, or --restart to discard the saved results."
         )
     for path in table_paths:
-        if saved is None and has_results(path) and not restart:
+        if saved is None and has_results(stored_as(path)) and not restart:
             raise StudyError(
-                f"{str(path)!r} exists but {str(config_path)!r} does not, so it cannot be "
+                f"{str(stored_as(path))!r} exists but {str(config_path)!r} does not, so it cannot be "
                 "resumed safely; pass a new --out directory, or --restart to discard it."
             )
     same = saved is not None and (saved.get("config_hash") == digest or grown is not None)
-    tables = sorted(set(saved.get("tables", []) if same else []) | {path.name for path in table_paths})
+    tables = sorted((set(saved.get("tables", []) if same else []) - {path.name for path in renamed})
+                    | {path.name for path in table_paths})
     extensions = list(saved.get("extensions", [])) if same else []
     if grown is not None:
         extensions.append(_extension_entry(saved, config, grown))

@@ -57,7 +57,8 @@ from .keys import canonical, cell_key
 from .lock import output_lock
 from .progress import progress_bar
 from .record import REMEDY, prepare_record
-from .store import append_journal, has_results, journal_path, read_results, remove_journal, write_table
+from .store import (append_journal, cells_path, has_results, journal_path, read_results, remove_journal, stored_as,
+                    write_table)
 
 __all__ = ["run_steps", "run_cells", "CellResultError"]
 
@@ -97,15 +98,16 @@ class _Table:
                                                                                                        name=None)]
 
     def _read_existing(self) -> pd.DataFrame:
-        if not has_results(self.path):
+        source = stored_as(self.path)
+        if not has_results(source):
             return pd.DataFrame()
         try:
-            existing = read_results(self.path, partial="drop")
+            existing = read_results(source, partial="drop")
         except CorruptResultsError as error:
             raise StudyError(f"{error}; {REMEDY}.") from None
         if len(existing) and not set(self.key_columns) <= set(existing.columns):
             raise StudyError(
-                f"{str(self.path)!r} lacks key columns {self.key_columns} (a table of another study?); {REMEDY}."
+                f"{str(source)!r} lacks key columns {self.key_columns} (a table of another study?); {REMEDY}."
             )
         damaged = [tuple(canonical(v) for v in key) for key in existing.attrs.get("damaged_cells", [])]
         if existing.attrs.get("dropped_partial_row") and len(existing):
@@ -117,6 +119,19 @@ class _Table:
         if damaged:
             existing = existing[[key not in set(damaged) for key in self._keys(existing)]].reset_index(drop=True)
             self.dirty = True
+        if source != self.path:
+            existing = self._adopt(existing, source)
+        return existing
+
+    def _adopt(self, existing: pd.DataFrame, source) -> pd.DataFrame:
+        """Rewrite a table saved under another compression (``results.csv`` for ``results.csv.gz``) as this one, then
+        remove the old table, manifest and journal: a kill in between leaves both, and the next run reads this one."""
+        existing = existing.reset_index(drop=True)
+        write_table(existing, self.path, self.key_columns)
+        for stale in (source, cells_path(source), journal_path(source)):
+            stale.unlink(missing_ok=True)
+        print(f"approxlab: {source} is now {self.path.name} (the name this version stores the table under); its "
+              f"{len(existing)} rows are kept", file=sys.stderr)
         return existing
 
     def _note(self, what: str, keys) -> None:

@@ -20,6 +20,7 @@ Public API::
     read_json(path) -> dict
     append_journal(path, record), read_journal(path), remove_journal(path)
     has_results(path), journal_path(path), cells_path(path), JOURNAL_SUFFIX, CELLS_SUFFIX
+    stored_as(path) -> pathlib.Path
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import zlib
 
 import pandas as pd
 
-from ..._io import compression, fsync_directory, naming, write_csv_atomic, write_json_atomic
+from ..._io import TABLE_SUFFIXES, compression, fsync_directory, naming, write_csv_atomic, write_json_atomic
 from ...errors import CorruptResultsError
 
 __all__ = ["read_results", "write_table", "read_json", "append_journal", "read_journal", "remove_journal",
-           "has_results", "journal_path", "cells_path", "JOURNAL_SUFFIX", "CELLS_SUFFIX"]
+           "has_results", "journal_path", "cells_path", "JOURNAL_SUFFIX", "CELLS_SUFFIX", "stored_as"]
 
 
 def _read_text(path: pathlib.Path, what: str) -> str:
@@ -247,6 +248,20 @@ def journal_path(path) -> pathlib.Path:
 def has_results(path) -> bool:
     """Whether results table ``path`` or its journal exists (a run has finished a cell there)."""
     return pathlib.Path(path).exists() or journal_path(path).exists()
+
+
+def stored_as(path) -> pathlib.Path:
+    """Where the rows of results table ``path`` are: ``path`` itself, or -- when neither it nor its journal exists --
+    the one table beside it with the same name stored with another compression (``results.csv`` for
+    ``results.csv.gz``: a folder saved before its study compressed the table), else ``path``."""
+    path = pathlib.Path(path)
+    if has_results(path):
+        return path
+    base = path.name[: -len(next(suffix for suffix in sorted(TABLE_SUFFIXES, key=len, reverse=True)
+                                 if path.name.endswith(suffix)))]
+    others = [path.with_name(base + suffix) for suffix in TABLE_SUFFIXES if base + suffix != path.name]
+    found = [other for other in others if has_results(other)]
+    return found[0] if len(found) == 1 else path
 
 
 def append_journal(path, record: dict) -> None:

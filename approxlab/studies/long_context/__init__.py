@@ -13,9 +13,9 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 
 1. **grid** (:mod:`.grid`) -- lengths 2,048 / 4,096 / 8,192, 30 distinct texts x 3 depths per task and length,
    compression ratios 0.5-0.95, every cache policy of the registry;
-2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv`` and
+2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv.gz`` and
    ``layers.csv``; then a policy added to a saved run (CriticalKV and CAOTE after the committed run began) in cells
-   of its own, ``added.csv`` and ``added_layers.csv``, read with ``results.csv`` by the report (the cache policies'
+   of its own, ``added.csv`` and ``added_layers.csv``, read with ``results.csv.gz`` by the report (the cache policies'
    setting is complete before the next begins); then the whole-sequence setting (the methods that are not cache
    policies, every layer replaced over the whole sequence, at the shortest length) in ``whole.csv`` and
    ``whole_layers.csv``;

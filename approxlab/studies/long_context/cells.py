@@ -1,6 +1,6 @@
 """The long-context study's cell: one sequence, one exact prefill, every policy at every compression ratio.
 
-``results.csv`` gets the unpatched model's row and one row per policy and ratio
+``results.csv.gz`` gets the unpatched model's row and one row per policy and ratio
 (:func:`approxlab.patching.sweep_policies`), with the sequence's lengths; ``layers.csv`` one row per policy, ratio
 and layer (each layer's clean- and patched-input spectral error, median over heads). A policy added to a saved run
 (``added_policies``) runs in cells of its own, one per sequence (:func:`compute_added`: ``added.csv`` and
@@ -24,11 +24,12 @@ from .grid import KEY
 __all__ = ["RESULTS", "LAYERS", "SHARING", "ADDED", "ADDED_LAYERS", "SHARED_POLICIES", "sequence", "compute_sequence",
            "compute_added", "compute_whole", "WHOLE", "WHOLE_LAYERS", "sharing_cells", "compute_sharing"]
 
-RESULTS, LAYERS, SHARING = "results.csv", "layers.csv", "sharing.csv"
+RESULTS, LAYERS, SHARING = "results.csv.gz", "layers.csv", "sharing.csv"
 WHOLE, WHOLE_LAYERS = "whole.csv", "whole_layers.csv"
-"""The whole-sequence setting's rows (:func:`compute_whole`): the columns of a policy's row in ``results.csv``."""
+"""The whole-sequence setting's rows (:func:`compute_whole`): the columns of a policy's row in ``results.csv.gz``."""
 ADDED, ADDED_LAYERS = "added.csv", "added_layers.csv"
-"""The rows of the policies added to a saved run (:func:`compute_added`), beside ``results.csv`` and ``layers.csv``."""
+"""The rows of the policies added to a saved run (:func:`compute_added`), beside ``results.csv.gz`` and
+``layers.csv``."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,7 +60,7 @@ def sequence(cell: dict):
 
 
 def compute_sequence(cell: dict) -> dict:
-    """One sequence: its rows of ``results.csv`` and ``layers.csv``."""
+    """One sequence: its rows of ``results.csv.gz`` and ``layers.csv``."""
     loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
     found = sequence(cell)
     context = found.question_start
@@ -74,7 +75,7 @@ def compute_sequence(cell: dict) -> dict:
 
 def compute_added(cell: dict) -> dict:
     """One sequence and one policy added to a saved run: its rows of ``added.csv`` and ``added_layers.csv`` (those of
-    :func:`compute_sequence` but the unpatched model's, which ``results.csv`` holds)."""
+    :func:`compute_sequence` but the unpatched model's, which ``results.csv.gz`` holds)."""
     found = compute_sequence(cell)
     return {ADDED: [row for row in found[RESULTS] if row["method"] != "unpatched"],
             ADDED_LAYERS: [row for row in found[LAYERS] if row["method"] != "unpatched"]}

@@ -21,7 +21,7 @@ TITLE = "Long context: RULER-style retrieval on one shared exact prefill, every 
 
 
 def results_of(saved) -> pd.DataFrame:
-    """``results.csv`` with the rows of the policies added to the run (``added.csv``, without its ``policy`` key)."""
+    """``results.csv.gz`` with the rows of the policies added to the run (``added.csv``, without its ``policy`` key)."""
     results = saved.table(RESULTS)
     added = saved.table(ADDED)
     if added.empty:

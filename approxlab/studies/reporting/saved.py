@@ -19,7 +19,7 @@ import pandas as pd
 
 from ...errors import StudyError
 from ..engine.record import read_timing, saved_config
-from ..engine.store import has_results, read_json, read_results
+from ..engine.store import has_results, read_json, read_results, stored_as
 
 __all__ = ["Saved", "load"]
 
@@ -85,7 +85,7 @@ def load(study, out) -> Saved:
     out = pathlib.Path(out)
     tables = study.tables
     for table in tables:
-        if not table.optional and not has_results(out / table.name):
+        if not table.optional and not has_results(stored_as(out / table.name)):
             raise StudyError(f"no {table.name} in {str(out)!r}: run the study's compute step first (without "
                              "--plot-only).")
     main = next(table for table in tables if not table.optional)
@@ -93,7 +93,7 @@ def load(study, out) -> Saved:
     record = read_json(out / "config.json")
     frames = {}
     for table in tables:
-        path = out / table.name
+        path = stored_as(out / table.name)  # a folder saved before the table's name changed compression too
         frames[table.name] = read_results(path, required=table.required) if has_results(path) else pd.DataFrame()
     if frames[main.name].empty:
         raise StudyError(f"{str(out / main.name)!r} holds no rows yet: nothing to plot; rerun without "
