@@ -187,3 +187,26 @@ def test_a_failing_method_is_recorded_when_asked(prefill, ids, fresh_registry):
 def test_inputs_are_checked(prefill, kwargs, error, match):
     with pytest.raises(error, match=match):
         prefill.continue_with("h2o", num_features=4, **kwargs)
+
+
+def test_batched_policies_equal_each_alone_and_fewer_share_a_larger_batchs_cache(model, ids, monkeypatch):
+    """``continue_together`` on one sequence: 3 policies in a batch, then 2 in the first rows of the same buffers
+    (the context's cache held once, for 3 copies), each equal to its ``continue_with`` alone to rounding, the
+    greedy answers (generated rows on kept sets per KV head and per query head) the same."""
+    from approxlab.patching import prefill as module
+
+    made, reserved = [], module.reserved
+    monkeypatch.setattr(module, "reserved", lambda cache, copies, *args: made.append(copies) or reserved(cache, copies,
+                                                                                                          *args))
+    one = exact_prefill(model, ids[:1, :CONTEXT])
+    three = [{"method": "snapkv", "num_features": 10, "window": 4}, {"method": "h2o", "num_features": 6,
+             "grouping": "query-head"}, {"method": "knorm", "num_features": 8}]
+    for requests in (three, three[1:], three):
+        found = one.continue_together(requests, continuation_ids=ids[:1, CONTEXT:], answer_length=ANSWER)
+        for request, result in zip(requests, found):
+            alone = one.continue_with(**request, continuation_ids=ids[:1, CONTEXT:], answer_length=ANSWER)
+            torch.testing.assert_close(result.nll, alone.nll, rtol=0, atol=1e-9)
+            assert torch.equal(result.generated, alone.generated) and torch.equal(result.hits, alone.hits)
+            torch.testing.assert_close(result.errors["patched"]["spectral"], alone.errors["patched"]["spectral"],
+                                       rtol=1e-7, atol=1e-12)
+    assert made == [1, 3]  # the unpatched pass's one copy and the batch of 3: none made for 2 (or 1 again)

@@ -50,7 +50,7 @@ class _Layer:
         self.factor = query_factor(self.layout)
         self.queries = None  # the continuation's queries so far (S, H, T, p)
         self.kept = None  # the compressed cache, once compressed: info["kept"] of kv_cache_attention
-        self.kept_keys = self.kept_values = None  # (S, H, b, p): the kept set per query head, without a key mask
+        self.kept_keys = self.kept_values = None  # (S, H or H_kv, b, p): the kept set (without a key mask) per head
         self.first = None  # the teacher-forced call's (continuation queries, k, v of the continuation, rows or None)
         self.decoding = None if policy is None or policy.decoding is None else decoding_cache(policy, layer, generator)
         self.done = 0  # continuation rows the decoding cache has computed
@@ -100,7 +100,10 @@ class _Layer:
         if result.info.get("setting") == "compressed":
             self.kept = result.info["kept"]
             indices, key_mask = kept_for_query_heads(self.kept, self.queries.shape[-3], k.shape[-2])
-            if key_mask is None:  # the kept keys and values per query head, gathered once for the generated rows
+            if key_mask is None:  # the kept keys and values, gathered once for the generated rows
+                if self.kept.dtype != torch.bool and self.kept.shape[-2] == k.shape[-3]:
+                    indices = self.kept  # one set per KV head: kept per KV head (1/g of the memory)
+
                 def gather(x):
                     x = x.repeat_interleave(indices.shape[-2] // x.shape[-3], dim=-3)
                     return torch.gather(x, -2, indices.unsqueeze(-1).expand(*indices.shape, x.shape[-1]))
@@ -111,11 +114,14 @@ class _Layer:
     def _step_row(self, q, k, v):
         """The one new row ``(S, H, 1, p_v)`` of a generated token: the kept keys and every continuation key so far
         (itself the last), the rows before it not computed again; :func:`_read_cache`'s last row, to rounding."""
-        context, heads = self.prefill.context_length, q.shape[-3]
-        keys = torch.cat([self.kept_keys, k[..., context:, :].repeat_interleave(heads // k.shape[-3], dim=-3)], dim=-2)
-        values = torch.cat([self.kept_values, v[..., context:, :].repeat_interleave(heads // v.shape[-3], dim=-3)],
-                           dim=-2)
-        return torch.nn.functional.scaled_dot_product_attention(q, keys, values)
+        context, heads, kept = self.prefill.context_length, q.shape[-3], self.kept_keys.shape[-3]
+
+        def window(held, x):  # the kept set and the continuation's tokens, per query head
+            x = torch.cat([held, x[..., context:, :].repeat_interleave(kept // x.shape[-3], dim=-3)], dim=-2)
+            return x.repeat_interleave(heads // kept, dim=-3) if heads > kept else x
+
+        return torch.nn.functional.scaled_dot_product_attention(q, window(self.kept_keys, k),
+                                                                window(self.kept_values, v))
 
     def _decoding_rows(self, k, v, seen: int):
         """The new rows under decoding-time compression (:class:`~approxlab.patching.decoding.DecodingCache`). When
@@ -242,6 +248,20 @@ def reserved(cache, copies: int, capacity: int, config):
     return copied
 
 
+def first_copies(cache, copies: int, config):
+    """The first ``copies`` rows of a :func:`reserved` cache of one sequence, in the same buffers (no copy): the
+    context's tokens are the same in every row and never overwritten, so a continuation of fewer copies writes its
+    tokens after them in place; ``None`` for a cache of other layers."""
+    from transformers import DynamicCache
+
+    layer = _reserved_layer()
+    if not all(type(held) is layer for held in cache.layers):
+        return None
+    narrowed = DynamicCache(config=config)
+    narrowed.layers = [layer.sharing(held, copies) for held in cache.layers]
+    return narrowed
+
+
 @functools.cache
 def _reserved_layer():
     """The class of a :func:`reserved` cache's layers (made on first use: transformers is imported lazily)."""
@@ -259,6 +279,16 @@ def _reserved_layer():
             size = max(capacity, keys.shape[-2])
             self._buffers = [x.new_empty(*x.shape[:-2], size, x.shape[-1]) for x in (keys, values)]
             self._write(keys, values, 0)
+
+        @classmethod
+        def sharing(cls, other, rows: int):
+            """A layer over the first ``rows`` rows of ``other``'s buffers, as long as ``other`` now is."""
+            layer = cls.__new__(cls)
+            DynamicLayer.__init__(layer)
+            layer.device, layer.is_initialized = other.device, True
+            layer._buffers = [buffer[:rows] for buffer in other._buffers]
+            layer.keys, layer.values = (b[..., :other.keys.shape[-2], :] for b in layer._buffers)
+            return layer
 
         def _write(self, keys, values, start: int) -> None:
             stop = start + keys.shape[-2]

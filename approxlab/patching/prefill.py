@@ -34,7 +34,7 @@ from ..data.capture import _check_input_ids
 from ..data.positions import max_positions
 from . import _model
 from ._continuation import (_REQUEST_OPTIONS, _cut, _exact_rows, _Layer, _originals, _Policy,
-                            _Prepared, _read_cache, _Recorder, _Together, decoding_cache, reserved)
+                            _Prepared, _read_cache, _Recorder, _Together, decoding_cache, first_copies, reserved)
 from ._layer import kv_cache_call
 from .continuation import ERROR_INPUTS, Continuation
 from .likelihood import _output_head, next_token_losses
@@ -165,8 +165,14 @@ class ExactPrefill:
     def _reserved(self, copies: int, capacity: int):
         """The context's cache ``copies`` times over in buffers of ``capacity`` tokens (:func:`reserved`), kept for
         the next continuation of as many copies (the context's tokens are never overwritten; one such cache per
-        number of copies, two at most)."""
+        number of copies, two at most). Fewer copies of one sequence than a held cache has are its first rows
+        (:func:`first_copies`): 15 policies in batches of 8 and 7 hold one cache of 8, not two."""
         held = self.__dict__.setdefault("_held", {})
+        larger = [number for number, (size, _) in held.items() if number > copies and size >= capacity]
+        if (copies not in held or held[copies][0] < capacity) and larger and self.context_ids.shape[0] == 1:
+            shared = first_copies(held[min(larger)][1], copies, self._target.model.config)
+            if shared is not None:
+                return shared
         if copies not in held or held[copies][0] < capacity:
             held.pop(copies, None)  # the former buffers freed before the new ones are filled
             while len(held) >= 2:
