@@ -168,16 +168,17 @@ class ExactPrefill:
         number of copies, two at most). Fewer copies of one sequence than a held cache has are its first rows
         (:func:`first_copies`): 15 policies in batches of 8 and 7 hold one cache of 8, not two."""
         held = self.__dict__.setdefault("_held", {})
+        if copies in held and held[copies][0] >= capacity:
+            return held[copies][1]
         larger = [number for number, (size, _) in held.items() if number > copies and size >= capacity]
-        if (copies not in held or held[copies][0] < capacity) and larger and self.context_ids.shape[0] == 1:
+        if larger and self.context_ids.shape[0] == 1:
             shared = first_copies(held[min(larger)][1], copies, self._target.model.config)
             if shared is not None:
                 return shared
-        if copies not in held or held[copies][0] < capacity:
-            held.pop(copies, None)  # the former buffers freed before the new ones are filled
-            while len(held) >= 2:
-                held.pop(next(iter(held)))
-            held[copies] = (capacity, reserved(self._cache, copies, capacity, self._target.model.config))
+        held.pop(copies, None)  # the former buffers freed before the new ones are filled
+        while len(held) >= 2:
+            held.pop(next(iter(held)))
+        held[copies] = (capacity, reserved(self._cache, copies, capacity, self._target.model.config))
         return held[copies][1]
 
     def _clean_pass(self, continuation_ids: torch.Tensor, answer_length: int):

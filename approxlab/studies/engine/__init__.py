@@ -25,7 +25,6 @@ from .store import (JOURNAL_SUFFIX, append_journal, has_results, journal_path, r
 __all__ = ["run_steps", "run_cells", "CellResultError", "cell_key", "cell_seed", "config_hash", "canonical",
            "saved_config", "append_timing", "read_timing", "read_results", "read_json", "write_table", "has_results",
            "stored_as", "journal_path", "append_journal", "read_journal", "remove_journal", "JOURNAL_SUFFIX",
-           "output_lock",
-           "remove_stale_temp_files", "OutputLockedError", "LOCK_NAME", "ProgressLog", "DASHBOARD_ADDRESS",
+           "output_lock", "remove_stale_temp_files", "OutputLockedError", "LOCK_NAME", "ProgressLog", "DASHBOARD_ADDRESS",
            "requested_threads", "study_threads", "third_party_bars_off", "restored_environ", "METHOD_ERRORS",
            "method_status", "failure_lines", "Stopwatch"]

@@ -126,7 +126,6 @@ class _Table:
     def _adopt(self, existing: pd.DataFrame, source) -> pd.DataFrame:
         """Rewrite a table saved under another compression (``results.csv`` for ``results.csv.gz``) as this one, then
         remove the old table, manifest and journal: a kill in between leaves both, and the next run reads this one."""
-        existing = existing.reset_index(drop=True)
         write_table(existing, self.path, self.key_columns)
         for stale in (source, cells_path(source), journal_path(source)):
             stale.unlink(missing_ok=True)

@@ -257,8 +257,7 @@ def stored_as(path) -> pathlib.Path:
     path = pathlib.Path(path)
     if has_results(path):
         return path
-    base = path.name[: -len(next(suffix for suffix in sorted(TABLE_SUFFIXES, key=len, reverse=True)
-                                 if path.name.endswith(suffix)))]
+    base = path.name[:path.name.rindex(".csv")]  # every table suffix begins with ".csv"
     others = [path.with_name(base + suffix) for suffix in TABLE_SUFFIXES if base + suffix != path.name]
     found = [other for other in others if has_results(other)]
     return found[0] if len(found) == 1 else path
