@@ -51,8 +51,11 @@ myst_enable_extensions = []
 myst_heading_anchors = 0
 suppress_warnings = ["myst.header"]
 
-# sphinx-gallery: every example runs at build time
+# sphinx-gallery: every example runs at build time, one per usable core side by side (each in a process of
+# its own, through joblib; Sphinx's own -j is not used: sphinx-mathjax-offline does not declare itself
+# safe for parallel reading, which -W turns into an error)
 sphinx_gallery_conf = {
+    "parallel": max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1),
     "examples_dirs": "examples",
     "gallery_dirs": "auto_examples",
     "filename_pattern": r"/plot_",

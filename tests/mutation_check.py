@@ -6,13 +6,15 @@ Usage (from the repository root)::
     python3 tests/mutation_check.py --list     # print the table and exit
     python3 tests/mutation_check.py --baseline # first run the named tests unmutated
     python3 tests/mutation_check.py --match vattention  # only the rows whose statement says so
+    python3 tests/mutation_check.py --jobs 1   # one mutation at a time (default: one per core)
 
 For each row of ``MUTATIONS`` below -- (statement, file, exact old text, new text, tests) -- the
 check copies ``approxlab/``, ``tests/`` and ``pyproject.toml`` into a temporary directory,
 replaces the old text (which must occur exactly once) by the new text in that copy, and runs
 only the named tests there with pytest (cwd = the copy, so the copy is what is imported). A
 mutation is *caught* when pytest reports failed tests (exit status 1); a collection or usage
-error (a renamed test, a mutation that does not import) is not a catch. Before any mutation
+error (a renamed test, a mutation that does not import) is not a catch. ``--jobs`` copies run
+side by side, each taking the next mutation (the verdicts print in the table's order). Before any mutation
 every named test must be collected from the unmutated copy (``--baseline`` also runs them; CI
 runs the whole suite first anyway). The last line printed is ``N caught, M missed``; the exit
 status is non-zero if any mutation is missed, if an old text is not found exactly once (a
@@ -30,7 +32,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # (statement, file relative to the repository root, exact old text, new text, tests to run)
@@ -383,33 +387,52 @@ def _baseline(copy: Path, mutations, run_tests: bool) -> bool:
     return status == 0
 
 
-def _run(mutations, run_baseline: bool) -> int:
-    caught = missed = 0
+def _mutate_and_run(copy: Path, mutation) -> str:
+    """Apply one mutation in ``copy``, run its tests there, restore the file; return its verdict line."""
+    statement, path, old, new, tests = mutation
+    target = copy / path
+    original = target.read_text() if target.exists() else ""
+    count = original.count(old)
+    if count != 1:
+        return f"STALE   {statement}: old text found {count} times in {path} (must be exactly once)"
+    target.write_text(original.replace(old, new))
+    start = time.monotonic()
+    try:
+        status, tail = _pytest(copy, tests)
+    finally:
+        target.write_text(original)
+    verdict = "caught" if status == 1 else "MISSED" if status == 0 else f"ERROR {status}"
+    return f"{verdict:7s} {statement} [{path}] ({time.monotonic() - start:.0f} s: {tail})"
+
+
+def _run(mutations, run_baseline: bool, jobs: int) -> int:
+    jobs = max(1, min(jobs, len(mutations)))
     with tempfile.TemporaryDirectory(prefix="approxlab-mutation-") as tmp:
-        copy = Path(tmp)
-        _copy_tree(copy)
-        _check_imports_copy(copy)
-        if not _baseline(copy, mutations, run_baseline):
+        copies = [Path(tmp) / f"copy{index}" for index in range(jobs)]
+        for copy in copies:
+            _copy_tree(copy)
+        _check_imports_copy(copies[0])
+        if not _baseline(copies[0], mutations, run_baseline):
             print(f"0 caught, {len(mutations)} missed")
             return 1
-        for statement, path, old, new, tests in mutations:
-            target = copy / path
-            original = target.read_text() if target.exists() else ""
-            count = original.count(old)
-            if count != 1:
-                missed += 1
-                print(f"STALE   {statement}: old text found {count} times in {path} (must be exactly once)")
-                continue
-            target.write_text(original.replace(old, new))
-            start = time.monotonic()
+        free = list(copies)  # each copy runs one mutation at a time
+        lock = threading.Lock()
+
+        def one(mutation) -> str:
+            with lock:
+                copy = free.pop()
             try:
-                status, tail = _pytest(copy, tests)
+                return _mutate_and_run(copy, mutation)
             finally:
-                target.write_text(original)
-            verdict = "caught" if status == 1 else "MISSED" if status == 0 else f"ERROR {status}"
-            caught += status == 1
-            missed += status != 1
-            print(f"{verdict:7s} {statement} [{path}] ({time.monotonic() - start:.0f} s: {tail})", flush=True)
+                with lock:
+                    free.append(copy)
+
+        caught = missed = 0
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for line in pool.map(one, mutations):
+                caught += line.startswith("caught")
+                missed += not line.startswith("caught")
+                print(line, flush=True)
     print(f"{caught} caught, {missed} missed")
     return 1 if missed else 0
 
@@ -420,15 +443,19 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", action="store_true", help="also run the named tests unmutated first")
     parser.add_argument("--match", metavar="TEXT", default="",
                         help="only the mutations whose statement contains TEXT (case-insensitive)")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), metavar="N",
+                        help="mutations run side by side, each in its own copy (default: the usable cores)")
     args = parser.parse_args(argv)
     mutations = [row for row in MUTATIONS if args.match.lower() in row[0].lower()]
     if not mutations:
         parser.error(f"--match {args.match!r} names no mutation")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1; got {args.jobs}")
     if args.list:
         for statement, path, old, new, tests in mutations:
             print(f"{statement}\n    {path}: {old!r} -> {new!r}\n    tests: {' '.join(tests)}")
         return 0
-    return _run(mutations, args.baseline)
+    return _run(mutations, args.baseline, args.jobs)
 
 
 if __name__ == "__main__":

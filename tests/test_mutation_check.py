@@ -20,3 +20,20 @@ def test_table_targets_exist_exactly_once_and_tests_exist():
         for test in tests:
             file, name = test.split("::")
             assert f"def {name}(" in (ROOT / file).read_text(), (statement, test)
+
+
+def test_the_theorems_page_states_the_tables_count():
+    """docs/theorems.md says how many mutations run and what the check prints; both follow the table."""
+    text = (ROOT / "docs" / "theorems.md").read_text()
+    count = len(mutation_check.MUTATIONS)
+    assert f"applies {count} targeted mutations" in text
+    assert f"`{count} caught, 0 missed`" in text
+
+
+def test_jobs_below_one_is_refused_in_one_line(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        mutation_check.main(["--jobs", "0"])
+    assert stop.value.code == 2
+    assert "--jobs must be at least 1; got 0" in capsys.readouterr().err

@@ -93,11 +93,12 @@ def fused_normal_pass(q, k, approx_op, x, *, row_block=None, compute_dtype=torch
     scale = q.shape[-1] ** -0.5
     qs = (q * scale).to(compute_dtype)
     kt = k.to(compute_dtype).transpose(-1, -2)
-    x64 = x.to(torch.float64)
-    xc = x.to(compute_dtype)
+    # x and Z are kept as (b, n): with b a few columns, x^T S_I^T and R_I^T S_I are GEMMs over the long
+    # dimension (2-3x faster than S_I x and S_I^T R_I, measured at n = 32,768, b = 4, one thread)
+    xt = x.to(compute_dtype).transpose(-1, -2).contiguous()
     approx_x = approx_op.matmat(x.to(approx_op.dtype)).to(torch.float64)
     residual = torch.empty(*batch, n, x.shape[-1], dtype=torch.float64, device=x.device)
-    accumulated = torch.zeros(*batch, n, x.shape[-1], dtype=torch.float64, device=x.device)
+    accumulated_t = torch.zeros(*batch, x.shape[-1], n, dtype=torch.float64, device=x.device)
     logits = torch.empty(*batch, rows, n, dtype=compute_dtype, device=x.device)
     probabilities = torch.empty_like(logits)
     for start in range(0, n, rows):
@@ -106,12 +107,11 @@ def fused_normal_pass(q, k, approx_op, x, *, row_block=None, compute_dtype=torch
         block = probabilities[..., : stop - start, :]
         torch.matmul(qs[..., start:stop, :], kt, out=block_logits)
         torch.softmax(block_logits, dim=-1, out=block)
-        exact_rows = (block @ xc).to(torch.float64)
+        exact_rows = (xt @ block.transpose(-1, -2)).transpose(-1, -2).to(torch.float64)
         r_block = approx_x[..., start:stop, :] - exact_rows
         residual[..., start:stop, :] = r_block
-        accumulated += (block.transpose(-1, -2) @ r_block.to(compute_dtype)).to(torch.float64)
-    del x64
-    normal = approx_op.rmatmat(residual.to(approx_op.dtype)).to(torch.float64) - accumulated
+        accumulated_t += (r_block.transpose(-1, -2).to(compute_dtype) @ block).to(torch.float64)
+    normal = approx_op.rmatmat(residual.to(approx_op.dtype)).to(torch.float64) - accumulated_t.transpose(-1, -2)
     return normal, residual
 
 
