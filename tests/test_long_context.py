@@ -364,3 +364,14 @@ def test_the_summary_says_where_a_length_is_not_complete_and_which_policies_it_l
     tables["results.csv.gz"] = results[results["length"] == 256].drop(columns="policy")
     config["lengths"] = [256]
     assert _coverage_notes(saved) == []
+
+
+def test_a_policy_on_fewer_sequences_than_its_panel_says_so_in_its_label():
+    """A policy added to a stopped run stands on fewer sequences than the panel's title counts; its label says how
+    many, and a policy on all of them keeps its plain label."""
+    from approxlab.plotting import method_style
+    from approxlab.studies.long_context.report import _partial_style
+
+    curve = pd.DataFrame({"compression_ratio": [0.5, 0.75], "sequences": [121, 121]})
+    assert _partial_style("criticalkv", curve, 180)["label"] == f"{method_style('criticalkv')['label']} (121 seq.)"
+    assert _partial_style("criticalkv", curve, 121) == method_style("criticalkv")

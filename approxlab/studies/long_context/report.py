@@ -74,12 +74,23 @@ def claim_verdicts(saved) -> pd.DataFrame:
     return verdicts(results_of(saved), complete)
 
 
+def _partial_style(method: str, curve: pd.DataFrame, sequences: int) -> dict:
+    """The policy's line style; its label says on how many sequences it stands where that is fewer than the
+    panel's (a policy added to a stopped run)."""
+    from ...plotting import method_style
+
+    style = method_style(method)
+    held = int(curve["sequences"].min())
+    return {**style, "label": f"{style['label']} ({held} seq.)"} if held < sequences else style
+
+
 def plot(saved) -> list:
     """``long_context.png/.pdf``: per length, two rows. Top: the exact model's accuracy per task with its 95%
     interval against the gate, then each policy's accuracy over the compression ratios (the run's policies and
     those added to it, in balanced panels of at most 9). Bottom: each policy x ratio's median clean-input error
     against its mean answer log-prob loss, then each policy's mean log-prob loss over the ratios (a policy without
-    rows at a length, in a stopped run, is left out there). Then, where the
+    rows at a length, in a stopped run, is left out there; one on fewer sequences than its panel's title counts
+    says how many in its label). Then, where the
     whole-sequence setting ran, a row per length: its methods' accuracy, and their error against loss
     (:func:`.whole.whole_panels`)."""
     from ...plotting import figure, method_style, panel_groups, save_figure
@@ -115,7 +126,7 @@ def plot(saved) -> list:
                 for method in chosen:  # a policy without rows at this length yet (a stopped run) is not drawn
                     curve = at[at["method"] == method].sort_values("compression_ratio")
                     if len(curve):
-                        ax.plot(curve["compression_ratio"], curve[value], **method_style(method))
+                        ax.plot(curve["compression_ratio"], curve[value], **_partial_style(method, curve, sequences))
                 ax.set_xlabel("compression ratio (fraction of the context removed)")
                 ax.set_ylabel(label)
                 ax.set_title(f"{title}, {length} tokens, all tasks ({sequences} sequences)", fontsize=8)
