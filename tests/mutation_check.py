@@ -31,8 +31,8 @@ import os
 import shutil
 import subprocess
 import sys
+import queue
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -415,17 +415,16 @@ def _run(mutations, run_baseline: bool, jobs: int) -> int:
         if not _baseline(copies[0], mutations, run_baseline):
             print(f"0 caught, {len(mutations)} missed")
             return 1
-        free = list(copies)  # each copy runs one mutation at a time
-        lock = threading.Lock()
+        free = queue.SimpleQueue()  # each copy runs one mutation at a time
+        for copy in copies:
+            free.put(copy)
 
         def one(mutation) -> str:
-            with lock:
-                copy = free.pop()
+            copy = free.get()
             try:
                 return _mutate_and_run(copy, mutation)
             finally:
-                with lock:
-                    free.append(copy)
+                free.put(copy)
 
         caught = missed = 0
         with ThreadPoolExecutor(max_workers=jobs) as pool:
