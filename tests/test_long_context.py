@@ -144,14 +144,16 @@ def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
 
     folder = pathlib.Path(__file__).resolve().parents[1] / "figures" / "long_context"
     saved = json.loads((folder / "config.json").read_text())["config"]
-    config = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"], out=str(folder))
+    config = long_context.build_config(lengths=[2048, 4096, 8192], ruler_tasks=["single-needle", "multi-key"],
+                                       out=str(folder))
     assert config["policies"] == saved["policies"] and config["added_policies"] == ["criticalkv", "caote"]
     assert saved["added_policies"] == ["criticalkv", "caote"] and len(saved["policies"]) == 15
     assert saved["whole_methods"] == config["whole_methods"] and saved["whole_texts"] == list(range(10))
     assert not extension(saved, config, long_context.STUDY.grows)  # the same configuration: it resumes
-    longer = long_context.build_config(lengths=[2048, 4096, 8192], ruler_tasks=["single-needle", "multi-key"],
-                                       out=str(folder))  # the longer lengths: their truncated contexts are added
-    assert extension(saved, longer, long_context.STUDY.grows) == ["lengths", "short_context"]
+    shorter = {**saved, "lengths": [2048, 4096],
+               "short_context": {n: saved["short_context"][n] for n in ("2048", "4096")}}
+    # the run as it was before 8,192 tokens: extended by the longer length and its truncated context
+    assert extension(shorter, config, long_context.STUDY.grows) == ["lengths", "short_context"]
     fresh = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"])
     assert {"criticalkv", "caote"} <= set(fresh["policies"]) and "added_policies" not in fresh
 
@@ -236,6 +238,20 @@ def test_the_gate_needs_a_clopper_pearson_lower_bound_of_80_percent():
     assert table.loc["multi-key", "texts"] == 30
     with pytest.raises(ValueError, match="`successes` must be an integer in"):
         clopper_pearson(4, 3)
+
+
+def test_the_gate_is_settled_only_where_the_missing_sequences_cannot_change_it():
+    # 90 declared: 80 right pass. 11 wrong settle a failure, 10 wrong do not; 80 right settle a pass.
+    partial = _results({"single-needle": (1, 12), "multi-key": (2, 12), "multi-value": (80, 85)})
+    partial.loc[(partial["task"] == "multi-key") & (partial["text"] == 0), "correct"] = True  # 3 right, 9 wrong
+    table = claims.gate_table(partial, declared=90).set_index("task")
+    assert table["declared"].tolist() == [90, 90, 90]
+    assert table.loc["single-needle", "settled"] == "fail" and not table.loc["single-needle", "passes"]
+    assert table.loc["multi-key", "settled"] == "open"
+    assert table.loc["multi-value", "settled"] == "pass"
+    whole = claims.gate_table(_results({"single-needle": (80, 90), "multi-key": (79, 90)}), declared=90)
+    assert whole.set_index("task")["settled"].to_dict() == {"single-needle": "pass", "multi-key": "fail"}
+    assert claims.gate_table(partial)["settled"].tolist() == ["fail", "fail", "pass"]  # declared: what is there
 
 
 def _policy_rows(error_of, loss_of) -> pd.DataFrame:

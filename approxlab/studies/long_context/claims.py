@@ -46,7 +46,7 @@ one Holm family.
 Public API::
 
     GATE, GATE_LEVEL, CLAIMS, WHOLE_CLAIMS, SETTINGS, RESAMPLES, MIN_TEXTS, ERROR, WORST_HEAD
-    gate_table(results) -> DataFrame
+    gate_table(results, declared=None) -> DataFrame
     premise_frame(results, gate) -> DataFrame
     stratum_values(frame, claim, error=ERROR) -> [(text, value)]
     stratum_sums(frame, claim, error=ERROR) -> {text: (sum, count)}
@@ -124,19 +124,39 @@ SETTINGS = {"kv-cache": CLAIMS, "whole-sequence": WHOLE_CLAIMS}
 """Each setting's claims: the cache policies on the exact prefill; the other methods over the whole sequence."""
 
 
-def gate_table(results: pd.DataFrame) -> pd.DataFrame:
+def gate_table(results: pd.DataFrame, declared: int | None = None) -> pd.DataFrame:
     """Per task and length: the exact model's sequences, correct answers, accuracy, its 95% Clopper-Pearson
-    interval and whether the task passes the gate (``passes``)."""
+    interval and whether the task passes the gate (``passes``, on the sequences there are).
+
+    With ``declared`` (the sequences the grid declares per task and length), ``settled`` says whether the rest of a
+    run can still change that: ``"pass"`` when the bound passes even if every missing sequence is answered wrong,
+    ``"fail"`` when it fails even if every one is answered right, ``"open"`` otherwise (a complete task is
+    ``"pass"`` or ``"fail"``). A consequence of the rule, not a second one: with 90 declared, 11 wrong answers
+    settle a failure.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from approxlab.studies.long_context.claims import gate_table
+    >>> rows = pd.DataFrame({"method": "unpatched", "task": "single-needle", "length": 8192, "text": range(12),
+    ...                      "correct": [True] * 1 + [False] * 11})
+    >>> gate_table(rows, declared=90)[["sequences", "correct", "passes", "settled"]].to_dict("records")
+    [{'sequences': 12, 'correct': 1, 'passes': False, 'settled': 'fail'}]
+    """
     exact = results[results["method"] == "unpatched"]
     rows = []
     for (task, length), group in exact.groupby(["task", "length"], sort=False):
         count, correct = len(group), int(group["correct"].astype(bool).sum())
         low, high = clopper_pearson(correct, count, level=GATE_LEVEL)
-        rows.append({"task": task, "length": int(length), "sequences": count, "texts": group["text"].nunique(),
-                     "correct": correct, "accuracy": correct / count, "cp_low": low, "cp_high": high,
-                     "passes": bool(low >= GATE)})
-    return pd.DataFrame(rows, columns=["task", "length", "sequences", "texts", "correct", "accuracy", "cp_low",
-                                       "cp_high", "passes"])
+        total = max(count, int(declared)) if declared is not None else count
+        worst = clopper_pearson(correct, total, level=GATE_LEVEL)[0] >= GATE  # every missing one wrong
+        best = clopper_pearson(correct + total - count, total, level=GATE_LEVEL)[0] >= GATE  # every one right
+        rows.append({"task": task, "length": int(length), "sequences": count, "declared": total,
+                     "texts": group["text"].nunique(), "correct": correct, "accuracy": correct / count, "cp_low": low,
+                     "cp_high": high, "passes": bool(low >= GATE),
+                     "settled": "pass" if worst else "fail" if not best else "open"})
+    return pd.DataFrame(rows, columns=["task", "length", "sequences", "declared", "texts", "correct", "accuracy",
+                                       "cp_low", "cp_high", "passes", "settled"])
 
 
 def premise_frame(results: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:

@@ -30,8 +30,9 @@ def results_of(saved) -> pd.DataFrame:
 
 
 def gate(saved) -> pd.DataFrame:
-    """``gate.csv``: the exact model's accuracy per task and length with its Clopper-Pearson interval."""
-    return gate_table(results_of(saved))
+    """``gate.csv``: the exact model's accuracy per task and length with its Clopper-Pearson interval, and whether
+    the sequences the run still lacks could change the gate (``settled``: the grid declares texts x depths)."""
+    return gate_table(results_of(saved), declared=saved.config["texts"] * len(saved.config["depths"]))
 
 
 def policies(saved) -> pd.DataFrame:
@@ -142,11 +143,20 @@ def _gate_panel(ax, at: pd.DataFrame, length: int) -> None:
     ax.errorbar(x, at["accuracy"], yerr=[at["accuracy"] - at["cp_low"], at["cp_high"] - at["accuracy"]],
                 fmt="o", color="black", capsize=3, label="exact model, 95% CP")
     ax.axhline(GATE, color="grey", linestyle=":", linewidth=0.8, label=f"gate {GATE:.0%}")
-    ax.set_xticks(x, [str(t).replace("-", "\n") for t in at["task"]], fontsize=6)
+    ax.set_xticks(x, [_gate_label(row) for _, row in at.iterrows()], fontsize=6)
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"exact model, {length} tokens", fontsize=8)
     ax.set_ylabel("accuracy (exact match)")
     ax.legend(fontsize=6, loc="lower left")
+
+
+def _gate_label(row) -> str:
+    """A task's tick label; where the run holds part of its sequences, how many and whether the gate is settled."""
+    label = str(row["task"]).replace("-", "\n")
+    if row.get("declared", row["sequences"]) <= row["sequences"]:
+        return label
+    return f"{label}\n{row['sequences']} of {row['declared']}" + {"fail": ", fails", "pass": ", passes"}.get(
+        row["settled"], "")
 
 
 def _in_short(saved, table, gated, spent) -> list[str]:
@@ -179,6 +189,7 @@ def _in_short(saved, table, gated, spent) -> list[str]:
     notes = [plain, *_coverage_notes(saved), *point, f"Gate: {len(passed)} of {len(gated)} task x length pairs pass (exact accuracy's 95% Clopper-Pearson "
              f"lower bound >= {GATE:.0%}): " + (", ".join(f"{t} at {n}" for t, n in passed[["task", "length"]]
                                                         .itertuples(index=False)) or "none") + "."]
+    notes += _unsettled_notes(gated)
     notes += _worst_head_notes(table)
     for _, row in table[table["sequences"] == "all"].iterrows():
         notes.append(f"Every task's sequences, gate or not (described, not judged): {row['claim']} at "
@@ -194,6 +205,20 @@ def _in_short(saved, table, gated, spent) -> list[str]:
             notes.append(f"Shared column sums at {int(length)} tokens: an H2O / observed-attention continuation "
                          f"{by[True]:.2f} s against {by[False]:.2f} s recomputing them.")
     return in_short_lines(words["holds"], words["fails"], words["open"], notes=notes)
+
+
+def _unsettled_notes(gated: pd.DataFrame) -> list[str]:
+    """Per task and length the run holds only part of: whether its missing sequences can still change the gate."""
+    if "settled" not in gated:
+        return []
+    notes = []
+    for _, row in gated[gated["sequences"] < gated["declared"]].iterrows():
+        missing, name = int(row["declared"] - row["sequences"]), f"{row['task']} at {row['length']} tokens"
+        notes.append(f"Gate, {name}: {row['correct']} right of the {row['sequences']} sequences so far; "
+                     + ({"fail": f"it fails whatever the {missing} missing ones give",
+                         "pass": f"it passes whatever the {missing} missing ones give"}.get(
+                         row["settled"], f"the {missing} missing ones can still change it") + "."))
+    return notes
 
 
 def _coverage_notes(saved) -> list[str]:
