@@ -150,13 +150,17 @@ def _gate_panel(ax, at: pd.DataFrame, length: int) -> None:
     ax.legend(fontsize=6, loc="lower left")
 
 
+_SETTLED = {"fail": "fails", "pass": "passes"}
+"""``gate.csv``'s ``settled`` in words (``"open"``: none)."""
+
+
 def _gate_label(row) -> str:
     """A task's tick label; where the run holds part of its sequences, how many and whether the gate is settled."""
     label = str(row["task"]).replace("-", "\n")
-    if row.get("declared", row["sequences"]) <= row["sequences"]:
+    if row["sequences"] >= row["declared"]:
         return label
-    return f"{label}\n{row['sequences']} of {row['declared']}" + {"fail": ", fails", "pass": ", passes"}.get(
-        row["settled"], "")
+    settled = f", {_SETTLED[row['settled']]}" if row["settled"] in _SETTLED else ""
+    return f"{label}\n{row['sequences']} of {row['declared']}{settled}"
 
 
 def _in_short(saved, table, gated, spent) -> list[str]:
@@ -209,15 +213,14 @@ def _in_short(saved, table, gated, spent) -> list[str]:
 
 def _unsettled_notes(gated: pd.DataFrame) -> list[str]:
     """Per task and length the run holds only part of: whether its missing sequences can still change the gate."""
-    if "settled" not in gated:
-        return []
     notes = []
     for _, row in gated[gated["sequences"] < gated["declared"]].iterrows():
-        missing, name = int(row["declared"] - row["sequences"]), f"{row['task']} at {row['length']} tokens"
-        notes.append(f"Gate, {name}: {row['correct']} right of the {row['sequences']} sequences so far; "
-                     + ({"fail": f"it fails whatever the {missing} missing ones give",
-                         "pass": f"it passes whatever the {missing} missing ones give"}.get(
-                         row["settled"], f"the {missing} missing ones can still change it") + "."))
+        missing = int(row["declared"] - row["sequences"])
+        settled = _SETTLED.get(row["settled"])
+        outcome = (f"it {settled} whatever the {missing} missing ones give" if settled
+                   else f"the {missing} missing ones can still change it")
+        notes.append(f"Gate, {row['task']} at {row['length']} tokens: {row['correct']} right of the "
+                     f"{row['sequences']} sequences so far; {outcome}.")
     return notes
 
 
