@@ -57,7 +57,8 @@ class Table:
         Columns the report step reads (a table without them, e.g. another study's, is refused).
     optional : bool
         The report step does without this table (a run made before it existed), and in a step with a table that
-        is not optional a run resumes by that one: a cell it holds is not computed again to fill this one.
+        is not optional a run resumes by that one: a cell it holds is not computed again to fill this one. In a
+        step whose tables are all optional, the first one decides.
     """
 
     name: str

@@ -310,10 +310,11 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
 def _deciding(step, tables):
     """The tables whose cells say which of a step's cells are done: its tables that are not optional (an optional
     one -- per-layer rows kept out of the repository, a table added after the run was made -- is filled by the
-    cells computed from now on, and a cell the others hold is not computed again for it); all of them when every
-    one is optional."""
+    cells computed from now on, and a cell the others hold is not computed again for it); its first table when
+    every one is optional (a step the report does without, whose per-layer table beside it may be absent from a
+    clone)."""
     required = [table for table, declared in zip(tables, step.tables) if not declared.optional]
-    return required or tables
+    return required or tables[:1]
 
 
 def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
