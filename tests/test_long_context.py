@@ -71,7 +71,7 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
     table = pd.read_csv(out / "whole_methods.csv")
     assert sorted(table["method"]) == ["performer", "quest", "topk"] and (table["sequences"] == 2).all()
     assert table["clean_worst_head"].ge(table["clean_spectral"]).all()
-    for name in ("gate.csv", "policies.csv", "cost.csv", "verdicts.csv", "whole_methods.csv", "long_context.png",
+    for name in ("gate.csv", "gate_depths.csv", "policies.csv", "cost.csv", "verdicts.csv", "whole_methods.csv", "long_context.png",
                  "summary.md"):
         assert (out / name).is_file(), name
     summary = (out / "summary.md").read_text()
@@ -252,6 +252,20 @@ def test_the_gate_is_settled_only_where_the_missing_sequences_cannot_change_it()
     whole = claims.gate_table(_results({"single-needle": (80, 90), "multi-key": (79, 90)}), declared=90)
     assert whole.set_index("task")["settled"].to_dict() == {"single-needle": "pass", "multi-key": "fail"}
     assert claims.gate_table(partial)["settled"].tolist() == ["fail", "fail", "pass"]  # declared: what is there
+
+
+def test_the_exact_models_accuracy_by_depth_pools_to_the_gates():
+    """``gate_depths.csv`` (described beside the gate): each depth's count and interval, summing to the gate's."""
+    import pathlib
+
+    folder = pathlib.Path(__file__).resolve().parents[1] / "figures" / "long_context-gate-8192"
+    results = engine.read_results(folder / "results.csv.gz")
+    depths, gate = claims.depth_table(results), claims.gate_table(results)
+    pooled = depths.groupby(["task", "length"], sort=False)[["sequences", "correct"]].sum().reset_index()
+    pd.testing.assert_frame_equal(pooled, gate[["task", "length", "sequences", "correct"]], check_dtype=False)
+    needle = depths[depths["task"] == "single-needle"].set_index("depth")
+    assert needle["correct"].to_dict() == {0.1: 0, 0.5: 8, 0.9: 30} and (needle["sequences"] == 30).all()
+    assert needle.loc[0.5, "cp_low"] == pytest.approx(clopper_pearson(8, 30)[0])
 
 
 def _policy_rows(error_of, loss_of) -> pd.DataFrame:

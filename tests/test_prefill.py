@@ -210,3 +210,28 @@ def test_batched_policies_equal_each_alone_and_fewer_share_a_larger_batchs_cache
             torch.testing.assert_close(result.errors["patched"]["spectral"], alone.errors["patched"]["spectral"],
                                        rtol=1e-7, atol=1e-12)
     assert made == [1, 3]  # the unpatched pass's one copy and the batch of 3: none made for 2 (or 1 again)
+
+
+def test_a_larger_batchs_cache_replaces_the_smaller_ones_it_serves(model, ids, monkeypatch):
+    """2 policies, then 3, then 2 again on one sequence: the cache of 3 copies, once made, is the only one held (the
+    unpatched pass's and the 2 policies' are dropped), and serves 2 copies and 1 from its first rows, with the same
+    results as before it was made."""
+    from approxlab.patching import prefill as module
+
+    made, reserved = [], module.reserved
+    monkeypatch.setattr(module, "reserved", lambda cache, copies, *args: made.append(copies) or reserved(cache, copies,
+                                                                                                          *args))
+    one = exact_prefill(model, ids[:1, :CONTEXT])
+    three = [{"method": "snapkv", "num_features": 10, "window": 4}, {"method": "h2o", "num_features": 6},
+             {"method": "knorm", "num_features": 8}]
+    kwargs = {"continuation_ids": ids[:1, CONTEXT:], "answer_length": ANSWER}
+    first = one.continue_together(three[1:], **kwargs)
+    assert sorted(one._held) == [2]  # the unpatched pass's one copy dropped too
+    one.continue_together(three, **kwargs)
+    assert sorted(one._held) == [3]
+    again = one.continue_together(three[1:], **kwargs)
+    alone = one.continue_with(**three[1], **kwargs)
+    assert made == [1, 2, 3] and sorted(one._held) == [3]
+    for before, after in zip(first, again):
+        assert torch.equal(before.nll, after.nll) and torch.equal(before.generated, after.generated)
+    torch.testing.assert_close(alone.nll, first[0].nll, rtol=0, atol=1e-9)

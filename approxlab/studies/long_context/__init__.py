@@ -33,7 +33,7 @@ from .cells import (ADDED, ADDED_LAYERS, LAYERS, RESULTS, SHARING, WHOLE, WHOLE_
 from .claims import CLAIMS
 from .grid import (ADDED_KEY, FULL_GRID, KEY, OPTIONS, QUICK_GRID, WHOLE_KEY, added_cells, build_config, cells, check,
                    configure, run_info, whole_cells)
-from .report import TITLE, claim_verdicts, cost, gate, plot, policies, sections
+from .report import TITLE, claim_verdicts, cost, gate, gate_depths, plot, policies, sections
 from .whole import whole_methods
 
 __all__ = ["STUDY", "OPTIONS", "FULL_GRID", "QUICK_GRID", "CLAIMS", "build_config", "configure"]
@@ -51,7 +51,8 @@ STUDY = Study(
            Step((Table(WHOLE, WHOLE_KEY, optional=True), Table(WHOLE_LAYERS, WHOLE_KEY, optional=True)),
                 compute_whole, whole_cells)),
     claims=CLAIMS,
-    products=(Product("gate.csv", gate), Product("policies.csv", policies), Product("cost.csv", cost),
+    products=(Product("gate.csv", gate), Product("gate_depths.csv", gate_depths), Product("policies.csv", policies),
+              Product("cost.csv", cost),
               Product("whole_methods.csv", whole_methods),
               Product("verdicts.csv", claim_verdicts)),
     figures=(Figure("long_context", plot),),

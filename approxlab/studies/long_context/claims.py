@@ -69,7 +69,7 @@ from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
 __all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "WHOLE_CLAIMS", "SETTINGS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT",
-           "ERROR", "WORST_HEAD", "gate_table", "premise_frame", "stratum_values", "stratum_sums", "verdicts"]
+           "ERROR", "WORST_HEAD", "gate_table", "depth_table", "premise_frame", "stratum_values", "stratum_sums", "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
 """A task enters the claims at a length when its exact accuracy's two-sided 95% Clopper-Pearson lower bound is
@@ -157,6 +157,31 @@ def gate_table(results: pd.DataFrame, declared: int | None = None) -> pd.DataFra
                      "settled": "pass" if worst else "fail" if not best else "open"})
     return pd.DataFrame(rows, columns=["task", "length", "sequences", "declared", "texts", "correct", "accuracy",
                                        "cp_low", "cp_high", "passes", "settled"])
+
+
+def depth_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Per task, length and depth of the asked needle: the exact model's sequences, correct answers, accuracy and
+    95% Clopper-Pearson interval. A description beside :func:`gate_table` (the gate pools the depths): where a
+    model finds a needle only near the question, the pooled accuracy hides it.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from approxlab.studies.long_context.claims import depth_table
+    >>> rows = pd.DataFrame({"method": "unpatched", "task": "single-needle", "length": 8192, "text": [0, 0, 1, 1],
+    ...                      "depth": [0.1, 0.9] * 2, "correct": [False, True, False, True]})
+    >>> depth_table(rows)[["depth", "sequences", "correct"]].to_dict("records")
+    [{'depth': 0.1, 'sequences': 2, 'correct': 0}, {'depth': 0.9, 'sequences': 2, 'correct': 2}]
+    """
+    exact = results[results["method"] == "unpatched"]
+    rows = []
+    for (task, length, depth), group in exact.groupby(["task", "length", "depth"], sort=False):
+        count, correct = len(group), int(group["correct"].astype(bool).sum())
+        low, high = clopper_pearson(correct, count, level=GATE_LEVEL)
+        rows.append({"task": task, "length": int(length), "depth": float(depth), "sequences": count,
+                     "correct": correct, "accuracy": correct / count, "cp_low": low, "cp_high": high})
+    columns = ["task", "length", "depth", "sequences", "correct", "accuracy", "cp_low", "cp_high"]
+    return pd.DataFrame(rows, columns=columns).sort_values("length", kind="stable").reset_index(drop=True)
 
 
 def premise_frame(results: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:

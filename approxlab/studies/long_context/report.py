@@ -10,12 +10,12 @@ import pandas as pd
 from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
 from .cells import ADDED, RESULTS, SHARING, WHOLE
-from .claims import CLAIMS, GATE, UNIT, WHOLE_CLAIMS, gate_table, verdicts
+from .claims import CLAIMS, GATE, UNIT, WHOLE_CLAIMS, depth_table, gate_table, verdicts
 from .grid import policy_defaults, run_policies
 from .tables import method_table
 from .whole import complete_sequences, whole_lines, whole_panels
 
-__all__ = ["TITLE", "results_of", "gate", "policies", "cost", "claim_verdicts", "plot", "sections"]
+__all__ = ["TITLE", "results_of", "gate", "gate_depths", "policies", "cost", "claim_verdicts", "plot", "sections"]
 
 TITLE = "Long context: RULER-style retrieval on one shared exact prefill, every cache policy and compression ratio"
 
@@ -33,6 +33,12 @@ def gate(saved) -> pd.DataFrame:
     """``gate.csv``: the exact model's accuracy per task and length with its Clopper-Pearson interval, and whether
     the sequences the run still lacks could change the gate (``settled``: the grid declares texts x depths)."""
     return gate_table(results_of(saved), declared=saved.config["texts"] * len(saved.config["depths"]))
+
+
+def gate_depths(saved) -> pd.DataFrame:
+    """``gate_depths.csv``: the exact model's accuracy per task, length and depth of the asked needle, with its
+    Clopper-Pearson interval (:func:`.claims.depth_table`; described: the gate pools the depths)."""
+    return depth_table(results_of(saved))
 
 
 def policies(saved) -> pd.DataFrame:
@@ -96,7 +102,7 @@ def plot(saved) -> list:
     (:func:`.whole.whole_panels`)."""
     from ...plotting import figure, method_style, panel_groups, save_figure
 
-    table, gated = saved.product("policies.csv"), saved.product("gate.csv")
+    table, gated, depths = saved.product("policies.csv"), saved.product("gate.csv"), saved.product("gate_depths.csv")
     lengths = sorted(table["length"].unique()) if len(table) else sorted(gated["length"].unique())
     drawn = run_policies(saved.config)
     panels = max(1, math.ceil(len(drawn) / 9))  # at most 9 policies a panel, the panels balanced
@@ -110,7 +116,8 @@ def plot(saved) -> list:
             ax.axis("off")
     for index, length in enumerate(lengths):
         top, bottom = axes[2 * index], axes[2 * index + 1]
-        _gate_panel(top[0], gated[gated["length"] == length].reset_index(drop=True), length)
+        _gate_panel(top[0], gated[gated["length"] == length].reset_index(drop=True),
+                    depths[depths["length"] == length], length)
         at = table[table["length"] == length]
         sequences = int(gated.loc[gated["length"] == length, "sequences"].sum())
         for method in drawn:
@@ -137,17 +144,30 @@ def plot(saved) -> list:
     return save_figure(fig, saved.out / "long_context")
 
 
-def _gate_panel(ax, at: pd.DataFrame, length: int) -> None:
-    """The exact model's accuracy per task with its Clopper-Pearson interval and the gate."""
+_DEPTH_MARKERS = ("v", "s", "^", "D", "P", "X")
+"""The markers of the depths of the asked needle in the gate panel, in the grid's order."""
+
+
+def _gate_panel(ax, at: pd.DataFrame, depths: pd.DataFrame, length: int) -> None:
+    """The exact model's accuracy per task with its Clopper-Pearson interval and the gate; to its right, in grey,
+    its accuracy at each depth of the asked needle where the run has several (described, not gated)."""
     x = np.arange(len(at))
-    ax.errorbar(x, at["accuracy"], yerr=[at["accuracy"] - at["cp_low"], at["cp_high"] - at["accuracy"]],
-                fmt="o", color="black", capsize=3, label="exact model, 95% CP")
+    levels = sorted(depths["depth"].unique()) if depths["depth"].nunique() > 1 else []  # one depth: the pooled
+    shift = 0.12 * len(levels) / 2  # the task's points centred on its tick: pooled, then depth by depth
+    ax.errorbar(x - shift, at["accuracy"], yerr=[at["accuracy"] - at["cp_low"], at["cp_high"] - at["accuracy"]],
+                fmt="o", color="black", capsize=3, label="exact model, all depths, 95% CP")
+    for index, depth in enumerate(levels):
+        rows = depths[depths["depth"] == depth].set_index("task").reindex(at["task"])
+        ax.errorbar(x - shift + 0.12 * (index + 1), rows["accuracy"], yerr=[rows["accuracy"] - rows["cp_low"],
+                    rows["cp_high"] - rows["accuracy"]], fmt=_DEPTH_MARKERS[index % len(_DEPTH_MARKERS)],
+                    color="grey", markersize=3, elinewidth=0.6, capsize=1.5, label=f"needle at depth {depth:g}")
+    ax.set_xlim(-0.5, len(at) - 0.5)
     ax.axhline(GATE, color="grey", linestyle=":", linewidth=0.8, label=f"gate {GATE:.0%}")
     ax.set_xticks(x, [_gate_label(row) for _, row in at.iterrows()], fontsize=6)
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"exact model, {length} tokens", fontsize=8)
     ax.set_ylabel("accuracy (exact match)")
-    ax.legend(fontsize=6, loc="lower left")
+    ax.legend(fontsize=5, loc="best")
 
 
 _SETTLED = {"fail": "fails", "pass": "passes"}
@@ -308,6 +328,8 @@ def sections(saved) -> list[str]:
               "(`approxlab.patching.sweep_policies`); seconds are wall seconds of one worker.", "",
               *markdown_table(spent), "", *_added_lines(config), *_sharing_lines(saved), "",
               "## The gate", "", *markdown_table(gated), "",
+              "The exact model by depth of the asked needle (the fraction of the haystack before it; described: the "
+              "gate pools the depths):", "", *markdown_table(saved.product("gate_depths.csv")), "",
               "## Policies", "", "Mean over sequences of every task (gated or not); `delta_*` in nats against the "
               "exact model on the same sequence; errors: clean- and patched-input relative spectral error, mean over "
               "layers of the median over heads (median over sequences; `clean_worst_head`, where recorded: of the "
