@@ -164,10 +164,11 @@ def _gate_panel(ax, at: pd.DataFrame, depths: pd.DataFrame, length: int) -> None
     ax.set_xlim(-0.5, len(at) - 0.5)
     ax.axhline(GATE, color="grey", linestyle=":", linewidth=0.8, label=f"gate {GATE:.0%}")
     ax.set_xticks(x, [_gate_label(row) for _, row in at.iterrows()], fontsize=6)
-    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylim(-0.05, 1.42)  # the legend above 1, where no accuracy can be
+    ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_title(f"exact model, {length} tokens", fontsize=8)
     ax.set_ylabel("accuracy (exact match)")
-    ax.legend(fontsize=5, loc="best")
+    ax.legend(fontsize=5, loc="upper center", ncol=2)
 
 
 _SETTLED = {"fail": "fails", "pass": "passes"}
