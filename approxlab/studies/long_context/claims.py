@@ -69,7 +69,8 @@ from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
 __all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "WHOLE_CLAIMS", "SETTINGS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT",
-           "ERROR", "WORST_HEAD", "gate_table", "depth_table", "premise_frame", "stratum_values", "stratum_sums", "verdicts"]
+           "ERROR", "WORST_HEAD", "gate_table", "depth_table", "premise_frame", "stratum_values", "stratum_sums",
+           "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
 """A task enters the claims at a length when its exact accuracy's two-sided 95% Clopper-Pearson lower bound is
