@@ -482,34 +482,14 @@ def test_a_cell_missing_from_one_of_its_tables_is_computed_again_and_replaces_it
         pd.testing.assert_frame_equal(again[name], reference[name])
 
 
-def test_a_step_of_optional_tables_resumes_by_its_first_one(tmp_path):
-    """A step whose tables are all optional (rows of a policy added to a saved run, and their per-layer rows kept
-    out of the repository): a clone without the second table resumes by the first, computing no cell again; a
-    cell the first lacks is computed and fills both."""
-    optional = [Step(tables=(Table("summary.csv", KEYS, optional=True), Table("reps.csv", KEYS, optional=True)),
-                     compute=two_tables)]
-    run_two(tmp_path, steps=optional)
-    (tmp_path / "reps.csv").unlink()
-    (tmp_path / "reps.csv.cells").unlink(missing_ok=True)
-    summary = engine.read_results(tmp_path / "summary.csv")
-    engine.write_table(summary[summary["a"] != 2], tmp_path / "summary.csv", KEYS)
-    calls = []
-
-    def counting(cell):
-        calls.append(cell_key(cell, KEYS))
-        return two_tables(cell)
-
-    again = run_two(tmp_path, steps=[Step(tables=optional[0].tables, compute=counting)])
-    assert sorted(calls) == [(2, "x"), (2, "y")]
-    assert len(again["summary.csv"]) == 6 and sorted(set(again["reps.csv"]["a"])) == [2]
-
-
-def test_an_optional_table_missing_a_cell_does_not_recompute_it(tmp_path):
+@pytest.mark.parametrize("first_optional", [False, True])
+def test_an_optional_table_missing_a_cell_does_not_recompute_it(tmp_path, first_optional):
     """A step's optional table (per-layer rows kept out of the repository, or added after the run was made) does not
     decide what is done: a cell the step's other table holds is not computed again to fill it; a cell it lacks is,
-    and fills both."""
-    optional = [Step(tables=(Table("summary.csv", KEYS), Table("reps.csv", KEYS, optional=True)), compute=two_tables)]
-    run_two(tmp_path, steps=optional)
+    and fills both. Where every table of the step is optional (rows of a policy added to a saved run beside their
+    per-layer rows), the first one decides: a clone without the second computes no cell again."""
+    tables = (Table("summary.csv", KEYS, optional=first_optional), Table("reps.csv", KEYS, optional=True))
+    run_two(tmp_path, steps=[Step(tables=tables, compute=two_tables)])
     (tmp_path / "reps.csv").unlink()
     (tmp_path / "reps.csv.cells").unlink(missing_ok=True)
     summary = engine.read_results(tmp_path / "summary.csv")
@@ -520,6 +500,6 @@ def test_an_optional_table_missing_a_cell_does_not_recompute_it(tmp_path):
         calls.append(cell_key(cell, KEYS))
         return two_tables(cell)
 
-    again = run_two(tmp_path, steps=[Step(tables=optional[0].tables, compute=counting)])
+    again = run_two(tmp_path, steps=[Step(tables=tables, compute=counting)])
     assert sorted(calls) == [(2, "x"), (2, "y")]
     assert len(again["summary.csv"]) == 6 and sorted(set(again["reps.csv"]["a"])) == [2]

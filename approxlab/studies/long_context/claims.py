@@ -144,17 +144,15 @@ def gate_table(results: pd.DataFrame, declared: int | None = None) -> pd.DataFra
     >>> gate_table(rows, declared=90)[["sequences", "correct", "passes", "settled"]].to_dict("records")
     [{'sequences': 12, 'correct': 1, 'passes': False, 'settled': 'fail'}]
     """
-    exact = results[results["method"] == "unpatched"]
     rows = []
-    for (task, length), group in exact.groupby(["task", "length"], sort=False):
-        count, correct = len(group), int(group["correct"].astype(bool).sum())
-        low, high = clopper_pearson(correct, count, level=GATE_LEVEL)
+    for (task, length), group in _exact(results).groupby(["task", "length"], sort=False):
+        found = _accuracy(group)
+        count, correct = found["sequences"], found["correct"]
         total = max(count, int(declared)) if declared is not None else count
         worst = clopper_pearson(correct, total, level=GATE_LEVEL)[0] >= GATE  # every missing one wrong
         best = clopper_pearson(correct + total - count, total, level=GATE_LEVEL)[0] >= GATE  # every one right
-        rows.append({"task": task, "length": int(length), "sequences": count, "declared": total,
-                     "texts": group["text"].nunique(), "correct": correct, "accuracy": correct / count, "cp_low": low,
-                     "cp_high": high, "passes": bool(low >= GATE),
+        rows.append({"task": task, "length": int(length), "declared": total, "texts": group["text"].nunique(),
+                     **found, "passes": bool(found["cp_low"] >= GATE),
                      "settled": "pass" if worst else "fail" if not best else "open"})
     return pd.DataFrame(rows, columns=["task", "length", "sequences", "declared", "texts", "correct", "accuracy",
                                        "cp_low", "cp_high", "passes", "settled"])
@@ -174,15 +172,23 @@ def depth_table(results: pd.DataFrame) -> pd.DataFrame:
     >>> depth_table(rows)[["depth", "sequences", "correct"]].to_dict("records")
     [{'depth': 0.1, 'sequences': 2, 'correct': 0}, {'depth': 0.9, 'sequences': 2, 'correct': 2}]
     """
-    exact = results[results["method"] == "unpatched"]
-    rows = []
-    for (task, length, depth), group in exact.groupby(["task", "length", "depth"], sort=False):
-        count, correct = len(group), int(group["correct"].astype(bool).sum())
-        low, high = clopper_pearson(correct, count, level=GATE_LEVEL)
-        rows.append({"task": task, "length": int(length), "depth": float(depth), "sequences": count,
-                     "correct": correct, "accuracy": correct / count, "cp_low": low, "cp_high": high})
+    rows = [{"task": task, "length": int(length), "depth": float(depth), **_accuracy(group)}
+            for (task, length, depth), group in _exact(results).groupby(["task", "length", "depth"], sort=False)]
     columns = ["task", "length", "depth", "sequences", "correct", "accuracy", "cp_low", "cp_high"]
     return pd.DataFrame(rows, columns=columns).sort_values("length", kind="stable").reset_index(drop=True)
+
+
+def _exact(results: pd.DataFrame) -> pd.DataFrame:
+    """The exact (unpatched) model's rows."""
+    return results[results["method"] == "unpatched"]
+
+
+def _accuracy(group: pd.DataFrame) -> dict:
+    """A group of the exact model's rows: its sequences, correct answers, accuracy and 95% Clopper-Pearson
+    interval."""
+    count, correct = len(group), int(group["correct"].astype(bool).sum())
+    low, high = clopper_pearson(correct, count, level=GATE_LEVEL)
+    return {"sequences": count, "correct": correct, "accuracy": correct / count, "cp_low": low, "cp_high": high}
 
 
 def premise_frame(results: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:
