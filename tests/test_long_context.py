@@ -89,25 +89,40 @@ def test_a_run_writes_one_row_per_policy_and_ratio_and_its_report(run, llama, mo
 
 def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llama, tmp_path, capsys, monkeypatch):
     """Policies added to a saved run (``--policies`` holding the saved ones and more) run in cells of their own, one
-    per sequence (the saved cells stay whole and are not recomputed); the config records the extension; the report
-    reads them with the rest (its tables, the summary's policies and their defaults, the figure's curves); dropping
-    a saved policy is still a different configuration."""
+    per sequence and policy (the saved cells stay whole and are not recomputed), a sequence's added policies on one
+    prefill, their rows those of each policy added alone; the config records the extension; the report reads them
+    with the rest (its tables, the summary's policies and their defaults, the figure's curves); dropping a saved
+    policy is still a different configuration."""
     import shutil
 
+    import approxlab.patching.sweep
     import approxlab.plotting
 
     saved, cache = run
-    out = tmp_path / "extended"
+    out, alone = tmp_path / "extended", tmp_path / "one-at-a-time"
     shutil.copytree(saved, out)
+    shutil.copytree(saved, alone)
     before = (out / "results.csv.gz").read_bytes()
     grid = _with_policies("streaming-llm,snapkv,h2o,criticalkv,caote")
+    prefills = []
+    prefill = approxlab.patching.sweep.exact_prefill
+    monkeypatch.setattr(approxlab.patching.sweep, "exact_prefill",
+                        lambda *a, **k: prefills.append(1) or prefill(*a, **k))
     capsys.readouterr()
     assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
     assert "extending the saved run (added_policies: none -> ['criticalkv', 'caote'])" in capsys.readouterr().err
+    assert len(prefills) == 2 * 2  # one per sequence (texts x tasks), not per sequence and policy
     assert (out / "results.csv.gz").read_bytes() == before
     added = engine.read_results(out / "added.csv")
     assert len(added) == 2 * 2 * 2 * 2 and set(added["method"]) == {"criticalkv", "caote"}  # texts x tasks x 2 x 2
     assert (added["method"] == added["policy"]).all() and set(added["status"]) == {"ok"}
+    for policies in ("streaming-llm,snapkv,h2o,criticalkv", "streaming-llm,snapkv,h2o,criticalkv,caote"):
+        assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(alone),
+                     *_with_policies(policies)]) == 0
+    one_by_one = engine.read_results(alone / "added.csv")
+    assert len(prefills) == 2 * 2 * 3  # each policy added alone: a prefill per sequence and policy
+    scores = ["correct", "answer_logprob", "delta_all", "delta_key", "clean_spectral_mean", "patched_spectral_mean"]
+    pd.testing.assert_frame_equal(added[scores], one_by_one[scores], check_exact=True)  # the same, bit for bit
     record = engine.read_json(out / "config.json")
     assert record["config"]["policies"] == ["streaming-llm", "snapkv", "h2o"]
     assert record["extensions"][-1]["added"] == {"added_policies": ["criticalkv", "caote"]}

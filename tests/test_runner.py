@@ -482,6 +482,43 @@ def test_a_cell_missing_from_one_of_its_tables_is_computed_again_and_replaces_it
         pd.testing.assert_frame_equal(again[name], reference[name])
 
 
+def grouped_two_tables(cells):
+    """:func:`two_tables` of each cell of one group (cells that share ``a``)."""
+    assert len({cell["a"] for cell in cells}) == 1
+    return [two_tables(cell) for cell in cells]
+
+
+def test_a_step_with_a_group_computes_its_cells_together_and_saves_each(tmp_path):
+    """Cells that agree on the step's ``group`` reach ``compute`` as one list; the tables are those of the cells
+    computed one by one, in process and on Dask; a resumed run passes only the cells still to compute."""
+    reference = run_two(tmp_path / "alone", steps=[STEPS[0]])
+    calls = []
+
+    def counting(cells):
+        calls.append([cell_key(cell, KEYS) for cell in cells])
+        return grouped_two_tables(cells)
+
+    step = Step(tables=STEPS[0].tables, compute=counting, group=("a",))
+    grouped = run_two(tmp_path / "grouped", steps=[step])
+    assert calls == [[(0, "x"), (0, "y")], [(1, "x"), (1, "y")], [(2, "x"), (2, "y")]]
+    for name in ("summary.csv", "reps.csv"):
+        pd.testing.assert_frame_equal(grouped[name], reference[name])
+        assert (tmp_path / "grouped" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
+    summary = engine.read_results(tmp_path / "grouped" / "summary.csv")
+    engine.write_table(summary[summary["b"] != "y"], tmp_path / "grouped" / "summary.csv", KEYS)
+    calls.clear()
+    run_two(tmp_path / "grouped", steps=[step])
+    assert calls == [[(0, "y")], [(1, "y")], [(2, "y")]]
+    on_dask = run_two(tmp_path / "dask", steps=[Step(STEPS[0].tables, grouped_two_tables, group=("a",))], workers=2)
+    assert (tmp_path / "dask" / "reps.csv").read_bytes() == (tmp_path / "alone" / "reps.csv").read_bytes()
+    assert len(on_dask["summary.csv"]) == 6
+    with pytest.raises(TypeError, match=r"a list of one result per cell \(2\); it returned list of length 1"):
+        run_two(tmp_path / "short", steps=[Step(STEPS[0].tables, lambda cells: [two_tables(cells[0])], group=("a",))])
+    for group in ("a", ("c",)):
+        with pytest.raises(ValueError, match=r"`group` must be a tuple of the key columns \('a', 'b'\)"):
+            Step(STEPS[0].tables, grouped_two_tables, group=group)
+
+
 @pytest.mark.parametrize("first_optional", [False, True])
 def test_an_optional_table_missing_a_cell_does_not_recompute_it(tmp_path, first_optional):
     """A step's optional table (per-layer rows kept out of the repository, or added after the run was made) does not

@@ -30,7 +30,9 @@ Cell granularity and shared intermediates
 -----------------------------------------
 A cell is the unit of resume and of scheduling. Work shared by several cells (the exact attention
 output of one window) is kept in the per-process caches of :mod:`approxlab.studies.inputs`, with the
-cells ordered so that those sharing it are adjacent. Seeds come from the cell, never from run order:
+cells ordered so that those sharing it are adjacent; or, where a step declares a ``group``, the cells
+still to compute that share it are computed in one call on one worker (one sequence's prefill for
+its policies), each then saved as its own cell. Seeds come from the cell, never from run order:
 :func:`~approxlab.studies.engine.keys.cell_seed`.
 
 Public API::
@@ -336,11 +338,39 @@ def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
             last_flush = time.monotonic()
 
     try:
-        executor.run(todo, step.compute, finished)
+        if step.group:
+            executor.run(_groups(todo, step.group), step.compute, _each(finished))
+        else:
+            executor.run(todo, step.compute, finished)
     finally:
         bar.close()
         for table in tables:
             table.flush()
+
+
+def _groups(todo, columns) -> list:
+    """``todo``'s cells gathered by their values of ``columns`` (a step's ``group``), in the order each group first
+    appears: ``[(keys, cells)]``, each computed by one call of the step's ``compute``."""
+    groups = {}
+    for key, cell in todo:
+        keys, cells = groups.setdefault(cell_key(cell, columns), ([], []))
+        keys.append(key)
+        cells.append(cell)
+    return [(tuple(keys), cells) for keys, cells in groups.values()]
+
+
+def _each(finished):
+    """``finished`` for a group's cells (:func:`_groups`): its results, one per cell, reported cell by cell."""
+
+    def finished_group(keys, cells, results):
+        if not isinstance(results, list) or len(results) != len(cells):
+            raise CellResultError(f"`compute` of a step with a `group` must return a list of one result per cell "
+                                  f"({len(cells)}); it returned {type(results).__name__}"
+                                  f"{f' of length {len(results)}' if isinstance(results, list) else ''}.")
+        for key, cell, result in zip(keys, cells, results):
+            finished(key, cell, result)
+
+    return finished_group
 
 
 def run_cells(cells: Iterable[dict], compute: Callable[[dict], list], *, results_path, key_columns: Sequence[str],

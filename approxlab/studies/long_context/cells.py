@@ -3,12 +3,15 @@
 ``results.csv.gz`` gets the unpatched model's row and one row per policy and ratio
 (:func:`approxlab.patching.sweep_policies`), with the sequence's lengths; ``layers.csv`` one row per policy, ratio
 and layer (each layer's clean- and patched-input spectral error, median over heads). A policy added to a saved run
-(``added_policies``) runs in cells of its own, one per sequence (:func:`compute_added`: ``added.csv`` and
-``added_layers.csv``, the same columns and the key's ``policy``), on the same sequences and seeds; its prefill is
-recomputed, equal to the saved one. ``whole.csv`` and ``whole_layers.csv``: the whole-sequence setting, one cell
-per sequence, method and ratio (:func:`compute_whole`; the sequence's reference computed once per worker and
-sequence). ``sharing.csv``, one cell per
-length run first: what sharing the prefill's column sums saves (:func:`compute_sharing`).
+(``added_policies``) runs in cells of its own, one per sequence and policy (:func:`compute_added`: ``added.csv`` and
+``added_layers.csv``, the same columns and the key's ``policy``), on the same sequences and seeds; a sequence's added
+policies are computed together, on one prefill recomputed for them, equal to the saved one. ``whole.csv`` and
+``whole_layers.csv``: the whole-sequence setting, one cell per sequence, method and ratio (:func:`compute_whole`; a
+sequence's cells computed together, on its reference computed once). ``sharing.csv``, one cell per length run
+first: what sharing the prefill's column sums saves (:func:`compute_sharing`).
+
+The added and whole-sequence steps declare ``group=KEY`` (:class:`~approxlab.studies.declaration.Step`): the cells
+of one sequence still to compute reach ``compute`` as one list, on one worker.
 """
 
 from __future__ import annotations
@@ -59,53 +62,53 @@ def sequence(cell: dict):
                           generator=torch.Generator().manual_seed(seed))
 
 
-def compute_sequence(cell: dict) -> dict:
-    """One sequence: its rows of ``results.csv.gz`` and ``layers.csv``."""
+def compute_sequence(cell: dict, *, batch: bool = True) -> dict:
+    """One sequence: its rows of ``results.csv.gz`` and ``layers.csv``, every policy of ``cell["policies"]`` on one
+    exact prefill (``batch``: as :func:`~approxlab.patching.sweep_policies`)."""
     loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
     found = sequence(cell)
     context = found.question_start
     rows, layers = sweep_policies(loaded, found.ids[:, :context], found.continuation, methods=list(cell["policies"]),
                                   ratios=list(cell["ratios"]), answer_length=found.answer_length,
-                                  short_context=cell["short_context"],
+                                  short_context=cell["short_context"], batch=batch,
                                   seed=cell_seed(*(cell[c] for c in KEY), "policies", base_seed=cell["base_seed"]))
     lengths = {"context_length": context, "continuation_length": found.ids.shape[1] - context,
                "answer_tokens": found.answer_length}
     return {RESULTS: [{**row, **lengths} for row in rows], LAYERS: layers}
 
 
-def compute_added(cell: dict) -> dict:
-    """One sequence and one policy added to a saved run: its rows of ``added.csv`` and ``added_layers.csv`` (those of
+def compute_added(cells: list) -> list:
+    """One sequence's cells of the policies added to a saved run (cells that differ only by ``policy``): one exact
+    prefill for all of them, then each policy's continuations alone (``batch=False``: the rows of a cell computed on
+    its own, bit for bit). Per cell, its rows of ``added.csv`` and ``added_layers.csv`` (those of
     :func:`compute_sequence` but the unpatched model's, which ``results.csv.gz`` holds)."""
-    found = compute_sequence(cell)
-    return {ADDED: [row for row in found[RESULTS] if row["method"] != "unpatched"],
-            ADDED_LAYERS: [row for row in found[LAYERS] if row["method"] != "unpatched"]}
+    found = compute_sequence({**cells[0], "policies": tuple(cell["policy"] for cell in cells)}, batch=False)
+    return [{ADDED: [row for row in found[RESULTS] if row["method"] == cell["policy"]],
+             ADDED_LAYERS: [row for row in found[LAYERS] if row["method"] == cell["policy"]]} for cell in cells]
 
 
-@functools.lru_cache(maxsize=1)
-def _whole_sequence(checkpoint, cache_dir, data_dir, device, task, length, text, depth, base_seed, short_context):
-    """The :class:`~approxlab.patching.WholeSequence` of one sequence (the last one a worker read: its methods'
-    cells follow each other)."""
+def compute_whole(cells: list) -> list:
+    """One sequence's cells of the whole-sequence setting (cells that differ by ``method`` and
+    ``compression_ratio``): the sequence's reference (:class:`~approxlab.patching.WholeSequence`) once, then per
+    cell one method at one ratio over the whole sequence (every layer replaced): its row of ``whole.csv`` (a policy
+    row's columns, :meth:`~approxlab.patching.WholeSequence.run`) and of ``whole_layers.csv``; every generator seeded
+    from the sequence alone (every method draws the same streams)."""
     from ...patching import WholeSequence
 
-    cell = {"checkpoint": checkpoint, "cache_dir": cache_dir, "data_dir": data_dir, "device": device, "task": task,
-            "length": length, "text": text, "depth": depth, "base_seed": base_seed}
+    cell = cells[0]
     found = sequence(cell)
-    return WholeSequence(_model(checkpoint, cache_dir, device), found.ids[:, :found.question_start],
-                         found.continuation, answer_length=found.answer_length, short_context=short_context)
-
-
-def compute_whole(cell: dict) -> dict:
-    """One sequence, one method at one ratio over the whole sequence (every layer replaced): its row of
-    ``whole.csv`` (a policy row's columns, :meth:`~approxlab.patching.WholeSequence.run`) and of
-    ``whole_layers.csv``; its generator seeded from the sequence alone (every method draws the same streams)."""
-    whole = _whole_sequence(cell["checkpoint"], cell["cache_dir"], cell["data_dir"], cell["device"], cell["task"],
-                            cell["length"], cell["text"], cell["depth"], cell["base_seed"], cell["short_context"])
-    row, layers = whole.run(cell["method"], cell["compression_ratio"],
-                            seed=cell_seed(*(cell[c] for c in KEY), "whole", base_seed=cell["base_seed"]))
+    whole = WholeSequence(_model(cell["checkpoint"], cell["cache_dir"], cell["device"]),
+                          found.ids[:, :found.question_start], found.continuation, answer_length=found.answer_length,
+                          short_context=cell["short_context"])
     context = whole.reference.context_length
     lengths = {"context_length": context, "continuation_length": int(whole.ids.shape[1]) - context,
                "answer_tokens": whole.reference.answer_length}
-    return {WHOLE: [{**row, **lengths}], WHOLE_LAYERS: layers}
+    seed = cell_seed(*(cell[c] for c in KEY), "whole", base_seed=cell["base_seed"])
+    results = []
+    for cell in cells:
+        row, layers = whole.run(cell["method"], cell["compression_ratio"], seed=seed)
+        results.append({WHOLE: [{**row, **lengths}], WHOLE_LAYERS: layers})
+    return results
 
 
 SHARED_POLICIES = ("h2o", "observed-attention")

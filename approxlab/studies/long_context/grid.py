@@ -194,7 +194,8 @@ def cells(config: dict, settings: dict) -> list[dict]:
 
 def added_cells(config: dict, settings: dict) -> list[dict]:
     """One cell per sequence of :func:`cells` and policy of ``added_policies`` (the policies added to a saved run):
-    its own exact prefill and that policy at every ratio (the same seeds as in a run that held it from the start)."""
+    that policy at every ratio, the same seeds as in a run that held it from the start (a sequence's added policies
+    share one exact prefill recomputed for them, :func:`.cells.compute_added`)."""
     return [{**cell, "policy": name, "policies": (name,)} for cell in cells(config, settings)
             for name in config.get("added_policies", [])]
 
