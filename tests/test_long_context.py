@@ -140,6 +140,24 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     assert "different configuration" in capsys.readouterr().err
 
 
+def test_a_failing_added_policy_gets_its_failed_rows_and_no_layer_rows(run, llama, tmp_path, capsys, fresh_registry):
+    """A policy added to a saved run that raises gets its failed rows (its status, infinite losses) and no per-layer
+    rows (it reached no layer); the run goes on and says so in one line."""
+    import shutil
+
+    register_broken_policy()
+    saved, cache = run
+    out = tmp_path / "extended"
+    shutil.copytree(saved, out)
+    code = main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out),
+                 *_with_policies("streaming-llm,snapkv,h2o,broken-policy")])
+    added = engine.read_results(out / "added.csv")
+    assert set(added["status"]) == {"FloatingPointError: no scores today"} and len(added) == 2 * 2 * 2
+    assert (added["answer_logprob"] == -math.inf).all()
+    assert engine.read_results(out / "added_layers.csv").empty
+    assert code == 0 and "method 'broken-policy' failed in 8 of its 8 rows of added.csv" in capsys.readouterr().err
+
+
 def _with_policies(policies: str) -> list:
     grid = list(GRID)
     grid[grid.index("--policies") + 1] = policies

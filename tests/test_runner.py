@@ -519,6 +519,24 @@ def test_a_step_with_a_group_computes_its_cells_together_and_saves_each(tmp_path
             Step(STEPS[0].tables, grouped_two_tables, group=group)
 
 
+def test_an_optional_table_may_get_no_rows_from_a_cell(tmp_path):
+    """A cell may give an optional table no rows (the per-layer rows of a method that failed): it is done all the
+    same and not computed again; a table that is not optional needs a row from every cell."""
+    calls = []
+
+    def compute(cell):
+        calls.append(cell_key(cell, KEYS))
+        return {"summary.csv": [{"total": 1.0}], "reps.csv": [] if cell["a"] == 1 else toy_compute(cell)}
+
+    tables = (Table("summary.csv", KEYS), Table("reps.csv", KEYS, optional=True))
+    found = run_two(tmp_path / "run", steps=[Step(tables, compute)])
+    assert len(found["summary.csv"]) == 6 and sorted(set(found["reps.csv"]["a"])) == [0, 2] and len(calls) == 6
+    run_two(tmp_path / "run", steps=[Step(tables, compute)])
+    assert len(calls) == 6
+    with pytest.raises(TypeError, match=r"a non-empty list of dicts \(one per result row\) for table reps.csv"):
+        run_two(tmp_path / "required", steps=[Step((tables[0], Table("reps.csv", KEYS)), compute)])
+
+
 @pytest.mark.parametrize("first_optional", [False, True])
 def test_an_optional_table_missing_a_cell_does_not_recompute_it(tmp_path, first_optional):
     """A step's optional table (per-layer rows kept out of the repository, or added after the run was made) does not

@@ -86,7 +86,8 @@ class Step:
     compute : callable
         ``compute(cell) -> rows``: a module-level function (Dask pickles it) that returns the rows of
         one cell -- a list of dicts for a single table, or ``{table name: list of dicts}`` for several.
-        Every table gets at least one row. It must take its randomness from the cell
+        Every table gets at least one row, but an optional one may get none (the per-layer rows of a method
+        that failed before it reached a layer). It must take its randomness from the cell
         (:func:`~approxlab.studies.engine.cell_seed`) and write no file.
     cells : callable
         ``cells(config, settings) -> list of dict``: the cells, in the order their rows appear in

@@ -172,10 +172,13 @@ class _Table:
             self.dirty = False
 
 
-def _stamp(cell, key, key_columns, rows, table):
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+def _stamp(cell, key, key_columns, rows, table, optional=False):
+    """The rows of ``cell`` for ``table``, each stamped with the cell's key: a list of dicts, empty only for an
+    ``optional`` table (per-layer rows of a method that failed before it reached a layer)."""
+    if not isinstance(rows, list) or not (rows or optional) or not all(isinstance(r, dict) for r in rows):
         raise CellResultError(
-            f"`compute` must return a non-empty list of dicts (one per result row) for table {table}; for cell "
+            f"`compute` must return a {'' if optional else 'non-empty '}list of dicts (one per result row) for "
+            f"table {table}; for cell "
             f"{dict(zip(key_columns, key))} it returned {type(rows).__name__}"
             f"{'' if not isinstance(rows, list) else f' of length {len(rows)}'}."
         )
@@ -323,12 +326,13 @@ def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
     """Compute the cells of ``todo`` into ``tables``; flush them every so often and always at the end."""
     last_flush = time.monotonic()
     by_name = {table.path.name: table for table in tables}
+    optional = {declared.name: declared.optional for declared in step.tables}
 
     def finished(key, cell, result):
         nonlocal last_flush
         rows = _by_table(step, result)
         for name, table in by_name.items():  # check every table's rows before journaling any
-            rows[name] = _stamp(cell, key, table.key_columns, rows[name], name)
+            rows[name] = _stamp(cell, key, table.key_columns, rows[name], name, optional[name])
         for name, table in by_name.items():
             table.add(key, rows[name])
         bar.update(1)

@@ -131,8 +131,9 @@ def plot(saved) -> list:
         for column, (title, chosen) in enumerate(groups.items(), start=1):
             for ax, value, label in ((top[column], "accuracy", "accuracy (exact match)"),
                                      (bottom[column], "delta_logprob", "answer log-prob loss (nats, mean)")):
-                for method in chosen:  # a policy without rows at this length yet (a stopped run) is not drawn
-                    curve = at[at["method"] == method].sort_values("compression_ratio")
+                for method in chosen:  # not drawn: a policy without rows at this length yet (a stopped run) or
+                    # without a row that did not fail
+                    curve = at[(at["method"] == method) & (at["sequences"] > 0)].sort_values("compression_ratio")
                     if len(curve):
                         ax.plot(curve["compression_ratio"], curve[value], **_partial_style(method, curve, sequences))
                 ax.set_xlabel("compression ratio (fraction of the context removed)")
