@@ -105,8 +105,8 @@ def compute_whole(cells: list) -> list:
                "answer_tokens": whole.reference.answer_length}
     seed = cell_seed(*(cell[c] for c in KEY), "whole", base_seed=cell["base_seed"])
     results = []
-    for cell in cells:
-        row, layers = whole.run(cell["method"], cell["compression_ratio"], seed=seed)
+    for each in cells:  # the sequence's methods and ratios
+        row, layers = whole.run(each["method"], each["compression_ratio"], seed=seed)
         results.append({WHOLE: [{**row, **lengths}], WHOLE_LAYERS: layers})
     return results
 
