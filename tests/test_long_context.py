@@ -140,6 +140,44 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     assert "different configuration" in capsys.readouterr().err
 
 
+def test_a_run_on_the_noise_haystack_hides_its_needles_in_rulers_repeated_line(run, llama, tmp_path):
+    """``--haystack noise``: every sequence's filler is RULER's noise line repeated (texts differ only in their
+    draws), more texts than the corpus has windows are allowed, the config records the haystack (a WikiText-2 run's
+    does not, so the saved configs keep their hash) and the summary says what a text is."""
+    import importlib
+
+    from approxlab.studies import long_context
+    from approxlab.tasks.ruler import NOISE
+
+    long_cells, long_grid = (importlib.import_module(f"approxlab.studies.long_context.{name}") for name in
+                             ("cells", "grid"))
+
+    _, cache = run
+    out = tmp_path / "noise"
+    grid = ["--lengths", "256", "--texts", "3", "--ruler-tasks", "single-needle", "--depths", "0.5", "--ratios",
+            "0.5", "--policies", "streaming-llm", "--whole-texts", "0", "--no-progress", "--haystack", "noise"]
+    assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
+    config = engine.read_json(out / "config.json")["config"]
+    assert config["haystack"] == "noise"
+    assert "haystack" not in long_context.build_config(lengths=[256])  # WikiText-2: not recorded
+    assert long_context.build_config(lengths=[256], haystack="wikitext") == long_context.build_config(lengths=[256])
+    settings = {"cache_dir": str(cache), "data_dir": None, "device": "cpu"}
+    found = [long_cells.sequence(cell) for cell in long_grid.cells({**config, "checkpoint": str(llama)},
+                                                                           settings)]
+    tokenizer = long_cells._model(str(llama), str(cache), "cpu").tokenizer
+    texts = [tokenizer.decode(one.ids[0, :one.question_start]) for one in found]
+    assert all(text.count("the grass is green.") > 3 for text in texts)  # BERT's tokenizer lower-cases
+    assert len({one.answer for one in found}) == 3  # three draws
+    wikitext = long_grid.cells(long_context.build_config(lengths=[256], texts=1, ruler_tasks=["single-needle"],
+                                                                 depths=[0.5], checkpoint=str(llama)), settings)[0]
+    assert "grass is green" not in tokenizer.decode(long_cells.sequence(wikitext).ids[0])
+    assert NOISE.startswith("The grass is green.")
+    results = engine.read_results(out / "results.csv.gz")
+    assert len(results) == 3 * 2 and set(results["status"]) == {"ok"}
+    summary = (out / "summary.md").read_text()
+    assert "3 texts on RULER's noise haystack" in summary and "draws of keys, values and depths" in summary
+
+
 def test_a_failing_added_policy_gets_its_failed_rows_and_no_layer_rows(run, llama, tmp_path, capsys, fresh_registry):
     """A policy added to a saved run that raises gets its failed rows (its status, infinite losses) and no per-layer
     rows (it reached no layer); the run goes on and says so in one line."""

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from approxlab.tasks.ruler import DISTRACTORS, HOPS, RULER_TASKS, VALUES, ruler_sequence
+from approxlab.tasks.ruler import DISTRACTORS, HOPS, NOISE, RULER_TASKS, VALUES, noise_haystack, ruler_sequence
 
 
 class Characters:
@@ -95,3 +95,15 @@ def test_inputs_are_checked(kwargs, match):
     arguments = {"task": "single-needle", "depth": 0.5, "length": 3000, **kwargs}
     with pytest.raises(ValueError, match=match):
         ruler_sequence(arguments["task"], TOKENIZER, FILLER, length=arguments["length"], depth=arguments["depth"])
+
+
+def test_the_noise_haystack_is_rulers_line_repeated_and_cut_at_the_length_asked():
+    filler = noise_haystack(TOKENIZER, 1000)
+    assert filler.shape == (1000,)
+    text = TOKENIZER.decode(filler)
+    assert text == (NOISE * (1000 // len(NOISE) + 1))[:1000] and text.startswith("The grass is green.")
+    found = ruler_sequence("single-needle", TOKENIZER, noise_haystack(TOKENIZER, 3000), length=3000, depth=0.5,
+                           generator=torch.Generator().manual_seed(0))
+    assert found.ids.shape == (1, 3000) and "There and back again." in TOKENIZER.decode(found.ids[0])
+    with pytest.raises(ValueError, match=r"`tokens` must be .*1.*; got 0"):
+        noise_haystack(TOKENIZER, 0)

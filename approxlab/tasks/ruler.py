@@ -1,9 +1,11 @@
-r"""RULER-style retrieval sequences built offline: needles of random keys and values in a WikiText-2 haystack.
+r"""RULER-style retrieval sequences built offline: needles of random keys and values in a haystack of filler text.
 
 RULER (Hsieh et al., 2024) tests what a long context holds by hiding facts ("needles") in filler text (the
-"haystack") and asking for them at the end. Five of its tasks are built here from the shipped WikiText-2 (the
-haystack: a window of its tokens) and random keys and values drawn from a ``generator``
-(:func:`ruler_sequence`):
+"haystack") and asking for them at the end. Five of its tasks are built here from random keys and values drawn
+from a ``generator`` (:func:`ruler_sequence`), in either of two haystacks (:data:`HAYSTACKS`): a window of the
+shipped WikiText-2 (the stand-in for RULER's essays) or RULER's "noise", one line of plain sentences repeated
+(:data:`NOISE`, :func:`noise_haystack`; RULER's haystack for its single-needle pass-key task ``niah_single_1`` and
+for variable tracking):
 
 * ``"single-needle"`` (RULER's NIAH single): one needle "One of the special magic numbers for {key} is: {value}."
   at ``depth``; asked for its value.
@@ -23,13 +25,17 @@ writes " 4" as " ", "4"). A model answers when greedy decoding after the questio
 (exact match; :attr:`approxlab.patching.Continuation.correct`); the answer tokens' summed log-probability is the
 graded score (:meth:`~approxlab.patching.Continuation.answer_logprob`).
 
-Left out of RULER: NIAH with UUID or word values and the essay haystack (Paul Graham's essays do not ship), the
-"common/frequent words extraction" aggregation tasks and question answering (SQuAD/HotpotQA: no offline copy).
+Left out of RULER: NIAH with UUID or word values, the essay haystack (Paul Graham's essays do not ship; WikiText-2
+stands in) and the haystack of needles (its ``niah_multikey_2``), the "common/frequent words extraction"
+aggregation tasks and question answering (SQuAD/HotpotQA: no offline copy). A needle goes in at a token position
+in either haystack (RULER puts one between two of its noise lines), so it may cut a noise sentence.
 
 Public API::
 
     RULER_TASKS
+    RULER_TASKS, HAYSTACKS, NOISE
     ruler_sequence(task, tokenizer, filler, *, length, depth, generator) -> NeedleSequence
+    noise_haystack(tokenizer, tokens) -> torch.Tensor   # RULER's repeated noise, as filler
     NeedleSequence    # ids, question_start, answer_length, answer, keys, depths
 
 References
@@ -46,10 +52,19 @@ import torch
 
 from .._validation import as_generator, check_choice, check_int
 
-__all__ = ["RULER_TASKS", "DISTRACTORS", "VALUES", "HOPS", "KEYS", "NeedleSequence", "ruler_sequence"]
+__all__ = ["RULER_TASKS", "HAYSTACKS", "NOISE", "DISTRACTORS", "VALUES", "HOPS", "KEYS", "NeedleSequence",
+           "ruler_sequence", "noise_haystack"]
 
 RULER_TASKS = ("single-needle", "multi-key", "multi-value", "multi-query", "variable-tracking")
 """The tasks :func:`ruler_sequence` builds."""
+
+HAYSTACKS = ("wikitext", "noise")
+"""The haystacks a sequence's needles are hidden in: ``"wikitext"``, a window of WikiText-2 (a different text for
+each window); ``"noise"``, :data:`NOISE` repeated (:func:`noise_haystack`: the same filler in every sequence, which
+then differ only in their draws of keys, values and the other needles' depths)."""
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+"""RULER's noise haystack: this line repeated (its ``niah_single_1`` and variable-tracking tasks)."""
 
 DISTRACTORS = 3
 """Needles of other keys beside the asked one in ``"multi-key"`` (RULER's ``num_needle_k = 4`` in all)."""
@@ -248,3 +263,23 @@ def ruler_sequence(task: str, tokenizer, filler: torch.Tensor, *, length: int, d
     ids = torch.cat(parts).unsqueeze(0)
     return NeedleSequence(task, ids, length - len(asked), answer_length, answer, keys,
                           tuple(where for _, where in needles))
+
+
+def noise_haystack(tokenizer, tokens: int) -> torch.Tensor:
+    """``(tokens,)`` token ids of RULER's noise haystack: :data:`NOISE` repeated, tokenized as one text, its first
+    ``tokens`` ids (a ``filler`` for :func:`ruler_sequence`, which cuts it where the room ends, as it cuts a
+    WikiText-2 window).
+
+    Examples
+    --------
+    >>> from approxlab.data import load_model
+    >>> from approxlab.tasks.ruler import noise_haystack
+    >>> tokenizer = load_model("pretrained", checkpoint="HuggingFaceTB/SmolLM2-135M-Instruct").tokenizer
+    >>> filler = noise_haystack(tokenizer, 64)
+    >>> filler.shape, tokenizer.decode(filler[:10])
+    (torch.Size([64]), 'The grass is green. The sky is blue.')
+    """
+    tokens = check_int(tokens, "tokens", low=1)
+    line = len(_encode(tokenizer, NOISE))
+    ids = _encode(tokenizer, NOISE * (tokens // max(1, line) + 2))
+    return ids[:tokens]

@@ -51,12 +51,17 @@ def _token_ids(checkpoint, data_dir, cache_dir):
 
 def sequence(cell: dict):
     """The cell's :class:`~approxlab.tasks.ruler.NeedleSequence`: its task on WikiText-2 window ``text`` of
-    ``length`` tokens, the asked needle at ``depth``, keys and values drawn from the cell's seed."""
+    ``length`` tokens (or, with ``haystack="noise"``, on RULER's noise haystack), the asked needle at ``depth``, keys
+    and values drawn from the cell's seed."""
     from ...data import windows
-    from ...tasks.ruler import ruler_sequence
+    from ...tasks.ruler import noise_haystack, ruler_sequence
 
     loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
-    filler = windows(_token_ids(cell["checkpoint"], cell["data_dir"], cell["cache_dir"]), cell["length"])[cell["text"]]
+    if cell.get("haystack", "wikitext") == "noise":
+        filler = noise_haystack(loaded.tokenizer, cell["length"])
+    else:
+        filler = windows(_token_ids(cell["checkpoint"], cell["data_dir"], cell["cache_dir"]),
+                         cell["length"])[cell["text"]]
     seed = cell_seed(*(cell[c] for c in KEY), "sequence", base_seed=cell["base_seed"])
     return ruler_sequence(cell["task"], loaded.tokenizer, filler, length=cell["length"], depth=cell["depth"],
                           generator=torch.Generator().manual_seed(seed))

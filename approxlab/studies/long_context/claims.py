@@ -69,7 +69,7 @@ from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
 __all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "WHOLE_CLAIMS", "SETTINGS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT",
-           "ERROR", "WORST_HEAD", "gate_table", "depth_table", "premise_frame", "stratum_values", "stratum_sums",
+           "TEXTS", "ERROR", "WORST_HEAD", "gate_table", "depth_table", "premise_frame", "stratum_values", "stratum_sums",
            "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
@@ -88,7 +88,7 @@ ERROR, WORST_HEAD = "clean_spectral_mean", "clean_spectral_worst_head"
 OUTCOMES = {"acc": "accuracy_loss", "logprob": "delta_logprob", "key": "delta_key", "budget": "delta_logprob"}
 """The loss each claim ranks against the clean-input error."""
 
-UNIT = ("Units: texts (disjoint WikiText-2 windows), each resampled with all its sequences (tasks and depths). "
+UNIT = ("Units: texts ({texts}), each resampled with all its sequences (tasks and depths). "
         "Across policies, Spearman's rho is ranked within each sequence x ratio and averaged over strata: the text's "
         "and the task's difficulty and the budget move every policy's loss together, and ranking within a stratum "
         "keeps that shared shift out of the ranking of policies; a stratum whose loss or error is the same for every "
@@ -96,7 +96,11 @@ UNIT = ("Units: texts (disjoint WikiText-2 windows), each resampled with all its
         "is taken over the ratios of one policy on one sequence. The error is the clean-input relative spectral error "
         "(mean over layers of each layer's median over heads); the patched-input error is recorded beside it, "
         "described only.")
-"""The declared unit and strata of the premise claims, in words (printed in the summary)."""
+"""The declared unit and strata of the premise claims, in words (printed in the summary, ``{texts}`` what a text is:
+:data:`TEXTS` of the run's haystack)."""
+
+TEXTS = {"wikitext": "disjoint WikiText-2 windows", "noise": "draws of keys, values and depths on one noise haystack"}
+"""What a text is, per haystack (:data:`approxlab.tasks.ruler.HAYSTACKS`)."""
 
 _RANKS = {"reproduced": "holds", "not reproduced": "fails", "inconclusive": "undecided",
           "too few units": "too few texts"}

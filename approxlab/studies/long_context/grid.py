@@ -2,7 +2,8 @@
 
 A cell is one sequence: a RULER-style task (:func:`approxlab.tasks.ruler.ruler_sequence`) at one length, built on
 one WikiText-2 window (the text: windows of that length are disjoint, so texts are distinct) with its asked needle
-at one depth. The cell runs one exact prefill and every policy at every compression ratio on it
+at one depth. With ``--haystack noise`` the haystack is RULER's noise line repeated, the same in every sequence, and
+a "text" is one draw of the keys, values and other needles' depths (:func:`haystack`). The cell runs one exact prefill and every policy at every compression ratio on it
 (:func:`approxlab.patching.sweep_policies`).
 
 Public API::
@@ -12,6 +13,7 @@ Public API::
     added_cells(config, settings) -> list                 # the policies added to a saved run, one cell each
     whole_cells(config, settings) -> list                 # the whole-sequence setting: sequence x method x ratio
     check(args, config), run_policies(config) -> list, run_info(args, config) -> dict
+    haystack(config) -> str                                # "wikitext" or "noise"
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import argparse
 import inspect
 
 from ...errors import UsageError
-from ...tasks.ruler import RULER_TASKS
+from ...tasks.ruler import HAYSTACKS, RULER_TASKS
 from .. import options as shared
 from ..declaration import Option
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "ADDED_KEY", "SHORT_CONTEXT", "cache_policies",
            "policy_defaults", "depth_list", "configure", "build_config", "cells", "added_cells", "whole_cells",
-           "WHOLE_KEY", "check", "run_policies", "run_info"]
+           "WHOLE_KEY", "check", "run_policies", "run_info", "haystack"]
 
 KEY = ("task", "length", "text", "depth")
 """A cell: one sequence."""
@@ -86,8 +88,11 @@ OPTIONS = (
            action=shared.Flatten, metavar="N"),
     Option(("--ruler-tasks",), "ruler_tasks", f"RULER-style tasks, comma-separated, among {', '.join(RULER_TASKS)}",
            type=shared.names_among(RULER_TASKS, "tasks"), nargs="+", action=shared.Flatten, metavar="TASKS"),
-    Option(("--texts",), "texts", "distinct WikiText-2 windows (texts) per task and length",
-           type=shared.positive_int, metavar="COUNT"),
+    Option(("--texts",), "texts", "distinct WikiText-2 windows (texts) per task and length; with --haystack noise, "
+           "draws of the keys and values", type=shared.positive_int, metavar="COUNT"),
+    Option(("--haystack",), "haystack", "the filler the needles hide in: wikitext (a WikiText-2 window per text) or "
+           "noise (RULER's line of plain sentences repeated, the same in every sequence)", choices=HAYSTACKS,
+           default="wikitext"),
     Option(("--depths",), "depths", "depths of the asked needle, fractions of the haystack in [0, 1], "
            "comma-separated", type=depth_list, nargs="+", action=shared.Flatten, metavar="D"),
     Option(("--ratios",), "ratios", "compression ratios (kvpress's: the fraction of the context removed, in [0, 1)), "
@@ -137,6 +142,8 @@ def configure(args) -> dict:
         raise UsageError("--whole-texts", f"at most --texts ({grid['texts']})", grid["whole_texts"])
     grid["whole_texts"] = list(range(grid["whole_texts"]))  # a list, so that a saved run grows by more texts
     grid.update(_split_policies(grid["policies"], args))
+    if getattr(args, "haystack", None) not in (None, "wikitext"):  # absent: WikiText-2 (and the runs saved before)
+        grid["haystack"] = args.haystack
     return {"study": "long-context", **grid, "short_context": {str(n): SHORT_CONTEXT.get(n, n // 8)
                                                                for n in grid["lengths"]},
             "checkpoint": getattr(args, "checkpoint", None) or SMOLLM2_CHECKPOINT, "base_seed": int(getattr(args, "base_seed", 0) or 0)}
@@ -181,11 +188,19 @@ def build_config(*, quick: bool = False, **values) -> dict:
     return configure(argparse.Namespace(quick=quick, **values))
 
 
+def haystack(config: dict) -> str:
+    """The run's haystack (:data:`~approxlab.tasks.ruler.HAYSTACKS`): ``"wikitext"`` unless the config says
+    otherwise (it records ``haystack`` only when it is not WikiText-2, so the configs saved before keep their
+    hash)."""
+    return config.get("haystack", "wikitext")
+
+
 def cells(config: dict, settings: dict) -> list[dict]:
     """One cell per (length, text, task, depth), text by text: a run stopped early holds whole texts of every
     task and depth at the shorter lengths."""
     common = {"ratios": tuple(config["ratios"]), "policies": tuple(config["policies"]),
-              "checkpoint": config["checkpoint"], "base_seed": config["base_seed"], **settings}
+              "checkpoint": config["checkpoint"], "base_seed": config["base_seed"], "haystack": haystack(config),
+              **settings}
     return [{"task": task, "length": length, "text": text, "depth": depth,
              "short_context": config["short_context"][str(length)], **common}
             for length in config["lengths"] for text in range(config["texts"]) for task in config["ruler_tasks"]
@@ -212,7 +227,7 @@ def whole_cells(config: dict, settings: dict) -> list[dict]:
 
 def check(args, config: dict) -> None:
     """Against the model and the corpus: every length within the model's positions, and ``--texts`` windows of the
-    longest length in WikiText-2."""
+    longest length in WikiText-2 (a WikiText-2 haystack)."""
     from ...data import CheckpointError, corpus_window_count, describe_model
 
     checkpoint = config["checkpoint"]
@@ -223,6 +238,8 @@ def check(args, config: dict) -> None:
     longest = max(config["lengths"])
     if longest > info.max_positions:
         raise UsageError("--lengths", f"at most the model's context, {info.max_positions} tokens", longest)
+    if haystack(config) != "wikitext":
+        return
     count = corpus_window_count("pretrained", longest, checkpoint=checkpoint, data_dir=args.data_dir,
                                 cache_dir=args.cache_dir)
     if count < config["texts"]:

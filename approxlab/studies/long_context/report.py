@@ -10,8 +10,8 @@ import pandas as pd
 from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
 from .cells import ADDED, RESULTS, SHARING, WHOLE
-from .claims import CLAIMS, GATE, UNIT, WHOLE_CLAIMS, depth_table, gate_table, verdicts
-from .grid import policy_defaults, run_policies
+from .claims import CLAIMS, GATE, TEXTS, UNIT, WHOLE_CLAIMS, depth_table, gate_table, verdicts
+from .grid import haystack, policy_defaults, run_policies
 from .tables import method_table
 from .whole import complete_sequences, whole_lines, whole_panels
 
@@ -312,6 +312,14 @@ def _added_lines(config: dict) -> list[str]:
             "continuations and not those prefills: what one shared prefill costs every policy.", ""]
 
 
+def _texts(config: dict) -> str:
+    """What the run's texts are: WikiText-2 windows, or draws on RULER's noise haystack."""
+    if haystack(config) == "noise":
+        return (f"{config['texts']} texts on RULER's noise haystack (its line of plain sentences repeated, the same "
+                "filler in every sequence: a text is one draw of the keys, values and other needles' depths)")
+    return f"{config['texts']} distinct texts (disjoint WikiText-2 windows of each length)"
+
+
 def sections(saved) -> list[str]:
     """The summary: in short, the run, cost, the gate, the policies, the claims, what is left out."""
     config = saved.config
@@ -320,8 +328,8 @@ def sections(saved) -> list[str]:
     names = run_policies(config)
     defaults = "; ".join(f"{name} {policy_defaults(name) or '(no options)'}" for name in names)
     lines += ["## The run", "", f"`{saved.command}`", "",
-              f"Lengths {config['lengths']}; tasks {config['ruler_tasks']}; {config['texts']} distinct texts "
-              f"(disjoint WikiText-2 windows of each length) x depths {config['depths']} per task and length; "
+              f"Lengths {config['lengths']}; tasks {config['ruler_tasks']}; {_texts(config)} x depths "
+              f"{config['depths']} per task and length; "
               f"compression ratios {config['ratios']} (b = max(1, int(n_c (1 - r))) context tokens per KV head, "
               f"recorded beside each ratio); {len(names)} cache policies with their defaults: "
               f"{defaults} (the RoPE inputs of the policies that read them are the model's, supplied by the engine). Key tokens (LongPPL, alpha = 2, beta = -2) read a truncated context of "
@@ -339,7 +347,7 @@ def sections(saved) -> list[str]:
               *markdown_table(saved.product("policies.csv")), "",
               *whole_lines(saved),
               "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
-                                 for c in (*CLAIMS, *WHOLE_CLAIMS)], "", UNIT, "",
+                                 for c in (*CLAIMS, *WHOLE_CLAIMS)], "", UNIT.format(texts=TEXTS[haystack(config)]), "",
               "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
               "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
               "declared 95% interval over texts: described, not judged. Rows `gated, worst head` (the gated "
@@ -352,8 +360,9 @@ def sections(saved) -> list[str]:
                           family=["setting", "length"],
                           decided=("holds", "fails")),
               "## Left out", "",
-              "RULER tasks not built: NIAH with UUID or word values and the essay haystack (no offline copy of "
-              "Paul Graham's essays), common/frequent words extraction (aggregation) and question answering "
+              "RULER tasks not built: NIAH with UUID or word values, the essay haystack (no offline copy of "
+              "Paul Graham's essays) and the haystack of needles, common/frequent words extraction (aggregation) and "
+              "question answering "
               "(SQuAD/HotpotQA: no offline copy). The whole-sequence setting runs at the shortest length only, one "
               "ratio by default: each of its methods reruns the model over the whole sequence.", ""]
     return lines
