@@ -7,6 +7,7 @@ committed run); here a tiny random Llama with the BERT tokenizer runs 256-token 
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pandas as pd
@@ -16,6 +17,7 @@ from _helpers import register_broken_policy, tiny_llama
 from test_models_qkv import save_tiny_checkpoint
 
 from approxlab.cli import main
+from approxlab.errors import UsageError
 from approxlab.cache import _column_sums
 from approxlab.patching import sweep_policies
 from approxlab.stats.binomial import clopper_pearson
@@ -140,10 +142,10 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     assert "different configuration" in capsys.readouterr().err
 
 
-def test_a_run_on_the_noise_haystack_hides_its_needles_in_rulers_repeated_line(run, llama, tmp_path):
-    """``--haystack noise``: every sequence's filler is RULER's noise line repeated (texts differ only in their
-    draws), more texts than the corpus has windows are allowed, the config records the haystack (a WikiText-2 run's
-    does not, so the saved configs keep their hash) and the summary says what a text is."""
+def test_a_task_at_noise_hides_its_needles_in_rulers_repeated_line(run, llama, tmp_path):
+    """``TASK@noise``: its sequences' filler is RULER's noise line repeated (its texts differ only in their draws),
+    beside the same task in WikiText-2 in one run; a run of noise tasks alone may ask for more texts than the corpus
+    has windows; the summary says what a text is."""
     import importlib
 
     from approxlab.studies import long_context
@@ -151,31 +153,36 @@ def test_a_run_on_the_noise_haystack_hides_its_needles_in_rulers_repeated_line(r
 
     long_cells, long_grid = (importlib.import_module(f"approxlab.studies.long_context.{name}") for name in
                              ("cells", "grid"))
-
+    assert long_grid.split_task("multi-key@noise") == ("multi-key", "noise")
+    assert long_grid.split_task("multi-key") == ("multi-key", "wikitext")
     _, cache = run
     out = tmp_path / "noise"
-    grid = ["--lengths", "256", "--texts", "3", "--ruler-tasks", "single-needle", "--depths", "0.5", "--ratios",
-            "0.5", "--policies", "streaming-llm", "--whole-texts", "0", "--no-progress", "--haystack", "noise"]
+    grid = ["--lengths", "256", "--texts", "2", "--ruler-tasks", "single-needle,single-needle@noise", "--depths",
+            "0.5", "--ratios", "0.5", "--policies", "streaming-llm", "--whole-texts", "0", "--no-progress"]
     assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
     config = engine.read_json(out / "config.json")["config"]
-    assert config["haystack"] == "noise"
-    assert "haystack" not in long_context.build_config(lengths=[256])  # WikiText-2: not recorded
-    assert long_context.build_config(lengths=[256], haystack="wikitext") == long_context.build_config(lengths=[256])
     settings = {"cache_dir": str(cache), "data_dir": None, "device": "cpu"}
-    found = [long_cells.sequence(cell) for cell in long_grid.cells({**config, "checkpoint": str(llama)},
-                                                                           settings)]
+    found = {(cell["task"], cell["text"]): long_cells.sequence(cell)
+             for cell in long_grid.cells({**config, "checkpoint": str(llama)}, settings)}
     tokenizer = long_cells._model(str(llama), str(cache), "cpu").tokenizer
-    texts = [tokenizer.decode(one.ids[0, :one.question_start]) for one in found]
-    assert all(text.count("the grass is green.") > 3 for text in texts)  # BERT's tokenizer lower-cases
-    assert len({one.answer for one in found}) == 3  # three draws
-    wikitext = long_grid.cells(long_context.build_config(lengths=[256], texts=1, ruler_tasks=["single-needle"],
-                                                                 depths=[0.5], checkpoint=str(llama)), settings)[0]
-    assert "grass is green" not in tokenizer.decode(long_cells.sequence(wikitext).ids[0])
+    contexts = {key: tokenizer.decode(one.ids[0, :one.question_start]) for key, one in found.items()}
+    for text in (0, 1):  # BERT's tokenizer lower-cases
+        assert contexts[("single-needle@noise", text)].count("the grass is green.") > 3
+        assert "grass is green" not in contexts[("single-needle", text)]
+    assert found[("single-needle@noise", 0)].answer != found[("single-needle@noise", 1)].answer  # two draws
     assert NOISE.startswith("The grass is green.")
     results = engine.read_results(out / "results.csv.gz")
-    assert len(results) == 3 * 2 and set(results["status"]) == {"ok"}
+    assert set(results["task"]) == {"single-needle", "single-needle@noise"} and set(results["status"]) == {"ok"}
+    assert set(pd.read_csv(out / "gate.csv")["task"]) == {"single-needle", "single-needle@noise"}
     summary = (out / "summary.md").read_text()
-    assert "3 texts on RULER's noise haystack" in summary and "draws of keys, values and depths" in summary
+    assert "2 distinct texts (disjoint WikiText-2 windows of each length; for a task@noise, one draw" in summary
+    assert "for a task on the noise haystack, draws of its keys" in summary
+    many = long_context.build_config(lengths=[256], texts=10_000, ruler_tasks=["multi-key@noise"],
+                                     checkpoint=str(llama))
+    long_grid.check(argparse.Namespace(cache_dir=str(cache), data_dir=None), many)  # no corpus windows needed
+    with pytest.raises(UsageError, match="--texts"):
+        long_grid.check(argparse.Namespace(cache_dir=str(cache), data_dir=None),
+                        {**many, "ruler_tasks": ["multi-key", "multi-key@noise"]})
 
 
 def test_a_failing_added_policy_gets_its_failed_rows_and_no_layer_rows(run, llama, tmp_path, capsys, fresh_registry):

@@ -22,7 +22,7 @@ import torch
 
 from ...patching import sweep_policies
 from ..engine.keys import cell_seed
-from .grid import KEY
+from .grid import KEY, split_task
 
 __all__ = ["RESULTS", "LAYERS", "SHARING", "ADDED", "ADDED_LAYERS", "SHARED_POLICIES", "sequence", "compute_sequence",
            "compute_added", "compute_whole", "WHOLE", "WHOLE_LAYERS", "sharing_cells", "compute_sharing"]
@@ -51,19 +51,20 @@ def _token_ids(checkpoint, data_dir, cache_dir):
 
 def sequence(cell: dict):
     """The cell's :class:`~approxlab.tasks.ruler.NeedleSequence`: its task on WikiText-2 window ``text`` of
-    ``length`` tokens (or, with ``haystack="noise"``, on RULER's noise haystack), the asked needle at ``depth``, keys
-    and values drawn from the cell's seed."""
+    ``length`` tokens (a ``TASK@noise`` on RULER's noise haystack, :func:`.grid.split_task`), the asked needle at
+    ``depth``, keys and values drawn from the cell's seed."""
     from ...data import windows
     from ...tasks.ruler import noise_haystack, ruler_sequence
 
     loaded = _model(cell["checkpoint"], cell["cache_dir"], cell["device"])
-    if cell.get("haystack", "wikitext") == "noise":
+    task, haystack = split_task(cell["task"])
+    if haystack == "noise":
         filler = noise_haystack(loaded.tokenizer, cell["length"])
     else:
         filler = windows(_token_ids(cell["checkpoint"], cell["data_dir"], cell["cache_dir"]),
                          cell["length"])[cell["text"]]
     seed = cell_seed(*(cell[c] for c in KEY), "sequence", base_seed=cell["base_seed"])
-    return ruler_sequence(cell["task"], loaded.tokenizer, filler, length=cell["length"], depth=cell["depth"],
+    return ruler_sequence(task, loaded.tokenizer, filler, length=cell["length"], depth=cell["depth"],
                           generator=torch.Generator().manual_seed(seed))
 
 

@@ -97,9 +97,10 @@ UNIT = ("Units: texts ({texts}), each resampled with all its sequences (tasks an
         "(mean over layers of each layer's median over heads); the patched-input error is recorded beside it, "
         "described only.")
 """The declared unit and strata of the premise claims, in words (printed in the summary, ``{texts}`` what a text is:
-:data:`TEXTS` of the run's haystack)."""
+:data:`TEXTS` of the run's haystacks, joined)."""
 
-TEXTS = {"wikitext": "disjoint WikiText-2 windows", "noise": "draws of keys, values and depths on one noise haystack"}
+TEXTS = {"wikitext": "disjoint WikiText-2 windows",
+         "noise": "for a task on the noise haystack, draws of its keys, values and needles' depths"}
 """What a text is, per haystack (:data:`approxlab.tasks.ruler.HAYSTACKS`)."""
 
 _RANKS = {"reproduced": "holds", "not reproduced": "fails", "inconclusive": "undecided",

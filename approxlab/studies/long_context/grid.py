@@ -2,8 +2,9 @@
 
 A cell is one sequence: a RULER-style task (:func:`approxlab.tasks.ruler.ruler_sequence`) at one length, built on
 one WikiText-2 window (the text: windows of that length are disjoint, so texts are distinct) with its asked needle
-at one depth. With ``--haystack noise`` the haystack is RULER's noise line repeated, the same in every sequence, and
-a "text" is one draw of the keys, values and other needles' depths (:func:`haystack`). The cell runs one exact prefill and every policy at every compression ratio on it
+at one depth. A task named ``TASK@noise`` (:data:`TASKS`) hides its needles in RULER's noise haystack instead, the
+same filler in every sequence, where a "text" is one draw of the keys, values and other needles' depths
+(:func:`split_task`). The cell runs one exact prefill and every policy at every compression ratio on it
 (:func:`approxlab.patching.sweep_policies`).
 
 Public API::
@@ -13,7 +14,7 @@ Public API::
     added_cells(config, settings) -> list                 # the policies added to a saved run, one cell each
     whole_cells(config, settings) -> list                 # the whole-sequence setting: sequence x method x ratio
     check(args, config), run_policies(config) -> list, run_info(args, config) -> dict
-    haystack(config) -> str                                # "wikitext" or "noise"
+    TASKS, split_task(name) -> (task, haystack)            # "multi-key@noise" -> ("multi-key", "noise")
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import argparse
 import inspect
 
 from ...errors import UsageError
-from ...tasks.ruler import HAYSTACKS, RULER_TASKS
+from ...tasks.ruler import RULER_TASKS
 from .. import options as shared
 from ..declaration import Option
 
 __all__ = ["FULL_GRID", "QUICK_GRID", "OPTIONS", "KEY", "ADDED_KEY", "SHORT_CONTEXT", "cache_policies",
            "policy_defaults", "depth_list", "configure", "build_config", "cells", "added_cells", "whole_cells",
-           "WHOLE_KEY", "check", "run_policies", "run_info", "haystack"]
+           "WHOLE_KEY", "check", "run_policies", "run_info", "TASKS", "split_task"]
 
 KEY = ("task", "length", "text", "depth")
 """A cell: one sequence."""
@@ -67,6 +68,19 @@ depth_list = shared.number_list("fractions of the haystack in [0, 1]", lambda va
 """``--depths``: comma-separated fractions of the haystack in ``[0, 1]`` (argparse ``type=``)."""
 
 
+TASKS = (*RULER_TASKS, *(f"{task}@noise" for task in RULER_TASKS))
+"""The study's tasks: each RULER-style task of :data:`~approxlab.tasks.ruler.RULER_TASKS` in WikiText-2 (its plain
+name), or in RULER's noise haystack (``TASK@noise``: :func:`~approxlab.tasks.ruler.noise_haystack`, the haystack of
+RULER's own pass-key and variable-tracking tasks)."""
+
+
+def split_task(name: str) -> tuple[str, str]:
+    """``(task, haystack)`` of a study task: ``"multi-key@noise"`` -> ``("multi-key", "noise")``, ``"multi-key"`` ->
+    ``("multi-key", "wikitext")`` (:data:`~approxlab.tasks.ruler.HAYSTACKS`)."""
+    task, _, haystack = name.partition("@")
+    return task, haystack or "wikitext"
+
+
 FULL_GRID = {"lengths": [2048, 4096, 8192], "ruler_tasks": list(RULER_TASKS), "texts": 30, "depths": [0.1, 0.5, 0.9],
              "ratios": [0.5, 0.75, 0.875, 0.95], "policies": None, "whole_methods": None, "whole_ratios": [0.875],
              "whole_texts": 10}
@@ -86,13 +100,11 @@ sequence on the first text (a smoke run of every code path)."""
 OPTIONS = (
     Option(("--lengths",), "lengths", "sequence lengths in tokens, comma-separated", type=shared.int_list, nargs="+",
            action=shared.Flatten, metavar="N"),
-    Option(("--ruler-tasks",), "ruler_tasks", f"RULER-style tasks, comma-separated, among {', '.join(RULER_TASKS)}",
-           type=shared.names_among(RULER_TASKS, "tasks"), nargs="+", action=shared.Flatten, metavar="TASKS"),
-    Option(("--texts",), "texts", "distinct WikiText-2 windows (texts) per task and length; with --haystack noise, "
-           "draws of the keys and values", type=shared.positive_int, metavar="COUNT"),
-    Option(("--haystack",), "haystack", "the filler the needles hide in: wikitext (a WikiText-2 window per text) or "
-           "noise (RULER's line of plain sentences repeated, the same in every sequence)", choices=HAYSTACKS,
-           default="wikitext"),
+    Option(("--ruler-tasks",), "ruler_tasks", f"RULER-style tasks, comma-separated, among {', '.join(RULER_TASKS)} "
+           "(in WikiText-2), each also as TASK@noise (in RULER's noise haystack)",
+           type=shared.names_among(TASKS, "tasks"), nargs="+", action=shared.Flatten, metavar="TASKS"),
+    Option(("--texts",), "texts", "distinct WikiText-2 windows (texts) per task and length (for a task on the noise "
+           "haystack, draws of its keys and values)", type=shared.positive_int, metavar="COUNT"),
     Option(("--depths",), "depths", "depths of the asked needle, fractions of the haystack in [0, 1], "
            "comma-separated", type=depth_list, nargs="+", action=shared.Flatten, metavar="D"),
     Option(("--ratios",), "ratios", "compression ratios (kvpress's: the fraction of the context removed, in [0, 1)), "
@@ -142,8 +154,6 @@ def configure(args) -> dict:
         raise UsageError("--whole-texts", f"at most --texts ({grid['texts']})", grid["whole_texts"])
     grid["whole_texts"] = list(range(grid["whole_texts"]))  # a list, so that a saved run grows by more texts
     grid.update(_split_policies(grid["policies"], args))
-    if getattr(args, "haystack", None) not in (None, "wikitext"):  # absent: WikiText-2 (and the runs saved before)
-        grid["haystack"] = args.haystack
     return {"study": "long-context", **grid, "short_context": {str(n): SHORT_CONTEXT.get(n, n // 8)
                                                                for n in grid["lengths"]},
             "checkpoint": getattr(args, "checkpoint", None) or SMOLLM2_CHECKPOINT, "base_seed": int(getattr(args, "base_seed", 0) or 0)}
@@ -188,18 +198,11 @@ def build_config(*, quick: bool = False, **values) -> dict:
     return configure(argparse.Namespace(quick=quick, **values))
 
 
-def haystack(config: dict) -> str:
-    """The run's haystack (:data:`~approxlab.tasks.ruler.HAYSTACKS`): ``"wikitext"`` unless the config says
-    otherwise (it records ``haystack`` only when it is not WikiText-2, so the configs saved before keep their
-    hash)."""
-    return config.get("haystack", "wikitext")
-
-
 def cells(config: dict, settings: dict) -> list[dict]:
     """One cell per (length, text, task, depth), text by text: a run stopped early holds whole texts of every
     task and depth at the shorter lengths."""
     common = {"ratios": tuple(config["ratios"]), "policies": tuple(config["policies"]),
-              "checkpoint": config["checkpoint"], "base_seed": config["base_seed"], "haystack": haystack(config),
+              "checkpoint": config["checkpoint"], "base_seed": config["base_seed"],
               **settings}
     return [{"task": task, "length": length, "text": text, "depth": depth,
              "short_context": config["short_context"][str(length)], **common}
@@ -227,7 +230,7 @@ def whole_cells(config: dict, settings: dict) -> list[dict]:
 
 def check(args, config: dict) -> None:
     """Against the model and the corpus: every length within the model's positions, and ``--texts`` windows of the
-    longest length in WikiText-2 (a WikiText-2 haystack)."""
+    longest length in WikiText-2 (where a task's haystack is WikiText-2)."""
     from ...data import CheckpointError, corpus_window_count, describe_model
 
     checkpoint = config["checkpoint"]
@@ -238,7 +241,7 @@ def check(args, config: dict) -> None:
     longest = max(config["lengths"])
     if longest > info.max_positions:
         raise UsageError("--lengths", f"at most the model's context, {info.max_positions} tokens", longest)
-    if haystack(config) != "wikitext":
+    if all(split_task(task)[1] != "wikitext" for task in config["ruler_tasks"]):
         return
     count = corpus_window_count("pretrained", longest, checkpoint=checkpoint, data_dir=args.data_dir,
                                 cache_dir=args.cache_dir)

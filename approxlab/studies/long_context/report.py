@@ -11,7 +11,7 @@ from ..reporting.calibrated import calibration_lines, holm_lines, in_short_lines
 from ..reporting.markdown import format_interval, markdown_table
 from .cells import ADDED, RESULTS, SHARING, WHOLE
 from .claims import CLAIMS, GATE, TEXTS, UNIT, WHOLE_CLAIMS, depth_table, gate_table, verdicts
-from .grid import haystack, policy_defaults, run_policies
+from .grid import policy_defaults, run_policies, split_task
 from .tables import method_table
 from .whole import complete_sequences, whole_lines, whole_panels
 
@@ -312,12 +312,18 @@ def _added_lines(config: dict) -> list[str]:
             "continuations and not those prefills: what one shared prefill costs every policy.", ""]
 
 
+def _haystacks(config: dict) -> list[str]:
+    """The haystacks of the run's tasks, WikiText-2 first."""
+    found = {split_task(task)[1] for task in config["ruler_tasks"]}
+    return [name for name in TEXTS if name in found]
+
+
 def _texts(config: dict) -> str:
-    """What the run's texts are: WikiText-2 windows, or draws on RULER's noise haystack."""
-    if haystack(config) == "noise":
-        return (f"{config['texts']} texts on RULER's noise haystack (its line of plain sentences repeated, the same "
-                "filler in every sequence: a text is one draw of the keys, values and other needles' depths)")
-    return f"{config['texts']} distinct texts (disjoint WikiText-2 windows of each length)"
+    """What the run's texts are: WikiText-2 windows, and draws where a task is on RULER's noise haystack."""
+    parts = {"wikitext": "disjoint WikiText-2 windows of each length",
+             "noise": "for a task@noise, one draw of its keys, values and other needles' depths in RULER's noise "
+                      "haystack, its line of plain sentences repeated, the same filler in every sequence"}
+    return f"{config['texts']} distinct texts ({'; '.join(parts[name] for name in _haystacks(config))})"
 
 
 def sections(saved) -> list[str]:
@@ -347,7 +353,7 @@ def sections(saved) -> list[str]:
               *markdown_table(saved.product("policies.csv")), "",
               *whole_lines(saved),
               "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
-                                 for c in (*CLAIMS, *WHOLE_CLAIMS)], "", UNIT.format(texts=TEXTS[haystack(config)]), "",
+                                 for c in (*CLAIMS, *WHOLE_CLAIMS)], "", UNIT.format(texts="; ".join(TEXTS[name] for name in _haystacks(config))), "",
               "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
               "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
               "declared 95% interval over texts: described, not judged. Rows `gated, worst head` (the gated "
