@@ -202,8 +202,7 @@ def cells(config: dict, settings: dict) -> list[dict]:
     """One cell per (length, text, task, depth), text by text: a run stopped early holds whole texts of every
     task and depth at the shorter lengths."""
     common = {"ratios": tuple(config["ratios"]), "policies": tuple(config["policies"]),
-              "checkpoint": config["checkpoint"], "base_seed": config["base_seed"],
-              **settings}
+              "checkpoint": config["checkpoint"], "base_seed": config["base_seed"], **settings}
     return [{"task": task, "length": length, "text": text, "depth": depth,
              "short_context": config["short_context"][str(length)], **common}
             for length in config["lengths"] for text in range(config["texts"]) for task in config["ruler_tasks"]

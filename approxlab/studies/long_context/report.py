@@ -353,7 +353,8 @@ def sections(saved) -> list[str]:
               *markdown_table(saved.product("policies.csv")), "",
               *whole_lines(saved),
               "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
-                                 for c in (*CLAIMS, *WHOLE_CLAIMS)], "", UNIT.format(texts="; ".join(TEXTS[name] for name in _haystacks(config))), "",
+                                 for c in (*CLAIMS, *WHOLE_CLAIMS)], "",
+              UNIT.format(texts="; ".join(TEXTS[name] for name in _haystacks(config))), "",
               "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
               "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
               "declared 95% interval over texts: described, not judged. Rows `gated, worst head` (the gated "
