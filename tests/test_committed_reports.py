@@ -17,6 +17,7 @@ from approxlab import cli
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAST = {"lra_svd": "lra-svd", "long_context": "long-context", "long_context-scale": "long-context",
         "long_context-gate-8192": "long-context", "long_context-gate-2048": "long-context",
+        "long_context-noise-gate-2048": "long-context",
         "instability": "instability", "bench": "bench"}
 TEXT = (".md", ".csv")
 
