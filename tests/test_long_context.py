@@ -176,7 +176,7 @@ def test_a_task_at_noise_hides_its_needles_in_rulers_repeated_line(run, llama, t
     assert set(pd.read_csv(out / "gate.csv")["task"]) == {"single-needle", "single-needle@noise"}
     summary = (out / "summary.md").read_text()
     assert "2 distinct texts (disjoint WikiText-2 windows of each length; for a task@noise, one draw" in summary
-    assert "for a task on the noise haystack, draws of its keys" in summary
+    assert "Units: texts (disjoint WikiText-2 windows of each length; for a task@noise, one draw" in summary
     many = long_context.build_config(lengths=[256], texts=10_000, ruler_tasks=["multi-key@noise"],
                                      checkpoint=str(llama))
     long_grid.check(argparse.Namespace(cache_dir=str(cache), data_dir=None), many)  # no corpus windows needed

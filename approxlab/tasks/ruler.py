@@ -32,7 +32,6 @@ in either haystack (RULER puts one between two of its noise lines), so it may cu
 
 Public API::
 
-    RULER_TASKS
     RULER_TASKS, HAYSTACKS, NOISE
     ruler_sequence(task, tokenizer, filler, *, length, depth, generator) -> NeedleSequence
     noise_haystack(tokenizer, tokens) -> torch.Tensor   # RULER's repeated noise, as filler

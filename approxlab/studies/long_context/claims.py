@@ -69,8 +69,8 @@ from ..reporting.calibrated import calibrate, calibrated_columns
 from ..reporting.claims import judge
 
 __all__ = ["GATE", "GATE_LEVEL", "CLAIMS", "WHOLE_CLAIMS", "SETTINGS", "RESAMPLES", "MIN_TEXTS", "OUTCOMES", "UNIT",
-           "TEXTS", "ERROR", "WORST_HEAD", "gate_table", "depth_table", "premise_frame", "stratum_values", "stratum_sums",
-           "verdicts"]
+           "TEXTS", "ERROR", "WORST_HEAD", "gate_table", "depth_table", "premise_frame", "stratum_values",
+           "stratum_sums", "verdicts"]
 
 GATE, GATE_LEVEL = 0.8, 0.95
 """A task enters the claims at a length when its exact accuracy's two-sided 95% Clopper-Pearson lower bound is
@@ -99,9 +99,10 @@ UNIT = ("Units: texts ({texts}), each resampled with all its sequences (tasks an
 """The declared unit and strata of the premise claims, in words (printed in the summary, ``{texts}`` what a text is:
 :data:`TEXTS` of the run's haystacks, joined)."""
 
-TEXTS = {"wikitext": "disjoint WikiText-2 windows",
-         "noise": "for a task on the noise haystack, draws of its keys, values and needles' depths"}
-"""What a text is, per haystack (:data:`approxlab.tasks.ruler.HAYSTACKS`)."""
+TEXTS = {"wikitext": "disjoint WikiText-2 windows of each length",
+         "noise": "for a task@noise, one draw of its keys, values and other needles' depths in RULER's noise "
+                  "haystack, its line of plain sentences repeated, the same filler in every sequence"}
+"""What a text is, per haystack (:data:`approxlab.tasks.ruler.HAYSTACKS`): the summary's run line and unit line."""
 
 _RANKS = {"reproduced": "holds", "not reproduced": "fails", "inconclusive": "undecided",
           "too few units": "too few texts"}

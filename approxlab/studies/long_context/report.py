@@ -312,18 +312,11 @@ def _added_lines(config: dict) -> list[str]:
             "continuations and not those prefills: what one shared prefill costs every policy.", ""]
 
 
-def _haystacks(config: dict) -> list[str]:
-    """The haystacks of the run's tasks, WikiText-2 first."""
-    found = {split_task(task)[1] for task in config["ruler_tasks"]}
-    return [name for name in TEXTS if name in found]
-
-
 def _texts(config: dict) -> str:
-    """What the run's texts are: WikiText-2 windows, and draws where a task is on RULER's noise haystack."""
-    parts = {"wikitext": "disjoint WikiText-2 windows of each length",
-             "noise": "for a task@noise, one draw of its keys, values and other needles' depths in RULER's noise "
-                      "haystack, its line of plain sentences repeated, the same filler in every sequence"}
-    return f"{config['texts']} distinct texts ({'; '.join(parts[name] for name in _haystacks(config))})"
+    """What the run's texts are (:data:`~.claims.TEXTS` of its tasks' haystacks, WikiText-2 first): WikiText-2
+    windows, and draws where a task is on RULER's noise haystack."""
+    found = {split_task(task)[1] for task in config["ruler_tasks"]}
+    return "; ".join(text for name, text in TEXTS.items() if name in found)
 
 
 def sections(saved) -> list[str]:
@@ -334,7 +327,8 @@ def sections(saved) -> list[str]:
     names = run_policies(config)
     defaults = "; ".join(f"{name} {policy_defaults(name) or '(no options)'}" for name in names)
     lines += ["## The run", "", f"`{saved.command}`", "",
-              f"Lengths {config['lengths']}; tasks {config['ruler_tasks']}; {_texts(config)} x depths "
+              f"Lengths {config['lengths']}; tasks {config['ruler_tasks']}; {config['texts']} distinct texts "
+              f"({_texts(config)}) x depths "
               f"{config['depths']} per task and length; "
               f"compression ratios {config['ratios']} (b = max(1, int(n_c (1 - r))) context tokens per KV head, "
               f"recorded beside each ratio); {len(names)} cache policies with their defaults: "
@@ -354,7 +348,7 @@ def sections(saved) -> list[str]:
               *whole_lines(saved),
               "## Claims", "", *[f"- **{c.id}**: {c.text} ({c.statistic}; {c.side} {c.threshold:g}; units: texts)."
                                  for c in (*CLAIMS, *WHOLE_CLAIMS)], "",
-              UNIT.format(texts="; ".join(TEXTS[name] for name in _haystacks(config))), "",
+              UNIT.format(texts=_texts(config)), "",
               "Rows `gated`: the claims, on the sequences of the tasks that pass the gate at that length, with the "
               "calibrated interval. Rows `all`: the same statistic on every task's sequences, gate or not, with its "
               "declared 95% interval over texts: described, not judged. Rows `gated, worst head` (the gated "
