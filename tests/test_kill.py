@@ -229,3 +229,35 @@ def test_ctrl_c_of_a_workers_run_prints_only_the_stop_line(tmp_path):
     assert lines[-1] == ("approxlab figure1: stopped by SIGINT; every finished cell is saved. Rerun the same command "
                          "to resume.")
     assert [line for line in lines[:-1] if not PROGRESS.match(line)] == []
+
+
+class _StopsWhileCollected:
+    """An object whose finalizer receives Ctrl-C: Python prints the exception raised there and goes on."""
+
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_ctrl_c_raised_where_python_swallows_it_still_stops_the_run_after_the_next_cell_and_prints_nothing(capfd):
+    """A signal's exception raised in a finalizer (or a GC callback, as Dask's ``GCDiagnosis``) never reaches the
+    run; the stop is remembered, the executor raises it once the cell in progress is saved, and no traceback is
+    printed."""
+    from approxlab.studies import driver
+    from approxlab.studies.engine.executors import Executor
+
+    computed, saved = [], []
+
+    def compute(cell):
+        computed.append(cell)
+        if cell == 0:
+            _StopsWhileCollected()  # collected at once: its __del__ swallows the Stopped
+        return cell
+
+    with pytest.raises(driver.Stopped) as stopped, driver.orderly_stop():
+        with Executor() as executor:
+            executor.run([(f"key{cell}", cell) for cell in range(3)], compute,
+                         lambda key, cell, result: saved.append(result))
+    assert stopped.value.signum == signal.SIGINT
+    assert (computed, saved) == ([0], [0])
+    assert "Exception ignored" not in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -28,9 +28,7 @@ import contextlib
 import errno
 import pathlib
 import re
-import signal
 import sys
-import threading
 import time
 
 from ..errors import CachePathError, CheckpointError, CorruptResultsError, StudyError, UsageError
@@ -41,6 +39,7 @@ from .engine.keys import canonical, cell_key
 from .engine.failures import failure_lines
 from .engine.lock import LOCK_NAME, OutputLockedError, output_lock
 from .engine.record import append_timing
+from .engine.stopping import Stopped, orderly_stop
 from .reporting.summary import write_report
 
 __all__ = ["run", "compute", "report", "locked_output", "orderly_stop", "Stopped", "error_line", "one_line",
@@ -206,44 +205,6 @@ def check_device(device: str) -> str:
                 f"(torch {torch.__version__}, torch.version.cuda={torch.version.cuda}); use --device cpu."
             )
     return device
-
-
-class Stopped(KeyboardInterrupt):
-    """The run was asked to stop by a signal (``SIGINT`` or ``SIGTERM``): ``signum``."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def orderly_stop():
-    """Turn ``SIGINT`` and ``SIGTERM`` into :class:`Stopped` (a ``KeyboardInterrupt``) for the block.
-
-    The first signal stops the run like Ctrl-C: the exception unwinds through the runner, which
-    writes its table in its ``finally``. Signals that follow are ignored until the block ends, so a
-    second Ctrl-C or a supervisor's repeated ``SIGTERM`` cannot cut that write short (``SIGKILL``
-    still can; the journal keeps the finished cells then). Outside the main thread (where Python
-    cannot install handlers) nothing changes.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        for number in STOP_SIGNALS:
-            signal.signal(number, signal.SIG_IGN)
-        raise Stopped(signum)
-
-    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,

@@ -6,8 +6,9 @@ cell manifests and journals), the output-folder lock (:mod:`.lock`), the run rec
 (:mod:`.record`: ``config.json`` and ``timing.json``), the executors (:mod:`.executors`: in-process
 or Dask), the keys and seeds of cells (:mod:`.keys`), the environment a study computes in
 (:mod:`.environment`: threads, third-party progress bars), what a method's failure inside a cell
-becomes (:mod:`.failures`: a failed row, or the traceback of a bug) and the timer of the cells
-(:mod:`.clock`: wall and thread CPU seconds, and the clock timings are compared on).
+becomes (:mod:`.failures`: a failed row, or the traceback of a bug), the timer of the cells
+(:mod:`.clock`: wall and thread CPU seconds, and the clock timings are compared on) and the orderly
+stop on ``SIGINT``/``SIGTERM`` (:mod:`.stopping`).
 """
 
 from .clock import Stopwatch

@@ -6,9 +6,11 @@ are submitted to a running scheduler or to a local cluster of single-threaded wo
 they complete (the runner makes each one durable before the next is reported), and resubmitted
 when a worker dies. The local cluster serves Dask's pages on a free loopback port
 (:data:`DASHBOARD_ADDRESS`), never the fixed 8787, and its teardown and a stopped run's workers
-are quiet (:class:`~approxlab.studies.engine.quiet_workers.QuietStop`); a user's ``--plugin``
-modules are imported in every worker (:func:`with_plugins`), and after each cell a worker hands the memory it
-freed back to the system (:func:`~approxlab.studies.engine.environment.release_memory`).
+are quiet (:class:`~approxlab.studies.engine.quiet_workers.QuietStop`); after each finished cell, a
+stop signal whose exception Python swallowed stops the run
+(:func:`~approxlab.studies.engine.stopping.raise_if_stopped`); a user's ``--plugin`` modules are
+imported in every worker (:func:`with_plugins`), and after each cell a worker hands the memory it freed
+back to the system (:func:`~approxlab.studies.engine.environment.release_memory`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import functools
 import logging
 
 from ...errors import StudyError
+from .stopping import raise_if_stopped
 
 __all__ = ["DASHBOARD_ADDRESS", "SCHEDULER_TIMEOUT", "Executor", "with_plugins"]
 
@@ -69,6 +72,7 @@ class Executor:
         if not self.dask:
             for key, cell in todo:
                 finished(key, cell, compute(cell))
+                raise_if_stopped()
             return
         self._run_dask(todo, functools.partial(_trimmed, with_plugins(compute)), finished)
 
@@ -115,6 +119,7 @@ class Executor:
                     completed.add(retry)
                     continue
                 finished(key, cell, rows)
+                raise_if_stopped()
         finally:
             for future in list(pending):
                 future.cancel()
