@@ -2,13 +2,15 @@
 
 Each task's sequence has the requested length, holds its needles at the declared depths in the order of the
 text, asks its question and ends with the answer, whose tokens are the last ``answer_length``; the answer is
-what the needles say (multi-value and multi-query in order of appearance, variable tracking the chain's names);
+what the needles say (multi-value and multi-query in order of appearance, variable tracking the chain's names, the
+UUID task a version-4 UUID);
 the same generator gives the same sequence.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 import torch
@@ -52,6 +54,13 @@ def test_a_sequence_holds_its_needles_question_and_answer(task):
         assert [haystack.index(f"VAR {name} ") for name in chain] == sorted(haystack.index(f"VAR {name} ")
                                                                           for name in chain)
         return
+    if task == "single-needle-uuid":  # RULER's niah_single_3: a version-4 UUID for its value
+        needles = re.findall(r"magic uuids for (\w+) is: ([0-9a-f-]{36})\.", haystack)
+        assert needles == [(found.keys[0], found.answer)] and found.depths == (0.5,)
+        assert str(uuid.UUID(found.answer)) == found.answer and uuid.UUID(found.answer).version == 4
+        assert f"uuid for {found.keys[0]} mentioned" in continuation and "magic numbers" not in text
+        assert text.startswith("Some special magic uuids are hidden")
+        return
     needles = re.findall(r"magic numbers for (\w+) is: (\d+)\.", haystack)
     expected = {"single-needle": 1, "multi-key": 1 + DISTRACTORS, "multi-value": VALUES, "multi-query": VALUES}
     assert len(needles) == expected[task] and len(found.depths) == expected[task]
@@ -78,15 +87,16 @@ def test_the_asked_needle_goes_at_its_depth():
         assert text.index(" One of the special") - start == round(depth * room)
 
 
-def test_the_generator_decides_the_keys_and_values():
-    first, again, other = build("multi-query", seed=3), build("multi-query", seed=3), build("multi-query", seed=4)
+@pytest.mark.parametrize("task", ["multi-query", "single-needle-uuid"])
+def test_the_generator_decides_the_keys_and_values(task):
+    first, again, other = build(task, seed=3), build(task, seed=3), build(task, seed=4)
     assert torch.equal(first.ids, again.ids) and first.answer == again.answer
     assert first.answer != other.answer
 
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(task="needle"), r"`task` must be one of \['multi-key', 'multi-query', 'multi-value', 'single-needle', "
-                          r"'variable-tracking'\]; got 'needle'"),
+                          r"'single-needle-uuid', 'variable-tracking'\]; got 'needle'"),
     (dict(depth=1.5), r"`depth` must be a fraction of the haystack in \[0, 1\]; got 1.5"),
     (dict(length=100), r"`length` must leave room for the haystack \(\d+ tokens of preamble, needles, question and "
                        r"answer for task 'single-needle'\); got length=100"),

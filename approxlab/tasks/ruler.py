@@ -1,7 +1,7 @@
 r"""RULER-style retrieval sequences built offline: needles of random keys and values in a haystack of filler text.
 
 RULER (Hsieh et al., 2024) tests what a long context holds by hiding facts ("needles") in filler text (the
-"haystack") and asking for them at the end. Five of its tasks are built here from random keys and values drawn
+"haystack") and asking for them at the end. Six of its tasks are built here from random keys and values drawn
 from a ``generator`` (:func:`ruler_sequence`), in either of two haystacks (:data:`HAYSTACKS`): a window of the
 shipped WikiText-2 (the stand-in for RULER's essays) or RULER's "noise", one line of plain sentences repeated
 (:data:`NOISE`, :func:`noise_haystack`; RULER's haystack for its single-needle pass-key task ``niah_single_1`` and
@@ -9,6 +9,8 @@ for variable tracking):
 
 * ``"single-needle"`` (RULER's NIAH single): one needle "One of the special magic numbers for {key} is: {value}."
   at ``depth``; asked for its value.
+* ``"single-needle-uuid"`` (RULER's ``niah_single_3``): the same with a random UUID for its value ("One of the
+  special magic uuids for {key} is: {value}."), 36 characters to copy where the pass key has 7 digits.
 * ``"multi-key"`` (NIAH multi-key): the needle and :data:`DISTRACTORS` others with different keys (distractor
   needles) at random depths; asked for the first key's value.
 * ``"multi-value"`` (NIAH multi-value): :data:`VALUES` needles of one key with different values, the first at
@@ -25,7 +27,7 @@ writes " 4" as " ", "4"). A model answers when greedy decoding after the questio
 (exact match; :attr:`approxlab.patching.Continuation.correct`); the answer tokens' summed log-probability is the
 graded score (:meth:`~approxlab.patching.Continuation.answer_logprob`).
 
-Left out of RULER: NIAH with UUID or word values, the essay haystack (Paul Graham's essays do not ship; WikiText-2
+Left out of RULER: NIAH with word values, the essay haystack (Paul Graham's essays do not ship; WikiText-2
 stands in) and the haystack of needles (its ``niah_multikey_2``), the "common/frequent words extraction"
 aggregation tasks and question answering (SQuAD/HotpotQA: no offline copy). A needle goes in at a token position
 in either haystack (RULER puts one between two of its noise lines), so it may cut a noise sentence.
@@ -45,6 +47,7 @@ References
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +57,7 @@ from .._validation import as_generator, check_choice, check_int
 __all__ = ["RULER_TASKS", "HAYSTACKS", "NOISE", "DISTRACTORS", "VALUES", "HOPS", "KEYS", "NeedleSequence",
            "ruler_sequence", "noise_haystack"]
 
-RULER_TASKS = ("single-needle", "multi-key", "multi-value", "multi-query", "variable-tracking")
+RULER_TASKS = ("single-needle", "multi-key", "multi-value", "multi-query", "variable-tracking", "single-needle-uuid")
 """The tasks :func:`ruler_sequence` builds."""
 
 HAYSTACKS = ("wikitext", "noise")
@@ -83,9 +86,12 @@ KEYS = ("apple", "river", "candle", "falcon", "harbor", "meadow", "orbit", "pepp
 PREAMBLE = {
     "needle": ("Some special magic numbers are hidden within the following text. Make sure to memorize it. I will "
                "quiz you about the numbers afterwards.\n"),
+    "uuid": ("Some special magic uuids are hidden within the following text. Make sure to memorize it. I will "
+             "quiz you about the uuids afterwards.\n"),
     "variable-tracking": ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n"),
 }
 NEEDLE = " One of the special magic numbers for {key} is: {value}."
+UUID_NEEDLE = " One of the special magic uuids for {key} is: {value}."
 QUESTIONS = {
     "single-needle": "\nWhat is the special magic number for {key} mentioned in the provided text? The special "
                      "magic number for {key} mentioned in the provided text is",
@@ -98,6 +104,7 @@ QUESTIONS = {
                          "variables are assigned the value {value}, they are:",
 }
 QUESTIONS["multi-key"] = QUESTIONS["single-needle"]
+QUESTIONS["single-needle-uuid"] = QUESTIONS["single-needle"].replace("number", "uuid")
 
 
 @dataclass(frozen=True)
@@ -169,8 +176,8 @@ def _question_and_answer(tokenizer, question: str, answer: str) -> tuple[torch.T
 def _needles(task: str, depth: float, generator: torch.Generator) -> tuple:
     """``(needle texts with their depths, question, answer, keys)`` of one sequence, drawn from ``generator``."""
     order = torch.randperm(len(KEYS), generator=generator).tolist()
-    count = {"single-needle": 1, "multi-key": 1 + DISTRACTORS, "multi-value": 1, "multi-query": VALUES,
-             "variable-tracking": HOPS}[task]
+    count = {"single-needle": 1, "single-needle-uuid": 1, "multi-key": 1 + DISTRACTORS, "multi-value": 1,
+             "multi-query": VALUES, "variable-tracking": HOPS}[task]
     values = [int(v) for v in torch.randint(1_000_000, 10_000_000, (max(count, VALUES),), generator=generator)]
     others = torch.rand(max(count, VALUES), generator=generator).tolist()  # the depths of all needles but the first
     if task == "variable-tracking":
@@ -181,6 +188,11 @@ def _needles(task: str, depth: float, generator: torch.Generator) -> tuple:
         question = QUESTIONS[task].format(value=values[0], count=HOPS)
         return list(zip(texts, depths)), question, " ".join(names), tuple(names)
     keys = [KEYS[i] for i in order[:count]]
+    if task == "single-needle-uuid":  # RULER's value: uuid.UUID(int=<128 random bits>, version=4)
+        bits = int.from_bytes(bytes(torch.randint(0, 256, (16,), generator=generator).tolist()), "big")
+        value = str(uuid.UUID(int=bits, version=4))
+        return [(UUID_NEEDLE.format(key=keys[0], value=value), depth)], QUESTIONS[task].format(key=keys[0]), value, \
+            (keys[0],)
     if task == "multi-value":
         texts = [NEEDLE.format(key=keys[0], value=value) for value in values[:VALUES]]
         depths = [depth] + others[:VALUES - 1]
@@ -244,7 +256,8 @@ def ruler_sequence(task: str, tokenizer, filler: torch.Tensor, *, length: int, d
         raise ValueError(f"`depth` must be a fraction of the haystack in [0, 1]; got {depth!r}.")
     generator = as_generator(generator)
     needles, question, answer, keys = _needles(task, depth, generator)
-    preamble = _encode(tokenizer, PREAMBLE["variable-tracking" if task == "variable-tracking" else "needle"])
+    preamble = _encode(tokenizer, PREAMBLE[{"variable-tracking": "variable-tracking", "single-needle-uuid": "uuid"}.get(
+        task, "needle")])
     asked, answer_length = _question_and_answer(tokenizer, question, answer)
     needles = sorted(needles, key=lambda needle: needle[1])
     encoded = [_encode(tokenizer, text) for text, _ in needles]
