@@ -31,8 +31,8 @@ rerunning it resumes.
 
 Before the study runs, ``--out`` is created and locked: a second run into the same folder exits 2
 at once, naming the process that holds it. Progress goes to stderr: a tqdm bar on a terminal,
-otherwise a line at every tenth of the cells; the bars of transformers, huggingface_hub and datasets
-are off while a study runs (:mod:`approxlab.studies.engine.environment`).
+otherwise a line at every tenth of the cells and at least every ten minutes while cells finish; the bars of
+transformers, huggingface_hub and datasets are off while a study runs (:mod:`approxlab.studies.engine.environment`).
 
 Examples
 --------

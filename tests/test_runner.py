@@ -409,6 +409,26 @@ def test_progress_without_a_terminal_logs_every_tenth(tmp_path, capsys):
     assert "(10%)" in lines[1] and "(100%)" in lines[-1]
 
 
+def test_a_long_tenth_still_gets_a_line_once_the_heartbeat_has_passed(monkeypatch):
+    """Between two tenths, a cell that finishes ``heartbeat`` seconds or more after the last line writes one; one
+    finishing sooner does not."""
+    import io
+
+    from approxlab.studies.engine import progress
+
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    log = progress.ProgressLog(100, description="out/results.csv", stream=stream, heartbeat=600.0)
+    for seconds in (599.0, 1.0, 300.0, 299.0, 301.0):  # the cell's finish, that long after the one before
+        now[0] += seconds
+        log.update()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(": ")[1].split(",")[0] for line in lines] == ["0/100 cells done", "2/100 cells done (2%)",
+                                                                     "5/100 cells done (5%)"]
+    assert lines[1].endswith("elapsed 0:10:00, remaining ~8:10:00")
+
+
 def test_progress_counts_resumed_cells_and_reports_a_stop(tmp_path, capsys):
     cells = [{"a": a, "b": "x"} for a in range(7)]
     common = dict(results_path=tmp_path / "results.csv", key_columns=KEYS, config=CONFIG, progress=True,

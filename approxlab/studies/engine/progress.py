@@ -1,9 +1,11 @@
-"""Progress of a run on stderr: a tqdm bar on a terminal, a line at every tenth of the cells otherwise.
+"""Progress of a run on stderr: a tqdm bar on a terminal, otherwise a line at every tenth of the cells and at
+least every :data:`HEARTBEAT_SECONDS` while cells finish.
 
 Public API::
 
     progress_bar(total, initial, progress, description)   # tqdm, ProgressLog or a disabled bar
-    ProgressLog(total, initial=0, description="", stream=None)
+    ProgressLog(total, initial=0, description="", stream=None, heartbeat=HEARTBEAT_SECONDS)
+    HEARTBEAT_SECONDS
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from __future__ import annotations
 import sys
 import time
 
-__all__ = ["progress_bar", "ProgressLog"]
+__all__ = ["progress_bar", "ProgressLog", "HEARTBEAT_SECONDS"]
+
+HEARTBEAT_SECONDS = 600.0
+"""The longest a log goes without a line while cells finish: a run whose tenth of the cells takes hours (a
+long-context grid at 8,192 tokens, minutes a cell) still says every ten minutes that it advances."""
 
 
 def progress_bar(total, initial, progress, description):
@@ -29,13 +35,15 @@ def _clock(seconds: float) -> str:
 
 
 class ProgressLog:
-    """Progress for a stderr that is not a terminal: one line at every tenth of the cells.
+    """Progress for a stderr that is not a terminal: one line at every tenth of the cells, and at a finished cell
+    at least ``heartbeat`` seconds after the last line.
 
     ``figure1/results.csv: 12/120 cells done (10%), elapsed 0:00:31, remaining ~0:04:39``: the
     remaining time extrapolates the mean time of the cells finished in this run. A line is written
     when the run starts (``0/120 cells done, 120 to compute``; a resumed run: ``13/120 cells done (13
     saved before this run), 107 to compute``), whenever the count of finished cells crosses a multiple
-    of ``ceil(total / 10)``, and at the end. Same ``update``/``close`` interface as tqdm.
+    of ``ceil(total / 10)``, when a cell finishes ``heartbeat`` seconds or more after the last line, and at the
+    end. Same ``update``/``close`` interface as tqdm.
 
     Parameters
     ----------
@@ -47,14 +55,18 @@ class ProgressLog:
         Prefix of every line (``<output folder>/<table>``).
     stream : file, optional
         Where to write (default ``sys.stderr`` at the time of each line).
+    heartbeat : float
+        Seconds after which a finished cell writes a line even between two tenths (:data:`HEARTBEAT_SECONDS`).
     """
 
-    def __init__(self, total: int, initial: int = 0, description: str = "", stream=None):
+    def __init__(self, total: int, initial: int = 0, description: str = "", stream=None,
+                 heartbeat: float = HEARTBEAT_SECONDS):
         self.total, self.initial, self.done = int(total), int(initial), int(initial)
         self.description = description
         self.stream = stream
         self.step = max(1, -(-self.total // 10))
-        self.start = time.monotonic()
+        self.start = self.last = time.monotonic()
+        self.heartbeat = float(heartbeat)
         self.closed = False
         resumed = f" ({self.initial} saved before this run)" if self.initial else ""
         self._write(f"{self.done}/{self.total} cells done{resumed}, {self.total - self.done} to compute")
@@ -62,6 +74,7 @@ class ProgressLog:
     def _write(self, text: str) -> None:
         print(f"{self.description}: {text}" if self.description else text, file=self.stream or sys.stderr,
               flush=True)
+        self.last = time.monotonic()
 
     def line(self) -> str:
         """The current state: done/total, percentage, elapsed and estimated remaining time."""
@@ -75,7 +88,8 @@ class ProgressLog:
 
     def update(self, count: int = 1) -> None:
         before, self.done = self.done, self.done + count
-        if self.done // self.step > before // self.step or self.done == self.total:
+        if (self.done // self.step > before // self.step or self.done == self.total
+                or time.monotonic() - self.last >= self.heartbeat):
             self._write(self.line())
 
     def close(self) -> None:

@@ -263,7 +263,8 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
     scheduler, workers
         A running Dask scheduler's address, or the size of a local Dask cluster; neither: in-process.
     progress : bool
-        Report progress on stderr (a tqdm bar on a terminal, else a line at every tenth of the cells).
+        Report progress on stderr (a tqdm bar on a terminal, else a line at every tenth of the cells and
+        at least every ten minutes while cells finish).
     flush_every_seconds : float
         Rewrite a table after a finished cell when at least this long has passed since the last write
         (``0``: after every cell); always at the end of its step. Finished cells are durable in the
