@@ -177,6 +177,7 @@ def test_a_task_at_noise_hides_its_needles_in_rulers_repeated_line(run, llama, t
     summary = (out / "summary.md").read_text()
     assert "2 distinct texts (disjoint WikiText-2 windows of each length; for a task@noise, one draw" in summary
     assert "Units: texts (disjoint WikiText-2 windows of each length; for a task@noise, one draw" in summary
+    assert summary.count("the WikiText-2 window and the noise draw of one index are one text") == 2  # one unit
     many = long_context.build_config(lengths=[256], texts=10_000, ruler_tasks=["multi-key@noise"],
                                      checkpoint=str(llama))
     long_grid.check(argparse.Namespace(cache_dir=str(cache), data_dir=None), many)  # no corpus windows needed

@@ -314,9 +314,11 @@ def _added_lines(config: dict) -> list[str]:
 
 def _texts(config: dict) -> str:
     """What the run's texts are (:data:`~.claims.TEXTS` of its tasks' haystacks, WikiText-2 first): WikiText-2
-    windows, and draws where a task is on RULER's noise haystack."""
+    windows, and draws where a task is on RULER's noise haystack; in a run of both, the window and the draw of one
+    index are one text, one unit of the resampling."""
     found = {split_task(task)[1] for task in config["ruler_tasks"]}
-    return "; ".join(text for name, text in TEXTS.items() if name in found)
+    both = "; the WikiText-2 window and the noise draw of one index are one text" if len(found) > 1 else ""
+    return "; ".join(text for name, text in TEXTS.items() if name in found) + both
 
 
 def sections(saved) -> list[str]:
