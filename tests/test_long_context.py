@@ -212,7 +212,7 @@ def _with_policies(policies: str) -> list:
 
 def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
     """``figures/long_context`` (15 policies, then CriticalKV and CAOTE added after they were registered, then the
-    whole-sequence setting) resumed with its own command: the default policies hold both, the config keeps the
+    whole-sequence setting, then the pass key in noise) resumed with its own command: the default policies hold both, the config keeps the
     saved ones and the added ones, and the declared whole-sequence grid; nothing grows (a fresh run holds every
     policy in its own cells)."""
     import json
@@ -223,8 +223,8 @@ def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
 
     folder = pathlib.Path(__file__).resolve().parents[1] / "figures" / "long_context"
     saved = json.loads((folder / "config.json").read_text())["config"]
-    config = long_context.build_config(lengths=[2048, 4096, 8192], ruler_tasks=["single-needle", "multi-key"],
-                                       out=str(folder))
+    tasks = ["single-needle", "multi-key", "single-needle@noise"]  # the documented command's
+    config = long_context.build_config(lengths=[2048, 4096, 8192], ruler_tasks=tasks, out=str(folder))
     assert config["policies"] == saved["policies"] and config["added_policies"] == ["criticalkv", "caote"]
     assert saved["added_policies"] == ["criticalkv", "caote"] and len(saved["policies"]) == 15
     assert saved["whole_methods"] == config["whole_methods"] and saved["whole_texts"] == list(range(10))
@@ -233,6 +233,8 @@ def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
                "short_context": {n: saved["short_context"][n] for n in ("2048", "4096")}}
     # the run as it was before 8,192 tokens: extended by the longer length and its truncated context
     assert extension(shorter, config, long_context.STUDY.grows) == ["lengths", "short_context"]
+    two_tasks = {**saved, "ruler_tasks": ["single-needle", "multi-key"]}  # before the pass key in noise
+    assert extension(two_tasks, config, long_context.STUDY.grows) == ["ruler_tasks"]
     fresh = long_context.build_config(lengths=[2048], ruler_tasks=["single-needle", "multi-key"])
     assert {"criticalkv", "caote"} <= set(fresh["policies"]) and "added_policies" not in fresh
 

@@ -54,10 +54,10 @@ def orderly_stop():
     The first signal stops the run like Ctrl-C: the exception unwinds through the runner, which
     writes its table in its ``finally``; if it was raised where Python swallows exceptions, the
     executors raise it again after the next finished cell (:func:`raise_if_stopped`), and the block
-    at its end, and nothing is printed for it. Signals that follow are ignored until the block ends, so a second Ctrl-C or a
-    supervisor's repeated ``SIGTERM`` cannot cut that write short (``SIGKILL`` still can; the journal
-    keeps the finished cells then). Outside the main thread (where Python cannot install handlers)
-    nothing changes.
+    at its end, and nothing is printed for it. Signals that follow are ignored until the block ends,
+    so a second Ctrl-C or a supervisor's repeated ``SIGTERM`` cannot cut that write short (``SIGKILL``
+    still can; the journal keeps the finished cells then). Outside the main thread (where Python
+    cannot install handlers) nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

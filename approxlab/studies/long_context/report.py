@@ -262,8 +262,10 @@ def _coverage_notes(saved) -> list[str]:
         if len(exact) == per_text * config["texts"] and not short:
             continue
         whole = int((exact.groupby("text").size() == per_text).sum())
-        notes.append(f"Not complete at {length} tokens: {len(exact)} of the {per_text * config['texts']} declared "
-                     f"sequences ({whole} of {config['texts']} texts whole)"
+        held = (f"all {len(exact)} declared sequences" if len(exact) == per_text * config["texts"] else
+                f"{len(exact)} of the {per_text * config['texts']} declared sequences ({whole} of {config['texts']} "
+                "texts whole)")
+        notes.append(f"Not complete at {length} tokens: {held}"
                      + (f"; policies with rows on fewer of them: {', '.join(short)}, so the claims there rank the "
                         "policies each sequence has" if short else "")
                      + "; the same command resumes the run.")
