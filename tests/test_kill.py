@@ -246,6 +246,7 @@ def test_ctrl_c_raised_where_python_swallows_it_still_stops_the_run_after_the_ne
     from approxlab.studies.engine.executors import Executor
 
     computed, saved = [], []
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN where the tests run in the background
 
     def compute(cell):
         computed.append(cell)
@@ -260,4 +261,4 @@ def test_ctrl_c_raised_where_python_swallows_it_still_stops_the_run_after_the_ne
     assert stopped.value.signum == signal.SIGINT
     assert (computed, saved) == ([0], [0])
     assert "Exception ignored" not in capfd.readouterr().err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) == before  # the handler of before the block, restored
