@@ -212,9 +212,9 @@ def _with_policies(policies: str) -> list:
 
 def test_the_committed_run_resumes_with_criticalkv_and_caote_added():
     """``figures/long_context`` (15 policies, then CriticalKV and CAOTE added after they were registered, then the
-    whole-sequence setting, then the pass key in noise) resumed with its own command: the default policies hold both, the config keeps the
-    saved ones and the added ones, and the declared whole-sequence grid; nothing grows (a fresh run holds every
-    policy in its own cells)."""
+    whole-sequence setting, then the pass key in noise) resumed with its own command: the default policies hold
+    both, the config keeps the saved ones and the added ones, and the declared whole-sequence grid; nothing grows (a
+    fresh run holds every policy in its own cells)."""
     import json
     import pathlib
 

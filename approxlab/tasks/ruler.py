@@ -86,12 +86,11 @@ KEYS = ("apple", "river", "candle", "falcon", "harbor", "meadow", "orbit", "pepp
 PREAMBLE = {
     "needle": ("Some special magic numbers are hidden within the following text. Make sure to memorize it. I will "
                "quiz you about the numbers afterwards.\n"),
-    "uuid": ("Some special magic uuids are hidden within the following text. Make sure to memorize it. I will "
-             "quiz you about the uuids afterwards.\n"),
     "variable-tracking": ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n"),
 }
+PREAMBLE["single-needle-uuid"] = PREAMBLE["needle"].replace("numbers", "uuids")
 NEEDLE = " One of the special magic numbers for {key} is: {value}."
-UUID_NEEDLE = " One of the special magic uuids for {key} is: {value}."
+UUID_NEEDLE = NEEDLE.replace("numbers", "uuids")
 QUESTIONS = {
     "single-needle": "\nWhat is the special magic number for {key} mentioned in the provided text? The special "
                      "magic number for {key} mentioned in the provided text is",
@@ -191,8 +190,8 @@ def _needles(task: str, depth: float, generator: torch.Generator) -> tuple:
     if task == "single-needle-uuid":  # RULER's value: uuid.UUID(int=<128 random bits>, version=4)
         bits = int.from_bytes(bytes(torch.randint(0, 256, (16,), generator=generator).tolist()), "big")
         value = str(uuid.UUID(int=bits, version=4))
-        return [(UUID_NEEDLE.format(key=keys[0], value=value), depth)], QUESTIONS[task].format(key=keys[0]), value, \
-            (keys[0],)
+        needle = UUID_NEEDLE.format(key=keys[0], value=value)
+        return [(needle, depth)], QUESTIONS[task].format(key=keys[0]), value, (keys[0],)
     if task == "multi-value":
         texts = [NEEDLE.format(key=keys[0], value=value) for value in values[:VALUES]]
         depths = [depth] + others[:VALUES - 1]
@@ -256,8 +255,7 @@ def ruler_sequence(task: str, tokenizer, filler: torch.Tensor, *, length: int, d
         raise ValueError(f"`depth` must be a fraction of the haystack in [0, 1]; got {depth!r}.")
     generator = as_generator(generator)
     needles, question, answer, keys = _needles(task, depth, generator)
-    preamble = _encode(tokenizer, PREAMBLE[{"variable-tracking": "variable-tracking", "single-needle-uuid": "uuid"}.get(
-        task, "needle")])
+    preamble = _encode(tokenizer, PREAMBLE.get(task, PREAMBLE["needle"]))
     asked, answer_length = _question_and_answer(tokenizer, question, answer)
     needles = sorted(needles, key=lambda needle: needle[1])
     encoded = [_encode(tokenizer, text) for text, _ in needles]

@@ -5,9 +5,10 @@ SmolLM2-135M on RULER-style sequences built offline (:mod:`approxlab.tasks.ruler
 multi-value, multi-query, variable tracking, in WikiText-2 haystacks or, as ``TASK@noise``, in RULER's noise
 haystack) and, for each sequence, **one exact prefill** of its context shared by every cache policy and compression
 ratio (:func:`approxlab.patching.sweep_policies` over :func:`approxlab.patching.exact_prefill`): each policy
-compresses the prefill's cache per KV head and only the question and answer run on it. A cell is one sequence; it records the exact model's row and one per policy and
-ratio: exact match of the greedy answer, the answer's log-probability, the change in NLL on all continuation
-tokens and on LongPPL's key tokens, each layer's relative spectral error on clean and on patched inputs, seconds.
+compresses the prefill's cache per KV head and only the question and answer run on it. A cell is one sequence; it
+records the exact model's row and one per policy and ratio: exact match of the greedy answer, the answer's
+log-probability, the change in NLL on all continuation tokens and on LongPPL's key tokens, each layer's relative
+spectral error on clean and on patched inputs, seconds.
 
 The declaration :data:`STUDY`, behind ``approxlab long-context``:
 

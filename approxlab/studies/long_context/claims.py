@@ -38,8 +38,8 @@ rows say whether a verdict changes with that choice. They are not the declared c
 families.
 
 **Units.** Texts (WikiText-2 windows; for a task on RULER's noise haystack, draws of its keys and values, the
-window and the draw of one index being one text) are resampled, each with all its sequences (tasks and depths): the
-statistic is a ratio :math:`\sum_t S_t / \sum_t C_t` of each text's sum of stratum :math:`\rho` and its count, so
+window and the draw of one index being one text) are resampled, each with all its sequences (tasks and depths):
+the statistic is a ratio :math:`\sum_t S_t / \sum_t C_t` of each text's sum of stratum :math:`\rho` and its count, so
 a resample is cheap. The interval is the percentile bootstrap over texts, calibrated by the double bootstrap on
 the run's own texts (:func:`approxlab.studies.reporting.calibrated.calibrate`); the four claims of a length are
 one Holm family.

@@ -252,19 +252,18 @@ def _coverage_notes(saved) -> list[str]:
     sequence's), whose claims there rank the others."""
     config, results = saved.config, results_of(saved)
     per_text = len(config["ruler_tasks"]) * len(config["depths"])
-    notes = []
+    declared, notes = per_text * config["texts"], []
     for length in config["lengths"]:
         rows = results[results["length"] == length].drop_duplicates(["method", "task", "text", "depth"])
         exact = rows[rows["method"] == "unpatched"]
         counts = rows.groupby("method").size()  # sequences with a row of each method
         short = [f"{name} on {int(counts.get(name, 0))}" for name in run_policies(config)
                  if counts.get(name, 0) < len(exact)]
-        if len(exact) == per_text * config["texts"] and not short:
+        if len(exact) == declared and not short:
             continue
         whole = int((exact.groupby("text").size() == per_text).sum())
-        held = (f"all {len(exact)} declared sequences" if len(exact) == per_text * config["texts"] else
-                f"{len(exact)} of the {per_text * config['texts']} declared sequences ({whole} of {config['texts']} "
-                "texts whole)")
+        held = (f"all {declared} declared sequences" if len(exact) == declared else
+                f"{len(exact)} of the {declared} declared sequences ({whole} of {config['texts']} texts whole)")
         notes.append(f"Not complete at {length} tokens: {held}"
                      + (f"; policies with rows on fewer of them: {', '.join(short)}, so the claims there rank the "
                         "policies each sequence has" if short else "")
