@@ -469,9 +469,10 @@ def test_the_summary_says_where_a_length_is_not_complete_and_which_policies_it_l
     tables = {"results.csv.gz": results.drop(columns="policy"), "added.csv": rows(256, 3, ["caote"])}
     saved = types.SimpleNamespace(config=config, table=tables.get)
     assert _coverage_notes(saved) == [
-        "Not complete at 512 tokens: 4 of the 6 declared sequences (2 of 3 texts whole); policies with rows on fewer "
-        "of them: caote on 0, so the claims there rank the policies each sequence has; the same command resumes the "
-        "run."]
+        "Not complete at 512 tokens: 4 of the 6 declared sequences (2 of 3 texts whole); the same command resumes the "
+        "run.",
+        "Policies on fewer sequences at 512 tokens: caote on 0 of the 4 (added after those were computed), so the "
+        "claims there rank the policies each sequence has; the same command adds their cells."]
     tables["results.csv.gz"] = results[results["length"] == 256].drop(columns="policy")
     config["lengths"] = [256]
     assert _coverage_notes(saved) == []
