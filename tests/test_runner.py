@@ -429,6 +429,29 @@ def test_a_long_tenth_still_gets_a_line_once_the_heartbeat_has_passed(monkeypatc
     assert lines[1].endswith("elapsed 0:10:00, remaining ~8:10:00")
 
 
+def test_the_remaining_time_weighs_the_cells_by_the_steps_cost(tmp_path, capsys, monkeypatch):
+    """A step declaring ``cost``: its log's remaining time extrapolates the time per unit of cost, so cells four
+    times as dear still ahead are not promised at the pace of the cheap ones done (without the cost, the log would
+    say ~0:00:30 after the first cheap cell of a grid whose rest takes 0:01:30)."""
+    from approxlab.studies.engine import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+
+    def timed(cell):
+        now[0] += 10.0 * cell["n"]  # a cell takes 10 s per unit of its cost
+        return [{"value": 1.0}]
+
+    cells = [{"a": a, "b": "x", "n": n} for a, n in enumerate((1, 1, 4, 4))]
+    step = Step((Table("results.csv", KEYS),), timed, cost=lambda cell: cell["n"])
+    run_steps([(step, cells)], tmp_path / "out", config=CONFIG, progress=True, flush_every_seconds=0.0)
+    lines = [line.split(": ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert lines[1] == "1/4 cells done (25%), elapsed 0:00:10, remaining ~0:01:30"
+    assert lines[2] == "2/4 cells done (50%), elapsed 0:00:20, remaining ~0:01:20"
+    with pytest.raises(TypeError, match="`cost` must be callable or None; got int"):
+        Step((Table("results.csv", KEYS),), timed, cost=4)
+
+
 def test_progress_counts_resumed_cells_and_reports_a_stop(tmp_path, capsys):
     cells = [{"a": a, "b": "x"} for a in range(7)]
     common = dict(results_path=tmp_path / "results.csv", key_columns=KEYS, config=CONFIG, progress=True,

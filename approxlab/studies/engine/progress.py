@@ -3,8 +3,9 @@ least every :data:`HEARTBEAT_SECONDS` while cells finish.
 
 Public API::
 
-    progress_bar(total, initial, progress, description)   # tqdm, ProgressLog or a disabled bar
-    ProgressLog(total, initial=0, description="", stream=None, heartbeat=HEARTBEAT_SECONDS)
+    progress_bar(total, initial, progress, description, work=None)   # tqdm, ProgressLog or a disabled bar
+    advance(bar, cost=1.0)                                           # one finished cell
+    ProgressLog(total, initial=0, description="", stream=None, heartbeat=HEARTBEAT_SECONDS, work=None)
     HEARTBEAT_SECONDS
 """
 
@@ -13,20 +14,29 @@ from __future__ import annotations
 import sys
 import time
 
-__all__ = ["progress_bar", "ProgressLog", "HEARTBEAT_SECONDS"]
+__all__ = ["progress_bar", "advance", "ProgressLog", "HEARTBEAT_SECONDS"]
 
 HEARTBEAT_SECONDS = 600.0
 """The longest a log goes without a line while cells finish: a run whose tenth of the cells takes hours (a
 long-context grid at 8,192 tokens, minutes a cell) still says every ten minutes that it advances."""
 
 
-def progress_bar(total, initial, progress, description):
-    """A tqdm bar on a terminal, a :class:`ProgressLog` otherwise, nothing without ``progress``."""
+def progress_bar(total, initial, progress, description, work=None):
+    """A tqdm bar on a terminal, a :class:`ProgressLog` otherwise (``work``: the summed cost of the cells to
+    compute, for its remaining time), nothing without ``progress``."""
     from tqdm.auto import tqdm
 
     if progress and not sys.stderr.isatty():
-        return ProgressLog(total, initial, description)
+        return ProgressLog(total, initial, description, work=work)
     return tqdm(total=total, initial=initial, disable=not progress, desc=description, unit="cell")
+
+
+def advance(bar, cost: float = 1.0) -> None:
+    """Count one finished cell of relative expected time ``cost`` (a tqdm bar counts the cell alone)."""
+    if isinstance(bar, ProgressLog):
+        bar.update(1, cost)
+    else:
+        bar.update(1)
 
 
 def _clock(seconds: float) -> str:
@@ -39,7 +49,10 @@ class ProgressLog:
     at least ``heartbeat`` seconds after the last line.
 
     ``figure1/results.csv: 12/120 cells done (10%), elapsed 0:00:31, remaining ~0:04:39``: the
-    remaining time extrapolates the mean time of the cells finished in this run. A line is written
+    remaining time extrapolates the time of the cells finished in this run, per unit of their cost where the
+    step declares one (:attr:`~approxlab.studies.declaration.Step.cost`: a long-context sequence's tokens, so that
+    a run at 4,096 tokens does not promise its 8,192-token cells at the same pace), per cell otherwise. A line is
+    written
     when the run starts (``0/120 cells done, 120 to compute``; a resumed run: ``13/120 cells done (13
     saved before this run), 107 to compute``), whenever the count of finished cells crosses a multiple
     of ``ceil(total / 10)``, when a cell finishes ``heartbeat`` seconds or more after the last line, and at the
@@ -57,11 +70,16 @@ class ProgressLog:
         Where to write (default ``sys.stderr`` at the time of each line).
     heartbeat : float
         Seconds after which a finished cell writes a line even between two tenths (:data:`HEARTBEAT_SECONDS`).
+    work : float, optional
+        The summed cost of the ``total - initial`` cells to compute, in the units of ``update``'s ``cost``
+        (default: one a cell).
     """
 
     def __init__(self, total: int, initial: int = 0, description: str = "", stream=None,
-                 heartbeat: float = HEARTBEAT_SECONDS):
+                 heartbeat: float = HEARTBEAT_SECONDS, work: float | None = None):
         self.total, self.initial, self.done = int(total), int(initial), int(initial)
+        self.work = float(self.total - self.initial if work is None else work)
+        self.worked = 0.0
         self.description = description
         self.stream = stream
         self.step = max(1, -(-self.total // 10))
@@ -81,13 +99,15 @@ class ProgressLog:
         elapsed = time.monotonic() - self.start
         percent = 100 * self.done // self.total if self.total else 100
         text = f"{self.done}/{self.total} cells done ({percent}%), elapsed {_clock(elapsed)}"
-        if self.done > self.initial and self.done < self.total:
-            remaining = elapsed / (self.done - self.initial) * (self.total - self.done)
+        if self.done > self.initial and self.done < self.total and self.worked > 0:
+            remaining = elapsed / self.worked * max(self.work - self.worked, 0.0)
             text += f", remaining ~{_clock(remaining)}"
         return text
 
-    def update(self, count: int = 1) -> None:
+    def update(self, count: int = 1, cost: float | None = None) -> None:
+        """``count`` more cells finished, of summed cost ``cost`` (default: one a cell)."""
         before, self.done = self.done, self.done + count
+        self.worked += count if cost is None else float(cost)
         if (self.done // self.step > before // self.step or self.done == self.total
                 or time.monotonic() - self.last >= self.heartbeat):
             self._write(self.line())

@@ -32,8 +32,8 @@ from ..declaration import Figure, Product, Step, Study, Summary, Table
 from .cells import (ADDED, ADDED_LAYERS, LAYERS, RESULTS, SHARING, WHOLE, WHOLE_LAYERS, compute_added,
                     compute_sequence, compute_sharing, compute_whole, sharing_cells)
 from .claims import CLAIMS
-from .grid import (ADDED_KEY, FULL_GRID, KEY, OPTIONS, QUICK_GRID, WHOLE_KEY, added_cells, build_config, cells, check,
-                   configure, run_info, whole_cells)
+from .grid import (ADDED_KEY, FULL_GRID, KEY, OPTIONS, QUICK_GRID, WHOLE_KEY, added_cells, build_config, cell_cost,
+                   cells, check, configure, run_info, whole_cells)
 from .report import TITLE, claim_verdicts, cost, gate, gate_depths, plot, policies, sections
 from .whole import whole_methods
 
@@ -46,11 +46,11 @@ STUDY = Study(
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
     steps=(Step((Table(SHARING, ("length",), optional=True),), compute_sharing, sharing_cells),
            Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
-                compute_sequence, cells),
+                compute_sequence, cells, cost=cell_cost),
            Step((Table(ADDED, ADDED_KEY, optional=True), Table(ADDED_LAYERS, ADDED_KEY, optional=True)),
-                compute_added, added_cells, group=KEY),
+                compute_added, added_cells, group=KEY, cost=cell_cost),
            Step((Table(WHOLE, WHOLE_KEY, optional=True), Table(WHOLE_LAYERS, WHOLE_KEY, optional=True)),
-                compute_whole, whole_cells, group=KEY)),
+                compute_whole, whole_cells, group=KEY, cost=cell_cost)),
     claims=CLAIMS,
     products=(Product("gate.csv", gate), Product("gate_depths.csv", gate_depths), Product("policies.csv", policies),
               Product("cost.csv", cost),
