@@ -130,6 +130,10 @@ class Step:
         """The key columns of the step's cells (those of its tables)."""
         return self.tables[0].key
 
+    def cell_cost(self, cell: dict) -> float:
+        """The cell's relative expected time by :attr:`cost` (one a cell without)."""
+        return 1.0 if self.cost is None else float(self.cost(cell))
+
 
 @dataclasses.dataclass(frozen=True)
 class Claim:

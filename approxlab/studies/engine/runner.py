@@ -305,7 +305,7 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
                 done = set.intersection(*(table.done for table in _deciding(step, step_tables)))
                 todo = [(key, cell) for key, cell in zip(step_keys, cells) if key not in done]
                 bar = progress_bar(len(cells), len(cells) - len(todo), progress, f"{out.name}/{step.tables[0].name}",
-                                   work=sum(_cost(step, cell) for _, cell in todo))
+                                   work=sum(step.cell_cost(cell) for _, cell in todo))
                 _run_todo(executor, todo, step, step_tables, bar, flush_every_seconds)
         for table in (table for step_tables in tables for table in step_tables):
             if not table.path.exists():
@@ -323,11 +323,6 @@ def _deciding(step, tables):
     return required or tables[:1]
 
 
-def _cost(step, cell) -> float:
-    """The cell's relative expected time by the step's ``cost`` (one a cell without)."""
-    return 1.0 if step.cost is None else float(step.cost(cell))
-
-
 def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
     """Compute the cells of ``todo`` into ``tables``; flush them every so often and always at the end."""
     last_flush = time.monotonic()
@@ -341,7 +336,7 @@ def _run_todo(executor, todo, step, tables, bar, flush_every_seconds):
             rows[name] = _stamp(cell, key, table.key_columns, rows[name], name, optional[name])
         for name, table in by_name.items():
             table.add(key, rows[name])
-        advance(bar, _cost(step, cell))
+        advance(bar, step.cell_cost(cell))
         if time.monotonic() - last_flush >= flush_every_seconds:
             for table in tables:
                 table.flush()
