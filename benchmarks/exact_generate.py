@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from approxlab.data import SMOLLM2_CHECKPOINT, load_model
+from approxlab.studies.engine import has_results, read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "exact_generate.md"
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cells = importlib.import_module("approxlab.studies.long_context.cells")
-    found = [pd.read_csv(path) for path in args.results if path.exists()]
+    found = [read_results(path) for path in args.results if has_results(path)]  # whole, or one file a length
     results = pd.concat(found, ignore_index=True) if found else None
     loaded = load_model("pretrained", checkpoint=SMOLLM2_CHECKPOINT, lm_head=True)
     lines = ["| task | length | text | depth | answer | generate() gives | right | approxlab's exact model | seconds |",

@@ -104,7 +104,9 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     out, alone = tmp_path / "extended", tmp_path / "one-at-a-time"
     shutil.copytree(saved, out)
     shutil.copytree(saved, alone)
-    before = (out / "results.csv.gz").read_bytes()
+    parts = engine.part_paths(out / "results.csv.gz")  # one file per length
+    before = [part.read_bytes() for part in parts]
+    assert [part.name for part in parts] == ["results.length=256.csv.gz"]
     grid = _with_policies("streaming-llm,snapkv,h2o,criticalkv,caote")
     prefills = []
     prefill = approxlab.patching.sweep.exact_prefill
@@ -114,7 +116,7 @@ def test_a_saved_run_extends_into_added_policies_in_cells_of_their_own(run, llam
     assert main(["long-context", "--checkpoint", str(llama), "--cache-dir", str(cache), "--out", str(out), *grid]) == 0
     assert "extending the saved run (added_policies: none -> ['criticalkv', 'caote'])" in capsys.readouterr().err
     assert len(prefills) == 2 * 2  # one per sequence (texts x tasks), not per sequence and policy
-    assert (out / "results.csv.gz").read_bytes() == before
+    assert [part.read_bytes() for part in engine.part_paths(out / "results.csv.gz")] == before
     added = engine.read_results(out / "added.csv")
     assert len(added) == 2 * 2 * 2 * 2 and set(added["method"]) == {"criticalkv", "caote"}  # texts x tasks x 2 x 2
     assert (added["method"] == added["policy"]).all() and set(added["status"]) == {"ok"}

@@ -11,7 +11,7 @@ Public API::
           run_info=None, claims=(), products=(), figures=(), summary=None, devices=("cpu", "cuda"),
           executors=("process", "local", "scheduler"), executor_note="", flush_every_seconds=5.0, grows=())
     Step(tables, compute, cells, group=(), cost=None)  # one kind of cell and the tables its rows go to
-    Table(name, key, required=(), optional=False)
+    Table(name, key, required=(), optional=False, split=None)
     Option(flags, dest, help, type=None, nargs=None, action=None, choices=None, default=None, metavar=None,
            grid=True, deprecated={})   # deprecated: {old flag: the approxlab version that removes it}
     DeprecatedAlias                     # the argparse action of an old flag (both from :mod:`.option_declaration`)
@@ -59,18 +59,27 @@ class Table:
         The report step does without this table (a run made before it existed), and in a step with a table that
         is not optional a run resumes by that one: a cell it holds is not computed again to fill this one. In a
         step whose tables are all optional, the first one decides.
+    split : str, optional
+        A key column to store the table by: one file per value (``results.length=2048.csv.gz``, ...), each with its
+        manifest, so that no file of a growing run outgrows what a repository takes
+        (:func:`~approxlab.studies.engine.store.part_path`). Readers still name the table (``results.csv.gz``). A
+        folder saved whole before is split at the next run's first write. Best the outermost column of the cell
+        order: the parts are read one after the other.
     """
 
     name: str
     key: tuple
     required: tuple = ()
     optional: bool = False
+    split: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.endswith(TABLE_SUFFIXES) or "/" in self.name:
             raise ValueError(f"`name` must be a file name ending in {', '.join(TABLE_SUFFIXES)}; got {self.name!r}.")
         if not self.key or not all(isinstance(column, str) for column in self.key):
             raise ValueError(f"`key` must be a non-empty tuple of column names; got {self.key!r}.")
+        if self.split is not None and self.split not in self.key:
+            raise ValueError(f"`split` must be one of the key columns {tuple(self.key)} or None; got {self.split!r}.")
         object.__setattr__(self, "key", tuple(self.key))
         object.__setattr__(self, "required", tuple(self.required))
 

@@ -20,12 +20,12 @@ from .lock import LOCK_NAME, OutputLockedError, output_lock, remove_stale_temp_f
 from .progress import ProgressLog
 from .record import append_timing, read_timing, saved_config
 from .runner import CellResultError, run_cells, run_steps
-from .store import (JOURNAL_SUFFIX, append_journal, has_results, journal_path, read_json, read_journal,
+from .store import (JOURNAL_SUFFIX, append_journal, has_results, journal_path, part_paths, read_json, read_journal,
                     read_results, remove_journal, stored_as, write_table)
 
 __all__ = ["run_steps", "run_cells", "CellResultError", "cell_key", "cell_seed", "config_hash", "canonical",
            "saved_config", "append_timing", "read_timing", "read_results", "read_json", "write_table", "has_results",
-           "stored_as", "journal_path", "append_journal", "read_journal", "remove_journal", "JOURNAL_SUFFIX",
+           "stored_as", "part_paths", "journal_path", "append_journal", "read_journal", "remove_journal", "JOURNAL_SUFFIX",
            "output_lock", "remove_stale_temp_files", "OutputLockedError", "LOCK_NAME", "ProgressLog", "DASHBOARD_ADDRESS",
            "requested_threads", "study_threads", "third_party_bars_off", "restored_environ", "METHOD_ERRORS",
            "method_status", "failure_lines", "Stopwatch"]

@@ -27,7 +27,7 @@ import sys
 from ..._io import atomic_write_text
 from ...errors import CorruptResultsError, StudyError
 from .keys import canonical, config_hash
-from .store import cells_path, has_results, read_json, remove_journal, stored_as
+from .store import has_results, read_json, remove_table, stored_as
 
 __all__ = ["prepare_record", "saved_config", "append_timing", "read_timing", "REMEDY", "TIMING"]
 
@@ -148,9 +148,7 @@ def prepare_record(config_path, table_paths, config, run_info, restart, grows=()
     renamed = {stored_as(path) for path in table_paths} - set(table_paths)  # saved under another compression
     if restart:
         for path in [*table_paths, *renamed]:
-            path.unlink(missing_ok=True)
-            cells_path(path).unlink(missing_ok=True)
-            remove_journal(path)
+            remove_table(path)
     if saved is not None and saved.get("config_hash") != digest and not restart and grown is None:
         raise StudyError(
             f"{str(config_path.parent)!r} holds results of a different configuration "

@@ -59,7 +59,7 @@ from .keys import canonical, cell_key
 from .lock import output_lock
 from .progress import advance, progress_bar
 from .record import REMEDY, prepare_record
-from .store import (append_journal, cells_path, has_results, journal_path, read_results, remove_journal, stored_as,
+from .store import (append_journal, has_results, journal_path, read_results, remove_journal, remove_table, stored_as,
                     write_table)
 
 __all__ = ["run_steps", "run_cells", "CellResultError"]
@@ -83,17 +83,18 @@ class _Table:
     again replaces its saved rows.
     """
 
-    def __init__(self, path, key_columns, order):
-        self.path = path
+    def __init__(self, path, key_columns, order, split=None):
+        self.path, self.split = path, split
         self.key_columns = list(key_columns)
         self.order = order  # key -> position in the cell list
+        self.dirty = False
         self.existing = self._read_existing()
         self.done = set()
         if len(self.existing):
             for values in self.existing[self.key_columns].itertuples(index=False, name=None):
                 self.done.add(tuple(canonical(v) for v in values))
         self.new = {}
-        self.dirty = False
+        self.dirty |= split is not None and path.exists() and len(self.existing) > 0  # saved whole: split it
 
     def _keys(self, frame) -> list:
         return [tuple(canonical(v) for v in values) for values in frame[self.key_columns].itertuples(index=False,
@@ -128,9 +129,8 @@ class _Table:
     def _adopt(self, existing: pd.DataFrame, source) -> pd.DataFrame:
         """Rewrite a table saved under another compression (``results.csv`` for ``results.csv.gz``) as this one, then
         remove the old table, manifest and journal: a kill in between leaves both, and the next run reads this one."""
-        write_table(existing, self.path, self.key_columns)
-        for stale in (source, cells_path(source), journal_path(source)):
-            stale.unlink(missing_ok=True)
+        write_table(existing, self.path, self.key_columns, self.split)
+        remove_table(source)
         print(f"approxlab: {source} is now {self.path.name} (the name this version stores the table under); its "
               f"{len(existing)} rows are kept", file=sys.stderr)
         return existing
@@ -167,7 +167,7 @@ class _Table:
 
     def flush(self):
         if self.dirty or journal_path(self.path).exists():
-            write_table(self.frame(), self.path, self.key_columns)
+            write_table(self.frame(), self.path, self.key_columns, self.split)
             remove_journal(self.path)
             self.dirty = False
 
@@ -297,7 +297,7 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
     paths = [out / table.name for step, _ in steps for table in step.tables]
     with output_lock(out, command=(run_info or {}).get("command")):
         record = prepare_record(config_path, paths, config, run_info, restart, grows)
-        tables = [[_Table(out / table.name, step.key, {key: i for i, key in enumerate(step_keys)})
+        tables = [[_Table(out / table.name, step.key, {key: i for i, key in enumerate(step_keys)}, table.split)
                    for table in step.tables] for (step, _), step_keys in zip(steps, keys)]
         write_json_atomic(record, config_path)
         with Executor(scheduler, workers) as executor:
@@ -308,7 +308,7 @@ def run_steps(steps: Sequence, out, *, config: dict, run_info: dict | None = Non
                                    work=sum(step.cell_cost(cell) for _, cell in todo))
                 _run_todo(executor, todo, step, step_tables, bar, flush_every_seconds)
         for table in (table for step_tables in tables for table in step_tables):
-            if not table.path.exists():
+            if not has_results(table.path):
                 write_table(table.frame(), table.path, table.key_columns)
         return {path.name: read_results(path) for path in paths}
 

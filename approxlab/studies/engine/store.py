@@ -8,6 +8,13 @@ cell is appended to the table's journal ``<table>.journal`` (one JSON line, ``fs
 cell counts as done: :func:`append_journal`); :func:`read_results` returns the table's rows followed
 by the journal's cells, and leaves out a last journal line cut short by a kill.
 
+A table declared with a ``split`` column (:class:`~approxlab.studies.declaration.Table`) is stored as one file per
+value of that column, each with its own manifest: ``results.length=2048.csv.gz``, ``results.length=4096.csv.gz``
+for ``results.csv.gz`` split by ``length`` (:func:`part_path`), so that no file of a growing run passes the size a
+repository takes; its journal stays ``results.csv.gz.journal``. :func:`read_results` reads the parts in the order of
+their values (numbers by size), one after the other; a table saved whole (before it was split, or with no rows)
+wins over parts beside it, which only a write cut short between the two can leave.
+
 Damaged files are never used as results: an empty, binary or foreign table, a ``config.json`` that
 is not a JSON object, a table whose last row is cut short, or whose cells lack rows that its
 manifest says were written -- each is a :class:`~approxlab.errors.CorruptResultsError` naming the
@@ -16,7 +23,8 @@ file and what is wrong (or, for the runner, a cell to recompute).
 Public API::
 
     read_results(path, *, required=(), partial="error") -> pandas.DataFrame
-    write_table(df, path, key_columns) -> pathlib.Path
+    write_table(df, path, key_columns, split=None) -> pathlib.Path
+    part_path(path, column, value), part_paths(path), remove_table(path)
     read_json(path) -> dict
     append_journal(path, record), read_journal(path), remove_journal(path)
     has_results(path), journal_path(path), cells_path(path), JOURNAL_SUFFIX, CELLS_SUFFIX
@@ -38,7 +46,8 @@ from ..._io import TABLE_SUFFIXES, compression, fsync_directory, naming, write_c
 from ...errors import CorruptResultsError
 
 __all__ = ["read_results", "write_table", "read_json", "append_journal", "read_journal", "remove_journal",
-           "has_results", "journal_path", "cells_path", "JOURNAL_SUFFIX", "CELLS_SUFFIX", "stored_as"]
+           "has_results", "journal_path", "cells_path", "JOURNAL_SUFFIX", "CELLS_SUFFIX", "stored_as", "part_path",
+           "part_paths", "remove_table"]
 
 
 def _read_text(path: pathlib.Path, what: str) -> str:
@@ -92,7 +101,8 @@ def read_results(path, *, required=(), partial: str = "error") -> pd.DataFrame:
     Parameters
     ----------
     path : str or os.PathLike
-        The CSV table.
+        The CSV table; for a table split by a column, the name its parts are named from (``results.csv.gz`` for
+        ``results.length=2048.csv.gz``, ...: :func:`part_path`).
     required : sequence of str
         Columns the caller needs; a table without one of them (another study's table) is a
         :class:`~approxlab.errors.CorruptResultsError`.
@@ -104,12 +114,13 @@ def read_results(path, *, required=(), partial: str = "error") -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        The rows of the CSV, followed by those of the journal's cells that the CSV lacks.
+        The rows of the CSV (of its parts, one after the other), followed by those of the journal's cells that the
+        CSV lacks.
 
     Raises
     ------
     FileNotFoundError
-        If neither ``path`` nor its journal exists; the message says to run the compute step first.
+        If neither ``path``, its parts nor its journal exist; the message says to run the compute step first.
     CorruptResultsError
         If ``path`` is empty, not UTF-8, not a CSV table, lacks a ``required`` column, or (with
         ``partial="error"``) ends in a half-written row.
@@ -122,21 +133,15 @@ def read_results(path, *, required=(), partial: str = "error") -> pd.DataFrame:
             f"results table {str(path)!r} does not exist; run the study's compute step first "
             "(without --plot-only)."
         )
-    frame, dropped = pd.DataFrame(), False
-    if path.exists():
-        text = _read_text(path, "results table")
-        records, cut = _csv_records(text, path)
-        if cut and partial == "error":
-            raise CorruptResultsError(path, "its last row is cut short (an interrupted write); rerun the compute "
-                                            "step to recompute that row's cell")
-        dropped = bool(cut)
-        if not cut:
-            frame = pd.read_csv(io.StringIO(text))
-        elif len(records) > 2:
-            frame = pd.read_csv(io.StringIO(_join_csv(records[:-1])))
-        else:
-            frame = pd.DataFrame(columns=records[0])
-    frame, damaged = _check_cells(frame, path, partial)
+    files = [path] if path.exists() else part_paths(path)
+    frames, dropped, damaged = [], False, []
+    for file in files:
+        frame, cut = _read_file(file, partial)
+        frame, bad = _check_cells(frame, file, partial)  # a part's row cut short: its cell lacks rows
+        frames.append(frame)
+        dropped, damaged = dropped or cut, damaged + bad
+    frames = [frame for frame in frames if len(frame.columns)]
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else pd.DataFrame())
     frame = _with_journal(frame, path)
     missing = [column for column in required if column not in frame.columns]
     if missing:
@@ -144,6 +149,74 @@ def read_results(path, *, required=(), partial: str = "error") -> pd.DataFrame:
     frame.attrs["dropped_partial_row"] = dropped
     frame.attrs["damaged_cells"] = damaged
     return frame
+
+
+def _read_file(path: pathlib.Path, partial: str) -> tuple[pd.DataFrame, bool]:
+    """The rows of one file of a table (the table, or one part of a split one), and whether a last row cut short was
+    dropped (``partial="drop"``; ``"error"`` raises)."""
+    text = _read_text(path, "results table")
+    records, cut = _csv_records(text, path)
+    if cut and partial == "error":
+        raise CorruptResultsError(path, "its last row is cut short (an interrupted write); rerun the compute "
+                                        "step to recompute that row's cell")
+    if not cut:
+        return pd.read_csv(io.StringIO(text)), False
+    if len(records) > 2:
+        return pd.read_csv(io.StringIO(_join_csv(records[:-1]))), True
+    return pd.DataFrame(columns=records[0]), True
+
+
+# ------------------------------------------------------------------ a table split in parts
+
+def _base_and_suffix(path: pathlib.Path) -> tuple[str, str]:
+    """``("results", ".csv.gz")`` for ``results.csv.gz``: the name before its table suffix, and the suffix."""
+    base = path.name[:path.name.rindex(".csv")]  # every table suffix begins with ".csv"
+    return base, path.name[len(base):]
+
+
+def part_path(path, column: str, value) -> pathlib.Path:
+    """The file of the rows of table ``path`` whose ``column`` is ``value``: ``results.length=2048.csv.gz``.
+
+    Examples
+    --------
+    >>> part_path("out/results.csv.gz", "length", 2048).as_posix()
+    'out/results.length=2048.csv.gz'
+    """
+    path = pathlib.Path(path)
+    text = str(_plain(value))
+    if not text or any(char in text for char in "/\\\0") or text in (".", ".."):
+        raise ValueError(f"a value of the split column {column!r} must make a file name; got {value!r}.")
+    base, suffix = _base_and_suffix(path)
+    return path.with_name(f"{base}.{column}={text}{suffix}")
+
+
+def part_paths(path) -> list[pathlib.Path]:
+    """The saved parts of table ``path`` split by a column (:func:`part_path`), in the order of their values: numbers
+    by size, then text; ``[]`` for a table saved whole or not at all."""
+    path = pathlib.Path(path)
+    base, suffix = _base_and_suffix(path)
+    if not path.parent.is_dir():
+        return []
+    prefix = f"{base}."
+    found = [file for file in path.parent.iterdir() if file.name.startswith(prefix) and file.name.endswith(suffix)
+             and "=" in file.name[len(prefix):-len(suffix)] and file.is_file()]
+    return sorted(found, key=lambda file: _value_order(file.name[len(prefix):-len(suffix)].split("=", 1)[1]))
+
+
+def _value_order(text: str):
+    try:
+        return 0, float(text), text
+    except ValueError:
+        return 1, 0.0, text
+
+
+def remove_table(path) -> None:
+    """Delete table ``path``: its file or parts, their manifests, and its journal."""
+    path = pathlib.Path(path)
+    for file in [path, *part_paths(path)]:
+        file.unlink(missing_ok=True)
+        cells_path(file).unlink(missing_ok=True)
+    remove_journal(path)
 
 
 # ------------------------------------------------------------------ the cell manifest
@@ -165,13 +238,36 @@ def _cell_counts(frame: pd.DataFrame, key_columns) -> dict:
     return {(key if isinstance(key, tuple) else (key,)): int(count) for key, count in sizes.items()}
 
 
-def write_table(df: pd.DataFrame, path, key_columns) -> pathlib.Path:
+def write_table(df: pd.DataFrame, path, key_columns, split: str | None = None) -> pathlib.Path:
     """Write a results table atomically, after its cell manifest (the number of rows of each cell).
 
     The manifest is written first, so it describes the table on disk or the one about to replace
     it; either way every cell the table holds has the row count it lists. :func:`read_results`
     uses it to tell a table that lost rows (cut short at a line end, edited) from a whole one.
+
+    With ``split`` (a key column), each value's rows go to a part of their own (:func:`part_path`), each written
+    so; then the parts of values no longer in ``df`` and the table saved whole are removed (a kill in between leaves
+    the whole table, which :func:`read_results` then reads). A table without rows is saved whole.
     """
+    path = pathlib.Path(path)
+    if split is None or not len(df):
+        _write_file(df, path, key_columns)
+        for stale in part_paths(path):
+            stale.unlink(missing_ok=True)
+            cells_path(stale).unlink(missing_ok=True)
+        return path
+    if split not in key_columns:
+        raise ValueError(f"`split` must be one of the key columns {list(key_columns)}; got {split!r}.")
+    written = set()
+    for value, rows in df.groupby(split, sort=False, dropna=False):
+        written.add(_write_file(rows, part_path(path, split, value), key_columns))
+    for stale in [file for file in part_paths(path) if file not in written] + [path]:
+        stale.unlink(missing_ok=True)
+        cells_path(stale).unlink(missing_ok=True)
+    return path
+
+
+def _write_file(df: pd.DataFrame, path: pathlib.Path, key_columns) -> pathlib.Path:
     counts = _cell_counts(df, key_columns)
     cells = [[*(_plain(v) for v in key), count] for key, count in counts.items()]
     write_json_atomic({"key_columns": list(key_columns), "cells": cells}, cells_path(path))
@@ -246,8 +342,8 @@ def journal_path(path) -> pathlib.Path:
 
 
 def has_results(path) -> bool:
-    """Whether results table ``path`` or its journal exists (a run has finished a cell there)."""
-    return pathlib.Path(path).exists() or journal_path(path).exists()
+    """Whether results table ``path``, its parts or its journal exist (a run has finished a cell there)."""
+    return pathlib.Path(path).exists() or journal_path(path).exists() or bool(part_paths(path))
 
 
 def stored_as(path) -> pathlib.Path:
@@ -257,7 +353,7 @@ def stored_as(path) -> pathlib.Path:
     path = pathlib.Path(path)
     if has_results(path):
         return path
-    base = path.name[:path.name.rindex(".csv")]  # every table suffix begins with ".csv"
+    base = _base_and_suffix(path)[0]
     others = [path.with_name(base + suffix) for suffix in TABLE_SUFFIXES if base + suffix != path.name]
     found = [other for other in others if has_results(other)]
     return found[0] if len(found) == 1 else path

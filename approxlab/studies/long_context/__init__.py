@@ -14,7 +14,8 @@ The declaration :data:`STUDY`, behind ``approxlab long-context``:
 
 1. **grid** (:mod:`.grid`) -- lengths 2,048 / 4,096 / 8,192, 30 distinct texts x 3 depths per task and length,
    compression ratios 0.5-0.95, every cache policy of the registry;
-2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv.gz`` and
+2. **cells** (:mod:`.cells`; resumable: a killed run loses no finished sequence) -- ``results.csv.gz`` (stored one
+   file per length, ``results.length=2048.csv.gz``, ...: each stays under what a repository takes) and
    ``layers.csv``; then a policy added to a saved run (CriticalKV and CAOTE after the committed run began) in cells
    of its own, ``added.csv`` and ``added_layers.csv``, read with ``results.csv.gz`` by the report (the cache policies'
    setting is complete before the next begins); then the whole-sequence setting (the methods that are not cache
@@ -45,7 +46,8 @@ STUDY = Study(
                 "compression ratio, the accuracy gate and the premise.",
     full=FULL_GRID, quick=QUICK_GRID, configure=configure, options=OPTIONS, check=check, run_info=run_info,
     steps=(Step((Table(SHARING, ("length",), optional=True),), compute_sharing, sharing_cells),
-           Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status")), Table(LAYERS, KEY, optional=True)),
+           Step((Table(RESULTS, KEY, required=(*KEY, "method", "correct", "status"), split="length"),
+                 Table(LAYERS, KEY, optional=True)),
                 compute_sequence, cells, cost=cell_cost),
            Step((Table(ADDED, ADDED_KEY, optional=True), Table(ADDED_LAYERS, ADDED_KEY, optional=True)),
                 compute_added, added_cells, group=KEY, cost=cell_cost),
