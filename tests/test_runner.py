@@ -452,6 +452,29 @@ def test_the_remaining_time_weighs_the_cells_by_the_steps_cost(tmp_path, capsys,
         Step((Table("results.csv", KEYS),), timed, cost=4)
 
 
+def test_a_terminal_bar_fills_by_the_cells_cost(tmp_path, capsys, monkeypatch):
+    """On a terminal the tqdm bar's fill (and so its remaining time) follows the declared cost, the cells counted
+    beside it: cells of cost 1, 1, 4, 4 fill a tenth, a fifth, three fifths, all (a bar counting cells: quarters)."""
+    import io
+
+    from approxlab.studies.engine import progress
+
+    stream = io.StringIO()
+    bar = progress.CostBar(5, 1, "out/results.csv", work=10.0, file=stream)
+    fills = []
+    for cost in (1, 1, 4, 4):
+        progress.advance(bar, cost)
+        fills.append(bar.bar.n / bar.bar.total)
+    bar.close()
+    assert fills == [0.1, 0.2, 0.6, 1.0]
+    assert "1/5 cells]" in stream.getvalue() and stream.getvalue().rstrip().endswith("5/5 cells]")
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True)
+    step = Step((Table("results.csv", KEYS),), toy_compute, cost=lambda cell: 1 + cell["a"])
+    run_steps([(step, toy_cells())], tmp_path / "out", config=CONFIG, progress=True, flush_every_seconds=0.0)
+    err = capsys.readouterr().err
+    assert "out/results.csv: 100%|" in err and err.rstrip().endswith("6/6 cells]")
+
+
 def test_progress_counts_resumed_cells_and_reports_a_stop(tmp_path, capsys):
     cells = [{"a": a, "b": "x"} for a in range(7)]
     common = dict(results_path=tmp_path / "results.csv", key_columns=KEYS, config=CONFIG, progress=True,

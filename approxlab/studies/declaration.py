@@ -109,8 +109,8 @@ class Step:
         of its own. A kill loses the group in flight. Empty (the default): ``compute(cell)`` per cell.
     cost : callable, optional
         ``cost(cell) -> float``: the cell's expected time relative to the step's other cells, used only by the
-        progress log's remaining time (a long-context sequence's tokens: a cell at 8,192 tokens takes about four
-        of one at 2,048). None (the default): every cell alike.
+        progress bar's and log's remaining time (a long-context sequence's tokens: a cell at 8,192 tokens takes
+        about four of one at 2,048). None (the default): every cell alike.
     """
 
     tables: tuple
