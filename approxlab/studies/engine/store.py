@@ -213,10 +213,15 @@ def _value_order(text: str):
 def remove_table(path) -> None:
     """Delete table ``path``: its file or parts, their manifests, and its journal."""
     path = pathlib.Path(path)
-    for file in [path, *part_paths(path)]:
+    _remove_files([path, *part_paths(path)])
+    remove_journal(path)
+
+
+def _remove_files(files) -> None:
+    """Delete each file of a table (the table, or parts of it) with its manifest."""
+    for file in files:
         file.unlink(missing_ok=True)
         cells_path(file).unlink(missing_ok=True)
-    remove_journal(path)
 
 
 # ------------------------------------------------------------------ the cell manifest
@@ -252,18 +257,14 @@ def write_table(df: pd.DataFrame, path, key_columns, split: str | None = None) -
     path = pathlib.Path(path)
     if split is None or not len(df):
         _write_file(df, path, key_columns)
-        for stale in part_paths(path):
-            stale.unlink(missing_ok=True)
-            cells_path(stale).unlink(missing_ok=True)
+        _remove_files(part_paths(path))
         return path
     if split not in key_columns:
         raise ValueError(f"`split` must be one of the key columns {list(key_columns)}; got {split!r}.")
     written = set()
     for value, rows in df.groupby(split, sort=False, dropna=False):
         written.add(_write_file(rows, part_path(path, split, value), key_columns))
-    for stale in [file for file in part_paths(path) if file not in written] + [path]:
-        stale.unlink(missing_ok=True)
-        cells_path(stale).unlink(missing_ok=True)
+    _remove_files([file for file in part_paths(path) if file not in written] + [path])
     return path
 
 
