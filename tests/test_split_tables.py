@@ -8,7 +8,7 @@ import pytest
 
 from approxlab.studies import Step, Table, engine
 from approxlab.studies.engine import run_steps
-from approxlab.studies.engine.store import part_path
+from approxlab.studies.engine.parts import part_path
 
 KEY = ("n", "seed")
 CELLS = [{"n": n, "seed": seed} for n in (64, 128, 1024) for seed in range(3)]

@@ -62,7 +62,7 @@ class Table:
     split : str, optional
         A key column to store the table by: one file per value (``results.length=2048.csv.gz``, ...), each with its
         manifest, so that no file of a growing run outgrows what a repository takes
-        (:func:`~approxlab.studies.engine.store.part_path`). Readers still name the table (``results.csv.gz``). A
+        (:func:`~approxlab.studies.engine.parts.part_path`). Readers still name the table (``results.csv.gz``). A
         folder saved whole before is split at the next run's first write. Best the outermost column of the cell
         order: the parts are read one after the other.
     """

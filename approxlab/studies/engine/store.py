@@ -1,19 +1,15 @@
 """The results tables of a study on disk: the CSV, its cell manifest and its journal.
 
 A table is a tidy CSV (compressed when its name ends in ``.csv.gz`` or ``.csv.bz2``) written atomically
-(:func:`approxlab._io.write_csv_atomic`) after its cell
-manifest ``<table>.cells`` (the rows of each cell, :func:`write_table`), so that a table that lost
-rows (cut short at a line end, edited) is told from a whole one. Between two writes, each finished
-cell is appended to the table's journal ``<table>.journal`` (one JSON line, ``fsync``-ed before the
-cell counts as done: :func:`append_journal`); :func:`read_results` returns the table's rows followed
-by the journal's cells, and leaves out a last journal line cut short by a kill.
+(:func:`approxlab._io.write_csv_atomic`) after its cell manifest ``<table>.cells`` (the rows of each cell,
+:func:`write_table`), so that a table that lost rows (cut short at a line end, edited) is told from a whole one.
+Between two writes, each finished cell is appended to the table's journal ``<table>.journal`` (one JSON line,
+``fsync``-ed before the cell counts as done: :func:`append_journal`); :func:`read_results` returns the table's rows
+followed by the journal's cells, and leaves out a last journal line cut short by a kill.
 
-A table declared with a ``split`` column (:class:`~approxlab.studies.declaration.Table`) is stored as one file per
-value of that column, each with its own manifest: ``results.length=2048.csv.gz``, ``results.length=4096.csv.gz``
-for ``results.csv.gz`` split by ``length`` (:func:`part_path`), so that no file of a growing run passes the size a
-repository takes; its journal stays ``results.csv.gz.journal``. :func:`read_results` reads the parts in the order of
-their values (numbers by size), one after the other; a table saved whole (before it was split, or with no rows)
-wins over parts beside it, which only a write cut short between the two can leave.
+A table split by a key column is stored one file per value, each with its manifest (:mod:`.parts`); its journal
+stays one. :func:`read_results` reads the parts one after the other; a table saved whole (before it was split, or
+with no rows) wins over parts beside it, which only a write cut short between the two can leave.
 
 Damaged files are never used as results: an empty, binary or foreign table, a ``config.json`` that
 is not a JSON object, a table whose last row is cut short, or whose cells lack rows that its
@@ -24,7 +20,7 @@ Public API::
 
     read_results(path, *, required=(), partial="error") -> pandas.DataFrame
     write_table(df, path, key_columns, split=None) -> pathlib.Path
-    part_path(path, column, value), part_paths(path), remove_table(path)
+    remove_table(path)                  # the parts' names: part_path, part_paths (from .parts)
     read_json(path) -> dict
     append_journal(path, record), read_journal(path), remove_journal(path)
     has_results(path), journal_path(path), cells_path(path), JOURNAL_SUFFIX, CELLS_SUFFIX
@@ -44,10 +40,10 @@ import pandas as pd
 
 from ..._io import TABLE_SUFFIXES, compression, fsync_directory, naming, write_csv_atomic, write_json_atomic
 from ...errors import CorruptResultsError
+from .parts import base_and_suffix, part_path, part_paths
 
 __all__ = ["read_results", "write_table", "read_json", "append_journal", "read_journal", "remove_journal",
-           "has_results", "journal_path", "cells_path", "JOURNAL_SUFFIX", "CELLS_SUFFIX", "stored_as", "part_path",
-           "part_paths", "remove_table"]
+           "has_results", "journal_path", "cells_path", "JOURNAL_SUFFIX", "CELLS_SUFFIX", "stored_as", "remove_table"]
 
 
 def _read_text(path: pathlib.Path, what: str) -> str:
@@ -166,50 +162,6 @@ def _read_file(path: pathlib.Path, partial: str) -> tuple[pd.DataFrame, bool]:
     return pd.DataFrame(columns=records[0]), True
 
 
-# ------------------------------------------------------------------ a table split in parts
-
-def _base_and_suffix(path: pathlib.Path) -> tuple[str, str]:
-    """``("results", ".csv.gz")`` for ``results.csv.gz``: the name before its table suffix, and the suffix."""
-    base = path.name[:path.name.rindex(".csv")]  # every table suffix begins with ".csv"
-    return base, path.name[len(base):]
-
-
-def part_path(path, column: str, value) -> pathlib.Path:
-    """The file of the rows of table ``path`` whose ``column`` is ``value``: ``results.length=2048.csv.gz``.
-
-    Examples
-    --------
-    >>> part_path("out/results.csv.gz", "length", 2048).as_posix()
-    'out/results.length=2048.csv.gz'
-    """
-    path = pathlib.Path(path)
-    text = str(_plain(value))
-    if not text or any(char in text for char in "/\\\0") or text in (".", ".."):
-        raise ValueError(f"a value of the split column {column!r} must make a file name; got {value!r}.")
-    base, suffix = _base_and_suffix(path)
-    return path.with_name(f"{base}.{column}={text}{suffix}")
-
-
-def part_paths(path) -> list[pathlib.Path]:
-    """The saved parts of table ``path`` split by a column (:func:`part_path`), in the order of their values: numbers
-    by size, then text; ``[]`` for a table saved whole or not at all."""
-    path = pathlib.Path(path)
-    base, suffix = _base_and_suffix(path)
-    if not path.parent.is_dir():
-        return []
-    prefix = f"{base}."
-    found = [file for file in path.parent.iterdir() if file.name.startswith(prefix) and file.name.endswith(suffix)
-             and "=" in file.name[len(prefix):-len(suffix)] and file.is_file()]
-    return sorted(found, key=lambda file: _value_order(file.name[len(prefix):-len(suffix)].split("=", 1)[1]))
-
-
-def _value_order(text: str):
-    try:
-        return 0, float(text), text
-    except ValueError:
-        return 1, 0.0, text
-
-
 def remove_table(path) -> None:
     """Delete table ``path``: its file or parts, their manifests, and its journal."""
     path = pathlib.Path(path)
@@ -276,8 +228,8 @@ def _write_file(df: pd.DataFrame, path: pathlib.Path, key_columns) -> pathlib.Pa
 
 
 def _check_cells(frame: pd.DataFrame, path: pathlib.Path, partial: str):
-    """``frame`` without the cells whose row count differs from the manifest's (``partial="drop"``),
-    and those cells' keys; ``partial="error"`` raises instead. No manifest: nothing to check."""
+    """``frame`` without the cells whose row count differs from the manifest's (``partial="drop"``), and those cells'
+    keys; ``partial="error"`` raises instead. No manifest: nothing to check."""
     manifest_path = cells_path(path)
     if not manifest_path.exists() or not len(frame):
         return frame, []
@@ -354,7 +306,7 @@ def stored_as(path) -> pathlib.Path:
     path = pathlib.Path(path)
     if has_results(path):
         return path
-    base = _base_and_suffix(path)[0]
+    base = base_and_suffix(path)[0]
     others = [path.with_name(base + suffix) for suffix in TABLE_SUFFIXES if base + suffix != path.name]
     found = [other for other in others if has_results(other)]
     return found[0] if len(found) == 1 else path
